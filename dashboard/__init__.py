@@ -1,0 +1,1 @@
+"""The rollout-control service: canary store, JSON API, pages, auth and metrics."""

@@ -1,0 +1,1 @@
+"""The old runner (MRV1 style): a CPU-side persistent batch prepared with numpy each step."""
