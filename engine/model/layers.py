@@ -1,0 +1,123 @@
+"""Building blocks of the decoders: RMSNorm, rotary position embedding, the SiLU-gated MLP.
+
+Plain PyTorch; numerics follow HF transformers' Llama implementation (normalisation in float32,
+RoPE tables computed in float32) so that fp32 logits agree to rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.model.config import ModelConfig, RopeScaling
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square layer norm (Zhang & Sennrich 2019), over the last dimension.
+
+    ``x * rsqrt(mean(x**2) + eps) * weight``, computed in float32 and cast back to ``x``'s
+    dtype before the weight multiply (HF ``LlamaRMSNorm``).
+    """
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> same
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """Inverse frequencies ``[head_dim // 2] float32`` of RoPE (Su et al. 2021), with scaling.
+
+    ``llama3``: wavelengths longer than ``original_max_position_embeddings / low_freq_factor``
+    are divided by ``factor``, shorter than ``... / high_freq_factor`` kept, and the band in
+    between interpolated linearly in ``original / wavelength`` (meta-llama/llama-models
+    ``apply_scaling``; vLLM PR #6553).
+    """
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    in_band = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(in_band, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """Neox-style RoPE (rotate halves, as HF Llama/Qwen) from a cos/sin table by position.
+
+    The table ``[max_position_embeddings, head_dim // 2] float32`` is a non-persistent buffer,
+    built by :meth:`build_cache` (called on construction and again after a meta-device load).
+    """
+
+    cos_cache: torch.Tensor
+    sin_cache: torch.Tensor
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.theta = config.rope_theta
+        self.scaling = config.rope_scaling
+        self.max_positions = config.max_position_embeddings
+        self.register_buffer("cos_cache", torch.empty(0), persistent=False)
+        self.register_buffer("sin_cache", torch.empty(0), persistent=False)
+        if self.cos_cache.device.type != "meta":  # under a meta context the loader builds it
+            self.build_cache(self.cos_cache.device)
+
+    def build_cache(self, device: torch.device | str) -> None:
+        """(Re)compute the cos/sin tables on ``device`` (float32)."""
+        inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling)
+        positions = torch.arange(self.max_positions, dtype=torch.int64, device="cpu").float()
+        freqs = torch.outer(positions, inv_freq)
+        self.cos_cache = freqs.cos().to(device)
+        self.sin_cache = freqs.sin().to(device)
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        q: torch.Tensor,  # [T, num_heads, head_dim]
+        k: torch.Tensor,  # [T, num_kv_heads, head_dim]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos_cache[positions].unsqueeze(1)  # [T, 1, head_dim // 2] float32
+        sin = self.sin_cache[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # HF casts the tables to x's dtype and rotates in that dtype; so do we.
+    cos = cos.to(x.dtype)
+    sin = sin.to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class GatedMLP(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with gate and up fused in one projection."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        bias = config.mlp_bias
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

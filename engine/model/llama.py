@@ -1,0 +1,129 @@
+"""The Llama-family decoder: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v
+bias), Qwen3ForCausalLM (per-head q/k RMSNorm). Plain PyTorch over packed tokens ``[T, ...]``.
+
+Parameter names are HF's except two fused projections, filled from HF's pieces on load
+(:data:`FUSED_PARAMS`): ``qkv_proj = [q_proj; k_proj; v_proj]`` and ``gate_up_proj =
+[gate_proj; up_proj]`` (one GEMM instead of three/two, as vLLM's ``QKVParallelLinear``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.model.attention import paged_attention_forward
+from engine.model.attention_metadata import AttentionMetadata
+from engine.model.config import ModelConfig
+from engine.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
+
+# fused parameter name part -> the HF name parts concatenated (dim 0) into it, in order
+FUSED_PARAMS: dict[str, tuple[str, ...]] = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+
+
+class DecoderAttention(nn.Module):
+    def __init__(self, config: ModelConfig, backend: str) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.scale = self.head_dim**-0.5
+        self.sliding_window = config.sliding_window
+        self.backend = backend
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
+                                  bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.has_qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.has_qk_norm else None
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, rotary: RotaryEmbedding,
+                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        out = paged_attention_forward(q, k, v, kv_cache, attn_metadata, scale=self.scale,
+                                      sliding_window=self.sliding_window, backend=self.backend)
+        return self.o_proj(out.view(num_tokens, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, backend: str) -> None:
+        super().__init__()
+        self.self_attn = DecoderAttention(config, backend)
+        self.mlp = GatedMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, rotary: RotaryEmbedding,
+                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), rotary,
+                                         kv_cache, attn_metadata)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderBody(nn.Module):
+    """HF's ``model.`` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, config: ModelConfig, backend: str) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, backend)
+                                    for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+
+
+class DecoderModel(nn.Module):
+    """A causal LM of the Llama family over paged KV caches.
+
+    ``forward`` maps packed tokens to final hidden states; ``compute_logits`` applies the LM
+    head (tied to the embeddings when ``config.tie_word_embeddings``).
+    """
+
+    def __init__(self, config: ModelConfig, attn_backend: str = "auto") -> None:
+        super().__init__()
+        if config.is_encoder:
+            raise ValueError(f"{config.architecture} is an encoder: use EncoderModel")
+        self.config = config
+        self.model = DecoderBody(config, attn_backend)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the LM head with the input embeddings when the config ties them."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T] int64
+        positions: torch.Tensor,  # [T] int64
+        kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, block_size, H_kv, head_dim]
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden_size], model dtype
+        """Run every layer over the step's packed tokens, reading/writing the paged caches.
+
+        Raises:
+            ValueError: ``kv_caches`` does not hold one cache per layer.
+        """
+        if len(kv_caches) != len(self.model.layers):
+            raise ValueError(f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}")
+        hidden = self.model.embed_tokens(input_ids)
+        rotary = self.model.rotary_emb
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            hidden = layer(positions, hidden, rotary, kv_cache, attn_metadata)
+        return self.model.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor  # [N, hidden_size]
+                       ) -> torch.Tensor:  # [N, vocab_size] float32
+        """LM-head logits of the selected hidden states, in float32."""
+        return self.lm_head(hidden).float()

@@ -1,0 +1,128 @@
+"""``load_model``: a decoder or encoder from an HF safetensors directory, a ``.gguf`` file, or a
+:class:`ModelConfig` (seeded random weights). Models are built on the meta device and their
+weights assigned once (no second copy); see ``engine.model.weights``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.model.bert import EncoderModel
+from engine.model.config import ModelConfig, ModelConfigError
+from engine.model.llama import FUSED_PARAMS, DecoderModel
+from engine.model.weights import WeightLoadError, WeightSource, assign_weights, random_source
+
+ATTENTION_BACKENDS = ("auto", "triton", "torch")
+
+
+def load_model(
+    source: str | Path | ModelConfig,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    attn_backend: str = "auto",
+) -> DecoderModel | EncoderModel:
+    """Load a model in eval mode, its weights at ``dtype`` on ``device``.
+
+    Args:
+        source: an HF directory (``config.json`` + ``*.safetensors``), a ``.gguf`` file, or a
+            :class:`ModelConfig` for random weights drawn with ``seed``
+            (``engine.model.weights.random_tensor``; equal to what
+            :func:`write_random_weights` writes for the same config and seed).
+        attn_backend: ``"auto"`` (Triton on CUDA, torch reference on CPU), ``"triton"`` or
+            ``"torch"``.
+
+    Raises:
+        FileNotFoundError: the path does not exist or holds no weights.
+        ModelConfigError: the config names an unsupported architecture or feature.
+        WeightLoadError: the weights do not fit the architecture.
+    """
+    if attn_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attn_backend must be one of {ATTENTION_BACKENDS}, got {attn_backend!r}")
+    if isinstance(source, ModelConfig):
+        return build_model(source, random_source(source, seed), dtype=dtype, device=device,
+                           attn_backend=attn_backend)
+    path = Path(source)
+    if not path.exists():
+        raise FileNotFoundError(f"model path {path} does not exist")
+    if path.is_file() and path.suffix == ".gguf":
+        from engine.model.gguf_loader import read_gguf  # the gguf package is needed only here
+
+        config, weights = read_gguf(path)
+        return build_model(config, weights, dtype=dtype, device=device, attn_backend=attn_backend)
+    if path.is_dir():
+        config = read_hf_config(path)
+        return build_model(config, safetensors_source(path), dtype=dtype, device=device,
+                           attn_backend=attn_backend)
+    raise FileNotFoundError(f"{path} is neither an HF model directory nor a .gguf file")
+
+
+def read_hf_config(model_dir: Path) -> ModelConfig:
+    """The :class:`ModelConfig` of ``model_dir/config.json``.
+
+    Raises:
+        FileNotFoundError: no config.json.
+        ModelConfigError: invalid JSON or an unsupported config (the file is named).
+    """
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{model_dir} has no config.json")
+    try:
+        return ModelConfig.from_hf_dict(json.loads(path.read_text()))
+    except json.JSONDecodeError as e:
+        raise ModelConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+    except ModelConfigError as e:
+        raise ModelConfigError(f"{path}: {e}") from e
+
+
+def safetensors_source(model_dir: Path) -> WeightSource:
+    """Lazy tensors of every ``*.safetensors`` file in ``model_dir`` (memory-mapped).
+
+    Raises:
+        FileNotFoundError: no ``*.safetensors`` file.
+        WeightLoadError: two files hold the same tensor name.
+    """
+    from safetensors import safe_open
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} has no *.safetensors files")
+    source: dict[str, object] = {}
+    for file in files:
+        handle = safe_open(str(file), framework="pt", device="cpu")
+        for name in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
+            if name in source:
+                raise WeightLoadError(f"tensor {name} appears in two files of {model_dir}")
+            source[name] = lambda h=handle, n=name: h.get_tensor(n)
+    return source  # type: ignore[return-value]
+
+
+def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtype,
+                device: torch.device | str, attn_backend: str = "auto"
+                ) -> DecoderModel | EncoderModel:
+    """Build ``config``'s model on the meta device, assign ``weights``, build buffers."""
+    with torch.device("meta"):
+        model: DecoderModel | EncoderModel = (
+            EncoderModel(config) if config.is_encoder else DecoderModel(config, attn_backend))
+    if isinstance(model, DecoderModel):
+        if config.tie_word_embeddings:  # some tied checkpoints also store the shared head
+            weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
+        assign_weights(model, weights, dtype=dtype, device=device, fused=FUSED_PARAMS)
+        model.tie_weights()
+        model.model.rotary_emb.build_cache(device)
+    else:
+        assign_weights(model, weights, dtype=dtype, device=device, fused={},
+                       prefix_aliases=("bert.",))
+    _check_materialised(model)
+    return model.eval()
+
+
+def _check_materialised(model: nn.Module) -> None:
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise WeightLoadError(f"tensors left unset after loading: {', '.join(left[:8])}")

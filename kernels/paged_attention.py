@@ -1,0 +1,351 @@
+"""Paged attention over a block-table KV cache: varlen prefill + decode in one launch, with GQA.
+
+Layout (one tensor per layer, DESIGN §5.2 / docs/model-layer.md):
+``kv_cache[0]`` keys and ``kv_cache[1]`` values, each ``[num_blocks, block_size, num_kv_heads,
+head_dim]``; token ``j`` of request ``i`` lives in block ``block_table[i, j // block_size]`` at
+offset ``j % block_size``. The tokens of a step are packed request after request
+(``query_start_loc``); request ``i``'s queries are its last ``q_len`` positions, so query ``t``
+sits at position ``seq_lens[i] - q_len + t`` and attends causally to keys ``0..position``
+(and only to the last ``sliding_window`` of them when one is given: keys ``n`` with
+``position - n < sliding_window``, as HF's sliding-window mask).
+
+The kernel is one program per (request, kv head, tile of ``BLOCK_Q`` queries); the rows of a
+tile are ``BLOCK_Q`` queries times the ``num_queries_per_kv`` query heads that share the kv head,
+so a decode step still fills a tensor-core tile (the GQA packing of vLLM's
+``kernel_unified_attention_2d``, vLLM PR #21197). It streams the keys ``BLOCK_N`` at a time with
+an online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022). Each key's
+physical slot is looked up per key, so any ``block_size`` works.
+
+``reshape_and_cache`` writes the step's keys/values to their slots (``slot_mapping``; ``-1``
+marks padding and is skipped), vLLM's op of the same name.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels._triton import require_triton, tl, triton
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    scale_log2,  # softmax scale * log2(e): the kernel exponentiates with exp2
+    sliding_window,
+    q_stride_t,
+    q_stride_h,
+    out_stride_t,
+    out_stride_h,
+    cache_stride_block,
+    cache_stride_slot,
+    cache_stride_head,
+    block_table_stride,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    GROUP_P: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    KV_BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" keeps float32 exact; "tf32" is the default otherwise
+):
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    q_tile = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    if q_tile * BLOCK_Q >= q_len:  # the grid is sized by the longest query of the step
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    context_len = seq_len - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    tok = q_tile * BLOCK_Q + rows // GROUP_P  # query index inside the request
+    head = kv_head * NUM_QUERIES_PER_KV + rows % GROUP_P
+    row_mask = (tok < q_len) & (rows % GROUP_P < NUM_QUERIES_PER_KV)
+    dim = tl.arange(0, HEAD_DIM_P)
+    dim_mask = dim < HEAD_DIM
+    q_rows = (q_start + tok).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * q_stride_t + head[:, None] * q_stride_h + dim[None, :],
+        mask=row_mask[:, None] & dim_mask[None, :],
+        other=0.0,
+    )
+    q_pos = context_len + tok
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
+    kv_end = context_len + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len)
+    kv_start = 0
+    if USE_WINDOW:  # keys older than every query's window are never read
+        kv_start = tl.maximum(context_len + q_tile * BLOCK_Q - sliding_window + 1, 0)
+    bt_row = block_table_ptr + req.to(tl.int64) * block_table_stride
+    for start in range(kv_start, kv_end, BLOCK_N):
+        n = start + tl.arange(0, BLOCK_N)
+        n_mask = n < kv_end
+        block = tl.load(bt_row + n // KV_BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        slot_off = (block * cache_stride_block + (n % KV_BLOCK_SIZE) * cache_stride_slot
+                    + kv_head * cache_stride_head)
+        kv_mask = n_mask[None, :] & dim_mask[:, None]
+        k = tl.load(k_cache_ptr + slot_off[None, :] + dim[:, None], mask=kv_mask, other=0.0)
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+        allowed = n_mask[None, :] & (n[None, :] <= q_pos[:, None])
+        if USE_WINDOW:
+            allowed = allowed & (q_pos[:, None] - n[None, :] < sliding_window)
+        s = tl.where(allowed, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + slot_off[:, None] + dim[None, :],
+                    mask=n_mask[:, None] & dim_mask[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(
+        out_ptr + q_rows[:, None] * out_stride_t + head[:, None] * out_stride_h + dim[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=row_mask[:, None] & dim_mask[None, :],
+    )
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim] float32/float16/bfloat16
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], query's dtype
+    query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
+    seq_lens: torch.Tensor,  # [num_reqs] int32, keys per request after this step
+    block_table: torch.Tensor,  # [num_reqs, max_num_blocks_per_req] int32
+    max_query_len: int,  # host int: sizes the grid (no device sync)
+    scale: float,  # softmax scale, usually head_dim ** -0.5
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim], written in place
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query's dtype
+    """Causal paged attention for a packed varlen batch (Triton). See the module docstring.
+
+    Rows of ``out`` past ``query_start_loc[-1]`` (CUDA-graph padding) are not written.
+
+    Raises:
+        TritonUnavailableError: Triton is not installed.
+        ValueError: shapes, dtypes or strides do not match the annotations.
+    """
+    require_triton()
+    out = _check_attention(query, kv_cache, query_start_loc, seq_lens, block_table, out)
+    num_reqs = seq_lens.shape[0]
+    if num_reqs == 0 or max_query_len == 0:
+        return out
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads, kv_block_size = kv_cache.shape[3], kv_cache.shape[2]
+    group = num_heads // num_kv_heads
+    group_p = triton.next_power_of_2(group)
+    block_q = min(triton.next_power_of_2(max_query_len), max(1, 64 // group_p))
+    block_m = max(16, block_q * group_p)
+    block_q = block_m // group_p
+    key_cache, value_cache = kv_cache[0], kv_cache[1]
+    grid = (num_reqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
+    _paged_attention_kernel[grid](
+        out, query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
+        scale * _LOG2E, sliding_window or 0,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
+        NUM_QUERIES_PER_KV=group, GROUP_P=group_p, HEAD_DIM=head_dim,
+        HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)), KV_BLOCK_SIZE=kv_block_size,
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=32 if head_dim <= 128 else 16,
+        USE_WINDOW=bool(sliding_window),
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+    )
+    return out
+
+
+def paged_attention_ref(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
+    seq_lens: torch.Tensor,  # [num_reqs] int32
+    block_table: torch.Tensor,  # [num_reqs, max_num_blocks_per_req] int32
+    max_query_len: int,  # unused; kept so both functions take the same arguments
+    scale: float,
+    sliding_window: int | None = None,
+    out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim], written in place
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query's dtype
+    """Torch reference of :func:`paged_attention` (what CPU runs use): one request at a time,
+    keys gathered from their blocks, softmax in float32. Reads lengths to the host.
+
+    Raises:
+        ValueError: shapes, dtypes or strides do not match the annotations.
+    """
+    del max_query_len
+    out = _check_attention(query, kv_cache, query_start_loc, seq_lens, block_table, out)
+    group = query.shape[1] // kv_cache.shape[3]
+    block_size = kv_cache.shape[2]
+    starts = query_start_loc.tolist()
+    for i, seq_len in enumerate(seq_lens.tolist()):
+        q_start, q_end = starts[i], starts[i + 1]
+        if q_end == q_start:
+            continue
+        num_blocks = -(-seq_len // block_size)
+        blocks = block_table[i, :num_blocks].long()
+        k = kv_cache[0, blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
+        v = kv_cache[1, blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
+        q = query[q_start:q_end].float()
+        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        allowed = _causal_mask(q_end - q_start, seq_len, sliding_window, query.device)
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+        out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
+    return out
+
+
+def _causal_mask(q_len: int, seq_len: int, window: int | None, device: torch.device
+                 ) -> torch.Tensor:  # [q_len, seq_len] bool
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
+    k_pos = torch.arange(seq_len, device=device)[None, :]
+    allowed = k_pos <= q_pos
+    if window:
+        allowed &= q_pos - k_pos < window
+    return allowed
+
+
+def _check_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                     seq_lens: torch.Tensor, block_table: torch.Tensor,
+                     out: torch.Tensor | None) -> torch.Tensor:
+    if query.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
+        raise ValueError(f"query must be [T, H, D] and kv_cache [2, blocks, block_size, H_kv, D], "
+                         f"got {tuple(query.shape)} and {tuple(kv_cache.shape)}")
+    if query.shape[2] != kv_cache.shape[4] or query.shape[1] % kv_cache.shape[3]:
+        raise ValueError(f"head layout of query {tuple(query.shape)} does not fit kv_cache "
+                         f"{tuple(kv_cache.shape)} (head_dim equal, heads a multiple of kv heads)")
+    if query.dtype != kv_cache.dtype:
+        raise ValueError(f"query dtype {query.dtype} != kv_cache dtype {kv_cache.dtype}")
+    for name, t in (("query_start_loc", query_start_loc), ("seq_lens", seq_lens),
+                    ("block_table", block_table)):
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if query_start_loc.shape[0] != seq_lens.shape[0] + 1 or block_table.dim() != 2:
+        raise ValueError("query_start_loc must have num_reqs + 1 entries and block_table 2 dims")
+    if query.stride(2) != 1 or kv_cache.stride(4) != 1 or block_table.stride(1) != 1:
+        raise ValueError("query, kv_cache and block_table need a unit stride in the last dim")
+    if out is None:
+        return torch.zeros_like(query)
+    if out.shape != query.shape or out.dtype != query.dtype or out.stride(2) != 1:
+        raise ValueError(f"out must be {tuple(query.shape)} {query.dtype} with unit last stride")
+    return out
+
+
+@triton.jit
+def _reshape_and_cache_kernel(
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    key_stride_t,
+    key_stride_h,
+    value_stride_t,
+    value_stride_h,
+    cache_stride_slot,
+    cache_stride_head,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    token = tl.program_id(0)
+    slot = tl.load(slot_mapping_ptr + token)
+    if slot < 0:  # padding token of a CUDA-graph batch: nothing to write
+        return
+    h = tl.arange(0, BLOCK_H)[:, None]
+    d = tl.arange(0, BLOCK_D)[None, :]
+    mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
+    t = token.to(tl.int64)
+    k = tl.load(key_ptr + t * key_stride_t + h * key_stride_h + d, mask=mask)
+    v = tl.load(value_ptr + t * value_stride_t + h * value_stride_h + d, mask=mask)
+    dst = slot.to(tl.int64) * cache_stride_slot + h * cache_stride_head + d
+    tl.store(k_cache_ptr + dst, k, mask=mask)
+    tl.store(v_cache_ptr + dst, v, mask=mask)
+
+
+def reshape_and_cache(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], written
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+) -> None:
+    """Write each token's key/value to ``kv_cache`` at its slot (Triton; one program a token).
+
+    Raises:
+        TritonUnavailableError: Triton is not installed.
+        ValueError: shapes, dtypes or strides do not match the annotations.
+    """
+    require_triton()
+    _check_cache_write(key, value, kv_cache, slot_mapping)
+    num_tokens = key.shape[0]
+    if num_tokens == 0:
+        return
+    num_kv_heads, head_dim = key.shape[1], key.shape[2]
+    _reshape_and_cache_kernel[(num_tokens,)](
+        key, value, kv_cache[0], kv_cache[1], slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        kv_cache.stride(2), kv_cache.stride(3),
+        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+    )
+
+
+def reshape_and_cache_ref(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim], written
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 = skip
+) -> None:
+    """Torch reference of :func:`reshape_and_cache` (boolean indexing: syncs on CUDA).
+
+    Raises:
+        ValueError: shapes, dtypes or strides do not match the annotations.
+    """
+    _check_cache_write(key, value, kv_cache, slot_mapping)
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid]
+    kv_cache[0].view(-1, *kv_cache.shape[3:])[slots] = key[valid]
+    kv_cache[1].view(-1, *kv_cache.shape[3:])[slots] = value[valid]
+
+
+def _check_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> None:
+    if key.shape != value.shape or key.dim() != 3 or tuple(key.shape[1:]) != tuple(
+            kv_cache.shape[3:]) or kv_cache.shape[0] != 2:
+        raise ValueError(f"key/value {tuple(key.shape)}/{tuple(value.shape)} do not fit kv_cache "
+                         f"{tuple(kv_cache.shape)}")
+    if key.dtype != kv_cache.dtype or value.dtype != kv_cache.dtype:
+        raise ValueError(f"key/value dtype must equal kv_cache dtype {kv_cache.dtype}")
+    if slot_mapping.dtype != torch.int64 or slot_mapping.shape != key.shape[:1]:
+        raise ValueError(f"slot_mapping must be [{key.shape[0]}] int64")
+    if not kv_cache.is_contiguous() or key.stride(2) != 1 or value.stride(2) != 1:
+        raise ValueError("kv_cache must be contiguous and key/value need a unit last stride")
+
+
+def default_scale(head_dim: int) -> float:
+    """The softmax scale of scaled dot-product attention, ``1 / sqrt(head_dim)``
+    (Vaswani et al. 2017)."""
+    return 1.0 / math.sqrt(head_dim)
+
+
+__all__ = [
+    "default_scale",
+    "paged_attention",
+    "paged_attention_ref",
+    "reshape_and_cache",
+    "reshape_and_cache_ref",
+]

@@ -1,0 +1,76 @@
+"""Test helper: drive a DecoderModel through paged KV caches the way a runner would (blocks
+handed out in a scrambled order, so a sequence's blocks are not contiguous)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.model import AttentionMetadata, DecoderModel, allocate_kv_caches
+
+
+@dataclass
+class _Seq:
+    token_ids: list[int]
+    num_computed: int = 0
+    blocks: list[int] = field(default_factory=list)
+
+
+class PagedSession:
+    """Sequences sharing paged KV caches; :meth:`step` runs one packed forward."""
+
+    def __init__(self, model: DecoderModel, *, num_blocks: int, block_size: int,
+                 max_blocks_per_seq: int = 64) -> None:
+        p = next(model.parameters())
+        self.model = model
+        self.block_size = block_size
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.kv_caches = allocate_kv_caches(model.config, num_blocks, block_size, p.dtype,
+                                            p.device)
+        gen = torch.Generator().manual_seed(1)
+        self.free_blocks = torch.randperm(num_blocks, generator=gen).tolist()
+        self.seqs: dict[str, _Seq] = {}
+        self.device = p.device
+
+    def add(self, seq_id: str, token_ids: list[int]) -> None:
+        self.seqs[seq_id] = _Seq(list(token_ids))
+
+    def append(self, seq_id: str, token_id: int) -> None:
+        self.seqs[seq_id].token_ids.append(token_id)
+
+    def step(self, num_tokens: dict[str, int]) -> dict[str, torch.Tensor]:
+        """Run ``num_tokens[seq]`` uncomputed tokens of each sequence in one forward.
+
+        Returns each sequence's logits for the tokens run, ``[n, vocab] float32``.
+        """
+        ids, positions, slots, qsl, seq_lens, table = [], [], [], [0], [], []
+        for seq_id, n in num_tokens.items():
+            seq = self.seqs[seq_id]
+            start, end = seq.num_computed, seq.num_computed + n
+            assert end <= len(seq.token_ids)
+            while len(seq.blocks) * self.block_size < end:
+                seq.blocks.append(self.free_blocks.pop())
+            ids += seq.token_ids[start:end]
+            positions += range(start, end)
+            slots += [seq.blocks[p // self.block_size] * self.block_size + p % self.block_size
+                      for p in range(start, end)]
+            qsl.append(qsl[-1] + n)
+            seq_lens.append(end)
+            table.append(seq.blocks + [0] * (self.max_blocks_per_seq - len(seq.blocks)))
+            seq.num_computed = end
+        md = AttentionMetadata(
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=self.device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+            block_table=torch.tensor(table, dtype=torch.int32, device=self.device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=self.device),
+            max_query_len=max(num_tokens.values()),
+            max_seq_len=max(seq_lens),
+            num_actual_tokens=len(ids),
+            block_size=self.block_size,
+        )
+        with torch.inference_mode():
+            hidden = self.model(torch.tensor(ids, device=self.device),
+                                torch.tensor(positions, device=self.device), self.kv_caches, md)
+            logits = self.model.compute_logits(hidden)
+        return {s: logits[qsl[i]:qsl[i + 1]] for i, s in enumerate(num_tokens)}
