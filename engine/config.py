@@ -1,0 +1,135 @@
+"""The engine's configuration: one frozen value built by the ``LLM`` facade (from its arguments
+and the model) and handed to the scheduler and to the runner. Names follow vLLM's engine
+arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.errors import EngineConfigError
+
+#: Speculative methods runner_v1 implements (the oracle knows more; those are refused here).
+SUPPORTED_SPECULATIVE_METHODS = ("ngram",)
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """n-gram speculation (prompt lookup decoding; Saxena 2023, vLLM ``method="ngram"``).
+
+    Attributes:
+        method: ``"ngram"`` (other methods are refused with :class:`EngineConfigError`).
+        num_speculative_tokens: drafts proposed per step (``>= 1``).
+        prompt_lookup_min: shortest suffix n-gram matched (``>= 1``).
+        prompt_lookup_max: longest suffix n-gram matched (``>= prompt_lookup_min``).
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 3
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+
+    def __post_init__(self) -> None:
+        if self.method not in SUPPORTED_SPECULATIVE_METHODS:
+            raise EngineConfigError(
+                f"speculative method {self.method!r} is not implemented by turnout's runners "
+                f"(supported: {', '.join(SUPPORTED_SPECULATIVE_METHODS)})"
+            )
+        if self.num_speculative_tokens < 1:
+            raise EngineConfigError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise EngineConfigError(
+                f"need 1 <= prompt_lookup_min ({self.prompt_lookup_min}) <= "
+                f"prompt_lookup_max ({self.prompt_lookup_max})"
+            )
+
+    @classmethod
+    def from_dict(cls, spec: dict[str, Any]) -> SpeculativeConfig:
+        """From vLLM's ``--speculative-config`` JSON keys; unknown keys are an error."""
+        known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise EngineConfigError(f"unknown speculative_config keys {unknown} (known: {sorted(known)})")
+        return cls(**spec)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the scheduler and a runner need to know about the deployment.
+
+    Attributes:
+        model: HF safetensors directory or ``.gguf`` file.
+        vocab_size: the model's vocabulary (token ids are checked against it).
+        max_model_len: tokens per request at most (prompt + output).
+        eos_token_ids: ids that finish a request unless ``ignore_eos``.
+        runner_kind: ``"generate"`` (decoder) or ``"pooling"`` (encoder embeddings).
+        dtype: weights and activations, ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"``).
+        seed: seeds the generator that gives unseeded requests their seed.
+        max_num_seqs: requests in a step at most.
+        max_num_batched_tokens: tokens in a step at most (the token budget).
+        block_size: tokens per KV block.
+        enable_chunked_prefill: split prompts over steps to fit the token budget.
+        enable_prefix_caching: reuse KV blocks of identical prefixes.
+        max_logprobs: the most ``logprobs`` / ``prompt_logprobs`` a request may ask for.
+        num_kv_blocks: KV blocks to allocate; ``None``: from ``kv_cache_memory_gb``.
+        kv_cache_memory_gb: memory for the KV cache when ``num_kv_blocks`` is ``None``.
+        cpu_offload_gb: GiB of weights kept in host memory and streamed in per forward.
+        speculative_config: n-gram speculation, or ``None``.
+    """
+
+    model: str
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: tuple[int, ...] = ()
+    runner_kind: str = "generate"
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    max_logprobs: int = 20
+    num_kv_blocks: int | None = None
+    kv_cache_memory_gb: float | None = None
+    cpu_offload_gb: float = 0.0
+    speculative_config: SpeculativeConfig | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        positive = ("vocab_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise EngineConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if self.runner_kind not in ("generate", "pooling"):
+            raise EngineConfigError(f"runner_kind must be 'generate' or 'pooling', got {self.runner_kind!r}")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise EngineConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.max_logprobs < 0:
+            raise EngineConfigError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        if self.cpu_offload_gb < 0:
+            raise EngineConfigError(f"cpu_offload_gb must be >= 0, got {self.cpu_offload_gb}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise EngineConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise EngineConfigError(
+                f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
+                f"must be >= max_model_len ({self.max_model_len}): a long prompt could never run"
+            )
+        if self.speculative_config is not None and self.runner_kind == "pooling":
+            raise EngineConfigError("speculative decoding does not apply to pooling models")
+
+    @property
+    def max_num_blocks_per_req(self) -> int:
+        """Block-table width: blocks for ``max_model_len`` tokens."""
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
+
+
+__all__ = ["SUPPORTED_SPECULATIVE_METHODS", "EngineConfig", "SpeculativeConfig"]

@@ -1,0 +1,152 @@
+"""The engine loop: validate and queue requests, then ``schedule → execute → update`` per step.
+
+Torch-free: the runner is any :class:`~engine.runner_protocol.ModelRunner`. A runner may
+return an :class:`~engine.outputs.AsyncModelRunnerOutput`; the loop collects it before the
+scheduler applies it (an asynchronous loop that plans step N+1 first is described in
+``docs/engine.md``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+
+from engine.config import EngineConfig
+from engine.errors import EngineError, InvalidRequestError
+from engine.kv_cache_manager import cdiv
+from engine.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from engine.request import Request
+from engine.runner_protocol import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+
+_SEED_BITS = 63
+
+
+class EngineCore:
+    """A scheduler driving one runner.
+
+    Args:
+        config: the deployment's engine configuration.
+        runner: a runner whose KV cache is already initialised with ``num_kv_blocks``.
+        num_kv_blocks: blocks of that cache.
+    """
+
+    def __init__(self, config: EngineConfig, runner: ModelRunner, num_kv_blocks: int) -> None:
+        self.config = config
+        self.runner = runner
+        self.scheduler = Scheduler(config, num_kv_blocks)
+        self._seed_rng = random.Random(config.seed)
+        self._arrival = itertools.count()
+        self.num_steps = 0
+
+    def add_request(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams | None = None,
+        *,
+        pooling: bool = False,
+    ) -> Request:
+        """Validate and queue one request.
+
+        Raises:
+            InvalidRequestError: the prompt or the parameters cannot be served (empty or too
+                long prompt, token ids outside the vocabulary, logprobs above
+                ``max_logprobs``, an option the runner refuses, a duplicate id); nothing
+                was queued, other requests are unaffected.
+        """
+        prompt = list(prompt_token_ids)
+        self._check_prompt(req_id, prompt, pooling)
+        if pooling:
+            params = None
+        else:
+            params = sampling_params if sampling_params is not None else SamplingParams()
+            params.verify(max_logprobs=self.config.max_logprobs, vocab_size=self.config.vocab_size)
+            self.runner.check_sampling_params(params)
+            self._check_kv_capacity(req_id, len(prompt), params)
+            if params.seed is None:
+                params = params.with_seed(self._seed_rng.getrandbits(_SEED_BITS))
+        request = Request(
+            req_id=req_id, prompt_token_ids=prompt, sampling_params=params,
+            arrival_index=next(self._arrival), eos_token_ids=frozenset(self.config.eos_token_ids),
+            pooling=pooling,
+        )
+        self.scheduler.add_request(request)
+        return request
+
+    def _check_prompt(self, req_id: str, prompt: list[int], pooling: bool) -> None:
+        config = self.config
+        if req_id in self.scheduler.requests:
+            raise InvalidRequestError(f"request id {req_id!r} is already in use")
+        if not prompt:
+            raise InvalidRequestError(f"request {req_id!r}: the prompt is empty")
+        if len(prompt) > config.max_model_len:
+            raise InvalidRequestError(
+                f"request {req_id!r}: the prompt has {len(prompt)} tokens, more than "
+                f"max_model_len={config.max_model_len}"
+            )
+        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < config.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"request {req_id!r}: token ids {bad[:5]} are outside the vocabulary (size {config.vocab_size})"
+            )
+        cannot_chunk = pooling or not config.enable_chunked_prefill
+        if cannot_chunk and len(prompt) > config.max_num_batched_tokens:
+            raise InvalidRequestError(
+                f"request {req_id!r}: the prompt has {len(prompt)} tokens, more than "
+                f"max_num_batched_tokens={config.max_num_batched_tokens}, and it cannot be "
+                f"split ({'pooling' if pooling else 'chunked prefill is off'})"
+            )
+
+    def _check_kv_capacity(self, req_id: str, num_prompt: int, params: SamplingParams) -> None:
+        # A request needing more blocks than exist would preempt itself forever.
+        max_len = min(num_prompt + params.max_tokens, self.config.max_model_len)
+        needed = cdiv(max_len + self.config.num_speculative_tokens, self.config.block_size)
+        available = self.scheduler.kv_cache_manager.num_blocks
+        if needed > available:
+            raise InvalidRequestError(
+                f"request {req_id!r} may need {needed} KV blocks ({max_len} tokens), "
+                f"the cache has {available}"
+            )
+
+    def abort_request(self, req_id: str) -> Request | None:
+        """Finish a request with reason ``abort`` (``None`` when it is unknown or done)."""
+        return self.scheduler.abort_request(req_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[Request]:
+        """Run one step; returns the requests that finished in it.
+
+        Raises:
+            EngineError: the scheduler can make no progress (a bug, never a bad request).
+        """
+        scheduler_output = self.scheduler.schedule()
+        if scheduler_output.is_empty:
+            if self.scheduler.running or self.scheduler.waiting:
+                raise EngineError(
+                    f"no progress: {len(self.scheduler.waiting)} waiting and "
+                    f"{len(self.scheduler.running)} running requests, nothing schedulable"
+                )
+            if scheduler_output.finished_req_ids:
+                self.runner.execute_model(scheduler_output)  # let it drop finished state
+            return []
+        output = self.runner.execute_model(scheduler_output)
+        if isinstance(output, AsyncModelRunnerOutput):
+            output = output.get_output()
+        assert isinstance(output, ModelRunnerOutput)
+        self.num_steps += 1
+        return self.scheduler.update_from_output(scheduler_output, output)
+
+    def run_until_done(self) -> list[Request]:
+        """Step until every request is finished; the finished requests in finishing order."""
+        done: list[Request] = []
+        while self.has_unfinished_requests():
+            done.extend(self.step())
+        return done
+
+
+__all__ = ["EngineCore"]

@@ -1,0 +1,36 @@
+"""Typed errors of the engine core, each with a stable ``code`` (CONVENTIONS: lower layers raise
+typed domain errors; the CLI and the facade turn them into messages)."""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of the engine's errors; ``code`` is stable across releases."""
+
+    code = "engine_error"
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """A request (prompt or sampling parameters) the engine cannot serve.
+
+    Raised at :meth:`engine.core.EngineCore.add_request` time, before the request takes any
+    resource: the request is rejected alone and the rest of the batch carries on.
+    """
+
+    code = "invalid_request"
+
+
+class UnsupportedOptionError(InvalidRequestError):
+    """An option the chosen runner does not implement (never silently ignored)."""
+
+    code = "unsupported_option"
+
+
+class EngineConfigError(EngineError, ValueError):
+    """An engine argument that cannot be honoured (bad value, or a runner pin the oracle
+    refuses)."""
+
+    code = "invalid_engine_config"
+
+
+__all__ = ["EngineConfigError", "EngineError", "InvalidRequestError", "UnsupportedOptionError"]

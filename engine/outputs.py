@@ -1,0 +1,200 @@
+"""What runners return each step and what the engine returns to callers.
+
+Logprobs travel as compact arrays, never as per-token dicts (a full-vocabulary request would
+otherwise cost tens of bytes per entry): ``Logprobs`` holds ``n`` positions, column 0 is the
+sampled (or actual prompt) token and columns ``1..k`` the ``k`` most likely tokens, most likely
+first, ties to the lower token id (vLLM's ``LogprobsLists`` layout).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+
+class Logprob(NamedTuple):
+    """One token's log-probability and its rank (1 = most likely; ties share the worse rank)."""
+
+    logprob: float
+    rank: int
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """Logprobs of ``n`` consecutive positions of one request.
+
+    Attributes:
+        token_ids: ``[n, 1 + k] int32``.
+        logprobs: ``[n, 1 + k] float32`` (natural log).
+        ranks: ``[n] int32``, rank of the column-0 token among the whole vocabulary, counted as
+            the number of tokens whose logprob is ``>=`` its own (vLLM's definition).
+    """
+
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    ranks: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = self.ranks.shape[0]
+        if self.token_ids.shape != self.logprobs.shape or self.token_ids.ndim != 2 or self.token_ids.shape[0] != n:
+            raise ValueError(
+                f"inconsistent shapes: token_ids {self.token_ids.shape}, "
+                f"logprobs {self.logprobs.shape}, ranks {self.ranks.shape}"
+            )
+
+    def __len__(self) -> int:
+        return int(self.ranks.shape[0])
+
+    @property
+    def num_logprobs(self) -> int:
+        """``k``: top tokens per position (besides column 0)."""
+        return int(self.token_ids.shape[1]) - 1
+
+    @classmethod
+    def empty(cls, num_logprobs: int) -> Logprobs:
+        return cls(
+            np.zeros((0, num_logprobs + 1), np.int32),
+            np.zeros((0, num_logprobs + 1), np.float32),
+            np.zeros((0,), np.int32),
+        )
+
+    @classmethod
+    def concat(cls, chunks: Sequence[Logprobs], num_logprobs: int) -> Logprobs:
+        """Positions of ``chunks`` one after the other."""
+        if not chunks:
+            return cls.empty(num_logprobs)
+        if len(chunks) == 1:
+            return chunks[0]
+        return cls(
+            np.concatenate([c.token_ids for c in chunks]),
+            np.concatenate([c.logprobs for c in chunks]),
+            np.concatenate([c.ranks for c in chunks]),
+        )
+
+    def slice(self, start: int, stop: int) -> Logprobs:
+        return Logprobs(self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop])
+
+    def position(self, i: int) -> dict[int, Logprob]:
+        """Position ``i`` as vLLM's ``{token_id: Logprob}`` (the column-0 token included)."""
+        ids, lps = self.token_ids[i].tolist(), self.logprobs[i].tolist()
+        out = {tok: Logprob(lp, rank) for rank, (tok, lp) in enumerate(zip(ids[1:], lps[1:], strict=True), 1)}
+        out.setdefault(ids[0], Logprob(lps[0], int(self.ranks[i])))
+        return out
+
+    def sampled_logprobs(self) -> list[float]:
+        """Logprob of each position's column-0 token."""
+        return self.logprobs[:, 0].tolist()
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """Prompt logprobs of consecutive prompt tokens ``start .. start + len(logprobs) - 1``.
+
+    Token ``0`` has none (nothing predicts it), so ``start >= 1``. A chunked prefill delivers
+    several of these; a preempted request may deliver a range again — the engine keeps the
+    first delivery of each token only.
+    """
+
+    start: int
+    logprobs: Logprobs
+
+
+@dataclass
+class ModelRunnerOutput:
+    """One step's results.
+
+    Attributes:
+        req_ids: the scheduled requests, in the runner's batch order.
+        sampled_token_ids: per request (same order), the tokens it produced this step: ``[]``
+            for a partial prefill, one token normally, several when drafts were accepted.
+        logprobs: ``req_id -> Logprobs`` with one row per sampled token (requests asking).
+        prompt_logprobs: ``req_id -> PromptLogprobs`` for the prompt tokens scored this step.
+        spec_token_ids: ``req_id -> draft ids`` proposed for the next step.
+        pooled_outputs: ``req_id -> [hidden_size] float32`` embedding (pooling requests).
+        errors: ``req_id -> message`` for requests that failed alone this step (e.g. a
+            logits processor raised); the engine finishes them with reason ``error``.
+    """
+
+    req_ids: list[str]
+    sampled_token_ids: list[list[int]]
+    logprobs: dict[str, Logprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    pooled_outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.req_ids) != len(self.sampled_token_ids):
+            raise ValueError("req_ids and sampled_token_ids must have one entry per request")
+
+
+EMPTY_MODEL_RUNNER_OUTPUT = ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+
+
+@runtime_checkable
+class AsyncModelRunnerOutput(Protocol):
+    """A step still running on the device; ``get_output()`` waits for it (runner_v2)."""
+
+    def get_output(self) -> ModelRunnerOutput: ...
+
+
+@dataclass
+class CompletionOutput:
+    """The generated continuation of one request."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    stop_reason: int | None = None
+    logprobs: Logprobs | None = None
+
+
+@dataclass
+class RequestOutput:
+    """The result of one generate request.
+
+    Attributes:
+        prompt_logprobs: one entry per prompt token after the first (``num_prompt_tokens - 1``
+            rows, delivered once), or ``None`` when not asked for.
+        error: why the request was rejected or failed (``outputs[0].finish_reason == "error"``).
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    prompt_logprobs: Logprobs | None = None
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(o.finish_reason is not None for o in self.outputs)
+
+
+@dataclass
+class EmbeddingOutput:
+    """The result of one embed request: an L2-normalised vector, or the error."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    embedding: list[float] | None
+    error: str | None = None
+
+
+__all__ = [
+    "EMPTY_MODEL_RUNNER_OUTPUT",
+    "AsyncModelRunnerOutput",
+    "CompletionOutput",
+    "EmbeddingOutput",
+    "Logprob",
+    "Logprobs",
+    "ModelRunnerOutput",
+    "PromptLogprobs",
+    "RequestOutput",
+]

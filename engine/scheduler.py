@@ -1,0 +1,289 @@
+"""FCFS continuous batching with chunked prefill and preemption by recompute.
+
+Each step (vLLM V1's unified scheduler, no separate prefill/decode phases):
+
+1. Running requests, oldest first, get ``num_tokens_with_spec - num_computed_tokens`` tokens
+   (a decode: 1 plus drafts; a prompt still being prefilled: its next chunk), within the
+   token budget ``max_num_batched_tokens``. When KV blocks run out, the newest running
+   request is preempted (its blocks freed, ``num_computed_tokens`` back to 0, requeued by
+   arrival) until the allocation fits or the request preempts itself.
+2. If nothing was preempted, waiting requests (FCFS; resumed ones by their original arrival)
+   start while budget, ``max_num_seqs`` and blocks allow, after a prefix-cache lookup. With
+   chunked prefill a prompt larger than the remaining budget gets a chunk; without it, waiting
+   stops at the first prompt that does not fit.
+
+``num_computed_tokens`` advances when a step is scheduled; :meth:`Scheduler.update_from_output`
+appends the sampled tokens, rolls back rejected drafts, checks stop conditions and frees
+finished requests. Asynchronous scheduling (planning step N+1 before step N's tokens are
+known) extends this by counting a request's in-flight tokens in ``num_output_placeholders``
+(see ``docs/engine.md``).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from engine.config import EngineConfig
+from engine.kv_cache_manager import KVCacheBlock, KVCacheManager
+from engine.outputs import ModelRunnerOutput, PromptLogprobs
+from engine.request import Request, RequestStatus
+from engine.scheduler_output import NewRequestData, SchedulerOutput
+
+
+def _by_arrival(request: Request) -> int:
+    return request.arrival_index
+
+
+class Scheduler:
+    """Plans each step and applies its results.
+
+    Args:
+        config: ``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``,
+            ``block_size``, ``enable_chunked_prefill``, ``enable_prefix_caching``.
+        num_kv_blocks: physical KV blocks the runner allocated.
+    """
+
+    def __init__(self, config: EngineConfig, num_kv_blocks: int) -> None:
+        self.config = config
+        self.kv_cache_manager = KVCacheManager(
+            num_kv_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting: list[Request] = []  # sorted by arrival_index
+        self.running: list[Request] = []  # sorted by arrival_index
+        self._finished_req_ids: set[str] = set()  # to tell the runner at the next step
+
+    # ---- requests in and out ----------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a validated request (the engine core checks it first)."""
+        if request.req_id in self.requests:
+            raise ValueError(f"request id {request.req_id!r} is already in use")
+        self.requests[request.req_id] = request
+        bisect.insort(self.waiting, request, key=_by_arrival)
+
+    def abort_request(self, req_id: str) -> Request | None:
+        """Finish an unfinished request with reason ``abort``; ``None`` if unknown."""
+        request = self.requests.get(req_id)
+        if request is None:
+            return None
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        return request
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- planning --------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Plan one step (see the module docstring)."""
+        out = SchedulerOutput(finished_req_ids=self._finished_req_ids)
+        self._finished_req_ids = set()
+        budget = self.config.max_num_batched_tokens
+        new_blocks: dict[str, list[KVCacheBlock]] = {}
+        budget = self._schedule_running(out, budget, new_blocks)
+        if not out.preempted_req_ids:
+            self._schedule_waiting(out, budget)
+        for req_id, blocks in new_blocks.items():
+            ids = [b.block_id for b in blocks]
+            out.scheduled_cached_reqs.append(
+                req_id, resumed=False, token_ids=None, new_block_ids=ids or None,
+                num_computed_tokens=self.requests[req_id].num_computed_tokens,
+                num_output_tokens=self.requests[req_id].num_output_tokens,
+            )
+        out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
+        for req_id, num in out.num_scheduled_tokens.items():
+            self.requests[req_id].num_computed_tokens += num
+        return out
+
+    def _schedule_running(
+        self, out: SchedulerOutput, budget: int, new_blocks: dict[str, list[KVCacheBlock]]
+    ) -> int:
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = self._num_new_tokens_running(request, budget)
+            if num_new <= 0:
+                i += 1
+                continue
+            blocks = self._allocate_or_preempt(request, num_new, out)
+            if blocks is None:
+                break  # the request preempted itself; everything after it is gone too
+            new_blocks[request.req_id] = blocks
+            out.num_scheduled_tokens[request.req_id] = num_new
+            num_drafts = request.num_computed_tokens + num_new - request.num_tokens
+            if num_drafts > 0:
+                out.scheduled_spec_decode_tokens[request.req_id] = request.spec_token_ids[:num_drafts]
+            budget -= num_new
+            i += 1
+        return budget
+
+    def _num_new_tokens_running(self, request: Request, budget: int) -> int:
+        num_new = request.num_tokens_with_spec - request.num_computed_tokens
+        # Never compute a position at or past max_model_len (drafts could reach it).
+        num_new = min(num_new, budget, self.config.max_model_len - request.num_computed_tokens)
+        return num_new
+
+    def _allocate_or_preempt(
+        self, request: Request, num_new: int, out: SchedulerOutput
+    ) -> list[KVCacheBlock] | None:
+        while True:
+            blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            if blocks is not None:
+                return blocks
+            victim = self.running.pop()  # newest first (running is sorted by arrival)
+            self._preempt(victim, out)
+            if victim is request:
+                return None
+
+    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.num_preemptions += 1
+        bisect.insort(self.waiting, request, key=_by_arrival)
+        out.preempted_req_ids.add(request.req_id)
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        config = self.config
+        while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
+            request = self.waiting[0]
+            hits, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit_tokens
+            if num_new > budget and (request.pooling or not config.enable_chunked_prefill):
+                break  # FCFS: later requests wait behind this one
+            num_new = min(num_new, budget)
+            if not request.pooling:
+                blocks = self.kv_cache_manager.allocate_slots(request, num_new, hits)
+                if blocks is None:
+                    break
+            self.waiting.pop(0)
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit_tokens
+            self._bind(request, out)
+            out.num_scheduled_tokens[request.req_id] = num_new
+            budget -= num_new
+
+    def _bind(self, request: Request, out: SchedulerOutput) -> None:
+        block_ids = self.kv_cache_manager.get_block_ids(request.req_id)
+        if request.status == RequestStatus.PREEMPTED:
+            out.scheduled_cached_reqs.append(
+                request.req_id, resumed=True, token_ids=list(request.all_token_ids),
+                new_block_ids=block_ids, num_computed_tokens=request.num_computed_tokens,
+                num_output_tokens=request.num_output_tokens,
+            )
+        else:
+            out.scheduled_new_reqs.append(NewRequestData(
+                req_id=request.req_id, prompt_token_ids=list(request.prompt_token_ids),
+                sampling_params=request.sampling_params, block_ids=block_ids,
+                num_computed_tokens=request.num_computed_tokens, pooling=request.pooling,
+            ))
+        request.status = RequestStatus.RUNNING
+        bisect.insort(self.running, request, key=_by_arrival)
+
+    # ---- results -----------------------------------------------------------------------
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[Request]:
+        """Apply one step's results; returns the requests that finished in it."""
+        index = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
+        finished: list[Request] = []
+        for req_id in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(req_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted or preempted since it was scheduled
+            i = index.get(req_id)
+            generated = runner_output.sampled_token_ids[i] if i is not None else []
+            status = self._apply(request, scheduler_output, runner_output, generated)
+            if status is not None:
+                self._finish(request, status)
+                finished.append(request)
+        return finished
+
+    def _apply(
+        self,
+        request: Request,
+        so: SchedulerOutput,
+        ro: ModelRunnerOutput,
+        generated: list[int],
+    ) -> RequestStatus | None:
+        req_id = request.req_id
+        if req_id in ro.errors:
+            request.error = ro.errors[req_id]
+            return RequestStatus.FINISHED_ERROR
+        drafts = so.scheduled_spec_decode_tokens.get(req_id)
+        if drafts and generated:
+            request.num_computed_tokens -= len(drafts) + 1 - len(generated)
+        request.spec_token_ids = []
+        chunk = ro.prompt_logprobs.get(req_id)
+        if chunk is not None:
+            self._take_prompt_logprobs(request, chunk)
+        if request.pooling:
+            pooled = ro.pooled_outputs.get(req_id)
+            if pooled is None:
+                return None  # not done yet (never happens: pooling runs in one step)
+            request.pooled_output = [float(x) for x in pooled]
+            return RequestStatus.FINISHED_STOPPED
+        return self._append_tokens(request, ro, generated)
+
+    def _append_tokens(
+        self, request: Request, ro: ModelRunnerOutput, generated: list[int]
+    ) -> RequestStatus | None:
+        status = None
+        num_kept = 0
+        for token_id in generated:
+            request.append_output_token(token_id)
+            num_kept += 1
+            status = request.check_stop(self.config.max_model_len)
+            if status is not None:
+                break
+        logprobs = ro.logprobs.get(request.req_id)
+        if logprobs is not None and num_kept:
+            request.logprobs.append(logprobs.slice(0, num_kept))
+        if status is None and generated:
+            request.spec_token_ids = self._trim_drafts(request, ro.spec_token_ids.get(request.req_id))
+        return status
+
+    def _trim_drafts(self, request: Request, drafts: list[int] | None) -> list[int]:
+        if not drafts:
+            return []
+        # k drafts yield up to k + 1 tokens: stay within max_tokens and max_model_len.
+        room = min(
+            request.max_tokens - request.num_output_tokens - 1,
+            self.config.max_model_len - request.num_tokens - 1,
+        )
+        return list(drafts[: max(0, room)])
+
+    @staticmethod
+    def _take_prompt_logprobs(request: Request, chunk: PromptLogprobs) -> None:
+        # Entries for prompt tokens 1..num_prompt_logprobs are in; keep only what is new, so
+        # a range recomputed after preemption is delivered once.
+        have = request.num_prompt_logprobs
+        end = chunk.start + len(chunk.logprobs)  # one past the last token covered
+        if end <= have + 1:
+            return
+        if chunk.start > have + 1:
+            raise RuntimeError(
+                f"request {request.req_id}: prompt logprobs from token {chunk.start} "
+                f"arrived before tokens {have + 1}..{chunk.start - 1}"
+            )
+        request.prompt_logprobs.append(chunk.logprobs.slice(have + 1 - chunk.start, len(chunk.logprobs)))
+        request.num_prompt_logprobs = end - 1
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = status
+        request.spec_token_ids = []
+        self.kv_cache_manager.free(request)
+        del self.requests[request.req_id]
+        self._finished_req_ids.add(request.req_id)
+
+
+__all__ = ["Scheduler"]

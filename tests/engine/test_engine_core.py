@@ -1,0 +1,129 @@
+"""EngineCore: bad requests are rejected alone with a clear error; seeding; pooling; errors
+reported by the runner finish one request only."""
+
+from __future__ import annotations
+
+import pytest
+from replay_runner import ReplayRunner
+from test_scheduler import EOS, VOCAB, assert_no_leaks, make_engine, prompt_of
+
+from engine.config import EngineConfig, SpeculativeConfig
+from engine.core import EngineCore
+from engine.errors import EngineConfigError, InvalidRequestError, UnsupportedOptionError
+from engine.outputs import ModelRunnerOutput
+from engine.sampling_params import SamplingParams
+from engine.scheduler_output import SchedulerOutput
+
+REJECTED = [
+    ("empty prompt", [], SamplingParams(), r"the prompt is empty"),
+    ("longer than max_model_len", list(range(1, 66)), SamplingParams(), r"65 tokens, more than max_model_len=64"),
+    ("token outside vocab", [1, VOCAB], SamplingParams(), r"token ids \[97\] are outside the vocabulary"),
+    ("logprobs above max", [1, 2], SamplingParams(logprobs=6), r"logprobs=6 is above the engine's max_logprobs=5"),
+    ("prompt logprobs above max", [1, 2], SamplingParams(prompt_logprobs=9), r"prompt_logprobs=9 is above"),
+    ("stop id outside vocab", [1], SamplingParams(stop_token_ids=[500]), r"stop_token_ids \[500\]"),
+]
+
+
+@pytest.mark.parametrize(("note", "prompt", "params", "message"), REJECTED, ids=[r[0] for r in REJECTED])
+def test_bad_request_is_rejected_alone(note: str, prompt: list[int], params: SamplingParams, message: str) -> None:
+    core, _ = make_engine(max_model_len=64, max_logprobs=5)
+    core.add_request("good1", prompt_of(10), SamplingParams(max_tokens=4, ignore_eos=True))
+    with pytest.raises(InvalidRequestError, match=message):
+        core.add_request("bad", prompt, params)
+    core.add_request("good2", prompt_of(10, 3), SamplingParams(max_tokens=4, ignore_eos=True))
+    done = core.run_until_done()
+    assert sorted(r.req_id for r in done) == ["good1", "good2"]
+    assert all(len(r.output_token_ids) == 4 for r in done)
+    assert_no_leaks(core)
+
+
+def test_duplicate_id_and_capacity_and_unchunkable_prompt() -> None:
+    core, _ = make_engine(num_blocks=2, block_size=4, max_model_len=64)
+    core.add_request("a", [1, 2], SamplingParams(max_tokens=2))
+    with pytest.raises(InvalidRequestError, match="already in use"):
+        core.add_request("a", [1, 2])
+    with pytest.raises(InvalidRequestError, match=r"may need 3 KV blocks \(10 tokens\), the cache has 2"):
+        core.add_request("big", [1, 2], SamplingParams(max_tokens=8))
+    core2, _ = make_engine(max_num_batched_tokens=8, max_model_len=64)
+    with pytest.raises(InvalidRequestError, match=r"more than max_num_batched_tokens=8.*pooling"):
+        core2.add_request("p", list(range(1, 10)), pooling=True)
+
+
+def test_runner_refusal_is_a_clear_error() -> None:
+    class Refusing(ReplayRunner):
+        def check_sampling_params(self, params: SamplingParams) -> None:
+            if params.logits_processors:
+                raise UnsupportedOptionError("this runner does not support logits_processors")
+
+    config = EngineConfig(model="replay", vocab_size=VOCAB, max_model_len=64, eos_token_ids=(EOS,))
+    runner = Refusing(config)
+    runner.initialize_kv_cache(16)
+    core = EngineCore(config, runner, 16)
+    with pytest.raises(UnsupportedOptionError, match="logits_processors"):
+        core.add_request("a", [1], SamplingParams(logits_processors=[lambda o, x: x]))
+
+
+def test_unseeded_requests_get_reproducible_seeds() -> None:
+    seeds = []
+    for _ in range(2):
+        core, _ = make_engine(seed=7)
+        reqs = [core.add_request(f"r{i}", [1, 2], SamplingParams(temperature=1.0)) for i in range(3)]
+        seeds.append([r.sampling_params.seed for r in reqs])
+    assert seeds[0] == seeds[1] and len(set(seeds[0])) == 3
+    core, _ = make_engine(seed=7)
+    assert core.add_request("x", [1], SamplingParams(seed=99)).sampling_params.seed == 99
+
+
+def test_pooling_requests_run_in_one_step() -> None:
+    core, _ = make_engine(max_num_batched_tokens=32)
+    core.add_request("e1", [3, 5, 7], pooling=True)
+    core.add_request("e2", list(range(1, 21)), pooling=True)
+    core.add_request("e3", list(range(1, 21)), pooling=True)  # 20 + 20 > 32: next step
+    first = core.step()
+    assert [(r.req_id, r.pooled_output) for r in first] == [("e1", [5.0]), ("e2", [10.5])]
+    assert [r.req_id for r in core.step()] == ["e3"]
+    assert_no_leaks(core)
+
+
+def test_runner_error_finishes_one_request() -> None:
+    class FailsOne(ReplayRunner):
+        def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+            out = super().execute_model(so)
+            if "bad" in so.num_scheduled_tokens:
+                out.errors["bad"] = "logits processor raised ValueError('boom')"
+            return out
+
+    config = EngineConfig(model="replay", vocab_size=VOCAB, max_model_len=64, eos_token_ids=(EOS,))
+    runner = FailsOne(config)
+    runner.initialize_kv_cache(32)
+    core = EngineCore(config, runner, 32)
+    core.add_request("bad", [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+    core.add_request("good", [1, 2, 3], SamplingParams(max_tokens=5, ignore_eos=True))
+    done = {r.req_id: r for r in core.run_until_done()}
+    assert done["bad"].status.finish_reason == "error" and "boom" in done["bad"].error
+    assert done["good"].status.finish_reason == "length" and len(done["good"].output_token_ids) == 5
+    assert_no_leaks(core)
+
+
+BAD_CONFIG = [
+    ({"max_model_len": 0}, "max_model_len must be an int >= 1"),
+    ({"dtype": "int8"}, "dtype must be"),
+    ({"enable_chunked_prefill": False, "max_num_batched_tokens": 8}, "without chunked prefill"),
+    ({"cpu_offload_gb": -1.0}, "cpu_offload_gb"),
+    ({"runner_kind": "reward"}, "runner_kind"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "message"), BAD_CONFIG)
+def test_bad_engine_config(kwargs: dict, message: str) -> None:
+    base = {"model": "m", "vocab_size": 10, "max_model_len": 64}
+    with pytest.raises(EngineConfigError, match=message):
+        EngineConfig(**{**base, **kwargs})
+
+
+def test_speculative_config_is_checked() -> None:
+    with pytest.raises(EngineConfigError, match="'eagle' is not implemented"):
+        SpeculativeConfig(method="eagle")
+    with pytest.raises(EngineConfigError, match="unknown speculative_config keys"):
+        SpeculativeConfig.from_dict({"method": "ngram", "model": "x"})
+    assert SpeculativeConfig.from_dict({"num_speculative_tokens": 5}).num_speculative_tokens == 5
