@@ -9,6 +9,7 @@ from engine.model.kv_cache import allocate_kv_caches, kv_cache_bytes_per_block
 from engine.model.llama import DecoderModel
 from engine.model.loader import load_model
 from engine.model.random_weights import write_random_weights
+from engine.model.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from engine.model.weights import WeightLoadError
 
 __all__ = [
@@ -18,9 +19,12 @@ __all__ = [
     "ModelConfig",
     "ModelConfigError",
     "RopeScaling",
+    "Tokenizer",
+    "TokenizerError",
     "WeightLoadError",
     "allocate_kv_caches",
     "kv_cache_bytes_per_block",
     "load_model",
+    "load_tokenizer",
     "write_random_weights",
 ]

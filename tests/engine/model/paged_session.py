@@ -74,3 +74,23 @@ class PagedSession:
                                 torch.tensor(positions, device=self.device), self.kv_caches, md)
             logits = self.model.compute_logits(hidden)
         return {s: logits[qsl[i]:qsl[i + 1]] for i, s in enumerate(num_tokens)}
+
+
+def greedy_generate(model: DecoderModel, prompt: list[int], *, max_new_tokens: int,
+                    eos_token_id: int | None, block_size: int = 16) -> list[int]:
+    """A plain greedy loop (prefill, then one token per step) until EOS or the token limit;
+    returns the generated ids, EOS included."""
+    need = -(-(len(prompt) + max_new_tokens) // block_size)
+    session = PagedSession(model, num_blocks=need + 4, block_size=block_size,
+                           max_blocks_per_seq=need)
+    session.add("r", prompt)
+    out: list[int] = []
+    num_tokens = len(prompt)
+    while len(out) < max_new_tokens:
+        token = int(session.step({"r": num_tokens})["r"][-1].argmax())
+        out.append(token)
+        if token == eos_token_id:
+            break
+        session.append("r", token)
+        num_tokens = 1
+    return out

@@ -1,0 +1,156 @@
+"""GGUF files (llama.cpp's format, https://github.com/ggml-org/ggml/blob/master/docs/gguf.md):
+the architecture from the header metadata, the tensors dequantised to float32 on read (the
+``gguf`` package's ``dequantize``: Q4_0/Q4_1/Q8_0/K-quants/F16/BF16...) and renamed to HF names.
+
+llama.cpp's converter permutes the rows of ``attn_q``/``attn_k`` of ``llama`` models so that
+each head's rotary pairs are interleaved (GPT-J style) instead of split in halves (HF's
+``rotate_half``); :func:`unpermute_qk` undoes it. ``qwen2``/``qwen3`` files are not permuted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.model.config import ModelConfig, ModelConfigError
+from engine.model.weights import WeightLoadError, WeightSource
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                  "qwen3": "Qwen3ForCausalLM"}
+_PERMUTED_QK = {"llama"}
+
+_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
+                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def gguf_metadata(reader: Any) -> dict[str, Any]:
+    """Header key/values of a ``gguf.GGUFReader`` as Python values (strings decoded)."""
+    return {name: _field_value(field) for name, field in reader.fields.items()}
+
+
+def _field_value(field: Any) -> Any:
+    from gguf import GGUFValueType
+
+    if not field.types:
+        return None
+
+    def decode(part: np.ndarray, kind: Any) -> Any:
+        return bytes(part).decode("utf-8") if kind == GGUFValueType.STRING else part.tolist()[0]
+
+    if field.types[0] == GGUFValueType.ARRAY:
+        return [decode(field.parts[i], field.types[-1]) for i in field.data]
+    return decode(field.parts[field.data[0]], field.types[0])
+
+
+def read_gguf(path: str | Path) -> tuple[ModelConfig, WeightSource]:
+    """The :class:`ModelConfig` and lazy HF-named float32 tensors of a GGUF file.
+
+    Raises:
+        ModelConfigError: the file's architecture or a header field is not supported.
+        WeightLoadError: a tensor without an HF counterpart (e.g. ``rope_freqs``).
+    """
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    meta = gguf_metadata(reader)
+    arch = meta.get("general.architecture")
+    config = config_from_gguf(meta, has_output=any(t.name == "output.weight"
+                                                   for t in reader.tensors))
+    source: dict[str, Callable[[], torch.Tensor]] = {}
+    for tensor in reader.tensors:
+        hf_name = hf_tensor_name(tensor.name)
+        heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+        part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
+        num_heads = heads.get(part) if arch in _PERMUTED_QK else None
+        source[hf_name] = lambda t=tensor, h=num_heads: _dequantize(t, h)
+    return config, source
+
+
+def config_from_gguf(meta: dict[str, Any], *, has_output: bool) -> ModelConfig:
+    """HF-style config of a GGUF header (``{arch}.*`` keys and ``tokenizer.ggml.*`` ids).
+
+    Raises:
+        ModelConfigError: unsupported architecture or RoPE scaling, or a missing key.
+    """
+    arch = meta.get("general.architecture")
+    if arch not in _ARCHITECTURES:
+        raise ModelConfigError(f"GGUF architecture {arch!r} is not supported; supported: "
+                               f"{', '.join(_ARCHITECTURES)}")
+
+    def key(name: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{name}", default)
+        if value is None:
+            raise ModelConfigError(f"GGUF header lacks `{arch}.{name}`")
+        return value
+
+    scaling_type = meta.get(f"{arch}.rope.scaling.type", "none")
+    rope_scaling = None
+    if scaling_type == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": key("rope.scaling.factor")}
+    elif scaling_type != "none":
+        raise ModelConfigError(f"GGUF rope.scaling.type {scaling_type!r} is not supported")
+    heads = key("attention.head_count")
+    vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
+    hf = {
+        "architectures": [_ARCHITECTURES[arch]], "model_type": arch, "vocab_size": vocab,
+        "hidden_size": key("embedding_length"), "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"), "num_attention_heads": heads,
+        "num_key_value_heads": key("attention.head_count_kv", heads),
+        "head_dim": meta.get(f"{arch}.attention.key_length") or key("embedding_length") // heads,
+        "max_position_embeddings": key("context_length"),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+        "rope_theta": key("rope.freq_base", 10000.0), "rope_scaling": rope_scaling,
+        "tie_word_embeddings": not has_output, "hidden_act": "silu",
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+    }
+    return ModelConfig.from_hf_dict(hf)
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """HF name of a GGUF tensor name (``blk.3.attn_q.weight`` -> ``model.layers.3.self_attn.
+    q_proj.weight``).
+
+    Raises:
+        WeightLoadError: the tensor has no HF counterpart in the supported architectures.
+    """
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    raise WeightLoadError(f"GGUF tensor {gguf_name!r} has no counterpart in the model layer "
+                          "(Llama 3 rope_freqs and other extras are not supported)")
+
+
+def _dequantize(tensor: Any, permuted_heads: int | None) -> torch.Tensor:
+    from gguf import dequantize
+
+    array = dequantize(tensor.data, tensor.tensor_type)
+    shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # ggml lists dims inner-first
+    weight = torch.from_numpy(np.require(array, np.float32, ['C', 'W'])).reshape(shape)
+    return unpermute_qk(weight, permuted_heads) if permuted_heads else weight
+
+
+def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation.
+
+    ``convert_hf_to_gguf.py`` reorders each head's rows from ``[x_0..x_{d/2-1}, y_0..]``
+    (halves) to ``[x_0, y_0, x_1, y_1, ...]`` (pairs); this maps pairs back to halves.
+    ``weight``: ``[num_heads * head_dim, ...]`` (a weight matrix or a bias).
+    """
+    rows = weight.shape[0]
+    return (weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+            .transpose(1, 2).reshape(weight.shape))
