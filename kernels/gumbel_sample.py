@@ -1,0 +1,291 @@
+"""Gumbel-max sampling over the request table, following docs/sampling.md steps 3-9.
+
+One program per request of the batch (table row ``idx_mapping[i]``) walks its logits row in
+blocks, applying on the fly and in this order: penalties (from the counts of
+``kernels/penalties.py``), the ``min_tokens`` mask, then either greedy argmax (temperature 0)
+or temperature, top-k, top-p and the draw ``argmax(x + g)`` with the stateless noise of
+``kernels/gumbel_noise.py`` (``g`` from ``(seed, position, token_id)``, so V2's samples equal
+V1's). The raw logits are never written: logprobs are taken from them afterwards.
+
+top-k and top-p thresholds come from radix selection (``kernels/_select.py``): no sort, no
+``[num_reqs, vocab_size]`` scratch. Divisions use ``div_rn`` and FP contraction is off, so every
+value equals torch's float32 arithmetic in :func:`gumbel_sample_ref`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels._select import _argmax_update, _float_key, _radix_advance, _radix_candidates
+from kernels._triton import require_triton, tl, triton
+from kernels.gumbel_noise import _gumbel_from_hash, _row_hash, gumbel_noise_ref
+from kernels.penalties import COUNT_MASK
+
+_GREEDY_TEMPERATURE = 0.0  # rows with temperature < 1e-5 are stored as exactly 0 (greedy)
+
+
+@dataclass(frozen=True)
+class SamplingTables:
+    """Per-row sampling parameters of the request table (views; ``[max_num_seqs]`` each).
+
+    The float32/int32 columns share one stride (a packed table); ``seed`` is int64 with its
+    own stride; ``stop_token_ids`` is ``[max_num_seqs, max_stop_token_ids]`` int32 holding, for
+    ``min_tokens``, the ids to mask (EOS unless ignore_eos, then the stop ids), ``-1`` padded.
+    ``temperature`` is 0 for greedy rows.
+    """
+
+    temperature: torch.Tensor  # float32
+    top_k: torch.Tensor  # int32, <= 0 keeps all
+    top_p: torch.Tensor  # float32
+    repetition_penalty: torch.Tensor  # float32
+    frequency_penalty: torch.Tensor  # float32
+    presence_penalty: torch.Tensor  # float32
+    min_tokens: torch.Tensor  # int32
+    num_prompt_tokens: torch.Tensor  # int32
+    seed: torch.Tensor  # int64
+    stop_token_ids: torch.Tensor  # [max_num_seqs, max_stop] int32
+
+    def check(self) -> int:
+        """Check dtypes and strides; return the shared stride of the 32-bit columns.
+
+        Raises:
+            ValueError: a dtype or stride differs from the annotations.
+        """
+        cols32 = {
+            "temperature": torch.float32, "top_k": torch.int32, "top_p": torch.float32,
+            "repetition_penalty": torch.float32, "frequency_penalty": torch.float32,
+            "presence_penalty": torch.float32, "min_tokens": torch.int32,
+            "num_prompt_tokens": torch.int32,
+        }
+        for name, dtype in cols32.items():
+            if getattr(self, name).dtype != dtype:
+                raise ValueError(f"{name} must be {dtype}, got {getattr(self, name).dtype}")
+        strides = {getattr(self, name).stride(0) for name in cols32}
+        if len(strides) != 1:
+            raise ValueError("the 32-bit parameter columns must share one stride")
+        if self.seed.dtype != torch.int64 or self.stop_token_ids.dtype != torch.int32:
+            raise ValueError("seed must be int64 and stop_token_ids int32")
+        if self.stop_token_ids.dim() != 2 or self.stop_token_ids.stride(1) != 1:
+            raise ValueError("stop_token_ids must be [max_num_seqs, max_stop] with unit inner stride")
+        return strides.pop()
+
+
+@triton.jit
+def _processed_logits(
+    logits_row, counts_row, stop_row, tok, mask, rep, freq, pres, mask_stop, temperature,
+    HAS_COUNTS: tl.constexpr, MAX_STOP: tl.constexpr, SCALE: tl.constexpr,
+):
+    # docs/sampling.md steps 3 (penalties), 4 (min_tokens) and 6 (temperature) on one block.
+    x = tl.load(logits_row + tok, mask=mask, other=float("-inf"))
+    if HAS_COUNTS:
+        c = tl.load(counts_row + tok, mask=mask, other=0)
+        count = c & 0xFFFFFF
+        penalised = tl.where(x > 0, tl.math.div_rn(x, rep), x * rep)
+        x = tl.where(c != 0, penalised, x)
+        x = x - freq * count.to(tl.float32)
+        x = x - pres * (count > 0).to(tl.float32)
+    if mask_stop:
+        for s in range(MAX_STOP):
+            x = tl.where(tok == tl.load(stop_row + s), float("-inf"), x)
+    if SCALE:
+        x = tl.math.div_rn(x, temperature)
+    return x
+
+
+@triton.jit
+def _gumbel_sample_kernel(
+    logits_ptr, logits_stride, idx_mapping_ptr, seq_lens_ptr,
+    temperature_ptr, top_k_ptr, top_p_ptr, rep_ptr, freq_ptr, pres_ptr, min_tokens_ptr,
+    num_prompt_ptr, params_stride, seed_ptr, seed_stride, stop_ptr, stop_stride,
+    counts_ptr, counts_stride, sampled_ptr, vocab_size,
+    HAS_COUNTS: tl.constexpr, MAX_STOP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    i = tl.program_id(0)
+    row = tl.load(idx_mapping_ptr + i).to(tl.int64)
+    p = row * params_stride
+    temperature = tl.load(temperature_ptr + p)
+    top_k = tl.load(top_k_ptr + p)
+    top_p = tl.load(top_p_ptr + p)
+    rep = tl.load(rep_ptr + p)
+    freq = tl.load(freq_ptr + p)
+    pres = tl.load(pres_ptr + p)
+    pos = tl.load(seq_lens_ptr + i)  # position of the token being sampled
+    mask_stop = (pos - tl.load(num_prompt_ptr + p)) < tl.load(min_tokens_ptr + p)
+    logits_row = logits_ptr + i.to(tl.int64) * logits_stride
+    counts_row = counts_ptr + i.to(tl.int64) * counts_stride
+    stop_row = stop_ptr + row * stop_stride
+    offs = tl.arange(0, BLOCK_SIZE)
+    best_val = tl.full([], float("-inf"), tl.float32)
+    best_idx = tl.full([], 0, tl.int32)
+    if temperature == 0.0:
+        for start in range(0, vocab_size, BLOCK_SIZE):
+            tok = start + offs
+            x = _processed_logits(logits_row, counts_row, stop_row, tok, tok < vocab_size, rep, freq,
+                                  pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, False)
+            best_val, best_idx = _argmax_update(x, tok, best_val, best_idx)
+    else:
+        threshold = tl.full([], 0, tl.int64)  # keys >= threshold are kept; 0 keeps all
+        if (top_k > 0) & (top_k < vocab_size):
+            for r in range(8):
+                cand, shift = _radix_candidates(threshold, r)
+                num_ge = tl.zeros([16], tl.int32)
+                for start in range(0, vocab_size, BLOCK_SIZE):
+                    tok = start + offs
+                    mask = tok < vocab_size
+                    x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq,
+                                          pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+                    ge = (_float_key(x)[:, None] >= cand[None, :]) & mask[:, None]
+                    num_ge += tl.sum(ge.to(tl.int32), axis=0)
+                threshold = _radix_advance(threshold, shift, num_ge >= top_k)
+        if top_p < 1.0:
+            m = tl.full([], float("-inf"), tl.float32)
+            for start in range(0, vocab_size, BLOCK_SIZE):
+                tok = start + offs
+                x = _processed_logits(logits_row, counts_row, stop_row, tok, tok < vocab_size, rep,
+                                      freq, pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+                m = tl.maximum(m, tl.max(x, axis=0))
+            kept_from = threshold
+            target = tl.full([], 0.0, tl.float32)
+            for r in range(8):
+                cand, shift = _radix_candidates(threshold, r)
+                mass = tl.zeros([16], tl.float32)
+                for start in range(0, vocab_size, BLOCK_SIZE):
+                    tok = start + offs
+                    mask = tok < vocab_size
+                    x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq,
+                                          pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+                    key = _float_key(x)
+                    e = tl.where(mask & (key >= kept_from), tl.exp(x - m), 0.0)
+                    mass += tl.sum(tl.where(key[:, None] >= cand[None, :], e[:, None], 0.0), axis=0)
+                if r == 0:
+                    # Candidate 0 of pass 0 is the threshold kept so far: its mass is Z.
+                    target = top_p * tl.max(tl.where(tl.arange(0, 16) == 0, mass, 0.0), axis=0)
+                threshold = _radix_advance(threshold, shift, mass >= target)
+        row_h = _row_hash(tl.load(seed_ptr + row * seed_stride), pos.to(tl.int64))
+        for start in range(0, vocab_size, BLOCK_SIZE):
+            tok = start + offs
+            mask = tok < vocab_size
+            x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq, pres,
+                                  mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+            kept = mask & (_float_key(x) >= threshold)
+            v = tl.where(kept, x + _gumbel_from_hash(row_h, tok), float("-inf"))
+            best_val, best_idx = _argmax_update(v, tok, best_val, best_idx)
+    tl.store(sampled_ptr + i, best_idx)
+
+
+def gumbel_sample(
+    logits: torch.Tensor,  # [num_reqs, vocab_size] float32, raw (not modified)
+    idx_mapping: torch.Tensor,  # [num_reqs] int32, batch position -> table row
+    seq_lens: torch.Tensor,  # [>= num_reqs] int32: position of the token sampled per request
+    tables: SamplingTables,
+    counts: torch.Tensor | None,  # [num_reqs, vocab_size] int32 from build_penalty_counts
+    sampled_out: torch.Tensor,  # [>= num_reqs] int32, written in place
+) -> None:
+    """Sample one token per request (docs/sampling.md steps 3-9) (Triton).
+
+    ``counts=None`` when no request of the batch has penalties (skips that code entirely).
+
+    Raises:
+        TritonUnavailableError: Triton is not installed.
+        ValueError: dtypes, shapes or strides do not match the annotations.
+    """
+    require_triton()
+    params_stride = _check(logits, idx_mapping, seq_lens, tables, counts, sampled_out)
+    num_reqs, vocab_size = logits.shape
+    if num_reqs == 0:
+        return
+    counts_arg = counts if counts is not None else logits  # never read without HAS_COUNTS
+    _gumbel_sample_kernel[(num_reqs,)](
+        logits, logits.stride(0), idx_mapping, seq_lens,
+        tables.temperature, tables.top_k, tables.top_p, tables.repetition_penalty,
+        tables.frequency_penalty, tables.presence_penalty, tables.min_tokens,
+        tables.num_prompt_tokens, params_stride, tables.seed, tables.seed.stride(0),
+        tables.stop_token_ids, tables.stop_token_ids.stride(0),
+        counts_arg, counts_arg.stride(0), sampled_out, vocab_size,
+        HAS_COUNTS=counts is not None, MAX_STOP=tables.stop_token_ids.shape[1],
+        BLOCK_SIZE=1024, enable_fp_fusion=False,
+    )
+
+
+def gumbel_sample_ref(
+    logits: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    seq_lens: torch.Tensor,
+    tables: SamplingTables,
+    counts: torch.Tensor | None,
+    sampled_out: torch.Tensor,
+) -> None:
+    """Torch reference of :func:`gumbel_sample` (same arguments; sorts, one row at a time)."""
+    _check(logits, idx_mapping, seq_lens, tables, counts, sampled_out)
+    for i, row in enumerate(idx_mapping.tolist()):
+        x = logits[i].clone()
+        if counts is not None:
+            x = _apply_penalties_ref(x, counts[i], tables, row)
+        pos = int(seq_lens[i])
+        if pos - int(tables.num_prompt_tokens[row]) < int(tables.min_tokens[row]):
+            stop = tables.stop_token_ids[row]
+            x[stop[stop >= 0].long()] = float("-inf")
+        temperature = tables.temperature[row]
+        if float(temperature) == _GREEDY_TEMPERATURE:
+            sampled_out[i] = int(torch.argmax(x))  # first maximum: the lowest id
+            continue
+        x = x / temperature
+        x = _top_k_ref(x, int(tables.top_k[row]))
+        x = _top_p_ref(x, float(tables.top_p[row]))
+        seed = tables.seed[row : row + 1]
+        g = gumbel_noise_ref(seed, torch.tensor([pos], dtype=torch.int64, device=x.device), x.shape[0])[0]
+        sampled_out[i] = int(torch.argmax(x + g))
+
+
+def _apply_penalties_ref(x: torch.Tensor, c: torch.Tensor, tables: SamplingTables, row: int) -> torch.Tensor:
+    count = (c & COUNT_MASK).to(torch.float32)
+    rep = tables.repetition_penalty[row]
+    x = torch.where(c != 0, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - tables.frequency_penalty[row] * count
+    return x - tables.presence_penalty[row] * (count > 0).to(torch.float32)
+
+
+def _top_k_ref(x: torch.Tensor, k: int) -> torch.Tensor:
+    # docs/sampling.md step 7: keep every token at least as large as the k-th largest.
+    if k <= 0 or k >= x.shape[0]:
+        return x
+    kth = torch.topk(x, k).values[-1]
+    return x.masked_fill(x < kth, float("-inf"))
+
+
+def _top_p_ref(x: torch.Tensor, top_p: float) -> torch.Tensor:
+    # docs/sampling.md step 8: the most likely tokens until their mass reaches top_p, plus ties.
+    if top_p >= 1.0:
+        return x
+    probs = torch.softmax(x, dim=0)
+    sorted_probs, order = torch.sort(probs, descending=True, stable=True)
+    cum = torch.cumsum(sorted_probs, dim=0)
+    cut = int(torch.searchsorted(cum, torch.tensor([top_p], dtype=cum.dtype, device=cum.device)))
+    cut = min(cut, x.shape[0] - 1)
+    threshold = x[order[cut]]
+    return x.masked_fill(x < threshold, float("-inf"))
+
+
+def _check(
+    logits: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    seq_lens: torch.Tensor,
+    tables: SamplingTables,
+    counts: torch.Tensor | None,
+    sampled_out: torch.Tensor,
+) -> int:
+    params_stride = tables.check()
+    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError("logits must be [num_reqs, vocab_size] float32 with unit inner stride")
+    num_reqs = logits.shape[0]
+    for name, t in (("idx_mapping", idx_mapping), ("seq_lens", seq_lens), ("sampled_out", sampled_out)):
+        if t.dtype != torch.int32 or t.shape[0] < num_reqs:
+            raise ValueError(f"{name} must be int32 with at least num_reqs={num_reqs} entries")
+    if counts is not None and (counts.dtype != torch.int32 or counts.shape != logits.shape or counts.stride(1) != 1):
+        raise ValueError("counts must be int32 with the shape of logits")
+    return params_stride
+
+
+__all__ = ["SamplingTables", "gumbel_sample", "gumbel_sample_ref"]

@@ -1,0 +1,143 @@
+"""Post-update: after sampling, append the sampled ids to the device table and advance counters.
+
+For request ``i`` of the batch (table row ``r = idx_mapping[i]``):
+
+- ``num_computed_tokens[r] += num_scheduled[i]`` (the step's tokens are now in the KV cache);
+- if the request sampled this step (``seq_lens[i] >= num_tokens[r]``: its prefill is complete,
+  not a partial chunk), ``token_ids[r, num_tokens[r]] = sampled[i]``, ``num_tokens[r] += 1``
+  and ``last_sampled[r] = sampled[i]``.
+
+This runs on the device right after the sampler, so the next step's ``prepare_input_ids`` finds
+the token without the host ever seeing it (DESIGN §5.4: "post-forward side effects run after
+sampling").
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._triton import require_triton, tl, triton
+
+
+@triton.jit
+def _post_update_kernel(
+    idx_mapping_ptr,
+    num_scheduled_ptr,
+    seq_lens_ptr,
+    sampled_ptr,
+    num_computed_ptr,
+    num_computed_stride,
+    num_tokens_ptr,
+    num_tokens_stride,
+    last_sampled_ptr,
+    last_sampled_stride,
+    token_ids_ptr,
+    token_ids_stride,
+    num_reqs,
+    BLOCK_SIZE: tl.constexpr,
+):
+    # One program per block of requests; rows are distinct within a step, so no write races.
+    req = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+    mask = req < num_reqs
+    row = tl.load(idx_mapping_ptr + req, mask=mask, other=0).to(tl.int64)
+    num_scheduled = tl.load(num_scheduled_ptr + req, mask=mask, other=0)
+    seq_len = tl.load(seq_lens_ptr + req, mask=mask, other=0)
+    sampled = tl.load(sampled_ptr + req, mask=mask, other=0)
+    num_computed = tl.load(num_computed_ptr + row * num_computed_stride, mask=mask, other=0)
+    tl.store(num_computed_ptr + row * num_computed_stride, num_computed + num_scheduled, mask=mask)
+    num_tokens = tl.load(num_tokens_ptr + row * num_tokens_stride, mask=mask, other=0)
+    samples = mask & (seq_len >= num_tokens)
+    tl.store(token_ids_ptr + row * token_ids_stride + num_tokens, sampled, mask=samples)
+    tl.store(num_tokens_ptr + row * num_tokens_stride, num_tokens + 1, mask=samples)
+    tl.store(last_sampled_ptr + row * last_sampled_stride, sampled, mask=samples)
+
+
+def post_update(
+    idx_mapping: torch.Tensor,  # [>= num_reqs] int32, batch position -> table row
+    num_scheduled: torch.Tensor,  # [>= num_reqs] int32
+    seq_lens: torch.Tensor,  # [>= num_reqs] int32, context after the step
+    sampled: torch.Tensor,  # [>= num_reqs] int32, sampled ids by batch position
+    num_computed: torch.Tensor,  # [max_num_seqs] int32 (any stride), updated in place
+    num_tokens: torch.Tensor,  # [max_num_seqs] int32 (any stride), updated in place
+    last_sampled: torch.Tensor,  # [max_num_seqs] int32 (any stride), updated in place
+    token_ids: torch.Tensor,  # [max_num_seqs, max_model_len] int32, updated in place
+    num_reqs: int,
+) -> None:
+    """Append sampled ids and advance ``num_computed`` / ``num_tokens`` (Triton).
+
+    Raises:
+        TritonUnavailableError: Triton is not installed.
+        ValueError: dtypes or shapes do not match the annotations.
+    """
+    require_triton()
+    _check(idx_mapping, num_scheduled, seq_lens, sampled, num_computed, num_tokens, last_sampled, token_ids, num_reqs)
+    if num_reqs == 0:
+        return
+    block_size = 128
+    _post_update_kernel[(triton.cdiv(num_reqs, block_size),)](
+        idx_mapping,
+        num_scheduled,
+        seq_lens,
+        sampled,
+        num_computed,
+        num_computed.stride(0),
+        num_tokens,
+        num_tokens.stride(0),
+        last_sampled,
+        last_sampled.stride(0),
+        token_ids,
+        token_ids.stride(0),
+        num_reqs,
+        BLOCK_SIZE=block_size,
+    )
+
+
+def post_update_ref(
+    idx_mapping: torch.Tensor,
+    num_scheduled: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sampled: torch.Tensor,
+    num_computed: torch.Tensor,
+    num_tokens: torch.Tensor,
+    last_sampled: torch.Tensor,
+    token_ids: torch.Tensor,
+    num_reqs: int,
+) -> None:
+    """Torch reference of :func:`post_update` (same arguments)."""
+    _check(idx_mapping, num_scheduled, seq_lens, sampled, num_computed, num_tokens, last_sampled, token_ids, num_reqs)
+    rows = idx_mapping[:num_reqs].long()
+    n = num_tokens[rows]
+    samples = seq_lens[:num_reqs] >= n
+    num_computed[rows] += num_scheduled[:num_reqs]
+    s_rows, s_n, s_ids = rows[samples], n[samples].long(), sampled[:num_reqs][samples]
+    token_ids[s_rows, s_n] = s_ids
+    num_tokens[s_rows] += 1
+    last_sampled[s_rows] = s_ids
+
+
+def _check(
+    idx_mapping: torch.Tensor,
+    num_scheduled: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sampled: torch.Tensor,
+    num_computed: torch.Tensor,
+    num_tokens: torch.Tensor,
+    last_sampled: torch.Tensor,
+    token_ids: torch.Tensor,
+    num_reqs: int,
+) -> None:
+    tensors = {
+        "idx_mapping": idx_mapping, "num_scheduled": num_scheduled, "seq_lens": seq_lens,
+        "sampled": sampled, "num_computed": num_computed, "num_tokens": num_tokens,
+        "last_sampled": last_sampled, "token_ids": token_ids,
+    }
+    for name, t in tensors.items():
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if token_ids.dim() != 2 or token_ids.stride(1) != 1:
+        raise ValueError("token_ids must be a 2-D table with unit inner stride")
+    if num_reqs < 0 or any(t.shape[0] < num_reqs for t in (idx_mapping, num_scheduled, seq_lens, sampled)):
+        raise ValueError(f"num_reqs={num_reqs} exceeds a per-request input")
+
+
+__all__ = ["post_update", "post_update_ref"]

@@ -1,0 +1,128 @@
+"""slot_mapping: where each scheduled token's key and value go in the paged KV cache.
+
+Token at position ``p`` of the request in table row ``r`` is stored in slot
+``block_table[r, p // block_size] * block_size + p % block_size`` (vLLM's slot layout, the
+``reshape_and_cache`` convention). Padding tokens of a CUDA-graph batch get ``-1``, which the
+cache writer skips, so a padded batch never overwrites a live slot.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels._triton import require_triton, tl, triton
+
+
+@triton.jit
+def _compute_slot_mapping_kernel(
+    idx_mapping_ptr,
+    query_start_loc_ptr,
+    positions_ptr,
+    block_table_ptr,
+    block_table_stride,
+    slot_mapping_ptr,
+    num_reqs,
+    num_tokens_padded,
+    block_size,
+    BLOCK_SIZE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_SIZE)
+    if pid < num_reqs:
+        row = tl.load(idx_mapping_ptr + pid).to(tl.int64)
+        start = tl.load(query_start_loc_ptr + pid)
+        end = tl.load(query_start_loc_ptr + pid + 1)
+        for block_start in range(start, end, BLOCK_SIZE):
+            tok = block_start + offs
+            mask = tok < end
+            pos = tl.load(positions_ptr + tok, mask=mask, other=0)
+            block_ids = tl.load(block_table_ptr + row * block_table_stride + pos // block_size, mask=mask, other=0)
+            slots = block_ids.to(tl.int64) * block_size + pos % block_size
+            tl.store(slot_mapping_ptr + tok, slots, mask=mask)
+    else:
+        total = tl.load(query_start_loc_ptr + num_reqs)
+        for block_start in range(total, num_tokens_padded, BLOCK_SIZE):
+            tok = block_start + offs
+            tl.store(slot_mapping_ptr + tok, tl.full([BLOCK_SIZE], -1, tl.int64), mask=tok < num_tokens_padded)
+
+
+def compute_slot_mapping(
+    idx_mapping: torch.Tensor,  # [>= num_reqs] int32, batch position -> table row
+    query_start_loc: torch.Tensor,  # [>= num_reqs + 1] int32
+    positions: torch.Tensor,  # [num_tokens_padded] int64
+    block_table: torch.Tensor,  # [max_num_seqs, max_num_blocks_per_req] int32, by table row
+    block_size: int,
+    num_reqs: int,
+    slot_mapping_out: torch.Tensor,  # [num_tokens_padded] int64, written in place; -1 = padding
+) -> None:
+    """Write each token's KV slot, ``-1`` for padding tokens (Triton).
+
+    Raises:
+        TritonUnavailableError: Triton is not installed.
+        ValueError: dtypes or shapes do not match the annotations.
+    """
+    require_triton()
+    _check(idx_mapping, query_start_loc, positions, block_table, block_size, num_reqs, slot_mapping_out)
+    _compute_slot_mapping_kernel[(num_reqs + 1,)](
+        idx_mapping,
+        query_start_loc,
+        positions,
+        block_table,
+        block_table.stride(0),
+        slot_mapping_out,
+        num_reqs,
+        slot_mapping_out.shape[0],
+        block_size,
+        BLOCK_SIZE=128,
+    )
+
+
+def compute_slot_mapping_ref(
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    num_reqs: int,
+    slot_mapping_out: torch.Tensor,
+) -> None:
+    """Torch reference of :func:`compute_slot_mapping` (same arguments)."""
+    _check(idx_mapping, query_start_loc, positions, block_table, block_size, num_reqs, slot_mapping_out)
+    qsl = query_start_loc.to(torch.int64)
+    total = int(qsl[num_reqs])
+    rows = idx_mapping[:num_reqs].long().repeat_interleave(qsl[1 : num_reqs + 1] - qsl[:num_reqs])
+    pos = positions[:total]
+    blocks = block_table[rows, pos // block_size].long()
+    slot_mapping_out.fill_(-1)
+    slot_mapping_out[:total] = blocks * block_size + pos % block_size
+
+
+def _check(
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    block_table: torch.Tensor,
+    block_size: int,
+    num_reqs: int,
+    slot_mapping_out: torch.Tensor,
+) -> None:
+    for name, t, dtype in (
+        ("idx_mapping", idx_mapping, torch.int32),
+        ("query_start_loc", query_start_loc, torch.int32),
+        ("positions", positions, torch.int64),
+        ("block_table", block_table, torch.int32),
+        ("slot_mapping_out", slot_mapping_out, torch.int64),
+    ):
+        if t.dtype != dtype:
+            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    if block_table.dim() != 2 or block_table.stride(1) != 1:
+        raise ValueError("block_table must be a 2-D table with unit inner stride")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    if positions.shape != slot_mapping_out.shape or not slot_mapping_out.is_contiguous():
+        raise ValueError("positions and slot_mapping_out must have the same (padded) length; out contiguous")
+    if not 0 <= num_reqs <= min(idx_mapping.shape[0], query_start_loc.shape[0] - 1):
+        raise ValueError(f"num_reqs={num_reqs} exceeds idx_mapping or query_start_loc")
+
+
+__all__ = ["compute_slot_mapping", "compute_slot_mapping_ref"]

@@ -1,0 +1,132 @@
+"""The Gumbel-max sampler and penalty counts against their torch references (docs/sampling.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import sampling_tables
+
+from kernels.gumbel_noise import gumbel_noise_ref
+from kernels.gumbel_sample import gumbel_sample, gumbel_sample_ref
+from kernels.penalties import COUNT_MASK, PROMPT_BIT, build_penalty_counts, build_penalty_counts_ref
+
+MAX_NUM_SEQS = 16
+
+
+def _batch(seed: int, vocab_size: int, num_reqs: int = 10):
+    g = torch.Generator().manual_seed(seed)
+    tables = sampling_tables(MAX_NUM_SEQS, seed=seed)
+    idx_mapping = torch.randperm(MAX_NUM_SEQS, generator=g)[:num_reqs].to(torch.int32)
+    token_ids = torch.randint(0, vocab_size, (MAX_NUM_SEQS, 80), generator=g, dtype=torch.int32)
+    seq_lens = torch.randint(21, 80, (num_reqs,), generator=g, dtype=torch.int32)
+    logits = torch.randn(num_reqs, vocab_size, generator=g) * 2
+    logits[:, 3] += 6  # a stop id that min_tokens must mask
+    logits[0, 100:110] = 9.0  # ties at the top
+    return tables, idx_mapping, token_ids, seq_lens, logits
+
+
+def _counts(tables, idx_mapping, token_ids, seq_lens, vocab_size, fn=build_penalty_counts):
+    counts = torch.zeros(idx_mapping.shape[0], vocab_size, dtype=torch.int32)
+    fn(idx_mapping, seq_lens, token_ids, tables.num_prompt_tokens, tables.repetition_penalty,
+       tables.frequency_penalty, tables.presence_penalty, counts)
+    return counts
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_penalty_counts_match_reference(seed: int) -> None:
+    tables, idx, tokens, seq_lens, _ = _batch(seed, 500)
+    counts = _counts(tables, idx, tokens, seq_lens, 500)
+    assert torch.equal(counts, _counts(tables, idx, tokens, seq_lens, 500, build_penalty_counts_ref))
+    for i, row in enumerate(idx.tolist()):
+        has = bool(tables.repetition_penalty[row] != 1 or tables.frequency_penalty[row] != 0
+                   or tables.presence_penalty[row] != 0)
+        n_prompt = int(tables.num_prompt_tokens[row])
+        out = tokens[row, n_prompt : int(seq_lens[i])].long()
+        want = torch.bincount(out, minlength=500).int() if has else torch.zeros(500, dtype=torch.int32)
+        assert torch.equal(counts[i] & COUNT_MASK, want)
+        assert bool(((counts[i] & PROMPT_BIT) != 0)[tokens[row, :n_prompt].long()].all()) == has
+
+
+@pytest.mark.parametrize(("seed", "vocab_size"), [(0, 700), (1, 2500), (2, 4096), (3, 130)])
+def test_sampler_matches_reference(seed: int, vocab_size: int) -> None:
+    tables, idx, tokens, seq_lens, logits = _batch(seed, vocab_size)
+    counts = _counts(tables, idx, tokens, seq_lens, vocab_size)
+    out, ref = (torch.full((idx.shape[0],), -1, dtype=torch.int32) for _ in range(2))
+    gumbel_sample(logits, idx, seq_lens, tables, counts, out)
+    gumbel_sample_ref(logits, idx, seq_lens, tables, counts, ref)
+    assert torch.equal(out, ref)
+    # Without penalties the counts are skipped altogether.
+    gumbel_sample(logits, idx, seq_lens, tables, None, out)
+    gumbel_sample_ref(logits, idx, seq_lens, tables, None, ref)
+    assert torch.equal(out, ref)
+
+
+def test_greedy_is_argmax_lowest_id_and_min_tokens_masks_stop_ids() -> None:
+    tables, idx, _tokens, seq_lens, logits = _batch(0, 300, num_reqs=4)
+    tables.temperature.zero_()
+    tables.min_tokens.zero_()
+    tables.repetition_penalty.fill_(1.0)
+    tables.frequency_penalty.zero_()
+    tables.presence_penalty.zero_()
+    logits[1, :] = 0.0
+    logits[1, 7] = logits[1, 9] = 1.0
+    out = torch.zeros(4, dtype=torch.int32)
+    gumbel_sample(logits, idx, seq_lens, tables, None, out)
+    assert out.tolist()[1] == 7 and out.tolist() == logits.argmax(1).int().tolist()
+    logits[2, :] = -1.0
+    logits[2, 3] = 50.0  # stop id 3, masked while fewer than min_tokens are out
+    row = int(idx[2])
+    tables.min_tokens[row] = int(seq_lens[2]) - int(tables.num_prompt_tokens[row]) + 1
+    gumbel_sample(logits, idx, seq_lens, tables, None, out)
+    assert int(out[2]) != 3
+    tables.min_tokens[row] -= 1  # now exactly min_tokens are out: 3 may be sampled
+    gumbel_sample(logits, idx, seq_lens, tables, None, out)
+    assert int(out[2]) == 3
+
+
+def test_samples_are_a_function_of_seed_and_position_only() -> None:
+    tables, idx, _tokens, seq_lens, logits = _batch(4, 600)
+    out = torch.zeros(idx.shape[0], dtype=torch.int32)
+    gumbel_sample(logits, idx, seq_lens, tables, None, out)
+    perm = torch.tensor([4, 0, 7])
+    sub = torch.zeros(3, dtype=torch.int32)
+    gumbel_sample(logits[perm].contiguous(), idx[perm], seq_lens[perm], tables, None, sub)
+    assert torch.equal(sub, out[perm])
+
+
+def test_plain_sampling_is_argmax_of_scaled_logits_plus_shared_noise() -> None:
+    tables, idx, _tokens, seq_lens, logits = _batch(5, 900, num_reqs=6)
+    tables.temperature.fill_(0.8)
+    tables.top_k.fill_(-1)
+    tables.top_p.fill_(1.0)
+    tables.min_tokens.zero_()
+    out = torch.zeros(6, dtype=torch.int32)
+    gumbel_sample(logits, idx, seq_lens, tables, None, out)
+    g = gumbel_noise_ref(tables.seed[idx.long()], seq_lens.long(), 900)
+    assert out.tolist() == (logits / torch.tensor(0.8) + g).argmax(1).int().tolist()
+
+
+def test_top_k_and_top_p_restrict_the_support() -> None:
+    # Many seeds on one row: every draw lies in the kept set, and the kept set is reached.
+    n, vocab_size = 64, 50
+    tables = sampling_tables(n, seed=9)
+    tables.temperature.fill_(1.0)
+    tables.repetition_penalty.fill_(1.0)
+    tables.frequency_penalty.zero_()
+    tables.presence_penalty.zero_()
+    tables.min_tokens.zero_()
+    tables.seed.copy_(torch.arange(n))
+    logits = torch.linspace(3, -3, vocab_size).repeat(n, 1)  # token 0 most likely
+    idx = torch.arange(n, dtype=torch.int32)
+    seq_lens = torch.full((n,), 30, dtype=torch.int32)
+    out = torch.zeros(n, dtype=torch.int32)
+    tables.top_k.fill_(4)
+    tables.top_p.fill_(1.0)
+    gumbel_sample(logits, idx, seq_lens, tables, None, out)
+    assert set(out.tolist()) == {0, 1, 2, 3}
+    tables.top_k.fill_(-1)
+    probs = torch.softmax(logits[0], 0)
+    top_p = float(probs[:3].sum()) - 1e-4  # tokens 0..2 reach it
+    tables.top_p.fill_(top_p)
+    gumbel_sample(logits, idx, seq_lens, tables, None, out)
+    assert set(out.tolist()) == {0, 1, 2}

@@ -1,0 +1,62 @@
+"""Top-k logprobs with a bounded working set against a full log_softmax (docs/sampling.md step 1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.topk_logprobs import topk_logprobs, topk_logprobs_ref
+
+
+def _run(fn, logits, tokens, k, max_k):
+    n = logits.shape[0]
+    outs = (torch.full((n, max_k), -7, dtype=torch.int32), torch.full((n, max_k), 7.0),
+            torch.zeros(n), torch.zeros(n, dtype=torch.int32))
+    fn(logits, tokens, k, *outs)
+    return outs
+
+
+@pytest.mark.parametrize(("seed", "vocab_size", "max_k"), [(0, 1000, 5), (1, 3000, 20), (2, 77, 1), (3, 2048, 0)])
+def test_matches_full_log_softmax(seed: int, vocab_size: int, max_k: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    n = 7
+    logits = torch.randn(n, vocab_size, generator=g) * 3
+    logits[1, 10:30] = 30.0  # a tie larger than k at the top
+    logits[2, :] = 0.0  # everything ties
+    logits[3, 5] = float("-inf")
+    tokens = torch.randint(0, vocab_size, (n,), generator=g, dtype=torch.int32)
+    tokens[1] = 12
+    k = torch.randint(0, max_k + 1, (n,), generator=g, dtype=torch.int32)
+    k[1] = max_k
+    ids, lps, tok_lp, ranks = _run(topk_logprobs, logits, tokens, k, max_k)
+    ids_ref, lps_ref, tok_lp_ref, ranks_ref = _run(topk_logprobs_ref, logits, tokens, k, max_k)
+    assert torch.equal(ids, ids_ref)
+    assert torch.equal(ranks, ranks_ref)
+    torch.testing.assert_close(lps, lps_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(tok_lp, tok_lp_ref, rtol=1e-5, atol=1e-5)
+    # Untouched beyond each row's k.
+    for i, ki in enumerate(k.tolist()):
+        assert (ids[i, ki:] == -7).all()
+    if max_k:
+        assert ids[1, :max_k].tolist() == list(range(10, 10 + max_k))  # ties: lower ids first
+    assert int(ranks[1]) == 20  # 20 tokens tie at the top; the rank counts them all
+
+
+def test_wide_k_and_sampled_token_rank() -> None:
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 5000, generator=g)
+    tokens = logits.argmax(1).int()
+    k = torch.tensor([64, 1, 33], dtype=torch.int32)
+    ids, lps, tok_lp, ranks = _run(topk_logprobs, logits, tokens, k, 64)
+    ids_ref, lps_ref, _, _ = _run(topk_logprobs_ref, logits, tokens, k, 64)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(lps, lps_ref, rtol=1e-5, atol=1e-5)
+    assert ranks.tolist() == [1, 1, 1]
+    assert torch.equal(ids[:, 0].long(), tokens.long())
+    torch.testing.assert_close(tok_lp, lps[:, 0])
+
+
+def test_rejects_a_working_set_above_the_bound() -> None:
+    logits = torch.zeros(1, 10)
+    with pytest.raises(ValueError, match="1024"):
+        _run(topk_logprobs, logits, torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32), 2000)
