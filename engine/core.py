@@ -2,8 +2,9 @@
 
 Torch-free: the runner is any :class:`~engine.runner_protocol.ModelRunner`. A runner may
 return an :class:`~engine.outputs.AsyncModelRunnerOutput`; the loop collects it before the
-scheduler applies it (an asynchronous loop that plans step N+1 first is described in
-``docs/engine.md``).
+scheduler applies it. With asynchronous scheduling (a runner whose ``async_scheduling`` is
+true: runner_v2) the loop plans and launches step N+1 before it applies step N
+(``docs/engine.md``); runner_v1 keeps the synchronous loop.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from engine.request import Request
 from engine.runner_protocol import ModelRunner
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.scheduler_output import SchedulerOutput
 
 _SEED_BITS = 63
 
@@ -33,10 +35,23 @@ class EngineCore:
         num_kv_blocks: blocks of that cache.
     """
 
-    def __init__(self, config: EngineConfig, runner: ModelRunner, num_kv_blocks: int) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: ModelRunner,
+        num_kv_blocks: int,
+        *,
+        async_scheduling: bool | None = None,
+    ) -> None:
         self.config = config
         self.runner = runner
-        self.scheduler = Scheduler(config, num_kv_blocks)
+        # Asynchronous scheduling when the runner asks for it (runner_v2), unless overridden.
+        if async_scheduling is None:
+            async_scheduling = bool(getattr(runner, "async_scheduling", False))
+        self.async_scheduling = async_scheduling
+        self.scheduler = Scheduler(config, num_kv_blocks, async_scheduling=async_scheduling)
+        # The step launched but not yet applied (asynchronous scheduling only).
+        self._in_flight: tuple[SchedulerOutput, ModelRunnerOutput | AsyncModelRunnerOutput] | None = None
         self._seed_rng = random.Random(config.seed)
         self._arrival = itertools.count()
         self.num_steps = 0
@@ -116,7 +131,8 @@ class EngineCore:
         return self.scheduler.abort_request(req_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Requests remain, or a launched step is still to be applied."""
+        return self.scheduler.has_unfinished_requests() or self._in_flight is not None
 
     def step(self) -> list[Request]:
         """Run one step; returns the requests that finished in it.
@@ -124,6 +140,8 @@ class EngineCore:
         Raises:
             EngineError: the scheduler can make no progress (a bug, never a bad request).
         """
+        if self.async_scheduling:
+            return self._step_async()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
             if self.scheduler.running or self.scheduler.waiting:
@@ -140,6 +158,31 @@ class EngineCore:
         assert isinstance(output, ModelRunnerOutput)
         self.num_steps += 1
         return self.scheduler.update_from_output(scheduler_output, output)
+
+    def _step_async(self) -> list[Request]:
+        # schedule(N+1) -> launch(N+1) -> apply(N): the scheduler plans the next step while
+        # the previous one runs; requests count their in-flight tokens as placeholders.
+        scheduler_output = self.scheduler.schedule()
+        launched = None
+        if not scheduler_output.is_empty:
+            launched = self.runner.execute_model(scheduler_output)
+            self.num_steps += 1
+        elif scheduler_output.finished_req_ids:
+            self.runner.execute_model(scheduler_output)  # let it drop finished state
+        previous, self._in_flight = self._in_flight, None
+        if launched is not None:
+            self._in_flight = (scheduler_output, launched)
+        if previous is None:
+            if launched is None and (self.scheduler.running or self.scheduler.waiting):
+                raise EngineError(
+                    f"no progress: {len(self.scheduler.waiting)} waiting and "
+                    f"{len(self.scheduler.running)} running requests, nothing schedulable"
+                )
+            return []
+        previous_output, handle = previous
+        output = handle.get_output() if isinstance(handle, AsyncModelRunnerOutput) else handle
+        assert isinstance(output, ModelRunnerOutput)
+        return self.scheduler.update_from_output(previous_output, output)
 
     def run_until_done(self) -> list[Request]:
         """Step until every request is finished; the finished requests in finishing order."""

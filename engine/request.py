@@ -66,6 +66,8 @@ class Request:
     # Draft tokens proposed by the runner (n-gram speculation), scheduled next step.
     spec_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # Asynchronous scheduling: tokens sampled by steps still in flight (their ids unknown yet).
+    num_output_placeholders: int = 0
     num_cached_tokens: int = -1  # prefix-cache hit of the first scheduling; -1 = not yet
     num_preemptions: int = 0
     stop_reason: int | None = None

@@ -14,9 +14,10 @@ Each step (vLLM V1's unified scheduler, no separate prefill/decode phases):
 
 ``num_computed_tokens`` advances when a step is scheduled; :meth:`Scheduler.update_from_output`
 appends the sampled tokens, rolls back rejected drafts, checks stop conditions and frees
-finished requests. Asynchronous scheduling (planning step N+1 before step N's tokens are
-known) extends this by counting a request's in-flight tokens in ``num_output_placeholders``
-(see ``docs/engine.md``).
+finished requests. Asynchronous scheduling (``async_scheduling=True``: planning step N+1
+before step N's tokens are known) counts a request's in-flight tokens in
+``num_output_placeholders``: a decode is scheduled from them, the block for the token is
+reserved, and ``update_from_output`` turns them into tokens (see ``docs/engine.md``).
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ class Scheduler:
         num_kv_blocks: physical KV blocks the runner allocated.
     """
 
-    def __init__(self, config: EngineConfig, num_kv_blocks: int) -> None:
+    def __init__(self, config: EngineConfig, num_kv_blocks: int, *, async_scheduling: bool = False) -> None:
         self.config = config
+        self.async_scheduling = async_scheduling
         self.kv_cache_manager = KVCacheManager(
             num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -52,6 +54,10 @@ class Scheduler:
         self.waiting: list[Request] = []  # sorted by arrival_index
         self.running: list[Request] = []  # sorted by arrival_index
         self._finished_req_ids: set[str] = set()  # to tell the runner at the next step
+        # The requests each unapplied step scheduled (by id of its SchedulerOutput): a result
+        # applies only to the very request it was computed for, even if a finished request's
+        # id has been reused meanwhile (possible while a step is in flight).
+        self._scheduled: dict[int, dict[str, Request]] = {}
 
     # ---- requests in and out ----------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -88,14 +94,23 @@ class Scheduler:
             self._schedule_waiting(out, budget)
         for req_id, blocks in new_blocks.items():
             ids = [b.block_id for b in blocks]
+            request = self.requests[req_id]
             out.scheduled_cached_reqs.append(
                 req_id, resumed=False, token_ids=None, new_block_ids=ids or None,
-                num_computed_tokens=self.requests[req_id].num_computed_tokens,
-                num_output_tokens=self.requests[req_id].num_output_tokens,
+                num_computed_tokens=request.num_computed_tokens,
+                # In flight tokens included: the runner produced them, the engine awaits them.
+                num_output_tokens=request.num_output_tokens + request.num_output_placeholders,
             )
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
         for req_id, num in out.num_scheduled_tokens.items():
-            self.requests[req_id].num_computed_tokens += num
+            request = self.requests[req_id]
+            request.num_computed_tokens += num
+            if self.async_scheduling and not request.pooling and (
+                request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders
+            ):
+                request.num_output_placeholders += 1  # this step samples a token not yet seen
+        if out.num_scheduled_tokens:
+            self._scheduled[id(out)] = {req_id: self.requests[req_id] for req_id in out.num_scheduled_tokens}
         return out
 
     def _schedule_running(
@@ -121,7 +136,13 @@ class Scheduler:
         return budget
 
     def _num_new_tokens_running(self, request: Request, budget: int) -> int:
-        num_new = request.num_tokens_with_spec - request.num_computed_tokens
+        placeholders = request.num_output_placeholders
+        if placeholders and (
+            request.num_output_tokens + placeholders >= request.max_tokens
+            or request.num_tokens + placeholders >= self.config.max_model_len
+        ):
+            return 0  # its last token is in flight: it finishes when that step is applied
+        num_new = request.num_tokens_with_spec + placeholders - request.num_computed_tokens
         # Never compute a position at or past max_model_len (drafts could reach it).
         num_new = min(num_new, budget, self.config.max_model_len - request.num_computed_tokens)
         return num_new
@@ -151,6 +172,8 @@ class Scheduler:
         config = self.config
         while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
             request = self.waiting[0]
+            if request.num_output_placeholders:
+                break  # preempted with a token in flight: resume once its token list is known
             hits, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
             num_new = request.num_tokens - num_hit_tokens
             if num_new > budget and (request.pooling or not config.enable_chunked_prefill):
@@ -191,13 +214,18 @@ class Scheduler:
     ) -> list[Request]:
         """Apply one step's results; returns the requests that finished in it."""
         index = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
+        scheduled = self._scheduled.pop(id(scheduler_output), {})
         finished: list[Request] = []
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)
-            if request is None or request.status != RequestStatus.RUNNING:
-                continue  # aborted or preempted since it was scheduled
+            if request is None or request is not scheduled.get(req_id) or request.is_finished:
+                continue  # finished or aborted since it was scheduled (its id may be reused)
+            # A request preempted while this step was in flight (asynchronous scheduling)
+            # still takes the step's token: its resumed token list must include it.
             i = index.get(req_id)
             generated = runner_output.sampled_token_ids[i] if i is not None else []
+            if self.async_scheduling and request.num_output_placeholders and generated:
+                request.num_output_placeholders -= 1
             status = self._apply(request, scheduler_output, runner_output, generated)
             if status is not None:
                 self._finish(request, status)
@@ -281,6 +309,7 @@ class Scheduler:
             self.waiting.remove(request)
         request.status = status
         request.spec_token_ids = []
+        request.num_output_placeholders = 0  # tokens still in flight for it are discarded
         self.kv_cache_manager.free(request)
         del self.requests[request.req_id]
         self._finished_req_ids.add(request.req_id)
