@@ -1,3 +1,29 @@
 """The decision core of turnout: deployment configs, policy packs, the three-state policy, the
 Decision and its explanation. Torch-free; imports only the standard library, pydantic and PyYAML
-(plus an HTTP client in ``oracle.client``)."""
+(plus an HTTP client in ``oracle.client``).
+
+Public API (docs/oracle-api.md)::
+
+    from oracle import load_pack, DeploymentConfig, decide
+    pack = load_pack("turnout")
+    d = decide(DeploymentConfig(architecture="Qwen3ForCausalLM"), pack=pack)
+    d.runner, d.messages, d.to_json()
+"""
+
+from oracle.config import DeploymentConfig
+from oracle.decision import (
+    CanaryOutcome,
+    CanarySnapshot,
+    CohortState,
+    Decision,
+    Message,
+    Reason,
+)
+from oracle.errors import ConfigError, Issue, OracleError, PackError
+from oracle.pack import Cohort, Pack, RuleInfo, decide, load_pack
+
+__all__ = [
+    "CanaryOutcome", "CanarySnapshot", "Cohort", "CohortState", "ConfigError", "Decision",
+    "DeploymentConfig", "Issue", "Message", "OracleError", "Pack", "PackError", "Reason",
+    "RuleInfo", "decide", "load_pack",
+]

@@ -45,3 +45,17 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     _register_plugins()
     app(args=argv if argv is not None else sys.argv[1:], prog_name="turnout")
+
+
+@app.callback()
+def _root() -> None:
+    """Compatibility oracle and rollout control for LLM model runners."""
+
+
+def _register_oracle_commands() -> None:
+    from oracle.cli.decide_cmd import decide
+
+    app.command(name="decide")(decide)
+
+
+_register_oracle_commands()

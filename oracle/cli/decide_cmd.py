@@ -1,0 +1,110 @@
+"""``turnout decide``: the runner for a ``vllm serve`` line, a spec file or a commands file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from oracle.cli.inputs import (
+    Item,
+    Overrides,
+    from_command_line,
+    from_commands_file,
+    from_keywords,
+    from_spec_file,
+    load_canaries,
+)
+from oracle.cli.render import (
+    EXIT_BAD_INPUT,
+    exit_code,
+    print_json,
+    print_many,
+    print_one,
+    print_summary,
+)
+from oracle.decision import CanarySnapshot, Decision
+from oracle.errors import OracleError
+from oracle.pack import Pack, load_pack
+
+PackOpt = Annotated[str, typer.Option("--pack", "-p", help="pack name or folder")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object per deployment")]
+ArchOpt = Annotated[str | None, typer.Option("--architecture", help="HF architecture")]
+HfOpt = Annotated[Path | None, typer.Option("--config", help="a local HF config.json")]
+PlatOpt = Annotated[str | None, typer.Option("--platform", help="cuda, rocm, cpu, xpu, tpu")]
+IdOpt = Annotated[str | None, typer.Option("--deployment-id", help="for percentage canaries")]
+EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="NAME=VALUE (repeatable)")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="FIELD=VALUE (repeatable)")]
+CanOpt = Annotated[Path | None, typer.Option("--canaries", help="canary snapshot JSON file")]
+Argv = Annotated[list[str] | None, typer.Argument(help="-- vllm serve MODEL [flags]")]
+
+
+def gather(argv: list[str] | None, spec: Path | None, commands: Path | None,
+           ov: Overrides) -> list[Item]:
+    """The deployments the options describe (exactly one input form)."""
+    forms = [x for x in (argv, spec, commands) if x]
+    if len(forms) > 1:
+        raise OracleError("give one of: a command line after --, --spec FILE, --commands FILE",
+                          code="bad_usage")
+    if argv:
+        return [from_command_line(argv, ov)]
+    if spec is not None:
+        return from_spec_file(spec, ov)
+    if commands is not None:
+        return from_commands_file(commands, ov)
+    if ov.architecture is None and ov.hf_config is None and not ov.sets:
+        raise OracleError("nothing to decide: pass -- vllm serve MODEL ..., --spec FILE, "
+                          "--commands FILE, or --architecture/--config", code="bad_usage")
+    return [from_keywords(ov)]
+
+
+def run_decisions(items: list[Item], pack: Pack, canaries: CanarySnapshot | None
+                  ) -> list[tuple[Item, Decision | None]]:
+    return [(i, pack.decide(i.config, canaries) if i.config is not None else None)
+            for i in items]
+
+
+def fail(console: Console, exc: OracleError) -> typer.Exit:
+    console.print(f"[red]error[/] ({exc.code}): {exc.message}", highlight=False)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+def decide(
+    argv: Argv = None,
+    pack: PackOpt = "turnout",
+    spec: Annotated[Path | None, typer.Option("--spec", help="YAML/JSON/JSONL spec")] = None,
+    commands: Annotated[Path | None, typer.Option(
+        "--commands", help="JSON lines of {id, env, argv}")] = None,
+    as_json: JsonOpt = False,
+    architecture: ArchOpt = None,
+    hf_config: HfOpt = None,
+    platform: PlatOpt = None,
+    deployment_id: IdOpt = None,
+    env: EnvOpt = None,
+    sets: SetOpt = None,
+    canaries: CanOpt = None,
+    summary: Annotated[bool, typer.Option("--summary", help="table per family")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="summary as Markdown")] = False,
+) -> None:
+    """Decide the runner. Exit 0 decided, 2 bad input, 3 a pin that cannot be honoured."""
+    console = Console(stderr=as_json)
+    ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
+                   tuple(sets or ()))
+    try:
+        the_pack = load_pack(pack)
+        snapshot = load_canaries(canaries)
+        items = gather(argv, spec, commands, ov)
+    except OracleError as exc:
+        raise fail(console, exc) from None
+    results = run_decisions(items, the_pack, snapshot)
+    if as_json:
+        print_json(results, the_pack, the_pack.policy_digest(snapshot))
+    elif summary:
+        print_summary(console, results, the_pack, markdown)
+    elif len(results) == 1 and spec is None and commands is None:
+        print_one(console, *results[0])
+    else:
+        print_many(console, results)
+    raise typer.Exit(exit_code(results))

@@ -1,0 +1,150 @@
+"""Turn the CLI's inputs (a command line, a spec file, a commands file, keyword options) into
+a list of deployments to decide, each with its id, its config or the error that rejected it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oracle.command_values import parse_json_value
+from oracle.config import DeploymentConfig
+from oracle.decision import CanarySnapshot
+from oracle.errors import ConfigError
+from oracle.spec import load_specs
+
+
+@dataclass(frozen=True)
+class Item:
+    """One deployment to decide: a config, or the bad-input error that rejected it."""
+
+    id: str | None
+    config: DeploymentConfig | None
+    error: str | None = None
+    error_code: str | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """CLI options that apply to every deployment of the run."""
+
+    architecture: str | None = None
+    hf_config: Path | None = None
+    platform: str | None = None
+    deployment_id: str | None = None
+    env: tuple[str, ...] = ()
+    sets: tuple[str, ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.platform:
+            out["platform"] = self.platform
+        if self.deployment_id:
+            out["deployment_id"] = self.deployment_id
+        for item in self.sets:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise ConfigError(f"--set expects FIELD=VALUE, got {item!r}", code="bad_value")
+            out[key.strip()] = parse_json_value(value, strict=True, flag=f"--set {key}")
+        return out
+
+    def env_map(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for item in self.env:
+            key, eq, value = item.partition("=")
+            if not eq or not key:
+                raise ConfigError(f"--env expects NAME=VALUE, got {item!r}", code="bad_value")
+            out[key] = value
+        return out
+
+
+def _with(config: DeploymentConfig, fields: dict[str, Any], env: dict[str, str]
+          ) -> DeploymentConfig:
+    if env:
+        fields = fields | {"env": {**config.env, **env}}
+    return config.replace(**fields) if fields else config
+
+
+def from_command_line(argv: list[str], ov: Overrides) -> Item:
+    """The deployment of one ``vllm serve`` command line."""
+    try:
+        cfg = DeploymentConfig.from_command(argv, ov.env_map(), architecture=ov.architecture,
+                                            hf_config=ov.hf_config)
+        return Item(ov.deployment_id, _with(cfg, ov.fields(), {}), model=cfg.model)
+    except ConfigError as exc:
+        return Item(ov.deployment_id, None, exc.message, exc.code)
+
+
+def from_keywords(ov: Overrides) -> Item:
+    """The deployment given by --architecture / --config / --set options alone."""
+    try:
+        if ov.hf_config is not None:
+            cfg = DeploymentConfig.from_hf_config(ov.hf_config)
+        else:
+            cfg = DeploymentConfig(architecture=ov.architecture)
+        return Item(ov.deployment_id, _with(cfg, ov.fields(), ov.env_map()))
+    except ConfigError as exc:
+        return Item(ov.deployment_id, None, exc.message, exc.code)
+
+
+def from_spec_file(path: Path, ov: Overrides) -> list[Item]:
+    """Every deployment of a spec file; overrides apply to each."""
+    items = []
+    extra, env = ov.fields(), ov.env_map()
+    for entry in load_specs(path):
+        if entry.config is None:
+            items.append(Item(entry.id, None, entry.error, entry.error_code))
+            continue
+        try:
+            items.append(Item(entry.id, _with(entry.config, extra, env)))
+        except ConfigError as exc:
+            items.append(Item(entry.id, None, f"{entry.where}: {exc.message}", exc.code))
+    return items
+
+
+def from_commands_file(path: Path, ov: Overrides) -> list[Item]:
+    """Every line of a commands file (JSON lines with ``id``, ``env``, ``argv``, as
+    policies/reference/vllm_recipes.jsonl); a line that cannot be parsed gets ``error``."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}",
+                          code="file_not_found") from None
+    items = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("argv"), list):
+                raise ValueError("expected an object with an argv list")
+        except ValueError as exc:
+            items.append(Item(None, None, f"{path}:{n}: {exc}", "bad_spec"))
+            continue
+        rid = str(row["id"]) if "id" in row else f"{path.name}:{n}"
+        line_ov = Overrides(ov.architecture, ov.hf_config, ov.platform, ov.deployment_id or rid,
+                            tuple(f"{k}={v}" for k, v in dict(row.get("env") or {}).items())
+                            + ov.env, ov.sets)
+        item = from_command_line([str(a) for a in row["argv"]], line_ov)
+        items.append(Item(rid, item.config, item.error, item.error_code,
+                          item.model or _model_of(row["argv"])))
+    return items
+
+
+def _model_of(argv: list[Any]) -> str | None:
+    return str(argv[2]) if len(argv) > 2 and not str(argv[2]).startswith("-") else None
+
+
+def load_canaries(path: Path | None) -> CanarySnapshot | None:
+    """A canary snapshot from a JSON file ({"kill_switch", "cohorts": {id: {enabled, ...}}})."""
+    if path is None:
+        return None
+    try:
+        return CanarySnapshot.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}",
+                          code="file_not_found") from None
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"{path}: not a canary snapshot ({exc})", code="bad_spec") from None

@@ -1,0 +1,128 @@
+"""Rendering of decisions for people (Rich) and scripts (JSON lines), and exit codes."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from oracle.cli.inputs import Item
+from oracle.decision import Decision
+from oracle.pack import Pack
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_PIN = 0, 2, 3
+_BAD_INPUT_CODES = {"invalid_env", "unknown_architecture"}
+
+
+def exit_code(results: Sequence[tuple[Item, Decision | None]]) -> int:
+    """0 all decided; 2 any bad input (unparseable, unknown architecture, bad runner variable);
+    3 otherwise, if a pin (or the config itself) cannot be honoured by any runner."""
+    codes = set()
+    for _, d in results:
+        if d is None or d.error_code in _BAD_INPUT_CODES:
+            codes.add(EXIT_BAD_INPUT)
+        elif d.runner is None:
+            codes.add(EXIT_PIN)
+    return EXIT_BAD_INPUT if EXIT_BAD_INPUT in codes else max(codes, default=EXIT_OK)
+
+
+def result_json(item: Item, d: Decision | None, pack: Pack, digest: str) -> dict[str, Any]:
+    """The §8 contract object for one deployment (an ``id`` key when the input had one)."""
+    if d is not None:
+        out = d.to_json()
+    else:
+        out = {"runner": None, "mode": None, "family": None, "stage": None, "canary": None,
+               "reasons": [], "messages": [], "reason_code": "ERROR", "error": item.error,
+               "error_code": item.error_code, "policy_digest": digest, "pack": pack.name}
+    return {"id": item.id, **out} if item.id is not None else out
+
+
+def print_json(results: Sequence[tuple[Item, Decision | None]], pack: Pack, digest: str) -> None:
+    for item, d in results:
+        print(json.dumps(result_json(item, d, pack, digest), sort_keys=False))
+
+
+def _runner_text(d: Decision | None) -> str:
+    if d is None:
+        return "[red]bad input[/]"
+    if d.runner is None:
+        return "[red]none (error)[/]"
+    color = "green" if d.runner == "v2" else "yellow"
+    return f"[{color}]{d.runner.upper()}[/]"
+
+
+def print_one(console: Console, item: Item, d: Decision | None) -> None:
+    if d is None:
+        console.print(f"[red]error[/] ({item.error_code}): {item.error}")
+        return
+    console.print(f"runner {_runner_text(d)}  mode {d.mode}  reason {d.reason_code}  "
+                  f"family {d.family or '-'}  stage {d.stage or '-'}  pack {d.pack}")
+    for m in d.messages:
+        console.print(f"  {m.level} {m.message}", markup=False, highlight=False)
+    if d.error:
+        console.print(f"  [red]error[/] ({d.error_code}): {d.error}", highlight=False)
+    if d.reasons:
+        table = Table("rule", "label", "severity", "matched", box=None, pad_edge=False)
+        for r in d.reasons:
+            table.add_row(r.rule_id, r.label, r.severity,
+                          ", ".join(f"{k}={v!r}" for k, v in r.matched.items()))
+        console.print(table)
+    console.print(f"  policy digest {d.policy_digest}", style="dim")
+
+
+def print_many(console: Console, results: Sequence[tuple[Item, Decision | None]]) -> None:
+    table = Table("id", "model", "family", "runner", "reason", "top reason")
+    for item, d in results:
+        top = (d.reasons[0].label if d and d.reasons else "") if d else (item.error or "")
+        table.add_row(item.id or "-", item.model or "-", d.family or "-" if d else "-",
+                      _runner_text(d), d.reason_code if d else item.error_code or "",
+                      top[:90])
+    console.print(table)
+
+
+def summary_rows(results: Sequence[tuple[Item, Decision | None]], pack: Pack
+                 ) -> list[list[str]]:
+    """Per family: deployments, V2, V1, no runner, top reasons (rule id x count)."""
+    groups: dict[str, list[Decision | None]] = defaultdict(list)
+    errors: Counter[str] = Counter()
+    for item, d in results:
+        if d is None or d.error_code == "unknown_architecture":
+            groups["(bad input)"].append(None)
+            errors[(d.error_code if d else item.error_code) or "bad_input"] += 1
+        else:
+            groups[d.family or "(none)"].append(d)
+    labels = pack.families
+    rows = []
+    for fam in sorted(groups, key=lambda f: (-len(groups[f]), f)):
+        ds = groups[fam]
+        decided = [d for d in ds if d is not None]
+        reasons: Counter[str] = Counter(r.rule_id for d in decided for r in d.reasons)
+        top = errors if fam == "(bad input)" else reasons
+        rows.append([labels.get(fam, fam), str(len(ds)),
+                     str(sum(d.runner == "v2" for d in decided)),
+                     str(sum(d.runner == "v1" for d in decided)),
+                     str(sum(d.runner is None for d in decided)),
+                     ", ".join(f"{k} ({n})" for k, n in top.most_common(3))])
+    return rows
+
+
+SUMMARY_HEADER = ["family", "deployments", "V2", "V1", "no runner", "top reasons"]
+
+
+def print_summary(console: Console, results: Sequence[tuple[Item, Decision | None]],
+                  pack: Pack, markdown: bool) -> None:
+    rows = summary_rows(results, pack)
+    if markdown:
+        print("| " + " | ".join(SUMMARY_HEADER) + " |")
+        print("|" + "---|" * len(SUMMARY_HEADER))
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        return
+    table = Table(*SUMMARY_HEADER, title=f"{len(results)} deployments, pack {pack.name}")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

@@ -1,0 +1,162 @@
+"""Value checks for DeploymentConfig fields: one coercion per field kind, clear errors.
+
+Lenient only where a real source needs it: a command line gives strings ("8", "true"), a JSON
+spec may give ``1`` for an environment value. Anything else is refused with the field's name,
+the value seen and what was expected.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from oracle.errors import ConfigError
+from oracle.fields import FIELD_INFO, FieldInfo
+
+_TRUE = {"true", "1", "yes", "on"}
+_FALSE = {"false", "0", "no", "off"}
+
+
+class FrozenMap(Mapping[str, str]):
+    """An immutable, hashable str -> str mapping (DeploymentConfig.env)."""
+
+    __slots__ = ("_hash", "_items", "_map")
+
+    def __init__(self, items: Mapping[str, str] | None = None) -> None:
+        self._map: dict[str, str] = dict(sorted((items or {}).items()))
+        self._items = tuple(self._map.items())
+        self._hash = hash(self._items)
+
+    def __getitem__(self, key: str) -> str:
+        return self._map[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenMap):
+            return self._items == other._items
+        return isinstance(other, Mapping) and dict(self._map) == dict(other)
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._map!r})"
+
+
+def suggest(name: str, options: list[str] | tuple[str, ...]) -> str:
+    """' (did you mean x?)' when a close option exists, else ''."""
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.7)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _bad(info: FieldInfo, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"{info.name}: expected {expected}, got {value!r}", code="bad_value",
+                       field=info.name)
+
+
+def _to_bool(info: FieldInfo, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _bad(info, value, "true or false")
+
+
+def _to_int(info: FieldInfo, value: Any) -> int:
+    if isinstance(value, bool):
+        raise _bad(info, value, "an integer")
+    if isinstance(value, int):
+        out = value
+    elif (isinstance(value, str) and value.strip().lstrip("+").isdigit()) or (isinstance(value, float) and value.is_integer()):
+        out = int(value)
+    else:
+        raise _bad(info, value, "an integer")
+    minimum = 1 if info.name.endswith("_parallel_size") else 0
+    if out < minimum:
+        raise _bad(info, value, f"an integer >= {minimum}")
+    return out
+
+
+def _to_float(info: FieldInfo, value: Any) -> float:
+    if isinstance(value, bool):
+        raise _bad(info, value, "a number")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise _bad(info, value, "a number") from None
+    if out < 0 or out != out:
+        raise _bad(info, value, "a number >= 0")
+    return out
+
+
+def _to_enum(info: FieldInfo, value: Any) -> str:
+    assert info.vocab is not None
+    if not isinstance(value, str):
+        raise _bad(info, value, "one of " + ", ".join(info.vocab))
+    v = value.strip().lower().replace("-", "_")
+    if info.name == "speculative_method" and v.endswith("_mtp"):
+        v = "mtp"  # model-specific MTP names resolve to "mtp", as in vLLM's SpeculativeConfig
+    if v not in info.vocab:
+        raise ConfigError(
+            f"{info.name}: unknown value {value!r}{suggest(v, info.vocab)}; expected one of "
+            + ", ".join(info.vocab), code="bad_value", field=info.name)
+    return v
+
+
+def _to_list(info: FieldInfo, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,) if value else ()
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise _bad(info, value, "a list of strings")
+
+
+def _to_env(info: FieldInfo, value: Any) -> FrozenMap:
+    if isinstance(value, FrozenMap):
+        return value
+    if not isinstance(value, Mapping):
+        raise _bad(info, value, "a mapping of variable name to value")
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or isinstance(v, list | dict) or v is None:
+            raise _bad(info, {k: v}, "string names and scalar values")
+        out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+    return FrozenMap(out)
+
+
+def _to_str(info: FieldInfo, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise _bad(info, value, "a string")
+
+
+def _to_quantization(info: FieldInfo, value: Any) -> str:
+    if value is None or value is False:
+        return "none"
+    v = _to_str(info, value).strip().lower()
+    return v or "none"
+
+
+_COERCE = {
+    "bool": _to_bool, "opt_bool": _to_bool, "int": _to_int, "float": _to_float,
+    "enum": _to_enum, "list": _to_list, "env": _to_env, "str": _to_str,
+}
+
+
+def coerce_field(name: str, value: Any) -> Any:
+    """The checked value of field ``name`` (None stays None where the field allows it)."""
+    info = FIELD_INFO.get(name)
+    if info is None:
+        raise ConfigError(f"unknown field {name!r}{suggest(name, list(FIELD_INFO))}",
+                          code="unknown_field", field=name)
+    if name == "quantization":
+        return _to_quantization(info, value)
+    if value is None:
+        return None
+    return _COERCE[info.kind](info, value)

@@ -1,0 +1,103 @@
+"""The compiled form of a policy pack: what :mod:`oracle.compile` produces and
+:mod:`oracle.policy` evaluates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oracle.conditions import Condition
+from oracle.errors import Issue
+
+
+@dataclass(frozen=True, slots=True)
+class ArchInfo:
+    """One architecture's family and resolved attributes (families.yaml)."""
+
+    architecture: str
+    family: str
+    family_label: str
+    is_moe: bool
+    use_mla: bool
+    has_inner_state: bool
+    is_hybrid: bool
+    attention_free: bool
+    is_multimodal: bool
+    is_encoder_decoder: bool
+    is_diffusion: bool
+    runner_kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Template:
+    """A message template and its level."""
+
+    level: str
+    text: str
+
+    def render(self, values: Mapping[str, Any]) -> str:
+        return self.text.format_map(_Values(values))
+
+
+class _Values(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+@dataclass(frozen=True)
+class CompiledRule:
+    index: int
+    id: str
+    label: Template
+    effect: str  # blocks_v1 | blocks_v2 | forces_v1 | forces_v2 | prefers_v1 | prefers_v2
+    runner: str
+    severity: str
+    prerequisite: bool
+    override_pin: bool
+    conditions: tuple[Condition, ...]
+    dims: tuple[str, ...]  # tested dimensions, then those only the label/messages mention
+    message: Template | None
+    error: Template | None
+    skip_message: Template | None
+    reason: str
+    reference: str
+
+
+@dataclass(frozen=True)
+class CompiledStage:
+    index: int
+    id: str
+    label: str
+    families: frozenset[str]
+    conditions: tuple[Condition, ...]
+    enabled: bool
+    percentage: int
+    description: str
+    when: Mapping[str, Any]
+
+
+@dataclass
+class PackData:
+    name: str
+    path: Path
+    description: str
+    env_var: str
+    env_parse: str
+    reference: str
+    messages: dict[str, Template | None]
+    domains: dict[str, tuple[Any, ...] | None]
+    rules: tuple[CompiledRule, ...]
+    stages: tuple[CompiledStage, ...]
+    archs: dict[str, ArchInfo]
+    family_labels: dict[str, str]
+    family_defaults: dict[str, ArchInfo]  # a family's own attributes (config family override)
+    kill_switch: bool
+    default_runner: str
+    digest: str
+    match: Callable[[Any, ArchInfo, str], int]
+    cohort: Callable[[Any, ArchInfo, str], int]
+    getters: dict[str, Callable[[Any, ArchInfo, str], Any]]
+    source: str = ""
+    warnings: list[Issue] = field(default_factory=list)

@@ -1,0 +1,209 @@
+"""Conditions of rules and cohorts: parsed against the pack's dimensions, compiled to Python.
+
+A ``when`` mapping ANDs one condition per dimension. A condition is a value (equal), a list
+(one of), or a mapping of operators ``gt ge lt le`` (numbers) and ``not`` (a value or a list).
+Each condition becomes a Python expression over the config ``c`` and the architecture's
+resolved family attributes ``a``; :mod:`oracle.compile` joins them into one function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from oracle.fields import DERIVED_DIMENSIONS, FAMILY_ATTRIBUTES, FIELD_INFO
+from oracle.yamlpos import PathKey, Positions
+
+NOT_DIMENSIONS = {"env", "deployment_id", "model"}
+_NUMERIC_OPS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+
+
+def dimension_kind(name: str) -> str | None:
+    """The value kind of dimension ``name``, or None when it is not a dimension."""
+    if name in ("quantized", "pooling"):
+        return "bool"
+    if name == "family":
+        return "str"
+    if name == "runner_pin":
+        return "enum"
+    info = FIELD_INFO.get(name)
+    if info is None or name in NOT_DIMENSIONS:
+        return None
+    return "bool" if info.kind == "opt_bool" else info.kind
+
+
+def dimension_expr(name: str) -> str:
+    """A Python expression reading dimension ``name`` from config ``c``, the architecture's
+    attributes ``a`` and the runner pin ``p``."""
+    if name in FAMILY_ATTRIBUTES:
+        return f"(c.{name} if c.{name} is not None else a.{name})"
+    if name == "family":
+        return "a.family"  # a config's family override selects the family's own ArchInfo
+    if name == "quantized":
+        return "(c.quantization != 'none')"
+    if name == "pooling":
+        return f"({dimension_expr('runner_kind')} == 'pooling')"
+    if name == "runner_pin":
+        return "p"
+    return f"c.{name}"
+
+
+def known_dimension_names() -> list[str]:
+    return sorted([n for n in FIELD_INFO if n not in NOT_DIMENSIONS] + list(DERIVED_DIMENSIONS))
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One dimension's condition: ``ops`` is a tuple of (operator, operand)."""
+
+    dim: str
+    ops: tuple[tuple[str, Any], ...]
+
+    def test(self, value: Any) -> bool:
+        """Evaluate on a plain value (lint, explain and the matrix use this)."""
+        for op, operand in self.ops:
+            if op == "eq" and not _same(value, operand):
+                return False
+            if op == "in" and not any(_same(value, o) for o in operand):
+                return False
+            if op == "ne" and _same(value, operand):
+                return False
+            if op == "notin" and any(_same(value, o) for o in operand):
+                return False
+            if op in _NUMERIC_OPS and not (value is not None and _cmp(op, value, operand)):
+                return False
+        return True
+
+    def source(self, consts: dict[str, Any], expr: str | None = None) -> str:
+        """The Python expression; set operands are bound as names in ``consts``.
+
+        ``expr`` replaces the dimension's reading expression (a hoisted local name).
+        """
+        e = expr or dimension_expr(self.dim)
+        parts: list[str] = []
+        for op, operand in self.ops:
+            if op in ("in", "notin"):
+                name = f"_K{len(consts)}"
+                consts[name] = frozenset(operand)
+                parts.append(f"{e} {'in' if op == 'in' else 'not in'} {name}")
+            elif op in _NUMERIC_OPS:
+                parts.append(f"({e} is not None and {e} {_NUMERIC_OPS[op]} {operand!r})")
+            elif isinstance(operand, bool):
+                parts.append(f"{e} is {'not ' if op == 'ne' else ''}{operand!r}")
+            else:
+                parts.append(f"{e} {'==' if op == 'eq' else '!='} {operand!r}")
+        return " and ".join(f"({p})" for p in parts)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a == b and type(a) is type(b) if isinstance(a, bool) or isinstance(b, bool) else a == b
+
+
+def _cmp(op: str, value: Any, operand: Any) -> bool:
+    return bool({"gt": value > operand, "ge": value >= operand, "lt": value < operand,
+                 "le": value <= operand}[op])
+
+
+class ConditionParser:
+    """Parses ``when`` mappings of one file, collecting issues instead of stopping at the first."""
+
+    def __init__(self, domains: Mapping[str, tuple[Any, ...] | None], pos: Positions) -> None:
+        self.domains = domains
+        self.pos = pos
+        self.issues: list[Any] = []
+
+    def parse_when(self, when: Mapping[str, Any], path: PathKey) -> tuple[Condition, ...]:
+        out: list[Condition] = []
+        for dim, raw in when.items():
+            cond = self._parse_one(dim, raw, (*path, dim))
+            if cond is not None:
+                out.append(cond)
+        return tuple(out)
+
+    def _fail(self, path: PathKey, message: str, *, key: bool = False) -> None:
+        self.issues.append(self.pos.issue(path, message, prefer_key=key))
+
+    def _parse_one(self, dim: str, raw: Any, path: PathKey) -> Condition | None:
+        kind = dimension_kind(dim)
+        if kind is None:
+            self._fail(path, f"unknown dimension {dim!r}; expected one of: "
+                             + ", ".join(known_dimension_names()), key=True)
+            return None
+        if dim not in self.domains:
+            self._fail(path, f"dimension {dim!r} is not declared under 'dimensions' in "
+                             "capability_matrix.yaml", key=True)
+            return None
+        before = len(self.issues)
+        ops: list[tuple[str, Any]] | None
+        if isinstance(raw, Mapping):
+            ops = self._parse_ops(dim, kind, raw, path)
+        elif isinstance(raw, list) and kind != "list":
+            if not raw:
+                self._fail(path, "an empty list matches nothing")
+            ops = [("in", tuple(self._value(dim, kind, v, (*path, i))
+                                for i, v in enumerate(raw)))]
+        else:
+            ops = [("eq", self._value(dim, kind, raw, path))]
+        if ops is None or len(self.issues) > before:
+            return None
+        return Condition(dim, tuple(ops))
+
+    def _parse_ops(self, dim: str, kind: str, raw: Mapping[str, Any],
+                   path: PathKey) -> list[tuple[str, Any]] | None:
+        ops: list[tuple[str, Any]] = []
+        for op, operand in raw.items():
+            p = (*path, op)
+            if op in _NUMERIC_OPS:
+                if kind not in ("int", "float"):
+                    self._fail(p, f"{op} needs a numeric dimension; {dim!r} is {kind}", key=True)
+                    return None
+                if isinstance(operand, bool) or not isinstance(operand, int | float):
+                    self._fail(p, f"{op} expects a number, got {operand!r}")
+                    return None
+                ops.append((op, operand))
+            elif op == "not":
+                if isinstance(operand, list) and kind != "list":
+                    ops.append(("notin", tuple(self._value(dim, kind, v, (*p, i))
+                                               for i, v in enumerate(operand))))
+                else:
+                    ops.append(("ne", self._value(dim, kind, operand, p)))
+            else:
+                self._fail(p, f"unknown operator {op!r}; expected one of: gt, ge, lt, le, not",
+                           key=True)
+                return None
+        return ops
+
+    def _value(self, dim: str, kind: str, v: Any, path: PathKey) -> Any:
+        if kind == "bool":
+            if not isinstance(v, bool):
+                self._fail(path, f"{dim} is a bool dimension; expected true or false, got {v!r}")
+                return _BAD
+            return v
+        if kind in ("int", "float"):
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                self._fail(path, f"{dim} expects a number, got {v!r}")
+                return _BAD
+            return v
+        if kind == "list":
+            if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+                self._fail(path, f"{dim} is a list dimension; expected a list of strings")
+                return _BAD
+            return tuple(v)
+        domain = self.domains.get(dim)
+        if not isinstance(v, str):
+            self._fail(path, f"{dim} expects a string, got {v!r}")
+            return _BAD
+        if domain is not None and v not in domain:
+            self._fail(path, f"unknown value {v!r} for {dim}; expected one of: "
+                             + ", ".join(str(d) for d in domain))
+            return _BAD
+        return v
+
+
+class _Bad:
+    def __repr__(self) -> str:
+        return "<invalid>"
+
+
+_BAD: Any = _Bad()

@@ -1,0 +1,278 @@
+"""Pack: a loaded, checked, compiled policy pack, and the embedded ``decide`` entry point."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oracle.compile import compile_pack
+from oracle.compile_types import ArchInfo, PackData
+from oracle.config import DeploymentConfig
+from oracle.decision import CanarySnapshot, Decision, Message, Reason
+from oracle.errors import OracleError
+from oracle.policy import Evaluator, default_view
+
+POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
+SHIPPED_PACKS = ("turnout", "vllm-0.31")
+
+
+@dataclass(frozen=True)
+class Cohort:
+    """A rollout stage as the service shows and stores it (``id`` is the cohort key)."""
+
+    id: str
+    label: str
+    enabled: bool
+    percentage: int
+    families: tuple[str, ...]
+    when: Mapping[str, Any]
+    description: str
+    index: int
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    """A rule as documentation and tooling see it."""
+
+    id: str
+    label: str
+    effect: str
+    severity: str
+    prerequisite: bool
+    when: Mapping[str, Any]
+    reason: str
+    reference: str
+
+
+class Pack:
+    """A compiled policy pack. Build it with :func:`load_pack`; evaluate with :func:`decide`."""
+
+    def __init__(self, data: PackData) -> None:
+        self._data = data
+        self._eval = Evaluator(data)
+        self._views: dict[CanarySnapshot | None, tuple[tuple[Any, ...], str]] = {}
+        self._caches: dict[CanarySnapshot | None, dict[DeploymentConfig, Decision]] = {}
+        self._last: tuple[Any, Any, Any] = (None, None, None)
+        self._lock = threading.Lock()
+
+    # -- description -------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self._data.name
+
+    @property
+    def path(self) -> Path:
+        return self._data.path
+
+    @property
+    def description(self) -> str:
+        return self._data.description
+
+    @property
+    def digest(self) -> str:
+        """Content hash (sha256, 16 hex digits) of the pack's three files."""
+        return self._data.digest
+
+    @property
+    def env_var(self) -> str:
+        """The runner-selection variable (unset: auto, 0: pin V1, 1: pin V2)."""
+        return self._data.env_var
+
+    @property
+    def cohorts(self) -> tuple[Cohort, ...]:
+        """The rollout stages in order, with their default canary state."""
+        return tuple(Cohort(s.id, s.label, s.enabled, s.percentage, tuple(sorted(s.families)),
+                            s.when, s.description, s.index) for s in self._data.stages)
+
+    @property
+    def rules(self) -> tuple[RuleInfo, ...]:
+        return tuple(RuleInfo(r.id, r.label.text, r.effect, r.severity, r.prerequisite,
+                              {c.dim: c.ops for c in r.conditions}, r.reason, r.reference)
+                     for r in self._data.rules)
+
+    @property
+    def families(self) -> dict[str, str]:
+        """family id -> label."""
+        return dict(self._data.family_labels)
+
+    @property
+    def architectures(self) -> dict[str, ArchInfo]:
+        return dict(self._data.archs)
+
+    @property
+    def domains(self) -> dict[str, tuple[Any, ...] | None]:
+        return dict(self._data.domains)
+
+    @property
+    def kill_switch(self) -> bool:
+        """The kill switch's default (rollout.yaml)."""
+        return self._data.kill_switch
+
+    @property
+    def compiled_source(self) -> str:
+        """The generated Python of ``match`` and ``cohort`` (for inspection)."""
+        return self._data.source
+
+    @property
+    def data(self) -> PackData:
+        return self._data
+
+    def pin_env(self, runner: str | None) -> dict[str, str]:
+        """The environment that pins ``runner`` ("v1" / "v2") with this pack (None: auto)."""
+        return {} if runner is None else {self.env_var: "1" if runner == "v2" else "0"}
+
+    def __repr__(self) -> str:
+        return f"Pack({self.name!r}, digest={self.digest!r})"
+
+    # -- evaluation --------------------------------------------------------------------------
+
+    def _view(self, canaries: CanarySnapshot | None) -> tuple[tuple[Any, ...], str]:
+        got = self._views.get(canaries)
+        if got is not None:
+            return got
+        stages = self._data.stages
+        if canaries is None:
+            view = default_view(stages, self._data.kill_switch)
+            snap = "defaults"
+        else:
+            states = canaries.cohorts
+            view = (canaries.kill_switch, *(
+                (states[s.id].enabled, states[s.id].percentage) if s.id in states
+                else (s.enabled, s.percentage) for s in stages))
+            snap = canaries.digest
+        digest = hashlib.sha256(f"{self.digest}:{snap}".encode()).hexdigest()[:16]
+        with self._lock:
+            self._views[canaries] = (view, digest)
+        return view, digest
+
+    def policy_digest(self, canaries: CanarySnapshot | None = None) -> str:
+        """Content hash of this pack together with the canary snapshot (None: the defaults)."""
+        return self._view(canaries)[1]
+
+    def decide(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
+               ) -> Decision:
+        """See :func:`oracle.decide`."""
+        last = self._last
+        if last[0] is config and last[1] is canaries:
+            return last[2]  # type: ignore[no-any-return]
+        cache = self._caches.get(canaries)
+        if cache is None:
+            with self._lock:
+                cache = self._caches.setdefault(canaries, {})
+        d = cache.get(config)
+        if d is None:
+            d = self._decide_uncached(config, canaries)
+            if len(cache) >= 100_000:
+                cache.clear()
+            cache[config] = d
+        self._last = (config, canaries, d)
+        return d
+
+    def _decide_uncached(self, c: DeploymentConfig, canaries: CanarySnapshot | None
+                         ) -> Decision:
+        view, digest = self._view(canaries)
+        a = self._arch(c)
+        mode = "auto" if self._data.env_var not in c.env else "pinned"
+        if isinstance(a, str):
+            return self._error(c, "v1", mode, a, "unknown_architecture", digest)
+        try:
+            pin = self._pin(c.env.get(self._data.env_var))
+        except OracleError as exc:
+            return self._error(c, None, "pinned", exc.message, "invalid_env", digest, a.family)
+        return self._eval.resolve(c, a, pin, view, digest)
+
+    def _arch(self, c: DeploymentConfig) -> ArchInfo | str:
+        """The ArchInfo of the config, or the error message when there is none."""
+        d = self._data
+        if c.family is not None:
+            fam = d.family_defaults.get(c.family)
+            if fam is None:
+                return (f"unknown family {c.family!r}: not in the {d.name} pack's families.yaml "
+                        f"({len(d.family_defaults)} families)")
+            return fam
+        if c.architecture is None:
+            return ("no architecture given: pass --architecture ARCH or --config "
+                    "path/to/config.json (or the model's family)")
+        arch = d.archs.get(c.architecture)
+        if arch is None:
+            return (f"unknown architecture {c.architecture!r}: not in the {d.name} pack's "
+                    "families.yaml; pass a known --architecture, or a family override")
+        return arch
+
+    def _pin(self, raw: str | None) -> str:
+        if raw is None:
+            return "auto"
+        if self._data.env_parse == "int":
+            try:
+                return "v2" if int(raw) else "v1"  # vLLM envs.py: bool(int(value))
+            except ValueError as exc:
+                raise OracleError(str(exc), code="invalid_env") from None
+        value = raw.strip()
+        if value in ("0", "1"):
+            return "v2" if value == "1" else "v1"
+        tpl = self._data.messages["invalid_env"]
+        text = tpl.render({"name": self._data.env_var, "value": raw}) if tpl else raw
+        raise OracleError(text, code="invalid_env")
+
+    def _error(self, c: DeploymentConfig, runner: str | None, mode: str, text: str,
+               code: str, digest: str, family: str | None = None) -> Decision:
+        reason = Reason(f"error.{code}", text, "hard", "error",
+                        {"architecture": c.architecture} if code == "unknown_architecture"
+                        else {self._data.env_var: c.env.get(self._data.env_var)}, "")
+        messages: tuple[Message, ...] = ()
+        if runner == "v1":
+            messages = (Message("WARNING", f"{text}; using the V1 model runner instead."),)
+        return Decision(runner, mode, family, None, None, (reason,), messages,  # type: ignore[arg-type]
+                        "ERROR", text, digest, code, self.name)
+
+
+_PACKS: dict[str, Pack] = {}
+_PACKS_LOCK = threading.Lock()
+
+
+def resolve_pack_dir(name_or_path: str | Path) -> Path:
+    """The folder of a shipped pack name or a path; OracleError when neither exists."""
+    text = str(name_or_path)
+    if isinstance(name_or_path, str) and text in SHIPPED_PACKS:
+        return POLICIES_DIR / text
+    path = Path(name_or_path)
+    if path.is_dir():
+        return path.resolve()
+    raise OracleError(f"no policy pack {text!r}: expected one of {', '.join(SHIPPED_PACKS)} or "
+                      "a folder holding capability_matrix.yaml, families.yaml and rollout.yaml",
+                      code="unknown_pack")
+
+
+def load_pack(name_or_path: str | Path = "turnout") -> Pack:
+    """Load, validate and compile a policy pack once (cached by its folder).
+
+    ``name_or_path`` is a shipped pack name ("turnout", "vllm-0.31") or a folder. Raises
+    :class:`~oracle.errors.PackError` whose message names file:line:column of every problem,
+    or :class:`~oracle.errors.OracleError` (code ``unknown_pack``) for a missing pack.
+    """
+    folder = resolve_pack_dir(name_or_path)
+    key = str(folder)
+    pack = _PACKS.get(key)
+    if pack is None:
+        with _PACKS_LOCK:
+            pack = _PACKS.get(key)
+            if pack is None:
+                pack = Pack(compile_pack(folder))
+                _PACKS[key] = pack
+    return pack
+
+
+def decide(config: DeploymentConfig, *, pack: Pack,
+           canaries: CanarySnapshot | None = None) -> Decision:
+    """The runner for ``config`` under ``pack`` and the canary snapshot (None: pack defaults).
+
+    Pure and thread-safe, no I/O; cached per (config, snapshot). Never raises for bad
+    deployment facts: an unknown architecture gives runner "v1" with reason code ERROR, an
+    invalid runner variable and a pin that cannot be honoured give runner None with ``error``.
+    """
+    return pack.decide(config, canaries)

@@ -1,0 +1,179 @@
+"""The policy-pack file formats as pydantic models (docs/policy-language.md describes them).
+
+Structure and types are checked here; meaning (dimension names, values in their closed domains,
+family and cohort references, template placeholders) is checked by :mod:`oracle.compile`,
+which knows the positions of every node. Unknown keys are errors everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Runner = Literal["v1", "v2"]
+Level = Literal["INFO", "WARNING"]
+Scalar = str | bool | int | float
+Identifier = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.\-]*$", max_length=80)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MessageSpec(_Strict):
+    """A log line: its level and its text (a template; ``{name}`` placeholders)."""
+
+    level: Level = "WARNING"
+    text: str
+
+
+Message = str | MessageSpec  # a bare string is a WARNING
+
+
+class PackMeta(_Strict):
+    """Who the pack describes and how its runner variable is read."""
+
+    name: str
+    description: str = ""
+    env_var: Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*$")]
+    # strict: unset -> auto, "0" -> V1, "1" -> V2, anything else an error.
+    # int: Python int(value) like vLLM's envs.py (bool(int(v)); "true" is an error, "2" pins V2).
+    env_parse: Literal["strict", "int"] = "strict"
+    reference: str = ""
+
+
+class Messages(_Strict):
+    """The pack's message shapes. ``None`` means "no line" (vLLM logs nothing there)."""
+
+    using_v2: Message | None = MessageSpec(level="INFO", text="Using V2 Model Runner")
+    blocked: Message = ("Model Runner V2 does not yet support {labels}; using the V1 model "
+                        "runner instead.")
+    pinned_blocked: str = "Model Runner V2 does not yet support: {labels}"
+    v1_blocked: str = "Model Runner V1 does not support: {labels}"
+    pinned_v1: Message | None = None
+    kill_switch: Message | None = ("Model Runner V2 is switched off by the rollout kill switch; "
+                                   "using the V1 model runner instead.")
+    stage_off: Message | None = MessageSpec(
+        level="INFO", text="Model Runner V2 is not yet enabled for {family_label} (stage "
+                           "{stage_label}); using the V1 model runner instead.")
+    split_out: Message | None = MessageSpec(
+        level="INFO", text="Model Runner V2 is enabled for {percentage}% of stage {stage_label} and "
+                           "this deployment is not in that share yet; using the V1 model "
+                           "runner instead.")
+    no_stage: Message | None = MessageSpec(
+        level="INFO", text="{family_label} is in no rollout stage; using the {runner} model "
+                           "runner.")
+    invalid_env: str = "{name} must be unset, 0 or 1; got '{value}'"
+
+
+class Dimension(_Strict):
+    """A dimension the pack's rules use, with its closed domain (bool dimensions: implicit)."""
+
+    domain: list[Scalar | list[str]] | None = None
+    description: str = ""
+
+
+class Rule(_Strict):
+    """One capability rule. Exactly one of ``blocks``, ``forces``, ``prefers``."""
+
+    id: Identifier
+    label: str
+    blocks: Runner | None = None
+    forces: Runner | None = None
+    prefers: Runner | None = None
+    severity: Literal["hard", "soft"] = "hard"
+    prerequisite: bool = False
+    override_pin: bool = False
+    when: dict[str, Any]
+    message: Message | None = None
+    error: str | None = None
+    skip_message: Message | None = None
+    reason: str = ""
+    reference: str = ""
+
+    @model_validator(mode="after")
+    def _one_effect(self) -> Rule:
+        effects = [e for e in (self.blocks, self.forces, self.prefers) if e is not None]
+        if len(effects) != 1:
+            raise ValueError("a rule needs exactly one of blocks, forces, prefers")
+        if self.prerequisite and self.blocks != "v2":
+            raise ValueError("prerequisite: true only applies to rules that block v2")
+        if self.override_pin and self.forces is None:
+            raise ValueError("override_pin only applies to rules that force a runner")
+        if self.blocks == "v1" and self.severity != "hard":
+            raise ValueError("blocks: v1 is always hard (V1 cannot serve the config)")
+        if self.forces == "v1" or self.prefers == "v2":
+            raise ValueError("forces: v1 and prefers: v2 are not supported; use blocks: v2 "
+                             "(V2 cannot serve) or leave V2 as the default")
+        if not self.when:
+            raise ValueError("when must name at least one condition")
+        return self
+
+    @property
+    def effect(self) -> str:
+        if self.blocks is not None:
+            return f"blocks_{self.blocks}"
+        if self.forces is not None:
+            return f"forces_{self.forces}"
+        return f"prefers_{self.prefers}"
+
+
+class CapabilityMatrix(_Strict):
+    """capability_matrix.yaml: the pack, its message shapes, dimensions and rules."""
+
+    pack: PackMeta
+    messages: Messages = Messages()
+    dimensions: dict[str, Dimension]
+    rules: list[Rule]
+
+
+class Stage(_Strict):
+    """A rollout stage: a cohort (families and/or attribute conditions) and its default canary."""
+
+    id: Identifier
+    label: str
+    families: list[str] = []
+    when: dict[str, Any] = {}
+    enabled: bool = False
+    percentage: Annotated[int, Field(ge=0, le=100)] = 100
+    description: str = ""
+
+
+class Rollout(_Strict):
+    """rollout.yaml: ordered stages (first match wins), a kill switch, the default runner."""
+
+    kill_switch: bool = False
+    default_runner: Runner = "v1"
+    stages: list[Stage] = []
+
+
+class Family(_Strict):
+    """A family: its architectures (each may override attributes) and shared attributes."""
+
+    label: str
+    attributes: dict[str, Any] = {}
+    architectures: dict[str, dict[str, Any] | None]
+    source: str = ""
+
+
+class Families(_Strict):
+    """families.yaml; ``families_from`` (a path relative to the pack) is read first and the
+    file's own families replace same-named ones from it."""
+
+    families_from: str | None = None
+    families: dict[Identifier, Family] = {}
+
+
+class KnownModel(_Strict):
+    """known_models.yaml entry: facts about a model id, each with where it came from."""
+
+    architecture: str
+    quantization: str = "none"
+    attributes: dict[str, Any] = {}
+    source: str
+    note: str = ""
+
+
+class KnownModels(_Strict):
+    models: dict[str, KnownModel]

@@ -1,0 +1,145 @@
+"""Deployment specs: a mapping of DeploymentConfig fields, alone or in YAML / JSON / JSONL files.
+
+Field names are those of the ``config`` objects of ``policies/reference/vllm031_cases.jsonl``
+(the DeploymentConfig field names) plus two aliases: ``is_pooling`` (-> runner_kind) and ``id``
+(-> deployment_id). A file entry may also wrap its spec as ``{id, config: {...}}``, the case
+format, whose other keys (``want``, ``vllm_version``, ``note``) are metadata.
+
+A bad entry is rejected alone, with file:line:column, while the others are still read.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oracle.coerce import suggest
+from oracle.config import CONFIG_FIELD_NAMES, DeploymentConfig
+from oracle.errors import ConfigError, PackError
+from oracle.yamlpos import Positions, load_text_with_positions
+
+ALIASES = ("is_pooling", "id")
+WRAPPER_METADATA = ("want", "vllm_version", "note", "source")
+
+
+def spec_to_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The DeploymentConfig keyword arguments of a spec mapping (aliases resolved).
+
+    Raises ConfigError(code="unknown_field") naming an unknown key and the closest known one.
+    """
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"a spec must be a mapping of fields, got {type(spec).__name__}",
+                          code="bad_spec")
+    fields: dict[str, Any] = {}
+    for key, value in spec.items():
+        if key == "is_pooling":
+            if not isinstance(value, bool):
+                raise ConfigError(f"is_pooling: expected true or false, got {value!r}",
+                                  code="bad_value", field=key)
+            fields["runner_kind"] = "pooling" if value else "generate"
+        elif key == "id":
+            fields.setdefault("deployment_id", None if value is None else str(value))
+        elif key in CONFIG_FIELD_NAMES:
+            fields[key] = value
+        else:
+            known = list(CONFIG_FIELD_NAMES) + list(ALIASES)
+            raise ConfigError(f"unknown field {key!r}{suggest(str(key), known)}",
+                              code="unknown_field", field=str(key))
+    return fields
+
+
+@dataclass(frozen=True)
+class SpecEntry:
+    """One deployment of a spec file: its config, or the error that rejected it.
+
+    ``where`` is "file:line" of the entry; ``id`` echoes the spec's ``id`` (or deployment_id).
+    """
+
+    id: str | None
+    config: DeploymentConfig | None
+    error: str | None
+    where: str
+    error_code: str | None = None
+
+
+def _entry(raw: Any, pos: Positions, path: tuple[Any, ...]) -> SpecEntry:
+    line, col = pos.at(path)
+    where = f"{pos.file}:{line}"
+    if not isinstance(raw, Mapping):
+        return SpecEntry(None, None, f"{pos.file}:{line}:{col}: a spec must be a mapping",
+                         where, "bad_spec")
+    spec, spec_path = raw, path
+    if isinstance(raw.get("config"), Mapping):
+        extra = set(raw) - {"id", "config", *WRAPPER_METADATA}
+        if extra:
+            key = sorted(extra)[0]
+            ln, cl = pos.at((*path, key), prefer_key=True)
+            return SpecEntry(_id(raw), None, f"{pos.file}:{ln}:{cl}: unknown key {key!r} next "
+                             "to config (expected id, config, " + ", ".join(WRAPPER_METADATA)
+                             + ")", where, "unknown_field")
+        spec = {"id": raw["id"], **raw["config"]} if "id" in raw else raw["config"]
+        spec_path = (*path, "config")
+    try:
+        return SpecEntry(_id(spec), DeploymentConfig.from_spec(spec), None, where)
+    except ConfigError as exc:
+        key_path = (*spec_path, exc.field) if exc.field else spec_path
+        prefer_key = exc.code == "unknown_field"
+        ln, cl = pos.at(key_path, prefer_key=prefer_key)
+        return SpecEntry(_id(spec), None, f"{pos.file}:{ln}:{cl}: {exc.message}", where,
+                         exc.code)
+
+
+def _id(spec: Mapping[str, Any]) -> str | None:
+    value = spec.get("id", spec.get("deployment_id"))
+    return None if value is None else str(value)
+
+
+def load_specs(path: str | Path) -> list[SpecEntry]:
+    """Every deployment of a spec file (.yaml/.yml/.json: a mapping or a list; .jsonl: one a line).
+
+    Raises ConfigError(code="file_not_found"/"bad_spec") only when the file as a whole cannot
+    be read; a bad entry comes back as a SpecEntry with ``error`` set.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read spec file {p}: {exc.strerror or exc}",
+                          code="file_not_found") from None
+    if p.suffix == ".jsonl":
+        return _load_jsonl(text, str(p))
+    try:
+        data, pos = load_text_with_positions(text, str(p))
+    except PackError as exc:
+        raise ConfigError(str(exc), code="bad_spec") from None
+    if isinstance(data, Mapping) and isinstance(data.get("deployments"), list):
+        return [_entry(item, pos, ("deployments", i))
+                for i, item in enumerate(data["deployments"])]
+    if isinstance(data, list):
+        return [_entry(item, pos, (i,)) for i, item in enumerate(data)]
+    return [_entry(data, pos, ())]
+
+
+def _load_jsonl(text: str, name: str) -> list[SpecEntry]:
+    out: list[SpecEntry] = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            out.append(SpecEntry(None, None, f"{name}:{n}:{exc.colno}: invalid JSON: {exc.msg}",
+                                 f"{name}:{n}", "bad_spec"))
+            continue
+        try:  # positions of keys within the line (JSON is YAML here)
+            _, lpos = load_text_with_positions(line, name)
+        except PackError:
+            lpos = Positions(name)
+        pos = Positions(name, {k: (n, c) for k, (_, c) in lpos.value.items()},
+                        {k: (n, c) for k, (_, c) in lpos.key.items()})
+        pos.value.setdefault((), (n, 1))
+        out.append(_entry(data, pos, ()))
+    return out

@@ -1,0 +1,62 @@
+"""Data-driven decision cases: tests/oracle/cases/*.yaml (note, input, want / want_error)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from oracle import CanarySnapshot, ConfigError, Decision, DeploymentConfig, decide, load_pack
+
+CASES_DIR = Path(__file__).parent / "cases"
+
+
+def _load() -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for path in sorted(CASES_DIR.glob("*.yaml")):
+        for case in yaml.safe_load(path.read_text()):
+            out.append((f"{path.stem}: {case['note']}", case))
+    return out
+
+
+CASES = _load()
+
+
+def _config(inp: dict[str, Any]) -> DeploymentConfig:
+    if "command" in inp:
+        return DeploymentConfig.from_command(inp["command"], inp.get("env") or {},
+                                             architecture=inp.get("architecture"))
+    return DeploymentConfig.from_spec(inp)
+
+
+def _check(d: Decision, want: dict[str, Any]) -> None:
+    got = d.to_json()
+    for key in ("runner", "mode", "reason_code", "stage", "family", "error", "error_code"):
+        if key in want:
+            assert got[key] == want[key], f"{key}: {got[key]!r} != {want[key]!r}\n{got}"
+    if "rules" in want:
+        assert [r["rule_id"] for r in got["reasons"]] == want["rules"], got
+    if "messages" in want:
+        assert got["messages"] == want["messages"], got
+    if "canary" in want:
+        assert got["canary"] == want["canary"], got
+    for rule_id, matched in want.get("matched", {}).items():
+        reason = next(r for r in got["reasons"] if r["rule_id"] == rule_id)
+        assert reason["matched"] == matched, reason
+
+
+@pytest.mark.parametrize("case", [c for _, c in CASES], ids=[n for n, _ in CASES])
+def test_case(case: dict[str, Any]) -> None:
+    pack = load_pack(case.get("pack", "turnout"))
+    canaries = CanarySnapshot.from_json(case["canaries"]) if "canaries" in case else None
+    if "want_error" in case:
+        with pytest.raises(ConfigError) as info:
+            _config(case["input"])
+        assert info.value.code == case["want_error"]["code"], info.value
+        assert case["want_error"].get("contains", "") in info.value.message
+        return
+    d = decide(_config(case["input"]), pack=pack, canaries=canaries)
+    _check(d, case["want"])
+    assert decide(_config(case["input"]), pack=pack, canaries=canaries) == d

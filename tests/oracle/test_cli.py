@@ -1,0 +1,83 @@
+"""The `turnout` CLI: exit codes and the machine-readable contract (JSON lines)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REF = ROOT / "policies" / "reference"
+
+
+def turnout(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oracle.cli", *args], capture_output=True,
+                          text=True, cwd=ROOT)
+
+
+def test_decide_command_line_json() -> None:
+    r = turnout("decide", "--json", "--", "vllm", "serve", "Qwen/Qwen3-8B", "-tp", "2")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["runner"] == "v2" and out["mode"] == "auto" and out["family"] == "qwen3"
+    assert out["messages"] == [{"level": "INFO", "message": "Using V2 Model Runner"}]
+    assert out["error"] is None and len(out["policy_digest"]) == 16
+    assert set(out) >= {"runner", "mode", "family", "reasons", "messages", "error",
+                        "policy_digest"}
+
+
+def test_pin_that_cannot_be_honoured_exits_3() -> None:
+    r = turnout("decide", "--json", "--env", "TURNOUT_USE_V2_MODEL_RUNNER=1", "--",
+                "vllm", "serve", "Qwen/Qwen3-8B", "--speculative-config", '{"method": "ngram"}')
+    assert r.returncode == 3
+    out = json.loads(r.stdout)
+    assert out["runner"] is None
+    assert out["error"] == "Model Runner V2 does not yet support: speculative method 'ngram'"
+    assert [x["rule_id"] for x in out["reasons"]] == ["pin.v2", "ngram_speculation"]
+
+
+def test_bad_input_exits_2_with_the_reason() -> None:
+    r = turnout("decide", "--", "vllm", "serve", "<checkpoint>")
+    assert r.returncode == 2
+    assert "placeholder" in r.stdout + r.stderr and "--architecture" in r.stdout + r.stderr
+
+
+def test_spec_jsonl_one_result_per_line_echoing_id() -> None:
+    r = turnout("decide", "--pack", "vllm-0.31", "--spec", str(REF / "vllm031_cases.jsonl"),
+                "--json")
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    cases = [json.loads(x) for x in (REF / "vllm031_cases.jsonl").read_text().splitlines()]
+    assert [x["id"] for x in lines] == [c["id"] for c in cases]
+    for got, case in zip(lines, cases, strict=True):
+        assert (got["runner"] or "error") == case["want"]["decision"]
+    assert r.returncode == 2  # env-true-string is bad input (an invalid runner variable)
+
+
+def test_commands_file_sets_error_per_line(tmp_path: Path) -> None:
+    f = tmp_path / "cmds.jsonl"
+    f.write_text(json.dumps({"id": "ok", "env": {}, "argv": ["vllm", "serve", "Qwen/Qwen3-8B"]})
+                 + "\n" + json.dumps({"id": "bad", "env": {}, "argv": ["vllm", "serve", "$M"]})
+                 + "\n")
+    r = turnout("decide", "--commands", str(f), "--json")
+    ok, bad = (json.loads(x) for x in r.stdout.splitlines())
+    assert ok["id"] == "ok" and ok["runner"] == "v2" and ok["error"] is None
+    assert bad["id"] == "bad" and bad["runner"] is None and "placeholder" in bad["error"]
+    assert r.returncode == 2
+
+
+@pytest.mark.parametrize("args", [["decide"], ["decide", "--pack", "nope", "--architecture",
+                                                "X"]])
+def test_usage_errors_exit_2(args: list[str]) -> None:
+    assert turnout(*args).returncode == 2
+
+
+def test_summary_markdown_table() -> None:
+    r = turnout("decide", "--commands", str(REF / "vllm_recipes.jsonl"), "--summary",
+                "--markdown")
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("| family | deployments | V2 | V1 |")
+    total = sum(int(line.split("|")[2]) for line in lines[2:])
+    assert total == len((REF / "vllm_recipes.jsonl").read_text().splitlines())

@@ -1,0 +1,134 @@
+"""DeploymentConfig: checked on construction, frozen, hashable, built from every source."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from oracle import ConfigError, DeploymentConfig
+from oracle.config import CONFIG_FIELD_NAMES
+from oracle.fields import FIELD_INFO
+from oracle.spec import load_specs
+
+REF = Path(__file__).resolve().parents[2] / "policies" / "reference"
+
+
+def test_field_table_matches_the_dataclass() -> None:
+    assert set(CONFIG_FIELD_NAMES) == set(FIELD_INFO)
+
+
+def test_frozen_and_hashable_by_value() -> None:
+    a = DeploymentConfig(architecture="Qwen3ForCausalLM", env={"X": "1"})
+    b = DeploymentConfig(architecture="Qwen3ForCausalLM", env={"X": "1"})
+    assert a == b and hash(a) == hash(b) and {a: 1}[b] == 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.architecture = "x"  # type: ignore[misc]
+    assert a != a.replace(tensor_parallel_size=2)
+
+
+def test_coercion_and_defaults() -> None:
+    c = DeploymentConfig(architecture="A", tensor_parallel_size="4", enable_dbo="true",
+                         speculative_method="Deepseek_MTP", logits_processors="a.b:C",
+                         quantization=None, platform=None)
+    assert c.tensor_parallel_size == 4 and c.enable_dbo is True
+    assert c.speculative_method == "mtp" and c.logits_processors == ("a.b:C",)
+    assert c.quantization == "none" and c.platform == "cuda"
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"tensor_parallel_size": 0}, "tensor_parallel_size: expected an integer >= 1"),
+    ({"tensor_parallel_size": True}, "expected an integer"),
+    ({"platform": "gpu"}, "platform: unknown value 'gpu'"),
+    ({"enable_dbo": "maybe"}, "enable_dbo: expected true or false"),
+    ({"cpu_offload_gb": -1}, "cpu_offload_gb: expected a number >= 0"),
+    ({"env": {"A": [1]}}, "env: expected string names and scalar values"),
+    ({"mamba_cache_mode": "everything"}, "expected one of none, align, all"),
+])
+def test_bad_values_name_the_field(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig(**kwargs)
+    assert fragment in info.value.message and info.value.code == "bad_value"
+
+
+def test_spec_round_trip() -> None:
+    c = DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="eagle3",
+                         logits_processors=("a:B",), env={"TURNOUT_USE_V2_MODEL_RUNNER": "1"})
+    spec = c.to_spec()
+    assert json.loads(json.dumps(spec)) == spec
+    assert DeploymentConfig.from_spec(spec) == c
+
+
+def test_spec_file_errors_name_file_line_column(tmp_path: Path) -> None:
+    f = tmp_path / "fleet.yaml"
+    f.write_text("- id: a\n  architecture: Qwen3ForCausalLM\n"
+                 "- id: b\n  architecture: Qwen3ForCausalLM\n  tensor_parallel_size: lots\n"
+                 "- id: c\n  archtecture: Qwen3ForCausalLM\n")
+    a, b, c = load_specs(f)
+    assert a.config is not None and a.id == "a"
+    assert b.config is None and b.error == (f"{f}:5:25: tensor_parallel_size: expected an "
+                                            "integer, got 'lots'")
+    assert c.error is not None and c.error.startswith(f"{f}:7:3: unknown field 'archtecture'")
+    assert "did you mean 'architecture'" in c.error
+
+
+def test_jsonl_bad_line_is_rejected_alone(tmp_path: Path) -> None:
+    f = tmp_path / "fleet.jsonl"
+    f.write_text('{"id": "x", "architecture": "Qwen3ForCausalLM"}\n{"id": "y", oops}\n'
+                 '{"id": "z", "config": {"architecture": "LlamaForCausalLM"}, "want": {}}\n')
+    x, y, z = load_specs(f)
+    assert x.config is not None and z.config is not None and z.id == "z"
+    assert y.config is None and y.error is not None and y.error.startswith(f"{f}:2:")
+
+
+@pytest.mark.parametrize("name, arch, facts", [
+    ("qwen3-30b-a3b.json", "Qwen3MoeForCausalLM", {"is_moe": True}),
+    ("deepseek-v2-lite.json", "DeepseekV2ForCausalLM", {"is_moe": True, "use_mla": True}),
+    ("jamba-v0.1.json", "JambaForCausalLM", {"is_moe": True}),
+    ("granite-3.0-1b-a400m.json", "GraniteMoeForCausalLM", {"is_moe": True}),
+    ("qwen3-8b.json", "Qwen3ForCausalLM", {"is_moe": None, "use_mla": None}),
+    ("all-minilm-l6-v2.json", "BertModel", {}),
+])
+def test_from_hf_config_reads_real_configs(name: str, arch: str, facts: dict) -> None:
+    c = DeploymentConfig.from_hf_config(REF / "model_configs" / name)
+    assert c.architecture == arch
+    for key, value in facts.items():
+        assert getattr(c, key) == value
+
+
+def test_from_hf_config_quantization(tmp_path: Path) -> None:
+    data = json.loads((REF / "model_configs" / "quantized-examples.json").read_text())
+    qc = data["examples"][0]["quantization_config_seen"]
+    cfg = {"architectures": ["DeepseekV2ForCausalLM"], "quantization_config": qc}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    c = DeploymentConfig.from_hf_config(tmp_path, platform="rocm")
+    assert c.quantization == "gptq" and c.platform == "rocm"
+
+
+def test_from_hf_config_without_architectures() -> None:
+    with pytest.raises(ConfigError, match="architectures"):
+        DeploymentConfig.from_hf_config({"model_type": "llama"})
+
+
+def test_from_command_local_directory(tmp_path: Path) -> None:
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["MistralForCausalLM"]}))
+    c = DeploymentConfig.from_command(["vllm", "serve", str(model), "-tp", "2"], {})
+    assert c.architecture == "MistralForCausalLM" and c.tensor_parallel_size == 2
+
+
+def test_from_command_config_file_and_cli_precedence(tmp_path: Path) -> None:
+    (tmp_path / "serve.yaml").write_text("tensor-parallel-size: 4\nenable_dbo: true\n"
+                                         "speculative-config: {method: suffix}\n")
+    c = DeploymentConfig.from_command(
+        "vllm serve Qwen/Qwen3-8B --config serve.yaml -tp 2", {}, base_dir=tmp_path)
+    assert c.tensor_parallel_size == 2 and c.enable_dbo and c.speculative_method == "suffix"
+
+
+def test_from_command_shell_string_with_env_prefix() -> None:
+    c = DeploymentConfig.from_command(
+        "TURNOUT_USE_V2_MODEL_RUNNER=1 CUDA_VISIBLE_DEVICES=0 vllm serve Qwen/Qwen3-8B", {})
+    assert dict(c.env) == {"TURNOUT_USE_V2_MODEL_RUNNER": "1"}

@@ -1,0 +1,45 @@
+"""Every real `vllm serve` line of policies/reference/vllm_recipes.jsonl decides or fails with a
+clear, specific error (never an exception, never a generic message)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from oracle import ConfigError, DeploymentConfig, decide, load_pack
+
+RECIPES_FILE = Path(__file__).resolve().parents[2] / "policies" / "reference" / "vllm_recipes.jsonl"
+RECIPES = [json.loads(line) for line in RECIPES_FILE.read_text().splitlines() if line.strip()]
+# Error codes that are specific and say what to pass (docs/oracle-api.md, "Errors").
+SPECIFIC = {"placeholder_model", "placeholder_value", "unknown_model", "bad_command",
+            "unknown_flag", "bad_flag_value", "bad_value"}
+
+
+@pytest.mark.parametrize("pack_name", ["turnout", "vllm-0.31"])
+def test_every_recipe_decides_or_fails_clearly(pack_name: str) -> None:
+    pack = load_pack(pack_name)
+    outcomes: Counter[str] = Counter()
+    for rec in RECIPES:
+        try:
+            cfg = DeploymentConfig.from_command(rec["argv"], rec["env"])
+        except ConfigError as exc:
+            assert exc.code in SPECIFIC, (rec["id"], exc.code, exc.message)
+            assert len(exc.message) > 20, (rec["id"], exc.message)
+            outcomes[exc.code] += 1
+            continue
+        d = decide(cfg, pack=pack)
+        assert d.error_code != "unknown_architecture", (rec["id"], d.error)
+        outcomes[d.runner or "no runner"] += 1
+    assert sum(outcomes.values()) == len(RECIPES)
+
+
+def test_placeholders_are_named() -> None:
+    by_id = {r["id"]: r for r in RECIPES}
+    with pytest.raises(ConfigError, match="placeholder") as info:
+        DeploymentConfig.from_command(by_id["recipe-0006"]["argv"], {})
+    assert "--architecture" in info.value.message
+    with pytest.raises(ConfigError, match=r"\$TP"):
+        DeploymentConfig.from_command(by_id["recipe-0241"]["argv"], {})
