@@ -94,3 +94,32 @@ def greedy_generate(model: DecoderModel, prompt: list[int], *, max_new_tokens: i
         session.append("r", token)
         num_tokens = 1
     return out
+
+
+def run_paged_greedy(model: DecoderModel, prompts: dict[str, list[int]], *, block_size: int,
+                     first_chunk: dict[str, int], num_new_tokens: int
+                     ) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
+    """Greedy decode of several sequences through shared paged caches: a first step runs
+    ``first_chunk[k]`` prompt tokens of each (a chunked prefill), the second the rest of the
+    prompts mixed with decodes, then one token per sequence per step. Returns the full
+    sequences and the logits of every position run (``[len - 1, vocab]`` float32, on CPU)."""
+    session = PagedSession(model, num_blocks=128, block_size=block_size)
+    logits: dict[str, list[torch.Tensor]] = {k: [] for k in prompts}
+    for k, p in prompts.items():
+        session.add(k, p)
+    generated = {k: 0 for k in prompts}
+
+    def run(num_tokens: dict[str, int]) -> None:
+        for k, out in session.step(num_tokens).items():
+            logits[k].append(out.cpu())
+            seq = session.seqs[k]
+            if seq.num_computed == len(seq.token_ids) and generated[k] < num_new_tokens:
+                session.append(k, int(out[-1].argmax()))
+                generated[k] += 1
+
+    run(first_chunk)
+    run({k: len(s.token_ids) - s.num_computed for k, s in session.seqs.items()})
+    while any(n < num_new_tokens for n in generated.values()):
+        run({k: 1 for k, n in generated.items() if n < num_new_tokens})
+    return ({k: s.token_ids for k, s in session.seqs.items()},
+            {k: torch.cat(v) for k, v in logits.items()})

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 import torch
-from paged_session import PagedSession
+from paged_session import run_paged_greedy
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-from engine.model import DecoderModel, load_model, write_random_weights
+from engine.model import load_model, write_random_weights
 
 transformers = pytest.importorskip("transformers")
 
@@ -25,31 +25,6 @@ def _prompts(vocab_size: int) -> dict[str, list[int]]:
     gen = torch.Generator().manual_seed(7)
     return {k: torch.randint(3, vocab_size, (n,), generator=gen).tolist()
             for k, n in PROMPT_LENS.items()}
-
-
-def run_paged_greedy(model: DecoderModel, prompts: dict[str, list[int]], block_size: int
-                     ) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
-    """Greedy decode through paged caches; returns full sequences and per-position logits."""
-    session = PagedSession(model, num_blocks=128, block_size=block_size)
-    logits: dict[str, list[torch.Tensor]] = {k: [] for k in prompts}
-    for k, p in prompts.items():
-        session.add(k, p)
-    generated = {k: 0 for k in prompts}
-
-    def run(num_tokens: dict[str, int]) -> None:
-        for k, out in session.step(num_tokens).items():
-            logits[k].append(out.cpu())
-            seq = session.seqs[k]
-            if seq.num_computed == len(seq.token_ids) and generated[k] < NUM_NEW_TOKENS:
-                session.append(k, int(out[-1].argmax()))
-                generated[k] += 1
-
-    run(FIRST_CHUNK)
-    run({k: len(s.token_ids) - s.num_computed for k, s in session.seqs.items()})
-    while any(n < NUM_NEW_TOKENS for n in generated.values()):
-        run({k: 1 for k, n in generated.items() if n < NUM_NEW_TOKENS})
-    return ({k: s.token_ids for k, s in session.seqs.items()},
-            {k: torch.cat(v) for k, v in logits.items()})
 
 
 @pytest.fixture(scope="module", params=sorted(TINY_DECODER_CONFIGS))
@@ -73,7 +48,8 @@ def test_logprobs_and_greedy_tokens_match_hf(weights_dir: tuple[str, Path]) -> N
     ours = load_model(path)
     hf = _hf_model(path)
     prompts = _prompts(ours.config.vocab_size)
-    sequences, logits = run_paged_greedy(ours, prompts, block_size=4)
+    sequences, logits = run_paged_greedy(ours, prompts, block_size=4, first_chunk=FIRST_CHUNK,
+                                          num_new_tokens=NUM_NEW_TOKENS)
     for k, prompt in prompts.items():
         with torch.no_grad():
             want = hf.generate(torch.tensor([prompt]), max_new_tokens=NUM_NEW_TOKENS,

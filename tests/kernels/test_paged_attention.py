@@ -1,0 +1,209 @@
+"""Paged attention and the KV-cache write: the torch references against dense attention, the
+Triton kernels against the references (CPU through TRITON_INTERPRET=1 on small shapes; the
+`gpu` tests on realistic shapes in bf16, incl. Qwen3-0.6B and Llama-3.1-8B head layouts)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels._triton import HAS_TRITON
+from kernels.paged_attention import (
+    paged_attention,
+    paged_attention_ref,
+    reshape_and_cache,
+    reshape_and_cache_ref,
+)
+
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+
+
+def make_batch(q_lens: list[int], ctx_lens: list[int], *, num_heads: int, num_kv_heads: int,
+               head_dim: int, block_size: int, dtype: torch.dtype, device: str, seed: int = 0
+               ) -> dict[str, object]:
+    """A packed step: request i has ctx_lens[i] cached tokens and q_lens[i] new ones, its
+    blocks scattered over the cache (a random permutation of block ids)."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [c + q for c, q in zip(ctx_lens, q_lens, strict=True)]
+    blocks_per_req = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_req) + 3
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    table = torch.zeros(len(q_lens), max(blocks_per_req) + 2, dtype=torch.int32)
+    for i, n in enumerate(blocks_per_req):
+        table[i, :n] = torch.tensor([perm.pop() for _ in range(n)])
+    kv_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, generator=gen)
+    num_tokens = sum(q_lens)
+    return dict(
+        query=torch.randn(num_tokens, num_heads, head_dim, generator=gen).to(dtype).to(device),
+        kv_cache=kv_cache.to(dtype).to(device),
+        query_start_loc=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()],
+                                     dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_table=table.to(device),
+        max_query_len=max(q_lens),
+        scale=1.0 / math.sqrt(head_dim),
+    )
+
+
+def dense_attention(b: dict[str, object], window: int | None) -> torch.Tensor:
+    """Independent check of the reference: contiguous K/V per request, SDPA with a mask."""
+    q_all, kv, qsl, seq_lens, table = (b["query"], b["kv_cache"], b["query_start_loc"],
+                                       b["seq_lens"], b["block_table"])
+    assert isinstance(q_all, torch.Tensor) and isinstance(kv, torch.Tensor)
+    block_size, group = kv.shape[2], q_all.shape[1] // kv.shape[3]
+    out = torch.empty_like(q_all)
+    for i, seq_len in enumerate(seq_lens.tolist()):  # type: ignore[union-attr]
+        s, e = qsl[i].item(), qsl[i + 1].item()  # type: ignore[index]
+        slots = [table[i, p // block_size].item() * block_size + p % block_size  # type: ignore[index]
+                 for p in range(seq_len)]
+        k = kv[0].flatten(0, 1)[slots].float().repeat_interleave(group, 1).transpose(0, 1)
+        v = kv[1].flatten(0, 1)[slots].float().repeat_interleave(group, 1).transpose(0, 1)
+        pos_q = torch.arange(seq_len - (e - s), seq_len)[:, None]
+        pos_k = torch.arange(seq_len)[None]
+        mask = (pos_k <= pos_q) & ((pos_q - pos_k < window) if window else True)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q_all[s:e].float().transpose(0, 1), k, v, attn_mask=mask.to(q_all.device),
+            scale=b["scale"])  # type: ignore[arg-type]
+        out[s:e] = o.transpose(0, 1).to(out.dtype)
+    return out
+
+
+# (q_lens, ctx_lens): prefill, chunked prefill continuation, decodes, all mixed.
+SMALL_CASES = {
+    "mixed": ([7, 1, 5, 1], [0, 12, 9, 3]),
+    "decode-only": ([1, 1, 1], [0, 17, 30]),
+    "one-long-prefill": ([37], [0]),
+}
+LAYOUTS = {  # (num_heads, num_kv_heads, head_dim, block_size)
+    "gqa3-d16-b4": (6, 2, 16, 4),
+    "mha-d40-b16": (3, 3, 40, 16),   # head_dim not a power of two
+    "mqa-d32-b5": (8, 1, 32, 5),     # block_size not a power of two
+}
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("case", sorted(SMALL_CASES))
+def test_reference_equals_dense_attention(case: str, window: int | None) -> None:
+    b = make_batch(*SMALL_CASES[case], num_heads=6, num_kv_heads=2, head_dim=16, block_size=4,
+                   dtype=torch.float32, device="cpu")
+    torch.testing.assert_close(paged_attention_ref(**b, sliding_window=window),  # type: ignore[arg-type]
+                               dense_attention(b, window), atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("case", sorted(SMALL_CASES))
+def test_kernel_equals_reference_interpreted(case: str, layout: str) -> None:
+    heads, kv_heads, head_dim, block_size = LAYOUTS[layout]
+    b = make_batch(*SMALL_CASES[case], num_heads=heads, num_kv_heads=kv_heads,
+                   head_dim=head_dim, block_size=block_size, dtype=torch.float32, device="cpu")
+    out = torch.full_like(b["query"], float("nan"))  # type: ignore[arg-type]
+    paged_attention(**b, out=out)  # type: ignore[arg-type]
+    torch.testing.assert_close(out, paged_attention_ref(**b), atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
+
+
+@needs_triton
+def test_kernel_sliding_window_interpreted() -> None:
+    b = make_batch([9, 1], [4, 20], num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+                   dtype=torch.float32, device="cpu")
+    torch.testing.assert_close(paged_attention(**b, sliding_window=5),  # type: ignore[arg-type]
+                               paged_attention_ref(**b, sliding_window=5), atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
+
+
+@needs_triton
+def test_kernel_leaves_padding_rows_alone() -> None:
+    # A CUDA-graph batch is padded past query_start_loc[-1]: those rows must stay untouched.
+    b = make_batch([3, 1], [0, 5], num_heads=2, num_kv_heads=1, head_dim=16, block_size=4,
+                   dtype=torch.float32, device="cpu")
+    q = b["query"]
+    assert isinstance(q, torch.Tensor)
+    b["query"] = torch.cat([q, torch.randn(2, *q.shape[1:])])
+    out = torch.full_like(b["query"], 7.0)  # type: ignore[arg-type]
+    paged_attention(**b, out=out)  # type: ignore[arg-type]
+    assert (out[4:] == 7.0).all()
+    torch.testing.assert_close(out[:4], paged_attention_ref(**b)[:4])  # type: ignore[arg-type]
+
+
+def _cache_write_inputs(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(9, 3 * 2 * 40, generator=gen).to(dtype).to(device)
+    key, value = qkv[:, :80].view(9, 2, 40), qkv[:, 80:160].view(9, 2, 40)  # strided views
+    slots = torch.tensor([0, 5, -1, 7, 100, 3, -1, 9, 11], dtype=torch.int64, device=device)
+    return key, value, torch.zeros(2, 26, 4, 2, 40, dtype=dtype, device=device), slots
+
+
+def test_reshape_and_cache_ref_writes_slots_and_skips_padding() -> None:
+    key, value, cache, slots = _cache_write_inputs("cpu", torch.float32)
+    reshape_and_cache_ref(key, value, cache, slots)
+    assert torch.equal(cache[0, 100 // 4, 100 % 4], key[4])
+    assert torch.equal(cache[1, 1, 3], value[3])  # slot 7
+    assert int((cache[0].flatten(0, 1).abs().sum((1, 2)) > 0).sum()) == 7  # two -1 skipped
+
+
+@needs_triton
+def test_reshape_and_cache_kernel_equals_reference() -> None:
+    key, value, cache, slots = _cache_write_inputs("cpu", torch.float32)
+    want = cache.clone()
+    reshape_and_cache_ref(key, value, want, slots)
+    reshape_and_cache(key, value, cache, slots)
+    assert torch.equal(cache, want)
+
+
+def test_bad_arguments_are_named() -> None:
+    b = make_batch([2], [0], num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+                   dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="seq_lens must be int32"):
+        paged_attention_ref(**{**b, "seq_lens": b["seq_lens"].long()})  # type: ignore[arg-type, union-attr]
+    with pytest.raises(ValueError, match="dtype"):
+        paged_attention_ref(**{**b, "query": b["query"].half()})  # type: ignore[arg-type, union-attr]
+    key, value, cache, slots = _cache_write_inputs("cpu", torch.float32)
+    with pytest.raises(ValueError, match="slot_mapping must be"):
+        reshape_and_cache_ref(key, value, cache, slots.int())
+
+
+# --- GPU: realistic shapes in bf16 -------------------------------------------------------
+GPU_LAYOUTS = {  # (num_heads, num_kv_heads, head_dim): real configs
+    "qwen3-0.6b": (16, 8, 128),
+    "llama-3.1-8b": (32, 8, 128),
+    "smollm2-135m": (9, 3, 64),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("layout", sorted(GPU_LAYOUTS))
+def test_kernel_equals_reference_bf16_gpu(layout: str, block_size: int) -> None:
+    heads, kv_heads, head_dim = GPU_LAYOUTS[layout]
+    # 4 prefills (one chunked onto 700 cached tokens) and 60 decodes with contexts to 4k.
+    gen = torch.Generator().manual_seed(0)
+    ctx = [0, 0, 700, 0, *torch.randint(1, 4096, (60,), generator=gen).tolist()]
+    q_lens = [512, 77, 300, 1] + [1] * 60
+    b = make_batch(q_lens, ctx, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                   block_size=block_size, dtype=torch.bfloat16, device="cuda")
+    got = paged_attention(**b)  # type: ignore[arg-type]
+    want = paged_attention_ref(**b)  # type: ignore[arg-type]
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    decode_only = make_batch([1] * 256, torch.randint(1, 2048, (256,), generator=gen).tolist(),
+                             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                             block_size=block_size, dtype=torch.bfloat16, device="cuda")
+    torch.testing.assert_close(paged_attention(**decode_only).float(),  # type: ignore[arg-type]
+                               paged_attention_ref(**decode_only).float(), atol=2e-2, rtol=2e-2)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+def test_kernel_float32_gpu_is_exact_to_rounding() -> None:
+    b = make_batch([64, 1, 9], [0, 300, 40], num_heads=16, num_kv_heads=8, head_dim=128,
+                   block_size=16, dtype=torch.float32, device="cuda")
+    torch.testing.assert_close(paged_attention(**b), paged_attention_ref(**b),  # type: ignore[arg-type]
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_reshape_and_cache_gpu_bf16() -> None:
+    key, value, cache, slots = _cache_write_inputs("cuda", torch.bfloat16)
+    want = cache.clone()
+    reshape_and_cache_ref(key, value, want, slots)
+    reshape_and_cache(key, value, cache, slots)
+    assert torch.equal(cache, want)
