@@ -123,3 +123,21 @@ def run_paged_greedy(model: DecoderModel, prompts: dict[str, list[int]], *, bloc
         run({k: 1 for k, n in generated.items() if n < num_new_tokens})
     return ({k: s.token_ids for k, s in session.seqs.items()},
             {k: torch.cat(v) for k, v in logits.items()})
+
+
+def run_paged_forced(model: DecoderModel, sequences: dict[str, list[int]], *, block_size: int,
+                     first_chunk: dict[str, int], num_decode: int) -> dict[str, torch.Tensor]:
+    """Teacher-forced run of fixed sequences: ``first_chunk[k]`` tokens, then all but the last
+    ``num_decode``, then those one per step (decode steps). Returns every position's logits
+    (``[len, vocab]`` float32, on CPU)."""
+    session = PagedSession(model, num_blocks=256, block_size=block_size)
+    for k, seq in sequences.items():
+        session.add(k, seq)
+    logits: dict[str, list[torch.Tensor]] = {k: [] for k in sequences}
+    steps = [first_chunk, {k: len(s) - num_decode - first_chunk[k]
+                           for k, s in sequences.items()}]
+    steps += [{k: 1 for k in sequences}] * num_decode
+    for step in steps:
+        for k, out in session.step(step).items():
+            logits[k].append(out.cpu())
+    return {k: torch.cat(v) for k, v in logits.items()}
