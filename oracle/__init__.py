@@ -20,10 +20,13 @@ from oracle.decision import (
     Reason,
 )
 from oracle.errors import ConfigError, Issue, OracleError, PackError
+from oracle.explain import Change, Explanation, Suggestion, explain
+from oracle.matrix import Cell, enumerate_matrix
 from oracle.pack import Cohort, Pack, RuleInfo, decide, load_pack
 
 __all__ = [
-    "CanaryOutcome", "CanarySnapshot", "Cohort", "CohortState", "ConfigError", "Decision",
-    "DeploymentConfig", "Issue", "Message", "OracleError", "Pack", "PackError", "Reason",
-    "RuleInfo", "decide", "load_pack",
+    "CanaryOutcome", "CanarySnapshot", "Cell", "Change", "Cohort", "CohortState", "ConfigError",
+    "Decision", "DeploymentConfig", "Explanation", "Issue", "Message", "OracleError", "Pack",
+    "PackError", "Reason", "RuleInfo", "Suggestion", "decide", "enumerate_matrix", "explain",
+    "load_pack",
 ]

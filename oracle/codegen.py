@@ -1,9 +1,12 @@
-"""Generate the pack's evaluation functions as straight-line Python.
+"""Generate the pack's evaluation function as straight-line Python.
 
-``match(c, a)`` reads each used dimension once into a local, then tests every rule's
-conditions and ORs the rule's bit into the mask; ``cohort(c, a)`` returns the first matching
-stage. The source is kept on the pack (``Pack.compiled_source``) for inspection; the only
-names it refers to are the frozensets bound in its own namespace.
+``evaluate(c, a, p)`` reads each dimension the rules and stages use once into a local (from
+the config ``c``, the architecture's attributes ``a`` and the runner pin ``p``), tests every
+rule's conditions and ORs the rule's bit into a mask, finds the first matching rollout stage,
+and returns ``(mask, stage_index, values)`` where ``values`` are the dimension values of the
+matched rules (the part of the outcome that depends on the config; None when nothing matched).
+The source is kept on the pack (``Pack.compiled_source``); the only names it uses besides its
+arguments are the frozensets bound in its own namespace.
 """
 
 from __future__ import annotations
@@ -12,34 +15,23 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from oracle.compile_types import ArchInfo, CompiledRule, CompiledStage
-from oracle.conditions import dimension_expr
+from oracle.conditions import Condition, dimension_expr
+
+Evaluate = Callable[[Any, ArchInfo, str], tuple[int, int, tuple[Any, ...] | None]]
+Getter = Callable[[Any, ArchInfo, str], Any]
 
 
 def _local(dim: str) -> str:
     return f"v_{dim}"
 
 
-def _conditions_source(conds: Sequence[Any], consts: dict[str, Any]) -> str:
+def _conditions_source(conds: Sequence[Condition], consts: dict[str, Any]) -> str:
     return " and ".join(f"({c.source(consts, _local(c.dim))})" for c in conds)
 
 
-def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage]
-             ) -> tuple[Callable[[Any, ArchInfo, str], int], Callable[[Any, ArchInfo, str], int],
-                        dict[str, Callable[[Any, ArchInfo, str], Any]], str]:
-    """(match, cohort, getters, source) for the given rules and stages."""
-    consts: dict[str, Any] = {}
-    rule_dims = sorted({c.dim for r in rules for c in r.conditions})
-    lines = ["def match(c, a, p):"]
-    lines += [f"    {_local(d)} = {dimension_expr(d)}" for d in rule_dims]
-    lines.append("    m = 0")
-    for r in rules:
-        lines.append(f"    if {_conditions_source(r.conditions, consts)}:  # {r.id}")
-        lines.append(f"        m |= {1 << r.index}")
-    lines.append("    return m")
-
-    stage_dims = sorted({c.dim for s in stages for c in s.conditions} | {"family"})
-    lines.append("def cohort(c, a, p):")
-    lines += [f"    {_local(d)} = {dimension_expr(d)}" for d in stage_dims]
+def _stage_lines(stages: Sequence[CompiledStage], consts: dict[str, Any]) -> list[str]:
+    lines = ["    idx = -1"]
+    keyword = "if"
     for s in stages:
         parts: list[str] = []
         if s.families:
@@ -48,16 +40,40 @@ def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage]
             parts.append(f"{_local('family')} in {name}")
         if s.conditions:
             parts.append(_conditions_source(s.conditions, consts))
-        if parts:
-            lines.append(f"    if {' and '.join(parts)}:  # {s.id}")
-            lines.append(f"        return {s.index}")
-        else:
-            lines.append(f"    return {s.index}  # {s.id}")
+        if not parts:
+            lines.append(f"    {'else' if keyword == 'elif' else 'if True'}:  # {s.id}")
+            lines.append(f"        idx = {s.index}")
             break
-    else:
-        lines.append("    return -1")
+        lines.append(f"    {keyword} {' and '.join(parts)}:  # {s.id}")
+        lines.append(f"        idx = {s.index}")
+        keyword = "elif"
+    return lines
 
-    all_dims = sorted({d for r in rules for d in r.dims} | set(stage_dims))
+
+def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage]
+             ) -> tuple[Evaluate, dict[str, Getter], str]:
+    """(evaluate, getters, source) for the given rules and stages."""
+    consts: dict[str, Any] = {}
+    hoisted = sorted({c.dim for r in rules for c in r.conditions}
+                     | {c.dim for s in stages for c in s.conditions} | {"family"})
+    lines = ["def evaluate(c, a, p):"]
+    lines += [f"    {_local(d)} = {dimension_expr(d)}" for d in hoisted]
+    lines.append("    m = 0")
+    for r in rules:
+        lines.append(f"    if {_conditions_source(r.conditions, consts)}:  # {r.id}")
+        lines.append(f"        m |= {1 << r.index}")
+    lines += _stage_lines(stages, consts)
+    lines.append("    if not m:")
+    lines.append("        return 0, idx, None")
+    lines.append("    out = ()")
+    for r in rules:
+        if r.dims:
+            items = "".join(f"{_local(d) if d in hoisted else dimension_expr(d)}, "
+                            for d in r.dims)
+            lines.append(f"    if m & {1 << r.index}:")
+            lines.append(f"        out += ({items})")
+    lines.append("    return m, idx, out")
+    all_dims = sorted({d for r in rules for d in r.dims} | set(hoisted))
     for d in all_dims:
         lines.append(f"def get_{d}(c, a, p):")
         lines.append(f"    return {dimension_expr(d)}")
@@ -65,4 +81,4 @@ def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage]
     namespace: dict[str, Any] = dict(consts)
     exec(compile(source, "<policy pack>", "exec"), namespace)  # our own generated code
     getters = {d: namespace[f"get_{d}"] for d in all_dims}
-    return namespace["match"], namespace["cohort"], getters, source
+    return namespace["evaluate"], getters, source

@@ -31,6 +31,12 @@ class FrozenMap(Mapping[str, str]):
     def __getitem__(self, key: str) -> str:
         return self._map[key]
 
+    def get(self, key: str, default: Any = None) -> Any:  # dict speed on the decide path
+        return self._map.get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._map
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._map)
 

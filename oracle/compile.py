@@ -1,10 +1,11 @@
 """Load, check and compile a policy pack (the three YAML files of one folder) once.
 
 The result, :class:`PackData`, holds the checked rules and stages, the architecture table
-(families.yaml resolved per architecture) and two generated Python functions: ``match(c, a)``
-returns the bitmask of rules whose ``when`` holds, ``cohort(c, a)`` the index of the first
-rollout stage the deployment belongs to (-1: none). Generating straight-line code from closed
-domains is what makes a cold decision cost microseconds (DESIGN §3.5).
+(families.yaml resolved per architecture) and one generated Python function,
+``evaluate(c, a, p)``: the bitmask of rules whose ``when`` holds, the index of the first rollout
+stage the deployment belongs to (-1: none) and the matched rules' values (oracle.codegen).
+Generating straight-line code from closed domains is what makes a cold decision cost
+microseconds (DESIGN §3.5).
 """
 
 from __future__ import annotations
@@ -275,13 +276,13 @@ def compile_pack(folder: Path) -> PackData:
     stages = comp.stages(rollout, domains, labels)
     messages = comp.messages(matrix)
     comp._raise()
-    match, cohort, getters, source = generate(rules, stages)
+    evaluate, getters, source = generate(rules, stages)
     meta = matrix.pack
     return PackData(
         name=meta.name, path=folder, description=meta.description, env_var=meta.env_var,
         env_parse=meta.env_parse, reference=meta.reference, messages=messages,
         domains=domains, rules=rules, stages=stages, archs=archs, family_labels=labels,
         family_defaults=family_defaults, kill_switch=rollout.kill_switch,
-        default_runner=rollout.default_runner, digest=_digest(folder, comp.included), match=match,
-        cohort=cohort, getters=getters, source=source,
+        default_runner=rollout.default_runner, digest=_digest(folder, comp.included),
+        evaluate=evaluate, getters=getters, source=source,
         warnings=[i for i in comp.issues if i.severity == "warning"])

@@ -38,12 +38,8 @@ class Template:
     text: str
 
     def render(self, values: Mapping[str, Any]) -> str:
-        return self.text.format_map(_Values(values))
-
-
-class _Values(dict[str, Any]):
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
+        """The text with its placeholders filled (checked against ``values`` at load)."""
+        return self.text.format_map(values)
 
 
 @dataclass(frozen=True)
@@ -96,8 +92,8 @@ class PackData:
     kill_switch: bool
     default_runner: str
     digest: str
-    match: Callable[[Any, ArchInfo, str], int]
-    cohort: Callable[[Any, ArchInfo, str], int]
+    # (config, attributes, pin) -> (rule mask, stage index or -1, matched rules' values)
+    evaluate: Callable[[Any, ArchInfo, str], tuple[int, int, tuple[Any, ...] | None]]
     getters: dict[str, Callable[[Any, ArchInfo, str], Any]]
     source: str = ""
     warnings: list[Issue] = field(default_factory=list)

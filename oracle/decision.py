@@ -6,14 +6,13 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 RunnerName = Literal["v1", "v2"]
 ReasonCode = Literal["STATIC", "TARGETING_MATCH", "SPLIT", "DISABLED", "DEFAULT", "ERROR"]
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+class Message(NamedTuple):
     """One log line in vLLM's shape; ``level`` is "INFO" or "WARNING"."""
 
     level: str
@@ -23,8 +22,7 @@ class Message:
         return {"level": self.level, "message": self.message}
 
 
-@dataclass(frozen=True, slots=True)
-class Reason:
+class Reason(NamedTuple):
     """Why the decision went the way it did: a rule (or a rollout step) and what matched.
 
     ``rule_id`` is stable (rules keep their ids across pack versions; rollout steps use
@@ -45,8 +43,7 @@ class Reason:
                 "reference": self.reference or None}
 
 
-@dataclass(frozen=True, slots=True)
-class CanaryOutcome:
+class CanaryOutcome(NamedTuple):
     """The canary that applied: its cohort, state, and whether this deployment is in it."""
 
     cohort: str
@@ -59,9 +56,10 @@ class CanaryOutcome:
                 "included": self.included}
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """The oracle's answer for one deployment (DESIGN §3.4), shipped to every process.
+
+    An immutable named tuple (cheap to build: a cold decision costs microseconds).
 
     ``runner`` is None when no runner can honour the config (a pin with hard blockers, a
     config neither runner serves, an invalid runner variable); ``error`` then says why.

@@ -147,8 +147,9 @@ class Pack:
             snap = canaries.digest
         digest = hashlib.sha256(f"{self.digest}:{snap}".encode()).hexdigest()[:16]
         with self._lock:
-            self._views[canaries] = (view, digest)
-        return view, digest
+            self._views.setdefault(canaries, (view, digest))
+            self._caches.setdefault(canaries, {})
+        return self._views[canaries]
 
     def policy_digest(self, canaries: CanarySnapshot | None = None) -> str:
         """Content hash of this pack together with the canary snapshot (None: the defaults)."""
@@ -162,6 +163,7 @@ class Pack:
             return last[2]  # type: ignore[no-any-return]
         cache = self._caches.get(canaries)
         if cache is None:
+            self._view(canaries)
             with self._lock:
                 cache = self._caches.setdefault(canaries, {})
         d = cache.get(config)
@@ -175,15 +177,22 @@ class Pack:
 
     def _decide_uncached(self, c: DeploymentConfig, canaries: CanarySnapshot | None
                          ) -> Decision:
-        view, digest = self._view(canaries)
-        a = self._arch(c)
-        mode = "auto" if self._data.env_var not in c.env else "pinned"
+        view, digest = self._views[canaries]
+        data = self._data
+        found = data.archs.get(c.architecture) if c.family is None else None  # type: ignore[arg-type]
+        a = found if found is not None else self._arch(c)
         if isinstance(a, str):
+            mode = "auto" if data.env_var not in c.env else "pinned"
             return self._error(c, "v1", mode, a, "unknown_architecture", digest)
-        try:
-            pin = self._pin(c.env.get(self._data.env_var))
-        except OracleError as exc:
-            return self._error(c, None, "pinned", exc.message, "invalid_env", digest, a.family)
+        raw = c.env.get(data.env_var)
+        if raw is None:
+            pin = "auto"
+        else:
+            try:
+                pin = self._pin(raw)
+            except OracleError as exc:
+                return self._error(c, None, "pinned", exc.message, "invalid_env", digest,
+                                   a.family)
         return self._eval.resolve(c, a, pin, view, digest)
 
     def _arch(self, c: DeploymentConfig) -> ArchInfo | str:

@@ -62,37 +62,28 @@ class Evaluator:
         self.m_blockers = mask(lambda r: r.effect == "blocks_v2" and not r.prerequisite)
         self.m_hard = mask(lambda r: r.effect == "blocks_v2" and r.severity == "hard")
         self.m_prefers = mask(lambda r: r.effect == "prefers_v1")
-        self._dims_for_mask: dict[int, tuple[Any, ...]] = {}
         self.memo: dict[tuple[Any, ...], Decision] = {}
+        self._facts: dict[tuple[int, tuple[Any, ...]], tuple[Reason, str, dict[str, Any]]] = {}
 
     # -- entry -------------------------------------------------------------------------------
-
-    def matched_values(self, mask: int, c: Any, a: ArchInfo, p: str) -> tuple[Any, ...]:
-        getters = self._dims_for_mask.get(mask)
-        if getters is None:
-            dims = dict.fromkeys(d for i in _bits(mask) for d in self.pd.rules[i].dims)
-            getters = tuple(self.pd.getters[d] for d in dims)
-            self._dims_for_mask[mask] = getters
-        return tuple(g(c, a, p) for g in getters)
 
     def resolve(self, c: Any, a: ArchInfo, pin: str, view: tuple[Any, ...],
                 digest: str) -> Decision:
         """The Decision for config ``c`` of architecture ``a``, runner pin ``pin`` ("auto",
         "v1", "v2") and canary ``view`` (kill switch, then (enabled, percentage) per stage)."""
         pd = self.pd
-        m = pd.match(c, a, pin)
-        idx = pd.cohort(c, a, pin)
+        m, idx, values = pd.evaluate(c, a, pin)
         included = None
-        if idx >= 0 and view[1 + idx][0] and view[1 + idx][1] < 100:
-            st = pd.stages[idx]
-            dep = c.deployment_id
-            included = dep is not None and bucket(st.id, dep) < view[1 + idx][1] * 100
-        vals = self.matched_values(m, c, a, pin) if m else ()
-        key = (m, pin, id(a), idx, view, included, vals, digest)
+        if idx >= 0:
+            enabled, pct = view[1 + idx]
+            if enabled and pct < 100:
+                dep = c.deployment_id
+                included = dep is not None and bucket(pd.stages[idx].id, dep) < pct * 100
+        key = (m, pin, id(a), idx, id(view), included, values)
         hit = self.memo.get(key)
-        if hit is not None:
+        if hit is not None and hit.policy_digest is digest:
             return hit
-        d = self._build(c, a, m, pin, idx, view, included, digest)
+        d = self._build(c, a, m, pin, idx, view, included, digest, values)
         if len(self.memo) > 200_000:
             self.memo.clear()
         self.memo[key] = d
@@ -100,20 +91,33 @@ class Evaluator:
 
     # -- resolution --------------------------------------------------------------------------
 
+    def _rule_facts(self, rule: CompiledRule, vals: tuple[Any, ...]
+                    ) -> tuple[Reason, str, dict[str, Any]]:
+        """(Reason, rendered label, values by dimension) of a matched rule; memoised."""
+        key = (rule.index, vals)
+        hit = self._facts.get(key)
+        if hit is None:
+            values = dict(zip(rule.dims, vals, strict=True))
+            label = rule.label.render(values)
+            tested = {cond.dim: values[cond.dim] for cond in rule.conditions}
+            hit = (Reason(rule.id, label, rule.severity, rule.effect, tested, rule.reference),
+                   label, values)
+            if len(self._facts) > 100_000:
+                self._facts.clear()
+            self._facts[key] = hit
+        return hit
+
     def _values(self, x: _Ctx, rule: CompiledRule) -> dict[str, Any]:
-        return {d: self.pd.getters[d](x.c, x.a, x.p) for d in rule.dims}
+        return x.facts[rule.index][2]
 
     def _reason(self, x: _Ctx, rule: CompiledRule) -> Reason:
-        values = self._values(x, rule)
-        tested = {cond.dim: values[cond.dim] for cond in rule.conditions}
-        return Reason(rule.id, rule.label.render(values), rule.severity, rule.effect, tested,
-                      rule.reference)
+        return x.facts[rule.index][0]
 
     def _rules(self, mask: int) -> list[CompiledRule]:
         return [self.pd.rules[i] for i in _bits(mask)]
 
     def _labels(self, x: _Ctx, mask: int) -> str:
-        return ", ".join(r.label.render(self._values(x, r)) for r in self._rules(mask))
+        return ", ".join(x.facts[i][1] for i in _bits(mask))
 
     def _add_reasons(self, x: _Ctx, mask: int) -> None:
         x.reasons += [self._reason(x, r) for r in self._rules(mask)]
@@ -137,8 +141,15 @@ class Evaluator:
                         error, x.digest, error_code, self.pd.name)
 
     def _build(self, c: Any, a: ArchInfo, m: int, pin: str, idx: int,
-               view: tuple[Any, ...], included: bool | None, digest: str) -> Decision:
+               view: tuple[Any, ...], included: bool | None, digest: str,
+               values: tuple[Any, ...] | None) -> Decision:
         x = _Ctx(c, a, pin, self.pd.stages[idx] if idx >= 0 else None, digest)
+        offset = 0
+        for i in _bits(m):  # values holds the matched rules' dimension values, in rule order
+            rule = self.pd.rules[i]
+            n = len(rule.dims)
+            x.facts[i] = self._rule_facts(rule, values[offset:offset + n])  # type: ignore[index]
+            offset += n
         forced = m & self.m_forces
         b1 = m & self.m_blocks_v1
         if forced:
@@ -258,13 +269,14 @@ class Evaluator:
 class _Ctx:
     """One resolution in progress: the inputs and the messages and reasons gathered so far."""
 
-    __slots__ = ("a", "c", "digest", "messages", "p", "reasons", "stage")
+    __slots__ = ("a", "c", "digest", "facts", "messages", "p", "reasons", "stage")
 
     def __init__(self, c: Any, a: ArchInfo, p: str, stage: CompiledStage | None,
                  digest: str) -> None:
         self.c, self.a, self.p, self.stage, self.digest = c, a, p, stage, digest
         self.messages: list[Message] = []
         self.reasons: list[Reason] = []
+        self.facts: dict[int, tuple[Reason, str, dict[str, Any]]] = {}
 
 
 def default_view(stages: Sequence[CompiledStage], kill_switch: bool) -> tuple[Any, ...]:

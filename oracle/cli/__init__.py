@@ -54,8 +54,12 @@ def _root() -> None:
 
 def _register_oracle_commands() -> None:
     from oracle.cli.decide_cmd import decide
+    from oracle.cli.pack_cmds import explain, lint, matrix
 
     app.command(name="decide")(decide)
+    app.command(name="explain")(explain)
+    app.command(name="lint")(lint)
+    app.command(name="matrix")(matrix)
 
 
 _register_oracle_commands()

@@ -1,0 +1,162 @@
+"""Oracle speed on one core: decisions/s warm and cold, and the time to enumerate every cell.
+
+    .venv/bin/python benchmarks/oracle_bench.py [--pack turnout] [--n 200000]
+
+- warm: the same config decided again and again (the embedded call at steady state);
+- warm_equal: equal but distinct config objects (a service deciding repeated requests);
+- cold: fresh configs never decided before (random draws over the pack's closed domains and
+  every architecture), after the process has decided as many other fresh configs (the
+  outcome memo of a long-running process);
+- cold_no_memo: fresh configs with every cache emptied before each decision (the full
+  resolution, building the Decision from scratch);
+- enumerate: the whole matrix of each shipped pack (cells, seconds).
+
+Prints human lines, then one JSON object on the last line. Timings come from time.perf_counter
+over whole loops, best of --repeats runs; the process is pinned to one CPU where the OS allows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import time
+from typing import Any
+
+from oracle import DeploymentConfig, decide, enumerate_matrix, load_pack
+from oracle.pack import Pack
+
+
+def _pin_one_core() -> str:
+    if hasattr(os, "sched_setaffinity"):
+        cpu = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpu})
+        return f"cpu {cpu}"
+    return "not pinned"
+
+
+def _fresh_configs(pack: Pack, n: int, seed: int) -> list[DeploymentConfig]:
+    rng = random.Random(seed)
+    archs = sorted(pack.architectures)
+    dims = {d: v for d, v in pack.domains.items()
+            if v and d not in ("family", "architecture", "runner_pin", "quantized", "pooling",
+                               "is_moe", "attention_free", "use_mla", "is_multimodal",
+                               "is_encoder_decoder", "is_hybrid", "is_diffusion")}
+    out = []
+    for i in range(n):
+        fields: dict[str, Any] = {"architecture": rng.choice(archs), "deployment_id": f"d{i}"}
+        for dim, domain in dims.items():
+            if rng.random() < 0.15:
+                fields[dim] = rng.choice(domain)
+        out.append(DeploymentConfig(**fields))
+    return out
+
+
+def _calibration_us() -> float:
+    """Best-of-5 time of sum(range(1000)) in microseconds: how fast this Python is right now
+    (load from other processes on shared machines shows up here)."""
+    import timeit
+
+    return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
+
+
+def _rate(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 else float("inf")
+
+
+def _best_rate(runs: list[tuple[int, float]]) -> float:
+    return max(_rate(n, t) for n, t in runs)
+
+
+def bench_warm(pack: Pack, n: int, repeats: int) -> tuple[float, float]:
+    cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram")
+    decide(cfg, pack=pack)
+    runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            decide(cfg, pack=pack)
+        runs.append((n, time.perf_counter() - t0))
+    copies = [DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram")
+              for _ in range(min(n, 50_000))]
+    equal_runs = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for c in copies:
+            decide(c, pack=pack)
+        equal_runs.append((len(copies), time.perf_counter() - t0))
+    return _best_rate(runs), _best_rate(equal_runs)
+
+
+def _clear(pack: Pack, *, memo: bool) -> None:
+    # A benchmark measures the uncached paths on purpose.
+    pack._caches.clear()
+    pack._last = (None, None, None)
+    if memo:
+        pack._eval.memo.clear()
+
+
+def bench_cold(pack: Pack, n: int, seed: int, repeats: int) -> tuple[float, float]:
+    """(steady-state cold, caches-emptied cold): each run decides its own fresh configs."""
+    _clear(pack, memo=True)
+    for c in _fresh_configs(pack, n, seed + 1000):  # a long-running process's outcome memo
+        decide(c, pack=pack)
+    runs, empty_runs = [], []
+    for r in range(repeats):
+        configs = _fresh_configs(pack, n, seed + r)
+        _clear(pack, memo=False)
+        t0 = time.perf_counter()
+        for c in configs:
+            decide(c, pack=pack)
+        runs.append((len(configs), time.perf_counter() - t0))
+        few = _fresh_configs(pack, n // 10, seed + 100 + r)
+        t0 = time.perf_counter()
+        for c in few:
+            _clear(pack, memo=True)
+            decide(c, pack=pack)
+        empty_runs.append((len(few), time.perf_counter() - t0))
+    return _best_rate(runs), _best_rate(empty_runs)
+
+
+def bench_enumerate(name: str) -> dict[str, float]:
+    pack = load_pack(name)
+    _clear(pack, memo=True)
+    t0 = time.perf_counter()
+    cells = sum(1 for _ in enumerate_matrix(pack))
+    return {"cells": cells, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pack", default="turnout")
+    ap.add_argument("--n", type=int, default=200_000, help="decisions per warm measurement")
+    ap.add_argument("--repeats", type=int, default=5, help="runs per figure (best is kept)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    where = _pin_one_core()
+    pack = load_pack(args.pack)
+    warm, warm_equal = bench_warm(pack, args.n, args.repeats)
+    n_cold = max(1000, args.n // 10)
+    cold, cold_no_memo = bench_cold(pack, n_cold, args.seed, args.repeats)
+    enum = {name: bench_enumerate(name) for name in ("turnout", "vllm-0.31")}
+    result = {
+        "pack": args.pack, "python": platform.python_version(), "machine": platform.machine(),
+        "cpu": where, "calibration_sum_range_1000_us": round(_calibration_us(), 2),
+        "load_average_1m": round(os.getloadavg()[0], 2), "warm_decisions_per_s": round(warm),
+        "warm_equal_decisions_per_s": round(warm_equal), "cold_decisions_per_s": round(cold),
+        "cold_no_memo_decisions_per_s": round(cold_no_memo), "n_cold": n_cold,
+        "enumerate": enum,
+    }
+    print(f"warm (same config):            {warm:>12,.0f} decisions/s")
+    print(f"warm (equal configs):          {warm_equal:>12,.0f} decisions/s")
+    print(f"cold (fresh configs):          {cold:>12,.0f} decisions/s")
+    print(f"cold (fresh, caches emptied):  {cold_no_memo:>12,.0f} decisions/s")
+    for name, e in enum.items():
+        print(f"enumerate {name:<10} {e['cells']:>8,} cells in {e['seconds']:.3f} s")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

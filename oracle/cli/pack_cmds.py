@@ -1,0 +1,150 @@
+"""``turnout explain``, ``turnout lint`` and ``turnout matrix``."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from oracle.cli.decide_cmd import (
+    ArchOpt,
+    Argv,
+    CanOpt,
+    EnvOpt,
+    HfOpt,
+    IdOpt,
+    JsonOpt,
+    PackOpt,
+    PlatOpt,
+    SetOpt,
+    fail,
+    gather,
+)
+from oracle.cli.inputs import Overrides, load_canaries
+from oracle.cli.render import EXIT_BAD_INPUT, exit_code, print_one
+from oracle.errors import OracleError
+from oracle.explain import explain as explain_config
+from oracle.lint import lint_pack
+from oracle.matrix import CellChange, diff_matrix, enumerate_matrix
+from oracle.pack import load_pack
+
+
+def explain(
+    argv: Argv = None,
+    pack: PackOpt = "turnout",
+    spec: Annotated[Path | None, typer.Option("--spec", help="a spec with one deployment")] = None,
+    as_json: JsonOpt = False,
+    architecture: ArchOpt = None,
+    hf_config: HfOpt = None,
+    platform: PlatOpt = None,
+    deployment_id: IdOpt = None,
+    env: EnvOpt = None,
+    sets: SetOpt = None,
+    canaries: CanOpt = None,
+) -> None:
+    """Why a deployment gets its runner, and the smallest changes that would reach V2."""
+    console = Console()
+    ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
+                   tuple(sets or ()))
+    try:
+        the_pack = load_pack(pack)
+        snapshot = load_canaries(canaries)
+        items = gather(argv, spec, None, ov)
+    except OracleError as exc:
+        raise fail(console, exc) from None
+    if len(items) != 1 or items[0].config is None:
+        bad = [i for i in items if i.config is None]
+        msg = bad[0].error if bad else "explain takes exactly one deployment"
+        console.print(f"[red]error[/]: {msg}", highlight=False)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    ex = explain_config(items[0].config, pack=the_pack, canaries=snapshot)
+    if as_json:
+        print(json.dumps(ex.to_json()))
+    else:
+        print_one(console, items[0], ex.decision)
+        if ex.note:
+            console.print(ex.note, highlight=False)
+        for s in ex.suggestions:
+            console.print(f"  [green]→ V2[/] ({s.kind}, {s.decision.reason_code}): {s}",
+                          highlight=False)
+    raise typer.Exit(exit_code([(items[0], ex.decision)]))
+
+
+def lint(
+    pack_dir: Annotated[str, typer.Argument(help="pack name or folder")] = "turnout",
+) -> None:
+    """Check a pack: schema, references, dead or shadowed rules, stages. Exit 1 on errors."""
+    try:
+        issues = lint_pack(pack_dir)
+    except OracleError as exc:
+        raise fail(Console(stderr=True), exc) from None
+    for issue in issues:
+        print(issue)
+    errors = sum(i.severity == "error" for i in issues)
+    print(f"{pack_dir}: {errors} error(s), {len(issues) - errors} warning(s)")
+    raise typer.Exit(1 if errors else 0)
+
+
+def matrix(
+    pack: PackOpt = "turnout",
+    diff: Annotated[str | None, typer.Option("--diff", help="another pack to compare")] = None,
+    canaries: CanOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Every cell of the pack's closed domains, tabulated per family (or changed cells)."""
+    console = Console()
+    try:
+        the_pack = load_pack(pack)
+        other = load_pack(diff) if diff else None
+        snapshot = load_canaries(canaries)
+    except OracleError as exc:
+        raise fail(console, exc) from None
+    if other is not None:
+        _print_diff(console, the_pack.name, other.name,
+                    list(diff_matrix(the_pack, other, snapshot)), as_json)
+        return
+    stats: dict[str, Counter[str]] = defaultdict(Counter)
+    reasons: dict[str, Counter[str]] = defaultdict(Counter)
+    total = 0
+    for cell in enumerate_matrix(the_pack, snapshot):
+        total += 1
+        stats[cell.family][cell.decision.runner or "error"] += 1
+        reasons[cell.family].update(r.rule_id for r in cell.decision.reasons
+                                    if not r.rule_id.startswith("pin."))
+    if as_json:
+        print(json.dumps({"pack": the_pack.name, "cells": total,
+                          "families": {f: {"runners": dict(stats[f]),
+                                           "reasons": dict(reasons[f].most_common())}
+                                       for f in sorted(stats)}}))
+        return
+    table = Table("family", "cells", "V2", "V1", "error", "top reasons",
+                  title=f"{the_pack.name}: {total} cells")
+    labels = the_pack.families
+    for fam in sorted(stats):
+        s = stats[fam]
+        table.add_row(labels.get(fam, fam), str(sum(s.values())), str(s["v2"]), str(s["v1"]),
+                      str(s["error"]), ", ".join(f"{k} ({n})" for k, n in
+                                                 reasons[fam].most_common(3)))
+    console.print(table)
+
+
+def _print_diff(console: Console, a: str, b: str, changes: list[CellChange],
+                as_json: bool) -> None:
+    groups: Counter[tuple[str, str, str, str]] = Counter(
+        (c.scenario, c.pin, c.before.runner or "error", c.after.runner or "error")
+        for c in changes)
+    if as_json:
+        print(json.dumps({"from": a, "to": b, "changed_cells": len(changes),
+                          "groups": [{"scenario": s, "pin": p, "from": x, "to": y, "cells": n}
+                                     for (s, p, x, y), n in groups.most_common()]}))
+        return
+    table = Table("scenario", "pin", f"{a}", f"{b}", "cells",
+                  title=f"{len(changes)} cells change runner from {a} to {b}")
+    for (s, p, x, y), n in groups.most_common():
+        table.add_row(s, p, x, y, str(n))
+    console.print(table)

@@ -1,0 +1,147 @@
+"""enumerate_matrix(): every cell of a pack's closed domains, with its Decision.
+
+A cell is one architecture x one runner pin (auto, v1, v2) x one scenario. Scenarios are the
+default deployment; the default with one deployment dimension set to another value of its
+closed domain (every value of every dimension the pack declares); and, for each rule, its
+witness: the smallest setting that makes the rule's ``when`` hold (so rules over two
+dimensions, such as pipeline parallelism with external_launcher, fire in the grid too).
+This is the capability matrix an operator reads: rows are families, columns features.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from oracle.compile_types import CompiledRule
+from oracle.config import DeploymentConfig
+from oracle.decision import CanarySnapshot, Decision
+from oracle.fields import FIELD_INFO
+from oracle.pack import Pack
+
+PINS = ("auto", "v1", "v2")
+_BASE = DeploymentConfig()
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A column: its id and the config fields it sets (sorted (field, value) pairs)."""
+
+    id: str
+    changes: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Cell:
+    architecture: str
+    family: str
+    pin: str
+    scenario: Scenario
+    config: DeploymentConfig
+    decision: Decision
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.architecture, self.pin, self.scenario.id)
+
+
+def _settable(dim: str) -> bool:
+    info = FIELD_INFO.get(dim)
+    return info is not None and info.changeable and info.kind not in ("env",)
+
+
+def _witness(rule: CompiledRule, pack: Pack) -> tuple[tuple[str, Any], ...] | None:
+    """The first non-default domain value of each settable tested dimension that satisfies
+    the rule (None when a tested dimension cannot be set or nothing satisfies it)."""
+    out = []
+    for cond in rule.conditions:
+        if not _settable(cond.dim):
+            continue  # model facts and the pin come from the row / the pin axis
+        default = getattr(_BASE, cond.dim)
+        domain = pack.domains.get(cond.dim) or ()
+        values = [v for v in domain if v != default and cond.test(v)]
+        if cond.test(default):
+            continue
+        if not values:
+            return None
+        out.append((cond.dim, values[0]))
+    return tuple(sorted(out))
+
+
+def scenarios(pack: Pack) -> list[Scenario]:
+    """The columns of the pack's matrix (see the module docstring)."""
+    out: dict[tuple[tuple[str, Any], ...], str] = {(): "default"}
+    for dim, domain in pack.domains.items():
+        if not _settable(dim) or not domain:
+            continue
+        default = getattr(_BASE, dim)
+        for value in domain:
+            if value != default:
+                out.setdefault(((dim, value),), f"{dim}={_text(value)}")
+    for rule in pack.data.rules:
+        changes = _witness(rule, pack)
+        if changes:
+            out.setdefault(changes, f"rule:{rule.id}")
+    return [Scenario(name, changes) for changes, name in out.items()]
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, tuple):
+        return "[" + ",".join(v) + "]"
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def enumerate_matrix(pack: Pack, canaries: CanarySnapshot | None = None, *,
+                     columns: Sequence[Scenario] | None = None,
+                     architectures: Sequence[str] | None = None) -> Iterator[Cell]:
+    """Yield every cell (architecture x pin x scenario) with its Decision under ``pack``."""
+    cols = list(columns) if columns is not None else scenarios(pack)
+    archs = pack.architectures
+    names = list(architectures) if architectures is not None else sorted(archs)
+    pin_envs = {pin: pack.pin_env(None if pin == "auto" else pin) for pin in PINS}
+    for arch in names:
+        info = archs.get(arch)
+        family = info.family if info is not None else "(unknown)"
+        row = _BASE._trusted_replace({"architecture": arch})
+        for pin in PINS:
+            base = row._trusted_replace({"env": _frozen(pin_envs[pin])}) if pin != "auto" else row
+            for col in cols:
+                cfg = base._trusted_replace(dict(col.changes)) if col.changes else base
+                yield Cell(arch, family, pin, col, cfg, pack.decide(cfg, canaries))
+
+
+def _frozen(env: dict[str, str]) -> Any:
+    from oracle.coerce import FrozenMap
+
+    return FrozenMap(env)
+
+
+@dataclass(frozen=True)
+class CellChange:
+    """A cell whose runner differs between two packs."""
+
+    architecture: str
+    family: str
+    pin: str
+    scenario: str
+    before: Decision
+    after: Decision
+
+
+def diff_matrix(pack: Pack, other: Pack, canaries: CanarySnapshot | None = None
+                ) -> Iterator[CellChange]:
+    """The cells (over both packs' architectures and scenarios) whose runner differs.
+
+    The pin axis uses each pack's own runner variable."""
+    cols: dict[tuple[tuple[str, Any], ...], Scenario] = {}
+    for p in (pack, other):
+        for s in scenarios(p):
+            cols.setdefault(s.changes, s)
+    archs = sorted(set(pack.architectures) | set(other.architectures))
+    a_cells = enumerate_matrix(pack, canaries, columns=list(cols.values()), architectures=archs)
+    b_cells = enumerate_matrix(other, None, columns=list(cols.values()), architectures=archs)
+    for a, b in zip(a_cells, b_cells, strict=True):
+        if a.decision.runner != b.decision.runner:
+            yield CellChange(a.architecture, a.family if a.family != "(unknown)" else b.family,
+                             a.pin, a.scenario.id, a.decision, b.decision)

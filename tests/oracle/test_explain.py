@@ -1,0 +1,67 @@
+"""explain(): the smallest changes that reach V2, each really reaching it."""
+
+from __future__ import annotations
+
+from oracle import CanarySnapshot, DeploymentConfig, explain, load_pack
+
+
+def _texts(cfg: DeploymentConfig, **kw: object) -> list[str]:
+    return [str(s) for s in explain(cfg, pack=load_pack("turnout"), **kw).suggestions]
+
+
+def test_ngram_keeps_speculation_with_eagle3_first() -> None:
+    cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram")
+    ex = explain(cfg, pack=load_pack("turnout"))
+    assert ex.decision.runner == "v1"
+    assert str(ex.suggestions[0]) == "speculative_method ngram → eagle3"
+    assert all(s.decision.runner == "v2" for s in ex.suggestions)
+
+
+def test_two_blockers_need_both_changes() -> None:
+    cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="suffix",
+                           enable_elastic_ep=True)
+    assert _texts(cfg) == ["speculative_method suffix → eagle3; enable_elastic_ep true → false"]
+
+
+def test_soft_blocker_offers_the_pin() -> None:
+    cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", enable_dbo=True)
+    texts = _texts(cfg)
+    assert texts == ["enable_dbo true → false", "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1"]
+
+
+def test_stage_off_offers_pin_and_canary() -> None:
+    cfg = DeploymentConfig(architecture="LlamaForCausalLM")
+    ex = explain(cfg, pack=load_pack("turnout"))
+    assert [s.kind for s in ex.suggestions] == ["pin", "canary"]
+    assert str(ex.suggestions[1]) == "canary:llama-mistral-dense off → on 100%"
+
+
+def test_kill_switch_is_named_in_the_canary_change() -> None:
+    cfg = DeploymentConfig(architecture="Qwen3ForCausalLM")
+    texts = _texts(cfg, canaries=CanarySnapshot({}, kill_switch=True))
+    assert "canary:qwen3-canary on 100% (kill switch on) → on 100%" not in texts
+    assert any(t.startswith("canary:qwen3-canary") and "kill switch on" in t for t in texts)
+
+
+def test_pinned_error_is_fixed_under_the_pin() -> None:
+    cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", cpu_offload_gb=8,
+                           env={"TURNOUT_USE_V2_MODEL_RUNNER": "1"})
+    ex = explain(cfg, pack=load_pack("turnout"))
+    assert ex.decision.runner is None
+    assert [str(s) for s in ex.suggestions] == ["cpu_offload_gb 8.0 → 0"]
+    assert ex.suggestions[0].decision.mode == "pinned"
+
+
+def test_model_facts_are_not_suggested() -> None:
+    cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", triton_available=False)
+    assert _texts(cfg) == ["triton_available false → true"]
+    moe = DeploymentConfig(architecture="Qwen3MoeForCausalLM")
+    assert all("is_moe" not in t and "architecture" not in t for t in _texts(moe))
+
+
+def test_already_v2_and_unknown_architecture() -> None:
+    pack = load_pack("turnout")
+    assert explain(DeploymentConfig(architecture="Qwen3ForCausalLM"), pack=pack).note == \
+        "already V2"
+    ex = explain(DeploymentConfig(architecture="Nope"), pack=pack)
+    assert ex.suggestions == () and ex.note.startswith("fix the input first")

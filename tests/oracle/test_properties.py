@@ -1,0 +1,148 @@
+"""Property tests over random deployments (hypothesis), for both shipped packs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from oracle import DeploymentConfig, decide, explain, load_pack
+from oracle.fields import FIELDS
+
+PACKS = {name: load_pack(name) for name in ("turnout", "vllm-0.31")}
+ARCHS = sorted(PACKS["turnout"].architectures)
+PIN_VALUES = [None, "0", "1", "true", "2", ""]
+
+
+def _field_strategy(name: str, kind: str, vocab: tuple[str, ...] | None) -> Any:
+    if name == "architecture":
+        return st.sampled_from([*ARCHS[::7], "UnknownForCausalLM", None])
+    if name in ("deployment_id",):
+        return st.one_of(st.none(), st.text("abcdef0123456789-", min_size=1, max_size=8))
+    if kind in ("bool", "opt_bool"):
+        return st.sampled_from([None, False, True] if kind == "opt_bool" else [False, True])
+    if kind == "enum":
+        return st.sampled_from(list(vocab or ()))
+    if kind == "int":
+        return st.sampled_from([1, 2, 4]) if name.endswith("_size") else st.sampled_from([0, 3])
+    if kind == "float":
+        return st.sampled_from([0.0, 2.0])
+    if kind == "list":
+        return st.sampled_from([(), ("pkg.mod:Proc",)])
+    return None
+
+
+_SKIP = {"model", "model_type", "family", "env", "architecture", "deployment_id"}
+_FIELD_STRATEGIES = {f.name: s for f in FIELDS if f.name not in _SKIP
+                     and (s := _field_strategy(f.name, f.kind, f.vocab)) is not None}
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> DeploymentConfig:
+    fields = {name: draw(strat) for name, strat in _FIELD_STRATEGIES.items()
+              if draw(st.integers(0, 3)) == 0}  # most fields stay at their defaults
+    fields["architecture"] = draw(_field_strategy("architecture", "str", None))
+    fields["deployment_id"] = draw(_field_strategy("deployment_id", "str", None))
+    pin = draw(st.sampled_from(PIN_VALUES))
+    if pin is not None:
+        var = draw(st.sampled_from(["TURNOUT_USE_V2_MODEL_RUNNER", "VLLM_USE_V2_MODEL_RUNNER"]))
+        fields["env"] = {var: pin}
+    return DeploymentConfig(**fields)
+
+
+def _interpreted_mask(pack_name: str, cfg: DeploymentConfig) -> list[str]:
+    """The rules whose conditions hold, evaluated by Condition.test (not the generated code)."""
+    pack = PACKS[pack_name]
+    data = pack.data
+    arch = data.archs[cfg.architecture]  # type: ignore[index]
+    raw = cfg.env.get(pack.env_var)
+    pin = {"0": "v1", "1": "v2"}.get(raw.strip(), "auto") if raw is not None else "auto"
+
+    def value(dim: str) -> Any:
+        if dim == "family":
+            return arch.family
+        if dim == "quantized":
+            return cfg.quantization != "none"
+        if dim == "runner_pin":
+            return pin
+        if dim == "pooling":
+            rk = cfg.runner_kind if cfg.runner_kind is not None else arch.runner_kind
+            return rk == "pooling"
+        v = getattr(cfg, dim)
+        return getattr(arch, dim) if v is None and hasattr(arch, dim) else v
+
+    return [r.id for r in data.rules if all(c.test(value(c.dim)) for c in r.conditions)]
+
+
+SETTINGS = settings(max_examples=300, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.parametrize("pack_name", sorted(PACKS))
+@SETTINGS
+@given(cfg=configs())
+def test_decide_never_raises_and_is_deterministic(pack_name: str, cfg: DeploymentConfig
+                                                  ) -> None:
+    pack = PACKS[pack_name]
+    d = decide(cfg, pack=pack)
+    again = decide(DeploymentConfig.from_spec(cfg.to_spec()), pack=pack)
+    assert d == again
+    json.dumps(d.to_json())
+    assert d.runner in ("v1", "v2", None)
+    assert (d.runner is None or d.reason_code == "ERROR") == (d.error is not None)
+
+
+@pytest.mark.parametrize("pack_name", sorted(PACKS))
+@SETTINGS
+@given(cfg=configs())
+def test_pin_to_v2_with_hard_blockers_always_errors(pack_name: str, cfg: DeploymentConfig
+                                                    ) -> None:
+    pack = PACKS[pack_name]
+    if cfg.architecture not in pack.architectures:
+        return
+    pinned = cfg.replace(env=pack.pin_env("v2"))
+    hard = {r.id for r in pack.rules if r.effect == "blocks_v2" and r.severity == "hard"}
+    matched = set(_interpreted_mask(pack_name, pinned))
+    d = decide(pinned, pack=pack)
+    if matched & hard:
+        assert d.runner is None and d.error is not None
+        assert d.error_code == "pin_conflict"
+        assert matched & hard <= {r.rule_id for r in d.reasons}
+    else:
+        assert d.runner == "v2" and d.mode == "pinned"
+
+
+@pytest.mark.parametrize("pack_name", sorted(PACKS))
+@SETTINGS
+@given(cfg=configs())
+def test_generated_code_agrees_with_the_conditions(pack_name: str, cfg: DeploymentConfig
+                                                   ) -> None:
+    pack = PACKS[pack_name]
+    if cfg.architecture not in pack.architectures:
+        return
+    raw = cfg.env.get(pack.env_var)
+    if raw is not None and raw.strip() not in ("0", "1"):
+        return
+    arch = pack.data.archs[cfg.architecture]
+    pin = "auto" if raw is None else ("v2" if raw.strip() == "1" else "v1")
+    mask, _, _ = pack.data.evaluate(cfg, arch, pin)
+    compiled = [r.id for r in pack.data.rules if mask >> r.index & 1]
+    assert compiled == _interpreted_mask(pack_name, cfg)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs())
+def test_explain_suggestions_really_reach_v2(cfg: DeploymentConfig) -> None:
+    pack = PACKS["turnout"]
+    ex = explain(cfg, pack=pack)
+    for s in ex.suggestions:
+        assert s.decision.runner == "v2"
+        if s.kind == "config":
+            changed = cfg.replace(**{c.dimension: c.new for c in s.changes})
+            assert decide(changed, pack=pack).runner == "v2"
+        elif s.kind == "pin":
+            assert decide(cfg.replace(env={**cfg.env, **pack.pin_env("v2")}),
+                          pack=pack).runner == "v2"
