@@ -37,6 +37,14 @@ def ours() -> tuple[DecoderModel, Tokenizer]:
 
 
 @pytest.fixture(scope="module")
+def answer(ours: tuple[DecoderModel, Tokenizer]) -> tuple[list[int], list[int]]:
+    """The chat prompt's ids and our greedy continuation (up to EOS, 24 tokens at most)."""
+    model, tok = ours
+    ids = tok.encode(tok.apply_chat_template(QUESTION), add_special_tokens=False)
+    return ids, greedy_generate(model, ids, max_new_tokens=24, eos_token_id=tok.eos_token_id)
+
+
+@pytest.fixture(scope="module")
 def hf() -> tuple[Any, Any]:
     path = _gguf_path()
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -54,20 +62,22 @@ def test_config_from_gguf_header(ours: tuple[DecoderModel, Tokenizer]) -> None:
     assert (c.bos_token_id, c.eos_token_id) == (1, 2)
 
 
-def test_chat_answer_names_paris(ours: tuple[DecoderModel, Tokenizer]) -> None:
-    model, tok = ours
+def test_chat_answer_names_paris(ours: tuple[DecoderModel, Tokenizer],
+                                 answer: tuple[list[int], list[int]]) -> None:
+    tok = ours[1]
     prompt = tok.apply_chat_template(QUESTION, add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
                            "<|im_start|>assistant\n")
-    ids = tok.encode(prompt, add_special_tokens=False)
-    out = greedy_generate(model, ids, max_new_tokens=24, eos_token_id=tok.eos_token_id)
+    assert tok.encode(prompt, add_special_tokens=False) == answer[0]
+    out = answer[1]
     assert out[-1] == tok.eos_token_id, "the answer should end with <|im_end|>"
-    answer = tok.decode(out)
-    assert "Paris" in answer and answer.rstrip().endswith("."), answer
+    text = tok.decode(out)
+    assert "Paris" in text and text.rstrip().endswith("."), text
 
 
 def test_weights_tokens_logits_and_greedy_match_transformers(
-        ours: tuple[DecoderModel, Tokenizer], hf: tuple[Any, Any]) -> None:
+        ours: tuple[DecoderModel, Tokenizer], hf: tuple[Any, Any],
+        answer: tuple[list[int], list[int]]) -> None:
     model, tok = ours
     hf_model, hf_tok = hf
     # Dequantisation and the q/k un-permutation give HF's exact weights.
@@ -77,7 +87,7 @@ def test_weights_tokens_logits_and_greedy_match_transformers(
                        layer.qkv_proj.weight[:576])
     assert torch.equal(hf_state["model.layers.7.self_attn.k_proj.weight"],
                        layer.qkv_proj.weight[576:768])
-    ids = tok.encode(tok.apply_chat_template(QUESTION), add_special_tokens=False)
+    ids = answer[0]
     assert ids == hf_tok.apply_chat_template(QUESTION, add_generation_prompt=True,
                                              tokenize=True)["input_ids"]
     session = PagedSession(model, num_blocks=16, block_size=16)
@@ -88,7 +98,7 @@ def test_weights_tokens_logits_and_greedy_match_transformers(
         want = hf_model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False,
                                  eos_token_id=tok.eos_token_id)[0, len(ids):].tolist()
     assert (logprobs - ref).abs().max().item() < 5e-4
-    assert greedy_generate(model, ids, max_new_tokens=24, eos_token_id=tok.eos_token_id) == want
+    assert answer[1] == want
 
 
 def test_tokenizer_round_trips_and_matches_transformers(ours: tuple[DecoderModel, Tokenizer],
