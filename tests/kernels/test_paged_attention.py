@@ -1,5 +1,6 @@
 """Paged attention and the KV-cache write: the torch references against dense attention, the
-Triton kernels against the references (CPU through TRITON_INTERPRET=1 on small shapes; the
+Triton kernels against the references (small shapes: through TRITON_INTERPRET=1 on CPU, on
+the GPU where there is one; the
 `gpu` tests on realistic shapes in bf16, incl. Qwen3-0.6B and Llama-3.1-8B head layouts)."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from kernels.paged_attention import (
 )
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+# Kernel launches need CUDA tensors where a GPU exists (TRITON_INTERPRET is set only without one).
+KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def make_batch(q_lens: list[int], ctx_lens: list[int], *, num_heads: int, num_kv_heads: int,
@@ -95,19 +98,20 @@ def test_reference_equals_dense_attention(case: str, window: int | None) -> None
 @needs_triton
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("case", sorted(SMALL_CASES))
-def test_kernel_equals_reference_interpreted(case: str, layout: str) -> None:
+def test_kernel_equals_reference_small(case: str, layout: str) -> None:
     heads, kv_heads, head_dim, block_size = LAYOUTS[layout]
     b = make_batch(*SMALL_CASES[case], num_heads=heads, num_kv_heads=kv_heads,
-                   head_dim=head_dim, block_size=block_size, dtype=torch.float32, device="cpu")
+                   head_dim=head_dim, block_size=block_size, dtype=torch.float32,
+                   device=KERNEL_DEVICE)
     out = torch.full_like(b["query"], float("nan"))  # type: ignore[arg-type]
     paged_attention(**b, out=out)  # type: ignore[arg-type]
     torch.testing.assert_close(out, paged_attention_ref(**b), atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
 
 
 @needs_triton
-def test_kernel_sliding_window_interpreted() -> None:
+def test_kernel_sliding_window_small() -> None:
     b = make_batch([9, 1], [4, 20], num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
-                   dtype=torch.float32, device="cpu")
+                   dtype=torch.float32, device=KERNEL_DEVICE)
     torch.testing.assert_close(paged_attention(**b, sliding_window=5),  # type: ignore[arg-type]
                                paged_attention_ref(**b, sliding_window=5), atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
 
@@ -116,10 +120,10 @@ def test_kernel_sliding_window_interpreted() -> None:
 def test_kernel_leaves_padding_rows_alone() -> None:
     # A CUDA-graph batch is padded past query_start_loc[-1]: those rows must stay untouched.
     b = make_batch([3, 1], [0, 5], num_heads=2, num_kv_heads=1, head_dim=16, block_size=4,
-                   dtype=torch.float32, device="cpu")
+                   dtype=torch.float32, device=KERNEL_DEVICE)
     q = b["query"]
     assert isinstance(q, torch.Tensor)
-    b["query"] = torch.cat([q, torch.randn(2, *q.shape[1:])])
+    b["query"] = torch.cat([q, torch.randn(2, *q.shape[1:], device=q.device)])
     out = torch.full_like(b["query"], 7.0)  # type: ignore[arg-type]
     paged_attention(**b, out=out)  # type: ignore[arg-type]
     assert (out[4:] == 7.0).all()
@@ -144,7 +148,7 @@ def test_reshape_and_cache_ref_writes_slots_and_skips_padding() -> None:
 
 @needs_triton
 def test_reshape_and_cache_kernel_equals_reference() -> None:
-    key, value, cache, slots = _cache_write_inputs("cpu", torch.float32)
+    key, value, cache, slots = _cache_write_inputs(KERNEL_DEVICE, torch.float32)
     want = cache.clone()
     reshape_and_cache_ref(key, value, want, slots)
     reshape_and_cache(key, value, cache, slots)
