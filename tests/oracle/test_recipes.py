@@ -34,6 +34,8 @@ def test_every_recipe_decides_or_fails_clearly(pack_name: str) -> None:
         assert d.error_code != "unknown_architecture", (rec["id"], d.error)
         outcomes[d.runner or "no runner"] += 1
     assert sum(outcomes.values()) == len(RECIPES)
+    decided = outcomes["v1"] + outcomes["v2"] + outcomes["no runner"]
+    assert decided >= 2 * len(RECIPES) // 3, outcomes  # known_models.yaml covers most lines
 
 
 def test_placeholders_are_named() -> None:
@@ -43,3 +45,29 @@ def test_placeholders_are_named() -> None:
     assert "--architecture" in info.value.message
     with pytest.raises(ConfigError, match=r"\$TP"):
         DeploymentConfig.from_command(by_id["recipe-0241"]["argv"], {})
+
+
+def test_known_models_are_sourced_and_known_to_both_packs() -> None:
+    from oracle.known_models import load_known_models
+
+    models = load_known_models()
+    assert len(models) >= 100
+    for pack_name in ("turnout", "vllm-0.31"):
+        archs = load_pack(pack_name).architectures
+        for model_id, entry in models.items():
+            assert entry.architecture in archs, (pack_name, model_id)
+    assert all(len(e.source) > 20 for e in models.values())
+
+
+def test_docs_table_is_current() -> None:
+    """docs/oracle-recipes.md holds the output of the command it names, for both packs."""
+    import subprocess
+    import sys
+
+    doc = (RECIPES_FILE.parents[2] / "docs" / "oracle-recipes.md").read_text()
+    for pack_name in ("turnout", "vllm-0.31"):
+        out = subprocess.run(
+            [sys.executable, "-m", "oracle.cli", "decide", "--pack", pack_name, "--commands",
+             "policies/reference/vllm_recipes.jsonl", "--summary", "--markdown"],
+            capture_output=True, text=True, cwd=RECIPES_FILE.parents[2])
+        assert out.stdout.strip() in doc, f"regenerate the {pack_name} table in the doc"
