@@ -1,0 +1,1 @@
+"""The JSON API under ``/api/v1`` (thin routes; the store and the oracle do the work)."""

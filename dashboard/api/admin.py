@@ -1,0 +1,100 @@
+"""Tokens (admin), parity evidence, health."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from sqlalchemy import text
+
+from dashboard.api.schemas import (
+    ErrorResponse,
+    EvidenceIn,
+    EvidenceOut,
+    RevokeIn,
+    TokenCreated,
+    TokenIn,
+    TokenOut,
+)
+from dashboard.deps import (
+    ERROR_RESPONSES,
+    AdminDep,
+    OperatorDep,
+    ReadSessionDep,
+    ServicesDep,
+    ViewerDep,
+    WriteSessionDep,
+    raise_store_error,
+)
+from dashboard.store import evidence, tokens
+from dashboard.store.errors import StoreError
+from dashboard.store.models import ApiToken
+from dashboard.store.tokens import Role
+
+router = APIRouter(responses=ERROR_RESPONSES)
+
+
+def _token_out(row: ApiToken) -> TokenOut:
+    return TokenOut(id=row.id, name=row.name, role=row.role, prefix=row.prefix,
+                    created_at=row.created_at, created_by=row.created_by,
+                    revoked=row.revoked_at is not None)
+
+
+@router.get("/tokens", response_model=list[TokenOut], tags=["tokens"])
+def get_tokens(session: ReadSessionDep, _who: AdminDep) -> list[TokenOut]:
+    """Every token (never the token itself: only its prefix)."""
+    return [_token_out(r) for r in tokens.list_tokens(session=session)]
+
+
+@router.post("/tokens", response_model=TokenCreated, status_code=201, tags=["tokens"])
+def post_token(body: TokenIn, session: WriteSessionDep, who: AdminDep) -> TokenCreated:
+    """Create a token (admin); the answer is the only place the token appears."""
+    row, token = tokens.create_token(session=session, name=body.name, role=Role(body.role),
+                                     actor=who.actor)
+    session.commit()
+    return TokenCreated(**_token_out(row).model_dump(), token=token)
+
+
+@router.post("/tokens/{token_id}/revoke", response_model=TokenOut, tags=["tokens"],
+             responses={404: {"model": ErrorResponse}})
+def revoke_token(token_id: int, body: RevokeIn, services: ServicesDep,
+                 session: WriteSessionDep, who: AdminDep) -> TokenOut:
+    """Revoke a token (admin); every process stops accepting it within the token cache TTL."""
+    try:
+        row = tokens.revoke_token(session=session, token_id=token_id, actor=who.actor,
+                                  reason=body.reason)
+        session.commit()
+    except StoreError as err:
+        raise_store_error(err)
+    services.verifier.forget_all()
+    return _token_out(row)
+
+
+@router.get("/evidence", response_model=list[EvidenceOut], tags=["evidence"])
+def get_evidence(session: ReadSessionDep, _who: ViewerDep,
+                 family: Annotated[str | None, Query(max_length=64)] = None,
+                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[EvidenceOut]:
+    """Parity-suite results per family, newest first."""
+    rows = evidence.list_evidence(session=session, family=family, limit=limit)
+    return [EvidenceOut.model_validate(r, from_attributes=True) for r in rows]
+
+
+@router.post("/evidence", response_model=EvidenceOut, status_code=201, tags=["evidence"])
+def post_evidence(body: EvidenceIn, session: WriteSessionDep, who: OperatorDep) -> EvidenceOut:
+    """Record a parity-suite result for a family (operator)."""
+    row = evidence.record_evidence(session=session, family=body.family,
+                                   runner_pair=body.runner_pair, suite=body.suite,
+                                   result=body.result, details=body.details, actor=who.actor)
+    session.commit()
+    return EvidenceOut.model_validate(row, from_attributes=True)
+
+
+health_router = APIRouter(tags=["health"])
+
+
+@health_router.get("/healthz")
+def healthz(session: ReadSessionDep, services: ServicesDep) -> dict[str, str]:
+    """Liveness and database reachability (no token needed)."""
+    session.execute(text("SELECT 1"))
+    return {"status": "ok", "pack": services.policy.pack_name,
+            "database": services.db.engine.dialect.name}

@@ -1,0 +1,137 @@
+"""Decide and explain (the oracle, with the store's canaries), decision-event ingest and the
+fleet's decisions and fallback aggregates."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Response
+from oracle import OracleError
+from starlette.concurrency import run_in_threadpool
+
+from dashboard.api.schemas import (
+    DeploymentIn,
+    ErrorResponse,
+    EventIn,
+    EventOut,
+    FallbacksOut,
+    IngestIn,
+    IngestOut,
+    RankedReason,
+)
+from dashboard.deps import (
+    ERROR_RESPONSES,
+    OperatorDep,
+    ReadSessionDep,
+    ServicesDep,
+    ViewerDep,
+    http_error,
+)
+from dashboard.policy import Snapshot, config_from_request
+from dashboard.services import Services
+from dashboard.store import aggregates, events
+from dashboard.store.events import EventRecord
+
+router = APIRouter(tags=["decisions"], responses=ERROR_RESPONSES)
+
+
+async def current_snapshot(services: Services) -> Snapshot:
+    """The cached canary snapshot; a stale one is re-read off the event loop."""
+    snap = services.policy.cached_snapshot()
+    return snap if snap is not None else await run_in_threadpool(services.policy.snapshot)
+
+
+def _config(body: DeploymentIn) -> Any:
+    try:
+        return config_from_request(config=body.config, command=body.command, argv=body.argv,
+                                   env=body.env)
+    except OracleError as err:
+        raise http_error(422, str(getattr(err, "code", "config_error")), str(err)) from err
+    except ValueError as err:
+        raise http_error(422, "bad_command", str(err)) from err
+
+
+@router.post("/decide", responses={200: {"description": "the Decision (oracle §8 JSON)"},
+                                   422: {"model": ErrorResponse}})
+async def post_decide(body: DeploymentIn, services: ServicesDep, _who: ViewerDep) -> Response:
+    """The runner decision for one deployment under the service's current canaries."""
+    config = _config(body)
+    snap = await current_snapshot(services)
+    decision = services.policy.decide(config, snap.canaries)
+    services.metrics.decisions.labels("api", decision.runner or "none",
+                                      decision.reason_code).inc()
+    return Response(json.dumps(decision.to_json()), media_type="application/json")
+
+
+@router.post("/explain", responses={200: {"description": "the Explanation"},
+                                    422: {"model": ErrorResponse}})
+async def post_explain(body: DeploymentIn, services: ServicesDep, _who: ViewerDep) -> Response:
+    """The decision plus the smallest config changes that would reach V2 (each re-checked)."""
+    config = _config(body)
+    snap = await current_snapshot(services)
+    explanation = services.policy.explain(config, snap.canaries)
+    return Response(json.dumps(explanation.to_json()), media_type="application/json")
+
+
+@router.post("/decisions", response_model=IngestOut,
+             responses={422: {"model": ErrorResponse}})
+async def post_decisions(body: IngestIn, services: ServicesDep, _who: OperatorDep
+                         ) -> IngestOut:
+    """Batched ingest from engines, idempotent by ``event_id``. The answer comes after the
+    commit: an acknowledged event is durable."""
+    records = [_record(e) for e in body.events]
+    inserted = await run_in_threadpool(_ingest, services, records)
+    for e in body.events:
+        services.metrics.decisions.labels("ingest", e.runner or "none", e.reason_code).inc()
+    return IngestOut(accepted=len(records), inserted=inserted)
+
+
+def _record(e: EventIn) -> EventRecord:
+    return EventRecord(
+        event_id=e.event_id, at=e.at, deployment_id=e.deployment_id, host=e.host, pack=e.pack,
+        family=e.family, runner=e.runner, mode=e.mode, stage=e.stage,
+        reason_code=e.reason_code, rule_ids=tuple(e.rule_ids), policy_digest=e.policy_digest,
+        config=e.config, demo=e.demo)
+
+
+def _ingest(services: Services, records: list[EventRecord]) -> int:
+    with services.db.write_session() as session:
+        inserted = events.ingest(session=session, events=records)
+        session.commit()
+    return inserted
+
+
+@router.get("/decisions", response_model=list[EventOut])
+def get_decisions(
+    session: ReadSessionDep, _who: ViewerDep,
+    family: Annotated[str | None, Query(max_length=64)] = None,
+    runner: Annotated[str | None, Query(pattern="^(v1|v2|none)$")] = None,
+    reason_code: Annotated[str | None, Query(max_length=32)] = None,
+    rule_id: Annotated[str | None, Query(max_length=128)] = None,
+    deployment_id: Annotated[str | None, Query(max_length=256)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[EventOut]:
+    """Recorded decisions, newest first, filtered."""
+    rows = events.list_events(session=session, limit=limit, family=family, runner=runner,
+                              reason_code=reason_code, rule_id=rule_id,
+                              deployment_id=deployment_id)
+    return [EventOut.model_validate(r, from_attributes=True) for r in rows]
+
+
+@router.get("/fallbacks", response_model=FallbacksOut)
+def get_fallbacks(
+    services: ServicesDep, session: ReadSessionDep, _who: ViewerDep,
+    days: Annotated[int, Query(ge=1, le=366)] = 30,
+    include_demo: bool = True,
+) -> FallbacksOut:
+    """Deployments not on V2: reasons ranked by affected deployments, by family, by day."""
+    report = aggregates.fallbacks(session=session, include_demo=include_demo, days=days)
+    labels = services.policy.reason_labels()
+    return FallbacksOut(
+        num_deployments=report.num_deployments, num_fallbacks=report.num_fallbacks,
+        ranked=[RankedReason(key=k, label=labels.get(k, k), deployments=n)
+                for k, n in report.ranked],
+        by_family={f: dict(c) for f, c in report.by_family.items()},
+        by_day=report.by_day)
+

@@ -1,0 +1,167 @@
+"""Canaries (read; flip with If-Match and a reason), kill switch, audit log, impact preview."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from dashboard.api.schemas import (
+    AuditOut,
+    CanariesOut,
+    CanaryPatch,
+    CohortOut,
+    ErrorResponse,
+    ImpactOut,
+    KillSwitchIn,
+    KillSwitchOut,
+)
+from dashboard.deps import (
+    ERROR_RESPONSES,
+    AdminDep,
+    OperatorDep,
+    ReadSessionDep,
+    ServicesDep,
+    ViewerDep,
+    WriteSessionDep,
+    http_error,
+    raise_store_error,
+)
+from dashboard.impact import impact_of_flip
+from dashboard.services import Services
+from dashboard.store import audit
+from dashboard.store import canaries as canary_store
+from dashboard.store.errors import StoreError
+from dashboard.store.models import Canary
+
+router = APIRouter(tags=["rollout"], responses=ERROR_RESPONSES)
+
+
+def _cohort_out(services: Services, canary: Canary) -> CohortOut:
+    order = [c.cohort for c in services.policy.cohort_defaults()]
+    labels = services.policy.cohort_labels()
+    return CohortOut(
+        cohort=canary.cohort, label=labels.get(canary.cohort, canary.cohort),
+        position=order.index(canary.cohort) if canary.cohort in order else len(order),
+        enabled=canary.enabled, percentage=canary.percentage, version=canary.version,
+        updated_at=canary.updated_at, updated_by=canary.updated_by)
+
+
+def read_canaries(services: Services, session: Session) -> tuple[CanariesOut, str]:
+    state = canary_store.read_state(session=session)
+    ks = canary_store.get_kill_switch(session=session)
+    rows = sorted((_cohort_out(services, c) for c in canary_store.list_canaries(session=session)),
+                  key=lambda c: (c.position, c.cohort))
+    body = CanariesOut(
+        pack=services.policy.pack_name,
+        kill_switch=KillSwitchOut(engaged=ks.engaged, version=ks.version,
+                                  updated_at=ks.updated_at, updated_by=ks.updated_by),
+        cohorts=rows)
+    return body, state.etag
+
+
+@router.get("/canaries", response_model=CanariesOut,
+            responses={304: {"description": "If-None-Match matched the current ETag"}})
+def get_canaries(
+    services: ServicesDep, session: ReadSessionDep, _who: ViewerDep, response: Response,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> CanariesOut | Response:
+    """The canary snapshot (every cohort and the kill switch), with a strong ETag."""
+    body, etag = read_canaries(services, session)
+    if if_none_match is not None and etag in [t.strip() for t in if_none_match.split(",")]:
+        return Response(status_code=304, headers={"ETag": etag})
+    response.headers["ETag"] = etag
+    return body
+
+
+@router.get("/canaries/{cohort}", response_model=CohortOut,
+            responses={404: {"model": ErrorResponse}})
+def get_canary(cohort: str, services: ServicesDep, session: ReadSessionDep, _who: ViewerDep,
+               response: Response) -> CohortOut:
+    """One cohort; its ETag is the version to send back in If-Match."""
+    try:
+        canary = canary_store.get_canary(session=session, cohort=cohort)
+    except StoreError as err:
+        raise_store_error(err)
+    response.headers["ETag"] = f'"{canary.version}"'
+    return _cohort_out(services, canary)
+
+
+def parse_if_match(if_match: str | None) -> int:
+    """The version of an ``If-Match`` header (``"3"``, ``3`` or ``W/"3"``); 428 without it."""
+    if if_match is None:
+        raise http_error(428, "if_match_required",
+                         "send If-Match with the cohort's version (its ETag)")
+    value = if_match.strip().removeprefix("W/").strip('"')
+    if not value.isdigit():
+        raise http_error(400, "bad_if_match", f"If-Match {if_match!r} is not a version")
+    return int(value)
+
+
+@router.patch("/canaries/{cohort}", response_model=CohortOut,
+              responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse},
+                         428: {"model": ErrorResponse}})
+def patch_canary(
+    cohort: str, body: CanaryPatch, services: ServicesDep, session: WriteSessionDep,
+    who: OperatorDep, response: Response,
+    if_match: Annotated[str | None, Header()] = None,
+) -> CohortOut:
+    """Flip a cohort's canary (operator). ``If-Match`` must carry the version read; a stale one
+    gets 409 with the current version in ETag."""
+    version = parse_if_match(if_match)
+    try:
+        canary = canary_store.flip_canary(
+            session=session, cohort=cohort, enabled=body.enabled, percentage=body.percentage,
+            reason=body.reason, actor=who.actor, if_version=version)
+        session.commit()
+    except StoreError as err:
+        raise_store_error(err)
+    services.policy.invalidate()
+    services.metrics.canary_flips.labels(cohort).inc()
+    response.headers["ETag"] = f'"{canary.version}"'
+    return _cohort_out(services, canary)
+
+
+@router.post("/kill-switch", response_model=KillSwitchOut)
+def post_kill_switch(body: KillSwitchIn, services: ServicesDep, session: WriteSessionDep,
+                     who: AdminDep) -> KillSwitchOut:
+    """Engage or release the global kill switch (admin): engaged sends every auto deployment
+    to V1. No If-Match: an emergency stop must not need a read first."""
+    try:
+        ks = canary_store.set_kill_switch(session=session, engaged=body.engaged,
+                                          reason=body.reason, actor=who.actor)
+        session.commit()
+    except StoreError as err:
+        raise_store_error(err)
+    services.policy.invalidate()
+    return KillSwitchOut(engaged=ks.engaged, version=ks.version, updated_at=ks.updated_at,
+                         updated_by=ks.updated_by)
+
+
+@router.get("/audit", response_model=list[AuditOut])
+def get_audit(
+    session: ReadSessionDep, _who: ViewerDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before_id: Annotated[int | None, Query(ge=1)] = None,
+    target: Annotated[str | None, Query(max_length=128)] = None,
+) -> list[AuditOut]:
+    """The audit log, newest first (page with ``before_id``)."""
+    rows = audit.list_entries(session=session, limit=limit, before_id=before_id, target=target)
+    return [AuditOut.model_validate(r, from_attributes=True) for r in rows]
+
+
+@router.get("/impact", response_model=ImpactOut, responses={404: {"model": ErrorResponse}})
+async def get_impact(
+    services: ServicesDep, _who: ViewerDep,
+    cohort: Annotated[str, Query(min_length=1, max_length=64)],
+    enabled: bool,
+    percentage: Annotated[int | None, Query(ge=0, le=100)] = None,
+) -> ImpactOut:
+    """How many recorded deployments would change runner if this flip happened (each
+    re-decided by the oracle with the hypothetical snapshot)."""
+    try:
+        return await run_in_threadpool(impact_of_flip, services, cohort, enabled, percentage)
+    except StoreError as err:
+        raise_store_error(err)

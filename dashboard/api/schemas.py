@@ -1,0 +1,203 @@
+"""Request and response bodies of the JSON API (they make the OpenAPI document)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+
+ReasonCode = Literal["STATIC", "TARGETING_MATCH", "SPLIT", "DISABLED", "DEFAULT", "ERROR"]
+Name = Field(min_length=1, max_length=256)
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    detail: ErrorBody
+
+
+class DeploymentIn(BaseModel):
+    """Exactly one of ``config`` (spec fields), ``command`` (a ``vllm serve`` line, optionally
+    with leading ``NAME=value`` environment assignments) or ``argv`` (+ ``env``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: dict[str, Any] | None = None
+    command: str | None = Field(default=None, max_length=20_000)
+    argv: list[str] | None = Field(default=None, max_length=2_000)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DeploymentIn:
+        if sum(x is not None for x in (self.config, self.command, self.argv)) != 1:
+            raise ValueError("give exactly one of `config`, `command` or `argv`")
+        return self
+
+
+class CohortOut(BaseModel):
+    cohort: str
+    label: str
+    position: int = Field(description="the stage's place in the rollout order, from 0")
+    enabled: bool
+    percentage: int
+    version: int
+    updated_at: dt.datetime
+    updated_by: str
+
+
+class KillSwitchOut(BaseModel):
+    engaged: bool
+    version: int
+    updated_at: dt.datetime
+    updated_by: str
+
+
+class CanariesOut(BaseModel):
+    pack: str
+    kill_switch: KillSwitchOut
+    cohorts: list[CohortOut]
+
+
+class CanaryPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool
+    percentage: int | None = Field(default=None, ge=0, le=100)
+    reason: str = Field(min_length=1, max_length=2_000, pattern=r"\S")
+
+
+class KillSwitchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    engaged: bool
+    reason: str = Field(min_length=1, max_length=2_000, pattern=r"\S")
+
+
+class AuditOut(BaseModel):
+    id: int
+    at: dt.datetime
+    actor: str
+    action: str
+    target: str
+    reason: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+class EventIn(BaseModel):
+    """One decision as an engine reports it (``oracle.client`` builds these)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")
+    at: AwareDatetime
+    deployment_id: str = Name
+    host: str = Field(default="", max_length=256)
+    pack: str = Field(min_length=1, max_length=64)
+    family: str = Field(min_length=1, max_length=64)
+    runner: Literal["v1", "v2"] | None
+    mode: Literal["auto", "pinned"]
+    stage: str | None = Field(default=None, max_length=64)
+    reason_code: ReasonCode
+    rule_ids: list[str] = Field(default_factory=list, max_length=200)
+    policy_digest: str = Field(default="", max_length=128)
+    config: dict[str, Any] | None = None
+    demo: bool = False
+
+
+class IngestIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[EventIn] = Field(min_length=1, max_length=5_000)
+
+
+class IngestOut(BaseModel):
+    accepted: int = Field(description="events now stored (new ones and resent duplicates)")
+    inserted: int = Field(description="events that were new")
+
+
+class EventOut(BaseModel):
+    event_id: str
+    at: dt.datetime
+    deployment_id: str
+    host: str
+    pack: str
+    family: str
+    runner: str | None
+    mode: str
+    stage: str | None
+    reason_code: str
+    rule_ids: list[str]
+    policy_digest: str
+    demo: bool
+
+
+class RankedReason(BaseModel):
+    key: str
+    label: str
+    deployments: int
+
+
+class FallbacksOut(BaseModel):
+    num_deployments: int
+    num_fallbacks: int
+    ranked: list[RankedReason]
+    by_family: dict[str, dict[str, int]]
+    by_day: dict[str, dict[str, int]]
+
+
+class ImpactOut(BaseModel):
+    cohort: str
+    enabled: bool
+    num_considered: int = Field(description="recorded deployments with a stored config")
+    num_changed: int
+    to_v2: int
+    to_v1: int
+    examples: list[str] = Field(description="up to 20 deployment ids that would change")
+
+
+class EvidenceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    family: str = Field(min_length=1, max_length=64)
+    runner_pair: str = Field(default="v1:v2", pattern=r"^v[12]:v[12]$")
+    suite: str = Field(min_length=1, max_length=128)
+    result: Literal["pass", "fail"]
+    details: str = Field(default="", max_length=10_000)
+
+
+class EvidenceOut(EvidenceIn):
+    id: int
+    recorded_at: dt.datetime
+    recorded_by: str
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"\S")
+    role: Literal["viewer", "operator", "admin"]
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    role: str
+    prefix: str
+    created_at: dt.datetime
+    created_by: str
+    revoked: bool
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="shown once; store it now")
+
+
+class RevokeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=2_000, pattern=r"\S")

@@ -1,0 +1,87 @@
+"""The FastAPI application: JSON API under /api/v1, pages, static files, /healthz, /metrics.
+
+``create_app()`` builds one from settings; start-up applies migrations, adds canary rows for
+the pack's cohorts and (on an empty database) records the demo fleet.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI, Response
+from fastapi.staticfiles import StaticFiles
+from starlette.concurrency import run_in_threadpool
+
+from dashboard.api import admin, decisions, rollout
+from dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
+from dashboard.services import Services
+from dashboard.settings import Settings, get_settings
+
+log = logging.getLogger("turnout.service")
+STATIC = Path(__file__).resolve().parent / "static"
+API_PREFIX = "/api/v1"
+
+
+def prepare(services: Services) -> None:
+    """Idempotent start-up work: migrations, the pack's canary defaults, the demo fleet."""
+    from dashboard import demo
+    from dashboard.store import canaries
+
+    services.db.upgrade()
+    with services.db.write_session() as session:
+        added = canaries.ensure_defaults(session=session,
+                                         defaults=services.policy.cohort_defaults())
+        session.commit()
+    if added:
+        log.info("canary defaults from pack %s: %s", services.policy.pack_name, ", ".join(added))
+    if services.settings.demo:
+        num = demo.seed_if_empty(services)
+        if num:
+            log.info("recorded %d demo decisions (remove with `turnout demo remove`)", num)
+
+
+def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
+    services = services or Services.build(settings or get_settings())
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await run_in_threadpool(prepare, services)
+        yield
+        services.db.dispose()
+
+    app = FastAPI(
+        title="turnout rollout control",
+        version="1",
+        summary="Canary store, decisions and fallback reasons for the V1 → V2 runner rollout.",
+        openapi_url=f"{API_PREFIX}/openapi.json",
+        docs_url=f"{API_PREFIX}/docs",
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    app.state.services = services
+    app.include_router(rollout.router, prefix=API_PREFIX)
+    app.include_router(decisions.router, prefix=API_PREFIX)
+    app.include_router(admin.router, prefix=API_PREFIX)
+    app.include_router(admin.health_router)
+
+    @app.get("/metrics", tags=["health"], include_in_schema=True)
+    def metrics() -> Response:
+        """Prometheus metrics (no token needed, counts only)."""
+        return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    from fastapi.responses import RedirectResponse
+
+    from dashboard.pages import SignIn
+    from dashboard.pages import router as pages_router
+
+    async def sign_in(_request: object, _exc: Exception) -> Response:
+        return RedirectResponse("/login", status_code=303)
+
+    app.add_exception_handler(SignIn, sign_in)
+    app.include_router(pages_router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.add_middleware(MetricsMiddleware, metrics=services.metrics)
+    return app

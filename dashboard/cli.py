@@ -1,0 +1,256 @@
+"""``turnout`` commands of the service, registered through the ``turnout.cli`` entry-point group.
+
+Heavy imports (SQLAlchemy, FastAPI, the store) happen inside the command bodies, so that
+``turnout decide`` stays light.
+"""
+
+from __future__ import annotations
+
+import getpass
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from dashboard.services import Services
+
+DatabaseOpt = Annotated[str | None, typer.Option(
+    "--database-url", envvar="TURNOUT_DATABASE_URL",
+    help="SQLAlchemy URL (default: sqlite:///var/turnout.db)")]
+PackOpt = Annotated[str | None, typer.Option("--pack", envvar="TURNOUT_PACK",
+                                             help="policy pack name or directory")]
+ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="why (goes to the audit log)")]
+
+db_app = typer.Typer(help="The service's database (migrations).", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens (stored hashed, shown once).", no_args_is_help=True)
+canary_app = typer.Typer(help="Canary state per rollout cohort.", no_args_is_help=True)
+kill_app = typer.Typer(help="The global kill switch.", no_args_is_help=True)
+demo_app = typer.Typer(help="The first-run demo fleet.", no_args_is_help=True)
+
+
+def _actor() -> str:
+    return f"cli:{getpass.getuser()}"
+
+
+def _services(database_url: str | None = None, pack: str | None = None,
+              **extra: Any) -> Services:
+    from dashboard.services import Services
+    from dashboard.settings import Settings
+
+    overrides = {k: v for k, v in
+                 {"database_url": database_url, "pack": pack, **extra}.items() if v is not None}
+    return Services.build(Settings(**overrides))
+
+
+def _prepared(database_url: str | None, pack: str | None = None) -> Services:
+    from dashboard.app import prepare
+
+    services = _services(database_url, pack, demo=False)
+    prepare(services)
+    return services
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(1)
+
+
+def serve(
+    host: Annotated[str | None, typer.Option(envvar="TURNOUT_HOST")] = None,
+    port: Annotated[int | None, typer.Option(envvar="TURNOUT_PORT")] = None,
+    database_url: DatabaseOpt = None,
+    pack: PackOpt = None,
+    demo: Annotated[bool, typer.Option(help="seed the demo fleet on an empty database")] = True,
+    access_log: Annotated[bool, typer.Option(help="log every request")] = False,
+) -> None:
+    """Start the rollout-control service (migrations, canary defaults, demo fleet, then HTTP)."""
+    import uvicorn
+
+    from dashboard.app import create_app, prepare
+    from dashboard.store import tokens
+
+    services = _services(database_url, pack, host=host, port=port, demo=demo)
+    prepare(services)
+    settings = services.settings
+    url = f"http://{settings.host}:{settings.port}"
+    with services.db.write_session() as session:
+        if tokens.count_tokens(session=session) == 0:
+            _row, token = tokens.create_token(session=session, name="first admin",
+                                              role=tokens.Role.admin, actor="first start")
+            session.commit()
+            typer.echo(f"turnout: first start, admin token (shown once): {token}\n"
+                       f"turnout: sign in at {url}/login")
+    typer.echo(f"turnout: serving pack {settings.pack!r} from {_safe_url(settings.database_url)}"
+               f" on {url}")
+    uvicorn.run(create_app(services=services), host=settings.host, port=settings.port,
+                log_level=settings.log_level, access_log=access_log)
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@db_app.command("upgrade")
+def db_upgrade(database_url: DatabaseOpt = None) -> None:
+    """Apply every pending migration."""
+    services = _services(database_url, demo=False)
+    services.db.upgrade()
+    typer.echo(f"database at revision {services.db.current_revision()}")
+
+
+@db_app.command("current")
+def db_current(database_url: DatabaseOpt = None) -> None:
+    """Print the database's migration revision."""
+    typer.echo(_services(database_url, demo=False).db.current_revision() or "(empty)")
+
+
+@token_app.command("create")
+def token_create(
+    role: Annotated[str, typer.Option(help="viewer | operator | admin")],
+    name: Annotated[str, typer.Option(help="who or what uses it")] = "cli",
+    database_url: DatabaseOpt = None,
+) -> None:
+    """Create a token and print it once (only its hash is stored)."""
+    from dashboard.store import tokens
+
+    try:
+        parsed = tokens.Role(role)
+    except ValueError:
+        raise _fail(f"--role {role!r}: use viewer, operator or admin") from None
+    services = _prepared(database_url)
+    with services.db.write_session() as session:
+        row, token = tokens.create_token(session=session, name=name, role=parsed,
+                                         actor=_actor())
+        session.commit()
+    typer.echo(token)
+    typer.echo(f"(token {row.id}, role {row.role}; shown once)", err=True)
+
+
+@token_app.command("list")
+def token_list(database_url: DatabaseOpt = None) -> None:
+    """List tokens (prefixes only)."""
+    from dashboard.store import tokens
+
+    services = _prepared(database_url)
+    with services.db.read_session() as session:
+        for t in tokens.list_tokens(session=session):
+            state = "revoked" if t.revoked_at else "live"
+            typer.echo(f"{t.id:>4}  {t.prefix}…  {t.role:<8}  {state:<7}  {t.name}")
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: int, reason: ReasonOpt, database_url: DatabaseOpt = None) -> None:
+    """Revoke a token by id."""
+    from dashboard.store import tokens
+    from dashboard.store.errors import StoreError
+
+    services = _prepared(database_url)
+    try:
+        with services.db.write_session() as session:
+            tokens.revoke_token(session=session, token_id=token_id, actor=_actor(),
+                                reason=reason)
+            session.commit()
+    except StoreError as err:
+        raise _fail(str(err)) from err
+    typer.echo(f"token {token_id} revoked")
+
+
+@canary_app.command("list")
+def canary_list(database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
+    """Every cohort's canary, in rollout order, and the kill switch."""
+    from dashboard.store import canaries
+
+    services = _prepared(database_url, pack)
+    order = {c.cohort: i for i, c in enumerate(services.policy.cohort_defaults())}
+    with services.db.read_session() as session:
+        rows = sorted(canaries.list_canaries(session=session),
+                      key=lambda c: (order.get(c.cohort, len(order)), c.cohort))
+        ks = canaries.get_kill_switch(session=session)
+        for c in rows:
+            state = "on " if c.enabled else "off"
+            typer.echo(f"{c.cohort:<24} {state} {c.percentage:>3}%  v{c.version}  "
+                       f"{c.updated_by}")
+        typer.echo(f"kill switch: {'ENGAGED' if ks.engaged else 'released'}")
+
+
+def _flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
+          database_url: str | None, pack: str | None) -> None:
+    from dashboard.store import canaries
+    from dashboard.store.errors import StoreError
+
+    services = _prepared(database_url, pack)
+    try:
+        with services.db.write_session() as session:
+            current = canaries.get_canary(session=session, cohort=cohort)
+            row = canaries.flip_canary(session=session, cohort=cohort, enabled=enabled,
+                                       reason=reason, actor=_actor(),
+                                       if_version=current.version, percentage=percentage)
+            session.commit()
+    except StoreError as err:
+        raise _fail(str(err)) from err
+    typer.echo(f"{cohort}: {'enabled' if row.enabled else 'disabled'} at {row.percentage}% "
+               f"(version {row.version})")
+
+
+@canary_app.command("enable")
+def canary_enable(cohort: str, reason: ReasonOpt,
+                  percentage: Annotated[int | None, typer.Option(min=0, max=100)] = None,
+                  database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
+    """Turn a cohort's canary on (V2 for its auto deployments)."""
+    _flip(cohort, True, reason, percentage, database_url, pack)
+
+
+@canary_app.command("disable")
+def canary_disable(cohort: str, reason: ReasonOpt, database_url: DatabaseOpt = None,
+                   pack: PackOpt = None) -> None:
+    """Turn a cohort's canary off (its auto deployments go back to V1)."""
+    _flip(cohort, False, reason, None, database_url, pack)
+
+
+def _kill(engaged: bool, reason: str, database_url: str | None) -> None:
+    from dashboard.store import canaries
+    from dashboard.store.errors import StoreError
+
+    services = _prepared(database_url)
+    try:
+        with services.db.write_session() as session:
+            canaries.set_kill_switch(session=session, engaged=engaged, reason=reason,
+                                     actor=_actor())
+            session.commit()
+    except StoreError as err:
+        raise _fail(str(err)) from err
+    typer.echo(f"kill switch {'ENGAGED' if engaged else 'released'}")
+
+
+@kill_app.command("engage")
+def kill_engage(reason: ReasonOpt, database_url: DatabaseOpt = None) -> None:
+    """Send every auto deployment to V1 now."""
+    _kill(True, reason, database_url)
+
+
+@kill_app.command("release")
+def kill_release(reason: ReasonOpt, database_url: DatabaseOpt = None) -> None:
+    """Release the kill switch (cohort canaries apply again)."""
+    _kill(False, reason, database_url)
+
+
+@demo_app.command("remove")
+def demo_remove(database_url: DatabaseOpt = None) -> None:
+    """Delete every demo deployment and event (it is not seeded again)."""
+    from dashboard import demo
+
+    services = _prepared(database_url)
+    num = demo.remove(services, actor=_actor())
+    typer.echo(f"removed {num} demo events")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the service's commands to the ``turnout`` application."""
+    app.command("serve")(serve)
+    app.add_typer(db_app, name="db")
+    app.add_typer(token_app, name="token")
+    app.add_typer(canary_app, name="canary")
+    app.add_typer(kill_app, name="kill-switch")
+    app.add_typer(demo_app, name="demo")

@@ -1,0 +1,103 @@
+"""FastAPI dependencies as ``Annotated`` aliases: services, sessions, the caller and its role.
+
+HTTP errors are raised here and in the routes only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Annotated, Any, NoReturn
+
+from fastapi import Depends, Header, HTTPException, Request
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from dashboard.auth import COOKIE_NAME, Principal, bearer_token
+from dashboard.services import Services
+from dashboard.store.errors import InvalidChange, NotFound, StoreError, VersionConflict
+from dashboard.store.tokens import Role
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def read_session(services: ServicesDep) -> Iterator[Session]:
+    with services.db.read_session() as session:
+        yield session
+
+
+def write_session(services: ServicesDep) -> Iterator[Session]:
+    """A write transaction; the route commits (nothing is kept when it raises)."""
+    with services.db.write_session() as session:
+        yield session
+
+
+ReadSessionDep = Annotated[Session, Depends(read_session)]
+WriteSessionDep = Annotated[Session, Depends(write_session)]
+
+
+def http_error(status: int, code: str, message: str,
+               headers: dict[str, str] | None = None) -> HTTPException:
+    return HTTPException(status, detail={"code": code, "message": message}, headers=headers)
+
+
+def raise_store_error(err: StoreError) -> NoReturn:
+    """Map a store error to its HTTP status."""
+    if isinstance(err, NotFound):
+        raise http_error(404, err.code, str(err)) from err
+    if isinstance(err, VersionConflict):
+        raise http_error(409, err.code, str(err), {"ETag": f'"{err.current_version}"'}) from err
+    if isinstance(err, InvalidChange):
+        raise http_error(422, err.code, str(err)) from err
+    raise http_error(400, err.code, str(err)) from err
+
+
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="turnout"'}
+
+
+async def _principal(request: Request, services: Services,
+                     authorization: str | None) -> Principal:
+    token = bearer_token(authorization)
+    if token is None and request.method in ("GET", "HEAD"):
+        # The pages' cookie is good for reads; API changes need the header (no CSRF surface).
+        token = request.cookies.get(COOKIE_NAME)
+    if token is None:
+        raise http_error(401, "unauthenticated", "send Authorization: Bearer <token>", _CHALLENGE)
+    hit, principal = services.verifier.cached(token)
+    if not hit:
+        principal = await run_in_threadpool(services.verifier.verify, token)
+    if principal is None:
+        raise http_error(401, "bad_token", "unknown or revoked token", _CHALLENGE)
+    return principal
+
+
+def require(role: Role) -> Callable[..., Awaitable[Principal]]:
+    """A dependency that authenticates the caller and checks it has at least ``role``."""
+
+    async def dependency(
+        request: Request,
+        services: ServicesDep,
+        authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
+    ) -> Principal:
+        principal = await _principal(request, services, authorization)
+        if not principal.role.allows(role):
+            raise http_error(403, "forbidden",
+                             f"this needs the {role.value} role; the token has {principal.role}")
+        return principal
+
+    return dependency
+
+
+ViewerDep = Annotated[Principal, Depends(require(Role.viewer))]
+OperatorDep = Annotated[Principal, Depends(require(Role.operator))]
+AdminDep = Annotated[Principal, Depends(require(Role.admin))]
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: {"description": "no token, or an unknown or revoked one"},
+    403: {"description": "the token's role is too low"},
+}

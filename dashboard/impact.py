@@ -1,0 +1,69 @@
+"""Impact preview of a canary flip: every recorded deployment with a stored config is decided
+by the oracle twice, under the current snapshot and under the hypothetical one."""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import lru_cache
+from typing import Any
+
+from oracle import DeploymentConfig, OracleError
+
+from dashboard.api.schemas import ImpactOut
+from dashboard.policy import to_snapshot
+from dashboard.services import Services
+from dashboard.store import aggregates
+from dashboard.store import canaries as canary_store
+from dashboard.store.errors import NotFound
+
+
+@lru_cache(maxsize=100_000)
+def _config(spec_json: str) -> DeploymentConfig | None:
+    import json
+
+    try:
+        return DeploymentConfig.from_spec(json.loads(spec_json))
+    except (OracleError, ValueError, TypeError):
+        return None
+
+
+def impact_of_flip(services: Services, cohort: str, enabled: bool,
+                   percentage: int | None = None) -> ImpactOut:
+    """Raises NotFound for an unknown cohort."""
+    import json
+
+    with services.db.read_session() as session:
+        state = canary_store.read_state(session=session)
+        if cohort not in state.cohorts:
+            raise NotFound(f"unknown cohort {cohort!r}", code="unknown_cohort")
+        rows = [(d.deployment_id, d.config) for d in
+                aggregates.deployments_for_impact(session=session)]
+    _e, pct, version = state.cohorts[cohort]
+    flipped = dict(state.cohorts)
+    flipped[cohort] = (enabled, pct if percentage is None else percentage, version + 1)
+    now = to_snapshot(state)
+    then = to_snapshot(dataclasses.replace(state, cohorts=flipped))
+    considered = to_v2 = to_v1 = 0
+    examples: list[str] = []
+    for deployment_id, spec in rows:
+        config = _config(json.dumps(_with_id(spec, deployment_id), sort_keys=True))
+        if config is None:
+            continue
+        considered += 1
+        before = services.policy.decide(config, now).runner
+        after = services.policy.decide(config, then).runner
+        if before == after:
+            continue
+        to_v2 += after == "v2"
+        to_v1 += after != "v2"
+        if len(examples) < 20:
+            examples.append(deployment_id)
+    return ImpactOut(cohort=cohort, enabled=enabled, num_considered=considered,
+                     num_changed=to_v2 + to_v1, to_v2=to_v2, to_v1=to_v1, examples=examples)
+
+
+def _with_id(spec: dict[str, Any] | None, deployment_id: str) -> dict[str, Any]:
+    """The spec with its deployment id (percentage canaries hash it)."""
+    out = dict(spec or {})
+    out.setdefault("deployment_id", deployment_id)
+    return out

@@ -1,0 +1,63 @@
+"""Prometheus metrics (``GET /metrics``): decisions by runner and reason code, API latency.
+
+Each app has its own registry (several apps in one test process must not collide). Latency is
+measured by a plain ASGI middleware (no per-request task or body copy), labelled by the route
+template, not the raw path, so label cardinality stays bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsMiddleware"]
+
+_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.decisions = Counter(
+            "turnout_decisions", "Decisions made by POST /decide (source=api) or reported by "
+            "engines (source=ingest), by runner and reason code",
+            ["source", "runner", "reason_code"], registry=self.registry)
+        self.request_seconds = Histogram(
+            "turnout_api_request_duration_seconds", "Service request latency",
+            ["method", "route", "status"], buckets=_BUCKETS, registry=self.registry)
+        self.canary_flips = Counter(
+            "turnout_canary_flips", "Successful canary flips", ["cohort"], registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route: Any = scope.get("route")
+            path = getattr(route, "path", None) or "unmatched"
+            self.metrics.request_seconds.labels(scope["method"], path, str(status)).observe(
+                time.perf_counter() - start)

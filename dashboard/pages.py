@@ -1,0 +1,224 @@
+"""Server-rendered pages (Jinja2; htmx for the confirm forms, Chart.js for the charts).
+
+The pages sign in with a token kept in an HttpOnly, SameSite=Strict cookie; their forms carry a
+CSRF field bound to that token. What a page offers follows the role: a viewer sees no action
+buttons, and the form handlers check the role again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Form, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from dashboard.auth import COOKIE_NAME, Principal, csrf_ok, csrf_token
+from dashboard.deps import ServicesDep
+from dashboard.services import Services
+from dashboard.store import aggregates, audit, events
+from dashboard.store import canaries as canary_store
+from dashboard.store.errors import StoreError, VersionConflict
+from dashboard.store.tokens import Role
+
+TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))
+TEMPLATES.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(",", ":"))
+
+router = APIRouter(include_in_schema=False)
+
+
+class SignIn(Exception):
+    """Raised by page dependencies when the visitor must sign in first."""
+
+
+def page_user(request: Request, services: ServicesDep) -> Principal:
+    token = request.cookies.get(COOKIE_NAME)
+    principal = services.verifier.verify(token) if token else None
+    if principal is None:
+        raise SignIn()
+    return principal
+
+
+UserDep = Annotated[Principal, Depends(page_user)]
+
+
+def render(request: Request, name: str, user: Principal | None, status: int = 200,
+           **context: Any) -> HTMLResponse:
+    token = request.cookies.get(COOKIE_NAME) or ""
+    return TEMPLATES.TemplateResponse(request, name, {
+        "user": user, "csrf": csrf_token(token) if token else "",
+        "can_operate": bool(user and user.role.allows(Role.operator)),
+        "can_admin": bool(user and user.role.allows(Role.admin)),
+        **context}, status_code=status)
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request) -> HTMLResponse:
+    return render(request, "login.html", None)
+
+
+@router.post("/login", response_model=None)
+def login(request: Request, services: ServicesDep,
+          token: Annotated[str, Form(max_length=200)] = "") -> Response:
+    principal = services.verifier.verify(token.strip()) if token.strip() else None
+    if principal is None:
+        return render(request, "login.html", None, status=401,
+                      error="Unknown or revoked token.")
+    resp = RedirectResponse("/", status_code=303)
+    resp.set_cookie(COOKIE_NAME, token.strip(), httponly=True, samesite="strict",
+                    max_age=7 * 24 * 3600)
+    return resp
+
+
+@router.post("/logout")
+def logout() -> RedirectResponse:
+    resp = RedirectResponse("/login", status_code=303)
+    resp.delete_cookie(COOKIE_NAME)
+    return resp
+
+
+def _cohort_rows(services: Services) -> list[dict[str, Any]]:
+    labels = services.policy.cohort_labels()
+    order = [d.cohort for d in services.policy.cohort_defaults()]
+    with services.db.read_session() as session:
+        rows = canary_store.list_canaries(session=session)
+    rows.sort(key=lambda c: (order.index(c.cohort) if c.cohort in order else len(order),
+                             c.cohort))
+    return [{"cohort": c.cohort, "label": labels.get(c.cohort, c.cohort), "enabled": c.enabled,
+             "percentage": c.percentage, "version": c.version, "updated_at": c.updated_at,
+             "updated_by": c.updated_by} for c in rows]
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview(request: Request, services: ServicesDep, user: UserDep) -> HTMLResponse:
+    with services.db.read_session() as session:
+        ov = aggregates.overview(session=session)
+        ks = canary_store.get_kill_switch(session=session)
+    total = sum(ov.by_runner.values())
+    return render(request, "overview.html", user, overview=ov, total=total, kill_switch=ks,
+                  cohorts=_cohort_rows(services), pack=services.policy.pack_name,
+                  chart={"by_runner": ov.by_runner, "by_day": ov.by_day})
+
+
+@router.get("/fallbacks", response_class=HTMLResponse)
+def fallbacks(request: Request, services: ServicesDep, user: UserDep,
+              days: Annotated[int, Query(ge=1, le=366)] = 30) -> HTMLResponse:
+    with services.db.read_session() as session:
+        report = aggregates.fallbacks(session=session, days=days)
+    labels = services.policy.reason_labels()
+    top = [k for k, _n in report.ranked[:8]]
+    chart = {
+        "families": list(report.by_family),
+        "reasons": [{"key": k, "label": labels.get(k, k),
+                     "by_family": [report.by_family[f].get(k, 0) for f in report.by_family]}
+                    for k in top],
+        "by_day": {k: report.by_day.get(k, {}) for k in top if k in report.by_day},
+    }
+    return render(request, "fallbacks.html", user, report=report, labels=labels, days=days,
+                  chart=chart)
+
+
+@router.get("/canaries", response_class=HTMLResponse)
+def canaries_page(request: Request, services: ServicesDep, user: UserDep,
+                  message: str = "", error: str = "") -> HTMLResponse:
+    with services.db.read_session() as session:
+        ks = canary_store.get_kill_switch(session=session)
+    return render(request, "canaries.html", user, cohorts=_cohort_rows(services),
+                  kill_switch=ks, message=message, error=error)
+
+
+@router.get("/canaries/{cohort}/confirm", response_class=HTMLResponse)
+def confirm_flip(request: Request, cohort: str, enabled: bool, services: ServicesDep,
+                 user: UserDep) -> HTMLResponse:
+    """The htmx fragment: impact preview, reason field and the confirm button."""
+    from dashboard.impact import impact_of_flip
+
+    try:
+        impact = impact_of_flip(services, cohort, enabled)
+        with services.db.read_session() as session:
+            canary = canary_store.get_canary(session=session, cohort=cohort)
+    except StoreError as err:
+        return HTMLResponse(f"<p class=error>{err}</p>", status_code=404)
+    return render(request, "_confirm.html", user, cohort=cohort, enabled=enabled,
+                  impact=impact, version=canary.version)
+
+
+def _back(**params: str) -> RedirectResponse:
+    return RedirectResponse("/canaries?" + urlencode(params), status_code=303)
+
+
+@router.post("/canaries/{cohort}", response_model=None)
+def flip_from_page(
+    request: Request, cohort: str, services: ServicesDep, user: UserDep,
+    enabled: Annotated[bool, Form()], version: Annotated[int, Form()],
+    reason: Annotated[str, Form(max_length=2000)] = "",
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    if not csrf_ok(request.cookies.get(COOKIE_NAME, ""), csrf):
+        return HTMLResponse("bad CSRF field: reload the page", status_code=403)
+    if not user.role.allows(Role.operator):
+        return HTMLResponse("flipping a canary needs the operator role", status_code=403)
+    try:
+        with services.db.write_session() as session:
+            canary_store.flip_canary(session=session, cohort=cohort, enabled=enabled,
+                                     reason=reason, actor=user.actor, if_version=version)
+            session.commit()
+    except VersionConflict as err:
+        return _back(error=f"{err}")
+    except StoreError as err:
+        return _back(error=str(err))
+    services.policy.invalidate()
+    services.metrics.canary_flips.labels(cohort).inc()
+    return _back(message=f"{cohort} {'enabled' if enabled else 'disabled'}: {reason.strip()}")
+
+
+@router.post("/kill-switch", response_model=None)
+def kill_switch_from_page(
+    request: Request, services: ServicesDep, user: UserDep,
+    engaged: Annotated[bool, Form()],
+    reason: Annotated[str, Form(max_length=2000)] = "",
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    if not csrf_ok(request.cookies.get(COOKIE_NAME, ""), csrf):
+        return HTMLResponse("bad CSRF field: reload the page", status_code=403)
+    if not user.role.allows(Role.admin):
+        return HTMLResponse("the kill switch needs the admin role", status_code=403)
+    try:
+        with services.db.write_session() as session:
+            canary_store.set_kill_switch(session=session, engaged=engaged, reason=reason,
+                                         actor=user.actor)
+            session.commit()
+    except StoreError as err:
+        return _back(error=str(err))
+    services.policy.invalidate()
+    return _back(message=f"kill switch {'engaged' if engaged else 'released'}")
+
+
+@router.get("/audit", response_class=HTMLResponse)
+def audit_page(request: Request, services: ServicesDep, user: UserDep,
+               before_id: Annotated[int | None, Query(ge=1)] = None) -> HTMLResponse:
+    with services.db.read_session() as session:
+        entries = audit.list_entries(session=session, limit=100, before_id=before_id)
+    return render(request, "audit.html", user, entries=entries)
+
+
+@router.get("/decisions", response_class=HTMLResponse)
+def decisions_page(
+    request: Request, services: ServicesDep, user: UserDep,
+    family: Annotated[str, Query(max_length=64)] = "",
+    runner: Annotated[str, Query(pattern="^(|v1|v2|none)$")] = "",
+    reason_code: Annotated[str, Query(max_length=32)] = "",
+    rule_id: Annotated[str, Query(max_length=128)] = "",
+) -> HTMLResponse:
+    with services.db.read_session() as session:
+        rows = events.list_events(session=session, limit=200, family=family or None,
+                                  runner=runner or None, reason_code=reason_code or None,
+                                  rule_id=rule_id or None)
+    return render(request, "decisions.html", user, rows=rows, family=family, runner=runner,
+                  reason_code=reason_code, rule_id=rule_id,
+                  families=services.policy.family_names(),
+                  reason_codes=["STATIC", "TARGETING_MATCH", "SPLIT", "DISABLED", "DEFAULT",
+                                "ERROR"])

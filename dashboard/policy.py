@@ -1,0 +1,124 @@
+"""The service's side of the oracle: the loaded pack, the canary snapshot built from the store
+(cached for ``snapshot_ttl_s``), and the calls to ``decide``/``explain``/``enumerate_matrix``.
+
+No decision logic lives here: every runner choice is the oracle's.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from oracle import (
+    CanarySnapshot,
+    CohortState,
+    Decision,
+    DeploymentConfig,
+    Pack,
+    decide,
+    load_pack,
+)
+
+from dashboard.store import canaries as canary_store
+from dashboard.store.canaries import CohortDefault, RolloutState
+from dashboard.store.db import Database
+
+
+_ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def to_snapshot(state: RolloutState) -> CanarySnapshot:
+    """The oracle's snapshot for a store state."""
+    return CanarySnapshot(
+        cohorts={c: CohortState(enabled=e, percentage=p) for c, (e, p, _v) in state.cohorts.items()},
+        kill_switch=state.kill_switch,
+    )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    state: RolloutState
+    canaries: CanarySnapshot
+
+    @property
+    def etag(self) -> str:
+        return self.state.etag
+
+
+class Policy:
+    """The pack plus a TTL-cached view of the store's canary state (thread-safe)."""
+
+    def __init__(self, pack_name: str, db: Database, ttl_s: float) -> None:
+        self.pack: Pack = load_pack(pack_name)
+        self.pack_name = pack_name
+        self._db = db
+        self._ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._cached: tuple[float, Snapshot] | None = None
+
+    def cohort_defaults(self) -> list[CohortDefault]:
+        return [CohortDefault(c.id, bool(c.enabled), int(getattr(c, "percentage", 100) or 100))
+                for c in self.pack.cohorts]
+
+    def cohort_labels(self) -> dict[str, str]:
+        return {c.id: str(getattr(c, "label", c.id)) for c in self.pack.cohorts}
+
+    def cached_snapshot(self) -> Snapshot | None:
+        """The cached snapshot while fresh, else None (the caller refreshes off the event loop)."""
+        cached = self._cached
+        if cached is not None and time.monotonic() - cached[0] < self._ttl_s:
+            return cached[1]
+        return None
+
+    def snapshot(self) -> Snapshot:
+        """The current snapshot, read from the store when the cache is older than the TTL."""
+        fresh = self.cached_snapshot()
+        if fresh is not None:
+            return fresh
+        with self._lock, self._db.read_session() as session:
+            state = canary_store.read_state(session=session)
+            snap = Snapshot(state, to_snapshot(state))
+            self._cached = (time.monotonic(), snap)
+            return snap
+
+    def invalidate(self) -> None:
+        """Forget the cached snapshot (after a flip made by this process)."""
+        self._cached = None
+
+    def decide(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
+               ) -> Decision:
+        return decide(config, pack=self.pack,
+                      canaries=canaries if canaries is not None else self.snapshot().canaries)
+
+
+def config_from_request(*, config: Mapping[str, Any] | None = None, command: str | None = None,
+                        argv: Sequence[str] | None = None,
+                        env: Mapping[str, str] | None = None) -> DeploymentConfig:
+    """A DeploymentConfig from exactly one of a spec mapping, a ``vllm serve`` command string or
+    its argv. Raises the oracle's ConfigError for bad input, ValueError when not exactly one
+    source is given."""
+    given = [x is not None for x in (config, command, argv)]
+    if sum(given) != 1:
+        raise ValueError("give exactly one of `config`, `command` or `argv`")
+    if config is not None:
+        return DeploymentConfig.from_spec(dict(config))
+    env = dict(env or {})
+    if command is not None:
+        argv = split_command(command, env)
+    assert argv is not None
+    return DeploymentConfig.from_command(list(argv), env)
+
+
+def split_command(command: str, env: dict[str, str]) -> list[str]:
+    """Split a pasted shell command: backslash line continuations are joined and leading
+    ``NAME=value`` assignments move into ``env``. Raises ValueError on unbalanced quotes."""
+    words = shlex.split(command.replace("\\\n", " ").replace("\\\r\n", " "))
+    while words and _ENV_ASSIGNMENT.match(words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return words

@@ -1,0 +1,31 @@
+"""What one service process holds: settings, database, policy, token verifier, metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dashboard.auth import TokenVerifier
+from dashboard.metrics import Metrics
+from dashboard.policy import Policy
+from dashboard.settings import Settings
+from dashboard.store.db import Database
+
+
+@dataclass
+class Services:
+    settings: Settings
+    db: Database
+    policy: Policy
+    verifier: TokenVerifier
+    metrics: Metrics
+
+    @classmethod
+    def build(cls, settings: Settings) -> Services:
+        db = Database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+        return cls(
+            settings=settings,
+            db=db,
+            policy=Policy(settings.pack, db, settings.snapshot_ttl_s),
+            verifier=TokenVerifier(db.read_session, settings.token_cache_ttl_s),
+            metrics=Metrics(),
+        )

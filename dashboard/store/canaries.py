@@ -1,0 +1,165 @@
+"""Canary state per rollout cohort and the global kill switch, with optimistic concurrency.
+
+A change names the version it read (the API's ``If-Match``); the row is locked (``SELECT ... FOR
+UPDATE`` on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite), the version compared, bumped, and the
+audit entry written in the same transaction: exactly one writer wins per version and every
+successful change has exactly one audit entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from dashboard.store import audit
+from dashboard.store.errors import InvalidChange, NotFound, VersionConflict
+from dashboard.store.models import Canary, KillSwitch, utcnow
+
+KILL_SWITCH_ID = 1
+
+
+@dataclass(frozen=True)
+class CohortDefault:
+    """A cohort's default canary state, from the pack's rollout.yaml."""
+
+    cohort: str
+    enabled: bool
+    percentage: int = 100
+
+
+@dataclass(frozen=True)
+class RolloutState:
+    """What the store holds, as one value: cohort → (enabled, percentage, version), kill switch."""
+
+    cohorts: dict[str, tuple[bool, int, int]]
+    kill_switch: bool
+    kill_switch_version: int
+
+    @property
+    def etag(self) -> str:
+        """A strong validator of the whole state (changes whenever any version changes)."""
+        parts = [f"{c}:{v[2]}" for c, v in sorted(self.cohorts.items())]
+        parts.append(f"kill:{self.kill_switch_version}")
+        return '"' + hashlib.sha256(",".join(parts).encode()).hexdigest()[:32] + '"'
+
+
+def ensure_defaults(*, session: Session, defaults: Iterable[CohortDefault]) -> list[str]:
+    """Insert the pack's default state for cohorts that have no row yet (first start, or a stage
+    added to the pack later); existing rows keep their state. Returns the cohorts added."""
+    existing = set(session.scalars(select(Canary.cohort)))
+    added = []
+    for d in defaults:
+        if d.cohort in existing:
+            continue
+        session.add(Canary(cohort=d.cohort, enabled=d.enabled, percentage=d.percentage,
+                           version=1, updated_at=utcnow(), updated_by="pack defaults"))
+        added.append(d.cohort)
+    if session.get(KillSwitch, KILL_SWITCH_ID) is None:
+        session.add(KillSwitch(id=KILL_SWITCH_ID, engaged=False, version=1, updated_at=utcnow(),
+                               updated_by="pack defaults"))
+    session.flush()
+    return added
+
+
+def list_canaries(*, session: Session) -> list[Canary]:
+    return list(session.scalars(select(Canary).order_by(Canary.cohort)))
+
+
+def get_canary(*, session: Session, cohort: str) -> Canary:
+    """Raises NotFound for an unknown cohort."""
+    canary = session.get(Canary, cohort)
+    if canary is None:
+        raise NotFound(f"unknown cohort {cohort!r}", code="unknown_cohort")
+    return canary
+
+
+def get_kill_switch(*, session: Session) -> KillSwitch:
+    ks = session.get(KillSwitch, KILL_SWITCH_ID)
+    if ks is None:
+        raise NotFound("the kill switch row is missing: run `turnout db upgrade` and start once")
+    return ks
+
+
+def read_state(*, session: Session) -> RolloutState:
+    rows = session.execute(select(Canary.cohort, Canary.enabled, Canary.percentage,
+                                  Canary.version)).all()
+    ks = session.get(KillSwitch, KILL_SWITCH_ID)
+    return RolloutState(
+        cohorts={r.cohort: (bool(r.enabled), int(r.percentage), int(r.version)) for r in rows},
+        kill_switch=bool(ks.engaged) if ks else False,
+        kill_switch_version=int(ks.version) if ks else 0,
+    )
+
+
+def canary_json(canary: Canary) -> dict[str, Any]:
+    return {"enabled": canary.enabled, "percentage": canary.percentage,
+            "version": canary.version}
+
+
+def flip_canary(
+    *,
+    session: Session,
+    cohort: str,
+    enabled: bool,
+    reason: str,
+    actor: str,
+    if_version: int,
+    percentage: int | None = None,
+) -> Canary:
+    """Set a cohort's canary; the caller commits.
+
+    Raises:
+        NotFound: unknown cohort (``code="unknown_cohort"``).
+        VersionConflict: ``if_version`` is not the current version.
+        InvalidChange: empty reason, or percentage outside 0..100.
+    """
+    audit.require_reason(reason)
+    if percentage is not None and not 0 <= percentage <= 100:
+        raise InvalidChange(f"percentage {percentage} is outside 0..100", code="bad_percentage")
+    stmt = select(Canary).where(Canary.cohort == cohort).with_for_update()
+    canary = session.scalars(stmt).one_or_none()
+    if canary is None:
+        raise NotFound(f"unknown cohort {cohort!r}", code="unknown_cohort")
+    if canary.version != if_version:
+        raise VersionConflict(
+            f"cohort {cohort!r} is at version {canary.version}, not {if_version}: "
+            "re-read it and decide again", current_version=canary.version)
+    before = canary_json(canary)
+    canary.enabled = enabled
+    if percentage is not None:
+        canary.percentage = percentage
+    canary.version += 1
+    canary.updated_at = utcnow()
+    canary.updated_by = actor
+    audit.record(session=session, actor=actor, action="canary.flip", target=f"cohort:{cohort}",
+                 reason=reason, before=before, after=canary_json(canary))
+    return canary
+
+
+def set_kill_switch(
+    *, session: Session, engaged: bool, reason: str, actor: str, if_version: int | None = None
+) -> KillSwitch:
+    """Engage or release the kill switch; ``if_version`` None means "whatever it is now" (an
+    emergency stop must not need a read first). Raises VersionConflict, InvalidChange."""
+    audit.require_reason(reason)
+    ks = session.scalars(
+        select(KillSwitch).where(KillSwitch.id == KILL_SWITCH_ID).with_for_update()
+    ).one_or_none()
+    if ks is None:
+        raise NotFound("the kill switch row is missing: start the service once")
+    if if_version is not None and ks.version != if_version:
+        raise VersionConflict(f"the kill switch is at version {ks.version}, not {if_version}",
+                              current_version=ks.version)
+    before = {"engaged": ks.engaged, "version": ks.version}
+    ks.engaged = engaged
+    ks.version += 1
+    ks.updated_at = utcnow()
+    ks.updated_by = actor
+    audit.record(session=session, actor=actor, action="kill_switch.set", target="kill-switch",
+                 reason=reason, before=before, after={"engaged": engaged, "version": ks.version})
+    return ks

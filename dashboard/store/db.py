@@ -1,0 +1,96 @@
+"""Engine and sessions: SQLite (WAL, ``BEGIN IMMEDIATE`` for writes) or PostgreSQL by URL, and
+Alembic upgrades (applied on start-up and by ``turnout db upgrade``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+# Serialises concurrent upgrades of one PostgreSQL database by several replicas.
+_PG_MIGRATION_LOCK = 7_423_001
+
+
+class Database:
+    """One database: a read session factory and a write one.
+
+    On SQLite, write transactions start with ``BEGIN IMMEDIATE`` so that concurrent writers wait
+    on ``busy_timeout`` instead of failing when a read snapshot turns stale; on PostgreSQL both
+    factories are the same (row locks and conditional updates give the ordering).
+    """
+
+    def __init__(self, url: str, *, sqlite_synchronous: str = "NORMAL", echo: bool = False):
+        self.url = url
+        sa_url = make_url(url)
+        self.is_sqlite = sa_url.get_backend_name() == "sqlite"
+        kwargs: dict[str, Any] = {"echo": echo}
+        if self.is_sqlite:
+            if sa_url.database and sa_url.database != ":memory:":
+                Path(sa_url.database).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        else:
+            kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
+        self.engine: Engine = create_engine(url, **kwargs)
+        if self.is_sqlite:
+            _install_sqlite_hooks(self.engine, sqlite_synchronous)
+            writer = self.engine.execution_options(sqlite_begin="IMMEDIATE")
+        else:
+            writer = self.engine
+        self.read_session = sessionmaker(self.engine, expire_on_commit=False)
+        self.write_session = sessionmaker(writer, expire_on_commit=False)
+
+    def upgrade(self) -> None:
+        """Apply every pending Alembic migration (idempotent; safe with several replicas)."""
+        with self.engine.begin() as conn:
+            if not self.is_sqlite:
+                conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
+            cfg = alembic_config(self.url)
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, "head")
+
+    def current_revision(self) -> str | None:
+        with self.engine.connect() as conn:
+            from alembic.runtime.migration import MigrationContext
+
+            return MigrationContext.configure(conn).get_current_revision()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def alembic_config(url: str) -> Config:
+    """An Alembic configuration for ``url`` pointing at the shipped migrations."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def _install_sqlite_hooks(engine: Engine, synchronous: str) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" hook below emit BEGIN itself (pysqlite's own is deferred).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        # In WAL mode NORMAL loses nothing when the process is killed, only on power loss.
+        cur.execute(f"PRAGMA synchronous={synchronous}")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        mode = conn.get_execution_options().get("sqlite_begin", "")
+        conn.exec_driver_sql(f"BEGIN {mode}".strip())
+
+
+def session_scope(factory: sessionmaker[Session]) -> Session:
+    """A new session (use as a context manager: ``with session_scope(db.write_session) as s``)."""
+    return factory()

@@ -1,0 +1,169 @@
+"""Decision-event ingest (batched, idempotent by ``event_id``) and the roll-ups kept with it.
+
+One transaction per batch stores the new events, moves each deployment's latest decision
+forward (``deployments``) and adds to the daily roll-ups, so the pages read small tables even
+with millions of events. Duplicates (a client resending after a lost acknowledgement) are
+skipped before anything is counted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from dashboard.store.models import (
+    DailyDecisions,
+    DailyReasons,
+    DecisionEvent,
+    Deployment,
+)
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One reported decision (the API's validated input)."""
+
+    event_id: str
+    at: dt.datetime
+    deployment_id: str
+    pack: str
+    family: str
+    runner: str | None
+    mode: str
+    reason_code: str
+    host: str = ""
+    stage: str | None = None
+    rule_ids: tuple[str, ...] = ()
+    policy_digest: str = ""
+    config: dict[str, Any] | None = field(default=None, compare=False)
+    demo: bool = False
+
+
+def _insert(session: Session, table: Any) -> Any:
+    dialect = session.get_bind().dialect.name
+    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
+
+
+def ingest(*, session: Session, events: Sequence[EventRecord]) -> int:
+    """Store a batch in the caller's transaction; returns how many were new (not duplicates).
+
+    The caller acknowledges only after commit: an acknowledged event is durable.
+    """
+    if not events:
+        return 0
+    rows = [_event_row(e) for e in events]
+    stmt = _insert(session, DecisionEvent).on_conflict_do_nothing(index_elements=["event_id"])
+    inserted = set(session.scalars(stmt.returning(DecisionEvent.event_id), rows))
+    fresh = [e for e in events if e.event_id in inserted]
+    if fresh:
+        _advance_deployments(session, fresh)
+        _add_daily(session, fresh)
+    return len(fresh)
+
+
+def _event_row(e: EventRecord) -> dict[str, Any]:
+    return {
+        "event_id": e.event_id, "at": e.at, "deployment_id": e.deployment_id, "host": e.host,
+        "pack": e.pack, "family": e.family, "runner": e.runner, "mode": e.mode,
+        "stage": e.stage, "reason_code": e.reason_code, "rule_ids": list(e.rule_ids),
+        "policy_digest": e.policy_digest, "demo": e.demo,
+    }
+
+
+def _advance_deployments(session: Session, events: Sequence[EventRecord]) -> None:
+    latest: dict[str, EventRecord] = {}
+    for e in events:
+        cur = latest.get(e.deployment_id)
+        if cur is None or (e.at, e.event_id) > (cur.at, cur.event_id):
+            latest[e.deployment_id] = e
+    rows = []
+    for e in sorted(latest.values(), key=lambda e: e.deployment_id):  # one lock order
+        row = _event_row(e)
+        del row["policy_digest"]
+        row["config"] = e.config
+        rows.append(row)
+    stmt = _insert(session, Deployment)
+    excluded = stmt.excluded
+    names = [c for c in rows[0] if c != "deployment_id"]
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["deployment_id"],
+        set_={n: excluded[n] for n in names},
+        # Out-of-order delivery: an older event never overwrites a newer decision.
+        where=Deployment.at <= excluded.at,
+    )
+    session.execute(stmt, rows)
+
+
+def _add_daily(session: Session, events: Sequence[EventRecord]) -> None:
+    decisions: Counter[tuple[dt.date, str, str, str, bool]] = Counter()
+    reasons: Counter[tuple[dt.date, str, str, bool]] = Counter()
+    for e in events:
+        day = e.at.astimezone(dt.UTC).date()
+        decisions[(day, e.family, e.runner or "", e.reason_code, e.demo)] += 1
+        for rule_id in set(e.rule_ids):
+            reasons[(day, e.family, rule_id, e.demo)] += 1
+    _upsert_counts(session, DailyDecisions, ["day", "family", "runner", "reason_code", "demo"],
+                   decisions)
+    _upsert_counts(session, DailyReasons, ["day", "family", "rule_id", "demo"], reasons)
+
+
+def _upsert_counts(session: Session, table: Any, keys: list[str], counts: Counter[Any]) -> None:
+    if not counts:
+        return
+    rows = [dict(zip(keys, k, strict=True), num_events=n) for k, n in sorted(counts.items())]
+    stmt = _insert(session, table)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=keys, set_={"num_events": table.num_events + stmt.excluded.num_events})
+    session.execute(stmt, rows)
+
+
+def count_events(*, session: Session, demo: bool | None = None) -> int:
+    from sqlalchemy import func
+
+    stmt = select(func.count()).select_from(DecisionEvent)
+    if demo is not None:
+        stmt = stmt.where(DecisionEvent.demo.is_(demo))
+    return int(session.scalar(stmt) or 0)
+
+
+def remove_demo(*, session: Session) -> int:
+    """Delete every demo event, deployment and roll-up row; returns the events removed."""
+    num = count_events(session=session, demo=True)
+    for table in (DecisionEvent, Deployment, DailyDecisions, DailyReasons):
+        session.execute(delete(table).where(table.demo.is_(True)))
+    return num
+
+
+def list_events(
+    *,
+    session: Session,
+    limit: int = 100,
+    family: str | None = None,
+    runner: str | None = None,
+    reason_code: str | None = None,
+    rule_id: str | None = None,
+    deployment_id: str | None = None,
+) -> list[DecisionEvent]:
+    """Newest first, filtered; ``runner="none"`` selects decisions without a runner (errors)."""
+    stmt = select(DecisionEvent).order_by(DecisionEvent.at.desc(),
+                                          DecisionEvent.event_id).limit(limit)
+    if family:
+        stmt = stmt.where(DecisionEvent.family == family)
+    if runner == "none":
+        stmt = stmt.where(DecisionEvent.runner.is_(None))
+    elif runner:
+        stmt = stmt.where(DecisionEvent.runner == runner)
+    if reason_code:
+        stmt = stmt.where(DecisionEvent.reason_code == reason_code)
+    if deployment_id:
+        stmt = stmt.where(DecisionEvent.deployment_id == deployment_id)
+    if rule_id:
+        return [e for e in session.scalars(stmt.limit(limit * 20)) if rule_id in e.rule_ids][:limit]
+    return list(session.scalars(stmt))

@@ -1,0 +1,210 @@
+"""Tables of the rollout-control store (SQLAlchemy 2 typed declarative models).
+
+Times are timezone-aware UTC (``UTCDateTime``). The schema itself is created by the Alembic
+migrations in ``dashboard/migrations``; these models must match them (a test compares).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Date,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# none_as_null: Python None is SQL NULL (not the JSON literal null), so IS NULL filters work.
+JSONType = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """A timestamp stored as UTC and always read back timezone-aware (SQLite drops the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware time")
+        return value.astimezone(dt.UTC)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = dt.datetime.fromisoformat(value)
+        assert isinstance(value, dt.datetime)
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dt.datetime: UTCDateTime(), dict[str, Any]: JSONType}
+
+
+class Canary(Base):
+    """The canary state of one rollout cohort (a stage of the pack's rollout.yaml)."""
+
+    __tablename__ = "canaries"
+
+    cohort: Mapped[str] = mapped_column(String(64), primary_key=True)
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    percentage: Mapped[int] = mapped_column(Integer, default=100)
+    # Optimistic concurrency: a flip names the version it read (If-Match) and bumps it.
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_by: Mapped[str] = mapped_column(String(128), default="pack defaults")
+
+
+class KillSwitch(Base):
+    """The global kill switch (one row, id 1): engaged sends every auto deployment to V1."""
+
+    __tablename__ = "kill_switch"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    engaged: Mapped[bool] = mapped_column(Boolean, default=False)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_by: Mapped[str] = mapped_column(String(128), default="pack defaults")
+
+
+class AuditEntry(Base):
+    """One change, append-only: the migrations install triggers that refuse UPDATE and DELETE."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[dt.datetime] = mapped_column(default=utcnow, index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(128))
+    reason: Mapped[str] = mapped_column(Text)
+    before: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    after: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+
+
+class DecisionEvent(Base):
+    """One decision an engine made at start-up, as reported (idempotent by ``event_id``)."""
+
+    __tablename__ = "decision_events"
+    __table_args__ = (
+        Index("ix_decision_events_at", "at"),
+        Index("ix_decision_events_deployment", "deployment_id", "at"),
+        Index("ix_decision_events_family_runner", "family", "runner"),
+    )
+
+    event_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    at: Mapped[dt.datetime] = mapped_column()
+    deployment_id: Mapped[str] = mapped_column(String(256))
+    host: Mapped[str] = mapped_column(String(256), default="")
+    pack: Mapped[str] = mapped_column(String(64))
+    family: Mapped[str] = mapped_column(String(64))
+    runner: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    mode: Mapped[str] = mapped_column(String(16))
+    stage: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason_code: Mapped[str] = mapped_column(String(32))
+    rule_ids: Mapped[list[str]] = mapped_column(JSONType)
+    policy_digest: Mapped[str] = mapped_column(String(128), default="")
+    demo: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Deployment(Base):
+    """The latest decision of each deployment (kept at ingest; the fleet view and aggregates)."""
+
+    __tablename__ = "deployments"
+    __table_args__ = (Index("ix_deployments_runner_family", "runner", "family"),)
+
+    deployment_id: Mapped[str] = mapped_column(String(256), primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(64))
+    at: Mapped[dt.datetime] = mapped_column()
+    host: Mapped[str] = mapped_column(String(256), default="")
+    pack: Mapped[str] = mapped_column(String(64))
+    family: Mapped[str] = mapped_column(String(64))
+    runner: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    mode: Mapped[str] = mapped_column(String(16))
+    stage: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason_code: Mapped[str] = mapped_column(String(32))
+    rule_ids: Mapped[list[str]] = mapped_column(JSONType)
+    # Stored so the impact preview can re-decide the deployment under a hypothetical flip.
+    config: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    demo: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class DailyDecisions(Base):
+    """Events per day × family × runner × reason code (rolled up at ingest)."""
+
+    __tablename__ = "daily_decisions"
+
+    day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    family: Mapped[str] = mapped_column(String(64), primary_key=True)
+    runner: Mapped[str] = mapped_column(String(8), primary_key=True)  # "" when no runner
+    reason_code: Mapped[str] = mapped_column(String(32), primary_key=True)
+    demo: Mapped[bool] = mapped_column(Boolean, primary_key=True)
+    num_events: Mapped[int] = mapped_column(Integer)
+
+
+class DailyReasons(Base):
+    """Events that carried a rule per day × family × rule id (rolled up at ingest)."""
+
+    __tablename__ = "daily_reasons"
+
+    day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    family: Mapped[str] = mapped_column(String(64), primary_key=True)
+    rule_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    demo: Mapped[bool] = mapped_column(Boolean, primary_key=True)
+    num_events: Mapped[int] = mapped_column(Integer)
+
+
+class ApiToken(Base):
+    """A bearer token, stored as its SHA-256 (the token itself is shown once, at creation)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128))
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    created_by: Mapped[str] = mapped_column(String(128))
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+
+class ParityEvidence(Base):
+    """A parity-suite result for a family on a runner pair (what backs a canary flip)."""
+
+    __tablename__ = "parity_evidence"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    family: Mapped[str] = mapped_column(String(64), index=True)
+    runner_pair: Mapped[str] = mapped_column(String(16))  # "v1:v2"
+    suite: Mapped[str] = mapped_column(String(128))
+    result: Mapped[str] = mapped_column(String(16))  # pass | fail
+    details: Mapped[str] = mapped_column(Text, default="")
+    recorded_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    recorded_by: Mapped[str] = mapped_column(String(128))
+
+
+class ServiceMeta(Base):
+    """Small facts about this database (``demo_seeded``...)."""
+
+    __tablename__ = "service_meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)

@@ -1,0 +1,257 @@
+"""The engine's client of the rollout-control service (httpx only; no fastapi/sqlalchemy).
+
+An engine asks once at start-up which runner to use. The client
+
+* decides locally with the oracle against the service's canary snapshot, fetched in the
+  background by ETag with a short timeout and kept on disk as the last-known-good copy;
+* never blocks start-up for long: the first ``decide()`` waits at most ``startup_wait_s`` for
+  the first fetch, then falls back to the copy on disk, then to the pack's defaults from
+  ``rollout.yaml`` (``canaries=None``) — with the service down it decides within 100 ms;
+* reports each decision as an event that is appended (and fsynced) to a spool on disk before
+  ``report()`` returns, and sent in background batches (``POST /api/v1/decisions``, idempotent
+  by event id); a spool segment is deleted only after the service acknowledged it, so an event
+  is never lost between the engine and the store, whoever crashes.
+
+Usage::
+
+    with OracleClient("http://127.0.0.1:8000", token, cache_dir=Path("~/.cache/turnout")) as c:
+        decision = c.decide(DeploymentConfig.from_command(argv, env), deployment_id="prod-7")
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+
+from oracle import CanarySnapshot, CohortState, Decision, DeploymentConfig, decide, load_pack
+from oracle.client_spool import SendResult, Spool
+
+log = logging.getLogger("turnout.client")
+
+SnapshotSource = Literal["service", "disk", "defaults"]
+
+
+def event_from_decision(decision: Decision, config: DeploymentConfig, *, pack: str,
+                        deployment_id: str, host: str = "", at: datetime | None = None,
+                        event_id: str | None = None, demo: bool = False) -> dict[str, Any]:
+    """The ingest event (``POST /api/v1/decisions`` item) for one decision, as JSON data."""
+    return {
+        "event_id": event_id or uuid.uuid4().hex,
+        "at": (at or datetime.now(UTC)).isoformat(),
+        "deployment_id": deployment_id,
+        "host": host,
+        "pack": pack,
+        "family": decision.family or "unknown",
+        "runner": decision.runner,
+        "mode": decision.mode,
+        "stage": decision.stage,
+        "reason_code": decision.reason_code,
+        "rule_ids": [r.rule_id for r in decision.reasons],
+        "policy_digest": decision.policy_digest,
+        "config": config.to_spec(),
+        "demo": demo,
+    }
+
+
+def snapshot_from_json(body: Mapping[str, Any]) -> CanarySnapshot:
+    """The oracle's CanarySnapshot from a ``GET /api/v1/canaries`` body."""
+    return CanarySnapshot(
+        cohorts={c["cohort"]: CohortState(enabled=bool(c["enabled"]),
+                                          percentage=int(c["percentage"]))
+                 for c in body["cohorts"]},
+        kill_switch=bool(body["kill_switch"]["engaged"]),
+    )
+
+
+class OracleClient:
+    """Embedded decisions with the service's canaries; background snapshot and reports."""
+
+    def __init__(
+        self,
+        url: str | None,
+        token: str | None = None,
+        *,
+        cache_dir: Path,
+        pack: str = "turnout",
+        host: str | None = None,
+        timeout_s: float = 0.5,
+        startup_wait_s: float = 0.08,
+        refresh_interval_s: float = 30.0,
+        flush_interval_s: float = 1.0,
+        batch_size: int = 500,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.pack_name = pack
+        self.pack = load_pack(pack)  # compiled once, before any deadline starts
+        self.host = host if host is not None else socket.gethostname()
+        self.cache_dir = Path(cache_dir)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self.startup_wait_s = startup_wait_s
+        self.refresh_interval_s = refresh_interval_s
+        self.flush_interval_s = flush_interval_s
+        self.batch_size = batch_size
+        self.spool = Spool(self.cache_dir / "spool")
+        self._http = None if url is None else httpx.Client(
+            base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout_s), transport=transport,
+            headers={"Authorization": f"Bearer {token}"} if token else {})
+        self._etag: str | None = None
+        self._snapshot: CanarySnapshot | None = None
+        self.snapshot_source: SnapshotSource = "defaults"
+        self._first_fetch = threading.Event()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._load_last_known_good()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> OracleClient:
+        """Start the background thread (snapshot refresh, batched reports)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="turnout-client", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, flush_timeout_s: float = 2.0) -> None:
+        """Stop the thread after one last send; unsent events stay in the spool for next time."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=flush_timeout_s + 1.0)
+            self._thread = None
+        if self._http is not None:
+            self._http.close()
+
+    def __enter__(self) -> OracleClient:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # -- deciding --------------------------------------------------------------------------
+    def snapshot(self) -> CanarySnapshot | None:
+        """The snapshot ``decide`` uses (None: the pack's defaults). The first call waits up
+        to ``startup_wait_s`` for the background fetch."""
+        if self._thread is not None and not self._first_fetch.is_set():
+            self._first_fetch.wait(self.startup_wait_s)
+        return self._snapshot
+
+    def decide(self, config: DeploymentConfig, *, deployment_id: str | None = None,
+               report: bool = True) -> Decision:
+        """Decide locally (never raises for an unknown architecture; no network wait beyond
+        ``startup_wait_s``) and, when ``report``, spool the event for the service."""
+        decision = decide(config, pack=self.pack, canaries=self.snapshot())
+        if report:
+            self.report(decision, config,
+                        deployment_id=deployment_id or config.deployment_id or self.host)
+        return decision
+
+    def report(self, decision: Decision, config: DeploymentConfig, *,
+               deployment_id: str) -> str:
+        """Append the decision's event to the on-disk spool (durable on return); returns the
+        event id. The background thread sends it."""
+        event = event_from_decision(decision, config, pack=self.pack_name,
+                                    deployment_id=deployment_id, host=self.host)
+        self.spool.append(event)
+        self._wake.set()
+        return str(event["event_id"])
+
+    # -- background work -------------------------------------------------------------------
+    def _run(self) -> None:
+        self.refresh()
+        self._first_fetch.set()
+        next_refresh = self.refresh_interval_s
+        while not self._stop.is_set():
+            self.flush()
+            self._wake.wait(min(self.flush_interval_s, next_refresh))
+            self._wake.clear()
+            next_refresh -= self.flush_interval_s
+            if next_refresh <= 0:
+                self.refresh()
+                next_refresh = self.refresh_interval_s
+        self.flush()
+
+    def refresh(self) -> SnapshotSource:
+        """Fetch the snapshot (conditional on the ETag); on any failure keep what we have."""
+        if self._http is None:
+            return self.snapshot_source
+        headers = {"If-None-Match": self._etag} if self._etag else {}
+        try:
+            resp = self._http.get("/api/v1/canaries", headers=headers)
+        except httpx.HTTPError as err:
+            log.warning("canary snapshot fetch failed (%s); using the %s copy", err,
+                        self.snapshot_source)
+            return self.snapshot_source
+        if resp.status_code == 304:
+            self.snapshot_source = "service"
+            return "service"
+        if resp.status_code != 200:
+            log.warning("canary snapshot fetch: HTTP %d; using the %s copy", resp.status_code,
+                        self.snapshot_source)
+            return self.snapshot_source
+        body = resp.json()
+        if body.get("pack") != self.pack_name:
+            log.warning("the service runs pack %r, this engine %r: using the pack's defaults",
+                        body.get("pack"), self.pack_name)
+            return self.snapshot_source
+        self._snapshot = snapshot_from_json(body)
+        self._etag = resp.headers.get("ETag")
+        self.snapshot_source = "service"
+        self._save_last_known_good(body)
+        return "service"
+
+    def flush(self) -> int:
+        """Send every spooled event now; returns how many the service acknowledged."""
+        if self._http is None:
+            return 0
+        return self.spool.drain(self._send, self.batch_size)
+
+    def _send(self, batch: list[dict[str, Any]]) -> SendResult:
+        assert self._http is not None
+        try:
+            resp = self._http.post("/api/v1/decisions", json={"events": batch})
+        except httpx.HTTPError as err:
+            log.info("decision report deferred (%s); %d events stay spooled", err, len(batch))
+            return "retry"
+        if resp.status_code == 200:
+            return "ok"
+        if resp.status_code == 422:
+            # A batch the service will never take: set it aside on disk, say so, go on.
+            log.error("the service rejected %d events: %s", len(batch), resp.text[:500])
+            return "reject"
+        log.info("decision report deferred (HTTP %d)", resp.status_code)
+        return "retry"
+
+    # -- last-known-good -------------------------------------------------------------------
+    @property
+    def _lkg_path(self) -> Path:
+        return self.cache_dir / f"snapshot-{self.pack_name}.json"
+
+    def _load_last_known_good(self) -> None:
+        try:
+            data = json.loads(self._lkg_path.read_text())
+            self._snapshot = snapshot_from_json(data["body"])
+            self._etag = data.get("etag")
+            self.snapshot_source = "disk"
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("ignoring unreadable last-known-good snapshot %s: %s", self._lkg_path,
+                        err)
+
+    def _save_last_known_good(self, body: Mapping[str, Any]) -> None:
+        tmp = self._lkg_path.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "w") as f:
+            json.dump({"etag": self._etag, "body": body}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._lkg_path)

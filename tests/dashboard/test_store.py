@@ -1,0 +1,193 @@
+"""The store on SQLite and PostgreSQL: migrations, canary flips with versions, the append-only
+audit log, idempotent ingest with its roll-ups, tokens."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
+
+from dashboard.store import aggregates, audit, canaries, events, tokens
+from dashboard.store.canaries import CohortDefault
+from dashboard.store.db import Database
+from dashboard.store.errors import InvalidChange, NotFound, VersionConflict
+from dashboard.store.events import EventRecord
+from dashboard.store.models import Base
+
+DEFAULTS = [CohortDefault("qwen3", False), CohortDefault("llama-mistral", False, 50)]
+
+
+@pytest.fixture
+def db(db_url: str) -> Database:
+    database = Database(db_url)
+    database.upgrade()
+    with database.write_session() as s:
+        canaries.ensure_defaults(session=s, defaults=DEFAULTS)
+        s.commit()
+    yield database
+    database.dispose()
+
+
+def test_migrations_match_the_models_and_rerun_cleanly(db: Database) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    db.upgrade()  # a second upgrade is a no-op
+    assert db.current_revision() == "0001"
+    with db.engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path) -> None:
+    database = Database(f"sqlite:///{tmp_path / 'w.db'}")
+    with database.engine.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+
+
+def test_defaults_are_inserted_once_and_keep_existing_state(db: Database) -> None:
+    with db.write_session() as s:
+        canaries.flip_canary(session=s, cohort="qwen3", enabled=True, reason="go",
+                             actor="t", if_version=1)
+        s.commit()
+    with db.write_session() as s:
+        added = canaries.ensure_defaults(session=s, defaults=[*DEFAULTS,
+                                                              CohortDefault("pooling", True)])
+        s.commit()
+    assert added == ["pooling"]
+    with db.read_session() as s:
+        state = canaries.read_state(session=s)
+    assert state.cohorts == {"qwen3": (True, 100, 2), "llama-mistral": (False, 50, 1),
+                             "pooling": (True, 100, 1)}
+
+
+def test_flip_checks_version_and_writes_one_audit_entry(db: Database) -> None:
+    with db.write_session() as s:
+        row = canaries.flip_canary(session=s, cohort="qwen3", enabled=True, percentage=25,
+                                   reason="parity suite green", actor="alice", if_version=1)
+        s.commit()
+    assert (row.enabled, row.percentage, row.version) == (True, 25, 2)
+    with db.write_session() as s, pytest.raises(VersionConflict) as err:
+        canaries.flip_canary(session=s, cohort="qwen3", enabled=False, reason="x",
+                             actor="bob", if_version=1)
+    assert err.value.current_version == 2
+    with db.read_session() as s:
+        entries = audit.list_entries(session=s)
+    assert len(entries) == 1
+    e = entries[0]
+    assert (e.actor, e.action, e.target, e.reason) == ("alice", "canary.flip", "cohort:qwen3",
+                                                       "parity suite green")
+    assert e.before == {"enabled": False, "percentage": 100, "version": 1}
+    assert e.after == {"enabled": True, "percentage": 25, "version": 2}
+    assert e.at.tzinfo is not None
+
+
+@pytest.mark.parametrize("reason", ["", "   "])
+def test_flip_without_reason_is_refused_and_changes_nothing(db: Database, reason: str) -> None:
+    with db.write_session() as s, pytest.raises(InvalidChange) as err:
+        canaries.flip_canary(session=s, cohort="qwen3", enabled=True, reason=reason,
+                             actor="t", if_version=1)
+    assert err.value.code == "reason_required"
+    with db.read_session() as s:
+        assert canaries.read_state(session=s).cohorts["qwen3"] == (False, 100, 1)
+
+
+def test_unknown_cohort_and_bad_percentage(db: Database) -> None:
+    with db.write_session() as s, pytest.raises(NotFound):
+        canaries.flip_canary(session=s, cohort="nope", enabled=True, reason="r", actor="t",
+                             if_version=1)
+    with db.write_session() as s, pytest.raises(InvalidChange):
+        canaries.flip_canary(session=s, cohort="qwen3", enabled=True, reason="r", actor="t",
+                             if_version=1, percentage=101)
+
+
+def test_audit_log_refuses_update_and_delete_in_the_database(db: Database) -> None:
+    with db.write_session() as s:
+        canaries.set_kill_switch(session=s, engaged=True, reason="incident 42", actor="root")
+        s.commit()
+    for sql in ("UPDATE audit_log SET reason = 'rewritten'", "DELETE FROM audit_log"):
+        with db.engine.connect() as conn, pytest.raises(DBAPIError, match="append-only"):
+            conn.execute(text(sql))
+    with db.read_session() as s:
+        assert [e.reason for e in audit.list_entries(session=s)] == ["incident 42"]
+
+
+def test_etag_changes_with_any_version(db: Database) -> None:
+    with db.read_session() as s:
+        before = canaries.read_state(session=s).etag
+    with db.write_session() as s:
+        canaries.set_kill_switch(session=s, engaged=True, reason="r", actor="t")
+        s.commit()
+    with db.read_session() as s:
+        after = canaries.read_state(session=s)
+    assert after.etag != before and after.kill_switch is True
+
+
+def _event(i: int, deployment: str, at: dt.datetime, runner: str | None = "v1",
+           rules: tuple[str, ...] = ("spec_ngram",), demo: bool = False) -> EventRecord:
+    return EventRecord(event_id=f"ev-{i}", at=at, deployment_id=deployment, pack="turnout",
+                       family="qwen3", runner=runner, mode="auto",
+                       reason_code="STATIC" if runner == "v1" else "DEFAULT",
+                       rule_ids=rules if runner == "v1" else (), stage="qwen3",
+                       config={"architecture": "Qwen3ForCausalLM"}, demo=demo)
+
+
+def test_ingest_is_idempotent_and_keeps_the_latest_decision(db: Database) -> None:
+    t0 = dt.datetime(2026, 11, 28, 12, tzinfo=dt.UTC)
+    batch = [_event(1, "a", t0), _event(2, "a", t0 + dt.timedelta(hours=1), runner="v2"),
+             _event(3, "b", t0), _event(4, "b", t0 + dt.timedelta(days=1), rules=("dbo",))]
+    with db.write_session() as s:
+        assert events.ingest(session=s, events=batch) == 4
+        s.commit()
+    # A resend (lost acknowledgement) and an old, out-of-order event for "a".
+    with db.write_session() as s:
+        late = _event(5, "a", t0 - dt.timedelta(days=1), rules=("cpu_offload",))
+        assert events.ingest(session=s, events=[*batch, late]) == 1
+        s.commit()
+    with db.read_session() as s:
+        assert events.count_events(session=s) == 5
+        report = aggregates.fallbacks(session=s, today=dt.date(2026, 11, 29))
+        ov = aggregates.overview(session=s, today=dt.date(2026, 11, 29))
+    assert report.num_deployments == 2
+    assert report.ranked == [("dbo", 1)]  # "a" is on V2 now; "b"'s latest carries dbo
+    assert report.by_day == {"spec_ngram": {"2026-11-28": 2}, "dbo": {"2026-11-29": 1},
+                             "cpu_offload": {"2026-11-27": 1}}
+    assert ov.by_runner == {"v2": 1, "v1": 1}
+    assert ov.by_day["2026-11-28"] == {"v1": 2, "v2": 1}
+
+
+def test_demo_rows_are_removed_with_their_rollups(db: Database) -> None:
+    t0 = dt.datetime(2026, 11, 28, tzinfo=dt.UTC)
+    with db.write_session() as s:
+        events.ingest(session=s, events=[_event(1, "real", t0),
+                                         _event(2, "demo/x", t0, demo=True)])
+        s.commit()
+    with db.write_session() as s:
+        assert events.remove_demo(session=s) == 1
+        s.commit()
+    with db.read_session() as s:
+        assert events.count_events(session=s) == 1
+        report = aggregates.fallbacks(session=s, today=dt.date(2026, 11, 28))
+    assert report.num_deployments == 1
+    assert report.by_day == {"spec_ngram": {"2026-11-28": 1}}
+
+
+def test_tokens_are_stored_hashed_and_revocable(db: Database) -> None:
+    with db.write_session() as s:
+        row, token = tokens.create_token(session=s, name="ci", role=tokens.Role.operator,
+                                         actor="t")
+        s.commit()
+    assert token.startswith("tok_") and len(token) > 40
+    with db.engine.connect() as conn:
+        stored = conn.execute(text("SELECT token_hash FROM api_tokens")).scalar_one()
+    assert token not in stored and stored == tokens.hash_token(token)
+    with db.read_session() as s:
+        found = tokens.verify_token(session=s, token=token)
+        assert found is not None and found.role == "operator"
+        assert tokens.verify_token(session=s, token=token + "x") is None
+    with db.write_session() as s:
+        tokens.revoke_token(session=s, token_id=row.id, actor="t", reason="leaked")
+        s.commit()
+    with db.read_session() as s:
+        assert tokens.verify_token(session=s, token=token) is None
