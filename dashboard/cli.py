@@ -181,6 +181,10 @@ def _flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
     from dashboard.store.errors import StoreError
 
     services = _prepared(database_url, pack)
+    resolved = services.policy.resolve_cohort(cohort)
+    if resolved != cohort:
+        typer.echo(f"{cohort}: the family's first rollout stage is {resolved}")
+        cohort = resolved
     try:
         with services.db.write_session() as session:
             current = canaries.get_canary(session=session, cohort=cohort)
@@ -195,7 +199,8 @@ def _flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
 
 
 @canary_app.command("enable")
-def canary_enable(cohort: str, reason: ReasonOpt,
+def canary_enable(cohort: Annotated[str, typer.Argument(help="cohort id or family name")],
+                  reason: ReasonOpt,
                   percentage: Annotated[int | None, typer.Option(min=0, max=100)] = None,
                   database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
     """Turn a cohort's canary on (V2 for its auto deployments)."""
@@ -203,7 +208,8 @@ def canary_enable(cohort: str, reason: ReasonOpt,
 
 
 @canary_app.command("disable")
-def canary_disable(cohort: str, reason: ReasonOpt, database_url: DatabaseOpt = None,
+def canary_disable(cohort: Annotated[str, typer.Argument(help="cohort id or family name")],
+                   reason: ReasonOpt, database_url: DatabaseOpt = None,
                    pack: PackOpt = None) -> None:
     """Turn a cohort's canary off (its auto deployments go back to V1)."""
     _flip(cohort, False, reason, None, database_url, pack)

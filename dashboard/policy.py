@@ -68,6 +68,36 @@ class Policy:
     def cohort_labels(self) -> dict[str, str]:
         return {c.id: str(getattr(c, "label", c.id)) for c in self.pack.cohorts}
 
+    def resolve_cohort(self, name: str) -> str:
+        """A cohort id from a cohort id or a family name (the first stage that lists the
+        family: ``qwen3`` → ``qwen3-canary``); unknown names come back unchanged."""
+        ids = [c.id for c in self.pack.cohorts]
+        if name in ids:
+            return name
+        for c in self.pack.cohorts:
+            if name in c.families:
+                return c.id
+        return name
+
+    def family_names(self) -> list[str]:
+        return sorted(self.pack.families)
+
+    def reason_labels(self) -> dict[str, str]:
+        """Fallback-reason key → label: the pack's rules, the per-stage rollout reasons
+        (``rollout.stage_off:<stage>``, see ``aggregates.reason_keys``) and the fixed ones."""
+        labels = {r.id: r.label for r in self.pack.rules}
+        labels.update({
+            "rollout.kill_switch": "the rollout kill switch is on",
+            "rollout.no_stage": "in no rollout stage",
+            "pin.v1": f"pinned to V1 by {self.pack.env_var}=0",
+            "pin.v2": f"pinned to V2 by {self.pack.env_var}=1",
+            "ERROR": "no runner: the configuration cannot be served as asked",
+        })
+        for c in self.pack.cohorts:
+            labels[f"rollout.stage_off:{c.id}"] = f"not yet enabled for V2 (stage {c.label})"
+            labels[f"rollout.split_out:{c.id}"] = f"outside the canary share of stage {c.label}"
+        return labels
+
     def cached_snapshot(self) -> Snapshot | None:
         """The cached snapshot while fresh, else None (the caller refreshes off the event loop)."""
         cached = self._cached

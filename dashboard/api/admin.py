@@ -24,6 +24,7 @@ from dashboard.deps import (
     ServicesDep,
     ViewerDep,
     WriteSessionDep,
+    http_error,
     raise_store_error,
 )
 from dashboard.store import evidence, tokens
@@ -56,10 +57,14 @@ def post_token(body: TokenIn, session: WriteSessionDep, who: AdminDep) -> TokenC
 
 
 @router.post("/tokens/{token_id}/revoke", response_model=TokenOut, tags=["tokens"],
-             responses={404: {"model": ErrorResponse}})
+             responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}})
 def revoke_token(token_id: int, body: RevokeIn, services: ServicesDep,
                  session: WriteSessionDep, who: AdminDep) -> TokenOut:
-    """Revoke a token (admin); every process stops accepting it within the token cache TTL."""
+    """Revoke a token (admin); every process stops accepting it within the token cache TTL.
+    A token cannot revoke itself (409): that would lock its holder out by accident."""
+    if token_id == who.token_id:
+        raise http_error(409, "self_revoke", "this is the token making the call; revoke it "
+                         "with another admin token or `turnout token revoke`")
     try:
         row = tokens.revoke_token(session=session, token_id=token_id, actor=who.actor,
                                   reason=body.reason)

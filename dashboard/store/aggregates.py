@@ -14,12 +14,15 @@ from sqlalchemy.orm import Session
 from dashboard.store.models import DailyDecisions, DailyReasons, Deployment
 
 
+_PER_STAGE = ("rollout.stage_off", "rollout.split_out")
+
+
 def reason_keys(rule_ids: list[str], reason_code: str, stage: str | None) -> list[str]:
-    """What a fallback is attributed to: its rule ids, or for a rollout fallback without a rule
-    (canary off, kill switch) the reason code and stage, e.g. ``DISABLED:qwen3``."""
-    if rule_ids:
-        return list(rule_ids)
-    return [f"{reason_code}:{stage}" if stage else reason_code]
+    """What a fallback is attributed to: its rule ids, the per-stage rollout reasons split by
+    stage (``rollout.stage_off:qwen3-canary``), or, with no rule at all, the reason code."""
+    if not rule_ids:
+        return [reason_code]
+    return [f"{r}:{stage}" if r in _PER_STAGE and stage else r for r in rule_ids]
 
 
 @dataclass

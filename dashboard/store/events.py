@@ -18,6 +18,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from dashboard.store.aggregates import reason_keys
 from dashboard.store.models import (
     DailyDecisions,
     DailyReasons,
@@ -107,8 +108,10 @@ def _add_daily(session: Session, events: Sequence[EventRecord]) -> None:
     for e in events:
         day = e.at.astimezone(dt.UTC).date()
         decisions[(day, e.family, e.runner or "", e.reason_code, e.demo)] += 1
-        for rule_id in set(e.rule_ids):
-            reasons[(day, e.family, rule_id, e.demo)] += 1
+        if e.runner == "v2":
+            continue  # the reasons roll-up is of fallbacks (same keys as the ranking)
+        for key in set(reason_keys(list(e.rule_ids), e.reason_code, e.stage)):
+            reasons[(day, e.family, key, e.demo)] += 1
     _upsert_counts(session, DailyDecisions, ["day", "family", "runner", "reason_code", "demo"],
                    decisions)
     _upsert_counts(session, DailyReasons, ["day", "family", "rule_id", "demo"], reasons)
@@ -165,5 +168,11 @@ def list_events(
     if deployment_id:
         stmt = stmt.where(DecisionEvent.deployment_id == deployment_id)
     if rule_id:
-        return [e for e in session.scalars(stmt.limit(limit * 20)) if rule_id in e.rule_ids][:limit]
+        # A ranking key: a rule id, "rule:stage" for per-stage rollout reasons, or a reason code.
+        rule, _, stage = rule_id.partition(":")
+        if stage:
+            stmt = stmt.where(DecisionEvent.stage == stage)
+        scan = session.scalars(stmt.limit(limit * 50))
+        return [e for e in scan if rule in e.rule_ids
+                or (not e.rule_ids and e.reason_code == rule)][:limit]
     return list(session.scalars(stmt))

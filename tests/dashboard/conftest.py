@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from service_helpers import LiveService
 
 PG_BASE = os.environ.get("TURNOUT_TEST_PG_URL",
                          "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -61,3 +62,12 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'turnout.db'}"
     return str(request.getfixturevalue("pg_schema_url"))
+
+
+@pytest.fixture
+def live(tmp_path: Path) -> Iterator[list[LiveService]]:
+    """Services started by a test (``live.append(start_service(...))``), stopped afterwards."""
+    started: list[LiveService] = []
+    yield started
+    for s in started:
+        s.stop()

@@ -1,0 +1,82 @@
+"""Helpers of the service tests that start real ``turnout serve`` processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_tokens(url: str) -> dict[str, str]:
+    """Migrate ``url`` and create one token per role; returns role → token."""
+    from dashboard.store import tokens
+    from dashboard.store.db import Database
+
+    db = Database(url)
+    db.upgrade()
+    out = {}
+    with db.write_session() as s:
+        for role in tokens.Role:
+            _row, out[role.value] = tokens.create_token(session=s, name=f"test {role.value}",
+                                                        role=role, actor="tests")
+        s.commit()
+    db.dispose()
+    return out
+
+
+@dataclass
+class LiveService:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def start_service(db_url: str, log: Path, *, demo: bool = False,
+                  env: dict[str, str] | None = None) -> LiveService:
+    """``turnout serve`` in a subprocess on a free port; returns once /healthz answers."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-c", "from oracle.cli import main; main()", "serve",
+           "--port", str(port), "--database-url", db_url, "--demo" if demo else "--no-demo"]
+    full_env = {**os.environ, "TURNOUT_LOG_LEVEL": "warning", **(env or {})}
+    out = open(log, "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"service exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return LiveService(url, proc, log)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"service did not answer within 60 s:\n{log.read_text()}")

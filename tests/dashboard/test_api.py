@@ -1,0 +1,210 @@
+"""The JSON API in-process (FastAPI TestClient) on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from fastapi.testclient import TestClient
+from oracle import DeploymentConfig, decide, load_pack
+
+from dashboard.app import create_app
+from dashboard.services import Services
+from dashboard.settings import Settings
+from dashboard.store import tokens as token_store
+
+QWEN3 = {"architecture": "Qwen3ForCausalLM"}
+
+
+@dataclass
+class Api:
+    client: TestClient
+    services: Services
+    tokens: dict[str, str]
+
+    def h(self, role: str | None) -> dict[str, str]:
+        return {} if role is None else {"Authorization": f"Bearer {self.tokens[role]}"}
+
+
+@pytest.fixture
+def api(db_url: str) -> Iterator[Api]:
+    services = Services.build(Settings(database_url=db_url, demo=False, snapshot_ttl_s=0))
+    app = create_app(services=services)
+    with TestClient(app) as client:
+        made = {}
+        with services.db.write_session() as s:
+            for role in token_store.Role:
+                _r, made[role.value] = token_store.create_token(session=s, name=role.value,
+                                                                role=role, actor="tests")
+            s.commit()
+        yield Api(client, services, made)
+
+
+def _first_cohort(api: Api) -> dict[str, object]:
+    r = api.client.get("/api/v1/canaries", headers=api.h("viewer"))
+    assert r.status_code == 200
+    return dict(r.json()["cohorts"][0])
+
+
+def test_canaries_come_from_the_pack_in_rollout_order(api: Api) -> None:
+    pack = load_pack("turnout")
+    body = api.client.get("/api/v1/canaries", headers=api.h("viewer")).json()
+    assert [c["cohort"] for c in body["cohorts"]] == [c.id for c in pack.cohorts]
+    assert [c["enabled"] for c in body["cohorts"]] == [bool(c.enabled) for c in pack.cohorts]
+    assert body["kill_switch"]["engaged"] is False and body["pack"] == "turnout"
+
+
+def test_canaries_etag_and_304(api: Api) -> None:
+    r = api.client.get("/api/v1/canaries", headers=api.h("viewer"))
+    etag = r.headers["ETag"]
+    r2 = api.client.get("/api/v1/canaries", headers={**api.h("viewer"), "If-None-Match": etag})
+    assert r2.status_code == 304 and r2.content == b""
+
+
+def test_patch_needs_if_match_and_a_current_version(api: Api) -> None:
+    cohort = _first_cohort(api)
+    name, version = cohort["cohort"], cohort["version"]
+    url = f"/api/v1/canaries/{name}"
+    body = {"enabled": not cohort["enabled"], "reason": "parity green on H200"}
+    assert api.client.patch(url, json=body, headers=api.h("operator")).status_code == 428
+    r = api.client.patch(url, json=body, headers={**api.h("operator"), "If-Match": f'"{version}"'})
+    assert r.status_code == 200 and r.json()["version"] == version + 1
+    assert r.headers["ETag"] == f'"{version + 1}"'
+    stale = api.client.patch(url, json=body,
+                             headers={**api.h("operator"), "If-Match": f'"{version}"'})
+    assert stale.status_code == 409 and stale.json()["detail"]["code"] == "version_conflict"
+    no_reason = api.client.patch(url, json={"enabled": True, "reason": " "},
+                                 headers={**api.h("operator"), "If-Match": str(version + 1)})
+    assert no_reason.status_code == 422
+    unknown = api.client.patch("/api/v1/canaries/nope", json=body,
+                               headers={**api.h("operator"), "If-Match": "1"})
+    assert unknown.status_code == 404
+    audit = api.client.get("/api/v1/audit", headers=api.h("viewer")).json()
+    assert [(a["action"], a["reason"]) for a in audit if a["action"] == "canary.flip"] == [
+        ("canary.flip", "parity green on H200")]
+    assert audit[0]["actor"].startswith("operator")
+
+
+def test_decide_uses_the_store_canaries_and_matches_the_oracle(api: Api) -> None:
+    pack = load_pack("turnout")
+    config = DeploymentConfig.from_spec(QWEN3)
+    r = api.client.post("/api/v1/decide", json={"config": QWEN3}, headers=api.h("viewer"))
+    assert r.status_code == 200
+    assert r.json() == decide(config, pack=pack).to_json()  # store == pack defaults at start
+    # Engage the kill switch: the same deployment must now be decided with it.
+    api.client.post("/api/v1/kill-switch", json={"engaged": True, "reason": "incident"},
+                    headers=api.h("admin"))
+    snap = api.services.policy.snapshot().canaries
+    r = api.client.post("/api/v1/decide", json={"config": QWEN3}, headers=api.h("viewer"))
+    assert snap.kill_switch is True
+    assert r.json() == decide(config, pack=pack, canaries=snap).to_json()
+    assert r.json()["runner"] in ("v1", None)
+
+
+def test_decide_from_a_command_line_and_bad_input(api: Api) -> None:
+    cmd = "VLLM_LOGGING_LEVEL=INFO vllm serve Qwen/Qwen3-8B \\\n  --tensor-parallel-size 2"
+    r = api.client.post("/api/v1/decide", json={"command": cmd}, headers=api.h("viewer"))
+    assert r.status_code == 200, r.text
+    want = decide(DeploymentConfig.from_command(
+        ["vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2"],
+        {"VLLM_LOGGING_LEVEL": "INFO"}), pack=load_pack("turnout"))
+    assert r.json() == want.to_json()
+    bad = api.client.post("/api/v1/decide", json={"command": "vllm serve <checkpoint>"},
+                          headers=api.h("viewer"))
+    assert bad.status_code == 422 and bad.json()["detail"]["message"]
+    both = api.client.post("/api/v1/decide", json={"config": QWEN3, "command": "x"},
+                           headers=api.h("viewer"))
+    assert both.status_code == 422
+
+
+def test_explain_answers_with_changes_that_reach_v2(api: Api) -> None:
+    r = api.client.post("/api/v1/explain", json={"config": {**QWEN3, "enable_dbo": True}},
+                        headers=api.h("viewer"))
+    assert r.status_code == 200, r.text
+    assert "decision" in r.json()
+
+
+def _events(n: int, **over: object) -> list[dict[str, object]]:
+    at = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC).isoformat()
+    return [{"event_id": uuid.uuid4().hex, "at": at, "deployment_id": f"d{i}", "host": "h",
+             "pack": "turnout", "family": "qwen3", "runner": "v1", "mode": "auto",
+             "reason_code": "STATIC", "rule_ids": ["spec_ngram"], **over} for i in range(n)]
+
+
+def test_ingest_is_idempotent_and_feeds_fallbacks_and_metrics(api: Api) -> None:
+    batch = _events(30)
+    r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
+    assert r.json() == {"accepted": 30, "inserted": 30}
+    r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
+    assert r.json() == {"accepted": 30, "inserted": 0}
+    fb = api.client.get("/api/v1/fallbacks?days=366", headers=api.h("viewer")).json()
+    assert fb["num_deployments"] == 30 and fb["num_fallbacks"] == 30
+    assert fb["ranked"][0]["key"] == "spec_ngram" and fb["ranked"][0]["deployments"] == 30
+    assert fb["by_family"] == {"qwen3": {"spec_ngram": 30}}
+    rows = api.client.get("/api/v1/decisions?family=qwen3&runner=v1&limit=5",
+                          headers=api.h("viewer")).json()
+    assert len(rows) == 5 and all(e["runner"] == "v1" for e in rows)
+    metrics = api.client.get("/metrics").text
+    assert 'turnout_decisions_total{reason_code="STATIC",runner="v1",source="ingest"} 60.0' \
+        in metrics
+    assert 'turnout_api_request_duration_seconds_count{method="POST",route="/api/v1/decisions"' \
+        in metrics
+
+
+def test_ingest_rejects_a_bad_batch_whole(api: Api) -> None:
+    batch = _events(3)
+    batch[1]["at"] = "2026-11-29T10:00:00"  # no timezone
+    r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
+    assert r.status_code == 422
+    assert "events" in str(r.json()["detail"])
+    fb = api.client.get("/api/v1/fallbacks", headers=api.h("viewer")).json()
+    assert fb["num_deployments"] == 0
+
+
+def test_impact_counts_recorded_deployments_that_would_switch(api: Api) -> None:
+    pack = load_pack("turnout")
+    config = DeploymentConfig.from_spec(QWEN3)
+    cohort = decide(config, pack=pack).stage
+    assert cohort is not None
+    events = _events(5, config=config.to_spec(), rule_ids=[], reason_code="DISABLED",
+                     stage=cohort)
+    api.client.post("/api/v1/decisions", json={"events": events}, headers=api.h("operator"))
+    enabled = {c["cohort"]: c["enabled"] for c in
+               api.client.get("/api/v1/canaries", headers=api.h("viewer")).json()["cohorts"]}
+    r = api.client.get(f"/api/v1/impact?cohort={cohort}&enabled={str(not enabled[cohort]).lower()}",
+                       headers=api.h("viewer"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["num_considered"] == 5 and body["num_changed"] == 5
+    assert (body["to_v2"], body["to_v1"]) == ((5, 0) if not enabled[cohort] else (0, 5))
+    same = api.client.get(f"/api/v1/impact?cohort={cohort}&enabled={str(enabled[cohort]).lower()}",
+                          headers=api.h("viewer")).json()
+    assert same["num_changed"] == 0
+
+
+def test_health_openapi_and_reads_need_a_token(api: Api) -> None:
+    assert api.client.get("/healthz").json()["status"] == "ok"
+    spec = api.client.get("/api/v1/openapi.json").json()
+    assert "/api/v1/canaries/{cohort}" in spec["paths"]
+    for path in ("/api/v1/canaries", "/api/v1/audit", "/api/v1/fallbacks", "/api/v1/decisions"):
+        assert api.client.get(path).status_code == 401
+        assert api.client.get(path, headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert api.client.get(path, headers=api.h("viewer")).status_code == 200
+
+
+def test_tokens_api_creates_shows_once_and_revokes(api: Api) -> None:
+    r = api.client.post("/api/v1/tokens", json={"name": "engine fleet", "role": "operator"},
+                        headers=api.h("admin"))
+    assert r.status_code == 201
+    created = r.json()
+    listed = api.client.get("/api/v1/tokens", headers=api.h("admin")).json()
+    assert all("token" not in t for t in listed)
+    new = {"Authorization": f"Bearer {created['token']}"}
+    assert api.client.get("/api/v1/canaries", headers=new).status_code == 200
+    r = api.client.post(f"/api/v1/tokens/{created['id']}/revoke", json={"reason": "rotated"},
+                        headers=api.h("admin"))
+    assert r.status_code == 200 and r.json()["revoked"] is True
+    assert api.client.get("/api/v1/canaries", headers=new).status_code == 401

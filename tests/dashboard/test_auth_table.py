@@ -1,0 +1,179 @@
+"""Every mutating endpoint × {no token, bad token, viewer, operator, admin}: the exact status.
+
+The API takes bearer tokens only for changes; the pages' form handlers take the sign-in cookie
+and a CSRF field. A forbidden call must change nothing (checked through the audit log).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dashboard.app import create_app
+from dashboard.auth import COOKIE_NAME, csrf_token
+from dashboard.services import Services
+from dashboard.settings import Settings
+from dashboard.store import tokens as token_store
+
+IDENTITIES = ["none", "bad", "viewer", "operator", "admin"]
+RANK = {"viewer": 0, "operator": 1, "admin": 2}
+
+
+@dataclass
+class Ctx:
+    client: TestClient
+    tokens: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctx]:
+    path = tmp_path_factory.mktemp("auth") / "auth.db"
+    services = Services.build(Settings(database_url=f"sqlite:///{path}", demo=False,
+                                       snapshot_ttl_s=0, token_cache_ttl_s=0))
+    with TestClient(create_app(services=services)) as client:
+        made = {}
+        with services.db.write_session() as s:
+            for role in token_store.Role:
+                _r, made[role.value] = token_store.create_token(session=s, name=role.value,
+                                                                role=role, actor="tests")
+            s.commit()
+        made["bad"] = "tok_" + "x" * 43
+        yield Ctx(client, made)
+
+
+def _cohort(c: Ctx) -> tuple[str, int]:
+    body = c.client.get("/api/v1/canaries",
+                        headers={"Authorization": f"Bearer {c.tokens['viewer']}"}).json()
+    first = body["cohorts"][0]
+    return first["cohort"], first["version"]
+
+
+def _event() -> dict[str, Any]:
+    return {"event_id": uuid.uuid4().hex, "at": dt.datetime.now(dt.UTC).isoformat(),
+            "deployment_id": "d", "pack": "turnout", "family": "qwen3", "runner": "v2",
+            "mode": "auto", "reason_code": "DEFAULT"}
+
+
+def _throwaway_token_id(c: Ctx) -> int:
+    r = c.client.post("/api/v1/tokens", json={"name": "throwaway", "role": "viewer"},
+                      headers={"Authorization": f"Bearer {c.tokens['admin']}"})
+    return int(r.json()["id"])
+
+
+# name → (minimum role, success status, call(client, headers) -> response)
+Call = Callable[[Ctx, dict[str, str]], Any]
+
+
+def _patch(c: Ctx, h: dict[str, str]) -> Any:
+    cohort, version = _cohort(c)
+    return c.client.patch(f"/api/v1/canaries/{cohort}", headers={**h, "If-Match": str(version)},
+                          json={"enabled": True, "reason": "auth table"})
+
+
+API: dict[str, tuple[str, int, Call]] = {
+    "PATCH /canaries/{cohort}": ("operator", 200, _patch),
+    "POST /kill-switch": ("admin", 200, lambda c, h: c.client.post(
+        "/api/v1/kill-switch", headers=h, json={"engaged": False, "reason": "auth table"})),
+    "POST /decisions": ("operator", 200, lambda c, h: c.client.post(
+        "/api/v1/decisions", headers=h, json={"events": [_event()]})),
+    "POST /evidence": ("operator", 201, lambda c, h: c.client.post(
+        "/api/v1/evidence", headers=h,
+        json={"family": "qwen3", "suite": "tests/parity", "result": "pass"})),
+    "POST /tokens": ("admin", 201, lambda c, h: c.client.post(
+        "/api/v1/tokens", headers=h, json={"name": "n", "role": "viewer"})),
+    "POST /tokens/{id}/revoke": ("admin", 200, lambda c, h: c.client.post(
+        f"/api/v1/tokens/{_throwaway_token_id(c)}/revoke", headers=h,
+        json={"reason": "auth table"})),
+}
+
+
+def _headers(c: Ctx, who: str) -> dict[str, str]:
+    return {} if who == "none" else {"Authorization": f"Bearer {c.tokens[who]}"}
+
+
+def _audit_len(c: Ctx) -> int:
+    return len(c.client.get("/api/v1/audit?limit=1000",
+                            headers={"Authorization": f"Bearer {c.tokens['viewer']}"}).json())
+
+
+@pytest.mark.parametrize("who", IDENTITIES)
+@pytest.mark.parametrize("endpoint", sorted(API))
+def test_api_mutations(ctx: Ctx, endpoint: str, who: str) -> None:
+    needed, ok_status, call = API[endpoint]
+    if who in ("none", "bad"):
+        want = 401
+    else:
+        want = ok_status if RANK[who] >= RANK[needed] else 403
+    before = _audit_len(ctx)
+    r = call(ctx, _headers(ctx, who))
+    assert r.status_code == want, r.text
+    if want in (401, 403):
+        assert r.json()["detail"]["code"] in ("unauthenticated", "bad_token", "forbidden")
+        # revoke's setup creates one token (audited) before the refused call
+        assert _audit_len(ctx) - before == (1 if "revoke" in endpoint else 0)
+
+
+def test_api_mutations_ignore_the_page_cookie(ctx: Ctx) -> None:
+    cohort, version = _cohort(ctx)
+    ctx.client.cookies.set(COOKIE_NAME, ctx.tokens["admin"])
+    try:
+        r = ctx.client.patch(f"/api/v1/canaries/{cohort}", headers={"If-Match": str(version)},
+                             json={"enabled": True, "reason": "cookie only"})
+    finally:
+        ctx.client.cookies.clear()
+    assert r.status_code == 401
+
+
+def _page_post(c: Ctx, who: str, path: str, data: dict[str, Any]) -> Any:
+    c.client.cookies.clear()
+    if who != "none":
+        c.client.cookies.set(COOKIE_NAME, c.tokens[who])
+        data = {**data, "csrf": csrf_token(c.tokens[who])}
+    try:
+        return c.client.post(path, data=data, follow_redirects=False)
+    finally:
+        c.client.cookies.clear()
+
+
+PAGES: dict[str, tuple[str, Callable[[Ctx], tuple[str, dict[str, Any]]]]] = {
+    "page flip": ("operator", lambda c: (f"/canaries/{_cohort(c)[0]}",
+                                         {"enabled": "true", "version": _cohort(c)[1],
+                                          "reason": "page auth table"})),
+    "page kill switch": ("admin", lambda c: ("/kill-switch",
+                                             {"engaged": "false", "reason": "page auth"})),
+}
+
+
+@pytest.mark.parametrize("who", IDENTITIES)
+@pytest.mark.parametrize("form", sorted(PAGES))
+def test_page_forms(ctx: Ctx, form: str, who: str) -> None:
+    needed, make = PAGES[form]
+    path, data = make(ctx)
+    before = _audit_len(ctx)
+    r = _page_post(ctx, who, path, data)
+    if who in ("none", "bad"):
+        assert (r.status_code, r.headers["location"]) == (303, "/login")
+    elif RANK[who] < RANK[needed]:
+        assert r.status_code == 403
+    else:
+        assert r.status_code == 303 and r.headers["location"].startswith("/canaries?message=")
+        assert _audit_len(ctx) == before + 1
+        return
+    assert _audit_len(ctx) == before
+
+
+def test_page_form_without_csrf_is_refused(ctx: Ctx) -> None:
+    cohort, version = _cohort(ctx)
+    ctx.client.cookies.set(COOKIE_NAME, ctx.tokens["admin"])
+    try:
+        r = ctx.client.post(f"/canaries/{cohort}", follow_redirects=False,
+                            data={"enabled": "true", "version": version, "reason": "x"})
+    finally:
+        ctx.client.cookies.clear()
+    assert r.status_code == 403

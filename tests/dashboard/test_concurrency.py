@@ -1,0 +1,171 @@
+"""Real service processes: 20 clients racing on one canary with If-Match, two replicas on one
+PostgreSQL database, and ``kill -9`` during ingest losing no acknowledged event."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from dashboard.store.db import Database
+from dashboard.store.models import AuditEntry, DecisionEvent
+
+from service_helpers import LiveService, make_tokens, start_service
+
+COHORT = "qwen3"
+NUM_CLIENTS = 20
+NUM_ROUNDS = 4
+
+
+def _version(svc: LiveService, token: str) -> int:
+    r = httpx.get(f"{svc.url}/api/v1/canaries/{COHORT}",
+                  headers={"Authorization": f"Bearer {token}"})
+    r.raise_for_status()
+    return int(r.json()["version"])
+
+
+def test_20_clients_race_one_winner_per_version(db_url: str, tmp_path: Path,
+                                                 live: list[LiveService]) -> None:
+    tokens = make_tokens(db_url)
+    svc = start_service(db_url, tmp_path / "svc.log")
+    live.append(svc)
+    auth = {"Authorization": f"Bearer {tokens['operator']}"}
+    wins = 0
+    for rnd in range(NUM_ROUNDS):
+        version = _version(svc, tokens["viewer"])
+        barrier = threading.Barrier(NUM_CLIENTS)
+        statuses: list[int] = []
+        lock = threading.Lock()
+
+        def flip(i: int, version: int = version, barrier: threading.Barrier = barrier,
+                 rnd: int = rnd) -> None:
+            with httpx.Client(base_url=svc.url, timeout=30) as c:
+                barrier.wait()
+                r = c.patch(f"/api/v1/canaries/{COHORT}",
+                            headers={**auth, "If-Match": f'"{version}"'},
+                            json={"enabled": rnd % 2 == 0, "reason": f"round {rnd} client {i}"})
+            with lock:
+                statuses.append(r.status_code)
+
+        threads = [threading.Thread(target=flip, args=(i,)) for i in range(NUM_CLIENTS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(statuses) == [200] + [409] * (NUM_CLIENTS - 1), statuses
+        wins += 1
+        assert _version(svc, tokens["viewer"]) == version + 1
+    db = Database(db_url)
+    with db.read_session() as s:
+        entries = list(s.scalars(select(AuditEntry).where(AuditEntry.action == "canary.flip")
+                                 .order_by(AuditEntry.id)))
+    db.dispose()
+    assert len(entries) == wins == NUM_ROUNDS
+    # No lost update: each entry starts from the state the previous one left.
+    for prev, cur in zip(entries, entries[1:], strict=False):
+        assert cur.before == prev.after
+    assert [e.after["enabled"] for e in entries] == [r % 2 == 0 for r in range(NUM_ROUNDS)]
+
+
+def test_two_replicas_on_one_postgresql_see_each_others_flips(
+        pg_schema_url: str, tmp_path: Path, live: list[LiveService]) -> None:
+    tokens = make_tokens(pg_schema_url)
+    env = {"TURNOUT_SNAPSHOT_TTL_S": "0"}
+    a = start_service(pg_schema_url, tmp_path / "a.log", env=env)
+    live.append(a)
+    b = start_service(pg_schema_url, tmp_path / "b.log", env=env)
+    live.append(b)
+    op = {"Authorization": f"Bearer {tokens['operator']}"}
+    spec = {"config": {"architecture": "Qwen3ForCausalLM"}}
+    before_b = httpx.post(f"{b.url}/api/v1/decide", headers=op, json=spec).json()
+    version = _version(a, tokens["viewer"])
+    r = httpx.patch(f"{a.url}/api/v1/canaries/{COHORT}",
+                    headers={**op, "If-Match": str(version)},
+                    json={"enabled": not _enabled(b, tokens["viewer"]), "reason": "replica test"})
+    assert r.status_code == 200, r.text
+    assert _version(b, tokens["viewer"]) == version + 1
+    after_b = httpx.post(f"{b.url}/api/v1/decide", headers=op, json=spec).json()
+    assert before_b["runner"] != after_b["runner"]
+    # And back, flipped on B and seen on A; A's stale If-Match is refused.
+    r = httpx.patch(f"{b.url}/api/v1/canaries/{COHORT}",
+                    headers={**op, "If-Match": str(version + 1)},
+                    json={"enabled": not _enabled(a, tokens["viewer"]), "reason": "and back"})
+    assert r.status_code == 200, r.text
+    r = httpx.patch(f"{a.url}/api/v1/canaries/{COHORT}",
+                    headers={**op, "If-Match": str(version + 1)},
+                    json={"enabled": True, "reason": "stale"})
+    assert r.status_code == 409
+    assert r.headers["ETag"] == f'"{version + 2}"'
+
+
+def _enabled(svc: LiveService, token: str) -> bool:
+    r = httpx.get(f"{svc.url}/api/v1/canaries/{COHORT}",
+                  headers={"Authorization": f"Bearer {token}"})
+    return bool(r.json()["enabled"])
+
+
+def _events(n: int, run: str) -> list[dict[str, object]]:
+    now = dt.datetime.now(dt.UTC).isoformat()
+    return [{"event_id": f"{run}-{uuid.uuid4().hex}", "at": now, "deployment_id": f"dep-{i % 97}",
+             "pack": "turnout", "family": "qwen3", "runner": "v1", "mode": "auto",
+             "reason_code": "STATIC", "rule_ids": ["spec_ngram"]} for i in range(n)]
+
+
+def test_kill_9_during_ingest_loses_no_acknowledged_event(
+        db_url: str, tmp_path: Path, live: list[LiveService]) -> None:
+    tokens = make_tokens(db_url)
+    svc = start_service(db_url, tmp_path / "svc.log")
+    live.append(svc)
+    acked: list[str] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def post(worker: int) -> None:
+        with httpx.Client(base_url=svc.url, timeout=10,
+                          headers={"Authorization": f"Bearer {tokens['operator']}"}) as c:
+            while not stop.is_set():
+                batch = _events(200, f"w{worker}")
+                try:
+                    r = c.post("/api/v1/decisions", json={"events": batch})
+                except httpx.HTTPError:
+                    return  # the service is gone: this batch was never acknowledged
+                if r.status_code == 200:
+                    with lock:
+                        acked.extend(str(e["event_id"]) for e in batch)
+
+    workers = [threading.Thread(target=post, args=(w,)) for w in range(4)]
+    for w in workers:
+        w.start()
+    while True:
+        with lock:
+            if len(acked) >= 4_000:
+                break
+        threading.Event().wait(0.01)
+    svc.kill()  # SIGKILL while batches are in flight
+    stop.set()
+    for w in workers:
+        w.join(30)
+    with lock:
+        acked_ids = set(acked)
+    db = Database(db_url)
+    with db.read_session() as s:
+        stored = set(s.scalars(select(DecisionEvent.event_id)))
+    db.dispose()
+    assert acked_ids and acked_ids <= stored, f"{len(acked_ids - stored)} acknowledged events lost"
+    # The database opens cleanly after the crash and the service serves it again.
+    again = start_service(db_url, tmp_path / "again.log")
+    live.append(again)
+    r = httpx.get(f"{again.url}/api/v1/fallbacks",
+                  headers={"Authorization": f"Bearer {tokens['viewer']}"})
+    assert r.status_code == 200 and r.json()["num_deployments"] == 97
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)

@@ -1,0 +1,134 @@
+"""The pages in a real browser (Playwright driving Debian's chromium): every page opens without
+console errors, an operator flips a canary through the UI with a reason and finds the audit
+entry, a viewer sees no action buttons, and the fallback-reasons page is saved as a screenshot
+under docs/."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from service_helpers import LiveService, make_tokens, start_service
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "fallback-reasons.png"
+PAGES = {"/": "Overview", "/fallbacks": "Fallback reasons", "/canaries": "Canaries",
+         "/decisions": "Decisions", "/matrix": "Matrix", "/explain": "Explain",
+         "/audit": "Audit log"}
+
+pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                                reason="chromium is not installed (scripts/ensure-chromium.sh)")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveService, dict[str, str]]]:
+    root = tmp_path_factory.mktemp("pages")
+    url = f"sqlite:///{root / 'pages.db'}"
+    tokens = make_tokens(url)
+    svc = start_service(url, root / "svc.log", demo=True)
+    yield svc, tokens
+    svc.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def _signed_in(browser: object, svc: LiveService, token: str) -> tuple[object, list[str]]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+    page = context.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+            if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+    page.on("response", lambda r: problems.append(f"HTTP {r.status} {r.url}")
+            if r.status >= 400 else None)
+    page.goto(svc.url + "/")
+    assert page.url.endswith("/login")
+    page.fill("input[name=token]", token)
+    page.click("button[type=submit]")
+    page.wait_for_url(svc.url + "/")
+    return page, problems
+
+
+def test_every_page_opens_without_console_errors(browser: object, site: tuple) -> None:
+    svc, tokens = site
+    page, problems = _signed_in(browser, svc, tokens["viewer"])
+    for path, heading in PAGES.items():
+        page.goto(svc.url + path)
+        page.wait_for_load_state("networkidle")
+        assert page.inner_text("h1").startswith(heading), path
+    assert problems == []
+
+
+def test_charts_are_drawn_from_the_demo_fleet(browser: object, site: tuple) -> None:
+    svc, tokens = site
+    page, problems = _signed_in(browser, svc, tokens["viewer"])
+    page.goto(svc.url + "/fallbacks")
+    page.wait_for_load_state("networkidle")
+    # Chart.js registers a chart instance per canvas it drew.
+    drawn = page.evaluate("['reasons-family', 'reasons-days'].map(id => "
+                          "!!window.Chart.getChart(document.getElementById(id)))")
+    assert drawn == [True, True]
+    assert page.locator("#ranked tbody tr").count() > 1
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert problems == []
+
+
+def test_operator_flips_a_canary_with_a_reason_and_sees_the_audit_entry(
+        browser: object, site: tuple) -> None:
+    svc, tokens = site
+    page, problems = _signed_in(browser, svc, tokens["operator"])
+    page.goto(svc.url + "/canaries")
+    row = page.locator("tbody tr[id^=cohort-]").first
+    cohort = row.get_attribute("id").removeprefix("cohort-")
+    was_on = "on" in row.locator("td").nth(2).inner_text()
+    row.locator("button.toggle").click()
+    confirm = page.locator(f"#confirm-{cohort} form.confirm")
+    confirm.wait_for()
+    assert "recorded deployments would change runner" in confirm.inner_text()
+    reason = f"parity suite green for {cohort} (page test)"
+    confirm.locator("input[name=reason]").fill(reason)
+    confirm.locator("button[type=submit]").click()
+    page.wait_for_selector("#message")
+    assert reason in page.inner_text("#message")
+    state = page.locator(f"#cohort-{cohort} td").nth(2).inner_text()
+    assert ("off" if was_on else "on") in state
+    page.goto(svc.url + "/audit")
+    first = page.locator("#audit tbody tr").first.inner_text()
+    assert reason in first and f"cohort:{cohort}" in first and "canary.flip" in first
+    assert problems == []
+
+
+def test_viewer_sees_no_action_buttons(browser: object, site: tuple) -> None:
+    svc, tokens = site
+    page, problems = _signed_in(browser, svc, tokens["viewer"])
+    page.goto(svc.url + "/canaries")
+    assert page.locator("tbody tr[id^=cohort-]").count() > 0
+    assert page.locator("button.toggle").count() == 0
+    assert page.locator("form[action='/kill-switch']").count() == 0
+    assert problems == []
+
+
+def test_explain_form_shows_the_decision_for_a_pasted_command(
+        browser: object, site: tuple) -> None:
+    svc, tokens = site
+    page, problems = _signed_in(browser, svc, tokens["viewer"])
+    page.goto(svc.url + "/explain")
+    page.fill("textarea[name=command]",
+              "vllm serve Qwen/Qwen3-8B --speculative-config.method ngram "
+              "--speculative-config.num_speculative_tokens 3")
+    page.click("form#explain button[type=submit]")
+    page.wait_for_selector("#decision")
+    text = page.inner_text("#decision")
+    assert "runner" in text.lower()
+    assert problems == []
