@@ -62,8 +62,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         lifespan=lifespan,
     )
     app.state.services = services
+    app.include_router(decisions.router, prefix=API_PREFIX)  # first: /decide is the hot path
     app.include_router(rollout.router, prefix=API_PREFIX)
-    app.include_router(decisions.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
     app.include_router(admin.health_router)
 

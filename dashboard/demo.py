@@ -14,15 +14,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-import policies
-from oracle import DeploymentConfig, OracleError
-from oracle.client import event_from_decision
 from sqlalchemy import select
 
+import policies
 from dashboard.services import Services
 from dashboard.store import audit, events
 from dashboard.store.events import EventRecord
 from dashboard.store.models import ServiceMeta, utcnow
+from oracle import DeploymentConfig, OracleError
+from oracle.client import event_from_decision
 
 RECIPES = Path(policies.__file__).resolve().parent / "reference" / "vllm_recipes.jsonl"
 DEMO_DAYS = 14

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any, NoReturn
 
-from fastapi import Depends, Header, HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -18,7 +18,8 @@ from dashboard.store.errors import InvalidChange, NotFound, StoreError, VersionC
 from dashboard.store.tokens import Role
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    # async: a sync dependency would cost a thread-pool hop on every request.
     services: Services = request.app.state.services
     return services
 
@@ -60,9 +61,8 @@ def raise_store_error(err: StoreError) -> NoReturn:
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="turnout"'}
 
 
-async def _principal(request: Request, services: Services,
-                     authorization: str | None) -> Principal:
-    token = bearer_token(authorization)
+async def _principal(request: Request, services: Services) -> Principal:
+    token = bearer_token(request.headers.get("authorization"))
     if token is None and request.method in ("GET", "HEAD"):
         # The pages' cookie is good for reads; API changes need the header (no CSRF surface).
         token = request.cookies.get(COOKIE_NAME)
@@ -79,12 +79,10 @@ async def _principal(request: Request, services: Services,
 def require(role: Role) -> Callable[..., Awaitable[Principal]]:
     """A dependency that authenticates the caller and checks it has at least ``role``."""
 
-    async def dependency(
-        request: Request,
-        services: ServicesDep,
-        authorization: Annotated[str | None, Header(include_in_schema=False)] = None,
-    ) -> Principal:
-        principal = await _principal(request, services, authorization)
+    async def dependency(request: Request) -> Principal:
+        # The header is read directly (not as a FastAPI Header parameter): this runs on every
+        # request, and the security scheme is documented once in the OpenAPI document.
+        principal = await _principal(request, request.app.state.services)
         if not principal.role.allows(role):
             raise http_error(403, "forbidden",
                              f"this needs the {role.value} role; the token has {principal.role}")

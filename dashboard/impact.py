@@ -7,14 +7,13 @@ import dataclasses
 from functools import lru_cache
 from typing import Any
 
-from oracle import DeploymentConfig, OracleError
-
 from dashboard.api.schemas import ImpactOut
 from dashboard.policy import to_snapshot
 from dashboard.services import Services
 from dashboard.store import aggregates
 from dashboard.store import canaries as canary_store
 from dashboard.store.errors import NotFound
+from oracle import DeploymentConfig, OracleError
 
 
 @lru_cache(maxsize=100_000)

@@ -57,7 +57,22 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route: Any = scope.get("route")
-            path = getattr(route, "path", None) or "unmatched"
-            self.metrics.request_seconds.labels(scope["method"], path, str(status)).observe(
+            self.metrics.request_seconds.labels(
+                scope["method"], route_label(scope), str(status)).observe(
                 time.perf_counter() - start)
+
+
+def route_label(scope: Scope) -> str:
+    """The matched route's template with the prefix it was included under
+    (``/api/v1/canaries/{cohort}``), or ``unmatched``."""
+    route: Any = scope.get("route")
+    template = getattr(route, "path", None)
+    if not template:
+        return "unmatched"
+    path = str(scope.get("path", ""))
+    head = template.split("{", 1)[0]
+    if path.startswith(head):
+        return str(template)
+    # Routers included with a prefix may report the template without it.
+    at = path.find(head)
+    return path[:at] + template if at > 0 else str(template)

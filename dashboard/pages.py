@@ -7,6 +7,7 @@ buttons, and the form handlers check the role again.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -80,6 +81,12 @@ def logout() -> RedirectResponse:
     return resp
 
 
+def _day_axis(days: int) -> list[str]:
+    """Every day of the window, oldest first (charts show empty days as zero)."""
+    today = dt.datetime.now(dt.UTC).date()
+    return [(today - dt.timedelta(days=n)).isoformat() for n in range(days - 1, -1, -1)]
+
+
 def _cohort_rows(services: Services) -> list[dict[str, Any]]:
     labels = services.policy.cohort_labels()
     order = [d.cohort for d in services.policy.cohort_defaults()]
@@ -100,7 +107,8 @@ def overview(request: Request, services: ServicesDep, user: UserDep) -> HTMLResp
     total = sum(ov.by_runner.values())
     return render(request, "overview.html", user, overview=ov, total=total, kill_switch=ks,
                   cohorts=_cohort_rows(services), pack=services.policy.pack_name,
-                  chart={"by_runner": ov.by_runner, "by_day": ov.by_day})
+                  chart={"by_runner": ov.by_runner, "by_day": ov.by_day,
+                         "days": _day_axis(30)})
 
 
 @router.get("/fallbacks", response_class=HTMLResponse)
@@ -116,6 +124,7 @@ def fallbacks(request: Request, services: ServicesDep, user: UserDep,
                      "by_family": [report.by_family[f].get(k, 0) for f in report.by_family]}
                     for k in top],
         "by_day": {k: report.by_day.get(k, {}) for k in top if k in report.by_day},
+        "days": _day_axis(days),
     }
     return render(request, "fallbacks.html", user, report=report, labels=labels, days=days,
                   chart=chart)

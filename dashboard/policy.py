@@ -14,6 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dashboard.store import canaries as canary_store
+from dashboard.store.canaries import CohortDefault, RolloutState
+from dashboard.store.db import Database
 from oracle import (
     CanarySnapshot,
     CohortState,
@@ -23,11 +26,6 @@ from oracle import (
     decide,
     load_pack,
 )
-
-from dashboard.store import canaries as canary_store
-from dashboard.store.canaries import CohortDefault, RolloutState
-from dashboard.store.db import Database
-
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 

@@ -10,6 +10,7 @@ rejects as invalid is set aside as ``rejected-*.jsonl`` (kept for a person, neve
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -91,10 +92,8 @@ class Spool:
             pid = _pid_of(path)
             if pid is not None and _alive(pid):
                 continue
-            try:
+            with contextlib.suppress(FileNotFoundError):  # another client sealed it first
                 os.replace(path, self._sealed_name(path))
-            except FileNotFoundError:
-                pass  # another client sealed it first
 
     def _sealed_name(self, open_path: Path) -> Path:
         # sealed-<time-ordered id>-<original name>: drained oldest first.

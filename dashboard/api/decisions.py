@@ -4,10 +4,10 @@ fleet's decisions and fallback aggregates."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from functools import lru_cache
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
-from oracle import OracleError
 from starlette.concurrency import run_in_threadpool
 
 from dashboard.api.schemas import (
@@ -32,6 +32,7 @@ from dashboard.policy import Snapshot, config_from_request
 from dashboard.services import Services
 from dashboard.store import aggregates, events
 from dashboard.store.events import EventRecord
+from oracle import DeploymentConfig, OracleError
 
 router = APIRouter(tags=["decisions"], responses=ERROR_RESPONSES)
 
@@ -42,10 +43,18 @@ async def current_snapshot(services: Services) -> Snapshot:
     return snap if snap is not None else await run_in_threadpool(services.policy.snapshot)
 
 
-def _config(body: DeploymentIn) -> Any:
+@lru_cache(maxsize=4096)
+def _cached_config(key: str) -> DeploymentConfig:
+    """Parsing and validating a config costs more than deciding it: fleets send the same few
+    configs again and again, so parsed configs are kept (frozen values, safe to share)."""
+    body = json.loads(key)
+    return config_from_request(config=body["config"], command=body["command"],
+                               argv=body["argv"], env=body["env"])
+
+
+def _config(body: DeploymentIn) -> DeploymentConfig:
     try:
-        return config_from_request(config=body.config, command=body.command, argv=body.argv,
-                                   env=body.env)
+        return _cached_config(json.dumps(body.model_dump(), sort_keys=True))
     except OracleError as err:
         raise http_error(422, str(getattr(err, "code", "config_error")), str(err)) from err
     except ValueError as err:

@@ -24,11 +24,11 @@
       data: { labels: runners.map((r) => r.toUpperCase()),
               datasets: [{ data: runners.map((r) => d.by_runner[r]), backgroundColor: runners.map((r) => RUNNER_COLORS[r]) }] },
     });
-    const days = Object.keys(d.by_day);
+    const days = d.days || Object.keys(d.by_day);
     chart("runner-days", {
       type: "bar",
       data: { labels: days, datasets: ["v2", "v1", "none"].map((r) => ({
-        label: r.toUpperCase(), backgroundColor: RUNNER_COLORS[r], data: days.map((day) => d.by_day[day][r] || 0) })) },
+        label: r.toUpperCase(), backgroundColor: RUNNER_COLORS[r], data: days.map((day) => (d.by_day[day] || {})[r] || 0) })) },
       options: { scales: { x: { stacked: true }, y: { stacked: true, beginAtZero: true } } },
     });
   }
@@ -40,7 +40,7 @@
         label: r.label, backgroundColor: COLORS[i % COLORS.length], data: r.by_family })) },
       options: { indexAxis: "y", scales: { x: { stacked: true, beginAtZero: true }, y: { stacked: true } } },
     });
-    const days = Array.from(new Set(Object.values(d.by_day).flatMap((m) => Object.keys(m)))).sort();
+    const days = d.days || Array.from(new Set(Object.values(d.by_day).flatMap((m) => Object.keys(m)))).sort();
     chart("reasons-days", {
       type: "line",
       data: { labels: days, datasets: d.reasons.filter((r) => d.by_day[r.key]).map((r, i) => ({

@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 
 from dashboard.store.models import DailyDecisions, DailyReasons, Deployment
 
-
 _PER_STAGE = ("rollout.stage_off", "rollout.split_out")
 
 

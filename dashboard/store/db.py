@@ -39,7 +39,7 @@ class Database:
         self.engine: Engine = create_engine(url, **kwargs)
         if self.is_sqlite:
             _install_sqlite_hooks(self.engine, sqlite_synchronous)
-            writer = self.engine.execution_options(sqlite_begin="IMMEDIATE")
+            writer: Engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
         else:
             writer = self.engine
         self.read_session = sessionmaker(self.engine, expire_on_commit=False)

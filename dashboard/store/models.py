@@ -7,7 +7,7 @@ migrations in ``dashboard/migrations``; these models must match them (a test com
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
@@ -55,7 +55,8 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dt.datetime: UTCDateTime(), dict[str, Any]: JSONType}
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dt.datetime: UTCDateTime(), dict[str, Any]: JSONType}
 
 
 class Canary(Base):
@@ -147,7 +148,7 @@ class Deployment(Base):
 
 
 class DailyDecisions(Base):
-    """Events per day × family × runner × reason code (rolled up at ingest)."""
+    """Events per day x family x runner x reason code (rolled up at ingest)."""
 
     __tablename__ = "daily_decisions"
 
@@ -160,7 +161,7 @@ class DailyDecisions(Base):
 
 
 class DailyReasons(Base):
-    """Events that carried a rule per day × family × rule id (rolled up at ingest)."""
+    """Events that carried a rule per day x family x rule id (rolled up at ingest)."""
 
     __tablename__ = "daily_reasons"
 

@@ -9,14 +9,22 @@ from dataclasses import dataclass
 
 import pytest
 from fastapi.testclient import TestClient
-from oracle import DeploymentConfig, decide, load_pack
 
 from dashboard.app import create_app
 from dashboard.services import Services
 from dashboard.settings import Settings
 from dashboard.store import tokens as token_store
+from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
 
 QWEN3 = {"architecture": "Qwen3ForCausalLM"}
+
+
+def defaults(pack_name: str = "turnout") -> CanarySnapshot:
+    """The pack's default canary state as an explicit snapshot (what a fresh store holds)."""
+    pack = load_pack(pack_name)
+    return CanarySnapshot(
+        cohorts={c.id: CohortState(enabled=c.enabled, percentage=c.percentage)
+                 for c in pack.cohorts}, kill_switch=pack.kill_switch)
 
 
 @dataclass
@@ -93,7 +101,7 @@ def test_decide_uses_the_store_canaries_and_matches_the_oracle(api: Api) -> None
     config = DeploymentConfig.from_spec(QWEN3)
     r = api.client.post("/api/v1/decide", json={"config": QWEN3}, headers=api.h("viewer"))
     assert r.status_code == 200
-    assert r.json() == decide(config, pack=pack).to_json()  # store == pack defaults at start
+    assert r.json() == decide(config, pack=pack, canaries=defaults()).to_json()
     # Engage the kill switch: the same deployment must now be decided with it.
     api.client.post("/api/v1/kill-switch", json={"engaged": True, "reason": "incident"},
                     headers=api.h("admin"))
@@ -110,7 +118,7 @@ def test_decide_from_a_command_line_and_bad_input(api: Api) -> None:
     assert r.status_code == 200, r.text
     want = decide(DeploymentConfig.from_command(
         ["vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2"],
-        {"VLLM_LOGGING_LEVEL": "INFO"}), pack=load_pack("turnout"))
+        {"VLLM_LOGGING_LEVEL": "INFO"}), pack=load_pack("turnout"), canaries=defaults())
     assert r.json() == want.to_json()
     bad = api.client.post("/api/v1/decide", json={"command": "vllm serve <checkpoint>"},
                           headers=api.h("viewer"))

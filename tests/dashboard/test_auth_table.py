@@ -1,4 +1,4 @@
-"""Every mutating endpoint × {no token, bad token, viewer, operator, admin}: the exact status.
+"""Every mutating endpoint x {no token, bad token, viewer, operator, admin}: the exact status.
 
 The API takes bearer tokens only for changes; the pages' form handlers take the sign-in cookie
 and a CSRF field. A forbidden call must change nothing (checked through the audit log).
@@ -106,10 +106,7 @@ def _audit_len(c: Ctx) -> int:
 @pytest.mark.parametrize("endpoint", sorted(API))
 def test_api_mutations(ctx: Ctx, endpoint: str, who: str) -> None:
     needed, ok_status, call = API[endpoint]
-    if who in ("none", "bad"):
-        want = 401
-    else:
-        want = ok_status if RANK[who] >= RANK[needed] else 403
+    want = 401 if who in ("none", "bad") else ok_status if RANK[who] >= RANK[needed] else 403
     before = _audit_len(ctx)
     r = call(ctx, _headers(ctx, who))
     assert r.status_code == want, r.text

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from service_helpers import LiveService, free_port, make_tokens, start_service
+
 from oracle import DeploymentConfig, decide, load_pack
 from oracle.client import OracleClient, snapshot_from_json
-from service_helpers import LiveService, free_port, make_tokens, start_service
 
 QWEN3 = DeploymentConfig.from_spec({"architecture": "Qwen3ForCausalLM"})
 

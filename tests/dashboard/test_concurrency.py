@@ -4,20 +4,21 @@ PostgreSQL database, and ``kill -9`` during ingest losing no acknowledged event.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import threading
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
+from service_helpers import LiveService, make_tokens, start_service
 from sqlalchemy import select
 
 from dashboard.store.db import Database
 from dashboard.store.models import AuditEntry, DecisionEvent
+from oracle import load_pack
 
-from service_helpers import LiveService, make_tokens, start_service
-
-COHORT = "qwen3"
+COHORT = load_pack("turnout").cohorts[0].id  # the first rollout stage
 NUM_CLIENTS = 20
 NUM_ROUNDS = 4
 
@@ -43,7 +44,8 @@ def test_20_clients_race_one_winner_per_version(db_url: str, tmp_path: Path,
         lock = threading.Lock()
 
         def flip(i: int, version: int = version, barrier: threading.Barrier = barrier,
-                 rnd: int = rnd) -> None:
+                 rnd: int = rnd, statuses: list[int] = statuses,
+                 lock: threading.Lock = lock) -> None:
             with httpx.Client(base_url=svc.url, timeout=30) as c:
                 barrier.wait()
                 r = c.patch(f"/api/v1/canaries/{COHORT}",
@@ -67,7 +69,7 @@ def test_20_clients_race_one_winner_per_version(db_url: str, tmp_path: Path,
     db.dispose()
     assert len(entries) == wins == NUM_ROUNDS
     # No lost update: each entry starts from the state the previous one left.
-    for prev, cur in zip(entries, entries[1:], strict=False):
+    for prev, cur in itertools.pairwise(entries):
         assert cur.before == prev.after
     assert [e.after["enabled"] for e in entries] == [r % 2 == 0 for r in range(NUM_ROUNDS)]
 

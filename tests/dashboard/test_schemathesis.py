@@ -4,7 +4,6 @@ an admin token and the demo fleet loaded): no input may produce a 5xx."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import schemathesis
