@@ -10,6 +10,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Response
 from fastapi.staticfiles import StaticFiles
@@ -43,6 +44,24 @@ def prepare(services: Services) -> None:
             log.info("recorded %d demo decisions (remove with `turnout demo remove`)", num)
 
 
+def _document_bearer_auth(app: FastAPI) -> None:
+    """Declare the bearer scheme once in the OpenAPI document (the role checks read the header
+    directly, so no per-route security dependency documents it)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer",
+                           "description": "a token from `turnout token create --role ...`"}}
+            schema["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
     services = services or Services.build(settings or get_settings())
 
@@ -62,6 +81,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         lifespan=lifespan,
     )
     app.state.services = services
+    _document_bearer_auth(app)
     app.include_router(decisions.router, prefix=API_PREFIX)  # first: /decide is the hot path
     app.include_router(rollout.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)

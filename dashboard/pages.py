@@ -231,3 +231,32 @@ def decisions_page(
                   families=services.policy.family_names(),
                   reason_codes=["STATIC", "TARGETING_MATCH", "SPLIT", "DISABLED", "DEFAULT",
                                 "ERROR"])
+
+
+@router.get("/matrix", response_class=HTMLResponse)
+def matrix_page(request: Request, services: ServicesDep, user: UserDep,
+                dimension: Annotated[str, Query(max_length=64)] = "") -> HTMLResponse:
+    summary = services.policy.matrix()
+    if dimension not in summary.dimensions:
+        dimension = summary.dimensions[0] if summary.dimensions else ""
+    return render(request, "matrix.html", user, summary=summary, dimension=dimension,
+                  grid=summary.grid.get(dimension, {}),
+                  values=summary.values.get(dimension, []))
+
+
+@router.get("/explain", response_class=HTMLResponse)
+def explain_page(request: Request, services: ServicesDep, user: UserDep,
+                 command: Annotated[str, Query(max_length=20_000)] = "") -> HTMLResponse:
+    from oracle import OracleError
+
+    from dashboard.policy import config_from_request
+
+    context: dict[str, Any] = {"command": command}
+    if command.strip():
+        try:
+            config = config_from_request(command=command)
+            explanation = services.policy.explain(config)
+            context["explanation"] = explanation.to_json()
+        except (OracleError, ValueError) as err:
+            context["error"] = str(err)
+    return render(request, "explain.html", user, **context)

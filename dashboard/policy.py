@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dashboard.matrix import MatrixCache, MatrixSummary
 from dashboard.store import canaries as canary_store
 from dashboard.store.canaries import CohortDefault, RolloutState
 from dashboard.store.db import Database
@@ -58,6 +59,7 @@ class Policy:
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
         self._cached: tuple[float, Snapshot] | None = None
+        self._matrix = MatrixCache()
 
     def cohort_defaults(self) -> list[CohortDefault]:
         return [CohortDefault(c.id, bool(c.enabled), int(getattr(c, "percentage", 100) or 100))
@@ -117,6 +119,19 @@ class Policy:
     def invalidate(self) -> None:
         """Forget the cached snapshot (after a flip made by this process)."""
         self._cached = None
+
+    def explain(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
+                ) -> Any:
+        """The oracle's Explanation (decision + smallest changes that reach V2)."""
+        from oracle import explain
+
+        return explain(config, pack=self.pack,
+                       canaries=canaries if canaries is not None else self.snapshot().canaries)
+
+    def matrix(self) -> MatrixSummary:
+        """The matrix grid under the current canaries (cached per snapshot)."""
+        snap = self.snapshot()
+        return self._matrix.get(self.pack, snap.canaries, snap.etag)
 
     def decide(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
                ) -> Decision:

@@ -18,6 +18,7 @@ from dashboard.api.schemas import (
     FallbacksOut,
     IngestIn,
     IngestOut,
+    MatrixOut,
     RankedReason,
 )
 from dashboard.deps import (
@@ -81,6 +82,15 @@ async def post_explain(body: DeploymentIn, services: ServicesDep, _who: ViewerDe
     snap = await current_snapshot(services)
     explanation = services.policy.explain(config, snap.canaries)
     return Response(json.dumps(explanation.to_json()), media_type="application/json")
+
+
+@router.get("/matrix", response_model=MatrixOut)
+async def get_matrix(services: ServicesDep, _who: ViewerDep) -> MatrixOut:
+    """Every cell of the pack's closed domains decided under the current canaries, summarised
+    as family x dimension value → cells per runner (cached per canary snapshot)."""
+    summary = await run_in_threadpool(services.policy.matrix)
+    return MatrixOut(num_cells=summary.num_cells, dimensions=summary.dimensions,
+                     values=summary.values, grid=summary.grid)
 
 
 @router.post("/decisions", response_model=IngestOut,

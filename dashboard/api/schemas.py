@@ -201,3 +201,11 @@ class RevokeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reason: str = Field(min_length=1, max_length=2_000, pattern=r"\S")
+
+
+class MatrixOut(BaseModel):
+    num_cells: int
+    dimensions: list[str]
+    values: dict[str, list[str]] = Field(description="dimension → its values in domain order")
+    grid: dict[str, dict[str, dict[str, dict[str, int]]]] = Field(
+        description="dimension → family → value → runner (v1, v2, none) → cells")
