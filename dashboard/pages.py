@@ -247,9 +247,8 @@ def matrix_page(request: Request, services: ServicesDep, user: UserDep,
 @router.get("/explain", response_class=HTMLResponse)
 def explain_page(request: Request, services: ServicesDep, user: UserDep,
                  command: Annotated[str, Query(max_length=20_000)] = "") -> HTMLResponse:
-    from oracle import OracleError
-
     from dashboard.policy import config_from_request
+    from oracle import OracleError
 
     context: dict[str, Any] = {"command": command}
     if command.strip():

@@ -4,10 +4,13 @@ fleet's decisions and fallback aggregates."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from functools import lru_cache
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from dashboard.api.schemas import (
@@ -32,7 +35,6 @@ from dashboard.deps import (
 from dashboard.policy import Snapshot, config_from_request
 from dashboard.services import Services
 from dashboard.store import aggregates, events
-from dashboard.store.events import EventRecord
 from oracle import DeploymentConfig, OracleError
 
 router = APIRouter(tags=["decisions"], responses=ERROR_RESPONSES)
@@ -93,28 +95,33 @@ async def get_matrix(services: ServicesDep, _who: ViewerDep) -> MatrixOut:
                      values=summary.values, grid=summary.grid)
 
 
+_INGEST_BODY = TypeAdapter(IngestIn)
+
+
 @router.post("/decisions", response_model=IngestOut,
-             responses={422: {"model": ErrorResponse}})
-async def post_decisions(body: IngestIn, services: ServicesDep, _who: OperatorDep
+             responses={422: {"model": ErrorResponse}},
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": {"$ref": "#/components/schemas/IngestIn"}}}}})
+async def post_decisions(request: Request, services: ServicesDep, _who: OperatorDep
                          ) -> IngestOut:
-    """Batched ingest from engines, idempotent by ``event_id``. The answer comes after the
-    commit: an acknowledged event is durable."""
-    records = [_record(e) for e in body.events]
+    """Batched ingest from engines, idempotent by ``event_id``; a bad event rejects the batch
+    whole (422, nothing stored). The answer comes after the commit: an acknowledged event is
+    durable."""
+    # Validated straight from the bytes (one pass in pydantic-core): at 500 events a batch
+    # this halves the cost of FastAPI's decode-then-validate.
+    try:
+        body = _INGEST_BODY.validate_json(await request.body())
+    except ValidationError as err:
+        raise RequestValidationError(err.errors(include_url=False)) from err
+    records = body.events  # EventIn has what ingest reads (EventLike)
     inserted = await run_in_threadpool(_ingest, services, records)
-    for e in body.events:
-        services.metrics.decisions.labels("ingest", e.runner or "none", e.reason_code).inc()
+    counts = Counter((e.runner or "none", e.reason_code) for e in body.events)
+    for (runner, code), n in counts.items():
+        services.metrics.decisions.labels("ingest", runner, code).inc(n)
     return IngestOut(accepted=len(records), inserted=inserted)
 
 
-def _record(e: EventIn) -> EventRecord:
-    return EventRecord(
-        event_id=e.event_id, at=e.at, deployment_id=e.deployment_id, host=e.host, pack=e.pack,
-        family=e.family, runner=e.runner, mode=e.mode, stage=e.stage,
-        reason_code=e.reason_code, rule_ids=tuple(e.rule_ids), policy_digest=e.policy_digest,
-        config=e.config, demo=e.demo)
-
-
-def _ingest(services: Services, records: list[EventRecord]) -> int:
+def _ingest(services: Services, records: list[EventIn]) -> int:
     with services.db.write_session() as session:
         inserted = events.ingest(session=session, events=records)
         session.commit()

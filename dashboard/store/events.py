@@ -12,7 +12,7 @@ import datetime as dt
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -25,6 +25,39 @@ from dashboard.store.models import (
     DecisionEvent,
     Deployment,
 )
+
+
+class EventLike(Protocol):
+    """What ingest reads from an event (EventRecord, or the API's validated EventIn as is)."""
+
+    @property
+    def event_id(self) -> str: ...
+    @property
+    def at(self) -> dt.datetime: ...
+    @property
+    def deployment_id(self) -> str: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def pack(self) -> str: ...
+    @property
+    def family(self) -> str: ...
+    @property
+    def runner(self) -> str | None: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def stage(self) -> str | None: ...
+    @property
+    def reason_code(self) -> str: ...
+    @property
+    def rule_ids(self) -> Sequence[str]: ...
+    @property
+    def policy_digest(self) -> str: ...
+    @property
+    def config(self) -> dict[str, Any] | None: ...
+    @property
+    def demo(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -52,16 +85,24 @@ def _insert(session: Session, table: Any) -> Any:
     return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
-def ingest(*, session: Session, events: Sequence[EventRecord]) -> int:
+def ingest(*, session: Session, events: Sequence[EventLike]) -> int:
     """Store a batch in the caller's transaction; returns how many were new (not duplicates).
 
     The caller acknowledges only after commit: an acknowledged event is durable.
     """
+    events = list({e.event_id: e for e in events}.values())  # a batch may repeat an event
     if not events:
         return 0
+    if session.get_bind().dialect.name == "sqlite":
+        from dashboard.store.ingest_sqlite import ingest_sqlite
+
+        return ingest_sqlite(session, events)
     rows = [_event_row(e) for e in events]
-    stmt = _insert(session, DecisionEvent).on_conflict_do_nothing(index_elements=["event_id"])
-    inserted = set(session.scalars(stmt.returning(DecisionEvent.event_id), rows))
+    # Core tables, not the ORM classes: the ORM's bulk-insert bookkeeping costs more than the
+    # insert itself at these batch sizes.
+    table = DecisionEvent.__table__
+    stmt = _insert(session, table).on_conflict_do_nothing(index_elements=["event_id"])
+    inserted = set(session.scalars(stmt.returning(table.c.event_id), rows))
     fresh = [e for e in events if e.event_id in inserted]
     if fresh:
         _advance_deployments(session, fresh)
@@ -69,7 +110,7 @@ def ingest(*, session: Session, events: Sequence[EventRecord]) -> int:
     return len(fresh)
 
 
-def _event_row(e: EventRecord) -> dict[str, Any]:
+def _event_row(e: EventLike) -> dict[str, Any]:
     return {
         "event_id": e.event_id, "at": e.at, "deployment_id": e.deployment_id, "host": e.host,
         "pack": e.pack, "family": e.family, "runner": e.runner, "mode": e.mode,
@@ -78,8 +119,8 @@ def _event_row(e: EventRecord) -> dict[str, Any]:
     }
 
 
-def _advance_deployments(session: Session, events: Sequence[EventRecord]) -> None:
-    latest: dict[str, EventRecord] = {}
+def _advance_deployments(session: Session, events: Sequence[EventLike]) -> None:
+    latest: dict[str, EventLike] = {}
     for e in events:
         cur = latest.get(e.deployment_id)
         if cur is None or (e.at, e.event_id) > (cur.at, cur.event_id):
@@ -90,19 +131,20 @@ def _advance_deployments(session: Session, events: Sequence[EventRecord]) -> Non
         del row["policy_digest"]
         row["config"] = e.config
         rows.append(row)
-    stmt = _insert(session, Deployment)
+    table = Deployment.__table__
+    stmt = _insert(session, table)
     excluded = stmt.excluded
     names = [c for c in rows[0] if c != "deployment_id"]
     stmt = stmt.on_conflict_do_update(
         index_elements=["deployment_id"],
         set_={n: excluded[n] for n in names},
         # Out-of-order delivery: an older event never overwrites a newer decision.
-        where=Deployment.at <= excluded.at,
+        where=table.c.at <= excluded.at,
     )
     session.execute(stmt, rows)
 
 
-def _add_daily(session: Session, events: Sequence[EventRecord]) -> None:
+def _add_daily(session: Session, events: Sequence[EventLike]) -> None:
     decisions: Counter[tuple[dt.date, str, str, str, bool]] = Counter()
     reasons: Counter[tuple[dt.date, str, str, bool]] = Counter()
     for e in events:
@@ -121,9 +163,10 @@ def _upsert_counts(session: Session, table: Any, keys: list[str], counts: Counte
     if not counts:
         return
     rows = [dict(zip(keys, k, strict=True), num_events=n) for k, n in sorted(counts.items())]
-    stmt = _insert(session, table)
+    core = table.__table__
+    stmt = _insert(session, core)
     stmt = stmt.on_conflict_do_update(
-        index_elements=keys, set_={"num_events": table.num_events + stmt.excluded.num_events})
+        index_elements=keys, set_={"num_events": core.c.num_events + stmt.excluded.num_events})
     session.execute(stmt, rows)
 
 

@@ -157,6 +157,17 @@ def test_ingest_is_idempotent_and_keeps_the_latest_decision(db: Database) -> Non
     assert ov.by_day["2026-11-28"] == {"v1": 2, "v2": 1}
 
 
+def test_an_event_repeated_inside_one_batch_counts_once(db: Database) -> None:
+    t0 = dt.datetime(2026, 11, 28, tzinfo=dt.UTC)
+    e = _event(1, "a", t0)
+    with db.write_session() as s:
+        assert events.ingest(session=s, events=[e, e, e]) == 1
+        s.commit()
+    with db.read_session() as s:
+        report = aggregates.fallbacks(session=s, today=dt.date(2026, 11, 28))
+    assert report.by_day == {"spec_ngram": {"2026-11-28": 1}}
+
+
 def test_demo_rows_are_removed_with_their_rollups(db: Database) -> None:
     t0 = dt.datetime(2026, 11, 28, tzinfo=dt.UTC)
     with db.write_session() as s:
