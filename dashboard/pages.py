@@ -235,13 +235,10 @@ def decisions_page(
 
 @router.get("/matrix", response_class=HTMLResponse)
 def matrix_page(request: Request, services: ServicesDep, user: UserDep,
-                dimension: Annotated[str, Query(max_length=64)] = "") -> HTMLResponse:
+                pin: Annotated[str, Query(pattern="^(auto|v1|v2)$")] = "auto") -> HTMLResponse:
     summary = services.policy.matrix()
-    if dimension not in summary.dimensions:
-        dimension = summary.dimensions[0] if summary.dimensions else ""
-    return render(request, "matrix.html", user, summary=summary, dimension=dimension,
-                  grid=summary.grid.get(dimension, {}),
-                  values=summary.values.get(dimension, []))
+    return render(request, "matrix.html", user, summary=summary, pin=pin,
+                  grid=summary.grid.get(pin, {}))
 
 
 @router.get("/explain", response_class=HTMLResponse)

@@ -23,8 +23,10 @@ from oracle import (
     CohortState,
     Decision,
     DeploymentConfig,
+    Explanation,
     Pack,
     decide,
+    explain,
     load_pack,
 )
 
@@ -121,10 +123,8 @@ class Policy:
         self._cached = None
 
     def explain(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
-                ) -> Any:
+                ) -> Explanation:
         """The oracle's Explanation (decision + smallest changes that reach V2)."""
-        from oracle import explain
-
         return explain(config, pack=self.pack,
                        canaries=canaries if canaries is not None else self.snapshot().canaries)
 

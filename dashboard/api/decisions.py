@@ -91,8 +91,8 @@ async def get_matrix(services: ServicesDep, _who: ViewerDep) -> MatrixOut:
     """Every cell of the pack's closed domains decided under the current canaries, summarised
     as family x dimension value → cells per runner (cached per canary snapshot)."""
     summary = await run_in_threadpool(services.policy.matrix)
-    return MatrixOut(num_cells=summary.num_cells, dimensions=summary.dimensions,
-                     values=summary.values, grid=summary.grid)
+    return MatrixOut(num_cells=summary.num_cells, pins=summary.pins,
+                     scenarios=summary.scenarios, grid=summary.grid)
 
 
 _INGEST_BODY = TypeAdapter(IngestIn)

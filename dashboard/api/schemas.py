@@ -205,7 +205,7 @@ class RevokeIn(BaseModel):
 
 class MatrixOut(BaseModel):
     num_cells: int
-    dimensions: list[str]
-    values: dict[str, list[str]] = Field(description="dimension → its values in domain order")
+    pins: list[str] = Field(description="runner pins of the grid: auto, v1, v2")
+    scenarios: list[str] = Field(description="column ids, the oracle's order")
     grid: dict[str, dict[str, dict[str, dict[str, int]]]] = Field(
-        description="dimension → family → value → runner (v1, v2, none) → cells")
+        description="pin → family → scenario → runner (v1, v2, none) → cells")

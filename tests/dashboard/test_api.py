@@ -14,7 +14,15 @@ from dashboard.app import create_app
 from dashboard.services import Services
 from dashboard.settings import Settings
 from dashboard.store import tokens as token_store
-from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
+from oracle import (
+    CanarySnapshot,
+    CohortState,
+    DeploymentConfig,
+    decide,
+    enumerate_matrix,
+    explain,
+    load_pack,
+)
 
 QWEN3 = {"architecture": "Qwen3ForCausalLM"}
 
@@ -129,10 +137,28 @@ def test_decide_from_a_command_line_and_bad_input(api: Api) -> None:
 
 
 def test_explain_answers_with_changes_that_reach_v2(api: Api) -> None:
-    r = api.client.post("/api/v1/explain", json={"config": {**QWEN3, "enable_dbo": True}},
-                        headers=api.h("viewer"))
+    spec = {**QWEN3, "speculative_method": "ngram", "num_speculative_tokens": 3}
+    r = api.client.post("/api/v1/explain", json={"config": spec}, headers=api.h("viewer"))
     assert r.status_code == 200, r.text
-    assert "decision" in r.json()
+    body = r.json()
+    config = DeploymentConfig.from_spec(spec)
+    assert body == explain(config, pack=load_pack("turnout"), canaries=defaults()).to_json()
+    assert body["decision"]["runner"] == "v1"
+    assert body["suggestions"] and all(s["changes"] for s in body["suggestions"])
+    assert any(c["dimension"] == "speculative_method" for s in body["suggestions"]
+               for c in s["changes"])
+
+
+def test_matrix_summarises_every_cell_of_the_oracle(api: Api) -> None:
+    r = api.client.get("/api/v1/matrix", headers=api.h("viewer"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    cells = list(enumerate_matrix(load_pack("turnout"), defaults()))
+    assert body["num_cells"] == len(cells)
+    assert sorted(body["pins"]) == sorted({c.pin for c in cells})
+    want = sum(1 for c in cells if (c.pin, c.family, c.scenario.id, c.decision.runner)
+               == ("auto", "qwen3", "default", "v2"))
+    assert want > 0 and body["grid"]["auto"]["qwen3"]["default"]["v2"] == want
 
 
 def _events(n: int, **over: object) -> list[dict[str, object]]:

@@ -53,11 +53,13 @@ def test_decides_with_the_service_snapshot_and_reports(service: tuple, tmp_path:
     svc, tokens = service
     _flip_first_cohort(svc, tokens)  # differ from the pack defaults
     served = httpx.get(f"{svc.url}/api/v1/canaries", headers=_h(tokens["viewer"])).json()
-    with OracleClient(svc.url, tokens["operator"], cache_dir=tmp_path / "c", host="gpu-7",
-                      startup_wait_s=5.0) as client:
-        decision = client.decide(QWEN3, deployment_id="prod/qwen3-8b")
-        assert client.snapshot_source == "service"
-        assert client.flush() == 1
+    # Not started: no background thread, so fetching and sending happen exactly when asked.
+    client = OracleClient(svc.url, tokens["operator"], cache_dir=tmp_path / "c", host="gpu-7")
+    assert client.refresh() == "service"
+    decision = client.decide(QWEN3, deployment_id="prod/qwen3-8b")
+    assert client.spool.pending() == 1
+    assert client.flush() == 1 and client.spool.pending() == 0
+    client.close()
     want = decide(QWEN3, pack=load_pack("turnout"), canaries=snapshot_from_json(served))
     assert decision.to_json() == want.to_json()
     assert decision.to_json() != decide(QWEN3, pack=load_pack("turnout")).to_json()
@@ -97,11 +99,13 @@ def test_service_down_decides_from_disk_and_keeps_events(service: tuple,
         offline = client.decide(QWEN3, deployment_id="offline/1")
         assert client.snapshot_source == "disk"
         assert client.flush() == 0 and client.spool.pending() == 1
+    assert client.spool.pending() == 1  # still on disk after the last try at close
     assert offline.to_json() == online.to_json()
     assert offline.stage == stage
     # Next start, service reachable: the spooled event is delivered once.
-    with OracleClient(svc.url, tokens["operator"], cache_dir=cache) as client:
-        assert client.flush() == 1 and client.spool.pending() == 0
+    client = OracleClient(svc.url, tokens["operator"], cache_dir=cache)
+    assert client.flush() == 1 and client.spool.pending() == 0
+    client.close()
     rows = httpx.get(f"{svc.url}/api/v1/decisions?deployment_id=offline/1",
                      headers=_h(tokens["viewer"])).json()
     assert len(rows) == 1
@@ -146,8 +150,9 @@ def test_events_of_a_killed_engine_are_sent_by_the_next_client(service: tuple,
     assert proc.stdout is not None and proc.stdout.readline().strip() == "reported"
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
-    with OracleClient(svc.url, tokens["operator"], cache_dir=cache, batch_size=10) as client:
-        assert client.flush() == 25
+    client = OracleClient(svc.url, tokens["operator"], cache_dir=cache, batch_size=10)
+    assert client.flush() == 25 and client.spool.pending() == 0
+    client.close()
     fb = httpx.get(f"{svc.url}/api/v1/fallbacks", headers=_h(tokens["viewer"])).json()
     assert fb["num_deployments"] == 25
 

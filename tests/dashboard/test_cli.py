@@ -1,0 +1,98 @@
+"""The service's ``turnout`` commands (registered through the ``turnout.cli`` entry point)."""
+
+from __future__ import annotations
+
+import getpass
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from dashboard import cli
+from dashboard.services import Services
+from dashboard.settings import Settings
+from dashboard.store import audit, canaries, events, tokens
+from oracle import load_pack
+
+
+@pytest.fixture
+def run(tmp_path: Path):  # type: ignore[no-untyped-def]
+    app = typer.Typer()
+    cli.register(app)
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+
+    def invoke(*args: str) -> tuple[int, str]:
+        result = CliRunner().invoke(app, [*args, "--database-url", url])
+        return result.exit_code, result.output
+
+    invoke.url = url  # type: ignore[attr-defined]
+    return invoke
+
+
+def _services(url: str) -> Services:
+    return Services.build(Settings(database_url=url, demo=False))
+
+
+def test_entry_point_registers_the_service_commands() -> None:
+    out = subprocess.run([sys.executable, "-m", "oracle.cli", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    for name in ("serve", "db", "token", "canary", "kill-switch", "demo"):
+        assert f" {name} " in out
+
+
+def test_db_upgrade_and_token_create(run) -> None:  # type: ignore[no-untyped-def]
+    code, out = run("db", "upgrade")
+    assert code == 0 and "revision 0001" in out
+    code, out = run("token", "create", "--role", "operator", "--name", "alice")
+    assert code == 0
+    token = out.splitlines()[0].strip()
+    with _services(run.url).db.read_session() as s:
+        row = tokens.verify_token(session=s, token=token)
+        assert row is not None and (row.role, row.name) == ("operator", "alice")
+    code, out = run("token", "create", "--role", "root")
+    assert code == 1 and "viewer, operator or admin" in out
+
+
+def test_canary_flips_by_family_name_and_are_audited(run) -> None:  # type: ignore[no-untyped-def]
+    first = load_pack("turnout").cohorts[0]
+    family = first.families[0]
+    code, out = run("canary", "disable", family, "--reason", "p99 regression")
+    assert code == 0, out
+    assert first.id in out and "disabled" in out
+    code, out = run("canary", "enable", first.id, "--percentage", "10", "--reason", "10% first")
+    assert code == 0, out
+    services = _services(run.url)
+    with services.db.read_session() as s:
+        state = canaries.read_state(session=s)
+        entries = audit.list_entries(session=s)
+    assert state.cohorts[first.id][:2] == (True, 10)
+    assert [(e.reason, e.actor) for e in entries[:2]] == [
+        ("10% first", f"cli:{getpass.getuser()}"), ("p99 regression", f"cli:{getpass.getuser()}")]
+    code, out = run("canary", "enable", "no-such-stage", "--reason", "x")
+    assert code == 1 and "unknown cohort" in out
+    code, out = run("canary", "enable", first.id)
+    assert code == 2 and "--reason" in out
+    code, out = run("canary", "list")
+    assert code == 0 and first.id in out and "kill switch: released" in out
+
+
+def test_kill_switch_and_demo_remove(run) -> None:  # type: ignore[no-untyped-def]
+    code, out = run("kill-switch", "engage", "--reason", "V2 crash loop")
+    assert code == 0 and "ENGAGED" in out
+    services = Services.build(Settings(database_url=run.url, demo=True))
+    from dashboard.app import prepare
+
+    prepare(services)  # an empty database: the demo fleet is recorded
+    with services.db.read_session() as s:
+        assert canaries.read_state(session=s).kill_switch is True
+        num_demo = events.count_events(session=s, demo=True)
+    assert num_demo > 0
+    code, out = run("demo", "remove")
+    assert code == 0 and f"removed {num_demo} demo events" in out
+    prepare(services)  # not seeded again
+    with services.db.read_session() as s:
+        assert events.count_events(session=s) == 0
+        assert audit.list_entries(session=s)[0].action == "demo.remove"
