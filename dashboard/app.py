@@ -44,15 +44,23 @@ def prepare(services: Services) -> None:
             log.info("recorded %d demo decisions (remove with `turnout demo remove`)", num)
 
 
-def _document_bearer_auth(app: FastAPI) -> None:
+def _finish_openapi(app: FastAPI) -> None:
     """Declare the bearer scheme once in the OpenAPI document (the role checks read the header
-    directly, so no per-route security dependency documents it)."""
+    directly, so no per-route security dependency documents it), and the bodies of the routes
+    that validate their raw bytes themselves (``/decide``, ``/explain``, ``/decisions``)."""
+    from dashboard.api.schemas import DeploymentIn, IngestIn
+
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = build()
-            schema.setdefault("components", {})["securitySchemes"] = {
+            models = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in (DeploymentIn, IngestIn):
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                models.update(body.pop("$defs", {}))
+                models[model.__name__] = body
+            schema["components"]["securitySchemes"] = {
                 "bearer": {"type": "http", "scheme": "bearer",
                            "description": "a token from `turnout token create --role ...`"}}
             schema["security"] = [{"bearer": []}]
@@ -81,7 +89,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         lifespan=lifespan,
     )
     app.state.services = services
-    _document_bearer_auth(app)
+    _finish_openapi(app)
     app.include_router(decisions.router, prefix=API_PREFIX)  # first: /decide is the hot path
     app.include_router(rollout.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)

@@ -58,6 +58,10 @@ def raise_store_error(err: StoreError) -> NoReturn:
     raise http_error(400, err.code, str(err)) from err
 
 
+# Ids in paths and queries fit the databases' 64-bit integers (larger ones are a 422, not a
+# driver overflow).
+MAX_ID = 2**63 - 1
+
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="turnout"'}
 
 

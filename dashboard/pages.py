@@ -18,7 +18,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from dashboard.auth import COOKIE_NAME, Principal, csrf_ok, csrf_token
-from dashboard.deps import ServicesDep
+from dashboard.deps import MAX_ID, ServicesDep
 from dashboard.services import Services
 from dashboard.store import aggregates, audit, events
 from dashboard.store import canaries as canary_store
@@ -208,7 +208,8 @@ def kill_switch_from_page(
 
 @router.get("/audit", response_class=HTMLResponse)
 def audit_page(request: Request, services: ServicesDep, user: UserDep,
-               before_id: Annotated[int | None, Query(ge=1)] = None) -> HTMLResponse:
+               before_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+               ) -> HTMLResponse:
     with services.db.read_session() as session:
         entries = audit.list_entries(session=session, limit=100, before_id=before_id)
     return render(request, "audit.html", user, entries=entries)

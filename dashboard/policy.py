@@ -6,6 +6,7 @@ No decision logic lives here: every runner choice is the oracle's.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import threading
@@ -62,6 +63,7 @@ class Policy:
         self._lock = threading.Lock()
         self._cached: tuple[float, Snapshot] | None = None
         self._matrix = MatrixCache()
+        self._responses: tuple[str, dict[DeploymentConfig, tuple[bytes, str, str]]] = ("", {})
 
     def cohort_defaults(self) -> list[CohortDefault]:
         return [CohortDefault(c.id, bool(c.enabled), int(getattr(c, "percentage", 100) or 100))
@@ -132,6 +134,20 @@ class Policy:
         """The matrix grid under the current canaries (cached per snapshot)."""
         snap = self.snapshot()
         return self._matrix.get(self.pack, snap.canaries, snap.etag)
+
+    def decision_json(self, config: DeploymentConfig, snap: Snapshot) -> tuple[bytes, str, str]:
+        """(Decision JSON bytes, runner or "none", reason code) under ``snap``, kept per
+        snapshot: decide is pure, so the same config under the same canaries has one answer."""
+        cache = self._responses
+        if cache[0] != snap.etag:
+            cache = self._responses = (snap.etag, {})
+        hit = cache[1].get(config)
+        if hit is None:
+            d = self.decide(config, snap.canaries)
+            hit = (json.dumps(d.to_json()).encode(), d.runner or "none", str(d.reason_code))
+            if len(cache[1]) < 8192:
+                cache[1][config] = hit
+        return hit
 
     def decide(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
                ) -> Decision:

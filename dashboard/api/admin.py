@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Path, Query
 from sqlalchemy import text
 
 from dashboard.api.schemas import (
@@ -18,6 +18,7 @@ from dashboard.api.schemas import (
 )
 from dashboard.deps import (
     ERROR_RESPONSES,
+    MAX_ID,
     AdminDep,
     OperatorDep,
     ReadSessionDep,
@@ -58,8 +59,8 @@ def post_token(body: TokenIn, session: WriteSessionDep, who: AdminDep) -> TokenC
 
 @router.post("/tokens/{token_id}/revoke", response_model=TokenOut, tags=["tokens"],
              responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}})
-def revoke_token(token_id: int, body: RevokeIn, services: ServicesDep,
-                 session: WriteSessionDep, who: AdminDep) -> TokenOut:
+def revoke_token(token_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: RevokeIn,
+                 services: ServicesDep, session: WriteSessionDep, who: AdminDep) -> TokenOut:
     """Revoke a token (admin); every process stops accepting it within the token cache TTL.
     A token cannot revoke itself (409): that would lock its holder out by accident."""
     if token_id == who.token_id:

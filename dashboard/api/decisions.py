@@ -46,43 +46,51 @@ async def current_snapshot(services: Services) -> Snapshot:
     return snap if snap is not None else await run_in_threadpool(services.policy.snapshot)
 
 
+_DEPLOYMENT_BODY = TypeAdapter(DeploymentIn)
+
+
+def _body_ref(name: str) -> dict[str, object]:
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+
+
 @lru_cache(maxsize=4096)
-def _cached_config(key: str) -> DeploymentConfig:
-    """Parsing and validating a config costs more than deciding it: fleets send the same few
-    configs again and again, so parsed configs are kept (frozen values, safe to share)."""
-    body = json.loads(key)
-    return config_from_request(config=body["config"], command=body["command"],
-                               argv=body["argv"], env=body["env"])
-
-
-def _config(body: DeploymentIn) -> DeploymentConfig:
+def _config_from_bytes(raw: bytes) -> DeploymentConfig:
+    """Validating the body and building the config costs more than deciding: fleets send the
+    same few bodies again and again, so the parsed config (a frozen value) is kept per body.
+    Errors are raised, hence never cached."""
     try:
-        return _cached_config(json.dumps(body.model_dump(), sort_keys=True))
+        body = _DEPLOYMENT_BODY.validate_json(raw)
+    except ValidationError as err:
+        raise RequestValidationError(err.errors(include_url=False)) from err
+    try:
+        return config_from_request(config=body.config, command=body.command, argv=body.argv,
+                                   env=body.env)
     except OracleError as err:
         raise http_error(422, str(getattr(err, "code", "config_error")), str(err)) from err
     except ValueError as err:
         raise http_error(422, "bad_command", str(err)) from err
 
 
-@router.post("/decide", responses={200: {"description": "the Decision (oracle §8 JSON)"},
-                                   422: {"model": ErrorResponse}})
-async def post_decide(body: DeploymentIn, services: ServicesDep, _who: ViewerDep) -> Response:
+@router.post("/decide", openapi_extra=_body_ref("DeploymentIn"),
+             responses={200: {"description": "the Decision (docs/oracle-api.md, JSON)"},
+                        422: {"model": ErrorResponse}})
+async def post_decide(request: Request, services: ServicesDep, _who: ViewerDep) -> Response:
     """The runner decision for one deployment under the service's current canaries."""
-    config = _config(body)
+    config = _config_from_bytes(await request.body())
     snap = await current_snapshot(services)
-    decision = services.policy.decide(config, snap.canaries)
-    services.metrics.decisions.labels("api", decision.runner or "none",
-                                      decision.reason_code).inc()
-    return Response(json.dumps(decision.to_json()), media_type="application/json")
+    body, runner, reason_code = services.policy.decision_json(config, snap)
+    services.metrics.decisions.labels("api", runner, reason_code).inc()
+    return Response(body, media_type="application/json")
 
 
-@router.post("/explain", responses={200: {"description": "the Explanation"},
-                                    422: {"model": ErrorResponse}})
-async def post_explain(body: DeploymentIn, services: ServicesDep, _who: ViewerDep) -> Response:
+@router.post("/explain", openapi_extra=_body_ref("DeploymentIn"),
+             responses={200: {"description": "the Explanation"}, 422: {"model": ErrorResponse}})
+async def post_explain(request: Request, services: ServicesDep, _who: ViewerDep) -> Response:
     """The decision plus the smallest config changes that would reach V2 (each re-checked)."""
-    config = _config(body)
+    config = _config_from_bytes(await request.body())
     snap = await current_snapshot(services)
-    explanation = services.policy.explain(config, snap.canaries)
+    explanation = await run_in_threadpool(services.policy.explain, config, snap.canaries)
     return Response(json.dumps(explanation.to_json()), media_type="application/json")
 
 
@@ -100,8 +108,7 @@ _INGEST_BODY = TypeAdapter(IngestIn)
 
 @router.post("/decisions", response_model=IngestOut,
              responses={422: {"model": ErrorResponse}},
-             openapi_extra={"requestBody": {"required": True, "content": {
-                 "application/json": {"schema": {"$ref": "#/components/schemas/IngestIn"}}}}})
+             openapi_extra=_body_ref("IngestIn"))
 async def post_decisions(request: Request, services: ServicesDep, _who: OperatorDep
                          ) -> IngestOut:
     """Batched ingest from engines, idempotent by ``event_id``; a bad event rejects the batch

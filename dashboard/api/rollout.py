@@ -20,6 +20,7 @@ from dashboard.api.schemas import (
 )
 from dashboard.deps import (
     ERROR_RESPONSES,
+    MAX_ID,
     AdminDep,
     OperatorDep,
     ReadSessionDep,
@@ -144,7 +145,7 @@ def post_kill_switch(body: KillSwitchIn, services: ServicesDep, session: WriteSe
 def get_audit(
     session: ReadSessionDep, _who: ViewerDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    before_id: Annotated[int | None, Query(ge=1)] = None,
+    before_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     target: Annotated[str | None, Query(max_length=128)] = None,
 ) -> list[AuditOut]:
     """The audit log, newest first (page with ``before_id``)."""

@@ -5,8 +5,16 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
+EARLIEST_EVENT = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
 ReasonCode = Literal["STATIC", "TARGETING_MATCH", "SPLIT", "DISABLED", "DEFAULT", "ERROR"]
 Name = Field(min_length=1, max_length=256)
 
@@ -107,6 +115,15 @@ class EventIn(BaseModel):
     policy_digest: str = Field(default="", max_length=128)
     config: dict[str, Any] | None = None
     demo: bool = False
+
+    @field_validator("at")
+    @classmethod
+    def _plausible_time(cls, at: dt.datetime) -> dt.datetime:
+        latest = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+        if not EARLIEST_EVENT <= at <= latest:
+            raise ValueError(f"{at.isoformat()} is not a plausible decision time "
+                             f"({EARLIEST_EVENT.date()} .. tomorrow)")
+        return at
 
 
 class IngestIn(BaseModel):

@@ -17,8 +17,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-# SQLAlchemy's SQLite DATETIME storage format (string comparison = time order).
-_TIME = "%Y-%m-%d %H:%M:%S.%f"
+
+def _stored(t: dt.datetime) -> str:
+    """SQLAlchemy's SQLite DATETIME storage format (zero-padded, so string order = time order;
+    ``strftime("%Y")`` would not pad years before 1000)."""
+    return t.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
 
 _EVENT_COLUMNS = ("event_id", "at", "deployment_id", "host", "pack", "family", "runner", "mode",
                   "stage", "reason_code", "rule_ids", "policy_digest", "demo")
@@ -69,7 +72,7 @@ def ingest_sqlite(session: Session, events: Sequence[Any]) -> int:
     times = {id(e): e.at.astimezone(dt.UTC) for e in fresh}
     rules = {id(e): json.dumps(list(e.rule_ids)) for e in fresh}
     conn.exec_driver_sql(_INSERT_EVENTS, [
-        (e.event_id, times[id(e)].strftime(_TIME), e.deployment_id, e.host, e.pack, e.family,
+        (e.event_id, _stored(times[id(e)]), e.deployment_id, e.host, e.pack, e.family,
          e.runner, e.mode, e.stage, e.reason_code, rules[id(e)], e.policy_digest, int(e.demo))
         for e in fresh])
     latest: dict[str, Any] = {}
@@ -78,7 +81,7 @@ def ingest_sqlite(session: Session, events: Sequence[Any]) -> int:
         if cur is None or (times[id(e)], e.event_id) > (times[id(cur)], cur.event_id):
             latest[e.deployment_id] = e
     conn.exec_driver_sql(_UPSERT_DEPLOYMENTS, [
-        (e.deployment_id, e.event_id, times[id(e)].strftime(_TIME), e.host, e.pack, e.family,
+        (e.deployment_id, e.event_id, _stored(times[id(e)]), e.host, e.pack, e.family,
          e.runner, e.mode, e.stage, e.reason_code, rules[id(e)],
          None if e.config is None else json.dumps(e.config), int(e.demo))
         for e in sorted(latest.values(), key=lambda e: e.deployment_id)])

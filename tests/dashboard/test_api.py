@@ -188,9 +188,11 @@ def test_ingest_is_idempotent_and_feeds_fallbacks_and_metrics(api: Api) -> None:
         in metrics
 
 
-def test_ingest_rejects_a_bad_batch_whole(api: Api) -> None:
+@pytest.mark.parametrize("at", ["2026-11-29T10:00:00", "0997-09-07T04:16:00+00:00",
+                                "2999-01-01T00:00:00Z"])
+def test_ingest_rejects_a_bad_batch_whole(api: Api, at: str) -> None:
     batch = _events(3)
-    batch[1]["at"] = "2026-11-29T10:00:00"  # no timezone
+    batch[1]["at"] = at  # no timezone / implausible times
     r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
     assert r.status_code == 422
     assert "events" in str(r.json()["detail"])
@@ -242,3 +244,12 @@ def test_tokens_api_creates_shows_once_and_revokes(api: Api) -> None:
                         headers=api.h("admin"))
     assert r.status_code == 200 and r.json()["revoked"] is True
     assert api.client.get("/api/v1/canaries", headers=new).status_code == 401
+    # Found by schemathesis: an id past 64 bits was a driver overflow (500), now a 422.
+    r = api.client.post(f"/api/v1/tokens/{2**64}/revoke", json={"reason": "x"},
+                        headers=api.h("admin"))
+    assert r.status_code == 422
+    me = api.client.get("/api/v1/tokens", headers=api.h("admin")).json()
+    admin_id = next(t["id"] for t in me if t["role"] == "admin" and t["name"] == "admin")
+    r = api.client.post(f"/api/v1/tokens/{admin_id}/revoke", json={"reason": "oops"},
+                        headers=api.h("admin"))
+    assert r.status_code == 409 and r.json()["detail"]["code"] == "self_revoke"

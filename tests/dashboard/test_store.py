@@ -157,6 +157,19 @@ def test_ingest_is_idempotent_and_keeps_the_latest_decision(db: Database) -> Non
     assert ov.by_day["2026-11-28"] == {"v1": 2, "v2": 1}
 
 
+@pytest.mark.parametrize("at", [dt.datetime(999, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC),
+                                dt.datetime(2026, 11, 30, 23, 59, 59, 999999,
+                                            tzinfo=dt.timezone(dt.timedelta(hours=-5)))])
+def test_event_times_read_back_exactly(db: Database, at: dt.datetime) -> None:
+    # Found by schemathesis: the SQLite path wrote year 999 as "999-..." (unpadded).
+    with db.write_session() as s:
+        events.ingest(session=s, events=[_event(1, "a", at)])
+        s.commit()
+    with db.read_session() as s:
+        (row,) = events.list_events(session=s)
+    assert row.at == at and row.at.tzinfo is not None
+
+
 def test_an_event_repeated_inside_one_batch_counts_once(db: Database) -> None:
     t0 = dt.datetime(2026, 11, 28, tzinfo=dt.UTC)
     e = _event(1, "a", t0)
