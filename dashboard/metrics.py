@@ -40,6 +40,8 @@ class MetricsMiddleware:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+        # (method, route, status) → its histogram child: labels() costs more than observe().
+        self._children: dict[tuple[str, str, int], Any] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -57,9 +59,14 @@ class MetricsMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            self.metrics.request_seconds.labels(
-                scope["method"], route_label(scope), str(status)).observe(
-                time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            key = (scope["method"], route_label(scope), status)
+            child = self._children.get(key)
+            if child is None:
+                child = self.metrics.request_seconds.labels(key[0], key[1], str(status))
+                if len(self._children) < 10_000:  # bounded: routes x methods x statuses
+                    self._children[key] = child
+            child.observe(elapsed)
 
 
 def route_label(scope: Scope) -> str:
