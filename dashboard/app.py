@@ -26,8 +26,9 @@ STATIC = Path(__file__).resolve().parent / "static"
 API_PREFIX = "/api/v1"
 
 
-def prepare(services: Services) -> None:
-    """Idempotent start-up work: migrations, the pack's canary defaults, the demo fleet."""
+def prepare(services: Services) -> int:
+    """Idempotent start-up work: migrations, the pack's canary defaults, the demo fleet.
+    Returns the number of demo decisions recorded now (0 unless the database was empty)."""
     from dashboard import demo
     from dashboard.store import canaries
 
@@ -38,10 +39,10 @@ def prepare(services: Services) -> None:
         session.commit()
     if added:
         log.info("canary defaults from pack %s: %s", services.policy.pack_name, ", ".join(added))
-    if services.settings.demo:
-        num = demo.seed_if_empty(services)
-        if num:
-            log.info("recorded %d demo decisions (remove with `turnout demo remove`)", num)
+    num = demo.seed_if_empty(services) if services.settings.demo else 0
+    if num:
+        log.info("recorded %d demo decisions (remove with `turnout demo remove`)", num)
+    return num
 
 
 def _finish_openapi(app: FastAPI) -> None:

@@ -70,7 +70,10 @@ def serve(
     from dashboard.store import tokens
 
     services = _services(database_url, pack, host=host, port=port, demo=demo)
-    prepare(services)
+    num_demo = prepare(services)
+    if num_demo:
+        typer.echo(f"turnout: empty database: recorded {num_demo} demo decisions from "
+                   "policies/reference/vllm_recipes.jsonl (remove: turnout demo remove)")
     settings = services.settings
     url = f"http://{settings.host}:{settings.port}"
     with services.db.write_session() as session:
