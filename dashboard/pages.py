@@ -29,6 +29,7 @@ TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "tem
 TEMPLATES.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(",", ":"))
 
 router = APIRouter(include_in_schema=False)
+MAX_CHART_FAMILIES = 15  # the by-family chart shows the families with the most fallbacks
 
 
 class SignIn(Exception):
@@ -118,16 +119,19 @@ def fallbacks(request: Request, services: ServicesDep, user: UserDep,
         report = aggregates.fallbacks(session=session, days=days)
     labels = services.policy.reason_labels()
     top = [k for k, _n in report.ranked[:8]]
+    families = sorted(report.by_family, key=lambda f: -sum(report.by_family[f].values()))
+    families = families[:MAX_CHART_FAMILIES]
     chart = {
-        "families": list(report.by_family),
+        "families": families,
         "reasons": [{"key": k, "label": labels.get(k, k),
-                     "by_family": [report.by_family[f].get(k, 0) for f in report.by_family]}
+                     "by_family": [report.by_family[f].get(k, 0) for f in families]}
                     for k in top],
         "by_day": {k: report.by_day.get(k, {}) for k in top if k in report.by_day},
         "days": _day_axis(days),
     }
     return render(request, "fallbacks.html", user, report=report, labels=labels, days=days,
-                  chart=chart)
+                  chart=chart, num_families=len(report.by_family),
+                  family_chart_px=max(300, 26 * len(families) + 120))
 
 
 @router.get("/canaries", response_class=HTMLResponse)
