@@ -8,15 +8,12 @@ references.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
 from engine.model.attention_metadata import AttentionMetadata
 from kernels import paged_attention as pa
 from kernels._triton import HAS_TRITON
 
-AttentionBackend = Literal["auto", "triton", "torch"]
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "triton", "torch")
 
 

@@ -11,12 +11,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.model.attention import ATTENTION_BACKENDS
 from engine.model.bert import EncoderModel
 from engine.model.config import ModelConfig, ModelConfigError
 from engine.model.llama import FUSED_PARAMS, DecoderModel
 from engine.model.weights import WeightLoadError, WeightSource, assign_weights, random_source
-
-ATTENTION_BACKENDS = ("auto", "triton", "torch")
 
 
 def load_model(

@@ -117,7 +117,7 @@ def assign_weights(model: nn.Module, source: WeightSource, *, dtype: torch.dtype
                    prefix_aliases: tuple[str, ...] = ()) -> None:
     """Fill every parameter of ``model`` (built on the meta device) from ``source``.
 
-    Each parameter is materialised once, directly at ``dtype`` on ``device``; fused parameters
+    Each parameter is materialised on ``device`` once, at ``dtype``; fused parameters
     (``fused``: name part -> HF parts) are concatenated from their pieces along dim 0. HF names
     may carry one of ``prefix_aliases`` (e.g. ``"bert."``).
 
@@ -133,8 +133,9 @@ def assign_weights(model: nn.Module, source: WeightSource, *, dtype: torch.dtype
         if any(p not in names for p in parts):
             missing += [p for p in parts if p not in names]
             continue
-        pieces = [_read(names[p], p, dtype, device) for p in parts]
-        tensor = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)
+        # Fused pieces are joined on the host, so the device holds each parameter once.
+        pieces = [_read(names[p], p, dtype) for p in parts]
+        tensor = (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)).to(device)
         if tensor.shape != param.shape:
             raise WeightLoadError(f"{pname}: checkpoint shape {tuple(tensor.shape)} != "
                                   f"model shape {tuple(param.shape)}")
@@ -168,12 +169,11 @@ def _hf_parts(pname: str, fused: Mapping[str, tuple[str, ...]]) -> list[str]:
     return [pname]
 
 
-def _read(get: Callable[[], torch.Tensor], name: str, dtype: torch.dtype,
-          device: torch.device | str) -> torch.Tensor:
+def _read(get: Callable[[], torch.Tensor], name: str, dtype: torch.dtype) -> torch.Tensor:
     tensor = get()
     if not tensor.is_floating_point():
         raise WeightLoadError(f"{name}: expected a floating-point tensor, got {tensor.dtype}")
-    return tensor.to(device=device, dtype=dtype).contiguous()
+    return tensor.to(dtype=dtype).contiguous()
 
 
 def _set_param(model: nn.Module, pname: str, param: nn.Parameter) -> None:
