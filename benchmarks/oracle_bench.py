@@ -5,8 +5,9 @@
 - warm: the same config decided again and again (the embedded call at steady state);
 - warm_equal: equal but distinct config objects (a service deciding repeated requests);
 - cold: fresh configs never decided before (random draws over the pack's closed domains and
-  every architecture), after the process has decided as many other fresh configs (the
-  outcome memo of a long-running process);
+  every architecture), after the process has decided five times as many other fresh configs
+  (the outcome memo of a long-running process: the shapes of outcomes recur, the configs
+  do not);
 - cold_no_memo: fresh configs with every cache emptied before each decision (the full
   resolution, building the Decision from scratch);
 - enumerate: the whole matrix of each shipped pack (cells, seconds).
@@ -101,7 +102,7 @@ def _clear(pack: Pack, *, memo: bool) -> None:
 def bench_cold(pack: Pack, n: int, seed: int, repeats: int) -> tuple[float, float]:
     """(steady-state cold, caches-emptied cold): each run decides its own fresh configs."""
     _clear(pack, memo=True)
-    for c in _fresh_configs(pack, n, seed + 1000):  # a long-running process's outcome memo
+    for c in _fresh_configs(pack, 5 * n, seed + 1000):  # a long-running process's memo
         decide(c, pack=pack)
     runs, empty_runs = [], []
     for r in range(repeats):

@@ -9,9 +9,9 @@
 5. rollout: kill switch, then the cohort's canary and its sticky percentage;
 6. otherwise V2.
 
-:class:`Evaluator` memoises the Decision per outcome key (rule mask, pin, architecture,
-canary state, matched values), so a config never seen before costs one generated ``match``
-call plus a dictionary lookup.
+:class:`Evaluator` records each outcome shape (rule mask, pin, family, stage, canary state)
+as a :class:`~oracle.plan.Plan` and memoises Decisions per shape and matched values, so a config
+never seen before costs one generated ``evaluate`` call plus a lookup or a cheap instantiation.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from oracle.compile_types import ArchInfo, CompiledRule, CompiledStage, PackData, Template
-from oracle.decision import CanaryOutcome, Decision, Message, Reason
+from oracle.decision import CanaryOutcome, Decision, Reason
+from oracle.plan import Facts, Labels, Plan, Text, bits, instantiate
 
 _ROLLOUT_REF = "rollout.yaml"
 
@@ -34,15 +35,6 @@ def bucket(stage_id: str, deployment_id: str) -> int:
     """
     digest = hashlib.blake2b(f"{stage_id}:{deployment_id}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % 10000
-
-
-def _bits(mask: int) -> list[int]:
-    out = []
-    while mask:
-        low = mask & -mask
-        out.append(low.bit_length() - 1)
-        mask ^= low
-    return out
 
 
 class Evaluator:
@@ -63,6 +55,7 @@ class Evaluator:
         self.m_hard = mask(lambda r: r.effect == "blocks_v2" and r.severity == "hard")
         self.m_prefers = mask(lambda r: r.effect == "prefers_v1")
         self.memo: dict[tuple[Any, ...], Decision] = {}
+        self.plans: dict[tuple[Any, ...], Plan] = {}
         self._facts: dict[tuple[int, tuple[Any, ...]], tuple[Reason, str, dict[str, Any]]] = {}
 
     # -- entry -------------------------------------------------------------------------------
@@ -79,17 +72,33 @@ class Evaluator:
             if enabled and pct < 100:
                 dep = c.deployment_id
                 included = dep is not None and bucket(pd.stages[idx].id, dep) < pct * 100
-        key = (m, pin, id(a), idx, id(view), included, values)
+        # The Decision depends on the architecture only through its family and the matched
+        # rules' values (an architecture a rule tests is among them).
+        shape = (m, pin, a.family, idx, id(view), included)
+        key = (shape, values)
         hit = self.memo.get(key)
         if hit is not None and hit.policy_digest is digest:
             return hit
-        d = self._build(c, a, m, pin, idx, view, included, digest, values)
+        plan = self.plans.get(shape)
+        if plan is None or plan.policy_digest is not digest:
+            plan = self._plan(a, m, pin, idx, view, included, digest)
+            self.plans[shape] = plan
+        d = instantiate(plan, self._facts_of(m, values) if m else {})
         if len(self.memo) > 200_000:
             self.memo.clear()
         self.memo[key] = d
         return d
 
-    # -- resolution --------------------------------------------------------------------------
+    def _facts_of(self, m: int, values: tuple[Any, ...] | None) -> Facts:
+        """Per matched rule, its facts; ``values`` holds their dimension values in rule order."""
+        facts = {}
+        offset = 0
+        for i in bits(m):
+            rule = self.pd.rules[i]
+            n = len(rule.dims)
+            facts[i] = self._rule_facts(rule, values[offset:offset + n])  # type: ignore[index]
+            offset += n
+        return facts
 
     def _rule_facts(self, rule: CompiledRule, vals: tuple[Any, ...]
                     ) -> tuple[Reason, str, dict[str, Any]]:
@@ -107,131 +116,111 @@ class Evaluator:
             self._facts[key] = hit
         return hit
 
-    def _values(self, x: _Ctx, rule: CompiledRule) -> dict[str, Any]:
-        return x.facts[rule.index][2]
+    # -- resolution (once per shape) ---------------------------------------------------------
 
-    def _reason(self, x: _Ctx, rule: CompiledRule) -> Reason:
-        return x.facts[rule.index][0]
-
-    def _rules(self, mask: int) -> list[CompiledRule]:
-        return [self.pd.rules[i] for i in _bits(mask)]
-
-    def _labels(self, x: _Ctx, mask: int) -> str:
-        return ", ".join(x.facts[i][1] for i in _bits(mask))
-
-    def _add_reasons(self, x: _Ctx, mask: int) -> None:
-        x.reasons += [self._reason(x, r) for r in self._rules(mask)]
-
-    @staticmethod
-    def _emit(x: _Ctx, tpl: Template | None, **values: Any) -> None:
-        if tpl is not None:
-            x.messages.append(Message(tpl.level, tpl.render(values)))
-
-    @staticmethod
-    def _render(tpl: Template | None, **values: Any) -> str:
-        return tpl.render(values) if tpl is not None else ""
-
-    def _done(self, x: _Ctx, runner: str | None, code: str, error: str | None = None,
-              error_code: str | None = None, canary: CanaryOutcome | None = None) -> Decision:
-        if runner == "v2":
-            self._emit(x, self.msgs["using_v2"])
-        return Decision(runner, "auto" if x.p == "auto" else "pinned",  # type: ignore[arg-type]
-                        x.a.family, x.stage.id if x.stage else None, canary,
-                        tuple(x.reasons), tuple(x.messages), code,  # type: ignore[arg-type]
-                        error, x.digest, error_code, self.pd.name)
-
-    def _build(self, c: Any, a: ArchInfo, m: int, pin: str, idx: int,
-               view: tuple[Any, ...], included: bool | None, digest: str,
-               values: tuple[Any, ...] | None) -> Decision:
-        x = _Ctx(c, a, pin, self.pd.stages[idx] if idx >= 0 else None, digest)
-        offset = 0
-        for i in _bits(m):  # values holds the matched rules' dimension values, in rule order
-            rule = self.pd.rules[i]
-            n = len(rule.dims)
-            x.facts[i] = self._rule_facts(rule, values[offset:offset + n])  # type: ignore[index]
-            offset += n
+    def _plan(self, a: ArchInfo, m: int, pin: str, idx: int, view: tuple[Any, ...],
+              included: bool | None, digest: str) -> Plan:
+        x = _Ctx(a, pin, self.pd.stages[idx] if idx >= 0 else None, digest)
         forced = m & self.m_forces
         b1 = m & self.m_blocks_v1
         if forced:
-            rules = self._rules(forced)
-            self._add_reasons(x, forced)
+            x.reasons += bits(forced)
             if pin == "v1":
-                strict = [r for r in rules if not r.override_pin]
+                strict = sum(1 << i for i in bits(forced) if not self.pd.rules[i].override_pin)
                 if strict:
-                    err = self._render(self.msgs["v1_blocked"], labels=", ".join(
-                        r.label.render(self._values(x, r)) for r in strict))
-                    return self._done(x, None, "ERROR", err, "pin_conflict")
-                for r in rules:
-                    self._emit(x, r.message, **self._values(x, r))
+                    return self._done(x, None, "ERROR", self._error(x, "v1_blocked", strict),
+                                      "pin_conflict")
+                for i in bits(forced):
+                    self._emit(x, self.pd.rules[i].message, rule=i)
             return self._pinned_v2(x, m, "STATIC" if pin == "v2" else "TARGETING_MATCH")
         if pin == "v1":
             if b1:
-                self._add_reasons(x, b1)
-                err = self._render(self.msgs["v1_blocked"], labels=self._labels(x, b1))
-                return self._done(x, None, "ERROR", err, "pin_conflict")
+                x.reasons += bits(b1)
+                return self._done(x, None, "ERROR", self._error(x, "v1_blocked", b1),
+                                  "pin_conflict")
             x.reasons.append(self._pin_reason("v1"))
-            self._emit(x, self.msgs["pinned_v1"], name=self.pd.env_var, value="0")
+            self._emit(x, self.msgs["pinned_v1"], values={"name": self.pd.env_var, "value": "0"})
             return self._done(x, "v1", "STATIC")
         if pin == "v2":
             x.reasons.append(self._pin_reason("v2"))
             return self._pinned_v2(x, m, "STATIC")
         return self._auto(x, m, b1, view, included)
 
+    @staticmethod
+    def _emit(x: _Ctx, tpl: Template | None, rule: int = -1,
+              values: dict[str, Any] | None = None) -> None:
+        if tpl is not None:
+            x.messages.append(Text(tpl, tuple((values or {}).items()), rule))
+
+    def _error(self, x: _Ctx, message: str, mask: int) -> tuple[Text, ...]:
+        tpl = self.msgs[message]
+        return (Text(tpl, (("labels", Labels(mask)),)),) if tpl is not None else ()
+
+    def _done(self, x: _Ctx, runner: str | None, code: str,
+              error: tuple[Text, ...] | None = None, error_code: str | None = None,
+              canary: CanaryOutcome | None = None) -> Plan:
+        if runner == "v2":
+            self._emit(x, self.msgs["using_v2"])
+        return Plan(runner, "auto" if x.p == "auto" else "pinned", x.a.family,
+                    x.stage.id if x.stage else None, canary, tuple(x.reasons),
+                    tuple(x.messages), code, error, x.digest, error_code, self.pd.name)
+
     def _pin_reason(self, runner: str) -> Reason:
         value = "1" if runner == "v2" else "0"
         return Reason(f"pin.{runner}", f"pinned to {runner.upper()} by {self.pd.env_var}={value}",
                       "hard", f"pins_{runner}", {self.pd.env_var: value}, "")
 
-    def _pinned_v2(self, x: _Ctx, m: int, code: str) -> Decision:
+    def _pinned_v2(self, x: _Ctx, m: int, code: str) -> Plan:
         hard = m & self.m_hard
         if not hard:
             return self._done(x, "v2", code)
-        self._add_reasons(x, hard)
-        parts = [self._render(r.error, **self._values(x, r))
-                 for r in self._rules(hard & self.m_prereq)]
+        x.reasons += bits(hard)
+        parts = []
+        for i in bits(hard & self.m_prereq):
+            tpl = self.pd.rules[i].error
+            if tpl is not None:
+                parts.append(Text(tpl, (), i))
         blockers = hard & ~self.m_prereq
         if blockers:
-            parts.append(self._render(self.msgs["pinned_blocked"],
-                                      labels=self._labels(x, blockers)))
-        return self._done(x, None, "ERROR", " ".join(parts), "pin_conflict")
+            parts += self._error(x, "pinned_blocked", blockers)
+        return self._done(x, None, "ERROR", tuple(parts), "pin_conflict")
 
-    def _fallback_v1(self, x: _Ctx, b1: int) -> Decision:
+    def _fallback_v1(self, x: _Ctx, b1: int) -> Plan:
         if not b1:
             return self._done(x, "v1", "TARGETING_MATCH")
-        self._add_reasons(x, b1)
-        err = self._render(self.msgs["v1_blocked"], labels=self._labels(x, b1))
-        return self._done(x, None, "ERROR", err, "no_runner")
+        x.reasons += bits(b1)
+        return self._done(x, None, "ERROR", self._error(x, "v1_blocked", b1), "no_runner")
 
     def _auto(self, x: _Ctx, m: int, b1: int, view: tuple[Any, ...],
-              included: bool | None) -> Decision:
+              included: bool | None) -> Plan:
         prereq = m & self.m_prereq
         if prereq:
-            for r in self._rules(prereq):
-                x.reasons.append(self._reason(x, r))
-                self._emit(x, r.message, **self._values(x, r))
+            for i in bits(prereq):
+                x.reasons.append(i)
+                self._emit(x, self.pd.rules[i].message, rule=i)
             return self._fallback_v1(x, b1)
         prefers = m & self.m_prefers
         if prefers:
-            for r in self._rules(prefers):
-                values = self._values(x, r)
+            for i in bits(prefers):
+                rule = self.pd.rules[i]
                 if b1:
-                    self._emit(x, r.skip_message, v1_labels=self._labels(x, b1), **values)
+                    self._emit(x, rule.skip_message, rule=i, values={"v1_labels": Labels(b1)})
                 else:
-                    x.reasons.append(self._reason(x, r))
-                    self._emit(x, r.message, **values)
+                    x.reasons.append(i)
+                    self._emit(x, rule.message, rule=i)
             if not b1:
                 return self._done(x, "v1", "TARGETING_MATCH")
         blockers = m & self.m_blockers
         if blockers:
-            self._add_reasons(x, blockers)
-            self._emit(x, self.msgs["blocked"], labels=self._labels(x, blockers))
+            x.reasons += bits(blockers)
+            self._emit(x, self.msgs["blocked"], values={"labels": Labels(blockers)})
             return self._fallback_v1(x, b1)
         if b1:
-            self._add_reasons(x, b1)
+            x.reasons += bits(b1)
             return self._done(x, "v2", "TARGETING_MATCH")
         return self._rollout(x, view, included)
 
-    def _rollout(self, x: _Ctx, view: tuple[Any, ...], included: bool | None) -> Decision:
+    def _rollout(self, x: _Ctx, view: tuple[Any, ...], included: bool | None) -> Plan:
         a, stage = x.a, x.stage
         fam = {"family": a.family, "family_label": a.family_label}
         if view[0]:
@@ -244,16 +233,16 @@ class Evaluator:
             if runner == "v1":
                 x.reasons.append(Reason("rollout.no_stage", "in no rollout stage", "soft",
                                         "rollout", {"family": a.family}, _ROLLOUT_REF))
-                self._emit(x, self.msgs["no_stage"], runner=runner.upper(), **fam)
+                self._emit(x, self.msgs["no_stage"], values={"runner": runner.upper(), **fam})
             return self._done(x, runner, "DEFAULT")
         enabled, pct = view[1 + stage.index]
         canary = CanaryOutcome(stage.id, enabled, pct, bool(enabled and (pct >= 100 or included)))
-        names = {"stage": stage.id, "stage_label": stage.label, "percentage": pct, **fam}
+        names: dict[str, Any] = {"stage": stage.id, "stage_label": stage.label, "percentage": pct, **fam}
         if not enabled:
             x.reasons.append(Reason(
                 "rollout.stage_off", f"not yet enabled for V2 (stage {stage.label})", "soft",
                 "rollout", {"family": a.family, "stage": stage.id}, _ROLLOUT_REF))
-            self._emit(x, self.msgs["stage_off"], **names)
+            self._emit(x, self.msgs["stage_off"], values=names)
             return self._done(x, "v1", "DISABLED", canary=canary)
         if pct >= 100:
             return self._done(x, "v2", "TARGETING_MATCH", canary=canary)
@@ -262,21 +251,19 @@ class Evaluator:
         x.reasons.append(Reason(
             "rollout.split_out", f"not in the {pct}% share of stage {stage.label} yet", "soft",
             "rollout", {"family": a.family, "stage": stage.id, "percentage": pct}, _ROLLOUT_REF))
-        self._emit(x, self.msgs["split_out"], **names)
+        self._emit(x, self.msgs["split_out"], values=names)
         return self._done(x, "v1", "SPLIT", canary=canary)
 
 
 class _Ctx:
-    """One resolution in progress: the inputs and the messages and reasons gathered so far."""
+    """One resolution in progress: its inputs, and the reasons and messages so far."""
 
-    __slots__ = ("a", "c", "digest", "facts", "messages", "p", "reasons", "stage")
+    __slots__ = ("a", "digest", "messages", "p", "reasons", "stage")
 
-    def __init__(self, c: Any, a: ArchInfo, p: str, stage: CompiledStage | None,
-                 digest: str) -> None:
-        self.c, self.a, self.p, self.stage, self.digest = c, a, p, stage, digest
-        self.messages: list[Message] = []
-        self.reasons: list[Reason] = []
-        self.facts: dict[int, tuple[Reason, str, dict[str, Any]]] = {}
+    def __init__(self, a: ArchInfo, p: str, stage: CompiledStage | None, digest: str) -> None:
+        self.a, self.p, self.stage, self.digest = a, p, stage, digest
+        self.messages: list[Text] = []
+        self.reasons: list[int | Reason] = []
 
 
 def default_view(stages: Sequence[CompiledStage], kill_switch: bool) -> tuple[Any, ...]:
