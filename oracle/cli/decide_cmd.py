@@ -60,6 +60,16 @@ def gather(argv: list[str] | None, spec: Path | None, commands: Path | None,
     return [from_keywords(ov)]
 
 
+def prepare(console: Console, pack: str, canaries: Path | None, argv: list[str] | None,
+            spec: Path | None, commands: Path | None, ov: Overrides
+            ) -> tuple[Pack, CanarySnapshot | None, list[Item]]:
+    """The pack, the canary snapshot and the deployments; bad input exits 2 with the reason."""
+    try:
+        return load_pack(pack), load_canaries(canaries), gather(argv, spec, commands, ov)
+    except OracleError as exc:
+        raise fail(console, exc) from None
+
+
 def run_decisions(items: list[Item], pack: Pack, canaries: CanarySnapshot | None
                   ) -> list[tuple[Item, Decision | None]]:
     return [(i, pack.decide(i.config, canaries) if i.config is not None else None)
@@ -92,12 +102,7 @@ def decide(
     console = Console(stderr=as_json)
     ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
                    tuple(sets or ()))
-    try:
-        the_pack = load_pack(pack)
-        snapshot = load_canaries(canaries)
-        items = gather(argv, spec, commands, ov)
-    except OracleError as exc:
-        raise fail(console, exc) from None
+    the_pack, snapshot, items = prepare(console, pack, canaries, argv, spec, commands, ov)
     results = run_decisions(items, the_pack, snapshot)
     if as_json:
         print_json(results, the_pack, the_pack.policy_digest(snapshot))

@@ -23,7 +23,7 @@ from oracle.cli.decide_cmd import (
     PlatOpt,
     SetOpt,
     fail,
-    gather,
+    prepare,
 )
 from oracle.cli.inputs import Overrides, load_canaries
 from oracle.cli.render import EXIT_BAD_INPUT, exit_code, print_one
@@ -51,12 +51,7 @@ def explain(
     console = Console()
     ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
                    tuple(sets or ()))
-    try:
-        the_pack = load_pack(pack)
-        snapshot = load_canaries(canaries)
-        items = gather(argv, spec, None, ov)
-    except OracleError as exc:
-        raise fail(console, exc) from None
+    the_pack, snapshot, items = prepare(console, pack, canaries, argv, spec, None, ov)
     if len(items) != 1 or items[0].config is None:
         bad = [i for i in items if i.config is None]
         msg = bad[0].error if bad else "explain takes exactly one deployment"

@@ -81,3 +81,39 @@ def test_summary_markdown_table() -> None:
     assert lines[0].startswith("| family | deployments | V2 | V1 |")
     total = sum(int(line.split("|")[2]) for line in lines[2:])
     assert total == len((REF / "vllm_recipes.jsonl").read_text().splitlines())
+
+
+def test_explain_prints_the_suggestions() -> None:
+    r = turnout("explain", "--architecture", "Qwen3ForCausalLM", "--set",
+                "speculative_method=ngram", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["decision"]["runner"] == "v1"
+    assert out["suggestions"][0]["text"] == "speculative_method ngram → eagle3"
+    r = turnout("explain", "--", "vllm", "serve", "<checkpoint>")
+    assert r.returncode == 2 and "placeholder" in r.stdout + r.stderr
+
+
+def test_lint_exit_codes(tmp_path: Path) -> None:
+    import shutil
+
+    assert turnout("lint", "turnout").returncode == 0
+    bad = tmp_path / "pack"
+    shutil.copytree(ROOT / "policies" / "turnout", bad)
+    cm = bad / "capability_matrix.yaml"
+    cm.write_text(cm.read_text().replace("speculative_method: medusa", "speculative_method: x"))
+    r = turnout("lint", str(bad))
+    assert r.returncode == 1
+    assert f"{cm}:" in r.stdout and "unknown value 'x' for speculative_method" in r.stdout
+
+
+def test_matrix_and_diff_json() -> None:
+    r = turnout("matrix", "--pack", "vllm-0.31", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["cells"] > 10_000 and out["families"]["llama"]["runners"]["v2"] > 0
+    r = turnout("matrix", "--diff", "vllm-0.31", "--json")
+    out = json.loads(r.stdout)
+    assert out["from"] == "turnout" and out["to"] == "vllm-0.31" and out["changed_cells"] > 0
+    assert any(g["scenario"] == "speculative_method=draft_model" and g["from"] == "v1"
+               and g["to"] == "v2" for g in out["groups"])
