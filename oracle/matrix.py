@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oracle.compile_types import CompiledRule
-from oracle.config import DeploymentConfig
+from oracle.config import CONFIG_FIELD_NAMES, DeploymentConfig
 from oracle.decision import CanarySnapshot, Decision
 from oracle.fields import FIELD_INFO
 from oracle.pack import Pack
@@ -34,16 +34,29 @@ class Scenario:
 
 @dataclass(frozen=True)
 class Cell:
+    """One cell and its Decision; ``config`` is built on first access."""
+
     architecture: str
     family: str
     pin: str
     scenario: Scenario
-    config: DeploymentConfig
     decision: Decision
+    base: DeploymentConfig  # the row's config (architecture and pin), before the scenario
 
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.architecture, self.pin, self.scenario.id)
+
+    @property
+    def config(self) -> DeploymentConfig:
+        changes = dict(self.scenario.changes)
+        return self.base._trusted_replace(changes) if changes else self.base
+
+
+class _Probe:
+    """The attributes of a cell's config without building a DeploymentConfig: the policy
+    only reads attributes, and enumerating tens of thousands of cells is dominated by
+    building frozen configs otherwise."""
 
 
 def _settable(dim: str) -> bool:
@@ -100,15 +113,19 @@ def enumerate_matrix(pack: Pack, canaries: CanarySnapshot | None = None, *,
     archs = pack.architectures
     names = list(architectures) if architectures is not None else sorted(archs)
     pin_envs = {pin: pack.pin_env(None if pin == "auto" else pin) for pin in PINS}
+    decide = pack.decide_attributes
     for arch in names:
         info = archs.get(arch)
         family = info.family if info is not None else "(unknown)"
         row = _BASE._trusted_replace({"architecture": arch})
         for pin in PINS:
             base = row._trusted_replace({"env": _frozen(pin_envs[pin])}) if pin != "auto" else row
+            state = {name: getattr(base, name) for name in CONFIG_FIELD_NAMES}
             for col in cols:
-                cfg = base._trusted_replace(dict(col.changes)) if col.changes else base
-                yield Cell(arch, family, pin, col, cfg, pack.decide(cfg, canaries))
+                probe = object.__new__(_Probe)
+                probe.__dict__.update(state)
+                probe.__dict__.update(col.changes)
+                yield Cell(arch, family, pin, col, decide(probe, canaries), base)
 
 
 def _frozen(env: dict[str, str]) -> Any:

@@ -175,6 +175,12 @@ class Pack:
         self._last = (config, canaries, d)
         return d
 
+    def decide_attributes(self, c: Any, canaries: CanarySnapshot | None = None) -> Decision:
+        """Decide for any object with DeploymentConfig's attributes, already checked (the
+        matrix's cells); uncached per config. Prefer :meth:`decide`."""
+        self._view(canaries)
+        return self._decide_uncached(c, canaries)
+
     def _decide_uncached(self, c: DeploymentConfig, canaries: CanarySnapshot | None
                          ) -> Decision:
         view, digest = self._views[canaries]
