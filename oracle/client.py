@@ -85,7 +85,7 @@ class OracleClient:
         pack: str = "turnout",
         host: str | None = None,
         timeout_s: float = 0.5,
-        startup_wait_s: float = 0.08,
+        startup_wait_s: float = 0.05,
         refresh_interval_s: float = 30.0,
         flush_interval_s: float = 1.0,
         batch_size: int = 500,
@@ -148,9 +148,10 @@ class OracleClient:
     def decide(self, config: DeploymentConfig, *, deployment_id: str | None = None,
                report: bool = True) -> Decision:
         """Decide locally (never raises for an unknown architecture; no network wait beyond
-        ``startup_wait_s``) and, when ``report``, spool the event for the service."""
+        ``startup_wait_s``) and, when ``report`` and a service URL is set, spool the event for
+        the service."""
         decision = decide(config, pack=self.pack, canaries=self.snapshot())
-        if report:
+        if report and self._http is not None:  # no service configured: nothing to report to
             self.report(decision, config,
                         deployment_id=deployment_id or config.deployment_id or self.host)
         return decision

@@ -182,3 +182,11 @@ def test_background_thread_reports_without_flush(service: tuple, tmp_path: Path)
                 break
             threading.Event().wait(0.05)
     assert done.is_set()
+
+
+def test_without_a_service_url_it_decides_with_pack_defaults_and_spools_nothing(
+        tmp_path: Path) -> None:
+    with OracleClient(None, cache_dir=tmp_path / "c") as client:
+        decision = client.decide(QWEN3, deployment_id="standalone")
+        assert client.snapshot_source == "defaults" and client.spool.pending() == 0
+    assert decision.to_json() == decide(QWEN3, pack=load_pack("turnout")).to_json()
