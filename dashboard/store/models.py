@@ -100,7 +100,21 @@ class AuditEntry(Base):
     after: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
-class DecisionEvent(Base):
+class DecisionFields:
+    """The columns a decision event and a deployment's latest decision share."""
+
+    at: Mapped[dt.datetime] = mapped_column()
+    host: Mapped[str] = mapped_column(String(256), default="")
+    pack: Mapped[str] = mapped_column(String(64))
+    family: Mapped[str] = mapped_column(String(64))
+    runner: Mapped[str | None] = mapped_column(String(8), nullable=True)
+    mode: Mapped[str] = mapped_column(String(16))
+    stage: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    reason_code: Mapped[str] = mapped_column(String(32))
+    rule_ids: Mapped[list[str]] = mapped_column(JSONType)
+
+
+class DecisionEvent(DecisionFields, Base):
     """One decision an engine made at start-up, as reported (idempotent by ``event_id``)."""
 
     __tablename__ = "decision_events"
@@ -111,21 +125,12 @@ class DecisionEvent(Base):
     )
 
     event_id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    at: Mapped[dt.datetime] = mapped_column()
     deployment_id: Mapped[str] = mapped_column(String(256))
-    host: Mapped[str] = mapped_column(String(256), default="")
-    pack: Mapped[str] = mapped_column(String(64))
-    family: Mapped[str] = mapped_column(String(64))
-    runner: Mapped[str | None] = mapped_column(String(8), nullable=True)
-    mode: Mapped[str] = mapped_column(String(16))
-    stage: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    reason_code: Mapped[str] = mapped_column(String(32))
-    rule_ids: Mapped[list[str]] = mapped_column(JSONType)
     policy_digest: Mapped[str] = mapped_column(String(128), default="")
     demo: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
-class Deployment(Base):
+class Deployment(DecisionFields, Base):
     """The latest decision of each deployment (kept at ingest; the fleet view and aggregates)."""
 
     __tablename__ = "deployments"
@@ -133,15 +138,6 @@ class Deployment(Base):
 
     deployment_id: Mapped[str] = mapped_column(String(256), primary_key=True)
     event_id: Mapped[str] = mapped_column(String(64))
-    at: Mapped[dt.datetime] = mapped_column()
-    host: Mapped[str] = mapped_column(String(256), default="")
-    pack: Mapped[str] = mapped_column(String(64))
-    family: Mapped[str] = mapped_column(String(64))
-    runner: Mapped[str | None] = mapped_column(String(8), nullable=True)
-    mode: Mapped[str] = mapped_column(String(16))
-    stage: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    reason_code: Mapped[str] = mapped_column(String(32))
-    rule_ids: Mapped[list[str]] = mapped_column(JSONType)
     # Stored so the impact preview can re-decide the deployment under a hypothetical flip.
     config: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     demo: Mapped[bool] = mapped_column(Boolean, default=False)

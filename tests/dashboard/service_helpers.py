@@ -10,6 +10,10 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dashboard.store.db import Database
 
 
 def free_port() -> int:
@@ -18,19 +22,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def role_tokens(db: Database) -> dict[str, str]:
+    """One token per role, each named after its role; returns role → token."""
+    from dashboard.store import tokens
+
+    out = {}
+    with db.write_session() as s:
+        for role in tokens.Role:
+            _row, out[role.value] = tokens.create_token(session=s, name=role.value, role=role,
+                                                        actor="tests")
+        s.commit()
+    return out
+
+
 def make_tokens(url: str) -> dict[str, str]:
     """Migrate ``url`` and create one token per role; returns role → token."""
-    from dashboard.store import tokens
     from dashboard.store.db import Database
 
     db = Database(url)
     db.upgrade()
-    out = {}
-    with db.write_session() as s:
-        for role in tokens.Role:
-            _row, out[role.value] = tokens.create_token(session=s, name=f"test {role.value}",
-                                                        role=role, actor="tests")
-        s.commit()
+    out = role_tokens(db)
     db.dispose()
     return out
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import pytest
 from fastapi.testclient import TestClient
+from service_helpers import role_tokens
 
 from dashboard.app import create_app
 from dashboard.services import Services
 from dashboard.settings import Settings
-from dashboard.store import tokens as token_store
 from oracle import (
     CanarySnapshot,
     CohortState,
@@ -50,12 +50,7 @@ def api(db_url: str) -> Iterator[Api]:
     services = Services.build(Settings(database_url=db_url, demo=False, snapshot_ttl_s=0))
     app = create_app(services=services)
     with TestClient(app) as client:
-        made = {}
-        with services.db.write_session() as s:
-            for role in token_store.Role:
-                _r, made[role.value] = token_store.create_token(session=s, name=role.value,
-                                                                role=role, actor="tests")
-            s.commit()
+        made = role_tokens(services.db)
         yield Api(client, services, made)
 
 

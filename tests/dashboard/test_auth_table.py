@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from service_helpers import role_tokens
 
 from dashboard.app import create_app
 from dashboard.auth import COOKIE_NAME, csrf_token
 from dashboard.services import Services
 from dashboard.settings import Settings
-from dashboard.store import tokens as token_store
 
 IDENTITIES = ["none", "bad", "viewer", "operator", "admin"]
 RANK = {"viewer": 0, "operator": 1, "admin": 2}
@@ -37,12 +37,7 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctx]:
     services = Services.build(Settings(database_url=f"sqlite:///{path}", demo=False,
                                        snapshot_ttl_s=0, token_cache_ttl_s=0))
     with TestClient(create_app(services=services)) as client:
-        made = {}
-        with services.db.write_session() as s:
-            for role in token_store.Role:
-                _r, made[role.value] = token_store.create_token(session=s, name=role.value,
-                                                                role=role, actor="tests")
-            s.commit()
+        made = role_tokens(services.db)
         made["bad"] = "tok_" + "x" * 43
         yield Ctx(client, made)
 
