@@ -169,6 +169,7 @@ def flip_from_page(
     enabled: Annotated[bool, Form()], version: Annotated[int, Form()],
     reason: Annotated[str, Form(max_length=2000)] = "",
     csrf: Annotated[str, Form()] = "",
+    percentage: Annotated[int | None, Form(ge=0, le=100)] = None,
 ) -> Response:
     if not csrf_ok(request.cookies.get(COOKIE_NAME, ""), csrf):
         return HTMLResponse("bad CSRF field: reload the page", status_code=403)
@@ -177,7 +178,8 @@ def flip_from_page(
     try:
         with services.db.write_session() as session:
             canary_store.flip_canary(session=session, cohort=cohort, enabled=enabled,
-                                     reason=reason, actor=user.actor, if_version=version)
+                                     reason=reason, actor=user.actor, if_version=version,
+                                     percentage=percentage if enabled else None)
             session.commit()
     except VersionConflict as err:
         return _back(error=f"{err}")
