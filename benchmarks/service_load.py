@@ -241,17 +241,19 @@ def main() -> None:
     ap.add_argument("--deployments", type=int, default=20_000)
     ap.add_argument("--ingest-clients", type=int, default=4)
     ap.add_argument("--page-requests", type=int, default=30)
+    ap.add_argument("--workers", type=int, default=1, help="turnout serve --workers")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "tests" / "dashboard"))
     from service_helpers import make_tokens, start_service
 
     results: dict[str, Any] = {"machine": f"{platform.node()} {os.cpu_count()} cores",
-                               "date": dt.date.today().isoformat(), "backend": "sqlite (WAL)"}
+                               "date": dt.date.today().isoformat(), "backend": "sqlite (WAL)",
+                               "workers": args.workers}
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
         url = f"sqlite:///{tmp / 'bench.db'}"
         tokens = make_tokens(url)
-        svc = start_service(url, tmp / "svc.log")
+        svc = start_service(url, tmp / "svc.log", args=("--workers", str(args.workers)))
         port = int(svc.url.rsplit(":", 1)[1])
         try:
             configs = real_configs()

@@ -62,12 +62,15 @@ def serve(
     pack: PackOpt = None,
     demo: Annotated[bool, typer.Option(help="seed the demo fleet on an empty database")] = True,
     access_log: Annotated[bool, typer.Option(help="log every request")] = False,
+    workers: Annotated[int, typer.Option(min=1, help="server processes (each keeps its own "
+                                                     "snapshot and token caches)")] = 1,
 ) -> None:
     """Start the rollout-control service (migrations, canary defaults, demo fleet, then HTTP)."""
+    import os
+
     import uvicorn
 
     from dashboard.app import create_app, prepare
-    from dashboard.store import tokens
 
     services = _services(database_url, pack, host=host, port=port, demo=demo)
     num_demo = prepare(services)
@@ -76,6 +79,26 @@ def serve(
                    "policies/reference/vllm_recipes.jsonl (remove: turnout demo remove)")
     settings = services.settings
     url = f"http://{settings.host}:{settings.port}"
+    _first_admin_token(services, url)
+    typer.echo(f"turnout: serving pack {settings.pack!r} from {_safe_url(settings.database_url)}"
+               f" on {url}" + (f" with {workers} workers" if workers > 1 else ""))
+    run = {"host": settings.host, "port": settings.port, "log_level": settings.log_level,
+           "access_log": access_log}
+    if workers == 1:
+        uvicorn.run(create_app(services=services), **run)  # type: ignore[arg-type]
+        return
+    # Worker processes build their app from the environment (the settings' only source).
+    os.environ.update({"TURNOUT_DATABASE_URL": settings.database_url,
+                       "TURNOUT_PACK": settings.pack, "TURNOUT_DEMO": "false"})
+    services.db.dispose()
+    uvicorn.run("dashboard.app:create_app", factory=True, workers=workers,
+                **run)  # type: ignore[arg-type]
+
+
+def _first_admin_token(services: Services, url: str) -> None:
+    """On a database without a live token, make an admin token and print it once."""
+    from dashboard.store import tokens
+
     with services.db.write_session() as session:
         if tokens.count_tokens(session=session) == 0:
             _row, token = tokens.create_token(session=session, name="first admin",
@@ -83,10 +106,6 @@ def serve(
             session.commit()
             typer.echo(f"turnout: first start, admin token (shown once): {token}\n"
                        f"turnout: sign in at {url}/login")
-    typer.echo(f"turnout: serving pack {settings.pack!r} from {_safe_url(settings.database_url)}"
-               f" on {url}")
-    uvicorn.run(create_app(services=services), host=settings.host, port=settings.port,
-                log_level=settings.log_level, access_log=access_log)
 
 
 def _safe_url(url: str) -> str:
