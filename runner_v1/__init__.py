@@ -1,1 +1,24 @@
-"""The old runner (MRV1 style): a CPU-side persistent batch prepared with numpy each step."""
+"""The old runner (MRV1 style): a CPU-side persistent batch prepared with numpy each step.
+
+The engine builds it by name: ``importlib.import_module("runner_v1").create_model_runner(config)``
+(see docs/engine.md). Runs on CPU without Triton; supports n-gram speculation, custom
+per-request logits processors and ``cpu_offload_gb``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
+    from runner_v1.model_runner import V1ModelRunner
+
+
+def create_model_runner(config: EngineConfig) -> V1ModelRunner:
+    """A runner_v1 model runner for ``config`` (call ``load_model()`` next)."""
+    from runner_v1.model_runner import V1ModelRunner
+
+    return V1ModelRunner(config)
+
+
+__all__ = ["create_model_runner"]

@@ -1,0 +1,76 @@
+"""The runner wiring: build a runner by name and an :class:`EngineCore` around it.
+
+The engine never imports a runner package statically (DESIGN §2): the package is imported by
+name, ``runner_<name>``, and must expose ``create_model_runner(config) -> ModelRunner``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.core import EngineCore
+from engine.errors import EngineConfigError
+from engine.kv_cache_manager import cdiv
+from engine.runner_protocol import ModelRunner
+
+RUNNER_NAMES = ("v1", "v2")
+GIB = 1 << 30
+
+
+def create_runner(name: str, config: EngineConfig) -> ModelRunner:
+    """``runner_<name>.create_model_runner(config)``.
+
+    Raises:
+        EngineConfigError: an unknown runner name, or a package without the factory.
+    """
+    if name not in RUNNER_NAMES:
+        raise EngineConfigError(f"unknown runner {name!r}: expected one of {', '.join(RUNNER_NAMES)}")
+    module: Any = importlib.import_module(f"runner_{name}")
+    factory = getattr(module, "create_model_runner", None)
+    if factory is None:
+        raise EngineConfigError(f"runner_{name} does not provide create_model_runner(config)")
+    runner: ModelRunner = factory(config)
+    return runner
+
+
+def determine_num_kv_blocks(config: EngineConfig, runner: ModelRunner) -> int:
+    """KV blocks to allocate: ``config.num_kv_blocks`` if set, else as many as the memory
+    budget (``kv_cache_memory_gb`` or the runner's available memory) holds, capped at what
+    ``max_num_seqs`` requests of ``max_model_len`` tokens can use.
+
+    Raises:
+        EngineConfigError: the budget does not hold one request of ``max_model_len`` tokens.
+    """
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    block_bytes = runner.kv_cache_block_bytes()
+    if block_bytes == 0:  # an encoder keeps no KV cache; the scheduler still needs a pool
+        return 1
+    max_useful = config.max_num_seqs * config.max_num_blocks_per_req
+    budget = (
+        int(config.kv_cache_memory_gb * GIB) if config.kv_cache_memory_gb is not None
+        else runner.available_kv_cache_bytes()
+    )
+    num_blocks = min(budget // block_bytes, max_useful)
+    needed = cdiv(config.max_model_len, config.block_size)
+    if num_blocks < needed:
+        raise EngineConfigError(
+            f"the KV cache budget ({budget / GIB:.3f} GiB, {num_blocks} blocks of {block_bytes} bytes) "
+            f"does not hold one request of max_model_len={config.max_model_len} tokens ({needed} blocks): "
+            f"lower max_model_len or raise kv_cache_memory_gb"
+        )
+    return num_blocks
+
+
+def build_engine_core(config: EngineConfig, runner_name: str) -> EngineCore:
+    """Create the runner, load the model, size and allocate the KV cache, wrap it."""
+    runner = create_runner(runner_name, config)
+    runner.load_model()
+    num_blocks = determine_num_kv_blocks(config, runner)
+    runner.initialize_kv_cache(num_blocks)
+    return EngineCore(config, runner, num_blocks)
+
+
+__all__ = ["RUNNER_NAMES", "build_engine_core", "create_runner", "determine_num_kv_blocks"]

@@ -1,0 +1,263 @@
+"""runner_v1's model runner (MRV1 style, DESIGN §5.3), the hub of the package.
+
+Each step: apply finished/preempted ids and drop unscheduled rows, bind new and resumed
+requests to rows of the persistent batch, condense; build every input with numpy from the
+batch tables and copy it to the device (the block table whole); one forward; prompt logprobs;
+sample; one host sync (``.tolist()``) for the sampled ids; verify drafts; append the tokens to
+the batch; propose the next drafts from the CPU history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import EngineConfigError, UnsupportedOptionError
+from engine.model import (
+    DecoderModel,
+    EncoderModel,
+    allocate_kv_caches,
+    kv_cache_bytes_per_block,
+    load_model,
+)
+from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, PromptLogprobs
+from engine.sampling_params import SamplingParams
+from engine.scheduler_output import SchedulerOutput
+from runner_v1.block_table import BlockTable
+from runner_v1.cpu_offload import OffloadStats, apply_cpu_offload
+from runner_v1.input_batch import InputBatch, RequestView
+from runner_v1.inputs import StepInputs, build_sampling_metadata, build_step_inputs
+from runner_v1.logprobs import compute_logprobs
+from runner_v1.sampler import apply_logits_processors, apply_masks, apply_penalties, sample
+from runner_v1.spec_decode import accept_drafts, propose_ngram
+
+_DEFAULT_CPU_KV_BYTES = 4 << 30  # vLLM's CPU backend default KV space (VLLM_CPU_KVCACHE_SPACE)
+
+
+@dataclass
+class CachedRequestState:
+    """Everything the runner keeps about a request across steps (also while preempted)."""
+
+    req_id: str
+    token_ids: list[int]  # prompt + output
+    num_prompt_tokens: int
+    sampling_params: SamplingParams | None
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+class V1ModelRunner:
+    """Implements :class:`engine.runner_protocol.ModelRunner` with a CPU persistent batch."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = getattr(torch, config.dtype)
+        self.model: DecoderModel | EncoderModel | None = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.requests: dict[str, CachedRequestState] = {}
+        self.input_batch = InputBatch(config.max_num_seqs, config.max_model_len)
+        self.block_table = BlockTable(config.max_num_seqs, config.max_num_blocks_per_req, config.block_size)
+        self.offload_stats = OffloadStats()
+
+    # ---- set-up ------------------------------------------------------------------------
+    def load_model(self) -> None:
+        self.model = load_model(self.config.model, dtype=self.dtype, device=self.device)
+        if self.model.config.vocab_size != self.config.vocab_size:
+            raise EngineConfigError(
+                f"the engine expects vocab_size {self.config.vocab_size}, "
+                f"the model has {self.model.config.vocab_size}"
+            )
+        if self.config.cpu_offload_gb > 0:
+            self.offload_stats = apply_cpu_offload(self.model, self.config.cpu_offload_gb, self.device)
+
+    @property
+    def is_pooling(self) -> bool:
+        return isinstance(self.model, EncoderModel)
+
+    def kv_cache_block_bytes(self) -> int:
+        assert self.model is not None, "load_model() first"
+        if self.is_pooling:
+            return 0
+        return kv_cache_bytes_per_block(self.model.config, self.config.block_size, self.dtype)
+
+    def available_kv_cache_bytes(self) -> int:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.9)
+        return _DEFAULT_CPU_KV_BYTES
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        assert self.model is not None, "load_model() first"
+        if not self.is_pooling:
+            self.kv_caches = allocate_kv_caches(
+                self.model.config, num_blocks, self.config.block_size, self.dtype, self.device
+            )
+
+    def check_sampling_params(self, params: SamplingParams) -> None:
+        if self.is_pooling:
+            raise UnsupportedOptionError(f"{self.config.model} is an embedding model: it does not generate")
+
+    # ---- the step ----------------------------------------------------------------------
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self._update_states(scheduler_output)
+        if scheduler_output.is_empty:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        with torch.inference_mode():
+            if self.is_pooling:
+                return self._execute_pooling(scheduler_output)
+            return self._execute_decoder(scheduler_output)
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        # Ordering (DESIGN §5.5): drop finished and preempted state before binding anything.
+        batch = self.input_batch
+        for req_id in so.finished_req_ids:
+            self.requests.pop(req_id, None)
+            batch.remove_request(req_id)
+        for req_id in so.preempted_req_ids:
+            batch.remove_request(req_id)
+        for req_id in [r for r in batch.req_id_to_row if r not in so.num_scheduled_tokens]:
+            batch.remove_request(req_id)  # not scheduled this step: its state waits outside
+        to_add = [self._add_new(new) for new in so.scheduled_new_reqs]
+        to_add += self._update_cached(so)
+        for state in to_add:
+            if not self.is_pooling:
+                self._bind_row(state)
+        for src, dst in batch.condense():
+            self.block_table.move_row(src, dst)
+
+    def _add_new(self, new) -> CachedRequestState:  # new: NewRequestData
+        state = CachedRequestState(
+            new.req_id, list(new.prompt_token_ids), len(new.prompt_token_ids),
+            new.sampling_params, list(new.block_ids), new.num_computed_tokens,
+        )
+        self.requests[new.req_id] = state
+        return state
+
+    def _update_cached(self, so: SchedulerOutput) -> list[CachedRequestState]:
+        cached, batch = so.scheduled_cached_reqs, self.input_batch
+        to_add = []
+        for i, req_id in enumerate(cached.req_ids):
+            state = self.requests[req_id]
+            state.num_computed_tokens = cached.num_computed_tokens[i]
+            new_blocks = cached.new_block_ids[i] or []
+            if cached.resumed_from_preemption[i]:
+                state.token_ids = list(cached.resumed_req_token_ids[i] or [])
+                state.block_ids = list(new_blocks)
+            else:
+                state.block_ids.extend(new_blocks)
+                if len(state.token_ids) - state.num_prompt_tokens != cached.num_output_tokens[i]:
+                    raise RuntimeError(f"request {req_id}: the runner's output is out of step with the engine's")
+            row = batch.req_id_to_row.get(req_id)
+            if row is None:
+                to_add.append(state)
+            else:
+                batch.num_computed_tokens_np[row] = state.num_computed_tokens
+                self.block_table.append_row(row, new_blocks)
+        return to_add
+
+    def _bind_row(self, state: CachedRequestState) -> None:
+        p = state.sampling_params
+        assert p is not None
+        view = RequestView(
+            req_id=state.req_id, token_ids=state.token_ids, num_prompt_tokens=state.num_prompt_tokens,
+            num_computed_tokens=state.num_computed_tokens, temperature=p.temperature, top_p=p.top_p,
+            top_k=p.top_k, seed=p.seed or 0, presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty, repetition_penalty=p.repetition_penalty,
+            min_tokens=p.min_tokens, ignore_eos=p.ignore_eos, logprobs=p.logprobs,
+            prompt_logprobs=p.prompt_logprobs, stop_token_ids=p.stop_token_ids,
+            logits_processors=p.logits_processors,
+        )
+        row = self.input_batch.add_request(view)
+        self.block_table.set_row(row, state.block_ids)
+
+    def _execute_decoder(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        assert isinstance(self.model, DecoderModel)
+        inputs = build_step_inputs(self.input_batch, self.block_table, so, self.device)
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+        out = ModelRunnerOutput(req_ids=list(inputs.req_ids), sampled_token_ids=[[] for _ in inputs.req_ids])
+        self._prompt_logprobs(hidden, inputs, out)
+        if inputs.sample_rows.size:
+            self._sample(hidden, inputs, out)
+        return out
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs, out: ModelRunnerOutput) -> None:
+        assert isinstance(self.model, DecoderModel)
+        batch = self.input_batch
+        for i, req_id in enumerate(inputs.req_ids):
+            k = int(batch.num_prompt_logprobs_np[i])
+            start = int(inputs.num_computed_np[i])
+            first, last = start, min(start + int(inputs.num_scheduled_np[i]), int(batch.num_prompt_tokens_np[i]) - 1)
+            if k < 0 or first >= last:
+                continue
+            rows = int(inputs.query_start_loc_np[i]) + np.arange(last - first)
+            targets = torch.from_numpy(batch.token_ids_np[i, first + 1 : last + 1].astype(np.int64))
+            rows_t = torch.from_numpy(rows).to(hidden.device)
+            lps = compute_logprobs(
+                lambda a, b, r=rows_t, m=self.model: m.compute_logits(hidden[r[a:b]]),
+                targets, k, self.config.vocab_size,
+            )
+            out.prompt_logprobs[req_id] = PromptLogprobs(first + 1, lps)
+
+    def _sample(self, hidden: torch.Tensor, inputs: StepInputs, out: ModelRunnerOutput) -> None:
+        assert isinstance(self.model, DecoderModel)
+        batch = self.input_batch
+        raw = self.model.compute_logits(hidden[torch.from_numpy(inputs.logits_indices).to(hidden.device)])
+        md = build_sampling_metadata(batch, inputs, self.config.eos_token_ids, self.device)
+        logits = raw.clone()
+        errors = apply_logits_processors(logits, md)
+        apply_penalties(logits, md)
+        apply_masks(logits, md)
+        targets = sample(logits, md).tolist()  # the one host sync of the step
+        for i in np.unique(inputs.sample_rows).tolist():
+            req_id = inputs.req_ids[i]
+            rows = np.flatnonzero(inputs.sample_rows == i)
+            failed = [errors[r] for r in rows.tolist() if r in errors]
+            if failed:
+                out.errors[req_id] = failed[0]
+                continue
+            drafts = inputs.drafts.get(req_id, [])
+            tokens = accept_drafts(drafts, [targets[r] for r in rows.tolist()])
+            out.sampled_token_ids[i] = tokens
+            self._record(i, req_id, tokens, raw, rows, out)
+
+    def _record(self, i: int, req_id: str, tokens: list[int], raw: torch.Tensor, rows: np.ndarray, out: ModelRunnerOutput) -> None:
+        batch = self.input_batch
+        k = int(batch.num_logprobs_np[i])
+        if k >= 0:
+            used = torch.from_numpy(rows[: len(tokens)]).to(raw.device)
+            out.logprobs[req_id] = compute_logprobs(
+                lambda a, b: raw[used[a:b]], torch.tensor(tokens, dtype=torch.int64), k, self.config.vocab_size
+            )
+        batch.append_token_ids(i, tokens)
+        self.requests[req_id].token_ids.extend(tokens)
+        spec = self.config.speculative_config
+        if spec is not None:
+            history = batch.token_ids_np[i, : batch.num_tokens_np[i]]
+            out.spec_token_ids[req_id] = propose_ngram(
+                history, spec.prompt_lookup_min, spec.prompt_lookup_max, spec.num_speculative_tokens
+            )
+
+    def _execute_pooling(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        assert isinstance(self.model, EncoderModel)
+        req_ids = list(so.num_scheduled_tokens)
+        seqs = [self.requests[r].token_ids for r in req_ids]
+        width = max(len(s) for s in seqs)
+        ids = torch.zeros(len(seqs), width, dtype=torch.int64)
+        mask = torch.zeros(len(seqs), width, dtype=torch.int64)
+        for row, seq in enumerate(seqs):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = 1
+        embeddings = self.model.embed(ids.to(self.device), mask.to(self.device)).cpu().numpy()
+        for req_id in req_ids:
+            self.requests.pop(req_id)  # one step: the request is done
+        return ModelRunnerOutput(
+            req_ids=req_ids, sampled_token_ids=[[] for _ in req_ids],
+            pooled_outputs=dict(zip(req_ids, embeddings, strict=True)),
+        )
+
+
+__all__ = ["CachedRequestState", "V1ModelRunner"]

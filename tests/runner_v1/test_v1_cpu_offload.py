@@ -1,0 +1,101 @@
+"""cpu_offload_gb applied for real: offloaded layers hold no weights between forwards, their
+weights live in a separate host store (pinned when CUDA exists), each forward streams fresh
+copies to the compute device, and the outputs do not change."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
+from tiny_model_configs import TINY_DECODER_CONFIGS
+
+from engine.model import load_model, write_random_weights
+from engine.model.attention_metadata import AttentionMetadata
+from engine.model_info import engine_config_for
+from engine.runner_loader import build_engine_core
+from engine.sampling_params import SamplingParams
+from runner_v1.cpu_offload import GIB, apply_cpu_offload, decoder_layers, resident_parameter_bytes
+
+CONFIG = {**TINY_DECODER_CONFIGS["llama"], "num_hidden_layers": 4}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("offload-llama")
+    write_random_weights(CONFIG, path, dtype=torch.float32, seed=5)
+    return path
+
+
+def layer_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in decoder_layers(model)[0].parameters())
+
+
+def generate(model_dir: Path, device: str, cpu_offload_gb: float):
+    config = engine_config_for(model_dir, device=device, max_model_len=128, num_kv_blocks=64, cpu_offload_gb=cpu_offload_gb)
+    core = build_engine_core(config, "v1")
+    prompts = {"a": [5, 9, 11, 30, 2, 7], "b": list(range(3, 40))}
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=3)
+    for req_id, prompt in prompts.items():
+        core.add_request(req_id, prompt, params)
+    done = {r.req_id: r for r in core.run_until_done()}
+    return core, done
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_offloaded_layers_stream_their_weights(model_dir: Path, device: str) -> None:
+    base_core, base = generate(model_dir, device, 0.0)
+    one_layer = layer_bytes(base_core.runner.model)
+    gb = 1.5 * one_layer / GIB  # more than one layer: two layers are offloaded
+    core, done = generate(model_dir, device, gb)
+    runner, stats = core.runner, core.runner.offload_stats
+    assert stats.num_offloaded_layers == 2 and stats.offloaded_bytes == 2 * one_layer
+    assert stats.num_transfers == 2 * core.num_steps and stats.transferred_bytes == stats.num_transfers * one_layer
+    layers = decoder_layers(runner.model)
+    # Between forwards the offloaded layers hold only meta placeholders; the others are resident.
+    assert all(p.is_meta for layer in layers[:2] for p in layer.parameters())
+    assert not any(p.is_meta for layer in layers[2:] for p in layer.parameters())
+    assert resident_parameter_bytes(runner.model) == resident_parameter_bytes(base_core.runner.model) - 2 * one_layer
+    # The host store is separate CPU memory, pinned when CUDA exists.
+    assert all(t.device.type == "cpu" for t in stats.host_store.values())
+    assert all(t.is_pinned() == torch.cuda.is_available() for t in stats.host_store.values())
+    for req_id, req in done.items():
+        assert req.output_token_ids == base[req_id].output_token_ids
+        for got, want in zip(req.logprobs, base[req_id].logprobs, strict=True):
+            assert (got.token_ids == want.token_ids).all()
+            assert abs(got.logprobs - want.logprobs).max() <= 1e-5
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_each_forward_uses_fresh_device_copies(model_dir: Path, device: str) -> None:
+    model = load_model(model_dir, device=device)
+    stats = apply_cpu_offload(model, 1e-9, torch.device(device))  # the first layer only
+    assert stats.num_offloaded_layers == 1
+    host = stats.host_store["layers.0.self_attn.qkv_proj.weight"]
+    layer = decoder_layers(model)[0]
+    seen = []
+    layer.self_attn.qkv_proj.register_forward_pre_hook(
+        lambda m, args: seen.append((m.weight.device.type, m.weight.data_ptr(), m.weight.detach().cpu().clone()))
+    )
+    head_dim = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
+    kv = torch.zeros(2, 4, 4, CONFIG["num_key_value_heads"], head_dim, device=device)
+    md = AttentionMetadata(
+        query_start_loc=torch.tensor([0, 3], dtype=torch.int32, device=device),
+        seq_lens=torch.tensor([3], dtype=torch.int32, device=device),
+        block_table=torch.tensor([[0]], dtype=torch.int32, device=device),
+        slot_mapping=torch.arange(3, device=device), max_query_len=3, max_seq_len=3,
+        num_actual_tokens=3, block_size=4,
+    )
+    hidden, positions = torch.randn(3, CONFIG["hidden_size"], device=device), torch.arange(3, device=device)
+    with torch.inference_mode():
+        for _ in range(2):
+            layer(positions, hidden, model.model.rotary_emb, kv, md)
+    assert stats.num_transfers == 2 and len(seen) == 2
+    for device_type, ptr, weight in seen:
+        assert device_type == device
+        assert ptr != host.data_ptr()  # the compute never reads the host store directly
+        assert torch.equal(weight, host)
+    assert layer.self_attn.qkv_proj.weight.is_meta  # dropped again after the forward
