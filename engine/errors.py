@@ -33,4 +33,10 @@ class EngineConfigError(EngineError, ValueError):
     code = "invalid_engine_config"
 
 
-__all__ = ["EngineConfigError", "EngineError", "InvalidRequestError", "UnsupportedOptionError"]
+class NoRunnerError(EngineConfigError):
+    """The oracle found no runner for the deployment (e.g. a V2 pin with a hard blocker)."""
+
+    code = "no_runner"
+
+
+__all__ = ["EngineConfigError", "EngineError", "InvalidRequestError", "NoRunnerError", "UnsupportedOptionError"]

@@ -20,9 +20,9 @@ def read_model_config(model: str | Path) -> Any:  # -> engine.model.ModelConfig
     """
     path = Path(model)
     if path.is_file() and path.suffix == ".gguf":
-        from engine.model.gguf_loader import read_gguf_config
+        from engine.model.gguf_loader import read_gguf
 
-        return read_gguf_config(path)
+        return read_gguf(path)[0]  # the header only: tensors are read lazily
     from engine.model.loader import read_hf_config
 
     if not path.exists():

@@ -1,0 +1,202 @@
+"""``turnout generate`` and ``turnout embed``: the ``LLM`` facade on the command line.
+
+Registered through the ``turnout.cli`` entry-point group; everything heavy (the engine, the
+oracle, torch) is imported inside the command bodies so that other commands stay fast. The
+runner decision is printed first (``--json``: one object with ``decision``, the oracle's JSON,
+and ``outputs``). Exit codes follow ``turnout decide``: 2 bad input, 3 a pin or a deployment
+no runner can serve.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+EXIT_BAD_INPUT = 2
+EXIT_NO_RUNNER = 3
+
+ModelOpt = Annotated[Path, typer.Option("--model", help="HF model directory or .gguf file", show_default=False)]
+RunnerOpt = Annotated[str, typer.Option("--runner", help="auto (the oracle decides), v1 or v2 (a pin)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object: decision and outputs")]
+PackOpt = Annotated[str, typer.Option("--pack", help="policy pack name or folder")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when available)")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16")]
+MaxLenOpt = Annotated[int | None, typer.Option("--max-model-len", help="tokens per request (default: the model's)")]
+TokOpt = Annotated[Path | None, typer.Option("--tokenizer", help="read the tokenizer from here (default: --model)")]
+
+
+def register_generate(app: typer.Typer) -> None:
+    """Entry point of ``turnout generate``."""
+    app.command(name="generate")(generate)
+
+
+def register_embed(app: typer.Typer) -> None:
+    """Entry point of ``turnout embed``."""
+    app.command(name="embed")(embed)
+
+
+def generate(
+    model: ModelOpt,
+    prompt: Annotated[list[str] | None, typer.Option("--prompt", help="a prompt (repeatable)")] = None,
+    prompts: Annotated[Path | None, typer.Option("--prompts", help="a file with one prompt per line")] = None,
+    runner: RunnerOpt = "auto",
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="output tokens at most")] = 64,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 is greedy")] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="-1: all tokens")] = -1,
+    seed: Annotated[int | None, typer.Option("--seed")] = None,
+    logprobs: Annotated[int | None, typer.Option("--logprobs", help="top-k logprobs per token")] = None,
+    chat: Annotated[bool, typer.Option("--chat/--no-chat", help="apply the model's chat template (default: when it has one)")] = True,
+    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help='JSON, e.g. {"method": "ngram", "num_speculative_tokens": 3}')] = None,
+    cpu_offload_gb: Annotated[float, typer.Option("--cpu-offload-gb", help="GiB of weights kept in host memory")] = 0.0,
+    max_model_len: MaxLenOpt = None,
+    tokenizer: TokOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = "float32",
+    pack: PackOpt = "turnout",
+    as_json: JsonOpt = False,
+) -> None:
+    """Generate text with the runner the oracle chooses; the decision is printed first."""
+    texts = _read_inputs(prompt, prompts, "--prompt", "--prompts")
+    spec = _parse_json_flag("--speculative-config", speculative_config)
+
+    def work() -> tuple[Any, list[dict[str, Any]]]:
+        from engine.sampling_params import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs)
+        llm = _make_llm(
+            model, runner, pack, device, tokenizer=tokenizer, max_model_len=max_model_len, dtype=dtype,
+            speculative_config=spec, cpu_offload_gb=cpu_offload_gb,
+        )
+        _print_decision(llm, as_json)
+        use_chat = chat and llm.tokenizer is not None and llm.tokenizer.chat_template is not None
+        results = llm.chat([[{"role": "user", "content": t}] for t in texts], params) if use_chat else llm.generate(texts, params)
+        return llm, [_completion_json(text, r) for text, r in zip(texts, results, strict=True)]
+
+    llm, outputs = _run_guarded(work)
+    _print_outputs(llm, outputs, as_json, field="text")
+
+
+def embed(
+    model: ModelOpt,
+    text: Annotated[list[str] | None, typer.Option("--text", help="a text to embed (repeatable)")] = None,
+    texts: Annotated[Path | None, typer.Option("--texts", help="a file with one text per line")] = None,
+    runner: RunnerOpt = "auto",
+    tokenizer: TokOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = "float32",
+    pack: PackOpt = "turnout",
+    as_json: JsonOpt = False,
+) -> None:
+    """Embed texts (mean pooling, L2-normalised) with the runner the oracle chooses."""
+    items = _read_inputs(text, texts, "--text", "--texts")
+
+    def work() -> tuple[Any, list[dict[str, Any]]]:
+        llm = _make_llm(model, runner, pack, device, tokenizer=tokenizer, dtype=dtype)
+        _print_decision(llm, as_json)
+        results = llm.embed(items)
+        return llm, [{"text": t, "embedding": r.embedding, "error": r.error} for t, r in zip(items, results, strict=True)]
+
+    llm, outputs = _run_guarded(work)
+    _print_outputs(llm, outputs, as_json, field="embedding")
+
+
+# ---- helpers ---------------------------------------------------------------------------
+def _read_inputs(inline: list[str] | None, path: Path | None, inline_flag: str, file_flag: str) -> list[str]:
+    if bool(inline) == (path is not None):
+        _fail(f"give {inline_flag} TEXT (repeatable) or {file_flag} FILE, exactly one of them")
+    if path is None:
+        return list(inline or [])
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except OSError as exc:
+        _fail(f"{file_flag} {path}: {exc.strerror or exc}")
+    if not lines:
+        _fail(f"{file_flag} {path}: no non-empty line")
+    return lines
+
+
+def _parse_json_flag(flag: str, value: str | None) -> Any:
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        _fail(f"{flag}: invalid JSON at column {exc.colno}: {exc.msg}")
+
+
+def _make_llm(model: Path, runner: str, pack: str, device: str | None, tokenizer: Path | None, **engine_args: Any) -> Any:
+    from engine.llm import LLM
+
+    # The decision is printed by the command; keep the engine's log lines off the terminal.
+    engine_logger = logging.getLogger("turnout.engine")
+    engine_logger.propagate = False
+    engine_logger.addHandler(logging.NullHandler())  # else the last-resort handler prints warnings
+    args = {k: v for k, v in engine_args.items() if v is not None}
+    return LLM(model, runner, pack=pack, device=device, tokenizer=tokenizer, **args)
+
+
+def _run_guarded(work: Any) -> Any:
+    from engine.errors import EngineError, NoRunnerError
+
+    try:
+        return work()
+    except NoRunnerError as exc:
+        _fail(str(exc), EXIT_NO_RUNNER)
+    except (EngineError, FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> Any:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _print_decision(llm: Any, as_json: bool) -> None:
+    if as_json:
+        return
+    d = llm.decision
+    typer.echo(f"runner: {d.runner} ({d.mode}, {d.reason_code}; pack {d.pack}, policy {d.policy_digest})")
+    for message in d.messages:
+        typer.echo(f"  {message.level}: {message.message}")
+
+
+def _completion_json(prompt: str, result: Any) -> dict[str, Any]:
+    completion = result.outputs[0]
+    out: dict[str, Any] = {
+        "prompt": prompt, "text": completion.text, "token_ids": completion.token_ids,
+        "finish_reason": completion.finish_reason,
+    }
+    if completion.logprobs is not None:
+        lps = completion.logprobs
+        out["logprobs"] = [
+            {str(tok): round(lp.logprob, 6) for tok, lp in lps.position(i).items()} for i in range(len(lps))
+        ]
+    if result.error:
+        out["error"] = result.error
+    return out
+
+
+def _print_outputs(llm: Any, outputs: list[dict[str, Any]], as_json: bool, *, field: str) -> None:
+    failed = sum(1 for out in outputs if out.get("error"))
+    if as_json:
+        typer.echo(json.dumps({"decision": llm.decision.to_json(), "outputs": outputs}))
+    for out in [] if as_json else outputs:
+        source = out.get("prompt", out.get("text"))
+        if out.get("error"):
+            typer.echo(f"\n>>> {source}\nerror: {out['error']}")
+        elif field == "text":
+            typer.echo(f"\n>>> {source}\n{out['text']}\n[{len(out['token_ids'])} tokens, finish_reason={out['finish_reason']}]")
+        else:
+            vec = out["embedding"]
+            head = ", ".join(f"{x:.4f}" for x in vec[:6])
+            typer.echo(f"\n>>> {source}\n[{head}, ...] ({len(vec)} dimensions)")
+    if failed:  # the others were served; the exit code says that some were not
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+__all__ = ["embed", "generate", "register_embed", "register_generate"]

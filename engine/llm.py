@@ -1,0 +1,225 @@
+"""``LLM``: the offline facade (vLLM's ``LLM`` shape). It reads the model's config, builds the
+:class:`EngineConfig` and the oracle's ``DeploymentConfig`` from its arguments and this
+machine, asks the oracle once, logs the decision, and builds the chosen runner by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.errors import EngineConfigError, InvalidRequestError
+from engine.model_info import engine_config_for, read_model_config
+from engine.outputs import CompletionOutput, EmbeddingOutput, Logprobs, RequestOutput
+from engine.request import Request
+from engine.runner_loader import build_engine_core
+from engine.runner_selection import choose_runner, deployment_config
+from engine.sampling_params import SamplingParams
+
+Prompt = str | Sequence[int]
+
+
+class LLM:
+    """Generate text or embeddings with the runner the oracle chooses.
+
+    Args:
+        model: an HF safetensors directory or a ``.gguf`` file.
+        runner: ``"auto"`` (the oracle decides; the pack's runner variable in the environment
+            is honoured), ``"v1"`` or ``"v2"`` (a pin the oracle checks).
+        tokenizer: where to read the tokenizer (default: ``model``); ``None`` found means
+            prompts must be token ids.
+        device: ``"cpu"`` or ``"cuda"``; default CUDA when available.
+        pack / canaries / deployment_id: the policy pack, canary snapshot and sticky id given
+            to the oracle.
+        logits_processors: processors requests of this deployment may use (declared so that
+            the oracle knows; per-request ones go in ``SamplingParams.logits_processors``).
+        **engine_args: :class:`EngineConfig` fields (``max_model_len``, ``max_num_seqs``,
+            ``max_num_batched_tokens``, ``block_size``, ``enable_chunked_prefill``,
+            ``enable_prefix_caching``, ``max_logprobs``, ``num_kv_blocks``,
+            ``kv_cache_memory_gb``, ``cpu_offload_gb``, ``speculative_config``, ``dtype``,
+            ``seed``).
+
+    Raises:
+        EngineConfigError: a bad argument, or a deployment/pin no runner can serve.
+        FileNotFoundError, ModelConfigError: the model cannot be read.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        runner: str = "auto",
+        *,
+        tokenizer: str | Path | None = None,
+        device: str | None = None,
+        pack: str | Path = "turnout",
+        canaries: Any = None,
+        deployment_id: str | None = None,
+        logits_processors: Sequence[Callable[..., Any] | str] = (),
+        environ: Mapping[str, str] | None = None,
+        **engine_args: Any,
+    ) -> None:
+        from oracle import load_pack
+
+        model_config = read_model_config(model)
+        engine_args["device"] = device or _default_device()
+        self.config: EngineConfig = engine_config_for(model, model_config, **engine_args)
+        self.pack = load_pack(pack)
+        self.deployment = deployment_config(
+            self.config, model_config.architecture, runner=runner, pack=self.pack,
+            logits_processors=logits_processors, deployment_id=deployment_id, environ=environ,
+        )
+        self.decision = choose_runner(self.deployment, pack=self.pack, canaries=canaries)
+        self.runner_name: str = self.decision.runner
+        self.core = build_engine_core(self.config, self.runner_name)
+        self.tokenizer = _load_tokenizer(tokenizer or model)
+        self._next_id = 0
+
+    # ---- generation --------------------------------------------------------------------
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Complete each prompt (text, or a list of token ids); one output per prompt, in
+        order. A prompt that cannot be served comes back with ``error`` set and
+        ``finish_reason == "error"``; the others are unaffected."""
+        if self.config.runner_kind != "generate":
+            raise EngineConfigError(f"{self.config.model} is an embedding model: use embed()")
+        batch = _as_batch(prompts)
+        params = _per_prompt(sampling_params, len(batch))
+        return self._run([(p, self._encode(p, add_special_tokens=True)) for p in batch], params)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, str]] | Sequence[Sequence[Mapping[str, str]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations rendered with the model's chat template.
+
+        Raises:
+            TokenizerError: the model has no chat template.
+        """
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
+        texts = [self._tokenizer().apply_chat_template(list(c), add_generation_prompt=True) for c in conversations]
+        params = _per_prompt(sampling_params, len(texts))
+        # The rendered template already holds its special tokens.
+        return self._run([(t, self._encode(t, add_special_tokens=False)) for t in texts], params)
+
+    def embed(self, texts: Prompt | Sequence[Prompt]) -> list[EmbeddingOutput]:
+        """L2-normalised mean-pooled embeddings (``[hidden_size]`` each), in order; a text that
+        cannot be served comes back with ``error`` set."""
+        if self.config.runner_kind != "pooling":
+            raise EngineConfigError(f"{self.config.model} is not an embedding model: use generate()")
+        batch = _as_batch(texts)
+        results: dict[str, EmbeddingOutput] = {}
+        ids: list[str] = []
+        for prompt in batch:
+            req_id = self._new_id()
+            ids.append(req_id)
+            try:
+                tokens = self._encode(prompt, add_special_tokens=True)
+                self.core.add_request(req_id, tokens, pooling=True)
+            except InvalidRequestError as exc:
+                results[req_id] = EmbeddingOutput(req_id, _text(prompt), [], None, error=str(exc))
+        for req in self.core.run_until_done():
+            results[req.req_id] = EmbeddingOutput(req.req_id, None, req.prompt_token_ids, req.pooled_output, req.error)
+        for req_id, prompt in zip(ids, batch, strict=True):
+            results[req_id].prompt = _text(prompt)
+        return [results[i] for i in ids]
+
+    # ---- internals ---------------------------------------------------------------------
+    def _run(self, encoded: list[tuple[Prompt, list[int] | InvalidRequestError]], params: list[SamplingParams]) -> list[RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        ids: list[str] = []
+        for (prompt, tokens), p in zip(encoded, params, strict=True):
+            req_id = self._new_id()
+            ids.append(req_id)
+            try:
+                if isinstance(tokens, InvalidRequestError):
+                    raise tokens
+                self.core.add_request(req_id, tokens, p)
+            except InvalidRequestError as exc:
+                results[req_id] = _rejected(req_id, prompt, tokens, str(exc))
+        for req in self.core.run_until_done():
+            results[req.req_id] = self._output(req)
+        for req_id, (prompt, _) in zip(ids, encoded, strict=True):
+            results[req_id].prompt = _text(prompt)
+        return [results[i] for i in ids]
+
+    def _output(self, req: Request) -> RequestOutput:
+        params = req.sampling_params
+        assert params is not None
+        logprobs = Logprobs.concat(req.logprobs, params.logprobs) if params.logprobs is not None else None
+        prompt_lps = None
+        if params.prompt_logprobs is not None:
+            prompt_lps = Logprobs.concat(req.prompt_logprobs, params.prompt_logprobs)
+        text = self.tokenizer.decode(req.output_token_ids) if self.tokenizer is not None else ""
+        completion = CompletionOutput(list(req.output_token_ids), text, req.status.finish_reason, req.stop_reason, logprobs)
+        return RequestOutput(
+            req.req_id, None, req.prompt_token_ids, [completion], prompt_lps,
+            num_cached_tokens=max(0, req.num_cached_tokens), num_preemptions=req.num_preemptions, error=req.error,
+        )
+
+    def _encode(self, prompt: Prompt, *, add_special_tokens: bool) -> list[int] | InvalidRequestError:
+        if not isinstance(prompt, str):
+            return list(prompt)
+        if self.tokenizer is None:
+            return InvalidRequestError(f"{self.config.model} has no tokenizer: pass token ids instead of text")
+        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+
+    def _tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise EngineConfigError(f"{self.config.model} has no tokenizer")
+        return self.tokenizer
+
+    def _new_id(self) -> str:
+        self._next_id += 1
+        return str(self._next_id - 1)
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _load_tokenizer(source: str | Path) -> Any:
+    from engine.model.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(source)
+    except FileNotFoundError:
+        return None  # e.g. random-weight directories: prompts are token ids
+
+
+def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [items]  # one prompt of token ids
+    return items
+
+
+def _per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    items = list(params)
+    if len(items) != n:
+        raise ValueError(f"{len(items)} sampling params for {n} prompts")
+    return items
+
+
+def _text(prompt: Prompt) -> str | None:
+    return prompt if isinstance(prompt, str) else None
+
+
+def _rejected(req_id: str, prompt: Prompt, tokens: Any, error: str) -> RequestOutput:
+    ids = list(tokens) if isinstance(tokens, list) else []
+    return RequestOutput(req_id, _text(prompt), ids, [CompletionOutput([], "", "error")], error=error)
+
+
+__all__ = ["LLM"]
