@@ -4,7 +4,7 @@ arguments."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from typing import Any
 
 from engine.errors import EngineConfigError
@@ -96,7 +96,6 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None
     cpu_offload_gb: float = 0.0
     speculative_config: SpeculativeConfig | None = None
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size")
@@ -121,6 +120,14 @@ class EngineConfig:
             )
         if self.speculative_config is not None and self.runner_kind == "pooling":
             raise EngineConfigError("speculative decoding does not apply to pooling models")
+
+    @classmethod
+    def check_field_names(cls, names: set[str]) -> None:
+        """Raise :class:`EngineConfigError` naming any of ``names`` that is not a field."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(names - known)
+        if unknown:
+            raise EngineConfigError(f"unknown engine arguments {unknown}; known: {', '.join(sorted(known))}")
 
     @property
     def max_num_blocks_per_req(self) -> int:

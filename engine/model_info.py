@@ -41,6 +41,7 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
         EngineConfigError: ``max_model_len`` above the model's ``max_position_embeddings``,
             or another bad value.
     """
+    EngineConfig.check_field_names(set(kwargs))
     mc = model_config if model_config is not None else read_model_config(model)
     spec = kwargs.pop("speculative_config", None)
     if isinstance(spec, dict):

@@ -9,12 +9,15 @@ request is :func:`reference_generate`, computed without any scheduler.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import numpy as np
 
 from engine.config import EngineConfig
+from engine.core import EngineCore
 from engine.outputs import Logprobs, ModelRunnerOutput, PromptLogprobs
+from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 
@@ -231,3 +234,32 @@ def _stack(rows: list[tuple[list[int], list[float], int]]) -> Logprobs:
         np.asarray([r[1] for r in rows], np.float32),
         np.asarray([r[2] for r in rows], np.int32),
     )
+
+
+def drive_random_requests(
+    core: EngineCore, rng: random.Random, common_prefix: list[int], vocab_size: int, num_requests: int = 1000
+) -> tuple[list[Request], dict[str, list[int]]]:
+    """Add ``num_requests`` random requests (shared prefixes, stop ids, min_tokens, prompt
+    logprobs, ~10% aborts) between random numbers of steps; run to the end. Returns the
+    finished requests and the prompts of those not aborted."""
+    prompts: dict[str, list[int]] = {}
+    done: list[Request] = []
+    for i in range(num_requests):
+        tail = [rng.randrange(1, vocab_size) for _ in range(rng.randrange(1, 60))]
+        prompt = (common_prefix[: rng.randrange(0, len(common_prefix))] + tail)[:90]
+        params = SamplingParams(
+            max_tokens=rng.randrange(1, 30), min_tokens=rng.choice([0, 0, 1]),
+            ignore_eos=rng.random() < 0.5, stop_token_ids=rng.choice([[], [rng.randrange(vocab_size)]]),
+            prompt_logprobs=rng.choice([None, None, 1]),
+        )
+        prompts[f"r{i}"] = prompt
+        core.add_request(f"r{i}", prompt, params)
+        if rng.random() < 0.1:
+            victim = f"r{rng.randrange(i + 1)}"
+            if core.abort_request(victim) is not None:
+                prompts.pop(victim)
+        for _ in range(rng.randrange(0, 3)):
+            if core.has_unfinished_requests():
+                done += core.step()
+    done += core.run_until_done()
+    return done, prompts

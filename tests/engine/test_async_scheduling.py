@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from replay_runner import ReplayRunner, reference_generate
+from replay_runner import ReplayRunner, drive_random_requests, reference_generate
 
 from engine.config import EngineConfig
 from engine.core import EngineCore
@@ -165,26 +165,7 @@ def test_a_thousand_random_requests() -> None:
     rng = random.Random(4321)
     core, runner = make_engine(num_blocks=40, block_size=4, max_num_seqs=12, max_num_batched_tokens=48,
                                max_model_len=96)
-    prompts: dict[str, list[int]] = {}
-    done: list[Request] = []
-    common = prompt_of(24, 99)
-    for i in range(1000):
-        prompt = (common[: rng.randrange(0, 24)] + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 60))])[:90]
-        params = SamplingParams(
-            max_tokens=rng.randrange(1, 30), min_tokens=rng.choice([0, 0, 1]),
-            ignore_eos=rng.random() < 0.5, stop_token_ids=rng.choice([[], [rng.randrange(VOCAB)]]),
-            prompt_logprobs=rng.choice([None, None, 1]),
-        )
-        prompts[f"r{i}"] = prompt
-        core.add_request(f"r{i}", prompt, params)
-        if rng.random() < 0.1:
-            victim = f"r{rng.randrange(i + 1)}"
-            if core.abort_request(victim) is not None:
-                prompts.pop(victim)
-        for _ in range(rng.randrange(0, 3)):
-            if core.has_unfinished_requests():
-                done += core.step()
-    done += core.run_until_done()
+    done, prompts = drive_random_requests(core, rng, prompt_of(24, 99), VOCAB)
     check(core, done, prompts)
     assert sum(r.num_preemptions for r in done) > 0
     assert runner.max_ahead == 2

@@ -66,6 +66,8 @@ def test_pins_and_the_environment(llama_dir: Path) -> None:
     assert (from_env.decision.mode, from_env.runner_name) == ("pinned", "v1")
     with pytest.raises(NoRunnerError, match=r"no runner can serve this deployment: Model Runner V2 does not yet support: speculative method 'ngram'"):
         LLM(llama_dir, "v2", device="cpu", max_model_len=128, speculative_config={"method": "ngram"}, environ={})
+    with pytest.raises(EngineConfigError, match=r"unknown engine arguments \['max_num_seq'\]; known: .*max_num_seqs"):
+        LLM(llama_dir, device="cpu", environ={}, max_num_seq=4)
     with pytest.raises(EngineConfigError, match="runner must be one of auto, v1, v2"):
         LLM(llama_dir, "v3", device="cpu", environ={})
     with pytest.raises(EngineConfigError, match="TURNOUT_USE_V2_MODEL_RUNNER must be unset, 0 or 1; got 'yes'"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from replay_runner import ReplayRunner, reference_generate
+from replay_runner import ReplayRunner, drive_random_requests, reference_generate
 
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.core import EngineCore
@@ -244,28 +244,7 @@ def test_a_thousand_random_requests_leak_nothing() -> None:
         num_blocks=40, block_size=4, max_num_seqs=12, max_num_batched_tokens=48, max_model_len=96,
         speculative_config=SpeculativeConfig(num_speculative_tokens=2), propose="mixed",
     )
-    prompts: dict[str, list[int]] = {}
-    done: list[Request] = []
-    common = prompt_of(24, 99)
-    for i in range(1000):
-        n = rng.randrange(1, 60)
-        prompt = common[: rng.randrange(0, 24)] + [rng.randrange(1, VOCAB) for _ in range(n)]
-        prompt = prompt[:90]
-        params = SamplingParams(
-            max_tokens=rng.randrange(1, 30), min_tokens=rng.choice([0, 0, 1]),
-            ignore_eos=rng.random() < 0.5, stop_token_ids=rng.choice([[], [rng.randrange(VOCAB)]]),
-            prompt_logprobs=rng.choice([None, None, 1]),
-        )
-        prompts[f"r{i}"] = prompt
-        core.add_request(f"r{i}", prompt, params)
-        if rng.random() < 0.1:
-            victim = f"r{rng.randrange(i + 1)}"
-            if core.abort_request(victim) is not None:
-                prompts.pop(victim)
-        for _ in range(rng.randrange(0, 3)):
-            if core.has_unfinished_requests():
-                done += core.step()
-    done += core.run_until_done()
+    done, prompts = drive_random_requests(core, rng, prompt_of(24, 99), VOCAB)
     check_against_reference(core, done, prompts)
     for req in done:
         if req.wants_prompt_logprobs:

@@ -34,6 +34,25 @@ def test_seeded_samples_do_not_depend_on_batching_chunking_or_preemption(runner_
         assert done[f"r{i}"].output_token_ids == alone[i]
 
 
+def test_prefix_cache_hits_do_not_change_outputs(runner_name: str, model_dirs: dict) -> None:
+    path = model_dirs["llama"]
+    system = prompts_for(VOCAB, [37], seed=12)[0]
+    tails = prompts_for(VOCAB, [1, 5, 16, 20], seed=13)
+    params = SamplingParams(max_tokens=8, temperature=0.8, seed=3, ignore_eos=True, logprobs=1)
+    requests = {f"r{i}": ([*system, *tail], params) for i, tail in enumerate(tails)}
+    cached = make_engine(runner_name, path, block_size=4)
+    first = run(cached, {"r0": requests["r0"]})  # fills the cache with the shared prefix
+    done = {**first, **run(cached, {k: v for k, v in requests.items() if k != "r0"})}
+    uncached = run(make_engine(runner_name, path, block_size=4, enable_prefix_caching=False), requests)
+    assert [done[k].num_cached_tokens for k in sorted(done)] == [0, 36, 36, 36]
+    for k, req in done.items():
+        assert req.output_token_ids == uncached[k].output_token_ids
+        np.testing.assert_allclose(
+            np.concatenate([c.logprobs for c in req.logprobs]),
+            np.concatenate([c.logprobs for c in uncached[k].logprobs]), rtol=1e-5, atol=1e-5,
+        )
+
+
 def test_prompt_logprobs_once_per_token_through_chunking_and_preemption(runner_name: str, model_dirs: dict) -> None:
     path = model_dirs["qwen2"]
     prompts = prompts_for(VOCAB, [40, 40, 23], seed=5)
