@@ -21,6 +21,10 @@ FORBIDDEN = {
     "kernels": {"oracle", "engine", "dashboard", "sqlalchemy", "fastapi", "pydantic",
                 "runner_v1", "runner_v2"},
     "runner_v1": {"runner_v2", "dashboard", "sqlalchemy", "fastapi"},
+    # The GPU machine has no pydantic: the engine loop and runner_v1 must run without the oracle.
+    "engine.core": {"torch", "oracle", "pydantic", "runner_v1", "runner_v2"},
+    "runner_v1.model_runner": {"oracle", "pydantic", "runner_v2", "dashboard"},
+    "engine.cli": {"torch", "numpy", "oracle"},  # heavy imports stay inside the commands
     "runner_v2": {"runner_v1", "dashboard", "sqlalchemy", "fastapi"},
 }
 
