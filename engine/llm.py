@@ -138,7 +138,7 @@ class LLM:
             try:
                 if isinstance(tokens, InvalidRequestError):
                     raise tokens
-                self.core.add_request(req_id, tokens, p)
+                self.core.add_request(req_id, list(tokens), p)
             except InvalidRequestError as exc:
                 results[req_id] = _rejected(req_id, prompt, tokens, str(exc))
         for req in self.core.run_until_done():
@@ -166,7 +166,8 @@ class LLM:
             return list(prompt)
         if self.tokenizer is None:
             return InvalidRequestError(f"{self.config.model} has no tokenizer: pass token ids instead of text")
-        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        ids: list[int] = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        return ids
 
     def _tokenizer(self) -> Any:
         if self.tokenizer is None:

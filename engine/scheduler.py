@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import bisect
 
+from engine.block_pool import KVCacheBlock
 from engine.config import EngineConfig
-from engine.kv_cache_manager import KVCacheBlock, KVCacheManager
+from engine.kv_cache_manager import KVCacheManager
 from engine.outputs import ModelRunnerOutput, PromptLogprobs
 from engine.request import Request, RequestStatus
 from engine.scheduler_output import NewRequestData, SchedulerOutput

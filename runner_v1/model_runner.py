@@ -25,7 +25,7 @@ from engine.model import (
 )
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, PromptLogprobs
 from engine.sampling_params import SamplingParams
-from engine.scheduler_output import SchedulerOutput
+from engine.scheduler_output import NewRequestData, SchedulerOutput
 from runner_v1.block_table import BlockTable
 from runner_v1.cpu_offload import OffloadStats, apply_cpu_offload
 from runner_v1.input_batch import InputBatch, RequestView
@@ -129,7 +129,7 @@ class V1ModelRunner:
         for src, dst in batch.condense():
             self.block_table.move_row(src, dst)
 
-    def _add_new(self, new) -> CachedRequestState:  # new: NewRequestData
+    def _add_new(self, new: NewRequestData) -> CachedRequestState:
         state = CachedRequestState(
             new.req_id, list(new.prompt_token_ids), len(new.prompt_token_ids),
             new.sampling_params, list(new.block_ids), new.num_computed_tokens,
