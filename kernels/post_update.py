@@ -4,8 +4,9 @@ For request ``i`` of the batch (table row ``r = idx_mapping[i]``):
 
 - ``num_computed_tokens[r] += num_scheduled[i]`` (the step's tokens are now in the KV cache);
 - if the request sampled this step (``seq_lens[i] >= num_tokens[r]``: its prefill is complete,
-  not a partial chunk), ``token_ids[r, num_tokens[r]] = sampled[i]``, ``num_tokens[r] += 1``
-  and ``last_sampled[r] = sampled[i]``.
+  not a partial chunk), ``token_ids[r, num_tokens[r]] = sampled[i]`` (when that cell exists:
+  a token at position ``max_model_len`` ends its request), ``num_tokens[r] += 1`` and
+  ``last_sampled[r] = sampled[i]``.
 
 This runs on the device right after the sampler, so the next step's ``prepare_input_ids`` finds
 the token without the host ever seeing it (DESIGN §5.4: "post-forward side effects run after
@@ -33,6 +34,7 @@ def _post_update_kernel(
     last_sampled_stride,
     token_ids_ptr,
     token_ids_stride,
+    max_model_len,
     num_reqs,
     BLOCK_SIZE: tl.constexpr,
 ):
@@ -47,7 +49,9 @@ def _post_update_kernel(
     tl.store(num_computed_ptr + row * num_computed_stride, num_computed + num_scheduled, mask=mask)
     num_tokens = tl.load(num_tokens_ptr + row * num_tokens_stride, mask=mask, other=0)
     samples = mask & (seq_len >= num_tokens)
-    tl.store(token_ids_ptr + row * token_ids_stride + num_tokens, sampled, mask=samples)
+    # A token sampled at position max_model_len finishes its request (length cap) and has no
+    # cell in the table.
+    tl.store(token_ids_ptr + row * token_ids_stride + num_tokens, sampled, mask=samples & (num_tokens < max_model_len))
     tl.store(num_tokens_ptr + row * num_tokens_stride, num_tokens + 1, mask=samples)
     tl.store(last_sampled_ptr + row * last_sampled_stride, sampled, mask=samples)
 
@@ -87,6 +91,7 @@ def post_update(
         last_sampled.stride(0),
         token_ids,
         token_ids.stride(0),
+        token_ids.shape[1],
         num_reqs,
         BLOCK_SIZE=block_size,
     )
@@ -110,7 +115,8 @@ def post_update_ref(
     samples = seq_lens[:num_reqs] >= n
     num_computed[rows] += num_scheduled[:num_reqs]
     s_rows, s_n, s_ids = rows[samples], n[samples].long(), sampled[:num_reqs][samples]
-    token_ids[s_rows, s_n] = s_ids
+    fits = s_n < token_ids.shape[1]
+    token_ids[s_rows[fits], s_n[fits]] = s_ids[fits]
     num_tokens[s_rows] += 1
     last_sampled[s_rows] = s_ids
 

@@ -1,0 +1,342 @@
+"""runner_v2's model runner (MRV2 style, DESIGN §5.4): the hub of the package.
+
+Each step, with no host synchronisation until the engine collects the result:
+
+1. drop finished and preempted requests (rows are only freed), bind new and resumed ones to
+   rows and stage every field of those rows, stage block-table diffs of the others;
+2. one host-to-device copy carries the staged writes and the step's index arrays
+   (``idx_mapping``, ``num_scheduled_tokens``, logprob and prompt-logprob indices); one kernel
+   applies the writes;
+3. Triton kernels build the inputs from the table (``runner_v2/input_batch.py``);
+4. the forward pass: a CUDA-graph replay for decode batches, else eager;
+5. sampling, logprobs and prompt logprobs on the device (``runner_v2/sampler.py``);
+6. ``post_update`` appends the sampled ids to the table and advances its counters;
+7. the results go to the host on a side stream (``runner_v2/async_output.py``) while the engine
+   plans and launches the next step (asynchronous scheduling, ``async_scheduling = True``).
+
+The host keeps mirrors of what it can count itself (``num_computed_tokens``, ``num_tokens``,
+block counts) to size each step; it never reads the device on the step path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.config import EngineConfig
+from engine.errors import EngineConfigError, UnsupportedOptionError
+from engine.model import (
+    AttentionMetadata,
+    DecoderModel,
+    EncoderModel,
+    allocate_kv_caches,
+    kv_cache_bytes_per_block,
+    load_model,
+)
+from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from engine.sampling_params import SamplingParams
+from engine.scheduler_output import SchedulerOutput
+from kernels.post_update import post_update
+from runner_v2.async_output import AsyncOutput, StepResults
+from runner_v2.cuda_graphs import DecodeGraphs, capture_sizes
+from runner_v2.input_batch import BatchPlan, InputBatch, InputBuffers, prepare_inputs
+from runner_v2.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
+from runner_v2.refusals import check_engine_config, logits_processors_message
+from runner_v2.sampler import compute_logprobs, compute_prompt_logprobs, sample
+from runner_v2.states import Col, RequestInfo, RequestStates
+
+_DEFAULT_CPU_KV_BYTES = 4 << 30
+#: Width of the min_tokens stop-id table (EOS ids and stop_token_ids of a request).
+MAX_STOP_TOKEN_IDS = 32
+
+
+class V2ModelRunner:
+    """Implements :class:`engine.runner_protocol.ModelRunner` over a device request table.
+
+    Raises:
+        EngineConfigError: at construction, for every option the ``turnout`` pack says
+            runner_v2 does not support (with the pack's label), or when Triton is missing.
+    """
+
+    #: The engine plans step N+1 before it collects step N (engine/core.py).
+    async_scheduling = True
+
+    def __init__(self, config: EngineConfig) -> None:
+        check_engine_config(config)
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = getattr(torch, config.dtype)
+        self.model: DecoderModel | EncoderModel | None = None
+        self.kv_caches: list[torch.Tensor] = []
+        self.states = RequestStates(
+            max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
+            max_num_blocks_per_req=config.max_num_blocks_per_req,
+            max_stop_token_ids=MAX_STOP_TOKEN_IDS, eos_token_ids=config.eos_token_ids, device=self.device,
+        )
+        self._preempted: dict[str, RequestInfo] = {}  # their sampling parameters, until resumed
+        use_graphs = self.device.type == "cuda" and not config.extra.get("enforce_eager", False)
+        self.graphs = DecodeGraphs(capture_sizes(config.max_num_seqs) if use_graphs else [])
+        self.buffers = InputBuffers.allocate(
+            max_num_seqs=config.max_num_seqs,
+            max_num_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
+            max_num_blocks_per_req=config.max_num_blocks_per_req, device=self.device,
+        )
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.num_graph_steps = 0
+        self.num_eager_steps = 0
+
+    # ---- set-up ------------------------------------------------------------------------
+    def load_model(self) -> None:
+        self.model = load_model(self.config.model, dtype=self.dtype, device=self.device)
+        if self.model.config.vocab_size != self.config.vocab_size:
+            raise EngineConfigError(
+                f"the engine expects vocab_size {self.config.vocab_size}, the model has {self.model.config.vocab_size}"
+            )
+
+    @property
+    def is_pooling(self) -> bool:
+        return isinstance(self.model, EncoderModel)
+
+    def kv_cache_block_bytes(self) -> int:
+        assert self.model is not None, "load_model() first"
+        if self.is_pooling:
+            return 0
+        return kv_cache_bytes_per_block(self.model.config, self.config.block_size, self.dtype)
+
+    def available_kv_cache_bytes(self) -> int:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.8)  # leaves room for the graph pool and the sampler's scratch
+        return _DEFAULT_CPU_KV_BYTES
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        assert self.model is not None, "load_model() first"
+        if self.is_pooling:
+            return
+        self.kv_caches = allocate_kv_caches(self.model.config, num_blocks, self.config.block_size,
+                                            self.dtype, self.device)
+        if self.graphs.sizes:
+            with torch.inference_mode():
+                self.graphs.capture(self._set_dummy_decode_inputs, self._graph_forward)
+
+    def check_sampling_params(self, params: SamplingParams) -> None:
+        if self.is_pooling:
+            raise UnsupportedOptionError(f"{self.config.model} is an embedding model: it does not generate")
+        if params.logits_processors:
+            raise UnsupportedOptionError(logits_processors_message())
+        self.states.check_sampling_params(params)
+
+    # ---- the step ----------------------------------------------------------------------
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | AsyncOutput:
+        with torch.inference_mode():
+            if self.is_pooling:
+                return self._execute_pooling(scheduler_output)
+            self._update_states(scheduler_output)
+            if scheduler_output.is_empty:
+                return EMPTY_MODEL_RUNNER_OUTPUT
+            return self._execute_decoder(scheduler_output)
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        # Ordering (DESIGN §5.5): free finished and preempted rows before binding anything.
+        states = self.states
+        for req_id in so.finished_req_ids:
+            states.remove_request(req_id)
+            self._preempted.pop(req_id, None)
+        for req_id in so.preempted_req_ids:
+            info = states.remove_request(req_id)
+            if info is not None:
+                self._preempted[req_id] = info
+        for new in so.scheduled_new_reqs:
+            assert new.sampling_params is not None
+            states.add_request(new.req_id, token_ids=new.prompt_token_ids,
+                               num_prompt_tokens=len(new.prompt_token_ids),
+                               num_computed_tokens=new.num_computed_tokens, block_ids=new.block_ids,
+                               params=new.sampling_params)
+        cached = so.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            if cached.resumed_from_preemption[i]:
+                # Preemption is remove + add again with the full token list.
+                info = self._preempted.pop(req_id)
+                states.add_request(req_id, token_ids=cached.resumed_req_token_ids[i] or [],
+                                   num_prompt_tokens=info.num_prompt_tokens,
+                                   num_computed_tokens=cached.num_computed_tokens[i],
+                                   block_ids=cached.new_block_ids[i] or [], params=info.sampling_params)
+                continue
+            row = states.req_id_to_row[req_id]
+            if int(states.num_computed_np[row]) != cached.num_computed_tokens[i]:
+                raise RuntimeError(
+                    f"request {req_id}: the engine says {cached.num_computed_tokens[i]} computed tokens, "
+                    f"the runner {int(states.num_computed_np[row])}"
+                )
+            if cached.new_block_ids[i]:
+                states.append_block_ids(req_id, cached.new_block_ids[i] or [])
+
+    def _execute_decoder(self, so: SchedulerOutput) -> AsyncOutput:
+        states = self.states
+        req_ids = list(so.num_scheduled_tokens)
+        rows = np.asarray([states.req_id_to_row[r] for r in req_ids], np.int32)
+        num_sched = np.asarray([so.num_scheduled_tokens[r] for r in req_ids], np.int32)
+        plan = BatchPlan.build(req_ids, rows, num_sched, states.num_computed_np, states.num_tokens_np)
+        prompt_plan = plan_prompt_logprobs(
+            req_ids, rows, plan.num_computed_np, num_sched, plan.query_start_loc_np,
+            states.num_prompt_tokens_np, states.num_prompt_logprobs_np, self.config.max_model_len,
+        )
+        ks = states.num_logprobs_np[rows]
+        lp_idx = np.flatnonzero((ks >= 0) & plan.samples_np)
+        graph_size = self.graphs.padded_size(plan.num_reqs) if plan.max_query_len == 1 and prompt_plan is None else None
+        if graph_size is not None:
+            plan = plan.padded(graph_size)
+        dev = self._upload(states.take_staged_writes(), rows, num_sched, lp_idx, ks[lp_idx], prompt_plan)
+        if "writes" in dev:
+            states.apply_staged_writes(*dev["writes"])
+        batch = self._prepare(plan, dev["idx_mapping"], dev["num_scheduled"])
+        hidden, logits = self._forward(batch, graph_size)
+        results = self._sample(batch, logits, lp_idx, ks, dev)
+        if prompt_plan is not None:
+            assert hidden is not None  # prompt logprobs never run in a graph
+            self._prompt_logprobs(results, prompt_plan, hidden, dev)
+        assert results.sampled is not None
+        post_update(batch.idx_mapping, batch.num_scheduled, batch.seq_lens, results.sampled,
+                    states.col(Col.NUM_COMPUTED_TOKENS), states.col(Col.NUM_TOKENS),
+                    states.col(Col.LAST_SAMPLED), states.token_ids, plan.num_reqs)
+        states.num_computed_np[rows] += num_sched
+        states.num_tokens_np[rows[plan.samples_np]] += 1
+        return AsyncOutput(results, self.copy_stream)
+
+    def _upload(self, writes: tuple[np.ndarray, np.ndarray, np.ndarray] | None, rows: np.ndarray,
+                num_sched: np.ndarray, lp_idx: np.ndarray, lp_k: np.ndarray,
+                prompt_plan: PromptLogprobsPlan | None) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
+        # Every host array of the step in one pinned buffer and one non-blocking copy.
+        segments: dict[str, np.ndarray] = {"idx_mapping": rows, "num_scheduled": num_sched,
+                                           "lp_idx": lp_idx.astype(np.int64), "lp_k": lp_k.astype(np.int32)}
+        if writes is not None:
+            segments.update(w_offsets=writes[0], w_cu=writes[1], w_values=writes[2])
+        if prompt_plan is not None:
+            segments.update(p_rows=prompt_plan.hidden_rows, p_targets=prompt_plan.target_flat,
+                            p_k=prompt_plan.num_logprobs)
+        out: dict[str, torch.Tensor | tuple[torch.Tensor, ...]] = dict(_to_device(segments, self.device))
+        if writes is not None:
+            out["writes"] = (out.pop("w_offsets"), out.pop("w_cu"), out.pop("w_values"))  # type: ignore[assignment]
+        return out
+
+    def _prepare(self, plan: BatchPlan, idx_mapping: torch.Tensor, num_scheduled: torch.Tensor) -> InputBatch:
+        states = self.states
+        return prepare_inputs(
+            plan, self.buffers, idx_mapping=idx_mapping, num_scheduled=num_scheduled,
+            num_computed=states.col(Col.NUM_COMPUTED_TOKENS), prefill_len=states.col(Col.PREFILL_LEN),
+            last_sampled=states.col(Col.LAST_SAMPLED), token_ids=states.token_ids,
+            block_table=states.block_table, block_size=self.config.block_size,
+            max_model_len=self.config.max_model_len,
+        )
+
+    def _forward(self, batch: InputBatch, graph_size: int | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+        model = self.model
+        assert isinstance(model, DecoderModel)
+        n = batch.plan.num_reqs
+        if graph_size is not None:
+            self.num_graph_steps += 1
+            return None, self.graphs.replay(graph_size)[:n]
+        self.num_eager_steps += 1
+        hidden = model(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
+        return hidden, model.compute_logits(hidden.index_select(0, batch.logits_indices))
+
+    def _sample(self, batch: InputBatch, logits: torch.Tensor, lp_idx: np.ndarray, ks: np.ndarray,
+                dev: dict) -> StepResults:
+        plan, states = batch.plan, self.states
+        n = plan.num_reqs
+        sampled = sample(logits, batch.idx_mapping, batch.seq_lens[:n], states.sampling_tables(),
+                         states.token_ids, bool(states.has_penalties_np[plan.idx_mapping_np].any()))
+        results = StepResults(req_ids=plan.req_ids, samples=plan.samples_np, sampled=sampled)
+        if lp_idx.size:
+            sel = dev["lp_idx"]
+            chunks = compute_logprobs(lambda a, b: logits.index_select(0, sel[a:b]), sampled.index_select(0, sel),
+                                      dev["lp_k"], int(ks[lp_idx].max()), self.config.vocab_size)
+            results.logprobs = [(c.token_ids, c.logprobs, c.ranks) for c in chunks]
+            results.logprob_reqs = (lp_idx, ks[lp_idx])
+        return results
+
+    def _prompt_logprobs(self, results: StepResults, plan: PromptLogprobsPlan, hidden: torch.Tensor,
+                         dev: dict) -> None:
+        model = self.model
+        assert isinstance(model, DecoderModel)
+        chunks = compute_prompt_logprobs(hidden, model.compute_logits, self.states.token_ids, dev["p_rows"],
+                                         dev["p_targets"], dev["p_k"], plan.max_k, self.config.vocab_size)
+        results.prompt_logprobs = [(c.token_ids, c.logprobs, c.ranks) for c in chunks]
+        rows = [self.states.req_id_to_row[r] for r in plan.req_ids]
+        results.prompt_reqs = (plan.req_ids, plan.starts, plan.counts, self.states.num_prompt_logprobs_np[rows])
+
+    # ---- CUDA graphs ---------------------------------------------------------------------
+    def _set_dummy_decode_inputs(self, size: int) -> None:
+        b = self.buffers
+        b.input_ids[:size].zero_()
+        b.positions[:size].zero_()
+        b.slot_mapping[:size].fill_(-1)  # the capture writes nothing to the KV cache
+        b.query_start_loc[: size + 1].copy_(torch.arange(size + 1, dtype=torch.int32, device=self.device))
+        b.seq_lens[:size].fill_(1)
+        b.block_table[:size].zero_()
+
+    def _graph_forward(self, size: int) -> torch.Tensor:
+        model = self.model
+        assert isinstance(model, DecoderModel)
+        b = self.buffers
+        md = AttentionMetadata(
+            query_start_loc=b.query_start_loc[: size + 1], seq_lens=b.seq_lens[:size],
+            block_table=b.block_table[:size], slot_mapping=b.slot_mapping[:size], max_query_len=1,
+            max_seq_len=self.config.max_model_len, num_actual_tokens=size, block_size=self.config.block_size,
+        )
+        hidden = model(b.input_ids[:size], b.positions[:size], self.kv_caches, md)
+        return model.compute_logits(hidden)
+
+    # ---- pooling -------------------------------------------------------------------------
+    def _execute_pooling(self, so: SchedulerOutput) -> ModelRunnerOutput | AsyncOutput:
+        # An encoder forward per step over the new requests (pooling runs in one step).
+        model = self.model
+        assert isinstance(model, EncoderModel)
+        if so.is_empty:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        seqs = {new.req_id: new.prompt_token_ids for new in so.scheduled_new_reqs}
+        req_ids = list(so.num_scheduled_tokens)
+        width = max(len(seqs[r]) for r in req_ids)
+        ids = np.zeros((len(req_ids), width), np.int64)
+        mask = np.zeros((len(req_ids), width), np.int64)
+        for i, r in enumerate(req_ids):
+            ids[i, : len(seqs[r])] = seqs[r]
+            mask[i, : len(seqs[r])] = 1
+        dev = _to_device({"ids": ids, "mask": mask}, self.device)
+        embeddings = model.embed(dev["ids"], dev["mask"]).float()
+        results = StepResults(req_ids=req_ids, samples=np.zeros(len(req_ids), bool), pooled=req_ids,
+                              embeddings=embeddings)
+        return AsyncOutput(results, self.copy_stream)
+
+
+def _to_device(segments: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
+    """Host arrays on the device in one transfer, without a sync: packed as int32 words (8-byte
+    types at even offsets) into one pinned buffer, copied non-blocking (the caching host
+    allocator keeps the pinned block until the copy has run), then viewed back per segment."""
+    words, spans, offset = [], {}, 0
+    for name, arr in segments.items():
+        arr = np.ascontiguousarray(arr)
+        w = arr.reshape(-1).view(np.int32)
+        if arr.dtype.itemsize == 8 and offset % 2:
+            words.append(np.zeros(1, np.int32))
+            offset += 1
+        spans[name] = (offset, len(w), arr.dtype, arr.shape)
+        words.append(w)
+        offset += len(w)
+    host = torch.from_numpy(np.concatenate(words) if words else np.zeros(0, np.int32))
+    if device.type == "cuda":
+        pinned = torch.empty(host.shape, dtype=torch.int32, pin_memory=True)
+        pinned.copy_(host)
+        flat = pinned.to(device, non_blocking=True)
+    else:
+        flat = host.to(device)
+    out = {}
+    for name, (start, n, dtype, shape) in spans.items():
+        t = flat[start : start + n]
+        if dtype.itemsize == 8:
+            t = t.view(torch.int64 if dtype.kind == "i" else torch.float64)
+        out[name] = t.view(shape) if len(shape) > 1 else t
+    return out
+
+
+__all__ = ["MAX_STOP_TOKEN_IDS", "V2ModelRunner"]
