@@ -10,11 +10,21 @@ Units", 2012, radix select).
 
 from __future__ import annotations
 
+import torch
+
 from kernels._triton import tl, triton
 
 #: Radix passes and candidate thresholds per pass: 8 passes of 4 bits cover a 32-bit key.
 RADIX_PASSES = 8
 RADIX_BITS = 4
+
+
+def vocab_block_size(vocab_size: int, device: torch.device) -> int:
+    """Block of a vocabulary-wide kernel: 1024 on a GPU (registers); on the CPU, where the
+    interpreter's cost is per operation, not per element, up to 16384 (fewer iterations)."""
+    if device.type == "cuda":
+        return 1024
+    return min(triton.next_power_of_2(max(vocab_size, 16)), 16384)
 
 
 @triton.jit

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels._select import _argmax_update, _float_key, _radix_advance, _radix_candidates
+from kernels._select import (
+    _argmax_update,
+    _float_key,
+    _radix_advance,
+    _radix_candidates,
+    vocab_block_size,
+)
 from kernels._triton import require_triton, tl, triton
 from kernels.gumbel_noise import _gumbel_from_hash, _row_hash, gumbel_noise_ref
 from kernels.penalties import COUNT_MASK
@@ -205,7 +211,7 @@ def gumbel_sample(
         tables.stop_token_ids, tables.stop_token_ids.stride(0),
         counts_arg, counts_arg.stride(0), sampled_out, vocab_size,
         HAS_COUNTS=counts is not None, MAX_STOP=tables.stop_token_ids.shape[1],
-        BLOCK_SIZE=1024, enable_fp_fusion=False,
+        BLOCK_SIZE=vocab_block_size(vocab_size, logits.device), enable_fp_fusion=False,
     )
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._select import _float_key, _radix_advance, _radix_candidates
+from kernels._select import _float_key, _radix_advance, _radix_candidates, vocab_block_size
 from kernels._triton import require_triton, tl, triton
 
 
@@ -61,7 +61,9 @@ def _topk_logprobs_kernel(
     tl.store(token_ranks_ptr + i, rank)
     if k > 0:
         threshold = tl.full([], 0, tl.int64)  # key of the k-th largest logprob
-        for r in range(8):
+        # k >= vocab_size keeps every token: no selection needed (key 0 is below all keys).
+        num_radix_passes = tl.where(k < vocab_size, 8, 0)
+        for r in range(num_radix_passes):
             cand, shift = _radix_candidates(threshold, r)
             num_ge = tl.zeros([16], tl.int32)
             for start in range(0, vocab_size, BLOCK_SIZE):
@@ -72,11 +74,13 @@ def _topk_logprobs_kernel(
                 num_ge += tl.sum(ge.to(tl.int32), axis=0)
             threshold = _radix_advance(threshold, shift, num_ge >= k)
         num_gt = tl.full([], 0, tl.int32)
-        for start in range(0, vocab_size, BLOCK_SIZE):
+        num_count_passes = tl.where(k < vocab_size, 1, 0)  # all k: every token is above 0
+        for start in range(0, vocab_size * num_count_passes, BLOCK_SIZE):
             tok = start + offs
             mask = tok < vocab_size
             lp = (tl.load(logits_row + tok, mask=mask, other=float("-inf")) - m) - log_s
             num_gt += tl.sum((mask & (_float_key(lp) > threshold)).to(tl.int32), axis=0)
+        num_gt = tl.where(k < vocab_size, num_gt, vocab_size)
         # Gather in token-id order: every token above the threshold (fewer than k) into slots
         # 0.., then the lowest ids at the threshold into the slots left (the launcher orders).
         out_row = i.to(tl.int64) * topk_stride
@@ -126,7 +130,8 @@ def topk_logprobs(
     topk_logprobs_out.fill_(float("-inf"))
     _topk_logprobs_kernel[(num_rows,)](
         logits, logits.stride(0), token_ids, num_logprobs, topk_ids_out, topk_logprobs_out,
-        topk_ids_out.stride(0), token_logprobs_out, token_ranks_out, vocab_size, BLOCK_SIZE=1024,
+        topk_ids_out.stride(0), token_logprobs_out, token_ranks_out, vocab_size,
+        BLOCK_SIZE=vocab_block_size(vocab_size, logits.device),
     )
     if topk_ids_out.shape[1] > 1:
         # The kernel wrote each row's k in token-id order; a stable sort by descending

@@ -1,5 +1,6 @@
 """Small random inputs for the runner_v2 kernels, shared by the kernel-vs-reference tests and
-the GPU compile check (``compile_for_gpu.py``)."""
+the GPU compile check (``compile_for_gpu.py``). Inputs are drawn on the CPU (seeded) and live
+on ``DEVICE``: CUDA where there is one (compiled kernels), else the CPU (the interpreter)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import dataclass
 import torch
 
 from kernels.gumbel_sample import SamplingTables
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @dataclass
@@ -31,7 +34,7 @@ class StepCase:
         return int(self.idx_mapping.shape[0])
 
     def query_start_loc(self) -> torch.Tensor:
-        qsl = torch.zeros(self.num_reqs_padded + 1, dtype=torch.int32)
+        qsl = torch.zeros(self.num_reqs_padded + 1, dtype=torch.int32, device=DEVICE)
         qsl[1 : self.num_reqs + 1] = torch.cumsum(self.num_scheduled, 0)
         qsl[self.num_reqs + 1 :] = qsl[self.num_reqs]
         return qsl
@@ -63,10 +66,11 @@ def step_case(seed: int, *, max_num_seqs: int = 12, max_model_len: int = 300, bl
     max_blocks = -(-max_model_len // block_size)
     block_table = torch.randint(0, 500, (max_num_seqs, max_blocks), generator=g, dtype=torch.int32)
     total = int(num_scheduled.sum())
+    packed = packed.to(DEVICE)
     return StepCase(
-        idx_mapping=rows, num_scheduled=num_scheduled, num_computed=packed[:, 0],
+        idx_mapping=rows.to(DEVICE), num_scheduled=num_scheduled.to(DEVICE), num_computed=packed[:, 0],
         prefill_len=packed[:, 1], num_tokens=packed[:, 2], last_sampled=packed[:, 3],
-        token_ids=token_ids, block_table=block_table, block_size=block_size,
+        token_ids=token_ids.to(DEVICE), block_table=block_table.to(DEVICE), block_size=block_size,
         num_reqs_padded=num_reqs + (3 if pad else 0), num_tokens_padded=total + (5 if pad else 0),
     )
 
@@ -95,4 +99,12 @@ def sampling_tables(max_num_seqs: int, *, seed: int = 0, max_stop: int = 4) -> S
     tables.num_prompt_tokens.copy_(pick([5, 10, 20]).int())
     tables.stop_token_ids[:, 0] = 3
     tables.stop_token_ids[::2, 1] = 17
-    return tables
+    if DEVICE == "cpu":
+        return tables
+    packed, seed, stop = packed.to(DEVICE), tables.seed.to(DEVICE), tables.stop_token_ids.to(DEVICE)
+    f = packed.view(torch.float32)
+    return SamplingTables(
+        temperature=f[:, 0], top_k=packed[:, 1], top_p=f[:, 2], repetition_penalty=f[:, 3],
+        frequency_penalty=f[:, 4], presence_penalty=f[:, 5], min_tokens=packed[:, 6],
+        num_prompt_tokens=packed[:, 7], seed=seed, stop_token_ids=stop,
+    )

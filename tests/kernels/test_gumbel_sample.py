@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import sampling_tables
+from kernel_cases import DEVICE, sampling_tables
 
 from kernels.gumbel_noise import gumbel_noise_ref
 from kernels.gumbel_sample import gumbel_sample, gumbel_sample_ref
@@ -22,11 +22,11 @@ def _batch(seed: int, vocab_size: int, num_reqs: int = 10):
     logits = torch.randn(num_reqs, vocab_size, generator=g) * 2
     logits[:, 3] += 6  # a stop id that min_tokens must mask
     logits[0, 100:110] = 9.0  # ties at the top
-    return tables, idx_mapping, token_ids, seq_lens, logits
+    return tables, idx_mapping.to(DEVICE), token_ids.to(DEVICE), seq_lens.to(DEVICE), logits.to(DEVICE)
 
 
 def _counts(tables, idx_mapping, token_ids, seq_lens, vocab_size, fn=build_penalty_counts):
-    counts = torch.zeros(idx_mapping.shape[0], vocab_size, dtype=torch.int32)
+    counts = torch.zeros(idx_mapping.shape[0], vocab_size, dtype=torch.int32, device=DEVICE)
     fn(idx_mapping, seq_lens, token_ids, tables.num_prompt_tokens, tables.repetition_penalty,
        tables.frequency_penalty, tables.presence_penalty, counts)
     return counts
@@ -42,7 +42,7 @@ def test_penalty_counts_match_reference(seed: int) -> None:
                    or tables.presence_penalty[row] != 0)
         n_prompt = int(tables.num_prompt_tokens[row])
         out = tokens[row, n_prompt : int(seq_lens[i])].long()
-        want = torch.bincount(out, minlength=500).int() if has else torch.zeros(500, dtype=torch.int32)
+        want = torch.bincount(out, minlength=500).int() if has else torch.zeros(500, dtype=torch.int32, device=DEVICE)
         assert torch.equal(counts[i] & COUNT_MASK, want)
         assert bool(((counts[i] & PROMPT_BIT) != 0)[tokens[row, :n_prompt].long()].all()) == has
 
@@ -51,7 +51,7 @@ def test_penalty_counts_match_reference(seed: int) -> None:
 def test_sampler_matches_reference(seed: int, vocab_size: int) -> None:
     tables, idx, tokens, seq_lens, logits = _batch(seed, vocab_size)
     counts = _counts(tables, idx, tokens, seq_lens, vocab_size)
-    out, ref = (torch.full((idx.shape[0],), -1, dtype=torch.int32) for _ in range(2))
+    out, ref = (torch.full((idx.shape[0],), -1, dtype=torch.int32, device=DEVICE) for _ in range(2))
     gumbel_sample(logits, idx, seq_lens, tables, counts, out)
     gumbel_sample_ref(logits, idx, seq_lens, tables, counts, ref)
     assert torch.equal(out, ref)
@@ -70,7 +70,7 @@ def test_greedy_is_argmax_lowest_id_and_min_tokens_masks_stop_ids() -> None:
     tables.presence_penalty.zero_()
     logits[1, :] = 0.0
     logits[1, 7] = logits[1, 9] = 1.0
-    out = torch.zeros(4, dtype=torch.int32)
+    out = torch.zeros(4, dtype=torch.int32, device=DEVICE)
     gumbel_sample(logits, idx, seq_lens, tables, None, out)
     assert out.tolist()[1] == 7 and out.tolist() == logits.argmax(1).int().tolist()
     logits[2, :] = -1.0
@@ -86,10 +86,10 @@ def test_greedy_is_argmax_lowest_id_and_min_tokens_masks_stop_ids() -> None:
 
 def test_samples_are_a_function_of_seed_and_position_only() -> None:
     tables, idx, _tokens, seq_lens, logits = _batch(4, 600)
-    out = torch.zeros(idx.shape[0], dtype=torch.int32)
+    out = torch.zeros(idx.shape[0], dtype=torch.int32, device=DEVICE)
     gumbel_sample(logits, idx, seq_lens, tables, None, out)
-    perm = torch.tensor([4, 0, 7])
-    sub = torch.zeros(3, dtype=torch.int32)
+    perm = torch.tensor([4, 0, 7], device=DEVICE)
+    sub = torch.zeros(3, dtype=torch.int32, device=DEVICE)
     gumbel_sample(logits[perm].contiguous(), idx[perm], seq_lens[perm], tables, None, sub)
     assert torch.equal(sub, out[perm])
 
@@ -100,7 +100,7 @@ def test_plain_sampling_is_argmax_of_scaled_logits_plus_shared_noise() -> None:
     tables.top_k.fill_(-1)
     tables.top_p.fill_(1.0)
     tables.min_tokens.zero_()
-    out = torch.zeros(6, dtype=torch.int32)
+    out = torch.zeros(6, dtype=torch.int32, device=DEVICE)
     gumbel_sample(logits, idx, seq_lens, tables, None, out)
     g = gumbel_noise_ref(tables.seed[idx.long()], seq_lens.long(), 900)
     assert out.tolist() == (logits / torch.tensor(0.8) + g).argmax(1).int().tolist()
@@ -116,10 +116,10 @@ def test_top_k_and_top_p_restrict_the_support() -> None:
     tables.presence_penalty.zero_()
     tables.min_tokens.zero_()
     tables.seed.copy_(torch.arange(n))
-    logits = torch.linspace(3, -3, vocab_size).repeat(n, 1)  # token 0 most likely
-    idx = torch.arange(n, dtype=torch.int32)
-    seq_lens = torch.full((n,), 30, dtype=torch.int32)
-    out = torch.zeros(n, dtype=torch.int32)
+    logits = torch.linspace(3, -3, vocab_size, device=DEVICE).repeat(n, 1)  # token 0 most likely
+    idx = torch.arange(n, dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.full((n,), 30, dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(n, dtype=torch.int32, device=DEVICE)
     tables.top_k.fill_(4)
     tables.top_p.fill_(1.0)
     gumbel_sample(logits, idx, seq_lens, tables, None, out)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import StepCase, step_case
+from kernel_cases import DEVICE, StepCase, step_case
 
 from kernels.input_ids import prepare_input_ids, prepare_input_ids_ref
 from kernels.logits_indices import compute_logits_indices, compute_logits_indices_ref
@@ -19,8 +19,8 @@ CASES = [(seed, pad) for seed in range(4) for pad in (False, True)]
 
 def _positions(case: StepCase, fn=prepare_positions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     qsl = case.query_start_loc()
-    positions = torch.full((case.num_tokens_padded,), 12345, dtype=torch.int64)
-    seq_lens = torch.full((case.num_reqs_padded,), 777, dtype=torch.int32)
+    positions = torch.full((case.num_tokens_padded,), 12345, dtype=torch.int64, device=DEVICE)
+    seq_lens = torch.full((case.num_reqs_padded,), 777, dtype=torch.int32, device=DEVICE)
     fn(case.idx_mapping, case.num_computed, qsl, case.num_reqs, positions, seq_lens)
     return qsl, positions, seq_lens
 
@@ -28,7 +28,7 @@ def _positions(case: StepCase, fn=prepare_positions) -> tuple[torch.Tensor, torc
 @pytest.mark.parametrize(("seed", "pad"), CASES)
 def test_query_start_loc(seed: int, pad: bool) -> None:
     case = step_case(seed, pad=pad)
-    out, ref = (torch.full((case.num_reqs_padded + 1,), -9, dtype=torch.int32) for _ in range(2))
+    out, ref = (torch.full((case.num_reqs_padded + 1,), -9, dtype=torch.int32, device=DEVICE) for _ in range(2))
     prepare_query_start_loc(case.num_scheduled, case.num_reqs, out)
     prepare_query_start_loc_ref(case.num_scheduled, case.num_reqs, ref)
     assert torch.equal(out, ref)
@@ -57,7 +57,7 @@ def test_input_ids_take_prompt_from_table_and_decodes_from_last_sampled(seed: in
     token_ids = case.token_ids.clone()
     for r in range(token_ids.shape[0]):
         token_ids[r, int(case.prefill_len[r]) :] = -5
-    out, ref = (torch.full((case.num_tokens_padded,), -9, dtype=torch.int64) for _ in range(2))
+    out, ref = (torch.full((case.num_tokens_padded,), -9, dtype=torch.int64, device=DEVICE) for _ in range(2))
     args = (case.idx_mapping, qsl, positions, case.prefill_len, case.last_sampled, token_ids, case.num_reqs)
     prepare_input_ids(*args, out)
     prepare_input_ids_ref(*args, ref)
@@ -76,7 +76,7 @@ def test_input_ids_take_prompt_from_table_and_decodes_from_last_sampled(seed: in
 def test_slot_mapping_pads_with_minus_one(seed: int, pad: bool) -> None:
     case = step_case(seed, pad=pad)
     qsl, positions, _ = _positions(case)
-    out, ref = (torch.full((case.num_tokens_padded,), 99, dtype=torch.int64) for _ in range(2))
+    out, ref = (torch.full((case.num_tokens_padded,), 99, dtype=torch.int64, device=DEVICE) for _ in range(2))
     args = (case.idx_mapping, qsl, positions, case.block_table, case.block_size, case.num_reqs)
     compute_slot_mapping(*args, out)
     compute_slot_mapping_ref(*args, ref)
@@ -90,7 +90,7 @@ def test_slot_mapping_pads_with_minus_one(seed: int, pad: bool) -> None:
 def test_logits_indices_are_last_tokens(seed: int) -> None:
     case = step_case(seed)
     qsl = case.query_start_loc()
-    out, ref = (torch.full((case.num_reqs,), -1, dtype=torch.int64) for _ in range(2))
+    out, ref = (torch.full((case.num_reqs,), -1, dtype=torch.int64, device=DEVICE) for _ in range(2))
     compute_logits_indices(qsl, case.num_reqs, out)
     compute_logits_indices_ref(qsl, case.num_reqs, ref)
     assert torch.equal(out, ref)
@@ -101,7 +101,7 @@ def test_logits_indices_are_last_tokens(seed: int) -> None:
 def test_post_update_appends_only_for_sampling_requests(seed: int) -> None:
     case = step_case(seed)
     _, _, seq_lens = _positions(case)
-    sampled = torch.randint(0, 1000, (case.num_reqs,), dtype=torch.int32)
+    sampled = torch.randint(0, 1000, (case.num_reqs,), dtype=torch.int32).to(DEVICE)
     states = []
     for fn in (post_update, post_update_ref):
         packed = torch.stack([case.num_computed, case.num_tokens, case.last_sampled], 1).clone()
@@ -122,12 +122,12 @@ def test_post_update_appends_only_for_sampling_requests(seed: int) -> None:
 
 def test_staged_writes_scatter_runs() -> None:
     g = torch.Generator().manual_seed(0)
-    arena = torch.arange(5000, dtype=torch.int32)
+    arena = torch.arange(5000, dtype=torch.int32, device=DEVICE)
     lens = [3, 0, 1500, 7, 1]
     starts = [10, 40, 100, 2000, 4999]
-    values = torch.randint(-100, 100, (sum(lens),), generator=g, dtype=torch.int32)
-    cu = torch.tensor([0, *torch.cumsum(torch.tensor(lens), 0).tolist()], dtype=torch.int32)
-    offsets = torch.tensor(starts, dtype=torch.int64)
+    values = torch.randint(-100, 100, (sum(lens),), generator=g, dtype=torch.int32).to(DEVICE)
+    cu = torch.tensor([0, *torch.cumsum(torch.tensor(lens), 0).tolist()], dtype=torch.int32, device=DEVICE)
+    offsets = torch.tensor(starts, dtype=torch.int64, device=DEVICE)
     out, ref = arena.clone(), arena.clone()
     apply_staged_writes(out, offsets, cu, values)
     apply_staged_writes_ref(ref, offsets, cu, values)
@@ -140,7 +140,8 @@ def test_launchers_reject_bad_dtypes() -> None:
     qsl = case.query_start_loc()
     with pytest.raises(ValueError, match="int64"):
         prepare_positions(case.idx_mapping, case.num_computed, qsl, case.num_reqs,
-                          torch.zeros(5, dtype=torch.int32), torch.zeros(case.num_reqs, dtype=torch.int32))
+                          torch.zeros(5, dtype=torch.int32, device=DEVICE),
+                          torch.zeros(case.num_reqs, dtype=torch.int32, device=DEVICE))
     with pytest.raises(ValueError, match="cu_num_values"):
         apply_staged_writes(torch.zeros(4, dtype=torch.int32), torch.zeros(2, dtype=torch.int64),
                             torch.zeros(2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32))

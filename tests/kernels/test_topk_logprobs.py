@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_cases import DEVICE
 
 from kernels.topk_logprobs import topk_logprobs, topk_logprobs_ref
 
 
 def _run(fn, logits, tokens, k, max_k):
+    # Inputs drawn on the CPU run on DEVICE (compiled kernels on CUDA); results come back.
     n = logits.shape[0]
-    outs = (torch.full((n, max_k), -7, dtype=torch.int32), torch.full((n, max_k), 7.0),
-            torch.zeros(n), torch.zeros(n, dtype=torch.int32))
-    fn(logits, tokens, k, *outs)
-    return outs
+    outs = (torch.full((n, max_k), -7, dtype=torch.int32, device=DEVICE),
+            torch.full((n, max_k), 7.0, device=DEVICE), torch.zeros(n, device=DEVICE),
+            torch.zeros(n, dtype=torch.int32, device=DEVICE))
+    fn(logits.to(DEVICE), tokens.to(DEVICE), k.to(DEVICE), *outs)
+    return tuple(t.cpu() for t in outs)
 
 
 @pytest.mark.parametrize(("seed", "vocab_size", "max_k"), [(0, 1000, 5), (1, 3000, 20), (2, 77, 1), (3, 2048, 0)])

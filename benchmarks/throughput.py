@@ -1,0 +1,238 @@
+"""Output tokens/s of runner_v1, runner_v2 and HF transformers ``generate``, side by side in one run.
+
+DESIGN §6 workload: the Qwen3-0.6B shape (``policies/reference/model_configs/qwen3-0.6b.json``)
+with random bf16 weights, 1024 prompts of 512 random tokens, 128 output tokens each
+(``ignore_eos``), ``max_num_seqs`` 256, default sampling (temperature 1, no top-k/top-p). The
+same weights, prompts and engine settings for both runners; HF ``generate`` runs the prompts
+in batches of ``max_num_seqs`` with the same sampling (``top_k=0``). Each contender gets a short
+warm-up first (Triton compilation; runner_v2 captures its CUDA graphs when it is built, which
+is not timed).
+
+Also printed: the memory-bandwidth floor, the time to read what a run must read at the
+device's bandwidth — the weights once per decode step (batches of ``max_num_seqs``) and every
+request's KV cache once per decode step — and the tokens/s that floor allows.
+
+Needs no pydantic (it does not go through the oracle: the runners are pinned by name).
+
+    python benchmarks/throughput.py            # the GPU run (a few minutes on an H200)
+    python benchmarks/throughput.py --quick    # a smoke run on CPU (tiny model, interpreter)
+
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from engine.model import write_random_weights  # noqa: E402
+from engine.model.config import ModelConfig  # noqa: E402
+from engine.model.kv_cache import kv_cache_bytes_per_block  # noqa: E402
+from engine.model_info import engine_config_for  # noqa: E402
+from engine.runner_loader import build_engine_core  # noqa: E402
+from engine.sampling_params import SamplingParams  # noqa: E402
+
+QWEN3_06B = ROOT / "policies" / "reference" / "model_configs" / "qwen3-0.6b.json"
+#: Vendor datasheet HBM bandwidths (bytes/s) by device name; others: --bandwidth-tbps.
+SPEC_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
+QUICK_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 512, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "hidden_act": "silu", "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny model on CPU, a few prompts (smoke run)")
+    p.add_argument("--runners", default="v1,v2,hf", help="comma list of v1, v2, hf")
+    p.add_argument("--num-prompts", type=int, default=1024)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--bandwidth-tbps", type=float, default=None, help="device bandwidth for the floor")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_prompts, args.prompt_len, args.output_len = 12, 24, 6
+        args.max_num_seqs, args.max_num_batched_tokens, args.dtype = 4, 64, "float32"
+    return args
+
+
+def make_prompts(num: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (num, length), generator=gen).tolist()
+
+
+def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: argparse.Namespace,
+               device: str) -> dict[str, Any]:
+    """Build the engine, warm it up, time one pass over every prompt."""
+    core = build_engine_core(engine_config_for(
+        model_dir, dtype=args.dtype, device=device, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.prompt_len + args.output_len, enable_prefix_caching=False, seed=args.seed,
+    ), runner)
+    params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0)
+    warm = SamplingParams(max_tokens=4, ignore_eos=True, temperature=1.0)
+    for i, prompt in enumerate(prompts[: min(len(prompts), args.max_num_seqs)]):
+        core.add_request(f"warm{i}", prompt, warm)
+    core.run_until_done()
+    steps_before = core.num_steps
+    _sync(device)
+    start = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        core.add_request(f"r{i}", prompt, params)
+    done = core.run_until_done()
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    num_out = sum(len(r.output_token_ids) for r in done)
+    result = {"seconds": round(elapsed, 3), "output_tokens": num_out,
+              "output_tokens_per_s": round(num_out / elapsed, 1), "steps": core.num_steps - steps_before}
+    graphs = getattr(core.runner, "graphs", None)
+    if graphs is not None:
+        result["cuda_graph_steps"] = core.runner.num_graph_steps
+        result["eager_steps"] = core.runner.num_eager_steps
+    del core, done
+    _free(device)
+    return result
+
+
+def run_hf(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """HF transformers ``generate`` over the prompts in batches of ``max_num_seqs``."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device)
+    model.eval()
+    kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.output_len,
+                  min_new_tokens=args.output_len, pad_token_id=0)
+
+    def generate(batch: list[list[int]], max_new: int) -> int:
+        ids = torch.tensor(batch, device=device)
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), **{**kwargs, "max_new_tokens": max_new,
+                                                                             "min_new_tokens": max_new})
+        return int(out.shape[0] * (out.shape[1] - ids.shape[1]))
+
+    generate(prompts[: min(len(prompts), args.max_num_seqs)], 4)  # warm-up
+    _sync(device)
+    start = time.perf_counter()
+    num_out = sum(generate(prompts[i : i + args.max_num_seqs], args.output_len)
+                  for i in range(0, len(prompts), args.max_num_seqs))
+    _sync(device)
+    elapsed = time.perf_counter() - start
+    del model
+    _free(device)
+    return {"seconds": round(elapsed, 3), "output_tokens": num_out, "output_tokens_per_s": round(num_out / elapsed, 1)}
+
+
+def bandwidth_floor(mc: ModelConfig, args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
+    """Seconds and tokens/s if every decode step only read its weights and KV cache at
+    ``bandwidth`` (prefill and compute ignored: a lower bound on the time)."""
+    dtype = getattr(torch, args.dtype)
+    elem = torch.empty((), dtype=dtype).element_size()
+    d, h, kv, i, v, layers = (mc.hidden_size, mc.num_attention_heads, mc.num_key_value_heads,
+                              mc.intermediate_size, mc.vocab_size, mc.num_hidden_layers)
+    per_layer = d * (h + 2 * kv) * mc.head_dim + h * mc.head_dim * d + 3 * d * i
+    weight_bytes = (layers * per_layer + v * d * (1 if mc.tie_word_embeddings else 2)) * elem
+    kv_per_token = kv_cache_bytes_per_block(mc, 1, dtype)
+    num_batches = math.ceil(args.num_prompts / args.max_num_seqs)
+    decode_steps = num_batches * args.output_len
+    # Each request reads its context (prompt + tokens so far) at each of its decode steps.
+    kv_bytes = args.num_prompts * kv_per_token * sum(args.prompt_len + j for j in range(args.output_len))
+    total = weight_bytes * decode_steps + kv_bytes
+    seconds = total / bandwidth
+    return {"bandwidth_bytes_per_s": bandwidth, "bytes_read": total, "weight_bytes": weight_bytes,
+            "seconds": round(seconds, 4),
+            "output_tokens_per_s": round(args.num_prompts * args.output_len / seconds, 1)}
+
+
+def device_bandwidth(args: argparse.Namespace, device: str) -> tuple[float, str]:
+    if args.bandwidth_tbps is not None:
+        return args.bandwidth_tbps * 1e12, "given"
+    if device == "cuda":
+        name = torch.cuda.get_device_name()
+        for key, value in SPEC_BANDWIDTH.items():
+            if key in name:
+                return value, f"datasheet ({name})"
+        return measured_copy_bandwidth(), f"measured copy ({name})"
+    return 20e9, "nominal CPU"
+
+
+def measured_copy_bandwidth() -> float:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        y.copy_(x)
+    end.record()
+    end.synchronize()
+    return 10 * 2 * x.numel() / (start.elapsed_time(end) / 1e3)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    device = "cpu" if args.quick or not torch.cuda.is_available() else "cuda"
+    hf_config = QUICK_CONFIG if args.quick else json.loads(QWEN3_06B.read_text())["config"]
+    mc = ModelConfig.from_hf_dict(hf_config)
+    prompts = make_prompts(args.num_prompts, args.prompt_len, mc.vocab_size, args.seed)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = write_random_weights(hf_config, Path(tmp) / "model", dtype=getattr(torch, args.dtype),
+                                         seed=args.seed)
+        for runner in args.runners.split(","):
+            print(f"running {runner} ...", flush=True)
+            if runner == "hf":
+                results["hf_generate"] = run_hf(model_dir, prompts, args, device)
+            else:
+                results[f"runner_{runner}"] = run_engine(runner, model_dir, prompts, args, device)
+            print(f"  {runner}: {results[list(results)[-1]]}", flush=True)
+    bandwidth, source = device_bandwidth(args, device)
+    floor = bandwidth_floor(mc, args, bandwidth)
+    floor["bandwidth_source"] = source
+    speeds = {k: v["output_tokens_per_s"] for k, v in results.items()}
+    ratios = {f"{a}/{b}": round(speeds[a] / speeds[b], 3) for a in speeds for b in speeds if a < b or a > b}
+    summary = {
+        "benchmark": "throughput", "quick": args.quick, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "model": "tiny qwen3" if args.quick else "Qwen3-0.6B shape, random weights", "dtype": args.dtype,
+        "num_prompts": args.num_prompts, "prompt_len": args.prompt_len, "output_len": args.output_len,
+        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
+        "results": results, "ratios": ratios, "bandwidth_floor": floor,
+        "fraction_of_floor": {k: round(v / floor["output_tokens_per_s"], 3) for k, v in speeds.items()},
+        "torch": torch.__version__,
+    }
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
