@@ -136,8 +136,6 @@ def run_hf(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, 
                   for i in range(0, len(prompts), args.max_num_seqs))
     _sync(device)
     elapsed = time.perf_counter() - start
-    del model
-    _free(device)
     return {"seconds": round(elapsed, 3), "output_tokens": num_out, "output_tokens_per_s": round(num_out / elapsed, 1)}
 
 
@@ -213,6 +211,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"running {runner} ...", flush=True)
             if runner == "hf":
                 results["hf_generate"] = run_hf(model_dir, prompts, args, device)
+                _free(device)  # the HF model went with run_hf's frame
             else:
                 results[f"runner_{runner}"] = run_engine(runner, model_dir, prompts, args, device)
             print(f"  {runner}: {results[list(results)[-1]]}", flush=True)
@@ -220,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     floor = bandwidth_floor(mc, args, bandwidth)
     floor["bandwidth_source"] = source
     speeds = {k: v["output_tokens_per_s"] for k, v in results.items()}
-    ratios = {f"{a}/{b}": round(speeds[a] / speeds[b], 3) for a in speeds for b in speeds if a < b or a > b}
+    ratios = {f"{a}/{b}": round(speeds[a] / speeds[b], 3) for a in speeds for b in speeds if a != b}
     summary = {
         "benchmark": "throughput", "quick": args.quick, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "model": "tiny qwen3" if args.quick else "Qwen3-0.6B shape, random weights", "dtype": args.dtype,
