@@ -24,8 +24,8 @@ from engine.request import Request
 from engine.runner_loader import build_engine_core
 from engine.sampling_params import SamplingParams
 
-#: The runners under test: V1 now; runner_v2 adds "v2" when it lands.
-RUNNERS = ["v1"]
+#: The runners under test: every parity case runs on each.
+RUNNERS = ["v1", "v2"]
 
 #: A tiny Llama with a larger vocabulary and context, for logprob-memory and long-prompt tests.
 WIDE_LLAMA: dict[str, Any] = {
