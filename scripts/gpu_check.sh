@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The GPU check of both runners (an H200 with torch, Triton, transformers; no pydantic needed):
+#   1. every kernel test on CUDA (compiled kernels against their torch references),
+#   2. the gpu-marked tests of runner_v1 and runner_v2 (tests/parity, tests/runner_v1, tests/runner_v2),
+#   3. the throughput benchmark (DESIGN §6 workload: runner_v1, runner_v2 and HF generate).
+# Logs go under $OUT (default /tmp/gpu-check): kernels.log, gpu_tests.log, throughput.log and
+# throughput.json (the benchmark's last line). Exit status: non-zero if any part failed.
+# Usage (repository root): bash scripts/gpu_check.sh [extra pytest args]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu-check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+status=0
+
+"$PY" -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__,
+  "transformers", transformers.__version__, "gpu", torch.cuda.get_device_name())' 2>&1 | tee "$OUT/versions.log"
+
+# The sm_90 compile checks need no GPU (they run in CI); here the kernels run compiled.
+"$PY" -m pytest -p no:cacheprovider -q -rfEs tests/kernels -k "not compile" "$@" 2>&1 | tee "$OUT/kernels.log" || status=1
+
+"$PY" -m pytest -p no:cacheprovider -q -rfEs -m gpu tests/parity tests/runner_v1 tests/runner_v2 "$@" 2>&1 \
+  | tee "$OUT/gpu_tests.log" || status=1
+
+"$PY" benchmarks/throughput.py 2>&1 | tee "$OUT/throughput.log" || status=1
+tail -n 1 "$OUT/throughput.log" > "$OUT/throughput.json"
+
+exit $status
