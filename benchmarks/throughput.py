@@ -93,6 +93,7 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
         core.add_request(f"warm{i}", prompt, warm)
     core.run_until_done()
     steps_before = core.num_steps
+    runner_v2_counts = (getattr(core.runner, "num_graph_steps", 0), getattr(core.runner, "num_eager_steps", 0))
     _sync(device)
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
@@ -103,10 +104,9 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
     num_out = sum(len(r.output_token_ids) for r in done)
     result = {"seconds": round(elapsed, 3), "output_tokens": num_out,
               "output_tokens_per_s": round(num_out / elapsed, 1), "steps": core.num_steps - steps_before}
-    graphs = getattr(core.runner, "graphs", None)
-    if graphs is not None:
-        result["cuda_graph_steps"] = core.runner.num_graph_steps
-        result["eager_steps"] = core.runner.num_eager_steps
+    if hasattr(core.runner, "num_graph_steps"):  # runner_v2: decode steps replayed as graphs
+        result["cuda_graph_steps"] = core.runner.num_graph_steps - runner_v2_counts[0]
+        result["eager_steps"] = core.runner.num_eager_steps - runner_v2_counts[1]
     del core, done
     _free(device)
     return result

@@ -19,12 +19,16 @@ RADIX_PASSES = 8
 RADIX_BITS = 4
 
 
+#: Widest block on the CPU (the interpreter); tests lower it to cover multi-block loops.
+MAX_INTERPRETER_BLOCK = 16384
+
+
 def vocab_block_size(vocab_size: int, device: torch.device) -> int:
     """Block of a vocabulary-wide kernel: 1024 on a GPU (registers); on the CPU, where the
-    interpreter's cost is per operation, not per element, up to 16384 (fewer iterations)."""
+    interpreter's cost is per operation, not per element, up to ``MAX_INTERPRETER_BLOCK``."""
     if device.type == "cuda":
         return 1024
-    return min(triton.next_power_of_2(max(vocab_size, 16)), 16384)
+    return min(triton.next_power_of_2(max(vocab_size, 16)), MAX_INTERPRETER_BLOCK)
 
 
 @triton.jit

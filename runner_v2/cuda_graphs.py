@@ -1,4 +1,4 @@
-"""CUDA graphs for decode batches: the forward pass and the LM head, captured per batch size.
+"""CUDA graphs for decode batches: the forward pass, captured per batch size.
 
 A step whose queries are all one token long (decodes; the last token of a chunked prompt too)
 runs as a replay of a graph captured for the next capture size at or above its request count,
@@ -6,7 +6,9 @@ with the request count and the token count padded to that size: padding requests
 queries (``query_start_loc`` repeats the total, ``seq_lens`` 0) and padding tokens get
 ``slot_mapping == -1``, so they neither read nor write the KV cache. One kernel-launch sequence
 of ~10 kernels per layer becomes a single replay; the inputs are the runner's persistent input
-buffers, which the input kernels fill before the replay (vLLM's full decode CUDA graphs).
+buffers, which the input kernels fill before the replay (vLLM's full decode CUDA graphs). The
+LM head runs after the replay on the real rows only: a graph's static output is its hidden
+states (``[size, hidden_size]``), not ``[size, vocab_size]`` logits per captured size.
 
 Sizes follow vLLM's default capture list: 1, 2, 4, then every multiple of 8 up to
 ``max_num_seqs``. Graphs share one memory pool, largest first.
@@ -36,7 +38,7 @@ class DecodeGraphs:
     def __init__(self, sizes: list[int]) -> None:
         self.sizes = sorted(sizes)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._logits: dict[int, torch.Tensor] = {}
+        self._hidden: dict[int, torch.Tensor] = {}
 
     def padded_size(self, num_reqs: int) -> int | None:
         """The captured size a decode batch of ``num_reqs`` runs at, or ``None`` (eager)."""
@@ -48,7 +50,7 @@ class DecodeGraphs:
     def capture(
         self,
         set_dummy_inputs: Callable[[int], None],  # fills the input buffers for a size
-        forward: Callable[[int], torch.Tensor],  # forward + LM head over the buffers -> logits
+        forward: Callable[[int], torch.Tensor],  # forward over the buffers -> hidden states
     ) -> None:
         """Capture every size, largest first (the shared pool then fits the smaller ones).
 
@@ -66,14 +68,14 @@ class DecodeGraphs:
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._logits[size] = forward(size)
+                self._hidden[size] = forward(size)
             pool = graph.pool()
             self._graphs[size] = graph
 
-    def replay(self, size: int) -> torch.Tensor:  # [size, vocab_size] float32, static
-        """Replay the graph of ``size`` (inputs already in the buffers); its logits."""
+    def replay(self, size: int) -> torch.Tensor:  # [size, hidden_size], static
+        """Replay the graph of ``size`` (inputs already in the buffers); its hidden states."""
         self._graphs[size].replay()
-        return self._logits[size]
+        return self._hidden[size]
 
     @property
     def num_captured(self) -> int:

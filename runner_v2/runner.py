@@ -234,8 +234,9 @@ class V2ModelRunner:
         assert isinstance(model, DecoderModel)
         n = batch.plan.num_reqs
         if graph_size is not None:
+            # A decode batch: one token per request, so hidden row i is request i's.
             self.num_graph_steps += 1
-            return None, self.graphs.replay(graph_size)[:n]
+            return None, model.compute_logits(self.graphs.replay(graph_size)[:n])
         self.num_eager_steps += 1
         hidden = model(batch.input_ids, batch.positions, self.kv_caches, batch.attn_metadata)
         return hidden, model.compute_logits(hidden.index_select(0, batch.logits_indices))
@@ -284,8 +285,7 @@ class V2ModelRunner:
             block_table=b.block_table[:size], slot_mapping=b.slot_mapping[:size], max_query_len=1,
             max_seq_len=self.config.max_model_len, num_actual_tokens=size, block_size=self.config.block_size,
         )
-        hidden = model(b.input_ids[:size], b.positions[:size], self.kv_caches, md)
-        return model.compute_logits(hidden)
+        return model(b.input_ids[:size], b.positions[:size], self.kv_caches, md)
 
     # ---- pooling -------------------------------------------------------------------------
     def _execute_pooling(self, so: SchedulerOutput) -> ModelRunnerOutput | AsyncOutput:

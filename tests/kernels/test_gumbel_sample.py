@@ -6,11 +6,20 @@ import pytest
 import torch
 from kernel_cases import DEVICE, sampling_tables
 
+import kernels._select as select
 from kernels.gumbel_noise import gumbel_noise_ref
 from kernels.gumbel_sample import gumbel_sample, gumbel_sample_ref
 from kernels.penalties import COUNT_MASK, PROMPT_BIT, build_penalty_counts, build_penalty_counts_ref
 
 MAX_NUM_SEQS = 16
+
+
+@pytest.fixture(autouse=True, params=["wide", "narrow"])
+def block_width(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU, run each case with the interpreter's wide blocks and with 256-wide blocks
+    (several per row, as 1024-wide blocks on a GPU over a real vocabulary)."""
+    if request.param == "narrow":
+        monkeypatch.setattr(select, "MAX_INTERPRETER_BLOCK", 256)
 
 
 def _batch(seed: int, vocab_size: int, num_reqs: int = 10):

@@ -6,7 +6,16 @@ import pytest
 import torch
 from kernel_cases import DEVICE
 
+import kernels._select as select
 from kernels.topk_logprobs import topk_logprobs, topk_logprobs_ref
+
+
+@pytest.fixture(autouse=True, params=["wide", "narrow"])
+def block_width(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU, run each case with the interpreter's wide blocks and with 256-wide blocks
+    (several per row, as 1024-wide blocks on a GPU over a real vocabulary)."""
+    if request.param == "narrow":
+        monkeypatch.setattr(select, "MAX_INTERPRETER_BLOCK", 256)
 
 
 def _run(fn, logits, tokens, k, max_k):
