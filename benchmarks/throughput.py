@@ -26,6 +26,7 @@ import argparse
 import gc
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -36,6 +37,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if "--quick" in sys.argv or not torch.cuda.is_available():
+    # On the CPU, runner_v2's kernels run through Triton's interpreter (chosen before import).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from engine.model import write_random_weights  # noqa: E402
 from engine.model.config import ModelConfig  # noqa: E402
