@@ -1,5 +1,8 @@
 """Triton import point for every kernel module.
 
+On a machine without a GPU it selects Triton's interpreter (``TRITON_INTERPRET=1``) before
+Triton is imported, unless the variable is set: kernels then run on CPU tensors (slowly).
+
 Kernel modules import ``triton`` and ``tl`` from here so that the torch references (and
 runner_v1, which uses only those) still import on machines without Triton. Without Triton the
 ``@triton.jit`` functions stay plain Python functions and every launcher raises
@@ -8,7 +11,25 @@ runner_v1, which uses only those) still import on machines without Triton. Witho
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return bool(torch.cuda.is_available())
+
+
+# Without a GPU, Triton can launch kernels only through its interpreter, and it decides that
+# when `triton` is first imported: choose it here, before the import (tests/conftest.py too).
+if "TRITON_INTERPRET" not in os.environ and not _has_cuda():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+#: True when this process runs Triton kernels through the interpreter (on the CPU).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 try:  # pragma: no cover - exercised by whichever environment runs the suite
     import triton
@@ -53,4 +74,4 @@ def require_triton() -> None:
         )
 
 
-__all__ = ["HAS_TRITON", "TritonUnavailableError", "require_triton", "tl", "triton"]
+__all__ = ["HAS_TRITON", "INTERPRETED", "TritonUnavailableError", "require_triton", "tl", "triton"]

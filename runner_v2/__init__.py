@@ -2,7 +2,8 @@
 asynchronous output. See docs/runner-v2.md.
 
 The engine builds it by name: ``importlib.import_module("runner_v2").create_model_runner(config)``.
-On CUDA its kernels are compiled; on CPU they run through the Triton interpreter (tests).
+On CUDA its kernels are compiled; on CPU they run through the Triton interpreter (slow: tests
+and smoke runs), which ``kernels/_triton.py`` selects on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -18,11 +19,27 @@ def create_model_runner(config: EngineConfig) -> V2ModelRunner:
     """A runner_v2 model runner for ``config`` (call ``load_model()`` next).
 
     Raises:
-        EngineConfigError: an option the ``turnout`` pack says runner_v2 does not support.
+        EngineConfigError: an option the ``turnout`` pack says runner_v2 does not support, or a
+            CPU device in a process where Triton compiles (a GPU machine without
+            ``TRITON_INTERPRET=1``).
     """
+    if not config.device.startswith("cuda"):
+        _use_triton_interpreter()
     from runner_v2.runner import V2ModelRunner
 
     return V2ModelRunner(config)
+
+
+def _use_triton_interpreter() -> None:
+    from engine.errors import EngineConfigError
+    from kernels._triton import INTERPRETED
+
+    if not INTERPRETED:
+        # Triton chose between compiling and interpreting when it was imported.
+        raise EngineConfigError(
+            "runner_v2 on the CPU runs its kernels through Triton's interpreter: start the "
+            "process with TRITON_INTERPRET=1 (it is chosen by itself only on a machine without a GPU)"
+        )
 
 
 __all__ = ["create_model_runner"]
