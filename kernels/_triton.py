@@ -12,6 +12,7 @@ runner_v1, which uses only those) still import on machines without Triton. Witho
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 
@@ -25,7 +26,8 @@ def _has_cuda() -> bool:
 
 # Without a GPU, Triton can launch kernels only through its interpreter, and it decides that
 # when `triton` is first imported: choose it here, before the import (tests/conftest.py too).
-if "TRITON_INTERPRET" not in os.environ and not _has_cuda():
+# A process that imported Triton already keeps its choice (e.g. compiling for sm_90 on a CPU).
+if "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules and not _has_cuda():
     os.environ["TRITON_INTERPRET"] = "1"
 
 #: True when this process runs Triton kernels through the interpreter (on the CPU).
