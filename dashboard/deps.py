@@ -80,17 +80,22 @@ async def _principal(request: Request, services: Services) -> Principal:
     return principal
 
 
+async def authorize(request: Request, role: Role) -> Principal:
+    """The caller, if it has at least ``role`` (401 / 403 otherwise). The header is read
+    directly, not as a FastAPI Header parameter: this runs on every request, and the security
+    scheme is documented once in the OpenAPI document."""
+    principal = await _principal(request, request.app.state.services)
+    if not principal.role.allows(role):
+        raise http_error(403, "forbidden",
+                         f"this needs the {role.value} role; the token has {principal.role}")
+    return principal
+
+
 def require(role: Role) -> Callable[..., Awaitable[Principal]]:
     """A dependency that authenticates the caller and checks it has at least ``role``."""
 
     async def dependency(request: Request) -> Principal:
-        # The header is read directly (not as a FastAPI Header parameter): this runs on every
-        # request, and the security scheme is documented once in the OpenAPI document.
-        principal = await _principal(request, request.app.state.services)
-        if not principal.role.allows(role):
-            raise http_error(403, "forbidden",
-                             f"this needs the {role.value} role; the token has {principal.role}")
-        return principal
+        return await authorize(request, role)
 
     return dependency
 

@@ -30,11 +30,13 @@ from dashboard.deps import (
     ReadSessionDep,
     ServicesDep,
     ViewerDep,
+    authorize,
     http_error,
 )
 from dashboard.policy import Snapshot, config_from_request
 from dashboard.services import Services
 from dashboard.store import aggregates, events
+from dashboard.store.tokens import Role
 from oracle import DeploymentConfig, OracleError
 
 router = APIRouter(tags=["decisions"], responses=ERROR_RESPONSES)
@@ -75,8 +77,11 @@ def _config_from_bytes(raw: bytes) -> DeploymentConfig:
 @router.post("/decide", openapi_extra=_body_ref("DeploymentIn"),
              responses={200: {"description": "the Decision (docs/oracle-api.md, JSON)"},
                         422: {"model": ErrorResponse}})
-async def post_decide(request: Request, services: ServicesDep, _who: ViewerDep) -> Response:
-    """The runner decision for one deployment under the service's current canaries."""
+async def post_decide(request: Request) -> Response:
+    """The runner decision for one deployment under the service's current canaries (viewer)."""
+    # The hot path: no FastAPI dependencies (solving them cost more than deciding).
+    await authorize(request, Role.viewer)
+    services: Services = request.app.state.services
     config = _config_from_bytes(await request.body())
     snap = await current_snapshot(services)
     body, runner, reason_code = services.policy.decision_json(config, snap)
