@@ -113,6 +113,14 @@ def test_decide_uses_the_store_canaries_and_matches_the_oracle(api: Api) -> None
     assert snap.kill_switch is True
     assert r.json() == decide(config, pack=pack, canaries=snap).to_json()
     assert r.json()["runner"] in ("v1", None)
+    # /decide is served by a plain route ahead of FastAPI's: still authorized and measured.
+    assert api.client.post("/api/v1/decide", json={"config": QWEN3}).status_code == 401
+    assert api.client.post("/api/v1/decide", json={"config": QWEN3},
+                           headers={"Authorization": "Bearer nope"}).status_code == 401
+    metrics = api.client.get("/metrics").text
+    assert 'route="/api/v1/decide",status="200"} 2.0' in metrics
+    assert 'turnout_decisions_total{reason_code="DISABLED",runner="v1",source="api"} 1.0' \
+        in metrics
 
 
 def test_decide_from_a_command_line_and_bad_input(api: Api) -> None:
