@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 
@@ -53,48 +54,67 @@ _UPSERT_DAILY_REASONS = (
 
 
 def ingest_sqlite(session: Session, events: Sequence[Any]) -> int:
-    """Store a batch of events (``EventLike``) in the caller's transaction; returns how many were new."""
-    from dashboard.store.aggregates import reason_keys
-
+    """Store a batch of events (``EventLike``) in the caller's transaction; returns how many
+    were new."""
     conn = session.connection()
+    rows = [_prepare(e) for e in _new_events(conn, events)]
+    if not rows:
+        return 0
+    conn.exec_driver_sql(_INSERT_EVENTS, [
+        (e.event_id, at, e.deployment_id, e.host, e.pack, e.family, e.runner, e.mode, e.stage,
+         e.reason_code, rules, e.policy_digest, int(e.demo)) for e, at, _day, rules in rows])
+    conn.exec_driver_sql(_UPSERT_DEPLOYMENTS, _latest_per_deployment(rows))
+    _add_daily(conn, rows)
+    return len(rows)
+
+
+# (event, stored UTC time, UTC day, rule ids as JSON): computed once per event.
+_Row = tuple[Any, str, str, str]
+
+
+def _prepare(e: Any) -> _Row:
+    at = e.at.astimezone(dt.UTC)
+    return e, _stored(at), at.date().isoformat(), json.dumps(list(e.rule_ids))
+
+
+def _new_events(conn: Connection, events: Sequence[Any]) -> list[Any]:
+    """The events whose ids are neither stored nor repeated earlier in the batch."""
     unique = list({e.event_id: e for e in events}.values())
-    seen: set[str] = set()
     ids = [e.event_id for e in unique]
+    seen: set[str] = set()
     for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit, with room
         chunk = ids[start:start + 900]
         rows = conn.exec_driver_sql(
             f"SELECT event_id FROM decision_events WHERE event_id IN "
             f"({', '.join('?' for _ in chunk)})", tuple(chunk))
         seen.update(r[0] for r in rows)
-    fresh = [e for e in unique if e.event_id not in seen]
-    if not fresh:
-        return 0
-    times = {id(e): e.at.astimezone(dt.UTC) for e in fresh}
-    rules = {id(e): json.dumps(list(e.rule_ids)) for e in fresh}
-    conn.exec_driver_sql(_INSERT_EVENTS, [
-        (e.event_id, _stored(times[id(e)]), e.deployment_id, e.host, e.pack, e.family,
-         e.runner, e.mode, e.stage, e.reason_code, rules[id(e)], e.policy_digest, int(e.demo))
-        for e in fresh])
-    latest: dict[str, Any] = {}
-    for e in fresh:
-        cur = latest.get(e.deployment_id)
-        if cur is None or (times[id(e)], e.event_id) > (times[id(cur)], cur.event_id):
-            latest[e.deployment_id] = e
-    conn.exec_driver_sql(_UPSERT_DEPLOYMENTS, [
-        (e.deployment_id, e.event_id, _stored(times[id(e)]), e.host, e.pack, e.family,
-         e.runner, e.mode, e.stage, e.reason_code, rules[id(e)],
-         None if e.config is None else json.dumps(e.config), int(e.demo))
-        for e in sorted(latest.values(), key=lambda e: e.deployment_id)])
+    return [e for e in unique if e.event_id not in seen]
+
+
+def _latest_per_deployment(rows: list[_Row]) -> list[tuple[Any, ...]]:
+    latest: dict[str, _Row] = {}
+    for row in rows:
+        cur = latest.get(row[0].deployment_id)
+        # Stored times are zero-padded UTC strings: string order is time order.
+        if cur is None or (row[1], row[0].event_id) > (cur[1], cur[0].event_id):
+            latest[row[0].deployment_id] = row
+    return [(e.deployment_id, e.event_id, at, e.host, e.pack, e.family, e.runner, e.mode,
+             e.stage, e.reason_code, rules, None if e.config is None else json.dumps(e.config),
+             int(e.demo))
+            for e, at, _day, rules in sorted(latest.values(), key=lambda r: r[0].deployment_id)]
+
+
+def _add_daily(conn: Connection, rows: list[_Row]) -> None:
+    from dashboard.store.aggregates import reason_keys
+
     decisions: Counter[tuple[str, str, str, str, int]] = Counter()
     reasons: Counter[tuple[str, str, str, int]] = Counter()
-    for e in fresh:
-        day = times[id(e)].date().isoformat()
+    for e, _at, day, _rules in rows:
         decisions[(day, e.family, e.runner or "", e.reason_code, int(e.demo))] += 1
-        if e.runner != "v2":
+        if e.runner != "v2":  # the reasons roll-up is of fallbacks
             for key in set(reason_keys(list(e.rule_ids), e.reason_code, e.stage)):
                 reasons[(day, e.family, key, int(e.demo))] += 1
     conn.exec_driver_sql(_UPSERT_DAILY_DECISIONS,
                          [(*k, n) for k, n in sorted(decisions.items())])
     if reasons:
         conn.exec_driver_sql(_UPSERT_DAILY_REASONS, [(*k, n) for k, n in sorted(reasons.items())])
-    return len(fresh)
