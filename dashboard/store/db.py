@@ -82,6 +82,8 @@ def _install_sqlite_hooks(engine: Engine, synchronous: str) -> None:
         # In WAL mode NORMAL loses nothing when the process is killed, only on power loss.
         cur.execute(f"PRAGMA synchronous={synchronous}")
         cur.execute("PRAGMA busy_timeout=30000")
+        # 32 MiB of page cache (default 2 MiB): the indexes of a million events stay in memory.
+        cur.execute("PRAGMA cache_size=-32768")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 

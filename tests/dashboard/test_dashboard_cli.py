@@ -45,7 +45,7 @@ def test_entry_point_registers_the_service_commands() -> None:
 
 def test_db_upgrade_and_token_create(run) -> None:  # type: ignore[no-untyped-def]
     code, out = run("db", "upgrade")
-    assert code == 0 and "revision 0001" in out
+    assert code == 0 and "revision 0002" in out
     code, out = run("token", "create", "--role", "operator", "--name", "alice")
     assert code == 0
     token = out.splitlines()[0].strip()
