@@ -13,6 +13,7 @@ import datetime as dt
 import json
 from collections import Counter
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Connection
@@ -74,7 +75,13 @@ _Row = tuple[Any, str, str, str]
 
 def _prepare(e: Any) -> _Row:
     at = e.at.astimezone(dt.UTC)
-    return e, _stored(at), at.date().isoformat(), json.dumps(list(e.rule_ids))
+    return e, _stored(at), at.date().isoformat(), _rules_json(tuple(e.rule_ids))
+
+
+@lru_cache(maxsize=4096)
+def _rules_json(rule_ids: tuple[str, ...]) -> str:
+    """A fleet has few distinct reason lists; each is encoded once."""
+    return json.dumps(list(rule_ids))
 
 
 def _new_events(conn: Connection, events: Sequence[Any]) -> list[Any]:
