@@ -10,7 +10,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    field_validator,
     model_validator,
 )
 
@@ -116,20 +115,24 @@ class EventIn(BaseModel):
     config: dict[str, Any] | None = None
     demo: bool = False
 
-    @field_validator("at")
-    @classmethod
-    def _plausible_time(cls, at: dt.datetime) -> dt.datetime:
-        latest = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
-        if not EARLIEST_EVENT <= at <= latest:
-            raise ValueError(f"{at.isoformat()} is not a plausible decision time "
-                             f"({EARLIEST_EVENT.date()} .. tomorrow)")
-        return at
-
 
 class IngestIn(BaseModel):
+    """A batch; every event's ``at`` must lie between 2020 and tomorrow (UTC)."""
+
     model_config = ConfigDict(extra="forbid")
 
     events: list[EventIn] = Field(min_length=1, max_length=5_000)
+
+    @model_validator(mode="after")
+    def _plausible_times(self) -> IngestIn:
+        # Once per batch, not per event: a Python validator per event cost as much as the
+        # rest of the validation together.
+        latest = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+        for i, e in enumerate(self.events):
+            if not EARLIEST_EVENT <= e.at <= latest:
+                raise ValueError(f"events[{i}].at: {e.at.isoformat()} is not a plausible "
+                                 f"decision time ({EARLIEST_EVENT.date()} .. tomorrow)")
+        return self
 
 
 class IngestOut(BaseModel):
