@@ -207,14 +207,18 @@ def event_batches(configs: list[Any], num_events: int, batch: int, num_deploymen
 
     pack = load_pack("turnout")
     decided = [(c, decide(c, pack=pack)) for c in configs]
+    # Engines report as they start, so events arrive in time order: spread evenly over the
+    # last 30 days, oldest first (run "f" follows run "t").
     now = dt.datetime.now(dt.UTC)
+    start = now - dt.timedelta(days=30) + (dt.timedelta(days=15) if run == "f" else dt.timedelta())
+    step = dt.timedelta(days=15) / max(num_events, 1)
     events = []
     for i in range(num_events):
         d = i % num_deployments
         config, decision = decided[d % len(decided)]
         e = event_from_decision(decision, config, pack="turnout", deployment_id=f"dep-{d:06d}",
                                 host=f"host-{d % 500:03d}", event_id=f"{run}-{i}",
-                                at=now - dt.timedelta(minutes=(i * 7919) % (30 * 24 * 60)))
+                                at=start + i * step)
         e["config"] = None  # engines may omit it; keeps the bodies realistic in size
         events.append(e)
     return [json.dumps({"events": events[i:i + batch]}).encode()
