@@ -248,8 +248,8 @@ def client_offline_ms(tmp: Path) -> dict[str, float]:
 
 # --- main -------------------------------------------------------------------------------------
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--decide-seconds", type=float, default=10.0)
     ap.add_argument("--batch", type=int, default=500)
@@ -261,7 +261,46 @@ def main() -> None:
     ap.add_argument("--ingest-clients", type=int, default=4)
     ap.add_argument("--page-requests", type=int, default=30)
     ap.add_argument("--workers", type=int, default=1, help="turnout serve --workers")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def run_phases(args: argparse.Namespace, port: int, tokens: dict[str, str]) -> dict[str, Any]:
+    """Decide load, timed ingest, fill to ``--events``, page latency."""
+    out: dict[str, Any] = {}
+    configs = real_configs()
+    bodies = [json.dumps({"config": c.to_spec()}).encode() for c in configs]
+    out["decide"] = asyncio.run(decide_load(port, tokens["viewer"], bodies, args.concurrency,
+                                            2.0, args.decide_seconds))
+    print("decide", out["decide"], file=sys.stderr)
+    timed = event_batches(configs, args.ingest_events, args.batch, args.deployments, "t")
+    out["ingest"] = asyncio.run(ingest(port, tokens["operator"], timed, args.batch,
+                                       args.ingest_clients))
+    out["ingest"]["batch"] = args.batch
+    print("ingest", out["ingest"], file=sys.stderr)
+    rest = max(0, args.events - args.ingest_events)
+    if rest:
+        fill = event_batches(configs, rest, args.batch, args.deployments, "f")
+        out["fill"] = asyncio.run(ingest(port, tokens["operator"], fill, args.batch,
+                                         args.ingest_clients))
+        print("fill", out["fill"], file=sys.stderr)
+    out["stored_events"] = args.ingest_events + rest
+    out["fallback_page"] = asyncio.run(page_latency(
+        port, tokens["viewer"], "/fallbacks", args.page_requests, cookie=True))
+    out["fallback_api"] = asyncio.run(page_latency(
+        port, tokens["viewer"], "/api/v1/fallbacks", args.page_requests, cookie=False))
+    print("pages", out["fallback_page"], out["fallback_api"], file=sys.stderr)
+    return out
+
+
+def goals(results: dict[str, Any]) -> dict[str, bool]:
+    d, i, p = results["decide"], results["ingest"], results["fallback_page"]
+    return {"decide_2000_per_s": d["req_per_s"] >= 2000, "decide_p99_50ms": d["p99_ms"] <= 50,
+            "ingest_20000_per_s": i["events_per_s"] >= 20000, "page_200ms": p["p99_ms"] <= 200,
+            "client_100ms": max(results["client_service_down"].values()) <= 100}
+
+
+def main() -> None:
+    args = parse_args()
     sys.path.insert(0, str(ROOT / "tests" / "dashboard"))
     from service_helpers import make_tokens, start_service
 
@@ -274,40 +313,14 @@ def main() -> None:
         url = f"sqlite:///{tmp / 'bench.db'}"
         tokens = make_tokens(url)
         svc = start_service(url, tmp / "svc.log", args=("--workers", str(args.workers)))
-        port = int(svc.url.rsplit(":", 1)[1])
         try:
-            configs = real_configs()
-            bodies = [json.dumps({"config": c.to_spec()}).encode() for c in configs]
-            results["decide"] = asyncio.run(decide_load(
-                port, tokens["viewer"], bodies, args.concurrency, 2.0, args.decide_seconds))
-            print("decide", results["decide"], file=sys.stderr)
-            timed = event_batches(configs, args.ingest_events, args.batch, args.deployments, "t")
-            results["ingest"] = asyncio.run(ingest(port, tokens["operator"], timed, args.batch,
-                                                   args.ingest_clients))
-            results["ingest"]["batch"] = args.batch
-            print("ingest", results["ingest"], file=sys.stderr)
-            rest = max(0, args.events - args.ingest_events)
-            if rest:
-                fill = event_batches(configs, rest, args.batch, args.deployments, "f")
-                filled = asyncio.run(ingest(port, tokens["operator"], fill, args.batch,
-                                            args.ingest_clients))
-                print("fill", filled, file=sys.stderr)
-            results["stored_events"] = args.ingest_events + rest
-            results["fallback_page"] = asyncio.run(page_latency(
-                port, tokens["viewer"], "/fallbacks", args.page_requests, cookie=True))
-            results["fallback_api"] = asyncio.run(page_latency(
-                port, tokens["viewer"], "/api/v1/fallbacks", args.page_requests, cookie=False))
-            print("pages", results["fallback_page"], results["fallback_api"], file=sys.stderr)
+            results.update(run_phases(args, int(svc.url.rsplit(":", 1)[1]), tokens))
         finally:
             svc.stop()
         results["client_service_down"] = client_offline_ms(tmp)
     results["load_average_end"] = load_average()
     results["calibration_us_end"] = calibration_us()
-    d, i, p = results["decide"], results["ingest"], results["fallback_page"]
-    results["goals_met"] = {
-        "decide_2000_per_s": d["req_per_s"] >= 2000, "decide_p99_50ms": d["p99_ms"] <= 50,
-        "ingest_20000_per_s": i["events_per_s"] >= 20000, "page_200ms": p["p99_ms"] <= 200,
-        "client_100ms": max(results["client_service_down"].values()) <= 100}
+    results["goals_met"] = goals(results)
     print(json.dumps(results))
 
 

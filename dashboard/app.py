@@ -82,6 +82,7 @@ def _finish_openapi(app: FastAPI) -> None:
 
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
+    """The application for ``services`` (built from ``settings``, or the environment)."""
     services = services or Services.build(settings or get_settings())
 
     @asynccontextmanager
@@ -101,6 +102,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     )
     app.state.services = services
     _finish_openapi(app)
+    _add_api(app, services)
+    _add_pages(app)
+    app.add_middleware(MetricsMiddleware, metrics=services.metrics)
+    return app
+
+
+def _add_api(app: FastAPI, services: Services) -> None:
     # The hot path: the same endpoint as a plain Starlette route ahead of every other route,
     # so a decide request skips FastAPI's per-request dependency solving (the APIRoute below
     # still documents it in the OpenAPI; it is never reached).
@@ -116,6 +124,8 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         """Prometheus metrics (no token needed, counts only)."""
         return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+
+def _add_pages(app: FastAPI) -> None:
     from fastapi.responses import RedirectResponse
 
     from dashboard.pages import SignIn
@@ -127,5 +137,3 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.add_exception_handler(SignIn, sign_in)
     app.include_router(pages_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    app.add_middleware(MetricsMiddleware, metrics=services.metrics)
-    return app
