@@ -13,7 +13,10 @@ import pytest
 from service_helpers import LiveService, make_tokens, start_service
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "fallback-reasons.png"
+# Each run saves the page here (git-ignored, so a test run leaves no tracked file changed);
+# docs/images/fallback-reasons.png, which docs/service.md shows, is a copy of one such run.
+SCREENSHOT = (Path(__file__).resolve().parents[2] / "docs" / "images"
+              / "fallback-reasons.latest.png")
 PAGES = {"/": "Overview", "/fallbacks": "Fallback reasons", "/canaries": "Canaries",
          "/decisions": "Decisions", "/matrix": "Matrix", "/explain": "Explain",
          "/audit": "Audit log"}
