@@ -20,7 +20,7 @@ from fastapi.templating import Jinja2Templates
 from dashboard.auth import COOKIE_NAME, Principal, csrf_ok, csrf_token
 from dashboard.deps import MAX_ID, ServicesDep
 from dashboard.services import Services
-from dashboard.store import aggregates, audit, events
+from dashboard.store import aggregates, audit, events, evidence
 from dashboard.store import canaries as canary_store
 from dashboard.store.errors import StoreError, VersionConflict
 from dashboard.store.tokens import Role
@@ -89,15 +89,20 @@ def _day_axis(days: int) -> list[str]:
 
 
 def _cohort_rows(services: Services) -> list[dict[str, Any]]:
+    """The canaries in rollout order, each with the latest parity evidence of its families."""
     labels = services.policy.cohort_labels()
+    families = services.policy.cohort_families()
     order = [d.cohort for d in services.policy.cohort_defaults()]
     with services.db.read_session() as session:
         rows = canary_store.list_canaries(session=session)
+        latest = evidence.latest_per_family(session=session)
     rows.sort(key=lambda c: (order.index(c.cohort) if c.cohort in order else len(order),
                              c.cohort))
     return [{"cohort": c.cohort, "label": labels.get(c.cohort, c.cohort), "enabled": c.enabled,
              "percentage": c.percentage, "version": c.version, "updated_at": c.updated_at,
-             "updated_by": c.updated_by} for c in rows]
+             "updated_by": c.updated_by,
+             "evidence": [latest[f] for f in families.get(c.cohort, ()) if f in latest]}
+            for c in rows]
 
 
 @router.get("/", response_class=HTMLResponse)

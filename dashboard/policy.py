@@ -70,6 +70,10 @@ class Policy:
         return [CohortDefault(c.id, bool(c.enabled), int(getattr(c, "percentage", 100) or 100))
                 for c in self.pack.cohorts]
 
+    def cohort_families(self) -> dict[str, tuple[str, ...]]:
+        """Cohort id → the families its stage names (empty for attribute-only stages)."""
+        return {c.id: tuple(c.families) for c in self.pack.cohorts}
+
     def cohort_labels(self) -> dict[str, str]:
         return {c.id: str(getattr(c, "label", c.id)) for c in self.pack.cohorts}
 

@@ -23,3 +23,11 @@ def list_evidence(*, session: Session, family: str | None = None,
     if family:
         stmt = stmt.where(ParityEvidence.family == family)
     return list(session.scalars(stmt))
+
+
+def latest_per_family(*, session: Session) -> dict[str, ParityEvidence]:
+    """Each family's most recent parity result."""
+    out: dict[str, ParityEvidence] = {}
+    for row in session.scalars(select(ParityEvidence).order_by(ParityEvidence.id.desc())):
+        out.setdefault(row.family, row)
+    return out

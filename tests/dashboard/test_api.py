@@ -256,3 +256,22 @@ def test_tokens_api_creates_shows_once_and_revokes(api: Api) -> None:
     r = api.client.post(f"/api/v1/tokens/{admin_id}/revoke", json={"reason": "oops"},
                         headers=api.h("admin"))
     assert r.status_code == 409 and r.json()["detail"]["code"] == "self_revoke"
+
+
+def test_parity_evidence_is_recorded_listed_and_shown_with_its_stage(api: Api) -> None:
+    pack = load_pack("turnout")
+    stage = next(c for c in pack.cohorts if c.families)
+    family = stage.families[0]
+    for result in ("fail", "pass"):
+        r = api.client.post("/api/v1/evidence", headers=api.h("operator"), json={
+            "family": family, "suite": "tests/parity", "result": result})
+        assert r.status_code == 201 and r.json()["recorded_by"].startswith("operator")
+    listed = api.client.get(f"/api/v1/evidence?family={family}", headers=api.h("viewer")).json()
+    assert [e["result"] for e in listed] == ["pass", "fail"]  # newest first
+    api.client.cookies.set("turnout_token", api.tokens["viewer"])
+    try:
+        page = api.client.get("/canaries").text
+    finally:
+        api.client.cookies.clear()
+    row = page[page.index(f'id="cohort-{stage.id}"'):]
+    assert f"{family} pass" in row[:row.index("</tr>")]
