@@ -121,8 +121,14 @@ class Policy:
         fresh = self.cached_snapshot()
         if fresh is not None:
             return fresh
-        with self._lock, self._db.read_session() as session:
-            state = canary_store.read_state(session=session)
+        with self._lock:
+            # Requests that queued here while another refreshed take its snapshot: one store
+            # read per TTL, not one per waiting request.
+            fresh = self.cached_snapshot()
+            if fresh is not None:
+                return fresh
+            with self._db.read_session() as session:
+                state = canary_store.read_state(session=session)
             snap = Snapshot(state, to_snapshot(state))
             self._cached = (time.monotonic(), snap)
             return snap

@@ -1,0 +1,65 @@
+"""The service's view of the oracle: the TTL-cached canary snapshot and the cohort helpers."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from dashboard import policy as policy_module
+from dashboard.policy import Policy
+from dashboard.store import canaries
+from dashboard.store.db import Database
+from oracle import load_pack
+
+
+@pytest.fixture
+def policy(tmp_path: Path) -> Policy:
+    db = Database(f"sqlite:///{tmp_path / 'p.db'}")
+    db.upgrade()
+    p = Policy("turnout", db, ttl_s=60.0)
+    with db.write_session() as s:
+        canaries.ensure_defaults(session=s, defaults=p.cohort_defaults())
+        s.commit()
+    return p
+
+
+def test_concurrent_refreshes_read_the_store_once(policy: Policy,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # A latency spike each TTL came from every waiting request re-reading the store in turn.
+    reads = []
+    real = canaries.read_state
+
+    def counting(**kw):  # type: ignore[no-untyped-def]
+        reads.append(1)
+        return real(**kw)
+
+    monkeypatch.setattr(policy_module.canary_store, "read_state", counting)
+    barrier = threading.Barrier(16)
+    etags = []
+
+    def ask() -> None:
+        barrier.wait()
+        etags.append(policy.snapshot().etag)
+
+    threads = [threading.Thread(target=ask) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(reads) == 1 and len(set(etags)) == 1 and len(etags) == 16
+    policy.invalidate()
+    policy.snapshot()
+    assert len(reads) == 2
+
+
+def test_cohorts_resolve_from_family_names(policy: Policy) -> None:
+    pack = load_pack("turnout")
+    first = next(c for c in pack.cohorts if c.families)
+    assert policy.resolve_cohort(first.id) == first.id
+    assert policy.resolve_cohort(first.families[0]) == first.id
+    assert policy.resolve_cohort("no-such-thing") == "no-such-thing"
+    labels = policy.reason_labels()
+    assert labels[f"rollout.stage_off:{first.id}"].endswith(f"(stage {first.label})")
+    assert all("{" not in label for label in labels.values())
