@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ def test_concurrent_refreshes_read_the_store_once(policy: Policy,
 
     def counting(**kw):  # type: ignore[no-untyped-def]
         reads.append(1)
+        time.sleep(0.05)  # a slow store: every other request arrives while this one reads
         return real(**kw)
 
     monkeypatch.setattr(policy_module.canary_store, "read_state", counting)
