@@ -171,3 +171,26 @@ def test_kill_9_during_ingest_loses_no_acknowledged_event(
 def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY"):
         monkeypatch.delenv(var, raising=False)
+
+
+def test_workers_share_the_store_and_all_see_a_flip(tmp_path: Path,
+                                                    live: list[LiveService]) -> None:
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    tokens = make_tokens(url)
+    svc = start_service(url, tmp_path / "w.log", env={"TURNOUT_SNAPSHOT_TTL_S": "0"},
+                        args=("--workers", "2"))
+    live.append(svc)
+    op = {"Authorization": f"Bearer {tokens['operator']}"}
+    spec = {"config": {"architecture": "Qwen3ForCausalLM"}}
+    with httpx.Client(base_url=svc.url, headers=op, timeout=10) as c:
+        version = _version(svc, tokens["viewer"])
+        before = c.post("/api/v1/decide", json=spec).json()["runner"]
+        r = c.patch(f"/api/v1/canaries/{COHORT}", headers={"If-Match": str(version)},
+                    json={"enabled": not _enabled(svc, tokens["viewer"]), "reason": "workers"})
+        assert r.status_code == 200, r.text
+        # New connections land on either worker; every answer must reflect the flip.
+        runners = set()
+        for _ in range(20):
+            with httpx.Client(base_url=svc.url, headers=op, timeout=10) as fresh:
+                runners.add(fresh.post("/api/v1/decide", json=spec).json()["runner"])
+    assert runners and before not in runners
