@@ -96,7 +96,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         version="1",
         summary="Canary store, decisions and fallback reasons for the V1 → V2 runner rollout.",
         openapi_url=f"{API_PREFIX}/openapi.json",
-        docs_url=f"{API_PREFIX}/docs",
+        docs_url=None,  # served below with the vendored Swagger UI (no CDN)
         redoc_url=None,
         lifespan=lifespan,
     )
@@ -118,6 +118,17 @@ def _add_api(app: FastAPI, services: Services) -> None:
     app.include_router(rollout.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
     app.include_router(admin.health_router)
+
+    @app.get(f"{API_PREFIX}/docs", include_in_schema=False)
+    def api_docs() -> Response:
+        """The API browser, with Swagger UI served from dashboard/static/vendor."""
+        from fastapi.openapi.docs import get_swagger_ui_html
+
+        return get_swagger_ui_html(
+            openapi_url=f"{API_PREFIX}/openapi.json", title="turnout API",
+            swagger_js_url="/static/vendor/swagger-ui-bundle-5.35.0.js",
+            swagger_css_url="/static/vendor/swagger-ui-5.35.0.css",
+            swagger_favicon_url="data:,")
 
     @app.get("/metrics", tags=["health"], include_in_schema=True)
     def metrics() -> Response:

@@ -140,3 +140,15 @@ def test_explain_form_shows_the_decision_for_a_pasted_command(
     text = page.inner_text("#decision")
     assert "runner" in text.lower()
     assert problems == []
+
+
+def test_api_browser_loads_from_vendored_assets(browser: object, site: tuple) -> None:
+    svc, tokens = site
+    page, problems = _signed_in(browser, svc, tokens["viewer"])
+    outside: list[str] = []
+    page.on("request", lambda r: outside.append(r.url)
+            if not r.url.startswith((svc.url, "data:")) else None)
+    page.goto(svc.url + "/api/v1/docs")
+    page.wait_for_selector(".swagger-ui .opblock")
+    assert page.locator(".opblock-summary-path[data-path='/api/v1/decide']").count() == 1
+    assert outside == [] and problems == []
