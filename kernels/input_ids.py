@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._checks import check_dtypes, check_num_reqs, check_table
 from kernels._triton import require_triton, tl, triton
 
 
@@ -124,23 +125,14 @@ def _check(
     num_reqs: int,
     input_ids_out: torch.Tensor,
 ) -> None:
-    for name, t, dtype in (
-        ("idx_mapping", idx_mapping, torch.int32),
-        ("query_start_loc", query_start_loc, torch.int32),
-        ("positions", positions, torch.int64),
-        ("prefill_len", prefill_len, torch.int32),
-        ("last_sampled", last_sampled, torch.int32),
-        ("token_ids", token_ids, torch.int32),
-        ("input_ids_out", input_ids_out, torch.int64),
-    ):
-        if t.dtype != dtype:
-            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    if token_ids.dim() != 2 or token_ids.stride(1) != 1:
-        raise ValueError("token_ids must be a 2-D table with unit inner stride")
+    i32, i64 = torch.int32, torch.int64
+    check_dtypes(idx_mapping=(idx_mapping, i32), query_start_loc=(query_start_loc, i32), positions=(positions, i64),
+                 prefill_len=(prefill_len, i32), last_sampled=(last_sampled, i32), token_ids=(token_ids, i32),
+                 input_ids_out=(input_ids_out, i64))
+    check_table("token_ids", token_ids)
     if positions.shape != input_ids_out.shape or not input_ids_out.is_contiguous():
         raise ValueError("positions and input_ids_out must have the same (padded) length; out contiguous")
-    if not 0 <= num_reqs <= min(idx_mapping.shape[0], query_start_loc.shape[0] - 1):
-        raise ValueError(f"num_reqs={num_reqs} exceeds idx_mapping or query_start_loc")
+    check_num_reqs(num_reqs, idx_mapping, query_start_loc)
 
 
 __all__ = ["prepare_input_ids", "prepare_input_ids_ref"]

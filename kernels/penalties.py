@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._checks import check_dtypes, check_table
 from kernels._triton import require_triton, tl, triton
 
 #: Bit of a counts word that marks a token present in the prompt.
@@ -132,22 +133,17 @@ def _check(
     presence_penalty: torch.Tensor,
     counts_out: torch.Tensor,
 ) -> int:
-    for name, t, dtype in (
-        ("idx_mapping", idx_mapping, torch.int32), ("seq_lens", seq_lens, torch.int32),
-        ("token_ids", token_ids, torch.int32), ("num_prompt_tokens", num_prompt_tokens, torch.int32),
-        ("repetition_penalty", repetition_penalty, torch.float32),
-        ("frequency_penalty", frequency_penalty, torch.float32),
-        ("presence_penalty", presence_penalty, torch.float32), ("counts_out", counts_out, torch.int32),
-    ):
-        if t.dtype != dtype:
-            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    i32, f32 = torch.int32, torch.float32
+    check_dtypes(idx_mapping=(idx_mapping, i32), seq_lens=(seq_lens, i32), token_ids=(token_ids, i32),
+                 num_prompt_tokens=(num_prompt_tokens, i32), repetition_penalty=(repetition_penalty, f32),
+                 frequency_penalty=(frequency_penalty, f32), presence_penalty=(presence_penalty, f32),
+                 counts_out=(counts_out, i32))
     strides = {t.stride(0) for t in (num_prompt_tokens, repetition_penalty, frequency_penalty, presence_penalty)}
     if len(strides) != 1:
         raise ValueError("the per-row parameter columns must share one stride (one packed table)")
     if counts_out.dim() != 2 or counts_out.shape[0] != idx_mapping.shape[0] or counts_out.stride(1) != 1:
         raise ValueError("counts_out must be [num_reqs, vocab_size] with unit inner stride")
-    if token_ids.dim() != 2 or token_ids.stride(1) != 1:
-        raise ValueError("token_ids must be a 2-D table with unit inner stride")
+    check_table("token_ids", token_ids)
     return strides.pop()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._checks import check_dtypes
 from kernels._triton import require_triton, tl, triton
 
 
@@ -113,15 +114,10 @@ def _check(
     positions_out: torch.Tensor,
     seq_lens_out: torch.Tensor,
 ) -> None:
-    for name, t, dtype in (
-        ("idx_mapping", idx_mapping, torch.int32),
-        ("num_computed", num_computed, torch.int32),
-        ("query_start_loc", query_start_loc, torch.int32),
-        ("positions_out", positions_out, torch.int64),
-        ("seq_lens_out", seq_lens_out, torch.int32),
-    ):
-        if t.dtype != dtype:
-            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
+    i32 = torch.int32
+    check_dtypes(idx_mapping=(idx_mapping, i32), num_computed=(num_computed, i32),
+                 query_start_loc=(query_start_loc, i32), positions_out=(positions_out, torch.int64),
+                 seq_lens_out=(seq_lens_out, i32))
     if not 0 <= num_reqs <= min(idx_mapping.shape[0], seq_lens_out.shape[0]):
         raise ValueError(f"num_reqs={num_reqs} exceeds idx_mapping or seq_lens_out")
     if query_start_loc.shape[0] != seq_lens_out.shape[0] + 1:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._checks import check_dtypes, check_table
 from kernels._triton import require_triton, tl, triton
 
 
@@ -132,16 +133,11 @@ def _check(
     token_ids: torch.Tensor,
     num_reqs: int,
 ) -> None:
-    tensors = {
-        "idx_mapping": idx_mapping, "num_scheduled": num_scheduled, "seq_lens": seq_lens,
-        "sampled": sampled, "num_computed": num_computed, "num_tokens": num_tokens,
-        "last_sampled": last_sampled, "token_ids": token_ids,
-    }
-    for name, t in tensors.items():
-        if t.dtype != torch.int32:
-            raise ValueError(f"{name} must be int32, got {t.dtype}")
-    if token_ids.dim() != 2 or token_ids.stride(1) != 1:
-        raise ValueError("token_ids must be a 2-D table with unit inner stride")
+    i32 = torch.int32
+    check_dtypes(idx_mapping=(idx_mapping, i32), num_scheduled=(num_scheduled, i32), seq_lens=(seq_lens, i32),
+                 sampled=(sampled, i32), num_computed=(num_computed, i32), num_tokens=(num_tokens, i32),
+                 last_sampled=(last_sampled, i32), token_ids=(token_ids, i32))
+    check_table("token_ids", token_ids)
     if num_reqs < 0 or any(t.shape[0] < num_reqs for t in (idx_mapping, num_scheduled, seq_lens, sampled)):
         raise ValueError(f"num_reqs={num_reqs} exceeds a per-request input")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._checks import check_dtypes, check_num_reqs, check_table
 from kernels._triton import require_triton, tl, triton
 
 
@@ -106,23 +107,15 @@ def _check(
     num_reqs: int,
     slot_mapping_out: torch.Tensor,
 ) -> None:
-    for name, t, dtype in (
-        ("idx_mapping", idx_mapping, torch.int32),
-        ("query_start_loc", query_start_loc, torch.int32),
-        ("positions", positions, torch.int64),
-        ("block_table", block_table, torch.int32),
-        ("slot_mapping_out", slot_mapping_out, torch.int64),
-    ):
-        if t.dtype != dtype:
-            raise ValueError(f"{name} must be {dtype}, got {t.dtype}")
-    if block_table.dim() != 2 or block_table.stride(1) != 1:
-        raise ValueError("block_table must be a 2-D table with unit inner stride")
+    i32, i64 = torch.int32, torch.int64
+    check_dtypes(idx_mapping=(idx_mapping, i32), query_start_loc=(query_start_loc, i32), positions=(positions, i64),
+                 block_table=(block_table, i32), slot_mapping_out=(slot_mapping_out, i64))
+    check_table("block_table", block_table)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     if positions.shape != slot_mapping_out.shape or not slot_mapping_out.is_contiguous():
         raise ValueError("positions and slot_mapping_out must have the same (padded) length; out contiguous")
-    if not 0 <= num_reqs <= min(idx_mapping.shape[0], query_start_loc.shape[0] - 1):
-        raise ValueError(f"num_reqs={num_reqs} exceeds idx_mapping or query_start_loc")
+    check_num_reqs(num_reqs, idx_mapping, query_start_loc)
 
 
 __all__ = ["compute_slot_mapping", "compute_slot_mapping_ref"]
