@@ -30,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -212,17 +213,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model_dir = write_random_weights(hf_config, Path(tmp) / "model", dtype=getattr(torch, args.dtype),
                                          seed=args.seed)
         for runner in args.runners.split(","):
-            print(f"running {runner} ...", flush=True)
-            if runner == "hf":
-                results["hf_generate"] = run_hf(model_dir, prompts, args, device)
-                _free(device)  # the HF model went with run_hf's frame
-            else:
-                results[f"runner_{runner}"] = run_engine(runner, model_dir, prompts, args, device)
-            print(f"  {runner}: {results[list(results)[-1]]}", flush=True)
+            name = "hf_generate" if runner == "hf" else f"runner_{runner}"
+            print(f"running {name} ...", flush=True)
+            try:
+                if runner == "hf":
+                    results[name] = run_hf(model_dir, prompts, args, device)
+                else:
+                    results[name] = run_engine(runner, model_dir, prompts, args, device)
+            except Exception as exc:  # one contender failing still reports the others
+                traceback.print_exc()
+                results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            _free(device)  # the HF model went with run_hf's frame; engines were deleted
+            print(f"  {name}: {results[name]}", flush=True)
     bandwidth, source = device_bandwidth(args, device)
     floor = bandwidth_floor(mc, args, bandwidth)
     floor["bandwidth_source"] = source
-    speeds = {k: v["output_tokens_per_s"] for k, v in results.items()}
+    speeds = {k: v["output_tokens_per_s"] for k, v in results.items() if "error" not in v}
     ratios = {f"{a}/{b}": round(speeds[a] / speeds[b], 3) for a in speeds for b in speeds if a != b}
     summary = {
         "benchmark": "throughput", "quick": args.quick, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",

@@ -5,25 +5,35 @@
 #   3. the throughput benchmark (DESIGN §6 workload: runner_v1, runner_v2 and HF generate).
 # Logs go under $OUT (default /tmp/gpu-check): kernels.log, gpu_tests.log, throughput.log and
 # throughput.json (the benchmark's last line). Exit status: non-zero if any part failed.
-# Usage (repository root): bash scripts/gpu_check.sh [extra pytest args]
+# Usage (repository root): bash scripts/gpu_check.sh [all|tests|bench]
+# About 3-5 minutes for the tests and 2-3 for the benchmark on an H200; run `tests` and `bench`
+# as two commands if one command is limited to less than the sum.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+PART=${1:-all}
 status=0
+start=$SECONDS
 
 "$PY" -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__,
   "transformers", transformers.__version__, "gpu", torch.cuda.get_device_name())' 2>&1 | tee "$OUT/versions.log"
 
-# The sm_90 compile checks need no GPU (they run in CI); here the kernels run compiled.
-"$PY" -m pytest -p no:cacheprovider -q -rfEs tests/kernels -k "not compile" "$@" 2>&1 | tee "$OUT/kernels.log" || status=1
+if [ "$PART" = all ] || [ "$PART" = tests ]; then
+  # The sm_90 compile checks need no GPU (they run in CI); here the kernels run compiled.
+  "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 tests/kernels -k "not compile" 2>&1 \
+    | tee "$OUT/kernels.log" || status=1
+  "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 -m gpu tests/parity tests/runner_v1 tests/runner_v2 2>&1 \
+    | tee "$OUT/gpu_tests.log" || status=1
+  echo "tests done after $((SECONDS - start)) s" | tee -a "$OUT/gpu_tests.log"
+fi
 
-"$PY" -m pytest -p no:cacheprovider -q -rfEs -m gpu tests/parity tests/runner_v1 tests/runner_v2 "$@" 2>&1 \
-  | tee "$OUT/gpu_tests.log" || status=1
-
-"$PY" benchmarks/throughput.py 2>&1 | tee "$OUT/throughput.log" || status=1
-tail -n 1 "$OUT/throughput.log" > "$OUT/throughput.json"
+if [ "$PART" = all ] || [ "$PART" = bench ]; then
+  "$PY" benchmarks/throughput.py 2>&1 | tee "$OUT/throughput.log" || status=1
+  tail -n 1 "$OUT/throughput.log" > "$OUT/throughput.json"
+  echo "benchmark done after $((SECONDS - start)) s"
+fi
 
 exit $status
