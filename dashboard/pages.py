@@ -22,7 +22,7 @@ from dashboard.deps import MAX_ID, ServicesDep
 from dashboard.services import Services
 from dashboard.store import aggregates, audit, events, evidence
 from dashboard.store import canaries as canary_store
-from dashboard.store.errors import StoreError, VersionConflict
+from dashboard.store.errors import StoreError
 from dashboard.store.tokens import Role
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))
@@ -168,6 +168,16 @@ def _back(**params: str) -> RedirectResponse:
     return RedirectResponse("/canaries?" + urlencode(params), status_code=303)
 
 
+def _refused(request: Request, user: Principal, csrf: str, needed: Role,
+             what: str) -> HTMLResponse | None:
+    """403 for a form without its CSRF field or from a role below ``needed``; else None."""
+    if not csrf_ok(request.cookies.get(COOKIE_NAME, ""), csrf):
+        return HTMLResponse("bad CSRF field: reload the page", status_code=403)
+    if not user.role.allows(needed):
+        return HTMLResponse(f"{what} needs the {needed.value} role", status_code=403)
+    return None
+
+
 @router.post("/canaries/{cohort}", response_model=None)
 def flip_from_page(
     request: Request, cohort: str, services: ServicesDep, user: UserDep,
@@ -176,19 +186,16 @@ def flip_from_page(
     csrf: Annotated[str, Form()] = "",
     percentage: Annotated[int | None, Form(ge=0, le=100)] = None,
 ) -> Response:
-    if not csrf_ok(request.cookies.get(COOKIE_NAME, ""), csrf):
-        return HTMLResponse("bad CSRF field: reload the page", status_code=403)
-    if not user.role.allows(Role.operator):
-        return HTMLResponse("flipping a canary needs the operator role", status_code=403)
+    refused = _refused(request, user, csrf, Role.operator, "flipping a canary")
+    if refused is not None:
+        return refused
     try:
         with services.db.write_session() as session:
             canary_store.flip_canary(session=session, cohort=cohort, enabled=enabled,
                                      reason=reason, actor=user.actor, if_version=version,
                                      percentage=percentage if enabled else None)
             session.commit()
-    except VersionConflict as err:
-        return _back(error=f"{err}")
-    except StoreError as err:
+    except StoreError as err:  # a stale version, an empty reason, an unknown cohort
         return _back(error=str(err))
     services.policy.invalidate()
     services.metrics.canary_flips.labels(cohort).inc()
@@ -202,10 +209,9 @@ def kill_switch_from_page(
     reason: Annotated[str, Form(max_length=2000)] = "",
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
-    if not csrf_ok(request.cookies.get(COOKIE_NAME, ""), csrf):
-        return HTMLResponse("bad CSRF field: reload the page", status_code=403)
-    if not user.role.allows(Role.admin):
-        return HTMLResponse("the kill switch needs the admin role", status_code=403)
+    refused = _refused(request, user, csrf, Role.admin, "the kill switch")
+    if refused is not None:
+        return refused
     try:
         with services.db.write_session() as session:
             canary_store.set_kill_switch(session=session, engaged=engaged, reason=reason,

@@ -169,3 +169,13 @@ def test_page_form_without_csrf_is_refused(ctx: Ctx) -> None:
     finally:
         ctx.client.cookies.clear()
     assert r.status_code == 403
+
+
+def test_page_flip_with_a_stale_version_changes_nothing_and_says_why(ctx: Ctx) -> None:
+    cohort, version = _cohort(ctx)
+    before = _audit_len(ctx)
+    r = _page_post(ctx, "operator", f"/canaries/{cohort}",
+                   {"enabled": "true", "version": version - 1 or 999, "reason": "stale"})
+    assert r.status_code == 303 and "error=" in r.headers["location"]
+    assert "version" in r.headers["location"]
+    assert _audit_len(ctx) == before and _cohort(ctx) == (cohort, version)
