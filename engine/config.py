@@ -76,6 +76,8 @@ class EngineConfig:
         kv_cache_memory_gb: memory for the KV cache when ``num_kv_blocks`` is ``None``.
         cpu_offload_gb: GiB of weights kept in host memory and streamed in per forward.
         speculative_config: n-gram speculation, or ``None``.
+        enforce_eager: never capture CUDA graphs (vLLM's ``--enforce-eager``); runner_v1 is
+            always eager, runner_v2 otherwise replays graphs for decode batches on CUDA.
     """
 
     model: str
@@ -96,6 +98,7 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None
     cpu_offload_gb: float = 0.0
     speculative_config: SpeculativeConfig | None = None
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size")

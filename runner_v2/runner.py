@@ -74,7 +74,7 @@ class V2ModelRunner:
             max_stop_token_ids=MAX_STOP_TOKEN_IDS, eos_token_ids=config.eos_token_ids, device=self.device,
         )
         self._preempted: dict[str, RequestInfo] = {}  # their sampling parameters, until resumed
-        use_graphs = self.device.type == "cuda" and not config.extra.get("enforce_eager", False)
+        use_graphs = self.device.type == "cuda" and not config.enforce_eager
         self.graphs = DecodeGraphs(capture_sizes(config.max_num_seqs) if use_graphs else [])
         self.buffers = InputBuffers.allocate(
             max_num_seqs=config.max_num_seqs,

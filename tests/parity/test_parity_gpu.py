@@ -91,7 +91,7 @@ def test_fp32_greedy_equal_hf_on_both_runners(shape: str, shape_dirs: dict[str, 
     prompts = prompts_for(cfg["vocab_size"], [7, 33, 120, 250])
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
     got = {}
-    for name, runner, extra in (("v1", "v1", {}), ("v2", "v2", {}), ("v2-eager", "v2", {"extra": {"enforce_eager": True}})):
+    for name, runner, extra in (("v1", "v1", {}), ("v2", "v2", {}), ("v2-eager", "v2", {"enforce_eager": True})):
         core = make_core(runner, path, "float32", **extra)
         got[name] = run(core, prompts, params)
         if name == "v2":
@@ -119,7 +119,7 @@ def test_bf16_runners_agree(shape: str, shape_dirs: dict[str, Path]) -> None:
     path, cfg = shape_dirs[shape], real_config(shape)
     prompts = prompts_for(cfg["vocab_size"], [5, 64, 200, 17, 90], seed=1)
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, prompt_logprobs=1)
-    eager = {"extra": {"enforce_eager": True}}
+    eager = {"enforce_eager": True}
     v1 = run(make_core("v1", path, "bfloat16"), prompts, params)
     free()
     v2 = run(make_core("v2", path, "bfloat16", **eager), prompts, params)
