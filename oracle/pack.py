@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class Pack:
         self._data = data
         self._eval = Evaluator(data)
         self._views: dict[CanarySnapshot | None, tuple[tuple[Any, ...], str]] = {}
+        self._by_state: dict[tuple[Any, ...], tuple[tuple[Any, ...], str]] = {}
         self._caches: dict[CanarySnapshot | None, dict[DeploymentConfig, Decision]] = {}
         self._last: tuple[Any, Any, Any] = (None, None, None)
         self._lock = threading.Lock()
@@ -138,16 +140,22 @@ class Pack:
         stages = self._data.stages
         if canaries is None:
             view = default_view(stages, self._data.kill_switch)
-            snap = "defaults"
         else:
             states = canaries.cohorts
             view = (canaries.kill_switch, *(
                 (states[s.id].enabled, states[s.id].percentage) if s.id in states
                 else (s.enabled, s.percentage) for s in stages))
-            snap = canaries.digest
-        digest = hashlib.sha256(f"{self.digest}:{snap}".encode()).hexdigest()[:16]
         with self._lock:
-            self._views.setdefault(canaries, (view, digest))
+            # The digest describes the effective state (kill switch, then each stage's enabled
+            # and percentage), not the snapshot's spelling: cohorts left out or unknown to the
+            # pack, or a snapshot equal to the defaults, give the digest of the same state.
+            # Equal states share one (view, digest) pair, so the evaluator's memo keeps hitting.
+            got = self._by_state.get(view)
+            if got is None:
+                body = json.dumps([view[0], [[s.id, *st] for s, st in zip(stages, view[1:], strict=True)]])
+                digest = hashlib.sha256(f"{self.digest}:{body}".encode()).hexdigest()[:16]
+                got = self._by_state.setdefault(view, (view, digest))
+            self._views.setdefault(canaries, got)
             self._caches.setdefault(canaries, {})
         return self._views[canaries]
 
