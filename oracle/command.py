@@ -22,7 +22,7 @@ from typing import Any
 
 from oracle.command_flags import DECISION_FLAGS, IGNORED_FLAGS, FlagSpec
 from oracle.command_values import apply_json_flags, parse_json_value
-from oracle.errors import ConfigError
+from oracle.errors import ConfigError, PackError
 from oracle.hf_config import hf_config_to_fields
 from oracle.known_models import lookup_model
 
@@ -183,17 +183,20 @@ def _set_nested(target: dict[str, Any], keys: list[str], value: Any) -> None:
 
 
 def _config_file_tokens(path: str, base_dir: Path | None) -> list[str]:
-    import yaml
+    from oracle.yamlpos import load_text_with_positions, read_text
 
     if is_placeholder(path):
         raise ConfigError(f"--config {path}: a placeholder, not a file; pass the real path of "
                           "the YAML config", code="placeholder_model", field="--config")
     p = Path(path) if base_dir is None else base_dir / path
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data, _ = load_text_with_positions(read_text(p), str(p))
     except OSError as exc:
         raise ConfigError(f"--config {path}: cannot read ({exc.strerror or exc})",
                           code="file_not_found", field="--config") from None
+    except PackError as exc:
+        raise ConfigError(f"--config {exc.issues[0]}", code="bad_flag_value",
+                          field="--config") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"--config {path}: expected a mapping of flag names to values",
                           code="bad_flag_value", field="--config")

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from oracle.errors import ConfigError
+from oracle.errors import ConfigError, PackError
+from oracle.yamlpos import read_text
 
 # HF config keys that count routed experts, per model family (transformers configuration_*.py).
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
@@ -29,7 +30,9 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         p = p / "config.json"
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(read_text(p))
+    except PackError as exc:
+        raise ConfigError(str(exc.issues[0]), code="bad_spec") from None
     except OSError as exc:
         raise ConfigError(f"cannot read HF config {p}: {exc.strerror or exc}",
                           code="file_not_found") from None

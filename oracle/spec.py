@@ -10,7 +10,6 @@ A bad entry is rejected alone, with file:line:column, while the others are still
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +17,14 @@ from typing import Any
 
 from oracle.coerce import suggest
 from oracle.config import CONFIG_FIELD_NAMES, DeploymentConfig
-from oracle.errors import ConfigError, PackError
-from oracle.yamlpos import Positions, load_text_with_positions
+from oracle.errors import ConfigError, Issue, PackError
+from oracle.yamlpos import (
+    Positions,
+    load_json_with_positions,
+    load_text_with_positions,
+    read_lines,
+    read_text,
+)
 
 ALIASES = ("is_pooling", "id")
 WRAPPER_METADATA = ("want", "vllm_version", "note", "source")
@@ -105,14 +110,14 @@ def load_specs(path: str | Path) -> list[SpecEntry]:
     """
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        if p.suffix == ".jsonl":
+            return _load_jsonl(read_lines(p), str(p))
+        text = read_text(p)
+        load = load_json_with_positions if p.suffix == ".json" else load_text_with_positions
+        data, pos = load(text, str(p))
     except OSError as exc:
         raise ConfigError(f"cannot read spec file {p}: {exc.strerror or exc}",
                           code="file_not_found") from None
-    if p.suffix == ".jsonl":
-        return _load_jsonl(text, str(p))
-    try:
-        data, pos = load_text_with_positions(text, str(p))
     except PackError as exc:
         raise ConfigError(str(exc), code="bad_spec") from None
     if isinstance(data, Mapping) and isinstance(data.get("deployments"), list):
@@ -123,21 +128,22 @@ def load_specs(path: str | Path) -> list[SpecEntry]:
     return [_entry(data, pos, ())]
 
 
-def _load_jsonl(text: str, name: str) -> list[SpecEntry]:
+def _load_jsonl(lines: list[str | Issue], name: str) -> list[SpecEntry]:
     out: list[SpecEntry] = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    for n, line in enumerate(lines, start=1):
+        if isinstance(line, Issue):
+            out.append(SpecEntry(None, None, f"{name}:{n}:{line.column}: {line.message}",
+                                 f"{name}:{n}", "bad_spec"))
+            continue
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            out.append(SpecEntry(None, None, f"{name}:{n}:{exc.colno}: invalid JSON: {exc.msg}",
+            data, lpos = load_json_with_positions(line, name)
+        except PackError as exc:
+            issue = exc.issues[0]
+            out.append(SpecEntry(None, None, f"{name}:{n}:{issue.column}: {issue.message}",
                                  f"{name}:{n}", "bad_spec"))
             continue
-        try:  # positions of keys within the line (JSON is YAML here)
-            _, lpos = load_text_with_positions(line, name)
-        except PackError:
-            lpos = Positions(name)
         pos = Positions(name, {k: (n, c) for k, (_, c) in lpos.value.items()},
                         {k: (n, c) for k, (_, c) in lpos.key.items()})
         pos.value.setdefault((), (n, 1))

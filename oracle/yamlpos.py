@@ -8,6 +8,7 @@ Duplicate mapping keys, which PyYAML would silently collapse, are reported as er
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,10 +91,64 @@ def load_with_positions(path: Path, *, display_name: str | None = None) -> tuple
     """
     name = display_name or str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, name)
     except OSError as exc:
         raise PackError([Issue(name, 1, 1, f"cannot read: {exc.strerror or exc}")]) from exc
     return load_text_with_positions(text, name)
+
+
+def read_text(path: Path, name: str | None = None) -> str:
+    """The text of a UTF-8 file (a leading byte-order mark dropped).
+
+    Raises OSError when the file cannot be read, and :class:`PackError` naming the line and
+    column of the first byte that is not UTF-8.
+    """
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise PackError([_not_utf8(name or str(path), data, exc.start, 1)]) from None
+
+
+def read_lines(path: Path, name: str | None = None) -> list[str | Issue]:
+    """The lines of a UTF-8 text file, split at line ends only (a U+2028 inside a JSON string
+    does not end a line). A line holding a byte that is not UTF-8 comes back as the Issue that
+    names it; the other lines are unaffected. Raises OSError when the file cannot be read."""
+    name = name or str(path)
+    out: list[str | Issue] = []
+    for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            out.append(raw.decode("utf-8-sig" if n == 1 else "utf-8"))
+        except UnicodeDecodeError as exc:
+            out.append(_not_utf8(name, raw, exc.start, n))
+    return out
+
+
+def _not_utf8(name: str, data: bytes, start: int, first_line: int) -> Issue:
+    line = first_line + data.count(b"\n", 0, start)
+    column = start - data.rfind(b"\n", 0, start)
+    return Issue(name, line, column, f"byte 0x{data[start]:02x} is not UTF-8 "
+                 "(expected a UTF-8 text file)")
+
+
+def load_json_with_positions(text: str, name: str) -> tuple[Any, Positions]:
+    """Parse JSON strictly (``json`` module: no trailing commas, no YAML-only syntax), with the
+    positions of its keys and values. Raises :class:`PackError` naming line:column of invalid
+    JSON or of a duplicate key."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PackError([Issue(name, exc.lineno, exc.colno, f"invalid JSON: {exc.msg}")]
+                        ) from None
+    # Valid JSON is YAML, except that YAML does not allow tabs as indentation; outside strings
+    # a tab is whitespace (inside JSON strings tabs are escaped), so a space keeps the columns.
+    try:
+        _, pos = load_text_with_positions(text.replace("\t", " "), name)
+    except PackError as exc:
+        if any(i.message.startswith("duplicate key") for i in exc.issues):
+            raise
+        pos = Positions(name)
+    return data, pos
 
 
 def load_text_with_positions(text: str, name: str) -> tuple[Any, Positions]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -20,6 +21,7 @@ from oracle.cli.inputs import (
 from oracle.cli.render import (
     EXIT_BAD_INPUT,
     exit_code,
+    input_error_json,
     print_json,
     print_many,
     print_one,
@@ -61,12 +63,17 @@ def gather(argv: list[str] | None, spec: Path | None, commands: Path | None,
 
 
 def prepare(console: Console, pack: str, canaries: Path | None, argv: list[str] | None,
-            spec: Path | None, commands: Path | None, ov: Overrides
+            spec: Path | None, commands: Path | None, ov: Overrides, *, as_json: bool = False
             ) -> tuple[Pack, CanarySnapshot | None, list[Item]]:
-    """The pack, the canary snapshot and the deployments; bad input exits 2 with the reason."""
+    """The pack, the canary snapshot and the deployments; bad input exits 2 with the reason
+    (and, with ``as_json``, one contract object whose ``error`` says it on stdout)."""
+    the_pack: Pack | None = None
     try:
-        return load_pack(pack), load_canaries(canaries), gather(argv, spec, commands, ov)
+        the_pack = load_pack(pack)
+        return the_pack, load_canaries(canaries), gather(argv, spec, commands, ov)
     except OracleError as exc:
+        if as_json:
+            print(json.dumps(input_error_json(exc, the_pack)))
         raise fail(console, exc) from None
 
 
@@ -102,7 +109,8 @@ def decide(
     console = Console(stderr=as_json)
     ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
                    tuple(sets or ()))
-    the_pack, snapshot, items = prepare(console, pack, canaries, argv, spec, commands, ov)
+    the_pack, snapshot, items = prepare(console, pack, canaries, argv, spec, commands, ov,
+                                        as_json=as_json)
     results = run_decisions(items, the_pack, snapshot)
     if as_json:
         print_json(results, the_pack, the_pack.policy_digest(snapshot))

@@ -11,8 +11,9 @@ from typing import Any
 from oracle.command_values import parse_json_value
 from oracle.config import DeploymentConfig
 from oracle.decision import CanarySnapshot
-from oracle.errors import ConfigError
+from oracle.errors import ConfigError, Issue, PackError
 from oracle.spec import load_specs
+from oracle.yamlpos import read_lines, read_text
 
 
 @dataclass(frozen=True)
@@ -108,12 +109,16 @@ def from_commands_file(path: Path, ov: Overrides) -> list[Item]:
     """Every line of a commands file (JSON lines with ``id``, ``env``, ``argv``, as
     policies/reference/vllm_recipes.jsonl); a line that cannot be parsed gets ``error``."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_lines(path)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}",
                           code="file_not_found") from None
     items = []
     for n, line in enumerate(lines, start=1):
+        if isinstance(line, Issue):
+            items.append(Item(None, None, f"{path}:{n}:{line.column}: {line.message}",
+                              "bad_spec"))
+            continue
         if not line.strip():
             continue
         try:
@@ -142,9 +147,11 @@ def load_canaries(path: Path | None) -> CanarySnapshot | None:
     if path is None:
         return None
     try:
-        return CanarySnapshot.from_json(json.loads(path.read_text(encoding="utf-8")))
+        return CanarySnapshot.from_json(json.loads(read_text(path)))
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}",
                           code="file_not_found") from None
+    except PackError as exc:
+        raise ConfigError(str(exc.issues[0]), code="bad_spec") from None
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(f"{path}: not a canary snapshot ({exc})", code="bad_spec") from None

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from oracle.cli.inputs import Item
 from oracle.decision import Decision
+from oracle.errors import OracleError
 from oracle.pack import Pack
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_PIN = 0, 2, 3
@@ -39,6 +40,15 @@ def result_json(item: Item, d: Decision | None, pack: Pack, digest: str) -> dict
                "reasons": [], "messages": [], "reason_code": "ERROR", "error": item.error,
                "error_code": item.error_code, "policy_digest": digest, "pack": pack.name}
     return {"id": item.id, **out} if item.id is not None else out
+
+
+def input_error_json(exc: OracleError, pack: Pack | None) -> dict[str, Any]:
+    """The contract object for input that could not be read at all (a spec file that is not
+    YAML, an unknown pack, a bad canary snapshot): no decision, ``error`` says why."""
+    return {"runner": None, "mode": None, "family": None, "stage": None, "canary": None,
+            "reasons": [], "messages": [], "reason_code": "ERROR", "error": exc.message,
+            "error_code": exc.code, "policy_digest": pack.policy_digest() if pack else None,
+            "pack": pack.name if pack else None}
 
 
 def print_json(results: Sequence[tuple[Item, Decision | None]], pack: Pack, digest: str) -> None:

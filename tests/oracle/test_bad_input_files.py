@@ -1,0 +1,132 @@
+"""Input files that are not what they claim (bytes that are not UTF-8, JSON indented with tabs,
+invalid JSON that YAML would accept, a malformed vLLM --config file): each is refused alone with
+file:line:column, or read as the format says; none crashes the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from oracle import ConfigError, DeploymentConfig, PackError, load_pack
+from oracle.pack import POLICIES_DIR
+from oracle.spec import load_specs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def turnout(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oracle.cli", *args], capture_output=True,
+                          text=True, cwd=ROOT)
+
+
+def test_spec_with_a_byte_that_is_not_utf8_names_line_and_column(tmp_path: Path) -> None:
+    f = tmp_path / "spec.yaml"
+    f.write_bytes(b"architecture: LlamaForCausalLM\nmodel: ab\xffc\n")
+    with pytest.raises(ConfigError) as info:
+        load_specs(f)
+    assert info.value.code == "bad_spec"
+    assert f"{f}:2:10:" in info.value.message and "0xff is not UTF-8" in info.value.message
+
+
+def test_unreadable_spec_with_json_prints_one_contract_object(tmp_path: Path) -> None:
+    f = tmp_path / "spec.yaml"
+    f.write_bytes(b"\xff\xfe garbage")
+    r = turnout("decide", "--spec", str(f), "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    (out,) = [json.loads(line) for line in r.stdout.splitlines()]
+    assert out["runner"] is None and out["error_code"] == "bad_spec"
+    assert out["error"].startswith(f"{f}:1:1:") and len(out["policy_digest"]) == 16
+    r = turnout("decide", "--spec", str(tmp_path / "spec.yml"), "--json")
+    assert r.returncode == 2 and json.loads(r.stdout)["error_code"] == "file_not_found"
+
+
+def test_json_spec_indented_with_tabs_is_json(tmp_path: Path) -> None:
+    f = tmp_path / "spec.json"
+    f.write_text('{\n\t"architecture": "LlamaForCausalLM",\n\t"tensor_parallel_size": 2\n}\n')
+    (entry,) = load_specs(f)
+    assert entry.error is None and entry.config is not None
+    assert entry.config.tensor_parallel_size == 2
+    f.write_text('{\n\t"architecture": "LlamaForCausalLM",\n\t"tensor_parallel_sizee": 2\n}\n')
+    (entry,) = load_specs(f)
+    assert entry.error is not None and entry.error.startswith(f"{f}:3:2: unknown field")
+
+
+def test_json_spec_is_strict_json(tmp_path: Path) -> None:
+    f = tmp_path / "spec.json"
+    f.write_text('{"architecture": "LlamaForCausalLM",\n "tensor_parallel_size": 2,}\n')
+    with pytest.raises(ConfigError) as info:
+        load_specs(f)
+    assert f"{f}:2:28: error: invalid JSON" in info.value.message
+    f.write_text('{"architecture": "LlamaForCausalLM", "architecture": "Qwen3ForCausalLM"}')
+    with pytest.raises(ConfigError) as info:
+        load_specs(f)
+    assert "duplicate key 'architecture'" in info.value.message
+
+
+def test_jsonl_bad_bytes_reject_one_line_and_u2028_ends_no_line(tmp_path: Path) -> None:
+    f = tmp_path / "specs.jsonl"
+    f.write_bytes(b'{"id": "a", "architecture": "LlamaForCausalLM"}\n'
+                  b'{"id": "b", "architecture": "Llama\xc0ForCausalLM"}\n'
+                  + '{"id": "c", "architecture": "Qwen3ForCausalLM", "model": "x\u2028y"}\n'
+                  .encode())
+    a, b, c = load_specs(f)
+    assert a.config is not None and c.config is not None and c.config.model == "x\u2028y"
+    assert b.config is None and b.error is not None
+    assert b.error.startswith(f"{f}:2:35: byte 0xc0 is not UTF-8")
+
+
+def test_commands_file_bad_bytes_reject_one_line(tmp_path: Path) -> None:
+    f = tmp_path / "cmds.jsonl"
+    good = json.dumps({"id": "ok", "env": {}, "argv": ["vllm", "serve", "Qwen/Qwen3-8B"]})
+    f.write_bytes(good.encode() + b'\n{"id": "bad", "argv": ["vllm", "serve", "\xff"]}\n'
+                  + good.replace('"ok"', '"ok2"').encode() + b"\n")
+    r = turnout("decide", "--commands", str(f), "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    ok, bad, ok2 = (json.loads(x) for x in r.stdout.splitlines())
+    assert ok["runner"] == ok2["runner"] == "v2" and ok2["id"] == "ok2"
+    assert bad["runner"] is None and bad["error"].startswith(f"{f}:2:")
+    assert "not UTF-8" in bad["error"]
+
+
+def test_malformed_vllm_config_file_is_a_bad_flag_value(tmp_path: Path) -> None:
+    f = tmp_path / "serve.yaml"
+    f.write_text("tensor-parallel-size: 2\nspeculative-config: {method: [ngram\n")
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig.from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
+    assert info.value.code == "bad_flag_value" and f"--config {f}:3:1:" in info.value.message
+    f.write_bytes(b"tensor-parallel-size: \xff\n")
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig.from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
+    assert f"--config {f}:1:23:" in info.value.message
+    f.write_text("tensor-parallel-size: 2\ntensor-parallel-size: 4\n")
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig.from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
+    assert "duplicate key 'tensor-parallel-size'" in info.value.message
+
+
+def test_hf_config_not_utf8_is_refused_and_a_bom_is_read(tmp_path: Path) -> None:
+    f = tmp_path / "config.json"
+    f.write_bytes(b'{"architectures": ["Llama\xffForCausalLM"]}')
+    with pytest.raises(ConfigError) as info:
+        DeploymentConfig.from_hf_config(f)
+    assert info.value.code == "bad_spec" and f"{f}:1:26:" in info.value.message
+    f.write_bytes(b'\xef\xbb\xbf{"architectures": ["LlamaForCausalLM"]}')
+    assert DeploymentConfig.from_hf_config(f).architecture == "LlamaForCausalLM"
+
+
+def test_pack_file_not_utf8_is_a_pack_error(tmp_path: Path) -> None:
+    dest = tmp_path / "pack"
+    shutil.copytree(POLICIES_DIR / "turnout", dest)
+    ro = dest / "rollout.yaml"
+    ro.write_bytes(ro.read_bytes().replace(b"stages:", b"stages:\xfe", 1))
+    with pytest.raises(PackError) as info:
+        load_pack(dest)
+    (issue,) = info.value.issues
+    assert issue.file == str(ro) and issue.column == 8 and "0xfe is not UTF-8" in issue.message
+    r = turnout("lint", str(dest))
+    assert r.returncode == 1 and "Traceback" not in r.stderr and f"{ro}:" in r.stdout
