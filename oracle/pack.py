@@ -207,7 +207,18 @@ class Pack:
             except OracleError as exc:
                 return self._error(c, None, "pinned", exc.message, "invalid_env", digest,
                                    a.family)
-        return self._eval.resolve(c, a, pin, view, digest)
+        d = self._eval.resolve(c, a, pin, view, digest)
+        if len(c.env) > (raw is not None):
+            d = d._replace(messages=(*d.messages, *self._foreign_env(c)))
+        return d
+
+    def _foreign_env(self, c: DeploymentConfig) -> tuple[Message, ...]:
+        """A warning per runner variable this pack does not read (``VLLM_USE_V2_MODEL_RUNNER=0``
+        under the turnout pack pins nothing: say so rather than ignore it silently)."""
+        own = self._data.env_var
+        return tuple(Message("WARNING", f"{name} is not read by the {self.name} pack (its "
+                             f"runner variable is {own}); ignoring {name}={value!r}.")
+                     for name, value in sorted(c.env.items()) if name != own)
 
     def _arch(self, c: DeploymentConfig) -> ArchInfo | str:
         """The ArchInfo of the config, or the error message when there is none."""
