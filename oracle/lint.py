@@ -19,7 +19,7 @@ representative values, which is what the domains declare.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,14 @@ from oracle.pack import Pack, load_pack
 from oracle.yamlpos import load_with_positions
 
 _ARCH_DIMS = ("family", "architecture")
+# Derived dimensions that are a function of one source dimension. A rule's allowed values of
+# the derived dimension are folded into the source, so that a contradiction ({quantized: true,
+# quantization: none}) never matches and equal spellings ({quantized: false} and
+# {quantization: none}) are seen as duplicates.
+_DERIVED_FROM: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "quantized": ("quantization", lambda v: v != "none"),
+    "pooling": ("runner_kind", lambda v: v == "pooling"),
+}
 
 
 def _value(dim: str, arch: ArchInfo, cfg: dict[str, Any]) -> Any:
@@ -73,8 +81,9 @@ class _Linter:
 
     def never_matching(self) -> None:
         for rule in self.data.rules:
+            sets = self._match_set(rule)
             empty = [c.dim for c in rule.conditions if c.dim not in _ARCH_DIMS
-                     and not _allowed(c, self._domain(c.dim))]
+                     and not sets.get(_DERIVED_FROM.get(c.dim, (c.dim,))[0], sets.get(c.dim))]
             if empty:
                 self._rule_issue(rule, f"rule {rule.id!r} can never match: no value of "
                                  f"{', '.join(empty)} satisfies its condition", "error")
@@ -83,7 +92,16 @@ class _Linter:
                                  "meets its family/architecture conditions", "error")
 
     def _match_set(self, rule: CompiledRule) -> dict[str, frozenset[Any]]:
-        return {c.dim: _allowed(c, self._domain(c.dim)) for c in rule.conditions}
+        """Allowed values per dimension; a derived dimension folded into its source when the
+        source's domain is known."""
+        sets = {c.dim: _allowed(c, self._domain(c.dim)) for c in rule.conditions}
+        for derived, (source, fn) in _DERIVED_FROM.items():
+            source_domain = self._domain(source)
+            if derived in sets and source_domain:
+                wanted = sets.pop(derived)
+                allowed = sets.get(source, frozenset(source_domain))
+                sets[source] = frozenset(v for v in allowed if fn(v) in wanted)
+        return sets
 
     def _covers(self, outer: dict[str, frozenset[Any]], inner: dict[str, frozenset[Any]]
                 ) -> bool:

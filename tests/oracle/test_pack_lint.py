@@ -40,6 +40,30 @@ def test_rule_that_can_never_match(pack_dir: Path) -> None:
                    "satisfies its condition")
 
 
+def test_rule_contradicting_a_derived_dimension_can_never_match(pack_dir: Path) -> None:
+    _add_rule(pack_dir, "  - id: quantized_unquantized\n    label: x\n    blocks: v2\n"
+                        "    when: {quantized: true, quantization: none}\n"
+                        "  - id: pooling_generate\n    label: y\n    blocks: v2\n"
+                        "    when: {pooling: true, runner_kind: generate}\n")
+    cm = pack_dir / "capability_matrix.yaml"
+    cm.write_text(cm.read_text().replace("  is_moe: {}\n", "  is_moe: {}\n  runner_kind: {}\n"))
+    assert _messages(pack_dir) == [
+        "error: rule 'quantized_unquantized' can never match: no value of quantized, "
+        "quantization satisfies its condition",
+        "error: rule 'pooling_generate' can never match: no value of pooling, runner_kind "
+        "satisfies its condition"]
+
+
+def test_derived_and_source_spellings_of_one_rule_are_duplicates(pack_dir: Path) -> None:
+    _add_rule(pack_dir, "  - id: unquantized_suffix\n    label: x\n    blocks: v2\n"
+                        "    when: {quantized: false, speculative_method: medusa}\n"
+                        "  - id: none_suffix\n    label: y\n    blocks: v2\n"
+                        "    when: {quantization: none, speculative_method: medusa}\n")
+    msgs = _messages(pack_dir)
+    assert ("error: rule 'none_suffix' duplicates 'unquantized_suffix': both match the same "
+            "deployments with the same effect") in msgs
+
+
 def test_rule_for_a_family_with_no_such_architecture(pack_dir: Path) -> None:
     _add_rule(pack_dir, "  - id: qwen3_llama\n    label: x\n    blocks: v2\n"
                         "    when: {family: qwen3, architecture: LlamaForCausalLM}\n")
