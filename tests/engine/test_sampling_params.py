@@ -33,6 +33,14 @@ BAD = [
     ({"stop_token_ids": "abc"}, "stop_token_ids"),
     ({"ignore_eos": 1}, "ignore_eos"),
     ({"logits_processors": [42]}, "logits_processors"),
+    # Runners keep these in int32 / float32 tables: a value that does not fit would crash the
+    # step of the whole batch (int overflow) or change meaning (inf, 0) on one runner only.
+    ({"top_k": 2**31}, "top_k"),
+    ({"min_tokens": 2**31, "max_tokens": 2**40}, "min_tokens"),
+    ({"temperature": 1e39}, "temperature"),
+    ({"top_p": 1e-39}, "top_p"),
+    ({"repetition_penalty": 1e-39}, "repetition_penalty"),
+    ({"repetition_penalty": 1e39}, "repetition_penalty"),
 ]
 
 
@@ -52,6 +60,9 @@ GOOD = [
     {"logprobs": 0, "prompt_logprobs": 0},
     {"stop_token_ids": [5, 7], "ignore_eos": True},
     {"logits_processors": [lambda out, logits: logits]},
+    {"top_k": 2**31 - 1, "min_tokens": 2**31 - 1, "max_tokens": 2**40},
+    {"temperature": 3e38, "top_p": 1.2e-38, "repetition_penalty": 1.2e-38},
+    {"temperature": 1e-300},  # below 1e-5: greedy, never divided by
 ]
 
 
@@ -79,6 +90,11 @@ def test_verify_against_engine_limits() -> None:
         SamplingParams(prompt_logprobs=5).verify(max_logprobs=4, vocab_size=100)
     with pytest.raises(InvalidRequestError, match=r"stop_token_ids \[100\] are outside the vocabulary"):
         SamplingParams(stop_token_ids=[3, 100]).verify(max_logprobs=4, vocab_size=100)
+    # max_logprobs may exceed a small vocabulary: k is still bounded by it.
+    SamplingParams(logprobs=100, prompt_logprobs=100).verify(max_logprobs=1000, vocab_size=100)
+    for name in ("logprobs", "prompt_logprobs"):
+        with pytest.raises(InvalidRequestError, match=rf"{name}=101 is above the vocabulary size 100"):
+            SamplingParams(**{name: 101}).verify(max_logprobs=1000, vocab_size=100)
 
 
 def test_with_seed_copies() -> None:

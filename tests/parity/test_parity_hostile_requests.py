@@ -1,0 +1,68 @@
+"""Hostile and mixed requests on every runner: limits that only show with unusual engine
+settings, and a batch in which every row asks for something different, compared across the
+runners directly (the reference tests give every row of a batch the same options)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from conftest import RUNNERS, make_engine, prompts_for, run
+
+from engine.errors import InvalidRequestError
+from engine.sampling_params import SamplingParams
+
+VOCAB = 160
+
+
+@pytest.mark.parametrize("field", ["logprobs", "prompt_logprobs"])
+def test_logprobs_above_the_vocabulary_are_rejected_alone(runner_name: str, model_dirs: dict, field: str) -> None:
+    # max_logprobs above the vocabulary: k = vocab_size + 1 used to reach the runner, where
+    # runner_v1 failed the whole step on a [n, 1 + k] result with only vocab_size columns.
+    path = model_dirs["llama"]
+    good = prompts_for(VOCAB, [9, 14], seed=6)
+    full = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, **{field: VOCAB})
+    core = make_engine(runner_name, path, max_logprobs=1000)
+    core.add_request("full", good[0], full)
+    with pytest.raises(InvalidRequestError, match=rf"{field}={VOCAB + 1} is above the vocabulary size {VOCAB}"):
+        core.add_request("bad", good[1], SamplingParams(max_tokens=3, **{field: VOCAB + 1}))
+    core.add_request("plain", good[1], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    done = {r.req_id: r for r in core.run_until_done()}
+    assert sorted(done) == ["full", "plain"]
+    chunks = done["full"].logprobs if field == "logprobs" else done["full"].prompt_logprobs
+    rows = np.concatenate([c.logprobs for c in chunks])
+    assert rows.shape == ((3 if field == "logprobs" else len(good[0]) - 1), VOCAB + 1)
+    np.testing.assert_allclose(np.exp(rows[:, 1:].astype(np.float64)).sum(1), 1.0, atol=1e-4)
+
+
+def _mixed_params(rng: random.Random) -> SamplingParams:
+    return SamplingParams(
+        max_tokens=rng.randint(1, 10), min_tokens=rng.choice([0, 0, 1, 2]),
+        temperature=rng.choice([0.0, 0.5, 1.0, 1.7]), top_p=rng.choice([1.0, 0.9, 0.3, 1.2e-38]),
+        top_k=rng.choice([-1, 0, 1, 3, 50, 2**31 - 1]), presence_penalty=rng.choice([0.0, 1.0, -1.5]),
+        frequency_penalty=rng.choice([0.0, 0.5]), repetition_penalty=rng.choice([1.0, 1.3, 0.7]),
+        seed=rng.randint(-(2**63), 2**63 - 1), stop_token_ids=rng.sample(range(VOCAB), rng.choice([0, 3])),
+        ignore_eos=rng.random() < 0.5, logprobs=rng.choice([None, 0, 3]), prompt_logprobs=rng.choice([None, 2]),
+    )
+
+
+def test_a_batch_of_mixed_options_gives_the_same_tokens_on_every_runner(model_dirs: dict) -> None:
+    # Every row with its own temperature, top-k (up to 2**31 - 1), top-p (down to float32's
+    # smallest normal), penalties, min_tokens, stop ids and seed; once with room, once squeezed
+    # (chunked prefill, preemption, one row at a time reused). Every run must agree.
+    rng = random.Random(2026)
+    requests = {}
+    for i in range(10):
+        prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
+        requests[f"r{i}"] = (prompt, _mixed_params(rng))
+    layouts = {"roomy": {}, "squeezed": {"max_num_batched_tokens": 8, "block_size": 4, "num_kv_blocks": 16, "max_num_seqs": 3}}
+    results = {}
+    for runner in RUNNERS:
+        for layout, kwargs in layouts.items():
+            done = run(make_engine(runner, model_dirs["llama"], eos_token_ids=(2, 5), **kwargs), dict(requests))
+            results[runner, layout] = {k: (r.output_token_ids, r.status.finish_reason) for k, r in done.items()}
+    want = results[RUNNERS[0], "roomy"]
+    assert len({tuple(t) for t, _ in want.values()}) > 5, "premise: the rows differ"
+    for key, got in results.items():
+        assert got == want, f"{key} differs from {RUNNERS[0]}/roomy"
