@@ -116,9 +116,11 @@ class EngineCore:
             )
 
     def _check_kv_capacity(self, req_id: str, num_prompt: int, params: SamplingParams) -> None:
-        # A request needing more blocks than exist would preempt itself forever.
-        max_len = min(num_prompt + params.max_tokens, self.config.max_model_len)
-        needed = cdiv(max_len + self.config.num_speculative_tokens, self.config.block_size)
+        # A request needing more blocks than exist would preempt itself forever. Its KV holds
+        # at most its prompt, or every token but the last one sampled (that one is never
+        # computed); drafts are trimmed to max_tokens / max_model_len, so they add nothing.
+        max_len = max(num_prompt, min(num_prompt + params.max_tokens, self.config.max_model_len) - 1)
+        needed = cdiv(max_len, self.config.block_size)
         available = self.scheduler.kv_cache_manager.num_blocks
         if needed > available:
             raise InvalidRequestError(

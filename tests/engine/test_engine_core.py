@@ -4,7 +4,7 @@ reported by the runner finish one request only."""
 from __future__ import annotations
 
 import pytest
-from replay_runner import ReplayRunner
+from replay_runner import ReplayRunner, reference_generate
 from test_scheduler import EOS, VOCAB, assert_no_leaks, make_engine, prompt_of
 
 from engine.config import EngineConfig, SpeculativeConfig
@@ -42,11 +42,53 @@ def test_duplicate_id_and_capacity_and_unchunkable_prompt() -> None:
     core.add_request("a", [1, 2], SamplingParams(max_tokens=2))
     with pytest.raises(InvalidRequestError, match="already in use"):
         core.add_request("a", [1, 2])
-    with pytest.raises(InvalidRequestError, match=r"may need 3 KV blocks \(10 tokens\), the cache has 2"):
+    # 2 + 8 tokens, the last one sampled but never computed: 9 tokens of KV.
+    with pytest.raises(InvalidRequestError, match=r"may need 3 KV blocks \(9 tokens\), the cache has 2"):
         core.add_request("big", [1, 2], SamplingParams(max_tokens=8))
     core2, _ = make_engine(max_num_batched_tokens=8, max_model_len=64)
     with pytest.raises(InvalidRequestError, match=r"more than max_num_batched_tokens=8.*pooling"):
         core2.add_request("p", list(range(1, 10)), pooling=True)
+
+
+FITS_EXACTLY = [
+    # (note, max_model_len, block_size, num_blocks, prompt length, max_tokens, speculation)
+    ("prompt of max_model_len", 64, 16, 4, 64, 5, "none"),
+    ("last token never computed", 64, 16, 3, 40, 9, "none"),
+    ("to max_model_len with drafts", 64, 16, 4, 60, 10, "right"),
+    ("to max_tokens with drafts", 64, 16, 3, 30, 19, "mixed"),
+    ("one-token blocks", 32, 1, 20, 12, 9, "right"),
+]
+
+
+# Speculation runs on the synchronous loop only (runner_v1; runner_v2 refuses it).
+FITS_CASES = [(*f, False) for f in FITS_EXACTLY] + [(*f, True) for f in FITS_EXACTLY if f[-1] == "none"]
+
+
+@pytest.mark.parametrize(
+    ("note", "max_model_len", "block_size", "num_blocks", "length", "max_tokens", "propose", "async_scheduling"),
+    FITS_CASES, ids=[f"{c[0]}{' (async)' if c[-1] else ''}" for c in FITS_CASES],
+)
+def test_a_request_that_fits_the_cache_exactly_is_served(
+    note: str, max_model_len: int, block_size: int, num_blocks: int, length: int, max_tokens: int, propose: str,
+    async_scheduling: bool,
+) -> None:
+    # The KV a request can ever hold: its prompt, or every token but the last one sampled
+    # (drafts are trimmed to max_tokens / max_model_len): a cache of exactly that many blocks
+    # serves it; one block less refuses it.
+    spec = SpeculativeConfig(num_speculative_tokens=3) if propose != "none" else None
+    kwargs = {"max_model_len": max_model_len, "block_size": block_size, "speculative_config": spec}
+    prompt = prompt_of(length)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    core, runner = make_engine(num_blocks=num_blocks, propose=propose, **kwargs)
+    core = EngineCore(core.config, runner, num_blocks, async_scheduling=async_scheduling)
+    core.add_request("fits", prompt, params)
+    (done,) = core.run_until_done()
+    want, _ = reference_generate(prompt, params, {EOS}, VOCAB, max_model_len)
+    assert done.output_token_ids == want and done.num_preemptions == 0
+    assert_no_leaks(core)
+    smaller, _ = make_engine(num_blocks=num_blocks - 1, propose=propose, **kwargs)
+    with pytest.raises(InvalidRequestError, match=rf"may need {num_blocks} KV blocks"):
+        smaller.add_request("too big", prompt, params)
 
 
 def test_runner_refusal_is_a_clear_error() -> None:
