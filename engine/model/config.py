@@ -167,7 +167,10 @@ def _eos(d: Mapping[str, Any]) -> tuple[int, ...]:
     eos = d.get("eos_token_id")
     if eos is None:
         return ()
-    return tuple(int(e) for e in eos) if isinstance(eos, list | tuple) else (int(eos),)
+    ids = list(eos) if isinstance(eos, list | tuple) else [eos]
+    if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in ids):
+        raise ModelConfigError(f"config field `eos_token_id` must be a token id or a list of them, got {eos!r}")
+    return tuple(ids)
 
 
 def _common(arch: str, d: Mapping[str, Any]) -> dict[str, Any]:
@@ -200,13 +203,13 @@ def _hashable(v: Any) -> bool:
 def _decoder_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
     common = _common(arch, d)
     num_heads = common["num_attention_heads"]
-    num_kv_heads = int(d.get("num_key_value_heads") or num_heads)
+    num_kv_heads = _req(d, "num_key_value_heads") if d.get("num_key_value_heads") is not None else num_heads
     if num_heads % num_kv_heads:
         raise ModelConfigError(
             f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads "
             f"({num_kv_heads})"
         )
-    head_dim = d.get("head_dim") or common["hidden_size"] // num_heads
+    head_dim = _req(d, "head_dim") if d.get("head_dim") is not None else common["hidden_size"] // num_heads
     if common["hidden_act"] != "silu":
         raise ModelConfigError(f"hidden_act {common['hidden_act']!r}: decoders support 'silu'")
     rope_theta, rope_scaling = _rope(d)

@@ -34,6 +34,27 @@ _LAYER_NAMES = {
 }
 
 
+def open_gguf(path: str | Path) -> tuple[Any, dict[str, Any]]:
+    """A ``gguf.GGUFReader`` over ``path`` and its header as Python values.
+
+    The reader parses the whole header and lays out every tensor when it opens the file, so a
+    cut or overwritten file fails here, with whatever error the bytes lead the parser to
+    (``ValueError``, ``IndexError``, ``struct.error``, ...).
+
+    Raises:
+        ModelConfigError: the file is not a readable GGUF file (the path is named).
+    """
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+        return reader, gguf_metadata(reader)
+    except Exception as exc:  # any parse failure means the same to the caller
+        raise ModelConfigError(
+            f"{path}: not a readable GGUF file (truncated or corrupt): {type(exc).__name__}: {exc}"
+        ) from exc
+
+
 def gguf_metadata(reader: Any) -> dict[str, Any]:
     """Header key/values of a ``gguf.GGUFReader`` as Python values (strings decoded)."""
     return {name: _field_value(field) for name, field in reader.fields.items()}
@@ -57,13 +78,11 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, WeightSource]:
     """The :class:`ModelConfig` and lazy HF-named float32 tensors of a GGUF file.
 
     Raises:
-        ModelConfigError: the file's architecture or a header field is not supported.
+        ModelConfigError: the file is truncated or corrupt, or its architecture or a header
+            field is not supported.
         WeightLoadError: a tensor without an HF counterpart (e.g. ``rope_freqs``).
     """
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    meta = gguf_metadata(reader)
+    reader, meta = open_gguf(path)
     arch = meta.get("general.architecture")
     config = config_from_gguf(meta, has_output=any(t.name == "output.weight"
                                                    for t in reader.tensors))

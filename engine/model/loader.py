@@ -66,17 +66,26 @@ def read_hf_config(model_dir: Path) -> ModelConfig:
 
     Raises:
         FileNotFoundError: no config.json.
-        ModelConfigError: invalid JSON or an unsupported config (the file is named).
+        ModelConfigError: not UTF-8, invalid JSON, not an object, a field of the wrong type, or
+            an unsupported config (the file is named).
     """
     path = model_dir / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{model_dir} has no config.json")
     try:
-        return ModelConfig.from_hf_dict(json.loads(path.read_text()))
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ModelConfigError(f"{path}: not UTF-8 text (byte {e.start})") from e
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from e
+    if not isinstance(data, dict):
+        raise ModelConfigError(f"{path}: expected a JSON object, got a {type(data).__name__}")
+    try:
+        return ModelConfig.from_hf_dict(data)
     except ModelConfigError as e:
         raise ModelConfigError(f"{path}: {e}") from e
+    except (TypeError, ValueError) as e:  # a field of the wrong type met int() / float()
+        raise ModelConfigError(f"{path}: a field has the wrong type: {e}") from e
 
 
 def safetensors_source(model_dir: Path) -> WeightSource:
@@ -84,7 +93,7 @@ def safetensors_source(model_dir: Path) -> WeightSource:
 
     Raises:
         FileNotFoundError: no ``*.safetensors`` file.
-        WeightLoadError: two files hold the same tensor name.
+        WeightLoadError: a file is truncated or corrupt, or two files hold the same tensor name.
     """
     from safetensors import safe_open
 
@@ -93,7 +102,10 @@ def safetensors_source(model_dir: Path) -> WeightSource:
         raise FileNotFoundError(f"{model_dir} has no *.safetensors files")
     source: dict[str, object] = {}
     for file in files:
-        handle = safe_open(str(file), framework="pt", device="cpu")
+        try:  # the header is parsed and checked against the file size here
+            handle = safe_open(str(file), framework="pt", device="cpu")
+        except Exception as exc:  # SafetensorError is not a ValueError
+            raise WeightLoadError(f"{file}: not a readable safetensors file (truncated or corrupt): {exc}") from exc
         for name in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
             if name in source:
                 raise WeightLoadError(f"tensor {name} appears in two files of {model_dir}")

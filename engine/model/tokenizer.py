@@ -98,7 +98,9 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
 
     Raises:
         FileNotFoundError: no such path, or the directory has no ``tokenizer.json``.
-        TokenizerError: a GGUF vocabulary type or pre-tokenizer that is not supported.
+        TokenizerError: a GGUF vocabulary type or pre-tokenizer that is not supported, or an
+            unreadable ``tokenizer.json`` / ``tokenizer_config.json`` (the file is named).
+        ModelConfigError: the ``.gguf`` file is truncated or corrupt.
     """
     path = Path(source)
     if path.is_file() and path.suffix == ".gguf":
@@ -111,11 +113,19 @@ def load_tokenizer(source: str | Path) -> Tokenizer:
 def _from_hf_dir(path: Path) -> Tokenizer:
     from tokenizers import Tokenizer as Backend
 
-    backend = Backend.from_file(str(path / "tokenizer.json"))
+    try:
+        backend = Backend.from_file(str(path / "tokenizer.json"))
+    except Exception as exc:  # the tokenizers package raises a bare Exception
+        raise TokenizerError(f"{path / 'tokenizer.json'}: not a readable tokenizer file: {exc}") from exc
     backend.no_padding()  # the file may fix a padded length (MiniLM: 128); callers pad
     backend.no_truncation()
     config_path = path / "tokenizer_config.json"
-    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TokenizerError(f"{config_path}: not a readable JSON file: {exc}") from exc
+    if not isinstance(config, dict):
+        raise TokenizerError(f"{config_path}: expected a JSON object, got a {type(config).__name__}")
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
@@ -130,11 +140,9 @@ def _token(value: Any) -> str | None:
 
 
 def _from_gguf(path: Path) -> Tokenizer:
-    from gguf import GGUFReader
+    from engine.model.gguf_loader import open_gguf
 
-    from engine.model.gguf_loader import gguf_metadata
-
-    meta = gguf_metadata(GGUFReader(str(path)))
+    _, meta = open_gguf(path)
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
         raise TokenizerError(f"{path.name}: GGUF tokenizer model {kind!r} is not supported "
