@@ -115,6 +115,8 @@ def _read_inputs(inline: list[str] | None, path: Path | None, inline_flag: str, 
         lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except OSError as exc:
         _fail(f"{file_flag} {path}: {exc.strerror or exc}")
+    except UnicodeDecodeError as exc:
+        _fail(f"{file_flag} {path}: not UTF-8 text (byte {exc.start})")
     if not lines:
         _fail(f"{file_flag} {path}: no non-empty line")
     return lines
@@ -142,13 +144,16 @@ def _make_llm(model: Path, runner: str, pack: str, device: str | None, tokenizer
 
 def _run_guarded(work: Any) -> Any:
     from engine.errors import EngineError, NoRunnerError
+    from oracle.errors import OracleError
 
     try:
         return work()
     except NoRunnerError as exc:
         _fail(str(exc), EXIT_NO_RUNNER)
-    except (EngineError, FileNotFoundError, ValueError) as exc:
+    except (EngineError, OracleError, ValueError) as exc:  # bad flags, files, packs
         _fail(str(exc))
+    except OSError as exc:  # an unreadable model or tokenizer path
+        _fail(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc))
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> Any:

@@ -4,6 +4,8 @@ arguments."""
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -11,6 +13,15 @@ from engine.errors import EngineConfigError
 
 #: Speculative methods runner_v1 implements (the oracle knows more; those are refused here).
 SUPPORTED_SPECULATIVE_METHODS = ("ngram",)
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -35,8 +46,10 @@ class SpeculativeConfig:
                 f"speculative method {self.method!r} is not implemented by turnout's runners "
                 f"(supported: {', '.join(SUPPORTED_SPECULATIVE_METHODS)})"
             )
-        if self.num_speculative_tokens < 1:
-            raise EngineConfigError(f"num_speculative_tokens must be >= 1, got {self.num_speculative_tokens}")
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise EngineConfigError(f"{name} must be an int >= 1, got {value!r}")
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise EngineConfigError(
                 f"need 1 <= prompt_lookup_min ({self.prompt_lookup_min}) <= "
@@ -46,6 +59,10 @@ class SpeculativeConfig:
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> SpeculativeConfig:
         """From vLLM's ``--speculative-config`` JSON keys; unknown keys are an error."""
+        if not isinstance(spec, dict):
+            raise EngineConfigError(
+                f"speculative_config must be a JSON object of vLLM's keys, got a {type(spec).__name__}"
+            )
         known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
         unknown = sorted(set(spec) - known)
         if unknown:
@@ -101,21 +118,13 @@ class EngineConfig:
     enforce_eager: bool = False
 
     def __post_init__(self) -> None:
-        positive = ("vocab_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise EngineConfigError(f"{name} must be an int >= 1, got {value!r}")
+        self._check_types()
         if self.runner_kind not in ("generate", "pooling"):
             raise EngineConfigError(f"runner_kind must be 'generate' or 'pooling', got {self.runner_kind!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise EngineConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-        if self.max_logprobs < 0:
-            raise EngineConfigError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
-        if self.cpu_offload_gb < 0:
-            raise EngineConfigError(f"cpu_offload_gb must be >= 0, got {self.cpu_offload_gb}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise EngineConfigError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
+            raise EngineConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise EngineConfigError(
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
@@ -123,6 +132,29 @@ class EngineConfig:
             )
         if self.speculative_config is not None and self.runner_kind == "pooling":
             raise EngineConfigError("speculative decoding does not apply to pooling models")
+
+    def _check_types(self) -> None:
+        # Every number is checked for its type and range: nan compares false with anything (a
+        # nan cpu_offload_gb would be silently no offload) and inf overflows int().
+        positive = ("vocab_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size")
+        for name in positive:
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise EngineConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if not _is_int(self.max_logprobs) or self.max_logprobs < 0:
+            raise EngineConfigError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
+        if not _is_int(self.seed):
+            raise EngineConfigError(f"seed must be an int, got {self.seed!r}")
+        if self.num_kv_blocks is not None and (not _is_int(self.num_kv_blocks) or self.num_kv_blocks < 1):
+            raise EngineConfigError(f"num_kv_blocks must be an int >= 1, got {self.num_kv_blocks!r}")
+        if not _is_finite(self.cpu_offload_gb) or self.cpu_offload_gb < 0:
+            raise EngineConfigError(f"cpu_offload_gb must be a finite number >= 0, got {self.cpu_offload_gb!r}")
+        memory = self.kv_cache_memory_gb
+        if memory is not None and (not _is_finite(memory) or memory <= 0):
+            raise EngineConfigError(f"kv_cache_memory_gb must be a finite number > 0, got {memory!r}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager"):
+            if not isinstance(getattr(self, name), bool):
+                raise EngineConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     @classmethod
     def check_field_names(cls, names: set[str]) -> None:

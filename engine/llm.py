@@ -27,8 +27,8 @@ class LLM:
         model: an HF safetensors directory or a ``.gguf`` file.
         runner: ``"auto"`` (the oracle decides; the pack's runner variable in the environment
             is honoured), ``"v1"`` or ``"v2"`` (a pin the oracle checks).
-        tokenizer: where to read the tokenizer (default: ``model``); ``None`` found means
-            prompts must be token ids.
+        tokenizer: where to read the tokenizer (default: ``model``, where none found means
+            prompts must be token ids); a given path without a tokenizer is an error.
         device: ``"cpu"`` or ``"cuda"``; default CUDA when available.
         pack / canaries / deployment_id: the policy pack, canary snapshot and sticky id given
             to the oracle.
@@ -42,7 +42,7 @@ class LLM:
 
     Raises:
         EngineConfigError: a bad argument, or a deployment/pin no runner can serve.
-        FileNotFoundError, ModelConfigError: the model cannot be read.
+        FileNotFoundError, ModelConfigError: the model (or the given tokenizer) cannot be read.
     """
 
     def __init__(
@@ -64,6 +64,8 @@ class LLM:
         model_config = read_model_config(model)
         engine_args["device"] = device or _default_device()
         self.config: EngineConfig = engine_config_for(model, model_config, **engine_args)
+        # Before the weights: a tokenizer that cannot be read fails fast.
+        self.tokenizer = _load_tokenizer(tokenizer if tokenizer is not None else model, explicit=tokenizer is not None)
         self.pack = load_pack(pack)
         self.deployment = deployment_config(
             self.config, model_config.architecture, runner=runner, pack=self.pack,
@@ -72,7 +74,6 @@ class LLM:
         self.decision = choose_runner(self.deployment, pack=self.pack, canaries=canaries)
         self.runner_name: str = self.decision.runner
         self.core = build_engine_core(self.config, self.runner_name)
-        self.tokenizer = _load_tokenizer(tokenizer or model)
         self._next_id = 0
 
     # ---- generation --------------------------------------------------------------------
@@ -185,12 +186,16 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _load_tokenizer(source: str | Path) -> Any:
+def _load_tokenizer(source: str | Path, *, explicit: bool) -> Any:
     from engine.model.tokenizer import load_tokenizer
 
+    if explicit and not Path(source).exists():
+        raise FileNotFoundError(f"tokenizer {source}: no such file or directory")
     try:
         return load_tokenizer(source)
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        if explicit:  # asked for: never dropped silently
+            raise FileNotFoundError(f"tokenizer {source}: {exc}") from exc
         return None  # e.g. random-weight directories: prompts are token ids
 
 

@@ -38,16 +38,18 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
     (``speculative_config`` may be a dict of vLLM's keys).
 
     Raises:
-        EngineConfigError: ``max_model_len`` above the model's ``max_position_embeddings``,
-            or another bad value.
+        EngineConfigError: ``max_model_len`` above the model's ``max_position_embeddings``, a
+            CUDA device on a machine without it, or another bad value.
     """
     EngineConfig.check_field_names(set(kwargs))
     mc = model_config if model_config is not None else read_model_config(model)
     spec = kwargs.pop("speculative_config", None)
-    if isinstance(spec, dict):
+    if spec is not None and not isinstance(spec, SpeculativeConfig):
         spec = SpeculativeConfig.from_dict(spec)
-    max_len = kwargs.pop("max_model_len", None) or mc.max_position_embeddings
-    if max_len > mc.max_position_embeddings:
+    max_len = kwargs.pop("max_model_len", None)
+    if max_len is None:  # 0 is a value (refused by EngineConfig), not "the model's default"
+        max_len = mc.max_position_embeddings
+    elif isinstance(max_len, int) and max_len > mc.max_position_embeddings:
         raise EngineConfigError(
             f"max_model_len={max_len} is above the model's max_position_embeddings={mc.max_position_embeddings}"
         )
@@ -56,11 +58,29 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
         eos = tuple(mc.eos_token_ids) if not mc.is_encoder else ()
     # Prompts that cannot be chunked (encoders, chunked prefill off) must fit one step.
     cannot_chunk = mc.is_encoder or not kwargs.get("enable_chunked_prefill", True)
-    kwargs.setdefault("max_num_batched_tokens", max(2048, max_len) if cannot_chunk else 2048)
-    return EngineConfig(
+    if cannot_chunk and isinstance(max_len, int):
+        kwargs.setdefault("max_num_batched_tokens", max(2048, max_len))
+    kwargs.setdefault("max_num_batched_tokens", 2048)
+    config = EngineConfig(
         model=str(model), vocab_size=mc.vocab_size, max_model_len=max_len, eos_token_ids=tuple(eos),
         runner_kind="pooling" if mc.is_encoder else "generate", speculative_config=spec, **kwargs,
     )
+    _check_device_exists(config.device)
+    return config
+
+
+def _check_device_exists(device: str) -> None:
+    # torch would fail later with an AssertionError ("Torch not compiled with CUDA enabled")
+    # or a CUDA error deep inside the model load.
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    index = device.partition(":")[2]
+    if not torch.cuda.is_available():
+        raise EngineConfigError(f"device {device!r}: CUDA is not available on this machine")
+    if index.isdigit() and int(index) >= torch.cuda.device_count():
+        raise EngineConfigError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
 
 
 __all__ = ["engine_config_for", "read_model_config"]

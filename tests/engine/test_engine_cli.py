@@ -121,6 +121,16 @@ BAD = [
     ("unknown speculative key", ["--prompt", "x", "--speculative-config", '{"model": "x"}'], 2, "unknown speculative_config keys ['model']"),
     ("bad sampling value", ["--prompt", "x", "--top-p", "0"], 2, "SamplingParams.top_p=0.0 is invalid"),
     ("max_model_len above the model's", ["--prompt", "x", "--max-model-len", "999999"], 2, "max_model_len=999999 is above the model's max_position_embeddings=256"),
+    # Each of these was silently ignored or ended in a traceback.
+    ("max_model_len 0", ["--prompt", "x", "--max-model-len", "0"], 2, "max_model_len must be an int >= 1, got 0"),
+    ("nan offload", ["--prompt", "x", "--cpu-offload-gb", "nan"], 2, "cpu_offload_gb must be a finite number >= 0, got nan"),
+    ("unknown device", ["--prompt", "x", "--device", "xyz"], 2, "device must be 'cpu', 'cuda' or 'cuda:N', got 'xyz'"),
+    ("speculative config not an object", ["--prompt", "x", "--speculative-config", "[1]"], 2,
+     "speculative_config must be a JSON object of vLLM's keys, got a list"),
+    ("speculative value of the wrong type", ["--prompt", "x", "--speculative-config", '{"num_speculative_tokens": "3"}'], 2,
+     "num_speculative_tokens must be an int >= 1, got '3'"),
+    ("unknown pack", ["--prompt", "x", "--pack", "/nonexistent/pack"], 2, "no policy pack '/nonexistent/pack'"),
+    ("tokenizer path missing", ["--prompt", "x", "--tokenizer", "/nonexistent/tok"], 2, "tokenizer /nonexistent/tok: no such file or directory"),
 ]
 
 
@@ -129,6 +139,42 @@ def test_bad_input_is_named(cli: CliRunner, wide_llama: Path, note: str, args: l
     res = invoke(cli, "generate", "--model", str(wide_llama), "--tokenizer", str(SMOLLM2), *args)
     assert res.exit_code == code, res.output
     assert f"error: {message}" in res.output
+
+
+def test_a_tokenizer_that_cannot_be_read_is_named(cli: CliRunner, wide_llama: Path) -> None:
+    # An explicit --tokenizer without a tokenizer was dropped silently: every text prompt then
+    # failed with "<model> has no tokenizer", naming the wrong path.
+    res = invoke(cli, "generate", "--model", str(wide_llama), "--tokenizer", str(wide_llama), "--prompt", "x")
+    assert res.exit_code == 2, res.output
+    assert f"error: tokenizer {wide_llama}: {wide_llama} has no tokenizer.json" in res.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_on_a_machine_without_it_is_named(cli: CliRunner, wide_llama: Path) -> None:
+    res = invoke(cli, "generate", "--model", str(wide_llama), "--tokenizer", str(SMOLLM2), "--prompt", "x", "--device", "cuda")
+    assert res.exit_code == 2, res.output
+    assert "error: device 'cuda': CUDA is not available on this machine" in res.output
+
+
+def test_prompts_files_with_odd_contents(cli: CliRunner, wide_llama: Path, tmp_path: Path) -> None:
+    not_utf8 = tmp_path / "latin1.txt"
+    not_utf8.write_bytes("caf\u00e9\n".encode("latin-1"))
+    res = invoke(cli, "generate", "--model", str(wide_llama), "--tokenizer", str(SMOLLM2), "--prompts", str(not_utf8))
+    assert res.exit_code == 2, res.output
+    assert f"error: --prompts {not_utf8}: not UTF-8 text (byte 3)" in res.output
+    # Blank lines are skipped; unicode is kept; a line too long for max_model_len is rejected
+    # alone while the others are answered.
+    mixed = tmp_path / "mixed.txt"
+    mixed.write_text("\n  \nCaf\u00e9 \u2615 \U0001F600\n" + "word " * 400 + "\n\nShort one\n", encoding="utf-8")
+    res = invoke(
+        cli, "generate", "--model", str(wide_llama), "--tokenizer", str(SMOLLM2), "--prompts", str(mixed),
+        "--no-chat", "--max-tokens", "2", "--temperature", "0", "--max-model-len", "128", "--json",
+    )
+    assert res.exit_code == 2, res.output  # one prompt rejected; the others still printed
+    outputs = json.loads(res.stdout)["outputs"]
+    assert [o["prompt"][:6] for o in outputs] == ["Caf\u00e9 \u2615", "word w", "Short "]
+    assert [o["finish_reason"] for o in outputs] == ["length", "error", "length"]
+    assert "more than max_model_len=128" in outputs[1]["error"]
 
 
 def test_missing_model_and_rejected_request(cli: CliRunner, wide_llama: Path) -> None:

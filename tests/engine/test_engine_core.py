@@ -153,6 +153,18 @@ BAD_CONFIG = [
     ({"enable_chunked_prefill": False, "max_num_batched_tokens": 8}, "without chunked prefill"),
     ({"cpu_offload_gb": -1.0}, "cpu_offload_gb"),
     ({"runner_kind": "reward"}, "runner_kind"),
+    # Non-finite sizes were let through: nan compares false with everything (cpu_offload_gb=nan
+    # was silently no offload), inf overflowed int() deep in the runner.
+    ({"cpu_offload_gb": float("nan")}, r"cpu_offload_gb must be a finite number >= 0, got nan"),
+    ({"cpu_offload_gb": float("inf")}, r"cpu_offload_gb must be a finite number >= 0, got inf"),
+    ({"kv_cache_memory_gb": float("nan")}, r"kv_cache_memory_gb must be a finite number > 0, got nan"),
+    ({"kv_cache_memory_gb": 0.0}, r"kv_cache_memory_gb must be a finite number > 0, got 0.0"),
+    ({"max_logprobs": 2.5}, r"max_logprobs must be an int >= 0, got 2.5"),
+    ({"seed": "7"}, r"seed must be an int, got '7'"),
+    ({"num_kv_blocks": 1.5}, r"num_kv_blocks must be an int >= 1, got 1.5"),
+    ({"device": "xyz"}, r"device must be 'cpu', 'cuda' or 'cuda:N', got 'xyz'"),
+    ({"device": "cuda:-1"}, r"device must be 'cpu', 'cuda' or 'cuda:N', got 'cuda:-1'"),
+    ({"enable_prefix_caching": "no"}, r"enable_prefix_caching must be a bool, got 'no'"),
 ]
 
 
@@ -169,3 +181,12 @@ def test_speculative_config_is_checked() -> None:
     with pytest.raises(EngineConfigError, match="unknown speculative_config keys"):
         SpeculativeConfig.from_dict({"method": "ngram", "model": "x"})
     assert SpeculativeConfig.from_dict({"num_speculative_tokens": 5}).num_speculative_tokens == 5
+    # Values straight from --speculative-config JSON: a wrong type is named, not a TypeError.
+    with pytest.raises(EngineConfigError, match=r"num_speculative_tokens must be an int >= 1, got '3'"):
+        SpeculativeConfig.from_dict({"num_speculative_tokens": "3"})
+    with pytest.raises(EngineConfigError, match=r"prompt_lookup_max must be an int >= 1, got 2.5"):
+        SpeculativeConfig.from_dict({"prompt_lookup_max": 2.5})
+    with pytest.raises(EngineConfigError, match=r"speculative method 7 is not implemented"):
+        SpeculativeConfig.from_dict({"method": 7})
+    with pytest.raises(EngineConfigError, match=r"speculative_config must be a JSON object .*, got a list"):
+        SpeculativeConfig.from_dict([1])  # type: ignore[arg-type]
