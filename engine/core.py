@@ -10,6 +10,7 @@ true: runner_v2) the loop plans and launches step N+1 before it applies step N
 from __future__ import annotations
 
 import itertools
+import operator
 import random
 from collections.abc import Sequence
 
@@ -72,7 +73,7 @@ class EngineCore:
                 ``max_logprobs``, an option the runner refuses, a duplicate id); nothing
                 was queued, other requests are unaffected.
         """
-        prompt = list(prompt_token_ids)
+        prompt = _as_token_ids(req_id, prompt_token_ids)
         self._check_prompt(req_id, prompt, pooling)
         if pooling:
             params = None
@@ -102,7 +103,7 @@ class EngineCore:
                 f"request {req_id!r}: the prompt has {len(prompt)} tokens, more than "
                 f"max_model_len={config.max_model_len}"
             )
-        bad = [t for t in prompt if not isinstance(t, int) or not 0 <= t < config.vocab_size]
+        bad = [t for t in prompt if not 0 <= t < config.vocab_size]
         if bad:
             raise InvalidRequestError(
                 f"request {req_id!r}: token ids {bad[:5]} are outside the vocabulary (size {config.vocab_size})"
@@ -192,6 +193,20 @@ class EngineCore:
         while self.has_unfinished_requests():
             done.extend(self.step())
         return done
+
+
+def _as_token_ids(req_id: str, prompt_token_ids: Sequence[int]) -> list[int]:
+    """The prompt as Python ints: any integer type is accepted (numpy arrays, ``torch``
+    tensors' elements), through ``__index__``, which floats and strings do not have."""
+    out = []
+    for token in prompt_token_ids:
+        try:
+            out.append(operator.index(token))
+        except TypeError:
+            raise InvalidRequestError(
+                f"request {req_id!r}: token ids must be integers, got {token!r} ({type(token).__name__})"
+            ) from None
+    return out
 
 
 __all__ = ["EngineCore"]

@@ -4,6 +4,7 @@ machine, asks the oracle once, logs the decision, and builds the chosen runner b
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -203,8 +204,8 @@ def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
     items = list(prompts)
-    if items and all(isinstance(t, int) for t in items):
-        return [items]  # one prompt of token ids
+    if items and all(isinstance(t, numbers.Integral) for t in items):
+        return [items]  # one prompt of token ids (Python or numpy ints)
     return items
 
 

@@ -37,6 +37,24 @@ def test_bad_request_is_rejected_alone(note: str, prompt: list[int], params: Sam
     assert_no_leaks(core)
 
 
+def test_token_ids_of_any_integer_type_are_accepted() -> None:
+    # numpy arrays are how token ids often arrive: their elements are not Python ints, and
+    # were rejected as "outside the vocabulary" although every id was in range.
+    np = pytest.importorskip("numpy")
+    core, _ = make_engine()
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    core.add_request("list", prompt_of(9), params)
+    core.add_request("numpy", np.asarray(prompt_of(9), dtype=np.int32), params)
+    done = {r.req_id: r for r in core.run_until_done()}
+    assert done["numpy"].prompt_token_ids == prompt_of(9) and type(done["numpy"].prompt_token_ids[0]) is int
+    assert done["numpy"].output_token_ids == done["list"].output_token_ids
+    with pytest.raises(InvalidRequestError, match=r"token ids must be integers, got 2.0 \(float\)"):
+        core.add_request("floats", [1, 2.0])
+    with pytest.raises(InvalidRequestError, match=r"token ids \[-1\] are outside the vocabulary"):
+        core.add_request("negative", np.asarray([3, -1]))
+    assert_no_leaks(core)
+
+
 def test_duplicate_id_and_capacity_and_unchunkable_prompt() -> None:
     core, _ = make_engine(num_blocks=2, block_size=4, max_model_len=64)
     core.add_request("a", [1, 2], SamplingParams(max_tokens=2))

@@ -89,6 +89,11 @@ def test_generate_rejects_bad_prompts_alone(llama_dir: Path) -> None:
     assert outs[0].prompt_logprobs.token_ids[:, 0].tolist() == [6, 7, 8]
     bad_k = llm.generate([[5, 6]], SamplingParams(logprobs=6))[0]
     assert "logprobs=6 is above the engine's max_logprobs=5" in bad_k.error
+    # One prompt as a numpy array, then a batch of them: the same tokens as lists.
+    as_numpy = llm.generate(np.asarray([9, 10, 11]), greedy)
+    assert len(as_numpy) == 1 and as_numpy[0].outputs[0].token_ids == alone.outputs[0].token_ids
+    batch = llm.generate([np.asarray([5, 6, 7, 8]), np.asarray([9, 10, 11], dtype=np.int32)], greedy)
+    assert [o.outputs[0].token_ids for o in batch] == [outs[0].outputs[0].token_ids, alone.outputs[0].token_ids]
 
 
 def test_generate_and_embed_are_checked_against_the_model(llama_dir: Path) -> None:
