@@ -128,28 +128,54 @@ def _first_working(config: DeploymentConfig, pack: Pack, combo: Iterable[str],
     return None
 
 
+def _pin_suggestion(config: DeploymentConfig, pack: Pack,
+                    canaries: CanarySnapshot | None) -> list[Suggestion]:
+    """Pinning V2 with the pack's runner variable (from unset, or from a V1 pin)."""
+    own = config.env.get(pack.env_var)
+    if own == "1":
+        return []
+    d = pack.decide(config.replace(env={**config.env, **pack.pin_env("v2")}), canaries)
+    return [Suggestion((Change(f"env:{pack.env_var}", own, "1"),), d, "pin")] \
+        if _reaches_v2(d) else []
+
+
 def _rollout_suggestions(config: DeploymentConfig, pack: Pack, decision: Decision,
                          canaries: CanarySnapshot | None) -> list[Suggestion]:
-    out: list[Suggestion] = []
-    if decision.mode == "auto":
-        pinned = config.replace(env={**config.env, **pack.pin_env("v2")})
-        d = pack.decide(pinned, canaries)
-        if _reaches_v2(d):
-            out.append(Suggestion((Change(f"env:{pack.env_var}", None, "1"),), d, "pin"))
-    if decision.stage is not None and any(r.rule_id.startswith("rollout.")
-                                          for r in decision.reasons):
-        cohorts = dict(canaries.cohorts) if canaries else {}
-        old = cohorts.get(decision.stage)
-        cohorts[decision.stage] = CohortState(True, 100)
-        snap = CanarySnapshot(cohorts, kill_switch=False)
-        d = pack.decide(config, snap)
-        if _reaches_v2(d):
-            before = "off" if old is None or not old.enabled else f"{old.percentage}%"
-            if canaries is not None and canaries.kill_switch:
-                before += " (kill switch on)"
-            out.append(Suggestion((Change(f"canary:{decision.stage}", before, "on 100%"),), d,
-                                  "canary"))
-    return out
+    if decision.stage is None or not any(r.rule_id.startswith("rollout.")
+                                         for r in decision.reasons):
+        return []
+    canary = _canary_suggestion(config, pack, decision.stage, canaries)
+    return [] if canary is None else [canary]
+
+
+def _canary_suggestion(config: DeploymentConfig, pack: Pack, stage: str,
+                       canaries: CanarySnapshot | None) -> Suggestion | None:
+    """The operator's flips that take the deployment's stage to V2: releasing the kill switch
+    if it is engaged, and the stage's canary on at 100% if it is not already."""
+    default = next(c for c in pack.cohorts if c.id == stage)
+    cohorts = dict(canaries.cohorts) if canaries else {}
+    old = cohorts.get(stage, CohortState(default.enabled, default.percentage))
+    killed = canaries.kill_switch if canaries is not None else pack.kill_switch
+    changes = []
+    if killed:
+        changes.append(Change("kill_switch", "engaged", "released"))
+    if not (old.enabled and old.percentage == 100):
+        before = f"{old.percentage}%" if old.enabled else "off"
+        changes.append(Change(f"canary:{stage}", before, "on 100%"))
+    cohorts[stage] = CohortState(True, 100)
+    d = pack.decide(config, CanarySnapshot(cohorts, kill_switch=False))
+    return Suggestion(tuple(changes), d, "canary") if changes and _reaches_v2(d) else None
+
+
+def _unpinned(config: DeploymentConfig, pack: Pack, decision: Decision
+              ) -> tuple[DeploymentConfig, tuple[Change, ...]]:
+    """For a deployment pinned to V1: the config without the pin, and the change that lifts
+    it (every other suggestion needs it first). Otherwise the config unchanged, no change."""
+    if not (decision.mode == "pinned" and decision.runner == "v1"):
+        return config, ()
+    env = {k: v for k, v in config.env.items() if k != pack.env_var}
+    return config.replace(env=env), (Change(f"env:{pack.env_var}", config.env[pack.env_var],
+                                            None),)
 
 
 def explain(config: DeploymentConfig, *, pack: Pack,
@@ -161,8 +187,12 @@ def explain(config: DeploymentConfig, *, pack: Pack,
         return Explanation(decision, (), "already V2")
     if decision.error_code in ("unknown_architecture", "invalid_env"):
         return Explanation(decision, (), "fix the input first: " + (decision.error or ""))
-    dims = _candidate_dims(pack, decision)
-    suggestions = _config_suggestions(config, pack, dims, canaries)
-    suggestions += _rollout_suggestions(config, pack, decision, canaries)
+    base, unpin = _unpinned(config, pack, decision)
+    why = pack.decide(base, canaries) if unpin else decision
+    suggestions = _config_suggestions(base, pack, _candidate_dims(pack, why), canaries)
+    suggestions = [Suggestion((*unpin, *sg.changes), sg.decision, sg.kind) for sg in suggestions]
+    suggestions += _pin_suggestion(config, pack, canaries)
+    suggestions += [Suggestion((*unpin, *sg.changes), sg.decision, sg.kind)
+                    for sg in _rollout_suggestions(base, pack, why, canaries)]
     note = "" if suggestions else "no change of the deployment's options reaches V2"
     return Explanation(decision, tuple(suggestions), note)

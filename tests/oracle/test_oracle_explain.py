@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oracle import CanarySnapshot, DeploymentConfig, explain, load_pack
+from oracle import CanarySnapshot, CohortState, DeploymentConfig, explain, load_pack
 
 
 def _texts(cfg: DeploymentConfig, **kw: object) -> list[str]:
@@ -39,8 +39,30 @@ def test_stage_off_offers_pin_and_canary() -> None:
 def test_kill_switch_is_named_in_the_canary_change() -> None:
     cfg = DeploymentConfig(architecture="Qwen3ForCausalLM")
     texts = _texts(cfg, canaries=CanarySnapshot({}, kill_switch=True))
-    assert "canary:qwen3-canary on 100% (kill switch on) → on 100%" not in texts
-    assert any(t.startswith("canary:qwen3-canary") and "kill switch on" in t for t in texts)
+    # qwen3-canary is on by default (rollout.yaml): releasing the kill switch is all it takes.
+    assert texts == ["env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
+                     "kill_switch engaged → released"]
+    llama = DeploymentConfig(architecture="LlamaForCausalLM")
+    assert _texts(llama, canaries=CanarySnapshot({}, kill_switch=True))[1] == \
+        "kill_switch engaged → released; canary:llama-mistral-dense off → on 100%"
+
+
+def test_canary_change_starts_from_the_effective_state() -> None:
+    cfg = DeploymentConfig(architecture="LlamaForCausalLM", deployment_id="dep-7")
+    split = CanarySnapshot({"llama-mistral-dense": CohortState(True, 1)})
+    assert _texts(cfg, canaries=split)[1] == "canary:llama-mistral-dense 1% → on 100%"
+
+
+def test_v1_pin_is_lifted_first() -> None:
+    pin = {"TURNOUT_USE_V2_MODEL_RUNNER": "0"}
+    qwen = DeploymentConfig(architecture="Qwen3ForCausalLM", env=pin)
+    assert _texts(qwen) == ["env:TURNOUT_USE_V2_MODEL_RUNNER 0 → 1"]
+    ngram = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram", env=pin)
+    ex = explain(ngram, pack=load_pack("turnout"))
+    assert ex.decision.mode == "pinned" and ex.decision.runner == "v1"
+    assert str(ex.suggestions[0]) == ("env:TURNOUT_USE_V2_MODEL_RUNNER 0 → unset; "
+                                      "speculative_method ngram → eagle3")
+    assert ex.suggestions[0].decision.runner == "v2" and ex.suggestions[0].decision.mode == "auto"
 
 
 def test_pinned_error_is_fixed_under_the_pin() -> None:

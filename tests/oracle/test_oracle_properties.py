@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from oracle import DeploymentConfig, decide, explain, load_pack
+from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, explain, load_pack
 from oracle.fields import FIELDS
 
 PACKS = {name: load_pack(name) for name in ("turnout", "vllm-0.31")}
@@ -133,16 +133,52 @@ def test_generated_code_agrees_with_the_conditions(pack_name: str, cfg: Deployme
     assert compiled == _interpreted_mask(pack_name, cfg)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cfg=configs())
-def test_explain_suggestions_really_reach_v2(cfg: DeploymentConfig) -> None:
+def _apply(cfg: DeploymentConfig, changes: Any, pack_name: str,
+           canaries: CanarySnapshot | None) -> tuple[DeploymentConfig, CanarySnapshot | None]:
+    """The config and snapshot a suggestion's changes describe, built independently of
+    explain() (env:NAME, kill_switch and canary:STAGE changes included)."""
+    fields: dict[str, Any] = {}
+    env = dict(cfg.env)
+    pack = PACKS[pack_name]
+    cohorts = dict(canaries.cohorts) if canaries else {}
+    kill = canaries.kill_switch if canaries else pack.kill_switch
+    for c in changes:
+        if c.dimension.startswith("env:"):
+            name = c.dimension[4:]
+            if c.new is None:
+                env.pop(name, None)
+            else:
+                env[name] = c.new
+        elif c.dimension == "kill_switch":
+            kill = c.new == "engaged"
+        elif c.dimension.startswith("canary:"):
+            assert c.new == "on 100%"
+            cohorts[c.dimension[7:]] = CohortState(True, 100)
+        else:
+            fields[c.dimension] = c.new
+    snap = CanarySnapshot(cohorts, kill_switch=kill) if (canaries or cohorts or kill) else None
+    return cfg.replace(env=env, **fields), snap
+
+
+SNAPSHOTS = st.one_of(st.none(), st.builds(
+    lambda states, kill: CanarySnapshot(states, kill_switch=kill),
+    st.dictionaries(st.sampled_from([c.id for c in PACKS["turnout"].cohorts]),
+                    st.builds(CohortState, st.booleans(), st.sampled_from([0, 1, 50, 100])),
+                    max_size=4),
+    st.booleans()))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs(), canaries=SNAPSHOTS)
+@example(cfg=DeploymentConfig(architecture="LlamaForCausalLM"),
+         canaries=CanarySnapshot({}, kill_switch=True))
+@example(cfg=DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram",
+                              env={"TURNOUT_USE_V2_MODEL_RUNNER": "0"}), canaries=None)
+def test_explain_suggestions_really_reach_v2(cfg: DeploymentConfig,
+                                             canaries: CanarySnapshot | None) -> None:
     pack = PACKS["turnout"]
-    ex = explain(cfg, pack=pack)
+    ex = explain(cfg, pack=pack, canaries=canaries)
     for s in ex.suggestions:
         assert s.decision.runner == "v2"
-        if s.kind == "config":
-            changed = cfg.replace(**{c.dimension: c.new for c in s.changes})
-            assert decide(changed, pack=pack).runner == "v2"
-        elif s.kind == "pin":
-            assert decide(cfg.replace(env={**cfg.env, **pack.pin_env("v2")}),
-                          pack=pack).runner == "v2"
+        changed, snap = _apply(cfg, s.changes, "turnout", canaries)
+        assert decide(changed, pack=pack, canaries=snap).runner == "v2", str(s)
