@@ -19,6 +19,7 @@ from oracle.policy import Evaluator, default_view
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
 SHIPPED_PACKS = ("turnout", "vllm-0.31")
+MAX_SNAPSHOT_CACHES = 16
 
 
 @dataclass(frozen=True)
@@ -152,12 +153,23 @@ class Pack:
             # Equal states share one (view, digest) pair, so the evaluator's memo keeps hitting.
             got = self._by_state.get(view)
             if got is None:
-                body = json.dumps([view[0], [[s.id, *st] for s, st in zip(stages, view[1:], strict=True)]])
+                per_stage = [[s.id, *st] for s, st in zip(stages, view[1:], strict=True)]
+                body = json.dumps([view[0], per_stage])
                 digest = hashlib.sha256(f"{self.digest}:{body}".encode()).hexdigest()[:16]
                 got = self._by_state.setdefault(view, (view, digest))
             self._views.setdefault(canaries, got)
-            self._caches.setdefault(canaries, {})
         return self._views[canaries]
+
+    def _cache(self, canaries: CanarySnapshot | None) -> dict[DeploymentConfig, Decision]:
+        """The decision cache of a snapshot. Hypothetical snapshots (the service's impact
+        preview makes one per cohort x percentage asked) must not pile up caches: the most
+        recent MAX_SNAPSHOT_CACHES are kept, an evicted one is rebuilt on its next use."""
+        self._view(canaries)
+        with self._lock:
+            cache = self._caches.setdefault(canaries, {})
+            while len(self._caches) > MAX_SNAPSHOT_CACHES:
+                del self._caches[next(iter(self._caches))]
+        return cache
 
     def policy_digest(self, canaries: CanarySnapshot | None = None) -> str:
         """Content hash of this pack together with the canary snapshot (None: the defaults)."""
@@ -171,9 +183,7 @@ class Pack:
             return last[2]  # type: ignore[no-any-return]
         cache = self._caches.get(canaries)
         if cache is None:
-            self._view(canaries)
-            with self._lock:
-                cache = self._caches.setdefault(canaries, {})
+            cache = self._cache(canaries)
         d = cache.get(config)
         if d is None:
             d = self._decide_uncached(config, canaries)
