@@ -26,7 +26,7 @@ import os
 import socket
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -63,14 +63,26 @@ def event_from_decision(decision: Decision, config: DeploymentConfig, *, pack: s
     }
 
 
-def snapshot_from_json(body: Mapping[str, Any]) -> CanarySnapshot:
-    """The oracle's CanarySnapshot from a ``GET /api/v1/canaries`` body."""
-    return CanarySnapshot(
-        cohorts={c["cohort"]: CohortState(enabled=bool(c["enabled"]),
-                                          percentage=int(c["percentage"]))
-                 for c in body["cohorts"]},
-        kill_switch=bool(body["kill_switch"]["engaged"]),
-    )
+def snapshot_from_json(body: Any) -> CanarySnapshot:
+    """The oracle's CanarySnapshot from a ``GET /api/v1/canaries`` body.
+
+    Raises ValueError for anything else (types are checked, not coerced: ``"false"`` is not
+    a boolean, ``"50"`` not a percentage).
+    """
+    try:
+        cohorts = {}
+        for c in body["cohorts"]:
+            enabled, percentage = c["enabled"], c["percentage"]
+            if not isinstance(enabled, bool) or not isinstance(c["cohort"], str) \
+                    or isinstance(percentage, bool) or not isinstance(percentage, int):
+                raise ValueError(f"not a cohort state: {c!r}")
+            cohorts[c["cohort"]] = CohortState(enabled=enabled, percentage=percentage)
+        engaged = body["kill_switch"]["engaged"]
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"not a canary snapshot ({type(err).__name__}: {err})") from None
+    if not isinstance(engaged, bool):
+        raise ValueError(f"kill_switch.engaged must be true or false, got {engaged!r}")
+    return CanarySnapshot(cohorts=cohorts, kill_switch=engaged)
 
 
 class OracleClient:
@@ -168,18 +180,30 @@ class OracleClient:
 
     # -- background work -------------------------------------------------------------------
     def _run(self) -> None:
-        self.refresh()
-        self._first_fetch.set()
+        try:
+            self._safely(self.refresh)
+        finally:
+            self._first_fetch.set()
         next_refresh = self.refresh_interval_s
         while not self._stop.is_set():
-            self.flush()
+            self._safely(self.flush)
             self._wake.wait(min(self.flush_interval_s, next_refresh))
             self._wake.clear()
             next_refresh -= self.flush_interval_s
             if next_refresh <= 0:
-                self.refresh()
+                self._safely(self.refresh)
                 next_refresh = self.refresh_interval_s
-        self.flush()
+        self._safely(self.flush)
+
+    @staticmethod
+    def _safely(step: Callable[[], object]) -> None:
+        """One background step; whatever goes wrong, the thread lives on to try again (a dead
+        thread would leave every later event unsent until the engine restarts)."""
+        try:
+            step()
+        except Exception:
+            log.exception("turnout client background step %s failed; retrying later",
+                          getattr(step, "__name__", step))
 
     def refresh(self) -> SnapshotSource:
         """Fetch the snapshot (conditional on the ETag); on any failure keep what we have."""
@@ -199,12 +223,20 @@ class OracleClient:
             log.warning("canary snapshot fetch: HTTP %d; using the %s copy", resp.status_code,
                         self.snapshot_source)
             return self.snapshot_source
-        body = resp.json()
-        if body.get("pack") != self.pack_name:
-            log.warning("the service runs pack %r, this engine %r: using the pack's defaults",
-                        body.get("pack"), self.pack_name)
+        try:
+            body = resp.json()
+            if not isinstance(body, dict):
+                raise ValueError(f"a JSON {type(body).__name__}, not an object")
+            if body.get("pack") != self.pack_name:
+                log.warning("the service runs pack %r, this engine %r: using the %s copy",
+                            body.get("pack"), self.pack_name, self.snapshot_source)
+                return self.snapshot_source
+            snapshot = snapshot_from_json(body)
+        except ValueError as err:  # garbage from the service (or whatever answered)
+            log.warning("canary snapshot fetch: not a snapshot (%s); using the %s copy", err,
+                        self.snapshot_source)
             return self.snapshot_source
-        self._snapshot = snapshot_from_json(body)
+        self._snapshot = snapshot
         self._etag = resp.headers.get("ETag")
         self.snapshot_source = "service"
         self._save_last_known_good(body)
@@ -229,7 +261,8 @@ class OracleClient:
             # A batch the service will never take: set it aside on disk, say so, go on.
             log.error("the service rejected %d events: %s", len(batch), resp.text[:500])
             return "reject"
-        log.info("decision report deferred (HTTP %d)", resp.status_code)
+        level = logging.WARNING if resp.status_code in (401, 403) else logging.INFO
+        log.log(level, "decision report deferred (HTTP %d)", resp.status_code)
         return "retry"
 
     # -- last-known-good -------------------------------------------------------------------
@@ -251,8 +284,11 @@ class OracleClient:
 
     def _save_last_known_good(self, body: Mapping[str, Any]) -> None:
         tmp = self._lkg_path.with_suffix(f".tmp{os.getpid()}")
-        with open(tmp, "w") as f:
-            json.dump({"etag": self._etag, "body": body}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._lkg_path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump({"etag": self._etag, "body": body}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._lkg_path)
+        except OSError as err:  # a full or read-only disk: decide on, from memory
+            log.warning("cannot keep the last-known-good snapshot %s: %s", self._lkg_path, err)

@@ -4,8 +4,10 @@
 so appends go on into a new file), sends sealed segments in batches and deletes a segment only
 after every batch of it was acknowledged; a failed send keeps it for the next try (resending is
 harmless: the service ingests idempotently by event id). Segments left open by a process that
-died are sealed and sent by the next client on the same directory. A segment the service
-rejects as invalid is set aside as ``rejected-*.jsonl`` (kept for a person, never dropped).
+died are sealed and sent by the next client on the same directory. A batch the service
+rejects as invalid is resent event by event: the events it takes are stored, the ones it
+rejects, and lines of a segment that cannot be read (corruption), are set aside in
+``rejected-*.jsonl`` (kept for a person, never dropped).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class Spool:
 
     def pending(self) -> int:
         """Events on disk not yet acknowledged (open and sealed segments)."""
-        return sum(len(_read_events(p)) for p in self._segments(("open-", "sealed-")))
+        return sum(len(_read_events(p)[0]) for p in self._segments(("open-", "sealed-")))
 
     def drain(self, send: Callable[[list[dict[str, Any]]], SendResult | bool],
               batch_size: int) -> int:
@@ -59,20 +61,29 @@ class Spool:
             with _exclusive(path) as locked:
                 if not locked or not path.exists():
                     continue  # another live client is sending it
-                events = _read_events(path)
+                events, unreadable = _read_events(path)
+                rejected: list[str] = []
                 for start in range(0, len(events), batch_size):
-                    result = send(events[start:start + batch_size])
-                    if result is True or result == "ok":
-                        sent += len(events[start:start + batch_size])
-                        continue
-                    if result == "reject":
-                        os.replace(path, path.with_name("rejected-" + path.name[7:]))
-                        log.error("set aside %s: the service rejected its events", path.name)
-                        break
-                    return sent  # retry later; the segment stays
-                else:
-                    path.unlink()
+                    batch = events[start:start + batch_size]
+                    result = _send_batch(send, batch, rejected)
+                    if result is None:
+                        return sent  # retry later; the segment stays (resending is harmless)
+                    sent += result
+                if rejected or unreadable:
+                    self._set_aside(path, [*unreadable, *rejected])
+                path.unlink()
         return sent
+
+    @staticmethod
+    def _set_aside(path: Path, lines: list[str]) -> None:
+        """Keep what the service will never take (or what cannot be read) for a person."""
+        aside = path.with_name("rejected-" + path.name[7:])
+        with open(aside, "a", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+        log.error("set aside %d events of %s in %s: the service rejected them or they cannot "
+                  "be read", len(lines), path.name, aside.name)
 
     def _segments(self, prefixes: tuple[str, ...]) -> list[Path]:
         return sorted(p for p in self.directory.glob("*.jsonl") if p.name.startswith(prefixes))
@@ -100,19 +111,54 @@ class Spool:
         return open_path.with_name(f"sealed-{uuid.uuid1().hex}-{open_path.name[5:]}")
 
 
-def _read_events(path: Path) -> list[dict[str, Any]]:
+def _send_batch(send: Callable[[list[dict[str, Any]]], SendResult | bool],
+                batch: list[dict[str, Any]], rejected: list[str]) -> int | None:
+    """Send one batch; the number of events acknowledged, or None to retry later. A batch the
+    service rejects (one bad event rejects it whole) is resent event by event, so that only
+    the bad events are set aside (appended to ``rejected`` as JSON lines)."""
+    result = send(batch)
+    if result is True or result == "ok":
+        return len(batch)
+    if result != "reject":
+        return None
+    if len(batch) == 1:
+        rejected.append(json.dumps(batch[0], separators=(",", ":")))
+        return 0
+    acknowledged = 0
+    for event in batch:
+        one = _send_batch(send, [event], rejected)
+        if one is None:
+            return None
+        acknowledged += one
+    return acknowledged
+
+
+def _read_events(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The events of a segment, and the lines that are not events (corruption: kept as they
+    are, bytes that are not UTF-8 replaced). A torn last line (no newline: a crash inside
+    ``append``, which therefore never returned) is dropped."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        data = path.read_bytes()
     except FileNotFoundError:
-        return []
-    events = []
-    for i, line in enumerate(lines):
+        return [], []
+    lines = data.split(b"\n")
+    if lines[-1]:
+        log.warning("%s:%d: skipping a torn last line", path.name, len(lines))
+    events: list[dict[str, Any]] = []
+    unreadable: list[str] = []
+    for raw in lines[:-1]:
+        if not raw.strip():
+            continue
         try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            # Only a torn last line (a crash inside append, which never returned) can be here.
-            log.warning("%s:%d: skipping a torn line", path.name, i + 1)
-    return events
+            event = json.loads(raw.decode("utf-8"))
+        except ValueError:  # invalid JSON or not UTF-8
+            unreadable.append(raw.decode("utf-8", "replace"))
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+        else:
+            unreadable.append(raw.decode("utf-8"))
+    return events, unreadable
 
 
 def _pid_of(path: Path) -> int | None:

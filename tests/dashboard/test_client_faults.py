@@ -1,0 +1,199 @@
+"""``oracle.client`` against a service that misbehaves (garbage bodies, 500s, wrong types),
+and against corrupt files of its own (last-known-good copy, spool): the engine still decides,
+the background thread lives on, and no event the service could take is lost.
+
+The misbehaving service is a real HTTP server on a local port whose answers the test sets."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
+from oracle.client import OracleClient
+
+LLAMA = DeploymentConfig.from_spec({"architecture": "LlamaForCausalLM"})
+PACK = load_pack("turnout")
+STAGE = decide(LLAMA, pack=PACK).stage
+
+
+def _canaries(enabled: Any, engaged: Any = False) -> dict[str, Any]:
+    """A GET /api/v1/canaries body with the Llama stage's ``enabled`` as given."""
+    return {"pack": "turnout",
+            "kill_switch": {"engaged": engaged, "version": 1, "updated_at": "2026-11-30T00:00:00Z",
+                            "updated_by": "t"},
+            "cohorts": [{"cohort": STAGE, "label": "x", "position": 0, "enabled": enabled,
+                         "percentage": 100, "version": 1, "updated_at": "2026-11-30T00:00:00Z",
+                         "updated_by": "t"}]}
+
+
+class FakeService(ThreadingHTTPServer):
+    """Answers GET /api/v1/canaries with ``canaries`` and POST /api/v1/decisions per event:
+    200 when every event is valid, ``ingest_status`` otherwise (or always, when set)."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.canaries: tuple[int, bytes] = (200, json.dumps(_canaries(True)).encode())
+        self.ingest_status: int | None = None
+        self.stored: dict[str, dict[str, Any]] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeService
+
+    def log_message(self, *_args: Any) -> None:
+        pass
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer(*self.server.canaries)
+
+    def do_POST(self) -> None:
+        events = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["events"]
+        if self.server.ingest_status is not None:
+            return self._answer(self.server.ingest_status, b'{"detail": "down"}')
+        if any(not isinstance(e.get("deployment_id"), str) or "at" not in e for e in events):
+            return self._answer(422, b'{"detail": {"code": "invalid", "message": "bad"}}')
+        for e in events:
+            self.server.stored[e["event_id"]] = e
+        self._answer(200, json.dumps({"accepted": len(events)}).encode())
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeService]:
+    server = FakeService()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _wait(cond: Any, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+@pytest.mark.parametrize("body", [b"<html>502 Bad Gateway</html>", b"[1, 2]",
+                                  b'{"pack": "turnout"}', json.dumps(_canaries("false")).encode(),
+                                  json.dumps(_canaries(True, engaged="no")).encode(),
+                                  b"\xff\xfe"])
+def test_garbage_snapshot_keeps_the_last_good_one(fake: FakeService, tmp_path: Path,
+                                                   body: bytes) -> None:
+    client = OracleClient(fake.url, "tok", cache_dir=tmp_path / "c")
+    assert client.refresh() == "service"
+    on = client.decide(LLAMA, report=False)
+    assert on.runner == "v2"  # the service enabled the Llama stage
+    fake.canaries = (200, body)
+    assert client.refresh() == "service"  # kept, not replaced by garbage
+    assert client.decide(LLAMA, report=False) == on
+    client.close()
+    # A fresh engine that only ever saw garbage decides with the pack's defaults.
+    other = OracleClient(fake.url, "tok", cache_dir=tmp_path / "other")
+    assert other.refresh() == "defaults"
+    assert other.decide(LLAMA, report=False) == decide(LLAMA, pack=PACK)
+    other.close()
+
+
+def test_background_thread_survives_garbage_and_500s(fake: FakeService, tmp_path: Path) -> None:
+    fake.canaries = (200, b"not json")
+    fake.ingest_status = 500
+    with OracleClient(fake.url, "tok", cache_dir=tmp_path / "c", flush_interval_s=0.02,
+                      refresh_interval_s=0.05, startup_wait_s=5.0) as client:
+        first = client.decide(LLAMA, deployment_id="during-outage")
+        assert first == decide(LLAMA, pack=PACK)
+        time.sleep(0.3)  # several failed refreshes and sends
+        assert client.spool.pending() == 1
+        fake.canaries = (200, json.dumps(_canaries(True)).encode())
+        fake.ingest_status = None
+        assert _wait(lambda: client.decide(LLAMA, report=False).runner == "v2")
+        assert _wait(lambda: client.spool.pending() == 0)
+    assert [e["deployment_id"] for e in fake.stored.values()] == ["during-outage"]
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00", b'{"etag": "x", "body": ',
+                                     json.dumps({"etag": "x", "body": _canaries("false")}).encode(),
+                                     json.dumps({"etag": "x", "body": [1]}).encode(),
+                                     json.dumps([1, 2]).encode()])
+def test_corrupt_last_known_good_falls_back_to_the_defaults(tmp_path: Path,
+                                                             content: bytes) -> None:
+    cache = tmp_path / "c"
+    cache.mkdir()
+    (cache / "snapshot-turnout.json").write_bytes(content)
+    with OracleClient(None, cache_dir=cache) as client:
+        assert client.snapshot_source == "defaults"
+        assert client.decide(LLAMA) == decide(LLAMA, pack=PACK)
+
+
+def test_last_known_good_with_string_booleans_is_not_read_as_true(tmp_path: Path) -> None:
+    cache = tmp_path / "c"
+    cache.mkdir()
+    body = _canaries(False, engaged="false")
+    (cache / "snapshot-turnout.json").write_text(json.dumps({"etag": "x", "body": body}))
+    with OracleClient(None, cache_dir=cache) as client:
+        assert client.snapshot_source == "defaults"  # refused, not a kill switch engaged
+    body["kill_switch"]["engaged"] = False
+    (cache / "snapshot-turnout.json").write_text(json.dumps({"etag": "x", "body": body}))
+    with OracleClient(None, cache_dir=cache) as client:
+        assert client.snapshot_source == "disk"
+        want = CanarySnapshot({STAGE: CohortState(False, 100)})  # type: ignore[dict-item]
+        assert client.decide(LLAMA) == decide(LLAMA, pack=PACK, canaries=want)
+
+
+def test_corrupt_spool_lines_are_set_aside_and_the_rest_delivered(fake: FakeService,
+                                                                  tmp_path: Path) -> None:
+    cache = tmp_path / "c"
+    client = OracleClient(fake.url, "tok", cache_dir=cache)
+    ids = [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}")
+           for i in range(3)]
+    client.spool._seal_own()
+    (segment,) = (cache / "spool").glob("sealed-*.jsonl")
+    lines = segment.read_bytes().split(b"\n")
+    # Corruption in the middle: bytes that are not UTF-8, a line that is not JSON, a JSON
+    # value that is not an event; and a torn last line (a crash inside append).
+    segment.write_bytes(b"\n".join([lines[0], b"\xff\xfe{", lines[1], b"{nope", b"[1]",
+                                    lines[2], b""]) + b'{"event_id": "torn')
+    assert client.spool.pending() == 3
+    assert client.flush() == 3
+    assert sorted(fake.stored) == sorted(ids)
+    (aside,) = (cache / "spool").glob("rejected-*.jsonl")
+    assert aside.read_text().splitlines() == ["\ufffd\ufffd{", "{nope", "[1]"]
+    assert client.spool.pending() == 0
+    client.close()
+
+
+def test_one_bad_event_in_a_batch_does_not_set_the_others_aside(fake: FakeService,
+                                                                 tmp_path: Path) -> None:
+    cache = tmp_path / "c"
+    client = OracleClient(fake.url, "tok", cache_dir=cache, batch_size=3)
+    good = [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}")
+            for i in range(2)]
+    client.spool.append({"event_id": "bad-one", "at": "x", "deployment_id": 7})
+    good += [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}")
+             for i in range(2, 6)]
+    assert client.flush() == 6
+    assert sorted(fake.stored) == sorted(good)
+    (aside,) = (cache / "spool").glob("rejected-*.jsonl")
+    assert [json.loads(x)["event_id"] for x in aside.read_text().splitlines()] == ["bad-one"]
+    client.close()
