@@ -150,10 +150,18 @@ class CanarySnapshot:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CanarySnapshot:
-        """Inverse of :meth:`to_json`. Raises ValueError/TypeError on a malformed object."""
-        cohorts = {str(k): CohortState(bool(v["enabled"]), int(v.get("percentage", 100)))
-                   for k, v in dict(data.get("cohorts", {})).items()}
-        return cls(cohorts, kill_switch=bool(data.get("kill_switch", False)))
+        """Inverse of :meth:`to_json`. Raises ValueError/TypeError on a malformed object;
+        types are checked, not coerced (``"false"`` is not a boolean)."""
+        cohorts = {}
+        for k, v in dict(data.get("cohorts", {})).items():
+            enabled, percentage = v["enabled"], v.get("percentage", 100)
+            if not isinstance(enabled, bool):
+                raise TypeError(f"cohort {k!r}: enabled must be true or false, got {enabled!r}")
+            cohorts[str(k)] = CohortState(enabled, percentage)  # checks the percentage
+        kill_switch = data.get("kill_switch", False)
+        if not isinstance(kill_switch, bool):
+            raise TypeError(f"kill_switch must be true or false, got {kill_switch!r}")
+        return cls(cohorts, kill_switch=kill_switch)
 
 
 def _plain(v: Any) -> Any:

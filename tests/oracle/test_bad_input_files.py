@@ -130,3 +130,18 @@ def test_pack_file_not_utf8_is_a_pack_error(tmp_path: Path) -> None:
     assert issue.file == str(ro) and issue.column == 8 and "0xfe is not UTF-8" in issue.message
     r = turnout("lint", str(dest))
     assert r.returncode == 1 and "Traceback" not in r.stderr and f"{ro}:" in r.stdout
+
+
+@pytest.mark.parametrize("snapshot", [{"kill_switch": "false"},
+                                      {"cohorts": {"qwen3-canary": {"enabled": "false"}}},
+                                      {"cohorts": {"qwen3-canary": {"enabled": True,
+                                                                    "percentage": "50"}}},
+                                      {"cohorts": {"qwen3-canary": {"enabled": True,
+                                                                    "percentage": 50.5}}}])
+def test_canary_file_with_wrong_types_is_bad_input(tmp_path: Path,
+                                                   snapshot: dict[str, object]) -> None:
+    f = tmp_path / "canaries.json"
+    f.write_text(json.dumps(snapshot))
+    r = turnout("decide", "--json", "--canaries", str(f), "--architecture", "Qwen3ForCausalLM")
+    assert r.returncode == 2, r.stdout  # not "false" read as true (kill switch engaged)
+    assert json.loads(r.stdout)["error_code"] == "bad_spec"
