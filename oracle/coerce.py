@@ -8,6 +8,7 @@ the value seen and what was expected.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -16,6 +17,11 @@ from oracle.fields import FIELD_INFO, FieldInfo
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
+# Bounds no real deployment comes near: a value beyond them is a mistake (or an attack on the
+# service's caches), refused with the field's name rather than carried into JSON and storage.
+MAX_INT = 2**31 - 1
+MAX_STR = 1024    # characters of a string field, list item, env name or value
+MAX_ITEMS = 64    # entries of a list field or of env
 
 
 class FrozenMap(Mapping[str, str]):
@@ -79,13 +85,18 @@ def _to_int(info: FieldInfo, value: Any) -> int:
         raise _bad(info, value, "an integer")
     if isinstance(value, int):
         out = value
-    elif (isinstance(value, str) and value.strip().lstrip("+").isdigit()) or (isinstance(value, float) and value.is_integer()):
+    elif isinstance(value, str) and value.strip().lstrip("+").isascii() \
+            and value.strip().lstrip("+").isdigit():
+        out = int(value)  # ASCII digits only: "²".isdigit() is true, int("²") fails
+    elif isinstance(value, float) and value.is_integer():
         out = int(value)
     else:
         raise _bad(info, value, "an integer")
     minimum = 1 if info.name.endswith("_parallel_size") else 0
     if out < minimum:
         raise _bad(info, value, f"an integer >= {minimum}")
+    if out > MAX_INT:
+        raise _bad(info, value, f"an integer <= {MAX_INT}")
     return out
 
 
@@ -96,8 +107,10 @@ def _to_float(info: FieldInfo, value: Any) -> float:
         out = float(value)
     except (TypeError, ValueError):
         raise _bad(info, value, "a number") from None
-    if out < 0 or out != out:
+    if not out >= 0:  # NaN too
         raise _bad(info, value, "a number >= 0")
+    if out == math.inf:  # not JSON
+        raise _bad(info, value, "a finite number")
     return out
 
 
@@ -117,9 +130,11 @@ def _to_enum(info: FieldInfo, value: Any) -> str:
 
 def _to_list(info: FieldInfo, value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
-        return (value,) if value else ()
+        return (_to_str(info, value),) if value else ()
     if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-        return tuple(value)
+        if len(value) > MAX_ITEMS:
+            raise _bad(info, f"a list of {len(value)}", f"at most {MAX_ITEMS} entries")
+        return tuple(_to_str(info, v) for v in value)
     raise _bad(info, value, "a list of strings")
 
 
@@ -128,16 +143,21 @@ def _to_env(info: FieldInfo, value: Any) -> FrozenMap:
         return value
     if not isinstance(value, Mapping):
         raise _bad(info, value, "a mapping of variable name to value")
+    if len(value) > MAX_ITEMS:
+        raise _bad(info, f"{len(value)} variables", f"at most {MAX_ITEMS}")
     out: dict[str, str] = {}
     for k, v in value.items():
         if not isinstance(k, str) or isinstance(v, list | dict) or v is None:
             raise _bad(info, {k: v}, "string names and scalar values")
-        out[k] = str(v).lower() if isinstance(v, bool) else str(v)
+        out[_to_str(info, k)] = _to_str(info, str(v).lower() if isinstance(v, bool) else str(v))
     return FrozenMap(out)
 
 
 def _to_str(info: FieldInfo, value: Any) -> str:
     if isinstance(value, str):
+        if len(value) > MAX_STR:
+            raise _bad(info, f"{value[:40]}... ({len(value)} characters)",
+                       f"at most {MAX_STR} characters")
         return value
     raise _bad(info, value, "a string")
 

@@ -145,3 +145,13 @@ def test_canary_file_with_wrong_types_is_bad_input(tmp_path: Path,
     r = turnout("decide", "--json", "--canaries", str(f), "--architecture", "Qwen3ForCausalLM")
     assert r.returncode == 2, r.stdout  # not "false" read as true (kill switch engaged)
     assert json.loads(r.stdout)["error_code"] == "bad_spec"
+
+
+def test_unicode_digit_and_infinity_on_a_command_line_are_bad_values() -> None:
+    r = turnout("decide", "--json", "--", "vllm", "serve", "Qwen/Qwen3-8B", "-tp", "²")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert json.loads(r.stdout)["error_code"] == "bad_value"
+    r = turnout("decide", "--json", "--", "vllm", "serve", "Qwen/Qwen3-8B",
+                "--cpu-offload-gb", "inf")
+    assert r.returncode == 2 and "Infinity" not in r.stdout
+    assert json.loads(r.stdout)["error"] == "cpu_offload_gb: expected a finite number, got 'inf'"

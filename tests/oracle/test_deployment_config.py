@@ -46,6 +46,15 @@ def test_coercion_and_defaults() -> None:
     ({"cpu_offload_gb": -1}, "cpu_offload_gb: expected a number >= 0"),
     ({"env": {"A": [1]}}, "env: expected string names and scalar values"),
     ({"mamba_cache_mode": "everything"}, "expected one of none, align, all"),
+    # Huge and non-finite values: refused by name, never carried into JSON (inf is not JSON).
+    ({"tensor_parallel_size": 10**30}, "tensor_parallel_size: expected an integer <= 2147483647"),
+    ({"tensor_parallel_size": "²"}, "tensor_parallel_size: expected an integer, got '²'"),
+    ({"cpu_offload_gb": float("inf")}, "cpu_offload_gb: expected a finite number"),
+    ({"cpu_offload_gb": "inf"}, "cpu_offload_gb: expected a finite number"),
+    ({"cpu_offload_gb": float("nan")}, "cpu_offload_gb: expected a number >= 0"),
+    ({"model": "m" * 5000}, "model: expected at most 1024 characters"),
+    ({"logits_processors": ["a:B"] * 65}, "logits_processors: expected at most 64 entries"),
+    ({"env": {f"V{i}": "1" for i in range(65)}}, "env: expected at most 64"),
 ])
 def test_bad_values_name_the_field(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
