@@ -12,8 +12,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import DataError
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -45,6 +47,17 @@ def prepare(services: Services) -> int:
     if num:
         log.info("recorded %d demo decisions (remove with `turnout demo remove`)", num)
     return num
+
+
+async def _unstorable(_request: Request, exc: Exception) -> Response:
+    """A value the database refuses (PostgreSQL: a NUL character in a text field or a JSON
+    string, a non-finite number in JSON) is bad input, 422, not a server error; the
+    transaction is rolled back with its session, nothing of the request is kept."""
+    orig = getattr(exc, "orig", None) or exc
+    reason = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    return JSONResponse({"detail": {"code": "unstorable_value",
+                                    "message": f"the database refuses a value: {reason}"}},
+                        status_code=422)
 
 
 class _PlainRoute(Route):
@@ -99,8 +112,10 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         docs_url=None,  # served below with the vendored Swagger UI (no CDN)
         redoc_url=None,
         lifespan=lifespan,
+        max_body_size=decisions.MAX_BODY,  # 413 above it (ingest allows more)
     )
     app.state.services = services
+    app.add_exception_handler(DataError, _unstorable)
     _finish_openapi(app)
     _add_api(app, services)
     _add_pages(app)

@@ -8,6 +8,7 @@ buttons, and the form handlers check the role again.
 from __future__ import annotations
 
 import datetime as dt
+import html
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -159,7 +160,7 @@ def confirm_flip(request: Request, cohort: str, enabled: bool, services: Service
         with services.db.read_session() as session:
             canary = canary_store.get_canary(session=session, cohort=cohort)
     except StoreError as err:
-        return HTMLResponse(f"<p class=error>{err}</p>", status_code=404)
+        return HTMLResponse(f"<p class=error>{html.escape(str(err))}</p>", status_code=404)
     return render(request, "_confirm.html", user, cohort=cohort, enabled=enabled,
                   impact=impact, version=canary.version)
 

@@ -9,7 +9,6 @@ from functools import lru_cache
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -31,6 +30,7 @@ from dashboard.deps import (
     ServicesDep,
     ViewerDep,
     authorize,
+    body_validation_error,
     http_error,
 )
 from dashboard.policy import Snapshot, config_from_request
@@ -56,15 +56,31 @@ def _body_ref(name: str) -> dict[str, object]:
         "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
 
 
-@lru_cache(maxsize=4096)
+# Request bodies above these sizes get 413 (a decide body is well under a kilobyte; an ingest
+# batch of 5,000 events with their configs a few megabytes).
+MAX_BODY = 1024 * 1024
+MAX_INGEST_BODY = 32 * 1024 * 1024
+_CACHED_BODY = 4096  # larger bodies are parsed every time, never kept as cache keys
+
+
 def _config_from_bytes(raw: bytes) -> DeploymentConfig:
     """Validating the body and building the config costs more than deciding: fleets send the
-    same few bodies again and again, so the parsed config (a frozen value) is kept per body.
-    Errors are raised, hence never cached."""
+    same few bodies again and again, so the parsed config (a frozen value) is kept per body
+    (small bodies only: 4,096 cached megabyte bodies would be gigabytes). Errors are raised,
+    hence never cached."""
+    return _cached_config(raw) if len(raw) <= _CACHED_BODY else _parse_config(raw)
+
+
+@lru_cache(maxsize=4096)
+def _cached_config(raw: bytes) -> DeploymentConfig:
+    return _parse_config(raw)
+
+
+def _parse_config(raw: bytes) -> DeploymentConfig:
     try:
         body = _DEPLOYMENT_BODY.validate_json(raw)
     except ValidationError as err:
-        raise RequestValidationError(err.errors(include_url=False)) from err
+        raise body_validation_error(err) from err
     try:
         return config_from_request(config=body.config, command=body.command, argv=body.argv,
                                    env=body.env)
@@ -113,7 +129,7 @@ _INGEST_BODY = TypeAdapter(IngestIn)
 
 @router.post("/decisions", response_model=IngestOut,
              responses={422: {"model": ErrorResponse}},
-             openapi_extra=_body_ref("IngestIn"))
+             openapi_extra=_body_ref("IngestIn"), max_body_size=MAX_INGEST_BODY)
 async def post_decisions(request: Request, services: ServicesDep, _who: OperatorDep
                          ) -> IngestOut:
     """Batched ingest from engines, idempotent by ``event_id``; a bad event rejects the batch
@@ -124,7 +140,7 @@ async def post_decisions(request: Request, services: ServicesDep, _who: Operator
     try:
         body = _INGEST_BODY.validate_json(await request.body())
     except ValidationError as err:
-        raise RequestValidationError(err.errors(include_url=False)) from err
+        raise body_validation_error(err) from err
     records = body.events  # EventIn has what ingest reads (EventLike)
     inserted = await run_in_threadpool(_ingest, services, records)
     counts = Counter((e.runner or "none", e.reason_code) for e in body.events)

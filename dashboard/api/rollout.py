@@ -96,7 +96,7 @@ def parse_if_match(if_match: str | None) -> int:
         raise http_error(428, "if_match_required",
                          "send If-Match with the cohort's version (its ETag)")
     value = if_match.strip().removeprefix("W/").strip('"')
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # "²".isdigit() is true, int("²") fails
         raise http_error(400, "bad_if_match", f"If-Match {if_match!r} is not a version")
     return int(value)
 

@@ -90,7 +90,10 @@ def ingest(*, session: Session, events: Sequence[EventLike]) -> int:
 
     The caller acknowledges only after commit: an acknowledged event is durable.
     """
-    events = list({e.event_id: e for e in events}.values())  # a batch may repeat an event
+    first: dict[str, EventLike] = {}
+    for e in events:  # a batch may repeat an event: the first copy counts, as across batches
+        first.setdefault(e.event_id, e)
+    events = list(first.values())
     if not events:
         return 0
     if session.get_bind().dialect.name == "sqlite":

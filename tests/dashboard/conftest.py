@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_helpers import LiveService
+from service_helpers import Api, LiveService, role_tokens
 
 PG_BASE = os.environ.get("TURNOUT_TEST_PG_URL",
                          "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -71,3 +71,19 @@ def live(tmp_path: Path) -> Iterator[list[LiveService]]:
     yield started
     for s in started:
         s.stop()
+
+
+@pytest.fixture
+def api(db_url: str) -> Iterator[Api]:
+    """The app in-process on a fresh database of each backend, with a token per role."""
+    from fastapi.testclient import TestClient
+
+    from dashboard.app import create_app
+    from dashboard.services import Services
+    from dashboard.settings import Settings
+
+    services = Services.build(Settings(database_url=db_url, demo=False, snapshot_ttl_s=0))
+    app = create_app(services=services)
+    with TestClient(app) as client:
+        made = role_tokens(services.db)
+        yield Api(client, services, made)

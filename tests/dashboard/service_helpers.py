@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
+    from dashboard.services import Services
     from dashboard.store.db import Database
 
 
@@ -92,3 +97,23 @@ def start_service(db_url: str, log: Path, *, demo: bool = False,
         time.sleep(0.1)
     proc.kill()
     raise RuntimeError(f"service did not answer within 60 s:\n{log.read_text()}")
+
+
+@dataclass
+class Api:
+    """The API in-process (the ``api`` fixture): a TestClient, its services, a token per role."""
+
+    client: TestClient
+    services: Services
+    tokens: dict[str, str]
+
+    def h(self, role: str | None) -> dict[str, str]:
+        return {} if role is None else {"Authorization": f"Bearer {self.tokens[role]}"}
+
+
+def api_events(n: int, **over: object) -> list[dict[str, object]]:
+    """``n`` ingest events (POST /api/v1/decisions items) with ``over`` applied to each."""
+    at = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC).isoformat()
+    return [{"event_id": uuid.uuid4().hex, "at": at, "deployment_id": f"d{i}", "host": "h",
+             "pack": "turnout", "family": "qwen3", "runner": "v1", "mode": "auto",
+             "reason_code": "STATIC", "rule_ids": ["spec_ngram"], **over} for i in range(n)]

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-
 import pytest
-from fastapi.testclient import TestClient
-from service_helpers import role_tokens
+from service_helpers import Api, api_events
 
-from dashboard.app import create_app
-from dashboard.services import Services
-from dashboard.settings import Settings
 from oracle import (
     CanarySnapshot,
     CohortState,
@@ -33,25 +24,6 @@ def defaults(pack_name: str = "turnout") -> CanarySnapshot:
     return CanarySnapshot(
         cohorts={c.id: CohortState(enabled=c.enabled, percentage=c.percentage)
                  for c in pack.cohorts}, kill_switch=pack.kill_switch)
-
-
-@dataclass
-class Api:
-    client: TestClient
-    services: Services
-    tokens: dict[str, str]
-
-    def h(self, role: str | None) -> dict[str, str]:
-        return {} if role is None else {"Authorization": f"Bearer {self.tokens[role]}"}
-
-
-@pytest.fixture
-def api(db_url: str) -> Iterator[Api]:
-    services = Services.build(Settings(database_url=db_url, demo=False, snapshot_ttl_s=0))
-    app = create_app(services=services)
-    with TestClient(app) as client:
-        made = role_tokens(services.db)
-        yield Api(client, services, made)
 
 
 def _first_cohort(api: Api) -> dict[str, object]:
@@ -164,15 +136,8 @@ def test_matrix_summarises_every_cell_of_the_oracle(api: Api) -> None:
     assert want > 0 and body["grid"]["auto"]["qwen3"]["default"]["v2"] == want
 
 
-def _events(n: int, **over: object) -> list[dict[str, object]]:
-    at = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC).isoformat()
-    return [{"event_id": uuid.uuid4().hex, "at": at, "deployment_id": f"d{i}", "host": "h",
-             "pack": "turnout", "family": "qwen3", "runner": "v1", "mode": "auto",
-             "reason_code": "STATIC", "rule_ids": ["spec_ngram"], **over} for i in range(n)]
-
-
 def test_ingest_is_idempotent_and_feeds_fallbacks_and_metrics(api: Api) -> None:
-    batch = _events(30)
+    batch = api_events(30)
     r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
     assert r.json() == {"accepted": 30, "inserted": 30}
     r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
@@ -194,7 +159,7 @@ def test_ingest_is_idempotent_and_feeds_fallbacks_and_metrics(api: Api) -> None:
 @pytest.mark.parametrize("at", ["2026-11-29T10:00:00", "0997-09-07T04:16:00+00:00",
                                 "2999-01-01T00:00:00Z"])
 def test_ingest_rejects_a_bad_batch_whole(api: Api, at: str) -> None:
-    batch = _events(3)
+    batch = api_events(3)
     batch[1]["at"] = at  # no timezone / implausible times
     r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
     assert r.status_code == 422
@@ -208,7 +173,7 @@ def test_impact_counts_recorded_deployments_that_would_switch(api: Api) -> None:
     config = DeploymentConfig.from_spec(QWEN3)
     cohort = decide(config, pack=pack).stage
     assert cohort is not None
-    events = _events(5, config=config.to_spec(), rule_ids=[], reason_code="DISABLED",
+    events = api_events(5, config=config.to_spec(), rule_ids=[], reason_code="DISABLED",
                      stage=cohort)
     api.client.post("/api/v1/decisions", json={"events": events}, headers=api.h("operator"))
     enabled = {c["cohort"]: c["enabled"] for c in

@@ -1,0 +1,129 @@
+"""Hostile input to the JSON API and the pages, on SQLite and PostgreSQL: bodies that are not
+UTF-8 or too large, NUL characters and non-finite numbers the database cannot store, odd
+If-Match values, repeated event ids, HTML in what a page echoes. Never a 5xx; each is refused
+with a 4xx that says why, or stored as documented."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fastapi import HTTPException
+from service_helpers import Api, api_events
+
+from dashboard.api.decisions import MAX_BODY
+from dashboard.api.rollout import parse_if_match
+
+NOT_UTF8 = b'{"config": {"architecture": "\xff\xfe"}}'
+
+
+@pytest.mark.parametrize("path, role", [("/api/v1/decide", "viewer"),
+                                        ("/api/v1/explain", "viewer"),
+                                        ("/api/v1/decisions", "operator")])
+def test_body_that_is_not_utf8_is_a_422_without_echo(api: Api, path: str, role: str) -> None:
+    r = api.client.post(path, content=NOT_UTF8 * 50, headers=api.h(role))
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["detail"]
+    assert err["type"] == "json_invalid" and "input" not in err
+
+
+def test_bodies_are_bounded(api: Api) -> None:
+    big = json.dumps({"config": {"architecture": "LlamaForCausalLM",
+                                 "model": "m" * MAX_BODY}}).encode()
+    r = api.client.post("/api/v1/decide", content=big, headers=api.h("viewer"))
+    assert r.status_code == 413
+    # A large ingest batch is still taken: 5,000 events of a real size are several megabytes.
+    batch = api_events(5000, config={"architecture": "Qwen3ForCausalLM", "model": "q" * 400})
+    body = json.dumps({"events": batch}).encode()
+    assert len(body) > 2 * MAX_BODY
+    r = api.client.post("/api/v1/decisions", content=body, headers=api.h("operator"))
+    assert r.json() == {"accepted": 5000, "inserted": 5000}
+
+
+@pytest.mark.parametrize("event", [{"deployment_id": "nul\x00dep"}, {"host": "h\x00"},
+                                   {"family": "q\x00"}, {"rule_ids": ["r\x00"]},
+                                   {"config": {"model": "\x00"}}])
+def test_nul_characters_in_an_event_never_give_a_5xx(api: Api, event: dict[str, object]
+                                                     ) -> None:
+    batch = api_events(2, **event)
+    r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
+    if api.services.db.is_sqlite:
+        assert r.json() == {"accepted": 2, "inserted": 2}
+    else:  # PostgreSQL text and JSON cannot hold NUL: refused whole, nothing kept
+        assert r.status_code == 422 and r.json()["detail"]["code"] == "unstorable_value"
+        fb = api.client.get("/api/v1/fallbacks", headers=api.h("viewer")).json()
+        assert fb["num_deployments"] == 0
+    good = api.client.post("/api/v1/decisions", json={"events": api_events(1, deployment_id="ok")},
+                           headers=api.h("operator"))
+    assert good.json()["inserted"] == 1  # the connection and the service carry on
+
+
+def test_infinity_in_an_event_config_never_gives_a_5xx(api: Api) -> None:
+    body = json.dumps({"events": api_events(1, config={"cpu_offload_gb": float("inf")})})
+    r = api.client.post("/api/v1/decisions", content=body.encode(), headers=api.h("operator"))
+    assert r.status_code == (200 if api.services.db.is_sqlite else 422), r.text
+
+
+@pytest.mark.parametrize("params", [{"family": "a\x00"}, {"deployment_id": "\x00"},
+                                    {"rule_id": "x\x00:y"}])
+def test_nul_in_filters_never_gives_a_5xx(api: Api, params: dict[str, str]) -> None:
+    r = api.client.get("/api/v1/decisions", params=params, headers=api.h("viewer"))
+    assert r.status_code in (200, 422), r.text
+    r = api.client.get("/api/v1/audit", params={"target": "a\x00"}, headers=api.h("viewer"))
+    assert r.status_code in (200, 422), r.text
+
+
+def test_nul_in_writes_never_gives_a_5xx(api: Api) -> None:
+    cohort = api.client.get("/api/v1/canaries", headers=api.h("viewer")).json()["cohorts"][0]
+    r = api.client.patch(f"/api/v1/canaries/{cohort['cohort']}",
+                         headers={**api.h("operator"), "If-Match": str(cohort["version"])},
+                         json={"enabled": not cohort["enabled"], "reason": "because\x00"})
+    assert r.status_code in (200, 422), r.text
+    after = api.client.get("/api/v1/audit", params={"target": f"cohort:{cohort['cohort']}"},
+                           headers=api.h("viewer")).json()
+    assert len(after) == (1 if r.status_code == 200 else 0)  # nothing half-written
+    r = api.client.get("/api/v1/canaries/a%00b", headers=api.h("viewer"))
+    assert r.status_code in (404, 422), r.text
+    r = api.client.post("/api/v1/tokens", json={"name": "n\x00", "role": "viewer"},
+                        headers=api.h("admin"))
+    assert r.status_code in (201, 422), r.text
+    r = api.client.post("/api/v1/evidence", json={"family": "q\x00", "suite": "s",
+                                                  "result": "pass"}, headers=api.h("operator"))
+    assert r.status_code in (201, 422), r.text
+
+
+def test_a_huge_if_match_version_is_a_conflict(api: Api) -> None:
+    cohort = api.client.get("/api/v1/canaries", headers=api.h("viewer")).json()["cohorts"][0]
+    r = api.client.patch(f"/api/v1/canaries/{cohort['cohort']}",
+                         headers={**api.h("operator"), "If-Match": "9" * 40},
+                         json={"enabled": True, "reason": "odd version"})
+    assert r.status_code == 409, r.text
+
+
+@pytest.mark.parametrize("value", ["\xb2", 'W/"\xb2"', "\u0661", "+1", " "])
+def test_if_match_takes_ascii_digits_only(value: str) -> None:
+    # Header values arrive decoded as latin-1: b"\xb2" is "²", which str.isdigit() accepts
+    # and int() refuses (a 500 before).
+    with pytest.raises(HTTPException) as info:
+        parse_if_match(value)
+    assert info.value.status_code == 400
+    assert parse_if_match('W/"12"') == 12
+
+
+def test_an_event_repeated_in_a_batch_keeps_its_first_copy(api: Api) -> None:
+    first, again = api_events(2)
+    again.update(event_id=first["event_id"], runner="v2", reason_code="TARGETING_MATCH",
+                 rule_ids=[])
+    r = api.client.post("/api/v1/decisions", json={"events": [first, again]},
+                        headers=api.h("operator"))
+    assert r.json() == {"accepted": 2, "inserted": 1}
+    (row,) = api.client.get(f"/api/v1/decisions?deployment_id={first['deployment_id']}",
+                            headers=api.h("viewer")).json()
+    assert row["runner"] == "v1"  # as a resend in a later batch would leave it
+
+
+def test_confirm_fragment_escapes_the_cohort_it_echoes(api: Api) -> None:
+    api.client.cookies.set("turnout_token", api.tokens["viewer"])
+    r = api.client.get("/canaries/%3Cscript%3Ealert(1)/confirm?enabled=true")
+    assert r.status_code == 404
+    assert "<script>" not in r.text and "&lt;script&gt;alert(1)" in r.text
