@@ -106,6 +106,9 @@ def _first_admin_token(services: Services, url: str) -> None:
             session.commit()
             typer.echo(f"turnout: first start, admin token (shown once): {token}\n"
                        f"turnout: sign in at {url}/login")
+        else:  # a later start (make run again): the token scrolled away long ago
+            typer.echo(f"turnout: sign in at {url}/login (lost the token? "
+                       "turnout token create --role admin)")
 
 
 def _safe_url(url: str) -> str:

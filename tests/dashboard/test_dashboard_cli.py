@@ -96,3 +96,18 @@ def test_kill_switch_and_demo_remove(run) -> None:  # type: ignore[no-untyped-de
     with services.db.read_session() as s:
         assert events.count_events(session=s) == 0
         assert audit.list_entries(session=s)[0].action == "demo.remove"
+
+
+def test_a_later_start_says_how_to_sign_in(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    services = _services(f"sqlite:///{tmp_path / 'again.db'}")
+    services.db.upgrade()
+    cli._first_admin_token(services, "http://127.0.0.1:8000")
+    first = capsys.readouterr().out
+    assert "first start, admin token (shown once): tok_" in first
+    cli._first_admin_token(services, "http://127.0.0.1:8000")  # make run, again
+    again = capsys.readouterr().out
+    assert "tok_" not in again
+    assert again.strip() == ("turnout: sign in at http://127.0.0.1:8000/login (lost the token? "
+                             "turnout token create --role admin)")
+    services.db.dispose()
