@@ -42,9 +42,12 @@ class RolloutState:
 
     @property
     def etag(self) -> str:
-        """A strong validator of the whole state (changes whenever any version changes)."""
-        parts = [f"{c}:{v[2]}" for c, v in sorted(self.cohorts.items())]
-        parts.append(f"kill:{self.kill_switch_version}")
+        """A strong validator of the whole state: its content and its versions. Versions alone
+        repeat across databases (every fresh store is at version 1, whatever its rollout.yaml
+        defaults) and after a restore from a backup, and an engine holding such an ETag would be
+        told 304 and keep deciding with another state."""
+        parts = [f"{c}:{int(e)}:{p}:{v}" for c, (e, p, v) in sorted(self.cohorts.items())]
+        parts.append(f"kill:{int(self.kill_switch)}:{self.kill_switch_version}")
         return '"' + hashlib.sha256(",".join(parts).encode()).hexdigest()[:32] + '"'
 
 

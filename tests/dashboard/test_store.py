@@ -124,6 +124,24 @@ def test_etag_changes_with_any_version(db: Database) -> None:
     assert after.etag != before and after.kill_switch is True
 
 
+def test_etag_differs_for_different_states_at_the_same_versions(tmp_path) -> None:
+    # Two fresh stores whose rollout.yaml defaults differ (or one restored from a backup) sit
+    # at the same versions: an engine's If-None-Match from one must not get 304 from the other.
+    states = []
+    for name, enabled in (("a", True), ("b", False)):
+        store = Database(f"sqlite:///{tmp_path / name}.db")
+        store.upgrade()
+        with store.write_session() as s:
+            canaries.ensure_defaults(session=s, defaults=[CohortDefault("qwen3", enabled)])
+            s.commit()
+        with store.read_session() as s:
+            states.append(canaries.read_state(session=s))
+        store.dispose()
+    mine, theirs = states
+    assert mine.cohorts["qwen3"][2] == theirs.cohorts["qwen3"][2] == 1
+    assert mine.etag != theirs.etag
+
+
 def _event(i: int, deployment: str, at: dt.datetime, runner: str | None = "v1",
            rules: tuple[str, ...] = ("spec_ngram",), demo: bool = False) -> EventRecord:
     return EventRecord(event_id=f"ev-{i}", at=at, deployment_id=deployment, pack="turnout",
