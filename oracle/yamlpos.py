@@ -53,13 +53,29 @@ def _mark(node: yaml.Node) -> tuple[int, int]:
     return (node.start_mark.line + 1, node.start_mark.column + 1)
 
 
+# Values a document may repeat through aliases (the shipped packs use none): a few nested
+# aliases ("billion laughs") would otherwise expand into millions of values.
+MAX_ALIASED_NODES = 100_000
+
+
 class _Walker:
     def __init__(self, pos: Positions, text: str) -> None:
         self.pos = pos
         self.loader = yaml.SafeLoader(text)
         self.issues: list[Issue] = []
+        self.seen: set[int] = set()
+        self.num_aliased = 0
 
     def build(self, node: yaml.Node, path: PathKey) -> Any:
+        if id(node) in self.seen:  # an alias: the composer hands back the anchored node
+            self.num_aliased += 1
+            if self.num_aliased > MAX_ALIASED_NODES:
+                raise PackError([Issue(self.pos.file, *_mark(node),
+                                       f"more than {MAX_ALIASED_NODES} values repeated "
+                                       "through aliases (expected a policy pack or a spec, not "
+                                       "an alias bomb)")])
+        else:
+            self.seen.add(id(node))
         self.pos.value[path] = _mark(node)
         if isinstance(node, yaml.MappingNode):
             out: dict[Any, Any] = {}

@@ -155,3 +155,27 @@ def test_unicode_digit_and_infinity_on_a_command_line_are_bad_values() -> None:
                 "--cpu-offload-gb", "inf")
     assert r.returncode == 2 and "Infinity" not in r.stdout
     assert json.loads(r.stdout)["error"] == "cpu_offload_gb: expected a finite number, got 'inf'"
+
+
+BOMB = "".join(f"{n}: &{n} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['x'] * 9)}]\n"
+               for p, n in zip(["", *"abcdefg"], "abcdefgh", strict=False))
+
+
+def test_alias_bomb_is_refused_quickly_and_aliases_still_work(tmp_path: Path) -> None:
+    f = tmp_path / "bomb.yaml"
+    f.write_text(BOMB)  # 9**8 values once expanded; refused after 100,000
+    with pytest.raises(ConfigError) as info:
+        load_specs(f)
+    assert "repeated through aliases" in info.value.message
+    f.write_text("deployments:\n  - &base {architecture: LlamaForCausalLM, "
+                 "tensor_parallel_size: 2}\n  - *base\n")
+    assert [e.config.tensor_parallel_size for e in load_specs(f) if e.config] == [2, 2]
+
+
+def test_alias_bomb_in_a_pack_file_is_a_pack_error(tmp_path: Path) -> None:
+    dest = tmp_path / "pack"
+    shutil.copytree(POLICIES_DIR / "turnout", dest)
+    (dest / "rollout.yaml").write_text(BOMB)
+    with pytest.raises(PackError) as info:
+        load_pack(dest)
+    assert "repeated through aliases" in str(info.value)
