@@ -121,21 +121,40 @@ def from_commands_file(path: Path, ov: Overrides) -> list[Item]:
             continue
         if not line.strip():
             continue
+        row: Any = None
         try:
             row = json.loads(line)
-            if not isinstance(row, dict) or not isinstance(row.get("argv"), list):
-                raise ValueError("expected an object with an argv list")
+            argv, env = _command_row(row)
         except ValueError as exc:
-            items.append(Item(None, None, f"{path}:{n}: {exc}", "bad_spec"))
+            rid = str(row["id"]) if isinstance(row, dict) and _is_id(row.get("id")) else None
+            items.append(Item(rid, None, f"{path}:{n}: {exc}", "bad_spec"))
             continue
         rid = str(row["id"]) if "id" in row else f"{path.name}:{n}"
         line_ov = Overrides(ov.architecture, ov.hf_config, ov.platform, ov.deployment_id or rid,
-                            tuple(f"{k}={v}" for k, v in dict(row.get("env") or {}).items())
-                            + ov.env, ov.sets)
-        item = from_command_line([str(a) for a in row["argv"]], line_ov)
+                            tuple(f"{k}={v}" for k, v in env.items()) + ov.env, ov.sets)
+        item = from_command_line(argv, line_ov)
         items.append(Item(rid, item.config, item.error, item.error_code,
-                          item.model or _model_of(row["argv"])))
+                          item.model or _model_of(argv)))
     return items
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool)
+
+
+def _command_row(row: Any) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of a commands-file line; ValueError saying what is wrong with it."""
+    if not isinstance(row, dict) or not isinstance(row.get("argv"), list):
+        raise ValueError("expected an object with an argv list")
+    if "id" in row and not _is_id(row["id"]):
+        raise ValueError(f"id: expected a string, got {row['id']!r}")
+    argv, env = row["argv"], row.get("env") or {}
+    odd = [a for a in argv if not isinstance(a, str)]
+    if odd:
+        raise ValueError(f"argv: expected strings, got {odd[0]!r}")
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise ValueError(f"env: expected an object of NAME: string value, got {env!r}")
+    return argv, env
 
 
 def _model_of(argv: list[Any]) -> str | None:

@@ -68,6 +68,24 @@ def test_commands_file_sets_error_per_line(tmp_path: Path) -> None:
     assert r.returncode == 2
 
 
+def test_commands_file_with_odd_shapes_sets_error_per_line(tmp_path: Path) -> None:
+    f = tmp_path / "cmds.jsonl"
+    good = {"id": "ok", "env": {}, "argv": ["vllm", "serve", "Qwen/Qwen3-8B"]}
+    rows = [{**good, "id": "env-str", "env": "abc"}, {**good, "id": "env-list", "env": [1, 2]},
+            {**good, "id": "env-null", "env": {"A": None}},
+            {**good, "id": "argv-null", "argv": ["vllm", "serve", "Qwen/Qwen3-8B", None]},
+            {**good, "id": ["x"]}, good]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = turnout("decide", "--commands", str(f), "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    out = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [o.get("id") for o in out] == ["env-str", "env-list", "env-null", "argv-null", None,
+                                          "ok"]
+    assert [o["error"].split(": ", 1)[1].split(":")[0] for o in out[:5]] == [
+        "env", "env", "env", "argv", "id"]
+    assert out[-1]["runner"] == "v2" and out[-1]["error"] is None
+
+
 @pytest.mark.parametrize("args", [["decide"], ["decide", "--pack", "nope", "--architecture",
                                                 "X"]])
 def test_usage_errors_exit_2(args: list[str]) -> None:
