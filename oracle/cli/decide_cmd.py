@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -63,17 +64,19 @@ def gather(argv: list[str] | None, spec: Path | None, commands: Path | None,
 
 
 def prepare(console: Console, pack: str, canaries: Path | None, argv: list[str] | None,
-            spec: Path | None, commands: Path | None, ov: Overrides, *, as_json: bool = False
+            spec: Path | None, commands: Path | None, ov: Overrides, *, as_json: bool = False,
+            wrap: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d,
             ) -> tuple[Pack, CanarySnapshot | None, list[Item]]:
     """The pack, the canary snapshot and the deployments; bad input exits 2 with the reason
-    (and, with ``as_json``, one contract object whose ``error`` says it on stdout)."""
+    (and, with ``as_json``, one contract object whose ``error`` says it on stdout, passed
+    through ``wrap`` first)."""
     the_pack: Pack | None = None
     try:
         the_pack = load_pack(pack)
         return the_pack, load_canaries(canaries), gather(argv, spec, commands, ov)
     except OracleError as exc:
         if as_json:
-            print(json.dumps(input_error_json(exc, the_pack)))
+            print(json.dumps(wrap(input_error_json(exc, the_pack))))
         raise fail(console, exc) from None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -26,7 +26,7 @@ from oracle.cli.decide_cmd import (
     prepare,
 )
 from oracle.cli.inputs import Overrides, load_canaries
-from oracle.cli.render import EXIT_BAD_INPUT, exit_code, print_one
+from oracle.cli.render import EXIT_BAD_INPUT, exit_code, input_error_json, print_one
 from oracle.errors import OracleError
 from oracle.explain import explain as explain_config
 from oracle.lint import lint_pack
@@ -48,13 +48,18 @@ def explain(
     canaries: CanOpt = None,
 ) -> None:
     """Why a deployment gets its runner, and the smallest changes that would reach V2."""
-    console = Console()
+    console = Console(stderr=as_json)
     ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
                    tuple(sets or ()))
-    the_pack, snapshot, items = prepare(console, pack, canaries, argv, spec, None, ov)
+    the_pack, snapshot, items = prepare(console, pack, canaries, argv, spec, None, ov,
+                                        as_json=as_json, wrap=_explanation_of_error)
     if len(items) != 1 or items[0].config is None:
         bad = [i for i in items if i.config is None]
         msg = bad[0].error if bad else "explain takes exactly one deployment"
+        if as_json:
+            code = bad[0].error_code if bad else "bad_usage"
+            err = OracleError(msg or "", code=code or "bad_spec")
+            print(json.dumps(_explanation_of_error(input_error_json(err, the_pack))))
         console.print(f"[red]error[/]: {msg}", highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT)
     ex = explain_config(items[0].config, pack=the_pack, canaries=snapshot)
@@ -68,6 +73,12 @@ def explain(
             console.print(f"  [green]→ V2[/] ({s.kind}, {s.decision.reason_code}): {s}",
                           highlight=False)
     raise typer.Exit(exit_code([(items[0], ex.decision)]))
+
+
+def _explanation_of_error(decision: dict[str, Any]) -> dict[str, Any]:
+    """``turnout explain --json``'s object for input that could not be decided."""
+    return {"decision": decision, "note": f"fix the input first: {decision['error']}",
+            "suggestions": []}
 
 
 def lint(

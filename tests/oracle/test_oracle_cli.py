@@ -112,6 +112,17 @@ def test_explain_prints_the_suggestions() -> None:
     assert r.returncode == 2 and "placeholder" in r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("args", [["--", "vllm", "serve", "<checkpoint>"],
+                                  ["--pack", "nope", "--architecture", "X"]])
+def test_explain_json_on_bad_input_is_still_json(args: list[str]) -> None:
+    r = turnout("explain", "--json", *args)
+    assert r.returncode == 2
+    out = json.loads(r.stdout)  # scripts parse stdout: no text on it
+    assert out["suggestions"] == [] and out["decision"]["runner"] is None
+    assert out["decision"]["error_code"] in ("placeholder_model", "unknown_pack")
+    assert out["note"] == "fix the input first: " + out["decision"]["error"]
+
+
 def test_lint_exit_codes(tmp_path: Path) -> None:
     import shutil
 
