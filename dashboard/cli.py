@@ -144,11 +144,16 @@ def token_create(
         parsed = tokens.Role(role)
     except ValueError:
         raise _fail(f"--role {role!r}: use viewer, operator or admin") from None
+    from dashboard.store.errors import StoreError
+
     services = _prepared(database_url)
-    with services.db.write_session() as session:
-        row, token = tokens.create_token(session=session, name=name, role=parsed,
-                                         actor=_actor())
-        session.commit()
+    try:
+        with services.db.write_session() as session:
+            row, token = tokens.create_token(session=session, name=name, role=parsed,
+                                             actor=_actor())
+            session.commit()
+    except StoreError as err:  # an empty name
+        raise _fail(str(err)) from err
     typer.echo(token)
     typer.echo(f"(token {row.id}, role {row.role}; shown once)", err=True)
 
@@ -166,7 +171,8 @@ def token_list(database_url: DatabaseOpt = None) -> None:
 
 
 @token_app.command("revoke")
-def token_revoke(token_id: int, reason: ReasonOpt, database_url: DatabaseOpt = None) -> None:
+def token_revoke(token_id: Annotated[int, typer.Argument(min=1, max=2**63 - 1)],
+                 reason: ReasonOpt, database_url: DatabaseOpt = None) -> None:
     """Revoke a token by id."""
     from dashboard.store import tokens
     from dashboard.store.errors import StoreError

@@ -56,6 +56,15 @@ def test_db_upgrade_and_token_create(run) -> None:  # type: ignore[no-untyped-de
     assert code == 1 and "viewer, operator or admin" in out
 
 
+def test_token_commands_refuse_bad_input_without_a_traceback(run) -> None:  # type: ignore[no-untyped-def]
+    code, out = run("token", "create", "--role", "admin", "--name", "  ")
+    assert code == 1 and "a token needs a name" in out
+    code, out = run("token", "revoke", "99999999999999999999999", "--reason", "x")
+    assert code == 2 and "Invalid value for 'token_id'" in out
+    code, out = run("token", "revoke", "12345", "--reason", "x")
+    assert code == 1 and "no token with id 12345" in out
+
+
 def test_canary_flips_by_family_name_and_are_audited(run) -> None:  # type: ignore[no-untyped-def]
     first = load_pack("turnout").cohorts[0]
     family = first.families[0]
