@@ -133,6 +133,15 @@ class EngineCore:
         """Finish a request with reason ``abort`` (``None`` when it is unknown or done)."""
         return self.scheduler.abort_request(req_id)
 
+    def abort_all(self) -> list[Request]:
+        """Abort every unfinished request and drop the step in flight: what to do when a step
+        failed part-way (an exception or a KeyboardInterrupt out of the runner), which leaves
+        requests with tokens scheduled but never received. The runner drops their state at
+        the next step (``finished_req_ids``); the prefix cache is cleared (see
+        :meth:`Scheduler.abort_all`). Returns the aborted requests."""
+        self._in_flight = None
+        return self.scheduler.abort_all()
+
     def has_unfinished_requests(self) -> bool:
         """Requests remain, or a launched step is still to be applied."""
         return self.scheduler.has_unfinished_requests() or self._in_flight is not None

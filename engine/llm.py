@@ -4,8 +4,9 @@ machine, asks the oracle once, logs the decision, and builds the chosen runner b
 
 from __future__ import annotations
 
+import contextlib
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,15 +117,17 @@ class LLM:
         batch = _as_batch(texts)
         results: dict[str, EmbeddingOutput] = {}
         ids: list[str] = []
-        for prompt in batch:
-            req_id = self._new_id()
-            ids.append(req_id)
-            try:
-                tokens = self._encode(prompt, add_special_tokens=True)
-                self.core.add_request(req_id, tokens, pooling=True)
-            except InvalidRequestError as exc:
-                results[req_id] = EmbeddingOutput(req_id, _text(prompt), [], None, error=str(exc))
-        for req in self.core.run_until_done():
+        with self._abort_all_on_failure():
+            for prompt in batch:
+                req_id = self._new_id()
+                ids.append(req_id)
+                try:
+                    tokens = self._encode(prompt, add_special_tokens=True)
+                    self.core.add_request(req_id, tokens, pooling=True)
+                except InvalidRequestError as exc:
+                    results[req_id] = EmbeddingOutput(req_id, _text(prompt), [], None, error=str(exc))
+            finished = self.core.run_until_done()
+        for req in finished:
             results[req.req_id] = EmbeddingOutput(req.req_id, None, req.prompt_token_ids, req.pooled_output, req.error)
         for req_id, prompt in zip(ids, batch, strict=True):
             results[req_id].prompt = _text(prompt)
@@ -134,16 +137,18 @@ class LLM:
     def _run(self, encoded: list[tuple[Prompt, list[int] | InvalidRequestError]], params: list[SamplingParams]) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
         ids: list[str] = []
-        for (prompt, tokens), p in zip(encoded, params, strict=True):
-            req_id = self._new_id()
-            ids.append(req_id)
-            try:
-                if isinstance(tokens, InvalidRequestError):
-                    raise tokens
-                self.core.add_request(req_id, list(tokens), p)
-            except InvalidRequestError as exc:
-                results[req_id] = _rejected(req_id, prompt, tokens, str(exc))
-        for req in self.core.run_until_done():
+        with self._abort_all_on_failure():
+            for (prompt, tokens), p in zip(encoded, params, strict=True):
+                req_id = self._new_id()
+                ids.append(req_id)
+                try:
+                    if isinstance(tokens, InvalidRequestError):
+                        raise tokens
+                    self.core.add_request(req_id, list(tokens), p)
+                except InvalidRequestError as exc:
+                    results[req_id] = _rejected(req_id, prompt, tokens, str(exc))
+            finished = self.core.run_until_done()
+        for req in finished:
             results[req.req_id] = self._output(req)
         for req_id, (prompt, _) in zip(ids, encoded, strict=True):
             results[req_id].prompt = _text(prompt)
@@ -162,6 +167,16 @@ class LLM:
             req.req_id, None, req.prompt_token_ids, [completion], prompt_lps,
             num_cached_tokens=max(0, req.num_cached_tokens), num_preemptions=req.num_preemptions, error=req.error,
         )
+
+    @contextlib.contextmanager
+    def _abort_all_on_failure(self) -> Iterator[None]:
+        # A call stopped part-way (Ctrl-C, an exception out of the runner) must not leave its
+        # requests behind: the next call would find them mid-step, out of step with the runner.
+        try:
+            yield
+        except BaseException:
+            self.core.abort_all()
+            raise
 
     def _encode(self, prompt: Prompt, *, add_special_tokens: bool) -> list[int] | InvalidRequestError:
         if not isinstance(prompt, str):

@@ -76,6 +76,17 @@ class Scheduler:
         self._finish(request, RequestStatus.FINISHED_ABORTED)
         return request
 
+    def abort_all(self) -> list[Request]:
+        """Abort every unfinished request and forget the steps not yet applied (after a step
+        failed part-way). The prefix cache is cleared too: blocks are entered into it when
+        they are allocated, before the step that computes them has run."""
+        aborted = [request for request in list(self.requests.values())]
+        for request in aborted:
+            self._finish(request, RequestStatus.FINISHED_ABORTED)
+        self._scheduled.clear()
+        self.kv_cache_manager.reset_prefix_cache()
+        return aborted
+
     @property
     def num_unfinished_requests(self) -> int:
         return len(self.requests)

@@ -200,6 +200,7 @@ class RequestStates:
         info = self.infos[row]
         self.infos[row] = None
         self.free_rows.append(row)
+        self._drop_staged(row)
         return info
 
     def take_staged_writes(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -221,6 +222,13 @@ class RequestStates:
         apply_staged_writes(self.arena, dst_offsets, cu_num_values, values)
 
     # ---- internals ---------------------------------------------------------------------
+    def _drop_staged(self, row: int) -> None:
+        # Writes staged for a row that is freed before they were taken (a step that failed
+        # part-way) must not reach the table with its next owner's: the writes of one launch
+        # may not overlap (kernels/staged_writes.py), so which one landed would be a race.
+        spans = [(base + row * w, base + (row + 1) * w) for base, w in zip(self._bases, self._widths, strict=True)]
+        self._pending = [(o, v) for o, v in self._pending if not any(a <= o < b for a, b in spans)]
+
     def _stage(self, table: int, row: int, col: int, values: np.ndarray) -> None:
         if len(values):
             self._pending.append((self._bases[table] + row * self._widths[table] + col, values))

@@ -11,6 +11,7 @@ import pytest
 from conftest import RUNNERS, make_engine, prompts_for, run
 
 from engine.errors import InvalidRequestError
+from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 
 VOCAB = 160
@@ -66,3 +67,39 @@ def test_a_batch_of_mixed_options_gives_the_same_tokens_on_every_runner(model_di
     assert len({tuple(t) for t, _ in want.values()}) > 5, "premise: the rows differ"
     for key, got in results.items():
         assert got == want, f"{key} differs from {RUNNERS[0]}/roomy"
+
+
+class Interrupted(BaseException):
+    """Stands for a KeyboardInterrupt (not caught as an Exception by anything on the way)."""
+
+
+def test_an_interrupted_generate_leaves_the_llm_usable(runner_name: str, model_dirs: dict) -> None:
+    # A generate call stopped part-way (Ctrl-C, or an exception out of the runner) left its
+    # requests running with tokens the engine had scheduled but never received: the next call
+    # failed ("no progress" on runner_v1, "out of step" on runner_v2). And the blocks of the
+    # step that never ran were already in the prefix cache, holding no KV.
+    prompt = prompts_for(VOCAB, [40], seed=21)[0]
+    other = prompts_for(VOCAB, [7], seed=22)[0]
+    greedy = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    kwargs = {"device": "cpu", "max_model_len": 128, "block_size": 4, "environ": {}}
+    llm = LLM(model_dirs["llama"], runner_name, **kwargs)
+    launch = llm.core.runner.execute_model
+    for fail_at in (1, 3):  # before the prompt's KV is written; then mid-decode
+        calls = []
+
+        def execute_model(so, calls=calls, fail_at=fail_at):
+            calls.append(so)
+            if len(calls) == fail_at:
+                raise Interrupted
+            return launch(so)
+
+        llm.core.runner.execute_model = execute_model
+        with pytest.raises(Interrupted):
+            llm.generate([prompt, other], greedy)
+        llm.core.runner.execute_model = launch
+        assert not llm.core.has_unfinished_requests()
+        again = llm.generate([prompt, other], greedy)
+        fresh = LLM(model_dirs["llama"], runner_name, **kwargs).generate([prompt, other], greedy)
+        assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in fresh]
+        kv = llm.core.scheduler.kv_cache_manager
+        assert kv.num_free_blocks == kv.num_blocks

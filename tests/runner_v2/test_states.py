@@ -4,6 +4,7 @@ plain-Python model of what each live row must hold)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import numpy as np
@@ -97,6 +98,31 @@ def test_remove_only_frees_and_a_resumed_request_gets_a_fresh_row() -> None:
     assert row == a and actual_row(states, row) == expected_row(p, 5, 2, 0)
     with pytest.raises(RuntimeError, match="bound already"):
         states.add_request("a", token_ids=[1], num_prompt_tokens=1, num_computed_tokens=0, block_ids=[], params=p)
+
+
+def test_writes_staged_for_a_freed_row_never_meet_its_next_owners() -> None:
+    # A step that fails part-way can leave writes staged for rows its requests held; once the
+    # engine aborts them, a new request takes the row. The writes of one launch must not
+    # overlap (on a GPU which one lands would be a race), so the stale ones are dropped.
+    states = make_states(max_num_seqs=2)
+    other = states.add_request("other", token_ids=[3], num_prompt_tokens=1, num_computed_tokens=0, block_ids=[2],
+                               params=SamplingParams(seed=4))
+    row = states.add_request("old", token_ids=[1, 2, 3, 4], num_prompt_tokens=4, num_computed_tokens=0,
+                             block_ids=[0], params=SamplingParams(seed=1, top_k=9))
+    states.append_block_ids("old", [6])
+    states.remove_request("old")
+    new = SamplingParams(seed=2)
+    assert states.add_request("new", token_ids=[7, 8], num_prompt_tokens=2, num_computed_tokens=0,
+                              block_ids=[5], params=new) == row
+    writes = states.take_staged_writes()
+    assert writes is not None
+    offsets, cu, values = writes
+    spans = sorted((int(o), int(o) + int(cu[i + 1] - cu[i])) for i, o in enumerate(offsets))
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans)), spans
+    assert len(spans) == 8 and other != row  # 4 tables for each of the two live rows
+    states.apply_staged_writes(*(torch.from_numpy(a) for a in (offsets, cu, values)))
+    assert actual_row(states, row) == expected_row(new, 2, 2, 0)
+    assert states.block_table[row, :1].tolist() == [5] and states.token_ids[row, :2].tolist() == [7, 8]
 
 
 def test_block_table_diffs_append() -> None:
