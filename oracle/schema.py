@@ -18,7 +18,7 @@ Identifier = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.\-]*$", max_length
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class MessageSpec(_Strict):

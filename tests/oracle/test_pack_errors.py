@@ -60,6 +60,20 @@ def test_bad_type(pack_dir: Path) -> None:
     assert f"{cm}:{_line_of(cm, 'gt: lots')}:" in issue and "gt expects a number" in issue
 
 
+@pytest.mark.parametrize("old, new, expected", [
+    ("enabled: true", 'enabled: "yes"', "enabled: Input should be a valid boolean"),
+    ("percentage: 100", 'percentage: "100"', "percentage: Input should be a valid integer"),
+    ("enabled: true", "enabled: 1", "enabled: Input should be a valid boolean"),
+])
+def test_types_are_not_coerced(pack_dir: Path, old: str, new: str, expected: str) -> None:
+    # A quoted "yes" or a 1 where the schema wants a boolean is a mistake to report, not to
+    # read as true.
+    ro = pack_dir / "rollout.yaml"
+    _edit(ro, old, new)
+    (issue,) = _issues(pack_dir)
+    assert issue.startswith(f"{ro}:{_line_of(ro, new)}:") and expected in issue
+
+
 def test_bad_severity_literal(pack_dir: Path) -> None:
     cm = pack_dir / "capability_matrix.yaml"
     _edit(cm, "    severity: soft\n    when: {enable_dbo: true}",
