@@ -77,6 +77,9 @@ def test_decide_uses_the_store_canaries_and_matches_the_oracle(api: Api) -> None
     r = api.client.post("/api/v1/decide", json={"config": QWEN3}, headers=api.h("viewer"))
     assert r.status_code == 200
     assert r.json() == decide(config, pack=pack, canaries=defaults()).to_json()
+    # A fresh store holds the pack defaults: the digest is the one the CLI and every engine
+    # without a snapshot (canaries=None) report for the same state.
+    assert r.json()["policy_digest"] == decide(config, pack=pack).policy_digest
     # Engage the kill switch: the same deployment must now be decided with it.
     api.client.post("/api/v1/kill-switch", json={"engaged": True, "reason": "incident"},
                     headers=api.h("admin"))
