@@ -38,6 +38,7 @@ def prepare(services: Services) -> int:
 
     services.db.upgrade()
     with services.db.write_session() as session:
+        services.db.lock_startup(session)
         added = canaries.ensure_defaults(session=session,
                                          defaults=services.policy.cohort_defaults())
         session.commit()

@@ -100,6 +100,7 @@ def _first_admin_token(services: Services, url: str) -> None:
     from dashboard.store import tokens
 
     with services.db.write_session() as session:
+        services.db.lock_startup(session)  # replicas starting at once: one first token
         if tokens.count_tokens(session=session) == 0:
             _row, token = tokens.create_token(session=session, name="first admin",
                                               role=tokens.Role.admin, actor="first start")

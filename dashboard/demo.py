@@ -77,6 +77,7 @@ def seed_if_empty(services: Services) -> int:
             return 0
     records, _skipped = demo_events(services)
     with services.db.write_session() as session:
+        services.db.lock_startup(session)  # replicas starting at once: one seeds
         if session.get(ServiceMeta, SEEDED) is not None:
             return 0
         num = events.ingest(session=session, events=records)

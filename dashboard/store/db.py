@@ -15,6 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 # Serialises concurrent upgrades of one PostgreSQL database by several replicas.
 _PG_MIGRATION_LOCK = 7_423_001
+# Serialises the other start-up writes (canary defaults, demo fleet, first admin token).
+_PG_STARTUP_LOCK = 7_423_002
 
 
 class Database:
@@ -53,6 +55,14 @@ class Database:
             cfg = alembic_config(self.url)
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, "head")
+
+    def lock_startup(self, session: Session) -> None:
+        """Serialise a start-up write (check, then insert) with the same write of replicas
+        starting at once: on PostgreSQL an advisory lock held until the session's transaction
+        ends (two replicas both inserting the canary defaults made one fail to start); SQLite's
+        write transactions (``BEGIN IMMEDIATE``) are exclusive already."""
+        if not self.is_sqlite:
+            session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_STARTUP_LOCK})
 
     def current_revision(self) -> str | None:
         with self.engine.connect() as conn:

@@ -251,3 +251,39 @@ def test_workers_share_the_store_and_all_see_a_flip(tmp_path: Path,
             with httpx.Client(base_url=svc.url, headers=op, timeout=10) as fresh:
                 runners.add(fresh.post("/api/v1/decide", json=spec).json()["runner"])
     assert runners and before not in runners
+
+
+def test_replicas_starting_at_once_insert_the_defaults_once(db_url: str) -> None:
+    from dashboard.app import prepare
+    from dashboard.services import Services
+    from dashboard.settings import Settings
+    from dashboard.store import canaries
+
+    first = Services.build(Settings(database_url=db_url, demo=False))
+    first.db.upgrade()
+    second = Services.build(Settings(database_url=db_url, demo=False))
+    errors: list[BaseException] = []
+    with first.db.write_session() as s:
+        # Replica one is half-way through its start-up: defaults inserted, not committed.
+        first.db.lock_startup(s)
+        canaries.ensure_defaults(session=s, defaults=first.policy.cohort_defaults())
+        s.flush()
+
+        def start_second() -> None:
+            try:
+                prepare(second)
+            except BaseException as exc:  # the IntegrityError of a duplicate insert
+                errors.append(exc)
+
+        racer = threading.Thread(target=start_second)
+        racer.start()
+        racer.join(1.0)  # it waits for replica one instead of inserting alongside it
+        assert racer.is_alive()
+        s.commit()
+    racer.join(30)
+    assert errors == []
+    with second.db.read_session() as s:
+        rows = canaries.list_canaries(session=s)
+    assert sorted(c.cohort for c in rows) == sorted(c.id for c in load_pack("turnout").cohorts)
+    first.db.dispose()
+    second.db.dispose()
