@@ -161,11 +161,17 @@ class OracleClient:
                report: bool = True) -> Decision:
         """Decide locally (never raises for an unknown architecture; no network wait beyond
         ``startup_wait_s``) and, when ``report`` and a service URL is set, spool the event for
-        the service."""
+        the service. A spool that cannot be written (a full disk) is logged as an error and the
+        decision still returned: :meth:`report` raises instead, for callers that must know."""
         decision = decide(config, pack=self.pack, canaries=self.snapshot())
         if report and self._http is not None:  # no service configured: nothing to report to
-            self.report(decision, config,
-                        deployment_id=deployment_id or config.deployment_id or self.host)
+            try:
+                self.report(decision, config,
+                            deployment_id=deployment_id or config.deployment_id or self.host)
+            except OSError as err:  # a full disk must not stop the engine from starting
+                log.error("decision (runner %s, %s) not reported: cannot write the spool in "
+                          "%s (%s)", decision.runner, decision.reason_code, self.spool.directory,
+                          err)
         return decision
 
     def report(self, decision: Decision, config: DeploymentConfig, *,

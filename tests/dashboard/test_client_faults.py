@@ -197,3 +197,21 @@ def test_one_bad_event_in_a_batch_does_not_set_the_others_aside(fake: FakeServic
     (aside,) = (cache / "spool").glob("rejected-*.jsonl")
     assert [json.loads(x)["event_id"] for x in aside.read_text().splitlines()] == ["bad-one"]
     client.close()
+
+
+def test_a_spool_that_cannot_be_written_does_not_stop_deciding(fake: FakeService,
+                                                               tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture
+                                                               ) -> None:
+    cache = tmp_path / "c"
+    client = OracleClient(fake.url, "tok", cache_dir=cache)
+    spool = cache / "spool"
+    spool.rmdir()
+    spool.write_text("not a directory any more")  # as unwritable as a full disk
+    with caplog.at_level("ERROR", logger="turnout.client"):
+        decision = client.decide(LLAMA, deployment_id="d1")
+    assert decision == decide(LLAMA, pack=PACK)
+    assert "not reported: cannot write the spool" in caplog.text
+    with pytest.raises(OSError):
+        client.report(decision, LLAMA, deployment_id="d1")
+    client.close()
