@@ -113,7 +113,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         docs_url=None,  # served below with the vendored Swagger UI (no CDN)
         redoc_url=None,
         lifespan=lifespan,
-        max_body_size=decisions.MAX_BODY,  # 413 above it (ingest allows more)
     )
     app.state.services = services
     app.add_exception_handler(DataError, _unstorable)

@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from dashboard.auth import COOKIE_NAME, Principal, csrf_ok, csrf_token
-from dashboard.deps import MAX_ID, ServicesDep
+from dashboard.deps import MAX_BODY, MAX_ID, ServicesDep
 from dashboard.services import Services
 from dashboard.store import aggregates, audit, events, evidence
 from dashboard.store import canaries as canary_store
@@ -29,7 +29,7 @@ from dashboard.store.tokens import Role
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))
 TEMPLATES.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(",", ":"))
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, max_body_size=MAX_BODY)
 MAX_CHART_FAMILIES = 15  # the by-family chart shows the families with the most fallbacks
 
 

@@ -18,6 +18,7 @@ from dashboard.api.schemas import (
 )
 from dashboard.deps import (
     ERROR_RESPONSES,
+    MAX_BODY,
     MAX_ID,
     AdminDep,
     OperatorDep,
@@ -33,7 +34,8 @@ from dashboard.store.errors import StoreError
 from dashboard.store.models import ApiToken
 from dashboard.store.tokens import Role
 
-router = APIRouter(responses=ERROR_RESPONSES)
+router = APIRouter(responses=ERROR_RESPONSES,
+                   max_body_size=MAX_BODY)
 
 
 def _token_out(row: ApiToken) -> TokenOut:

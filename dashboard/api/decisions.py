@@ -25,12 +25,15 @@ from dashboard.api.schemas import (
 )
 from dashboard.deps import (
     ERROR_RESPONSES,
+    MAX_BODY,
+    MAX_INGEST_BODY,
     OperatorDep,
     ReadSessionDep,
     ServicesDep,
     ViewerDep,
     authorize,
     body_validation_error,
+    bounded_body,
     http_error,
 )
 from dashboard.policy import Snapshot, config_from_request
@@ -39,7 +42,8 @@ from dashboard.store import aggregates, events
 from dashboard.store.tokens import Role
 from oracle import DeploymentConfig, OracleError
 
-router = APIRouter(tags=["decisions"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["decisions"], responses=ERROR_RESPONSES,
+                   max_body_size=MAX_BODY)
 
 
 async def current_snapshot(services: Services) -> Snapshot:
@@ -56,10 +60,6 @@ def _body_ref(name: str) -> dict[str, object]:
         "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
 
 
-# Request bodies above these sizes get 413 (a decide body is well under a kilobyte; an ingest
-# batch of 5,000 events with their configs a few megabytes).
-MAX_BODY = 1024 * 1024
-MAX_INGEST_BODY = 32 * 1024 * 1024
 _CACHED_BODY = 4096  # larger bodies are parsed every time, never kept as cache keys
 
 
@@ -98,7 +98,7 @@ async def post_decide(request: Request) -> Response:
     # The hot path: no FastAPI dependencies (solving them cost more than deciding).
     await authorize(request, Role.viewer)
     services: Services = request.app.state.services
-    config = _config_from_bytes(await request.body())
+    config = _config_from_bytes(await bounded_body(request))
     snap = await current_snapshot(services)
     body, runner, reason_code = services.policy.decision_json(config, snap)
     services.metrics.decisions.labels("api", runner, reason_code).inc()

@@ -20,6 +20,7 @@ from dashboard.api.schemas import (
 )
 from dashboard.deps import (
     ERROR_RESPONSES,
+    MAX_BODY,
     MAX_ID,
     AdminDep,
     OperatorDep,
@@ -37,7 +38,8 @@ from dashboard.store import canaries as canary_store
 from dashboard.store.errors import StoreError
 from dashboard.store.models import Canary
 
-router = APIRouter(tags=["rollout"], responses=ERROR_RESPONSES)
+router = APIRouter(tags=["rollout"], responses=ERROR_RESPONSES,
+                   max_body_size=MAX_BODY)
 
 
 def _cohort_out(services: Services, canary: Canary) -> CohortOut:

@@ -11,8 +11,8 @@ import pytest
 from fastapi import HTTPException
 from service_helpers import Api, api_events
 
-from dashboard.api.decisions import MAX_BODY
 from dashboard.api.rollout import parse_if_match
+from dashboard.deps import MAX_BODY
 
 NOT_UTF8 = b'{"config": {"architecture": "\xff\xfe"}}'
 
@@ -30,7 +30,14 @@ def test_body_that_is_not_utf8_is_a_422_without_echo(api: Api, path: str, role: 
 def test_bodies_are_bounded(api: Api) -> None:
     big = json.dumps({"config": {"architecture": "LlamaForCausalLM",
                                  "model": "m" * MAX_BODY}}).encode()
-    r = api.client.post("/api/v1/decide", content=big, headers=api.h("viewer"))
+    for path in ("/api/v1/decide", "/api/v1/explain"):
+        r = api.client.post(path, content=big, headers=api.h("viewer"))
+        assert r.status_code == 413, path
+    r = api.client.patch("/api/v1/canaries/x", content=big,
+                         headers={**api.h("operator"), "If-Match": "1"})
+    assert r.status_code == 413
+    r = api.client.post("/login", content=b"token=" + b"t" * (2 * MAX_BODY),
+                        headers={"Content-Type": "application/x-www-form-urlencoded"})
     assert r.status_code == 413
     # A large ingest batch is still taken: 5,000 events of a real size are several megabytes.
     batch = api_events(5000, config={"architecture": "Qwen3ForCausalLM", "model": "q" * 400})
