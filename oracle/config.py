@@ -110,7 +110,11 @@ class DeploymentConfig:
         return out
 
     def replace(self, **changes: Any) -> DeploymentConfig:
-        """A copy with ``changes`` applied (checked like the constructor)."""
+        """A copy with ``changes`` applied (checked like the constructor). Raises ConfigError
+        (``unknown_field``, with the closest field name) for a name that is not a field."""
+        for name in changes:
+            if name not in _FIELD_SET:
+                coerce_field(name, None)  # raises the unknown_field error, "did you mean"
         return dataclasses.replace(self, **changes)
 
     def _trusted_replace(self, changes: Mapping[str, Any]) -> DeploymentConfig:
@@ -181,3 +185,4 @@ _DEFAULTS: dict[str, Any] = {
     f.name: FrozenMap() if f.default is dataclasses.MISSING else f.default for f in _FIELDS
 }
 CONFIG_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in _FIELDS)
+_FIELD_SET = frozenset(CONFIG_FIELD_NAMES)

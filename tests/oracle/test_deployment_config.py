@@ -62,6 +62,15 @@ def test_bad_values_name_the_field(kwargs: dict, fragment: str) -> None:
     assert fragment in info.value.message and info.value.code == "bad_value"
 
 
+def test_replace_names_an_unknown_field() -> None:
+    c = DeploymentConfig(architecture="LlamaForCausalLM")
+    with pytest.raises(ConfigError) as info:
+        c.replace(tensor_paralel_size=2)  # turnout decide --set tensor_paralel_size=2
+    assert info.value.code == "unknown_field"
+    assert "did you mean 'tensor_parallel_size'" in info.value.message
+    assert c.replace(tensor_parallel_size=2).tensor_parallel_size == 2
+
+
 def test_spec_round_trip() -> None:
     c = DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="eagle3",
                          logits_processors=("a:B",), env={"TURNOUT_USE_V2_MODEL_RUNNER": "1"})
