@@ -74,6 +74,10 @@ class EngineCore:
                 was queued, other requests are unaffected.
         """
         prompt = _as_token_ids(req_id, prompt_token_ids)
+        if pooling and self.config.runner_kind != "pooling":
+            raise InvalidRequestError(
+                f"request {req_id!r}: {self.config.model} generates text: it serves no pooling (embedding) requests"
+            )
         self._check_prompt(req_id, prompt, pooling)
         if pooling:
             params = None

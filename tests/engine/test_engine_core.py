@@ -63,7 +63,7 @@ def test_duplicate_id_and_capacity_and_unchunkable_prompt() -> None:
     # 2 + 8 tokens, the last one sampled but never computed: 9 tokens of KV.
     with pytest.raises(InvalidRequestError, match=r"may need 3 KV blocks \(9 tokens\), the cache has 2"):
         core.add_request("big", [1, 2], SamplingParams(max_tokens=8))
-    core2, _ = make_engine(max_num_batched_tokens=8, max_model_len=64)
+    core2, _ = make_engine(max_num_batched_tokens=8, max_model_len=64, runner_kind="pooling")
     with pytest.raises(InvalidRequestError, match=r"more than max_num_batched_tokens=8.*pooling"):
         core2.add_request("p", list(range(1, 10)), pooling=True)
 
@@ -135,7 +135,7 @@ def test_unseeded_requests_get_reproducible_seeds() -> None:
 
 
 def test_pooling_requests_run_in_one_step() -> None:
-    core, _ = make_engine(max_num_batched_tokens=32)
+    core, _ = make_engine(max_num_batched_tokens=32, runner_kind="pooling")
     core.add_request("e1", [3, 5, 7], pooling=True)
     core.add_request("e2", list(range(1, 21)), pooling=True)
     core.add_request("e3", list(range(1, 21)), pooling=True)  # 20 + 20 > 32: next step

@@ -37,6 +37,20 @@ def test_logprobs_above_the_vocabulary_are_rejected_alone(runner_name: str, mode
     np.testing.assert_allclose(np.exp(rows[:, 1:].astype(np.float64)).sum(1), 1.0, atol=1e-4)
 
 
+def test_a_pooling_request_to_a_decoder_is_rejected_alone(runner_name: str, model_dirs: dict) -> None:
+    # EngineCore.add_request(..., pooling=True) on a generative model reached the runner and
+    # failed the step of the whole batch with a bare AssertionError.
+    path = model_dirs["llama"]
+    prompt = prompts_for(VOCAB, [6], seed=4)[0]
+    greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    core = make_engine(runner_name, path)
+    core.add_request("good", prompt, greedy)
+    with pytest.raises(InvalidRequestError, match=r"request 'embed': .*generates text: it serves no pooling"):
+        core.add_request("embed", prompt, pooling=True)
+    (done,) = core.run_until_done()
+    assert done.req_id == "good" and len(done.output_token_ids) == 3
+
+
 def _mixed_params(rng: random.Random) -> SamplingParams:
     return SamplingParams(
         max_tokens=rng.randint(1, 10), min_tokens=rng.choice([0, 0, 1, 2]),
