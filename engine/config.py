@@ -152,6 +152,10 @@ class EngineConfig:
         memory = self.kv_cache_memory_gb
         if memory is not None and (not _is_finite(memory) or memory <= 0):
             raise EngineConfigError(f"kv_cache_memory_gb must be a finite number > 0, got {memory!r}")
+        if not all(_is_int(t) and 0 <= t < self.vocab_size for t in self.eos_token_ids):
+            raise EngineConfigError(
+                f"eos_token_ids must be token ids in [0, vocab_size={self.vocab_size}), got {self.eos_token_ids!r}"
+            )
         for name in ("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise EngineConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")

@@ -183,6 +183,8 @@ BAD_CONFIG = [
     ({"device": "xyz"}, r"device must be 'cpu', 'cuda' or 'cuda:N', got 'xyz'"),
     ({"device": "cuda:-1"}, r"device must be 'cpu', 'cuda' or 'cuda:N', got 'cuda:-1'"),
     ({"enable_prefix_caching": "no"}, r"enable_prefix_caching must be a bool, got 'no'"),
+    ({"eos_token_ids": (2, 10)}, r"eos_token_ids must be token ids in \[0, vocab_size=10\), got \(2, 10\)"),
+    ({"eos_token_ids": ("2",)}, r"eos_token_ids must be token ids"),
 ]
 
 
