@@ -72,15 +72,30 @@ def test_a_batch_of_mixed_options_gives_the_same_tokens_on_every_runner(model_di
         prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 30))]
         requests[f"r{i}"] = (prompt, _mixed_params(rng))
     layouts = {"roomy": {}, "squeezed": {"max_num_batched_tokens": 8, "block_size": 4, "num_kv_blocks": 16, "max_num_seqs": 3}}
-    results = {}
+    results, logprobs = {}, {}
     for runner in RUNNERS:
         for layout, kwargs in layouts.items():
             done = run(make_engine(runner, model_dirs["llama"], eos_token_ids=(2, 5), **kwargs), dict(requests))
             results[runner, layout] = {k: (r.output_token_ids, r.status.finish_reason) for k, r in done.items()}
+            logprobs[runner, layout] = {k: (_joined(r.logprobs), _joined(r.prompt_logprobs)) for k, r in done.items()}
     want = results[RUNNERS[0], "roomy"]
     assert len({tuple(t) for t, _ in want.values()}) > 5, "premise: the rows differ"
     for key, got in results.items():
         assert got == want, f"{key} differs from {RUNNERS[0]}/roomy"
+    # Logprobs too: the same top-k ids (ties to the lower id) and ranks, values within fp32 noise.
+    want_lps = logprobs[RUNNERS[0], "roomy"]
+    assert sum(len(s[0][0]) + len(s[1][0]) for s in want_lps.values()) > 20, "premise: logprobs were asked"
+    for key, got_lps in logprobs.items():
+        for k, sides in got_lps.items():
+            for (ids, lps, ranks), (want_ids, want_values, want_ranks) in zip(sides, want_lps[k], strict=True):
+                assert np.array_equal(ids, want_ids) and np.array_equal(ranks, want_ranks), (key, k)
+                np.testing.assert_allclose(lps, want_values, atol=1e-5, rtol=0, err_msg=f"{key} {k}")
+
+
+def _joined(chunks: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    if not chunks:
+        return np.zeros((0, 0), np.int32), np.zeros((0, 0), np.float32), np.zeros(0, np.int32)
+    return tuple(np.concatenate([getattr(c, f) for c in chunks]) for f in ("token_ids", "logprobs", "ranks"))  # type: ignore[return-value]
 
 
 class Interrupted(BaseException):
