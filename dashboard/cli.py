@@ -220,14 +220,18 @@ def _flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
     try:
         with services.db.write_session() as session:
             current = canaries.get_canary(session=session, cohort=cohort)
-            row = canaries.flip_canary(session=session, cohort=cohort, enabled=enabled,
-                                       reason=reason, actor=_actor(),
-                                       if_version=current.version, percentage=percentage)
+            flip = canaries.flip_canary(session=session, cohort=cohort, enabled=enabled,
+                                        reason=reason, actor=_actor(),
+                                        if_version=current.version, percentage=percentage)
             session.commit()
     except StoreError as err:
         raise _fail(str(err)) from err
-    typer.echo(f"{cohort}: {'enabled' if row.enabled else 'disabled'} at {row.percentage}% "
-               f"(version {row.version})")
+    row = flip.canary
+    state = f"enabled at {row.percentage}%" if row.enabled else "disabled"
+    if flip.changed:
+        typer.echo(f"{cohort}: {state} (version {row.version})")
+    else:
+        typer.echo(f"{cohort}: already {state}; nothing changed (version {row.version})")
 
 
 @canary_app.command("enable")

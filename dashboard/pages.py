@@ -192,15 +192,20 @@ def flip_from_page(
         return refused
     try:
         with services.db.write_session() as session:
-            canary_store.flip_canary(session=session, cohort=cohort, enabled=enabled,
-                                     reason=reason, actor=user.actor, if_version=version,
-                                     percentage=percentage if enabled else None)
+            flip = canary_store.flip_canary(session=session, cohort=cohort, enabled=enabled,
+                                            reason=reason, actor=user.actor,
+                                            if_version=version,
+                                            percentage=percentage if enabled else None)
             session.commit()
     except StoreError as err:  # a stale version, an empty reason, an unknown cohort
         return _back(error=str(err))
+    row = flip.canary
+    state = f"enabled at {row.percentage}%" if row.enabled else "disabled"
+    if not flip.changed:
+        return _back(message=f"{cohort} already {state}: nothing changed")
     services.policy.invalidate()
     services.metrics.canary_flips.labels(cohort).inc()
-    return _back(message=f"{cohort} {'enabled' if enabled else 'disabled'}: {reason.strip()}")
+    return _back(message=f"{cohort} {state}: {reason.strip()}")
 
 
 @router.post("/kill-switch", response_model=None)

@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from dashboard.api.schemas import (
     AuditOut,
     CanariesOut,
+    CanaryFlipOut,
     CanaryPatch,
     CohortOut,
     ErrorResponse,
@@ -103,28 +104,30 @@ def parse_if_match(if_match: str | None) -> int:
     return int(value)
 
 
-@router.patch("/canaries/{cohort}", response_model=CohortOut,
+@router.patch("/canaries/{cohort}", response_model=CanaryFlipOut,
               responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse},
                          428: {"model": ErrorResponse}})
 def patch_canary(
     cohort: str, body: CanaryPatch, services: ServicesDep, session: WriteSessionDep,
     who: OperatorDep, response: Response,
     if_match: Annotated[str | None, Header()] = None,
-) -> CohortOut:
+) -> CanaryFlipOut:
     """Flip a cohort's canary (operator). ``If-Match`` must carry the version read; a stale one
-    gets 409 with the current version in ETag."""
+    gets 409 with the current version in ETag. Asking for the state the cohort already has is
+    a 200 with ``changed: false``: same version, no audit entry."""
     version = parse_if_match(if_match)
     try:
-        canary = canary_store.flip_canary(
+        flip = canary_store.flip_canary(
             session=session, cohort=cohort, enabled=body.enabled, percentage=body.percentage,
             reason=body.reason, actor=who.actor, if_version=version)
         session.commit()
     except StoreError as err:
         raise_store_error(err)
-    services.policy.invalidate()
-    services.metrics.canary_flips.labels(cohort).inc()
-    response.headers["ETag"] = f'"{canary.version}"'
-    return _cohort_out(services, canary)
+    if flip.changed:
+        services.policy.invalidate()
+        services.metrics.canary_flips.labels(cohort).inc()
+    response.headers["ETag"] = f'"{flip.canary.version}"'
+    return CanaryFlipOut(**_cohort_out(services, flip.canary).model_dump(), changed=flip.changed)
 
 
 @router.post("/kill-switch", response_model=KillSwitchOut)

@@ -56,6 +56,11 @@ class CohortOut(BaseModel):
     updated_by: str
 
 
+class CanaryFlipOut(CohortOut):
+    changed: bool = Field(description="false when the cohort already had the state asked for: "
+                          "its version stays and no audit entry is written")
+
+
 class KillSwitchOut(BaseModel):
     engaged: bool
     version: int

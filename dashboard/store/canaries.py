@@ -3,7 +3,8 @@
 A change names the version it read (the API's ``If-Match``); the row is locked (``SELECT ... FOR
 UPDATE`` on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite), the version compared, bumped, and the
 audit entry written in the same transaction: exactly one writer wins per version and every
-successful change has exactly one audit entry.
+successful change has exactly one audit entry. A flip to the state the cohort already has is
+no change: the version stays and nothing is audited (``Flip.changed`` is false).
 """
 
 from __future__ import annotations
@@ -104,6 +105,15 @@ def canary_json(canary: Canary) -> dict[str, Any]:
             "version": canary.version}
 
 
+@dataclass(frozen=True)
+class Flip:
+    """What :func:`flip_canary` did: the cohort's row after it, and whether its state changed
+    (false when the flip asked for the state the cohort already had)."""
+
+    canary: Canary
+    changed: bool
+
+
 def flip_canary(
     *,
     session: Session,
@@ -113,8 +123,11 @@ def flip_canary(
     actor: str,
     if_version: int,
     percentage: int | None = None,
-) -> Canary:
-    """Set a cohort's canary; the caller commits.
+) -> Flip:
+    """Set a cohort's canary; the caller commits. ``percentage`` None keeps the current one.
+    Setting the state the cohort already has (same ``enabled``, same percentage) changes
+    nothing: no version bump, no audit entry, ``changed`` false. The version is checked first
+    either way, so a stale reader still learns that the cohort moved.
 
     Raises:
         NotFound: unknown cohort (``code="unknown_cohort"``).
@@ -132,6 +145,8 @@ def flip_canary(
         raise VersionConflict(
             f"cohort {cohort!r} is at version {canary.version}, not {if_version}: "
             "re-read it and decide again", current_version=canary.version)
+    if canary.enabled == enabled and percentage in (None, canary.percentage):
+        return Flip(canary, changed=False)
     before = canary_json(canary)
     canary.enabled = enabled
     if percentage is not None:
@@ -141,7 +156,7 @@ def flip_canary(
     canary.updated_by = actor
     audit.record(session=session, actor=actor, action="canary.flip", target=f"cohort:{cohort}",
                  reason=reason, before=before, after=canary_json(canary))
-    return canary
+    return Flip(canary, changed=True)
 
 
 def set_kill_switch(

@@ -71,6 +71,55 @@ def test_patch_needs_if_match_and_a_current_version(api: Api) -> None:
     assert audit[0]["actor"].startswith("operator")
 
 
+def _flips(api: Api) -> list[dict[str, object]]:
+    audit = api.client.get("/api/v1/audit", headers=api.h("viewer")).json()
+    return [a for a in audit if a["action"] == "canary.flip"]
+
+
+def test_patch_to_the_current_state_changes_nothing(api: Api) -> None:
+    cohort = _first_cohort(api)  # on at 100% by default
+    name, version = cohort["cohort"], cohort["version"]
+    url = f"/api/v1/canaries/{name}"
+    etag = api.client.get("/api/v1/canaries", headers=api.h("viewer")).headers["ETag"]
+    op = {**api.h("operator"), "If-Match": str(version)}
+    for body in ({"enabled": True, "reason": "again"},
+                 {"enabled": True, "percentage": cohort["percentage"], "reason": "again"}):
+        r = api.client.patch(url, json=body, headers=op)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["changed"] is False
+        assert (out["enabled"], out["percentage"], out["version"]) == (True, 100, version)
+        assert r.headers["ETag"] == f'"{version}"'
+    assert _flips(api) == []
+    assert api.client.get("/api/v1/canaries", headers=api.h("viewer")).headers["ETag"] == etag
+    samples = api.services.metrics.registry.get_sample_value
+    assert not samples("turnout_canary_flips_total", {"cohort": name})
+    r = api.client.patch(url, json={"enabled": False, "reason": "off"}, headers=op)
+    assert r.json()["changed"] is True and r.json()["version"] == version + 1
+    assert [a["reason"] for a in _flips(api)] == ["off"]
+    assert samples("turnout_canary_flips_total", {"cohort": name}) == 1
+
+
+def test_page_flip_to_the_current_state_says_nothing_changed(api: Api) -> None:
+    from dashboard.auth import COOKIE_NAME, csrf_token
+
+    cohort = _first_cohort(api)
+    token = api.tokens["operator"]
+    api.client.cookies.set(COOKIE_NAME, token)
+    try:
+        r = api.client.post(f"/canaries/{cohort['cohort']}", follow_redirects=False,
+                            data={"enabled": "true", "version": cohort["version"],
+                                  "percentage": "100", "reason": "again",
+                                  "csrf": csrf_token(token)})
+        assert r.status_code == 303
+        page = api.client.get(r.headers["location"]).text
+    finally:
+        api.client.cookies.clear()
+    assert f"{cohort['cohort']} already enabled at 100%: nothing changed" in page
+    assert _flips(api) == []
+    assert _first_cohort(api)["version"] == cohort["version"]
+
+
 def test_decide_uses_the_store_canaries_and_matches_the_oracle(api: Api) -> None:
     pack = load_pack("turnout")
     config = DeploymentConfig.from_spec(QWEN3)

@@ -42,11 +42,21 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctx]:
         yield Ctx(client, made)
 
 
-def _cohort(c: Ctx) -> tuple[str, int]:
+def _first(c: Ctx) -> dict[str, Any]:
     body = c.client.get("/api/v1/canaries",
                         headers={"Authorization": f"Bearer {c.tokens['viewer']}"}).json()
-    first = body["cohorts"][0]
+    return dict(body["cohorts"][0])
+
+
+def _cohort(c: Ctx) -> tuple[str, int]:
+    first = _first(c)
     return first["cohort"], first["version"]
+
+
+def _toggled(c: Ctx) -> str:
+    """The first cohort's opposite state as a form value (a flip to the same state is no
+    change, and writes no audit entry)."""
+    return "false" if _first(c)["enabled"] else "true"
 
 
 def _event() -> dict[str, Any]:
@@ -68,7 +78,7 @@ Call = Callable[[Ctx, dict[str, str]], Any]
 def _patch(c: Ctx, h: dict[str, str]) -> Any:
     cohort, version = _cohort(c)
     return c.client.patch(f"/api/v1/canaries/{cohort}", headers={**h, "If-Match": str(version)},
-                          json={"enabled": True, "reason": "auth table"})
+                          json={"enabled": _toggled(c) == "true", "reason": "auth table"})
 
 
 API: dict[str, tuple[str, int, Call]] = {
@@ -135,7 +145,7 @@ def _page_post(c: Ctx, who: str, path: str, data: dict[str, Any]) -> Any:
 
 PAGES: dict[str, tuple[str, Callable[[Ctx], tuple[str, dict[str, Any]]]]] = {
     "page flip": ("operator", lambda c: (f"/canaries/{_cohort(c)[0]}",
-                                         {"enabled": "true", "version": _cohort(c)[1],
+                                         {"enabled": _toggled(c), "version": _cohort(c)[1],
                                           "reason": "page auth table"})),
     "page kill switch": ("admin", lambda c: ("/kill-switch",
                                              {"engaged": "false", "reason": "page auth"})),

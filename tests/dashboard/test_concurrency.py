@@ -50,9 +50,10 @@ def test_20_clients_race_one_winner_per_version(db_url: str, tmp_path: Path,
                  lock: threading.Lock = lock) -> None:
             with httpx.Client(base_url=svc.url, timeout=30) as c:
                 barrier.wait()
+                # Round 0 turns the first stage (on by default) off: each round is a change.
                 r = c.patch(f"/api/v1/canaries/{COHORT}",
                             headers={**auth, "If-Match": f'"{version}"'},
-                            json={"enabled": rnd % 2 == 0, "reason": f"round {rnd} client {i}"})
+                            json={"enabled": rnd % 2 == 1, "reason": f"round {rnd} client {i}"})
             with lock:
                 statuses.append(r.status_code)
 
@@ -73,7 +74,7 @@ def test_20_clients_race_one_winner_per_version(db_url: str, tmp_path: Path,
     # No lost update: each entry starts from the state the previous one left.
     for prev, cur in itertools.pairwise(entries):
         assert cur.before == prev.after
-    assert [e.after["enabled"] for e in entries] == [r % 2 == 0 for r in range(NUM_ROUNDS)]
+    assert [e.after["enabled"] for e in entries] == [r % 2 == 1 for r in range(NUM_ROUNDS)]
 
 
 def test_two_replicas_on_one_postgresql_see_each_others_flips(

@@ -88,6 +88,20 @@ def test_canary_flips_by_family_name_and_are_audited(run) -> None:  # type: igno
     assert code == 0 and first.id in out and "kill switch: released" in out
 
 
+def test_canary_flip_to_the_current_state_changes_nothing(run) -> None:  # type: ignore[no-untyped-def]
+    first = load_pack("turnout").cohorts[0]  # on at 100% by default
+    code, out = run("canary", "enable", first.id, "--reason", "again")
+    assert code == 0, out
+    assert out.strip() == f"{first.id}: already enabled at 100%; nothing changed (version 1)"
+    code, out = run("canary", "disable", first.id, "--reason", "off")
+    assert code == 0 and out.strip() == f"{first.id}: disabled (version 2)"
+    code, out = run("canary", "disable", first.id, "--reason", "off again")
+    assert out.strip() == f"{first.id}: already disabled; nothing changed (version 2)"
+    with _services(run.url).db.read_session() as s:
+        assert [e.reason for e in audit.list_entries(session=s)] == ["off"]
+        assert canaries.read_state(session=s).cohorts[first.id] == (False, 100, 2)
+
+
 def test_kill_switch_and_demo_remove(run) -> None:  # type: ignore[no-untyped-def]
     code, out = run("kill-switch", "engage", "--reason", "V2 crash loop")
     assert code == 0 and "ENGAGED" in out

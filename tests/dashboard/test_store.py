@@ -64,10 +64,11 @@ def test_defaults_are_inserted_once_and_keep_existing_state(db: Database) -> Non
 
 def test_flip_checks_version_and_writes_one_audit_entry(db: Database) -> None:
     with db.write_session() as s:
-        row = canaries.flip_canary(session=s, cohort="qwen3", enabled=True, percentage=25,
-                                   reason="parity suite green", actor="alice", if_version=1)
+        flip = canaries.flip_canary(session=s, cohort="qwen3", enabled=True, percentage=25,
+                                    reason="parity suite green", actor="alice", if_version=1)
         s.commit()
-    assert (row.enabled, row.percentage, row.version) == (True, 25, 2)
+    assert flip.changed
+    assert (flip.canary.enabled, flip.canary.percentage, flip.canary.version) == (True, 25, 2)
     with db.write_session() as s, pytest.raises(VersionConflict) as err:
         canaries.flip_canary(session=s, cohort="qwen3", enabled=False, reason="x",
                              actor="bob", if_version=1)
@@ -81,6 +82,48 @@ def test_flip_checks_version_and_writes_one_audit_entry(db: Database) -> None:
     assert e.before == {"enabled": False, "percentage": 100, "version": 1}
     assert e.after == {"enabled": True, "percentage": 25, "version": 2}
     assert e.at.tzinfo is not None
+
+
+@pytest.mark.parametrize(("cohort", "enabled", "percentage"), [
+    ("qwen3", False, None),            # off, asked off
+    ("qwen3", False, 100),             # off at its stored 100%
+    ("llama-mistral", False, 50),      # the stored share, stated
+])
+def test_a_flip_to_the_current_state_changes_nothing(db: Database, cohort: str, enabled: bool,
+                                                     percentage: int | None) -> None:
+    with db.write_session() as s:
+        flip = canaries.flip_canary(session=s, cohort=cohort, enabled=enabled,
+                                    percentage=percentage, reason="again", actor="alice",
+                                    if_version=1)
+        s.commit()
+    assert not flip.changed and flip.canary.version == 1
+    with db.read_session() as s:
+        assert audit.list_entries(session=s) == []
+        before = canaries.read_state(session=s)
+    assert before.cohorts[cohort][2] == 1
+    # A stale version is still a conflict, whatever the state asked for.
+    with db.write_session() as s, pytest.raises(VersionConflict):
+        canaries.flip_canary(session=s, cohort=cohort, enabled=enabled, reason="again",
+                             actor="alice", if_version=7)
+
+
+def test_a_flip_that_changes_only_the_share_is_a_change(db: Database) -> None:
+    with db.write_session() as s:
+        on = canaries.flip_canary(session=s, cohort="qwen3", enabled=True, percentage=50,
+                                  reason="half", actor="a", if_version=1)
+        s.commit()
+    with db.write_session() as s:
+        same = canaries.flip_canary(session=s, cohort="qwen3", enabled=True, reason="again",
+                                    actor="a", if_version=2)  # percentage None: keep 50%
+        s.commit()
+    with db.write_session() as s:
+        more = canaries.flip_canary(session=s, cohort="qwen3", enabled=True, percentage=100,
+                                    reason="all", actor="a", if_version=2)
+        s.commit()
+    assert (on.changed, same.changed, more.changed) == (True, False, True)
+    assert more.canary.version == 3
+    with db.read_session() as s:
+        assert [e.reason for e in audit.list_entries(session=s)] == ["all", "half"]
 
 
 @pytest.mark.parametrize("reason", ["", "   "])
