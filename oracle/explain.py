@@ -6,13 +6,16 @@ domain, alone, then in pairs and triples, keeping only sets with no smaller work
 Values that keep a feature on are preferred over turning it off (``ngram -> eagle3`` before
 ``ngram -> none``). Every suggestion carries the Decision its config really gets. When the
 rollout decided, pinning V2 and enabling the stage's canary are offered too, re-checked the
-same way.
+same way. When neither a config change alone nor a pin or canary step alone reaches V2 (a
+blocker in a stage that is not enabled yet), the config change is offered together with the
+step it needs (kinds ``config+pin`` and ``config+canary``), again only when no smaller set
+works.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +47,7 @@ class Suggestion:
 
     changes: tuple[Change, ...]
     decision: Decision
-    kind: str  # "config" | "pin" | "canary"
+    kind: str  # "config" | "pin" | "canary" | "config+pin" | "config+canary"
 
     def __str__(self) -> str:
         return "; ".join(str(c) for c in self.changes)
@@ -99,33 +102,78 @@ def _reaches_v2(d: Decision) -> bool:
     return d.runner == "v2"
 
 
+# A step after config changes: (candidate config, its decision) -> the step's changes and the
+# decision they reach, or None when the step does not apply or does not reach V2.
+Step = Callable[[DeploymentConfig, Decision], "tuple[tuple[Change, ...], Decision] | None"]
+
+
 def _config_suggestions(config: DeploymentConfig, pack: Pack, dims: Sequence[str],
-                        canaries: CanarySnapshot | None) -> list[Suggestion]:
+                        canaries: CanarySnapshot | None, steps: dict[str, Step]
+                        ) -> list[Suggestion]:
+    """Config changes alone, then (where those do not suffice) with each of ``steps``; a set
+    is kept only if no subset of it worked alone or with the same step."""
     found: list[Suggestion] = []
-    solved: list[frozenset[str]] = []
+    solved: dict[str, list[frozenset[str]]] = {"config": [],
+                                               **{f"config+{k}": [] for k in steps}}
     for size in range(1, min(MAX_CHANGES, len(dims)) + 1):
         for combo in itertools.combinations(dims, size):
-            if any(s <= frozenset(combo) for s in solved):
+            key = frozenset(combo)
+            if any(s <= key for s in solved["config"]):
                 continue
-            hit = _first_working(config, pack, combo, canaries)
-            if hit is not None:
+            open_steps = {k: step for k, step in steps.items()
+                          if not any(s <= key for s in solved[f"config+{k}"])}
+            for hit in _first_working(config, pack, combo, canaries, open_steps):
                 found.append(hit)
-                solved.append(frozenset(combo))
+                solved[hit.kind].append(key)
     return found
 
 
 def _first_working(config: DeploymentConfig, pack: Pack, combo: Iterable[str],
-                   canaries: CanarySnapshot | None) -> Suggestion | None:
+                   canaries: CanarySnapshot | None, steps: dict[str, Step]
+                   ) -> list[Suggestion]:
+    """The first values of ``combo`` that reach V2 alone (one suggestion); failing that, for
+    each step the first values that reach V2 with it."""
     dims = list(combo)
     choices = [_alternatives(pack, d, getattr(config, d)) for d in dims]
+    with_step: dict[str, Suggestion] = {}
     for values in itertools.product(*choices):
         candidate = config.replace(**dict(zip(dims, values, strict=True)))
+        changes = tuple(Change(dim, getattr(config, dim), v)
+                        for dim, v in zip(dims, values, strict=True))
         d = pack.decide(candidate, canaries)
         if _reaches_v2(d):
-            changes = tuple(Change(dim, getattr(config, dim), v)
-                            for dim, v in zip(dims, values, strict=True))
-            return Suggestion(changes, d, "config")
-    return None
+            return [Suggestion(changes, d, "config")]
+        for name, step in steps.items():
+            if name in with_step:
+                continue
+            done = step(candidate, d)
+            if done is not None:
+                with_step[name] = Suggestion((*changes, *done[0]), done[1], "config+" + name)
+    return [with_step[k] for k in steps if k in with_step]
+
+
+def _pin_step(pack: Pack, canaries: CanarySnapshot | None, own: str | None) -> Step:
+    """Pinning V2 after config changes (``own``: the deployment's own value of the runner
+    variable, the change's starting point)."""
+    def step(candidate: DeploymentConfig, _d: Decision
+             ) -> tuple[tuple[Change, ...], Decision] | None:
+        d = pack.decide(candidate.replace(env={**candidate.env, **pack.pin_env("v2")}),
+                        canaries)
+        return ((Change(f"env:{pack.env_var}", own, "1"),), d) if _reaches_v2(d) else None
+    return step
+
+
+def _canary_step(pack: Pack, canaries: CanarySnapshot | None) -> Step:
+    """The operator's flips after config changes, when only the rollout keeps the changed
+    config on V1 (its stage may differ from the deployment's: a quantization change moves it)."""
+    def step(candidate: DeploymentConfig, d: Decision
+             ) -> tuple[tuple[Change, ...], Decision] | None:
+        if d.stage is None or not d.reasons or not all(r.rule_id.startswith("rollout.")
+                                                       for r in d.reasons):
+            return None
+        hit = _canary_suggestion(candidate, pack, d.stage, canaries)
+        return None if hit is None else (hit.changes, hit.decision)
+    return step
 
 
 def _pin_suggestion(config: DeploymentConfig, pack: Pack,
@@ -189,10 +237,24 @@ def explain(config: DeploymentConfig, *, pack: Pack,
         return Explanation(decision, (), "fix the input first: " + (decision.error or ""))
     base, unpin = _unpinned(config, pack, decision)
     why = pack.decide(base, canaries) if unpin else decision
-    suggestions = _config_suggestions(base, pack, _candidate_dims(pack, why), canaries)
-    suggestions = [Suggestion((*unpin, *sg.changes), sg.decision, sg.kind) for sg in suggestions]
-    suggestions += _pin_suggestion(config, pack, canaries)
-    suggestions += [Suggestion((*unpin, *sg.changes), sg.decision, sg.kind)
-                    for sg in _rollout_suggestions(base, pack, why, canaries)]
+    pin = _pin_suggestion(config, pack, canaries)
+    rollout = _rollout_suggestions(base, pack, why, canaries)
+    steps: dict[str, Step] = {}
+    if not pin and config.env.get(pack.env_var) != "1":
+        steps["pin"] = _pin_step(pack, canaries, config.env.get(pack.env_var))
+    if not rollout:
+        steps["canary"] = _canary_step(pack, canaries)
+    found = _config_suggestions(base, pack, _candidate_dims(pack, why), canaries, steps)
+    config_only = [sg for sg in found if sg.kind == "config"]
+    combined = [sg for sg in found if sg.kind != "config"]
+    # A config+pin suggestion pins from the deployment's own value (0 → 1): no lifting first.
+    suggestions = [*_after(unpin, config_only), *pin, *_after(unpin, rollout),
+                   *[sg for sg in combined if sg.kind == "config+pin"],
+                   *_after(unpin, [sg for sg in combined if sg.kind == "config+canary"])]
     note = "" if suggestions else "no change of the deployment's options reaches V2"
     return Explanation(decision, tuple(suggestions), note)
+
+
+def _after(unpin: tuple[Change, ...], suggestions: Iterable[Suggestion]) -> list[Suggestion]:
+    """``suggestions`` starting with lifting a V1 pin (when there is one to lift)."""
+    return [Suggestion((*unpin, *sg.changes), sg.decision, sg.kind) for sg in suggestions]

@@ -176,6 +176,34 @@ def test_explain_answers_with_changes_that_reach_v2(api: Api) -> None:
                for c in s["changes"])
 
 
+def test_explain_combined_suggestion_applied_through_the_service_reaches_v2(api: Api) -> None:
+    spec = {"architecture": "LlamaForCausalLM", "speculative_method": "ngram"}
+    r = api.client.post("/api/v1/explain", json={"config": spec}, headers=api.h("viewer"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["note"] is None
+    combined = next(s for s in body["suggestions"] if s["kind"] == "config+canary")
+    assert combined["text"] == ("speculative_method ngram → eagle3; "
+                                "canary:llama-mistral-dense off → on 100%")
+    # Apply it: the canary flip through the API, the config change in the deployment.
+    changed = dict(spec)
+    for change in combined["changes"]:
+        if change["dimension"].startswith("canary:"):
+            stage = change["dimension"].removeprefix("canary:")
+            version = api.client.get(f"/api/v1/canaries/{stage}",
+                                     headers=api.h("viewer")).json()["version"]
+            flip = api.client.patch(f"/api/v1/canaries/{stage}",
+                                    json={"enabled": True, "percentage": 100, "reason": "x"},
+                                    headers={**api.h("operator"), "If-Match": str(version)})
+            assert flip.status_code == 200, flip.text
+        else:
+            changed[change["dimension"]] = change["to"]
+    r = api.client.post("/api/v1/decide", json={"config": changed}, headers=api.h("viewer"))
+    assert r.json()["runner"] == "v2"
+    r = api.client.post("/api/v1/decide", json={"config": spec}, headers=api.h("viewer"))
+    assert r.json()["runner"] == "v1"  # the canary alone does not do it
+
+
 def test_matrix_summarises_every_cell_of_the_oracle(api: Api) -> None:
     r = api.client.get("/api/v1/matrix", headers=api.h("viewer"))
     assert r.status_code == 200, r.text

@@ -112,6 +112,25 @@ def test_explain_prints_the_suggestions() -> None:
     assert r.returncode == 2 and "placeholder" in r.stdout + r.stderr
 
 
+def test_explain_combines_a_config_change_with_the_canary() -> None:
+    argv = ["--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 3}']
+    r = turnout("explain", *argv)
+    assert r.returncode == 0, r.stderr
+    assert "no change of the deployment's options reaches V2" not in r.stdout
+    text = " ".join(r.stdout.split())
+    assert text.endswith(
+        "→ V2 (config+pin, STATIC): speculative_method ngram → eagle3; "
+        "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1 "
+        "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → eagle3; "
+        "canary:llama-mistral-dense off → on 100%")
+    out = json.loads(turnout("explain", "--json", *argv).stdout)
+    assert [s["kind"] for s in out["suggestions"]] == ["config+pin", "config+canary"]
+    assert out["suggestions"][1]["changes"] == [
+        {"dimension": "speculative_method", "from": "ngram", "to": "eagle3"},
+        {"dimension": "canary:llama-mistral-dense", "from": "off", "to": "on 100%"}]
+
+
 @pytest.mark.parametrize("args", [["--", "vllm", "serve", "<checkpoint>"],
                                   ["--pack", "nope", "--architecture", "X"]])
 def test_explain_json_on_bad_input_is_still_json(args: list[str]) -> None:

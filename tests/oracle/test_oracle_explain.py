@@ -87,3 +87,52 @@ def test_already_v2_and_unknown_architecture() -> None:
         "already V2"
     ex = explain(DeploymentConfig(architecture="Nope"), pack=pack)
     assert ex.suggestions == () and ex.note.startswith("fix the input first")
+
+
+PIN = "env:TURNOUT_USE_V2_MODEL_RUNNER"
+LLAMA_STAGE = "canary:llama-mistral-dense off → on 100%"
+
+
+def test_a_blocker_in_a_stage_that_is_off_needs_the_change_and_a_step_together() -> None:
+    # The Llama stage is off and n-gram speculation blocks V2: neither the config change nor
+    # the canary (nor the pin: ngram is a hard blocker) reaches V2 alone.
+    cfg = DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="ngram")
+    ex = explain(cfg, pack=load_pack("turnout"))
+    assert ex.note == ""
+    assert [(s.kind, str(s)) for s in ex.suggestions] == [
+        ("config+pin", f"speculative_method ngram → eagle3; {PIN} unset → 1"),
+        ("config+canary", f"speculative_method ngram → eagle3; {LLAMA_STAGE}"),
+    ]
+    assert [s.decision.mode for s in ex.suggestions] == ["pinned", "auto"]
+    assert all(s.decision.runner == "v2" for s in ex.suggestions)
+
+
+def test_two_blockers_and_the_canary_in_one_suggestion() -> None:
+    cfg = DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="suffix",
+                           enable_elastic_ep=True)
+    assert _texts(cfg)[1] == ("speculative_method suffix → eagle3; enable_elastic_ep true → "
+                              f"false; {LLAMA_STAGE}")
+
+
+def test_a_step_that_works_alone_is_not_combined() -> None:
+    # DBO is soft: the pin alone reaches V2, so no config+pin; the canary needs DBO off.
+    cfg = DeploymentConfig(architecture="LlamaForCausalLM", enable_dbo=True)
+    ex = explain(cfg, pack=load_pack("turnout"))
+    assert [(s.kind, str(s)) for s in ex.suggestions] == [
+        ("pin", f"{PIN} unset → 1"),
+        ("config+canary", f"enable_dbo true → false; {LLAMA_STAGE}"),
+    ]
+
+
+def test_combined_steps_start_from_a_v1_pin_and_the_kill_switch() -> None:
+    pin = {"TURNOUT_USE_V2_MODEL_RUNNER": "0"}
+    cfg = DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="ngram", env=pin)
+    assert _texts(cfg) == [
+        f"speculative_method ngram → eagle3; {PIN} 0 → 1",
+        f"{PIN} 0 → unset; speculative_method ngram → eagle3; {LLAMA_STAGE}",
+    ]
+    qwen = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram")
+    assert _texts(qwen, canaries=CanarySnapshot({}, kill_switch=True)) == [
+        f"speculative_method ngram → eagle3; {PIN} unset → 1",
+        "speculative_method ngram → eagle3; kill_switch engaged → released",
+    ]

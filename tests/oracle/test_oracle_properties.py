@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, explain, load_pack
-from oracle.fields import FIELDS
+from oracle.fields import FIELD_INFO, FIELDS
 
 PACKS = {name: load_pack(name) for name in ("turnout", "vllm-0.31")}
 ARCHS = sorted(PACKS["turnout"].architectures)
@@ -174,6 +174,11 @@ SNAPSHOTS = st.one_of(st.none(), st.builds(
          canaries=CanarySnapshot({}, kill_switch=True))
 @example(cfg=DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram",
                               env={"TURNOUT_USE_V2_MODEL_RUNNER": "0"}), canaries=None)
+@example(cfg=DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="ngram"),
+         canaries=None)  # a blocker in a stage that is off: config change + canary or pin
+@example(cfg=DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="suffix",
+                              enable_dbo=True, env={"TURNOUT_USE_V2_MODEL_RUNNER": "0"}),
+         canaries=CanarySnapshot({}, kill_switch=True))
 def test_explain_suggestions_really_reach_v2(cfg: DeploymentConfig,
                                              canaries: CanarySnapshot | None) -> None:
     pack = PACKS["turnout"]
@@ -182,3 +187,44 @@ def test_explain_suggestions_really_reach_v2(cfg: DeploymentConfig,
         assert s.decision.runner == "v2"
         changed, snap = _apply(cfg, s.changes, "turnout", canaries)
         assert decide(changed, pack=pack, canaries=snap).runner == "v2", str(s)
+
+
+def _opened(pack_name: str, cfg: DeploymentConfig, canaries: CanarySnapshot | None
+            ) -> CanarySnapshot:
+    """``canaries`` with the kill switch released and ``cfg``'s stage on at 100%."""
+    pack = PACKS[pack_name]
+    cohorts = dict(canaries.cohorts) if canaries else {}
+    stage = decide(cfg, pack=pack, canaries=canaries).stage
+    if stage is not None:
+        cohorts[stage] = CohortState(True, 100)
+    return CanarySnapshot(cohorts, kill_switch=False)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs(), canaries=SNAPSHOTS)
+@example(cfg=DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="ngram"),
+         canaries=None)
+@example(cfg=DeploymentConfig(architecture="LlamaForCausalLM", enable_dbo=True),
+         canaries=CanarySnapshot({}, kill_switch=True))
+def test_explain_finds_one_change_that_needs_the_rollout_too(
+        cfg: DeploymentConfig, canaries: CanarySnapshot | None) -> None:
+    """Whenever changing one option a deciding rule tested, together with opening the rollout
+    for the changed deployment (its stage on at 100%, the kill switch released), reaches V2,
+    explain offers a suggestion that changes at most that option, and it reaches V2."""
+    pack = PACKS["turnout"]
+    if cfg.architecture not in pack.architectures or pack.env_var in cfg.env:
+        return
+    ex = explain(cfg, pack=pack, canaries=canaries)
+    if ex.decision.runner != "v1":
+        return
+    offered = [{c.dimension for c in s.changes if c.dimension in pack.domains}
+               for s in ex.suggestions]
+    for dim in {d for r in ex.decision.reasons for d in r.matched}:
+        if dim not in pack.domains or not FIELD_INFO[dim].changeable:
+            continue
+        for value in pack.domains[dim]:
+            changed = cfg.replace(**{dim: value})
+            opened = _opened("turnout", changed, canaries)
+            if decide(changed, pack=pack, canaries=opened).runner == "v2":
+                assert any(dims <= {dim} for dims in offered), (dim, value, offered)
+                break
