@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._checks import check_dtypes, check_matrix
 from kernels._triton import require_triton, tl, triton
 
 _MASK32 = 0xFFFFFFFF
@@ -98,8 +99,7 @@ def gumbel_noise(
     num_rows = seeds.shape[0]
     if out is None:
         out = torch.empty(num_rows, vocab_size, dtype=torch.float32, device=seeds.device)
-    if out.shape != (num_rows, vocab_size) or out.dtype != torch.float32 or out.stride(1) != 1:
-        raise ValueError(f"out must be [{num_rows}, {vocab_size}] float32 with unit stride")
+    check_matrix("out", out, torch.float32, "[num_rows, vocab_size]", num_rows, vocab_size)
     if num_rows == 0:
         return out
     block_size = 1024
@@ -149,8 +149,7 @@ def gumbel_noise_ref(
 
 
 def _check(seeds: torch.Tensor, positions: torch.Tensor) -> None:
-    if seeds.dtype != torch.int64 or positions.dtype != torch.int64:
-        raise ValueError(f"seeds and positions must be int64, got {seeds.dtype}, {positions.dtype}")
+    check_dtypes(seeds=(seeds, torch.int64), positions=(positions, torch.int64))
     if seeds.shape != positions.shape or seeds.dim() != 1:
         raise ValueError(f"seeds {tuple(seeds.shape)} and positions {tuple(positions.shape)} must be equal 1-D")
 

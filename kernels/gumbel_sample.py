@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels._checks import check_at_least, check_dtypes, check_matrix, check_table, shared_stride
 from kernels._select import (
     _argmax_update,
     _float_key,
@@ -65,17 +66,11 @@ class SamplingTables:
             "presence_penalty": torch.float32, "min_tokens": torch.int32,
             "num_prompt_tokens": torch.int32,
         }
-        for name, dtype in cols32.items():
-            if getattr(self, name).dtype != dtype:
-                raise ValueError(f"{name} must be {dtype}, got {getattr(self, name).dtype}")
-        strides = {getattr(self, name).stride(0) for name in cols32}
-        if len(strides) != 1:
-            raise ValueError("the 32-bit parameter columns must share one stride")
-        if self.seed.dtype != torch.int64 or self.stop_token_ids.dtype != torch.int32:
-            raise ValueError("seed must be int64 and stop_token_ids int32")
-        if self.stop_token_ids.dim() != 2 or self.stop_token_ids.stride(1) != 1:
-            raise ValueError("stop_token_ids must be [max_num_seqs, max_stop] with unit inner stride")
-        return strides.pop()
+        check_dtypes(**{name: (getattr(self, name), dtype) for name, dtype in cols32.items()})
+        stride = shared_stride("the 32-bit parameter columns", *(getattr(self, name) for name in cols32))
+        check_dtypes(seed=(self.seed, torch.int64), stop_token_ids=(self.stop_token_ids, torch.int32))
+        check_table("stop_token_ids", self.stop_token_ids)
+        return stride
 
 
 @triton.jit
@@ -283,14 +278,12 @@ def _check(
     sampled_out: torch.Tensor,
 ) -> int:
     params_stride = tables.check()
-    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError("logits must be [num_reqs, vocab_size] float32 with unit inner stride")
-    num_reqs = logits.shape[0]
-    for name, t in (("idx_mapping", idx_mapping), ("seq_lens", seq_lens), ("sampled_out", sampled_out)):
-        if t.dtype != torch.int32 or t.shape[0] < num_reqs:
-            raise ValueError(f"{name} must be int32 with at least num_reqs={num_reqs} entries")
-    if counts is not None and (counts.dtype != torch.int32 or counts.shape != logits.shape or counts.stride(1) != 1):
-        raise ValueError("counts must be int32 with the shape of logits")
+    check_matrix("logits", logits, torch.float32, "[num_reqs, vocab_size]")
+    i32 = torch.int32
+    check_dtypes(idx_mapping=(idx_mapping, i32), seq_lens=(seq_lens, i32), sampled_out=(sampled_out, i32))
+    check_at_least(logits.shape[0], "num_reqs", idx_mapping=idx_mapping, seq_lens=seq_lens, sampled_out=sampled_out)
+    if counts is not None:
+        check_matrix("counts", counts, i32, "[num_reqs, vocab_size] (the shape of logits)", *logits.shape)
     return params_stride
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_num_reqs, check_table
+from kernels._checks import check_dtypes, check_num_reqs, check_out_like, check_table
+from kernels._padding import _fill_padding_tokens
 from kernels._triton import require_triton, tl, triton
 
 
@@ -51,10 +52,7 @@ def _prepare_input_ids_kernel(
             ids = tl.where(from_table, ids, last_sampled)
             tl.store(input_ids_ptr + tok, ids.to(tl.int64), mask=mask)
     else:
-        total = tl.load(query_start_loc_ptr + num_reqs)
-        for block_start in range(total, num_tokens_padded, BLOCK_SIZE):
-            tok = block_start + offs
-            tl.store(input_ids_ptr + tok, tl.zeros([BLOCK_SIZE], tl.int64), mask=tok < num_tokens_padded)
+        _fill_padding_tokens(input_ids_ptr, query_start_loc_ptr, num_reqs, num_tokens_padded, 0, BLOCK_SIZE)
 
 
 def prepare_input_ids(
@@ -130,8 +128,7 @@ def _check(
                  prefill_len=(prefill_len, i32), last_sampled=(last_sampled, i32), token_ids=(token_ids, i32),
                  input_ids_out=(input_ids_out, i64))
     check_table("token_ids", token_ids)
-    if positions.shape != input_ids_out.shape or not input_ids_out.is_contiguous():
-        raise ValueError("positions and input_ids_out must have the same (padded) length; out contiguous")
+    check_out_like("input_ids_out", input_ids_out, "positions", positions)
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
 
 

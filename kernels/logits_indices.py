@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._checks import check_at_least, check_dtypes
 from kernels._triton import require_triton, tl, triton
 
 
@@ -57,10 +58,9 @@ def compute_logits_indices_ref(
 
 
 def _check(query_start_loc: torch.Tensor, num_reqs: int, out: torch.Tensor) -> None:
-    if query_start_loc.dtype != torch.int32 or out.dtype != torch.int64:
-        raise ValueError(f"query_start_loc must be int32 and logits_indices int64, got {query_start_loc.dtype}, {out.dtype}")
-    if not 0 <= num_reqs <= min(query_start_loc.shape[0] - 1, out.shape[0]):
-        raise ValueError(f"num_reqs={num_reqs} exceeds query_start_loc or logits_indices_out")
+    check_dtypes(query_start_loc=(query_start_loc, torch.int32), logits_indices_out=(out, torch.int64))
+    check_at_least(num_reqs, "num_reqs", logits_indices_out=out)
+    check_at_least(num_reqs + 1, "num_reqs + 1", query_start_loc=query_start_loc)
 
 
 __all__ = ["compute_logits_indices", "compute_logits_indices_ref"]

@@ -26,6 +26,7 @@ import math
 
 import torch
 
+from kernels._checks import check_dtypes, check_vector
 from kernels._triton import require_triton, tl, triton
 
 _LOG2E = 1.4426950408889634
@@ -229,10 +230,8 @@ def _check_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_lo
                          f"{tuple(kv_cache.shape)} (head_dim equal, heads a multiple of kv heads)")
     if query.dtype != kv_cache.dtype:
         raise ValueError(f"query dtype {query.dtype} != kv_cache dtype {kv_cache.dtype}")
-    for name, t in (("query_start_loc", query_start_loc), ("seq_lens", seq_lens),
-                    ("block_table", block_table)):
-        if t.dtype != torch.int32:
-            raise ValueError(f"{name} must be int32, got {t.dtype}")
+    i32 = torch.int32
+    check_dtypes(query_start_loc=(query_start_loc, i32), seq_lens=(seq_lens, i32), block_table=(block_table, i32))
     if query_start_loc.shape[0] != seq_lens.shape[0] + 1 or block_table.dim() != 2:
         raise ValueError("query_start_loc must have num_reqs + 1 entries and block_table 2 dims")
     if query.stride(2) != 1 or kv_cache.stride(4) != 1 or block_table.stride(1) != 1:
@@ -330,8 +329,7 @@ def _check_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.T
                          f"{tuple(kv_cache.shape)}")
     if key.dtype != kv_cache.dtype or value.dtype != kv_cache.dtype:
         raise ValueError(f"key/value dtype must equal kv_cache dtype {kv_cache.dtype}")
-    if slot_mapping.dtype != torch.int64 or slot_mapping.shape != key.shape[:1]:
-        raise ValueError(f"slot_mapping must be [{key.shape[0]}] int64")
+    check_vector("slot_mapping", slot_mapping, torch.int64, key.shape[0])
     if not kv_cache.is_contiguous() or key.stride(2) != 1 or value.stride(2) != 1:
         raise ValueError("kv_cache must be contiguous and key/value need a unit last stride")
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_table
+from kernels._checks import check_dtypes, check_matrix, check_table, shared_stride
 from kernels._triton import require_triton, tl, triton
 
 #: Bit of a counts word that marks a token present in the prompt.
@@ -138,13 +138,11 @@ def _check(
                  num_prompt_tokens=(num_prompt_tokens, i32), repetition_penalty=(repetition_penalty, f32),
                  frequency_penalty=(frequency_penalty, f32), presence_penalty=(presence_penalty, f32),
                  counts_out=(counts_out, i32))
-    strides = {t.stride(0) for t in (num_prompt_tokens, repetition_penalty, frequency_penalty, presence_penalty)}
-    if len(strides) != 1:
-        raise ValueError("the per-row parameter columns must share one stride (one packed table)")
-    if counts_out.dim() != 2 or counts_out.shape[0] != idx_mapping.shape[0] or counts_out.stride(1) != 1:
-        raise ValueError("counts_out must be [num_reqs, vocab_size] with unit inner stride")
+    stride = shared_stride("the per-row parameter columns", num_prompt_tokens, repetition_penalty,
+                           frequency_penalty, presence_penalty)
+    check_matrix("counts_out", counts_out, i32, "[num_reqs, vocab_size]", num_rows=idx_mapping.shape[0])
     check_table("token_ids", token_ids)
-    return strides.pop()
+    return stride
 
 
 __all__ = ["COUNT_MASK", "PROMPT_BIT", "build_penalty_counts", "build_penalty_counts_ref"]

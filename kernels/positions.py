@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes
+from kernels._checks import check_at_least, check_contiguous, check_dtypes
+from kernels._padding import _fill_padding_tokens
 from kernels._triton import require_triton, tl, triton
 
 
@@ -45,10 +46,7 @@ def _prepare_positions_kernel(
             tl.store(positions_ptr + tok, pos.to(tl.int64), mask=tok < end)
         tl.store(seq_lens_ptr + pid, num_computed + (end - start))
     else:
-        total = tl.load(query_start_loc_ptr + num_reqs)
-        for block_start in range(total, num_tokens_padded, BLOCK_SIZE):
-            tok = block_start + offs
-            tl.store(positions_ptr + tok, tl.zeros([BLOCK_SIZE], tl.int64), mask=tok < num_tokens_padded)
+        _fill_padding_tokens(positions_ptr, query_start_loc_ptr, num_reqs, num_tokens_padded, 0, BLOCK_SIZE)
         for block_start in range(num_reqs, num_reqs_padded, BLOCK_SIZE):
             req = block_start + offs
             tl.store(seq_lens_ptr + req, tl.zeros([BLOCK_SIZE], tl.int32), mask=req < num_reqs_padded)
@@ -118,12 +116,10 @@ def _check(
     check_dtypes(idx_mapping=(idx_mapping, i32), num_computed=(num_computed, i32),
                  query_start_loc=(query_start_loc, i32), positions_out=(positions_out, torch.int64),
                  seq_lens_out=(seq_lens_out, i32))
-    if not 0 <= num_reqs <= min(idx_mapping.shape[0], seq_lens_out.shape[0]):
-        raise ValueError(f"num_reqs={num_reqs} exceeds idx_mapping or seq_lens_out")
+    check_at_least(num_reqs, "num_reqs", idx_mapping=idx_mapping, seq_lens_out=seq_lens_out)
     if query_start_loc.shape[0] != seq_lens_out.shape[0] + 1:
         raise ValueError("query_start_loc must have num_reqs_padded + 1 entries (seq_lens_out has num_reqs_padded)")
-    if not positions_out.is_contiguous() or not seq_lens_out.is_contiguous():
-        raise ValueError("positions_out and seq_lens_out must be contiguous")
+    check_contiguous(positions_out=positions_out, seq_lens_out=seq_lens_out)
 
 
 __all__ = ["prepare_positions", "prepare_positions_ref"]

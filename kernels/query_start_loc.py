@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._checks import check_at_least, check_dtypes
 from kernels._triton import require_triton, tl, triton
 
 
@@ -63,15 +64,10 @@ def prepare_query_start_loc_ref(
 
 
 def _check(num_scheduled: torch.Tensor, num_reqs: int, out: torch.Tensor) -> int:
-    if num_scheduled.dtype != torch.int32 or out.dtype != torch.int32:
-        raise ValueError(f"num_scheduled and query_start_loc must be int32, got {num_scheduled.dtype}, {out.dtype}")
-    num_reqs_padded = out.shape[0] - 1
-    if not 0 <= num_reqs <= min(num_reqs_padded, num_scheduled.shape[0]):
-        raise ValueError(
-            f"num_reqs={num_reqs} must fit num_scheduled ({num_scheduled.shape[0]}) and "
-            f"query_start_loc ({out.shape[0]} = num_reqs_padded + 1)"
-        )
-    return num_reqs_padded
+    check_dtypes(num_scheduled=(num_scheduled, torch.int32), query_start_loc_out=(out, torch.int32))
+    check_at_least(num_reqs, "num_reqs", num_scheduled=num_scheduled)
+    check_at_least(num_reqs + 1, "num_reqs + 1", query_start_loc_out=out)  # num_reqs_padded + 1 entries
+    return out.shape[0] - 1
 
 
 __all__ = ["prepare_query_start_loc", "prepare_query_start_loc_ref"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_num_reqs, check_table
+from kernels._checks import check_dtypes, check_num_reqs, check_out_like, check_table
+from kernels._padding import _fill_padding_tokens
 from kernels._triton import require_triton, tl, triton
 
 
@@ -41,10 +42,7 @@ def _compute_slot_mapping_kernel(
             slots = block_ids.to(tl.int64) * block_size + pos % block_size
             tl.store(slot_mapping_ptr + tok, slots, mask=mask)
     else:
-        total = tl.load(query_start_loc_ptr + num_reqs)
-        for block_start in range(total, num_tokens_padded, BLOCK_SIZE):
-            tok = block_start + offs
-            tl.store(slot_mapping_ptr + tok, tl.full([BLOCK_SIZE], -1, tl.int64), mask=tok < num_tokens_padded)
+        _fill_padding_tokens(slot_mapping_ptr, query_start_loc_ptr, num_reqs, num_tokens_padded, -1, BLOCK_SIZE)
 
 
 def compute_slot_mapping(
@@ -113,8 +111,7 @@ def _check(
     check_table("block_table", block_table)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    if positions.shape != slot_mapping_out.shape or not slot_mapping_out.is_contiguous():
-        raise ValueError("positions and slot_mapping_out must have the same (padded) length; out contiguous")
+    check_out_like("slot_mapping_out", slot_mapping_out, "positions", positions)
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
 
 

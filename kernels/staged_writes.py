@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._checks import check_contiguous, check_dtypes
 from kernels._triton import require_triton, tl, triton
 
 
@@ -78,12 +79,10 @@ def apply_staged_writes_ref(
 def _check(
     dst: torch.Tensor, dst_offsets: torch.Tensor, cu_num_values: torch.Tensor, values: torch.Tensor
 ) -> None:
-    if dst.dtype != torch.int32 or values.dtype != torch.int32 or not dst.is_contiguous():
-        raise ValueError(f"dst and values must be int32 (dst contiguous), got {dst.dtype}, {values.dtype}")
-    if dst_offsets.dtype != torch.int64 or cu_num_values.dtype != torch.int32:
-        raise ValueError(
-            f"dst_offsets must be int64 and cu_num_values int32, got {dst_offsets.dtype}, {cu_num_values.dtype}"
-        )
+    i32 = torch.int32
+    check_dtypes(dst=(dst, i32), values=(values, i32), dst_offsets=(dst_offsets, torch.int64),
+                 cu_num_values=(cu_num_values, i32))
+    check_contiguous(dst=dst)
     if cu_num_values.shape[0] != dst_offsets.shape[0] + 1:
         raise ValueError(
             f"cu_num_values has {cu_num_values.shape[0]} entries for {dst_offsets.shape[0]} writes (want writes + 1)"

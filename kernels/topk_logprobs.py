@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels._checks import check_dtypes, check_matrix, check_vector
 from kernels._select import _float_key, _radix_advance, _radix_candidates, vocab_block_size
 from kernels._triton import require_triton, tl, triton
 
@@ -176,18 +177,13 @@ def _check(
     token_logprobs_out: torch.Tensor,
     token_ranks_out: torch.Tensor,
 ) -> None:
-    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
-        raise ValueError("logits must be [num_rows, vocab_size] float32 with unit inner stride")
+    check_matrix("logits", logits, torch.float32, "[num_rows, vocab_size]")
     n = logits.shape[0]
-    for name, t, dtype in (
-        ("token_ids", token_ids, torch.int32), ("num_logprobs", num_logprobs, torch.int32),
-        ("token_logprobs_out", token_logprobs_out, torch.float32),
-        ("token_ranks_out", token_ranks_out, torch.int32),
-    ):
-        if t.dtype != dtype or t.shape != (n,):
-            raise ValueError(f"{name} must be [{n}] {dtype}, got {tuple(t.shape)} {t.dtype}")
-    if topk_ids_out.dtype != torch.int32 or topk_logprobs_out.dtype != torch.float32:
-        raise ValueError("topk_ids_out must be int32 and topk_logprobs_out float32")
+    check_vector("token_ids", token_ids, torch.int32, n)
+    check_vector("num_logprobs", num_logprobs, torch.int32, n)
+    check_vector("token_logprobs_out", token_logprobs_out, torch.float32, n)
+    check_vector("token_ranks_out", token_ranks_out, torch.int32, n)
+    check_dtypes(topk_ids_out=(topk_ids_out, torch.int32), topk_logprobs_out=(topk_logprobs_out, torch.float32))
     if topk_ids_out.shape != topk_logprobs_out.shape or topk_ids_out.shape[0] != n:
         raise ValueError("topk outputs must both be [num_rows, max_k]")
     if topk_ids_out.stride() != topk_logprobs_out.stride() or topk_ids_out.stride(-1) != 1:
