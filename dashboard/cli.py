@@ -225,6 +225,9 @@ def _flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
                                         if_version=current.version, percentage=percentage)
             session.commit()
     except StoreError as err:
+        if err.code == "unknown_cohort":
+            existing = services.policy.snapshot().state.cohorts
+            raise _fail(services.policy.unknown_cohort_message(cohort, existing)) from err
         raise _fail(str(err)) from err
     row = flip.canary
     state = f"enabled at {row.percentage}%" if row.enabled else "disabled"

@@ -160,9 +160,17 @@ def confirm_flip(request: Request, cohort: str, enabled: bool, services: Service
         with services.db.read_session() as session:
             canary = canary_store.get_canary(session=session, cohort=cohort)
     except StoreError as err:
-        return HTMLResponse(f"<p class=error>{html.escape(str(err))}</p>", status_code=404)
+        return HTMLResponse(f"<p class=error>{html.escape(_store_error_text(services, cohort, err))}"
+                            "</p>", status_code=404)
     return render(request, "_confirm.html", user, cohort=cohort, enabled=enabled,
                   impact=impact, version=canary.version)
+
+
+def _store_error_text(services: Services, cohort: str, err: StoreError) -> str:
+    if err.code == "unknown_cohort":
+        existing = services.policy.snapshot().state.cohorts
+        return services.policy.unknown_cohort_message(cohort, existing)
+    return str(err)
 
 
 def _back(**params: str) -> RedirectResponse:
@@ -198,7 +206,7 @@ def flip_from_page(
                                             percentage=percentage if enabled else None)
             session.commit()
     except StoreError as err:  # a stale version, an empty reason, an unknown cohort
-        return _back(error=str(err))
+        return _back(error=_store_error_text(services, cohort, err))
     row = flip.canary
     state = f"enabled at {row.percentage}%" if row.enabled else "disabled"
     if not flip.changed:

@@ -6,12 +6,13 @@ No decision logic lives here: every runner choice is the oracle's.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import shlex
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,25 @@ class Policy:
             if name in c.families:
                 return c.id
         return name
+
+    def unknown_cohort_message(self, name: str, existing: Iterable[str]) -> str:
+        """What to say when ``name`` is not a cohort id: for a family name, the stage that
+        lists it; otherwise the closest id. Either way, every id of ``existing`` (the store's
+        cohorts), in rollout order."""
+        order = {c.id: i for i, c in enumerate(self.pack.cohorts)}
+        ids = sorted(set(existing), key=lambda c: (order.get(c, len(order)), c))
+        listed = "cohorts: " + ", ".join(ids)
+        stages = [c.id for c in self.pack.cohorts if name in c.families]
+        if stages:
+            return (f"{name!r} is a family, not a cohort id: its stage is cohort {stages[0]!r} "
+                    f"({listed})")
+        if name in self.pack.families:
+            return (f"{name!r} is a family, not a cohort id, and no stage lists it by name: its "
+                    "deployments join a stage by their attributes (a decision's `stage` says "
+                    f"which) ({listed})")
+        close = difflib.get_close_matches(name, ids, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"unknown cohort {name!r}{hint}; {listed}"
 
     def family_names(self) -> list[str]:
         return sorted(self.pack.families)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 from fastapi import APIRouter, Header, Query, Response
 from sqlalchemy.orm import Session
@@ -36,7 +36,7 @@ from dashboard.impact import impact_of_flip
 from dashboard.services import Services
 from dashboard.store import audit
 from dashboard.store import canaries as canary_store
-from dashboard.store.errors import StoreError
+from dashboard.store.errors import NotFound, StoreError
 from dashboard.store.models import Canary
 
 router = APIRouter(tags=["rollout"], responses=ERROR_RESPONSES,
@@ -88,9 +88,19 @@ def get_canary(cohort: str, services: ServicesDep, session: ReadSessionDep, _who
     try:
         canary = canary_store.get_canary(session=session, cohort=cohort)
     except StoreError as err:
-        raise_store_error(err)
+        raise_cohort_error(services, cohort, err)
     response.headers["ETag"] = f'"{canary.version}"'
     return _cohort_out(services, canary)
+
+
+def raise_cohort_error(services: Services, cohort: str, err: StoreError) -> NoReturn:
+    """Map a store error about ``cohort`` to HTTP; an unknown cohort's 404 says which cohorts
+    exist (or, for a family name, which cohort holds it)."""
+    if isinstance(err, NotFound) and err.code == "unknown_cohort":
+        existing = services.policy.snapshot().state.cohorts
+        raise http_error(404, err.code,
+                         services.policy.unknown_cohort_message(cohort, existing)) from err
+    raise_store_error(err)
 
 
 def parse_if_match(if_match: str | None) -> int:
@@ -122,7 +132,7 @@ def patch_canary(
             reason=body.reason, actor=who.actor, if_version=version)
         session.commit()
     except StoreError as err:
-        raise_store_error(err)
+        raise_cohort_error(services, cohort, err)
     if flip.changed:
         services.policy.invalidate()
         services.metrics.canary_flips.labels(cohort).inc()
@@ -167,7 +177,12 @@ async def get_impact(
 ) -> ImpactOut:
     """How many recorded deployments would change runner if this flip happened (each
     re-decided by the oracle with the hypothetical snapshot)."""
+    return await run_in_threadpool(_impact, services, cohort, enabled, percentage)
+
+
+def _impact(services: Services, cohort: str, enabled: bool, percentage: int | None
+            ) -> ImpactOut:
     try:
-        return await run_in_threadpool(impact_of_flip, services, cohort, enabled, percentage)
+        return impact_of_flip(services, cohort, enabled, percentage)
     except StoreError as err:
-        raise_store_error(err)
+        raise_cohort_error(services, cohort, err)

@@ -120,6 +120,50 @@ def test_page_flip_to_the_current_state_says_nothing_changed(api: Api) -> None:
     assert _first_cohort(api)["version"] == cohort["version"]
 
 
+def test_every_listed_cohort_id_is_accepted_by_patch_and_impact(api: Api) -> None:
+    listed = api.client.get("/api/v1/canaries", headers=api.h("viewer")).json()["cohorts"]
+    for c in listed:
+        url = f"/api/v1/canaries/{c['cohort']}"
+        assert api.client.get(url, headers=api.h("viewer")).status_code == 200
+        r = api.client.patch(url, json={"enabled": c["enabled"], "reason": "same"},
+                             headers={**api.h("operator"), "If-Match": str(c["version"])})
+        assert r.status_code == 200 and r.json()["changed"] is False, r.text
+        r = api.client.get("/api/v1/impact", params={"cohort": c["cohort"], "enabled": "true"},
+                           headers=api.h("viewer"))
+        assert r.status_code == 200 and r.json()["cohort"] == c["cohort"], r.text
+
+
+def _not_found(api: Api, name: str) -> list[str]:
+    """The 404 messages of GET/PATCH /canaries/{name} and GET /impact?cohort={name}."""
+    answers = [
+        api.client.get(f"/api/v1/canaries/{name}", headers=api.h("viewer")),
+        api.client.patch(f"/api/v1/canaries/{name}", json={"enabled": True, "reason": "x"},
+                         headers={**api.h("operator"), "If-Match": "1"}),
+        api.client.get("/api/v1/impact", params={"cohort": name, "enabled": "true"},
+                       headers=api.h("viewer")),
+    ]
+    assert [r.status_code for r in answers] == [404] * 3, [r.text for r in answers]
+    assert {r.json()["detail"]["code"] for r in answers} == {"unknown_cohort"}
+    messages = [r.json()["detail"]["message"] for r in answers]
+    assert len(set(messages)) == 1
+    return messages
+
+
+def test_a_family_name_or_wrong_cohort_id_gets_a_404_that_says_what_exists(api: Api) -> None:
+    ids = [c.id for c in load_pack("turnout").cohorts]
+    listed = "cohorts: " + ", ".join(ids)
+    assert _not_found(api, "qwen3")[0] == (
+        f"'qwen3' is a family, not a cohort id: its stage is cohort 'qwen3-canary' ({listed})")
+    assert _not_found(api, "llama")[0].startswith(
+        "'llama' is a family, not a cohort id: its stage is cohort 'llama-mistral-dense'")
+    assert _not_found(api, "gemma")[0] == (
+        "'gemma' is a family, not a cohort id, and no stage lists it by name: its deployments "
+        f"join a stage by their attributes (a decision's `stage` says which) ({listed})")
+    assert _not_found(api, "qwen3-canery")[0] == (
+        f"unknown cohort 'qwen3-canery' (did you mean 'qwen3-canary'?); {listed}")
+    assert _not_found(api, "zzz")[0] == f"unknown cohort 'zzz'; {listed}"
+
+
 def test_decide_uses_the_store_canaries_and_matches_the_oracle(api: Api) -> None:
     pack = load_pack("turnout")
     config = DeploymentConfig.from_spec(QWEN3)

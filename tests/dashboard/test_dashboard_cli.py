@@ -81,7 +81,8 @@ def test_canary_flips_by_family_name_and_are_audited(run) -> None:  # type: igno
     assert [(e.reason, e.actor) for e in entries[:2]] == [
         ("10% first", f"cli:{getpass.getuser()}"), ("p99 regression", f"cli:{getpass.getuser()}")]
     code, out = run("canary", "enable", "no-such-stage", "--reason", "x")
-    assert code == 1 and "unknown cohort" in out
+    ids = ", ".join(c.id for c in load_pack("turnout").cohorts)
+    assert code == 1 and out.strip() == f"error: unknown cohort 'no-such-stage'; cohorts: {ids}"
     code, out = run("canary", "enable", first.id)
     assert code == 2 and "--reason" in out
     code, out = run("canary", "list")
