@@ -192,19 +192,40 @@ def token_revoke(token_id: Annotated[int, typer.Argument(min=1, max=2**63 - 1)],
 @canary_app.command("list")
 def canary_list(database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
     """Every cohort's canary, in rollout order, and the kill switch."""
+    from rich.console import Console
+
     from dashboard.store import canaries
 
     services = _prepared(database_url, pack)
     order = {c.cohort: i for i, c in enumerate(services.policy.cohort_defaults())}
+    families = services.policy.cohort_families()
     with services.db.read_session() as session:
         rows = sorted(canaries.list_canaries(session=session),
                       key=lambda c: (order.get(c.cohort, len(order)), c.cohort))
         ks = canaries.get_kill_switch(session=session)
-        for c in rows:
-            state = "on " if c.enabled else "off"
-            typer.echo(f"{c.cohort:<24} {state} {c.percentage:>3}%  v{c.version}  "
-                       f"{c.updated_by}")
-        typer.echo(f"kill switch: {'ENGAGED' if ks.engaged else 'released'}")
+    console = Console(highlight=False)
+    console.print(_canary_table(rows, families))
+    console.print(f"kill switch: {'ENGAGED' if ks.engaged else 'released'}")
+
+
+def _canary_table(rows: list[Any], families: dict[str, tuple[str, ...]]) -> Any:
+    """The cohorts as a table that fits 80 columns: families and the last change wrap inside
+    their cells; ids are never cut (``fold``). A stage that names no family ("-") takes the
+    deployments its conditions match, whatever their family."""
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold")
+    table.add_column("cohort", no_wrap=True)
+    table.add_column("families", overflow="fold", ratio=1)
+    table.add_column("enabled", no_wrap=True)
+    table.add_column("%", justify="right", no_wrap=True)
+    table.add_column("version", justify="right", no_wrap=True)
+    table.add_column("last change", overflow="fold", ratio=1)
+    for c in rows:
+        table.add_row(c.cohort, ", ".join(families.get(c.cohort, ())) or "-",
+                      "yes" if c.enabled else "no", str(c.percentage), str(c.version),
+                      f"{c.updated_at:%Y-%m-%d %H:%M} {c.updated_by}")
+    return table
 
 
 def _flip(cohort: str, enabled: bool, reason: str, percentage: int | None,

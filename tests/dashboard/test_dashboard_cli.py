@@ -103,6 +103,37 @@ def test_canary_flip_to_the_current_state_changes_nothing(run) -> None:  # type:
         assert canaries.read_state(session=s).cohorts[first.id] == (False, 100, 2)
 
 
+def test_canary_list_is_a_table_that_fits_80_columns(tmp_path: Path) -> None:
+    app = typer.Typer()
+    cli.register(app)
+    url = f"sqlite:///{tmp_path / 'list.db'}"
+    runner = CliRunner(env={"COLUMNS": "80"})
+    pack = load_pack("turnout")
+    stage = pack.cohorts[1]
+    flipped = runner.invoke(app, ["canary", "enable", stage.id, "--percentage", "10",
+                                  "--reason", "10% first", "--database-url", url])
+    assert flipped.exit_code == 0, flipped.output
+    result = runner.invoke(app, ["canary", "list", "--database-url", url])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert lines[0].split() == ["cohort", "families", "enabled", "%", "version", "last",
+                                "change"]
+    starts = [line.split()[0] for line in lines[1:-1] if line[:1] != " "]
+    assert starts == [c.id for c in pack.cohorts]  # rollout order, ids whole
+    row = next(line for line in lines if line.startswith(stage.id + " ")).split()
+    assert row[1:3] == [f"{stage.families[0]},", stage.families[1]]
+    assert row[3:6] == ["yes", "10", "2"]
+    assert f"cli:{getpass.getuser()}" in result.output
+    first = next(line for line in lines if line.startswith(pack.cohorts[0].id + " ")).split()
+    assert first[1:5] == [pack.cohorts[0].families[0], "yes", "100", "1"]  # on by default
+    attribute_only = next(c for c in pack.cohorts if not c.families)
+    assert next(line for line in lines
+                if line.startswith(attribute_only.id + " ")).split()[1:5] == ["-", "no", "100",
+                                                                             "1"]
+    assert lines[-1] == "kill switch: released"
+
+
 def test_kill_switch_and_demo_remove(run) -> None:  # type: ignore[no-untyped-def]
     code, out = run("kill-switch", "engage", "--reason", "V2 crash loop")
     assert code == 0 and "ENGAGED" in out
