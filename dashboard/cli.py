@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 DatabaseOpt = Annotated[str | None, typer.Option(
     "--database-url", envvar="TURNOUT_DATABASE_URL",
-    help="SQLAlchemy URL (default: sqlite:///var/turnout.db)")]
+    help="SQLAlchemy URL (default: var/turnout.db in the source checkout, whatever the "
+         "working directory)")]
 PackOpt = Annotated[str | None, typer.Option("--pack", envvar="TURNOUT_PACK",
                                              help="policy pack name or directory")]
 ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="why (goes to the audit log)")]
@@ -123,7 +124,8 @@ def db_upgrade(database_url: DatabaseOpt = None) -> None:
     """Apply every pending migration."""
     services = _services(database_url, demo=False)
     services.db.upgrade()
-    typer.echo(f"database at revision {services.db.current_revision()}")
+    typer.echo(f"database {_safe_url(services.settings.database_url)} at revision "
+               f"{services.db.current_revision()}")
 
 
 @db_app.command("current")

@@ -1,16 +1,41 @@
 """The service's settings: the only reader of the environment (``TURNOUT_*`` variables).
 
-Defaults give the embedded set-up of ``make run``: a SQLite file under ``./var/``, the shipped
-``turnout`` policy pack, http://127.0.0.1:8000.
+Defaults give the embedded set-up of ``make run``: a SQLite file ``var/turnout.db`` in the source
+checkout (whatever the working directory, so that ``turnout canary …`` run from anywhere uses
+the database ``make run`` serves), the shipped ``turnout`` policy pack, http://127.0.0.1:8000.
 """
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _checkout_root() -> Path | None:
+    """The source checkout this package runs from (an editable install, as ``make run`` makes),
+    or None for an installed copy (site-packages is no place for a database)."""
+    root = Path(__file__).resolve().parent.parent
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+CHECKOUT_ROOT = _checkout_root()
+
+
+def default_sqlite_path() -> Path:
+    """The default database file, an absolute path: ``<checkout>/var/turnout.db`` in a source
+    checkout, else ``$XDG_DATA_HOME/turnout/turnout.db`` (``~/.local/share/turnout/…``)."""
+    if CHECKOUT_ROOT is not None:
+        return CHECKOUT_ROOT / "var" / "turnout.db"
+    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home).resolve() / "turnout" / "turnout.db"
+
+
+def default_database_url() -> str:
+    return f"sqlite:///{default_sqlite_path()}"
 
 
 class Settings(BaseSettings):
@@ -19,8 +44,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TURNOUT_", extra="ignore")
 
     database_url: str = Field(
-        default="sqlite:///var/turnout.db",
-        description="SQLAlchemy URL: a SQLite file (WAL mode) or postgresql+psycopg://...",
+        default_factory=default_database_url,
+        description="SQLAlchemy URL: a SQLite file (WAL mode) or postgresql+psycopg://...; "
+        "default: var/turnout.db of the source checkout, an absolute path (a relative "
+        "sqlite:///path given here is relative to the working directory)",
     )
     pack: str = Field(default="turnout", description="policy pack name or directory")
     host: str = "127.0.0.1"

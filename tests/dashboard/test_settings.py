@@ -1,0 +1,82 @@
+"""The default database does not depend on the working directory: ``turnout canary …`` run from
+anywhere uses the database ``make run`` serves; ``TURNOUT_DATABASE_URL`` overrides it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dashboard import settings
+from dashboard.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_default_is_the_checkouts_var_whatever_the_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TURNOUT_DATABASE_URL", raising=False)
+    urls = []
+    for sub in ("a", "b/c"):
+        (tmp_path / sub).mkdir(parents=True)
+        monkeypatch.chdir(tmp_path / sub)
+        urls.append(Settings().database_url)
+    assert urls == [f"sqlite:///{ROOT / 'var' / 'turnout.db'}"] * 2
+    path = Settings().sqlite_path()
+    assert path is not None and path.is_absolute()
+
+
+def test_an_installed_copy_defaults_to_the_user_data_dir(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TURNOUT_DATABASE_URL", raising=False)
+    monkeypatch.setattr(settings, "CHECKOUT_ROOT", None)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert Settings().database_url == f"sqlite:///{tmp_path / 'data' / 'turnout' / 'turnout.db'}"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert Settings().sqlite_path() == tmp_path / "home" / ".local/share/turnout/turnout.db"
+
+
+def test_the_environment_overrides_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TURNOUT_DATABASE_URL", "postgresql+psycopg://u@db/turnout")
+    assert Settings().database_url == "postgresql+psycopg://u@db/turnout"
+
+
+def _turnout(checkout: Path, cwd: Path, *args: str,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real ``turnout`` command line run in ``cwd``, as if the source checkout were at
+    ``checkout`` (so that the test writes no database into this one)."""
+    code = ("import sys; from pathlib import Path; import dashboard.settings as s; "
+            f"s.CHECKOUT_ROOT = Path({str(checkout)!r}); "
+            "from oracle.cli import main; main(sys.argv[1:])")
+    full_env = {k: v for k, v in os.environ.items() if k != "TURNOUT_DATABASE_URL"}
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True,
+                          text=True, env={**full_env, **(env or {})}, timeout=120)
+
+
+def test_the_commands_use_one_database_from_any_directory(tmp_path: Path) -> None:
+    checkout, here, there = tmp_path / "checkout", tmp_path / "here", tmp_path / "there" / "x"
+    for d in (checkout, here, there):
+        d.mkdir(parents=True)
+    db = checkout / "var" / "turnout.db"
+    r = _turnout(checkout, here, "db", "upgrade")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"database sqlite:///{db} at revision 0002"
+    r = _turnout(checkout, there, "token", "create", "--role", "operator", "--name", "alice")
+    assert r.returncode == 0, r.stderr
+    r = _turnout(checkout, here, "canary", "disable", "qwen3-canary", "--reason", "from here")
+    assert r.returncode == 0, r.stderr
+    listed = _turnout(checkout, there, "token", "list").stdout
+    assert "alice" in listed
+    assert "qwen3-canary: already disabled" in _turnout(
+        checkout, there, "canary", "disable", "qwen3-canary", "--reason", "again").stdout
+    assert db.is_file()
+    assert not (here / "var").exists() and not (there / "var").exists()
+    # TURNOUT_DATABASE_URL names another database.
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    r = _turnout(checkout, here, "token", "list", env={"TURNOUT_DATABASE_URL": other})
+    assert r.returncode == 0 and "alice" not in r.stdout
