@@ -194,9 +194,8 @@ def token_revoke(token_id: Annotated[int, typer.Argument(min=1, max=2**63 - 1)],
 @canary_app.command("list")
 def canary_list(database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
     """Every cohort's canary, in rollout order, and the kill switch."""
-    from rich.console import Console
-
     from dashboard.store import canaries
+    from oracle.cli.console import make_console
 
     services = _prepared(database_url, pack)
     order = {c.cohort: i for i, c in enumerate(services.policy.cohort_defaults())}
@@ -205,8 +204,8 @@ def canary_list(database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
         rows = sorted(canaries.list_canaries(session=session),
                       key=lambda c: (order.get(c.cohort, len(order)), c.cohort))
         ks = canaries.get_kill_switch(session=session)
-    console = Console(highlight=False)
-    console.print(_canary_table(rows, families))
+    console = make_console()
+    console.print(_canary_table(rows, families), highlight=False)
     console.print(f"kill switch: {'ENGAGED' if ks.engaged else 'released'}")
 
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from oracle.cli.console import make_console
 from oracle.cli.inputs import (
     Item,
     Overrides,
@@ -109,7 +110,7 @@ def decide(
     markdown: Annotated[bool, typer.Option("--markdown", help="summary as Markdown")] = False,
 ) -> None:
     """Decide the runner. Exit 0 decided, 2 bad input, 3 a pin that cannot be honoured."""
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
     ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
                    tuple(sets or ()))
     the_pack, snapshot, items = prepare(console, pack, canaries, argv, spec, commands, ov,

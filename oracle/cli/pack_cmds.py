@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from oracle.cli.console import folding_table, make_console
 from oracle.cli.decide_cmd import (
     ArchOpt,
     Argv,
@@ -48,7 +48,7 @@ def explain(
     canaries: CanOpt = None,
 ) -> None:
     """Why a deployment gets its runner, and the smallest changes that would reach V2."""
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
     ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
                    tuple(sets or ()))
     the_pack, snapshot, items = prepare(console, pack, canaries, argv, spec, None, ov,
@@ -88,7 +88,7 @@ def lint(
     try:
         issues = lint_pack(pack_dir)
     except OracleError as exc:
-        raise fail(Console(stderr=True), exc) from None
+        raise fail(make_console(stderr=True), exc) from None
     for issue in issues:
         print(issue)
     errors = sum(i.severity == "error" for i in issues)
@@ -103,7 +103,7 @@ def matrix(
     as_json: JsonOpt = False,
 ) -> None:
     """Every cell of the pack's closed domains, tabulated per family (or changed cells)."""
-    console = Console()
+    console = make_console()
     try:
         the_pack = load_pack(pack)
         other = load_pack(diff) if diff else None
@@ -128,7 +128,7 @@ def matrix(
                                            "reasons": dict(reasons[f].most_common())}
                                        for f in sorted(stats)}}))
         return
-    table = Table("family", "cells", "V2", "V1", "error", "top reasons",
+    table = folding_table("family", "cells", "V2", "V1", "error", "top reasons",
                   title=f"{the_pack.name}: {total} cells")
     labels = the_pack.families
     for fam in sorted(stats):
@@ -149,7 +149,7 @@ def _print_diff(console: Console, a: str, b: str, changes: list[CellChange],
                           "groups": [{"scenario": s, "pin": p, "from": x, "to": y, "cells": n}
                                      for (s, p, x, y), n in groups.most_common()]}))
         return
-    table = Table("scenario", "pin", f"{a}", f"{b}", "cells",
+    table = folding_table("scenario", "pin", f"{a}", f"{b}", "cells",
                   title=f"{len(changes)} cells change runner from {a} to {b}")
     for (s, p, x, y), n in groups.most_common():
         table.add_row(s, p, x, y, str(n))

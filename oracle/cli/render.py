@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
+from oracle.cli.console import folding_table
 from oracle.cli.inputs import Item
 from oracle.decision import Decision
 from oracle.errors import OracleError
@@ -76,7 +76,7 @@ def print_one(console: Console, item: Item, d: Decision | None) -> None:
     if d.error:
         console.print(f"  [red]error[/] ({d.error_code}): {d.error}", highlight=False)
     if d.reasons:
-        table = Table("rule", "label", "severity", "matched", box=None, pad_edge=False)
+        table = folding_table("rule", "label", "severity", "matched", box=None, pad_edge=False)
         for r in d.reasons:
             table.add_row(r.rule_id, r.label, r.severity,
                           ", ".join(f"{k}={v!r}" for k, v in r.matched.items()))
@@ -85,12 +85,11 @@ def print_one(console: Console, item: Item, d: Decision | None) -> None:
 
 
 def print_many(console: Console, results: Sequence[tuple[Item, Decision | None]]) -> None:
-    table = Table("id", "model", "family", "runner", "reason", "top reason")
+    table = folding_table("id", "model", "family", "runner", "reason", "top reason")
     for item, d in results:
         top = (d.reasons[0].label if d and d.reasons else "") if d else (item.error or "")
         table.add_row(item.id or "-", item.model or "-", d.family or "-" if d else "-",
-                      _runner_text(d), d.reason_code if d else item.error_code or "",
-                      top[:90])
+                      _runner_text(d), d.reason_code if d else item.error_code or "", top)
     console.print(table)
 
 
@@ -132,7 +131,8 @@ def print_summary(console: Console, results: Sequence[tuple[Item, Decision | Non
         for row in rows:
             print("| " + " | ".join(row) + " |")
         return
-    table = Table(*SUMMARY_HEADER, title=f"{len(results)} deployments, pack {pack.name}")
+    table = folding_table(*SUMMARY_HEADER,
+                          title=f"{len(results)} deployments, pack {pack.name}")
     for row in rows:
         table.add_row(*row)
     console.print(table)

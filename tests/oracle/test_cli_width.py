@@ -1,0 +1,73 @@
+"""Rich output on a pipe or a file (CI logs, ``| grep``): nothing is cut with an ellipsis, and
+each row of a table stays on one line; a narrow COLUMNS wraps cells instead of cutting them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from oracle.cli import app
+
+LONG_ID = "deployment-with-a-rather-long-identifier-0001"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+NGRAM = '{"method": "ngram", "num_speculative_tokens": 3}'
+
+
+def _invoke(*args: str, columns: str | None = None) -> str:
+    # CliRunner captures stdout in a buffer: not a terminal, like a pipe.
+    result = CliRunner(env={"COLUMNS": columns}).invoke(app, list(args))
+    assert result.exit_code in (0, 2), result.output
+    return result.output
+
+
+@pytest.fixture
+def commands(tmp_path: Path) -> Path:
+    lines = [{"id": LONG_ID, "env": {}, "argv": ["vllm", "serve", MODEL,
+                                                "--speculative-config", NGRAM]},
+             {"id": "placeholder-line", "env": {}, "argv": ["vllm", "serve", "<checkpoint>"]}]
+    path = tmp_path / "commands.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_a_table_on_a_pipe_keeps_ids_and_reasons_whole_on_one_line(commands: Path) -> None:
+    out = _invoke("decide", "--commands", str(commands))
+    assert "…" not in out
+    row = next(line for line in out.splitlines() if LONG_ID in line)
+    assert MODEL in row and "speculative method 'ngram'" in row
+    bad = next(line for line in out.splitlines() if "placeholder-line" in line)
+    assert ("the model '<checkpoint>' is a placeholder, not a model id; pass --architecture "
+            "ARCH or --config path/to/config.json") in bad
+
+
+def test_explain_on_a_pipe_prints_each_suggestion_on_one_line() -> None:
+    out = _invoke("explain", "--", "vllm", "serve", MODEL, "--speculative-config", NGRAM)
+    lines = [line.strip() for line in out.splitlines() if "→ V2" in line]
+    assert lines == [
+        "→ V2 (config+pin, STATIC): speculative_method ngram → eagle3; "
+        "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
+        "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → eagle3; "
+        "canary:llama-mistral-dense off → on 100%"]
+    assert ("Model Runner V2 does not yet support speculative method 'ngram'; using the V1 "
+            "model runner instead.") in out
+
+
+def test_matrix_and_summary_on_a_pipe_are_not_cut(commands: Path) -> None:
+    out = _invoke("matrix")
+    assert "…" not in out
+    rows = [line for line in out.splitlines() if line.startswith("│")]
+    assert rows and all(row.split("│")[1].strip() for row in rows)  # no continuation lines
+    out = _invoke("decide", "--commands", str(commands), "--summary")
+    assert "…" not in out and "placeholder_model (1)" in out
+
+
+def test_a_narrow_columns_wraps_cells_instead_of_cutting_them(commands: Path) -> None:
+    out = _invoke("decide", "--commands", str(commands), columns="60")
+    assert "…" not in out
+    assert max(len(line) for line in out.splitlines()) <= 60
+    # The id is folded over lines of its cell, every character kept.
+    cells = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert LONG_ID in "".join(cells)
