@@ -18,6 +18,11 @@ import typer
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_RUNNER = 3
+# Top-level modules of the ``runners`` extra (pyproject.toml): without them the engine cannot
+# load, and the command says how to install them instead of printing a traceback.
+RUNNER_MODULES = frozenset({"torch", "triton", "numpy", "safetensors", "gguf", "tokenizers",
+                            "jinja2"})
+INSTALL_RUNNERS = "make install-runners (or: pip install -e '.[runners]')"
 
 ModelOpt = Annotated[Path, typer.Option("--model", help="HF model directory or .gguf file", show_default=False)]
 RunnerOpt = Annotated[str, typer.Option("--runner", help="auto (the oracle decides), v1 or v2 (a pin)")]
@@ -77,7 +82,7 @@ def generate(
         results = llm.chat([[{"role": "user", "content": t}] for t in texts], params) if use_chat else llm.generate(texts, params)
         return llm, [_completion_json(text, r) for text, r in zip(texts, results, strict=True)]
 
-    llm, outputs = _run_guarded(work)
+    llm, outputs = _run_guarded("generate", work)
     _print_outputs(llm, outputs, as_json, field="text")
 
 
@@ -101,7 +106,7 @@ def embed(
         results = llm.embed(items)
         return llm, [{"text": t, "embedding": r.embedding, "error": r.error} for t, r in zip(items, results, strict=True)]
 
-    llm, outputs = _run_guarded(work)
+    llm, outputs = _run_guarded("embed", work)
     _print_outputs(llm, outputs, as_json, field="embedding")
 
 
@@ -142,12 +147,18 @@ def _make_llm(model: Path, runner: str, pack: str, device: str | None, tokenizer
     return LLM(model, runner, pack=pack, device=device, tokenizer=tokenizer, **args)
 
 
-def _run_guarded(work: Any) -> Any:
+def _run_guarded(command: str, work: Any) -> Any:
     from engine.errors import EngineError, NoRunnerError
     from oracle.errors import OracleError
 
     try:
         return work()
+    except ImportError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in RUNNER_MODULES:
+            raise  # not a missing extra: a real error, with its traceback
+        _fail(f"turnout {command} needs the runners extra, and {missing} cannot be imported "
+              f"({exc}): install it with {INSTALL_RUNNERS}")
     except NoRunnerError as exc:
         _fail(str(exc), EXIT_NO_RUNNER)
     except (EngineError, OracleError, ValueError) as exc:  # bad flags, files, packs

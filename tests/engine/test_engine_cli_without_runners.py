@@ -1,0 +1,41 @@
+"""``turnout generate`` / ``turnout embed`` on an install without the runners extra: a message
+that says how to install it and exit code 2, not an ImportError traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _turnout_without(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The ``turnout`` command line in a process where ``module`` cannot be imported."""
+    code = (f"import sys; sys.modules[{module!r}] = None; "
+            "from oracle.cli import main; main(sys.argv[1:])")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+
+
+@pytest.mark.parametrize(("command", "args"), [
+    ("generate", ["--model", "SmolLM2-135M-Instruct.Q4_1.gguf", "--prompt", "hi"]),
+    ("embed", ["--model", "all-MiniLM-L6-v2", "--text", "hello"]),
+])
+def test_without_torch_the_command_says_how_to_install_the_runners(command: str,
+                                                                   args: list[str]) -> None:
+    r = _turnout_without("torch", command, *args)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr.startswith(f"error: turnout {command} needs the runners extra, and torch "
+                               "cannot be imported (")
+    assert r.stderr.rstrip().endswith(
+        "install it with make install-runners (or: pip install -e '.[runners]')")
+
+
+def test_an_import_error_of_our_own_code_is_not_hidden() -> None:
+    r = _turnout_without("engine.llm", "generate", "--model", "m.gguf", "--prompt", "hi")
+    assert r.returncode == 1
+    assert "Traceback" in r.stderr and "make install-runners" not in r.stderr
