@@ -15,15 +15,10 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import EngineConfigError, UnsupportedOptionError
-from engine.model import (
-    DecoderModel,
-    EncoderModel,
-    allocate_kv_caches,
-    kv_cache_bytes_per_block,
-    load_model,
-)
+from engine.errors import UnsupportedOptionError
+from engine.model import DecoderModel, EncoderModel, allocate_kv_caches
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, PromptLogprobs
+from engine.runner_setup import kv_block_bytes, kv_cache_budget, load_engine_model
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import NewRequestData, SchedulerOutput
 from runner_v1.block_table import BlockTable
@@ -65,12 +60,7 @@ class V1ModelRunner:
 
     # ---- set-up ------------------------------------------------------------------------
     def load_model(self) -> None:
-        self.model = load_model(self.config.model, dtype=self.dtype, device=self.device)
-        if self.model.config.vocab_size != self.config.vocab_size:
-            raise EngineConfigError(
-                f"the engine expects vocab_size {self.config.vocab_size}, "
-                f"the model has {self.model.config.vocab_size}"
-            )
+        self.model = load_engine_model(self.config, self.dtype, self.device)
         if self.config.cpu_offload_gb > 0:
             self.offload_stats = apply_cpu_offload(self.model, self.config.cpu_offload_gb, self.device)
 
@@ -79,16 +69,10 @@ class V1ModelRunner:
         return isinstance(self.model, EncoderModel)
 
     def kv_cache_block_bytes(self) -> int:
-        assert self.model is not None, "load_model() first"
-        if self.is_pooling:
-            return 0
-        return kv_cache_bytes_per_block(self.model.config, self.config.block_size, self.dtype)
+        return kv_block_bytes(self.model, self.config.block_size, self.dtype)
 
     def available_kv_cache_bytes(self) -> int:
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * 0.9)
-        return _DEFAULT_CPU_KV_BYTES
+        return kv_cache_budget(self.device, gpu_fraction=0.9, cpu_bytes=_DEFAULT_CPU_KV_BYTES)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         assert self.model is not None, "load_model() first"

@@ -24,16 +24,10 @@ import numpy as np
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import EngineConfigError, UnsupportedOptionError
-from engine.model import (
-    AttentionMetadata,
-    DecoderModel,
-    EncoderModel,
-    allocate_kv_caches,
-    kv_cache_bytes_per_block,
-    load_model,
-)
+from engine.errors import UnsupportedOptionError
+from engine.model import AttentionMetadata, DecoderModel, EncoderModel, allocate_kv_caches
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from engine.runner_setup import kv_block_bytes, kv_cache_budget, load_engine_model
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 from kernels.post_update import post_update
@@ -87,27 +81,18 @@ class V2ModelRunner:
 
     # ---- set-up ------------------------------------------------------------------------
     def load_model(self) -> None:
-        self.model = load_model(self.config.model, dtype=self.dtype, device=self.device)
-        if self.model.config.vocab_size != self.config.vocab_size:
-            raise EngineConfigError(
-                f"the engine expects vocab_size {self.config.vocab_size}, the model has {self.model.config.vocab_size}"
-            )
+        self.model = load_engine_model(self.config, self.dtype, self.device)
 
     @property
     def is_pooling(self) -> bool:
         return isinstance(self.model, EncoderModel)
 
     def kv_cache_block_bytes(self) -> int:
-        assert self.model is not None, "load_model() first"
-        if self.is_pooling:
-            return 0
-        return kv_cache_bytes_per_block(self.model.config, self.config.block_size, self.dtype)
+        return kv_block_bytes(self.model, self.config.block_size, self.dtype)
 
     def available_kv_cache_bytes(self) -> int:
-        if self.device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * 0.8)  # leaves room for the graph pool and the sampler's scratch
-        return _DEFAULT_CPU_KV_BYTES
+        # 80%: leaves room for the graph pool and the sampler's scratch.
+        return kv_cache_budget(self.device, gpu_fraction=0.8, cpu_bytes=_DEFAULT_CPU_KV_BYTES)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         assert self.model is not None, "load_model() first"
