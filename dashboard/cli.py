@@ -262,7 +262,9 @@ def _flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
 @canary_app.command("enable")
 def canary_enable(cohort: Annotated[str, typer.Argument(help="cohort id or family name")],
                   reason: ReasonOpt,
-                  percentage: Annotated[int | None, typer.Option(min=0, max=100)] = None,
+                  percentage: Annotated[int | None, typer.Option(
+                      min=0, max=100, help="share of the stage's deployments on V2 "
+                      "(default: keep the stored share)")] = None,
                   database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
     """Turn a cohort's canary on (V2 for its auto deployments)."""
     _flip(cohort, True, reason, percentage, database_url, pack)

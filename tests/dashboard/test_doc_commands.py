@@ -1,0 +1,55 @@
+"""The ``turnout`` commands README.md and docs/service.md show run as shown, in order, on a
+fresh database (the service's commands) and from the repository root (the oracle's)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from dashboard import cli
+from oracle.cli import app as oracle_app
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVICE = ("token", "canary", "kill-switch", "demo", "db")
+
+
+def _commands(doc: str) -> list[list[str]]:
+    """Every ``.venv/bin/turnout ...`` line of the doc's ``bash`` blocks, split as a shell
+    would (comments dropped); lines with a command substitution are left out."""
+    text = (ROOT / doc).read_text()
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith(".venv/bin/turnout ") and "$(" not in line:
+                out.append(shlex.split(line, comments=True)[1:])
+    return out
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/service.md"])
+def test_the_service_commands_run_as_shown(doc: str, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    app = typer.Typer()
+    cli.register(app)
+    commands = [c for c in _commands(doc) if c[0] in SERVICE]
+    assert commands
+    runner = CliRunner(env={"TURNOUT_DATABASE_URL": f"sqlite:///{tmp_path / 'doc.db'}"})
+    monkeypatch.chdir(ROOT)
+    for args in commands:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, (args, result.output)
+        assert "already" not in result.output, (args, result.output)  # each flip changes
+
+
+def test_the_oracle_commands_of_the_readme_run_as_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    commands = [c for c in _commands("README.md") if c[0] not in SERVICE
+                and c[0] not in ("generate", "embed")]
+    assert [c[0] for c in commands] == ["decide"] * 3
+    codes = [CliRunner().invoke(oracle_app, args).exit_code for args in commands]
+    # Both files hold bad input on purpose (README says so): exit 2.
+    assert codes == [0, 2, 2]
