@@ -213,6 +213,7 @@ def _canary_table(rows: list[Any], families: dict[str, tuple[str, ...]]) -> Any:
     """The cohorts as a table that fits 80 columns: families and the last change wrap inside
     their cells; ids are never cut (``fold``). A stage that names no family ("-") takes the
     deployments its conditions match, whatever their family."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False, padding=(0, 1), header_style="bold")
@@ -223,9 +224,9 @@ def _canary_table(rows: list[Any], families: dict[str, tuple[str, ...]]) -> Any:
     table.add_column("version", justify="right", no_wrap=True)
     table.add_column("last change", overflow="fold", ratio=1)
     for c in rows:
-        table.add_row(c.cohort, ", ".join(families.get(c.cohort, ())) or "-",
+        table.add_row(escape(c.cohort), escape(", ".join(families.get(c.cohort, ())) or "-"),
                       "yes" if c.enabled else "no", str(c.percentage), str(c.version),
-                      f"{c.updated_at:%Y-%m-%d %H:%M} {c.updated_by}")
+                      escape(f"{c.updated_at:%Y-%m-%d %H:%M} {c.updated_by}"))
     return table
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from oracle.cli.console import make_console
 from oracle.cli.inputs import (
@@ -88,7 +89,7 @@ def run_decisions(items: list[Item], pack: Pack, canaries: CanarySnapshot | None
 
 
 def fail(console: Console, exc: OracleError) -> typer.Exit:
-    console.print(f"[red]error[/] ({exc.code}): {exc.message}", highlight=False)
+    console.print(f"[red]error[/] ({exc.code}): {escape(exc.message)}", highlight=False)
     return typer.Exit(EXIT_BAD_INPUT)
 
 

@@ -9,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from oracle.cli.console import folding_table, make_console
 from oracle.cli.decide_cmd import (
@@ -60,7 +61,7 @@ def explain(
             code = bad[0].error_code if bad else "bad_usage"
             err = OracleError(msg or "", code=code or "bad_spec")
             print(json.dumps(_explanation_of_error(input_error_json(err, the_pack))))
-        console.print(f"[red]error[/]: {msg}", highlight=False)
+        console.print(f"[red]error[/]: {escape(msg or '')}", highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT)
     ex = explain_config(items[0].config, pack=the_pack, canaries=snapshot)
     if as_json:
@@ -68,10 +69,10 @@ def explain(
     else:
         print_one(console, items[0], ex.decision)
         if ex.note:
-            console.print(ex.note, highlight=False)
+            console.print(ex.note, highlight=False, markup=False)
         for s in ex.suggestions:
-            console.print(f"  [green]→ V2[/] ({s.kind}, {s.decision.reason_code}): {s}",
-                          highlight=False)
+            console.print(f"  [green]→ V2[/] ({s.kind}, {s.decision.reason_code}): "
+                          f"{escape(str(s))}", highlight=False)
     raise typer.Exit(exit_code([(items[0], ex.decision)]))
 
 
@@ -129,13 +130,13 @@ def matrix(
                                        for f in sorted(stats)}}))
         return
     table = folding_table("family", "cells", "V2", "V1", "error", "top reasons",
-                  title=f"{the_pack.name}: {total} cells")
+                          title=escape(f"{the_pack.name}: {total} cells"))
     labels = the_pack.families
     for fam in sorted(stats):
         s = stats[fam]
-        table.add_row(labels.get(fam, fam), str(sum(s.values())), str(s["v2"]), str(s["v1"]),
-                      str(s["error"]), ", ".join(f"{k} ({n})" for k, n in
-                                                 reasons[fam].most_common(3)))
+        table.add_row(escape(labels.get(fam, fam)), str(sum(s.values())), str(s["v2"]),
+                      str(s["v1"]), str(s["error"]),
+                      escape(", ".join(f"{k} ({n})" for k, n in reasons[fam].most_common(3))))
     console.print(table)
 
 
@@ -149,8 +150,8 @@ def _print_diff(console: Console, a: str, b: str, changes: list[CellChange],
                           "groups": [{"scenario": s, "pin": p, "from": x, "to": y, "cells": n}
                                      for (s, p, x, y), n in groups.most_common()]}))
         return
-    table = folding_table("scenario", "pin", f"{a}", f"{b}", "cells",
-                  title=f"{len(changes)} cells change runner from {a} to {b}")
+    table = folding_table("scenario", "pin", escape(a), escape(b), "cells",
+                          title=escape(f"{len(changes)} cells change runner from {a} to {b}"))
     for (s, p, x, y), n in groups.most_common():
-        table.add_row(s, p, x, y, str(n))
+        table.add_row(escape(s), p, x, y, str(n))
     console.print(table)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from oracle.cli.console import folding_table
 from oracle.cli.inputs import Item
@@ -67,19 +68,22 @@ def _runner_text(d: Decision | None) -> str:
 
 def print_one(console: Console, item: Item, d: Decision | None) -> None:
     if d is None:
-        console.print(f"[red]error[/] ({item.error_code}): {item.error}")
+        console.print(f"[red]error[/] ({item.error_code}): {escape(item.error or '')}",
+                      highlight=False)
         return
     console.print(f"runner {_runner_text(d)}  mode {d.mode}  reason {d.reason_code}  "
-                  f"family {d.family or '-'}  stage {d.stage or '-'}  pack {d.pack}")
+                  f"family {escape(d.family or '-')}  stage {escape(d.stage or '-')}  "
+                  f"pack {escape(d.pack)}")
     for m in d.messages:
         console.print(f"  {m.level} {m.message}", markup=False, highlight=False)
     if d.error:
-        console.print(f"  [red]error[/] ({d.error_code}): {d.error}", highlight=False)
+        console.print(f"  [red]error[/] ({d.error_code}): {escape(d.error)}", highlight=False)
     if d.reasons:
         table = folding_table("rule", "label", "severity", "matched", box=None, pad_edge=False)
         for r in d.reasons:
-            table.add_row(r.rule_id, r.label, r.severity,
-                          ", ".join(f"{k}={v!r}" for k, v in r.matched.items()))
+            table.add_row(*(escape(cell) for cell in (
+                r.rule_id, r.label, r.severity,
+                ", ".join(f"{k}={v!r}" for k, v in r.matched.items()))))
         console.print(table)
     console.print(f"  policy digest {d.policy_digest}", style="dim")
 
@@ -88,8 +92,9 @@ def print_many(console: Console, results: Sequence[tuple[Item, Decision | None]]
     table = folding_table("id", "model", "family", "runner", "reason", "top reason")
     for item, d in results:
         top = (d.reasons[0].label if d and d.reasons else "") if d else (item.error or "")
-        table.add_row(item.id or "-", item.model or "-", d.family or "-" if d else "-",
-                      _runner_text(d), d.reason_code if d else item.error_code or "", top)
+        table.add_row(escape(item.id or "-"), escape(item.model or "-"),
+                      escape(d.family or "-" if d else "-"), _runner_text(d),
+                      escape(d.reason_code if d else item.error_code or ""), escape(top))
     console.print(table)
 
 
@@ -132,7 +137,7 @@ def print_summary(console: Console, results: Sequence[tuple[Item, Decision | Non
             print("| " + " | ".join(row) + " |")
         return
     table = folding_table(*SUMMARY_HEADER,
-                          title=f"{len(results)} deployments, pack {pack.name}")
+                          title=escape(f"{len(results)} deployments, pack {pack.name}"))
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*(escape(cell) for cell in row))
     console.print(table)

@@ -132,6 +132,13 @@ def test_canary_list_is_a_table_that_fits_80_columns(tmp_path: Path) -> None:
                 if line.startswith(attribute_only.id + " ")).split()[1:5] == ["-", "no", "100",
                                                                              "1"]
     assert lines[-1] == "kill switch: released"
+    # An actor's name is printed as given, not read as a Rich style.
+    with _services(url).db.write_session() as s:
+        canaries.flip_canary(session=s, cohort=stage.id, enabled=False, reason="x",
+                             actor="[bold]ops (token 7)", if_version=2)
+        s.commit()
+    out = runner.invoke(app, ["canary", "list", "--database-url", url]).output
+    assert "[bold]ops (token 7)" in " ".join(out.split())
 
 
 def test_kill_switch_and_demo_remove(run) -> None:  # type: ignore[no-untyped-def]

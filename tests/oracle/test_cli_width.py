@@ -71,3 +71,21 @@ def test_a_narrow_columns_wraps_cells_instead_of_cutting_them(commands: Path) ->
     # The id is folded over lines of its cell, every character kept.
     cells = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
     assert LONG_ID in "".join(cells)
+
+
+def test_values_in_square_brackets_are_printed_not_taken_as_styles(tmp_path: Path) -> None:
+    # Rich reads "[word]" as markup: a logits processor, a model id or an error that holds
+    # one lost it silently ("logits_processors  → []").
+    out = _invoke("explain", "--architecture", "Qwen3ForCausalLM", "--set",
+                  'logits_processors=["example_pkg.procs:BanTokens"]')
+    assert "logits_processors [example_pkg.procs:BanTokens] → []" in out
+    assert "logits_processors=('example_pkg.procs:BanTokens',)" in out  # the reasons table
+    diff = _invoke("matrix", "--diff", "vllm-0.31")
+    assert "logits_processors=[example_pkg.procs:BanTokens]" in diff
+    path = tmp_path / "commands.jsonl"
+    path.write_text(json.dumps({"id": "[bold]x", "env": {},
+                                "argv": ["vllm", "serve", "org/[red]model"]}) + "\n")
+    out = _invoke("decide", "--commands", str(path))
+    assert "[bold]x" in out and "org/[red]model" in out
+    out = _invoke("decide", "--", "vllm", "serve", "org/[red]model")
+    assert "model 'org/[red]model' is not in" in out
