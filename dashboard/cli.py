@@ -198,11 +198,10 @@ def canary_list(database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
     from oracle.cli.console import make_console
 
     services = _prepared(database_url, pack)
-    order = {c.cohort: i for i, c in enumerate(services.policy.cohort_defaults())}
     families = services.policy.cohort_families()
     with services.db.read_session() as session:
         rows = sorted(canaries.list_canaries(session=session),
-                      key=lambda c: (order.get(c.cohort, len(order)), c.cohort))
+                      key=lambda c: (services.policy.rollout_position(c.cohort), c.cohort))
         ks = canaries.get_kill_switch(session=session)
     console = make_console()
     console.print(_canary_table(rows, families), highlight=False)
@@ -248,10 +247,7 @@ def _flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
                                         if_version=current.version, percentage=percentage)
             session.commit()
     except StoreError as err:
-        if err.code == "unknown_cohort":
-            existing = services.policy.snapshot().state.cohorts
-            raise _fail(services.policy.unknown_cohort_message(cohort, existing)) from err
-        raise _fail(str(err)) from err
+        raise _fail(services.policy.store_error_text(cohort, err)) from err
     row = flip.canary
     state = f"enabled at {row.percentage}%" if row.enabled else "disabled"
     if flip.changed:

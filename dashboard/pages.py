@@ -93,12 +93,10 @@ def _cohort_rows(services: Services) -> list[dict[str, Any]]:
     """The canaries in rollout order, each with the latest parity evidence of its families."""
     labels = services.policy.cohort_labels()
     families = services.policy.cohort_families()
-    order = [d.cohort for d in services.policy.cohort_defaults()]
     with services.db.read_session() as session:
         rows = canary_store.list_canaries(session=session)
         latest = evidence.latest_per_family(session=session)
-    rows.sort(key=lambda c: (order.index(c.cohort) if c.cohort in order else len(order),
-                             c.cohort))
+    rows.sort(key=lambda c: (services.policy.rollout_position(c.cohort), c.cohort))
     return [{"cohort": c.cohort, "label": labels.get(c.cohort, c.cohort), "enabled": c.enabled,
              "percentage": c.percentage, "version": c.version, "updated_at": c.updated_at,
              "updated_by": c.updated_by,
@@ -160,17 +158,10 @@ def confirm_flip(request: Request, cohort: str, enabled: bool, services: Service
         with services.db.read_session() as session:
             canary = canary_store.get_canary(session=session, cohort=cohort)
     except StoreError as err:
-        return HTMLResponse(f"<p class=error>{html.escape(_store_error_text(services, cohort, err))}"
+        return HTMLResponse(f"<p class=error>{html.escape(services.policy.store_error_text(cohort, err))}"
                             "</p>", status_code=404)
     return render(request, "_confirm.html", user, cohort=cohort, enabled=enabled,
                   impact=impact, version=canary.version)
-
-
-def _store_error_text(services: Services, cohort: str, err: StoreError) -> str:
-    if err.code == "unknown_cohort":
-        existing = services.policy.snapshot().state.cohorts
-        return services.policy.unknown_cohort_message(cohort, existing)
-    return str(err)
 
 
 def _back(**params: str) -> RedirectResponse:
@@ -206,7 +197,7 @@ def flip_from_page(
                                             percentage=percentage if enabled else None)
             session.commit()
     except StoreError as err:  # a stale version, an empty reason, an unknown cohort
-        return _back(error=_store_error_text(services, cohort, err))
+        return _back(error=services.policy.store_error_text(cohort, err))
     row = flip.canary
     state = f"enabled at {row.percentage}%" if row.enabled else "disabled"
     if not flip.changed:

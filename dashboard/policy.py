@@ -20,6 +20,7 @@ from dashboard.matrix import MatrixCache, MatrixSummary
 from dashboard.store import canaries as canary_store
 from dashboard.store.canaries import CohortDefault, RolloutState
 from dashboard.store.db import Database
+from dashboard.store.errors import StoreError
 from oracle import (
     CanarySnapshot,
     CohortState,
@@ -89,12 +90,18 @@ class Policy:
                 return c.id
         return name
 
+    def rollout_position(self, cohort: str) -> int:
+        """A cohort's place in rollout order: its stage's index in the pack; a cohort the pack
+        does not list (kept in the store from an earlier pack) comes after every stage. Sort by
+        ``(position, cohort)``."""
+        ids = [c.id for c in self.pack.cohorts]
+        return ids.index(cohort) if cohort in ids else len(ids)
+
     def unknown_cohort_message(self, name: str, existing: Iterable[str]) -> str:
         """What to say when ``name`` is not a cohort id: for a family name, the stage that
         lists it; otherwise the closest id. Either way, every id of ``existing`` (the store's
         cohorts), in rollout order."""
-        order = {c.id: i for i, c in enumerate(self.pack.cohorts)}
-        ids = sorted(set(existing), key=lambda c: (order.get(c, len(order)), c))
+        ids = sorted(set(existing), key=lambda c: (self.rollout_position(c), c))
         listed = "cohorts: " + ", ".join(ids)
         stages = [c.id for c in self.pack.cohorts if name in c.families]
         if stages:
@@ -107,6 +114,13 @@ class Policy:
         close = difflib.get_close_matches(name, ids, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return f"unknown cohort {name!r}{hint}; {listed}"
+
+    def store_error_text(self, cohort: str, err: StoreError) -> str:
+        """The message of a store error about ``cohort``: for an unknown cohort,
+        :meth:`unknown_cohort_message` over the store's cohorts; else the error's own."""
+        if err.code == "unknown_cohort":
+            return self.unknown_cohort_message(cohort, self.snapshot().state.cohorts)
+        return str(err)
 
     def family_names(self) -> list[str]:
         return sorted(self.pack.families)

@@ -44,11 +44,10 @@ router = APIRouter(tags=["rollout"], responses=ERROR_RESPONSES,
 
 
 def _cohort_out(services: Services, canary: Canary) -> CohortOut:
-    order = [c.cohort for c in services.policy.cohort_defaults()]
     labels = services.policy.cohort_labels()
     return CohortOut(
         cohort=canary.cohort, label=labels.get(canary.cohort, canary.cohort),
-        position=order.index(canary.cohort) if canary.cohort in order else len(order),
+        position=services.policy.rollout_position(canary.cohort),
         enabled=canary.enabled, percentage=canary.percentage, version=canary.version,
         updated_at=canary.updated_at, updated_by=canary.updated_by)
 
@@ -97,9 +96,7 @@ def raise_cohort_error(services: Services, cohort: str, err: StoreError) -> NoRe
     """Map a store error about ``cohort`` to HTTP; an unknown cohort's 404 says which cohorts
     exist (or, for a family name, which cohort holds it)."""
     if isinstance(err, NotFound) and err.code == "unknown_cohort":
-        existing = services.policy.snapshot().state.cohorts
-        raise http_error(404, err.code,
-                         services.policy.unknown_cohort_message(cohort, existing)) from err
+        raise http_error(404, err.code, services.policy.store_error_text(cohort, err)) from err
     raise_store_error(err)
 
 

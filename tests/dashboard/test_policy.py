@@ -12,6 +12,7 @@ from dashboard import policy as policy_module
 from dashboard.policy import Policy
 from dashboard.store import canaries
 from dashboard.store.db import Database
+from dashboard.store.errors import NotFound, StoreError
 from oracle import load_pack
 
 
@@ -65,3 +66,17 @@ def test_cohorts_resolve_from_family_names(policy: Policy) -> None:
     labels = policy.reason_labels()
     assert labels[f"rollout.stage_off:{first.id}"].endswith(f"(stage {first.label})")
     assert all("{" not in label for label in labels.values())
+
+
+def test_rollout_position_is_the_stage_order_with_unlisted_cohorts_last(policy: Policy) -> None:
+    ids = [c.id for c in load_pack("turnout").cohorts]
+    assert [policy.rollout_position(c) for c in ids] == list(range(len(ids)))
+    assert policy.rollout_position("left-by-an-earlier-pack") == len(ids)
+
+
+def test_store_error_text_lists_the_cohorts_for_an_unknown_one(policy: Policy) -> None:
+    ids = [c.id for c in load_pack("turnout").cohorts]
+    text = policy.store_error_text("nope", NotFound("unknown cohort 'nope'", code="unknown_cohort"))
+    assert text.startswith("unknown cohort 'nope'") and text.endswith("cohorts: " + ", ".join(ids))
+    other = StoreError("version 3 is stale", code="stale_version")
+    assert policy.store_error_text("x", other) == str(other)
