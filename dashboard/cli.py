@@ -241,7 +241,8 @@ def _flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
         cohort = resolved
     try:
         with services.db.write_session() as session:
-            current = canaries.get_canary(session=session, cohort=cohort)
+            # Locked: the version named below is the one the flip finds (another writer waits).
+            current = canaries.get_canary(session=session, cohort=cohort, for_update=True)
             flip = canaries.flip_canary(session=session, cohort=cohort, enabled=enabled,
                                         reason=reason, actor=_actor(),
                                         if_version=current.version, percentage=percentage)

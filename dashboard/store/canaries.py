@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from dashboard.store import audit
@@ -22,6 +22,7 @@ from dashboard.store.errors import InvalidChange, NotFound, VersionConflict
 from dashboard.store.models import Canary, KillSwitch, utcnow
 
 KILL_SWITCH_ID = 1
+Row = TypeVar("Row")
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,22 @@ def list_canaries(*, session: Session) -> list[Canary]:
     return list(session.scalars(select(Canary).order_by(Canary.cohort)))
 
 
-def get_canary(*, session: Session, cohort: str) -> Canary:
-    """Raises NotFound for an unknown cohort."""
-    canary = session.get(Canary, cohort)
+def get_canary(*, session: Session, cohort: str, for_update: bool = False) -> Canary:
+    """One cohort's row; ``for_update`` locks it until the transaction ends (read the version
+    a flip in the same transaction will name). Raises NotFound for an unknown cohort."""
+    canary = (_locked(session, select(Canary).where(Canary.cohort == cohort)) if for_update
+              else session.get(Canary, cohort))
     if canary is None:
         raise NotFound(f"unknown cohort {cohort!r}", code="unknown_cohort")
     return canary
+
+
+def _locked(session: Session, stmt: Select[Row]) -> Row | None:
+    """The row of ``stmt``, locked (``FOR UPDATE``) and read from the database even when the
+    session holds it already: PostgreSQL reads committed rows, and a copy loaded earlier in the
+    transaction may predate a change another writer committed since."""
+    return session.scalars(
+        stmt.with_for_update().execution_options(populate_existing=True)).one_or_none()
 
 
 def get_kill_switch(*, session: Session) -> KillSwitch:
@@ -137,8 +148,7 @@ def flip_canary(
     audit.require_reason(reason)
     if percentage is not None and not 0 <= percentage <= 100:
         raise InvalidChange(f"percentage {percentage} is outside 0..100", code="bad_percentage")
-    stmt = select(Canary).where(Canary.cohort == cohort).with_for_update()
-    canary = session.scalars(stmt).one_or_none()
+    canary = _locked(session, select(Canary).where(Canary.cohort == cohort))
     if canary is None:
         raise NotFound(f"unknown cohort {cohort!r}", code="unknown_cohort")
     if canary.version != if_version:
@@ -165,9 +175,7 @@ def set_kill_switch(
     """Engage or release the kill switch; ``if_version`` None means "whatever it is now" (an
     emergency stop must not need a read first). Raises VersionConflict, InvalidChange."""
     audit.require_reason(reason)
-    ks = session.scalars(
-        select(KillSwitch).where(KillSwitch.id == KILL_SWITCH_ID).with_for_update()
-    ).one_or_none()
+    ks = _locked(session, select(KillSwitch).where(KillSwitch.id == KILL_SWITCH_ID))
     if ks is None:
         raise NotFound("the kill switch row is missing: start the service once")
     if if_version is not None and ks.version != if_version:

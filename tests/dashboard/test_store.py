@@ -126,6 +126,52 @@ def test_a_flip_that_changes_only_the_share_is_a_change(db: Database) -> None:
         assert [e.reason for e in audit.list_entries(session=s)] == ["all", "half"]
 
 
+@pytest.fixture
+def pg_db(pg_schema_url: str) -> Database:
+    database = Database(pg_schema_url)
+    database.upgrade()
+    with database.write_session() as s:
+        canaries.ensure_defaults(session=s, defaults=DEFAULTS)
+        s.commit()
+    yield database
+    database.dispose()
+
+
+def test_a_flip_is_checked_against_the_row_it_locks_not_an_earlier_read(pg_db: Database) -> None:
+    """PostgreSQL reads committed rows: a flip whose transaction read the cohort before another
+    writer committed must see that change, not the copy its session loaded (``turnout canary``
+    reads the version, then flips). Before, both flips wrote version 2 and an audit entry."""
+    with pg_db.write_session() as a:
+        read = canaries.get_canary(session=a, cohort="qwen3")
+        with pg_db.write_session() as b:
+            canaries.flip_canary(session=b, cohort="qwen3", enabled=True, reason="b",
+                                 actor="b", if_version=1)
+            b.commit()
+        with pytest.raises(VersionConflict) as err:
+            canaries.flip_canary(session=a, cohort="qwen3", enabled=True, reason="a",
+                                 actor="a", if_version=read.version)
+        assert err.value.current_version == 2
+    with pg_db.write_session() as a:
+        ks = canaries.get_kill_switch(session=a)
+        with pg_db.write_session() as b:
+            canaries.set_kill_switch(session=b, engaged=True, reason="b", actor="b")
+            b.commit()
+        with pytest.raises(VersionConflict):
+            canaries.set_kill_switch(session=a, engaged=True, reason="a", actor="a",
+                                     if_version=ks.version)
+    with pg_db.read_session() as s:
+        assert [e.actor for e in audit.list_entries(session=s)] == ["b", "b"]
+
+
+def test_a_locking_read_holds_the_cohort_until_the_flip_commits(pg_db: Database) -> None:
+    """``turnout canary`` reads the version it flips from with the row locked, so another
+    writer waits instead of changing the cohort in between."""
+    with pg_db.write_session() as a:
+        assert canaries.get_canary(session=a, cohort="qwen3", for_update=True).version == 1
+        with pg_db.write_session() as b, pytest.raises(DBAPIError, match="could not obtain lock"):
+            b.execute(text("SELECT version FROM canaries WHERE cohort = 'qwen3' FOR UPDATE NOWAIT"))
+
+
 @pytest.mark.parametrize("reason", ["", "   "])
 def test_flip_without_reason_is_refused_and_changes_nothing(db: Database, reason: str) -> None:
     with db.write_session() as s, pytest.raises(InvalidChange) as err:
