@@ -283,12 +283,17 @@ def _kill(engaged: bool, reason: str, database_url: str | None) -> None:
     services = _prepared(database_url)
     try:
         with services.db.write_session() as session:
-            canaries.set_kill_switch(session=session, engaged=engaged, reason=reason,
-                                     actor=_actor())
+            result = canaries.set_kill_switch(session=session, engaged=engaged, reason=reason,
+                                              actor=_actor())
             session.commit()
     except StoreError as err:
         raise _fail(str(err)) from err
-    typer.echo(f"kill switch {'ENGAGED' if engaged else 'released'}")
+    state = "ENGAGED" if engaged else "released"
+    if result.changed:
+        typer.echo(f"kill switch {state}")
+    else:
+        typer.echo(f"kill switch already {state}; nothing changed "
+                   f"(version {result.kill_switch.version})")
 
 
 @kill_app.command("engage")

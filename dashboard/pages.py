@@ -219,13 +219,16 @@ def kill_switch_from_page(
         return refused
     try:
         with services.db.write_session() as session:
-            canary_store.set_kill_switch(session=session, engaged=engaged, reason=reason,
-                                         actor=user.actor)
+            result = canary_store.set_kill_switch(session=session, engaged=engaged,
+                                                  reason=reason, actor=user.actor)
             session.commit()
     except StoreError as err:
         return _back(error=str(err))
+    state = "engaged" if engaged else "released"
+    if not result.changed:
+        return _back(message=f"kill switch already {state}: nothing changed")
     services.policy.invalidate()
-    return _back(message=f"kill switch {'engaged' if engaged else 'released'}")
+    return _back(message=f"kill switch {state}")
 
 
 @router.get("/audit", response_class=HTMLResponse)

@@ -18,6 +18,7 @@ from dashboard.api.schemas import (
     ImpactOut,
     KillSwitchIn,
     KillSwitchOut,
+    KillSwitchSetOut,
 )
 from dashboard.deps import (
     ERROR_RESPONSES,
@@ -137,20 +138,23 @@ def patch_canary(
     return CanaryFlipOut(**_cohort_out(services, flip.canary).model_dump(), changed=flip.changed)
 
 
-@router.post("/kill-switch", response_model=KillSwitchOut)
+@router.post("/kill-switch", response_model=KillSwitchSetOut)
 def post_kill_switch(body: KillSwitchIn, services: ServicesDep, session: WriteSessionDep,
-                     who: AdminDep) -> KillSwitchOut:
+                     who: AdminDep) -> KillSwitchSetOut:
     """Engage or release the global kill switch (admin): engaged sends every auto deployment
-    to V1. No If-Match: an emergency stop must not need a read first."""
+    to V1. No If-Match: an emergency stop must not need a read first. Asking for the state it
+    already has is a 200 with ``changed: false``: same version, no audit entry."""
     try:
-        ks = canary_store.set_kill_switch(session=session, engaged=body.engaged,
-                                          reason=body.reason, actor=who.actor)
+        result = canary_store.set_kill_switch(session=session, engaged=body.engaged,
+                                              reason=body.reason, actor=who.actor)
         session.commit()
     except StoreError as err:
         raise_store_error(err)
-    services.policy.invalidate()
-    return KillSwitchOut(engaged=ks.engaged, version=ks.version, updated_at=ks.updated_at,
-                         updated_by=ks.updated_by)
+    if result.changed:
+        services.policy.invalidate()
+    ks = result.kill_switch
+    return KillSwitchSetOut(engaged=ks.engaged, version=ks.version, updated_at=ks.updated_at,
+                            updated_by=ks.updated_by, changed=result.changed)
 
 
 @router.get("/audit", response_model=list[AuditOut])

@@ -68,6 +68,11 @@ class KillSwitchOut(BaseModel):
     updated_by: str
 
 
+class KillSwitchSetOut(KillSwitchOut):
+    changed: bool = Field(description="false when the kill switch was already in the state "
+                          "asked for: its version stays and no audit entry is written")
+
+
 class CanariesOut(BaseModel):
     pack: str
     kill_switch: KillSwitchOut

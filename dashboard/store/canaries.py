@@ -3,8 +3,9 @@
 A change names the version it read (the API's ``If-Match``); the row is locked (``SELECT ... FOR
 UPDATE`` on PostgreSQL, ``BEGIN IMMEDIATE`` on SQLite), the version compared, bumped, and the
 audit entry written in the same transaction: exactly one writer wins per version and every
-successful change has exactly one audit entry. A flip to the state the cohort already has is
-no change: the version stays and nothing is audited (``Flip.changed`` is false).
+successful change has exactly one audit entry. A flip to the state the cohort already has, or
+engaging a kill switch already engaged (releasing one already released), is no change: the
+version stays and nothing is audited (``changed`` is false).
 """
 
 from __future__ import annotations
@@ -169,11 +170,27 @@ def flip_canary(
     return Flip(canary, changed=True)
 
 
+@dataclass(frozen=True)
+class KillSwitchSet:
+    """What :func:`set_kill_switch` did: the row after it, and whether it changed (false when
+    it was already in the state asked for, e.g. a second operator engaging it in an incident)."""
+
+    kill_switch: KillSwitch
+    changed: bool
+
+
 def set_kill_switch(
     *, session: Session, engaged: bool, reason: str, actor: str, if_version: int | None = None
-) -> KillSwitch:
+) -> KillSwitchSet:
     """Engage or release the kill switch; ``if_version`` None means "whatever it is now" (an
-    emergency stop must not need a read first). Raises VersionConflict, InvalidChange."""
+    emergency stop must not need a read first). Setting the state it already has changes
+    nothing: no version bump, no audit entry, ``changed`` false.
+
+    Raises:
+        VersionConflict: ``if_version`` given and not the current version.
+        InvalidChange: empty reason.
+        NotFound: the kill switch row is missing (the service never started on this database).
+    """
     audit.require_reason(reason)
     ks = _locked(session, select(KillSwitch).where(KillSwitch.id == KILL_SWITCH_ID))
     if ks is None:
@@ -181,6 +198,8 @@ def set_kill_switch(
     if if_version is not None and ks.version != if_version:
         raise VersionConflict(f"the kill switch is at version {ks.version}, not {if_version}",
                               current_version=ks.version)
+    if ks.engaged == engaged:
+        return KillSwitchSet(ks, changed=False)
     before = {"engaged": ks.engaged, "version": ks.version}
     ks.engaged = engaged
     ks.version += 1
@@ -188,4 +207,4 @@ def set_kill_switch(
     ks.updated_by = actor
     audit.record(session=session, actor=actor, action="kill_switch.set", target="kill-switch",
                  reason=reason, before=before, after={"engaged": engaged, "version": ks.version})
-    return ks
+    return KillSwitchSet(ks, changed=True)

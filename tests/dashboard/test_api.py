@@ -100,6 +100,27 @@ def test_patch_to_the_current_state_changes_nothing(api: Api) -> None:
     assert samples("turnout_canary_flips_total", {"cohort": name}) == 1
 
 
+def test_kill_switch_set_to_its_current_state_changes_nothing(api: Api) -> None:
+    # Two operators engaging it in one incident: the second is told, not audited twice.
+    url, admin = "/api/v1/kill-switch", api.h("admin")
+    released = api.client.post(url, json={"engaged": False, "reason": "not engaged"},
+                               headers=admin)
+    assert released.status_code == 200, released.text
+    assert (released.json()["changed"], released.json()["version"]) == (False, 1)
+    etag = api.client.get("/api/v1/canaries", headers=api.h("viewer")).headers["ETag"]
+    first = api.client.post(url, json={"engaged": True, "reason": "incident 7"}, headers=admin)
+    second = api.client.post(url, json={"engaged": True, "reason": "incident 7, me too"},
+                             headers=admin)
+    assert (first.json()["changed"], first.json()["version"]) == (True, 2)
+    assert (second.json()["changed"], second.json()["engaged"], second.json()["version"]) == (
+        False, True, 2)
+    audit = api.client.get("/api/v1/audit", headers=api.h("viewer")).json()
+    assert [a["reason"] for a in audit if a["action"] == "kill_switch.set"] == ["incident 7"]
+    state = api.client.get("/api/v1/canaries", headers=api.h("viewer"))
+    assert state.headers["ETag"] != etag and state.json()["kill_switch"]["version"] == 2
+    assert "changed" not in state.json()["kill_switch"]
+
+
 def test_page_flip_to_the_current_state_says_nothing_changed(api: Api) -> None:
     from dashboard.auth import COOKIE_NAME, csrf_token
 
@@ -118,6 +139,24 @@ def test_page_flip_to_the_current_state_says_nothing_changed(api: Api) -> None:
     assert f"{cohort['cohort']} already enabled at 100%: nothing changed" in page
     assert _flips(api) == []
     assert _first_cohort(api)["version"] == cohort["version"]
+
+
+def test_page_kill_switch_to_its_current_state_says_nothing_changed(api: Api) -> None:
+    from dashboard.auth import COOKIE_NAME, csrf_token
+
+    token = api.tokens["admin"]
+    api.client.cookies.set(COOKIE_NAME, token)
+    try:
+        r = api.client.post("/kill-switch", follow_redirects=False,
+                            data={"engaged": "false", "reason": "already off",
+                                  "csrf": csrf_token(token)})
+        assert r.status_code == 303
+        page = api.client.get(r.headers["location"]).text
+    finally:
+        api.client.cookies.clear()
+    assert "kill switch already released: nothing changed" in page
+    audit = api.client.get("/api/v1/audit", headers=api.h("viewer")).json()
+    assert [a for a in audit if a["action"] == "kill_switch.set"] == []
 
 
 def test_every_listed_cohort_id_is_accepted_by_patch_and_impact(api: Api) -> None:

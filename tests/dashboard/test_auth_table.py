@@ -59,6 +59,13 @@ def _toggled(c: Ctx) -> str:
     return "false" if _first(c)["enabled"] else "true"
 
 
+def _kill_toggled(c: Ctx) -> bool:
+    """The kill switch's opposite state (setting the state it has is no change either)."""
+    body = c.client.get("/api/v1/canaries",
+                        headers={"Authorization": f"Bearer {c.tokens['viewer']}"}).json()
+    return not body["kill_switch"]["engaged"]
+
+
 def _event() -> dict[str, Any]:
     return {"event_id": uuid.uuid4().hex, "at": dt.datetime.now(dt.UTC).isoformat(),
             "deployment_id": "d", "pack": "turnout", "family": "qwen3", "runner": "v2",
@@ -84,7 +91,7 @@ def _patch(c: Ctx, h: dict[str, str]) -> Any:
 API: dict[str, tuple[str, int, Call]] = {
     "PATCH /canaries/{cohort}": ("operator", 200, _patch),
     "POST /kill-switch": ("admin", 200, lambda c, h: c.client.post(
-        "/api/v1/kill-switch", headers=h, json={"engaged": False, "reason": "auth table"})),
+        "/api/v1/kill-switch", headers=h, json={"engaged": _kill_toggled(c), "reason": "auth table"})),
     "POST /decisions": ("operator", 200, lambda c, h: c.client.post(
         "/api/v1/decisions", headers=h, json={"events": [_event()]})),
     "POST /evidence": ("operator", 201, lambda c, h: c.client.post(
@@ -148,7 +155,8 @@ PAGES: dict[str, tuple[str, Callable[[Ctx], tuple[str, dict[str, Any]]]]] = {
                                          {"enabled": _toggled(c), "version": _cohort(c)[1],
                                           "reason": "page auth table"})),
     "page kill switch": ("admin", lambda c: ("/kill-switch",
-                                             {"engaged": "false", "reason": "page auth"})),
+                                             {"engaged": str(_kill_toggled(c)).lower(),
+                                              "reason": "page auth"})),
 }
 
 

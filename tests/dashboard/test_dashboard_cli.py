@@ -143,7 +143,9 @@ def test_canary_list_is_a_table_that_fits_80_columns(tmp_path: Path) -> None:
 
 def test_kill_switch_and_demo_remove(run) -> None:  # type: ignore[no-untyped-def]
     code, out = run("kill-switch", "engage", "--reason", "V2 crash loop")
-    assert code == 0 and "ENGAGED" in out
+    assert code == 0 and out.strip() == "kill switch ENGAGED"
+    code, out = run("kill-switch", "engage", "--reason", "V2 crash loop, again")
+    assert code == 0 and out.strip() == "kill switch already ENGAGED; nothing changed (version 2)"
     services = Services.build(Settings(database_url=run.url, demo=True))
     from dashboard.app import prepare
 

@@ -202,6 +202,26 @@ def test_audit_log_refuses_update_and_delete_in_the_database(db: Database) -> No
         assert [e.reason for e in audit.list_entries(session=s)] == ["incident 42"]
 
 
+def test_kill_switch_to_its_current_state_is_no_change(db: Database) -> None:
+    with db.write_session() as s:
+        same = canaries.set_kill_switch(session=s, engaged=False, reason="r", actor="t")
+        s.commit()
+    assert (same.changed, same.kill_switch.version) == (False, 1)
+    with db.write_session() as s:
+        first = canaries.set_kill_switch(session=s, engaged=True, reason="a", actor="t")
+        s.commit()
+        assert (first.changed, first.kill_switch.version) == (True, 2)
+    with db.write_session() as s:
+        again = canaries.set_kill_switch(session=s, engaged=True, reason="b", actor="u")
+        s.commit()
+        assert (again.changed, again.kill_switch.version, again.kill_switch.updated_by) == (
+            False, 2, "t")
+    with db.write_session() as s, pytest.raises(VersionConflict):
+        canaries.set_kill_switch(session=s, engaged=True, reason="c", actor="t", if_version=1)
+    with db.read_session() as s:
+        assert [e.reason for e in audit.list_entries(session=s)] == ["a"]
+
+
 def test_etag_changes_with_any_version(db: Database) -> None:
     with db.read_session() as s:
         before = canaries.read_state(session=s).etag
