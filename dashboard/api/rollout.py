@@ -109,7 +109,10 @@ def parse_if_match(if_match: str | None) -> int:
     value = if_match.strip().removeprefix("W/").strip('"')
     if not (value.isascii() and value.isdigit()):  # "²".isdigit() is true, int("²") fails
         raise http_error(400, "bad_if_match", f"If-Match {if_match!r} is not a version")
-    return int(value)
+    digits = value.lstrip("0") or "0"
+    # Beyond any 64-bit version no cohort is there (a 409); int() refuses strings of more than
+    # 4,300 digits, so such a value is not converted.
+    return int(digits) if len(digits) <= len(str(MAX_ID)) else MAX_ID + 1
 
 
 @router.patch("/canaries/{cohort}", response_model=CanaryFlipOut,

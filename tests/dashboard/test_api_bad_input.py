@@ -99,12 +99,15 @@ def test_nul_in_writes_never_gives_a_5xx(api: Api) -> None:
     assert r.status_code in (201, 422), r.text
 
 
-def test_a_huge_if_match_version_is_a_conflict(api: Api) -> None:
+@pytest.mark.parametrize("num_digits", [40, 5000])
+def test_a_huge_if_match_version_is_a_conflict(api: Api, num_digits: int) -> None:
+    # 5000 digits: more than int() converts from a string (a 500 before).
     cohort = api.client.get("/api/v1/canaries", headers=api.h("viewer")).json()["cohorts"][0]
     r = api.client.patch(f"/api/v1/canaries/{cohort['cohort']}",
-                         headers={**api.h("operator"), "If-Match": "9" * 40},
+                         headers={**api.h("operator"), "If-Match": "9" * num_digits},
                          json={"enabled": True, "reason": "odd version"})
     assert r.status_code == 409, r.text
+    assert r.headers["ETag"] == f'"{cohort["version"]}"'
 
 
 @pytest.mark.parametrize("value", ["\xb2", 'W/"\xb2"', "\u0661", "+1", " "])
