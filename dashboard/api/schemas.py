@@ -80,7 +80,8 @@ class CanariesOut(BaseModel):
 
 
 class CanaryPatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: JSON true is not 1%, "yes" is not true (lax parsing turned them into a change).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     enabled: bool
     percentage: int | None = Field(default=None, ge=0, le=100)
@@ -88,7 +89,7 @@ class CanaryPatch(BaseModel):
 
 
 class KillSwitchIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     engaged: bool
     reason: str = Field(min_length=1, max_length=2_000, pattern=r"\S")

@@ -110,6 +110,29 @@ def test_a_huge_if_match_version_is_a_conflict(api: Api, num_digits: int) -> Non
     assert r.headers["ETag"] == f'"{cohort["version"]}"'
 
 
+@pytest.mark.parametrize("body", [
+    {"enabled": True, "percentage": True},   # was taken as 1%
+    {"enabled": True, "percentage": "50"},
+    {"enabled": True, "percentage": 50.0},
+    {"enabled": "yes"},
+    {"enabled": 1},
+])
+def test_a_flip_of_the_wrong_json_type_is_refused_and_changes_nothing(
+        api: Api, body: dict[str, object]) -> None:
+    url = "/api/v1/canaries/" + api.client.get(
+        "/api/v1/canaries", headers=api.h("viewer")).json()["cohorts"][1]["cohort"]
+    before = api.client.get(url, headers=api.h("viewer")).json()
+    r = api.client.patch(url, json={**body, "reason": "typed"},
+                         headers={**api.h("operator"), "If-Match": str(before["version"])})
+    assert r.status_code == 422, r.text
+    assert api.client.get(url, headers=api.h("viewer")).json() == before
+    r = api.client.post("/api/v1/kill-switch", json={"engaged": "true", "reason": "typed"},
+                        headers=api.h("admin"))
+    assert r.status_code == 422, r.text
+    audit = api.client.get("/api/v1/audit", headers=api.h("viewer")).json()
+    assert [a for a in audit if a["action"] != "token.create"] == []
+
+
 @pytest.mark.parametrize("value", ["\xb2", 'W/"\xb2"', "\u0661", "+1", " "])
 def test_if_match_takes_ascii_digits_only(value: str) -> None:
     # Header values arrive decoded as latin-1: b"\xb2" is "²", which str.isdigit() accepts
