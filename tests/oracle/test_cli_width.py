@@ -89,3 +89,18 @@ def test_values_in_square_brackets_are_printed_not_taken_as_styles(tmp_path: Pat
     assert "[bold]x" in out and "org/[red]model" in out
     out = _invoke("decide", "--", "vllm", "serve", "org/[red]model")
     assert "model 'org/[red]model' is not in" in out
+
+
+@pytest.mark.parametrize("columns", ["0", "00"])
+def test_a_zero_columns_is_ignored_not_taken_as_no_room(columns: str) -> None:
+    # Rich took COLUMNS=0 as a width of 0 and printed nothing: turnout decide exited 2 with
+    # no word of why.
+    out = _invoke("decide", "--architecture", "NoSuchForCausalLM", columns=columns)
+    assert "unknown architecture 'NoSuchForCausalLM'" in out
+    result = CliRunner(env={"COLUMNS": columns}).invoke(
+        app, ["explain", "--", "vllm", "serve", MODEL, "--speculative-config", NGRAM])
+    assert [line.strip() for line in result.output.splitlines() if "→ V2" in line] == [
+        "→ V2 (config+pin, STATIC): speculative_method ngram → eagle3; "
+        "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
+        "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → eagle3; "
+        "canary:llama-mistral-dense off → on 100%"]
