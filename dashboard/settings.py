@@ -27,11 +27,15 @@ CHECKOUT_ROOT = _checkout_root()
 
 def default_sqlite_path() -> Path:
     """The default database file, an absolute path: ``<checkout>/var/turnout.db`` in a source
-    checkout, else ``$XDG_DATA_HOME/turnout/turnout.db`` (``~/.local/share/turnout/…``)."""
+    checkout, else ``$XDG_DATA_HOME/turnout/turnout.db`` (``~/.local/share/turnout/…`` when
+    ``XDG_DATA_HOME`` is unset, empty or relative: the XDG Base Directory specification says to
+    ignore a relative one, which would name another database in every working directory)."""
     if CHECKOUT_ROOT is not None:
         return CHECKOUT_ROOT / "var" / "turnout.db"
-    data_home = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data_home).resolve() / "turnout" / "turnout.db"
+    data_home = Path(os.environ.get("XDG_DATA_HOME", ""))
+    if not data_home.is_absolute():
+        data_home = Path.home() / ".local" / "share"
+    return data_home.resolve() / "turnout" / "turnout.db"
 
 
 def default_database_url() -> str:

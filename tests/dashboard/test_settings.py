@@ -40,6 +40,22 @@ def test_an_installed_copy_defaults_to_the_user_data_dir(
     assert Settings().sqlite_path() == tmp_path / "home" / ".local/share/turnout/turnout.db"
 
 
+@pytest.mark.parametrize("xdg", ["data", "./data", "~/data"])
+def test_a_relative_xdg_data_home_is_ignored_as_the_spec_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, xdg: str) -> None:
+    # Resolved against the working directory it named another database in every directory.
+    monkeypatch.delenv("TURNOUT_DATABASE_URL", raising=False)
+    monkeypatch.setattr(settings, "CHECKOUT_ROOT", None)
+    monkeypatch.setenv("XDG_DATA_HOME", xdg)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    paths = []
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        monkeypatch.chdir(tmp_path / sub)
+        paths.append(Settings().sqlite_path())
+    assert paths == [tmp_path / "home" / ".local/share/turnout/turnout.db"] * 2
+
+
 def test_the_environment_overrides_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TURNOUT_DATABASE_URL", "postgresql+psycopg://u@db/turnout")
     assert Settings().database_url == "postgresql+psycopg://u@db/turnout"
