@@ -35,12 +35,23 @@ def _actor() -> str:
 
 def _services(database_url: str | None = None, pack: str | None = None,
               **extra: Any) -> Services:
+    """The services of the settings, their database reachable; a setting that cannot be used
+    (database, pack, a TURNOUT_* value) ends the command with what is wrong."""
+    from pydantic import ValidationError
+
     from dashboard.services import Services
     from dashboard.settings import Settings
+    from dashboard.store.errors import StoreError
+    from oracle.errors import OracleError
 
     overrides = {k: v for k, v in
                  {"database_url": database_url, "pack": pack, **extra}.items() if v is not None}
-    return Services.build(Settings(**overrides))
+    try:
+        services = Services.build(Settings(**overrides))
+        services.db.check()
+    except (StoreError, OracleError, ValidationError) as err:
+        raise _fail(str(err)) from err
+    return services
 
 
 def _prepared(database_url: str | None, pack: str | None = None) -> Services:

@@ -10,7 +10,10 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+
+from dashboard.store.errors import DatabaseUnavailable
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 # Serialises concurrent upgrades of one PostgreSQL database by several replicas.
@@ -28,17 +31,24 @@ class Database:
     """
 
     def __init__(self, url: str, *, sqlite_synchronous: str = "NORMAL", echo: bool = False):
+        """Raises DatabaseUnavailable: ``url`` is not a database URL, or the directory of its
+        SQLite file cannot be made (created when missing)."""
         self.url = url
-        sa_url = make_url(url)
-        self.is_sqlite = sa_url.get_backend_name() == "sqlite"
-        kwargs: dict[str, Any] = {"echo": echo}
-        if self.is_sqlite:
-            if sa_url.database and sa_url.database != ":memory:":
-                Path(sa_url.database).parent.mkdir(parents=True, exist_ok=True)
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
-        else:
-            kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
-        self.engine: Engine = create_engine(url, **kwargs)
+        try:
+            sa_url = make_url(url)
+            self.is_sqlite = sa_url.get_backend_name() == "sqlite"
+            kwargs: dict[str, Any] = {"echo": echo}
+            if self.is_sqlite:
+                if sa_url.database and sa_url.database != ":memory:":
+                    _make_parent(Path(sa_url.database))
+                kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+            else:
+                kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
+            self.engine: Engine = create_engine(url, **kwargs)
+        except ArgumentError as err:  # NoSuchModuleError (an unknown dialect) included
+            raise DatabaseUnavailable(
+                f"{_safe(url)!r} is not a database URL: use sqlite:///path/to/file.db or "
+                "postgresql+psycopg://user@host/db") from err
         if self.is_sqlite:
             _install_sqlite_hooks(self.engine, sqlite_synchronous)
             writer: Engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
@@ -46,6 +56,21 @@ class Database:
             writer = self.engine
         self.read_session = sessionmaker(self.engine, expire_on_commit=False)
         self.write_session = sessionmaker(writer, expire_on_commit=False)
+
+    def check(self) -> None:
+        """Open one connection, so that a database that cannot be used says so before any work.
+
+        Raises:
+            DatabaseUnavailable: the server refuses or is not there, the database does not
+                exist, the SQLite file cannot be opened.
+        """
+        try:
+            with self.engine.connect():
+                pass
+        except OperationalError as err:
+            reason = str(err.orig or err).strip().splitlines()[0]
+            raise DatabaseUnavailable(
+                f"cannot connect to the database {_safe(self.url)}: {reason}") from err
 
     def upgrade(self) -> None:
         """Apply every pending Alembic migration (idempotent; safe with several replicas)."""
@@ -72,6 +97,23 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _safe(url: str) -> str:
+    """``url`` without its password (as given when it does not parse)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def _make_parent(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file in the way, no permission, a read-only file system
+        raise DatabaseUnavailable(
+            f"cannot create the directory of the SQLite database {path.parent}: "
+            f"{err.strerror or err}") from err
 
 
 def alembic_config(url: str) -> Config:

@@ -30,3 +30,10 @@ class VersionConflict(StoreError):
 
 class InvalidChange(StoreError):
     code = "invalid_change"
+
+
+class DatabaseUnavailable(StoreError):
+    """The configured database cannot be used: not a URL, a SQLite directory that cannot be
+    made, a server that refuses the connection or is not there."""
+
+    code = "database_unavailable"

@@ -175,3 +175,32 @@ def test_a_later_start_says_how_to_sign_in(tmp_path: Path,
     assert again.strip() == ("turnout: sign in at http://127.0.0.1:8000/login (lost the token? "
                              "turnout token create --role admin)")
     services.db.dispose()
+
+
+def _unusable_settings(tmp_path: Path) -> list[tuple[list[str], str]]:
+    (tmp_path / "a-file").write_text("not a directory")
+    return [
+        (["--database-url", f"sqlite:///{tmp_path / 'a-file' / 'turnout.db'}"],
+         f"cannot create the directory of the SQLite database {tmp_path / 'a-file'}"),
+        (["--database-url", "not-a-url"], "'not-a-url' is not a database URL"),
+        (["--database-url", "postgresql+psycopg://postgres@127.0.0.1:5432/turnout_no_such_db"],
+         "cannot connect to the database postgresql+psycopg://postgres@127.0.0.1:5432/"
+         "turnout_no_such_db"),
+    ]
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["db", "current"], ["canary", "list"],
+                                     ["token", "create", "--role", "viewer"],
+                                     ["kill-switch", "engage", "--reason", "r"]])
+def test_a_database_that_cannot_be_opened_is_an_error_not_a_traceback(
+        tmp_path: Path, command: list[str]) -> None:
+    app = typer.Typer()
+    cli.register(app)
+    for options, message in _unusable_settings(tmp_path):
+        result = CliRunner().invoke(app, [*command, *options])
+        assert result.exit_code == 1, (options, result.output, result.exception)
+        assert result.output.startswith(f"error: {message}"), (options, result.output)
+        assert not (tmp_path / "a-file").is_dir()
+    result = CliRunner().invoke(app, ["canary", "list", "--pack", "nope",
+                                      "--database-url", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert result.exit_code == 1 and result.output.startswith("error: no policy pack 'nope'")
