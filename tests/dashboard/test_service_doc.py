@@ -1,0 +1,59 @@
+"""docs/service.md says what the service does: its API table names real routes, its curl
+example works on a database where flips already happened."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from service_helpers import Api, LiveService, make_tokens, start_service
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "service.md").read_text()
+
+
+def _section(title: str) -> str:
+    start = DOC.index(title)
+    end = DOC.find("\n## ", start + 1)
+    return DOC[start:end if end != -1 else None]
+
+
+def test_every_route_of_the_api_table_is_under_api_v1(api: Api) -> None:
+    paths = api.client.get("/api/v1/openapi.json").json()["paths"]
+    table = _section("## API (`/api/v1`")
+    rows = re.findall(r"^\| (`[^|]+`) \|", table, re.M)
+    assert len(rows) > 10
+    for row in rows:
+        for method_path in re.findall(r"`([^`]+)`", row):
+            methods, _, path = method_path.partition(" ")
+            full = "/api/v1" + path.split("?")[0].replace("{id}", "{token_id}")
+            assert full in paths, (row, full)
+            for method in methods.split("/"):
+                assert method.lower() in paths[full], (row, method)
+
+
+def test_the_patch_example_reads_the_version_first(tmp_path: Path,
+                                                    live: list[LiveService]) -> None:
+    import httpx
+
+    url = f"sqlite:///{tmp_path / 'doc.db'}"
+    token = make_tokens(url)["operator"]
+    svc = start_service(url, tmp_path / "svc.log")
+    live.append(svc)
+    cohort = f"{svc.url}/api/v1/canaries/llama-mistral-dense"
+    auth = {"Authorization": f"Bearer {token}"}
+    for enabled in (True, False):  # the cohort is at version 3 now, not 1
+        r = httpx.patch(cohort, headers={**auth, "If-Match": httpx.get(cohort, headers=auth)
+                                         .headers["ETag"]},
+                        json={"enabled": enabled, "reason": "before the doc's example"})
+        assert r.status_code == 200, r.text
+    flipping = _section("## Flipping a canary")
+    block = re.findall(r"```bash\n(.*?)```", flipping, re.S)[-1]
+    assert "If-Match" in block
+    out = subprocess.run(["bash", "-c", block.replace("http://127.0.0.1:8000", svc.url)],
+                         env={"TOKEN": token, "PATH": "/usr/bin:/bin"}, capture_output=True,
+                         text=True, check=True).stdout
+    answer = json.loads(out)
+    assert answer["enabled"] is True and answer["version"] == 4, out
