@@ -104,6 +104,7 @@ class LLM:
 
         Raises:
             TokenizerError: the model has no chat template.
+            ImportError: jinja2, which renders chat templates, is not installed.
         """
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
         from engine.model.tokenizer import TokenizerError
@@ -115,6 +116,8 @@ class LLM:
         for i, conversation in enumerate(conversations):
             try:
                 text = tokenizer.apply_chat_template(list(conversation), add_generation_prompt=True)
+            except ImportError:
+                raise  # jinja2 missing: the install's fault, not this conversation's
             except Exception as exc:  # jinja2 errors, or a TypeError from the template's own code
                 encoded.append((None, InvalidRequestError(
                     f"conversation {i}: the chat template rejects it: {type(exc).__name__}: {exc}")))

@@ -39,3 +39,14 @@ def test_an_import_error_of_our_own_code_is_not_hidden() -> None:
     r = _turnout_without("engine.llm", "generate", "--model", "m.gguf", "--prompt", "hi")
     assert r.returncode == 1
     assert "Traceback" in r.stderr and "make install-runners" not in r.stderr
+
+
+def test_without_jinja2_a_chat_prompt_says_how_to_install_the_runners(smollm2_gguf: Path) -> None:
+    # The chat template is rendered per conversation: the missing module was reported as
+    # "conversation 0: the chat template rejects it: ModuleNotFoundError ..." instead.
+    r = _turnout_without("jinja2", "generate", "--model", str(smollm2_gguf), "--prompt", "hi",
+                         "--max-tokens", "1")
+    assert r.returncode == 2, r.stderr
+    assert "rejects it" not in r.stdout + r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.startswith("error: turnout generate needs the runners extra, and jinja2 "
+                               "cannot be imported ("), r.stderr
