@@ -34,7 +34,6 @@ from oracle import (
 )
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_PLACEHOLDER = re.compile(r"\s*'?\{[A-Za-z_][A-Za-z0-9_]*\}'?")
 
 
 def to_snapshot(state: RolloutState) -> CanarySnapshot:
@@ -129,8 +128,9 @@ class Policy:
         """Fallback-reason key → label: the pack's rules, the per-stage rollout reasons
         (``rollout.stage_off:<stage>``, see ``aggregates.reason_keys``) and the fixed ones."""
         # Rule labels may be templates ("speculative method '{speculative_method}'"); the
-        # ranking aggregates over values, so the placeholders go.
-        labels = {r.id: _PLACEHOLDER.sub("", r.label).strip() or r.id for r in self.pack.rules}
+        # ranking counts a rule over all its decisions, so each placeholder takes the value(s)
+        # the rule's own condition admits.
+        labels = {r.id: r.matched_label() for r in self.pack.rules}
         labels.update({
             "rollout.kill_switch": "the rollout kill switch is on",
             "rollout.no_stage": "in no rollout stage",

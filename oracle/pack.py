@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import string
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,6 +50,32 @@ class RuleInfo:
     when: Mapping[str, Any]
     reason: str
     reference: str
+
+    def matched_label(self) -> str:
+        """The label with each placeholder filled from the rule's own condition on that field
+        ("speculative method '{speculative_method}'" with ``when: {speculative_method:
+        draft_model}`` → "speculative method 'draft_model'"; a set of values reads
+        "'ngram or ngram_gpu'"). For views that count a rule over many decisions, such as the
+        fallback-reason ranking; a placeholder no ``eq``/``in`` condition fixes is dropped."""
+        fields = {name for _, name, _, _ in string.Formatter().parse(self.label) if name}
+        values = {f: _condition_text(self.when.get(f, ())) for f in fields}
+        text = self.label
+        for name, value in values.items():
+            if value is None:  # drop it, with the quotes and the space before it
+                text = re.sub(r"\s*'?\{" + re.escape(name) + r"\}'?", "", text)
+            else:
+                text = text.replace("{" + name + "}", value)
+        return text.strip() or self.id
+
+
+def _condition_text(ops: Any) -> str | None:
+    """The value(s) an ``eq`` or ``in`` condition admits, as text; None for anything else."""
+    for op, operand in ops:
+        if op == "eq":
+            return str(operand)
+        if op == "in":
+            return " or ".join(str(o) for o in operand)
+    return None
 
 
 class Pack:

@@ -14,6 +14,7 @@ from dashboard.store import canaries
 from dashboard.store.db import Database
 from dashboard.store.errors import NotFound, StoreError
 from oracle import load_pack
+from oracle.pack import RuleInfo
 
 
 @pytest.fixture
@@ -66,6 +67,19 @@ def test_cohorts_resolve_from_family_names(policy: Policy) -> None:
     labels = policy.reason_labels()
     assert labels[f"rollout.stage_off:{first.id}"].endswith(f"(stage {first.label})")
     assert all("{" not in label for label in labels.values())
+
+
+def test_rule_labels_fill_their_placeholders_from_the_rule_condition(policy: Policy) -> None:
+    # The fallback-reasons page showed "speculative method" with the method stripped.
+    labels = policy.reason_labels()
+    assert labels["draft_model_speculation"] == "speculative method 'draft_model'"
+    assert labels["ngram_speculation"] == "speculative method 'ngram or ngram_gpu'"
+
+
+def test_a_placeholder_no_condition_fixes_is_dropped_with_its_quotes() -> None:
+    rule = RuleInfo("r", "big tensor parallel '{tensor_parallel_size}'", "blocks_v2", "hard",
+                    False, {"tensor_parallel_size": (("gt", 8),)}, "", "")
+    assert rule.matched_label() == "big tensor parallel"
 
 
 def test_rollout_position_is_the_stage_order_with_unlisted_cohorts_last(policy: Policy) -> None:
