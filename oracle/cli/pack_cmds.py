@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from oracle.cli.console import folding_table, make_console
 from oracle.cli.decide_cmd import (
@@ -27,7 +28,7 @@ from oracle.cli.decide_cmd import (
     prepare,
 )
 from oracle.cli.inputs import Overrides, load_canaries
-from oracle.cli.render import EXIT_BAD_INPUT, exit_code, input_error_json, print_one
+from oracle.cli.render import EXIT_BAD_INPUT, exit_code, hanging, input_error_json, print_one
 from oracle.errors import OracleError
 from oracle.explain import explain as explain_config
 from oracle.lint import lint_pack
@@ -70,9 +71,10 @@ def explain(
         print_one(console, items[0], ex.decision)
         if ex.note:
             console.print(ex.note, highlight=False, markup=False)
-        for s in ex.suggestions:
-            console.print(f"  [green]→ V2[/] ({s.kind}, {s.decision.reason_code}): "
-                          f"{escape(str(s))}", highlight=False)
+        if ex.suggestions:
+            console.print(hanging([(Text("  → V2", style="green"),
+                                    Text(f"({s.kind}, {s.decision.reason_code}): {s}"))
+                                   for s in ex.suggestions]))
     raise typer.Exit(exit_code([(items[0], ex.decision)]))
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
 from oracle.cli.console import folding_table
 from oracle.cli.inputs import Item
@@ -74,18 +76,46 @@ def print_one(console: Console, item: Item, d: Decision | None) -> None:
     console.print(f"runner {_runner_text(d)}  mode {d.mode}  reason {d.reason_code}  "
                   f"family {escape(d.family or '-')}  stage {escape(d.stage or '-')}  "
                   f"pack {escape(d.pack)}")
-    for m in d.messages:
-        console.print(f"  {m.level} {m.message}", markup=False, highlight=False)
+    lines = [(Text(f"  {m.level}"), Text(m.message)) for m in d.messages]
     if d.error:
-        console.print(f"  [red]error[/] ({d.error_code}): {escape(d.error)}", highlight=False)
+        lines.append((Text("  error", style="red"), Text(f"({d.error_code}): {d.error}")))
+    if lines:
+        console.print(hanging(lines))
     if d.reasons:
-        table = folding_table("rule", "label", "severity", "matched", box=None, pad_edge=False)
-        for r in d.reasons:
-            table.add_row(*(escape(cell) for cell in (
-                r.rule_id, r.label, r.severity,
-                ", ".join(f"{k}={v!r}" for k, v in r.matched.items()))))
-        console.print(table)
+        console.print(_reasons_table(console, d))
     console.print(f"  policy digest {d.policy_digest}", style="dim")
+
+
+def hanging(lines: Sequence[tuple[Text, Text]]) -> Table:
+    """Lines of ``head text`` whose text, when it wraps, continues under its own start."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
+    for head, text in lines:
+        text.overflow = "fold"
+        grid.add_row(head, text)
+    return grid
+
+
+def _reasons_table(console: Console, d: Decision) -> Table:
+    rows = [(r.rule_id, r.label, r.severity,
+             ", ".join(f"{k}={v!r}" for k, v in r.matched.items())) for r in d.reasons]
+    table = folding_table("rule", "label", "severity", "matched", box=None, pad_edge=False)
+    # Keep rule ids and matched values whole on their line when the terminal has room for
+    # them: an 80-column terminal folded 'ngram' and left its closing quote alone on the next
+    # line. The label, prose, wraps in the room left; with less room than that, every cell
+    # folds. (Widths are set here: Rich does not take a column's min_width out of the others
+    # and crops the row instead.)
+    headers = [str(column.header) for column in table.columns]
+    widths = [max(len(row[i]) for row in (headers, *rows)) for i in range(4)]
+    room = console.width - 2 * (len(widths) - 1) - widths[0] - widths[2] - widths[3]
+    if room >= min(widths[1], len("label") + 3):
+        widths[1] = min(widths[1], room)
+        for column, width in zip(table.columns, widths, strict=True):
+            column.width = width
+    for row in rows:
+        table.add_row(*(Text(cell, overflow="fold") for cell in row))
+    return table
 
 
 def print_many(console: Console, results: Sequence[tuple[Item, Decision | None]]) -> None:

@@ -104,3 +104,21 @@ def test_a_zero_columns_is_ignored_not_taken_as_no_room(columns: str) -> None:
         "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
         "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → eagle3; "
         "canary:llama-mistral-dense off → on 100%"]
+
+
+def test_an_80_column_decision_keeps_matched_values_whole_and_indents_wrapped_messages() -> None:
+    # At 80 columns the closing quote of 'ngram' was folded onto a line of its own, and the
+    # second line of the WARNING started at column 0.
+    out = _invoke("decide", "--", "vllm", "serve", "Qwen/Qwen3-8B", "--speculative-config",
+                  NGRAM, columns="80")
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert any(line.rstrip().endswith("speculative_method='ngram'") for line in lines), out
+    assert not any(line.strip() == "'" for line in lines), out
+    warning = next(i for i, line in enumerate(lines) if line.startswith("  WARNING "))
+    assert lines[warning + 1].startswith(" " * len("  WARNING ")), out
+    out = _invoke("explain", "--", "vllm", "serve", MODEL, "--speculative-config", NGRAM,
+                  columns="60")
+    lines = out.splitlines()
+    first = next(i for i, line in enumerate(lines) if "→ V2" in line)
+    assert lines[first + 1].startswith(" " * len("  → V2 ")), out
