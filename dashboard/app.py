@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DataError
@@ -61,6 +62,47 @@ async def _unstorable(_request: Request, exc: Exception) -> Response:
                         status_code=422)
 
 
+_MAX_LISTED_ERRORS = 5
+_PLACES = {"body": "body field", "query": "query parameter", "header": "header",
+           "path": "path parameter", "cookie": "cookie"}
+
+
+def _where(loc: tuple[int | str, ...] | list[int | str]) -> str:
+    """``("body", "events", 3, "at")`` → ``body field events[3].at``."""
+    if not loc:
+        return "the request"
+    place, rest = str(loc[0]), loc[1:]
+    if not rest:
+        return "the body" if place == "body" else place
+    name = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in rest).lstrip(".")
+    return f"{_PLACES.get(place, place)} {name}"
+
+
+def invalid_request_message(errors: list[dict[str, Any]]) -> str:
+    """One readable sentence for the validator's errors: where, then what is wrong."""
+    parts = []
+    for err in errors[:_MAX_LISTED_ERRORS]:
+        where, msg = _where(err.get("loc", ())), str(err.get("msg", "invalid"))
+        if err.get("type") == "json_invalid":  # its loc ends with a character offset
+            ctx = err.get("ctx")
+            where, msg = "the body", "not valid JSON" + (
+                f" ({ctx['error']})" if isinstance(ctx, dict) and ctx.get("error") else "")
+        parts.append(f"{where}: {msg}")
+    more = len(errors) - _MAX_LISTED_ERRORS
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+async def _invalid_request(_request: Request, exc: Exception) -> Response:
+    """Every request that does not validate: the API's error shape (a stable code and one
+    readable message) with the validator's errors kept for programs."""
+    from fastapi.encoders import jsonable_encoder
+
+    errors = jsonable_encoder(exc.errors()) if isinstance(exc, RequestValidationError) else []
+    return JSONResponse({"detail": {"code": "invalid_request",
+                                    "message": invalid_request_message(errors),
+                                    "errors": errors}}, status_code=422)
+
+
 class _PlainRoute(Route):
     """A Starlette route that records itself in the scope (for the metrics' route label)."""
 
@@ -73,7 +115,7 @@ def _finish_openapi(app: FastAPI) -> None:
     """Declare the bearer scheme once in the OpenAPI document (the role checks read the header
     directly, so no per-route security dependency documents it), and the bodies of the routes
     that validate their raw bytes themselves (``/decide``, ``/explain``, ``/decisions``)."""
-    from dashboard.api.schemas import DeploymentIn, IngestIn
+    from dashboard.api.schemas import DeploymentIn, IngestIn, InvalidRequestResponse
 
     build = app.openapi
 
@@ -85,6 +127,12 @@ def _finish_openapi(app: FastAPI) -> None:
                 body = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 models.update(body.pop("$defs", {}))
                 models[model.__name__] = body
+            # Every 422 FastAPI documents refers to this name: it gets the shape the
+            # service answers (``_invalid_request``).
+            invalid = InvalidRequestResponse.model_json_schema(
+                ref_template="#/components/schemas/{model}")
+            models.update(invalid.pop("$defs", {}))
+            models["HTTPValidationError"] = invalid
             schema["components"]["securitySchemes"] = {
                 "bearer": {"type": "http", "scheme": "bearer",
                            "description": "a token from `turnout token create --role ...`"}}
@@ -116,6 +164,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     )
     app.state.services = services
     app.add_exception_handler(DataError, _unstorable)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     _finish_openapi(app)
     _add_api(app, services)
     _add_pages(app)

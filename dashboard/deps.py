@@ -52,9 +52,11 @@ def http_error(status: int, code: str, message: str,
 def body_validation_error(err: ValidationError) -> RequestValidationError:
     """FastAPI's 422 for a body validated straight from its bytes. The error of a body that is
     not JSON carries the raw bytes as its input: they are not echoed back (they may be
-    megabytes, or not UTF-8, which FastAPI's encoder turned into a 500)."""
+    megabytes, or not UTF-8, which FastAPI's encoder turned into a 500).
+    Each error's ``loc`` starts with ``"body"``, as FastAPI's own."""
     return RequestValidationError([
         {k: v for k, v in e.items() if not (k == "input" and isinstance(v, bytes | bytearray))}
+        | {"loc": ("body", *e["loc"])}
         for e in err.errors(include_url=False)])
 
 

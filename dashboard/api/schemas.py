@@ -27,6 +27,21 @@ class ErrorResponse(BaseModel):
     detail: ErrorBody
 
 
+class InvalidRequestBody(BaseModel):
+    code: Literal["invalid_request"]
+    message: str = Field(description="each wrong field (where, what is wrong), one sentence")
+    errors: list[dict[str, Any]] = Field(
+        description="the validator's errors: type, loc (body / query / header / path, then "
+        "the field), msg, and input where it is small")
+
+
+class InvalidRequestResponse(BaseModel):
+    """A 422 for a request that does not validate (every route: bodies, query parameters,
+    headers, path parameters)."""
+
+    detail: InvalidRequestBody
+
+
 class DeploymentIn(BaseModel):
     """Exactly one of ``config`` (spec fields), ``command`` (a ``vllm serve`` line, optionally
     with leading ``NAME=value`` environment assignments) or ``argv`` (+ ``env``)."""

@@ -6,6 +6,7 @@ with a 4xx that says why, or stored as documented."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from fastapi import HTTPException
@@ -23,8 +24,56 @@ NOT_UTF8 = b'{"config": {"architecture": "\xff\xfe"}}'
 def test_body_that_is_not_utf8_is_a_422_without_echo(api: Api, path: str, role: str) -> None:
     r = api.client.post(path, content=NOT_UTF8 * 50, headers=api.h(role))
     assert r.status_code == 422, r.text
-    (err,) = r.json()["detail"]
+    detail = r.json()["detail"]
+    assert detail["code"] == "invalid_request"
+    assert detail["message"].startswith("the body: not valid JSON"), detail["message"]
+    (err,) = detail["errors"]
     assert err["type"] == "json_invalid" and "input" not in err
+
+
+def _flip_url(api: Api) -> tuple[str, dict[str, str]]:
+    url = "/api/v1/canaries/qwen3-canary"
+    etag = api.client.get(url, headers=api.h("viewer")).headers["ETag"]
+    return url, {**api.h("operator"), "If-Match": etag}
+
+
+@pytest.mark.parametrize("request_args, message", [
+    ({"json": {"enabled": True}}, "body field reason: Field required"),
+    ({"content": b"enabled=true", "headers": {"Content-Type": "application/json"}},
+     "the body: not valid JSON"),
+    ({"json": {"enabled": "yes", "reason": "r", "percentage": 101}},
+     "body field enabled: Input should be a valid boolean; body field percentage: Input "
+     "should be less than or equal to 100"),
+])
+def test_an_invalid_request_gets_the_api_error_shape_naming_each_field(
+        api: Api, request_args: dict[str, Any], message: str) -> None:
+    url, headers = _flip_url(api)
+    args = dict(request_args)  # shared by both backends' runs
+    headers.update(args.pop("headers", {}))
+    r = api.client.patch(url, headers=headers, **args)
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert detail["code"] == "invalid_request"
+    assert detail["message"].startswith(message), detail["message"]
+    assert detail["errors"] and all("loc" in e and "msg" in e for e in detail["errors"])
+    assert api.client.get(url, headers=api.h("viewer")).json()["version"] == 1
+
+
+def test_invalid_query_parameters_and_evidence_bodies_name_the_field(api: Api) -> None:
+    r = api.client.get("/api/v1/audit", params={"limit": "0"}, headers=api.h("viewer"))
+    assert r.status_code == 422
+    assert r.json()["detail"]["message"] == (
+        "query parameter limit: Input should be greater than or equal to 1")
+    r = api.client.post("/api/v1/evidence", json={"family": "llama"}, headers=api.h("operator"))
+    assert r.status_code == 422 and r.json()["detail"]["code"] == "invalid_request"
+    assert "body field suite: Field required" in r.json()["detail"]["message"]
+
+
+def test_the_openapi_document_describes_the_422_it_answers(api: Api) -> None:
+    doc = api.client.get("/api/v1/openapi.json").json()
+    invalid = doc["components"]["schemas"]["HTTPValidationError"]
+    body = doc["components"]["schemas"][invalid["properties"]["detail"]["$ref"].split("/")[-1]]
+    assert set(body["required"]) == {"code", "message", "errors"}
 
 
 def test_bodies_are_bounded(api: Api) -> None:
