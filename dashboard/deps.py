@@ -5,10 +5,12 @@ HTTP errors are raised here and in the routes only.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated, Any, NoReturn
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
@@ -58,6 +60,42 @@ def body_validation_error(err: ValidationError) -> RequestValidationError:
         {k: v for k, v in e.items() if not (k == "input" and isinstance(v, bytes | bytearray))}
         | {"loc": ("body", *e["loc"])}
         for e in err.errors(include_url=False)])
+
+
+_QUERY_NAMES: dict[int, frozenset[str]] = {}
+
+
+def _query_names(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route takes, its dependencies' included."""
+    names = {f.alias for f in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return frozenset(names)
+
+
+async def known_query(request: Request) -> None:
+    """422 for a query parameter the route does not take (``?deployment=`` for
+    ``?deployment_id=`` would otherwise be ignored, and a filtered list come back unfiltered).
+    A router dependency of the API: the plain ``POST /decide`` route does not run it."""
+    if not request.query_params:
+        return
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    known = _QUERY_NAMES.get(id(route))
+    if known is None:
+        known = _QUERY_NAMES[id(route)] = _query_names(dependant)
+    unknown = sorted(set(request.query_params) - known)
+    if not unknown:
+        return
+    takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
+    raise RequestValidationError([
+        {"type": "unknown_query_parameter", "loc": ("query", name),
+         "msg": "not a parameter of this route" + "".join(
+             f" (did you mean {m}?)" for m in difflib.get_close_matches(name, known, 1)
+         ) + f"; {takes}", "input": request.query_params[name]}
+        for name in unknown])
 
 
 def raise_store_error(err: StoreError) -> NoReturn:

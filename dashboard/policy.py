@@ -36,6 +36,17 @@ from oracle import (
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
+def closest(name: str, choices: Iterable[str], *, fuzzy: bool = True) -> str | None:
+    """The choice ``name`` most likely meant: the same word in another case (``Llama`` →
+    ``llama``), else (``fuzzy``) the closest spelling, case ignored; None when nothing is
+    close."""
+    by_lower = {c.lower(): c for c in choices}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1) if fuzzy else []
+    return by_lower[close[0]] if close else None
+
+
 def to_snapshot(state: RolloutState) -> CanarySnapshot:
     """The oracle's snapshot for a store state."""
     return CanarySnapshot(
@@ -110,9 +121,28 @@ class Policy:
             return (f"{name!r} is a family, not a cohort id, and no stage lists it by name: its "
                     "deployments join a stage by their attributes (a decision's `stage` says "
                     f"which) ({listed})")
-        close = difflib.get_close_matches(name, ids, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        close = closest(name, ids)
+        family = closest(name, self.pack.families, fuzzy=False)
+        if close is None and family is not None:
+            stage = self.resolve_cohort(family)
+            hint = f" (did you mean the family {family!r}?" + (
+                f" its stage is cohort {stage!r})" if stage != family else ")")
+        else:
+            hint = f" (did you mean {close!r}?)" if close else ""
         return f"unknown cohort {name!r}{hint}; {listed}"
+
+    def unknown_family_message(self, name: str) -> str:
+        """What to say when ``name`` is not a family of the pack: for a cohort id, its
+        families; otherwise the closest family (any case), or every family."""
+        families = self.family_names()
+        staged = self.cohort_families().get(name)
+        if staged is not None:
+            named = ", ".join(staged) or "none by name: it takes deployments by attributes"
+            return f"{name!r} is a cohort id, not a family: its families are {named}"
+        close = closest(name, families)
+        if close is not None:
+            return f"unknown family {name!r} (did you mean {close!r}?)"
+        return f"unknown family {name!r}; the pack's families: {', '.join(families)}"
 
     def store_error_text(self, cohort: str, err: StoreError) -> str:
         """The message of a store error about ``cohort``: for an unknown cohort,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Depends, Path, Query
 from sqlalchemy import text
 
 from dashboard.api.schemas import (
@@ -27,6 +27,7 @@ from dashboard.deps import (
     ViewerDep,
     WriteSessionDep,
     http_error,
+    known_query,
     raise_store_error,
 )
 from dashboard.store import evidence, tokens
@@ -35,7 +36,8 @@ from dashboard.store.models import ApiToken
 from dashboard.store.tokens import Role
 
 router = APIRouter(responses=ERROR_RESPONSES,
-                   max_body_size=MAX_BODY)
+                   max_body_size=MAX_BODY,
+                   dependencies=[Depends(known_query)])
 
 
 def _token_out(row: ApiToken) -> TokenOut:
@@ -87,9 +89,16 @@ def get_evidence(session: ReadSessionDep, _who: ViewerDep,
     return [EvidenceOut.model_validate(r, from_attributes=True) for r in rows]
 
 
-@router.post("/evidence", response_model=EvidenceOut, status_code=201, tags=["evidence"])
-def post_evidence(body: EvidenceIn, session: WriteSessionDep, who: OperatorDep) -> EvidenceOut:
-    """Record a parity-suite result for a family (operator)."""
+@router.post("/evidence", response_model=EvidenceOut, status_code=201, tags=["evidence"],
+             responses={422: {"model": ErrorResponse}})
+def post_evidence(body: EvidenceIn, services: ServicesDep, session: WriteSessionDep,
+                  who: OperatorDep) -> EvidenceOut:
+    """Record a parity-suite result for a family of the pack (operator); another name (a
+    cohort id, a family in another case) is a 422 ``unknown_family`` that names the closest
+    family, and nothing is stored."""
+    if body.family not in services.policy.pack.families:
+        raise http_error(422, "unknown_family",
+                         services.policy.unknown_family_message(body.family))
     row = evidence.record_evidence(session=session, family=body.family,
                                    runner_pair=body.runner_pair, suite=body.suite,
                                    result=body.result, details=body.details, actor=who.actor)

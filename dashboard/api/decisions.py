@@ -8,7 +8,7 @@ from collections import Counter
 from functools import lru_cache
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -35,6 +35,7 @@ from dashboard.deps import (
     body_validation_error,
     bounded_body,
     http_error,
+    known_query,
 )
 from dashboard.policy import Snapshot, config_from_request
 from dashboard.services import Services
@@ -43,7 +44,8 @@ from dashboard.store.tokens import Role
 from oracle import DeploymentConfig, OracleError
 
 router = APIRouter(tags=["decisions"], responses=ERROR_RESPONSES,
-                   max_body_size=MAX_BODY)
+                   max_body_size=MAX_BODY,
+                   dependencies=[Depends(known_query)])
 
 
 async def current_snapshot(services: Services) -> Snapshot:

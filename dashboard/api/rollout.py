@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, NoReturn
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -31,6 +31,7 @@ from dashboard.deps import (
     ViewerDep,
     WriteSessionDep,
     http_error,
+    known_query,
     raise_store_error,
 )
 from dashboard.impact import impact_of_flip
@@ -41,7 +42,8 @@ from dashboard.store.errors import NotFound, StoreError
 from dashboard.store.models import Canary
 
 router = APIRouter(tags=["rollout"], responses=ERROR_RESPONSES,
-                   max_body_size=MAX_BODY)
+                   max_body_size=MAX_BODY,
+                   dependencies=[Depends(known_query)])
 
 
 def _cohort_out(services: Services, canary: Canary) -> CohortOut:

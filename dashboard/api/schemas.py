@@ -209,7 +209,8 @@ class ImpactOut(BaseModel):
 class EvidenceIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    family: str = Field(min_length=1, max_length=64)
+    family: str = Field(min_length=1, max_length=64, examples=["qwen3"],
+                        description="a family of the pack (families.yaml), as decisions name it")
     runner_pair: str = Field(default="v1:v2", pattern=r"^v[12]:v[12]$")
     suite: str = Field(min_length=1, max_length=128)
     result: Literal["pass", "fail"]

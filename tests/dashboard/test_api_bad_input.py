@@ -143,7 +143,7 @@ def test_nul_in_writes_never_gives_a_5xx(api: Api) -> None:
     r = api.client.post("/api/v1/tokens", json={"name": "n\x00", "role": "viewer"},
                         headers=api.h("admin"))
     assert r.status_code in (201, 422), r.text
-    r = api.client.post("/api/v1/evidence", json={"family": "q\x00", "suite": "s",
+    r = api.client.post("/api/v1/evidence", json={"family": "qwen3", "suite": "s\x00",
                                                   "result": "pass"}, headers=api.h("operator"))
     assert r.status_code in (201, 422), r.text
 
@@ -209,3 +209,42 @@ def test_confirm_fragment_escapes_the_cohort_it_echoes(api: Api) -> None:
     r = api.client.get("/canaries/%3Cscript%3Ealert(1)/confirm?enabled=true")
     assert r.status_code == 404
     assert "<script>" not in r.text and "&lt;script&gt;alert(1)" in r.text
+
+
+def test_an_unknown_query_parameter_is_refused_naming_it(api: Api) -> None:
+    api.client.post("/api/v1/decisions", json={"events": api_events(2)},
+                    headers=api.h("operator"))
+    r = api.client.get("/api/v1/decisions", params={"deployment": "d0"},
+                       headers=api.h("viewer"))
+    assert r.status_code == 422, r.text
+    message = r.json()["detail"]["message"]
+    assert message.startswith("query parameter deployment: not a parameter of this route "
+                              "(did you mean deployment_id?); it takes deployment_id, "), message
+    r = api.client.get("/api/v1/decisions", params={"deployment_id": "d0"},
+                       headers=api.h("viewer"))
+    assert [e["deployment_id"] for e in r.json()] == ["d0"]
+    for path in ("/api/v1/fallbacks", "/api/v1/audit", "/api/v1/evidence", "/api/v1/canaries",
+                 "/api/v1/matrix"):
+        r = api.client.get(path, params={"family": "llama", "nope": "1"},
+                           headers=api.h("viewer"))
+        assert r.status_code == 422, path
+        assert "query parameter nope" in r.json()["detail"]["message"], path
+    # The plain decide route takes no query and is left as it is.
+    r = api.client.post("/api/v1/decide?x=1", json={"command": "vllm serve Qwen/Qwen3-8B"},
+                        headers=api.h("viewer"))
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("family, message", [
+    ("Llama", "unknown family 'Llama' (did you mean 'llama'?)"),
+    ("qwen3-canary", "'qwen3-canary' is a cohort id, not a family: its families are qwen3"),
+    ("zzzzzz", "unknown family 'zzzzzz'; the pack's families: afmoe, arctic, "),
+])
+def test_evidence_for_a_name_that_is_not_a_family_is_refused(api: Api, family: str,
+                                                             message: str) -> None:
+    r = api.client.post("/api/v1/evidence", headers=api.h("operator"), json={
+        "family": family, "suite": "tests/parity", "result": "pass"})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"]["code"] == "unknown_family"
+    assert r.json()["detail"]["message"].startswith(message), r.json()["detail"]["message"]
+    assert api.client.get("/api/v1/evidence", headers=api.h("viewer")).json() == []
