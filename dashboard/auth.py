@@ -92,3 +92,15 @@ def csrf_token(token: str) -> str:
 
 def csrf_ok(token: str, submitted: str | None) -> bool:
     return submitted is not None and hmac.compare_digest(csrf_token(token), submitted)
+
+
+def flash_signature(token: str, message: str, error: str) -> str:
+    """The signature of a page's status line (``/canaries?message=…&error=…&sig=…``), bound
+    to the signed-in token: a link made by anyone else shows no status line."""
+    text = f"{message}\0{error}".encode()
+    return hmac.new(token.encode(), b"turnout-flash\0" + text, hashlib.sha256).hexdigest()[:32]
+
+
+def flash_ok(token: str, message: str, error: str, submitted: str) -> bool:
+    return bool(token) and hmac.compare_digest(flash_signature(token, message, error),
+                                               submitted)

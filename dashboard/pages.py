@@ -18,7 +18,14 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from dashboard.auth import COOKIE_NAME, Principal, csrf_ok, csrf_token
+from dashboard.auth import (
+    COOKIE_NAME,
+    Principal,
+    csrf_ok,
+    csrf_token,
+    flash_ok,
+    flash_signature,
+)
 from dashboard.deps import MAX_BODY, MAX_ID, ServicesDep
 from dashboard.services import Services
 from dashboard.store import aggregates, audit, events, evidence
@@ -140,7 +147,9 @@ def fallbacks(request: Request, services: ServicesDep, user: UserDep,
 
 @router.get("/canaries", response_class=HTMLResponse)
 def canaries_page(request: Request, services: ServicesDep, user: UserDep,
-                  message: str = "", error: str = "") -> HTMLResponse:
+                  message: str = "", error: str = "", sig: str = "") -> HTMLResponse:
+    if not flash_ok(request.cookies.get(COOKIE_NAME, ""), message, error, sig):
+        message = error = ""  # not from a form of this session: a link anyone could write
     with services.db.read_session() as session:
         ks = canary_store.get_kill_switch(session=session)
     return render(request, "canaries.html", user, cohorts=_cohort_rows(services),
@@ -164,8 +173,12 @@ def confirm_flip(request: Request, cohort: str, enabled: bool, services: Service
                   impact=impact, version=canary.version)
 
 
-def _back(**params: str) -> RedirectResponse:
-    return RedirectResponse("/canaries?" + urlencode(params), status_code=303)
+def _back(request: Request, message: str = "", error: str = "") -> RedirectResponse:
+    """Back to the Canaries page with a status line, signed for the signed-in token (the page
+    shows no status line from a URL it did not sign)."""
+    sig = flash_signature(request.cookies.get(COOKIE_NAME, ""), message, error)
+    query = {k: v for k, v in {"message": message, "error": error}.items() if v}
+    return RedirectResponse("/canaries?" + urlencode({**query, "sig": sig}), status_code=303)
 
 
 def _refused(request: Request, user: Principal, csrf: str, needed: Role,
@@ -197,14 +210,14 @@ def flip_from_page(
                                             percentage=percentage if enabled else None)
             session.commit()
     except StoreError as err:  # a stale version, an empty reason, an unknown cohort
-        return _back(error=services.policy.store_error_text(cohort, err))
+        return _back(request, error=services.policy.store_error_text(cohort, err))
     row = flip.canary
     state = f"enabled at {row.percentage}%" if row.enabled else "disabled"
     if not flip.changed:
-        return _back(message=f"{cohort} already {state}: nothing changed")
+        return _back(request, message=f"{cohort} already {state}: nothing changed")
     services.policy.invalidate()
     services.metrics.canary_flips.labels(cohort).inc()
-    return _back(message=f"{cohort} {state}: {reason.strip()}")
+    return _back(request, message=f"{cohort} {state}: {reason.strip()}")
 
 
 @router.post("/kill-switch", response_model=None)
@@ -223,12 +236,12 @@ def kill_switch_from_page(
                                                   reason=reason, actor=user.actor)
             session.commit()
     except StoreError as err:
-        return _back(error=str(err))
+        return _back(request, error=str(err))
     state = "engaged" if engaged else "released"
     if not result.changed:
-        return _back(message=f"kill switch already {state}: nothing changed")
+        return _back(request, message=f"kill switch already {state}: nothing changed")
     services.policy.invalidate()
-    return _back(message=f"kill switch {state}")
+    return _back(request, message=f"kill switch {state}")
 
 
 @router.get("/audit", response_class=HTMLResponse)

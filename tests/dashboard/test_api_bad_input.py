@@ -248,3 +248,25 @@ def test_evidence_for_a_name_that_is_not_a_family_is_refused(api: Api, family: s
     assert r.json()["detail"]["code"] == "unknown_family"
     assert r.json()["detail"]["message"].startswith(message), r.json()["detail"]["message"]
     assert api.client.get("/api/v1/evidence", headers=api.h("viewer")).json() == []
+
+
+def test_the_canaries_page_shows_only_status_lines_it_signed(api: Api) -> None:
+    from dashboard.auth import csrf_token
+
+    api.client.cookies.set("turnout_token", api.tokens["operator"])
+    try:
+        forged = api.client.get("/canaries", params={"message": "Call +1 555 0100 now"})
+        assert forged.status_code == 200 and "555 0100" not in forged.text
+        version = api.client.get("/api/v1/canaries/qwen3-canary",
+                                 headers=api.h("viewer")).json()["version"]
+        r = api.client.post("/canaries/qwen3-canary", follow_redirects=False, data={
+            "enabled": "false", "version": str(version), "reason": "p99 regression",
+            "csrf": csrf_token(api.tokens["operator"])})
+        assert r.status_code == 303, r.text
+        page = api.client.get(r.headers["location"]).text
+        assert 'id="message">qwen3-canary disabled: p99 regression</p>' in page
+        # The same link under another token's session shows nothing.
+        api.client.cookies.set("turnout_token", api.tokens["admin"])
+        assert "p99 regression" not in api.client.get(r.headers["location"]).text
+    finally:
+        api.client.cookies.clear()
