@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from oracle.cli.canaries import Canaries, load_canaries
 from oracle.cli.console import make_console
 from oracle.cli.inputs import (
     Item,
@@ -19,12 +20,12 @@ from oracle.cli.inputs import (
     from_commands_file,
     from_keywords,
     from_spec_file,
-    load_canaries,
 )
 from oracle.cli.render import (
     EXIT_BAD_INPUT,
     exit_code,
     input_error_json,
+    print_canaries,
     print_json,
     print_many,
     print_one,
@@ -42,7 +43,9 @@ PlatOpt = Annotated[str | None, typer.Option("--platform", help="cuda, rocm, cpu
 IdOpt = Annotated[str | None, typer.Option("--deployment-id", help="for percentage canaries")]
 EnvOpt = Annotated[list[str] | None, typer.Option("--env", help="NAME=VALUE (repeatable)")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="FIELD=VALUE (repeatable)")]
-CanOpt = Annotated[Path | None, typer.Option("--canaries", help="canary snapshot JSON file")]
+CanOpt = Annotated[Path | None, typer.Option(
+    "--canaries", help="canary snapshot JSON (the service's GET /api/v1/canaries body); "
+                       "default: the pack's rollout.yaml defaults")]
 Argv = Annotated[list[str] | None, typer.Argument(help="-- vllm serve MODEL [flags]")]
 
 
@@ -68,14 +71,14 @@ def gather(argv: list[str] | None, spec: Path | None, commands: Path | None,
 def prepare(console: Console, pack: str, canaries: Path | None, argv: list[str] | None,
             spec: Path | None, commands: Path | None, ov: Overrides, *, as_json: bool = False,
             wrap: Callable[[dict[str, Any]], dict[str, Any]] = lambda d: d,
-            ) -> tuple[Pack, CanarySnapshot | None, list[Item]]:
-    """The pack, the canary snapshot and the deployments; bad input exits 2 with the reason
+            ) -> tuple[Pack, Canaries, list[Item]]:
+    """The pack, the canaries and the deployments; bad input exits 2 with the reason
     (and, with ``as_json``, one contract object whose ``error`` says it on stdout, passed
     through ``wrap`` first)."""
     the_pack: Pack | None = None
     try:
         the_pack = load_pack(pack)
-        return the_pack, load_canaries(canaries), gather(argv, spec, commands, ov)
+        return the_pack, load_canaries(canaries, the_pack), gather(argv, spec, commands, ov)
     except OracleError as exc:
         if as_json:
             print(json.dumps(wrap(input_error_json(exc, the_pack))))
@@ -114,15 +117,17 @@ def decide(
     console = make_console(stderr=as_json)
     ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
                    tuple(sets or ()))
-    the_pack, snapshot, items = prepare(console, pack, canaries, argv, spec, commands, ov,
-                                        as_json=as_json)
-    results = run_decisions(items, the_pack, snapshot)
+    the_pack, used, items = prepare(console, pack, canaries, argv, spec, commands, ov,
+                                    as_json=as_json)
+    results = run_decisions(items, the_pack, used.snapshot)
     if as_json:
-        print_json(results, the_pack, the_pack.policy_digest(snapshot))
-    elif summary:
+        print_json(results, the_pack, the_pack.policy_digest(used.snapshot))
+        raise typer.Exit(exit_code(results))
+    if summary:
         print_summary(console, results, the_pack, markdown)
     elif len(results) == 1 and spec is None and commands is None:
         print_one(console, *results[0])
     else:
         print_many(console, results)
+    print_canaries(console, used, markdown=summary and markdown)
     raise typer.Exit(exit_code(results))

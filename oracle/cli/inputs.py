@@ -10,10 +10,9 @@ from typing import Any
 
 from oracle.command_values import parse_json_value
 from oracle.config import DeploymentConfig
-from oracle.decision import CanarySnapshot
-from oracle.errors import ConfigError, Issue, PackError
+from oracle.errors import ConfigError, Issue
 from oracle.spec import load_specs
-from oracle.yamlpos import read_lines, read_text
+from oracle.yamlpos import read_lines
 
 
 @dataclass(frozen=True)
@@ -159,18 +158,3 @@ def _command_row(row: Any) -> tuple[list[str], dict[str, str]]:
 
 def _model_of(argv: list[Any]) -> str | None:
     return str(argv[2]) if len(argv) > 2 and not str(argv[2]).startswith("-") else None
-
-
-def load_canaries(path: Path | None) -> CanarySnapshot | None:
-    """A canary snapshot from a JSON file ({"kill_switch", "cohorts": {id: {enabled, ...}}})."""
-    if path is None:
-        return None
-    try:
-        return CanarySnapshot.from_json(json.loads(read_text(path)))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}",
-                          code="file_not_found") from None
-    except PackError as exc:
-        raise ConfigError(str(exc.issues[0]), code="bad_spec") from None
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ConfigError(f"{path}: not a canary snapshot ({exc})", code="bad_spec") from None

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
+from oracle.cli.canaries import load_canaries
 from oracle.cli.console import folding_table, make_console
 from oracle.cli.decide_cmd import (
     ArchOpt,
@@ -27,8 +28,15 @@ from oracle.cli.decide_cmd import (
     fail,
     prepare,
 )
-from oracle.cli.inputs import Overrides, load_canaries
-from oracle.cli.render import EXIT_BAD_INPUT, exit_code, hanging, input_error_json, print_one
+from oracle.cli.inputs import Overrides
+from oracle.cli.render import (
+    EXIT_BAD_INPUT,
+    exit_code,
+    hanging,
+    input_error_json,
+    print_canaries,
+    print_one,
+)
 from oracle.errors import OracleError
 from oracle.explain import explain as explain_config
 from oracle.lint import lint_pack
@@ -53,8 +61,8 @@ def explain(
     console = make_console(stderr=as_json)
     ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
                    tuple(sets or ()))
-    the_pack, snapshot, items = prepare(console, pack, canaries, argv, spec, None, ov,
-                                        as_json=as_json, wrap=_explanation_of_error)
+    the_pack, used, items = prepare(console, pack, canaries, argv, spec, None, ov,
+                                    as_json=as_json, wrap=_explanation_of_error)
     if len(items) != 1 or items[0].config is None:
         bad = [i for i in items if i.config is None]
         msg = bad[0].error if bad else "explain takes exactly one deployment"
@@ -64,7 +72,7 @@ def explain(
             print(json.dumps(_explanation_of_error(input_error_json(err, the_pack))))
         console.print(f"[red]error[/]: {escape(msg or '')}", highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT)
-    ex = explain_config(items[0].config, pack=the_pack, canaries=snapshot)
+    ex = explain_config(items[0].config, pack=the_pack, canaries=used.snapshot)
     if as_json:
         print(json.dumps(ex.to_json()))
     else:
@@ -75,6 +83,7 @@ def explain(
             console.print(hanging([(Text("  → V2", style="green"),
                                     Text(f"({s.kind}, {s.decision.reason_code}): {s}"))
                                    for s in ex.suggestions]))
+        print_canaries(console, used)
     raise typer.Exit(exit_code([(items[0], ex.decision)]))
 
 
@@ -110,12 +119,15 @@ def matrix(
     try:
         the_pack = load_pack(pack)
         other = load_pack(diff) if diff else None
-        snapshot = load_canaries(canaries)
+        used = load_canaries(canaries, the_pack)
     except OracleError as exc:
         raise fail(console, exc) from None
+    snapshot = used.snapshot
     if other is not None:
         _print_diff(console, the_pack.name, other.name,
                     list(diff_matrix(the_pack, other, snapshot)), as_json)
+        if not as_json:
+            print_canaries(console, used)
         return
     stats: dict[str, Counter[str]] = defaultdict(Counter)
     reasons: dict[str, Counter[str]] = defaultdict(Counter)
@@ -140,6 +152,7 @@ def matrix(
                       str(s["v1"]), str(s["error"]),
                       escape(", ".join(f"{k} ({n})" for k, n in reasons[fam].most_common(3))))
     console.print(table)
+    print_canaries(console, used)
 
 
 def _print_diff(console: Console, a: str, b: str, changes: list[CellChange],

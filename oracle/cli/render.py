@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from oracle.cli.canaries import Canaries
 from oracle.cli.console import folding_table
 from oracle.cli.inputs import Item
 from oracle.decision import Decision
@@ -116,6 +117,14 @@ def _reasons_table(console: Console, d: Decision) -> Table:
     for row in rows:
         table.add_row(*(Text(cell, overflow="fold") for cell in row))
     return table
+
+
+def print_canaries(console: Console, canaries: Canaries, *, markdown: bool = False) -> None:
+    """The line that says which canaries the results above were decided with."""
+    if markdown:
+        print(f"\ncanaries: {canaries.source}")
+    else:
+        console.print(hanging([(Text("canaries:"), Text(canaries.source))]))
 
 
 def print_many(console: Console, results: Sequence[tuple[Item, Decision | None]]) -> None:

@@ -147,6 +147,39 @@ def test_canary_file_with_wrong_types_is_bad_input(tmp_path: Path,
     assert json.loads(r.stdout)["error_code"] == "bad_spec"
 
 
+@pytest.mark.parametrize("snapshot", [
+    {"pack": "turnout", "kill_switch": {"engaged": "no"}, "cohorts": []},
+    {"pack": "turnout", "kill_switch": {"engaged": False},
+     "cohorts": [{"cohort": "qwen3-canary", "enabled": True}]},
+    {"cohorts": ["qwen3-canary"]},
+    {"cohorts": "qwen3-canary"},
+    {"cohorts": {"qwen3-canary": True}},
+    ["qwen3-canary"]])
+def test_canary_file_in_neither_shape_names_both(tmp_path: Path,
+                                                 snapshot: object) -> None:
+    # A GET /api/v1/canaries body or a wrong shape gave "not a canary snapshot (dictionary
+    # update sequence element #0 has length 8; 2 is required)".
+    f = tmp_path / "canaries.json"
+    f.write_text(json.dumps(snapshot))
+    r = turnout("decide", "--canaries", str(f), "--architecture", "Qwen3ForCausalLM")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    out = " ".join((r.stdout + r.stderr).split())
+    assert f"{f}: not a canary snapshot: " in out and "body of GET /api/v1/canaries" in out
+    assert "dictionary update" not in out
+
+
+def test_canary_file_cohorts_the_pack_lacks_are_named_not_dropped(tmp_path: Path) -> None:
+    f = tmp_path / "canaries.json"
+    f.write_text(json.dumps({"kill_switch": False, "cohorts": {
+        "qwen3-canary": {"enabled": False, "percentage": 0},
+        "retired-stage": {"enabled": True, "percentage": 100}}}))
+    r = turnout("decide", "--canaries", str(f), "--architecture", "Qwen3ForCausalLM")
+    assert r.returncode == 0 and "runner V1" in r.stdout
+    want = (f"canaries: {f} (kill switch off; stages on: none; not in pack turnout, not used: "
+            "retired-stage)")
+    assert "".join(want.split()) in "".join(r.stdout.split())  # wrapped at COLUMNS or not
+
+
 def test_unicode_digit_and_infinity_on_a_command_line_are_bad_values() -> None:
     r = turnout("decide", "--json", "--", "vllm", "serve", "Qwen/Qwen3-8B", "-tp", "²")
     assert r.returncode == 2 and "Traceback" not in r.stderr

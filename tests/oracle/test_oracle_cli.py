@@ -97,8 +97,11 @@ def test_summary_markdown_table() -> None:
                 "--markdown")
     lines = r.stdout.splitlines()
     assert lines[0].startswith("| family | deployments | V2 | V1 |")
-    total = sum(int(line.split("|")[2]) for line in lines[2:])
+    total = sum(int(line.split("|")[2]) for line in lines[2:] if line.startswith("|"))
     assert total == len((REF / "vllm_recipes.jsonl").read_text().splitlines())
+    assert lines[-2:] == ["", "canaries: rollout.yaml defaults of pack turnout (pass --canaries "
+                              "FILE, e.g. the service's GET /api/v1/canaries, to decide with the "
+                              "live ones)"]
 
 
 def test_explain_prints_the_suggestions() -> None:
@@ -123,7 +126,9 @@ def test_explain_combines_a_config_change_with_the_canary() -> None:
         "→ V2 (config+pin, STATIC): speculative_method ngram → eagle3; "
         "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1 "
         "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → eagle3; "
-        "canary:llama-mistral-dense off → on 100%")
+        "canary:llama-mistral-dense off → on 100% "
+        "canaries: rollout.yaml defaults of pack turnout (pass --canaries FILE, e.g. the "
+        "service's GET /api/v1/canaries, to decide with the live ones)")
     out = json.loads(turnout("explain", "--json", *argv).stdout)
     assert [s["kind"] for s in out["suggestions"]] == ["config+pin", "config+canary"]
     assert out["suggestions"][1]["changes"] == [

@@ -1,0 +1,115 @@
+"""The canaries a ``turnout`` command decides with: the pack's defaults, or a snapshot file in
+either of two shapes, and the line that tells the reader which.
+
+Shapes of a ``--canaries`` file:
+
+* the service's ``GET /api/v1/canaries`` body, as ``curl`` saves it: ``{"pack",
+  "kill_switch": {"engaged", ...}, "cohorts": [{"cohort", "enabled", "percentage",
+  "version", "updated_at", "updated_by", ...}]}`` (read by ``oracle.client``'s parser);
+* the oracle's own ``CanarySnapshot.to_json()``: ``{"kill_switch": bool, "cohorts": {id:
+  {"enabled": bool, "percentage": int}}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from oracle.decision import CanarySnapshot
+from oracle.errors import ConfigError
+from oracle.pack import Pack
+from oracle.yamlpos import read_text
+
+SHAPES = ('the body of GET /api/v1/canaries ({"pack", "kill_switch": {"engaged"}, "cohorts": '
+          '[{"cohort", "enabled", "percentage"}]}) or {"kill_switch": true|false, "cohorts": '
+          '{COHORT: {"enabled": true|false, "percentage": 0..100}}}')
+
+
+@dataclass(frozen=True)
+class Canaries:
+    """A canary snapshot (None: the pack's rollout.yaml defaults) and where it came from, in
+    words (``source``, printed under every human-readable result)."""
+
+    snapshot: CanarySnapshot | None
+    source: str
+
+
+def default_canaries(pack: Pack) -> Canaries:
+    return Canaries(None, f"rollout.yaml defaults of pack {pack.name} (pass --canaries FILE, "
+                          "e.g. the service's GET /api/v1/canaries, to decide with the live ones)")
+
+
+def load_canaries(path: Path | None, pack: Pack) -> Canaries:
+    """The canaries of a ``--canaries`` file (see the module doc for its two shapes), or the
+    pack's defaults when ``path`` is None. Raises ConfigError (``file_not_found``,
+    ``bad_spec``) saying what is wrong, and naming the shapes accepted."""
+    if path is None:
+        return default_canaries(pack)
+    try:
+        data = json.loads(read_text(path))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}",
+                          code="file_not_found") from None
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not JSON ({exc}); expected {SHAPES}", code="bad_spec"
+                          ) from None
+    if not isinstance(data, dict):
+        raise _not_a_snapshot(path, f"a JSON {type(data).__name__}, not an object")
+    if isinstance(data.get("cohorts"), list) or isinstance(data.get("kill_switch"), dict):
+        return _from_service(path, data, pack)
+    return _from_oracle(path, data, pack)
+
+
+def _not_a_snapshot(path: Path, why: str) -> ConfigError:
+    return ConfigError(f"{path}: not a canary snapshot: {why}; expected {SHAPES}",
+                       code="bad_spec")
+
+
+def _from_service(path: Path, body: dict[str, Any], pack: Pack) -> Canaries:
+    from oracle.client import snapshot_from_json  # httpx only when a file needs it
+
+    if "pack" in body and body["pack"] != pack.name:
+        raise ConfigError(f"{path}: the snapshot is of pack {body['pack']!r}, the decision uses "
+                          f"pack {pack.name!r}; pass --pack {body['pack']} or the snapshot of "
+                          f"a service running {pack.name!r}", code="bad_spec")
+    try:
+        snapshot = snapshot_from_json(body)
+    except ValueError as exc:
+        raise _not_a_snapshot(path, str(exc)) from None
+    rows = [c for c in body["cohorts"] if isinstance(c, dict)]
+    latest = max(rows, key=lambda c: str(c.get("updated_at", "")), default=None)
+    change = ""
+    if latest is not None and "updated_at" in latest:
+        change = (f", last change {latest['cohort']} v{latest.get('version', '?')} at "
+                  f"{latest['updated_at']} by {latest.get('updated_by', '?')}")
+    return Canaries(snapshot, f"{path} (service snapshot of pack {pack.name}"
+                              f"{change}; {_summary(snapshot, pack)})")
+
+
+def _from_oracle(path: Path, data: dict[str, Any], pack: Pack) -> Canaries:
+    if not isinstance(data.get("cohorts", {}), dict):
+        raise _not_a_snapshot(path, f"cohorts is a JSON {type(data['cohorts']).__name__}")
+    for key, value in data.get("cohorts", {}).items():
+        if not isinstance(value, dict) or "enabled" not in value:
+            raise _not_a_snapshot(path, f"cohort {key!r}: expected {{\"enabled\", "
+                                        f"\"percentage\"}}, got {value!r}")
+    try:
+        snapshot = CanarySnapshot.from_json(data)
+    except (ValueError, TypeError) as exc:
+        raise _not_a_snapshot(path, str(exc)) from None
+    return Canaries(snapshot, f"{path} ({_summary(snapshot, pack)})")
+
+
+def _summary(snapshot: CanarySnapshot, pack: Pack) -> str:
+    """Kill switch, stages on, and the cohorts the pack does not have (not silently dropped)."""
+    known = [c.id for c in pack.cohorts]  # rollout order
+    states = [(k, snapshot.cohorts[k]) for k in known if k in snapshot.cohorts]
+    on = [k if s.percentage == 100 else f"{k} {s.percentage}%" for k, s in states if s.enabled]
+    text = (f"kill switch {'ENGAGED' if snapshot.kill_switch else 'off'}; stages on: "
+            f"{', '.join(on) or 'none'}")
+    stale = sorted(set(snapshot.cohorts) - set(known))
+    if stale:
+        text += f"; not in pack {pack.name}, not used: {', '.join(stale)}"
+    return text
