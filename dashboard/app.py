@@ -22,6 +22,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from dashboard.api import admin, decisions, rollout
+from dashboard.invocation import turnout_here
 from dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
 from dashboard.services import Services
 from dashboard.settings import Settings, get_settings
@@ -47,7 +48,8 @@ def prepare(services: Services) -> int:
         log.info("canary defaults from pack %s: %s", services.policy.pack_name, ", ".join(added))
     num = demo.seed_if_empty(services) if services.settings.demo else 0
     if num:
-        log.info("recorded %d demo decisions (remove with `turnout demo remove`)", num)
+        log.info("recorded %d demo decisions (remove with `%s demo remove`)", num,
+                 turnout_here())
     return num
 
 
@@ -135,7 +137,8 @@ def _finish_openapi(app: FastAPI) -> None:
             models["HTTPValidationError"] = invalid
             schema["components"]["securitySchemes"] = {
                 "bearer": {"type": "http", "scheme": "bearer",
-                           "description": "a token from `turnout token create --role ...`"}}
+                           "description": f"a token from `{turnout_here()} token create "
+                                          "--role ...`"}}
             schema["security"] = [{"bearer": []}]
             app.openapi_schema = schema
         return app.openapi_schema

@@ -83,12 +83,15 @@ def serve(
     import uvicorn
 
     from dashboard.app import create_app, prepare
+    from dashboard.invocation import turnout_here
 
     services = _services(database_url, pack, host=host, port=port, demo=demo)
+    _check_port(services.settings.host, services.settings.port)
     num_demo = prepare(services)
     if num_demo:
         typer.echo(f"turnout: empty database: recorded {num_demo} demo decisions from "
-                   "policies/reference/vllm_recipes.jsonl (remove: turnout demo remove)")
+                   "policies/reference/vllm_recipes.jsonl (remove: "
+                   f"{turnout_here()} demo remove)")
     settings = services.settings
     url = f"http://{settings.host}:{settings.port}"
     _first_admin_token(services, url)
@@ -107,8 +110,28 @@ def serve(
                 **run)  # type: ignore[arg-type]
 
 
+def _check_port(host: str, port: int) -> None:
+    """End the command with what to do when ``host:port`` cannot be listened on (another
+    service there, no permission), before anything says "serving"."""
+    import socket
+
+    from dashboard.invocation import turnout_here
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                    flags=socket.AI_PASSIVE)[0][0]
+        with socket.create_server((host, port), family=family):
+            pass  # the server binds it again at once (SO_REUSEADDR, as uvicorn)
+    except OSError as err:
+        why = err.strerror or str(err)
+        raise _fail(f"cannot listen on {host}:{port}: {why} (another `turnout serve`?); "
+                    f"use another port: TURNOUT_PORT={port + 1} make run, or "
+                    f"{turnout_here()} serve --port {port + 1}") from None
+
+
 def _first_admin_token(services: Services, url: str) -> None:
     """On a database without a live token, make an admin token and print it once."""
+    from dashboard.invocation import turnout_here
     from dashboard.store import tokens
 
     with services.db.write_session() as session:
@@ -121,7 +144,7 @@ def _first_admin_token(services: Services, url: str) -> None:
                        f"turnout: sign in at {url}/login")
         else:  # a later start (make run again): the token scrolled away long ago
             typer.echo(f"turnout: sign in at {url}/login (lost the token? "
-                       "turnout token create --role admin)")
+                       f"{turnout_here()} token create --role admin)")
 
 
 def _safe_url(url: str) -> str:

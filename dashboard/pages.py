@@ -27,6 +27,7 @@ from dashboard.auth import (
     flash_signature,
 )
 from dashboard.deps import MAX_BODY, MAX_ID, ServicesDep
+from dashboard.invocation import turnout_here
 from dashboard.services import Services
 from dashboard.store import aggregates, audit, events, evidence
 from dashboard.store import canaries as canary_store
@@ -62,6 +63,7 @@ def render(request: Request, name: str, user: Principal | None, status: int = 20
         "user": user, "csrf": csrf_token(token) if token else "",
         "can_operate": bool(user and user.role.allows(Role.operator)),
         "can_admin": bool(user and user.role.allows(Role.admin)),
+        "turnout": turnout_here(),
         **context}, status_code=status)
 
 

@@ -30,6 +30,7 @@ from dashboard.deps import (
     known_query,
     raise_store_error,
 )
+from dashboard.invocation import turnout_here
 from dashboard.store import evidence, tokens
 from dashboard.store.errors import StoreError
 from dashboard.store.models import ApiToken
@@ -69,7 +70,7 @@ def revoke_token(token_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: RevokeIn
     A token cannot revoke itself (409): that would lock its holder out by accident."""
     if token_id == who.token_id:
         raise http_error(409, "self_revoke", "this is the token making the call; revoke it "
-                         "with another admin token or `turnout token revoke`")
+                         f"with another admin token or `{turnout_here()} token revoke`")
     try:
         row = tokens.revoke_token(session=session, token_id=token_id, actor=who.actor,
                                   reason=body.reason)

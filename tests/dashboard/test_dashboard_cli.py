@@ -162,8 +162,17 @@ def test_kill_switch_and_demo_remove(run) -> None:  # type: ignore[no-untyped-de
         assert audit.list_entries(session=s)[0].action == "demo.remove"
 
 
-def test_a_later_start_says_how_to_sign_in(tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_later_start_says_how_to_sign_in(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from dashboard.invocation import turnout_here
+
+    script = tmp_path / ".venv" / "bin" / "turnout"  # make run's .venv/bin/turnout serve
+    script.parent.mkdir(parents=True)
+    script.write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [".venv/bin/turnout", "serve"])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    turnout_here.cache_clear()
     services = _services(f"sqlite:///{tmp_path / 'again.db'}")
     services.db.upgrade()
     cli._first_admin_token(services, "http://127.0.0.1:8000")
@@ -173,8 +182,41 @@ def test_a_later_start_says_how_to_sign_in(tmp_path: Path,
     again = capsys.readouterr().out
     assert "tok_" not in again
     assert again.strip() == ("turnout: sign in at http://127.0.0.1:8000/login (lost the token? "
-                             "turnout token create --role admin)")
+                             ".venv/bin/turnout token create --role admin)")
     services.db.dispose()
+    turnout_here.cache_clear()
+
+
+def test_hints_name_the_turnout_the_user_runs(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from dashboard.invocation import turnout_command
+
+    script = tmp_path / "co" / ".venv" / "bin" / "turnout"
+    script.parent.mkdir(parents=True)
+    script.write_text("")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    checkout = tmp_path / "co"
+    assert turnout_command(".venv/bin/turnout", cwd=checkout) == ".venv/bin/turnout"
+    assert turnout_command(str(script), cwd=checkout) == ".venv/bin/turnout"
+    assert turnout_command(str(script), cwd=tmp_path / "elsewhere") == str(script)
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
+    assert turnout_command(str(script), cwd=tmp_path) == "turnout"
+
+
+def test_serve_on_a_port_in_use_says_so_before_serving(tmp_path: Path) -> None:
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        done = subprocess.run(
+            [sys.executable, "-c", "from oracle.cli import main; main()", "serve",
+             "--port", str(port), "--database-url", f"sqlite:///{tmp_path / 's.db'}",
+             "--no-demo"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "serving" not in done.stdout and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}: "), done.stderr
+    assert f"TURNOUT_PORT={port + 1} make run" in done.stderr
 
 
 def _unusable_settings(tmp_path: Path) -> list[tuple[list[str], str]]:
