@@ -118,8 +118,10 @@ def overview(request: Request, services: ServicesDep, user: UserDep) -> HTMLResp
     with services.db.read_session() as session:
         ov = aggregates.overview(session=session)
         ks = canary_store.get_kill_switch(session=session)
+        waiting = dict(aggregates.fallbacks(session=session).ranked)
     total = sum(ov.by_runner.values())
     return render(request, "overview.html", user, overview=ov, total=total, kill_switch=ks,
+                  waiting=waiting,
                   cohorts=_cohort_rows(services), pack=services.policy.pack_name,
                   chart={"by_runner": ov.by_runner, "by_day": ov.by_day,
                          "days": _day_axis(30)})
@@ -130,6 +132,7 @@ def fallbacks(request: Request, services: ServicesDep, user: UserDep,
               days: Annotated[int, Query(ge=1, le=366)] = 30) -> HTMLResponse:
     with services.db.read_session() as session:
         report = aggregates.fallbacks(session=session, days=days)
+        enabled = aggregates.stages_enabled_since(canary_store.list_canaries(session=session))
     labels = services.policy.reason_labels()
     top = [k for k, _n in report.ranked[:8]]
     families = sorted(report.by_family, key=lambda f: -sum(report.by_family[f].values()))
@@ -143,6 +146,7 @@ def fallbacks(request: Request, services: ServicesDep, user: UserDep,
         "days": _day_axis(days),
     }
     return render(request, "fallbacks.html", user, report=report, labels=labels, days=days,
+                  enabled=enabled,
                   chart=chart, num_families=len(report.by_family),
                   family_chart_px=max(300, 26 * len(families) + 120))
 

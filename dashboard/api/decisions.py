@@ -39,7 +39,7 @@ from dashboard.deps import (
 )
 from dashboard.policy import Snapshot, config_from_request
 from dashboard.services import Services
-from dashboard.store import aggregates, events
+from dashboard.store import aggregates, canaries, events
 from dashboard.store.tokens import Role
 from oracle import DeploymentConfig, OracleError
 
@@ -183,10 +183,12 @@ def get_fallbacks(
 ) -> FallbacksOut:
     """Deployments not on V2: reasons ranked by affected deployments, by family, by day."""
     report = aggregates.fallbacks(session=session, include_demo=include_demo, days=days)
+    enabled = aggregates.stages_enabled_since(canaries.list_canaries(session=session))
     labels = services.policy.reason_labels()
     return FallbacksOut(
         num_deployments=report.num_deployments, num_fallbacks=report.num_fallbacks,
-        ranked=[RankedReason(key=k, label=labels.get(k, k), deployments=n)
+        ranked=[RankedReason(key=k, label=labels.get(k, k), deployments=n,
+                             stage_enabled_since=enabled[k].since if k in enabled else None)
                 for k, n in report.ranked],
         by_family={f: dict(c) for f, c in report.by_family.items()},
         by_day=report.by_day)

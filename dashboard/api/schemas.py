@@ -186,6 +186,10 @@ class RankedReason(BaseModel):
     key: str
     label: str
     deployments: int
+    stage_enabled_since: dt.datetime | None = Field(
+        default=None, description="for a stage's not-yet-enabled reason whose stage is on "
+        "now: when it was turned on. These deployments' latest decisions predate the flip; "
+        "they decide again at their next start and report")
 
 
 class FallbacksOut(BaseModel):

@@ -24,6 +24,23 @@ def reason_keys(rule_ids: list[str], reason_code: str, stage: str | None) -> lis
     return [f"{r}:{stage}" if r in _PER_STAGE and stage else r for r in rule_ids]
 
 
+@dataclass(frozen=True)
+class EnabledSince:
+    """A stage that is on now, as a fallback reason's key names it (``rollout.stage_off:X``):
+    deployments that recorded that reason decided before the flip and keep their decision
+    until they start (and report) again."""
+
+    cohort: str
+    since: dt.datetime  # the canary's last change (the flip that turned it on, or a share)
+    percentage: int
+
+
+def stages_enabled_since(canaries: list[Any]) -> dict[str, EnabledSince]:
+    """``rollout.stage_off:<cohort>`` → :class:`EnabledSince` for every enabled canary."""
+    return {f"rollout.stage_off:{c.cohort}": EnabledSince(c.cohort, c.updated_at, c.percentage)
+            for c in canaries if c.enabled}
+
+
 @dataclass
 class FallbackReport:
     """Fallback reasons ranked by affected deployments, by family, and by day."""

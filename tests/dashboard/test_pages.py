@@ -152,3 +152,46 @@ def test_api_browser_loads_from_vendored_assets(browser: object, site: tuple) ->
     page.wait_for_selector(".swagger-ui .opblock")
     assert page.locator(".opblock-summary-path[data-path='/api/v1/decide']").count() == 1
     assert outside == [] and problems == []
+
+
+def test_reasons_of_a_stage_enabled_since_are_marked_on_both_pages(
+        browser: object, site: tuple) -> None:
+    import httpx
+
+    svc, tokens = site
+    auth = {"Authorization": f"Bearer {tokens['operator']}"}
+    ranked = httpx.get(svc.url + "/api/v1/fallbacks", headers=auth).json()["ranked"]
+    # A stage still off (another test may have turned one on): not marked yet.
+    key, num = next((r["key"], r["deployments"]) for r in ranked
+                    if r["key"].startswith("rollout.stage_off:")
+                    and r["stage_enabled_since"] is None)
+    cohort = key.split(":", 1)[1]
+    url = f"{svc.url}/api/v1/canaries/{cohort}"
+
+    def flip(enabled: bool) -> None:
+        etag = httpx.get(url, headers=auth).headers["ETag"]
+        r = httpx.patch(url, headers={**auth, "If-Match": etag},
+                        json={"enabled": enabled, "percentage": 100, "reason": "page test"})
+        assert r.status_code == 200, r.text
+
+    flip(True)
+    try:
+        since = httpx.get(url, headers=auth).json()["updated_at"]
+        after = httpx.get(svc.url + "/api/v1/fallbacks", headers=auth).json()["ranked"]
+        # The recorded decisions are kept as the engines reported them, and marked.
+        (row,) = [r for r in after if r["key"] == key]
+        assert row["deployments"] == num and row["stage_enabled_since"] == since
+        page, problems = _signed_in(browser, svc, tokens["viewer"])
+        page.goto(svc.url + "/fallbacks")
+        cell = page.locator("#ranked tbody tr", has=page.locator(f"code:text-is('{key}')"))
+        note = cell.locator(".stage-on").inner_text()
+        assert note.startswith(f"stage enabled since {since[:10]} {since[11:16]} UTC")
+        assert note.endswith("decide V2 at their next start and report")
+        page.goto(svc.url + "/")
+        stage = page.locator("tr", has=page.locator(f"code:text-is('{cohort}')"))
+        assert stage.locator(".stage-on").inner_text().endswith(
+            f"{num} deployment{'s' if num != 1 else ''} decided before: V2 at their next "
+            "start and report")
+        assert problems == []
+    finally:
+        flip(False)
