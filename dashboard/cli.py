@@ -62,9 +62,22 @@ def _prepared(database_url: str | None, pack: str | None = None) -> Services:
     return services
 
 
-def _fail(message: str) -> typer.Exit:
+def _fail(message: str, code: int = 1) -> typer.Exit:
+    """``error: message`` on stderr; exit 1 for what went wrong around the command (the
+    database, the settings), ``BAD_INPUT`` for what was asked (as ``turnout decide``)."""
     typer.echo(f"error: {message}", err=True)
-    return typer.Exit(1)
+    return typer.Exit(code)
+
+
+BAD_INPUT = 2
+
+
+def _store_fail(message: str, err: Exception) -> typer.Exit:
+    """An unknown id or a refused change (no reason, no name) is bad input, exit 2; the rest
+    (a version conflict, the database) exit 1."""
+    from dashboard.store.errors import InvalidChange, NotFound
+
+    return _fail(message, BAD_INPUT if isinstance(err, NotFound | InvalidChange) else 1)
 
 
 def serve(
@@ -180,18 +193,23 @@ def token_create(
     try:
         parsed = tokens.Role(role)
     except ValueError:
-        raise _fail(f"--role {role!r}: use viewer, operator or admin") from None
+        raise _fail(f"--role {role!r}: use viewer, operator or admin", BAD_INPUT) from None
     from dashboard.store.errors import StoreError
 
     services = _prepared(database_url)
     try:
         with services.db.write_session() as session:
+            same = [t.id for t in tokens.list_tokens(session=session)
+                    if t.name == name.strip() and t.revoked_at is None]
             row, token = tokens.create_token(session=session, name=name, role=parsed,
                                              actor=_actor())
             session.commit()
     except StoreError as err:  # an empty name
-        raise _fail(str(err)) from err
+        raise _store_fail(str(err), err) from err
     typer.echo(token)
+    if same:  # allowed (a rotation keeps the old one until it is revoked), but said
+        typer.echo(f"(a token named {row.name!r} already exists (id "
+                   f"{', '.join(map(str, same))}); created another)", err=True)
     typer.echo(f"(token {row.id}, role {row.role}; shown once)", err=True)
 
 
@@ -202,6 +220,7 @@ def token_list(database_url: DatabaseOpt = None) -> None:
 
     services = _prepared(database_url)
     with services.db.read_session() as session:
+        typer.echo(f"{'id':>4}  {'prefix':<11}  {'role':<8}  {'state':<7}  name")
         for t in tokens.list_tokens(session=session):
             state = "revoked" if t.revoked_at else "live"
             typer.echo(f"{t.id:>4}  {t.prefix}…  {t.role:<8}  {state:<7}  {t.name}")
@@ -217,12 +236,18 @@ def token_revoke(token_id: Annotated[int, typer.Argument(min=1, max=2**63 - 1)],
     services = _prepared(database_url)
     try:
         with services.db.write_session() as session:
-            tokens.revoke_token(session=session, token_id=token_id, actor=_actor(),
-                                reason=reason)
+            before = next((t.revoked_at for t in tokens.list_tokens(session=session)
+                           if t.id == token_id), None)
+            row = tokens.revoke_token(session=session, token_id=token_id, actor=_actor(),
+                                      reason=reason)
             session.commit()
     except StoreError as err:
-        raise _fail(str(err)) from err
-    typer.echo(f"token {token_id} revoked")
+        raise _store_fail(str(err), err) from err
+    if before is not None:
+        typer.echo(f"token {token_id} ({row.name}) was already revoked "
+                   f"({before:%Y-%m-%d %H:%M}); nothing changed")
+    else:
+        typer.echo(f"token {token_id} ({row.name}) revoked")
 
 
 @canary_app.command("list")
@@ -282,7 +307,7 @@ def _flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
                                         if_version=current.version, percentage=percentage)
             session.commit()
     except StoreError as err:
-        raise _fail(services.policy.store_error_text(cohort, err)) from err
+        raise _store_fail(services.policy.store_error_text(cohort, err), err) from err
     row = flip.canary
     state = f"enabled at {row.percentage}%" if row.enabled else "disabled"
     if flip.changed:
@@ -321,7 +346,7 @@ def _kill(engaged: bool, reason: str, database_url: str | None) -> None:
                                               actor=_actor())
             session.commit()
     except StoreError as err:
-        raise _fail(str(err)) from err
+        raise _store_fail(str(err), err) from err
     state = "ENGAGED" if engaged else "released"
     if result.changed:
         typer.echo(f"kill switch {state}")

@@ -53,16 +53,16 @@ def test_db_upgrade_and_token_create(run) -> None:  # type: ignore[no-untyped-de
         row = tokens.verify_token(session=s, token=token)
         assert row is not None and (row.role, row.name) == ("operator", "alice")
     code, out = run("token", "create", "--role", "root")
-    assert code == 1 and "viewer, operator or admin" in out
+    assert code == 2 and "viewer, operator or admin" in out
 
 
 def test_token_commands_refuse_bad_input_without_a_traceback(run) -> None:  # type: ignore[no-untyped-def]
     code, out = run("token", "create", "--role", "admin", "--name", "  ")
-    assert code == 1 and "a token needs a name" in out
+    assert code == 2 and "a token needs a name" in out
     code, out = run("token", "revoke", "99999999999999999999999", "--reason", "x")
     assert code == 2 and "Invalid value for 'token_id'" in out
     code, out = run("token", "revoke", "12345", "--reason", "x")
-    assert code == 1 and "no token with id 12345" in out
+    assert code == 2 and "no token with id 12345" in out
 
 
 def test_canary_flips_by_family_name_and_are_audited(run) -> None:  # type: ignore[no-untyped-def]
@@ -82,7 +82,7 @@ def test_canary_flips_by_family_name_and_are_audited(run) -> None:  # type: igno
         ("10% first", f"cli:{getpass.getuser()}"), ("p99 regression", f"cli:{getpass.getuser()}")]
     code, out = run("canary", "enable", "no-such-stage", "--reason", "x")
     ids = ", ".join(c.id for c in load_pack("turnout").cohorts)
-    assert code == 1 and out.strip() == f"error: unknown cohort 'no-such-stage'; cohorts: {ids}"
+    assert code == 2 and out.strip() == f"error: unknown cohort 'no-such-stage'; cohorts: {ids}"
     code, out = run("canary", "enable", first.id)
     assert code == 2 and "--reason" in out
     code, out = run("canary", "list")
@@ -246,3 +246,30 @@ def test_a_database_that_cannot_be_opened_is_an_error_not_a_traceback(
     result = CliRunner().invoke(app, ["canary", "list", "--pack", "nope",
                                       "--database-url", f"sqlite:///{tmp_path / 'x.db'}"])
     assert result.exit_code == 1 and result.output.startswith("error: no policy pack 'nope'")
+
+
+def test_bad_input_exits_2_and_repeats_are_said(run) -> None:  # type: ignore[no-untyped-def]
+    code, out = run("canary", "enable", "Llama", "--reason", "r")
+    assert code == 2, out
+    assert "unknown cohort 'Llama' (did you mean the family 'llama'? its stage is cohort " \
+        "'llama-mistral-dense')" in out
+    code, out = run("canary", "enable", "QWEN3-canary", "--reason", "r")
+    assert code == 2 and "(did you mean 'qwen3-canary'?)" in out, out
+    code, out = run("kill-switch", "engage", "--reason", " ")
+    assert code == 2, out
+    code, out = run("token", "create", "--role", "viewer", "--name", "alice")
+    first = out.splitlines()[0]
+    code, out = run("token", "create", "--role", "viewer", "--name", "alice")
+    assert code == 0 and out.splitlines()[0] != first
+    with _services(run.url).db.read_session() as s:
+        ids = [t.id for t in tokens.list_tokens(session=s) if t.name == "alice"]
+    assert f"a token named 'alice' already exists (id {ids[0]}); created another" in out
+    code, out = run("token", "revoke", str(ids[0]), "--reason", "rotated")
+    assert code == 0 and out.strip() == f"token {ids[0]} (alice) revoked"
+    code, out = run("token", "revoke", str(ids[0]), "--reason", "rotated")
+    assert code == 0 and f"token {ids[0]} (alice) was already revoked (" in out
+    assert out.strip().endswith("); nothing changed")
+    code, out = run("token", "list")
+    lines = out.splitlines()
+    assert lines[0].split() == ["id", "prefix", "role", "state", "name"]
+    assert [line.split()[3] for line in lines[1:]] == ["revoked", "live"]
