@@ -36,6 +36,19 @@ def check_contiguous(**tensors: torch.Tensor) -> None:
             raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
 
 
+def check_flat(**tensors: torch.Tensor) -> None:
+    """Vectors a kernel reads or writes as one run of elements (``ptr + i``: it takes no stride
+    for them), so a strided view would be read at the wrong elements.
+
+    Raises:
+        ValueError: a tensor is not 1-D or has no unit stride, naming it.
+    """
+    for name, t in tensors.items():
+        if t.dim() != 1 or not t.is_contiguous():
+            raise ValueError(f"{name} must be a 1-D vector with unit stride (one run of "
+                             f"elements), got shape {tuple(t.shape)}, strides {t.stride()}")
+
+
 def check_table(name: str, table: torch.Tensor) -> None:
     """A ``[rows, width]`` table indexed as ``base + row * stride + col``.
 
@@ -64,14 +77,14 @@ def check_matrix(name: str, t: torch.Tensor, dtype: torch.dtype, dims: str,
 
 
 def check_vector(name: str, t: torch.Tensor, dtype: torch.dtype, length: int) -> None:
-    """A ``[length]`` tensor of ``dtype``.
+    """A ``[length]`` tensor of ``dtype`` with unit stride (read or written as one run).
 
     Raises:
-        ValueError: the dtype or shape differs, naming the tensor.
+        ValueError: the dtype, shape or stride differs, naming the tensor.
     """
-    if t.dtype != dtype or tuple(t.shape) != (length,):
-        raise ValueError(f"{name} must be [{length}] {dtype_name(dtype)}, "
-                         f"got {tuple(t.shape)} {dtype_name(t.dtype)}")
+    if t.dtype != dtype or tuple(t.shape) != (length,) or not t.is_contiguous():
+        raise ValueError(f"{name} must be [{length}] {dtype_name(dtype)} with unit stride, "
+                         f"got {tuple(t.shape)} {dtype_name(t.dtype)}, strides {t.stride()}")
 
 
 def check_at_least(count: int, what: str, **tensors: torch.Tensor) -> None:
@@ -84,6 +97,8 @@ def check_at_least(count: int, what: str, **tensors: torch.Tensor) -> None:
     if count < 0:
         raise ValueError(f"{what} must be >= 0, got {count}")
     for name, t in tensors.items():
+        if t.dim() == 0:
+            raise ValueError(f"{name} must have {what} entries at least, got a 0-d tensor")
         if t.shape[0] < count:
             raise ValueError(f"{what}={count} exceeds {name} ({t.shape[0]} entries)")
 
@@ -125,6 +140,7 @@ __all__ = [
     "check_at_least",
     "check_contiguous",
     "check_dtypes",
+    "check_flat",
     "check_matrix",
     "check_num_reqs",
     "check_out_like",

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_matrix
+from kernels._checks import check_dtypes, check_flat, check_matrix
 from kernels._triton import require_triton, tl, triton
 
 _MASK32 = 0xFFFFFFFF
@@ -150,7 +150,8 @@ def gumbel_noise_ref(
 
 def _check(seeds: torch.Tensor, positions: torch.Tensor) -> None:
     check_dtypes(seeds=(seeds, torch.int64), positions=(positions, torch.int64))
-    if seeds.shape != positions.shape or seeds.dim() != 1:
+    check_flat(seeds=seeds, positions=positions)
+    if seeds.shape != positions.shape:
         raise ValueError(f"seeds {tuple(seeds.shape)} and positions {tuple(positions.shape)} must be equal 1-D")
 
 

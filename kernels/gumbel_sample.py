@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes, check_matrix, check_table, shared_stride
+from kernels._checks import (
+    check_at_least,
+    check_dtypes,
+    check_flat,
+    check_matrix,
+    check_table,
+    shared_stride,
+)
 from kernels._select import (
     _argmax_update,
     _float_key,
@@ -281,6 +288,7 @@ def _check(
     check_matrix("logits", logits, torch.float32, "[num_reqs, vocab_size]")
     i32 = torch.int32
     check_dtypes(idx_mapping=(idx_mapping, i32), seq_lens=(seq_lens, i32), sampled_out=(sampled_out, i32))
+    check_flat(idx_mapping=idx_mapping, seq_lens=seq_lens, sampled_out=sampled_out)
     check_at_least(logits.shape[0], "num_reqs", idx_mapping=idx_mapping, seq_lens=seq_lens, sampled_out=sampled_out)
     if counts is not None:
         check_matrix("counts", counts, i32, "[num_reqs, vocab_size] (the shape of logits)", *logits.shape)

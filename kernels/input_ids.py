@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_num_reqs, check_out_like, check_table
+from kernels._checks import check_dtypes, check_flat, check_num_reqs, check_out_like, check_table
 from kernels._padding import _fill_padding_tokens
 from kernels._triton import require_triton, tl, triton
 
@@ -128,6 +128,8 @@ def _check(
                  prefill_len=(prefill_len, i32), last_sampled=(last_sampled, i32), token_ids=(token_ids, i32),
                  input_ids_out=(input_ids_out, i64))
     check_table("token_ids", token_ids)
+    check_flat(idx_mapping=idx_mapping, query_start_loc=query_start_loc, positions=positions,
+               input_ids_out=input_ids_out)
     check_out_like("input_ids_out", input_ids_out, "positions", positions)
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
 

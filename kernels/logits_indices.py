@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes
+from kernels._checks import check_at_least, check_dtypes, check_flat
 from kernels._triton import require_triton, tl, triton
 
 
@@ -59,6 +59,7 @@ def compute_logits_indices_ref(
 
 def _check(query_start_loc: torch.Tensor, num_reqs: int, out: torch.Tensor) -> None:
     check_dtypes(query_start_loc=(query_start_loc, torch.int32), logits_indices_out=(out, torch.int64))
+    check_flat(query_start_loc=query_start_loc, logits_indices_out=out)
     check_at_least(num_reqs, "num_reqs", logits_indices_out=out)
     check_at_least(num_reqs + 1, "num_reqs + 1", query_start_loc=query_start_loc)
 

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from kernels._checks import check_dtypes, check_vector
+from kernels._checks import check_at_least, check_dtypes, check_flat, check_vector
 from kernels._triton import require_triton, tl, triton
 
 _LOG2E = 1.4426950408889634
@@ -232,8 +232,10 @@ def _check_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_lo
         raise ValueError(f"query dtype {query.dtype} != kv_cache dtype {kv_cache.dtype}")
     i32 = torch.int32
     check_dtypes(query_start_loc=(query_start_loc, i32), seq_lens=(seq_lens, i32), block_table=(block_table, i32))
+    check_flat(query_start_loc=query_start_loc, seq_lens=seq_lens)
     if query_start_loc.shape[0] != seq_lens.shape[0] + 1 or block_table.dim() != 2:
         raise ValueError("query_start_loc must have num_reqs + 1 entries and block_table 2 dims")
+    check_at_least(seq_lens.shape[0], "num_reqs", block_table=block_table)
     if query.stride(2) != 1 or kv_cache.stride(4) != 1 or block_table.stride(1) != 1:
         raise ValueError("query, kv_cache and block_table need a unit stride in the last dim")
     if out is None:

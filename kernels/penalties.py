@@ -16,7 +16,14 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_matrix, check_table, shared_stride
+from kernels._checks import (
+    check_at_least,
+    check_dtypes,
+    check_flat,
+    check_matrix,
+    check_table,
+    shared_stride,
+)
 from kernels._triton import require_triton, tl, triton
 
 #: Bit of a counts word that marks a token present in the prompt.
@@ -138,6 +145,8 @@ def _check(
                  num_prompt_tokens=(num_prompt_tokens, i32), repetition_penalty=(repetition_penalty, f32),
                  frequency_penalty=(frequency_penalty, f32), presence_penalty=(presence_penalty, f32),
                  counts_out=(counts_out, i32))
+    check_flat(idx_mapping=idx_mapping, seq_lens=seq_lens)
+    check_at_least(idx_mapping.shape[0], "num_reqs", seq_lens=seq_lens)
     stride = shared_stride("the per-row parameter columns", num_prompt_tokens, repetition_penalty,
                            frequency_penalty, presence_penalty)
     check_matrix("counts_out", counts_out, i32, "[num_reqs, vocab_size]", num_rows=idx_mapping.shape[0])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_contiguous, check_dtypes
+from kernels._checks import check_at_least, check_dtypes, check_flat
 from kernels._padding import _fill_padding_tokens
 from kernels._triton import require_triton, tl, triton
 
@@ -116,10 +116,11 @@ def _check(
     check_dtypes(idx_mapping=(idx_mapping, i32), num_computed=(num_computed, i32),
                  query_start_loc=(query_start_loc, i32), positions_out=(positions_out, torch.int64),
                  seq_lens_out=(seq_lens_out, i32))
+    check_flat(idx_mapping=idx_mapping, query_start_loc=query_start_loc, positions_out=positions_out,
+               seq_lens_out=seq_lens_out)
     check_at_least(num_reqs, "num_reqs", idx_mapping=idx_mapping, seq_lens_out=seq_lens_out)
     if query_start_loc.shape[0] != seq_lens_out.shape[0] + 1:
         raise ValueError("query_start_loc must have num_reqs_padded + 1 entries (seq_lens_out has num_reqs_padded)")
-    check_contiguous(positions_out=positions_out, seq_lens_out=seq_lens_out)
 
 
 __all__ = ["prepare_positions", "prepare_positions_ref"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes, check_table
+from kernels._checks import check_at_least, check_dtypes, check_flat, check_table
 from kernels._triton import require_triton, tl, triton
 
 
@@ -138,6 +138,7 @@ def _check(
                  sampled=(sampled, i32), num_computed=(num_computed, i32), num_tokens=(num_tokens, i32),
                  last_sampled=(last_sampled, i32), token_ids=(token_ids, i32))
     check_table("token_ids", token_ids)
+    check_flat(idx_mapping=idx_mapping, num_scheduled=num_scheduled, seq_lens=seq_lens, sampled=sampled)
     check_at_least(num_reqs, "num_reqs", idx_mapping=idx_mapping, num_scheduled=num_scheduled, seq_lens=seq_lens,
                    sampled=sampled)
 

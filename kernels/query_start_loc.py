@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes
+from kernels._checks import check_at_least, check_dtypes, check_flat
 from kernels._triton import require_triton, tl, triton
 
 
@@ -65,6 +65,7 @@ def prepare_query_start_loc_ref(
 
 def _check(num_scheduled: torch.Tensor, num_reqs: int, out: torch.Tensor) -> int:
     check_dtypes(num_scheduled=(num_scheduled, torch.int32), query_start_loc_out=(out, torch.int32))
+    check_flat(num_scheduled=num_scheduled, query_start_loc_out=out)
     check_at_least(num_reqs, "num_reqs", num_scheduled=num_scheduled)
     check_at_least(num_reqs + 1, "num_reqs + 1", query_start_loc_out=out)  # num_reqs_padded + 1 entries
     return out.shape[0] - 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_num_reqs, check_out_like, check_table
+from kernels._checks import check_dtypes, check_flat, check_num_reqs, check_out_like, check_table
 from kernels._padding import _fill_padding_tokens
 from kernels._triton import require_triton, tl, triton
 
@@ -111,6 +111,8 @@ def _check(
     check_table("block_table", block_table)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
+    check_flat(idx_mapping=idx_mapping, query_start_loc=query_start_loc, positions=positions,
+               slot_mapping_out=slot_mapping_out)
     check_out_like("slot_mapping_out", slot_mapping_out, "positions", positions)
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_contiguous, check_dtypes
+from kernels._checks import check_dtypes, check_flat
 from kernels._triton import require_triton, tl, triton
 
 
@@ -82,7 +82,7 @@ def _check(
     i32 = torch.int32
     check_dtypes(dst=(dst, i32), values=(values, i32), dst_offsets=(dst_offsets, torch.int64),
                  cu_num_values=(cu_num_values, i32))
-    check_contiguous(dst=dst)
+    check_flat(dst=dst, dst_offsets=dst_offsets, cu_num_values=cu_num_values, values=values)
     if cu_num_values.shape[0] != dst_offsets.shape[0] + 1:
         raise ValueError(
             f"cu_num_values has {cu_num_values.shape[0]} entries for {dst_offsets.shape[0]} writes (want writes + 1)"

@@ -12,6 +12,7 @@ from kernels._checks import (
     check_at_least,
     check_contiguous,
     check_dtypes,
+    check_flat,
     check_matrix,
     check_num_reqs,
     check_out_like,
@@ -39,9 +40,18 @@ CASES: list[tuple[str, Callable[[], object], str]] = [
     ("matrix 1-D", lambda: check_matrix("out", torch.zeros(4), F32, "[num_rows, vocab_size]", 4, 1),
      r"^out must be \[num_rows, vocab_size\] float32 .* got \(4,\) float32"),
     ("vector length", lambda: check_vector("token_ids", torch.zeros(3, dtype=I32), I32, 2),
-     r"^token_ids must be \[2\] int32, got \(3,\) int32$"),
+     r"^token_ids must be \[2\] int32 with unit stride, got \(3,\) int32, strides \(1,\)$"),
     ("vector dtype", lambda: check_vector("slot_mapping", torch.zeros(2, dtype=I32), I64, 2),
-     r"^slot_mapping must be \[2\] int64, got \(2,\) int32$"),
+     r"^slot_mapping must be \[2\] int64 with unit stride, got \(2,\) int32"),
+    ("vector stride", lambda: check_vector("token_ids", TABLE[:, 0], I32, 4),
+     r"^token_ids must be \[4\] int32 with unit stride, got \(4,\) int32, strides \(6,\)$"),
+    ("flat stride", lambda: check_flat(idx_mapping=TABLE[:, 0]),
+     r"^idx_mapping must be a 1-D vector with unit stride \(one run of elements\), got shape "
+     r"\(4,\), strides \(6,\)$"),
+    ("flat rank", lambda: check_flat(seq_lens=TABLE),
+     r"^seq_lens must be a 1-D vector with unit stride .* got shape \(4, 6\)"),
+    ("0-d count", lambda: check_at_least(1, "num_reqs", seq_lens=torch.tensor(3)),
+     r"^seq_lens must have num_reqs entries at least, got a 0-d tensor$"),
     ("negative count", lambda: check_at_least(-1, "num_reqs", idx_mapping=torch.zeros(2)),
      r"^num_reqs must be >= 0, got -1$"),
     ("short input", lambda: check_at_least(3, "num_reqs", idx_mapping=torch.zeros(3), sampled=torch.zeros(2)),
@@ -64,6 +74,7 @@ def test_bad_argument_is_named(note: str, call: Callable[[], object], message: s
 def test_good_arguments_pass_and_the_shared_stride_is_returned() -> None:
     check_dtypes(a=(TABLE, I32))
     check_contiguous(a=TABLE)
+    check_flat(a=TABLE[0], one=TABLE[:1, 0])  # a single element has any stride
     check_table("t", TABLE)
     check_matrix("m", TABLE, I32, "[rows, cols]", 4, 6)
     check_vector("v", torch.zeros(3, dtype=I32), I32, 3)
