@@ -295,7 +295,7 @@ def explain_page(request: Request, services: ServicesDep, user: UserDep,
     context: dict[str, Any] = {"command": command}
     if command.strip():
         try:
-            config = config_from_request(command=command)
+            config = config_from_request(command=command, hint_for="page")
             explanation = services.policy.explain(config)
             context["explanation"] = explanation.to_json()
         except (OracleError, ValueError) as err:

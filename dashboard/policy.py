@@ -234,7 +234,8 @@ class Policy:
 
 def config_from_request(*, config: Mapping[str, Any] | None = None, command: str | None = None,
                         argv: Sequence[str] | None = None,
-                        env: Mapping[str, str] | None = None) -> DeploymentConfig:
+                        env: Mapping[str, str] | None = None, hint_for: str = "api"
+                        ) -> DeploymentConfig:
     """A DeploymentConfig from exactly one of a spec mapping, a ``vllm serve`` command string or
     its argv. Raises the oracle's ConfigError for bad input, ValueError when not exactly one
     source is given."""
@@ -247,7 +248,7 @@ def config_from_request(*, config: Mapping[str, Any] | None = None, command: str
     if command is not None:
         argv = split_command(command, env)
     assert argv is not None
-    return DeploymentConfig.from_command(list(argv), env)
+    return DeploymentConfig.from_command(list(argv), env, hint_for=hint_for)
 
 
 def split_command(command: str, env: dict[str, str]) -> list[str]:

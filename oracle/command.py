@@ -18,13 +18,13 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from oracle.command_flags import DECISION_FLAGS, IGNORED_FLAGS, FlagSpec
 from oracle.command_values import apply_json_flags, parse_json_value
 from oracle.errors import ConfigError, PackError
 from oracle.hf_config import hf_config_to_fields
-from oracle.known_models import lookup_model
+from oracle.known_models import candidate_architectures, lookup_model
 
 _BY_NAME: dict[str, FlagSpec] = {}
 for _spec in DECISION_FLAGS:
@@ -33,6 +33,15 @@ for _spec in DECISION_FLAGS:
 _PLACEHOLDER = re.compile(r"^<[^>]*>$|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|^(/)?path/to/|^\.\.\.$")
 _VALUE_PLACEHOLDER = re.compile(r"<[^<>\s]+>|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|^(/)?path/to/")
 _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+# A bare word ending in punctuation: a sentence's word taken for a model ("vllm serve command.").
+_PROSE = re.compile(r"^[A-Za-z]+[.,;:!?]$")
+HintFor = Literal["python", "cli", "api", "page"]
+ARCHITECTURE_HINTS: dict[str, str] = {
+    "python": "pass architecture=ARCH or hf_config=path/to/config.json",
+    "cli": "pass --architecture ARCH or --config path/to/config.json",
+    "api": 'send {"config": {"architecture": ARCH, ...}} instead of the command',
+    "page": "",  # a form that takes only a command line
+}
 RUNNER_ENV_SUFFIX = "_USE_V2_MODEL_RUNNER"
 ROCM_ENV_PREFIXES = ("VLLM_ROCM_", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
@@ -216,10 +225,14 @@ def _config_file_tokens(path: str, base_dir: Path | None) -> list[str]:
 
 def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
                       architecture: str | None = None, hf_config: str | Path | None = None,
-                      base_dir: str | Path | None = None) -> ParsedCommand:
+                      base_dir: str | Path | None = None, hint_for: HintFor = "python"
+                      ) -> ParsedCommand:
     """Parse ``argv`` (with ``env``) into DeploymentConfig fields. See the module docstring.
 
-    Raises ConfigError naming the offending flag, value or model.
+    Raises ConfigError naming the offending flag, value or model; for a model whose
+    architecture is unknown, the message says how to give it in the words of ``hint_for``
+    (``"python"``: ``architecture=``/``hf_config=``; ``"cli"``: ``--architecture``/``--config``;
+    ``"api"``: a ``config`` body; ``"page"``: the command alone), ``--hf-overrides`` in each.
     """
     env_all = dict(env)
     rest = _split_argv(argv, env_all)
@@ -242,7 +255,7 @@ def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
     backend = str(fields.pop("_attention_backend", "")).upper()
     if backend.startswith("ROCM") or any(k.startswith(ROCM_ENV_PREFIXES) for k in env_all):
         fields.setdefault("platform", "rocm")  # AMD-only variables or attention backends
-    fields.update(_model_fields(model, fields, architecture, hf_config, base))
+    fields.update(_model_fields(model, fields, architecture, hf_config, base, hint_for))
     if model is not None:
         fields["model"] = model
     return ParsedCommand(fields, model, st.ignored,
@@ -262,28 +275,54 @@ def _model(st: _State) -> str | None:
     return model  # type: ignore[no-any-return]
 
 
+def architecture_hint(hint_for: HintFor) -> str:
+    """How to give a deployment's architecture, in the words of whoever reads the error."""
+    try:
+        own = ARCHITECTURE_HINTS[hint_for]
+    except KeyError:
+        raise ValueError(f"hint_for: expected one of {', '.join(ARCHITECTURE_HINTS)}, got "
+                         f"{hint_for!r}") from None
+    overrides = "add --hf-overrides '{\"architectures\": [\"ARCH\"]}' to the command"
+    return f"{own}, or {overrides}" if own else overrides
+
+
+def _unknown_model(model: str, hint: str) -> ConfigError:
+    candidates = candidate_architectures(model)
+    guess = ""
+    if candidates:
+        guess = "; by its name it may be " + ", ".join(
+            f"{arch} ({label})" for arch, label in candidates) + " (check the model's config.json)"
+    return ConfigError(f"model {model!r} is not in policies/known_models.yaml and is not a "
+                       f"local directory with a config.json{guess}; {hint}",
+                       code="unknown_model", field="model")
+
+
 def _model_fields(model: str | None, fields: dict[str, Any], architecture: str | None,
-                  hf_config: str | Path | None, base: Path | None) -> dict[str, Any]:
+                  hf_config: str | Path | None, base: Path | None, hint_for: HintFor
+                  ) -> dict[str, Any]:
     if hf_config is not None:
         return hf_config_to_fields(hf_config) | _explicit(fields)
     if architecture is not None:
         return {"architecture": architecture}
     if "architecture" in fields:  # from --hf-overrides architectures
         return {}
-    hint = "pass --architecture ARCH or --config path/to/config.json"
+    hint = architecture_hint(hint_for)
     if model is None:
         raise ConfigError(f"no model in the command line; {hint}", code="missing_model")
     if is_placeholder(model):
         raise ConfigError(f"the model {model!r} is a placeholder, not a model id; {hint}",
+                          code="placeholder_model", field="model")
+    if _PROSE.match(model):
+        raise ConfigError(f"the model {model!r} is a word of prose (a bare word ending in "
+                          "punctuation), not a model id: the line reads as a sentence about a "
+                          "command, not a command; give a real vllm serve MODEL line",
                           code="placeholder_model", field="model")
     local = Path(model) if base is None else base / model
     if (local / "config.json").is_file():
         return hf_config_to_fields(local) | _explicit(fields)
     known = lookup_model(model)
     if known is None:
-        raise ConfigError(f"model {model!r} is not in policies/known_models.yaml and is not a "
-                          f"local directory with a config.json; {hint}", code="unknown_model",
-                          field="model")
+        raise _unknown_model(model, hint)
     out: dict[str, Any] = {"architecture": known.architecture, **known.attributes}
     if known.quantization != "none":
         out["quantization"] = known.quantization

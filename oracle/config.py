@@ -149,19 +149,22 @@ class DeploymentConfig:
     @classmethod
     def from_command(cls, argv: Sequence[str] | str, env: Mapping[str, str] | None = None, *,
                      architecture: str | None = None, hf_config: str | Path | None = None,
-                     base_dir: str | Path | None = None,
+                     base_dir: str | Path | None = None, hint_for: str = "python",
                      **overrides: Any) -> DeploymentConfig:
         """Build from a real ``vllm serve MODEL [flags]`` command line and its environment.
 
         ``argv`` is a list (or a shell string, split with shlex). The model id is looked up in
         ``policies/known_models.yaml`` unless ``architecture`` or ``hf_config`` is given or the
         model is a local directory with a config.json. Raises ConfigError for a placeholder
-        model, an unknown model, an unknown flag or a bad flag value (the message names it).
+        model, an unknown model, an unknown flag or a bad flag value (the message names it);
+        ``hint_for`` ("python", "cli", "api", "page") words how to give an architecture the oracle
+        cannot find, and an unknown model's message names the architectures its name suggests.
         """
         from oracle.command import command_to_fields
 
         fields = command_to_fields(argv, env or {}, architecture=architecture,
-                                   hf_config=hf_config, base_dir=base_dir).fields
+                                   hf_config=hf_config, base_dir=base_dir,
+                                   hint_for=hint_for).fields  # type: ignore[arg-type]
         fields.update(overrides)
         return cls(**fields)
 

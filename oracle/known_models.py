@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,42 @@ def lookup_model(model_id: str) -> KnownModel | None:
 def known_model_fields(entry: KnownModel) -> dict[str, Any]:
     return {"architecture": entry.architecture, "quantization": entry.quantization,
             **entry.attributes}
+
+
+# Words of architecture names, and sizes and variants of model ids, that say nothing of a family.
+_STOP_WORDS = frozenset({"for", "causal", "lm", "conditional", "generation", "model", "it",
+                         "instruct", "chat", "base", "hf", "and", "the", "other", "misc",
+                         "large", "small", "medium", "mini", "thinking", "reasoning", "preview",
+                         "prev", "fp", "awq", "gptq", "int", "bf", "nvfp", "mxfp"})
+MAX_CANDIDATES = 4
+
+
+def _words(text: str) -> set[str]:
+    """Lower-case words and numbers of a model id, label or CamelCase architecture name."""
+    spaced = re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Za-z])(?=\d)|(?<=\d)(?=[A-Za-z])", " ", text)
+    words = set(re.findall(r"[a-z]+|\d+", spaced.lower()))
+    return {w for w in words if w not in _STOP_WORDS and (w.isdigit() or len(w) > 1)}
+
+
+def candidate_architectures(model_id: str, pack_name: str = "turnout") -> list[tuple[str, str]]:
+    """(architecture, family label) pairs whose family id, label or architecture name shares
+    words with ``model_id``'s name (after the org), best first, at most MAX_CANDIDATES. A guess
+    for the reader to check, never used to decide: "arcee-ai/Trinity-Large-Thinking" →
+    AfmoeForCausalLM of "AFMoE (Trinity)"."""
+    from oracle.pack import load_pack  # the pack imports this module's caller
+
+    name = _words(model_id.rsplit("/", 1)[-1])
+    if not any(not w.isdigit() for w in name):
+        return []
+    scored = []
+    for arch, info in load_pack(pack_name).architectures.items():
+        own = name & _words(arch)
+        shared = name & (_words(info.family) | _words(info.family_label)) | own
+        alpha = sum(not w.isdigit() for w in shared)
+        if alpha:
+            scored.append(((alpha, len(shared), len(own)), arch, info.family_label))
+    if not scored:
+        return []
+    best = max(score[:2] for score, _, _ in scored)
+    top = sorted((s for s in scored if s[0][:2] == best), key=lambda s: (-s[0][2], len(s[1]), s[1]))
+    return [(arch, label) for _, arch, label in top][:MAX_CANDIDATES]

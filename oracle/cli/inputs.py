@@ -71,7 +71,7 @@ def from_command_line(argv: list[str], ov: Overrides) -> Item:
     """The deployment of one ``vllm serve`` command line."""
     try:
         cfg = DeploymentConfig.from_command(argv, ov.env_map(), architecture=ov.architecture,
-                                            hf_config=ov.hf_config)
+                                            hf_config=ov.hf_config, hint_for="cli")
         return Item(ov.deployment_id, _with(cfg, ov.fields(), {}), model=cfg.model)
     except ConfigError as exc:
         return Item(ov.deployment_id, None, exc.message, exc.code)

@@ -66,3 +66,26 @@ def test_a_snapshot_of_another_pack_is_refused(api: Api, tmp_path: Path) -> None
     code, out = _turnout("decide", "--pack", "vllm-0.31", "--canaries", str(path), *LLAMA)
     assert code == 2
     assert "the snapshot is of pack 'turnout', the decision uses pack 'vllm-0.31'" in out
+
+
+def test_an_unknown_model_hint_is_worded_for_the_api(api: Api) -> None:
+    # POST /decide said "pass --architecture ARCH or --config", flags it does not take.
+    r = api.client.post("/api/v1/decide", headers=api.h("viewer"),
+                        json={"command": "vllm serve arcee-ai/Trinity-Large-Thinking"})
+    assert r.status_code == 422, r.text
+    detail = r.json()["detail"]
+    assert detail["code"] == "unknown_model"
+    assert "by its name it may be AfmoeForCausalLM (AFMoE (Trinity))" in detail["message"]
+    assert ('send {"config": {"architecture": ARCH, ...}} instead of the command, or add '
+            "--hf-overrides '{\"architectures\": [\"ARCH\"]}' to the command"
+            ) in detail["message"]
+    assert "--architecture" not in detail["message"]
+
+
+def test_an_unknown_model_hint_is_worded_for_the_command_line() -> None:
+    code, out = _turnout("decide", "--", "vllm", "serve", "google/gemma-4-26B-A4B-it")
+    assert code == 2
+    assert ("may be Gemma4ForCausalLM (Gemma 4), Gemma4ForConditionalGeneration (Gemma 4), "
+            "Gemma4UnifiedForConditionalGeneration (Gemma 4) (check the model's config.json); "
+            "pass --architecture ARCH or --config path/to/config.json, or add --hf-overrides "
+            "'{\"architectures\": [\"ARCH\"]}' to the command") in " ".join(out.split())

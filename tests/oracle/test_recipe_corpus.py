@@ -42,7 +42,10 @@ def test_placeholders_are_named() -> None:
     by_id = {r["id"]: r for r in RECIPES}
     with pytest.raises(ConfigError, match="placeholder") as info:
         DeploymentConfig.from_command(by_id["recipe-0006"]["argv"], {})
-    assert "--architecture" in info.value.message
+    assert "architecture=ARCH" in info.value.message  # Python's words: not --architecture
+    with pytest.raises(ConfigError, match="a word of prose") as info:
+        DeploymentConfig.from_command(by_id["recipe-0004"]["argv"], {})
+    assert info.value.code == "placeholder_model"
     with pytest.raises(ConfigError, match=r"\$TP"):
         DeploymentConfig.from_command(by_id["recipe-0241"]["argv"], {})
 
