@@ -88,8 +88,23 @@ def _alternatives(pack: Pack, dim: str, current: Any) -> list[Any]:
     return [v for v in values if v not in _OFF] + [v for v in values if v in _OFF]
 
 
-def _candidate_dims(pack: Pack, decision: Decision) -> list[str]:
-    dims: list[str] = []
+def _candidate_dims(pack: Pack, config: DeploymentConfig, decision: Decision,
+                    canaries: CanarySnapshot | None) -> list[str]:
+    """The changeable options the deciding rules tested, then those of rules they hide: a
+    prerequisite (Triton) decides before the blockers, which show only once it is met. Pinning
+    V2 names every hard rule that holds; deciding again after each single change of a known
+    option shows the soft ones."""
+    dims = _reason_dims(pack, decision, [])
+    pinned = config.replace(env={**config.env, **pack.pin_env("v2")})
+    _reason_dims(pack, pack.decide(pinned, canaries), dims)
+    for dim in list(dims):
+        for value in _alternatives(pack, dim, getattr(config, dim)):
+            _reason_dims(pack, pack.decide(config.replace(**{dim: value}), canaries), dims)
+    return dims
+
+
+def _reason_dims(pack: Pack, decision: Decision, dims: list[str]) -> list[str]:
+    """``dims`` with the changeable options ``decision``'s reasons tested appended."""
     for reason in decision.reasons:
         for dim in reason.matched:
             info = FIELD_INFO.get(dim)
@@ -244,7 +259,8 @@ def explain(config: DeploymentConfig, *, pack: Pack,
         steps["pin"] = _pin_step(pack, canaries, config.env.get(pack.env_var))
     if not rollout:
         steps["canary"] = _canary_step(pack, canaries)
-    found = _config_suggestions(base, pack, _candidate_dims(pack, why), canaries, steps)
+    dims = _candidate_dims(pack, base, why, canaries)
+    found = _config_suggestions(base, pack, dims, canaries, steps)
     config_only = [sg for sg in found if sg.kind == "config"]
     combined = [sg for sg in found if sg.kind != "config"]
     # A config+pin suggestion pins from the deployment's own value (0 → 1): no lifting first.

@@ -136,3 +136,31 @@ def test_combined_steps_start_from_a_v1_pin_and_the_kill_switch() -> None:
         f"speculative_method ngram → eagle3; {PIN} unset → 1",
         "speculative_method ngram → eagle3; kill_switch engaged → released",
     ]
+
+
+def test_a_blocker_behind_a_prerequisite_is_found() -> None:
+    # Without Triton the decision names only the prerequisite (it decides first); explain
+    # said "no change of the deployment's options reaches V2" although one did.
+    qwen = DeploymentConfig(architecture="Qwen3ForCausalLM", triton_available=False,
+                            mamba_cache_mode="all")
+    assert _texts(qwen) == ["triton_available false → true; mamba_cache_mode all → align"]
+    llama = DeploymentConfig(architecture="LlamaForCausalLM", triton_available=False,
+                             speculative_method="ngram")
+    ex = explain(llama, pack=load_pack("turnout"))
+    assert [r.rule_id for r in ex.decision.reasons] == ["triton_required"]
+    assert [(s.kind, str(s)) for s in ex.suggestions] == [
+        ("config+pin", "triton_available false → true; speculative_method ngram → eagle3; "
+                       "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1"),
+        ("config+canary", "triton_available false → true; speculative_method ngram → eagle3; "
+                          "canary:llama-mistral-dense off → on 100%")]
+    assert all(s.decision.runner == "v2" for s in ex.suggestions)
+
+
+def test_a_soft_blocker_behind_a_prerequisite_is_found_for_the_canary_too() -> None:
+    # DBO is allowed under a V2 pin; the rollout path has to turn it off as well.
+    cfg = DeploymentConfig(architecture="LlamaForCausalLM", triton_available=False,
+                           enable_dbo=True)
+    assert _texts(cfg) == [
+        "triton_available false → true; env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
+        "triton_available false → true; enable_dbo true → false; "
+        "canary:llama-mistral-dense off → on 100%"]
