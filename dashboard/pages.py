@@ -201,7 +201,7 @@ def _refused(request: Request, user: Principal, csrf: str, needed: Role,
 def flip_from_page(
     request: Request, cohort: str, services: ServicesDep, user: UserDep,
     enabled: Annotated[bool, Form()], version: Annotated[int, Form()],
-    reason: Annotated[str, Form(max_length=2000)] = "",
+    reason: Annotated[str, Form(max_length=audit.MAX_REASON_CHARS)] = "",
     csrf: Annotated[str, Form()] = "",
     percentage: Annotated[int | None, Form(ge=0, le=100)] = None,
 ) -> Response:
@@ -230,7 +230,7 @@ def flip_from_page(
 def kill_switch_from_page(
     request: Request, services: ServicesDep, user: UserDep,
     engaged: Annotated[bool, Form()],
-    reason: Annotated[str, Form(max_length=2000)] = "",
+    reason: Annotated[str, Form(max_length=audit.MAX_REASON_CHARS)] = "",
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
     refused = _refused(request, user, csrf, Role.admin, "the kill switch")

@@ -13,6 +13,8 @@ from pydantic import (
     model_validator,
 )
 
+from dashboard.store.audit import MAX_REASON_CHARS
+
 EARLIEST_EVENT = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
 ReasonCode = Literal["STATIC", "TARGETING_MATCH", "SPLIT", "DISABLED", "DEFAULT", "ERROR"]
 Name = Field(min_length=1, max_length=256)
@@ -100,14 +102,14 @@ class CanaryPatch(BaseModel):
 
     enabled: bool
     percentage: int | None = Field(default=None, ge=0, le=100)
-    reason: str = Field(min_length=1, max_length=2_000, pattern=r"\S")
+    reason: str = Field(min_length=1, max_length=MAX_REASON_CHARS, pattern=r"\S")
 
 
 class KillSwitchIn(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     engaged: bool
-    reason: str = Field(min_length=1, max_length=2_000, pattern=r"\S")
+    reason: str = Field(min_length=1, max_length=MAX_REASON_CHARS, pattern=r"\S")
 
 
 class AuditOut(BaseModel):
@@ -251,7 +253,7 @@ class TokenCreated(TokenOut):
 class RevokeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    reason: str = Field(min_length=1, max_length=2_000, pattern=r"\S")
+    reason: str = Field(min_length=1, max_length=MAX_REASON_CHARS, pattern=r"\S")
 
 
 class MatrixOut(BaseModel):

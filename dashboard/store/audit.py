@@ -6,6 +6,7 @@ both (triggers), so a bug elsewhere cannot rewrite history.
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 from sqlalchemy import select
@@ -13,6 +14,9 @@ from sqlalchemy.orm import Session
 
 from dashboard.store.errors import InvalidChange
 from dashboard.store.models import AuditEntry, utcnow
+
+#: The longest reason a change may carry, in characters (the API, the pages and the CLI alike).
+MAX_REASON_CHARS = 2_000
 
 
 def record(
@@ -41,9 +45,19 @@ def record(
 
 
 def require_reason(reason: str) -> None:
-    """Raises InvalidChange (``code="reason_required"``) for an empty or blank reason."""
-    if not reason.strip():
-        raise InvalidChange("a reason is required for every change", code="reason_required")
+    """Check a change's reason: it must show something to a reader of the audit log.
+
+    Raises:
+        InvalidChange: ``code="reason_required"`` for an empty reason or one made only of
+            blanks and invisible characters (zero-width spaces, other Unicode format or control
+            characters); ``code="reason_too_long"`` beyond :data:`MAX_REASON_CHARS`.
+    """
+    if not any(not ch.isspace() and unicodedata.category(ch)[0] not in "CZ" for ch in reason):
+        raise InvalidChange("a reason is required for every change (it has no visible text)",
+                            code="reason_required")
+    if len(reason) > MAX_REASON_CHARS:
+        raise InvalidChange(f"the reason is {len(reason):,} characters; at most "
+                            f"{MAX_REASON_CHARS:,} are kept", code="reason_too_long")
 
 
 def list_entries(

@@ -273,3 +273,12 @@ def test_bad_input_exits_2_and_repeats_are_said(run) -> None:  # type: ignore[no
     lines = out.splitlines()
     assert lines[0].split() == ["id", "prefix", "role", "state", "name"]
     assert [line.split()[3] for line in lines[1:]] == ["revoked", "live"]
+
+
+def test_cli_reason_has_the_api_bounds(run) -> None:  # type: ignore[no-untyped-def]
+    code, out = run("kill-switch", "engage", "--reason", "\u200b")
+    assert code == 2 and "no visible text" in out
+    code, out = run("kill-switch", "engage", "--reason", "y" * 2_001)
+    assert code == 2 and "the reason is 2,001 characters; at most 2,000 are kept" in out
+    code, out = run("kill-switch", "engage", "--reason", "y" * 2_000)
+    assert code == 0 and out.strip() == "kill switch ENGAGED"

@@ -202,6 +202,30 @@ def test_audit_log_refuses_update_and_delete_in_the_database(db: Database) -> No
         assert [e.reason for e in audit.list_entries(session=s)] == ["incident 42"]
 
 
+@pytest.mark.parametrize("reason, code", [
+    ("\u200b\u200b", "reason_required"),          # zero-width spaces only
+    (" \u2060\t\ufeff ", "reason_required"),     # word joiner, BOM, blanks
+    ("x" * (audit.MAX_REASON_CHARS + 1), "reason_too_long"),
+])
+def test_a_reason_must_be_visible_and_bounded(db: Database, reason: str, code: str) -> None:
+    # The CLI passes reasons straight to the store: the same bounds as the API's schema.
+    for change in (
+        lambda s: canaries.flip_canary(session=s, cohort="qwen3", enabled=False, reason=reason,
+                                       actor="t", if_version=1),
+        lambda s: canaries.set_kill_switch(session=s, engaged=True, reason=reason, actor="t"),
+    ):
+        with db.write_session() as s, pytest.raises(InvalidChange) as err:
+            change(s)
+        assert err.value.code == code
+    with db.write_session() as s:
+        ok = canaries.set_kill_switch(session=s, engaged=True, actor="t",
+                                      reason="é" * audit.MAX_REASON_CHARS)
+        s.commit()
+    assert ok.changed
+    with db.read_session() as s:
+        assert [len(e.reason) for e in audit.list_entries(session=s)] == [audit.MAX_REASON_CHARS]
+
+
 def test_kill_switch_to_its_current_state_is_no_change(db: Database) -> None:
     with db.write_session() as s:
         same = canaries.set_kill_switch(session=s, engaged=False, reason="r", actor="t")
