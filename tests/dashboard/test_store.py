@@ -19,13 +19,19 @@ from dashboard.store.models import Base
 DEFAULTS = [CohortDefault("qwen3", False), CohortDefault("llama-mistral", False, 50)]
 
 
-@pytest.fixture
-def db(db_url: str) -> Database:
-    database = Database(db_url)
+def _prepared(url: str) -> Database:
+    """A migrated store holding DEFAULTS."""
+    database = Database(url)
     database.upgrade()
     with database.write_session() as s:
         canaries.ensure_defaults(session=s, defaults=DEFAULTS)
         s.commit()
+    return database
+
+
+@pytest.fixture
+def db(db_url: str) -> Database:
+    database = _prepared(db_url)
     yield database
     database.dispose()
 
@@ -128,11 +134,7 @@ def test_a_flip_that_changes_only_the_share_is_a_change(db: Database) -> None:
 
 @pytest.fixture
 def pg_db(pg_schema_url: str) -> Database:
-    database = Database(pg_schema_url)
-    database.upgrade()
-    with database.write_session() as s:
-        canaries.ensure_defaults(session=s, defaults=DEFAULTS)
-        s.commit()
+    database = _prepared(pg_schema_url)
     yield database
     database.dispose()
 
