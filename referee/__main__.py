@@ -1,0 +1,105 @@
+"""``python -m referee``: golden files, and a pack checked against a live vLLM release.
+
+    python -m referee golden --release 0.31 --seed 1 --count 3000 --out FILE
+    python -m referee check  --release 0.31 --seed 7 --count 2000 [--pack vllm-0.31]
+    python -m referee case   --release 0.31 '{"architecture": "LlamaForCausalLM", ...}'
+
+Run inside the release's referee environment (``make referee`` builds
+``.referee/venv-<release>``); the installed vLLM must be the release named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from referee import RELEASES
+from referee.generator import generate
+
+
+def _check_installed(release: str) -> None:
+    import vllm
+
+    installed = ".".join(vllm.__version__.split(".")[:2])
+    if installed != release:
+        raise SystemExit(f"referee: this environment has vLLM {vllm.__version__}, not "
+                         f"{release} (use .referee/venv-{release}/bin/python)")
+
+
+def _golden(args: argparse.Namespace) -> int:
+    from referee.harness import run_case
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    import vllm
+
+    lines, failures = [], []
+    for case in generate(args.seed, args.count, args.release):
+        try:
+            want = run_case(case["config"], args.release)
+        except Exception as exc:  # the harness met something it does not model: fix it
+            failures.append(f"{case['id']} {json.dumps(case['config'])}: {exc!r}")
+            continue
+        lines.append(json.dumps({"id": case["id"], "config": case["config"], "want": want,
+                                 "vllm_version": vllm.__version__}, sort_keys=True))
+    if failures:
+        print("\n".join(failures[:20]), file=sys.stderr)
+        raise SystemExit(f"referee: {len(failures)} cases the harness could not run; nothing "
+                         "written")
+    out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(json.dumps({"release": args.release, "seed": args.seed, "cases": len(lines),
+                      "out": str(out)}))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from referee.compare import compare_pack
+    from referee.harness import run_case
+
+    t0 = time.perf_counter()
+    cases = [(c, run_case(c["config"], args.release))
+             for c in generate(args.seed, args.count, args.release)]
+    report = compare_pack(args.pack or f"vllm-{args.release}", cases)
+    report.update(release=args.release, seed=args.seed, seconds=round(time.perf_counter() - t0, 1))
+    for miss in report.pop("mismatches")[: args.show]:
+        print(json.dumps(miss, sort_keys=True), file=sys.stderr)
+    print(json.dumps(report, sort_keys=True))
+    return 0 if report["agree_all"] >= args.min_agreement else 1
+
+
+def _case(args: argparse.Namespace) -> int:
+    from referee.harness import run_case
+
+    spec: dict[str, Any] = json.loads(args.spec)
+    print(json.dumps(run_case(spec, args.release), indent=2))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m referee", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("golden", "check", "case"):
+        p = sub.add_parser(name)
+        p.add_argument("--release", required=True, choices=RELEASES)
+        if name != "case":
+            p.add_argument("--seed", type=int, required=True)
+            p.add_argument("--count", type=int, required=True)
+    sub.choices["golden"].add_argument("--out", required=True)
+    check = sub.choices["check"]
+    check.add_argument("--pack", help="pack name or folder (default vllm-<release>)")
+    check.add_argument("--show", type=int, default=10, help="mismatches to print (stderr)")
+    check.add_argument("--min-agreement", type=float, default=0.995)
+    sub.choices["case"].add_argument("spec", help="a spec as JSON")
+    args = parser.parse_args(argv)
+    _check_installed(args.release)
+    return {"golden": _golden, "check": _check, "case": _case}[args.command](args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

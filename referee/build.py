@@ -1,0 +1,218 @@
+"""Build a ``VllmConfig`` from a turnout spec, as vLLM's argument handling would hand it over.
+
+The spec's values are what ``VllmConfig`` receives (after ``EngineArgs`` resolved the command
+line: a model-specific MTP name is already ``mtp``), not what ``__post_init__`` makes of them:
+``compilation_mode=stock_torch_compile`` with ``enforce_eager=true`` is both, as a user gave
+them, and :mod:`referee.replay` applies vLLM's normalisation. Sub-configs are vLLM's classes,
+so a value they refuse (``enable_elastic_ep`` without ``enable_eplb``) raises their own error.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+# spec value -> vLLM enum name
+_MODES = {"none": "NONE", "stock_torch_compile": "STOCK_TORCH_COMPILE",
+          "dynamo_trace_once": "DYNAMO_TRACE_ONCE", "vllm_compile": "VLLM_COMPILE"}
+_PLATFORMS = {"cuda": "CUDA", "rocm": "ROCM", "cpu": "CPU", "xpu": "XPU", "tpu": "TPU",
+              "unspecified": "UNSPECIFIED"}
+# The hidden size assumed when a spec gives none: large enough that vLLM's sequence-parallel
+# threshold heuristic keeps a requested SP on (compilation/passes/fusion/sequence_parallelism.py).
+DEFAULT_HIDDEN_SIZE = 8192
+DEFAULT_CAPABILITY = "9.0"  # an H100/H200, where a spec names no device
+
+
+def make_platform(spec: dict[str, Any]) -> Any:
+    """A ``Platform`` of the spec's enum that answers device queries from the spec."""
+    from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
+
+    name = spec.get("platform", "cuda")
+    major, minor = (int(p) for p in str(spec.get("device_capability") or DEFAULT_CAPABILITY)
+                    .split("."))
+    static_graphs = name in ("cuda", "rocm", "xpu")  # each platform's support_static_graph_mode
+
+    class SpecPlatform(Platform):
+        _enum = getattr(PlatformEnum, _PLATFORMS[name])
+        device_name = name
+        device_type = {"rocm": "cuda"}.get(name, name)  # RocmPlatform.device_type is "cuda"
+
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0) -> Any:
+            return DeviceCapability(major, minor) if name in ("cuda", "rocm") else None
+
+        @classmethod
+        def support_static_graph_mode(cls) -> bool:
+            return static_graphs
+
+    return SpecPlatform()
+
+
+def _parallel(spec: dict[str, Any]) -> Any:
+    from vllm.config import ParallelConfig
+
+    kwargs = {k: spec[k] for k in (
+        "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+        "prefill_context_parallel_size", "decode_context_parallel_size",
+        "enable_expert_parallel", "enable_eplb", "enable_elastic_ep", "enable_dbo",
+        "ubatch_size", "enable_batch_sharded_sampling", "all2all_backend",
+        "distributed_executor_backend") if spec.get(k) is not None}
+    return ParallelConfig(**kwargs)
+
+
+def _compilation(spec: dict[str, Any]) -> Any:
+    from vllm.config import CompilationConfig
+    from vllm.config.compilation import CompilationMode, CUDAGraphMode
+
+    kwargs: dict[str, Any] = {}
+    if spec.get("compilation_mode") is not None:
+        kwargs["mode"] = getattr(CompilationMode, _MODES[spec["compilation_mode"]])
+    if spec.get("cudagraph_mode") is not None:
+        kwargs["cudagraph_mode"] = getattr(CUDAGraphMode, spec["cudagraph_mode"].upper())
+    if spec.get("enable_sequence_parallelism"):
+        kwargs["pass_config"] = {"enable_sp": True}
+    return CompilationConfig(**kwargs)
+
+
+def _cache(spec: dict[str, Any]) -> Any:
+    from vllm.config import CacheConfig
+
+    kwargs = {k: spec[k] for k in ("mamba_cache_mode", "enable_prefix_caching",
+                                   "kv_sharing_fast_prefill") if spec.get(k) is not None}
+    return CacheConfig(**kwargs)
+
+
+def _model(spec: dict[str, Any], facts: dict[str, Any]) -> Any:
+    """The facts of ``ModelConfig`` that the selection and the replayed steps read."""
+    arch = spec.get("architecture") or "LlamaForCausalLM"
+    pooling = facts["runner_kind"] == "pooling"
+    hf = SimpleNamespace(model_type=arch.lower())
+    if facts["has_index_topk"]:
+        hf.index_topk = 2048
+    hidden = spec.get("hidden_size") or DEFAULT_HIDDEN_SIZE
+    return SimpleNamespace(
+        architecture=arch, architectures=[arch], runner_type="pooling" if pooling else "generate",
+        convert_type="none", pooler_config=SimpleNamespace() if pooling else None,
+        is_hybrid=facts["is_hybrid"], has_inner_state=facts["has_inner_state"],
+        is_attention_free=facts["attention_free"],
+        is_multimodal_model=facts["is_multimodal"], is_encoder_decoder=facts["is_encoder_decoder"],
+        is_diffusion=facts["is_diffusion"], use_mla=facts["use_mla"], is_moe=facts["is_moe"],
+        supports_mamba_prefix_caching=facts["supports_mamba_prefix_caching"],
+        multimodal_config=SimpleNamespace(mm_encoder_only=bool(spec.get("mm_encoder_only")),
+                                          language_model_only=False)
+        if facts["is_multimodal"] or spec.get("mm_encoder_only") else None,
+        enforce_eager=bool(spec.get("enforce_eager")),
+        logits_processors=list(spec.get("logits_processors") or []) or None,
+        hf_config=hf, hf_text_config=hf, max_model_len=4096, dtype=_bf16(),
+        disable_cascade_attn=False, is_mm_prefix_lm=False, enable_sleep_mode=False,
+        quantization=None, return_sampling_mask=False, enable_trace_replay=False, max_logprobs=20,
+        is_submodel_config=False, get_hidden_size=lambda: hidden,
+    )
+
+
+def _bf16() -> Any:
+    import torch
+
+    return torch.bfloat16
+
+
+def _speculative(spec: dict[str, Any], release: str) -> Any:
+    from vllm.config import SpeculativeConfig
+
+    method = spec.get("speculative_method", "none")
+    if method == "none":
+        return None
+    cfg = object.__new__(SpeculativeConfig)
+    values = {
+        "method": method, "num_speculative_tokens": spec.get("num_speculative_tokens") or 1,
+        "parallel_drafting": bool(spec.get("parallel_drafting")),
+        "enable_adaptive_verification": bool(spec.get("enable_adaptive_verification")),
+        "disable_padded_drafter_batch": bool(spec.get("disable_padded_drafter_batch")),
+        "use_heterogeneous_vocab": bool(spec.get("use_heterogeneous_vocab")),
+        "draft_lm_head_quantization": spec.get("draft_lm_head_quantization"),
+        "draft_model_config": None, "draft_sample_method": "greedy",
+        "tensor_parallel_size": None, "rejection_sample_method": "standard",
+        "synthetic_acceptance_rates": None, "synthetic_acceptance_length": None,
+        "dynamic_speculative_config": None, "speculative_xpress": bool(spec.get(
+            "speculative_xpress")),
+    }
+    for key, value in values.items():
+        object.__setattr__(cfg, key, value)
+    return cfg
+
+
+def build_config(spec: dict[str, Any], facts: dict[str, Any], release: str) -> Any:
+    """The ``VllmConfig`` the selection runs on (not yet normalised by ``__post_init__``).
+
+    Raises the sub-config classes' own ``ValueError`` (pydantic's ValidationError) for values
+    vLLM refuses before it gets to the selection.
+    """
+    from vllm.config import (
+        AttentionConfig,
+        KVTransferConfig,
+        LoRAConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
+
+    cfg = object.__new__(VllmConfig)
+    _defaults(cfg, VllmConfig)
+    model = _model(spec, facts)
+    parts: dict[str, Any] = {
+        "parallel_config": _parallel(spec),
+        "compilation_config": _compilation(spec),
+        "cache_config": _cache(spec),
+        "scheduler_config": SchedulerConfig(
+            max_model_len=4096, max_num_batched_tokens=8192,
+            is_encoder_decoder=facts["is_encoder_decoder"],
+            **({"async_scheduling": spec["async_scheduling"]}
+               if spec.get("async_scheduling") is not None else {})),
+        "attention_config": AttentionConfig(**({"hisparse_config": {}}
+                                               if spec.get("hisparse") else {})),
+        "lora_config": LoRAConfig() if spec.get("lora") else None,
+        "watermark_config": _watermark() if spec.get("watermark") else None,
+        "kv_transfer_config": KVTransferConfig(**spec["kv_transfer_config"])
+        if spec.get("kv_transfer_config") else None,
+        "speculative_config": _speculative(spec, release),
+        "model_config": model, "optimization_level": _o2(),
+    }
+    for key, value in parts.items():
+        object.__setattr__(cfg, key, value)
+    return cfg
+
+
+def _defaults(cfg: Any, cls: Any) -> None:
+    """Every field of ``VllmConfig`` at its own default (default_factory included), as the
+    dataclass constructor would set them; the spec's parts replace some afterwards."""
+    import dataclasses
+
+    for f in dataclasses.fields(cls):
+        if f.name == "device_config":  # DeviceConfig() asks torch for the platform's device
+            from vllm.platforms import current_platform
+
+            object.__setattr__(cfg, f.name, SimpleNamespace(
+                device_type=current_platform.device_type, device=current_platform.device_type))
+            continue
+        factory = f.default_factory
+        if factory is not dataclasses.MISSING:
+            value = factory()
+        else:
+            value = f.default
+            inner = getattr(value, "default_factory", None)
+            if callable(inner):  # a pydantic Field(default_factory=...)
+                value = inner()
+            elif hasattr(value, "default") and type(value).__name__ == "FieldInfo":
+                value = value.default
+        object.__setattr__(cfg, f.name, value)
+
+
+def _watermark() -> Any:
+    from vllm.config import WatermarkConfig
+
+    return WatermarkConfig(key=0)
+
+
+def _o2() -> Any:
+    from vllm.config.vllm import OptimizationLevel
+
+    return OptimizationLevel.O2

@@ -1,0 +1,63 @@
+"""A pack's answer next to vLLM's: decision, error text and every log line, in order.
+
+Used by ``python -m referee check`` (vLLM live, a fresh seed) and by the CI test that holds each
+pack to its golden file (tests/oracle/test_release_golden.py), so both compare the same way.
+Needs only the oracle (pydantic, PyYAML), never vLLM.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def pack_answer(pack: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The pack's answer for a spec, in the golden files' ``want`` shape; a spec the oracle
+    refuses to read gives ``decision: "invalid"`` with the reading error."""
+    from oracle import DeploymentConfig, decide
+    from oracle.errors import ConfigError
+
+    try:
+        config = DeploymentConfig.from_spec(spec)
+    except ConfigError as exc:
+        return {"decision": "invalid", "error": exc.message, "warnings": []}
+    d = decide(config, pack=pack)
+    out: dict[str, Any] = {"decision": d.runner or "error",
+                           "warnings": [m.to_json() for m in d.messages]}
+    if d.runner is None:
+        out["error"] = d.error
+    return out
+
+
+def agree(want: Mapping[str, Any], got: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(same decision, same everything: decision, error text, log lines in order)."""
+    same_decision = want["decision"] == got["decision"]
+    same_all = (same_decision and list(want.get("warnings", [])) == list(got.get("warnings", []))
+                and (want["decision"] != "error" or want.get("error") == got.get("error")))
+    return same_decision, same_all
+
+
+def compare_pack(pack_name: str, cases: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]
+                 ) -> dict[str, Any]:
+    """Agreement of ``pack_name`` with vLLM's answers over ``(case, want)`` pairs: the shares
+    that agree on the decision and on everything, counts per decision, and the mismatches."""
+    from oracle import load_pack
+
+    pack = load_pack(pack_name)
+    total = same_decision = same_all = 0
+    by_decision: Counter[str] = Counter()
+    mismatches: list[dict[str, Any]] = []
+    for case, want in cases:
+        got = pack_answer(pack, case["config"])
+        d_ok, all_ok = agree(want, got)
+        total += 1
+        same_decision += d_ok
+        same_all += all_ok
+        by_decision[want["decision"]] += 1
+        if not all_ok:
+            mismatches.append({"id": case["id"], "config": case["config"], "want": want,
+                               "got": got})
+    return {"pack": pack_name, "cases": total, "by_decision": dict(by_decision),
+            "agree_decision": round(same_decision / max(total, 1), 4),
+            "agree_all": round(same_all / max(total, 1), 4), "mismatches": mismatches}

@@ -1,0 +1,175 @@
+"""Seeded deployment configs for the referee: every dimension the releases read, and their mixes.
+
+A case is a spec in turnout's format (the field names of :class:`oracle.DeploymentConfig`, as
+``turnout decide --spec`` reads them). Most fields stay at their defaults; each case changes a
+few, drawn with weights that favour the dimensions vLLM's selection reads and their
+interactions (two or three blockers at once, a pin against a blocker, a platform default
+against a feature only one runner has), and the runner variable is set to a pin or to a value
+vLLM refuses in a share of the cases. The same ``(seed, release)`` always gives the same cases;
+a different seed gives different ones, which is how a pack is checked on configs nobody tuned
+it on (``python -m referee check``).
+
+Pure standard library: the generator runs with or without vLLM installed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from referee.architectures import ARCHITECTURE_POOL, SPECIAL_ARCHITECTURES
+
+ENV_VAR = "VLLM_USE_V2_MODEL_RUNNER"
+# What users put in the variable: pins, and values vLLM's int() parse refuses or reads oddly.
+ENV_VALUES = ("0", "1", "0", "1", "true", "false", "yes", "", "2", "-1", " 1", "01", "1.0", "on")
+
+# Fields a release first reads (the generator leaves them out of earlier releases' cases).
+FIELDS_SINCE: dict[str, str] = {
+    "draft_lm_head_quantization": "0.33",
+    "speculative_xpress": "0.33",
+}
+
+Draw = Callable[[random.Random], Any]
+
+
+def _choice(*values: Any) -> Draw:
+    return lambda r: r.choice(values)
+
+
+def _true(_: random.Random) -> bool:
+    return True
+
+
+# field -> (weight, draw of a non-default value)
+DIMENSIONS: dict[str, tuple[float, Draw]] = {
+    "platform": (3.0, _choice("rocm", "rocm", "cpu", "cpu", "xpu", "tpu")),
+    "triton_available": (1.5, lambda r: False),
+    "device_capability": (0.6, _choice("8.0", "8.9", "9.0", "10.0", "12.0")),
+    "speculative_method": (4.0, _choice(
+        "ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator", "draft_model", "eagle",
+        "eagle3", "mtp", "dflash", "dspark", "extract_hidden_states", "custom_class")),
+    "parallel_drafting": (1.2, _true),
+    "enable_adaptive_verification": (0.8, _true),
+    "disable_padded_drafter_batch": (0.6, _true),
+    "use_heterogeneous_vocab": (0.6, _true),
+    "draft_lm_head_quantization": (0.5, _choice("fp8", "nvfp4")),
+    "speculative_xpress": (0.4, _true),
+    "tensor_parallel_size": (2.0, _choice(2, 4, 8)),
+    "pipeline_parallel_size": (2.5, _choice(2, 2, 4)),
+    "data_parallel_size": (0.8, _choice(2, 4)),
+    "prefill_context_parallel_size": (1.5, _choice(2, 2, 4)),
+    "decode_context_parallel_size": (1.0, _choice(2, 4)),
+    "enable_expert_parallel": (0.8, _true),
+    "enable_eplb": (0.5, _true),
+    "enable_elastic_ep": (1.0, _true),
+    "enable_batch_sharded_sampling": (0.8, _true),
+    "all2all_backend": (0.5, _choice("deepep_low_latency", "deepep_high_throughput", "nixl_ep")),
+    "distributed_executor_backend": (2.0, _choice("mp", "ray", "uni", "external_launcher")),
+    "enable_sequence_parallelism": (1.5, _true),
+    "enable_dbo": (2.0, _true),
+    "ubatch_size": (1.0, _choice(1, 2, 4)),
+    "compilation_mode": (2.5, _choice("none", "stock_torch_compile", "stock_torch_compile",
+                                      "dynamo_trace_once")),
+    "cudagraph_mode": (1.5, _choice("none", "piecewise", "full", "full_decode_only",
+                                    "full_and_piecewise")),
+    "enforce_eager": (1.5, _true),
+    "async_scheduling": (2.0, _choice(True, False)),
+    "lora": (1.0, _true),
+    "hisparse": (1.0, _true),
+    "watermark": (1.0, _true),
+    "mamba_cache_mode": (1.5, _choice("align", "all", "all")),
+    "enable_prefix_caching": (0.8, _choice(False, True)),
+    "kv_sharing_fast_prefill": (0.8, _true),
+    "logits_processors": (0.8, lambda r: ["example_pkg.procs:BanTokens"]),
+    "logits_processor_plugins": (0.6, lambda r: ["example_plugin"]),
+    "kv_transfer_config": (0.8, lambda r: r.choice([
+        {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+        {"kv_connector": "HiSparseConnector", "kv_role": "kv_both"},
+        {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_producer"},
+    ])),
+    "mm_encoder_only": (0.4, _true),
+    "hidden_size": (0.8, _choice(2048, 4096, 7168, 8192, 12288)),
+    "runner_kind": (0.8, _choice("pooling")),
+    "is_multimodal": (0.4, _choice(True, False)),
+    "is_encoder_decoder": (0.3, _choice(True, False)),
+    "is_hybrid": (0.4, _choice(True, False)),
+    "is_diffusion": (0.5, _choice(True, False)),
+    "use_mla": (0.3, _choice(True, False)),
+    "is_moe": (0.3, _choice(True, False)),
+    "has_index_topk": (0.3, _choice(True, False)),
+    "supports_mamba_prefix_caching": (0.3, _choice(True, False)),
+}
+# How many fields a case changes (besides the architecture and the runner variable).
+_NUM_CHANGED = (0, 1, 1, 2, 2, 2, 3, 3, 4, 5)
+
+
+def _known(field: str, release: str) -> bool:
+    since = FIELDS_SINCE.get(field)
+    return since is None or _version(release) >= _version(since)
+
+
+def _version(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split("."))
+
+
+def generate(seed: int, count: int, release: str) -> Iterator[dict[str, Any]]:
+    """``count`` cases ``{"id", "config"}`` for ``release`` ("0.31"), reproducible by seed."""
+    rng = random.Random(f"turnout-referee:{release}:{seed}")
+    names = [f for f in DIMENSIONS if _known(f, release)]
+    weights = [DIMENSIONS[f][0] for f in names]
+    for i in range(count):
+        yield {"id": f"s{seed}-{i:05d}", "config": _case(rng, names, weights)}
+
+
+def _case(rng: random.Random, names: list[str], weights: list[float]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"architecture": _architecture(rng)}
+    for field in _pick(rng, names, weights, rng.choice(_NUM_CHANGED)):
+        spec[field] = DIMENSIONS[field][1](rng)
+    _keep_plausible(rng, spec)
+    roll = rng.random()
+    if roll < 0.30:
+        spec["env"] = {ENV_VAR: rng.choice(("0", "1"))}
+    elif roll < 0.36:
+        spec["env"] = {ENV_VAR: rng.choice(ENV_VALUES)}
+    return spec
+
+
+def _architecture(rng: random.Random) -> str:
+    if rng.random() < 0.35:
+        return rng.choice(SPECIAL_ARCHITECTURES)
+    return rng.choice(ARCHITECTURE_POOL)
+
+
+def _pick(rng: random.Random, names: list[str], weights: list[float], n: int) -> list[str]:
+    out: list[str] = []
+    while len(out) < n:
+        field = rng.choices(names, weights)[0]
+        if field not in out:
+            out.append(field)
+    return out
+
+
+def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
+    """Make most cases ones vLLM's config classes accept, keeping some that they refuse."""
+    method = spec.get("speculative_method")
+    if method is not None and rng.random() < 0.7:
+        spec["num_speculative_tokens"] = rng.choice((1, 2, 3, 5))
+    spec_only = ("parallel_drafting", "enable_adaptive_verification",
+                 "disable_padded_drafter_batch", "use_heterogeneous_vocab",
+                 "draft_lm_head_quantization", "speculative_xpress")
+    if method is None and any(f in spec for f in spec_only) and rng.random() < 0.8:
+        spec["speculative_method"] = rng.choice(("eagle", "eagle3", "mtp", "dspark", "dflash",
+                                                 "draft_model"))
+    if spec.get("enable_elastic_ep") and rng.random() < 0.8:
+        spec["enable_eplb"] = True
+        spec["enable_expert_parallel"] = True
+    if spec.get("enable_eplb") and rng.random() < 0.8:
+        spec["enable_expert_parallel"] = True
+    dcp = spec.get("decode_context_parallel_size", 1)
+    if dcp > 1 and rng.random() < 0.8:
+        spec["tensor_parallel_size"] = max(spec.get("tensor_parallel_size", 1), dcp)
+    if spec.get("enable_batch_sharded_sampling") and rng.random() < 0.7:
+        spec.setdefault("tensor_parallel_size", rng.choice((2, 4)))
+    if (spec.get("enable_dbo") or spec.get("ubatch_size", 0) > 1) and rng.random() < 0.5:
+        spec.setdefault("all2all_backend", "deepep_low_latency")

@@ -1,0 +1,175 @@
+"""The later half of the replayed ``__post_init__``: HiSparse, sequence parallelism, CUDA-graph
+support, the platform hook, the final selection and the checks right after it.
+
+See :mod:`referee.replay` for what is replayed and why; line numbers cite 0.31.0's
+``vllm/config/vllm.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _v(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split("."))
+
+
+def hisparse(cfg: Any, spec: dict[str, Any], release: str) -> None:
+    """vllm.py:1813 (0.30+): a HiSparseConnector turns HiSparse on; HiSparse's refusals."""
+    if _v(release) < (0, 30):
+        return
+    from vllm.config.attention import HiSparseConfig
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.platforms import current_platform
+
+    att, kv = cfg.attention_config, cfg.kv_transfer_config
+    if att.hisparse_config is None and kv is not None and kv.has_connector("HiSparseConnector"):
+        att.hisparse_config = HiSparseConfig()
+    if att.hisparse_config is None:
+        return
+    pc = cfg.parallel_config
+    if not current_platform.is_cuda():
+        raise ValueError("HiSparse currently requires NVIDIA CUDA.")
+    if pc.pipeline_parallel_size > 1:
+        raise ValueError("HiSparse does not support pipeline parallelism.")
+    if pc.decode_context_parallel_size > 1:
+        raise ValueError("HiSparse does not support decode context parallelism.")
+    if _v(release) >= (0, 32) and cfg.compilation_config.cudagraph_mode == CUDAGraphMode.FULL:
+        raise ValueError("HiSparse does not support cudagraph_mode=FULL; use "
+                         "FULL_AND_PIECEWISE (the default), which captures FULL graphs "
+                         "for decode batches.")
+    if not hasattr(cfg.model_config.hf_config, "index_topk"):
+        raise ValueError("HiSparse is only supported for DSA models with index_topk.")
+
+
+def sequence_parallelism(cfg: Any, spec: dict[str, Any], release: str) -> None:
+    """vllm.py:1863 (0.29-0.31): SP needs TP > 1, and vLLM's threshold heuristic turns it off
+    for models too small for the device (get_sequence_parallelism_threshold)."""
+    if _v(release) >= (0, 32):
+        return
+    pc = cfg.compilation_config.pass_config
+    if pc.fuse_gemm_comms:
+        pc.enable_sp = True
+    if not pc.enable_sp:
+        return
+    tp = cfg.parallel_config.tensor_parallel_size
+    if tp == 1:
+        pc.enable_sp = pc.fuse_gemm_comms = False
+        return
+    if pc.sp_min_token_num is None:
+        mc = cfg.model_config
+        pc.sp_min_token_num = _sp_threshold()(
+            mc.get_hidden_size(), tp, mc.dtype.itemsize)
+    if pc.sp_min_token_num is None:
+        pc.enable_sp = pc.fuse_gemm_comms = False
+
+
+def _sp_threshold() -> Any:
+    """The release's get_sequence_parallelism_threshold with its tables, run from source (its
+    module imports CUDA ops at import time)."""
+    from referee.extract import release_definitions
+
+    return release_definitions(
+        "vllm.compilation.passes.fusion.sequence_parallelism",
+        ("SP_MIN_HIDDEN_SIZE", "SP_MIN_PER_GPU_SIZE_MB", "get_sequence_parallelism_threshold"),
+    )["get_sequence_parallelism_threshold"]
+
+
+def static_graphs(cfg: Any, spec: dict[str, Any], release: str) -> None:
+    """vllm.py:1913-1979: pooling models lose FULL graphs, encoder-decoders keep
+    FULL_DECODE_ONLY, layerwise KV connectors force PIECEWISE, enforce_eager and platforms
+    without static graphs get NONE."""
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.platforms import current_platform
+
+    cc, mc, kv = cfg.compilation_config, cfg.model_config, cfg.kv_transfer_config
+    if not current_platform.support_static_graph_mode():
+        cc.cudagraph_mode = CUDAGraphMode.NONE
+        return
+    if cc.cudagraph_mode.has_full_cudagraphs() and mc.pooler_config is not None:
+        cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
+    elif mc.is_encoder_decoder and cc.cudagraph_mode not in (CUDAGraphMode.NONE,
+                                                             CUDAGraphMode.FULL_DECODE_ONLY):
+        cc.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
+    if kv is not None and kv.is_kv_transfer_instance and cc.cudagraph_mode.has_full_cudagraphs() \
+            and _layerwise_connector(kv.kv_connector, kv.kv_connector_extra_config):
+        cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
+    if mc.enforce_eager:
+        cc.cudagraph_mode = CUDAGraphMode.NONE
+
+
+def _layerwise_connector(name: str | None, extra: dict[str, Any]) -> bool:
+    """``requires_piecewise_for_cudagraph`` of the connector classes (their modules import CUDA
+    kernels): only LMCacheConnectorV1 with ``use_layerwise`` says yes
+    (kv_connector/v1/lmcache_connector.py), and MultiConnector when one of its children does
+    (multi_connector.py); the base class says no."""
+    if name == "LMCacheConnectorV1":
+        return bool(extra.get("use_layerwise", False))
+    if name == "MultiConnector":
+        return any(_layerwise_connector(c.get("kv_connector"), c.get("kv_connector_extra_config",
+                                                                       {}))
+                   for c in extra.get("connectors", []))
+    return False
+
+
+def kv_sharing(cfg: Any, spec: dict[str, Any], release: str) -> None:
+    """vllm.py:1981: KV-sharing fast prefill refuses EAGLE-style drafting."""
+    sc = cfg.speculative_config
+    if cfg.cache_config.kv_sharing_fast_prefill and sc is not None and sc.use_eagle():
+        raise ValueError("Fast prefill optimization for KV sharing is not compatible with "
+                         "EAGLE as EAGLE requires correct logits for all tokens while fast "
+                         "prefill gives incorrect logits for prompt tokens.")
+
+
+def platform_hook(cfg: Any, spec: dict[str, Any], release: str) -> None:
+    """``current_platform.check_and_update_config`` (vllm.py:2026), the parts that touch
+    what the selection reads: CPU (platforms/cpu.py) turns async scheduling and DBO off and
+    VLLM_COMPILE into DYNAMO_TRACE_ONCE (NONE with LoRA); ROCm (platforms/rocm.py) drops FULL
+    graphs under prefill context parallelism. CUDA and XPU change none of them (XPU graphs
+    assumed supported by its PyTorch); TPU's hook lives in tpu-inference."""
+    from vllm.config.compilation import CompilationMode, CUDAGraphMode
+
+    platform = spec.get("platform", "cuda")
+    cc, pc = cfg.compilation_config, cfg.parallel_config
+    if platform == "cpu":
+        cfg.scheduler_config.async_scheduling = False
+        if pc.distributed_executor_backend == "uni":
+            pc.distributed_executor_backend = "mp"
+        pc.enable_dbo = False
+        if cc.mode == CompilationMode.VLLM_COMPILE:
+            cc.mode = CompilationMode.DYNAMO_TRACE_ONCE
+        if cfg.lora_config is not None:
+            cc.mode = CompilationMode.NONE
+    elif platform == "rocm":
+        if cc.cudagraph_mode.has_full_cudagraphs() and pc.prefill_context_parallel_size > 1:
+            cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
+
+
+def after_selection(cfg: Any, spec: dict[str, Any], release: str) -> None:
+    """The release's own checks right after the selection (vllm.py:2057-2058) and the
+    microbatching backend assertion (vllm.py:2181)."""
+    cfg._validate_batch_sharded_sampling()
+    cfg._validate_adaptive_verification()
+    pc = cfg.parallel_config
+    if pc.use_ubatching:
+        a2a = pc.all2all_backend
+        assert a2a in ["deepep_low_latency", "deepep_high_throughput", "nixl_ep"], (
+            "Microbatching currently only supports the deepep_low_latency, "
+            "deepep_high_throughput, and nixl_ep all2all backends. "
+            f"{a2a} is not supported. To fix use "
+            "--all2all-backend=deepep_low_latency, "
+            "--all2all-backend=deepep_high_throughput, or "
+            "--all2all-backend=nixl_ep and install the matching kernels.")
+
+
+def final(cfg: Any, spec: dict[str, Any], release: str, evaluate: Any) -> str:
+    """vllm.py:2051: the selection that counts, then the chosen runner's validation (0.32+
+    first turn CUDA graphs off for stock torch.compile on V2)."""
+    with evaluate():
+        if cfg.use_v2_model_runner:
+            if _v(release) >= (0, 32):
+                cfg._disable_cudagraphs_for_v2_stock_torch_compile()
+            cfg._validate_v2_model_runner()
+            return "v2"
+        cfg._validate_v1_model_runner()
+        return "v1"
