@@ -13,7 +13,7 @@ from dashboard.services import Services
 from dashboard.store import aggregates
 from dashboard.store import canaries as canary_store
 from dashboard.store.errors import NotFound
-from oracle import DeploymentConfig, OracleError
+from oracle import DeploymentConfig, OracleError, from_spec
 
 
 @lru_cache(maxsize=100_000)
@@ -21,7 +21,7 @@ def _config(spec_json: str) -> DeploymentConfig | None:
     import json
 
     try:
-        return DeploymentConfig.from_spec(json.loads(spec_json))
+        return from_spec(json.loads(spec_json))
     except (OracleError, ValueError, TypeError):
         return None
 

@@ -30,8 +30,11 @@ from oracle import (
     Pack,
     decide,
     explain,
+    from_command,
+    from_spec,
     load_pack,
 )
+from oracle.sources import HintFor
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -234,7 +237,7 @@ class Policy:
 
 def config_from_request(*, config: Mapping[str, Any] | None = None, command: str | None = None,
                         argv: Sequence[str] | None = None,
-                        env: Mapping[str, str] | None = None, hint_for: str = "api"
+                        env: Mapping[str, str] | None = None, hint_for: HintFor = "api"
                         ) -> DeploymentConfig:
     """A DeploymentConfig from exactly one of a spec mapping, a ``vllm serve`` command string or
     its argv. Raises the oracle's ConfigError for bad input, ValueError when not exactly one
@@ -243,12 +246,12 @@ def config_from_request(*, config: Mapping[str, Any] | None = None, command: str
     if sum(given) != 1:
         raise ValueError("give exactly one of `config`, `command` or `argv`")
     if config is not None:
-        return DeploymentConfig.from_spec(dict(config))
+        return from_spec(dict(config))
     env = dict(env or {})
     if command is not None:
         argv = split_command(command, env)
     assert argv is not None
-    return DeploymentConfig.from_command(list(argv), env, hint_for=hint_for)
+    return from_command(list(argv), env, hint_for=hint_for)
 
 
 def split_command(command: str, env: dict[str, str]) -> list[str]:

@@ -1,17 +1,17 @@
 """DeploymentConfig: the frozen, hashable value a decision is made about (DESIGN §3.1).
 
-Build one from keyword arguments, a spec mapping (the field names of the ``config`` objects in
-``policies/reference/vllm031_cases.jsonl``), a ``vllm serve`` command line with its environment,
-or an HF ``config.json``. Every value is checked on construction; bad input raises
-:class:`~oracle.errors.ConfigError` naming the field.
+Build one from keyword arguments here; :mod:`oracle.sources` builds one from a spec mapping
+(``from_spec``), a ``vllm serve`` command line with its environment (``from_command``) or an HF
+``config.json`` (``from_hf_config``), and imports this module (never the reverse). Every value
+is checked on construction; bad input raises :class:`~oracle.errors.ConfigError` naming the
+field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from oracle.coerce import FrozenMap, coerce_field
@@ -102,7 +102,8 @@ class DeploymentConfig:
         return out
 
     def to_spec(self) -> dict[str, Any]:
-        """A JSON-ready spec that :meth:`from_spec` turns back into an equal config."""
+        """A JSON-ready spec that :func:`oracle.sources.from_spec` turns back into an equal
+        config."""
         out = self.changed()
         for k, v in out.items():
             if isinstance(v, tuple):
@@ -132,55 +133,6 @@ class DeploymentConfig:
     def runner_env(self, name: str) -> str | None:
         """The value of the runner-selection variable ``name``, or None when unset."""
         return self.env.get(name)
-
-    # -- constructors ------------------------------------------------------------------------
-
-    @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> DeploymentConfig:
-        """Build from a spec mapping (field names of vllm031_cases.jsonl ``config`` objects).
-
-        Accepts every field name plus the aliases ``is_pooling`` (-> runner_kind) and ``id``
-        (-> deployment_id). Raises ConfigError(code="unknown_field") for anything else.
-        """
-        from oracle.spec import spec_to_fields
-
-        return cls(**spec_to_fields(spec))
-
-    @classmethod
-    def from_command(cls, argv: Sequence[str] | str, env: Mapping[str, str] | None = None, *,
-                     architecture: str | None = None, hf_config: str | Path | None = None,
-                     base_dir: str | Path | None = None, hint_for: str = "python",
-                     **overrides: Any) -> DeploymentConfig:
-        """Build from a real ``vllm serve MODEL [flags]`` command line and its environment.
-
-        ``argv`` is a list (or a shell string, split with shlex). The model id is looked up in
-        ``policies/known_models.yaml`` unless ``architecture`` or ``hf_config`` is given or the
-        model is a local directory with a config.json. Raises ConfigError for a placeholder
-        model, an unknown model, an unknown flag or a bad flag value (the message names it);
-        ``hint_for`` ("python", "cli", "api", "page") words how to give an architecture the oracle
-        cannot find, and an unknown model's message names the architectures its name suggests.
-        """
-        from oracle.command import command_to_fields
-
-        fields = command_to_fields(argv, env or {}, architecture=architecture,
-                                   hf_config=hf_config, base_dir=base_dir,
-                                   hint_for=hint_for).fields  # type: ignore[arg-type]
-        fields.update(overrides)
-        return cls(**fields)
-
-    @classmethod
-    def from_hf_config(cls, path_or_mapping: str | Path | Mapping[str, Any],
-                       **overrides: Any) -> DeploymentConfig:
-        """Build from a local HF ``config.json`` (a file, its directory, or the parsed mapping).
-
-        Sets architecture, model_type, quantization and the model attributes the config shows
-        (is_moe from expert counts, use_mla from kv_lora_rank, ...); ``overrides`` win.
-        """
-        from oracle.hf_config import hf_config_to_fields
-
-        fields = hf_config_to_fields(path_or_mapping)
-        fields.update(overrides)
-        return cls(**fields)
 
 
 _FIELDS = tuple(f for f in dataclasses.fields(DeploymentConfig) if f.name != "_hash")

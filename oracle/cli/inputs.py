@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle.command_values import parse_json_value
 from oracle.config import DeploymentConfig
 from oracle.errors import ConfigError, Issue
-from oracle.spec import load_specs
+from oracle.sources import from_command, from_hf_config, load_specs
+from oracle.sources.command_values import parse_json_value
 from oracle.yamlpos import read_lines
 
 
@@ -70,7 +70,7 @@ def _with(config: DeploymentConfig, fields: dict[str, Any], env: dict[str, str]
 def from_command_line(argv: list[str], ov: Overrides) -> Item:
     """The deployment of one ``vllm serve`` command line."""
     try:
-        cfg = DeploymentConfig.from_command(argv, ov.env_map(), architecture=ov.architecture,
+        cfg = from_command(argv, ov.env_map(), architecture=ov.architecture,
                                             hf_config=ov.hf_config, hint_for="cli")
         return Item(ov.deployment_id, _with(cfg, ov.fields(), {}), model=cfg.model)
     except ConfigError as exc:
@@ -81,7 +81,7 @@ def from_keywords(ov: Overrides) -> Item:
     """The deployment given by --architecture / --config / --set options alone."""
     try:
         if ov.hf_config is not None:
-            cfg = DeploymentConfig.from_hf_config(ov.hf_config)
+            cfg = from_hf_config(ov.hf_config)
         else:
             cfg = DeploymentConfig(architecture=ov.architecture)
         return Item(ov.deployment_id, _with(cfg, ov.fields(), ov.env_map()))

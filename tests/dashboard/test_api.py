@@ -8,10 +8,11 @@ from service_helpers import Api, api_events
 from oracle import (
     CanarySnapshot,
     CohortState,
-    DeploymentConfig,
     decide,
     enumerate_matrix,
     explain,
+    from_command,
+    from_spec,
     load_pack,
 )
 
@@ -205,7 +206,7 @@ def test_a_family_name_or_wrong_cohort_id_gets_a_404_that_says_what_exists(api: 
 
 def test_decide_uses_the_store_canaries_and_matches_the_oracle(api: Api) -> None:
     pack = load_pack("turnout")
-    config = DeploymentConfig.from_spec(QWEN3)
+    config = from_spec(QWEN3)
     r = api.client.post("/api/v1/decide", json={"config": QWEN3}, headers=api.h("viewer"))
     assert r.status_code == 200
     assert r.json() == decide(config, pack=pack, canaries=defaults()).to_json()
@@ -234,7 +235,7 @@ def test_decide_from_a_command_line_and_bad_input(api: Api) -> None:
     cmd = "VLLM_LOGGING_LEVEL=INFO vllm serve Qwen/Qwen3-8B \\\n  --tensor-parallel-size 2"
     r = api.client.post("/api/v1/decide", json={"command": cmd}, headers=api.h("viewer"))
     assert r.status_code == 200, r.text
-    want = decide(DeploymentConfig.from_command(
+    want = decide(from_command(
         ["vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2"],
         {"VLLM_LOGGING_LEVEL": "INFO"}), pack=load_pack("turnout"), canaries=defaults())
     assert r.json() == want.to_json()
@@ -251,7 +252,7 @@ def test_explain_answers_with_changes_that_reach_v2(api: Api) -> None:
     r = api.client.post("/api/v1/explain", json={"config": spec}, headers=api.h("viewer"))
     assert r.status_code == 200, r.text
     body = r.json()
-    config = DeploymentConfig.from_spec(spec)
+    config = from_spec(spec)
     assert body == explain(config, pack=load_pack("turnout"), canaries=defaults()).to_json()
     assert body["decision"]["runner"] == "v1"
     assert body["suggestions"] and all(s["changes"] for s in body["suggestions"])
@@ -333,7 +334,7 @@ def test_ingest_rejects_a_bad_batch_whole(api: Api, at: str) -> None:
 
 def test_impact_counts_recorded_deployments_that_would_switch(api: Api) -> None:
     pack = load_pack("turnout")
-    config = DeploymentConfig.from_spec(QWEN3)
+    config = from_spec(QWEN3)
     cohort = decide(config, pack=pack).stage
     assert cohort is not None
     events = api_events(5, config=config.to_spec(), rule_ids=[], reason_code="DISABLED",

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from oracle import ConfigError, DeploymentConfig, PackError, load_pack
+from oracle import ConfigError, PackError, from_command, from_hf_config, load_pack
 from oracle.pack import POLICIES_DIR
-from oracle.spec import load_specs
+from oracle.sources.spec import load_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,15 +97,15 @@ def test_malformed_vllm_config_file_is_a_bad_flag_value(tmp_path: Path) -> None:
     f = tmp_path / "serve.yaml"
     f.write_text("tensor-parallel-size: 2\nspeculative-config: {method: [ngram\n")
     with pytest.raises(ConfigError) as info:
-        DeploymentConfig.from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
+        from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
     assert info.value.code == "bad_flag_value" and f"--config {f}:3:1:" in info.value.message
     f.write_bytes(b"tensor-parallel-size: \xff\n")
     with pytest.raises(ConfigError) as info:
-        DeploymentConfig.from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
+        from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
     assert f"--config {f}:1:23:" in info.value.message
     f.write_text("tensor-parallel-size: 2\ntensor-parallel-size: 4\n")
     with pytest.raises(ConfigError) as info:
-        DeploymentConfig.from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
+        from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
     assert "duplicate key 'tensor-parallel-size'" in info.value.message
 
 
@@ -113,10 +113,10 @@ def test_hf_config_not_utf8_is_refused_and_a_bom_is_read(tmp_path: Path) -> None
     f = tmp_path / "config.json"
     f.write_bytes(b'{"architectures": ["Llama\xffForCausalLM"]}')
     with pytest.raises(ConfigError) as info:
-        DeploymentConfig.from_hf_config(f)
+        from_hf_config(f)
     assert info.value.code == "bad_spec" and f"{f}:1:26:" in info.value.message
     f.write_bytes(b'\xef\xbb\xbf{"architectures": ["LlamaForCausalLM"]}')
-    assert DeploymentConfig.from_hf_config(f).architecture == "LlamaForCausalLM"
+    assert from_hf_config(f).architecture == "LlamaForCausalLM"
 
 
 def test_pack_file_not_utf8_is_a_pack_error(tmp_path: Path) -> None:

@@ -8,7 +8,16 @@ from typing import Any
 import pytest
 import yaml
 
-from oracle import CanarySnapshot, ConfigError, Decision, DeploymentConfig, decide, load_pack
+from oracle import (
+    CanarySnapshot,
+    ConfigError,
+    Decision,
+    DeploymentConfig,
+    decide,
+    from_command,
+    from_spec,
+    load_pack,
+)
 
 CASES_DIR = Path(__file__).parent / "cases"
 
@@ -26,9 +35,9 @@ CASES = _load()
 
 def _config(inp: dict[str, Any]) -> DeploymentConfig:
     if "command" in inp:
-        return DeploymentConfig.from_command(inp["command"], inp.get("env") or {},
+        return from_command(inp["command"], inp.get("env") or {},
                                              architecture=inp.get("architecture"))
-    return DeploymentConfig.from_spec(inp)
+    return from_spec(inp)
 
 
 def _check(d: Decision, want: dict[str, Any]) -> None:

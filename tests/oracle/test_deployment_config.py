@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from oracle import ConfigError, DeploymentConfig
+from oracle import ConfigError, DeploymentConfig, from_command, from_hf_config, from_spec
 from oracle.config import CONFIG_FIELD_NAMES
 from oracle.fields import FIELD_INFO
-from oracle.spec import load_specs
+from oracle.sources.spec import load_specs
 
 REF = Path(__file__).resolve().parents[2] / "policies" / "reference"
 
@@ -76,7 +76,7 @@ def test_spec_round_trip() -> None:
                          logits_processors=("a:B",), env={"TURNOUT_USE_V2_MODEL_RUNNER": "1"})
     spec = c.to_spec()
     assert json.loads(json.dumps(spec)) == spec
-    assert DeploymentConfig.from_spec(spec) == c
+    assert from_spec(spec) == c
 
 
 def test_spec_file_errors_name_file_line_column(tmp_path: Path) -> None:
@@ -110,7 +110,7 @@ def test_jsonl_bad_line_is_rejected_alone(tmp_path: Path) -> None:
     ("all-minilm-l6-v2.json", "BertModel", {}),
 ])
 def test_from_hf_config_reads_real_configs(name: str, arch: str, facts: dict) -> None:
-    c = DeploymentConfig.from_hf_config(REF / "model_configs" / name)
+    c = from_hf_config(REF / "model_configs" / name)
     assert c.architecture == arch
     for key, value in facts.items():
         assert getattr(c, key) == value
@@ -121,32 +121,32 @@ def test_from_hf_config_quantization(tmp_path: Path) -> None:
     qc = data["examples"][0]["quantization_config_seen"]
     cfg = {"architectures": ["DeepseekV2ForCausalLM"], "quantization_config": qc}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    c = DeploymentConfig.from_hf_config(tmp_path, platform="rocm")
+    c = from_hf_config(tmp_path, platform="rocm")
     assert c.quantization == "gptq" and c.platform == "rocm"
 
 
 def test_from_hf_config_without_architectures() -> None:
     with pytest.raises(ConfigError, match="architectures"):
-        DeploymentConfig.from_hf_config({"model_type": "llama"})
+        from_hf_config({"model_type": "llama"})
 
 
 def test_from_command_local_directory(tmp_path: Path) -> None:
     model = tmp_path / "my-model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["MistralForCausalLM"]}))
-    c = DeploymentConfig.from_command(["vllm", "serve", str(model), "-tp", "2"], {})
+    c = from_command(["vllm", "serve", str(model), "-tp", "2"], {})
     assert c.architecture == "MistralForCausalLM" and c.tensor_parallel_size == 2
 
 
 def test_from_command_config_file_and_cli_precedence(tmp_path: Path) -> None:
     (tmp_path / "serve.yaml").write_text("tensor-parallel-size: 4\nenable_dbo: true\n"
                                          "speculative-config: {method: suffix}\n")
-    c = DeploymentConfig.from_command(
+    c = from_command(
         "vllm serve Qwen/Qwen3-8B --config serve.yaml -tp 2", {}, base_dir=tmp_path)
     assert c.tensor_parallel_size == 2 and c.enable_dbo and c.speculative_method == "suffix"
 
 
 def test_from_command_shell_string_with_env_prefix() -> None:
-    c = DeploymentConfig.from_command(
+    c = from_command(
         "TURNOUT_USE_V2_MODEL_RUNNER=1 CUDA_VISIBLE_DEVICES=0 vllm serve Qwen/Qwen3-8B", {})
     assert dict(c.env) == {"TURNOUT_USE_V2_MODEL_RUNNER": "1"}

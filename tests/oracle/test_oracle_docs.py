@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oracle.command_flags import DECISION_FLAGS, IGNORED_FLAGS
+from oracle.sources.command_flags import DECISION_FLAGS, IGNORED_FLAGS
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "oracle-api.md").read_text()
 

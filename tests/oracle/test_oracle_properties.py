@@ -9,7 +9,15 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, explain, load_pack
+from oracle import (
+    CanarySnapshot,
+    CohortState,
+    DeploymentConfig,
+    decide,
+    explain,
+    from_spec,
+    load_pack,
+)
 from oracle.fields import FIELD_INFO, FIELDS
 
 PACKS = {name: load_pack(name) for name in ("turnout", "vllm-0.31")}
@@ -88,7 +96,7 @@ def test_decide_never_raises_and_is_deterministic(pack_name: str, cfg: Deploymen
                                                   ) -> None:
     pack = PACKS[pack_name]
     d = decide(cfg, pack=pack)
-    again = decide(DeploymentConfig.from_spec(cfg.to_spec()), pack=pack)
+    again = decide(from_spec(cfg.to_spec()), pack=pack)
     assert d == again
     json.dumps(d.to_json())
     assert d.runner in ("v1", "v2", None)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from oracle import ConfigError, DeploymentConfig, decide, load_pack
+from oracle import ConfigError, decide, from_command, load_pack
 
 RECIPES_FILE = Path(__file__).resolve().parents[2] / "policies" / "reference" / "vllm_recipes.jsonl"
 RECIPES = [json.loads(line) for line in RECIPES_FILE.read_text().splitlines() if line.strip()]
@@ -24,7 +24,7 @@ def test_every_recipe_decides_or_fails_clearly(pack_name: str) -> None:
     outcomes: Counter[str] = Counter()
     for rec in RECIPES:
         try:
-            cfg = DeploymentConfig.from_command(rec["argv"], rec["env"])
+            cfg = from_command(rec["argv"], rec["env"])
         except ConfigError as exc:
             assert exc.code in SPECIFIC, (rec["id"], exc.code, exc.message)
             assert len(exc.message) > 20, (rec["id"], exc.message)
@@ -41,17 +41,17 @@ def test_every_recipe_decides_or_fails_clearly(pack_name: str) -> None:
 def test_placeholders_are_named() -> None:
     by_id = {r["id"]: r for r in RECIPES}
     with pytest.raises(ConfigError, match="placeholder") as info:
-        DeploymentConfig.from_command(by_id["recipe-0006"]["argv"], {})
+        from_command(by_id["recipe-0006"]["argv"], {})
     assert "architecture=ARCH" in info.value.message  # Python's words: not --architecture
     with pytest.raises(ConfigError, match="a word of prose") as info:
-        DeploymentConfig.from_command(by_id["recipe-0004"]["argv"], {})
+        from_command(by_id["recipe-0004"]["argv"], {})
     assert info.value.code == "placeholder_model"
     with pytest.raises(ConfigError, match=r"\$TP"):
-        DeploymentConfig.from_command(by_id["recipe-0241"]["argv"], {})
+        from_command(by_id["recipe-0241"]["argv"], {})
 
 
 def test_known_models_are_sourced_and_known_to_both_packs() -> None:
-    from oracle.known_models import load_known_models
+    from oracle.sources.known_models import load_known_models
 
     models = load_known_models()
     assert len(models) >= 100

@@ -56,6 +56,16 @@ def spec_to_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def from_spec(spec: Mapping[str, Any]) -> DeploymentConfig:
+    """A DeploymentConfig from a spec mapping (field names of vllm031_cases.jsonl ``config``
+    objects, plus the aliases ``is_pooling`` -> runner_kind and ``id`` -> deployment_id).
+
+    Raises ConfigError(code="unknown_field") for any other key, and the constructor's
+    ConfigError for a bad value.
+    """
+    return DeploymentConfig(**spec_to_fields(spec))
+
+
 @dataclass(frozen=True)
 class SpecEntry:
     """One deployment of a spec file: its config, or the error that rejected it.
@@ -88,7 +98,7 @@ def _entry(raw: Any, pos: Positions, path: tuple[Any, ...]) -> SpecEntry:
         spec = {"id": raw["id"], **raw["config"]} if "id" in raw else raw["config"]
         spec_path = (*path, "config")
     try:
-        return SpecEntry(_id(spec), DeploymentConfig.from_spec(spec), None, where)
+        return SpecEntry(_id(spec), from_spec(spec), None, where)
     except ConfigError as exc:
         key_path = (*spec_path, exc.field) if exc.field else spec_path
         prefer_key = exc.code == "unknown_field"

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from oracle.config import DeploymentConfig
 from oracle.errors import ConfigError, PackError
 from oracle.yamlpos import read_text
 
@@ -101,3 +102,17 @@ def hf_config_to_fields(source: str | Path | Mapping[str, Any]) -> dict[str, Any
         fields["has_inner_state"] = True
         fields["is_hybrid"] = any(t in ("attention", "full_attention") for t in layer_types)
     return fields
+
+
+def from_hf_config(path_or_mapping: str | Path | Mapping[str, Any],
+                   **overrides: Any) -> DeploymentConfig:
+    """A DeploymentConfig from a local HF ``config.json`` (a file, its directory, or the parsed
+    mapping).
+
+    Sets architecture, model_type, quantization and the model attributes the config shows
+    (is_moe from expert counts, use_mla from kv_lora_rank, ...); ``overrides`` win. Raises
+    ConfigError when the file cannot be read or names no architecture.
+    """
+    fields = hf_config_to_fields(path_or_mapping)
+    fields.update(overrides)
+    return DeploymentConfig(**fields)

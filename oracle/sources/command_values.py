@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from oracle.command_flags import (
+from oracle.errors import ConfigError
+from oracle.sources.command_flags import (
     COMPILATION_MODE_NUMBERS,
     IGNORED_SPECULATIVE_KEYS,
     POOLING_CONVERSIONS,
 )
-from oracle.errors import ConfigError
 
 _SCALARS = {"true": True, "false": False, "none": None, "null": None}
 

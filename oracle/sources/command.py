@@ -7,7 +7,7 @@ negated switches (``--no-enable-prefix-caching``), dotted sub-keys of JSON-value
 ``--config file.yaml`` (vLLM's own config file; command-line flags win over it).
 Placeholders (``<X>``, ``$MODEL``, ``${X}``, ``/path/to/...``, ``...``) are refused with an error
 that says what to pass. Flags that cannot change the decision are accepted knowingly
-(:data:`oracle.command_flags.IGNORED_FLAGS`) and reported in ``ParsedCommand.ignored``.
+(:data:`oracle.sources.command_flags.IGNORED_FLAGS`) and reported in ``ParsedCommand.ignored``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from oracle.command_flags import DECISION_FLAGS, IGNORED_FLAGS, FlagSpec
-from oracle.command_values import apply_json_flags, parse_json_value
+from oracle.config import DeploymentConfig
 from oracle.errors import ConfigError, PackError
-from oracle.hf_config import hf_config_to_fields
-from oracle.known_models import candidate_architectures, lookup_model
+from oracle.sources.command_flags import DECISION_FLAGS, IGNORED_FLAGS, FlagSpec
+from oracle.sources.command_values import apply_json_flags, parse_json_value
+from oracle.sources.hf_config import hf_config_to_fields
+from oracle.sources.known_models import candidate_architectures, lookup_model
 
 _BY_NAME: dict[str, FlagSpec] = {}
 for _spec in DECISION_FLAGS:
@@ -260,6 +261,27 @@ def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
         fields["model"] = model
     return ParsedCommand(fields, model, st.ignored,
                          sorted(k for k in env_all if k not in runner_env))
+
+
+def from_command(argv: Sequence[str] | str, env: Mapping[str, str] | None = None, *,
+                 architecture: str | None = None, hf_config: str | Path | None = None,
+                 base_dir: str | Path | None = None, hint_for: HintFor = "python",
+                 **overrides: Any) -> DeploymentConfig:
+    """A DeploymentConfig from a real ``vllm serve MODEL [flags]`` command line and its
+    environment.
+
+    ``argv`` is a list (or a shell string, split with shlex). The model id is looked up in
+    ``policies/known_models.yaml`` unless ``architecture`` or ``hf_config`` is given or the
+    model is a local directory with a config.json; ``overrides`` (DeploymentConfig fields) win.
+    Raises ConfigError for a placeholder model, an unknown model, an unknown flag or a bad flag
+    value (the message names it); ``hint_for`` ("python", "cli", "api", "page") words how to
+    give an architecture the oracle cannot find, and an unknown model's message names the
+    architectures its name suggests.
+    """
+    fields = command_to_fields(argv, env or {}, architecture=architecture, hf_config=hf_config,
+                               base_dir=base_dir, hint_for=hint_for).fields
+    fields.update(overrides)
+    return DeploymentConfig(**fields)
 
 
 def _model(st: _State) -> str | None:
