@@ -19,9 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oracle.config import DeploymentConfig
+from oracle.config import FIELD_INFO, DeploymentConfig
 from oracle.decision import CanarySnapshot, CohortState, Decision
-from oracle.fields import FIELD_INFO
 from oracle.pack import Pack
 
 _OFF = ("none", False, 0, 0.0, ())

@@ -9,15 +9,48 @@ from pathlib import Path
 import pytest
 
 from oracle import ConfigError, DeploymentConfig, from_command, from_hf_config, from_spec
-from oracle.config import CONFIG_FIELD_NAMES
-from oracle.fields import FIELD_INFO
+from oracle.coerce import KIND_CHECKS
+from oracle.config import CONFIG_FIELD_NAMES, DEFAULTS, FIELD_INFO
+from oracle.fields import PLATFORMS, declare, field_infos
 from oracle.sources.spec import load_specs
 
 REF = Path(__file__).resolve().parents[2] / "policies" / "reference"
 
 
-def test_field_table_matches_the_dataclass() -> None:
-    assert set(CONFIG_FIELD_NAMES) == set(FIELD_INFO)
+def test_every_field_is_declared_once_on_the_dataclass() -> None:
+    init_fields = [f.name for f in dataclasses.fields(DeploymentConfig) if f.init]
+    assert list(CONFIG_FIELD_NAMES) == init_fields == list(FIELD_INFO)
+    assert FIELD_INFO["tensor_parallel_size"].minimum == 1
+    assert FIELD_INFO["ubatch_size"].minimum == 0
+    assert FIELD_INFO["platform"].vocab == PLATFORMS and FIELD_INFO["platform"].group == "platform"
+    assert FIELD_INFO["architecture"].changeable is False
+    assert DEFAULTS["compilation_mode"] == "vllm_compile" and DEFAULTS["env"] == {}
+    # The checks name no field: which check a field gets is said by its declaration alone.
+    source = (Path(__file__).resolve().parents[2] / "oracle" / "coerce.py").read_text()
+    named = [n for n in CONFIG_FIELD_NAMES if n not in KIND_CHECKS  # "env": a kind too
+             and (f'"{n}"' in source or f"'{n}'" in source)]
+    assert not named, named
+
+
+def test_field_infos_names_declared_fields_only() -> None:
+    @dataclasses.dataclass
+    class Toy:
+        a: int = declare(3, "int", "an a", "g", minimum=2)
+        b: str = "plain"
+
+    (info,) = field_infos(Toy)
+    assert (info.name, info.kind, info.doc, info.minimum) == ("a", "int", "an a", 2)
+    assert Toy().a == 3
+
+
+def test_min_and_mtp_checks_come_from_the_declarations() -> None:
+    with pytest.raises(ConfigError, match="data_parallel_size: expected an integer >= 1"):
+        DeploymentConfig(data_parallel_size=0)
+    assert DeploymentConfig(ubatch_size=0).ubatch_size == 0
+    assert DeploymentConfig(speculative_method="qwen3-next-MTP").speculative_method == "mtp"
+    assert DeploymentConfig(quantization=False).quantization == "none"
+    with pytest.raises(ConfigError, match="compilation_mode: unknown value 'x_mtp'"):
+        DeploymentConfig(compilation_mode="x_mtp")  # the MTP names belong to speculative_method
 
 
 def test_frozen_and_hashable_by_value() -> None:

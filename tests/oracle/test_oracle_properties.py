@@ -18,7 +18,7 @@ from oracle import (
     from_spec,
     load_pack,
 )
-from oracle.fields import FIELD_INFO, FIELDS
+from oracle.config import FIELD_INFO, FIELDS
 
 PACKS = {name: load_pack(name) for name in ("turnout", "vllm-0.31")}
 ARCHS = sorted(PACKS["turnout"].architectures)
