@@ -34,6 +34,7 @@ from oracle import (
     from_spec,
     load_pack,
 )
+from oracle.errors import ErrorCode
 from oracle.sources import HintFor
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -150,7 +151,7 @@ class Policy:
     def store_error_text(self, cohort: str, err: StoreError) -> str:
         """The message of a store error about ``cohort``: for an unknown cohort,
         :meth:`unknown_cohort_message` over the store's cohorts; else the error's own."""
-        if err.code == "unknown_cohort":
+        if err.code == ErrorCode.UNKNOWN_COHORT:
             return self.unknown_cohort_message(cohort, self.snapshot().state.cohorts)
         return str(err)
 

@@ -20,7 +20,7 @@ from oracle.decision import (
     Message,
     Reason,
 )
-from oracle.errors import ConfigError, Issue, OracleError, PackError
+from oracle.errors import ConfigError, ErrorCode, Issue, OracleError, PackError
 from oracle.explain import Change, Explanation, Suggestion, explain
 from oracle.matrix import Cell, enumerate_matrix
 from oracle.pack import Cohort, Pack, RuleInfo, decide, load_pack
@@ -28,7 +28,7 @@ from oracle.sources import from_command, from_hf_config, from_spec, load_specs
 
 __all__ = [
     "CanaryOutcome", "CanarySnapshot", "Cell", "Change", "Cohort", "CohortState", "ConfigError",
-    "Decision", "DeploymentConfig", "Explanation", "Issue", "Message", "OracleError", "Pack",
-    "PackError", "Reason", "RuleInfo", "Suggestion", "decide", "enumerate_matrix", "explain",
-    "from_command", "from_hf_config", "from_spec", "load_pack", "load_specs",
+    "Decision", "DeploymentConfig", "ErrorCode", "Explanation", "Issue", "Message", "OracleError",
+    "Pack", "PackError", "Reason", "RuleInfo", "Suggestion", "decide", "enumerate_matrix",
+    "explain", "from_command", "from_hf_config", "from_spec", "load_pack", "load_specs",
 ]

@@ -14,7 +14,7 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from oracle.errors import ConfigError
+from oracle.errors import ConfigError, ErrorCode
 from oracle.fields import Check, FieldInfo, Kind
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -70,8 +70,8 @@ def suggest(name: str, options: list[str] | tuple[str, ...]) -> str:
 
 
 def _bad(info: FieldInfo, value: Any, expected: str) -> ConfigError:
-    return ConfigError(f"{info.name}: expected {expected}, got {value!r}", code="bad_value",
-                       field=info.name)
+    return ConfigError(f"{info.name}: expected {expected}, got {value!r}",
+                       code=ErrorCode.BAD_VALUE, field=info.name)
 
 
 def _to_bool(info: FieldInfo, value: Any) -> bool:
@@ -123,7 +123,7 @@ def _to_enum(info: FieldInfo, value: Any) -> str:
     if v not in info.vocab:
         raise ConfigError(
             f"{info.name}: unknown value {value!r}{suggest(v, info.vocab)}; expected one of "
-            + ", ".join(info.vocab), code="bad_value", field=info.name)
+            + ", ".join(info.vocab), code=ErrorCode.BAD_VALUE, field=info.name)
     return v
 
 

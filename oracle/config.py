@@ -21,7 +21,7 @@ from oracle.coerce import (
     check_speculative_method,
     suggest,
 )
-from oracle.errors import ConfigError
+from oracle.errors import ConfigError, ErrorCode
 from oracle.fields import (
     COMPILATION_MODES,
     CUDAGRAPH_MODES,
@@ -222,7 +222,7 @@ def coerce_field(name: str, value: Any) -> Any:
     info = FIELD_INFO.get(name)
     if info is None:
         raise ConfigError(f"unknown field {name!r}{suggest(name, CONFIG_FIELD_NAMES)}",
-                          code="unknown_field", field=name)
+                          code=ErrorCode.UNKNOWN_FIELD, field=name)
     if value is None:
         return None
     return (info.check or KIND_CHECKS[info.kind])(info, value)

@@ -15,6 +15,7 @@ from oracle import (
     from_spec,
     load_pack,
 )
+from oracle.errors import ErrorCode
 
 QWEN3 = {"architecture": "Qwen3ForCausalLM"}
 
@@ -59,7 +60,8 @@ def test_patch_needs_if_match_and_a_current_version(api: Api) -> None:
     assert r.headers["ETag"] == f'"{version + 1}"'
     stale = api.client.patch(url, json=body,
                              headers={**api.h("operator"), "If-Match": f'"{version}"'})
-    assert stale.status_code == 409 and stale.json()["detail"]["code"] == "version_conflict"
+    assert stale.status_code == 409
+    assert stale.json()["detail"]["code"] == ErrorCode.VERSION_CONFLICT
     no_reason = api.client.patch(url, json={"enabled": True, "reason": " "},
                                  headers={**api.h("operator"), "If-Match": str(version + 1)})
     assert no_reason.status_code == 422
@@ -183,7 +185,7 @@ def _not_found(api: Api, name: str) -> list[str]:
                        headers=api.h("viewer")),
     ]
     assert [r.status_code for r in answers] == [404] * 3, [r.text for r in answers]
-    assert {r.json()["detail"]["code"] for r in answers} == {"unknown_cohort"}
+    assert {r.json()["detail"]["code"] for r in answers} == {ErrorCode.UNKNOWN_COHORT}
     messages = [r.json()["detail"]["message"] for r in answers]
     assert len(set(messages)) == 1
     return messages
@@ -384,7 +386,7 @@ def test_tokens_api_creates_shows_once_and_revokes(api: Api) -> None:
     admin_id = next(t["id"] for t in me if t["role"] == "admin" and t["name"] == "admin")
     r = api.client.post(f"/api/v1/tokens/{admin_id}/revoke", json={"reason": "oops"},
                         headers=api.h("admin"))
-    assert r.status_code == 409 and r.json()["detail"]["code"] == "self_revoke"
+    assert r.status_code == 409 and r.json()["detail"]["code"] == ErrorCode.SELF_REVOKE
 
 
 def test_parity_evidence_is_recorded_listed_and_shown_with_its_stage(api: Api) -> None:

@@ -11,6 +11,7 @@ import pytest
 from oracle import ConfigError, DeploymentConfig, from_command, from_hf_config, from_spec
 from oracle.coerce import KIND_CHECKS
 from oracle.config import CONFIG_FIELD_NAMES, DEFAULTS, FIELD_INFO
+from oracle.errors import ErrorCode
 from oracle.fields import PLATFORMS, declare, field_infos
 from oracle.sources.spec import load_specs
 
@@ -92,14 +93,14 @@ def test_coercion_and_defaults() -> None:
 def test_bad_values_name_the_field(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         DeploymentConfig(**kwargs)
-    assert fragment in info.value.message and info.value.code == "bad_value"
+    assert fragment in info.value.message and info.value.code == ErrorCode.BAD_VALUE
 
 
 def test_replace_names_an_unknown_field() -> None:
     c = DeploymentConfig(architecture="LlamaForCausalLM")
     with pytest.raises(ConfigError) as info:
         c.replace(tensor_paralel_size=2)  # turnout decide --set tensor_paralel_size=2
-    assert info.value.code == "unknown_field"
+    assert info.value.code == ErrorCode.UNKNOWN_FIELD
     assert "did you mean 'tensor_parallel_size'" in info.value.message
     assert c.replace(tensor_parallel_size=2).tensor_parallel_size == 2
 

@@ -19,6 +19,7 @@ from oracle import (
     load_pack,
 )
 from oracle.config import FIELD_INFO, FIELDS
+from oracle.errors import ErrorCode
 
 PACKS = {name: load_pack(name) for name in ("turnout", "vllm-0.31")}
 ARCHS = sorted(PACKS["turnout"].architectures)
@@ -117,7 +118,7 @@ def test_pin_to_v2_with_hard_blockers_always_errors(pack_name: str, cfg: Deploym
     d = decide(pinned, pack=pack)
     if matched & hard:
         assert d.runner is None and d.error is not None
-        assert d.error_code == "pin_conflict"
+        assert d.error_code == ErrorCode.PIN_CONFLICT
         assert matched & hard <= {r.rule_id for r in d.reasons}
     else:
         assert d.runner == "v2" and d.mode == "pinned"
