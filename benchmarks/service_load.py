@@ -188,13 +188,13 @@ async def page_latency(port: int, token: str, path: str, n: int, cookie: bool
 # --- inputs -----------------------------------------------------------------------------------
 
 def real_configs() -> list[Any]:
-    from oracle import DeploymentConfig, OracleError
+    from oracle import OracleError, from_command
 
     configs = []
     for line in (ROOT / "policies/reference/vllm_recipes.jsonl").read_text().splitlines():
         recipe = json.loads(line)
         try:
-            configs.append(DeploymentConfig.from_command(recipe["argv"], recipe.get("env") or {}))
+            configs.append(from_command(recipe["argv"], recipe.get("env") or {}))
         except OracleError:
             continue
     return configs
@@ -226,10 +226,10 @@ def event_batches(configs: list[Any], num_events: int, batch: int, num_deploymen
 
 
 def client_offline_ms(tmp: Path) -> dict[str, float]:
-    from oracle import DeploymentConfig
+    from oracle import from_spec
     from oracle.client import OracleClient
 
-    config = DeploymentConfig.from_spec({"architecture": "Qwen3ForCausalLM"})
+    config = from_spec({"architecture": "Qwen3ForCausalLM"})
     out = {}
     refused = f"http://127.0.0.1:{free_port()}"
     with socket.socket() as hole:

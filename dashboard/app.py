@@ -26,6 +26,7 @@ from dashboard.invocation import turnout_here
 from dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
 from dashboard.services import Services
 from dashboard.settings import Settings, get_settings
+from oracle.errors import ErrorCode
 
 log = logging.getLogger("turnout.service")
 STATIC = Path(__file__).resolve().parent / "static"
@@ -59,7 +60,7 @@ async def _unstorable(_request: Request, exc: Exception) -> Response:
     transaction is rolled back with its session, nothing of the request is kept."""
     orig = getattr(exc, "orig", None) or exc
     reason = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-    return JSONResponse({"detail": {"code": "unstorable_value",
+    return JSONResponse({"detail": {"code": ErrorCode.UNSTORABLE_VALUE,
                                     "message": f"the database refuses a value: {reason}"}},
                         status_code=422)
 
@@ -100,7 +101,7 @@ async def _invalid_request(_request: Request, exc: Exception) -> Response:
     from fastapi.encoders import jsonable_encoder
 
     errors = jsonable_encoder(exc.errors()) if isinstance(exc, RequestValidationError) else []
-    return JSONResponse({"detail": {"code": "invalid_request",
+    return JSONResponse({"detail": {"code": ErrorCode.INVALID_REQUEST,
                                     "message": invalid_request_message(errors),
                                     "errors": errors}}, status_code=422)
 

@@ -21,7 +21,7 @@ from dashboard.services import Services
 from dashboard.store import audit, events
 from dashboard.store.events import EventRecord
 from dashboard.store.models import ServiceMeta, utcnow
-from oracle import DeploymentConfig, OracleError
+from oracle import OracleError, from_command
 from oracle.client import event_from_decision
 
 RECIPES = Path(policies.__file__).resolve().parent / "reference" / "vllm_recipes.jsonl"
@@ -44,7 +44,7 @@ def demo_events(services: Services, now: dt.datetime | None = None
     for line in RECIPES.read_text().splitlines():
         recipe = json.loads(line)
         try:
-            config = DeploymentConfig.from_command(recipe["argv"], recipe.get("env") or {})
+            config = from_command(recipe["argv"], recipe.get("env") or {})
         except OracleError:
             skipped += 1
             continue

@@ -20,6 +20,7 @@ from dashboard.auth import COOKIE_NAME, Principal, bearer_token
 from dashboard.services import Services
 from dashboard.store.errors import InvalidChange, NotFound, StoreError, VersionConflict
 from dashboard.store.tokens import Role
+from oracle.errors import ErrorCode
 
 
 async def get_services(request: Request) -> Services:
@@ -46,7 +47,7 @@ ReadSessionDep = Annotated[Session, Depends(read_session)]
 WriteSessionDep = Annotated[Session, Depends(write_session)]
 
 
-def http_error(status: int, code: str, message: str,
+def http_error(status: int, code: ErrorCode, message: str,
                headers: dict[str, str] | None = None) -> HTTPException:
     return HTTPException(status, detail={"code": code, "message": message}, headers=headers)
 
@@ -120,13 +121,13 @@ async def bounded_body(request: Request, limit: int = MAX_BODY) -> bytes:
     """The request body, 413 once it exceeds ``limit`` bytes (announced or streamed)."""
     length = request.headers.get("content-length", "")
     if length.isascii() and length.isdigit() and int(length) > limit:
-        raise http_error(413, "body_too_large", f"the body exceeds {limit} bytes")
+        raise http_error(413, ErrorCode.BODY_TOO_LARGE, f"the body exceeds {limit} bytes")
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise http_error(413, "body_too_large", f"the body exceeds {limit} bytes")
+            raise http_error(413, ErrorCode.BODY_TOO_LARGE, f"the body exceeds {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -144,12 +145,13 @@ async def _principal(request: Request, services: Services) -> Principal:
         # The pages' cookie is good for reads; API changes need the header (no CSRF surface).
         token = request.cookies.get(COOKIE_NAME)
     if token is None:
-        raise http_error(401, "unauthenticated", "send Authorization: Bearer <token>", _CHALLENGE)
+        raise http_error(401, ErrorCode.UNAUTHENTICATED, "send Authorization: Bearer <token>",
+                         _CHALLENGE)
     hit, principal = services.verifier.cached(token)
     if not hit:
         principal = await run_in_threadpool(services.verifier.verify, token)
     if principal is None:
-        raise http_error(401, "bad_token", "unknown or revoked token", _CHALLENGE)
+        raise http_error(401, ErrorCode.BAD_TOKEN, "unknown or revoked token", _CHALLENGE)
     return principal
 
 
@@ -159,7 +161,7 @@ async def authorize(request: Request, role: Role) -> Principal:
     scheme is documented once in the OpenAPI document."""
     principal = await _principal(request, request.app.state.services)
     if not principal.role.allows(role):
-        raise http_error(403, "forbidden",
+        raise http_error(403, ErrorCode.FORBIDDEN,
                          f"this needs the {role.value} role; the token has {principal.role}")
     return principal
 

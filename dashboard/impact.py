@@ -13,7 +13,8 @@ from dashboard.services import Services
 from dashboard.store import aggregates
 from dashboard.store import canaries as canary_store
 from dashboard.store.errors import NotFound
-from oracle import DeploymentConfig, OracleError
+from oracle import DeploymentConfig, OracleError, from_spec
+from oracle.errors import ErrorCode
 
 
 @lru_cache(maxsize=100_000)
@@ -21,7 +22,7 @@ def _config(spec_json: str) -> DeploymentConfig | None:
     import json
 
     try:
-        return DeploymentConfig.from_spec(json.loads(spec_json))
+        return from_spec(json.loads(spec_json))
     except (OracleError, ValueError, TypeError):
         return None
 
@@ -34,7 +35,7 @@ def impact_of_flip(services: Services, cohort: str, enabled: bool,
     with services.db.read_session() as session:
         state = canary_store.read_state(session=session)
         if cohort not in state.cohorts:
-            raise NotFound(f"unknown cohort {cohort!r}", code="unknown_cohort")
+            raise NotFound(f"unknown cohort {cohort!r}", code=ErrorCode.UNKNOWN_COHORT)
         rows = [(d.deployment_id, d.config) for d in
                 aggregates.deployments_for_impact(session=session)]
     _e, pct, version = state.cohorts[cohort]

@@ -30,8 +30,12 @@ from oracle import (
     Pack,
     decide,
     explain,
+    from_command,
+    from_spec,
     load_pack,
 )
+from oracle.errors import ErrorCode
+from oracle.sources import HintFor
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -147,7 +151,7 @@ class Policy:
     def store_error_text(self, cohort: str, err: StoreError) -> str:
         """The message of a store error about ``cohort``: for an unknown cohort,
         :meth:`unknown_cohort_message` over the store's cohorts; else the error's own."""
-        if err.code == "unknown_cohort":
+        if err.code == ErrorCode.UNKNOWN_COHORT:
             return self.unknown_cohort_message(cohort, self.snapshot().state.cohorts)
         return str(err)
 
@@ -234,7 +238,7 @@ class Policy:
 
 def config_from_request(*, config: Mapping[str, Any] | None = None, command: str | None = None,
                         argv: Sequence[str] | None = None,
-                        env: Mapping[str, str] | None = None, hint_for: str = "api"
+                        env: Mapping[str, str] | None = None, hint_for: HintFor = "api"
                         ) -> DeploymentConfig:
     """A DeploymentConfig from exactly one of a spec mapping, a ``vllm serve`` command string or
     its argv. Raises the oracle's ConfigError for bad input, ValueError when not exactly one
@@ -243,12 +247,12 @@ def config_from_request(*, config: Mapping[str, Any] | None = None, command: str
     if sum(given) != 1:
         raise ValueError("give exactly one of `config`, `command` or `argv`")
     if config is not None:
-        return DeploymentConfig.from_spec(dict(config))
+        return from_spec(dict(config))
     env = dict(env or {})
     if command is not None:
         argv = split_command(command, env)
     assert argv is not None
-    return DeploymentConfig.from_command(list(argv), env, hint_for=hint_for)
+    return from_command(list(argv), env, hint_for=hint_for)
 
 
 def split_command(command: str, env: dict[str, str]) -> list[str]:

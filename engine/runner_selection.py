@@ -80,6 +80,7 @@ def choose_runner(config: Any, *, pack: Any, canaries: Any = None) -> Any:  # ->
         EngineConfigError: the runner variable has an invalid value.
     """
     from oracle import decide
+    from oracle.errors import ErrorCode
 
     decision = decide(config, pack=pack, canaries=canaries)
     for message in decision.messages:
@@ -89,7 +90,7 @@ def choose_runner(config: Any, *, pack: Any, canaries: Any = None) -> Any:  # ->
         decision.reason_code, decision.pack, decision.policy_digest,
     )
     if decision.runner is None:
-        if decision.error_code == "invalid_env":
+        if decision.error_code == ErrorCode.INVALID_ENV:
             raise EngineConfigError(str(decision.error))
         raise NoRunnerError(f"no runner can serve this deployment: {decision.error}")
     return decision

@@ -4,9 +4,10 @@ Decision and its explanation. Torch-free; imports only the standard library, pyd
 
 Public API (docs/oracle-api.md)::
 
-    from oracle import load_pack, DeploymentConfig, decide
+    from oracle import load_pack, DeploymentConfig, decide, from_command
     pack = load_pack("turnout")
     d = decide(DeploymentConfig(architecture="Qwen3ForCausalLM"), pack=pack)
+    d = decide(from_command("vllm serve Qwen/Qwen3-8B -tp 2"), pack=pack)
     d.runner, d.messages, d.to_json()
 """
 
@@ -19,14 +20,15 @@ from oracle.decision import (
     Message,
     Reason,
 )
-from oracle.errors import ConfigError, Issue, OracleError, PackError
+from oracle.errors import ConfigError, ErrorCode, Issue, OracleError, PackError
 from oracle.explain import Change, Explanation, Suggestion, explain
 from oracle.matrix import Cell, enumerate_matrix
 from oracle.pack import Cohort, Pack, RuleInfo, decide, load_pack
+from oracle.sources import from_command, from_hf_config, from_spec, load_specs
 
 __all__ = [
     "CanaryOutcome", "CanarySnapshot", "Cell", "Change", "Cohort", "CohortState", "ConfigError",
-    "Decision", "DeploymentConfig", "Explanation", "Issue", "Message", "OracleError", "Pack",
-    "PackError", "Reason", "RuleInfo", "Suggestion", "decide", "enumerate_matrix", "explain",
-    "load_pack",
+    "Decision", "DeploymentConfig", "ErrorCode", "Explanation", "Issue", "Message", "OracleError",
+    "Pack", "PackError", "Reason", "RuleInfo", "Suggestion", "decide", "enumerate_matrix",
+    "explain", "from_command", "from_hf_config", "from_spec", "load_pack", "load_specs",
 ]

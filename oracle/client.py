@@ -12,10 +12,10 @@ An engine asks once at start-up which runner to use. The client
   by event id); a spool segment is deleted only after the service acknowledged it, so an event
   is never lost between the engine and the store, whoever crashes.
 
-Usage::
+Usage (``from oracle import from_command``)::
 
     with OracleClient("http://127.0.0.1:8000", token, cache_dir=Path("~/.cache/turnout")) as c:
-        decision = c.decide(DeploymentConfig.from_command(argv, env), deployment_id="prod-7")
+        decision = c.decide(from_command(argv, env), deployment_id="prod-7")
 """
 
 from __future__ import annotations

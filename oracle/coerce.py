@@ -1,4 +1,6 @@
-"""Value checks for DeploymentConfig fields: one coercion per field kind, clear errors.
+"""Value checks for DeploymentConfig fields: one per field kind (:data:`KIND_CHECKS`), and the
+few a field declares for itself (``check=`` of :func:`oracle.fields.declare`); clear errors.
+No field is named here: each field's declaration in :mod:`oracle.config` says which check it gets.
 
 Lenient only where a real source needs it: a command line gives strings ("8", "true"), a JSON
 spec may give ``1`` for an environment value. Anything else is refused with the field's name,
@@ -12,8 +14,8 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from oracle.errors import ConfigError
-from oracle.fields import FIELD_INFO, FieldInfo
+from oracle.errors import ConfigError, ErrorCode
+from oracle.fields import Check, FieldInfo, Kind
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -68,8 +70,8 @@ def suggest(name: str, options: list[str] | tuple[str, ...]) -> str:
 
 
 def _bad(info: FieldInfo, value: Any, expected: str) -> ConfigError:
-    return ConfigError(f"{info.name}: expected {expected}, got {value!r}", code="bad_value",
-                       field=info.name)
+    return ConfigError(f"{info.name}: expected {expected}, got {value!r}",
+                       code=ErrorCode.BAD_VALUE, field=info.name)
 
 
 def _to_bool(info: FieldInfo, value: Any) -> bool:
@@ -92,9 +94,8 @@ def _to_int(info: FieldInfo, value: Any) -> int:
         out = int(value)
     else:
         raise _bad(info, value, "an integer")
-    minimum = 1 if info.name.endswith("_parallel_size") else 0
-    if out < minimum:
-        raise _bad(info, value, f"an integer >= {minimum}")
+    if out < info.minimum:
+        raise _bad(info, value, f"an integer >= {info.minimum}")
     if out > MAX_INT:
         raise _bad(info, value, f"an integer <= {MAX_INT}")
     return out
@@ -119,12 +120,10 @@ def _to_enum(info: FieldInfo, value: Any) -> str:
     if not isinstance(value, str):
         raise _bad(info, value, "one of " + ", ".join(info.vocab))
     v = value.strip().lower().replace("-", "_")
-    if info.name == "speculative_method" and v.endswith("_mtp"):
-        v = "mtp"  # model-specific MTP names resolve to "mtp", as in vLLM's SpeculativeConfig
     if v not in info.vocab:
         raise ConfigError(
             f"{info.name}: unknown value {value!r}{suggest(v, info.vocab)}; expected one of "
-            + ", ".join(info.vocab), code="bad_value", field=info.name)
+            + ", ".join(info.vocab), code=ErrorCode.BAD_VALUE, field=info.name)
     return v
 
 
@@ -162,27 +161,23 @@ def _to_str(info: FieldInfo, value: Any) -> str:
     raise _bad(info, value, "a string")
 
 
-def _to_quantization(info: FieldInfo, value: Any) -> str:
-    if value is None or value is False:
+def check_quantization(info: FieldInfo, value: Any) -> str:
+    """A quantization method name, lower-cased; ``False`` and ``""`` mean ``"none"``."""
+    if value is False:
         return "none"
     v = _to_str(info, value).strip().lower()
     return v or "none"
 
 
-_COERCE = {
+def check_speculative_method(info: FieldInfo, value: Any) -> str:
+    """An enum value where model-specific MTP names (``deepseek_mtp``, ``qwen3_next_mtp``, ...)
+    resolve to ``"mtp"``, as vLLM's SpeculativeConfig does (vllm/config/speculative.py)."""
+    if isinstance(value, str) and value.strip().lower().replace("-", "_").endswith("_mtp"):
+        return "mtp"
+    return _to_enum(info, value)
+
+
+KIND_CHECKS: dict[Kind, Check] = {
     "bool": _to_bool, "opt_bool": _to_bool, "int": _to_int, "float": _to_float,
     "enum": _to_enum, "list": _to_list, "env": _to_env, "str": _to_str,
 }
-
-
-def coerce_field(name: str, value: Any) -> Any:
-    """The checked value of field ``name`` (None stays None where the field allows it)."""
-    info = FIELD_INFO.get(name)
-    if info is None:
-        raise ConfigError(f"unknown field {name!r}{suggest(name, list(FIELD_INFO))}",
-                          code="unknown_field", field=name)
-    if name == "quantization":
-        return _to_quantization(info, value)
-    if value is None:
-        return None
-    return _COERCE[info.kind](info, value)

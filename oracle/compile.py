@@ -25,9 +25,10 @@ from oracle.compile_types import (
     Template,
 )
 from oracle.conditions import ConditionParser, dimension_kind, known_dimension_names
+from oracle.config import FIELD_INFO
 from oracle.errors import Issue, PackError
 from oracle.family_table import build_arch_table
-from oracle.fields import FIELD_INFO, RUNNER_PINS
+from oracle.fields import RUNNER_PINS
 from oracle.schema import CapabilityMatrix, Families, MessageSpec, Rollout, Rule
 from oracle.validate import validate_model
 from oracle.yamlpos import Positions, load_with_positions

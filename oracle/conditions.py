@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from oracle.fields import DERIVED_DIMENSIONS, FAMILY_ATTRIBUTES, FIELD_INFO
+from oracle.config import FIELD_INFO
+from oracle.fields import DERIVED_DIMENSIONS, FAMILY_ATTRIBUTES
 from oracle.yamlpos import PathKey, Positions
 
 NOT_DIMENSIONS = {"env", "deployment_id", "model"}

@@ -1,88 +1,153 @@
 """DeploymentConfig: the frozen, hashable value a decision is made about (DESIGN §3.1).
 
-Build one from keyword arguments, a spec mapping (the field names of the ``config`` objects in
-``policies/reference/vllm031_cases.jsonl``), a ``vllm serve`` command line with its environment,
-or an HF ``config.json``. Every value is checked on construction; bad input raises
-:class:`~oracle.errors.ConfigError` naming the field.
+Build one from keyword arguments here; :mod:`oracle.sources` builds one from a spec mapping
+(``from_spec``), a ``vllm serve`` command line with its environment (``from_command``) or an HF
+``config.json`` (``from_hf_config``), and imports this module (never the reverse). Every value
+is checked on construction; bad input raises :class:`~oracle.errors.ConfigError` naming the
+field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from oracle.coerce import FrozenMap, coerce_field
+from oracle.coerce import (
+    KIND_CHECKS,
+    FrozenMap,
+    check_quantization,
+    check_speculative_method,
+    suggest,
+)
+from oracle.errors import ConfigError, ErrorCode
+from oracle.fields import (
+    COMPILATION_MODES,
+    CUDAGRAPH_MODES,
+    EXECUTOR_BACKENDS,
+    MAMBA_CACHE_MODES,
+    PLATFORMS,
+    RUNNER_KINDS,
+    SPECULATIVE_METHODS,
+    Check,
+    FieldInfo,
+    declare,
+    field_infos,
+)
 
 
 @dataclass(frozen=True, eq=True, repr=False, slots=True)
 class DeploymentConfig:
-    """One deployment's dimensions. Field meanings: :data:`oracle.fields.FIELDS`.
+    """One deployment's dimensions, each declared once below: default, kind, meaning, group,
+    vocabulary (:data:`FIELD_INFO` is derived from these declarations).
 
     ``None`` on a model attribute (``is_moe``, ``runner_kind``, ...) means "from the pack's
     families.yaml". The hash is computed once, so a config can key caches cheaply.
     """
 
-    deployment_id: str | None = None
-    model: str | None = None
-    architecture: str | None = None
-    model_type: str | None = None
-    family: str | None = None
-    quantization: str = "none"
-    runner_kind: str | None = None
-    is_moe: bool | None = None
-    use_mla: bool | None = None
-    has_inner_state: bool | None = None
-    is_hybrid: bool | None = None
-    attention_free: bool | None = None
-    is_multimodal: bool | None = None
-    is_encoder_decoder: bool | None = None
-    is_diffusion: bool | None = None
-    platform: str = "cuda"
-    triton_available: bool = True
-    speculative_method: str = "none"
-    num_speculative_tokens: int = 0
-    parallel_drafting: bool = False
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
-    prefill_context_parallel_size: int = 1
-    decode_context_parallel_size: int = 1
-    enable_expert_parallel: bool = False
-    enable_sequence_parallelism: bool = False
-    distributed_executor_backend: str | None = None
-    enable_dbo: bool = False
-    ubatch_size: int = 0
-    enable_elastic_ep: bool = False
-    enable_eplb: bool = False
-    compilation_mode: str = "vllm_compile"
-    cudagraph_mode: str | None = None
-    enforce_eager: bool = False
-    logits_processors: tuple[str, ...] = ()
-    logits_processor_plugins: tuple[str, ...] = ()
-    kv_sharing_fast_prefill: bool = False
-    mamba_cache_mode: str | None = None
-    cpu_offload_gb: float = 0.0
-    kv_transfer_config: bool = False
-    async_scheduling: bool | None = None
-    enable_prefix_caching: bool | None = None
-    lora: bool = False
-    hisparse: bool = False
-    watermark: bool = False
-    env: Mapping[str, str] = field(default_factory=FrozenMap)
+    # identity and model
+    deployment_id: str | None = declare(
+        None, "str", "stable id of the deployment (sticky percentage canaries)", "identity",
+        changeable=False)
+    model: str | None = declare(None, "str", "model id or path as given (display only)", "model",
+                                changeable=False)
+    architecture: str | None = declare(None, "str", "HF `architectures[0]`", "model",
+                                       changeable=False)
+    model_type: str | None = declare(None, "str", "HF `model_type` (informational)", "model",
+                                     changeable=False)
+    family: str | None = declare(None, "str", "family override (normally from families.yaml)",
+                                 "model", changeable=False)
+    quantization: str = declare(
+        "none", "str", "quantization method: a vLLM `--quantization` name, `none` when "
+        "unquantized", "model", check=check_quantization)
+    runner_kind: str | None = declare(None, "enum", "vLLM `--runner`", "model", RUNNER_KINDS)
+    is_moe: bool | None = declare(None, "opt_bool", "mixture of experts", "model",
+                                  changeable=False)
+    use_mla: bool | None = declare(None, "opt_bool", "multi-head latent attention", "model",
+                                   changeable=False)
+    has_inner_state: bool | None = declare(
+        None, "opt_bool", "recurrent state (Mamba, linear attention)", "model", changeable=False)
+    is_hybrid: bool | None = declare(None, "opt_bool", "attention mixed with state-space layers",
+                                     "model", changeable=False)
+    attention_free: bool | None = declare(None, "opt_bool", "no attention layers at all",
+                                          "model", changeable=False)
+    is_multimodal: bool | None = declare(None, "opt_bool", "multimodal inputs", "model",
+                                         changeable=False)
+    is_encoder_decoder: bool | None = declare(None, "opt_bool", "encoder-decoder model", "model",
+                                              changeable=False)
+    is_diffusion: bool | None = declare(None, "opt_bool", "diffusion language model", "model",
+                                        changeable=False)
+    # platform
+    platform: str = declare("cuda", "enum", "accelerator platform", "platform", PLATFORMS)
+    triton_available: bool = declare(True, "bool", "Triton importable on the host", "platform")
+    # speculation
+    speculative_method: str = declare(
+        "none", "enum", "speculative decoding method (model-specific `*_mtp` names resolve to "
+        "`mtp`)", "speculation", SPECULATIVE_METHODS, check=check_speculative_method)
+    num_speculative_tokens: int = declare(
+        0, "int", "draft tokens per step (0 without speculation)", "speculation")
+    parallel_drafting: bool = declare(False, "bool", "draft all tokens in one pass",
+                                      "speculation")
+    # parallelism
+    tensor_parallel_size: int = declare(1, "int", "tensor parallel size", "parallelism",
+                                        minimum=1)
+    pipeline_parallel_size: int = declare(1, "int", "pipeline parallel size", "parallelism",
+                                          minimum=1)
+    data_parallel_size: int = declare(1, "int", "data parallel size", "parallelism", minimum=1)
+    prefill_context_parallel_size: int = declare(
+        1, "int", "prefill context parallel size", "parallelism", minimum=1)
+    decode_context_parallel_size: int = declare(
+        1, "int", "decode context parallel size", "parallelism", minimum=1)
+    enable_expert_parallel: bool = declare(False, "bool", "expert parallelism for MoE layers",
+                                           "parallelism")
+    enable_sequence_parallelism: bool = declare(False, "bool", "sequence parallelism pass",
+                                                "parallelism")
+    distributed_executor_backend: str | None = declare(
+        None, "enum", "executor backend (None: vLLM's default)", "parallelism", EXECUTOR_BACKENDS)
+    enable_dbo: bool = declare(False, "bool", "dual batch overlap", "parallelism")
+    ubatch_size: int = declare(0, "int", "micro-batch count for DBO (0: default)", "parallelism")
+    enable_elastic_ep: bool = declare(False, "bool", "elastic expert parallelism", "parallelism")
+    enable_eplb: bool = declare(False, "bool", "expert-parallel load balancer", "parallelism")
+    # compile
+    compilation_mode: str = declare("vllm_compile", "enum", "compilation mode", "compile",
+                                    COMPILATION_MODES)
+    cudagraph_mode: str | None = declare(
+        None, "enum", "CUDA graph mode (None: vLLM's default)", "compile", CUDAGRAPH_MODES)
+    enforce_eager: bool = declare(False, "bool", "no CUDA graphs", "compile")
+    # features
+    logits_processors: tuple[str, ...] = declare(
+        (), "list", "custom logits processors configured (qualified names)", "features")
+    logits_processor_plugins: tuple[str, ...] = declare(
+        (), "list", "logits processors found as installed entry points "
+        "(`vllm.logits_processors`)", "features")
+    kv_sharing_fast_prefill: bool = declare(False, "bool", "KV-sharing fast prefill", "features")
+    mamba_cache_mode: str | None = declare(
+        None, "enum", "Mamba prefix-cache mode (None: vLLM's default)", "features",
+        MAMBA_CACHE_MODES)
+    cpu_offload_gb: float = declare(0.0, "float", "GiB of weights offloaded to CPU memory",
+                                    "features")
+    kv_transfer_config: bool = declare(
+        False, "bool", "a KV transfer (disaggregated prefill) config is set", "features")
+    async_scheduling: bool | None = declare(
+        None, "opt_bool", "async scheduling (None: not set explicitly)", "features")
+    enable_prefix_caching: bool | None = declare(
+        None, "opt_bool", "prefix caching (None: vLLM's default)", "features")
+    lora: bool = declare(False, "bool", "LoRA adapters enabled", "features")
+    hisparse: bool = declare(False, "bool", "HiSparse attention", "features")
+    watermark: bool = declare(False, "bool", "output watermarking", "features")
+    # environment
+    env: Mapping[str, str] = declare(
+        FrozenMap(), "env", "runner-selection environment variables (name -> value)", "env")
     _hash: int = field(init=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
-        for f in _FIELDS:
-            raw = getattr(self, f.name)
-            value = coerce_field(f.name, raw)
-            if value is None:
-                value = _DEFAULTS[f.name]
+        for name, check, info, default in _CHECKS:
+            raw = getattr(self, name)
+            value = default if raw is None else check(info, raw)
             if value is not raw:
-                object.__setattr__(self, f.name, value)
-        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in _FIELDS)))
+                object.__setattr__(self, name, value)
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, n) for n in CONFIG_FIELD_NAMES)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -95,14 +160,15 @@ class DeploymentConfig:
     def changed(self) -> dict[str, Any]:
         """The fields that differ from their defaults (what a spec would need to say)."""
         out: dict[str, Any] = {}
-        for f in _FIELDS:
-            value = getattr(self, f.name)
-            if value != _DEFAULTS[f.name]:
-                out[f.name] = dict(value) if f.name == "env" else value
+        for name in CONFIG_FIELD_NAMES:
+            value = getattr(self, name)
+            if value != DEFAULTS[name]:
+                out[name] = dict(value) if name == "env" else value
         return out
 
     def to_spec(self) -> dict[str, Any]:
-        """A JSON-ready spec that :meth:`from_spec` turns back into an equal config."""
+        """A JSON-ready spec that :func:`oracle.sources.from_spec` turns back into an equal
+        config."""
         out = self.changed()
         for k, v in out.items():
             if isinstance(v, tuple):
@@ -133,59 +199,30 @@ class DeploymentConfig:
         """The value of the runner-selection variable ``name``, or None when unset."""
         return self.env.get(name)
 
-    # -- constructors ------------------------------------------------------------------------
 
-    @classmethod
-    def from_spec(cls, spec: Mapping[str, Any]) -> DeploymentConfig:
-        """Build from a spec mapping (field names of vllm031_cases.jsonl ``config`` objects).
-
-        Accepts every field name plus the aliases ``is_pooling`` (-> runner_kind) and ``id``
-        (-> deployment_id). Raises ConfigError(code="unknown_field") for anything else.
-        """
-        from oracle.spec import spec_to_fields
-
-        return cls(**spec_to_fields(spec))
-
-    @classmethod
-    def from_command(cls, argv: Sequence[str] | str, env: Mapping[str, str] | None = None, *,
-                     architecture: str | None = None, hf_config: str | Path | None = None,
-                     base_dir: str | Path | None = None, hint_for: str = "python",
-                     **overrides: Any) -> DeploymentConfig:
-        """Build from a real ``vllm serve MODEL [flags]`` command line and its environment.
-
-        ``argv`` is a list (or a shell string, split with shlex). The model id is looked up in
-        ``policies/known_models.yaml`` unless ``architecture`` or ``hf_config`` is given or the
-        model is a local directory with a config.json. Raises ConfigError for a placeholder
-        model, an unknown model, an unknown flag or a bad flag value (the message names it);
-        ``hint_for`` ("python", "cli", "api", "page") words how to give an architecture the oracle
-        cannot find, and an unknown model's message names the architectures its name suggests.
-        """
-        from oracle.command import command_to_fields
-
-        fields = command_to_fields(argv, env or {}, architecture=architecture,
-                                   hf_config=hf_config, base_dir=base_dir,
-                                   hint_for=hint_for).fields  # type: ignore[arg-type]
-        fields.update(overrides)
-        return cls(**fields)
-
-    @classmethod
-    def from_hf_config(cls, path_or_mapping: str | Path | Mapping[str, Any],
-                       **overrides: Any) -> DeploymentConfig:
-        """Build from a local HF ``config.json`` (a file, its directory, or the parsed mapping).
-
-        Sets architecture, model_type, quantization and the model attributes the config shows
-        (is_moe from expert counts, use_mla from kv_lora_rank, ...); ``overrides`` win.
-        """
-        from oracle.hf_config import hf_config_to_fields
-
-        fields = hf_config_to_fields(path_or_mapping)
-        fields.update(overrides)
-        return cls(**fields)
-
-
-_FIELDS = tuple(f for f in dataclasses.fields(DeploymentConfig) if f.name != "_hash")
-_DEFAULTS: dict[str, Any] = {
-    f.name: FrozenMap() if f.default is dataclasses.MISSING else f.default for f in _FIELDS
-}
-CONFIG_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in _FIELDS)
+FIELDS: tuple[FieldInfo, ...] = field_infos(DeploymentConfig)
+"""Every field's metadata, in declaration order (derived from the dataclass)."""
+FIELD_INFO: dict[str, FieldInfo] = {f.name: f for f in FIELDS}
+_UNDECLARED = [f.name for f in dataclasses.fields(DeploymentConfig)
+               if f.init and f.name not in FIELD_INFO]
+if _UNDECLARED:  # a field without declare() would escape the checks, the docs and the matrix
+    raise TypeError(f"DeploymentConfig fields without declare(): {', '.join(_UNDECLARED)}")
+CONFIG_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in FIELDS)
+DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(DeploymentConfig)
+                            if f.name in FIELD_INFO}
 _FIELD_SET = frozenset(CONFIG_FIELD_NAMES)
+# The coercion table: each field's check (its own, else its kind's), with its default.
+_CHECKS: tuple[tuple[str, Check, FieldInfo, Any], ...] = tuple(
+    (f.name, f.check or KIND_CHECKS[f.kind], f, DEFAULTS[f.name]) for f in FIELDS)
+
+
+def coerce_field(name: str, value: Any) -> Any:
+    """The checked value of field ``name`` (None stays None; the constructor then takes the
+    default). Raises ConfigError: ``unknown_field`` (with the closest name) or ``bad_value``."""
+    info = FIELD_INFO.get(name)
+    if info is None:
+        raise ConfigError(f"unknown field {name!r}{suggest(name, CONFIG_FIELD_NAMES)}",
+                          code=ErrorCode.UNKNOWN_FIELD, field=name)
+    if value is None:
+        return None
+    return (info.check or KIND_CHECKS[info.kind])(info, value)

@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
+from oracle.errors import ErrorCode
+
 RunnerName = Literal["v1", "v2"]
 ReasonCode = Literal["STATIC", "TARGETING_MATCH", "SPLIT", "DISABLED", "DEFAULT", "ERROR"]
 
@@ -64,8 +66,8 @@ class Decision(NamedTuple):
     ``runner`` is None when no runner can honour the config (a pin with hard blockers, a
     config neither runner serves, an invalid runner variable); ``error`` then says why.
     An unknown architecture gives ``runner="v1"``, ``reason_code="ERROR"`` and ``error`` set.
-    ``error_code`` is one of: None, "pin_conflict", "no_runner", "invalid_env",
-    "unknown_architecture".
+    ``error_code`` is None or an :class:`~oracle.errors.ErrorCode` of area ``"decision"``:
+    ``PIN_CONFLICT``, ``NO_RUNNER``, ``INVALID_ENV``, ``UNKNOWN_ARCHITECTURE``.
     """
 
     runner: RunnerName | None
@@ -78,7 +80,7 @@ class Decision(NamedTuple):
     reason_code: ReasonCode
     error: str | None
     policy_digest: str
-    error_code: str | None = None
+    error_code: ErrorCode | None = None
     pack: str = ""
 
     def to_json(self) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oracle.config import DeploymentConfig
+from oracle.config import FIELD_INFO, DeploymentConfig
 from oracle.decision import CanarySnapshot, CohortState, Decision
-from oracle.fields import FIELD_INFO
+from oracle.errors import ErrorCode
 from oracle.pack import Pack
 
 _OFF = ("none", False, 0, 0.0, ())
@@ -248,7 +248,7 @@ def explain(config: DeploymentConfig, *, pack: Pack,
     decision = pack.decide(config, canaries)
     if decision.runner == "v2":
         return Explanation(decision, (), "already V2")
-    if decision.error_code in ("unknown_architecture", "invalid_env"):
+    if decision.error_code in (ErrorCode.UNKNOWN_ARCHITECTURE, ErrorCode.INVALID_ENV):
         return Explanation(decision, (), "fix the input first: " + (decision.error or ""))
     base, unpin = _unpinned(config, pack, decision)
     why = pack.decide(base, canaries) if unpin else decision

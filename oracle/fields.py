@@ -1,4 +1,10 @@
-"""The dimensions of a deployment: name, kind, closed vocabulary and meaning of every field.
+"""The schema of DeploymentConfig's fields, their closed vocabularies, and the dimensions a
+pack can use beyond the fields.
+
+Each field is declared once, in :class:`oracle.config.DeploymentConfig`, through
+:func:`declare`: its default, kind, meaning, group, vocabulary and check travel as the
+dataclass field's metadata. ``oracle.config.FIELDS`` / ``FIELD_INFO`` (the coercion table and
+the field table of docs/oracle-api.md) are derived from it.
 
 Field names follow vLLM's engine arguments where one exists (DESIGN §3.1). ``None`` for a model
 attribute means "take it from the pack's families.yaml"; ``None`` for ``async_scheduling`` means
@@ -7,10 +13,17 @@ attribute means "take it from the pack's families.yaml"; ``None`` for ``async_sc
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 Kind = Literal["bool", "opt_bool", "int", "float", "str", "enum", "list", "env"]
+Check = Callable[["FieldInfo", Any], Any]
+"""A value check: (the field, a raw value that is not None) -> the checked value; raises
+ConfigError naming the field."""
+_T = TypeVar("_T")
+_METADATA_KEY = "oracle.field"
 
 
 @dataclass(frozen=True)
@@ -18,7 +31,9 @@ class FieldInfo:
     """Metadata of one DeploymentConfig field.
 
     ``vocab`` is the closed domain of an ``enum`` field (None: open). ``changeable`` says whether
-    ``explain`` may suggest changing it (deployment options yes, model facts no).
+    ``explain`` may suggest changing it (deployment options yes, model facts no). ``minimum`` is
+    the smallest value an ``int`` field accepts. ``check`` replaces the kind's value check for a
+    field that needs its own (:mod:`oracle.coerce`).
     """
 
     name: str
@@ -27,6 +42,25 @@ class FieldInfo:
     group: str
     vocab: tuple[str, ...] | None = None
     changeable: bool = True
+    minimum: int = 0
+    check: Check | None = None
+
+
+def declare(default: _T, kind: Kind, doc: str, group: str, vocab: tuple[str, ...] | None = None,
+            *, changeable: bool = True, minimum: int = 0, check: Check | None = None) -> _T:
+    """A DeploymentConfig field with its metadata: ``name: type = declare(default, kind, ...)``.
+
+    Typed as the default so the dataclass sees the field's type; the FieldInfo it carries is
+    named by :func:`field_infos`.
+    """
+    info = FieldInfo("", kind, doc, group, vocab, changeable, minimum, check)
+    return dataclasses.field(default=default, metadata={_METADATA_KEY: info})
+
+
+def field_infos(cls: type) -> tuple[FieldInfo, ...]:
+    """The FieldInfo of every declared field of dataclass ``cls``, named, in order."""
+    return tuple(dataclasses.replace(f.metadata[_METADATA_KEY], name=f.name)
+                 for f in dataclasses.fields(cls) if _METADATA_KEY in f.metadata)
 
 
 PLATFORMS = ("cuda", "rocm", "cpu", "xpu", "tpu", "npu")
@@ -43,79 +77,6 @@ EXECUTOR_BACKENDS = ("mp", "ray", "uni", "external_launcher")
 MAMBA_CACHE_MODES = ("none", "align", "all")
 RUNNER_KINDS = ("generate", "pooling")
 
-_F = FieldInfo
-FIELDS: tuple[FieldInfo, ...] = (
-    # identity and model
-    _F("deployment_id", "str", "stable id of the deployment (sticky percentage canaries)",
-       "identity", changeable=False),
-    _F("model", "str", "model id or path as given (display only)", "model", changeable=False),
-    _F("architecture", "str", "HF architectures[0]", "model", changeable=False),
-    _F("model_type", "str", "HF model_type (informational)", "model", changeable=False),
-    _F("family", "str", "family override (normally from families.yaml)", "model",
-       changeable=False),
-    _F("quantization", "str", "quantization method ('none' when unquantized)", "model"),
-    _F("runner_kind", "enum", "generate or pooling (vLLM --runner)", "model", RUNNER_KINDS),
-    _F("is_moe", "opt_bool", "mixture of experts", "model", changeable=False),
-    _F("use_mla", "opt_bool", "multi-head latent attention", "model", changeable=False),
-    _F("has_inner_state", "opt_bool", "recurrent state (Mamba, linear attention)", "model",
-       changeable=False),
-    _F("is_hybrid", "opt_bool", "attention mixed with state-space layers", "model",
-       changeable=False),
-    _F("attention_free", "opt_bool", "no attention layers at all", "model", changeable=False),
-    _F("is_multimodal", "opt_bool", "multimodal inputs", "model", changeable=False),
-    _F("is_encoder_decoder", "opt_bool", "encoder-decoder model", "model", changeable=False),
-    _F("is_diffusion", "opt_bool", "diffusion language model", "model", changeable=False),
-    # platform
-    _F("platform", "enum", "accelerator platform", "platform", PLATFORMS),
-    _F("triton_available", "bool", "Triton importable on the host", "platform"),
-    # speculation
-    _F("speculative_method", "enum", "speculative decoding method", "speculation",
-       SPECULATIVE_METHODS),
-    _F("num_speculative_tokens", "int", "draft tokens per step (0 without speculation)",
-       "speculation"),
-    _F("parallel_drafting", "bool", "draft all tokens in one pass", "speculation"),
-    # parallelism
-    _F("tensor_parallel_size", "int", "tensor parallel size", "parallelism"),
-    _F("pipeline_parallel_size", "int", "pipeline parallel size", "parallelism"),
-    _F("data_parallel_size", "int", "data parallel size", "parallelism"),
-    _F("prefill_context_parallel_size", "int", "prefill context parallel size", "parallelism"),
-    _F("decode_context_parallel_size", "int", "decode context parallel size", "parallelism"),
-    _F("enable_expert_parallel", "bool", "expert parallelism for MoE layers", "parallelism"),
-    _F("enable_sequence_parallelism", "bool", "sequence parallelism pass", "parallelism"),
-    _F("distributed_executor_backend", "enum", "executor backend (None: vLLM's default)",
-       "parallelism", EXECUTOR_BACKENDS),
-    _F("enable_dbo", "bool", "dual batch overlap", "parallelism"),
-    _F("ubatch_size", "int", "micro-batch count for DBO (0: default)", "parallelism"),
-    _F("enable_elastic_ep", "bool", "elastic expert parallelism", "parallelism"),
-    _F("enable_eplb", "bool", "expert-parallel load balancer", "parallelism"),
-    # compile
-    _F("compilation_mode", "enum", "compilation mode", "compile", COMPILATION_MODES),
-    _F("cudagraph_mode", "enum", "CUDA graph mode (None: vLLM's default)", "compile",
-       CUDAGRAPH_MODES),
-    _F("enforce_eager", "bool", "no CUDA graphs", "compile"),
-    # features
-    _F("logits_processors", "list", "custom logits processors configured (qualified names)",
-       "features"),
-    _F("logits_processor_plugins", "list",
-       "logits processors found as installed entry points (vllm.logits_processors)", "features"),
-    _F("kv_sharing_fast_prefill", "bool", "KV-sharing fast prefill", "features"),
-    _F("mamba_cache_mode", "enum", "Mamba prefix-cache mode (None: vLLM's default)",
-       "features", MAMBA_CACHE_MODES),
-    _F("cpu_offload_gb", "float", "GiB of weights offloaded to CPU memory", "features"),
-    _F("kv_transfer_config", "bool", "a KV transfer (disaggregated prefill) config is set",
-       "features"),
-    _F("async_scheduling", "opt_bool", "async scheduling (None: not set explicitly)",
-       "features"),
-    _F("enable_prefix_caching", "opt_bool", "prefix caching (None: vLLM's default)", "features"),
-    _F("lora", "bool", "LoRA adapters enabled", "features"),
-    _F("hisparse", "bool", "HiSparse attention", "features"),
-    _F("watermark", "bool", "output watermarking", "features"),
-    # environment
-    _F("env", "env", "runner-selection environment variables (name -> value)", "env"),
-)
-
-FIELD_INFO: dict[str, FieldInfo] = {f.name: f for f in FIELDS}
-
 # Model attributes that families.yaml supplies when the config leaves them None.
 FAMILY_ATTRIBUTES: tuple[str, ...] = (
     "is_moe", "use_mla", "has_inner_state", "is_hybrid", "attention_free", "is_multimodal",
@@ -130,3 +91,25 @@ DERIVED_DIMENSIONS: dict[str, str] = {
     "runner_pin": "the pack's runner variable: 'auto' (unset), 'v1' or 'v2'",
 }
 RUNNER_PINS = ("auto", "v1", "v2")
+
+
+_KIND_TEXT = {"bool": "bool", "opt_bool": "bool", "int": "int", "float": "float",
+              "str": "str", "enum": "str", "list": "tuple of str", "env": "str -> str"}
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "{}" if not value else repr(dict(value))
+    return "None" if value is None else repr(value)
+
+
+def field_table(infos: Sequence[FieldInfo], defaults: Mapping[str, Any]) -> str:
+    """The Markdown table of the fields (docs/oracle-api.md holds it; a test compares)."""
+    rows = ["| group | field | type | default | meaning |", "|---|---|---|---|---|"]
+    for f in infos:
+        kind = _KIND_TEXT[f.kind] + (f" >= {f.minimum}" if f.minimum else "") \
+            + (" or None" if defaults[f.name] is None else "")
+        doc = f.doc + ("; one of " + ", ".join(f"`{v}`" for v in f.vocab) if f.vocab else "")
+        rows.append(f"| {f.group} | `{f.name}` | {kind} | `{_default_text(defaults[f.name])}` "
+                    f"| {doc} |")
+    return "\n".join(rows) + "\n"

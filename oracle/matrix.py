@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from oracle.compile_types import CompiledRule
-from oracle.config import CONFIG_FIELD_NAMES, DeploymentConfig
+from oracle.config import CONFIG_FIELD_NAMES, FIELD_INFO, DeploymentConfig
 from oracle.decision import CanarySnapshot, Decision
-from oracle.fields import FIELD_INFO
 from oracle.pack import Pack
 
 PINS = ("auto", "v1", "v2")

@@ -16,7 +16,7 @@ from oracle.compile import compile_pack
 from oracle.compile_types import ArchInfo, PackData
 from oracle.config import DeploymentConfig
 from oracle.decision import CanarySnapshot, Decision, Message, Reason
-from oracle.errors import OracleError
+from oracle.errors import ErrorCode, OracleError
 from oracle.policy import Evaluator, default_view
 
 POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
@@ -235,7 +235,7 @@ class Pack:
         a = found if found is not None else self._arch(c)
         if isinstance(a, str):
             mode = "auto" if data.env_var not in c.env else "pinned"
-            return self._error(c, "v1", mode, a, "unknown_architecture", digest)
+            return self._error(c, "v1", mode, a, ErrorCode.UNKNOWN_ARCHITECTURE, digest)
         raw = c.env.get(data.env_var)
         if raw is None:
             pin = "auto"
@@ -243,7 +243,7 @@ class Pack:
             try:
                 pin = self._pin(raw)
             except OracleError as exc:
-                return self._error(c, None, "pinned", exc.message, "invalid_env", digest,
+                return self._error(c, None, "pinned", exc.message, ErrorCode.INVALID_ENV, digest,
                                    a.family)
         d = self._eval.resolve(c, a, pin, view, digest)
         if len(c.env) > (raw is not None):
@@ -283,18 +283,18 @@ class Pack:
             try:
                 return "v2" if int(raw) else "v1"  # vLLM envs.py: bool(int(value))
             except ValueError as exc:
-                raise OracleError(str(exc), code="invalid_env") from None
+                raise OracleError(str(exc), code=ErrorCode.INVALID_ENV) from None
         value = raw.strip()
         if value in ("0", "1"):
             return "v2" if value == "1" else "v1"
         tpl = self._data.messages["invalid_env"]
         text = tpl.render({"name": self._data.env_var, "value": raw}) if tpl else raw
-        raise OracleError(text, code="invalid_env")
+        raise OracleError(text, code=ErrorCode.INVALID_ENV)
 
     def _error(self, c: DeploymentConfig, runner: str | None, mode: str, text: str,
-               code: str, digest: str, family: str | None = None) -> Decision:
+               code: ErrorCode, digest: str, family: str | None = None) -> Decision:
         reason = Reason(f"error.{code}", text, "hard", "error",
-                        {"architecture": c.architecture} if code == "unknown_architecture"
+                        {"architecture": c.architecture} if code == ErrorCode.UNKNOWN_ARCHITECTURE
                         else {self._data.env_var: c.env.get(self._data.env_var)}, "")
         messages: tuple[Message, ...] = ()
         if runner == "v1":
@@ -317,7 +317,7 @@ def resolve_pack_dir(name_or_path: str | Path) -> Path:
         return path.resolve()
     raise OracleError(f"no policy pack {text!r}: expected one of {', '.join(SHIPPED_PACKS)} or "
                       "a folder holding capability_matrix.yaml, families.yaml and rollout.yaml",
-                      code="unknown_pack")
+                      code=ErrorCode.UNKNOWN_PACK)
 
 
 def load_pack(name_or_path: str | Path = "turnout") -> Pack:

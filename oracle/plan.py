@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from oracle.compile_types import Template
 from oracle.decision import CanaryOutcome, Decision, Message, Reason
+from oracle.errors import ErrorCode
 
 # Per matched rule: (its Reason, its rendered label, its values by dimension).
 Facts = Mapping[int, tuple[Reason, str, dict[str, Any]]]
@@ -54,7 +55,7 @@ class Plan(NamedTuple):
     reason_code: str
     error: tuple[Text, ...] | None  # parts joined with a space
     policy_digest: str
-    error_code: str | None
+    error_code: ErrorCode | None
     pack: str
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from oracle.compile_types import ArchInfo, CompiledRule, CompiledStage, PackData, Template
 from oracle.decision import CanaryOutcome, Decision, Reason
+from oracle.errors import ErrorCode
 from oracle.plan import Facts, Labels, Plan, Text, bits, instantiate
 
 _ROLLOUT_REF = "rollout.yaml"
@@ -129,7 +130,7 @@ class Evaluator:
                 strict = sum(1 << i for i in bits(forced) if not self.pd.rules[i].override_pin)
                 if strict:
                     return self._done(x, None, "ERROR", self._error(x, "v1_blocked", strict),
-                                      "pin_conflict")
+                                      ErrorCode.PIN_CONFLICT)
                 for i in bits(forced):
                     self._emit(x, self.pd.rules[i].message, rule=i)
             return self._pinned_v2(x, m, "STATIC" if pin == "v2" else "TARGETING_MATCH")
@@ -137,7 +138,7 @@ class Evaluator:
             if b1:
                 x.reasons += bits(b1)
                 return self._done(x, None, "ERROR", self._error(x, "v1_blocked", b1),
-                                  "pin_conflict")
+                                  ErrorCode.PIN_CONFLICT)
             x.reasons.append(self._pin_reason("v1"))
             self._emit(x, self.msgs["pinned_v1"], values={"name": self.pd.env_var, "value": "0"})
             return self._done(x, "v1", "STATIC")
@@ -157,7 +158,7 @@ class Evaluator:
         return (Text(tpl, (("labels", Labels(mask)),)),) if tpl is not None else ()
 
     def _done(self, x: _Ctx, runner: str | None, code: str,
-              error: tuple[Text, ...] | None = None, error_code: str | None = None,
+              error: tuple[Text, ...] | None = None, error_code: ErrorCode | None = None,
               canary: CanaryOutcome | None = None) -> Plan:
         if runner == "v2":
             self._emit(x, self.msgs["using_v2"])
@@ -183,13 +184,13 @@ class Evaluator:
         blockers = hard & ~self.m_prereq
         if blockers:
             parts += self._error(x, "pinned_blocked", blockers)
-        return self._done(x, None, "ERROR", tuple(parts), "pin_conflict")
+        return self._done(x, None, "ERROR", tuple(parts), ErrorCode.PIN_CONFLICT)
 
     def _fallback_v1(self, x: _Ctx, b1: int) -> Plan:
         if not b1:
             return self._done(x, "v1", "TARGETING_MATCH")
         x.reasons += bits(b1)
-        return self._done(x, None, "ERROR", self._error(x, "v1_blocked", b1), "no_runner")
+        return self._done(x, None, "ERROR", self._error(x, "v1_blocked", b1), ErrorCode.NO_RUNNER)
 
     def _auto(self, x: _Ctx, m: int, b1: int, view: tuple[Any, ...],
               included: bool | None) -> Plan:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +45,76 @@ def _loaded_after_import(module: str) -> set[str]:
 def test_import_does_not_load_forbidden_packages(module: str) -> None:
     loaded = _loaded_after_import(module)
     assert not (loaded & FORBIDDEN[module]), f"importing {module} loaded {sorted(loaded & FORBIDDEN[module])}"
+
+
+# -- the oracle's own import graph, read from the source (every import statement, including
+# the ones inside functions: a lazy import still closes a circle, it only hides it) ----------
+
+ORACLE_DIR = Path(__file__).resolve().parents[1] / "oracle"
+
+
+def _oracle_modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(ORACLE_DIR.rglob("*.py")):
+        parts = path.relative_to(ORACLE_DIR.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The oracle modules that module ``name`` imports (a package's own __init__ is not
+    counted as imported by its submodules)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    pkg = pkg.rpartition(".")[0]
+                base = f"{pkg}.{base}" if base else pkg
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                       for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t in modules and t != name}
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _oracle_modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_graph_reader_sees_lazy_and_package_imports() -> None:
+    graph = _graph()
+    assert "oracle.sources.command" in graph["oracle.sources"]  # from oracle.sources.command
+    assert "oracle.config" in graph["oracle.sources.spec"]
+    assert "oracle.yamlpos" in graph["oracle.sources.command"]  # imported inside a function
+    assert "oracle" in graph["oracle.client"]  # from oracle import DeploymentConfig, ...
+
+
+def test_config_never_imports_the_sources() -> None:
+    graph = _graph()
+    assert any(m.startswith("oracle.sources.") for m in graph), "oracle/sources/ not found"
+    reached = _reachable(graph, "oracle.config")
+    assert not {m for m in reached if m == "oracle.sources" or m.startswith("oracle.sources.")}
+    assert "oracle" not in reached  # the package __init__ imports the sources
+
+
+def test_oracle_has_no_import_cycle() -> None:
+    graph = _graph()
+    cycles = [[m, *sorted(m2 for m2 in graph[m] if m in _reachable(graph, m2))]
+              for m in sorted(graph) if m in _reachable(graph, m)]
+    assert not cycles, f"import cycles through: {cycles}"

@@ -35,6 +35,7 @@ from dashboard.store import evidence, tokens
 from dashboard.store.errors import StoreError
 from dashboard.store.models import ApiToken
 from dashboard.store.tokens import Role
+from oracle.errors import ErrorCode
 
 router = APIRouter(responses=ERROR_RESPONSES,
                    max_body_size=MAX_BODY,
@@ -55,9 +56,13 @@ def get_tokens(session: ReadSessionDep, _who: AdminDep) -> list[TokenOut]:
 
 @router.post("/tokens", response_model=TokenCreated, status_code=201, tags=["tokens"])
 def post_token(body: TokenIn, session: WriteSessionDep, who: AdminDep) -> TokenCreated:
-    """Create a token (admin); the answer is the only place the token appears."""
-    row, token = tokens.create_token(session=session, name=body.name, role=Role(body.role),
-                                     actor=who.actor)
+    """Create a token (admin); the answer is the only place the token appears. A name with
+    nothing but whitespace (as Python reads it: ``\x1f`` too) is a 422 ``name_required``."""
+    try:
+        row, token = tokens.create_token(session=session, name=body.name, role=Role(body.role),
+                                         actor=who.actor)
+    except StoreError as err:
+        raise_store_error(err)
     session.commit()
     return TokenCreated(**_token_out(row).model_dump(), token=token)
 
@@ -69,7 +74,8 @@ def revoke_token(token_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: RevokeIn
     """Revoke a token (admin); every process stops accepting it within the token cache TTL.
     A token cannot revoke itself (409): that would lock its holder out by accident."""
     if token_id == who.token_id:
-        raise http_error(409, "self_revoke", "this is the token making the call; revoke it "
+        raise http_error(409, ErrorCode.SELF_REVOKE,
+                         "this is the token making the call; revoke it "
                          f"with another admin token or `{turnout_here()} token revoke`")
     try:
         row = tokens.revoke_token(session=session, token_id=token_id, actor=who.actor,
@@ -98,7 +104,7 @@ def post_evidence(body: EvidenceIn, services: ServicesDep, session: WriteSession
     cohort id, a family in another case) is a 422 ``unknown_family`` that names the closest
     family, and nothing is stored."""
     if body.family not in services.policy.pack.families:
-        raise http_error(422, "unknown_family",
+        raise http_error(422, ErrorCode.UNKNOWN_FAMILY,
                          services.policy.unknown_family_message(body.family))
     row = evidence.record_evidence(session=session, family=body.family,
                                    runner_pair=body.runner_pair, suite=body.suite,

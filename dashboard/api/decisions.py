@@ -42,6 +42,7 @@ from dashboard.services import Services
 from dashboard.store import aggregates, canaries, events
 from dashboard.store.tokens import Role
 from oracle import DeploymentConfig, OracleError
+from oracle.errors import ErrorCode
 
 router = APIRouter(tags=["decisions"], responses=ERROR_RESPONSES,
                    max_body_size=MAX_BODY,
@@ -87,9 +88,9 @@ def _parse_config(raw: bytes) -> DeploymentConfig:
         return config_from_request(config=body.config, command=body.command, argv=body.argv,
                                    env=body.env)
     except OracleError as err:
-        raise http_error(422, str(getattr(err, "code", "config_error")), str(err)) from err
+        raise http_error(422, err.code, str(err)) from err
     except ValueError as err:
-        raise http_error(422, "bad_command", str(err)) from err
+        raise http_error(422, ErrorCode.BAD_COMMAND, str(err)) from err
 
 
 @router.post("/decide", openapi_extra=_body_ref("DeploymentIn"),

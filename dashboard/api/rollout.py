@@ -40,6 +40,7 @@ from dashboard.store import audit
 from dashboard.store import canaries as canary_store
 from dashboard.store.errors import NotFound, StoreError
 from dashboard.store.models import Canary
+from oracle.errors import ErrorCode
 
 router = APIRouter(tags=["rollout"], responses=ERROR_RESPONSES,
                    max_body_size=MAX_BODY,
@@ -98,7 +99,7 @@ def get_canary(cohort: str, services: ServicesDep, session: ReadSessionDep, _who
 def raise_cohort_error(services: Services, cohort: str, err: StoreError) -> NoReturn:
     """Map a store error about ``cohort`` to HTTP; an unknown cohort's 404 says which cohorts
     exist (or, for a family name, which cohort holds it)."""
-    if isinstance(err, NotFound) and err.code == "unknown_cohort":
+    if isinstance(err, NotFound) and err.code == ErrorCode.UNKNOWN_COHORT:
         raise http_error(404, err.code, services.policy.store_error_text(cohort, err)) from err
     raise_store_error(err)
 
@@ -106,11 +107,11 @@ def raise_cohort_error(services: Services, cohort: str, err: StoreError) -> NoRe
 def parse_if_match(if_match: str | None) -> int:
     """The version of an ``If-Match`` header (``"3"``, ``3`` or ``W/"3"``); 428 without it."""
     if if_match is None:
-        raise http_error(428, "if_match_required",
+        raise http_error(428, ErrorCode.IF_MATCH_REQUIRED,
                          "send If-Match with the cohort's version (its ETag)")
     value = if_match.strip().removeprefix("W/").strip('"')
     if not (value.isascii() and value.isdigit()):  # "²".isdigit() is true, int("²") fails
-        raise http_error(400, "bad_if_match", f"If-Match {if_match!r} is not a version")
+        raise http_error(400, ErrorCode.BAD_IF_MATCH, f"If-Match {if_match!r} is not a version")
     digits = value.lstrip("0") or "0"
     # Beyond any 64-bit version no cohort is there (a 409); int() refuses strings of more than
     # 4,300 digits, so such a value is not converted.

@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from dashboard.store.errors import InvalidChange
 from dashboard.store.models import AuditEntry, utcnow
+from oracle.errors import ErrorCode
 
 #: The longest reason a change may carry, in characters (the API, the pages and the CLI alike).
 MAX_REASON_CHARS = 2_000
@@ -48,16 +49,16 @@ def require_reason(reason: str) -> None:
     """Check a change's reason: it must show something to a reader of the audit log.
 
     Raises:
-        InvalidChange: ``code="reason_required"`` for an empty reason or one made only of
+        InvalidChange: ``code=ErrorCode.REASON_REQUIRED`` for an empty reason or one made only of
             blanks and invisible characters (zero-width spaces, other Unicode format or control
-            characters); ``code="reason_too_long"`` beyond :data:`MAX_REASON_CHARS`.
+            characters); ``code=ErrorCode.REASON_TOO_LONG`` beyond :data:`MAX_REASON_CHARS`.
     """
     if not any(not ch.isspace() and unicodedata.category(ch)[0] not in "CZ" for ch in reason):
         raise InvalidChange("a reason is required for every change (it has no visible text)",
-                            code="reason_required")
+                            code=ErrorCode.REASON_REQUIRED)
     if len(reason) > MAX_REASON_CHARS:
         raise InvalidChange(f"the reason is {len(reason):,} characters; at most "
-                            f"{MAX_REASON_CHARS:,} are kept", code="reason_too_long")
+                            f"{MAX_REASON_CHARS:,} are kept", code=ErrorCode.REASON_TOO_LONG)
 
 
 def list_entries(

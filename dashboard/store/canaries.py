@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 from dashboard.store import audit
 from dashboard.store.errors import InvalidChange, NotFound, VersionConflict
 from dashboard.store.models import Canary, KillSwitch, utcnow
+from oracle.errors import ErrorCode
 
 KILL_SWITCH_ID = 1
 Row = TypeVar("Row")
@@ -82,7 +83,7 @@ def get_canary(*, session: Session, cohort: str, for_update: bool = False) -> Ca
     canary = (_locked(session, select(Canary).where(Canary.cohort == cohort)) if for_update
               else session.get(Canary, cohort))
     if canary is None:
-        raise NotFound(f"unknown cohort {cohort!r}", code="unknown_cohort")
+        raise NotFound(f"unknown cohort {cohort!r}", code=ErrorCode.UNKNOWN_COHORT)
     return canary
 
 
@@ -142,16 +143,17 @@ def flip_canary(
     either way, so a stale reader still learns that the cohort moved.
 
     Raises:
-        NotFound: unknown cohort (``code="unknown_cohort"``).
+        NotFound: unknown cohort (``code=ErrorCode.UNKNOWN_COHORT``).
         VersionConflict: ``if_version`` is not the current version.
         InvalidChange: empty reason, or percentage outside 0..100.
     """
     audit.require_reason(reason)
     if percentage is not None and not 0 <= percentage <= 100:
-        raise InvalidChange(f"percentage {percentage} is outside 0..100", code="bad_percentage")
+        raise InvalidChange(f"percentage {percentage} is outside 0..100",
+                            code=ErrorCode.BAD_PERCENTAGE)
     canary = _locked(session, select(Canary).where(Canary.cohort == cohort))
     if canary is None:
-        raise NotFound(f"unknown cohort {cohort!r}", code="unknown_cohort")
+        raise NotFound(f"unknown cohort {cohort!r}", code=ErrorCode.UNKNOWN_COHORT)
     if canary.version != if_version:
         raise VersionConflict(
             f"cohort {cohort!r} is at version {canary.version}, not {if_version}: "

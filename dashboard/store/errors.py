@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
+from oracle.errors import ErrorCode
+
 
 class StoreError(Exception):
     """Base of the store's errors; ``code`` is stable, ``str(err)`` is for people."""
 
-    code = "store_error"
+    code: ErrorCode = ErrorCode.STORE_ERROR
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: ErrorCode | None = None) -> None:
         super().__init__(message)
         if code is not None:
             self.code = code
 
 
 class NotFound(StoreError):
-    code = "not_found"
+    code = ErrorCode.NOT_FOUND
 
 
 class VersionConflict(StoreError):
     """The caller's version (If-Match) is not the current one: someone else changed it first."""
 
-    code = "version_conflict"
+    code = ErrorCode.VERSION_CONFLICT
 
     def __init__(self, message: str, *, current_version: int) -> None:
         super().__init__(message)
@@ -29,11 +31,11 @@ class VersionConflict(StoreError):
 
 
 class InvalidChange(StoreError):
-    code = "invalid_change"
+    code = ErrorCode.INVALID_CHANGE
 
 
 class DatabaseUnavailable(StoreError):
     """The configured database cannot be used: not a URL, a SQLite directory that cannot be
     made, a server that refuses the connection or is not there."""
 
-    code = "database_unavailable"
+    code = ErrorCode.DATABASE_UNAVAILABLE

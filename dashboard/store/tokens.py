@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 from dashboard.store import audit
 from dashboard.store.errors import InvalidChange, NotFound
 from dashboard.store.models import ApiToken, utcnow
+from oracle.errors import ErrorCode
 
 TOKEN_PREFIX = "tok_"
 
@@ -41,7 +42,8 @@ def hash_token(token: str) -> str:
 def create_token(*, session: Session, name: str, role: Role, actor: str) -> tuple[ApiToken, str]:
     """Make a token; returns the row and the token itself (the only time it exists in clear)."""
     if not name.strip():
-        raise InvalidChange("a token needs a name (who or what uses it)", code="name_required")
+        raise InvalidChange("a token needs a name (who or what uses it)",
+                            code=ErrorCode.NAME_REQUIRED)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     row = ApiToken(name=name.strip(), role=role.value, token_hash=hash_token(token),
                    prefix=token[: len(TOKEN_PREFIX) + 6], created_at=utcnow(), created_by=actor)
@@ -70,7 +72,7 @@ def revoke_token(*, session: Session, token_id: int, actor: str, reason: str) ->
     audit.require_reason(reason)
     row = session.get(ApiToken, token_id)
     if row is None:
-        raise NotFound(f"no token with id {token_id}", code="unknown_token")
+        raise NotFound(f"no token with id {token_id}", code=ErrorCode.UNKNOWN_TOKEN)
     if row.revoked_at is None:
         row.revoked_at = utcnow()
         audit.record(session=session, actor=actor, action="token.revoke",

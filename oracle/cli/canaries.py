@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle.decision import CanarySnapshot
-from oracle.errors import ConfigError
+from oracle.errors import ConfigError, ErrorCode
 from oracle.pack import Pack
 from oracle.yamlpos import read_text
 
@@ -51,9 +51,9 @@ def load_canaries(path: Path | None, pack: Pack) -> Canaries:
         data = json.loads(read_text(path))
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}",
-                          code="file_not_found") from None
+                          code=ErrorCode.FILE_NOT_FOUND) from None
     except ValueError as exc:
-        raise ConfigError(f"{path}: not JSON ({exc}); expected {SHAPES}", code="bad_spec"
+        raise ConfigError(f"{path}: not JSON ({exc}); expected {SHAPES}", code=ErrorCode.BAD_SPEC
                           ) from None
     if not isinstance(data, dict):
         raise _not_a_snapshot(path, f"a JSON {type(data).__name__}, not an object")
@@ -64,7 +64,7 @@ def load_canaries(path: Path | None, pack: Pack) -> Canaries:
 
 def _not_a_snapshot(path: Path, why: str) -> ConfigError:
     return ConfigError(f"{path}: not a canary snapshot: {why}; expected {SHAPES}",
-                       code="bad_spec")
+                       code=ErrorCode.BAD_SPEC)
 
 
 def _from_service(path: Path, body: dict[str, Any], pack: Pack) -> Canaries:
@@ -73,7 +73,7 @@ def _from_service(path: Path, body: dict[str, Any], pack: Pack) -> Canaries:
     if "pack" in body and body["pack"] != pack.name:
         raise ConfigError(f"{path}: the snapshot is of pack {body['pack']!r}, the decision uses "
                           f"pack {pack.name!r}; pass --pack {body['pack']} or the snapshot of "
-                          f"a service running {pack.name!r}", code="bad_spec")
+                          f"a service running {pack.name!r}", code=ErrorCode.BAD_SPEC)
     try:
         snapshot = snapshot_from_json(body)
     except ValueError as exc:

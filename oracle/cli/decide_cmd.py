@@ -32,7 +32,7 @@ from oracle.cli.render import (
     print_summary,
 )
 from oracle.decision import CanarySnapshot, Decision
-from oracle.errors import OracleError
+from oracle.errors import ErrorCode, OracleError
 from oracle.pack import Pack, load_pack
 
 PackOpt = Annotated[str, typer.Option("--pack", "-p", help="pack name or folder")]
@@ -55,7 +55,7 @@ def gather(argv: list[str] | None, spec: Path | None, commands: Path | None,
     forms = [x for x in (argv, spec, commands) if x]
     if len(forms) > 1:
         raise OracleError("give one of: a command line after --, --spec FILE, --commands FILE",
-                          code="bad_usage")
+                          code=ErrorCode.BAD_USAGE)
     if argv:
         return [from_command_line(argv, ov)]
     if spec is not None:
@@ -64,7 +64,7 @@ def gather(argv: list[str] | None, spec: Path | None, commands: Path | None,
         return from_commands_file(commands, ov)
     if ov.architecture is None and ov.hf_config is None and not ov.sets:
         raise OracleError("nothing to decide: pass -- vllm serve MODEL ..., --spec FILE, "
-                          "--commands FILE, or --architecture/--config", code="bad_usage")
+                          "--commands FILE, or --architecture/--config", code=ErrorCode.BAD_USAGE)
     return [from_keywords(ov)]
 
 

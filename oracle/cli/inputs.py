@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle.command_values import parse_json_value
 from oracle.config import DeploymentConfig
-from oracle.errors import ConfigError, Issue
-from oracle.spec import load_specs
+from oracle.errors import ConfigError, ErrorCode, Issue
+from oracle.sources import from_command, from_hf_config, load_specs
+from oracle.sources.command_values import parse_json_value
 from oracle.yamlpos import read_lines
 
 
@@ -22,7 +22,7 @@ class Item:
     id: str | None
     config: DeploymentConfig | None
     error: str | None = None
-    error_code: str | None = None
+    error_code: ErrorCode | None = None
     model: str | None = None
 
 
@@ -46,7 +46,8 @@ class Overrides:
         for item in self.sets:
             key, eq, value = item.partition("=")
             if not eq or not key:
-                raise ConfigError(f"--set expects FIELD=VALUE, got {item!r}", code="bad_value")
+                raise ConfigError(f"--set expects FIELD=VALUE, got {item!r}",
+                                  code=ErrorCode.BAD_VALUE)
             out[key.strip()] = parse_json_value(value, strict=True, flag=f"--set {key}")
         return out
 
@@ -55,7 +56,8 @@ class Overrides:
         for item in self.env:
             key, eq, value = item.partition("=")
             if not eq or not key:
-                raise ConfigError(f"--env expects NAME=VALUE, got {item!r}", code="bad_value")
+                raise ConfigError(f"--env expects NAME=VALUE, got {item!r}",
+                                  code=ErrorCode.BAD_VALUE)
             out[key] = value
         return out
 
@@ -70,8 +72,8 @@ def _with(config: DeploymentConfig, fields: dict[str, Any], env: dict[str, str]
 def from_command_line(argv: list[str], ov: Overrides) -> Item:
     """The deployment of one ``vllm serve`` command line."""
     try:
-        cfg = DeploymentConfig.from_command(argv, ov.env_map(), architecture=ov.architecture,
-                                            hf_config=ov.hf_config, hint_for="cli")
+        cfg = from_command(argv, ov.env_map(), architecture=ov.architecture,
+                           hf_config=ov.hf_config, hint_for="cli")
         return Item(ov.deployment_id, _with(cfg, ov.fields(), {}), model=cfg.model)
     except ConfigError as exc:
         return Item(ov.deployment_id, None, exc.message, exc.code)
@@ -81,7 +83,7 @@ def from_keywords(ov: Overrides) -> Item:
     """The deployment given by --architecture / --config / --set options alone."""
     try:
         if ov.hf_config is not None:
-            cfg = DeploymentConfig.from_hf_config(ov.hf_config)
+            cfg = from_hf_config(ov.hf_config)
         else:
             cfg = DeploymentConfig(architecture=ov.architecture)
         return Item(ov.deployment_id, _with(cfg, ov.fields(), ov.env_map()))
@@ -111,12 +113,12 @@ def from_commands_file(path: Path, ov: Overrides) -> list[Item]:
         lines = read_lines(path)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}",
-                          code="file_not_found") from None
+                          code=ErrorCode.FILE_NOT_FOUND) from None
     items = []
     for n, line in enumerate(lines, start=1):
         if isinstance(line, Issue):
             items.append(Item(None, None, f"{path}:{n}:{line.column}: {line.message}",
-                              "bad_spec"))
+                              ErrorCode.BAD_SPEC))
             continue
         if not line.strip():
             continue
@@ -126,7 +128,7 @@ def from_commands_file(path: Path, ov: Overrides) -> list[Item]:
             argv, env = _command_row(row)
         except ValueError as exc:
             rid = str(row["id"]) if isinstance(row, dict) and _is_id(row.get("id")) else None
-            items.append(Item(rid, None, f"{path}:{n}: {exc}", "bad_spec"))
+            items.append(Item(rid, None, f"{path}:{n}: {exc}", ErrorCode.BAD_SPEC))
             continue
         rid = str(row["id"]) if "id" in row else f"{path.name}:{n}"
         line_ov = Overrides(ov.architecture, ov.hf_config, ov.platform, ov.deployment_id or rid,

@@ -37,7 +37,7 @@ from oracle.cli.render import (
     print_canaries,
     print_one,
 )
-from oracle.errors import OracleError
+from oracle.errors import ErrorCode, OracleError
 from oracle.explain import explain as explain_config
 from oracle.lint import lint_pack
 from oracle.matrix import CellChange, diff_matrix, enumerate_matrix
@@ -67,8 +67,8 @@ def explain(
         bad = [i for i in items if i.config is None]
         msg = bad[0].error if bad else "explain takes exactly one deployment"
         if as_json:
-            code = bad[0].error_code if bad else "bad_usage"
-            err = OracleError(msg or "", code=code or "bad_spec")
+            code = bad[0].error_code if bad else ErrorCode.BAD_USAGE
+            err = OracleError(msg or "", code=code or ErrorCode.BAD_SPEC)
             print(json.dumps(_explanation_of_error(input_error_json(err, the_pack))))
         console.print(f"[red]error[/]: {escape(msg or '')}", highlight=False)
         raise typer.Exit(EXIT_BAD_INPUT)

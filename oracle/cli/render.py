@@ -16,11 +16,11 @@ from oracle.cli.canaries import Canaries
 from oracle.cli.console import folding_table
 from oracle.cli.inputs import Item
 from oracle.decision import Decision
-from oracle.errors import OracleError
+from oracle.errors import ErrorCode, OracleError
 from oracle.pack import Pack
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_PIN = 0, 2, 3
-_BAD_INPUT_CODES = {"invalid_env", "unknown_architecture"}
+_BAD_INPUT_CODES = {ErrorCode.INVALID_ENV, ErrorCode.UNKNOWN_ARCHITECTURE}
 
 
 def exit_code(results: Sequence[tuple[Item, Decision | None]]) -> int:
@@ -143,7 +143,7 @@ def summary_rows(results: Sequence[tuple[Item, Decision | None]], pack: Pack
     groups: dict[str, list[Decision | None]] = defaultdict(list)
     errors: Counter[str] = Counter()
     for item, d in results:
-        if d is None or d.error_code == "unknown_architecture":
+        if d is None or d.error_code == ErrorCode.UNKNOWN_ARCHITECTURE:
             groups["(bad input)"].append(None)
             errors[(d.error_code if d else item.error_code) or "bad_input"] += 1
         else:

@@ -8,12 +8,14 @@ from service_helpers import Api, api_events
 from oracle import (
     CanarySnapshot,
     CohortState,
-    DeploymentConfig,
     decide,
     enumerate_matrix,
     explain,
+    from_command,
+    from_spec,
     load_pack,
 )
+from oracle.errors import ErrorCode
 
 QWEN3 = {"architecture": "Qwen3ForCausalLM"}
 
@@ -58,7 +60,8 @@ def test_patch_needs_if_match_and_a_current_version(api: Api) -> None:
     assert r.headers["ETag"] == f'"{version + 1}"'
     stale = api.client.patch(url, json=body,
                              headers={**api.h("operator"), "If-Match": f'"{version}"'})
-    assert stale.status_code == 409 and stale.json()["detail"]["code"] == "version_conflict"
+    assert stale.status_code == 409
+    assert stale.json()["detail"]["code"] == ErrorCode.VERSION_CONFLICT
     no_reason = api.client.patch(url, json={"enabled": True, "reason": " "},
                                  headers={**api.h("operator"), "If-Match": str(version + 1)})
     assert no_reason.status_code == 422
@@ -182,7 +185,7 @@ def _not_found(api: Api, name: str) -> list[str]:
                        headers=api.h("viewer")),
     ]
     assert [r.status_code for r in answers] == [404] * 3, [r.text for r in answers]
-    assert {r.json()["detail"]["code"] for r in answers} == {"unknown_cohort"}
+    assert {r.json()["detail"]["code"] for r in answers} == {ErrorCode.UNKNOWN_COHORT}
     messages = [r.json()["detail"]["message"] for r in answers]
     assert len(set(messages)) == 1
     return messages
@@ -205,7 +208,7 @@ def test_a_family_name_or_wrong_cohort_id_gets_a_404_that_says_what_exists(api: 
 
 def test_decide_uses_the_store_canaries_and_matches_the_oracle(api: Api) -> None:
     pack = load_pack("turnout")
-    config = DeploymentConfig.from_spec(QWEN3)
+    config = from_spec(QWEN3)
     r = api.client.post("/api/v1/decide", json={"config": QWEN3}, headers=api.h("viewer"))
     assert r.status_code == 200
     assert r.json() == decide(config, pack=pack, canaries=defaults()).to_json()
@@ -234,7 +237,7 @@ def test_decide_from_a_command_line_and_bad_input(api: Api) -> None:
     cmd = "VLLM_LOGGING_LEVEL=INFO vllm serve Qwen/Qwen3-8B \\\n  --tensor-parallel-size 2"
     r = api.client.post("/api/v1/decide", json={"command": cmd}, headers=api.h("viewer"))
     assert r.status_code == 200, r.text
-    want = decide(DeploymentConfig.from_command(
+    want = decide(from_command(
         ["vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2"],
         {"VLLM_LOGGING_LEVEL": "INFO"}), pack=load_pack("turnout"), canaries=defaults())
     assert r.json() == want.to_json()
@@ -251,7 +254,7 @@ def test_explain_answers_with_changes_that_reach_v2(api: Api) -> None:
     r = api.client.post("/api/v1/explain", json={"config": spec}, headers=api.h("viewer"))
     assert r.status_code == 200, r.text
     body = r.json()
-    config = DeploymentConfig.from_spec(spec)
+    config = from_spec(spec)
     assert body == explain(config, pack=load_pack("turnout"), canaries=defaults()).to_json()
     assert body["decision"]["runner"] == "v1"
     assert body["suggestions"] and all(s["changes"] for s in body["suggestions"])
@@ -333,7 +336,7 @@ def test_ingest_rejects_a_bad_batch_whole(api: Api, at: str) -> None:
 
 def test_impact_counts_recorded_deployments_that_would_switch(api: Api) -> None:
     pack = load_pack("turnout")
-    config = DeploymentConfig.from_spec(QWEN3)
+    config = from_spec(QWEN3)
     cohort = decide(config, pack=pack).stage
     assert cohort is not None
     events = api_events(5, config=config.to_spec(), rule_ids=[], reason_code="DISABLED",
@@ -383,7 +386,7 @@ def test_tokens_api_creates_shows_once_and_revokes(api: Api) -> None:
     admin_id = next(t["id"] for t in me if t["role"] == "admin" and t["name"] == "admin")
     r = api.client.post(f"/api/v1/tokens/{admin_id}/revoke", json={"reason": "oops"},
                         headers=api.h("admin"))
-    assert r.status_code == 409 and r.json()["detail"]["code"] == "self_revoke"
+    assert r.status_code == 409 and r.json()["detail"]["code"] == ErrorCode.SELF_REVOKE
 
 
 def test_parity_evidence_is_recorded_listed_and_shown_with_its_stage(api: Api) -> None:

@@ -14,6 +14,7 @@ from service_helpers import Api, api_events
 
 from dashboard.api.rollout import parse_if_match
 from dashboard.deps import MAX_BODY
+from oracle.errors import ErrorCode
 
 NOT_UTF8 = b'{"config": {"architecture": "\xff\xfe"}}'
 
@@ -25,7 +26,7 @@ def test_body_that_is_not_utf8_is_a_422_without_echo(api: Api, path: str, role: 
     r = api.client.post(path, content=NOT_UTF8 * 50, headers=api.h(role))
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
-    assert detail["code"] == "invalid_request"
+    assert detail["code"] == ErrorCode.INVALID_REQUEST
     assert detail["message"].startswith("the body: not valid JSON"), detail["message"]
     (err,) = detail["errors"]
     assert err["type"] == "json_invalid" and "input" not in err
@@ -53,7 +54,7 @@ def test_an_invalid_request_gets_the_api_error_shape_naming_each_field(
     r = api.client.patch(url, headers=headers, **args)
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
-    assert detail["code"] == "invalid_request"
+    assert detail["code"] == ErrorCode.INVALID_REQUEST
     assert detail["message"].startswith(message), detail["message"]
     assert detail["errors"] and all("loc" in e and "msg" in e for e in detail["errors"])
     assert api.client.get(url, headers=api.h("viewer")).json()["version"] == 1
@@ -65,7 +66,7 @@ def test_invalid_query_parameters_and_evidence_bodies_name_the_field(api: Api) -
     assert r.json()["detail"]["message"] == (
         "query parameter limit: Input should be greater than or equal to 1")
     r = api.client.post("/api/v1/evidence", json={"family": "llama"}, headers=api.h("operator"))
-    assert r.status_code == 422 and r.json()["detail"]["code"] == "invalid_request"
+    assert r.status_code == 422 and r.json()["detail"]["code"] == ErrorCode.INVALID_REQUEST
     assert "body field suite: Field required" in r.json()["detail"]["message"]
 
 
@@ -106,7 +107,7 @@ def test_nul_characters_in_an_event_never_give_a_5xx(api: Api, event: dict[str, 
     if api.services.db.is_sqlite:
         assert r.json() == {"accepted": 2, "inserted": 2}
     else:  # PostgreSQL text and JSON cannot hold NUL: refused whole, nothing kept
-        assert r.status_code == 422 and r.json()["detail"]["code"] == "unstorable_value"
+        assert r.status_code == 422 and r.json()["detail"]["code"] == ErrorCode.UNSTORABLE_VALUE
         fb = api.client.get("/api/v1/fallbacks", headers=api.h("viewer")).json()
         assert fb["num_deployments"] == 0
     good = api.client.post("/api/v1/decisions", json={"events": api_events(1, deployment_id="ok")},
@@ -245,7 +246,7 @@ def test_evidence_for_a_name_that_is_not_a_family_is_refused(api: Api, family: s
     r = api.client.post("/api/v1/evidence", headers=api.h("operator"), json={
         "family": family, "suite": "tests/parity", "result": "pass"})
     assert r.status_code == 422, r.text
-    assert r.json()["detail"]["code"] == "unknown_family"
+    assert r.json()["detail"]["code"] == ErrorCode.UNKNOWN_FAMILY
     assert r.json()["detail"]["message"].startswith(message), r.json()["detail"]["message"]
     assert api.client.get("/api/v1/evidence", headers=api.h("viewer")).json() == []
 
@@ -270,3 +271,14 @@ def test_the_canaries_page_shows_only_status_lines_it_signed(api: Api) -> None:
         assert "p99 regression" not in api.client.get(r.headers["location"]).text
     finally:
         api.client.cookies.clear()
+
+
+@pytest.mark.parametrize("name", ["\x1f", "\x1c\x1d", " \x1e "])
+def test_a_token_name_python_reads_as_blank_is_a_422(api: Api, name: str) -> None:
+    # The schema's pattern (\S) lets these through; str.strip() takes them for whitespace.
+    r = api.client.post("/api/v1/tokens", json={"name": name, "role": "viewer"},
+                        headers=api.h("admin"))
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"]["code"] == ErrorCode.NAME_REQUIRED
+    assert all(t["name"] != name.strip() for t in api.client.get(
+        "/api/v1/tokens", headers=api.h("admin")).json())

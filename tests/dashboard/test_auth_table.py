@@ -20,6 +20,7 @@ from dashboard.app import create_app
 from dashboard.auth import COOKIE_NAME, csrf_token
 from dashboard.services import Services
 from dashboard.settings import Settings
+from oracle.errors import ErrorCode
 
 IDENTITIES = ["none", "bad", "viewer", "operator", "admin"]
 RANK = {"viewer": 0, "operator": 1, "admin": 2}
@@ -123,7 +124,8 @@ def test_api_mutations(ctx: Ctx, endpoint: str, who: str) -> None:
     r = call(ctx, _headers(ctx, who))
     assert r.status_code == want, r.text
     if want in (401, 403):
-        assert r.json()["detail"]["code"] in ("unauthenticated", "bad_token", "forbidden")
+        assert r.json()["detail"]["code"] in (ErrorCode.UNAUTHENTICATED, ErrorCode.BAD_TOKEN,
+                                              ErrorCode.FORBIDDEN)
         # revoke's setup creates one token (audited) before the refused call
         assert _audit_len(ctx) - before == (1 if "revoke" in endpoint else 0)
 

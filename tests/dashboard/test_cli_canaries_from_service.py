@@ -11,6 +11,7 @@ from service_helpers import Api
 from typer.testing import CliRunner
 
 from oracle.cli import app
+from oracle.errors import ErrorCode
 
 LLAMA = ["--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
 
@@ -74,7 +75,7 @@ def test_an_unknown_model_hint_is_worded_for_the_api(api: Api) -> None:
                         json={"command": "vllm serve arcee-ai/Trinity-Large-Thinking"})
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
-    assert detail["code"] == "unknown_model"
+    assert detail["code"] == ErrorCode.UNKNOWN_MODEL
     assert "by its name it may be AfmoeForCausalLM (AFMoE (Trinity))" in detail["message"]
     assert ('send {"config": {"architecture": ARCH, ...}} instead of the command, or add '
             "--hf-overrides '{\"architectures\": [\"ARCH\"]}' to the command"

@@ -19,10 +19,10 @@ import httpx
 import pytest
 from service_helpers import LiveService, free_port, make_tokens, start_service
 
-from oracle import DeploymentConfig, decide, load_pack
+from oracle import decide, from_spec, load_pack
 from oracle.client import OracleClient, snapshot_from_json
 
-QWEN3 = DeploymentConfig.from_spec({"architecture": "Qwen3ForCausalLM"})
+QWEN3 = from_spec({"architecture": "Qwen3ForCausalLM"})
 
 
 @pytest.fixture
@@ -129,10 +129,10 @@ def test_no_service_no_disk_copy_uses_pack_defaults(tmp_path: Path) -> None:
 ENGINE = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from oracle import DeploymentConfig
+    from oracle import from_spec
     from oracle.client import OracleClient
     client = OracleClient(sys.argv[1], "tok_x", cache_dir=Path(sys.argv[2]))
-    config = DeploymentConfig.from_spec({"architecture": "Qwen3ForCausalLM"})
+    config = from_spec({"architecture": "Qwen3ForCausalLM"})
     for i in range(25):
         client.decide(config, deployment_id=f"crashed/{i}")
     print("reported", flush=True)

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
+from oracle import CanarySnapshot, CohortState, decide, from_spec, load_pack
 from oracle.client import OracleClient
 
-LLAMA = DeploymentConfig.from_spec({"architecture": "LlamaForCausalLM"})
+LLAMA = from_spec({"architecture": "LlamaForCausalLM"})
 PACK = load_pack("turnout")
 STAGE = decide(LLAMA, pack=PACK).stage
 

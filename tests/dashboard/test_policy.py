@@ -14,6 +14,7 @@ from dashboard.store import canaries
 from dashboard.store.db import Database
 from dashboard.store.errors import NotFound, StoreError
 from oracle import load_pack
+from oracle.errors import ErrorCode
 from oracle.pack import RuleInfo
 
 
@@ -90,7 +91,8 @@ def test_rollout_position_is_the_stage_order_with_unlisted_cohorts_last(policy: 
 
 def test_store_error_text_lists_the_cohorts_for_an_unknown_one(policy: Policy) -> None:
     ids = [c.id for c in load_pack("turnout").cohorts]
-    text = policy.store_error_text("nope", NotFound("unknown cohort 'nope'", code="unknown_cohort"))
+    text = policy.store_error_text(
+        "nope", NotFound("unknown cohort 'nope'", code=ErrorCode.UNKNOWN_COHORT))
     assert text.startswith("unknown cohort 'nope'") and text.endswith("cohorts: " + ", ".join(ids))
     other = StoreError("version 3 is stale", code="stale_version")
     assert policy.store_error_text("x", other) == str(other)

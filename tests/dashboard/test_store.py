@@ -15,6 +15,7 @@ from dashboard.store.db import Database
 from dashboard.store.errors import InvalidChange, NotFound, VersionConflict
 from dashboard.store.events import EventRecord
 from dashboard.store.models import Base
+from oracle.errors import ErrorCode
 
 DEFAULTS = [CohortDefault("qwen3", False), CohortDefault("llama-mistral", False, 50)]
 
@@ -179,7 +180,7 @@ def test_flip_without_reason_is_refused_and_changes_nothing(db: Database, reason
     with db.write_session() as s, pytest.raises(InvalidChange) as err:
         canaries.flip_canary(session=s, cohort="qwen3", enabled=True, reason=reason,
                              actor="t", if_version=1)
-    assert err.value.code == "reason_required"
+    assert err.value.code == ErrorCode.REASON_REQUIRED
     with db.read_session() as s:
         assert canaries.read_state(session=s).cohorts["qwen3"] == (False, 100, 1)
 
@@ -205,9 +206,9 @@ def test_audit_log_refuses_update_and_delete_in_the_database(db: Database) -> No
 
 
 @pytest.mark.parametrize("reason, code", [
-    ("\u200b\u200b", "reason_required"),          # zero-width spaces only
-    (" \u2060\t\ufeff ", "reason_required"),     # word joiner, BOM, blanks
-    ("x" * (audit.MAX_REASON_CHARS + 1), "reason_too_long"),
+    ("\u200b\u200b", ErrorCode.REASON_REQUIRED),  # zero-width spaces only
+    (" \u2060\t\ufeff ", ErrorCode.REASON_REQUIRED),  # word joiner, BOM, blanks
+    ("x" * (audit.MAX_REASON_CHARS + 1), ErrorCode.REASON_TOO_LONG),
 ])
 def test_a_reason_must_be_visible_and_bounded(db: Database, reason: str, code: str) -> None:
     # The CLI passes reasons straight to the store: the same bounds as the API's schema.

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from oracle import ConfigError, DeploymentConfig, PackError, load_pack
+from oracle import ConfigError, PackError, from_command, from_hf_config, load_pack
+from oracle.errors import ErrorCode
 from oracle.pack import POLICIES_DIR
-from oracle.spec import load_specs
+from oracle.sources.spec import load_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,7 +30,7 @@ def test_spec_with_a_byte_that_is_not_utf8_names_line_and_column(tmp_path: Path)
     f.write_bytes(b"architecture: LlamaForCausalLM\nmodel: ab\xffc\n")
     with pytest.raises(ConfigError) as info:
         load_specs(f)
-    assert info.value.code == "bad_spec"
+    assert info.value.code == ErrorCode.BAD_SPEC
     assert f"{f}:2:10:" in info.value.message and "0xff is not UTF-8" in info.value.message
 
 
@@ -39,10 +40,10 @@ def test_unreadable_spec_with_json_prints_one_contract_object(tmp_path: Path) ->
     r = turnout("decide", "--spec", str(f), "--json")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     (out,) = [json.loads(line) for line in r.stdout.splitlines()]
-    assert out["runner"] is None and out["error_code"] == "bad_spec"
+    assert out["runner"] is None and out["error_code"] == ErrorCode.BAD_SPEC
     assert out["error"].startswith(f"{f}:1:1:") and len(out["policy_digest"]) == 16
     r = turnout("decide", "--spec", str(tmp_path / "spec.yml"), "--json")
-    assert r.returncode == 2 and json.loads(r.stdout)["error_code"] == "file_not_found"
+    assert r.returncode == 2 and json.loads(r.stdout)["error_code"] == ErrorCode.FILE_NOT_FOUND
 
 
 def test_json_spec_indented_with_tabs_is_json(tmp_path: Path) -> None:
@@ -97,15 +98,16 @@ def test_malformed_vllm_config_file_is_a_bad_flag_value(tmp_path: Path) -> None:
     f = tmp_path / "serve.yaml"
     f.write_text("tensor-parallel-size: 2\nspeculative-config: {method: [ngram\n")
     with pytest.raises(ConfigError) as info:
-        DeploymentConfig.from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
-    assert info.value.code == "bad_flag_value" and f"--config {f}:3:1:" in info.value.message
+        from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
+    assert info.value.code == ErrorCode.BAD_FLAG_VALUE
+    assert f"--config {f}:3:1:" in info.value.message
     f.write_bytes(b"tensor-parallel-size: \xff\n")
     with pytest.raises(ConfigError) as info:
-        DeploymentConfig.from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
+        from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
     assert f"--config {f}:1:23:" in info.value.message
     f.write_text("tensor-parallel-size: 2\ntensor-parallel-size: 4\n")
     with pytest.raises(ConfigError) as info:
-        DeploymentConfig.from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
+        from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(f)])
     assert "duplicate key 'tensor-parallel-size'" in info.value.message
 
 
@@ -113,10 +115,10 @@ def test_hf_config_not_utf8_is_refused_and_a_bom_is_read(tmp_path: Path) -> None
     f = tmp_path / "config.json"
     f.write_bytes(b'{"architectures": ["Llama\xffForCausalLM"]}')
     with pytest.raises(ConfigError) as info:
-        DeploymentConfig.from_hf_config(f)
-    assert info.value.code == "bad_spec" and f"{f}:1:26:" in info.value.message
+        from_hf_config(f)
+    assert info.value.code == ErrorCode.BAD_SPEC and f"{f}:1:26:" in info.value.message
     f.write_bytes(b'\xef\xbb\xbf{"architectures": ["LlamaForCausalLM"]}')
-    assert DeploymentConfig.from_hf_config(f).architecture == "LlamaForCausalLM"
+    assert from_hf_config(f).architecture == "LlamaForCausalLM"
 
 
 def test_pack_file_not_utf8_is_a_pack_error(tmp_path: Path) -> None:
@@ -144,7 +146,7 @@ def test_canary_file_with_wrong_types_is_bad_input(tmp_path: Path,
     f.write_text(json.dumps(snapshot))
     r = turnout("decide", "--json", "--canaries", str(f), "--architecture", "Qwen3ForCausalLM")
     assert r.returncode == 2, r.stdout  # not "false" read as true (kill switch engaged)
-    assert json.loads(r.stdout)["error_code"] == "bad_spec"
+    assert json.loads(r.stdout)["error_code"] == ErrorCode.BAD_SPEC
 
 
 @pytest.mark.parametrize("snapshot", [
@@ -183,7 +185,7 @@ def test_canary_file_cohorts_the_pack_lacks_are_named_not_dropped(tmp_path: Path
 def test_unicode_digit_and_infinity_on_a_command_line_are_bad_values() -> None:
     r = turnout("decide", "--json", "--", "vllm", "serve", "Qwen/Qwen3-8B", "-tp", "²")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert json.loads(r.stdout)["error_code"] == "bad_value"
+    assert json.loads(r.stdout)["error_code"] == ErrorCode.BAD_VALUE
     r = turnout("decide", "--json", "--", "vllm", "serve", "Qwen/Qwen3-8B",
                 "--cpu-offload-gb", "inf")
     assert r.returncode == 2 and "Infinity" not in r.stdout

@@ -8,7 +8,17 @@ from typing import Any
 import pytest
 import yaml
 
-from oracle import CanarySnapshot, ConfigError, Decision, DeploymentConfig, decide, load_pack
+from oracle import (
+    CanarySnapshot,
+    ConfigError,
+    Decision,
+    DeploymentConfig,
+    ErrorCode,
+    decide,
+    from_command,
+    from_spec,
+    load_pack,
+)
 
 CASES_DIR = Path(__file__).parent / "cases"
 
@@ -26,9 +36,9 @@ CASES = _load()
 
 def _config(inp: dict[str, Any]) -> DeploymentConfig:
     if "command" in inp:
-        return DeploymentConfig.from_command(inp["command"], inp.get("env") or {},
-                                             architecture=inp.get("architecture"))
-    return DeploymentConfig.from_spec(inp)
+        return from_command(inp["command"], inp.get("env") or {},
+                            architecture=inp.get("architecture"))
+    return from_spec(inp)
 
 
 def _check(d: Decision, want: dict[str, Any]) -> None:
@@ -36,6 +46,8 @@ def _check(d: Decision, want: dict[str, Any]) -> None:
     for key in ("runner", "mode", "reason_code", "stage", "family", "error", "error_code"):
         if key in want:
             assert got[key] == want[key], f"{key}: {got[key]!r} != {want[key]!r}\n{got}"
+    if want.get("error_code") is not None:  # the case names a real code, produced as one
+        assert d.error_code is ErrorCode(want["error_code"]), d.error_code
     if "rules" in want:
         assert [r["rule_id"] for r in got["reasons"]] == want["rules"], got
     if "messages" in want:
@@ -54,7 +66,7 @@ def test_case(case: dict[str, Any]) -> None:
     if "want_error" in case:
         with pytest.raises(ConfigError) as info:
             _config(case["input"])
-        assert info.value.code == case["want_error"]["code"], info.value
+        assert info.value.code is ErrorCode(case["want_error"]["code"]), info.value
         assert case["want_error"].get("contains", "") in info.value.message
         return
     d = decide(_config(case["input"]), pack=pack, canaries=canaries)

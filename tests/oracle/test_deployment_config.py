@@ -8,16 +8,50 @@ from pathlib import Path
 
 import pytest
 
-from oracle import ConfigError, DeploymentConfig
-from oracle.config import CONFIG_FIELD_NAMES
-from oracle.fields import FIELD_INFO
-from oracle.spec import load_specs
+from oracle import ConfigError, DeploymentConfig, from_command, from_hf_config, from_spec
+from oracle.coerce import KIND_CHECKS
+from oracle.config import CONFIG_FIELD_NAMES, DEFAULTS, FIELD_INFO
+from oracle.errors import ErrorCode
+from oracle.fields import PLATFORMS, declare, field_infos
+from oracle.sources.spec import load_specs
 
 REF = Path(__file__).resolve().parents[2] / "policies" / "reference"
 
 
-def test_field_table_matches_the_dataclass() -> None:
-    assert set(CONFIG_FIELD_NAMES) == set(FIELD_INFO)
+def test_every_field_is_declared_once_on_the_dataclass() -> None:
+    init_fields = [f.name for f in dataclasses.fields(DeploymentConfig) if f.init]
+    assert list(CONFIG_FIELD_NAMES) == init_fields == list(FIELD_INFO)
+    assert FIELD_INFO["tensor_parallel_size"].minimum == 1
+    assert FIELD_INFO["ubatch_size"].minimum == 0
+    assert FIELD_INFO["platform"].vocab == PLATFORMS and FIELD_INFO["platform"].group == "platform"
+    assert FIELD_INFO["architecture"].changeable is False
+    assert DEFAULTS["compilation_mode"] == "vllm_compile" and DEFAULTS["env"] == {}
+    # The checks name no field: which check a field gets is said by its declaration alone.
+    source = (Path(__file__).resolve().parents[2] / "oracle" / "coerce.py").read_text()
+    named = [n for n in CONFIG_FIELD_NAMES if n not in KIND_CHECKS  # "env": a kind too
+             and (f'"{n}"' in source or f"'{n}'" in source)]
+    assert not named, named
+
+
+def test_field_infos_names_declared_fields_only() -> None:
+    @dataclasses.dataclass
+    class Toy:
+        a: int = declare(3, "int", "an a", "g", minimum=2)
+        b: str = "plain"
+
+    (info,) = field_infos(Toy)
+    assert (info.name, info.kind, info.doc, info.minimum) == ("a", "int", "an a", 2)
+    assert Toy().a == 3
+
+
+def test_min_and_mtp_checks_come_from_the_declarations() -> None:
+    with pytest.raises(ConfigError, match="data_parallel_size: expected an integer >= 1"):
+        DeploymentConfig(data_parallel_size=0)
+    assert DeploymentConfig(ubatch_size=0).ubatch_size == 0
+    assert DeploymentConfig(speculative_method="qwen3-next-MTP").speculative_method == "mtp"
+    assert DeploymentConfig(quantization=False).quantization == "none"
+    with pytest.raises(ConfigError, match="compilation_mode: unknown value 'x_mtp'"):
+        DeploymentConfig(compilation_mode="x_mtp")  # the MTP names belong to speculative_method
 
 
 def test_frozen_and_hashable_by_value() -> None:
@@ -59,14 +93,14 @@ def test_coercion_and_defaults() -> None:
 def test_bad_values_name_the_field(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         DeploymentConfig(**kwargs)
-    assert fragment in info.value.message and info.value.code == "bad_value"
+    assert fragment in info.value.message and info.value.code == ErrorCode.BAD_VALUE
 
 
 def test_replace_names_an_unknown_field() -> None:
     c = DeploymentConfig(architecture="LlamaForCausalLM")
     with pytest.raises(ConfigError) as info:
         c.replace(tensor_paralel_size=2)  # turnout decide --set tensor_paralel_size=2
-    assert info.value.code == "unknown_field"
+    assert info.value.code == ErrorCode.UNKNOWN_FIELD
     assert "did you mean 'tensor_parallel_size'" in info.value.message
     assert c.replace(tensor_parallel_size=2).tensor_parallel_size == 2
 
@@ -76,7 +110,7 @@ def test_spec_round_trip() -> None:
                          logits_processors=("a:B",), env={"TURNOUT_USE_V2_MODEL_RUNNER": "1"})
     spec = c.to_spec()
     assert json.loads(json.dumps(spec)) == spec
-    assert DeploymentConfig.from_spec(spec) == c
+    assert from_spec(spec) == c
 
 
 def test_spec_file_errors_name_file_line_column(tmp_path: Path) -> None:
@@ -110,7 +144,7 @@ def test_jsonl_bad_line_is_rejected_alone(tmp_path: Path) -> None:
     ("all-minilm-l6-v2.json", "BertModel", {}),
 ])
 def test_from_hf_config_reads_real_configs(name: str, arch: str, facts: dict) -> None:
-    c = DeploymentConfig.from_hf_config(REF / "model_configs" / name)
+    c = from_hf_config(REF / "model_configs" / name)
     assert c.architecture == arch
     for key, value in facts.items():
         assert getattr(c, key) == value
@@ -121,32 +155,32 @@ def test_from_hf_config_quantization(tmp_path: Path) -> None:
     qc = data["examples"][0]["quantization_config_seen"]
     cfg = {"architectures": ["DeepseekV2ForCausalLM"], "quantization_config": qc}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    c = DeploymentConfig.from_hf_config(tmp_path, platform="rocm")
+    c = from_hf_config(tmp_path, platform="rocm")
     assert c.quantization == "gptq" and c.platform == "rocm"
 
 
 def test_from_hf_config_without_architectures() -> None:
     with pytest.raises(ConfigError, match="architectures"):
-        DeploymentConfig.from_hf_config({"model_type": "llama"})
+        from_hf_config({"model_type": "llama"})
 
 
 def test_from_command_local_directory(tmp_path: Path) -> None:
     model = tmp_path / "my-model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["MistralForCausalLM"]}))
-    c = DeploymentConfig.from_command(["vllm", "serve", str(model), "-tp", "2"], {})
+    c = from_command(["vllm", "serve", str(model), "-tp", "2"], {})
     assert c.architecture == "MistralForCausalLM" and c.tensor_parallel_size == 2
 
 
 def test_from_command_config_file_and_cli_precedence(tmp_path: Path) -> None:
     (tmp_path / "serve.yaml").write_text("tensor-parallel-size: 4\nenable_dbo: true\n"
                                          "speculative-config: {method: suffix}\n")
-    c = DeploymentConfig.from_command(
+    c = from_command(
         "vllm serve Qwen/Qwen3-8B --config serve.yaml -tp 2", {}, base_dir=tmp_path)
     assert c.tensor_parallel_size == 2 and c.enable_dbo and c.speculative_method == "suffix"
 
 
 def test_from_command_shell_string_with_env_prefix() -> None:
-    c = DeploymentConfig.from_command(
+    c = from_command(
         "TURNOUT_USE_V2_MODEL_RUNNER=1 CUDA_VISIBLE_DEVICES=0 vllm serve Qwen/Qwen3-8B", {})
     assert dict(c.env) == {"TURNOUT_USE_V2_MODEL_RUNNER": "1"}

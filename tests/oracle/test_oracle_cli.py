@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from oracle.errors import ErrorCode
+
 ROOT = Path(__file__).resolve().parents[2]
 REF = ROOT / "policies" / "reference"
 
@@ -143,7 +145,7 @@ def test_explain_json_on_bad_input_is_still_json(args: list[str]) -> None:
     assert r.returncode == 2
     out = json.loads(r.stdout)  # scripts parse stdout: no text on it
     assert out["suggestions"] == [] and out["decision"]["runner"] is None
-    assert out["decision"]["error_code"] in ("placeholder_model", "unknown_pack")
+    assert out["decision"]["error_code"] in (ErrorCode.PLACEHOLDER_MODEL, ErrorCode.UNKNOWN_PACK)
     assert out["note"] == "fix the input first: " + out["decision"]["error"]
 
 

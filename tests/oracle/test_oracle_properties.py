@@ -9,8 +9,17 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, explain, load_pack
-from oracle.fields import FIELD_INFO, FIELDS
+from oracle import (
+    CanarySnapshot,
+    CohortState,
+    DeploymentConfig,
+    decide,
+    explain,
+    from_spec,
+    load_pack,
+)
+from oracle.config import FIELD_INFO, FIELDS
+from oracle.errors import ErrorCode
 
 PACKS = {name: load_pack(name) for name in ("turnout", "vllm-0.31")}
 ARCHS = sorted(PACKS["turnout"].architectures)
@@ -88,7 +97,7 @@ def test_decide_never_raises_and_is_deterministic(pack_name: str, cfg: Deploymen
                                                   ) -> None:
     pack = PACKS[pack_name]
     d = decide(cfg, pack=pack)
-    again = decide(DeploymentConfig.from_spec(cfg.to_spec()), pack=pack)
+    again = decide(from_spec(cfg.to_spec()), pack=pack)
     assert d == again
     json.dumps(d.to_json())
     assert d.runner in ("v1", "v2", None)
@@ -109,7 +118,7 @@ def test_pin_to_v2_with_hard_blockers_always_errors(pack_name: str, cfg: Deploym
     d = decide(pinned, pack=pack)
     if matched & hard:
         assert d.runner is None and d.error is not None
-        assert d.error_code == "pin_conflict"
+        assert d.error_code == ErrorCode.PIN_CONFLICT
         assert matched & hard <= {r.rule_id for r in d.reasons}
     else:
         assert d.runner == "v2" and d.mode == "pinned"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from oracle import PackError, load_pack
+from oracle.errors import ErrorCode
 from oracle.pack import POLICIES_DIR
 
 
@@ -136,4 +137,4 @@ def test_missing_pack() -> None:
 
     with pytest.raises(OracleError) as info:
         load_pack("no-such-pack")
-    assert info.value.code == "unknown_pack"
+    assert info.value.code == ErrorCode.UNKNOWN_PACK

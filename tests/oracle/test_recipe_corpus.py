@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from oracle import ConfigError, DeploymentConfig, decide, load_pack
+from oracle import ConfigError, decide, from_command, load_pack
+from oracle.errors import ErrorCode
 
 RECIPES_FILE = Path(__file__).resolve().parents[2] / "policies" / "reference" / "vllm_recipes.jsonl"
 RECIPES = [json.loads(line) for line in RECIPES_FILE.read_text().splitlines() if line.strip()]
 # Error codes that are specific and say what to pass (docs/oracle-api.md, "Errors").
-SPECIFIC = {"placeholder_model", "placeholder_value", "unknown_model", "bad_command",
-            "unknown_flag", "bad_flag_value", "bad_value"}
+SPECIFIC = {ErrorCode.PLACEHOLDER_MODEL, ErrorCode.PLACEHOLDER_VALUE, ErrorCode.UNKNOWN_MODEL,
+            ErrorCode.BAD_COMMAND, ErrorCode.UNKNOWN_FLAG, ErrorCode.BAD_FLAG_VALUE,
+            ErrorCode.BAD_VALUE}
 
 
 @pytest.mark.parametrize("pack_name", ["turnout", "vllm-0.31"])
@@ -24,14 +26,14 @@ def test_every_recipe_decides_or_fails_clearly(pack_name: str) -> None:
     outcomes: Counter[str] = Counter()
     for rec in RECIPES:
         try:
-            cfg = DeploymentConfig.from_command(rec["argv"], rec["env"])
+            cfg = from_command(rec["argv"], rec["env"])
         except ConfigError as exc:
             assert exc.code in SPECIFIC, (rec["id"], exc.code, exc.message)
             assert len(exc.message) > 20, (rec["id"], exc.message)
             outcomes[exc.code] += 1
             continue
         d = decide(cfg, pack=pack)
-        assert d.error_code != "unknown_architecture", (rec["id"], d.error)
+        assert d.error_code != ErrorCode.UNKNOWN_ARCHITECTURE, (rec["id"], d.error)
         outcomes[d.runner or "no runner"] += 1
     assert sum(outcomes.values()) == len(RECIPES)
     decided = outcomes["v1"] + outcomes["v2"] + outcomes["no runner"]
@@ -41,17 +43,17 @@ def test_every_recipe_decides_or_fails_clearly(pack_name: str) -> None:
 def test_placeholders_are_named() -> None:
     by_id = {r["id"]: r for r in RECIPES}
     with pytest.raises(ConfigError, match="placeholder") as info:
-        DeploymentConfig.from_command(by_id["recipe-0006"]["argv"], {})
+        from_command(by_id["recipe-0006"]["argv"], {})
     assert "architecture=ARCH" in info.value.message  # Python's words: not --architecture
     with pytest.raises(ConfigError, match="a word of prose") as info:
-        DeploymentConfig.from_command(by_id["recipe-0004"]["argv"], {})
-    assert info.value.code == "placeholder_model"
+        from_command(by_id["recipe-0004"]["argv"], {})
+    assert info.value.code == ErrorCode.PLACEHOLDER_MODEL
     with pytest.raises(ConfigError, match=r"\$TP"):
-        DeploymentConfig.from_command(by_id["recipe-0241"]["argv"], {})
+        from_command(by_id["recipe-0241"]["argv"], {})
 
 
 def test_known_models_are_sourced_and_known_to_both_packs() -> None:
-    from oracle.known_models import load_known_models
+    from oracle.sources.known_models import load_known_models
 
     models = load_known_models()
     assert len(models) >= 100

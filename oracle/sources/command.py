@@ -7,7 +7,7 @@ negated switches (``--no-enable-prefix-caching``), dotted sub-keys of JSON-value
 ``--config file.yaml`` (vLLM's own config file; command-line flags win over it).
 Placeholders (``<X>``, ``$MODEL``, ``${X}``, ``/path/to/...``, ``...``) are refused with an error
 that says what to pass. Flags that cannot change the decision are accepted knowingly
-(:data:`oracle.command_flags.IGNORED_FLAGS`) and reported in ``ParsedCommand.ignored``.
+(:data:`oracle.sources.command_flags.IGNORED_FLAGS`) and reported in ``ParsedCommand.ignored``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from oracle.command_flags import DECISION_FLAGS, IGNORED_FLAGS, FlagSpec
-from oracle.command_values import apply_json_flags, parse_json_value
-from oracle.errors import ConfigError, PackError
-from oracle.hf_config import hf_config_to_fields
-from oracle.known_models import candidate_architectures, lookup_model
+from oracle.config import DeploymentConfig
+from oracle.errors import ConfigError, ErrorCode, PackError
+from oracle.sources.command_flags import DECISION_FLAGS, IGNORED_FLAGS, FlagSpec
+from oracle.sources.command_values import apply_json_flags, parse_json_value
+from oracle.sources.hf_config import hf_config_to_fields
+from oracle.sources.known_models import candidate_architectures, lookup_model
 
 _BY_NAME: dict[str, FlagSpec] = {}
 for _spec in DECISION_FLAGS:
@@ -82,7 +83,7 @@ def _split_argv(argv: Sequence[str] | str, env: dict[str, str]) -> list[str]:
         env[key] = value
     if len(tokens) < 2 or Path(tokens[0]).name != "vllm" or tokens[1] != "serve":
         raise ConfigError(f"not a `vllm serve` command line: {' '.join(tokens[:3])!r}...",
-                          code="bad_command")
+                          code=ErrorCode.BAD_COMMAND)
     return tokens[2:]
 
 
@@ -96,11 +97,11 @@ def _take_values(spec_nargs: int | str, name: str, inline: str | None, rest: lis
             values.append(rest[i])
             i += 1
         if not values:
-            raise ConfigError(f"{name} needs at least one value", code="bad_flag_value",
+            raise ConfigError(f"{name} needs at least one value", code=ErrorCode.BAD_FLAG_VALUE,
                               field=name)
         return values, i
     if i >= len(rest) or (rest[i].startswith("--") and rest[i] != "--"):
-        raise ConfigError(f"{name} needs a value", code="bad_flag_value", field=name)
+        raise ConfigError(f"{name} needs a value", code=ErrorCode.BAD_FLAG_VALUE, field=name)
     return [rest[i]], i + 1
 
 
@@ -111,7 +112,7 @@ def _parse_tokens(rest: list[str], st: _State) -> None:
         i += 1
         if tok == "...":
             raise ConfigError("the command line is elided ('...'): pass the complete command",
-                              code="placeholder_model")
+                              code=ErrorCode.PLACEHOLDER_MODEL)
         if not tok.startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", tok):
             st.positional.append(tok)
             continue
@@ -142,7 +143,7 @@ def _dispatch(name: str, sub: str, inline: str | None, rest: list[str], i: int, 
         if nargs is None:
             raise ConfigError(f"unknown flag {tok.split('=')[0]!r}: not a vllm serve flag the "
                               "oracle knows (docs/oracle-api.md lists the ignored ones)",
-                              code="unknown_flag", field=tok.split("=")[0])
+                              code=ErrorCode.UNKNOWN_FLAG, field=tok.split("=")[0])
         if nargs == 0:
             values: list[str] = []
         else:
@@ -152,17 +153,18 @@ def _dispatch(name: str, sub: str, inline: str | None, rest: list[str], i: int, 
     if spec.nargs == 0:
         if inline is not None or sub:
             raise ConfigError(f"{name} is a switch and takes no value (got {tok!r})",
-                              code="bad_flag_value", field=name)
+                              code=ErrorCode.BAD_FLAG_VALUE, field=name)
         st.fields[spec.field or name] = not negated
         return i
     values, i = _take_values(spec.nargs, name, inline, rest, i)
     for v in values:
         if _VALUE_PLACEHOLDER.search(v) and spec.name not in ("--model", "--config"):
             raise ConfigError(f"{name} {v!r}: a placeholder, not a value; pass the real value",
-                              code="placeholder_value", field=name)
+                              code=ErrorCode.PLACEHOLDER_VALUE, field=name)
     if sub:
         if len(values) != 1:
-            raise ConfigError(f"{tok}: expected one value", code="bad_flag_value", field=name)
+            raise ConfigError(f"{tok}: expected one value", code=ErrorCode.BAD_FLAG_VALUE,
+                              field=name)
         _set_nested(st.json_flags.setdefault(spec.name, {}), sub.split("."),
                     parse_json_value(values[0], strict=False))
         return i
@@ -196,19 +198,19 @@ def _config_file_tokens(path: str, base_dir: Path | None) -> list[str]:
 
     if is_placeholder(path):
         raise ConfigError(f"--config {path}: a placeholder, not a file; pass the real path of "
-                          "the YAML config", code="placeholder_model", field="--config")
+                          "the YAML config", code=ErrorCode.PLACEHOLDER_MODEL, field="--config")
     p = Path(path) if base_dir is None else base_dir / path
     try:
         data, _ = load_text_with_positions(read_text(p), str(p))
     except OSError as exc:
         raise ConfigError(f"--config {path}: cannot read ({exc.strerror or exc})",
-                          code="file_not_found", field="--config") from None
+                          code=ErrorCode.FILE_NOT_FOUND, field="--config") from None
     except PackError as exc:
-        raise ConfigError(f"--config {exc.issues[0]}", code="bad_flag_value",
+        raise ConfigError(f"--config {exc.issues[0]}", code=ErrorCode.BAD_FLAG_VALUE,
                           field="--config") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"--config {path}: expected a mapping of flag names to values",
-                          code="bad_flag_value", field="--config")
+                          code=ErrorCode.BAD_FLAG_VALUE, field="--config")
     tokens: list[str] = []
     for key, value in data.items():
         flag = "--" + str(key).replace("_", "-")
@@ -262,16 +264,37 @@ def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
                          sorted(k for k in env_all if k not in runner_env))
 
 
+def from_command(argv: Sequence[str] | str, env: Mapping[str, str] | None = None, *,
+                 architecture: str | None = None, hf_config: str | Path | None = None,
+                 base_dir: str | Path | None = None, hint_for: HintFor = "python",
+                 **overrides: Any) -> DeploymentConfig:
+    """A DeploymentConfig from a real ``vllm serve MODEL [flags]`` command line and its
+    environment.
+
+    ``argv`` is a list (or a shell string, split with shlex). The model id is looked up in
+    ``policies/known_models.yaml`` unless ``architecture`` or ``hf_config`` is given or the
+    model is a local directory with a config.json; ``overrides`` (DeploymentConfig fields) win.
+    Raises ConfigError for a placeholder model, an unknown model, an unknown flag or a bad flag
+    value (the message names it); ``hint_for`` ("python", "cli", "api", "page") words how to
+    give an architecture the oracle cannot find, and an unknown model's message names the
+    architectures its name suggests.
+    """
+    fields = command_to_fields(argv, env or {}, architecture=architecture, hf_config=hf_config,
+                               base_dir=base_dir, hint_for=hint_for).fields
+    fields.update(overrides)
+    return DeploymentConfig(**fields)
+
+
 def _model(st: _State) -> str | None:
     model = st.fields.pop("model", None)
     if st.positional:
         if model is not None:
             raise ConfigError(f"the model is given twice: {st.positional[0]!r} and --model "
-                              f"{model!r}", code="bad_command")
+                              f"{model!r}", code=ErrorCode.BAD_COMMAND)
         model = st.positional[0]
         if len(st.positional) > 1:
             raise ConfigError(f"unexpected extra argument {st.positional[1]!r} after the model "
-                              f"{model!r}", code="bad_command")
+                              f"{model!r}", code=ErrorCode.BAD_COMMAND)
     return model  # type: ignore[no-any-return]
 
 
@@ -294,7 +317,7 @@ def _unknown_model(model: str, hint: str) -> ConfigError:
             f"{arch} ({label})" for arch, label in candidates) + " (check the model's config.json)"
     return ConfigError(f"model {model!r} is not in policies/known_models.yaml and is not a "
                        f"local directory with a config.json{guess}; {hint}",
-                       code="unknown_model", field="model")
+                       code=ErrorCode.UNKNOWN_MODEL, field="model")
 
 
 def _model_fields(model: str | None, fields: dict[str, Any], architecture: str | None,
@@ -308,15 +331,15 @@ def _model_fields(model: str | None, fields: dict[str, Any], architecture: str |
         return {}
     hint = architecture_hint(hint_for)
     if model is None:
-        raise ConfigError(f"no model in the command line; {hint}", code="missing_model")
+        raise ConfigError(f"no model in the command line; {hint}", code=ErrorCode.MISSING_MODEL)
     if is_placeholder(model):
         raise ConfigError(f"the model {model!r} is a placeholder, not a model id; {hint}",
-                          code="placeholder_model", field="model")
+                          code=ErrorCode.PLACEHOLDER_MODEL, field="model")
     if _PROSE.match(model):
         raise ConfigError(f"the model {model!r} is a word of prose (a bare word ending in "
                           "punctuation), not a model id: the line reads as a sentence about a "
                           "command, not a command; give a real vllm serve MODEL line",
-                          code="placeholder_model", field="model")
+                          code=ErrorCode.PLACEHOLDER_MODEL, field="model")
     local = Path(model) if base is None else base / model
     if (local / "config.json").is_file():
         return hf_config_to_fields(local) | _explicit(fields)

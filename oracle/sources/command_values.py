@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from oracle.command_flags import (
+from oracle.errors import ConfigError, ErrorCode
+from oracle.sources.command_flags import (
     COMPILATION_MODE_NUMBERS,
     IGNORED_SPECULATIVE_KEYS,
     POOLING_CONVERSIONS,
 )
-from oracle.errors import ConfigError
 
 _SCALARS = {"true": True, "false": False, "none": None, "null": None}
 
@@ -28,7 +28,7 @@ def parse_json_value(text: str, *, strict: bool, flag: str = "") -> Any:
         except json.JSONDecodeError as exc:
             if strict:
                 raise ConfigError(f"{flag}: invalid JSON value ({exc.msg} at column "
-                                  f"{exc.colno}): {text!r}", code="bad_flag_value",
+                                  f"{exc.colno}): {text!r}", code=ErrorCode.BAD_FLAG_VALUE,
                                   field=flag) from None
             return text
     if stripped.lower() in _SCALARS:
@@ -53,7 +53,7 @@ def _speculative(cfg: dict[str, Any], fields: dict[str, Any], ignored: list[str]
                   "ngram" if low == "[ngram]" else "draft_model")
     if method is None:
         raise ConfigError("--speculative-config needs a method (or a draft model)",
-                          code="bad_flag_value", field="--speculative-config")
+                          code=ErrorCode.BAD_FLAG_VALUE, field="--speculative-config")
     fields["speculative_method"] = method
     if "num_speculative_tokens" in cfg:
         fields["num_speculative_tokens"] = cfg["num_speculative_tokens"]
@@ -63,7 +63,7 @@ def _speculative(cfg: dict[str, Any], fields: dict[str, Any], ignored: list[str]
         if key not in ("method", "num_speculative_tokens", "parallel_drafting"):
             if key not in IGNORED_SPECULATIVE_KEYS:
                 raise ConfigError(f"--speculative-config: unknown key {key!r}",
-                                  code="bad_flag_value", field="--speculative-config")
+                                  code=ErrorCode.BAD_FLAG_VALUE, field="--speculative-config")
             ignored.append(f"--speculative-config.{key}")
 
 
@@ -74,7 +74,7 @@ def _compilation_mode(value: Any) -> str:
     if isinstance(value, str):
         return value.lower()
     raise ConfigError(f"--compilation-config: mode must be 0-3 or a CompilationMode name, got "
-                      f"{value!r}", code="bad_flag_value", field="--compilation-config")
+                      f"{value!r}", code=ErrorCode.BAD_FLAG_VALUE, field="--compilation-config")
 
 
 def _compilation(cfg: dict[str, Any], fields: dict[str, Any], ignored: list[str]) -> None:
@@ -102,7 +102,8 @@ def _runner_kind(flag: str, value: Any, fields: dict[str, Any]) -> None:
     elif v == "generate":
         fields["runner_kind"] = "generate"
     elif v not in ("auto", "none", "draft"):
-        raise ConfigError(f"{flag}: unknown value {value!r}", code="bad_flag_value", field=flag)
+        raise ConfigError(f"{flag}: unknown value {value!r}", code=ErrorCode.BAD_FLAG_VALUE,
+                          field=flag)
 
 
 def apply_json_flags(flags: dict[str, dict[str, Any]], fields: dict[str, Any],

@@ -10,11 +10,12 @@ from typing import Any
 
 from oracle.errors import Issue, PackError
 from oracle.fields import FAMILY_ATTRIBUTES, RUNNER_KINDS
+from oracle.pack import load_pack
 from oracle.schema import KnownModel, KnownModels
 from oracle.validate import validate_model
 from oracle.yamlpos import load_with_positions
 
-KNOWN_MODELS_PATH = Path(__file__).resolve().parent.parent / "policies" / "known_models.yaml"
+KNOWN_MODELS_PATH = Path(__file__).resolve().parents[2] / "policies" / "known_models.yaml"
 
 
 @functools.cache
@@ -70,8 +71,6 @@ def candidate_architectures(model_id: str, pack_name: str = "turnout") -> list[t
     words with ``model_id``'s name (after the org), best first, at most MAX_CANDIDATES. A guess
     for the reader to check, never used to decide: "arcee-ai/Trinity-Large-Thinking" →
     AfmoeForCausalLM of "AFMoE (Trinity)"."""
-    from oracle.pack import load_pack  # the pack imports this module's caller
-
     name = _words(model_id.rsplit("/", 1)[-1])
     if not any(not w.isdigit() for w in name):
         return []

@@ -17,7 +17,7 @@ from typing import Any
 
 from oracle.coerce import suggest
 from oracle.config import CONFIG_FIELD_NAMES, DeploymentConfig
-from oracle.errors import ConfigError, Issue, PackError
+from oracle.errors import ConfigError, ErrorCode, Issue, PackError
 from oracle.yamlpos import (
     Positions,
     load_json_with_positions,
@@ -33,17 +33,18 @@ WRAPPER_METADATA = ("want", "vllm_version", "note", "source")
 def spec_to_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The DeploymentConfig keyword arguments of a spec mapping (aliases resolved).
 
-    Raises ConfigError(code="unknown_field") naming an unknown key and the closest known one.
+    Raises ConfigError(code=ErrorCode.UNKNOWN_FIELD) naming an unknown key and the closest
+    known one.
     """
     if not isinstance(spec, Mapping):
         raise ConfigError(f"a spec must be a mapping of fields, got {type(spec).__name__}",
-                          code="bad_spec")
+                          code=ErrorCode.BAD_SPEC)
     fields: dict[str, Any] = {}
     for key, value in spec.items():
         if key == "is_pooling":
             if not isinstance(value, bool):
                 raise ConfigError(f"is_pooling: expected true or false, got {value!r}",
-                                  code="bad_value", field=key)
+                                  code=ErrorCode.BAD_VALUE, field=key)
             fields["runner_kind"] = "pooling" if value else "generate"
         elif key == "id":
             fields.setdefault("deployment_id", None if value is None else str(value))
@@ -52,8 +53,18 @@ def spec_to_fields(spec: Mapping[str, Any]) -> dict[str, Any]:
         else:
             known = list(CONFIG_FIELD_NAMES) + list(ALIASES)
             raise ConfigError(f"unknown field {key!r}{suggest(str(key), known)}",
-                              code="unknown_field", field=str(key))
+                              code=ErrorCode.UNKNOWN_FIELD, field=str(key))
     return fields
+
+
+def from_spec(spec: Mapping[str, Any]) -> DeploymentConfig:
+    """A DeploymentConfig from a spec mapping (field names of vllm031_cases.jsonl ``config``
+    objects, plus the aliases ``is_pooling`` -> runner_kind and ``id`` -> deployment_id).
+
+    Raises ConfigError(code=ErrorCode.UNKNOWN_FIELD) for any other key, and the constructor's
+    ConfigError for a bad value.
+    """
+    return DeploymentConfig(**spec_to_fields(spec))
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,7 @@ class SpecEntry:
     config: DeploymentConfig | None
     error: str | None
     where: str
-    error_code: str | None = None
+    error_code: ErrorCode | None = None
 
 
 def _entry(raw: Any, pos: Positions, path: tuple[Any, ...]) -> SpecEntry:
@@ -75,7 +86,7 @@ def _entry(raw: Any, pos: Positions, path: tuple[Any, ...]) -> SpecEntry:
     where = f"{pos.file}:{line}"
     if not isinstance(raw, Mapping):
         return SpecEntry(None, None, f"{pos.file}:{line}:{col}: a spec must be a mapping",
-                         where, "bad_spec")
+                         where, ErrorCode.BAD_SPEC)
     spec, spec_path = raw, path
     if isinstance(raw.get("config"), Mapping):
         extra = set(raw) - {"id", "config", *WRAPPER_METADATA}
@@ -84,14 +95,14 @@ def _entry(raw: Any, pos: Positions, path: tuple[Any, ...]) -> SpecEntry:
             ln, cl = pos.at((*path, key), prefer_key=True)
             return SpecEntry(_id(raw), None, f"{pos.file}:{ln}:{cl}: unknown key {key!r} next "
                              "to config (expected id, config, " + ", ".join(WRAPPER_METADATA)
-                             + ")", where, "unknown_field")
+                             + ")", where, ErrorCode.UNKNOWN_FIELD)
         spec = {"id": raw["id"], **raw["config"]} if "id" in raw else raw["config"]
         spec_path = (*path, "config")
     try:
-        return SpecEntry(_id(spec), DeploymentConfig.from_spec(spec), None, where)
+        return SpecEntry(_id(spec), from_spec(spec), None, where)
     except ConfigError as exc:
         key_path = (*spec_path, exc.field) if exc.field else spec_path
-        prefer_key = exc.code == "unknown_field"
+        prefer_key = exc.code == ErrorCode.UNKNOWN_FIELD
         ln, cl = pos.at(key_path, prefer_key=prefer_key)
         return SpecEntry(_id(spec), None, f"{pos.file}:{ln}:{cl}: {exc.message}", where,
                          exc.code)
@@ -105,7 +116,7 @@ def _id(spec: Mapping[str, Any]) -> str | None:
 def load_specs(path: str | Path) -> list[SpecEntry]:
     """Every deployment of a spec file (.yaml/.yml/.json: a mapping or a list; .jsonl: one a line).
 
-    Raises ConfigError(code="file_not_found"/"bad_spec") only when the file as a whole cannot
+    Raises ConfigError (``FILE_NOT_FOUND``, ``BAD_SPEC``) only when the file as a whole cannot
     be read; a bad entry comes back as a SpecEntry with ``error`` set.
     """
     p = Path(path)
@@ -117,9 +128,9 @@ def load_specs(path: str | Path) -> list[SpecEntry]:
         data, pos = load(text, str(p))
     except OSError as exc:
         raise ConfigError(f"cannot read spec file {p}: {exc.strerror or exc}",
-                          code="file_not_found") from None
+                          code=ErrorCode.FILE_NOT_FOUND) from None
     except PackError as exc:
-        raise ConfigError(str(exc), code="bad_spec") from None
+        raise ConfigError(str(exc), code=ErrorCode.BAD_SPEC) from None
     if isinstance(data, Mapping) and isinstance(data.get("deployments"), list):
         return [_entry(item, pos, ("deployments", i))
                 for i, item in enumerate(data["deployments"])]
@@ -133,7 +144,7 @@ def _load_jsonl(lines: list[str | Issue], name: str) -> list[SpecEntry]:
     for n, line in enumerate(lines, start=1):
         if isinstance(line, Issue):
             out.append(SpecEntry(None, None, f"{name}:{n}:{line.column}: {line.message}",
-                                 f"{name}:{n}", "bad_spec"))
+                                 f"{name}:{n}", ErrorCode.BAD_SPEC))
             continue
         if not line.strip():
             continue
@@ -142,7 +153,7 @@ def _load_jsonl(lines: list[str | Issue], name: str) -> list[SpecEntry]:
         except PackError as exc:
             issue = exc.issues[0]
             out.append(SpecEntry(None, None, f"{name}:{n}:{issue.column}: {issue.message}",
-                                 f"{name}:{n}", "bad_spec"))
+                                 f"{name}:{n}", ErrorCode.BAD_SPEC))
             continue
         pos = Positions(name, {k: (n, c) for k, (_, c) in lpos.value.items()},
                         {k: (n, c) for k, (_, c) in lpos.key.items()})

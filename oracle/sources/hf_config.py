@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from oracle.errors import ConfigError, PackError
+from oracle.config import DeploymentConfig
+from oracle.errors import ConfigError, ErrorCode, PackError
 from oracle.yamlpos import read_text
 
 # HF config keys that count routed experts, per model family (transformers configuration_*.py).
@@ -32,15 +33,15 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(read_text(p))
     except PackError as exc:
-        raise ConfigError(str(exc.issues[0]), code="bad_spec") from None
+        raise ConfigError(str(exc.issues[0]), code=ErrorCode.BAD_SPEC) from None
     except OSError as exc:
         raise ConfigError(f"cannot read HF config {p}: {exc.strerror or exc}",
-                          code="file_not_found") from None
+                          code=ErrorCode.FILE_NOT_FOUND) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{p}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}",
-                          code="bad_spec") from None
+                          code=ErrorCode.BAD_SPEC) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{p}: expected a JSON object", code="bad_spec")
+        raise ConfigError(f"{p}: expected a JSON object", code=ErrorCode.BAD_SPEC)
     return data
 
 
@@ -79,7 +80,7 @@ def hf_config_to_fields(source: str | Path | Mapping[str, Any]) -> dict[str, Any
     archs = data.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
         raise ConfigError("the HF config has no 'architectures' list; pass --architecture",
-                          code="bad_spec", field="architectures")
+                          code=ErrorCode.BAD_SPEC, field="architectures")
     raw_text = data.get("text_config")
     text: Mapping[str, Any] = raw_text if isinstance(raw_text, Mapping) else {}
     fields: dict[str, Any] = {"architecture": archs[0]}
@@ -101,3 +102,17 @@ def hf_config_to_fields(source: str | Path | Mapping[str, Any]) -> dict[str, Any
         fields["has_inner_state"] = True
         fields["is_hybrid"] = any(t in ("attention", "full_attention") for t in layer_types)
     return fields
+
+
+def from_hf_config(path_or_mapping: str | Path | Mapping[str, Any],
+                   **overrides: Any) -> DeploymentConfig:
+    """A DeploymentConfig from a local HF ``config.json`` (a file, its directory, or the parsed
+    mapping).
+
+    Sets architecture, model_type, quantization and the model attributes the config shows
+    (is_moe from expert counts, use_mla from kv_lora_rank, ...); ``overrides`` win. Raises
+    ConfigError when the file cannot be read or names no architecture.
+    """
+    fields = hf_config_to_fields(path_or_mapping)
+    fields.update(overrides)
+    return DeploymentConfig(**fields)
