@@ -3,8 +3,8 @@ the checkpoint formats of ``engine.model.fp8_config``.
 
 Two ways to run a layer, chosen once at load time (:func:`choose_fp8_execution`) and logged:
 
-- ``scaled_mm`` (CUDA, compute capability >= 8.9, bfloat16 activations, per-tensor or
-  per-channel weight scales, activations quantised): W8A8 through ``torch._scaled_mm`` with
+- ``scaled_mm`` (CUDA, compute capability >= 8.9, bfloat16 activations, activations
+  quantised): per-tensor or per-channel weight scales run W8A8 through ``torch._scaled_mm`` with
   row-wise scales, ``scale_a [M, 1]`` per token and ``scale_b [1, N]`` per output channel.
   Activation scales are **dynamic per token** (``amax(|x_row|) / 448``) unless the checkpoint
   stores a static ``input_scale``, which is then used for every token. Per token rather than
@@ -13,8 +13,11 @@ Two ways to run a layer, chosen once at load time (:func:`choose_fp8_execution`)
   else was scheduled (chunked prefill, batch composition), which the runners' parity contract
   forbids; per-token scales are also what vLLM picks on Hopper (``Fp8LinearOp``
   ``use_per_token_if_dynamic``; ``GroupShape.PER_TOKEN`` in ``CompressedTensorsW8A8Fp8``).
-- ``reference`` (CPU, GPUs without FP8 tensor cores, float32/float16 models, block-wise scales,
-  weight-only schemes, shapes ``_scaled_mm`` cannot take): the weight is dequantised for each
+  Block-wise checkpoints (128x128 weight blocks, DeepSeek-V3's format) run W8A8 through
+  ``torch.nn.functional.scaled_mm`` with activations quantised per token and 128 channels
+  (``BlockWise1x128`` x ``BlockWise128x128``, vLLM's ``W8A8BlockFp8LinearOp`` scheme).
+- ``reference`` (CPU, GPUs without FP8 tensor cores, float32/float16 models, weight-only
+  schemes, blocks other than 128x128, shapes the GEMMs cannot take): the weight is dequantised for each
   matmul (``weight.float() * scale`` cast to the activation dtype) and used with
   ``F.linear``; activations are not quantised. The FP8 copy stays the only one in memory.
 
@@ -87,6 +90,46 @@ def fp8_linear(
                             out_dtype=torch.bfloat16)
 
 
+def quantize_fp8_per_token_group(x: torch.Tensor, group: int = 128  # [M, K], K % group == 0
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:  # [M, K] fp8, [M, K / group]
+    """Dynamic FP8 quantisation per token and group of ``group`` channels (DeepSeek-V3's 1x128
+    activation tiles). The scales come back outer-dim-major (``stride == (1, M)``), the layout
+    ``F.scaled_mm``'s ``BlockWise1x128`` recipe reads."""
+    m, k = x.shape
+    xg = x.float().view(m, k // group, group)
+    scale = (xg.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)  # [M, K / group]
+    xq = (xg / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(m, k)
+    return xq, scale.t().contiguous().t()
+
+
+def fp8_block_linear(
+    x: torch.Tensor,  # [M, K] bfloat16, CUDA; K % 128 == 0
+    weight: torch.Tensor,  # [N, K] float8_e4m3fn, contiguous; N % 128 == 0
+    weight_scale: torch.Tensor,  # [N / 128, K / 128] float32, contiguous, per 128x128 block
+) -> torch.Tensor:  # [M, N] bfloat16
+    """Block-wise W8A8 ``x @ dequant(weight).T``: activations quantised per token and 128
+    channels, weights per 128x128 block, through ``torch.nn.functional.scaled_mm``'s
+    ``BlockWise1x128`` x ``BlockWise128x128`` recipes (vLLM's ``W8A8BlockFp8LinearOp`` scheme).
+
+    Raises:
+        ValueError: wrong dtypes, or shapes that are not whole 128 blocks.
+    """
+    if x.dtype != torch.bfloat16 or weight.dtype != FP8_DTYPE or weight_scale.dtype != torch.float32:
+        raise ValueError(f"fp8_block_linear: x bfloat16, weight float8_e4m3fn, weight_scale float32; got "
+                         f"{x.dtype}, {weight.dtype}, {weight_scale.dtype}")
+    n, k = weight.shape
+    if (x.dim() != 2 or x.shape[1] != k or n % 128 or k % 128
+            or weight_scale.shape != (n // 128, k // 128) or not weight_scale.is_contiguous()):
+        raise ValueError(f"fp8_block_linear: x [M, K], weight [N, K] with N, K multiples of 128, "
+                         f"weight_scale [N/128, K/128] contiguous; got {tuple(x.shape)}, "
+                         f"{tuple(weight.shape)}, {tuple(weight_scale.shape)}")
+    xq, scale_a = quantize_fp8_per_token_group(x)
+    recipe = F.ScalingType  # type: ignore[attr-defined]
+    # The weight's transpose is [K, N] column-major; its scales read as [K/128, N/128].
+    return F.scaled_mm(xq, weight.t(), scale_a, recipe.BlockWise1x128, weight_scale.t(),  # type: ignore[attr-defined]
+                       recipe.BlockWise128x128, output_dtype=torch.bfloat16)
+
+
 def dequantize_fp8(weight: torch.Tensor, weight_scale: torch.Tensor,  # [N, K] fp8; see below
                    block_size: tuple[int, int] | None = None) -> torch.Tensor:  # [N, K] float32
     """``weight.float() * scale``; ``weight_scale`` is ``[N]`` (per row) or, with
@@ -125,7 +168,10 @@ class Fp8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [M, in] -> [M, out]
         assert self.weight is not None and self.weight_scale is not None
         if self.execution == "scaled_mm":
-            out = fp8_linear(x, self.weight, self.weight_scale, self.input_scale)
+            if self.block_size is not None:
+                out = fp8_block_linear(x, self.weight, self.weight_scale)
+            else:
+                out = fp8_linear(x, self.weight, self.weight_scale, self.input_scale)
             return out + self.bias if self.bias is not None else out
         return fp8_linear_ref(x, self.weight, self.weight_scale, self.bias, self.block_size)
 
@@ -150,10 +196,15 @@ def choose_fp8_execution(scheme: Fp8Scheme, shape: tuple[int, int], *, dtype: to
         return Fp8Execution("reference", "GPU without FP8 tensor cores (compute capability < 8.9)")
     if dtype != torch.bfloat16:
         return Fp8Execution("reference", f"{dtype} activations (W8A8 runs with bfloat16)")
-    if scheme.weight_strategy == "block":
-        return Fp8Execution("reference", "block-wise weight scales (no block-scaled FP8 GEMM here)")
     if scheme.activation == "none":
         return Fp8Execution("reference", "weight-only scheme (activations stay dense)")
+    if scheme.weight_strategy == "block":
+        if scheme.weight_block_size != (128, 128) or not hasattr(F, "scaled_mm"):
+            return Fp8Execution("reference", f"{scheme.weight_block_size} blocks (the block-scaled "
+                                             "FP8 GEMM takes 128x128)")
+        if shape[0] % 128 or shape[1] % 128:
+            return Fp8Execution("reference", f"shape {shape} not whole 128x128 blocks")
+        return Fp8Execution("scaled_mm")
     if shape[0] % 16 or shape[1] % 16:
         return Fp8Execution("reference", f"shape {shape} not a multiple of 16")
     return Fp8Execution("scaled_mm")

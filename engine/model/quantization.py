@@ -53,7 +53,9 @@ def _fp8_report(model: nn.Module, q: Fp8Config, dtype_name: str) -> Quantization
     detail = f"{'; '.join(s.describe() for s in q.schemes)}; {len(layers)} of {num_linear} linear layers FP8"
     ways: Counter[str] = Counter()
     for m in layers:
-        if m.execution == "scaled_mm":
+        if m.execution == "scaled_mm" and m.block_size is not None:
+            ways["W8A8 through F.scaled_mm (dynamic 1x128 activation scales, 128x128 weight blocks)"] += 1
+        elif m.execution == "scaled_mm":
             acts = "static input scales" if m.input_scale is not None else "dynamic per-token activation scales"
             ways[f"W8A8 through torch._scaled_mm ({acts})"] += 1
         else:
