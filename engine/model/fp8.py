@@ -6,6 +6,7 @@ Two ways to run a layer, chosen once at load time (:func:`choose_fp8_execution`)
 - ``scaled_mm`` (CUDA, compute capability >= 8.9, bfloat16 activations, activations
   quantised): per-tensor or per-channel weight scales run W8A8 through ``torch._scaled_mm`` with
   row-wise scales, ``scale_a [M, 1]`` per token and ``scale_b [1, N]`` per output channel.
+  Activations are quantised by one Triton launch (``kernels.fp8_quant``).
   Activation scales are **dynamic per token** (``amax(|x_row|) / 448``) unless the checkpoint
   stores a static ``input_scale``, which is then used for every token. Per token rather than
   per tensor because a per-tensor dynamic scale couples the tokens of a batch: one request's
@@ -38,26 +39,15 @@ from torch import nn
 
 from engine.model.fp8_config import Fp8Config, Fp8Scheme
 from engine.model.weights import WeightLoadError, WeightSource
-
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
-#: Smallest activation scale: a row of zeros (padding) quantises to zeros, not NaN.
-MIN_SCALE = 1e-12
+from kernels._triton import HAS_TRITON
+from kernels.fp8_quant import FP8_DTYPE, FP8_MAX, MIN_SCALE, quantize_fp8, quantize_fp8_ref
 EXECUTIONS = ("scaled_mm", "reference")
 
 
-def quantize_fp8_per_token(x: torch.Tensor  # [M, K] bfloat16/float16/float32
-                           ) -> tuple[torch.Tensor, torch.Tensor]:  # [M, K] fp8, [M, 1] float32
-    """Dynamic per-token FP8 quantisation: each row scaled by ``amax(|row|) / 448``."""
-    scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=MIN_SCALE)
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
-
-
-def quantize_fp8_static(x: torch.Tensor, input_scale: torch.Tensor  # [M, K]; [] float32
-                        ) -> tuple[torch.Tensor, torch.Tensor]:  # [M, K] fp8, [M, 1] float32
-    """Static FP8 quantisation with the checkpoint's per-tensor ``input_scale``."""
-    scale = input_scale.reshape(1, 1).expand(x.shape[0], 1).contiguous()
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+def _quantize(x: torch.Tensor, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+    # One Triton launch on CUDA (kernels.fp8_quant); its torch reference elsewhere.
+    quant = quantize_fp8 if x.is_cuda and HAS_TRITON else quantize_fp8_ref
+    return quant(x, **kwargs)  # type: ignore[arg-type]
 
 
 def fp8_linear(
@@ -82,24 +72,9 @@ def fp8_linear(
                          f"weight {tuple(weight.shape)}, weight_scale {tuple(weight_scale.shape)}")
     if not weight.is_contiguous():
         raise ValueError("fp8_linear: weight must be contiguous (its transpose is column-major)")
-    if input_scale is None:
-        xq, scale_a = quantize_fp8_per_token(x)
-    else:
-        xq, scale_a = quantize_fp8_static(x, input_scale)
+    xq, scale_a = _quantize(x, static_scale=input_scale)  # [M, K] fp8, [M, 1] float32
     return torch._scaled_mm(xq, weight.t(), scale_a=scale_a, scale_b=weight_scale.view(1, -1),
                             out_dtype=torch.bfloat16)
-
-
-def quantize_fp8_per_token_group(x: torch.Tensor, group: int = 128  # [M, K], K % group == 0
-                                 ) -> tuple[torch.Tensor, torch.Tensor]:  # [M, K] fp8, [M, K / group]
-    """Dynamic FP8 quantisation per token and group of ``group`` channels (DeepSeek-V3's 1x128
-    activation tiles). The scales come back outer-dim-major (``stride == (1, M)``), the layout
-    ``F.scaled_mm``'s ``BlockWise1x128`` recipe reads."""
-    m, k = x.shape
-    xg = x.float().view(m, k // group, group)
-    scale = (xg.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)  # [M, K / group]
-    xq = (xg / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(m, k)
-    return xq, scale.t().contiguous().t()
 
 
 def fp8_block_linear(
@@ -123,11 +98,13 @@ def fp8_block_linear(
         raise ValueError(f"fp8_block_linear: x [M, K], weight [N, K] with N, K multiples of 128, "
                          f"weight_scale [N/128, K/128] contiguous; got {tuple(x.shape)}, "
                          f"{tuple(weight.shape)}, {tuple(weight_scale.shape)}")
-    xq, scale_a = quantize_fp8_per_token_group(x)
+    # cuBLASLt wants the (outer-dim-major) tile scales' columns 16-byte aligned: rows padded to 4.
+    xq, scale_a = _quantize(x, group_size=128, pad_rows_to=4)
     recipe = F.ScalingType  # type: ignore[attr-defined]
     # The weight's transpose is [K, N] column-major; its scales read as [K/128, N/128].
-    return F.scaled_mm(xq, weight.t(), scale_a, recipe.BlockWise1x128, weight_scale.t(),  # type: ignore[attr-defined]
-                       recipe.BlockWise128x128, output_dtype=torch.bfloat16)
+    out = F.scaled_mm(xq, weight.t(), scale_a, recipe.BlockWise1x128, weight_scale.t(),  # type: ignore[attr-defined]
+                      recipe.BlockWise128x128, output_dtype=torch.bfloat16)
+    return out[: x.shape[0]]
 
 
 def dequantize_fp8(weight: torch.Tensor, weight_scale: torch.Tensor,  # [N, K] fp8; see below

@@ -41,7 +41,7 @@ def quantize_fp8_weight(weight: torch.Tensor, scheme: Fp8Scheme  # [N, K] float
         assert scheme.weight_block_size is not None
         bn, bk = scheme.weight_block_size
         n, k = w.shape
-        padded = torch.zeros(-(-n // bn) * bn, -(-k // bk) * bk)
+        padded = torch.zeros(-(-n // bn) * bn, -(-k // bk) * bk, device=w.device)
         padded[:n, :k] = w.abs()
         blocks = padded.view(padded.shape[0] // bn, bn, padded.shape[1] // bk, bk)
         scale = (blocks.amax(dim=(1, 3)) / FP8_MAX).clamp(min=MIN_SCALE)

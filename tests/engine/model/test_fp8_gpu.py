@@ -32,13 +32,11 @@ from engine.model.fp8 import (
     dequantize_fp8,
     fp8_block_linear,
     fp8_linear,
-    quantize_fp8_per_token,
-    quantize_fp8_per_token_group,
-    quantize_fp8_static,
     set_fp8_execution,
 )
 from engine.model.fp8_checkpoint import quantize_fp8_weight
 from engine.model.fp8_config import Fp8Scheme
+from kernels.fp8_quant import quantize_fp8_ref
 
 pytestmark = pytest.mark.gpu
 CONFIGS = Path(__file__).resolve().parents[3] / "policies" / "reference" / "model_configs"
@@ -59,7 +57,7 @@ def test_scaled_mm_layer_equals_its_emulation(m: int, k: int, n: int, static: bo
     input_scale = (x.float().abs().amax() / 448).reshape(()) if static else None
     out = fp8_linear(x, q, scale, input_scale)
     assert out.dtype == torch.bfloat16 and out.shape == (m, n)
-    xq, xs = quantize_fp8_per_token(x) if input_scale is None else quantize_fp8_static(x, input_scale)
+    xq, xs = quantize_fp8_ref(x, static_scale=input_scale)
     assert xq.dtype == FP8_DTYPE
     emulated = (xq.float() * xs) @ dequantize_fp8(q, scale).T
     assert _rel(out, emulated) <= 1e-2
@@ -74,7 +72,7 @@ def test_block_scaled_mm_layer_equals_its_emulation(m: int) -> None:
     w = torch.randn(n, k, device="cuda", generator=gen) / k**0.5
     q, scale = quantize_fp8_weight(w, Fp8Scheme("block", "dynamic", (128, 128)))
     out = fp8_block_linear(x, q, scale.contiguous())
-    xq, xs = quantize_fp8_per_token_group(x)
+    xq, xs = quantize_fp8_ref(x, group_size=128)
     deq = dequantize_fp8(q, scale, (128, 128))
     emulated = (xq.float() * xs.repeat_interleave(128, 1)) @ deq.T
     assert _rel(out, emulated) <= 1e-2
