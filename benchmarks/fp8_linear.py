@@ -4,8 +4,9 @@ and vs the dequantising reference (``fp8_linear_ref``) that CPUs and GPUs withou
 
 Shapes: Qwen3-8B's projections (hidden 4096: qkv 4096 -> 6144, o 4096 -> 4096, gate_up
 4096 -> 24576, down 12288 -> 4096) at M tokens of 1, 16, 256 (decode batches) and 4096
-(a prefill chunk). Times are the mean of 50 calls after 5 warm-ups (CUDA events), in
-microseconds; ``speedup`` is bf16 time / FP8 time, summed over the four projections.
+(a prefill chunk). Times are the mean of 50 replays of a CUDA graph of one call, after warm-ups
+(CUDA events), in microseconds: GPU time, as the runners' graph-replayed decode steps see it;
+``speedup`` is bf16 time / FP8 time, summed over the four projections.
 
 Run: python benchmarks/fp8_linear.py  -> last line: one JSON object.
 """
@@ -26,13 +27,24 @@ TOKENS = (1, 16, 256, 4096)
 
 
 def _timed(fn, iters: int = 50) -> float:  # type: ignore[no-untyped-def]
-    for _ in range(5):
+    # Replays of a CUDA graph of `fn` (as both runners run decode steps): GPU time, without
+    # Python's launch overhead (tens of microseconds for a Triton launch, more than a GEMV).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
         fn()
+    for _ in range(5):
+        graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
     for _ in range(iters):
-        fn()
+        graph.replay()
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / iters * 1e3  # microseconds
