@@ -61,9 +61,9 @@ def main() -> None:
             scale = scale.reshape(-1)
             w16 = w.bfloat16()
             x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
-            totals["bf16_us"] += _timed(lambda: F.linear(x, w16))
-            totals["fp8_us"] += _timed(lambda: fp8_linear(x, q, scale))
-            totals["reference_us"] += _timed(lambda: fp8_linear_ref(x, q, scale))
+            totals["bf16_us"] += _timed(lambda x=x, w16=w16: F.linear(x, w16))
+            totals["fp8_us"] += _timed(lambda x=x, q=q, scale=scale: fp8_linear(x, q, scale))
+            totals["reference_us"] += _timed(lambda x=x, q=q, scale=scale: fp8_linear_ref(x, q, scale))
         totals["speedup"] = totals["bf16_us"] / totals["fp8_us"]
         results[f"M={m}"] = {k: round(v, 2) for k, v in totals.items()}
         print(f"M={m}: {results[f'M={m}']}")

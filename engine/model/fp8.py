@@ -40,7 +40,8 @@ from torch import nn
 from engine.model.fp8_config import Fp8Config, Fp8Scheme
 from engine.model.weights import WeightLoadError, WeightSource
 from kernels._triton import HAS_TRITON
-from kernels.fp8_quant import FP8_DTYPE, FP8_MAX, MIN_SCALE, quantize_fp8, quantize_fp8_ref
+from kernels.fp8_quant import FP8_DTYPE, quantize_fp8, quantize_fp8_ref
+
 EXECUTIONS = ("scaled_mm", "reference")
 
 

@@ -22,8 +22,9 @@ import torch
 from torch import nn
 
 from engine.model.config import ModelConfig
-from engine.model.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE, dequantize_fp8
+from engine.model.fp8 import dequantize_fp8
 from engine.model.fp8_config import Fp8Config, Fp8Scheme
+from kernels.fp8_quant import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 
 def quantize_fp8_weight(weight: torch.Tensor, scheme: Fp8Scheme  # [N, K] float

@@ -88,7 +88,7 @@ class Fp8Config:
     def scheme_for(self, module: str) -> Fp8Scheme | None:
         """The scheme of the linear layer with HF module name ``module`` (``model.layers.0.
         self_attn.q_proj``), or ``None`` when it stays dense."""
-        if any(_matches(entry, module, self.method) for entry in self.ignore):
+        if any(_matches(entry, module) for entry in self.ignore):
             return None
         for group in self.groups:
             if any(_target_matches(t, module) for t in group.targets):
@@ -237,7 +237,7 @@ def _target_matches(target: str, module: str) -> bool:
     return module == target
 
 
-def _matches(entry: str, module: str, method: str) -> bool:
+def _matches(entry: str, module: str) -> bool:
     """``ignore`` / ``ignored_layers`` entries: ``re:`` regexes, exact names, a layer's last
     name (``lm_head``), or a parent module (vLLM's prefix rule)."""
     if entry.startswith("re:"):
@@ -245,5 +245,12 @@ def _matches(entry: str, module: str, method: str) -> bool:
     return module == entry or module.endswith("." + entry) or module.startswith(entry + ".")
 
 
-__all__ = ["ACTIVATION_SCHEMES", "FP8_METHODS", "Fp8Config", "Fp8Group", "Fp8Scheme",
-           "WEIGHT_STRATEGIES", "parse_quantization_config"]
+__all__ = [
+    "ACTIVATION_SCHEMES",
+    "FP8_METHODS",
+    "WEIGHT_STRATEGIES",
+    "Fp8Config",
+    "Fp8Group",
+    "Fp8Scheme",
+    "parse_quantization_config",
+]

@@ -136,10 +136,9 @@ def test_gguf_reports_its_quantization_to_the_oracle(smollm2_gguf: Path) -> None
     # the rollout puts it in the quantized stage. These are LLM.__init__'s steps up to the
     # decision, from the header alone (loading the weights is test_smollm2_gguf's; the FP8
     # facade test, tests/parity/test_parity_fp8.py, runs the whole constructor).
-    from oracle import load_pack
-
     from engine.model_info import engine_config_for, read_model_config
     from engine.runner_selection import choose_runner, deployment_config
+    from oracle import load_pack
 
     model_config = read_model_config(smollm2_gguf)
     pack = load_pack("turnout")

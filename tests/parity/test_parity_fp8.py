@@ -49,7 +49,7 @@ def test_llm_reports_fp8_to_the_oracle(fp8_dirs: dict, caplog: pytest.LogCapture
     pytest.importorskip("pydantic")  # the oracle
     from engine.llm import LLM
 
-    for (arch, fmt), (fp8_dir, _) in fp8_dirs.items():
+    for (_, fmt), (fp8_dir, _) in fp8_dirs.items():
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="turnout.engine"):
             llm = LLM(fp8_dir, device="cpu", max_model_len=64, kv_cache_memory_gb=0.01, environ={})

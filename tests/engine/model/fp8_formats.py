@@ -10,7 +10,11 @@ from typing import Any
 import torch
 
 from engine.model import write_random_weights
-from engine.model.fp8_checkpoint import calibrate_input_amax, dequantize_checkpoint, write_fp8_checkpoint
+from engine.model.fp8_checkpoint import (
+    calibrate_input_amax,
+    dequantize_checkpoint,
+    write_fp8_checkpoint,
+)
 
 
 def _ct_group(weights: dict[str, Any], acts: dict[str, Any] | None) -> dict[str, Any]:

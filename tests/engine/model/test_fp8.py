@@ -16,7 +16,13 @@ from paged_session import run_paged_greedy
 from tiny_model_configs import TINY_DECODER_CONFIGS
 from tiny_opt_configs import TINY_OPT_CONFIGS
 
-from engine.model import ModelConfig, ModelConfigError, WeightLoadError, load_model, write_random_weights
+from engine.model import (
+    ModelConfig,
+    ModelConfigError,
+    WeightLoadError,
+    load_model,
+    write_random_weights,
+)
 from engine.model.fp8 import FP8_DTYPE, Fp8Linear, dequantize_fp8, fp8_linear, fp8_linear_ref
 from engine.model.fp8_checkpoint import quantize_fp8_weight
 from engine.model.fp8_config import Fp8Scheme
