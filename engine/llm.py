@@ -72,6 +72,7 @@ class LLM:
         self.deployment = deployment_config(
             self.config, model_config.architecture, runner=runner, pack=self.pack,
             logits_processors=logits_processors, deployment_id=deployment_id, environ=environ,
+            quantization=model_config.quantization_method,
         )
         self.decision = choose_runner(self.deployment, pack=self.pack, canaries=canaries)
         self.runner_name: str = self.decision.runner

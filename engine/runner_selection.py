@@ -32,13 +32,16 @@ def deployment_config(
     logits_processors: Sequence[Callable[..., Any] | str] = (),
     deployment_id: str | None = None,
     environ: Mapping[str, str] | None = None,
+    quantization: str = "none",
 ) -> Any:  # -> oracle.DeploymentConfig
     """The oracle's view of this deployment: the model, this machine, the features asked for,
     and the runner variable (``runner="v1"``/``"v2"`` pins it; ``"auto"`` keeps the process
     environment's value, if any).
 
-    GGUF weights are dequantised when loaded, so the deployment runs unquantised
-    (``quantization="none"``).
+    ``quantization`` is the weights' vLLM ``--quantization`` name
+    (``ModelConfig.quantization_method``): ``"gguf"`` for every GGUF file (its tensors are
+    dequantised on load, but the rollout's quantized stage is about the checkpoint, as in
+    vLLM), ``"fp8"`` / ``"compressed-tensors"`` for FP8 checkpoints, ``"none"`` otherwise.
 
     Raises:
         EngineConfigError: an unknown ``runner`` value.
@@ -57,7 +60,7 @@ def deployment_config(
         model=engine_config.model,
         architecture=architecture,
         runner_kind=engine_config.runner_kind,
-        quantization="none",
+        quantization=quantization,
         platform="cuda" if engine_config.device.startswith("cuda") else "cpu",
         triton_available=importlib.util.find_spec("triton") is not None,
         speculative_method=spec.method if spec else "none",

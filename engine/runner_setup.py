@@ -6,22 +6,29 @@ Imported by the runner packages only (it loads torch and the model layer).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from engine.config import EngineConfig
 from engine.errors import EngineConfigError
 from engine.model import DecoderModel, EncoderModel, kv_cache_bytes_per_block, load_model
 
+logger = logging.getLogger("turnout.engine")
+
 
 def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.device
                       ) -> DecoderModel | EncoderModel:
-    """``config.model`` loaded in ``dtype`` on ``device``.
+    """``config.model`` loaded in ``dtype`` on ``device``; logs its quantization report
+    (``engine.model.quantization``) on the ``turnout.engine`` logger.
 
     Raises:
         EngineConfigError: the model's ``vocab_size`` is not ``config.vocab_size``.
         ModelConfigError, WeightLoadError: from :func:`engine.model.load_model`.
     """
     model = load_model(config.model, dtype=dtype, device=device)
+    # What the weights are and how they run (FP8 W8A8 or dequantised, GGUF dequantised).
+    logger.info("%s", model.quantization_report)
     if model.config.vocab_size != config.vocab_size:
         raise EngineConfigError(
             f"the engine expects vocab_size {config.vocab_size}, the model has {model.config.vocab_size}"

@@ -43,12 +43,13 @@ class OffloadStats:
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The model's stack of layers (``model.layers`` of a decoder, ``encoder.layer`` of BERT).
+    """The model's stack of layers (``model.layers`` of a decoder, ``model.decoder.layers`` of
+    OPT, ``encoder.layer`` of BERT).
 
     Raises:
         ValueError: the model has no recognisable layer stack.
     """
-    for path in ("model.layers", "encoder.layer", "layers"):
+    for path in ("model.layers", "model.decoder.layers", "encoder.layer", "layers"):
         module: Any = model
         for part in path.split("."):
             module = getattr(module, part, None)

@@ -1,6 +1,6 @@
-"""The model layer shared by both runners: decoders of the Llama family, a BERT encoder,
-attention over paged KV caches, and weight loading (HF safetensors directories, GGUF).
-See docs/model-layer.md for the interface."""
+"""The model layer shared by both runners: decoders of the Llama family and OPT, a BERT
+encoder, attention over paged KV caches, and weight loading (HF safetensors directories, FP8
+checkpoints, GGUF). See docs/model-layer.md for the interface."""
 
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.bert import EncoderModel

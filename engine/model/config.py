@@ -12,14 +12,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # family- and format-specific parts live in their own modules
+    from engine.model.fp8_config import Fp8Config
+    from engine.model.gguf_loader import GGUFQuantization
+    from engine.model.opt import OPTConfig
 
 DECODER_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
+    "OPTForCausalLM",
 )
 ENCODER_ARCHITECTURES = ("BertModel",)
 SUPPORTED_ARCHITECTURES = DECODER_ARCHITECTURES + ENCODER_ARCHITECTURES
@@ -29,6 +35,7 @@ _MODEL_TYPES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "OPTForCausalLM": "opt",
     "BertModel": "bert",
 }
 # RoPE types with an implementation in engine.model.layers (HF `rope_type` names).
@@ -90,6 +97,9 @@ class ModelConfig:
     torch_dtype: str | None = None
     layer_norm_eps: float = 1e-12
     type_vocab_size: int = 2
+    opt: OPTConfig | None = None  # OPT's own fields (engine.model.opt)
+    # FP8 checkpoints (engine.model.fp8_config) or a GGUF file's quantization types
+    quantization: Fp8Config | GGUFQuantization | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False, hash=False)
 
     @property
@@ -121,13 +131,34 @@ class ModelConfig:
         """
         arch = _architecture(d)
         if arch in ENCODER_ARCHITECTURES:
-            return _bert_config(arch, d)
-        return _decoder_config(arch, d)
+            config = _bert_config(arch, d)
+        elif arch == "OPTForCausalLM":
+            from engine.model.opt import opt_model_config
+
+            config = opt_model_config(arch, d)
+        else:
+            config = _decoder_config(arch, d)
+        if d.get("quantization_config") is None:
+            return config
+        from engine.model.fp8_config import parse_quantization_config
+
+        return replace(config, quantization=parse_quantization_config(config, d["quantization_config"]))
+
+    @property
+    def quantization_method(self) -> str:
+        """vLLM's ``--quantization`` name of the weights (``"none"``, ``"fp8"``,
+        ``"compressed-tensors"``, ``"gguf"``): the value reported to the oracle."""
+        return self.quantization.method if self.quantization is not None else "none"
 
     def to_hf_dict(self) -> dict[str, Any]:
         """An HF ``config.json`` mapping (legacy RoPE spelling, which every version reads)."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("architecture", "extra")}
+        d = {k: v for k, v in asdict(self).items()
+             if k not in ("architecture", "extra", "opt", "quantization")}
         d = {**dict(self.extra), **d}
+        if self.opt is not None:
+            d |= self.opt.to_hf_fields(self)
+        if self.quantization is not None and hasattr(self.quantization, "to_hf_dict"):
+            d["quantization_config"] = self.quantization.to_hf_dict()  # GGUF has no HF form
         d["architectures"] = [self.architecture]
         d["eos_token_id"] = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else (
             self.eos_token_id)

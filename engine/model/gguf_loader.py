@@ -9,7 +9,9 @@ each head's rotary pairs are interleaved (GPT-J style) instead of split in halve
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,7 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, WeightSource]:
     arch = meta.get("general.architecture")
     config = config_from_gguf(meta, has_output=any(t.name == "output.weight"
                                                    for t in reader.tensors))
+    config = replace(config, quantization=gguf_quantization(reader, meta))
     source: dict[str, Callable[[], torch.Tensor]] = {}
     for tensor in reader.tensors:
         hf_name = hf_tensor_name(tensor.name)
@@ -94,6 +97,38 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, WeightSource]:
         num_heads = heads.get(part) if arch in _PERMUTED_QK else None
         source[hf_name] = lambda t=tensor, h=num_heads: _dequantize(t, h)
     return config, source
+
+
+@dataclass(frozen=True)
+class GGUFQuantization:
+    """The quantization of a GGUF file: ``general.file_type`` (llama.cpp's ``LlamaFileType``
+    name, e.g. ``MOSTLY_Q4_1``; ``None`` when the header has none) and the count of tensors of
+    each ``GGMLQuantizationType`` (most frequent first). ``method`` is ``"gguf"``, vLLM's
+    ``--quantization`` name for every GGUF file."""
+
+    file_type: str | None
+    tensor_types: tuple[tuple[str, int], ...]
+
+    @property
+    def method(self) -> str:
+        return "gguf"
+
+    def describe(self) -> str:
+        types = ", ".join(f"{n} {t}" for t, n in self.tensor_types)
+        return f"file type {self.file_type or 'not stated'}; tensors: {types}"
+
+
+def gguf_quantization(reader: Any, meta: dict[str, Any]) -> GGUFQuantization:
+    """The :class:`GGUFQuantization` of an open file (header and tensor infos only)."""
+    from gguf import LlamaFileType
+
+    code = meta.get("general.file_type")
+    try:
+        file_type = LlamaFileType(code).name if code is not None else None
+    except ValueError:  # a type newer than the installed gguf package
+        file_type = f"file type {code}"
+    counts = Counter(t.tensor_type.name for t in reader.tensors)
+    return GGUFQuantization(file_type, tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))))
 
 
 def config_from_gguf(meta: dict[str, Any], *, has_output: bool) -> ModelConfig:

@@ -14,7 +14,11 @@ from torch import nn
 from engine.model.attention import ATTENTION_BACKENDS
 from engine.model.bert import EncoderModel
 from engine.model.config import ModelConfig, ModelConfigError
+from engine.model.fp8 import load_fp8_linears
+from engine.model.fp8_config import Fp8Config
 from engine.model.llama import FUSED_PARAMS, DecoderModel
+from engine.model.opt import OPTDecoderModel, opt_weight_names
+from engine.model.quantization import quantization_report
 from engine.model.weights import WeightLoadError, WeightSource, assign_weights, random_source
 
 
@@ -32,7 +36,8 @@ def load_model(
         source: an HF directory (``config.json`` + ``*.safetensors``), a ``.gguf`` file, or a
             :class:`ModelConfig` for random weights drawn with ``seed``
             (``engine.model.weights.random_tensor``; equal to what
-            :func:`write_random_weights` writes for the same config and seed).
+            :func:`write_random_weights` writes for the same config and seed; quantised to FP8
+            when the config has an FP8 ``quantization_config`` with dynamic activations).
         attn_backend: ``"auto"`` (Triton on CUDA, torch reference on CPU), ``"triton"`` or
             ``"torch"``.
 
@@ -44,8 +49,12 @@ def load_model(
     if attn_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attn_backend must be one of {ATTENTION_BACKENDS}, got {attn_backend!r}")
     if isinstance(source, ModelConfig):
-        return build_model(source, random_source(source, seed), dtype=dtype, device=device,
-                           attn_backend=attn_backend)
+        weights = random_source(source, seed)
+        if isinstance(source.quantization, Fp8Config):  # quantised by the format's own rule
+            from engine.model.fp8_checkpoint import quantize_tensors
+
+            weights = quantize_tensors(weights, source)
+        return build_model(source, weights, dtype=dtype, device=device, attn_backend=attn_backend)
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
@@ -118,19 +127,34 @@ def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtyp
                 ) -> DecoderModel | EncoderModel:
     """Build ``config``'s model on the meta device, assign ``weights``, build buffers."""
     with torch.device("meta"):
-        model: DecoderModel | EncoderModel = (
-            EncoderModel(config) if config.is_encoder else DecoderModel(config, attn_backend))
+        model = _new_model(config, attn_backend)
     if isinstance(model, DecoderModel):
+        if config.opt is not None:
+            weights = opt_weight_names(weights)
         if config.tie_word_embeddings:  # some tied checkpoints also store the shared head
             weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
+        if isinstance(config.quantization, Fp8Config):
+            weights = load_fp8_linears(model, config.quantization, weights, dtype=dtype,
+                                       device=device, fused=FUSED_PARAMS)
         assign_weights(model, weights, dtype=dtype, device=device, fused=FUSED_PARAMS)
         model.tie_weights()
-        model.model.rotary_emb.build_cache(device)
+        rotary = getattr(model.model, "rotary_emb", None)  # OPT has learned positions
+        if rotary is not None:
+            rotary.build_cache(device)
     else:
         assign_weights(model, weights, dtype=dtype, device=device, fused={},
                        prefix_aliases=("bert.",))
     _check_materialised(model)
+    model.quantization_report = quantization_report(model, config, dtype=dtype, device=device)
     return model.eval()
+
+
+def _new_model(config: ModelConfig, attn_backend: str) -> DecoderModel | EncoderModel:
+    if config.is_encoder:
+        return EncoderModel(config)
+    if config.opt is not None:
+        return OPTDecoderModel(config, attn_backend)
+    return DecoderModel(config, attn_backend)
 
 
 def _check_materialised(model: nn.Module) -> None:

@@ -26,10 +26,14 @@ def write_random_weights(
     The tensors are :func:`engine.model.weights.random_tensor` of each HF name (so
     ``load_model(ModelConfig.from_hf_dict(hf_config), seed=seed)`` holds the same values), and
     the directory loads in HF transformers too. ``config.json`` is ``hf_config`` as given, with
-    ``torch_dtype`` set to ``dtype``.
+    ``torch_dtype`` set to ``dtype``. With an FP8 ``quantization_config`` the draw (at
+    ``dtype``) is quantised by the format's own rule (``engine.model.fp8_checkpoint``); static
+    input scales need calibration, so use :func:`~engine.model.fp8_checkpoint.
+    write_fp8_checkpoint` for those.
 
     Raises:
         ModelConfigError: the config names an unsupported architecture or feature.
+        ValueError: a static FP8 scheme (it needs calibration inputs).
     """
     from safetensors.torch import save_file
 
@@ -38,6 +42,11 @@ def write_random_weights(
     out.mkdir(parents=True, exist_ok=True)
     tensors = {name: random_tensor(name, shape, seed).to(dtype)
                for name, shape in hf_weight_shapes(config).items()}
+    if config.quantization is not None:  # an FP8 quantization_config: quantise the dense draw
+        from engine.model.fp8_checkpoint import quantize_tensors
+
+        lazy = quantize_tensors({k: (lambda t=t: t) for k, t in tensors.items()}, config)
+        tensors = {k: get() for k, get in lazy.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     dtype_name = str(dtype).removeprefix("torch.")
     written = {**hf_config, "torch_dtype": dtype_name}

@@ -84,6 +84,10 @@ def bert_weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def hf_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF tensor names and shapes of ``config``'s architecture."""
+    if config.opt is not None:
+        from engine.model.opt import opt_weight_shapes
+
+        return opt_weight_shapes(config)
     return bert_weight_shapes(config) if config.is_encoder else decoder_weight_shapes(config)
 
 
@@ -129,6 +133,8 @@ def assign_weights(model: nn.Module, source: WeightSource, *, dtype: torch.dtype
     used: set[str] = set()
     missing: list[str] = []
     for pname, param in list(model.named_parameters(remove_duplicate=True)):
+        if not param.is_meta:  # filled by a format's own loader (engine.model.fp8)
+            continue
         parts = _hf_parts(pname, fused)
         if any(p not in names for p in parts):
             missing += [p for p in parts if p not in names]
@@ -173,6 +179,9 @@ def _read(get: Callable[[], torch.Tensor], name: str, dtype: torch.dtype) -> tor
     tensor = get()
     if not tensor.is_floating_point():
         raise WeightLoadError(f"{name}: expected a floating-point tensor, got {tensor.dtype}")
+    if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):  # casting would drop its scale
+        raise WeightLoadError(f"{name}: an FP8 tensor, but the config's quantization_config does "
+                              "not make this layer FP8")
     return tensor.to(dtype=dtype).contiguous()
 
 

@@ -129,3 +129,21 @@ def test_seeded_generation_is_reproducible(llama_dir: Path) -> None:
     unseeded = [LLM(llama_dir, device="cpu", max_model_len=64, environ={}, seed=s).generate([[4, 5, 6]], SamplingParams(max_tokens=12))[0] for s in (1, 1, 2)]
     assert unseeded[0].outputs[0].token_ids == unseeded[1].outputs[0].token_ids
     assert not np.array_equal(unseeded[0].outputs[0].token_ids, unseeded[2].outputs[0].token_ids)
+
+
+def test_gguf_reports_its_quantization_to_the_oracle(smollm2_gguf: Path) -> None:
+    # The shipped SmolLM2 file is Q4_1: the deployment is quantized ("gguf", vLLM's name), so
+    # the rollout puts it in the quantized stage. These are LLM.__init__'s steps up to the
+    # decision, from the header alone (loading the weights is test_smollm2_gguf's; the FP8
+    # facade test, tests/parity/test_parity_fp8.py, runs the whole constructor).
+    from engine.model_info import engine_config_for, read_model_config
+    from engine.runner_selection import choose_runner, deployment_config
+    from oracle import load_pack
+
+    model_config = read_model_config(smollm2_gguf)
+    pack = load_pack("turnout")
+    dep = deployment_config(engine_config_for(smollm2_gguf, model_config, device="cpu"),
+                            model_config.architecture, runner="auto", pack=pack, environ={},
+                            quantization=model_config.quantization_method)
+    assert dep.quantization == "gguf"
+    assert choose_runner(dep, pack=pack).stage == "quantized"

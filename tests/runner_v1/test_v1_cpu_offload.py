@@ -99,3 +99,21 @@ def test_each_forward_uses_fresh_device_copies(model_dir: Path, device: str) -> 
         assert ptr != host.data_ptr()  # the compute never reads the host store directly
         assert torch.equal(weight, host)
     assert layer.self_attn.qkv_proj.weight.is_meta  # dropped again after the forward
+
+
+def test_opt_layers_are_found_and_offloaded() -> None:
+    # OPT keeps its layers under model.decoder.layers (HF's names).
+    from paged_session import run_paged_forced
+    from tiny_opt_configs import TINY_OPT_CONFIGS
+
+    from engine.model import ModelConfig
+
+    config = ModelConfig.from_hf_dict(TINY_OPT_CONFIGS["opt-pre-ln-project"])
+    resident, offloaded = load_model(config, seed=1), load_model(config, seed=1)
+    assert decoder_layers(offloaded) is offloaded.model.decoder.layers
+    stats = apply_cpu_offload(offloaded, 1e-9, torch.device("cpu"))
+    assert stats.num_offloaded_layers == 1
+    seqs = {"a": list(range(3, 20))}
+    want = run_paged_forced(resident, seqs, block_size=4, first_chunk={"a": 9}, num_decode=3)
+    got = run_paged_forced(offloaded, seqs, block_size=4, first_chunk={"a": 9}, num_decode=3)
+    assert torch.equal(got["a"], want["a"]) and stats.num_transfers == 5

@@ -102,3 +102,18 @@ def test_tokenizer_round_trips_and_matches_transformers(ours: tuple[DecoderModel
         assert ids == hf_tok.encode(text)
         assert tok.decode(ids, skip_special_tokens=False) == text
     assert tok.encode("<|im_end|>") == [2]  # control tokens stay whole
+
+
+def test_quantization_of_the_file_is_read_and_reported(ours: tuple[DecoderModel, Tokenizer]) -> None:
+    from engine.model.gguf_loader import GGUFQuantization
+
+    model = ours[0]
+    # general.file_type 3 (MOSTLY_Q4_1); the embedding is Q8_0, the norms F32.
+    assert model.config.quantization == GGUFQuantization(
+        "MOSTLY_Q4_1", (("Q4_1", 210), ("F32", 61), ("Q8_0", 1)))
+    assert model.config.quantization_method == "gguf"  # vLLM's --quantization name
+    assert model.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.float32  # dequantised
+    assert str(model.quantization_report) == (
+        "weights: gguf (file type MOSTLY_Q4_1; tensors: 210 Q4_1, 61 F32, 1 Q8_0): dequantised to "
+        "float32 on load; turnout has no GGUF kernel, so GGUF weights run unquantised on every "
+        "device, GPU included")
