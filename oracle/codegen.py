@@ -11,8 +11,9 @@ arguments are the frozensets bound in its own namespace.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any, NamedTuple
 
 from oracle.compile_types import ArchInfo, CompiledRule, CompiledStage
 from oracle.conditions import Condition, dimension_expr
@@ -27,6 +28,32 @@ def _local(dim: str) -> str:
 
 def _conditions_source(conds: Sequence[Condition], consts: dict[str, Any]) -> str:
     return " and ".join(f"({c.source(consts, _local(c.dim))})" for c in conds)
+
+
+def _inline_source(conds: Sequence[Condition], consts: dict[str, Any],
+                   derived: AbstractSet[str]) -> str:
+    """Conditions reading their dimensions directly (derived predicates and step tests)."""
+    if not conds:
+        return "True"
+    return " and ".join(f"({c.source(consts, None, derived)})" for c in conds)
+
+
+def _derived_lines(derived: Mapping[str, Sequence[Sequence[Condition]]],
+                   consts: dict[str, Any]) -> list[str]:
+    lines = []
+    for name, alternatives in derived.items():
+        body = " or ".join(f"({_inline_source(alt, consts, frozenset())})"
+                           for alt in alternatives) or "False"
+        lines += [f"def _D_{name}(c, a, p):", f"    return {body}"]
+    return lines
+
+
+def _step_lines(steps: Sequence[Sequence[Condition]], consts: dict[str, Any],
+                derived: AbstractSet[str]) -> list[str]:
+    lines = []
+    for i, conds in enumerate(steps):
+        lines += [f"def _S_{i}(c, a, p, e):", f"    return {_inline_source(conds, consts, derived)}"]
+    return lines
 
 
 def _stage_lines(stages: Sequence[CompiledStage], consts: dict[str, Any]) -> list[str]:
@@ -50,14 +77,19 @@ def _stage_lines(stages: Sequence[CompiledStage], consts: dict[str, Any]) -> lis
     return lines
 
 
-def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage]
-             ) -> tuple[Evaluate, dict[str, Getter], str]:
-    """(evaluate, getters, source) for the given rules and stages."""
+def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage],
+             derived: Mapping[str, Sequence[Sequence[Condition]]] | None = None,
+             steps: Sequence[Sequence[Condition]] = ()) -> Generated:
+    """The evaluation function, getters, derived predicates and step tests of a pack, and
+    their source."""
     consts: dict[str, Any] = {}
+    derived = derived or {}
+    names = frozenset(derived)
     hoisted = sorted({c.dim for r in rules for c in r.conditions}
                      | {c.dim for s in stages for c in s.conditions} | {"family"})
-    lines = ["def evaluate(c, a, p):"]
-    lines += [f"    {_local(d)} = {dimension_expr(d)}" for d in hoisted]
+    lines = _derived_lines(derived, consts) + _step_lines(steps, consts, names)
+    lines.append("def evaluate(c, a, p):")
+    lines += [f"    {_local(d)} = {dimension_expr(d, names)}" for d in hoisted]
     lines.append("    m = 0")
     for r in rules:
         lines.append(f"    if {_conditions_source(r.conditions, consts)}:  # {r.id}")
@@ -68,7 +100,7 @@ def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage]
     lines.append("    out = ()")
     for r in rules:
         if r.dims:
-            items = "".join(f"{_local(d) if d in hoisted else dimension_expr(d)}, "
+            items = "".join(f"{_local(d) if d in hoisted else dimension_expr(d, names)}, "
                             for d in r.dims)
             lines.append(f"    if m & {1 << r.index}:")
             lines.append(f"        out += ({items})")
@@ -76,9 +108,19 @@ def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage]
     all_dims = sorted({d for r in rules for d in r.dims} | set(hoisted))
     for d in all_dims:
         lines.append(f"def get_{d}(c, a, p):")
-        lines.append(f"    return {dimension_expr(d)}")
+        lines.append(f"    return {dimension_expr(d, names)}")
     source = "\n".join(lines) + "\n"
     namespace: dict[str, Any] = dict(consts)
     exec(compile(source, "<policy pack>", "exec"), namespace)  # our own generated code
     getters = {d: namespace[f"get_{d}"] for d in all_dims}
-    return namespace["evaluate"], getters, source
+    return Generated(namespace["evaluate"], getters, source,
+                     {n: namespace[f"_D_{n}"] for n in derived},
+                     tuple(namespace[f"_S_{i}"] for i in range(len(steps))))
+
+
+class Generated(NamedTuple):
+    evaluate: Evaluate
+    getters: dict[str, Getter]
+    source: str
+    derived: dict[str, Getter]
+    step_tests: tuple[Callable[[Any, ArchInfo, str, str | None], bool], ...]

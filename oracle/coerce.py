@@ -26,17 +26,18 @@ MAX_STR = 1024    # characters of a string field, list item, env name or value
 MAX_ITEMS = 64    # entries of a list field or of env
 
 
-class FrozenMap(Mapping[str, str]):
-    """An immutable, hashable str -> str mapping (DeploymentConfig.env)."""
+class FrozenMap(Mapping[str, Any]):
+    """An immutable, hashable mapping with str keys: DeploymentConfig.env (str -> str) and
+    JSON-object fields (values frozen by :func:`freeze_json`)."""
 
     __slots__ = ("_hash", "_items", "_map")
 
-    def __init__(self, items: Mapping[str, str] | None = None) -> None:
-        self._map: dict[str, str] = dict(sorted((items or {}).items()))
+    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
+        self._map: dict[str, Any] = dict(sorted((items or {}).items()))
         self._items = tuple(self._map.items())
         self._hash = hash(self._items)
 
-    def __getitem__(self, key: str) -> str:
+    def __getitem__(self, key: str) -> Any:
         return self._map[key]
 
     def get(self, key: str, default: Any = None) -> Any:  # dict speed on the decide path
@@ -152,6 +153,69 @@ def _to_env(info: FieldInfo, value: Any) -> FrozenMap:
     return FrozenMap(out)
 
 
+def freeze_json(value: Any) -> Any:
+    """A JSON value made hashable: objects become FrozenMap, arrays tuples."""
+    if isinstance(value, Mapping):
+        return FrozenMap({str(k): freeze_json(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(freeze_json(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """The JSON-ready form of a field value (FrozenMap -> dict, tuple -> list)."""
+    if isinstance(value, FrozenMap):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _json_ok(value: Any, depth: int = 0) -> bool:
+    if depth > 8:
+        return False
+    if isinstance(value, Mapping):
+        return len(value) <= MAX_ITEMS and all(
+            isinstance(k, str) and len(k) <= MAX_STR and _json_ok(v, depth + 1)
+            for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return len(value) <= MAX_ITEMS and all(_json_ok(v, depth + 1) for v in value)
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, str):
+        return len(value) <= MAX_STR
+    return isinstance(value, _JSON_SCALARS)
+
+
+def _to_json(info: FieldInfo, value: Any) -> FrozenMap:
+    if isinstance(value, FrozenMap):
+        return value
+    if isinstance(value, bool) or not isinstance(value, Mapping):
+        raise _bad(info, value, 'a JSON object such as {"kv_connector": "NixlConnector", '
+                                '"kv_role": "kv_both"}')
+    if not _json_ok(value):
+        raise _bad(info, "an object", f"string keys, JSON values, at most {MAX_ITEMS} entries "
+                                      f"a level and {MAX_STR} characters a string")
+    return freeze_json(value)  # type: ignore[no-any-return]
+
+
+def check_capability(info: FieldInfo, value: Any) -> str:
+    """A compute capability ``major.minor`` ("9.0"); a bare integer below 20 is a major version
+    (10 -> 10.0), from 20 on it is vLLM's ``to_int()`` form (90 -> 9.0, 100 -> 10.0)."""
+    text = str(value).strip() if isinstance(value, str | int | float) \
+        and not isinstance(value, bool) else ""
+    if text.isdigit():
+        number = int(text)
+        text = f"{number}.0" if number < 20 else f"{number // 10}.{number % 10}"
+    major, _, minor = text.partition(".")
+    if not (major.isdigit() and minor.isdigit() and len(major) <= 2 and len(minor) <= 2):
+        raise _bad(info, value, "a compute capability major.minor such as 9.0")
+    return _to_enum(info, f"{int(major)}.{int(minor)}")
+
+
 def _to_str(info: FieldInfo, value: Any) -> str:
     if isinstance(value, str):
         if len(value) > MAX_STR:
@@ -179,5 +243,5 @@ def check_speculative_method(info: FieldInfo, value: Any) -> str:
 
 KIND_CHECKS: dict[Kind, Check] = {
     "bool": _to_bool, "opt_bool": _to_bool, "int": _to_int, "float": _to_float,
-    "enum": _to_enum, "list": _to_list, "env": _to_env, "str": _to_str,
+    "enum": _to_enum, "list": _to_list, "env": _to_env, "str": _to_str, "json": _to_json,
 }

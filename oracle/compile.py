@@ -21,15 +21,30 @@ from oracle.compile_types import (
     ArchInfo,
     CompiledRule,
     CompiledStage,
+    CompiledStep,
     PackData,
     Template,
 )
-from oracle.conditions import ConditionParser, dimension_kind, known_dimension_names
-from oracle.config import FIELD_INFO
-from oracle.errors import Issue, PackError
+from oracle.conditions import (
+    NOT_DIMENSIONS,
+    Condition,
+    ConditionParser,
+    dimension_kind,
+    known_dimension_names,
+    nullable,
+)
+from oracle.config import FIELD_INFO, coerce_field
+from oracle.errors import ConfigError, Issue, PackError
 from oracle.family_table import build_arch_table
 from oracle.fields import RUNNER_PINS
-from oracle.schema import CapabilityMatrix, Families, MessageSpec, Rollout, Rule
+from oracle.pack_merge import (
+    Located,
+    MergedMatrix,
+    load_matrix_chain,
+    merged_messages,
+    merged_meta,
+)
+from oracle.schema import Families, MessageSpec, Rollout, Rule, Step
 from oracle.validate import validate_model
 from oracle.yamlpos import Positions, load_with_positions
 
@@ -55,9 +70,11 @@ class _Compiler:
         self.data: dict[str, Any] = {}
         self.pos: dict[str, Positions] = {}
         self.included: list[Path] = []
+        self.derived_names: frozenset[str] = frozenset()
+        self._parsers: dict[tuple[int, bool], ConditionParser] = {}
 
-    def load(self) -> None:
-        for name in PACK_FILES:
+    def load(self) -> MergedMatrix:
+        for name in PACK_FILES[1:]:
             path = self.folder / name
             if not path.is_file():
                 self.issues.append(Issue(str(path), 1, 1, "missing pack file"))
@@ -66,7 +83,11 @@ class _Compiler:
                 self.data[name], self.pos[name] = load_with_positions(path)
             except PackError as exc:
                 self.issues += exc.issues
+        merged = load_matrix_chain(self.folder, self.issues)
         self._raise()
+        assert merged is not None
+        self.included += merged.files[:-1]
+        return merged
 
     def _raise(self) -> None:
         errors = [i for i in self.issues if i.severity == "error"]
@@ -108,12 +129,11 @@ class _Compiler:
         merged = {k: v for k, v in b_archs.items() if v.family not in defaults} | archs
         return merged, b_defaults | defaults, b_labels | labels
 
-    def domains(self, matrix: CapabilityMatrix, archs: Mapping[str, ArchInfo],
+    def domains(self, matrix: MergedMatrix, archs: Mapping[str, ArchInfo],
                 families: Mapping[str, str]) -> dict[str, tuple[Any, ...] | None]:
-        pos = self.pos["capability_matrix.yaml"]
         out: dict[str, tuple[Any, ...] | None] = {}
-        for dim, spec in matrix.dimensions.items():
-            path = ("dimensions", dim)
+        for dim, located in matrix.dimensions.items():
+            spec, pos, path = located.item, located.pos, located.path
             kind = dimension_kind(dim)
             if kind is None:
                 self.issues.append(pos.issue(path, f"unknown dimension {dim!r}; expected one "
@@ -127,6 +147,8 @@ class _Compiler:
                 out[dim] = tuple(sorted(archs))
             elif dim == "runner_pin":
                 out[dim] = RUNNER_PINS
+            elif dim == "early_runner":
+                out[dim] = ("v1", "v2")
             elif kind == "bool":
                 out[dim] = (False, True)
             elif domain is None:
@@ -164,15 +186,79 @@ class _Compiler:
             self.issues.append(pos.issue(path, f"{dim}: duplicate values in domain"))
         return tuple(values)
 
-    def rules(self, matrix: CapabilityMatrix, domains: dict[str, tuple[Any, ...] | None]
+    def parser(self, domains: Mapping[str, tuple[Any, ...] | None], pos: Positions,
+               steps: bool = False) -> ConditionParser:
+        """One condition parser per file (issues are collected from each at the end)."""
+        key = (id(pos), steps)
+        if key not in self._parsers:
+            self._parsers[key] = ConditionParser(domains, pos, self.derived_names, steps)
+        return self._parsers[key]
+
+    def collect_parser_issues(self) -> None:
+        for parser in self._parsers.values():
+            self.issues += parser.issues
+            parser.issues = []
+
+    def derived(self, matrix: MergedMatrix, domains: dict[str, tuple[Any, ...] | None]
+                ) -> dict[str, tuple[tuple[Condition, ...], ...]]:
+        out: dict[str, tuple[tuple[Condition, ...], ...]] = {}
+        for name, located in matrix.derived.items():
+            if dimension_kind(name) is not None:
+                self.issues.append(located.pos.issue(located.path, f"derived {name!r} has the "
+                                                     "name of a dimension", prefer_key=True))
+                continue
+            parser = ConditionParser(domains, located.pos)  # derived may not use derived
+            out[name] = tuple(parser.parse_when(alt, (*located.path, "any", i))
+                              for i, alt in enumerate(located.item.any))
+            self.issues += parser.issues
+        return out
+
+    def steps(self, matrix: MergedMatrix, domains: dict[str, tuple[Any, ...] | None]
+              ) -> list[tuple[Located[Step], tuple[Condition, ...], dict[str, Any]]]:
+        out: list[tuple[Located[Step], tuple[Condition, ...], dict[str, Any]]] = []
+        seen: set[str] = set()
+        finals = 0
+        for located in matrix.steps:
+            step, pos, path = located.item, located.pos, located.path
+            if step.id in seen:
+                self.issues.append(pos.issue((*path, "id"), f"duplicate step id {step.id!r}"))
+            seen.add(step.id)
+            finals += step.final
+            conds = self.parser(domains, pos, steps=True).parse_when(step.when, (*path, "when"))
+            sets = self._check_sets(step, pos, path)
+            if step.refuse is not None:
+                self.check_template(step.refuse, set(known_dimension_names()), pos,
+                                    (*path, "refuse"))
+            out.append((located, conds, sets))
+        if finals > 1:
+            self.issues.append(matrix.meta_pos.issue(("steps",), "only one step may be final"))
+        return out
+
+    def _check_sets(self, step: Step, pos: Positions, path: tuple[Any, ...]) -> dict[str, Any]:
+        sets: dict[str, Any] = {}
+        for name, value in (step.set or {}).items():
+            p = (*path, "set", name)
+            if name not in FIELD_INFO or name in NOT_DIMENSIONS:
+                self.issues.append(pos.issue(p, f"set: {name!r} is not a field a step can "
+                                             "change", prefer_key=True))
+                continue
+            if value is None and not nullable(name):
+                self.issues.append(pos.issue(p, f"set: {name} is never null"))
+                continue
+            try:
+                sets[name] = None if value is None else coerce_field(name, value)
+            except ConfigError as exc:
+                self.issues.append(pos.issue(p, f"set: {exc.message}"))
+        return sets
+
+    def rules(self, matrix: MergedMatrix, domains: dict[str, tuple[Any, ...] | None]
               ) -> tuple[CompiledRule, ...]:
-        pos = self.pos["capability_matrix.yaml"]
-        parser = ConditionParser(domains, pos)
-        dims_allowed = set(known_dimension_names())
+        dims_allowed = set(known_dimension_names(self.derived_names))
         seen: dict[str, int] = {}
         out: list[CompiledRule] = []
-        for i, rule in enumerate(matrix.rules):
-            path: tuple[Any, ...] = ("rules", i)
+        for i, located in enumerate(matrix.rules):
+            rule, pos, path = located.item, located.pos, located.path
+            parser = self.parser(domains, pos)
             if rule.id in seen:
                 self.issues.append(pos.issue((*path, "id"), f"duplicate rule id {rule.id!r} "
                                              f"(first is rules[{seen[rule.id]}])"))
@@ -191,6 +277,7 @@ class _Compiler:
                 mentioned += [p for p in _placeholders(text) if p in dims_allowed]
             self._check_rule_messages(rule, pos, path)
             tested = [c.dim for c in conditions]
+            mentioned = [m for m in mentioned if m not in ("v1_labels", "early_runner")]
             dims = tuple(dict.fromkeys(tested + mentioned))
             out.append(CompiledRule(
                 index=len(out), id=rule.id, label=Template("WARNING", rule.label),
@@ -199,26 +286,28 @@ class _Compiler:
                 override_pin=rule.override_pin, conditions=conditions, dims=dims,
                 message=_template(rule.message), error=_template(rule.error),
                 skip_message=_template(rule.skip_message), reason=rule.reason,
-                reference=rule.reference))
-        self.issues += parser.issues
+                reference=rule.reference,
+                origin=(pos.file, *pos.at((*path, "id"))), yields=rule.yields))
+        self.collect_parser_issues()
         return tuple(out)
 
     def _check_rule_messages(self, rule: Rule, pos: Positions, path: tuple[Any, ...]) -> None:
         wanted = {"message": rule.prerequisite or rule.prefers is not None or rule.override_pin,
-                  "error": rule.prerequisite, "skip_message": rule.prefers is not None}
+                  "error": rule.prerequisite or rule.forces is not None,
+                  "skip_message": rule.prefers is not None and rule.yields}
         for key, allowed in wanted.items():
             if getattr(rule, key) is not None and not allowed:
                 self.issues.append(pos.issue((*path, key), f"{key} is not used by a rule with "
                                              f"{rule.effect}" + (" (not a prerequisite)" if
                                                                 rule.blocks else "")))
-        if rule.prerequisite and (rule.message is None or rule.error is None):
-            self.issues.append(pos.issue(path, "a prerequisite needs a message (auto) and an "
-                                               "error (pinned)"))
+        if rule.prerequisite and rule.message is None:
+            self.issues.append(pos.issue(path, "a prerequisite needs a message (auto); its error "
+                                               "(pinned) is optional"))
 
     def stages(self, rollout: Rollout, domains: dict[str, tuple[Any, ...] | None],
                families: Mapping[str, str]) -> tuple[CompiledStage, ...]:
         pos = self.pos["rollout.yaml"]
-        parser = ConditionParser(domains, pos)
+        parser = ConditionParser(domains, pos, self.derived_names)
         seen: set[str] = set()
         out: list[CompiledStage] = []
         for i, st in enumerate(rollout.stages):
@@ -236,8 +325,8 @@ class _Compiler:
         self.issues += parser.issues
         return tuple(out)
 
-    def messages(self, matrix: CapabilityMatrix) -> dict[str, Template | None]:
-        pos = self.pos["capability_matrix.yaml"]
+    def messages(self, matrix: MergedMatrix) -> dict[str, Template | None]:
+        messages = merged_messages(matrix)
         allowed = {
             "blocked": {"labels"}, "pinned_blocked": {"labels"}, "v1_blocked": {"labels"},
             "stage_off": {"family", "family_label", "stage", "stage_label"},
@@ -246,12 +335,13 @@ class _Compiler:
             "invalid_env": {"name", "value"}, "pinned_v1": {"name", "value"},
         }
         out: dict[str, Template | None] = {}
-        for key in type(matrix.messages).model_fields:
-            raw = getattr(matrix.messages, key)
+        for key in type(messages).model_fields:
+            raw = getattr(messages, key)
             level = "INFO" if key in ("using_v2", "pinned_v1") else "WARNING"
             tpl = _template(raw, level)
-            if tpl is not None:
-                self.check_template(tpl.text, allowed.get(key, set()), pos, ("messages", key))
+            loc = matrix.message_pos.get(key)
+            if tpl is not None and loc is not None:
+                self.check_template(tpl.text, allowed.get(key, set()), loc.pos, loc.path)
             out[key] = tpl
         return out
 
@@ -263,27 +353,53 @@ def _digest(folder: Path, extra: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
+def _compiled_steps(steps: list[tuple[Located[Step], tuple[Condition, ...], dict[str, Any]]],
+                    tests: tuple[Any, ...], issues: list[Issue]) -> tuple[CompiledStep, ...]:
+    index = {loc.item.id: i for i, (loc, _, _) in enumerate(steps)}
+    out = []
+    for i, (loc, conds, sets) in enumerate(steps):
+        unless = set()
+        for j, sid in enumerate(loc.item.unless):
+            if index.get(sid, i) >= i:
+                issues.append(loc.pos.issue((*loc.path, "unless", j), f"unless: {sid!r} is not "
+                                            "an earlier step"))
+            else:
+                unless.add(index[sid])
+        out.append(CompiledStep(i, loc.item.id, loc.item.kind, conds, sets,
+                                _template(loc.item.refuse), loc.item.reference, tests[i],
+                                frozenset(unless)))
+    return tuple(out)
+
+
 def compile_pack(folder: Path) -> PackData:
     """Load and compile the pack in ``folder``; raises PackError listing every problem."""
     comp = _Compiler(folder)
-    comp.load()
-    matrix = comp._validate(CapabilityMatrix, "capability_matrix.yaml")
+    matrix = comp.load()
     families = comp._validate(Families, "families.yaml")
     rollout = comp._validate(Rollout, "rollout.yaml")
+    meta = merged_meta(matrix, comp.issues)
     comp._raise()
     archs, family_defaults, labels = comp.families(families)
     domains = comp.domains(matrix, archs, labels)
+    derived = comp.derived(matrix, domains)
+    comp.derived_names = frozenset(derived)
+    steps = comp.steps(matrix, domains)
     rules = comp.rules(matrix, domains)
     stages = comp.stages(rollout, domains, labels)
     messages = comp.messages(matrix)
+    comp.collect_parser_issues()
     comp._raise()
-    evaluate, getters, source = generate(rules, stages)
-    meta = matrix.pack
+    gen = generate(rules, stages, derived, [conds for _, conds, _ in steps])
+    compiled_steps = _compiled_steps(steps, gen.step_tests, comp.issues)
+    comp._raise()
     return PackData(
-        name=meta.name, path=folder, description=meta.description, env_var=meta.env_var,
-        env_parse=meta.env_parse, reference=meta.reference, messages=messages,
-        domains=domains, rules=rules, stages=stages, archs=archs, family_labels=labels,
-        family_defaults=family_defaults, kill_switch=rollout.kill_switch,
-        default_runner=rollout.default_runner, digest=_digest(folder, comp.included),
-        evaluate=evaluate, getters=getters, source=source,
-        warnings=[i for i in comp.issues if i.severity == "warning"])
+        name=meta.name, path=folder, description=meta.description,
+        env_var=meta.env_var or "", env_parse=meta.env_parse or "strict",
+        reference=meta.reference, messages=messages, domains=domains, rules=rules,
+        stages=stages, archs=archs, family_labels=labels, family_defaults=family_defaults,
+        kill_switch=rollout.kill_switch, default_runner=rollout.default_runner,
+        digest=_digest(folder, comp.included), evaluate=gen.evaluate, getters=gen.getters,
+        source=gen.source, warnings=[i for i in comp.issues if i.severity == "warning"],
+        steps=compiled_steps, log_once=bool(meta.log_once),
+        unknown_fields=tuple(meta.unknown_fields or ()), release=meta.release,
+        derived=gen.derived, derived_conditions=derived)

@@ -28,6 +28,8 @@ class ArchInfo:
     is_encoder_decoder: bool
     is_diffusion: bool
     runner_kind: str
+    has_index_topk: bool = False
+    supports_mamba_prefix_caching: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,8 @@ class CompiledRule:
     skip_message: Template | None
     reason: str
     reference: str
+    origin: tuple[str, int, int] = ("", 1, 1)  # file, line, column of the rule's id
+    yields: bool = True  # prefers: gives way when V1 cannot serve the config
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,23 @@ class CompiledStage:
     percentage: int
     description: str
     when: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    """One step of a pack's ``steps`` (oracle.steps runs them): ``kind`` is set | refuse |
+    evaluate | final; ``test(c, a, p, e)`` its condition over the config, the architecture's
+    attributes, the runner pin and the last early runner."""
+
+    index: int
+    id: str
+    kind: str
+    conditions: tuple[Condition, ...]
+    sets: Mapping[str, Any]
+    error: Template | None
+    reference: str
+    test: Callable[[Any, ArchInfo, str, str | None], bool]
+    unless: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -97,3 +118,11 @@ class PackData:
     getters: dict[str, Callable[[Any, ArchInfo, str], Any]]
     source: str = ""
     warnings: list[Issue] = field(default_factory=list)
+    steps: tuple[CompiledStep, ...] = ()
+    log_once: bool = False
+    unknown_fields: tuple[str, ...] = ()
+    release: str = ""
+    derived: Mapping[str, Callable[[Any, ArchInfo, str], Any]] = field(default_factory=dict)
+    # derived predicate -> its alternatives (each ANDs its conditions), for interpreters
+    derived_conditions: Mapping[str, tuple[tuple[Condition, ...], ...]] = field(
+        default_factory=dict)

@@ -9,10 +9,11 @@ resolved family attributes ``a``; :mod:`oracle.compile` joins them into one func
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from oracle.config import FIELD_INFO
+from oracle.config import DEFAULTS, FIELD_INFO
 from oracle.fields import DERIVED_DIMENSIONS, FAMILY_ATTRIBUTES
 from oracle.yamlpos import PathKey, Positions
 
@@ -20,13 +21,18 @@ NOT_DIMENSIONS = {"env", "deployment_id", "model"}
 _NUMERIC_OPS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 
 
-def dimension_kind(name: str) -> str | None:
-    """The value kind of dimension ``name``, or None when it is not a dimension."""
-    if name in ("quantized", "pooling"):
+# Built-in dimensions that read a value a condition may also find absent (None).
+_NULLABLE_BUILTINS = {"kv_connector", "kv_role", "early_runner"}
+
+
+def dimension_kind(name: str, derived: AbstractSet[str] = frozenset()) -> str | None:
+    """The value kind of dimension ``name`` (``derived``: the pack's own predicates), or None
+    when it is not a dimension."""
+    if name in derived or name in ("quantized", "pooling"):
         return "bool"
-    if name == "family":
+    if name in ("family", "kv_connector", "kv_role"):
         return "str"
-    if name == "runner_pin":
+    if name in ("runner_pin", "early_runner"):
         return "enum"
     info = FIELD_INFO.get(name)
     if info is None or name in NOT_DIMENSIONS:
@@ -34,9 +40,25 @@ def dimension_kind(name: str) -> str | None:
     return "bool" if info.kind == "opt_bool" else info.kind
 
 
-def dimension_expr(name: str) -> str:
+def nullable(name: str) -> bool:
+    """Whether a condition may test dimension ``name`` for ``null`` (a field whose default is
+    None: "not set"; kv_connector/kv_role without a KV transfer config; early_runner before any
+    early evaluation)."""
+    if name in _NULLABLE_BUILTINS:
+        return True
+    return name in DEFAULTS and DEFAULTS[name] is None
+
+
+def dimension_expr(name: str, derived: AbstractSet[str] = frozenset()) -> str:
     """A Python expression reading dimension ``name`` from config ``c``, the architecture's
-    attributes ``a`` and the runner pin ``p``."""
+    attributes ``a``, the runner pin ``p`` and (in steps) the last early runner ``e``."""
+    if name in derived:
+        return f"_D_{name}(c, a, p)"
+    if name in ("kv_connector", "kv_role"):
+        return (f"(c.kv_transfer_config.get({name!r}) if c.kv_transfer_config is not None "
+                "else None)")
+    if name == "early_runner":
+        return "e"
     if name in FAMILY_ATTRIBUTES:
         return f"(c.{name} if c.{name} is not None else a.{name})"
     if name == "family":
@@ -50,8 +72,9 @@ def dimension_expr(name: str) -> str:
     return f"c.{name}"
 
 
-def known_dimension_names() -> list[str]:
-    return sorted([n for n in FIELD_INFO if n not in NOT_DIMENSIONS] + list(DERIVED_DIMENSIONS))
+def known_dimension_names(derived: AbstractSet[str] = frozenset()) -> list[str]:
+    return sorted([n for n in FIELD_INFO if n not in NOT_DIMENSIONS] + list(DERIVED_DIMENSIONS)
+                  + list(derived))
 
 
 @dataclass(frozen=True)
@@ -76,12 +99,13 @@ class Condition:
                 return False
         return True
 
-    def source(self, consts: dict[str, Any], expr: str | None = None) -> str:
+    def source(self, consts: dict[str, Any], expr: str | None = None,
+               derived: AbstractSet[str] = frozenset()) -> str:
         """The Python expression; set operands are bound as names in ``consts``.
 
         ``expr`` replaces the dimension's reading expression (a hoisted local name).
         """
-        e = expr or dimension_expr(self.dim)
+        e = expr or dimension_expr(self.dim, derived)
         parts: list[str] = []
         for op, operand in self.ops:
             if op in ("in", "notin"):
@@ -90,7 +114,7 @@ class Condition:
                 parts.append(f"{e} {'in' if op == 'in' else 'not in'} {name}")
             elif op in _NUMERIC_OPS:
                 parts.append(f"({e} is not None and {e} {_NUMERIC_OPS[op]} {operand!r})")
-            elif isinstance(operand, bool):
+            elif isinstance(operand, bool) or operand is None:
                 parts.append(f"{e} is {'not ' if op == 'ne' else ''}{operand!r}")
             else:
                 parts.append(f"{e} {'==' if op == 'eq' else '!='} {operand!r}")
@@ -109,9 +133,12 @@ def _cmp(op: str, value: Any, operand: Any) -> bool:
 class ConditionParser:
     """Parses ``when`` mappings of one file, collecting issues instead of stopping at the first."""
 
-    def __init__(self, domains: Mapping[str, tuple[Any, ...] | None], pos: Positions) -> None:
+    def __init__(self, domains: Mapping[str, tuple[Any, ...] | None], pos: Positions,
+                 derived: AbstractSet[str] = frozenset(), steps: bool = False) -> None:
         self.domains = domains
         self.pos = pos
+        self.derived = derived
+        self.steps = steps  # a step's condition may read early_runner
         self.issues: list[Any] = []
 
     def parse_when(self, when: Mapping[str, Any], path: PathKey) -> tuple[Condition, ...]:
@@ -126,12 +153,16 @@ class ConditionParser:
         self.issues.append(self.pos.issue(path, message, prefer_key=key))
 
     def _parse_one(self, dim: str, raw: Any, path: PathKey) -> Condition | None:
-        kind = dimension_kind(dim)
+        kind = dimension_kind(dim, self.derived)
         if kind is None:
             self._fail(path, f"unknown dimension {dim!r}; expected one of: "
-                             + ", ".join(known_dimension_names()), key=True)
+                             + ", ".join(known_dimension_names(self.derived)), key=True)
             return None
-        if dim not in self.domains:
+        if dim == "early_runner" and not self.steps:
+            self._fail(path, "early_runner is known only to steps (after an early "
+                             "evaluation), not to rules or stages", key=True)
+            return None
+        if dim not in self.domains and dim not in self.derived:
             self._fail(path, f"dimension {dim!r} is not declared under 'dimensions' in "
                              "capability_matrix.yaml", key=True)
             return None
@@ -176,6 +207,11 @@ class ConditionParser:
         return ops
 
     def _value(self, dim: str, kind: str, v: Any, path: PathKey) -> Any:
+        if v is None:
+            if nullable(dim):
+                return None
+            self._fail(path, f"{dim} is never null (it has a default); give a value")
+            return _BAD
         if kind == "bool":
             if not isinstance(v, bool):
                 self._fail(path, f"{dim} is a bool dimension; expected true or false, got {v!r}")

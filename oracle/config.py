@@ -17,14 +17,19 @@ from typing import Any
 from oracle.coerce import (
     KIND_CHECKS,
     FrozenMap,
+    check_capability,
     check_quantization,
     check_speculative_method,
     suggest,
+    thaw,
 )
 from oracle.errors import ConfigError, ErrorCode
 from oracle.fields import (
+    ALL2ALL_BACKENDS,
     COMPILATION_MODES,
     CUDAGRAPH_MODES,
+    DEVICE_CAPABILITIES,
+    DRAFT_LM_HEAD_QUANTIZATIONS,
     EXECUTOR_BACKENDS,
     MAMBA_CACHE_MODES,
     PLATFORMS,
@@ -78,9 +83,20 @@ class DeploymentConfig:
                                               changeable=False)
     is_diffusion: bool | None = declare(None, "opt_bool", "diffusion language model", "model",
                                         changeable=False)
+    has_index_topk: bool | None = declare(
+        None, "opt_bool", "a DeepSeek sparse-attention indexer (HF `index_topk`)", "model",
+        changeable=False)
+    supports_mamba_prefix_caching: bool | None = declare(
+        None, "opt_bool", "the model's Mamba layers support prefix caching (vLLM "
+        "`SupportsMambaPrefixCaching`)", "model", changeable=False)
+    hidden_size: int | None = declare(None, "int", "HF `hidden_size` (None: unknown)", "model",
+                                      changeable=False, minimum=1)
     # platform
     platform: str = declare("cuda", "enum", "accelerator platform", "platform", PLATFORMS)
     triton_available: bool = declare(True, "bool", "Triton importable on the host", "platform")
+    device_capability: str | None = declare(
+        None, "enum", "CUDA/ROCm compute capability `major.minor` (None: 9.0, an H100/H200)",
+        "platform", DEVICE_CAPABILITIES, check=check_capability)
     # speculation
     speculative_method: str = declare(
         "none", "enum", "speculative decoding method (model-specific `*_mtp` names resolve to "
@@ -89,6 +105,20 @@ class DeploymentConfig:
         0, "int", "draft tokens per step (0 without speculation)", "speculation")
     parallel_drafting: bool = declare(False, "bool", "draft all tokens in one pass",
                                       "speculation")
+    enable_adaptive_verification: bool = declare(
+        False, "bool", "adaptive draft verification", "speculation")
+    disable_padded_drafter_batch: bool = declare(
+        False, "bool", "no padded drafter batch", "speculation")
+    use_heterogeneous_vocab: bool = declare(
+        False, "bool", "a draft model with another vocabulary", "speculation")
+    draft_lm_head_quantization: str | None = declare(
+        None, "enum", "quantization of the draft's LM head", "speculation",
+        DRAFT_LM_HEAD_QUANTIZATIONS)
+    draft_architecture: str | None = declare(
+        None, "str", "the draft model's HF `architectures[0]`", "speculation")
+    draft_mixed_attention: bool = declare(
+        False, "bool", "the draft mixes sliding-window and full attention layers",
+        "speculation")
     # parallelism
     tensor_parallel_size: int = declare(1, "int", "tensor parallel size", "parallelism",
                                         minimum=1)
@@ -109,6 +139,11 @@ class DeploymentConfig:
     ubatch_size: int = declare(0, "int", "micro-batch count for DBO (0: default)", "parallelism")
     enable_elastic_ep: bool = declare(False, "bool", "elastic expert parallelism", "parallelism")
     enable_eplb: bool = declare(False, "bool", "expert-parallel load balancer", "parallelism")
+    enable_batch_sharded_sampling: bool = declare(
+        False, "bool", "sampling sharded by batch across tensor-parallel ranks", "parallelism")
+    all2all_backend: str | None = declare(
+        None, "enum", "MoE all-to-all backend (None: vLLM's default)", "parallelism",
+        ALL2ALL_BACKENDS)
     # compile
     compilation_mode: str = declare("vllm_compile", "enum", "compilation mode", "compile",
                                     COMPILATION_MODES)
@@ -127,8 +162,11 @@ class DeploymentConfig:
         MAMBA_CACHE_MODES)
     cpu_offload_gb: float = declare(0.0, "float", "GiB of weights offloaded to CPU memory",
                                     "features")
-    kv_transfer_config: bool = declare(
-        False, "bool", "a KV transfer (disaggregated prefill) config is set", "features")
+    kv_transfer_config: Mapping[str, Any] | None = declare(
+        None, "json", "vLLM's `--kv-transfer-config` object (`kv_connector`, `kv_role`, ...)",
+        "features")
+    mm_encoder_only: bool = declare(False, "bool", "serve only the multimodal encoder",
+                                    "features")
     async_scheduling: bool | None = declare(
         None, "opt_bool", "async scheduling (None: not set explicitly)", "features")
     enable_prefix_caching: bool | None = declare(
@@ -163,7 +201,7 @@ class DeploymentConfig:
         for name in CONFIG_FIELD_NAMES:
             value = getattr(self, name)
             if value != DEFAULTS[name]:
-                out[name] = dict(value) if name == "env" else value
+                out[name] = thaw(value)
         return out
 
     def to_spec(self) -> dict[str, Any]:

@@ -55,6 +55,8 @@ class ErrorCode(StrEnum):
     NO_RUNNER = "no_runner", "decision"
     INVALID_ENV = "invalid_env", "decision"
     UNKNOWN_ARCHITECTURE = "unknown_architecture", "decision"
+    REFUSED = "refused", "decision"
+    UNKNOWN_SETTING = "unknown_setting", "decision"
 
     BAD_USAGE = "bad_usage", "cli"
 

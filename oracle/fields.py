@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-Kind = Literal["bool", "opt_bool", "int", "float", "str", "enum", "list", "env"]
+Kind = Literal["bool", "opt_bool", "int", "float", "str", "enum", "list", "env", "json"]
 Check = Callable[["FieldInfo", Any], Any]
 """A value check: (the field, a raw value that is not None) -> the checked value; raises
 ConfigError naming the field."""
@@ -76,11 +76,24 @@ CUDAGRAPH_MODES = ("none", "piecewise", "full", "full_decode_only", "full_and_pi
 EXECUTOR_BACKENDS = ("mp", "ray", "uni", "external_launcher")
 MAMBA_CACHE_MODES = ("none", "align", "all")
 RUNNER_KINDS = ("generate", "pooling")
+# vllm/config/parallel.py All2AllBackend (0.29-0.33, union)
+ALL2ALL_BACKENDS = (
+    "allgather_reducescatter", "naive", "pplx", "deepep_high_throughput", "deepep_low_latency",
+    "deepep_v2", "mori_high_throughput", "mori_low_latency", "moonep", "nixl_ep",
+    "flashinfer_all2allv", "flashinfer_nvlink_two_sided", "flashinfer_nvlink_one_sided",
+    "passthrough",
+)
+# Compute capabilities of the CUDA and ROCm devices vLLM's checks name (major.minor).
+DEVICE_CAPABILITIES = ("7.0", "7.5", "8.0", "8.6", "8.7", "8.9", "9.0", "10.0", "10.1", "10.3",
+                       "11.0", "12.0", "12.1", "9.4", "9.5")
+# vllm/config/speculative.py draft_lm_head_quantization (0.33)
+DRAFT_LM_HEAD_QUANTIZATIONS = ("fp8", "nvfp4")
 
 # Model attributes that families.yaml supplies when the config leaves them None.
 FAMILY_ATTRIBUTES: tuple[str, ...] = (
     "is_moe", "use_mla", "has_inner_state", "is_hybrid", "attention_free", "is_multimodal",
-    "is_encoder_decoder", "is_diffusion", "runner_kind",
+    "is_encoder_decoder", "is_diffusion", "runner_kind", "has_index_topk",
+    "supports_mamba_prefix_caching",
 )
 
 # Dimensions computed from the config and its family, usable in rules and cohorts.
@@ -89,12 +102,16 @@ DERIVED_DIMENSIONS: dict[str, str] = {
     "quantized": "quantization is not 'none'",
     "pooling": "runner_kind is 'pooling'",
     "runner_pin": "the pack's runner variable: 'auto' (unset), 'v1' or 'v2'",
+    "kv_connector": "kv_transfer_config's `kv_connector` (None without one)",
+    "kv_role": "kv_transfer_config's `kv_role` (None without one)",
+    "early_runner": "the runner of the last early evaluation of a pack's steps (None before one)",
 }
 RUNNER_PINS = ("auto", "v1", "v2")
 
 
 _KIND_TEXT = {"bool": "bool", "opt_bool": "bool", "int": "int", "float": "float",
-              "str": "str", "enum": "str", "list": "tuple of str", "env": "str -> str"}
+              "str": "str", "enum": "str", "list": "tuple of str", "env": "str -> str",
+              "json": "JSON object"}
 
 
 def _default_text(value: Any) -> str:

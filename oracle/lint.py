@@ -63,8 +63,8 @@ class _Linter:
         _, self.ro_pos = load_with_positions(folder / "rollout.yaml")
 
     def _rule_issue(self, rule: CompiledRule, message: str, severity: str) -> None:
-        self.issues.append(self.cm_pos.issue(("rules", rule.index, "id"), message,
-                                             severity=severity))
+        file, line, col = rule.origin
+        self.issues.append(Issue(file, line, col, message, severity))
 
     def _stage_issue(self, stage: CompiledStage, message: str, severity: str,
                      *path: Any) -> None:
@@ -72,6 +72,8 @@ class _Linter:
                                              message, severity=severity))
 
     def _domain(self, dim: str) -> tuple[Any, ...]:
+        if dim in self.data.derived_conditions:
+            return (False, True)
         return tuple(self.data.domains.get(dim) or ())
 
     def _archs_matching(self, conds: Sequence[Condition]) -> list[ArchInfo]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oracle.compile_types import CompiledRule
+from oracle.conditions import Condition
 from oracle.config import CONFIG_FIELD_NAMES, FIELD_INFO, DeploymentConfig
 from oracle.decision import CanarySnapshot, Decision
 from oracle.pack import Pack
@@ -65,20 +66,41 @@ def _settable(dim: str) -> bool:
 
 def _witness(rule: CompiledRule, pack: Pack) -> tuple[tuple[str, Any], ...] | None:
     """The first non-default domain value of each settable tested dimension that satisfies
-    the rule (None when a tested dimension cannot be set or nothing satisfies it)."""
-    out = []
+    the rule (None when a tested dimension cannot be set or nothing satisfies it); a derived
+    predicate the rule needs true is met through its first alternative that can be."""
+    out: dict[str, Any] = {}
     for cond in rule.conditions:
+        alternatives = pack.data.derived_conditions.get(cond.dim)
+        if alternatives is not None:
+            if cond.test(False):
+                continue
+            found = next((w for w in (_conditions_witness(alt, pack) for alt in alternatives)
+                          if w is not None), None)
+            if found is None:
+                return None
+            out.update(found)
+            continue
+        found = _conditions_witness((cond,), pack)
+        if found is None:
+            return None
+        out.update(found)
+    return tuple(sorted(out.items()))
+
+
+def _conditions_witness(conds: Sequence[Condition], pack: Pack) -> dict[str, Any] | None:
+    out = {}
+    for cond in conds:
         if not _settable(cond.dim):
             continue  # model facts and the pin come from the row / the pin axis
         default = getattr(_BASE, cond.dim)
-        domain = pack.domains.get(cond.dim) or ()
-        values = [v for v in domain if v != default and cond.test(v)]
         if cond.test(default):
             continue
+        domain = pack.domains.get(cond.dim) or ()
+        values = [v for v in domain if v != default and cond.test(v)]
         if not values:
             return None
-        out.append((cond.dim, values[0]))
-    return tuple(sorted(out))
+        out[cond.dim] = values[0]
+    return out
 
 
 def scenarios(pack: Pack) -> list[Scenario]:

@@ -14,13 +14,13 @@ from typing import Any
 
 from oracle.compile import compile_pack
 from oracle.compile_types import ArchInfo, PackData
-from oracle.config import DeploymentConfig
+from oracle.config import DEFAULTS, DeploymentConfig
 from oracle.decision import CanarySnapshot, Decision, Message, Reason
 from oracle.errors import ErrorCode, OracleError
+from oracle.paths import POLICIES_DIR, SHIPPED_PACKS
 from oracle.policy import Evaluator, default_view
+from oracle.steps import decide_with_steps
 
-POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
-SHIPPED_PACKS = ("turnout", "vllm-0.31")
 MAX_SNAPSHOT_CACHES = 16
 
 
@@ -227,8 +227,15 @@ class Pack:
         self._view(canaries)
         return self._decide_uncached(c, canaries)
 
-    def _decide_uncached(self, c: DeploymentConfig, canaries: CanarySnapshot | None
-                         ) -> Decision:
+    def steps_applied(self, c: DeploymentConfig) -> list[str]:
+        """The ids of the pack's steps that apply to ``c``, in order (for coverage checks)."""
+        applied: set[int] = set()
+        self._view(None)
+        self._decide_uncached(c, None, applied)
+        return [s.id for s in self._data.steps if s.index in applied]
+
+    def _decide_uncached(self, c: DeploymentConfig, canaries: CanarySnapshot | None,
+                         applied: set[int] | None = None) -> Decision:
         view, digest = self._views[canaries]
         data = self._data
         found = data.archs.get(c.architecture) if c.family is None else None  # type: ignore[arg-type]
@@ -236,19 +243,41 @@ class Pack:
         if isinstance(a, str):
             mode = "auto" if data.env_var not in c.env else "pinned"
             return self._error(c, "v1", mode, a, ErrorCode.UNKNOWN_ARCHITECTURE, digest)
+        unknown = self._unknown_setting(c)
+        if unknown is not None:
+            return self._error(c, None, "auto", unknown, ErrorCode.UNKNOWN_SETTING, digest,
+                               a.family)
         raw = c.env.get(data.env_var)
-        if raw is None:
-            pin = "auto"
-        else:
+        pin: str | None = "auto"
+        pin_error: Decision | None = None
+        if raw is not None:
             try:
                 pin = self._pin(raw)
             except OracleError as exc:
-                return self._error(c, None, "pinned", exc.message, ErrorCode.INVALID_ENV, digest,
-                                   a.family)
-        d = self._eval.resolve(c, a, pin, view, digest)
+                pin_error = self._error(c, None, "pinned", exc.message, ErrorCode.INVALID_ENV,
+                                        digest, a.family)
+                pin = None
+        if data.steps:
+            d = decide_with_steps(data, self._eval, c, a, pin, pin_error,
+                                  lambda s, arch, p: self._eval.resolve(s, arch, p, view, digest),
+                                  digest, applied)
+        elif pin_error is not None:
+            return pin_error
+        else:
+            assert pin is not None
+            d = self._eval.resolve(c, a, pin, view, digest)
         if len(c.env) > (raw is not None):
             d = d._replace(messages=(*d.messages, *self._foreign_env(c)))
         return d
+
+    def _unknown_setting(self, c: DeploymentConfig) -> str | None:
+        """The error for a config that sets a field the pack's release does not have."""
+        names = [n for n in self._data.unknown_fields if getattr(c, n) != DEFAULTS[n]]
+        if not names:
+            return None
+        release = self._data.release or self.name
+        return (f"{', '.join(names)}: not a setting of vLLM {release} (the {self.name} pack); "
+                "a later release has it")
 
     def _foreign_env(self, c: DeploymentConfig) -> tuple[Message, ...]:
         """A warning per runner variable this pack does not read (``VLLM_USE_V2_MODEL_RUNNER=0``

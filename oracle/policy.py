@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from oracle.compile_types import ArchInfo, CompiledRule, CompiledStage, PackData, Template
-from oracle.decision import CanaryOutcome, Decision, Reason
+from oracle.decision import CanaryOutcome, Decision, Message, Reason
 from oracle.errors import ErrorCode
 from oracle.plan import Facts, Labels, Plan, Text, bits, instantiate
 
@@ -117,6 +117,53 @@ class Evaluator:
             self._facts[key] = hit
         return hit
 
+    def select(self, c: Any, a: ArchInfo, pin: str) -> tuple[str | None, list[Message], str | None]:
+        """The selection alone, without the chosen runner's validation or the rollout (vLLM's
+        ``use_v2_model_runner``, as a pack's early ``evaluate`` steps run it): (runner, the log
+        lines, or the error it raises: a pin against a rule that forces V2)."""
+        m, _, values = self.pd.evaluate(c, a, pin)
+        facts = self._facts_of(m, values) if m else {}
+        rules, out = self.pd.rules, []
+
+        def say(tpl: Template | None, rule: int, extra: dict[str, Any] | None = None) -> None:
+            if tpl is not None:
+                out.append(Message(tpl.level, Text(tpl, tuple((extra or {}).items()),
+                                                   rule).render(facts)))
+
+        forced = m & self.m_forces
+        if forced:
+            for i in bits(forced):
+                if pin == "v1" and not rules[i].override_pin:
+                    tpl = rules[i].error or self.msgs["v1_blocked"]
+                    text = Text(tpl, (("labels", Labels(1 << i)),), i).render(facts) \
+                        if tpl is not None else ""
+                    return None, out, text
+                if pin == "v1":
+                    say(rules[i].message, i)
+            return "v2", out, None
+        if pin != "auto":
+            return pin, out, None
+        b1 = m & self.m_blocks_v1
+        stays = False
+        for i in bits(m & self.m_prefers):
+            if b1 and rules[i].yields:
+                say(rules[i].skip_message, i, {"v1_labels": Labels(b1)})
+            else:
+                say(rules[i].message, i)
+                stays = True
+        if stays:
+            return "v1", out, None
+        prereq = m & self.m_prereq
+        for i in bits(prereq):
+            say(rules[i].message, i)
+        if prereq:
+            return "v1", out, None
+        blockers = m & self.m_blockers
+        if blockers:
+            say(self.msgs["blocked"], -1, {"labels": Labels(blockers)})
+            return "v1", out, None
+        return "v2", out, None
+
     # -- resolution (once per shape) ---------------------------------------------------------
 
     def _plan(self, a: ArchInfo, m: int, pin: str, idx: int, view: tuple[Any, ...],
@@ -129,8 +176,10 @@ class Evaluator:
             if pin == "v1":
                 strict = sum(1 << i for i in bits(forced) if not self.pd.rules[i].override_pin)
                 if strict:
-                    return self._done(x, None, "ERROR", self._error(x, "v1_blocked", strict),
-                                      ErrorCode.PIN_CONFLICT)
+                    first = self.pd.rules[bits(strict)[0]]
+                    error = ((Text(first.error, (), first.index),) if first.error is not None
+                             else self._error(x, "v1_blocked", strict))
+                    return self._done(x, None, "ERROR", error, ErrorCode.PIN_CONFLICT)
                 for i in bits(forced):
                     self._emit(x, self.pd.rules[i].message, rule=i)
             return self._pinned_v2(x, m, "STATIC" if pin == "v2" else "TARGETING_MATCH")
@@ -172,19 +221,21 @@ class Evaluator:
                       "hard", f"pins_{runner}", {self.pd.env_var: value}, "")
 
     def _pinned_v2(self, x: _Ctx, m: int, code: str) -> Plan:
+        """V2 chosen: its validation (vLLM's _validate_v2_model_runner). A prerequisite with an
+        error text fails alone, before any blocker is listed; one without (vLLM 0.33's Triton)
+        does not fail a pin."""
         hard = m & self.m_hard
-        if not hard:
-            return self._done(x, "v2", code)
-        x.reasons += bits(hard)
-        parts = []
         for i in bits(hard & self.m_prereq):
             tpl = self.pd.rules[i].error
             if tpl is not None:
-                parts.append(Text(tpl, (), i))
+                x.reasons.append(i)
+                return self._done(x, None, "ERROR", (Text(tpl, (), i),), ErrorCode.PIN_CONFLICT)
         blockers = hard & ~self.m_prereq
-        if blockers:
-            parts += self._error(x, "pinned_blocked", blockers)
-        return self._done(x, None, "ERROR", tuple(parts), ErrorCode.PIN_CONFLICT)
+        if not blockers:
+            return self._done(x, "v2", code)
+        x.reasons += bits(blockers)
+        return self._done(x, None, "ERROR", self._error(x, "pinned_blocked", blockers),
+                          ErrorCode.PIN_CONFLICT)
 
     def _fallback_v1(self, x: _Ctx, b1: int) -> Plan:
         if not b1:
@@ -194,23 +245,25 @@ class Evaluator:
 
     def _auto(self, x: _Ctx, m: int, b1: int, view: tuple[Any, ...],
               included: bool | None) -> Plan:
+        prefers = m & self.m_prefers
+        if prefers:  # a platform default first (vLLM 0.29-0.31 check ROCm before Triton)
+            stays = False
+            for i in bits(prefers):
+                rule = self.pd.rules[i]
+                if b1 and rule.yields:
+                    self._emit(x, rule.skip_message, rule=i, values={"v1_labels": Labels(b1)})
+                else:
+                    x.reasons.append(i)
+                    self._emit(x, rule.message, rule=i)
+                    stays = True
+            if stays:
+                return self._fallback_v1(x, b1)
         prereq = m & self.m_prereq
         if prereq:
             for i in bits(prereq):
                 x.reasons.append(i)
                 self._emit(x, self.pd.rules[i].message, rule=i)
             return self._fallback_v1(x, b1)
-        prefers = m & self.m_prefers
-        if prefers:
-            for i in bits(prefers):
-                rule = self.pd.rules[i]
-                if b1:
-                    self._emit(x, rule.skip_message, rule=i, values={"v1_labels": Labels(b1)})
-                else:
-                    x.reasons.append(i)
-                    self._emit(x, rule.message, rule=i)
-            if not b1:
-                return self._done(x, "v1", "TARGETING_MATCH")
         blockers = m & self.m_blockers
         if blockers:
             x.reasons += bits(blockers)

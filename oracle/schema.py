@@ -32,15 +32,26 @@ Message = str | MessageSpec  # a bare string is a WARNING
 
 
 class PackMeta(_Strict):
-    """Who the pack describes and how its runner variable is read."""
+    """Who the pack describes and how its runner variable is read.
+
+    ``extends`` names a pack (a shipped name or a path relative to this pack) whose files this
+    one starts from: its rules and steps are merged by id (docs/policy-language.md). A pack
+    that extends another may leave out everything it inherits.
+    """
 
     name: str
     description: str = ""
-    env_var: Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*$")]
+    env_var: Annotated[str, Field(pattern=r"^[A-Z][A-Z0-9_]*$")] | None = None
     # strict: unset -> auto, "0" -> V1, "1" -> V2, anything else an error.
     # int: Python int(value) like vLLM's envs.py (bool(int(v)); "true" is an error, "2" pins V2).
-    env_parse: Literal["strict", "int"] = "strict"
+    env_parse: Literal["strict", "int"] | None = None
     reference: str = ""
+    extends: str | None = None
+    # vLLM's logger.*_once: a log line already given is not given again (early evaluations).
+    log_once: bool | None = None
+    # Fields the described release does not have: a config that sets one is refused by name.
+    unknown_fields: list[str] | None = None
+    release: str = ""
 
 
 class Messages(_Strict):
@@ -75,7 +86,11 @@ class Dimension(_Strict):
 
 
 class Rule(_Strict):
-    """One capability rule. Exactly one of ``blocks``, ``forces``, ``prefers``."""
+    """One capability rule. Exactly one of ``blocks``, ``forces``, ``prefers``.
+
+    ``after`` / ``before`` (another rule's id) place a rule an extending pack adds or moves; a
+    rule whose id the base pack has replaces it in place.
+    """
 
     id: Identifier
     label: str
@@ -89,8 +104,13 @@ class Rule(_Strict):
     message: Message | None = None
     error: str | None = None
     skip_message: Message | None = None
+    # prefers: yield to V2 when V1 cannot serve the config (vLLM 0.31's ROCm default), or not
+    # (0.29-0.30: V1 is picked, and its validation then refuses the config)
+    yields: bool = True
     reason: str = ""
     reference: str = ""
+    after: Identifier | None = None
+    before: Identifier | None = None
 
     @model_validator(mode="after")
     def _one_effect(self) -> Rule:
@@ -99,6 +119,10 @@ class Rule(_Strict):
             raise ValueError("a rule needs exactly one of blocks, forces, prefers")
         if self.prerequisite and self.blocks != "v2":
             raise ValueError("prerequisite: true only applies to rules that block v2")
+        if not self.yields and self.prefers is None:
+            raise ValueError("yields only applies to rules that prefer a runner")
+        if self.after is not None and self.before is not None:
+            raise ValueError("give after or before, not both")
         if self.override_pin and self.forces is None:
             raise ValueError("override_pin only applies to rules that force a runner")
         if self.blocks == "v1" and self.severity != "hard":
@@ -119,13 +143,64 @@ class Rule(_Strict):
         return f"prefers_{self.prefers}"
 
 
+class Derived(_Strict):
+    """A named predicate: true when any of its condition maps holds (each ANDs its own)."""
+
+    any: list[dict[str, Any]] = Field(min_length=1)
+    description: str = ""
+
+
+class Step(_Strict):
+    """One step of what the described engine does before (and right after) it decides, in
+    order. Exactly one of: ``set`` (change values: a normalisation), ``refuse`` (stop with this
+    error), ``evaluate: true`` (run the selection early; its log lines stay, its runner is
+    ``early_runner``), ``final: true`` (where the selection that counts runs; steps after it
+    are the checks that follow it)."""
+
+    id: Identifier
+    when: dict[str, Any] = {}
+    unless: list[Identifier] = []  # skip when one of these earlier steps applied (an elif)
+    set: dict[str, Any] | None = None
+    refuse: str | None = None
+    evaluate: bool = False
+    final: bool = False
+    after: Identifier | None = None
+    before: Identifier | None = None
+    reference: str = ""
+    note: str = ""
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Step:
+        kinds = [self.set is not None, self.refuse is not None, self.evaluate, self.final]
+        if sum(kinds) != 1:
+            raise ValueError("a step needs exactly one of set, refuse, evaluate: true, final: true")
+        if self.final and self.when:
+            raise ValueError("the final step takes no condition")
+        if self.set is not None and not self.set:
+            raise ValueError("set must name at least one value")
+        return self
+
+    @property
+    def kind(self) -> str:
+        if self.set is not None:
+            return "set"
+        if self.refuse is not None:
+            return "refuse"
+        return "evaluate" if self.evaluate else "final"
+
+
 class CapabilityMatrix(_Strict):
-    """capability_matrix.yaml: the pack, its message shapes, dimensions and rules."""
+    """capability_matrix.yaml: the pack, its message shapes, dimensions, derived predicates,
+    steps and rules. ``remove_rules`` / ``remove_steps`` drop inherited ones by id."""
 
     pack: PackMeta
     messages: Messages = Messages()
-    dimensions: dict[str, Dimension]
-    rules: list[Rule]
+    dimensions: dict[str, Dimension] = {}
+    derived: dict[Identifier, Derived] = {}
+    steps: list[Step] = []
+    rules: list[Rule] = []
+    remove_rules: list[Identifier] = []
+    remove_steps: list[Identifier] = []
 
 
 class Stage(_Strict):

@@ -80,14 +80,22 @@ def _case(args: argparse.Namespace) -> int:
     return 0
 
 
+def _facts(args: argparse.Namespace) -> int:
+    from referee.facts import facts
+
+    for arch in args.architectures:
+        print(json.dumps({"architecture": arch, "facts": facts(arch)}, sort_keys=True))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m referee", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("golden", "check", "case"):
+    for name in ("golden", "check", "case", "facts"):
         p = sub.add_parser(name)
         p.add_argument("--release", required=True, choices=RELEASES)
-        if name != "case":
+        if name not in ("case", "facts"):
             p.add_argument("--seed", type=int, required=True)
             p.add_argument("--count", type=int, required=True)
     sub.choices["golden"].add_argument("--out", required=True)
@@ -96,9 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--show", type=int, default=10, help="mismatches to print (stderr)")
     check.add_argument("--min-agreement", type=float, default=0.995)
     sub.choices["case"].add_argument("spec", help="a spec as JSON")
+    sub.choices["facts"].add_argument("architectures", nargs="+")
     args = parser.parse_args(argv)
     _check_installed(args.release)
-    return {"golden": _golden, "check": _check, "case": _case}[args.command](args)
+    return {"golden": _golden, "check": _check, "case": _case,
+            "facts": _facts}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -45,19 +45,32 @@ def make_platform(spec: dict[str, Any]) -> Any:
         def support_static_graph_mode(cls) -> bool:
             return static_graphs
 
+        @classmethod
+        def device_count(cls) -> int:  # assumption: a node with enough devices
+            return 1024
+
     return SpecPlatform()
+
+
+# ParallelConfig values that shape what its __post_init__ derives (world size, the default
+# executor backend); the feature flags are assigned after construction, as the selection code
+# reads them, without ParallelConfig's own checks of feature combinations (which refuse a
+# config before vLLM gets to the runner selection, and are not the oracle's subject).
+_SHAPE = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+          "prefill_context_parallel_size", "distributed_executor_backend")
+_FLAGS = ("decode_context_parallel_size", "enable_expert_parallel", "enable_eplb",
+          "enable_elastic_ep", "enable_dbo", "ubatch_size", "enable_batch_sharded_sampling",
+          "all2all_backend")
 
 
 def _parallel(spec: dict[str, Any]) -> Any:
     from vllm.config import ParallelConfig
 
-    kwargs = {k: spec[k] for k in (
-        "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
-        "prefill_context_parallel_size", "decode_context_parallel_size",
-        "enable_expert_parallel", "enable_eplb", "enable_elastic_ep", "enable_dbo",
-        "ubatch_size", "enable_batch_sharded_sampling", "all2all_backend",
-        "distributed_executor_backend") if spec.get(k) is not None}
-    return ParallelConfig(**kwargs)
+    pc = ParallelConfig(**{k: spec[k] for k in _SHAPE if spec.get(k) is not None})
+    for key in _FLAGS:
+        if spec.get(key) is not None:
+            object.__setattr__(pc, key, spec[key])
+    return pc
 
 
 def _compilation(spec: dict[str, Any]) -> Any:
@@ -130,15 +143,24 @@ def _speculative(spec: dict[str, Any], release: str) -> Any:
         "disable_padded_drafter_batch": bool(spec.get("disable_padded_drafter_batch")),
         "use_heterogeneous_vocab": bool(spec.get("use_heterogeneous_vocab")),
         "draft_lm_head_quantization": spec.get("draft_lm_head_quantization"),
-        "draft_model_config": None, "draft_sample_method": "greedy",
+        "draft_model_config": _draft(spec), "draft_sample_method": "greedy",
         "tensor_parallel_size": None, "rejection_sample_method": "standard",
         "synthetic_acceptance_rates": None, "synthetic_acceptance_length": None,
-        "dynamic_speculative_config": None, "speculative_xpress": bool(spec.get(
-            "speculative_xpress")),
+        "dynamic_speculative_config": None,
     }
     for key, value in values.items():
         object.__setattr__(cfg, key, value)
     return cfg
+
+
+def _draft(spec: dict[str, Any]) -> Any:
+    """The draft model's facts the selection reads: its architecture and layer types."""
+    arch, mixed = spec.get("draft_architecture"), bool(spec.get("draft_mixed_attention"))
+    if arch is None and not mixed:
+        return None
+    layers = ["sliding_attention", "full_attention"] if mixed else ["full_attention"]
+    return SimpleNamespace(architectures=[arch] if arch else [],
+                           hf_config=SimpleNamespace(layer_types=layers))
 
 
 def build_config(spec: dict[str, Any], facts: dict[str, Any], release: str) -> Any:

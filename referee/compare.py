@@ -15,11 +15,11 @@ from typing import Any
 def pack_answer(pack: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
     """The pack's answer for a spec, in the golden files' ``want`` shape; a spec the oracle
     refuses to read gives ``decision: "invalid"`` with the reading error."""
-    from oracle import DeploymentConfig, decide
+    from oracle import decide, from_spec
     from oracle.errors import ConfigError
 
     try:
-        config = DeploymentConfig.from_spec(spec)
+        config = from_spec(spec)
     except ConfigError as exc:
         return {"decision": "invalid", "error": exc.message, "warnings": []}
     d = decide(config, pack=pack)

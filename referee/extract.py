@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 
@@ -25,7 +26,7 @@ def release_definitions(module: str, names: tuple[str, ...],
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
         raise LookupError(f"{module} is not installed")
-    source = open(spec.origin, encoding="utf-8").read()
+    source = Path(spec.origin).read_text(encoding="utf-8")
     tree = ast.parse(source)
     kept: list[ast.stmt] = []
     found: set[str] = set()

@@ -24,11 +24,37 @@ ENV_VAR = "VLLM_USE_V2_MODEL_RUNNER"
 # What users put in the variable: pins, and values vLLM's int() parse refuses or reads oddly.
 ENV_VALUES = ("0", "1", "0", "1", "true", "false", "yes", "", "2", "-1", " 1", "01", "1.0", "on")
 
-# Fields a release first reads (the generator leaves them out of earlier releases' cases).
+# Fields a release first has, and the last release that has them (the generator leaves them
+# out of the cases of releases without them; those releases' packs refuse them by name).
 FIELDS_SINCE: dict[str, str] = {
     "draft_lm_head_quantization": "0.33",
-    "speculative_xpress": "0.33",
+    "watermark": "0.30",
+    "hisparse": "0.30",
 }
+FIELDS_UNTIL: dict[str, str] = {
+    "enable_sequence_parallelism": "0.31",  # 0.32 removed the sequence-parallel pass
+}
+# Dimensions that interact in the selection; a share of the cases draws two or three from one
+# theme, so that their combinations (DBO with each of its limits, a speculative method with
+# its flags, compile settings with graph modes) are not left to chance.
+THEMES: tuple[tuple[str, ...], ...] = (
+    ("enable_dbo", "ubatch_size", "lora", "speculative_method", "pipeline_parallel_size",
+     "prefill_context_parallel_size", "decode_context_parallel_size", "is_multimodal",
+     "is_encoder_decoder", "is_hybrid", "cudagraph_mode", "mm_encoder_only", "all2all_backend"),
+    ("speculative_method", "parallel_drafting", "enable_adaptive_verification",
+     "disable_padded_drafter_batch", "use_heterogeneous_vocab", "draft_lm_head_quantization",
+     "draft_architecture", "draft_mixed_attention", "async_scheduling"),
+    ("compilation_mode", "cudagraph_mode", "enforce_eager", "platform", "lora", "runner_kind",
+     "is_encoder_decoder", "prefill_context_parallel_size"),
+    ("mamba_cache_mode", "enable_prefix_caching", "is_hybrid", "supports_mamba_prefix_caching",
+     "mm_encoder_only"),
+    ("hisparse", "kv_transfer_config", "has_index_topk", "platform", "pipeline_parallel_size",
+     "decode_context_parallel_size", "cudagraph_mode"),
+    ("async_scheduling", "pipeline_parallel_size", "distributed_executor_backend",
+     "speculative_method", "platform", "enable_dbo", "all2all_backend", "runner_kind"),
+    ("enable_sequence_parallelism", "tensor_parallel_size", "hidden_size", "platform",
+     "device_capability"),
+)
 
 Draw = Callable[[random.Random], Any]
 
@@ -51,10 +77,14 @@ DIMENSIONS: dict[str, tuple[float, Draw]] = {
         "eagle3", "mtp", "dflash", "dspark", "extract_hidden_states", "custom_class")),
     "parallel_drafting": (1.2, _true),
     "enable_adaptive_verification": (0.8, _true),
+    "mm_encoder_only": (0.6, _true),
     "disable_padded_drafter_batch": (0.6, _true),
     "use_heterogeneous_vocab": (0.6, _true),
     "draft_lm_head_quantization": (0.5, _choice("fp8", "nvfp4")),
-    "speculative_xpress": (0.4, _true),
+    "draft_architecture": (0.8, _choice("DFlash2DraftModel", "LiLiCorrDraftModel",
+                                        "Qwen3XPressModel", "DFlashQwen3XPressModel",
+                                        "ParseAuxMTPModel", "LlamaForCausalLM")),
+    "draft_mixed_attention": (0.6, _true),
     "tensor_parallel_size": (2.0, _choice(2, 4, 8)),
     "pipeline_parallel_size": (2.5, _choice(2, 2, 4)),
     "data_parallel_size": (0.8, _choice(2, 4)),
@@ -88,7 +118,6 @@ DIMENSIONS: dict[str, tuple[float, Draw]] = {
         {"kv_connector": "HiSparseConnector", "kv_role": "kv_both"},
         {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_producer"},
     ])),
-    "mm_encoder_only": (0.4, _true),
     "hidden_size": (0.8, _choice(2048, 4096, 7168, 8192, 12288)),
     "runner_kind": (0.8, _choice("pooling")),
     "is_multimodal": (0.4, _choice(True, False)),
@@ -105,8 +134,9 @@ _NUM_CHANGED = (0, 1, 1, 2, 2, 2, 3, 3, 4, 5)
 
 
 def _known(field: str, release: str) -> bool:
-    since = FIELDS_SINCE.get(field)
-    return since is None or _version(release) >= _version(since)
+    since, until = FIELDS_SINCE.get(field), FIELDS_UNTIL.get(field)
+    return ((since is None or _version(release) >= _version(since))
+            and (until is None or _version(release) <= _version(until)))
 
 
 def _version(release: str) -> tuple[int, ...]:
@@ -126,6 +156,10 @@ def _case(rng: random.Random, names: list[str], weights: list[float]) -> dict[st
     spec: dict[str, Any] = {"architecture": _architecture(rng)}
     for field in _pick(rng, names, weights, rng.choice(_NUM_CHANGED)):
         spec[field] = DIMENSIONS[field][1](rng)
+    if rng.random() < 0.35:
+        theme = [f for f in rng.choice(THEMES) if f in names]
+        for field in rng.sample(theme, min(len(theme), rng.choice((2, 2, 3)))):
+            spec[field] = DIMENSIONS[field][1](rng)
     _keep_plausible(rng, spec)
     roll = rng.random()
     if roll < 0.30:
@@ -157,7 +191,7 @@ def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
         spec["num_speculative_tokens"] = rng.choice((1, 2, 3, 5))
     spec_only = ("parallel_drafting", "enable_adaptive_verification",
                  "disable_padded_drafter_batch", "use_heterogeneous_vocab",
-                 "draft_lm_head_quantization", "speculative_xpress")
+                 "draft_lm_head_quantization", "draft_architecture", "draft_mixed_attention")
     if method is None and any(f in spec for f in spec_only) and rng.random() < 0.8:
         spec["speculative_method"] = rng.choice(("eagle", "eagle3", "mtp", "dspark", "dflash",
                                                  "draft_model"))
@@ -171,5 +205,7 @@ def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
         spec["tensor_parallel_size"] = max(spec.get("tensor_parallel_size", 1), dcp)
     if spec.get("enable_batch_sharded_sampling") and rng.random() < 0.7:
         spec.setdefault("tensor_parallel_size", rng.choice((2, 4)))
-    if (spec.get("enable_dbo") or spec.get("ubatch_size", 0) > 1) and rng.random() < 0.5:
-        spec.setdefault("all2all_backend", "deepep_low_latency")
+    if spec.get("enable_dbo") and spec.get("platform") == "rocm" and rng.random() < 0.5:
+        spec["all2all_backend"] = "deepep_high_throughput"
+    if spec.get("draft_architecture") and method is None and rng.random() < 0.8:
+        spec["speculative_method"] = "dflash"

@@ -125,8 +125,9 @@ def platform_hook(cfg: Any, spec: dict[str, Any], release: str) -> None:
     """``current_platform.check_and_update_config`` (vllm.py:2026), the parts that touch
     what the selection reads: CPU (platforms/cpu.py) turns async scheduling and DBO off and
     VLLM_COMPILE into DYNAMO_TRACE_ONCE (NONE with LoRA); ROCm (platforms/rocm.py) drops FULL
-    graphs under prefill context parallelism. CUDA and XPU change none of them (XPU graphs
-    assumed supported by its PyTorch); TPU's hook lives in tpu-inference."""
+    graphs under prefill context parallelism (and in 0.30 refuses it with data parallelism).
+    CUDA and XPU change none of them (XPU graphs assumed supported by its PyTorch); TPU's hook
+    lives in tpu-inference."""
     from vllm.config.compilation import CompilationMode, CUDAGraphMode
 
     platform = spec.get("platform", "cuda")
@@ -141,35 +142,24 @@ def platform_hook(cfg: Any, spec: dict[str, Any], release: str) -> None:
         if cfg.lora_config is not None:
             cc.mode = CompilationMode.NONE
     elif platform == "rocm":
+        if _v(release) == (0, 30) and pc.prefill_context_parallel_size > 1 \
+                and pc.data_parallel_size > 1:
+            raise ValueError("PCP does not support data parallelism on ROCm yet.")
         if cc.cudagraph_mode.has_full_cudagraphs() and pc.prefill_context_parallel_size > 1:
             cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
 
 
-def after_selection(cfg: Any, spec: dict[str, Any], release: str) -> None:
-    """The release's own checks right after the selection (vllm.py:2057-2058) and the
-    microbatching backend assertion (vllm.py:2181)."""
-    cfg._validate_batch_sharded_sampling()
-    cfg._validate_adaptive_verification()
-    pc = cfg.parallel_config
-    if pc.use_ubatching:
-        a2a = pc.all2all_backend
-        assert a2a in ["deepep_low_latency", "deepep_high_throughput", "nixl_ep"], (
-            "Microbatching currently only supports the deepep_low_latency, "
-            "deepep_high_throughput, and nixl_ep all2all backends. "
-            f"{a2a} is not supported. To fix use "
-            "--all2all-backend=deepep_low_latency, "
-            "--all2all-backend=deepep_high_throughput, or "
-            "--all2all-backend=nixl_ep and install the matching kernels.")
-
-
 def final(cfg: Any, spec: dict[str, Any], release: str, evaluate: Any) -> str:
     """vllm.py:2051: the selection that counts, then the chosen runner's validation (0.32+
-    first turn CUDA graphs off for stock torch.compile on V2)."""
+    first turn CUDA graphs off for stock torch.compile on V2; that step's own log line is not
+    the selection's and is not captured)."""
     with evaluate():
-        if cfg.use_v2_model_runner:
-            if _v(release) >= (0, 32):
-                cfg._disable_cudagraphs_for_v2_stock_torch_compile()
+        v2 = bool(cfg.use_v2_model_runner)
+    if v2 and _v(release) >= (0, 32):
+        cfg._disable_cudagraphs_for_v2_stock_torch_compile()
+    with evaluate():
+        if v2:
             cfg._validate_v2_model_runner()
-            return "v2"
-        cfg._validate_v1_model_runner()
-        return "v1"
+        else:
+            cfg._validate_v1_model_runner()
+    return "v2" if v2 else "v1"

@@ -142,13 +142,7 @@ def async_scheduling(cfg: Any, spec: dict[str, Any], release: str, capture: Any)
         return
     if sched.async_scheduling is not None:
         return
-    if cfg.model_config.runner_type == "pooling":
-        sched.async_scheduling = False
-    elif not v133 and spec_cfg is not None and not _async_compatible_method(spec_cfg.method):
-        sched.async_scheduling = False
-    elif not v133 and spec_cfg is not None and spec_cfg.disable_padded_drafter_batch:
-        sched.async_scheduling = False
-    elif not supports or rocm_ht_dbo:
+    if cfg.model_config.runner_type == "pooling" or (not v133 and spec_cfg is not None and not _async_compatible_method(spec_cfg.method)) or (not v133 and spec_cfg is not None and spec_cfg.disable_padded_drafter_batch) or not supports or rocm_ht_dbo:
         sched.async_scheduling = False
     elif v133:
         sched.async_scheduling = incompat is None
@@ -210,7 +204,7 @@ def compile_defaults(cfg: Any, spec: dict[str, Any], release: str) -> bool:
     if cc.cudagraph_mode is None:
         cc.cudagraph_mode = level["cudagraph_mode"]
     sp_default = level.get("pass_config", {}).get("enable_sp")
-    if cc.pass_config.enable_sp is None and sp_default is not None:
+    if getattr(cc.pass_config, "enable_sp", False) is None and sp_default is not None:
         cc.pass_config.enable_sp = sp_default(cfg) if callable(sp_default) else sp_default
     return breakable
 
@@ -255,6 +249,4 @@ def replay(cfg: Any, spec: dict[str, Any], facts: dict[str, Any], release: str,
     late.platform_hook(cfg, spec, release)
     if v >= (0, 30):
         piecewise(cfg, spec, release, breakable)
-    runner = late.final(cfg, spec, release, lambda: _selecting(capture, spec))
-    late.after_selection(cfg, spec, release)
-    return runner
+    return late.final(cfg, spec, release, lambda: _selecting(capture, spec))

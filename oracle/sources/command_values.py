@@ -115,7 +115,7 @@ def apply_json_flags(flags: dict[str, dict[str, Any]], fields: dict[str, Any],
         elif flag == "--compilation-config":
             _compilation(cfg, fields, ignored)
         elif flag == "--kv-transfer-config":
-            fields["kv_transfer_config"] = bool(cfg)
+            fields["kv_transfer_config"] = dict(cfg)
         elif flag == "--hf-overrides":
             archs = cfg.get("architectures")
             if isinstance(archs, list) and archs and isinstance(archs[0], str):

@@ -239,7 +239,7 @@ def test_an_unknown_query_parameter_is_refused_naming_it(api: Api) -> None:
 @pytest.mark.parametrize("family, message", [
     ("Llama", "unknown family 'Llama' (did you mean 'llama'?)"),
     ("qwen3-canary", "'qwen3-canary' is a cohort id, not a family: its families are qwen3"),
-    ("zzzzzz", "unknown family 'zzzzzz'; the pack's families: afmoe, arctic, "),
+    ("zzzzzz", "unknown family 'zzzzzz'; the pack's families: afmoe, alice_ai, arctic, "),
 ])
 def test_evidence_for_a_name_that_is_not_a_family_is_refused(api: Api, family: str,
                                                              message: str) -> None:

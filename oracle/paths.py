@@ -1,0 +1,9 @@
+"""Where the shipped policy packs live, and their names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+POLICIES_DIR = Path(__file__).resolve().parent.parent / "policies"
+# turnout: this project's runners; vllm-<release>: each vLLM release's own selection.
+SHIPPED_PACKS = ("turnout", "vllm-0.31")

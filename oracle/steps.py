@@ -1,0 +1,141 @@
+"""A pack's ``steps``: what the described engine does to a configuration before it decides.
+
+vLLM does not decide on the configuration a user gives: ``VllmConfig.__post_init__`` first
+changes values (``enforce_eager`` turns stock torch.compile off, the CPU platform turns dual
+batch overlap off), refuses some combinations, and evaluates the selection early where the
+async-scheduling default needs it, logging that early evaluation's warning even when the final
+answer differs. A pack that describes such an engine lists those steps in order (docs/
+policy-language.md); :func:`decide_with_steps` runs them, then the selection that counts
+(:meth:`oracle.policy.Evaluator.resolve`), then the checks that follow it.
+
+Values a step sets are checked when the pack is compiled; a state is a
+:class:`~oracle.config.DeploymentConfig` copied with ``_trusted_replace``. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from oracle.compile_types import ArchInfo, CompiledStep, PackData
+from oracle.fields import FAMILY_ATTRIBUTES
+from oracle.decision import Decision, Message, Reason
+from oracle.errors import ErrorCode
+from oracle.policy import Evaluator
+
+# (config, arch, pin) -> Decision of the final selection, as Pack computes it without steps
+Resolve = Callable[[Any, ArchInfo, str], Decision]
+
+
+def decide_with_steps(pd: PackData, ev: Evaluator, c: Any, a: ArchInfo, pin: str | None,
+                      pin_error: Decision | None, resolve: Resolve, digest: str,
+                      applied: set[int] | None = None) -> Decision:
+    """Run ``pd.steps`` on ``c``; ``pin`` is None when the runner variable is invalid, and
+    ``pin_error`` is then the decision the first evaluation gives (vLLM reads the variable
+    only when it evaluates the selection). ``applied`` collects the indices of the steps
+    that applied (for coverage tests)."""
+    state, early = c, None
+    said: list[Message] = []
+    p = pin if pin is not None else "invalid"
+    decision: Decision | None = None
+    applied = set() if applied is None else applied
+    for step in pd.steps:
+        if step.kind == "final":
+            if pin_error is not None:
+                return _with_messages(pin_error, said, pd.log_once)
+            decision = _with_messages(resolve(state, a, p), said, pd.log_once)
+            if decision.runner is None:
+                return decision
+            continue
+        if (step.unless and step.unless & applied) or not step.test(state, a, p, early):
+            continue
+        applied.add(step.index)
+        if step.kind == "set":
+            state = _replace(state, step.sets)
+        elif step.kind == "refuse":
+            return _refused(pd, step, state, a, p, early, said, decision, digest)
+        else:
+            if pin_error is not None:
+                return _with_messages(pin_error, said, pd.log_once)
+            assert pin is not None
+            runner, lines, error = ev.select(state, a, pin)
+            said += lines
+            if error is not None:
+                return _error_decision(pd, a, p, error, said, ErrorCode.PIN_CONFLICT,
+                                       Reason("select.error", error, "hard", "error", {}, ""),
+                                       digest)
+            early = runner
+    if decision is None:  # no final marker: the selection ends the steps
+        if pin_error is not None:
+            return _with_messages(pin_error, said, pd.log_once)
+        decision = _with_messages(resolve(state, a, p), said, pd.log_once)
+    return decision
+
+
+def _replace(state: Any, changes: Any) -> Any:
+    """``state`` with ``changes``: a DeploymentConfig copies itself unchecked (the values were
+    checked when the pack was compiled); the matrix's probes are copied attribute-wise."""
+    replace = getattr(state, "_trusted_replace", None)
+    if replace is not None:
+        return replace(changes)
+    import copy
+
+    new = copy.copy(state)
+    for name, value in changes.items():
+        setattr(new, name, value)
+    return new
+
+
+def _dedupe(lines: list[Message]) -> list[Message]:
+    seen: set[Message] = set()
+    out = []
+    for m in lines:
+        if m not in seen:
+            seen.add(m)
+            out.append(m)
+    return out
+
+
+def _with_messages(d: Decision, before: list[Message], once: bool) -> Decision:
+    if not before:
+        return d
+    lines = [*before, *d.messages]
+    return d._replace(messages=tuple(_dedupe(lines) if once else lines))
+
+
+def dim_value(pd: PackData, dim: str, state: Any, a: ArchInfo, p: str, early: str | None) -> Any:
+    """The value a step condition or refusal text reads for ``dim``."""
+    if dim == "early_runner":
+        return early
+    if dim in pd.derived:
+        return pd.derived[dim](state, a, p)
+    getter = pd.getters.get(dim)
+    if getter is not None:
+        return getter(state, a, p)
+    if dim in FAMILY_ATTRIBUTES:
+        value = getattr(state, dim)
+        return value if value is not None else getattr(a, dim)
+    return getattr(state, dim, None)
+
+
+def _refused(pd: PackData, step: CompiledStep, state: Any, a: ArchInfo, p: str,
+             early: str | None, said: list[Message], decision: Decision | None,
+             digest: str) -> Decision:
+    import string
+
+    assert step.error is not None
+    names = [f for _, f, _, _ in string.Formatter().parse(step.error.text) if f]
+    values = {n: dim_value(pd, n, state, a, p, early) for n in names}
+    text = step.error.render(values)
+    matched = {c.dim: dim_value(pd, c.dim, state, a, p, early) for c in step.conditions}
+    reason = Reason(f"step.{step.id}", text, "hard", "refuses", matched, step.reference)
+    lines = said + (list(decision.messages) if decision is not None else [])
+    return _error_decision(pd, a, p, text, lines, ErrorCode.REFUSED, reason, digest)
+
+
+def _error_decision(pd: PackData, a: ArchInfo, p: str, text: str, lines: list[Message],
+                    code: ErrorCode, reason: Reason, digest: str) -> Decision:
+    mode = "auto" if p == "auto" else "pinned"
+    return Decision(None, mode, a.family, None, None, (reason,),  # type: ignore[arg-type]
+                    tuple(_dedupe(lines) if pd.log_once else lines), "ERROR", text,
+                    digest, code, pd.name)

@@ -1,0 +1,60 @@
+"""Each vllm-<release> pack against its golden file: the decision, the error text and every log
+line in order, on every case vLLM's own selection code was run on (``make referee`` writes
+policies/reference/vllm-<release>/golden.jsonl; docs/oracle-releases.md says how). vLLM itself
+is not needed here: the files hold its answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from oracle import from_spec, load_pack
+from referee.compare import agree, pack_answer
+
+REFERENCE = Path(__file__).resolve().parents[2] / "policies" / "reference"
+RELEASES = sorted(p.parent.name.removeprefix("vllm-")
+                  for p in REFERENCE.glob("vllm-*/golden.jsonl"))
+
+
+def _golden(release: str) -> list[dict]:
+    path = REFERENCE / f"vllm-{release}" / "golden.jsonl"
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def test_every_release_has_a_golden_file() -> None:
+    assert RELEASES == ["0.31"]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_pack_agrees_with_its_release_on_every_golden_case(release: str) -> None:
+    cases = _golden(release)
+    assert len(cases) >= 3000
+    pack = load_pack(f"vllm-{release}")
+    wrong = []
+    for case in cases:
+        assert case["vllm_version"].startswith(release), case["id"]
+        got = pack_answer(pack, case["config"])
+        if not agree(case["want"], got)[1]:
+            wrong.append((case["id"], case["want"], got))
+    assert not wrong, f"{len(wrong)} of {len(cases)} disagree, first: {wrong[:3]}"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_golden_cases_cover_every_outcome(release: str) -> None:
+    decisions = {c["want"]["decision"] for c in _golden(release)}
+    assert decisions == {"v1", "v2", "error"}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_rule_and_step_of_the_pack_is_exercised_by_a_golden_case(release: str) -> None:
+    """A rule or step no golden case reaches is one vLLM's code never confirmed."""
+    pack = load_pack(f"vllm-{release}")
+    rules, steps = set(), set()
+    for case in _golden(release):
+        config = from_spec(case["config"])
+        rules |= {r.rule_id for r in pack.decide(config).reasons}
+        steps |= set(pack.steps_applied(config))
+    assert {r.id for r in pack.rules} - rules == set()
+    assert {s.id for s in pack.data.steps if s.kind != "final"} - steps == set()
