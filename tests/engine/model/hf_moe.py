@@ -32,3 +32,14 @@ def load_hf_reference(path: Path) -> Any:
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
+
+
+def hf_moe_dir(tmp_path_factory: Any, name: str) -> Path:
+    """The transformers-written checkpoint of ``TINY_MOE_CONFIGS[name]`` (seed 0), written once
+    per test session whichever test directory asks first."""
+    from tiny_model_configs import TINY_MOE_CONFIGS
+
+    path = Path(tmp_path_factory.getbasetemp()) / "hf-moe" / name
+    if not (path / "config.json").is_file():
+        write_hf_random_weights(TINY_MOE_CONFIGS[name], path, seed=0)
+    return path
