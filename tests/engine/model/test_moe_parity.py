@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from hf_moe import hf_moe_dir, load_hf_reference
+from hf_moe import hf_model_sharing, hf_moe_dir, load_hf_reference
 from paged_session import run_paged_greedy
 from safetensors.torch import load_file, save_file
 from tiny_model_configs import TINY_MOE_CONFIGS
@@ -148,3 +148,18 @@ def test_bad_expert_tensors_are_named(tmp_path_factory: pytest.TempPathFactory, 
 
     with pytest.raises(WeightLoadError, match=r"does not use: model\.layers\.0\.mlp\.experts\.16\.down_proj"):
         load_model(_rewrite(src, tmp_path / "extra", extra_expert))
+
+
+@pytest.mark.parametrize("name", sorted(TINY_MOE_CONFIGS))
+def test_a_transformers_model_sharing_our_tensors_equals_its_own_load(
+        name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # Guards hf_model_sharing, which the GPU tests use to compare a real-size model with
+    # transformers without a second copy of its weights.
+    path = hf_moe_dir(tmp_path_factory, name)
+    ours = load_model(path)
+    shared = hf_model_sharing(ours, TINY_MOE_CONFIGS[name])
+    assert shared.model.embed_tokens.weight.data_ptr() == ours.model.embed_tokens.weight.data_ptr()
+    ids = torch.tensor([_prompts(160, {"a": 19})["a"]])
+    with torch.no_grad():
+        # equal up to the summation order of GEMMs over views (offsets) instead of own tensors
+        torch.testing.assert_close(shared(ids).logits, load_hf_reference(path)(ids).logits, atol=1e-5, rtol=0)
