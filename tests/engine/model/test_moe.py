@@ -262,3 +262,36 @@ def test_block_refuses_an_unknown_backend() -> None:
     with pytest.raises(ValueError, match="backend must be one of"):
         SparseMoeBlock(8, moe_of(QWEN3, {"num_experts": 4, "num_experts_per_tok": 2,
                                          "moe_intermediate_size": 8}), backend="cuda")
+
+
+# ---- ModelConfig of the MoE decoders ---------------------------------------------------------
+
+def test_model_config_of_the_moe_families() -> None:
+    from engine.model import ModelConfig
+
+    qwen2 = ModelConfig.from_hf_dict(real("qwen1.5-moe-a2.7b"))
+    assert (qwen2.qkv_bias, qwen2.o_proj_bias, qwen2.has_qk_norm, qwen2.granite) == (True, False, False, None)
+    assert qwen2.sliding_window is None and qwen2.moe is not None and qwen2.intermediate_size == 5632
+    qwen3 = ModelConfig.from_hf_dict(real("qwen3-30b-a3b"))
+    assert qwen3.has_qk_norm and qwen3.head_dim == 128 and not qwen3.qkv_bias
+    granite = ModelConfig.from_hf_dict(real("granite-3.0-1b-a400m"))
+    assert granite.granite is not None and granite.tie_word_embeddings
+    assert (granite.granite.embedding_multiplier, granite.granite.attention_multiplier,
+            granite.granite.residual_multiplier, granite.granite.logits_scaling) == (12.0, 0.015625, 0.22, 6.0)
+    for config in (qwen2, qwen3, granite):
+        assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
+        assert hash(config) == hash(ModelConfig.from_hf_dict(config.to_hf_dict()))
+
+
+@pytest.mark.parametrize(("name", "change", "message"), [
+    ("qwen1.5-moe-a2.7b", {"qkv_bias": False}, "qkv_bias must be true for Qwen2MoeForCausalLM"),
+    ("qwen3-30b-a3b", {"mlp_bias": True}, "mlp_bias is not supported for Qwen3MoeForCausalLM"),
+    ("qwen3-30b-a3b", {"use_sliding_window": True}, "use_sliding_window=true"),
+    ("granite-3.0-1b-a400m", {"embedding_multiplier": "12"}, "`embedding_multiplier` must be a positive number"),
+    ("granite-3.0-1b-a400m", {"logits_scaling": 0}, "`logits_scaling` must be a positive number"),
+])
+def test_model_config_refusals(name: str, change: dict[str, Any], message: str) -> None:
+    from engine.model import ModelConfig
+
+    with pytest.raises(ModelConfigError, match=message):
+        ModelConfig.from_hf_dict({**real(name), **change})
