@@ -17,9 +17,9 @@ from engine.model.config import ModelConfig, ModelConfigError
 from engine.model.fp8 import load_fp8_linears
 from engine.model.fp8_config import Fp8Config
 from engine.model.llama import FUSED_PARAMS, DecoderModel
+from engine.model.moe_weights import moe_weight_recipes
 from engine.model.opt import OPTDecoderModel, opt_weight_names
 from engine.model.quantization import quantization_report
-from engine.model.moe_weights import moe_weight_recipes
 from engine.model.weights import WeightLoadError, WeightSource, assign_weights, random_source
 
 

@@ -289,6 +289,8 @@ def test_model_config_of_the_moe_families() -> None:
     ("qwen3-30b-a3b", {"use_sliding_window": True}, "use_sliding_window=true"),
     ("granite-3.0-1b-a400m", {"embedding_multiplier": "12"}, "`embedding_multiplier` must be a positive number"),
     ("granite-3.0-1b-a400m", {"logits_scaling": 0}, "`logits_scaling` must be a positive number"),
+    ("qwen3-30b-a3b", {"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}},
+     "FP8 weights are not supported for mixture-of-experts models"),
 ])
 def test_model_config_refusals(name: str, change: dict[str, Any], message: str) -> None:
     from engine.model import ModelConfig
