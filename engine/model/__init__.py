@@ -1,6 +1,7 @@
-"""The model layer shared by both runners: decoders of the Llama family and OPT, a BERT
-encoder, attention over paged KV caches, and weight loading (HF safetensors directories, FP8
-checkpoints, GGUF). See docs/model-layer.md for the interface."""
+"""The model layer shared by both runners: decoders of the Llama family (with their
+mixture-of-experts relatives) and OPT, a BERT encoder, attention over paged KV caches, and
+weight loading (HF safetensors directories, FP8 checkpoints, GGUF). See docs/model-layer.md
+for the interface."""
 
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.bert import EncoderModel
@@ -8,6 +9,7 @@ from engine.model.config import ModelConfig, ModelConfigError, RopeScaling
 from engine.model.kv_cache import allocate_kv_caches, kv_cache_bytes_per_block
 from engine.model.llama import DecoderModel
 from engine.model.loader import load_model
+from engine.model.moe import MoEConfig, SparseMoeBlock, select_experts
 from engine.model.random_weights import write_random_weights
 from engine.model.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from engine.model.weights import WeightLoadError
@@ -16,9 +18,11 @@ __all__ = [
     "AttentionMetadata",
     "DecoderModel",
     "EncoderModel",
+    "MoEConfig",
     "ModelConfig",
     "ModelConfigError",
     "RopeScaling",
+    "SparseMoeBlock",
     "Tokenizer",
     "TokenizerError",
     "WeightLoadError",
@@ -26,5 +30,6 @@ __all__ = [
     "kv_cache_bytes_per_block",
     "load_model",
     "load_tokenizer",
+    "select_experts",
     "write_random_weights",
 ]

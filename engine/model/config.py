@@ -6,6 +6,10 @@ Built from a ``config.json`` mapping (:meth:`ModelConfig.from_hf_dict`) or from 
 5). Anything the layer cannot honour (an unknown architecture, a RoPE type without an
 implementation, Qwen2/Qwen3 layer-wise sliding windows) is refused with
 :class:`ModelConfigError` naming the field, never ignored.
+
+Family facts live in nested values rather than flat fields: ``moe`` (an
+:class:`~engine.model.moe_config.MoEConfig`, for the MoE architectures) and ``granite``
+(:class:`~engine.model.granite_config.GraniteMultipliers`).
 """
 
 from __future__ import annotations
@@ -20,12 +24,18 @@ if TYPE_CHECKING:  # family- and format-specific parts live in their own modules
     from engine.model.gguf_loader import GGUFQuantization
     from engine.model.opt import OPTConfig
 
+from engine.model.granite_config import GRANITE_ARCHITECTURES, GraniteMultipliers
+from engine.model.moe_config import MOE_FAMILIES, MoEConfig
+
 DECODER_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "OPTForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "GraniteMoeForCausalLM",
 )
 ENCODER_ARCHITECTURES = ("BertModel",)
 SUPPORTED_ARCHITECTURES = DECODER_ARCHITECTURES + ENCODER_ARCHITECTURES
@@ -36,8 +46,16 @@ _MODEL_TYPES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "OPTForCausalLM": "opt",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "GraniteMoeForCausalLM": "granitemoe",
     "BertModel": "bert",
 }
+# q/k/v biases always, no o_proj bias (transformers' Qwen2 and Qwen2-MoE attention)
+_QWEN2_ATTENTION = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
+_MOE_DECODERS = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM")
+_QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_QWEN_SLIDING = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 # RoPE types with an implementation in engine.model.layers (HF `rope_type` names).
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -100,6 +118,8 @@ class ModelConfig:
     opt: OPTConfig | None = None  # OPT's own fields (engine.model.opt)
     # FP8 checkpoints (engine.model.fp8_config) or a GGUF file's quantization types
     quantization: Fp8Config | GGUFQuantization | None = None
+    moe: MoEConfig | None = None  # the MoE architectures (engine/model/moe_config.py)
+    granite: GraniteMultipliers | None = None  # GraniteMoe's multipliers
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False, hash=False)
 
     @property
@@ -109,17 +129,17 @@ class ModelConfig:
 
     @property
     def has_qk_norm(self) -> bool:
-        """Qwen3 normalises q and k per head (RMSNorm over head_dim) before RoPE."""
-        return self.architecture == "Qwen3ForCausalLM"
+        """Qwen3 (and Qwen3-MoE) normalise q and k per head (RMSNorm over head_dim) before RoPE."""
+        return self.architecture in _QK_NORM
 
     @property
     def qkv_bias(self) -> bool:
-        """Qwen2 always has q/k/v biases; the others follow ``attention_bias``."""
-        return self.architecture == "Qwen2ForCausalLM" or self.attention_bias
+        """Qwen2 and Qwen2-MoE always have q/k/v biases; the others follow ``attention_bias``."""
+        return self.architecture in _QWEN2_ATTENTION or self.attention_bias
 
     @property
     def o_proj_bias(self) -> bool:
-        return self.attention_bias and self.architecture != "Qwen2ForCausalLM"
+        return self.attention_bias and self.architecture not in _QWEN2_ATTENTION
 
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
@@ -153,12 +173,15 @@ class ModelConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """An HF ``config.json`` mapping (legacy RoPE spelling, which every version reads)."""
         d = {k: v for k, v in asdict(self).items()
-             if k not in ("architecture", "extra", "opt", "quantization")}
+             if k not in ("architecture", "extra", "opt", "quantization", "moe", "granite")}
         d = {**dict(self.extra), **d}
         if self.opt is not None:
             d |= self.opt.to_hf_fields(self)
         if self.quantization is not None and hasattr(self.quantization, "to_hf_dict"):
             d["quantization_config"] = self.quantization.to_hf_dict()  # GGUF has no HF form
+        for nested in (self.moe, self.granite):
+            if nested is not None:
+                d |= nested.to_hf_dict()
         d["architectures"] = [self.architecture]
         d["eos_token_id"] = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else (
             self.eos_token_id)
@@ -244,6 +267,7 @@ def _decoder_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
     if common["hidden_act"] != "silu":
         raise ModelConfigError(f"hidden_act {common['hidden_act']!r}: decoders support 'silu'")
     rope_theta, rope_scaling = _rope(d)
+    _check_moe_fields(arch, d)
     return ModelConfig(
         **common,
         num_key_value_heads=num_kv_heads,
@@ -255,19 +279,33 @@ def _decoder_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
         attention_bias=bool(d.get("attention_bias", False)),
         mlp_bias=bool(d.get("mlp_bias", False)),
         sliding_window=_sliding_window(arch, d),
+        moe=MoEConfig.from_hf_dict(d, architecture=arch, num_hidden_layers=common["num_hidden_layers"])
+        if arch in MOE_FAMILIES else None,
+        granite=GraniteMultipliers.from_hf_dict(d) if arch in GRANITE_ARCHITECTURES else None,
     )
+
+
+def _check_moe_fields(arch: str, d: Mapping[str, Any]) -> None:
+    # transformers 5 made Qwen2-MoE's q/k/v bias a config key (`qkv_bias`, default true);
+    # every released checkpoint has the biases.
+    if arch == "Qwen2MoeForCausalLM" and d.get("qkv_bias", True) is not True:
+        raise ModelConfigError("qkv_bias must be true for Qwen2MoeForCausalLM (q/k/v biases); "
+                               f"got {d.get('qkv_bias')!r}")
+    # Their MLPs and experts have no biases in transformers, whatever the key says.
+    if arch in _MOE_DECODERS and d.get("mlp_bias"):
+        raise ModelConfigError(f"mlp_bias is not supported for {arch}: its MLPs and experts have no bias")
 
 
 def _sliding_window(arch: str, d: Mapping[str, Any]) -> int | None:
     window = d.get("sliding_window")
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    if arch in _QWEN_SLIDING:
         if d.get("use_sliding_window"):
             raise ModelConfigError(
                 "use_sliding_window=true (Qwen layer-wise sliding window) is not supported; "
                 "set it to false"
             )
         return None
-    if arch == "LlamaForCausalLM":
+    if arch in ("LlamaForCausalLM", "GraniteMoeForCausalLM"):
         return None
     return int(window) if window else None
 

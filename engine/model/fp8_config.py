@@ -124,6 +124,9 @@ def parse_quantization_config(config: ModelConfig, qc: Any) -> Fp8Config:
             f"supported: FP8 checkpoints ({', '.join(FP8_METHODS)})")
     if config.is_encoder:
         raise ModelConfigError(f"{config.architecture}: FP8 weights are supported for decoders only")
+    if config.moe is not None:  # the fused MoE kernel takes bf16/fp16/fp32 experts
+        raise ModelConfigError(f"{config.architecture}: FP8 weights are not supported for mixture-of-"
+                               "experts models; use an unquantised checkpoint")
     import json
 
     raw = json.dumps(qc, sort_keys=True, default=str)

@@ -1,5 +1,9 @@
 """The Llama-family decoder: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v
-bias), Qwen3ForCausalLM (per-head q/k RMSNorm). Plain PyTorch over packed tokens ``[T, ...]``.
+bias), Qwen3ForCausalLM (per-head q/k RMSNorm), and their mixture-of-experts relatives
+Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and GraniteMoeForCausalLM, whose sparse layers carry
+an ``engine.model.moe.SparseMoeBlock`` as ``mlp`` (``config.moe.is_moe_layer``). GraniteMoe's
+multipliers (``config.granite``) scale the embeddings, the attention, the residual branches
+and the logits. Plain PyTorch over packed tokens ``[T, ...]``.
 
 Parameter names are HF's except two fused projections, filled from HF's pieces on load
 (:data:`FUSED_PARAMS`): ``qkv_proj = [q_proj; k_proj; v_proj]`` and ``gate_up_proj =
@@ -15,6 +19,7 @@ from engine.model.attention import paged_attention_forward
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from engine.model.moe import SparseMoeBlock
 
 # fused parameter name part -> the HF name parts concatenated (dim 0) into it, in order
 FUSED_PARAMS: dict[str, tuple[str, ...]] = {
@@ -31,7 +36,8 @@ class DecoderAttention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.scale = self.head_dim**-0.5
+        # GraniteMoe: attention_multiplier is the softmax scale (transformers' `scaling`)
+        self.scale = config.granite.attention_multiplier if config.granite else self.head_dim**-0.5
         self.sliding_window = config.sliding_window
         self.backend = backend
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
@@ -56,18 +62,27 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, backend: str) -> None:
+    def __init__(self, config: ModelConfig, backend: str, layer_idx: int = 0) -> None:
         super().__init__()
         self.self_attn = DecoderAttention(config, backend)
-        self.mlp = GatedMLP(config)
+        self.mlp: GatedMLP | SparseMoeBlock = (
+            SparseMoeBlock(config.hidden_size, config.moe, backend)
+            if config.moe is not None and config.moe.is_moe_layer(layer_idx)
+            else GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias))
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.residual_multiplier = config.granite.residual_multiplier if config.granite else None
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, rotary: RotaryEmbedding,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), rotary,
-                                         kv_cache, attn_metadata)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attn = self.self_attn(positions, self.input_layernorm(hidden), rotary, kv_cache,
+                              attn_metadata)
+        hidden = hidden + self._scaled(attn)
+        return hidden + self._scaled(self.mlp(self.post_attention_layernorm(hidden)))
+
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        # GraniteMoe multiplies each branch before the residual add (transformers' order)
+        return branch if self.residual_multiplier is None else branch * self.residual_multiplier
 
 
 class DecoderBody(nn.Module):
@@ -76,8 +91,8 @@ class DecoderBody(nn.Module):
     def __init__(self, config: ModelConfig, backend: str) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, backend)
-                                    for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, backend, i)
+                                    for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
@@ -118,6 +133,8 @@ class DecoderModel(nn.Module):
         if len(kv_caches) != len(self.model.layers):
             raise ValueError(f"expected {len(self.model.layers)} KV caches, got {len(kv_caches)}")
         hidden = self.model.embed_tokens(input_ids)
+        if self.config.granite is not None:
+            hidden = hidden * self.config.granite.embedding_multiplier
         rotary = self.model.rotary_emb
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             hidden = layer(positions, hidden, rotary, kv_cache, attn_metadata)
@@ -125,5 +142,9 @@ class DecoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor  # [N, hidden_size]
                        ) -> torch.Tensor:  # [N, vocab_size] float32
-        """LM-head logits of the selected hidden states, in float32."""
-        return self.lm_head(hidden).float()
+        """LM-head logits of the selected hidden states, in float32 (GraniteMoe's divided by
+        ``logits_scaling`` in the model dtype first, as transformers)."""
+        logits = self.lm_head(hidden)
+        if self.config.granite is not None:
+            logits = logits / self.config.granite.logits_scaling
+        return logits.float()

@@ -17,6 +17,7 @@ from engine.model.config import ModelConfig, ModelConfigError
 from engine.model.fp8 import load_fp8_linears
 from engine.model.fp8_config import Fp8Config
 from engine.model.llama import FUSED_PARAMS, DecoderModel
+from engine.model.moe_weights import moe_weight_recipes
 from engine.model.opt import OPTDecoderModel, opt_weight_names
 from engine.model.quantization import quantization_report
 from engine.model.weights import WeightLoadError, WeightSource, assign_weights, random_source
@@ -39,7 +40,7 @@ def load_model(
             :func:`write_random_weights` writes for the same config and seed; quantised to FP8
             when the config has an FP8 ``quantization_config`` with dynamic activations).
         attn_backend: ``"auto"`` (Triton on CUDA, torch reference on CPU), ``"triton"`` or
-            ``"torch"``.
+            ``"torch"``; for attention and the fused MoE experts alike.
 
     Raises:
         FileNotFoundError: the path does not exist or holds no weights.
@@ -136,7 +137,8 @@ def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtyp
         if isinstance(config.quantization, Fp8Config):
             weights = load_fp8_linears(model, config.quantization, weights, dtype=dtype,
                                        device=device, fused=FUSED_PARAMS)
-        assign_weights(model, weights, dtype=dtype, device=device, fused=FUSED_PARAMS)
+        assign_weights(model, weights, dtype=dtype, device=device, fused=FUSED_PARAMS,
+                       recipes=moe_weight_recipes(config))
         model.tie_weights()
         rotary = getattr(model.model, "rotary_emb", None)  # OPT has learned positions
         if rotary is not None:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from engine.model.config import ModelConfig
+from engine.model.moe_weights import Recipe, moe_weight_shapes
 
 WeightSource = Mapping[str, Callable[[], torch.Tensor]]
 
@@ -29,7 +30,8 @@ class WeightLoadError(ValueError):
 
 
 def decoder_weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF tensor names and shapes of a decoder checkpoint (Llama/Mistral/Qwen2/Qwen3)."""
+    """HF tensor names and shapes of a decoder checkpoint (Llama/Mistral/Qwen2/Qwen3, and the
+    MoE families: their sparse layers' tensors come from ``engine.model.moe_weights``)."""
     h, q, kv, i = (c.hidden_size, c.num_attention_heads * c.head_dim,
                    c.num_key_value_heads * c.head_dim, c.intermediate_size)
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (c.vocab_size, h),
@@ -41,10 +43,11 @@ def decoder_weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         layer = {
             "self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
             "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q),
-            "mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h),
-            "mlp.down_proj.weight": (h, i),
             "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,),
         }
+        if c.moe is None or not c.moe.is_moe_layer(n):  # a dense MLP
+            layer |= {"mlp.gate_proj.weight": (i, h), "mlp.up_proj.weight": (i, h),
+                      "mlp.down_proj.weight": (h, i)}
         if c.qkv_bias:
             layer |= {"self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,),
                       "self_attn.v_proj.bias": (kv,)}
@@ -57,7 +60,7 @@ def decoder_weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             layer |= {"self_attn.q_norm.weight": (c.head_dim,),
                       "self_attn.k_norm.weight": (c.head_dim,)}
         shapes |= {p + k: v for k, v in layer.items()}
-    return shapes
+    return shapes | moe_weight_shapes(c)
 
 
 def bert_weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -95,7 +98,7 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     """A float32 tensor that depends only on ``(seed, name, shape)`` (CPU generator).
 
     Norm weights ``1 + 0.1 N(0,1)``, biases ``0.02 N(0,1)``, embeddings ``N(0,1)``, projection
-    matrices ``N(0, 1/fan_in)``: logits of a small model then have spread, so greedy parity
+    matrices ``N(0, 1/fan_in)`` (fan-in: the last dimension, also of stacked experts): logits of a small model then have spread, so greedy parity
     tests compare clear choices rather than near-ties.
     """
     gen = torch.Generator(device="cpu").manual_seed((seed * 1_000_003 + zlib.crc32(name.encode()))
@@ -107,7 +110,7 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
         return 1.0 + 0.1 * x
     if "embed" in name:
         return x
-    return x / shape[1] ** 0.5
+    return x / shape[-1] ** 0.5
 
 
 def random_source(config: ModelConfig, seed: int) -> WeightSource:
@@ -118,12 +121,15 @@ def random_source(config: ModelConfig, seed: int) -> WeightSource:
 
 def assign_weights(model: nn.Module, source: WeightSource, *, dtype: torch.dtype,
                    device: torch.device | str, fused: Mapping[str, tuple[str, ...]],
-                   prefix_aliases: tuple[str, ...] = ()) -> None:
+                   prefix_aliases: tuple[str, ...] = (),
+                   recipes: Mapping[str, Recipe] | None = None) -> None:
     """Fill every parameter of ``model`` (built on the meta device) from ``source``.
 
     Each parameter is materialised on ``device`` once, at ``dtype``; fused parameters
-    (``fused``: name part -> HF parts) are concatenated from their pieces along dim 0. HF names
-    may carry one of ``prefix_aliases`` (e.g. ``"bert."``).
+    (``fused``: name part -> HF parts) are concatenated from their pieces along dim 0;
+    parameters named in ``recipes`` (``engine.model.moe_weights``: stacked experts) are
+    allocated on ``device`` and filled piece by piece. HF names may carry one of
+    ``prefix_aliases`` (e.g. ``"bert."``).
 
     Raises:
         WeightLoadError: a parameter has no tensor, a tensor has the wrong shape, or the source
@@ -134,6 +140,16 @@ def assign_weights(model: nn.Module, source: WeightSource, *, dtype: torch.dtype
     missing: list[str] = []
     for pname, param in list(model.named_parameters(remove_duplicate=True)):
         if not param.is_meta:  # filled by a format's own loader (engine.model.fp8)
+            continue
+        if recipes is not None and pname in recipes:
+            recipe = recipes[pname]
+            absent = [name for _, name, _ in recipe if name not in names]
+            if absent:
+                missing += absent
+                continue
+            _set_param(model, pname, nn.Parameter(_assemble(pname, param.shape, recipe, names, dtype, device),
+                                                  requires_grad=False))
+            used.update(name for _, name, _ in recipe)
             continue
         parts = _hf_parts(pname, fused)
         if any(p not in names for p in parts):
@@ -153,6 +169,21 @@ def assign_weights(model: nn.Module, source: WeightSource, *, dtype: torch.dtype
     if unexpected:
         raise WeightLoadError(f"checkpoint has {len(unexpected)} tensors this architecture does "
                               f"not use: {', '.join(unexpected[:8])}")
+
+
+def _assemble(pname: str, shape: torch.Size, recipe: Recipe,
+              names: Mapping[str, Callable[[], torch.Tensor]], dtype: torch.dtype,
+              device: torch.device | str) -> torch.Tensor:
+    # One allocation at the final place; each piece passes through the host on its own.
+    out = torch.empty(shape, dtype=dtype, device=device)
+    for index, name, _ in recipe:
+        piece = _read(names[name], name, dtype)
+        target = out[index]
+        if piece.shape != target.shape:
+            raise WeightLoadError(f"{name}: checkpoint shape {tuple(piece.shape)} != "
+                                  f"{tuple(target.shape)} expected for its part of {pname}")
+        target.copy_(piece)
+    return out
 
 
 def _strip_prefixes(source: WeightSource, prefixes: tuple[str, ...]

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
-from tiny_model_configs import TINY_DECODER_CONFIGS
+from hf_moe import hf_moe_dir
+from tiny_model_configs import TINY_DECODER_CONFIGS, TINY_MOE_CONFIGS
 
 from engine.core import EngineCore
 from engine.model import write_random_weights
@@ -47,6 +48,12 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         write_random_weights(cfg, path, dtype=torch.float32, seed=3)
         out[name] = path
     return out
+
+
+@pytest.fixture(scope="session")
+def moe_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """fp32 checkpoints of the tiny MoE architectures, drawn and written by transformers."""
+    return {name: hf_moe_dir(tmp_path_factory, name) for name in TINY_MOE_CONFIGS}
 
 
 def make_engine(runner_name: str, model_dir: Path, **kwargs: Any) -> EngineCore:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
-from tiny_model_configs import TINY_DECODER_CONFIGS
+from tiny_model_configs import TINY_DECODER_CONFIGS, TINY_MOE_CONFIGS
 
 from engine.model import load_model, write_random_weights
 from engine.model.attention_metadata import AttentionMetadata
@@ -117,3 +117,15 @@ def test_opt_layers_are_found_and_offloaded() -> None:
     want = run_paged_forced(resident, seqs, block_size=4, first_chunk={"a": 9}, num_decode=3)
     got = run_paged_forced(offloaded, seqs, block_size=4, first_chunk={"a": 9}, num_decode=3)
     assert torch.equal(got["a"], want["a"]) and stats.num_transfers == 5
+
+
+def test_an_moe_model_streams_its_stacked_experts(tmp_path: Path) -> None:
+    # Qwen2-MoE: layer 0 sparse (stacked experts, router, gated shared expert), layer 1 dense.
+    write_random_weights(TINY_MOE_CONFIGS["qwen2-moe"], tmp_path, dtype=torch.float32, seed=6)
+    _, base = generate(tmp_path, "cpu", 0.0)
+    core, done = generate(tmp_path, "cpu", 1e-9)  # the first (sparse) layer only
+    stats = core.runner.offload_stats
+    assert stats.num_offloaded_layers == 1 and "layers.0.mlp.experts.w13" in stats.host_store
+    assert decoder_layers(core.runner.model)[0].mlp.experts.w13.is_meta
+    for req_id, req in done.items():
+        assert req.output_token_ids == base[req_id].output_token_ids

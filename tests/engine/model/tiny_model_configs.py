@@ -37,3 +37,41 @@ TINY_DECODER_CONFIGS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 6,
     },
 }
+
+# MoE configs shrunk from policies/reference/model_configs/ (qwen1.5-moe-a2.7b.json,
+# qwen3-30b-a3b.json, granite-3.0-1b-a400m.json): few layers, a small hidden size and few
+# experts, the structure kept (Qwen2-MoE's shared expert and gate, an mlp_only layer; Qwen3's
+# explicit head_dim and norm_topk_prob; Granite's multipliers and tied embeddings). Weights
+# for these are drawn and written by transformers itself (tests/engine/model/hf_moe.py), with
+# a wider initializer_range than its 0.02 so that logits spread (std ~0.8 instead of ~0.16).
+_MOE_BASE: dict[str, Any] = dict(
+    vocab_size=160, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+    max_position_embeddings=256, rms_norm_eps=1e-6, hidden_act="silu", bos_token_id=1,
+    eos_token_id=2, initializer_range=0.1,
+)
+
+TINY_MOE_CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen2-moe": {
+        **_MOE_BASE, "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+        "num_hidden_layers": 3, "intermediate_size": 96, "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 80, "num_experts": 12, "num_experts_per_tok": 4,
+        "decoder_sparse_step": 1, "mlp_only_layers": [1], "norm_topk_prob": False,
+        "use_sliding_window": False, "sliding_window": 32768, "max_window_layers": 21,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    },
+    "qwen3-moe": {
+        **_MOE_BASE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "num_hidden_layers": 2, "head_dim": 32, "intermediate_size": 96,
+        "moe_intermediate_size": 32, "num_experts": 16, "num_experts_per_tok": 4,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+        "attention_bias": False, "use_sliding_window": False, "sliding_window": None,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    },
+    "granite-moe": {
+        **_MOE_BASE, "architectures": ["GraniteMoeForCausalLM"], "model_type": "granitemoe",
+        "num_hidden_layers": 2, "intermediate_size": 32, "num_local_experts": 8,
+        "num_experts_per_tok": 4, "attention_bias": False, "attention_multiplier": 0.015625,
+        "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 6.0,
+        "rope_theta": 10000.0, "tie_word_embeddings": True, "pad_token_id": 0,
+    },
+}
