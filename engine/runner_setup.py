@@ -12,7 +12,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import EngineConfigError
-from engine.model import DecoderModel, EncoderModel, kv_cache_bytes_per_block, load_model
+from engine.model import DecoderModel, EncoderModel, load_model
 
 logger = logging.getLogger("turnout.engine")
 
@@ -37,12 +37,13 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
 
 
 def kv_block_bytes(model: DecoderModel | EncoderModel | None, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one KV block of ``block_size`` slots takes over all layers (keys and values); 0 for
-    an encoder, which keeps no KV cache."""
+    """Bytes one KV block of ``block_size`` slots takes over all layers, as the model's
+    ``kv_cache_spec`` lays it out (keys and values per kv head, or MLA's latent rows); 0 for an
+    encoder, which keeps no KV cache."""
     assert model is not None, "load_model() first"
     if isinstance(model, EncoderModel):
         return 0
-    return kv_cache_bytes_per_block(model.config, block_size, dtype)
+    return model.kv_cache_spec.bytes_per_block(block_size, dtype)
 
 
 def kv_cache_budget(device: torch.device, gpu_fraction: float, cpu_bytes: int) -> int:

@@ -77,8 +77,9 @@ class V1ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         assert self.model is not None, "load_model() first"
         if not self.is_pooling:
+            assert isinstance(self.model, DecoderModel)
             self.kv_caches = allocate_kv_caches(
-                self.model.config, num_blocks, self.config.block_size, self.dtype, self.device
+                self.model.kv_cache_spec, num_blocks, self.config.block_size, self.dtype, self.device
             )
 
     def check_sampling_params(self, params: SamplingParams) -> None:

@@ -98,8 +98,9 @@ class V2ModelRunner:
         assert self.model is not None, "load_model() first"
         if self.is_pooling:
             return
-        self.kv_caches = allocate_kv_caches(self.model.config, num_blocks, self.config.block_size,
-                                            self.dtype, self.device)
+        assert isinstance(self.model, DecoderModel)
+        self.kv_caches = allocate_kv_caches(self.model.kv_cache_spec, num_blocks,
+                                            self.config.block_size, self.dtype, self.device)
         if self.graphs.sizes:
             with torch.inference_mode():
                 self.graphs.capture(self._set_dummy_decode_inputs, self._graph_forward)

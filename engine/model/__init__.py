@@ -1,12 +1,20 @@
 """The model layer shared by both runners: decoders of the Llama family (with their
-mixture-of-experts relatives) and OPT, a BERT encoder, attention over paged KV caches, and
-weight loading (HF safetensors directories, FP8 checkpoints, GGUF). See docs/model-layer.md
-for the interface."""
+mixture-of-experts relatives), OPT, DeepSeek-V2 (multi-head latent attention and
+DeepSeekMoE), a BERT encoder, attention over paged KV caches, and weight loading (HF
+safetensors directories, FP8 checkpoints, GGUF). See docs/model-layer.md for the interface."""
 
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.bert import EncoderModel
 from engine.model.config import ModelConfig, ModelConfigError, RopeScaling
-from engine.model.kv_cache import allocate_kv_caches, kv_cache_bytes_per_block
+from engine.model.deepseek_v2 import DeepseekV2ForCausalLM
+from engine.model.kv_cache import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    MLAAttentionSpec,
+    allocate_kv_caches,
+    kv_cache_bytes_per_block,
+    kv_cache_spec,
+)
 from engine.model.llama import DecoderModel
 from engine.model.loader import load_model
 from engine.model.moe import MoEConfig, SparseMoeBlock, select_experts
@@ -17,7 +25,11 @@ from engine.model.weights import WeightLoadError
 __all__ = [
     "AttentionMetadata",
     "DecoderModel",
+    "DeepseekV2ForCausalLM",
     "EncoderModel",
+    "FullAttentionSpec",
+    "KVCacheSpec",
+    "MLAAttentionSpec",
     "MoEConfig",
     "ModelConfig",
     "ModelConfigError",
@@ -28,6 +40,7 @@ __all__ = [
     "WeightLoadError",
     "allocate_kv_caches",
     "kv_cache_bytes_per_block",
+    "kv_cache_spec",
     "load_model",
     "load_tokenizer",
     "select_experts",

@@ -1,4 +1,6 @@
-"""Attention over paged KV caches, driven only by an explicit :class:`AttentionMetadata`.
+"""Attention over paged KV caches, driven only by an explicit :class:`AttentionMetadata`:
+keys and values per kv head (``paged_attention_forward``), or the latent rows of multi-head
+latent attention (``mla_attention_forward``).
 
 The backend is chosen per call from the device (``"auto"``): CUDA tensors go to the Triton
 kernels of ``kernels.paged_attention``, CPU tensors to their torch references. ``"triton"``
@@ -11,6 +13,8 @@ from __future__ import annotations
 import torch
 
 from engine.model.attention_metadata import AttentionMetadata
+from kernels import mla_attention as mla
+from kernels import mla_cache
 from kernels import paged_attention as pa
 from kernels._triton import HAS_TRITON
 
@@ -51,4 +55,36 @@ def paged_attention_forward(
         pa.reshape_and_cache_ref(key, value, kv_cache, md.slot_mapping)
         pa.paged_attention_ref(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,
                                md.max_query_len, scale, sliding_window, out=out)
+    return out
+
+
+def mla_attention_forward(
+    query: torch.Tensor,  # [num_tokens, num_heads, kv_lora_rank + rope_dim], latent queries
+    kv_c: torch.Tensor,  # [num_tokens, kv_lora_rank], this step's normalised compressed KV
+    k_pe: torch.Tensor,  # [num_tokens, rope_dim], this step's rotary keys (after RoPE)
+    kv_cache: torch.Tensor,  # [num_blocks, block_size, kv_lora_rank + rope_dim], written
+    attn_metadata: AttentionMetadata,
+    *,
+    scale: float,
+    backend: str = "auto",
+) -> torch.Tensor:  # [num_tokens, num_heads, kv_lora_rank], latent outputs
+    """Write this step's latent rows by ``slot_mapping``, then attend in the latent space over
+    the paged cache (``kernels.mla_cache``, ``kernels.mla_attention``).
+
+    Raises:
+        ValueError: the metadata is not causal, or shapes/dtypes do not fit the cache.
+    """
+    if not attn_metadata.causal:
+        raise ValueError("MLA attention serves decoders: attn_metadata.causal must be True")
+    md = attn_metadata
+    rank = kv_c.shape[1]
+    out = query.new_zeros(query.shape[0], query.shape[1], rank)  # padding rows stay zero
+    if _use_triton(backend, query.device):
+        mla_cache.concat_and_cache_mla(kv_c, k_pe, kv_cache, md.slot_mapping)
+        mla.mla_attention(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,
+                          md.max_query_len, scale, rank, out=out)
+    else:
+        mla_cache.concat_and_cache_mla_ref(kv_c, k_pe, kv_cache, md.slot_mapping)
+        mla.mla_attention_ref(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,
+                              md.max_query_len, scale, rank, out=out)
     return out

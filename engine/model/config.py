@@ -8,8 +8,9 @@ implementation, Qwen2/Qwen3 layer-wise sliding windows) is refused with
 :class:`ModelConfigError` naming the field, never ignored.
 
 Family facts live in nested values rather than flat fields: ``moe`` (an
-:class:`~engine.model.moe_config.MoEConfig`, for the MoE architectures) and ``granite``
-(:class:`~engine.model.granite_config.GraniteMultipliers`).
+:class:`~engine.model.moe_config.MoEConfig`, for the MoE architectures), ``granite``
+(:class:`~engine.model.granite_config.GraniteMultipliers`) and ``mla``
+(:class:`~engine.model.deepseek_v2_config.MLAConfig`, DeepSeek-V2's latent attention).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # family- and format-specific parts live in their own modules
+    from engine.model.deepseek_v2_config import MLAConfig
     from engine.model.fp8_config import Fp8Config
     from engine.model.gguf_loader import GGUFQuantization
     from engine.model.opt import OPTConfig
@@ -36,6 +38,7 @@ DECODER_ARCHITECTURES = (
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
     "GraniteMoeForCausalLM",
+    "DeepseekV2ForCausalLM",
 )
 ENCODER_ARCHITECTURES = ("BertModel",)
 SUPPORTED_ARCHITECTURES = DECODER_ARCHITECTURES + ENCODER_ARCHITECTURES
@@ -49,6 +52,7 @@ _MODEL_TYPES = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "GraniteMoeForCausalLM": "granitemoe",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
     "BertModel": "bert",
 }
 # q/k/v biases always, no o_proj bias (transformers' Qwen2 and Qwen2-MoE attention)
@@ -120,6 +124,8 @@ class ModelConfig:
     quantization: Fp8Config | GGUFQuantization | None = None
     moe: MoEConfig | None = None  # the MoE architectures (engine/model/moe_config.py)
     granite: GraniteMultipliers | None = None  # GraniteMoe's multipliers
+    # DeepSeek-V2's latent attention (engine/model/deepseek_v2_config.py); None for the others
+    mla: MLAConfig | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False, hash=False)
 
     @property
@@ -156,6 +162,11 @@ class ModelConfig:
             from engine.model.opt import opt_model_config
 
             config = opt_model_config(arch, d)
+        elif arch == "DeepseekV2ForCausalLM":  # its attention fields are read in their own module
+            from engine.model.deepseek_v2_config import read_mla_config
+
+            mla, flat = read_mla_config(d)
+            config = replace(_decoder_config(arch, flat), mla=mla)
         else:
             config = _decoder_config(arch, d)
         if d.get("quantization_config") is None:
@@ -173,7 +184,7 @@ class ModelConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """An HF ``config.json`` mapping (legacy RoPE spelling, which every version reads)."""
         d = {k: v for k, v in asdict(self).items()
-             if k not in ("architecture", "extra", "opt", "quantization", "moe", "granite")}
+             if k not in ("architecture", "extra", "opt", "quantization", "moe", "granite", "mla")}
         d = {**dict(self.extra), **d}
         if self.opt is not None:
             d |= self.opt.to_hf_fields(self)
@@ -187,6 +198,8 @@ class ModelConfig:
             self.eos_token_id)
         d.pop("eos_token_ids")
         d["rope_scaling"] = asdict(self.rope_scaling) if self.rope_scaling else None
+        if self.mla is not None:
+            d.update(self.mla.to_hf_dict())
         if self.is_encoder:
             d["layer_norm_eps"] = self.layer_norm_eps
             for key in ("rms_norm_eps", "rope_theta", "rope_scaling", "head_dim", "sliding_window",

@@ -12,14 +12,18 @@ Parameter names are HF's except two fused projections, filled from HF's pieces o
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
 from engine.model.attention import paged_attention_forward
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
+from engine.model.kv_cache import FullAttentionSpec, KVCacheSpec
 from engine.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
 from engine.model.moe import SparseMoeBlock
+from engine.model.weights import decoder_weight_shapes
 
 # fused parameter name part -> the HF name parts concatenated (dim 0) into it, in order
 FUSED_PARAMS: dict[str, tuple[str, ...]] = {
@@ -102,16 +106,45 @@ class DecoderModel(nn.Module):
 
     ``forward`` maps packed tokens to final hidden states; ``compute_logits`` applies the LM
     head (tied to the embeddings when ``config.tie_word_embeddings``).
+
+    Other decoders subclass it (``engine.model.registry``) and declare their own body
+    (:meth:`build_body`: ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``), fused
+    parameters, checkpoint names (:meth:`hf_weight_shapes`) and KV-cache layout
+    (:meth:`kv_cache_spec_for`).
     """
+
+    #: fused parameter name part -> the HF name parts concatenated (dim 0) into it, in order
+    fused_params: ClassVar[dict[str, tuple[str, ...]]] = FUSED_PARAMS
 
     def __init__(self, config: ModelConfig, attn_backend: str = "auto") -> None:
         super().__init__()
         if config.is_encoder:
             raise ValueError(f"{config.architecture} is an encoder: use EncoderModel")
         self.config = config
-        self.model = DecoderBody(config, attn_backend)
+        self.model = self.build_body(config, attn_backend)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+
+    @classmethod
+    def build_body(cls, config: ModelConfig, attn_backend: str) -> nn.Module:
+        """HF's ``model.`` prefix of this architecture."""
+        return DecoderBody(config, attn_backend)
+
+    @classmethod
+    def hf_weight_shapes(cls, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        """HF tensor names and shapes of a checkpoint of this architecture."""
+        return decoder_weight_shapes(config)
+
+    @classmethod
+    def kv_cache_spec_for(cls, config: ModelConfig) -> KVCacheSpec:
+        """What each layer keeps per token in the paged cache: keys and values per kv head."""
+        return FullAttentionSpec(num_layers=config.num_hidden_layers,
+                                 num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim)
+
+    @property
+    def kv_cache_spec(self) -> KVCacheSpec:
+        """This model's paged-cache layout (:meth:`kv_cache_spec_for` of its config)."""
+        return self.kv_cache_spec_for(self.config)
 
     def tie_weights(self) -> None:
         """Share the LM head with the input embeddings when the config ties them."""
@@ -122,7 +155,7 @@ class DecoderModel(nn.Module):
         self,
         input_ids: torch.Tensor,  # [T] int64
         positions: torch.Tensor,  # [T] int64
-        kv_caches: list[torch.Tensor],  # per layer [2, num_blocks, block_size, H_kv, head_dim]
+        kv_caches: list[torch.Tensor],  # per layer, shaped as self.kv_cache_spec says
         attn_metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [T, hidden_size], model dtype
         """Run every layer over the step's packed tokens, reading/writing the paged caches.

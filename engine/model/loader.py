@@ -16,10 +16,11 @@ from engine.model.bert import EncoderModel
 from engine.model.config import ModelConfig, ModelConfigError
 from engine.model.fp8 import load_fp8_linears
 from engine.model.fp8_config import Fp8Config
-from engine.model.llama import FUSED_PARAMS, DecoderModel
+from engine.model.llama import DecoderModel
 from engine.model.moe_weights import moe_weight_recipes
-from engine.model.opt import OPTDecoderModel, opt_weight_names
+from engine.model.opt import opt_weight_names
 from engine.model.quantization import quantization_report
+from engine.model.registry import decoder_class
 from engine.model.weights import WeightLoadError, WeightSource, assign_weights, random_source
 
 
@@ -136,8 +137,8 @@ def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtyp
             weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
         if isinstance(config.quantization, Fp8Config):
             weights = load_fp8_linears(model, config.quantization, weights, dtype=dtype,
-                                       device=device, fused=FUSED_PARAMS)
-        assign_weights(model, weights, dtype=dtype, device=device, fused=FUSED_PARAMS,
+                                       device=device, fused=model.fused_params)
+        assign_weights(model, weights, dtype=dtype, device=device, fused=model.fused_params,
                        recipes=moe_weight_recipes(config))
         model.tie_weights()
         rotary = getattr(model.model, "rotary_emb", None)  # OPT has learned positions
@@ -154,9 +155,7 @@ def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtyp
 def _new_model(config: ModelConfig, attn_backend: str) -> DecoderModel | EncoderModel:
     if config.is_encoder:
         return EncoderModel(config)
-    if config.opt is not None:
-        return OPTDecoderModel(config, attn_backend)
-    return DecoderModel(config, attn_backend)
+    return decoder_class(config)(config, attn_backend)
 
 
 def _check_materialised(model: nn.Module) -> None:

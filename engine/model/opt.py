@@ -224,6 +224,10 @@ class OPTDecoderModel(DecoderModel):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.decoder.embed_tokens.weight
 
+    @classmethod
+    def hf_weight_shapes(cls, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+        return opt_weight_shapes(config)
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [T] int64

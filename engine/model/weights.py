@@ -86,12 +86,13 @@ def bert_weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def hf_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF tensor names and shapes of ``config``'s architecture."""
-    if config.opt is not None:
-        from engine.model.opt import opt_weight_shapes
+    """HF tensor names and shapes of ``config``'s architecture (a decoder's are declared by its
+    model class, ``engine.model.registry``)."""
+    if config.is_encoder:
+        return bert_weight_shapes(config)
+    from engine.model.registry import decoder_class  # the model classes import this module
 
-        return opt_weight_shapes(config)
-    return bert_weight_shapes(config) if config.is_encoder else decoder_weight_shapes(config)
+    return decoder_class(config).hf_weight_shapes(config)
 
 
 def random_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:

@@ -26,7 +26,7 @@ class PagedSession:
         self.model = model
         self.block_size = block_size
         self.max_blocks_per_seq = max_blocks_per_seq
-        self.kv_caches = allocate_kv_caches(model.config, num_blocks, block_size, p.dtype,
+        self.kv_caches = allocate_kv_caches(model.kv_cache_spec, num_blocks, block_size, p.dtype,
                                             p.device)
         gen = torch.Generator().manual_seed(1)
         self.free_blocks = torch.randperm(num_blocks, generator=gen).tolist()

@@ -63,7 +63,8 @@ def test_config_is_hashable() -> None:
 
 
 @pytest.mark.parametrize(("change", "match"), [
-    ({"architectures": ["DeepseekV2ForCausalLM"]}, "DeepseekV2ForCausalLM.*not supported"),
+    ({"architectures": ["DeepseekV3ForCausalLM"]}, "DeepseekV3ForCausalLM.*not supported"),
+    ({"architectures": ["DeepseekV2ForCausalLM"]}, "`kv_lora_rank` must be a positive integer, got None"),
     ({"architectures": None}, "architectures"),
     ({"num_key_value_heads": 5}, "multiple of num_key_value_heads"),
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "'yarn' is not implemented"),
