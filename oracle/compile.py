@@ -1,4 +1,5 @@
-"""Load, check and compile a policy pack (the three YAML files of one folder) once.
+"""Load, check and compile a policy pack (the three YAML files of one folder, and the runners'
+manifests when ``pack.manifests`` names them) once.
 
 The result, :class:`PackData`, holds the checked rules and stages, the architecture table
 (families.yaml resolved per architecture) and one generated Python function,
@@ -29,7 +30,15 @@ from oracle.config import FIELD_INFO
 from oracle.errors import Issue, PackError
 from oracle.family_table import build_arch_table
 from oracle.fields import RUNNER_PINS
-from oracle.schema import CapabilityMatrix, Families, MessageSpec, Rollout, Rule
+from oracle.schema import (
+    CapabilityMatrix,
+    Families,
+    ManifestsFile,
+    MessageSpec,
+    Rollout,
+    Rule,
+    RunnerManifestSpec,
+)
 from oracle.validate import validate_model
 from oracle.yamlpos import Positions, load_with_positions
 
@@ -236,6 +245,21 @@ class _Compiler:
         self.issues += parser.issues
         return tuple(out)
 
+    def manifests(self, matrix: CapabilityMatrix) -> dict[str, RunnerManifestSpec] | None:
+        """The runners' manifests the pack names (``pack.manifests``), or None."""
+        name = matrix.pack.manifests
+        if name is None:
+            return None
+        path = self.folder / name
+        try:
+            data, pos = load_with_positions(path)
+            file: ManifestsFile = validate_model(ManifestsFile, data, pos)
+        except PackError as exc:
+            self.issues += exc.issues
+            return None
+        self.included.append(path)
+        return {str(name): spec for name, spec in file.runners.items()}
+
     def messages(self, matrix: CapabilityMatrix) -> dict[str, Template | None]:
         pos = self.pos["capability_matrix.yaml"]
         allowed = {
@@ -276,6 +300,7 @@ def compile_pack(folder: Path) -> PackData:
     rules = comp.rules(matrix, domains)
     stages = comp.stages(rollout, domains, labels)
     messages = comp.messages(matrix)
+    manifests = comp.manifests(matrix)
     comp._raise()
     evaluate, getters, source = generate(rules, stages)
     meta = matrix.pack
@@ -286,4 +311,17 @@ def compile_pack(folder: Path) -> PackData:
         family_defaults=family_defaults, kill_switch=rollout.kill_switch,
         default_runner=rollout.default_runner, digest=_digest(folder, comp.included),
         evaluate=evaluate, getters=getters, source=source,
-        warnings=[i for i in comp.issues if i.severity == "warning"])
+        warnings=[i for i in comp.issues if i.severity == "warning"],
+        manifests=manifests, served=_served(manifests),
+        manifests_file=f"{folder.name}/{meta.manifests}" if manifests is not None else None)
+
+
+def _served(manifests: Mapping[str, RunnerManifestSpec] | None) -> dict[str, frozenset[str]] | None:
+    """Runner kind -> the architectures at least one runner's manifest serves."""
+    if manifests is None:
+        return None
+    kinds: dict[str, set[str]] = {}
+    for m in manifests.values():
+        for kind, archs in m.architectures.items():
+            kinds.setdefault(kind, set()).update(archs)
+    return {kind: frozenset(archs) for kind, archs in kinds.items()}

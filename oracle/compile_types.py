@@ -97,3 +97,8 @@ class PackData:
     getters: dict[str, Callable[[Any, ArchInfo, str], Any]]
     source: str = ""
     warnings: list[Issue] = field(default_factory=list)
+    # runner -> its manifest (``pack.manifests``), and runner kind -> the architectures some
+    # runner serves; None when the pack names no manifests (nothing is refused for them).
+    manifests: dict[str, Any] | None = None
+    served: dict[str, frozenset[str]] | None = None
+    manifests_file: str | None = None  # e.g. "turnout/manifests.json", the reasons' reference

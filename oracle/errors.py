@@ -55,6 +55,7 @@ class ErrorCode(StrEnum):
     NO_RUNNER = "no_runner", "decision"
     INVALID_ENV = "invalid_env", "decision"
     UNKNOWN_ARCHITECTURE = "unknown_architecture", "decision"
+    ARCHITECTURE_NOT_SERVED = "architecture_not_served", "decision"
 
     BAD_USAGE = "bad_usage", "cli"
 

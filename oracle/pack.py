@@ -136,6 +136,18 @@ class Pack:
         return dict(self._data.archs)
 
     @property
+    def manifests(self) -> dict[str, Any] | None:
+        """runner -> its capability manifest (``pack.manifests``; ``RunnerManifestSpec``), or
+        None for a pack without one."""
+        return dict(self._data.manifests) if self._data.manifests is not None else None
+
+    @property
+    def served_architectures(self) -> dict[str, frozenset[str]] | None:
+        """Runner kind -> the architectures some runner serves (None: the pack names no
+        manifests, and refuses no architecture for want of a runner)."""
+        return dict(self._data.served) if self._data.served is not None else None
+
+    @property
     def domains(self) -> dict[str, tuple[Any, ...] | None]:
         return dict(self._data.domains)
 
@@ -245,6 +257,13 @@ class Pack:
             except OracleError as exc:
                 return self._error(c, None, "pinned", exc.message, ErrorCode.INVALID_ENV, digest,
                                    a.family)
+        if data.served is not None and c.architecture is not None:
+            unserved = self._unserved(c.architecture, c.runner_kind or a.runner_kind)
+            if unserved is not None:
+                mode = "auto" if raw is None else "pinned"
+                return self._error(c, None, mode, unserved, ErrorCode.ARCHITECTURE_NOT_SERVED,
+                                   digest, a.family, {"architecture": c.architecture,
+                                                      "runner_kind": c.runner_kind or a.runner_kind})
         d = self._eval.resolve(c, a, pin, view, digest)
         if len(c.env) > (raw is not None):
             d = d._replace(messages=(*d.messages, *self._foreign_env(c)))
@@ -276,6 +295,22 @@ class Pack:
                     "families.yaml; pass a known --architecture, or a family override")
         return arch
 
+    def _unserved(self, architecture: str, runner_kind: str) -> str | None:
+        """The refusal of an architecture no runner's manifest serves for ``runner_kind``
+        (``pack.manifests``), or None when one does."""
+        served = self._data.served or {}
+        if architecture in served.get(runner_kind, ()):
+            return None
+        other = [k for k, archs in sorted(served.items()) if architecture in archs]
+        if other:
+            listed = ", ".join(sorted(served.get(runner_kind, ()))) or "none"
+            return (f"no runner of this build serves architecture {architecture!r} for "
+                    f"{runner_kind} (only for {', '.join(other)}); supported for {runner_kind}: "
+                    f"{listed}")
+        listed = "; ".join(f"{', '.join(sorted(archs))} ({kind})"
+                           for kind, archs in sorted(served.items()) if archs) or "none"
+        return f"no runner of this build serves architecture {architecture!r}; supported: {listed}"
+
     def _pin(self, raw: str | None) -> str:
         if raw is None:
             return "auto"
@@ -292,10 +327,13 @@ class Pack:
         raise OracleError(text, code=ErrorCode.INVALID_ENV)
 
     def _error(self, c: DeploymentConfig, runner: str | None, mode: str, text: str,
-               code: ErrorCode, digest: str, family: str | None = None) -> Decision:
-        reason = Reason(f"error.{code}", text, "hard", "error",
-                        {"architecture": c.architecture} if code == ErrorCode.UNKNOWN_ARCHITECTURE
-                        else {self._data.env_var: c.env.get(self._data.env_var)}, "")
+               code: ErrorCode, digest: str, family: str | None = None,
+               matched: Mapping[str, Any] | None = None) -> Decision:
+        if matched is None:
+            matched = ({"architecture": c.architecture} if code == ErrorCode.UNKNOWN_ARCHITECTURE
+                       else {self._data.env_var: c.env.get(self._data.env_var)})
+        ref = (self._data.manifests_file or "") if code == ErrorCode.ARCHITECTURE_NOT_SERVED else ""
+        reason = Reason(f"error.{code}", text, "hard", "error", matched, ref)
         messages: tuple[Message, ...] = ()
         if runner == "v1":
             messages = (Message("WARNING", f"{text}; using the V1 model runner instead."),)
@@ -345,6 +383,7 @@ def decide(config: DeploymentConfig, *, pack: Pack,
 
     Pure and thread-safe, no I/O; cached per (config, snapshot). Never raises for bad
     deployment facts: an unknown architecture gives runner "v1" with reason code ERROR, an
-    invalid runner variable and a pin that cannot be honoured give runner None with ``error``.
+    invalid runner variable, a pin that cannot be honoured and (in a pack with
+    ``pack.manifests``) an architecture no runner serves give runner None with ``error``.
     """
     return pack.decide(config, canaries)

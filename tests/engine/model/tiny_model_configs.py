@@ -37,3 +37,21 @@ TINY_DECODER_CONFIGS: dict[str, dict[str, Any]] = {
         "num_attention_heads": 6,
     },
 }
+
+#: Tiny HF configs of the encoder architectures (pooling), in the same shape.
+TINY_ENCODER_CONFIGS: dict[str, dict[str, Any]] = {
+    "bert": {
+        "architectures": ["BertModel"], "model_type": "bert", "vocab_size": 160, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "max_position_embeddings": 64, "hidden_act": "gelu", "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12, "pad_token_id": 0,
+    },
+}
+
+
+def tiny_config_for(architecture: str) -> dict[str, Any] | None:
+    """The first tiny config above of ``architecture``, or None when there is none."""
+    for cfg in (*TINY_DECODER_CONFIGS.values(), *TINY_ENCODER_CONFIGS.values()):
+        if cfg["architectures"][0] == architecture:
+            return cfg
+    return None
