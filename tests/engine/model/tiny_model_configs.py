@@ -50,8 +50,12 @@ TINY_ENCODER_CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def tiny_config_for(architecture: str) -> dict[str, Any] | None:
-    """The first tiny config above of ``architecture``, or None when there is none."""
-    for cfg in (*TINY_DECODER_CONFIGS.values(), *TINY_ENCODER_CONFIGS.values()):
+    """The first tiny config of ``architecture`` here or in a family's own tiny configs
+    (tiny_opt_configs.py), or None when there is none."""
+    from tiny_opt_configs import TINY_OPT_CONFIGS
+
+    for cfg in (*TINY_DECODER_CONFIGS.values(), *TINY_ENCODER_CONFIGS.values(),
+                *TINY_OPT_CONFIGS.values()):
         if cfg["architectures"][0] == architecture:
             return cfg
     return None
