@@ -258,7 +258,7 @@ def test_decide_refuses_an_architecture_no_runner_serves(api: Api) -> None:
     body = r.json()
     assert body["runner"] is None and body["error_code"] == "architecture_not_served"
     assert body["error"].startswith("no runner of this build serves architecture 'MambaForCausalLM'")
-    want = decide(DeploymentConfig(architecture="MambaForCausalLM"), pack=load_pack("turnout"),
+    want = decide(from_spec({"architecture": "MambaForCausalLM"}), pack=load_pack("turnout"),
                   canaries=defaults())
     assert body == want.to_json()
 
