@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import shutil
@@ -25,7 +26,6 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "oracle": {"torch", "triton", "sqlalchemy", "fastapi", "engine", "kernels", "dashboard",
                "runner_v1", "runner_v2"},
-    "oracle.pack": {"torch", "triton", "numpy", "engine", "kernels", "runner_v1", "runner_v2"},
     "oracle.cli": {"torch", "triton", "sqlalchemy", "fastapi", "engine", "runner_v1", "runner_v2"},
     "oracle.client": {"torch", "triton", "sqlalchemy", "fastapi", "starlette", "dashboard",
                       "engine"},
@@ -51,7 +51,8 @@ FORBIDDEN = {
 }
 
 
-def _loaded_after_import(module: str) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _loaded_after_import(module: str) -> frozenset[str]:
     code = (
         "import importlib, json, sys\n"
         f"importlib.import_module({module!r})\n"
@@ -60,7 +61,7 @@ def _loaded_after_import(module: str) -> set[str]:
     env = {**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=ROOT, env=env)
-    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+    return frozenset(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 @pytest.mark.parametrize("module", sorted(FORBIDDEN))
