@@ -11,8 +11,12 @@ from typing import Any
 
 from engine.errors import EngineConfigError
 
-#: Speculative methods runner_v1 implements (the oracle knows more; those are refused here).
+#: Speculative methods SpeculativeConfig can express (the oracle knows more; those are refused
+#: here, before any runner is built). Which runner implements which: the runners' manifests.
 SUPPORTED_SPECULATIVE_METHODS = ("ngram",)
+#: Device types an EngineConfig accepts (``cuda:N`` names one GPU): the platforms a runner can
+#: be started on.
+DEVICE_TYPES = ("cpu", "cuda")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
@@ -178,4 +182,4 @@ class EngineConfig:
         return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
 
 
-__all__ = ["SUPPORTED_SPECULATIVE_METHODS", "EngineConfig", "SpeculativeConfig"]
+__all__ = ["DEVICE_TYPES", "SUPPORTED_SPECULATIVE_METHODS", "EngineConfig", "SpeculativeConfig"]

@@ -1,18 +1,35 @@
-"""Set-up steps both runners take the same way: load the model and check it against the engine's
-config, and the two numbers the engine sizes the KV cache from (``runner_loader``).
+"""What both runners do the same way, written once: load the model and check it against the
+engine's config, size and allocate the KV cache (``runner_loader`` calls these through the
+:class:`~engine.runner_protocol.ModelRunner` protocol), refuse generation options for an
+embedding model, and the pooling path (an encoder forward over the step's new requests).
 
-Imported by the runner packages only (it loads torch and the model layer).
+:class:`RunnerBase` holds that part of a runner; ``runner_v1.V1ModelRunner`` and
+``runner_v2.V2ModelRunner`` derive from it and add their step. Imported by the runner packages
+only (it loads torch and the model layer).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import EngineConfigError
-from engine.model import DecoderModel, EncoderModel, load_model
+from engine.errors import EngineConfigError, UnsupportedOptionError
+from engine.model import (
+    DecoderModel,
+    EncoderModel,
+    allocate_kv_caches,
+    load_model,
+)
+from engine.sampling_params import SamplingParams
+from engine.scheduler_output import SchedulerOutput
+
+#: vLLM pooling tasks the shared pooling path serves: mean-pooled, L2-normalised embeddings
+#: (``EncoderModel.embed``; sentence-transformers' all-MiniLM-L6-v2 recipe).
+POOLING_TASKS = ("embed",)
 
 logger = logging.getLogger("turnout.engine")
 
@@ -43,7 +60,7 @@ def kv_block_bytes(model: DecoderModel | EncoderModel | None, block_size: int, d
     assert model is not None, "load_model() first"
     if isinstance(model, EncoderModel):
         return 0
-    return model.kv_cache_spec.bytes_per_block(block_size, dtype)
+    return int(model.kv_cache_spec.bytes_per_block(block_size, dtype))
 
 
 def kv_cache_budget(device: torch.device, gpu_fraction: float, cpu_bytes: int) -> int:
@@ -55,4 +72,82 @@ def kv_cache_budget(device: torch.device, gpu_fraction: float, cpu_bytes: int) -
     return cpu_bytes
 
 
-__all__ = ["kv_block_bytes", "kv_cache_budget", "load_engine_model"]
+def embed_prompts(model: EncoderModel, prompts: Sequence[Sequence[int]], device: torch.device
+                  ) -> torch.Tensor:  # [num_prompts, hidden_size] float32, on ``device``
+    """Embeddings of ``prompts`` in one encoder forward: right-padded to the longest with an
+    attention mask, ids and mask in one host-to-device copy (from pinned memory, non-blocking,
+    on CUDA: no host sync)."""
+    width = max(len(p) for p in prompts)
+    host = np.zeros((2, len(prompts), width), np.int64)  # [ids, mask]
+    for i, prompt in enumerate(prompts):
+        host[0, i, : len(prompt)] = prompt
+        host[1, i, : len(prompt)] = 1
+    both = torch.from_numpy(host)
+    if device.type == "cuda":
+        both = both.pin_memory().to(device, non_blocking=True)
+    else:
+        both = both.to(device)
+    return model.embed(both[0], both[1]).float()
+
+
+class RunnerBase:
+    """The set-up half of :class:`~engine.runner_protocol.ModelRunner`, shared by both runners.
+
+    Subclasses set the KV budget (``gpu_kv_fraction`` of the free GPU memory, ``cpu_kv_bytes``
+    on CPU) and add ``execute_model``; they extend ``load_model`` (features applied to the loaded
+    model), ``initialize_kv_cache`` (buffers that need the cache) and ``check_sampling_params``.
+
+    Attributes:
+        model: the loaded model (``None`` before ``load_model``).
+        kv_caches: per layer ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (empty for
+            an encoder).
+    """
+
+    gpu_kv_fraction = 0.9
+    cpu_kv_bytes = 1 << 30
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype: torch.dtype = getattr(torch, config.dtype)
+        self.model: DecoderModel | EncoderModel | None = None
+        self.kv_caches: list[torch.Tensor] = []
+
+    def load_model(self) -> None:
+        self.model = load_engine_model(self.config, self.dtype, self.device)
+
+    @property
+    def is_pooling(self) -> bool:
+        return isinstance(self.model, EncoderModel)
+
+    def kv_cache_block_bytes(self) -> int:
+        return kv_block_bytes(self.model, self.config.block_size, self.dtype)
+
+    def available_kv_cache_bytes(self) -> int:
+        return kv_cache_budget(self.device, gpu_fraction=self.gpu_kv_fraction, cpu_bytes=self.cpu_kv_bytes)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        assert self.model is not None, "load_model() first"
+        if not self.is_pooling:
+            assert isinstance(self.model, DecoderModel)
+            self.kv_caches = allocate_kv_caches(self.model.kv_cache_spec, num_blocks,
+                                                self.config.block_size, self.dtype, self.device)
+
+    def check_sampling_params(self, params: SamplingParams) -> None:
+        """Raises UnsupportedOptionError for any generation request to an embedding model."""
+        if self.is_pooling:
+            raise UnsupportedOptionError(f"{self.config.model} is an embedding model: it does not generate")
+
+    def embed_scheduled(self, so: SchedulerOutput) -> tuple[list[str], torch.Tensor]:
+        """The step's requests in batch order and their embeddings ``[num_reqs, hidden_size]
+        float32`` on the device. A pooling request runs whole in its first step, so every
+        scheduled request is a new one."""
+        model = self.model
+        assert isinstance(model, EncoderModel)
+        prompts = {new.req_id: new.prompt_token_ids for new in so.scheduled_new_reqs}
+        req_ids = list(so.num_scheduled_tokens)
+        return req_ids, embed_prompts(model, [prompts[r] for r in req_ids], self.device)
+
+
+__all__ = ["POOLING_TASKS", "RunnerBase", "embed_prompts", "kv_block_bytes", "kv_cache_budget",
+           "load_engine_model"]

@@ -1,4 +1,5 @@
-"""Load, check and compile a policy pack (the three YAML files of one folder) once.
+"""Load, check and compile a policy pack (the three YAML files of one folder, and the runners'
+manifests when ``pack.manifests`` names them) once.
 
 The result, :class:`PackData`, holds the checked rules and stages, the architecture table
 (families.yaml resolved per architecture) and one generated Python function,
@@ -44,7 +45,16 @@ from oracle.pack_merge import (
     merged_messages,
     merged_meta,
 )
-from oracle.schema import Families, MessageSpec, Rollout, Rule, Step
+from oracle.schema import (
+    Families,
+    ManifestsFile,
+    MessageSpec,
+    PackMeta,
+    Rollout,
+    Rule,
+    RunnerManifestSpec,
+    Step,
+)
 from oracle.validate import validate_model
 from oracle.yamlpos import Positions, load_with_positions
 
@@ -325,6 +335,21 @@ class _Compiler:
         self.issues += parser.issues
         return tuple(out)
 
+    def manifests(self, meta: PackMeta) -> dict[str, RunnerManifestSpec] | None:
+        """The runners' manifests the pack names (``pack.manifests``), or None."""
+        name = meta.manifests
+        if name is None:
+            return None
+        path = self.folder / name
+        try:
+            data, pos = load_with_positions(path)
+            file: ManifestsFile = validate_model(ManifestsFile, data, pos)
+        except PackError as exc:
+            self.issues += exc.issues
+            return None
+        self.included.append(path)
+        return {str(name): spec for name, spec in file.runners.items()}
+
     def messages(self, matrix: MergedMatrix) -> dict[str, Template | None]:
         messages = merged_messages(matrix)
         allowed = {
@@ -391,6 +416,7 @@ def compile_pack(folder: Path) -> PackData:
     comp._raise()
     gen = generate(rules, stages, derived, [conds for _, conds, _ in steps])
     compiled_steps = _compiled_steps(steps, gen.step_tests, comp.issues)
+    manifests = comp.manifests(meta)
     comp._raise()
     return PackData(
         name=meta.name, path=folder, description=meta.description,
@@ -402,4 +428,17 @@ def compile_pack(folder: Path) -> PackData:
         source=gen.source, warnings=[i for i in comp.issues if i.severity == "warning"],
         steps=compiled_steps, log_once=bool(meta.log_once),
         unknown_fields=tuple(meta.unknown_fields or ()), release=meta.release,
-        derived=gen.derived, derived_conditions=derived)
+        derived=gen.derived, derived_conditions=derived,
+        manifests=manifests, served=_served(manifests),
+        manifests_file=f"{folder.name}/{meta.manifests}" if manifests is not None else None)
+
+
+def _served(manifests: Mapping[str, RunnerManifestSpec] | None) -> dict[str, frozenset[str]] | None:
+    """Runner kind -> the architectures at least one runner's manifest serves."""
+    if manifests is None:
+        return None
+    kinds: dict[str, set[str]] = {}
+    for m in manifests.values():
+        for kind, archs in m.architectures.items():
+            kinds.setdefault(kind, set()).update(archs)
+    return {kind: frozenset(archs) for kind, archs in kinds.items()}

@@ -126,3 +126,8 @@ class PackData:
     # derived predicate -> its alternatives (each ANDs its conditions), for interpreters
     derived_conditions: Mapping[str, tuple[tuple[Condition, ...], ...]] = field(
         default_factory=dict)
+    # runner -> its manifest (``pack.manifests``), and runner kind -> the architectures some
+    # runner serves; None when the pack names no manifests (nothing is refused for them).
+    manifests: dict[str, Any] | None = None
+    served: dict[str, frozenset[str]] | None = None
+    manifests_file: str | None = None  # e.g. "turnout/manifests.json", the reasons' reference

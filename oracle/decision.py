@@ -64,10 +64,11 @@ class Decision(NamedTuple):
     An immutable named tuple (cheap to build: a cold decision costs microseconds).
 
     ``runner`` is None when no runner can honour the config (a pin with hard blockers, a
-    config neither runner serves, an invalid runner variable); ``error`` then says why.
-    An unknown architecture gives ``runner="v1"``, ``reason_code="ERROR"`` and ``error`` set.
-    ``error_code`` is None or an :class:`~oracle.errors.ErrorCode` of area ``"decision"``:
-    ``PIN_CONFLICT``, ``NO_RUNNER``, ``INVALID_ENV``, ``UNKNOWN_ARCHITECTURE``.
+    config neither runner serves, an architecture no runner of the build loads, an invalid
+    runner variable); ``error`` then says why. An unknown architecture gives ``runner="v1"``,
+    ``reason_code="ERROR"`` and ``error`` set. ``error_code`` is None or an
+    :class:`~oracle.errors.ErrorCode` of area ``"decision"``: ``PIN_CONFLICT``, ``NO_RUNNER``,
+    ``INVALID_ENV``, ``UNKNOWN_ARCHITECTURE``, ``ARCHITECTURE_NOT_SERVED``.
     """
 
     runner: RunnerName | None

@@ -57,6 +57,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_ARCHITECTURE = "unknown_architecture", "decision"
     REFUSED = "refused", "decision"
     UNKNOWN_SETTING = "unknown_setting", "decision"
+    ARCHITECTURE_NOT_SERVED = "architecture_not_served", "decision"
 
     BAD_USAGE = "bad_usage", "cli"
 

@@ -250,6 +250,9 @@ def explain(config: DeploymentConfig, *, pack: Pack,
         return Explanation(decision, (), "already V2")
     if decision.error_code in (ErrorCode.UNKNOWN_ARCHITECTURE, ErrorCode.INVALID_ENV):
         return Explanation(decision, (), "fix the input first: " + (decision.error or ""))
+    if decision.error_code == ErrorCode.ARCHITECTURE_NOT_SERVED:  # the model is not an option
+        return Explanation(decision, (), "no change of the deployment's options reaches a "
+                                         "runner: " + (decision.error or ""))
     base, unpin = _unpinned(config, pack, decision)
     why = pack.decide(base, canaries) if unpin else decision
     pin = _pin_suggestion(config, pack, canaries)

@@ -10,7 +10,9 @@ Findings, each at the file:line:column of the rule or stage concerned:
 - a stage no deployment can reach (its conditions are unsatisfiable or earlier stages catch
   all of its deployments) - error; a family listed by two stages - warning (ambiguous: the
   later listing only applies where the earlier stage's conditions fail);
-- a family that is in no stage - warning (its deployments get the pack's default runner).
+- a family that is in no stage - warning (its deployments get the pack's default runner);
+- an architecture a runner's manifest serves (``pack.manifests``) that families.yaml lacks -
+  error; one served for a runner kind other than families.yaml gives it - warning.
 
 Coverage is exact over the closed domains: numeric dimensions are compared on their
 representative values, which is what the domains declare.
@@ -187,6 +189,29 @@ class _Linter:
                     first[fam] = st
 
 
+    def manifests(self) -> None:
+        """Every architecture a runner's manifest serves is one the pack can decide:
+        families.yaml lists it, with the runner kind the manifest serves it for."""
+        served, manifests = self.data.served, self.data.manifests
+        if served is None or manifests is None or self.data.manifests_file is None:
+            return
+        _, pos = load_with_positions(self.pack.path / self.data.manifests_file.partition("/")[2])
+        for runner, m in sorted(manifests.items()):
+            for kind, archs in sorted(m.architectures.items()):
+                for i, arch in enumerate(archs):
+                    at = ("runners", runner, "architectures", kind, i)
+                    info = self.data.archs.get(arch)
+                    if info is None:
+                        self.issues.append(pos.issue(at, f"architecture {arch!r} is served by "
+                                                     f"runner {runner} but not in families.yaml: "
+                                                     "its deployments get unknown_architecture"))
+                    elif info.runner_kind != kind and arch not in served.get(info.runner_kind, ()):
+                        self.issues.append(pos.issue(at, f"architecture {arch!r} is served for "
+                                                     f"{kind} only, but families.yaml gives it "
+                                                     f"runner_kind {info.runner_kind}",
+                                                     severity="warning"))
+
+
 def lint_pack(name_or_path: str | Path) -> list[Issue]:
     """Every finding for the pack (schema errors first); empty when the pack is clean."""
     try:
@@ -197,6 +222,7 @@ def lint_pack(name_or_path: str | Path) -> list[Issue]:
     linter.never_matching()
     linter.overlapping_rules()
     linter.stages()
+    linter.manifests()
     return list(pack.data.warnings) + linter.issues
 
 

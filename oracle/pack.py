@@ -136,6 +136,18 @@ class Pack:
         return dict(self._data.archs)
 
     @property
+    def manifests(self) -> dict[str, Any] | None:
+        """runner -> its capability manifest (``pack.manifests``; ``RunnerManifestSpec``), or
+        None for a pack without one."""
+        return dict(self._data.manifests) if self._data.manifests is not None else None
+
+    @property
+    def served_architectures(self) -> dict[str, frozenset[str]] | None:
+        """Runner kind -> the architectures some runner serves (None: the pack names no
+        manifests, and refuses no architecture for want of a runner)."""
+        return dict(self._data.served) if self._data.served is not None else None
+
+    @property
     def domains(self) -> dict[str, tuple[Any, ...] | None]:
         return dict(self._data.domains)
 
@@ -257,12 +269,19 @@ class Pack:
                 pin_error = self._error(c, None, "pinned", exc.message, ErrorCode.INVALID_ENV,
                                         digest, a.family)
                 pin = None
+        if pin_error is not None and not data.steps:
+            return pin_error
+        if data.served is not None and c.architecture is not None:
+            unserved = self._unserved(c.architecture, c.runner_kind or a.runner_kind)
+            if unserved is not None:
+                mode = "auto" if raw is None else "pinned"
+                return self._error(c, None, mode, unserved, ErrorCode.ARCHITECTURE_NOT_SERVED,
+                                   digest, a.family, {"architecture": c.architecture,
+                                                      "runner_kind": c.runner_kind or a.runner_kind})
         if data.steps:
             d = decide_with_steps(data, self._eval, c, a, pin, pin_error,
                                   lambda s, arch, p: self._eval.resolve(s, arch, p, view, digest),
                                   digest, applied)
-        elif pin_error is not None:
-            return pin_error
         else:
             assert pin is not None
             d = self._eval.resolve(c, a, pin, view, digest)
@@ -305,6 +324,22 @@ class Pack:
                     "families.yaml; pass a known --architecture, or a family override")
         return arch
 
+    def _unserved(self, architecture: str, runner_kind: str) -> str | None:
+        """The refusal of an architecture no runner's manifest serves for ``runner_kind``
+        (``pack.manifests``), or None when one does."""
+        served = self._data.served or {}
+        if architecture in served.get(runner_kind, ()):
+            return None
+        other = [k for k, archs in sorted(served.items()) if architecture in archs]
+        if other:
+            listed = ", ".join(sorted(served.get(runner_kind, ()))) or "none"
+            return (f"no runner of this build serves architecture {architecture!r} for "
+                    f"{runner_kind} (only for {', '.join(other)}); supported for {runner_kind}: "
+                    f"{listed}")
+        listed = "; ".join(f"{', '.join(sorted(archs))} ({kind})"
+                           for kind, archs in sorted(served.items()) if archs) or "none"
+        return f"no runner of this build serves architecture {architecture!r}; supported: {listed}"
+
     def _pin(self, raw: str | None) -> str:
         if raw is None:
             return "auto"
@@ -321,10 +356,13 @@ class Pack:
         raise OracleError(text, code=ErrorCode.INVALID_ENV)
 
     def _error(self, c: DeploymentConfig, runner: str | None, mode: str, text: str,
-               code: ErrorCode, digest: str, family: str | None = None) -> Decision:
-        reason = Reason(f"error.{code}", text, "hard", "error",
-                        {"architecture": c.architecture} if code == ErrorCode.UNKNOWN_ARCHITECTURE
-                        else {self._data.env_var: c.env.get(self._data.env_var)}, "")
+               code: ErrorCode, digest: str, family: str | None = None,
+               matched: Mapping[str, Any] | None = None) -> Decision:
+        if matched is None:
+            matched = ({"architecture": c.architecture} if code == ErrorCode.UNKNOWN_ARCHITECTURE
+                       else {self._data.env_var: c.env.get(self._data.env_var)})
+        ref = (self._data.manifests_file or "") if code == ErrorCode.ARCHITECTURE_NOT_SERVED else ""
+        reason = Reason(f"error.{code}", text, "hard", "error", matched, ref)
         messages: tuple[Message, ...] = ()
         if runner == "v1":
             messages = (Message("WARNING", f"{text}; using the V1 model runner instead."),)
@@ -374,6 +412,7 @@ def decide(config: DeploymentConfig, *, pack: Pack,
 
     Pure and thread-safe, no I/O; cached per (config, snapshot). Never raises for bad
     deployment facts: an unknown architecture gives runner "v1" with reason code ERROR, an
-    invalid runner variable and a pin that cannot be honoured give runner None with ``error``.
+    invalid runner variable, a pin that cannot be honoured and (in a pack with
+    ``pack.manifests``) an architecture no runner serves give runner None with ``error``.
     """
     return pack.decide(config, canaries)

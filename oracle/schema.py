@@ -52,6 +52,9 @@ class PackMeta(_Strict):
     # Fields the described release does not have: a config that sets one is refused by name.
     unknown_fields: list[str] | None = None
     release: str = ""
+    # The runners' capability manifests (a JSON file of this folder, generated from the
+    # runners' code): when set, an architecture no runner serves is refused.
+    manifests: str | None = None
 
 
 class Messages(_Strict):
@@ -238,6 +241,28 @@ class Families(_Strict):
 
     families_from: str | None = None
     families: dict[Identifier, Family] = {}
+
+
+class RunnerManifestSpec(_Strict):
+    """One runner's capability manifest, as ``engine.capabilities.RunnerManifest.to_json``
+    writes it (the oracle reads the file; it never imports the runners)."""
+
+    architectures: dict[Literal["generate", "pooling"], list[str]]
+    speculative_methods: list[str]
+    features: dict[str, bool]
+    pooling_tasks: list[str]
+    platforms: list[str]
+    requires_triton: bool
+    async_scheduling: bool
+    cuda_graphs: bool
+
+
+class ManifestsFile(_Strict):
+    """The file ``pack.manifests`` names: each runner's manifest, and how it was made."""
+
+    generated_by: str
+    format: Literal[1]
+    runners: dict[Runner, RunnerManifestSpec]
 
 
 class KnownModel(_Strict):

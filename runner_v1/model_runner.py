@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import UnsupportedOptionError
-from engine.model import DecoderModel, EncoderModel, allocate_kv_caches
+from engine.capabilities import RunnerManifest, model_layer_architectures
+from engine.config import DEVICE_TYPES, EngineConfig
+from engine.model import DecoderModel
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, PromptLogprobs
-from engine.runner_setup import kv_block_bytes, kv_cache_budget, load_engine_model
+from engine.runner_setup import POOLING_TASKS, RunnerBase
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import NewRequestData, SchedulerOutput
 from runner_v1.block_table import BlockTable
@@ -27,9 +27,7 @@ from runner_v1.input_batch import InputBatch, RequestView
 from runner_v1.inputs import StepInputs, build_sampling_metadata, build_step_inputs
 from runner_v1.logprobs import compute_logprobs
 from runner_v1.sampler import apply_logits_processors, apply_masks, apply_penalties, sample
-from runner_v1.spec_decode import accept_drafts, propose_ngram
-
-_DEFAULT_CPU_KV_BYTES = 1 << 30  # CPU KV budget when none is given (vLLM uses 4 GiB; tests share small machines)
+from runner_v1.spec_decode import SPECULATIVE_METHODS, accept_drafts, propose_ngram
 
 
 @dataclass
@@ -44,15 +42,15 @@ class CachedRequestState:
     num_computed_tokens: int
 
 
-class V1ModelRunner:
-    """Implements :class:`engine.runner_protocol.ModelRunner` with a CPU persistent batch."""
+class V1ModelRunner(RunnerBase):
+    """Implements :class:`engine.runner_protocol.ModelRunner` with a CPU persistent batch
+    (set-up and pooling from :class:`engine.runner_setup.RunnerBase`)."""
+
+    gpu_kv_fraction = 0.9
+    cpu_kv_bytes = 1 << 30  # CPU KV budget when none is given (vLLM uses 4 GiB; tests share small machines)
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
-        self.device = torch.device(config.device)
-        self.dtype = getattr(torch, config.dtype)
-        self.model: DecoderModel | EncoderModel | None = None
-        self.kv_caches: list[torch.Tensor] = []
+        super().__init__(config)
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch(config.max_num_seqs, config.max_model_len)
         self.block_table = BlockTable(config.max_num_seqs, config.max_num_blocks_per_req, config.block_size)
@@ -60,31 +58,10 @@ class V1ModelRunner:
 
     # ---- set-up ------------------------------------------------------------------------
     def load_model(self) -> None:
-        self.model = load_engine_model(self.config, self.dtype, self.device)
+        super().load_model()
         if self.config.cpu_offload_gb > 0:
+            assert self.model is not None
             self.offload_stats = apply_cpu_offload(self.model, self.config.cpu_offload_gb, self.device)
-
-    @property
-    def is_pooling(self) -> bool:
-        return isinstance(self.model, EncoderModel)
-
-    def kv_cache_block_bytes(self) -> int:
-        return kv_block_bytes(self.model, self.config.block_size, self.dtype)
-
-    def available_kv_cache_bytes(self) -> int:
-        return kv_cache_budget(self.device, gpu_fraction=0.9, cpu_bytes=_DEFAULT_CPU_KV_BYTES)
-
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        assert self.model is not None, "load_model() first"
-        if not self.is_pooling:
-            assert isinstance(self.model, DecoderModel)
-            self.kv_caches = allocate_kv_caches(
-                self.model.kv_cache_spec, num_blocks, self.config.block_size, self.dtype, self.device
-            )
-
-    def check_sampling_params(self, params: SamplingParams) -> None:
-        if self.is_pooling:
-            raise UnsupportedOptionError(f"{self.config.model} is an embedding model: it does not generate")
 
     # ---- the step ----------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -227,22 +204,24 @@ class V1ModelRunner:
             )
 
     def _execute_pooling(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        assert isinstance(self.model, EncoderModel)
-        req_ids = list(so.num_scheduled_tokens)
-        seqs = [self.requests[r].token_ids for r in req_ids]
-        width = max(len(s) for s in seqs)
-        ids = torch.zeros(len(seqs), width, dtype=torch.int64)
-        mask = torch.zeros(len(seqs), width, dtype=torch.int64)
-        for row, seq in enumerate(seqs):
-            ids[row, : len(seq)] = torch.tensor(seq)
-            mask[row, : len(seq)] = 1
-        embeddings = self.model.embed(ids.to(self.device), mask.to(self.device)).cpu().numpy()
+        req_ids, embeddings = self.embed_scheduled(so)
         for req_id in req_ids:
             self.requests.pop(req_id)  # one step: the request is done
         return ModelRunnerOutput(
             req_ids=req_ids, sampled_token_ids=[[] for _ in req_ids],
-            pooled_outputs=dict(zip(req_ids, embeddings, strict=True)),
+            pooled_outputs=dict(zip(req_ids, embeddings.cpu().numpy(), strict=True)),
         )
 
 
-__all__ = ["CachedRequestState", "V1ModelRunner"]
+#: What runner_v1 serves: every architecture of the model layer; n-gram speculation
+#: (spec_decode.py); every option of engine.capabilities.FEATURES (it refuses none: logits
+#: processors in sampler.py, cpu_offload_gb in cpu_offload.py); no Triton; synchronous, eager.
+MANIFEST = RunnerManifest.build(
+    "v1", architectures=model_layer_architectures(), refused=(),
+    speculative_methods=SPECULATIVE_METHODS, pooling_tasks=POOLING_TASKS, platforms=DEVICE_TYPES,
+    requires_triton=False, async_scheduling=getattr(V1ModelRunner, "async_scheduling", False),
+    cuda_graphs=False,
+)
+
+
+__all__ = ["MANIFEST", "CachedRequestState", "V1ModelRunner"]

@@ -17,6 +17,9 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+#: The vLLM speculative methods this module implements (runner_v1's manifest lists them).
+SPECULATIVE_METHODS = ("ngram",)
+
 
 def propose_ngram(
     token_ids: np.ndarray,  # [num_tokens] int, the sequence so far
@@ -52,4 +55,4 @@ def accept_drafts(drafts: Sequence[int], targets: Sequence[int]) -> list[int]:
     return list(targets[: m + 1])
 
 
-__all__ = ["accept_drafts", "propose_ngram"]
+__all__ = ["SPECULATIVE_METHODS", "accept_drafts", "propose_ngram"]

@@ -4,15 +4,26 @@ asynchronous output. See docs/runner-v2.md.
 The engine builds it by name: ``importlib.import_module("runner_v2").create_model_runner(config)``.
 On CUDA its kernels are compiled; on CPU they run through the Triton interpreter (slow: tests
 and smoke runs), which ``kernels/_triton.py`` selects on a machine without a GPU.
+``runner_v2.MANIFEST`` declares what it serves (``engine.capabilities``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.config import EngineConfig
     from runner_v2.runner import V2ModelRunner
+
+
+def __getattr__(name: str) -> Any:
+    # MANIFEST (engine.capabilities.RunnerManifest) is built in the hub, which loads torch and
+    # the kernels: only on first use, so that ``import runner_v2`` stays light.
+    if name == "MANIFEST":
+        from runner_v2.runner import MANIFEST
+
+        return MANIFEST
+    raise AttributeError(f"module 'runner_v2' has no attribute {name!r}")
 
 
 def create_model_runner(config: EngineConfig) -> V2ModelRunner:
@@ -42,4 +53,4 @@ def _use_triton_interpreter() -> None:
         )
 
 
-__all__ = ["create_model_runner"]
+__all__ = ["MANIFEST", "create_model_runner"]

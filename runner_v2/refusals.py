@@ -24,6 +24,15 @@ LABELS: dict[str, str] = {
     "ngram_speculation": "speculative method '{speculative_method}'",
     "custom_logits_processors": "custom logits processors",
 }
+#: Feature (``engine.capabilities.FEATURES``) -> the rule whose label the refusal uses. The
+#: manifest's ``refused`` list is these keys (``runner_v2.runner.MANIFEST``).
+REFUSED_FEATURES: dict[str, str] = {
+    "cpu_offload": "cpu_offload",
+    "logits_processors": "custom_logits_processors",
+}
+#: Speculative methods refused at construction (runner_v2 implements none; the engine's
+#: ``SpeculativeConfig`` refuses every method it cannot express before any runner is built).
+REFUSED_SPECULATIVE_METHODS = ("ngram", "ngram_gpu")
 #: The pack's error for a V2 pin without Triton (rule ``triton_required``).
 TRITON_REQUIRED = "Model Runner V2 requires Triton."
 _PINNED = "Model Runner V2 does not yet support: {}"
@@ -33,9 +42,9 @@ def blockers(config: EngineConfig) -> list[str]:
     """Rule ids of the pack's V2 blockers that ``config`` matches."""
     found = []
     if config.cpu_offload_gb > 0:
-        found.append("cpu_offload")
+        found.append(REFUSED_FEATURES["cpu_offload"])
     spec = config.speculative_config
-    if spec is not None and spec.method in ("ngram", "ngram_gpu"):
+    if spec is not None and spec.method in REFUSED_SPECULATIVE_METHODS:
         found.append("ngram_speculation")
     return found
 
@@ -59,7 +68,10 @@ def check_engine_config(config: EngineConfig) -> None:
 def logits_processors_message() -> str:
     """The refusal of a request with custom logits processors (rule ``custom_logits_processors``),
     naming the option."""
-    return _PINNED.format(LABELS["custom_logits_processors"]) + " (SamplingParams.logits_processors)"
+    return _PINNED.format(LABELS[REFUSED_FEATURES["logits_processors"]]) + " (SamplingParams.logits_processors)"
 
 
-__all__ = ["LABELS", "TRITON_REQUIRED", "blockers", "check_engine_config", "logits_processors_message"]
+__all__ = [
+    "LABELS", "REFUSED_FEATURES", "REFUSED_SPECULATIVE_METHODS", "TRITON_REQUIRED", "blockers",
+    "check_engine_config", "logits_processors_message",
+]

@@ -23,29 +23,31 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.config import EngineConfig
+from engine.capabilities import RunnerManifest, model_layer_architectures
+from engine.config import DEVICE_TYPES, SUPPORTED_SPECULATIVE_METHODS, EngineConfig
 from engine.errors import UnsupportedOptionError
-from engine.model import AttentionMetadata, DecoderModel, EncoderModel, allocate_kv_caches
+from engine.model import AttentionMetadata, DecoderModel
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
-from engine.runner_setup import kv_block_bytes, kv_cache_budget, load_engine_model
+from engine.runner_setup import POOLING_TASKS, RunnerBase
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 from kernels.post_update import post_update
+from runner_v2 import refusals
 from runner_v2.async_output import AsyncOutput, StepResults
 from runner_v2.cuda_graphs import DecodeGraphs, capture_sizes
 from runner_v2.input_batch import BatchPlan, InputBatch, InputBuffers, prepare_inputs
 from runner_v2.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
-from runner_v2.refusals import check_engine_config, logits_processors_message
 from runner_v2.sampler import compute_logprobs, compute_prompt_logprobs, sample
 from runner_v2.states import Col, RequestInfo, RequestStates
+from runner_v2.uploads import StepUploads, upload_step
 
-_DEFAULT_CPU_KV_BYTES = 4 << 30
 #: Width of the min_tokens stop-id table (EOS ids and stop_token_ids of a request).
 MAX_STOP_TOKEN_IDS = 32
 
 
-class V2ModelRunner:
-    """Implements :class:`engine.runner_protocol.ModelRunner` over a device request table.
+class V2ModelRunner(RunnerBase):
+    """Implements :class:`engine.runner_protocol.ModelRunner` over a device request table
+    (set-up and pooling from :class:`engine.runner_setup.RunnerBase`).
 
     Raises:
         EngineConfigError: at construction, for every option the ``turnout`` pack says
@@ -54,14 +56,13 @@ class V2ModelRunner:
 
     #: The engine plans step N+1 before it collects step N (engine/core.py).
     async_scheduling = True
+    # 80% of the free GPU memory: leaves room for the graph pool and the sampler's scratch.
+    gpu_kv_fraction = 0.8
+    cpu_kv_bytes = 4 << 30
 
     def __init__(self, config: EngineConfig) -> None:
-        check_engine_config(config)
-        self.config = config
-        self.device = torch.device(config.device)
-        self.dtype = getattr(torch, config.dtype)
-        self.model: DecoderModel | EncoderModel | None = None
-        self.kv_caches: list[torch.Tensor] = []
+        refusals.check_engine_config(config)
+        super().__init__(config)
         self.states = RequestStates(
             max_num_seqs=config.max_num_seqs, max_model_len=config.max_model_len,
             max_num_blocks_per_req=config.max_num_blocks_per_req,
@@ -80,36 +81,16 @@ class V2ModelRunner:
         self.num_eager_steps = 0
 
     # ---- set-up ------------------------------------------------------------------------
-    def load_model(self) -> None:
-        self.model = load_engine_model(self.config, self.dtype, self.device)
-
-    @property
-    def is_pooling(self) -> bool:
-        return isinstance(self.model, EncoderModel)
-
-    def kv_cache_block_bytes(self) -> int:
-        return kv_block_bytes(self.model, self.config.block_size, self.dtype)
-
-    def available_kv_cache_bytes(self) -> int:
-        # 80%: leaves room for the graph pool and the sampler's scratch.
-        return kv_cache_budget(self.device, gpu_fraction=0.8, cpu_bytes=_DEFAULT_CPU_KV_BYTES)
-
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        assert self.model is not None, "load_model() first"
-        if self.is_pooling:
-            return
-        assert isinstance(self.model, DecoderModel)
-        self.kv_caches = allocate_kv_caches(self.model.kv_cache_spec, num_blocks,
-                                            self.config.block_size, self.dtype, self.device)
-        if self.graphs.sizes:
+        super().initialize_kv_cache(num_blocks)
+        if self.kv_caches and self.graphs.sizes:
             with torch.inference_mode():
                 self.graphs.capture(self._set_dummy_decode_inputs, self._graph_forward)
 
     def check_sampling_params(self, params: SamplingParams) -> None:
-        if self.is_pooling:
-            raise UnsupportedOptionError(f"{self.config.model} is an embedding model: it does not generate")
+        super().check_sampling_params(params)
         if params.logits_processors:
-            raise UnsupportedOptionError(logits_processors_message())
+            raise UnsupportedOptionError(refusals.logits_processors_message())
         self.states.check_sampling_params(params)
 
     # ---- the step ----------------------------------------------------------------------
@@ -172,10 +153,13 @@ class V2ModelRunner:
         graph_size = self.graphs.padded_size(plan.num_reqs) if plan.max_query_len == 1 and prompt_plan is None else None
         if graph_size is not None:
             plan = plan.padded(graph_size)
-        dev = self._upload(states.take_staged_writes(), rows, num_sched, lp_idx, ks[lp_idx], prompt_plan)
-        if "writes" in dev:
-            states.apply_staged_writes(*dev["writes"])
-        batch = self._prepare(plan, dev["idx_mapping"], dev["num_scheduled"])
+        prompt = None if prompt_plan is None else (
+            prompt_plan.hidden_rows, prompt_plan.target_flat, prompt_plan.num_logprobs)
+        dev = upload_step(self.device, rows=rows, num_scheduled=num_sched, logprob_positions=lp_idx,
+                          logprob_k=ks[lp_idx], writes=states.take_staged_writes(), prompt=prompt)
+        if dev.writes is not None:
+            states.apply_staged_writes(dev.writes.offsets, dev.writes.cu_lens, dev.writes.values)
+        batch = self._prepare(plan, dev.idx_mapping, dev.num_scheduled)
         hidden, logits = self._forward(batch, graph_size)
         results = self._sample(batch, logits, lp_idx, ks, dev)
         if prompt_plan is not None:
@@ -188,22 +172,6 @@ class V2ModelRunner:
         states.num_computed_np[rows] += num_sched
         states.num_tokens_np[rows[plan.samples_np]] += 1
         return AsyncOutput(results, self.copy_stream)
-
-    def _upload(self, writes: tuple[np.ndarray, np.ndarray, np.ndarray] | None, rows: np.ndarray,
-                num_sched: np.ndarray, lp_idx: np.ndarray, lp_k: np.ndarray,
-                prompt_plan: PromptLogprobsPlan | None) -> dict[str, torch.Tensor | tuple[torch.Tensor, ...]]:
-        # Every host array of the step in one pinned buffer and one non-blocking copy.
-        segments: dict[str, np.ndarray] = {"idx_mapping": rows, "num_scheduled": num_sched,
-                                           "lp_idx": lp_idx.astype(np.int64), "lp_k": lp_k.astype(np.int32)}
-        if writes is not None:
-            segments.update(w_offsets=writes[0], w_cu=writes[1], w_values=writes[2])
-        if prompt_plan is not None:
-            segments.update(p_rows=prompt_plan.hidden_rows, p_targets=prompt_plan.target_flat,
-                            p_k=prompt_plan.num_logprobs)
-        out: dict[str, torch.Tensor | tuple[torch.Tensor, ...]] = dict(_to_device(segments, self.device))
-        if writes is not None:
-            out["writes"] = (out.pop("w_offsets"), out.pop("w_cu"), out.pop("w_values"))  # type: ignore[assignment]
-        return out
 
     def _prepare(self, plan: BatchPlan, idx_mapping: torch.Tensor, num_scheduled: torch.Tensor) -> InputBatch:
         states = self.states
@@ -228,26 +196,27 @@ class V2ModelRunner:
         return hidden, model.compute_logits(hidden.index_select(0, batch.logits_indices))
 
     def _sample(self, batch: InputBatch, logits: torch.Tensor, lp_idx: np.ndarray, ks: np.ndarray,
-                dev: dict) -> StepResults:
+                dev: StepUploads) -> StepResults:
         plan, states = batch.plan, self.states
         n = plan.num_reqs
         sampled = sample(logits, batch.idx_mapping, batch.seq_lens[:n], states.sampling_tables(),
                          states.token_ids, bool(states.has_penalties_np[plan.idx_mapping_np].any()))
         results = StepResults(req_ids=plan.req_ids, samples=plan.samples_np, sampled=sampled)
         if lp_idx.size:
-            sel = dev["lp_idx"]
+            sel = dev.logprob_positions
             chunks = compute_logprobs(lambda a, b: logits.index_select(0, sel[a:b]), sampled.index_select(0, sel),
-                                      dev["lp_k"], int(ks[lp_idx].max()), self.config.vocab_size)
+                                      dev.logprob_k, int(ks[lp_idx].max()), self.config.vocab_size)
             results.logprobs = [(c.token_ids, c.logprobs, c.ranks) for c in chunks]
             results.logprob_reqs = (lp_idx, ks[lp_idx])
         return results
 
     def _prompt_logprobs(self, results: StepResults, plan: PromptLogprobsPlan, hidden: torch.Tensor,
-                         dev: dict) -> None:
+                         dev: StepUploads) -> None:
         model = self.model
-        assert isinstance(model, DecoderModel)
-        chunks = compute_prompt_logprobs(hidden, model.compute_logits, self.states.token_ids, dev["p_rows"],
-                                         dev["p_targets"], dev["p_k"], plan.max_k, self.config.vocab_size)
+        assert isinstance(model, DecoderModel) and dev.prompt is not None
+        up = dev.prompt
+        chunks = compute_prompt_logprobs(hidden, model.compute_logits, self.states.token_ids, up.hidden_rows,
+                                         up.target_flat, up.num_logprobs, plan.max_k, self.config.vocab_size)
         results.prompt_logprobs = [(c.token_ids, c.logprobs, c.ranks) for c in chunks]
         rows = [self.states.req_id_to_row[r] for r in plan.req_ids]
         results.prompt_reqs = (plan.req_ids, plan.starts, plan.counts, self.states.num_prompt_logprobs_np[rows])
@@ -276,53 +245,24 @@ class V2ModelRunner:
     # ---- pooling -------------------------------------------------------------------------
     def _execute_pooling(self, so: SchedulerOutput) -> ModelRunnerOutput | AsyncOutput:
         # An encoder forward per step over the new requests (pooling runs in one step).
-        model = self.model
-        assert isinstance(model, EncoderModel)
         if so.is_empty:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        seqs = {new.req_id: new.prompt_token_ids for new in so.scheduled_new_reqs}
-        req_ids = list(so.num_scheduled_tokens)
-        width = max(len(seqs[r]) for r in req_ids)
-        ids = np.zeros((len(req_ids), width), np.int64)
-        mask = np.zeros((len(req_ids), width), np.int64)
-        for i, r in enumerate(req_ids):
-            ids[i, : len(seqs[r])] = seqs[r]
-            mask[i, : len(seqs[r])] = 1
-        dev = _to_device({"ids": ids, "mask": mask}, self.device)
-        embeddings = model.embed(dev["ids"], dev["mask"]).float()
+        req_ids, embeddings = self.embed_scheduled(so)
         results = StepResults(req_ids=req_ids, samples=np.zeros(len(req_ids), bool), pooled=req_ids,
                               embeddings=embeddings)
         return AsyncOutput(results, self.copy_stream)
 
 
-def _to_device(segments: dict[str, np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
-    """Host arrays on the device in one transfer, without a sync: packed as int32 words (8-byte
-    types at even offsets) into one pinned buffer, copied non-blocking (the caching host
-    allocator keeps the pinned block until the copy has run), then viewed back per segment."""
-    words, spans, offset = [], {}, 0
-    for name, arr in segments.items():
-        arr = np.ascontiguousarray(arr)
-        w = arr.reshape(-1).view(np.int32)
-        if arr.dtype.itemsize == 8 and offset % 2:
-            words.append(np.zeros(1, np.int32))
-            offset += 1
-        spans[name] = (offset, len(w), arr.dtype, arr.shape)
-        words.append(w)
-        offset += len(w)
-    host = torch.from_numpy(np.concatenate(words) if words else np.zeros(0, np.int32))
-    if device.type == "cuda":
-        pinned = torch.empty(host.shape, dtype=torch.int32, pin_memory=True)
-        pinned.copy_(host)
-        flat = pinned.to(device, non_blocking=True)
-    else:
-        flat = host.to(device)
-    out = {}
-    for name, (start, n, dtype, shape) in spans.items():
-        t = flat[start : start + n]
-        if dtype.itemsize == 8:
-            t = t.view(torch.int64 if dtype.kind == "i" else torch.float64)
-        out[name] = t.view(shape) if len(shape) > 1 else t
-    return out
+#: What runner_v2 serves: every architecture of the model layer; the speculative methods the
+#: engine can express minus those refusals.py refuses (none left); every option of
+#: engine.capabilities.FEATURES but those refusals.py refuses; Triton required
+#: (refusals.check_engine_config); asynchronous scheduling and decode CUDA graphs.
+MANIFEST = RunnerManifest.build(
+    "v2", architectures=model_layer_architectures(), refused=tuple(refusals.REFUSED_FEATURES),
+    speculative_methods=[m for m in SUPPORTED_SPECULATIVE_METHODS if m not in refusals.REFUSED_SPECULATIVE_METHODS],
+    pooling_tasks=POOLING_TASKS, platforms=DEVICE_TYPES, requires_triton=True,
+    async_scheduling=V2ModelRunner.async_scheduling, cuda_graphs=True,
+)
 
 
-__all__ = ["MAX_STOP_TOKEN_IDS", "V2ModelRunner"]
+__all__ = ["MANIFEST", "MAX_STOP_TOKEN_IDS", "V2ModelRunner"]

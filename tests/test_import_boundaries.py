@@ -1,50 +1,108 @@
-"""DESIGN §2 import rules, checked in fresh interpreters (sys.modules after the import)."""
+"""DESIGN §2 import rules, checked two ways:
+
+- ``lint-imports`` (import-linter, contracts in pyproject.toml ``[tool.importlinter]``) over the
+  whole static import graph of the real modules, function-level imports included;
+- in fresh interpreters, ``sys.modules`` after importing the real modules (a runner's hub, the
+  service app, the CLI), so that lazy imports that only happen at run time are covered too;
+- the oracle's own import graph read from its source (oracle.config never reaches
+  oracle.sources; no import cycle).
+"""
 
 from __future__ import annotations
 
 import ast
+import functools
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
+
 FORBIDDEN = {
     "oracle": {"torch", "triton", "sqlalchemy", "fastapi", "engine", "kernels", "dashboard",
                "runner_v1", "runner_v2"},
-    "oracle.cli": {"torch", "triton", "sqlalchemy", "fastapi"},
+    "oracle.cli": {"torch", "triton", "sqlalchemy", "fastapi", "engine", "runner_v1", "runner_v2"},
     "oracle.client": {"torch", "triton", "sqlalchemy", "fastapi", "starlette", "dashboard",
                       "engine"},
     "dashboard.cli": {"torch", "sqlalchemy", "fastapi", "alembic"},
-    "policies": {"torch", "sqlalchemy", "fastapi", "pydantic"},
     "dashboard": {"torch", "triton", "engine", "kernels", "runner_v1", "runner_v2"},
+    "dashboard.app": {"torch", "triton", "numpy", "engine", "kernels", "runner_v1", "runner_v2"},
+    "policies": {"torch", "sqlalchemy", "fastapi", "pydantic"},
     "engine": {"torch", "sqlalchemy", "fastapi", "dashboard", "runner_v1", "runner_v2"},
+    # The manifest type is torch-free; building manifests imports the runners.
+    "engine.capabilities": {"torch", "triton", "numpy", "oracle", "runner_v1", "runner_v2"},
     "kernels": {"oracle", "engine", "dashboard", "sqlalchemy", "fastapi", "pydantic",
                 "runner_v1", "runner_v2"},
-    "runner_v1": {"runner_v2", "dashboard", "sqlalchemy", "fastapi"},
-    # The GPU machine has no pydantic: the engine loop and runner_v1 must run without the oracle.
+    "kernels.paged_attention": {"oracle", "engine", "dashboard", "pydantic", "runner_v1", "runner_v2"},
+    "runner_v1": {"runner_v2", "dashboard", "sqlalchemy", "fastapi", "torch"},
+    "runner_v2": {"runner_v1", "dashboard", "sqlalchemy", "fastapi", "torch"},
+    # The GPU machine has no pydantic: the engine loop and both runners run without the oracle.
     "engine.core": {"torch", "oracle", "pydantic", "runner_v1", "runner_v2"},
-    "runner_v1.model_runner": {"oracle", "pydantic", "runner_v2", "dashboard"},
+    "engine.runner_setup": {"oracle", "pydantic", "runner_v1", "runner_v2", "dashboard"},
+    "runner_v1.model_runner": {"oracle", "pydantic", "runner_v2", "dashboard", "fastapi"},
+    "runner_v2.runner": {"oracle", "pydantic", "runner_v1", "dashboard", "fastapi"},
+    "engine.llm": {"runner_v1", "runner_v2", "dashboard", "fastapi", "sqlalchemy"},
     "engine.cli": {"torch", "numpy", "oracle"},  # heavy imports stay inside the commands
-    "runner_v2": {"runner_v1", "dashboard", "sqlalchemy", "fastapi"},
 }
 
 
-def _loaded_after_import(module: str) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _loaded_after_import(module: str) -> frozenset[str]:
     code = (
         "import importlib, json, sys\n"
         f"importlib.import_module({module!r})\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+    env = {**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=ROOT, env=env)
+    return frozenset(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 @pytest.mark.parametrize("module", sorted(FORBIDDEN))
 def test_import_does_not_load_forbidden_packages(module: str) -> None:
     loaded = _loaded_after_import(module)
     assert not (loaded & FORBIDDEN[module]), f"importing {module} loaded {sorted(loaded & FORBIDDEN[module])}"
+
+
+def test_the_real_modules_are_imported() -> None:
+    # The hubs above do load their package's heavy dependencies (the check is not vacuous).
+    assert {"torch", "engine", "kernels"} <= _loaded_after_import("runner_v2.runner")
+    assert {"fastapi", "sqlalchemy", "oracle"} <= _loaded_after_import("dashboard.app")
+
+
+def _lint_imports() -> list[str]:
+    script = Path(sys.executable).with_name("lint-imports")
+    found = str(script) if script.exists() else shutil.which("lint-imports")
+    if found is None:
+        pytest.fail("lint-imports is not installed: pip install -e '.[test]' (import-linter)")
+    return [found, "--no-cache", "--config", str(ROOT / "pyproject.toml")]
+
+
+def test_import_linter_contracts_are_kept() -> None:
+    out = subprocess.run(_lint_imports(), capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert "Contracts: 8 kept, 0 broken." in out.stdout
+
+
+def test_import_linter_catches_a_runner_importing_the_other(tmp_path: Path) -> None:
+    # The same contracts over a copy of the tree where runner_v1 imports runner_v2.
+    for name in ("oracle", "engine", "kernels", "runner_v1", "runner_v2", "dashboard", "policies"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("*.pyc", "__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    with (tmp_path / "runner_v1" / "block_table.py").open("a") as f:
+        f.write("\nimport runner_v2.states  # noqa: E402,F401\n")
+    cmd = [*_lint_imports()[:-1], str(tmp_path / "pyproject.toml")]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 1, out.stdout[-2000:]
+    assert "runner_v1 and runner_v2 never import each other BROKEN" in out.stdout
+    assert "runner_v1.block_table -> runner_v2.states" in out.stdout
 
 
 # -- the oracle's own import graph, read from the source (every import statement, including

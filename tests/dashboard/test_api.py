@@ -249,6 +249,20 @@ def test_decide_from_a_command_line_and_bad_input(api: Api) -> None:
     assert both.status_code == 422
 
 
+def test_decide_refuses_an_architecture_no_runner_serves(api: Api) -> None:
+    # The turnout pack's manifests: no runner of this build loads Mamba. A decision, not bad
+    # input: 200 with runner null and the stable error code.
+    r = api.client.post("/api/v1/decide", json={"config": {"architecture": "MambaForCausalLM"}},
+                        headers=api.h("viewer"))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["runner"] is None and body["error_code"] == "architecture_not_served"
+    assert body["error"].startswith("no runner of this build serves architecture 'MambaForCausalLM'")
+    want = decide(from_spec({"architecture": "MambaForCausalLM"}), pack=load_pack("turnout"),
+                  canaries=defaults())
+    assert body == want.to_json()
+
+
 def test_explain_answers_with_changes_that_reach_v2(api: Api) -> None:
     spec = {**QWEN3, "speculative_method": "ngram", "num_speculative_tokens": 3}
     r = api.client.post("/api/v1/explain", json={"config": spec}, headers=api.h("viewer"))
@@ -269,7 +283,7 @@ def test_explain_combined_suggestion_applied_through_the_service_reaches_v2(api:
     body = r.json()
     assert body["note"] is None
     combined = next(s for s in body["suggestions"] if s["kind"] == "config+canary")
-    assert combined["text"] == ("speculative_method ngram → eagle3; "
+    assert combined["text"] == ("speculative_method ngram → none; "
                                 "canary:llama-mistral-dense off → on 100%")
     # Apply it: the canary flip through the API, the config change in the deployment.
     changed = dict(spec)

@@ -47,9 +47,9 @@ def test_explain_on_a_pipe_prints_each_suggestion_on_one_line() -> None:
     out = _invoke("explain", "--", "vllm", "serve", MODEL, "--speculative-config", NGRAM)
     lines = [line.strip() for line in out.splitlines() if "→ V2" in line]
     assert lines == [
-        "→ V2 (config+pin, STATIC): speculative_method ngram → eagle3; "
+        "→ V2 (config+pin, STATIC): speculative_method ngram → none; "
         "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
-        "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → eagle3; "
+        "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → none; "
         "canary:llama-mistral-dense off → on 100%"]
     assert ("Model Runner V2 does not yet support speculative method 'ngram'; using the V1 "
             "model runner instead.") in out
@@ -100,9 +100,9 @@ def test_a_zero_columns_is_ignored_not_taken_as_no_room(columns: str) -> None:
     result = CliRunner(env={"COLUMNS": columns}).invoke(
         app, ["explain", "--", "vllm", "serve", MODEL, "--speculative-config", NGRAM])
     assert [line.strip() for line in result.output.splitlines() if "→ V2" in line] == [
-        "→ V2 (config+pin, STATIC): speculative_method ngram → eagle3; "
+        "→ V2 (config+pin, STATIC): speculative_method ngram → none; "
         "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
-        "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → eagle3; "
+        "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → none; "
         "canary:llama-mistral-dense off → on 100%"]
 
 

@@ -1,7 +1,10 @@
-"""Data-driven decision cases: tests/oracle/cases/*.yaml (note, input, want / want_error)."""
+"""Data-driven decision cases: tests/oracle/cases/*.yaml (note, input, want / want_error; ``pack``
+to decide with another pack, ``manifests: false`` to decide with the turnout pack's rules and
+stages but without its runners' manifests)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from oracle import (
     from_spec,
     load_pack,
 )
+from oracle.pack import POLICIES_DIR, Pack
 
 CASES_DIR = Path(__file__).parent / "cases"
 
@@ -59,9 +63,27 @@ def _check(d: Decision, want: dict[str, Any]) -> None:
         assert reason["matched"] == matched, reason
 
 
+@pytest.fixture(scope="session")
+def turnout_without_manifests(tmp_path_factory: pytest.TempPathFactory) -> Pack:
+    """The turnout pack's rules and stages without its runners' manifests (``manifests:
+    false`` cases: how the rollout classifies model kinds no runner of this build loads yet)."""
+    folder = tmp_path_factory.mktemp("packs") / "turnout"
+    shutil.copytree(POLICIES_DIR / "turnout", folder)
+    matrix = folder / "capability_matrix.yaml"
+    text = matrix.read_text()
+    assert "\n  manifests: manifests.json\n" in text
+    matrix.write_text(text.replace("\n  manifests: manifests.json\n", "\n"))
+    pack = load_pack(folder)
+    assert pack.served_architectures is None
+    return pack
+
+
 @pytest.mark.parametrize("case", [c for _, c in CASES], ids=[n for n, _ in CASES])
-def test_case(case: dict[str, Any]) -> None:
-    pack = load_pack(case.get("pack", "turnout"))
+def test_case(case: dict[str, Any], request: pytest.FixtureRequest) -> None:
+    if case.get("manifests", True):
+        pack = load_pack(case.get("pack", "turnout"))
+    else:
+        pack = request.getfixturevalue("turnout_without_manifests")
     canaries = CanarySnapshot.from_json(case["canaries"]) if "canaries" in case else None
     if "want_error" in case:
         with pytest.raises(ConfigError) as info:

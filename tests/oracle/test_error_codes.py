@@ -24,7 +24,7 @@ WIRE_VALUES = {
                "missing_model", "unknown_model"},
     "pack": {"invalid_pack", "unknown_pack"},
     "decision": {"pin_conflict", "no_runner", "invalid_env", "unknown_architecture", "refused",
-                 "unknown_setting"},
+                 "unknown_setting", "architecture_not_served"},
     "cli": {"bad_usage"},
     "service": {"invalid_request", "body_too_large", "unstorable_value", "unauthenticated",
                 "bad_token", "forbidden", "if_match_required", "bad_if_match", "self_revoke",

@@ -9,18 +9,24 @@ def _texts(cfg: DeploymentConfig, **kw: object) -> list[str]:
     return [str(s) for s in explain(cfg, pack=load_pack("turnout"), **kw).suggestions]
 
 
-def test_ngram_keeps_speculation_with_eagle3_first() -> None:
+def test_a_value_that_keeps_the_feature_on_comes_first() -> None:
+    # vLLM 0.31's V2 has other drafters; turnout's runner_v2 implements none (its manifest),
+    # so under the turnout pack speculation off is the only way to V2.
     cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram")
+    ex = explain(cfg, pack=load_pack("vllm-0.31"))
+    assert ex.decision.runner == "v1"
+    assert str(ex.suggestions[0]) == "speculative_method ngram → draft_model"
+    assert all(s.decision.runner == "v2" for s in ex.suggestions)
     ex = explain(cfg, pack=load_pack("turnout"))
     assert ex.decision.runner == "v1"
-    assert str(ex.suggestions[0]) == "speculative_method ngram → eagle3"
-    assert all(s.decision.runner == "v2" for s in ex.suggestions)
+    assert [str(s) for s in ex.suggestions] == ["speculative_method ngram → none"]
+    assert ex.suggestions[0].decision.runner == "v2"
 
 
 def test_two_blockers_need_both_changes() -> None:
     cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="suffix",
                            enable_elastic_ep=True)
-    assert _texts(cfg) == ["speculative_method suffix → eagle3; enable_elastic_ep true → false"]
+    assert _texts(cfg) == ["speculative_method suffix → none; enable_elastic_ep true → false"]
 
 
 def test_soft_blocker_offers_the_pin() -> None:
@@ -61,7 +67,7 @@ def test_v1_pin_is_lifted_first() -> None:
     ex = explain(ngram, pack=load_pack("turnout"))
     assert ex.decision.mode == "pinned" and ex.decision.runner == "v1"
     assert str(ex.suggestions[0]) == ("env:TURNOUT_USE_V2_MODEL_RUNNER 0 → unset; "
-                                      "speculative_method ngram → eagle3")
+                                      "speculative_method ngram → none")
     assert ex.suggestions[0].decision.runner == "v2" and ex.suggestions[0].decision.mode == "auto"
 
 
@@ -77,8 +83,17 @@ def test_pinned_error_is_fixed_under_the_pin() -> None:
 def test_model_facts_are_not_suggested() -> None:
     cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", triton_available=False)
     assert _texts(cfg) == ["triton_available false → true"]
-    moe = DeploymentConfig(architecture="Qwen3MoeForCausalLM")
-    assert all("is_moe" not in t and "architecture" not in t for t in _texts(moe))
+    moe = DeploymentConfig(architecture="Qwen3ForCausalLM", is_moe=True)  # stage all-families, off
+    texts = _texts(moe)
+    assert texts and all("is_moe" not in t and "architecture" not in t for t in texts)
+
+
+def test_an_architecture_no_runner_serves_has_no_suggestion() -> None:
+    ex = explain(DeploymentConfig(architecture="MambaForCausalLM", speculative_method="ngram"),
+                 pack=load_pack("turnout"))
+    assert ex.decision.error_code == "architecture_not_served" and ex.suggestions == ()
+    assert ex.note.startswith("no change of the deployment's options reaches a runner: no runner "
+                              "of this build serves architecture 'MambaForCausalLM'")
 
 
 def test_already_v2_and_unknown_architecture() -> None:
@@ -100,8 +115,8 @@ def test_a_blocker_in_a_stage_that_is_off_needs_the_change_and_a_step_together()
     ex = explain(cfg, pack=load_pack("turnout"))
     assert ex.note == ""
     assert [(s.kind, str(s)) for s in ex.suggestions] == [
-        ("config+pin", f"speculative_method ngram → eagle3; {PIN} unset → 1"),
-        ("config+canary", f"speculative_method ngram → eagle3; {LLAMA_STAGE}"),
+        ("config+pin", f"speculative_method ngram → none; {PIN} unset → 1"),
+        ("config+canary", f"speculative_method ngram → none; {LLAMA_STAGE}"),
     ]
     assert [s.decision.mode for s in ex.suggestions] == ["pinned", "auto"]
     assert all(s.decision.runner == "v2" for s in ex.suggestions)
@@ -110,7 +125,7 @@ def test_a_blocker_in_a_stage_that_is_off_needs_the_change_and_a_step_together()
 def test_two_blockers_and_the_canary_in_one_suggestion() -> None:
     cfg = DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="suffix",
                            enable_elastic_ep=True)
-    assert _texts(cfg)[1] == ("speculative_method suffix → eagle3; enable_elastic_ep true → "
+    assert _texts(cfg)[1] == ("speculative_method suffix → none; enable_elastic_ep true → "
                               f"false; {LLAMA_STAGE}")
 
 
@@ -128,13 +143,13 @@ def test_combined_steps_start_from_a_v1_pin_and_the_kill_switch() -> None:
     pin = {"TURNOUT_USE_V2_MODEL_RUNNER": "0"}
     cfg = DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="ngram", env=pin)
     assert _texts(cfg) == [
-        f"speculative_method ngram → eagle3; {PIN} 0 → 1",
-        f"{PIN} 0 → unset; speculative_method ngram → eagle3; {LLAMA_STAGE}",
+        f"speculative_method ngram → none; {PIN} 0 → 1",
+        f"{PIN} 0 → unset; speculative_method ngram → none; {LLAMA_STAGE}",
     ]
     qwen = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram")
     assert _texts(qwen, canaries=CanarySnapshot({}, kill_switch=True)) == [
-        f"speculative_method ngram → eagle3; {PIN} unset → 1",
-        "speculative_method ngram → eagle3; kill_switch engaged → released",
+        f"speculative_method ngram → none; {PIN} unset → 1",
+        "speculative_method ngram → none; kill_switch engaged → released",
     ]
 
 
@@ -149,9 +164,9 @@ def test_a_blocker_behind_a_prerequisite_is_found() -> None:
     ex = explain(llama, pack=load_pack("turnout"))
     assert [r.rule_id for r in ex.decision.reasons] == ["triton_required"]
     assert [(s.kind, str(s)) for s in ex.suggestions] == [
-        ("config+pin", "triton_available false → true; speculative_method ngram → eagle3; "
+        ("config+pin", "triton_available false → true; speculative_method ngram → none; "
                        "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1"),
-        ("config+canary", "triton_available false → true; speculative_method ngram → eagle3; "
+        ("config+canary", "triton_available false → true; speculative_method ngram → none; "
                           "canary:llama-mistral-dense off → on 100%")]
     assert all(s.decision.runner == "v2" for s in ex.suggestions)
 

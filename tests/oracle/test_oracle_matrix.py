@@ -39,7 +39,12 @@ def test_diff_shows_cells_that_change_runner() -> None:
     qwen_dm = [c for c in changes if c.architecture == "Qwen3ForCausalLM" and c.pin == "auto"
                and c.scenario == "speculative_method=draft_model"]
     assert len(qwen_dm) == 1
-    assert (qwen_dm[0].before.runner, qwen_dm[0].after.runner) == ("v1", "v2")
+    # turnout's runners implement no draft-model speculation: no runner (vLLM 0.31: V2).
+    assert (qwen_dm[0].before.runner, qwen_dm[0].after.runner) == (None, "v2")
+    assert qwen_dm[0].before.error_code == "no_runner"
+    mamba = [c for c in changes if c.architecture == "MambaForCausalLM" and c.pin == "auto"
+           and c.scenario == "default"]
+    assert len(mamba) == 1 and mamba[0].before.error_code == "architecture_not_served"
     same = [c for c in changes if c.architecture == "Qwen3ForCausalLM" and c.pin == "auto"
             and c.scenario == "speculative_method=ngram"]
     assert same == []  # V1 under both packs

@@ -122,7 +122,13 @@ def test_pin_to_v2_with_hard_blockers_always_errors(pack_name: str, cfg: Deploym
     prereq = {r.id for r in pack.data.rules if r.prerequisite and r.error is not None}
     matched = set(_interpreted_mask(pack_name, pinned))
     d = decide(pinned, pack=pack)
-    if matched & hard:
+    served = pack.served_architectures
+    kind = cfg.runner_kind or pack.architectures[cfg.architecture].runner_kind
+    if served is not None and cfg.architecture not in served.get(kind, ()):
+        # No runner of the build loads it: refused before any rule (pack.manifests).
+        assert d.runner is None and d.error_code == "architecture_not_served"
+        assert [r.rule_id for r in d.reasons] == ["error.architecture_not_served"]
+    elif matched & hard:
         assert d.runner is None and d.error is not None
         assert d.error_code == ErrorCode.PIN_CONFLICT
         # a prerequisite that fails the pin is named alone; otherwise every hard blocker is

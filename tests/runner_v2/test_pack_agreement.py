@@ -1,16 +1,34 @@
-"""The turnout pack and runner_v2 agree.
+"""The turnout pack agrees with both runners' capability manifests, and with runner_v2.
 
-- Every V2 blocker of the pack: its configuration (the rule's witness, built from the pack) is
-  refused by the oracle when pinned to V2, and, where turnout's engine can express it, runner_v2
-  refuses it itself with the same words; where it cannot, no engine field carries it (so nothing
-  reaches runner_v2 unrefused).
-- Every feature value the pack lets V2 have, among those the engine can express, runs on V2
-  through ``LLM(..., runner="v2")``.
+- Every cell of the pack's matrix (``oracle.matrix``) that the pack sends to runner_v1 or
+  runner_v2 is one that runner's manifest serves: architecture and runner kind, speculative
+  method, logits processors, CPU offload, prefix caching, platform, Triton. The pack's other
+  dimensions are classified below: model attributes (the architecture decides them) or options
+  turnout's engine has no field for (refused by name before any runner is built).
+- Every V2 blocker of the pack has a witness here: the oracle refuses its configuration when
+  pinned to V2, and either runner_v2 refuses it itself with the pack's words (on CPU), or the
+  engine refuses it by name before runner_v2 could be built (a speculative method
+  ``SpeculativeConfig`` cannot express, a device type ``EngineConfig`` does not accept, an
+  engine argument that does not exist).
+- Every thing runner_v2's manifest serves is exercised on runner_v2 by a test (the parity
+  suite runs every case on each runner of ``tests/parity/conftest.RUNNERS``):
+
+  - `architectures`: tests/engine/test_families_served.py::test_every_family_architecture_is_served_or_refused
+  - `chunked_prefill`: tests/parity/test_parity_contracts.py::test_prompt_logprobs_once_per_token_through_chunking_and_preemption
+  - `logprobs`: tests/parity/test_parity_reference.py::test_greedy_tokens_and_logprobs_equal_hf
+  - `prefix_caching`: tests/parity/test_parity_contracts.py::test_prefix_cache_hits_do_not_change_outputs
+  - `prompt_logprobs`: tests/parity/test_parity_contracts.py::test_prompt_logprobs_once_per_token_through_chunking_and_preemption
+  - `pooling_task:embed`: tests/runner_v2/test_pack_agreement.py::test_pooling_runs_on_v2
+  - `platform:cpu`: tests/runner_v2/test_pack_agreement.py::test_generation_features_run_on_v2
+  - `platform:cuda`: tests/parity/test_parity_gpu.py::test_fp32_greedy_equal_hf_on_both_runners
+  - `async_scheduling`: tests/runner_v2/test_runner.py::test_steps_return_async_outputs_collected_one_step_later
+  - `cuda_graphs`: tests/parity/test_parity_gpu.py::test_bf16_runners_agree
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +42,8 @@ from tiny_model_configs import TINY_DECODER_CONFIGS
 
 pytest.importorskip("pydantic")  # the oracle
 
+import runner_v1
+import runner_v2
 import runner_v2.refusals as refusals
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.errors import EngineConfigError, NoRunnerError, UnsupportedOptionError
@@ -31,13 +51,15 @@ from engine.llm import LLM
 from engine.model import write_random_weights
 from engine.sampling_params import SamplingParams
 from oracle import DeploymentConfig, decide, load_pack
-from oracle.matrix import scenarios
+from oracle.matrix import enumerate_matrix, scenarios
 from runner_v2 import create_model_runner
 
+ROOT = Path(__file__).resolve().parents[2]
 PACK = load_pack("turnout")
+MANIFESTS = {"v1": runner_v1.MANIFEST, "v2": runner_v2.MANIFEST}
 V2_BLOCKERS = [r for r in PACK.rules if r.effect == "blocks_v2"]
-#: Blockers turnout's engine can express, as the keyword arguments of an EngineConfig (None:
-#: per request, or a property of the machine).
+#: Blockers runner_v2 refuses itself, as the keyword arguments of an EngineConfig (None: per
+#: request, or a property of the machine).
 EXPRESSIBLE = {
     "cpu_offload": {"cpu_offload_gb": 4.0},
     "ngram_speculation": {"speculative_config": SpeculativeConfig(method="ngram")},
@@ -45,21 +67,38 @@ EXPRESSIBLE = {
     "triton_required": None,
     "cpu_platform": None,
 }
+#: Blockers the engine refuses by name before runner_v2 could be built: the value of their
+#: dimension (speculative_method, platform) cannot be expressed in an EngineConfig.
+ENGINE_REFUSES = {
+    "suffix_speculation", "medusa_speculation", "mlp_speculator_speculation",
+    "draft_model_speculation", "v2_speculation_unimplemented", "v2_platform_unserved",
+}
+#: Pack dimensions checked against the manifests, and the others.
+CHECKED = {"speculative_method", "logits_processors", "cpu_offload_gb", "platform",
+           "triton_available", "pooling"}
+MODEL_ATTRIBUTES = {"family", "is_moe", "attention_free"}  # facts of the architecture
+# turnout's engine has no such option: EngineConfig refuses it by name. `quantization` is a
+# fact of the checkpoint the engine reports (none, gguf, fp8, compressed-tensors): the manifests
+# do not list weight formats yet, so it is not checked here.
+NO_ENGINE_FIELD = {
+    "compilation_mode", "enable_sequence_parallelism", "tensor_parallel_size",
+    "pipeline_parallel_size", "prefill_context_parallel_size", "distributed_executor_backend",
+    "async_scheduling", "enable_dbo", "enable_elastic_ep", "logits_processor_plugins",
+    "kv_sharing_fast_prefill", "mamba_cache_mode", "quantization",
+}
+DERIVED = {"quantized": "quantization"}
 
 
 def _witness(rule_id: str) -> dict[str, object]:
     for scenario in scenarios(PACK):
         if scenario.id == f"rule:{rule_id}":
             return dict(scenario.changes)
-    rule = next(r for r in PACK.rules if r.id == rule_id)
     # One-dimension rules have no witness column (their value is a column of its own).
-    ((dim, conds),) = rule.when.items()
-    op, value = conds[0]
-    domain = PACK.domains.get(dim) or (True, False)
-    for candidate in domain:
-        if (op == "eq" and candidate == value) or (op == "in" and candidate in value) or (
-            op == "ne" and candidate != value) or (op == "gt" and candidate > value):
-            return {dim: candidate}
+    (cond,) = next(r for r in PACK.data.rules if r.id == rule_id).conditions
+    default = getattr(DeploymentConfig(), cond.dim)
+    for candidate in PACK.domains.get(cond.dim) or (True, False):
+        if candidate != default and cond.test(candidate):
+            return {cond.dim: candidate}
     raise AssertionError(f"no witness for {rule_id}")
 
 
@@ -80,11 +119,10 @@ def test_runner_labels_are_the_packs() -> None:
 def test_every_blocker_is_known_to_this_test() -> None:
     # A new V2 rule in the pack must be classified here (and refused by runner_v2 if the engine
     # can express it).
-    assert {r.id for r in V2_BLOCKERS} - set(EXPRESSIBLE) == {
+    assert {r.id for r in V2_BLOCKERS} - set(EXPRESSIBLE) - ENGINE_REFUSES == {
         "stock_torch_compile", "sequence_parallelism_with_tp", "external_launcher_pipeline",
-        "suffix_speculation", "medusa_speculation", "mlp_speculator_speculation", "draft_model_speculation",
-        "eagle_parallel_drafting", "eagle3_pipeline_parallel", "dual_batch_overlap", "elastic_expert_parallel",
-        "custom_logits_processor_plugins", "kv_sharing_fast_prefill", "mamba_cache_mode_all",
+        "dual_batch_overlap", "elastic_expert_parallel", "custom_logits_processor_plugins",
+        "kv_sharing_fast_prefill", "mamba_cache_mode_all",
     }
 
 
@@ -96,11 +134,21 @@ def test_each_v2_blocker_is_refused(rule, monkeypatch: pytest.MonkeyPatch, tmp_p
         assert decision.runner == "v2"  # a pin is allowed (vLLM's opt-in-only features)
     else:
         assert decision.runner is None and rule.label.split("{")[0] in (decision.error or "")
-    if rule.id not in EXPRESSIBLE:
-        engine_fields = {f.name for f in dataclasses.fields(EngineConfig)}
-        assert not set(witness) & engine_fields, f"{rule.id}: the engine now has {set(witness) & engine_fields}"
-        return
     base = EngineConfig(model=str(tmp_path), vocab_size=100, max_model_len=64)
+    if rule.id in ENGINE_REFUSES:
+        ((dim, value),) = witness.items()
+        with pytest.raises(EngineConfigError, match=re.escape(repr(value))):
+            if dim == "speculative_method":
+                SpeculativeConfig(method=value)
+            else:
+                assert dim == "platform"
+                dataclasses.replace(base, device=value)
+        return
+    if rule.id not in EXPRESSIBLE:
+        for dim in witness:
+            with pytest.raises(EngineConfigError, match=f"unknown engine arguments \\['{dim}'\\]"):
+                EngineConfig.check_field_names({dim})
+        return
     if rule.id == "custom_logits_processors":
         runner = create_model_runner(base)
         with pytest.raises(UnsupportedOptionError) as err:
@@ -117,6 +165,86 @@ def test_each_v2_blocker_is_refused(rule, monkeypatch: pytest.MonkeyPatch, tmp_p
         with pytest.raises(EngineConfigError) as err:
             create_model_runner(dataclasses.replace(base, **EXPRESSIBLE[rule.id]))
         assert str(err.value) == decision.error
+
+
+def test_every_method_the_engine_expresses_and_v2_lacks_is_refused(tmp_path: Path) -> None:
+    from engine.config import SUPPORTED_SPECULATIVE_METHODS
+
+    base = EngineConfig(model=str(tmp_path), vocab_size=100, max_model_len=64)
+    lacking = set(SUPPORTED_SPECULATIVE_METHODS) - set(runner_v2.MANIFEST.speculative_methods)
+    assert lacking == {"ngram"}
+    for method in sorted(lacking):
+        spec = SpeculativeConfig(method=method)
+        with pytest.raises(EngineConfigError, match=f"speculative method '{method}'"):
+            create_model_runner(dataclasses.replace(base, speculative_config=spec))
+
+
+def _unserved(runner: str, cfg: DeploymentConfig) -> list[str]:
+    """What of ``cfg`` the runner's manifest does not serve (the CHECKED dimensions)."""
+    m = MANIFESTS[runner]
+    kind = cfg.runner_kind or PACK.architectures[cfg.architecture].runner_kind
+    problems = []
+    if not m.serves_architecture(cfg.architecture, kind):
+        problems.append(f"architecture {cfg.architecture} ({kind})")
+    if kind == "pooling" and not m.pooling_tasks:
+        problems.append("pooling")
+    if cfg.speculative_method != "none" and cfg.speculative_method not in m.speculative_methods:
+        problems.append(f"speculative_method {cfg.speculative_method}")
+    if cfg.logits_processors and not m.honours("logits_processors"):
+        problems.append("logits_processors")
+    if cfg.cpu_offload_gb > 0 and not m.honours("cpu_offload"):
+        problems.append("cpu_offload")
+    if cfg.enable_prefix_caching and not m.honours("prefix_caching"):
+        problems.append("prefix_caching")
+    if cfg.platform not in m.platforms:
+        problems.append(f"platform {cfg.platform}")
+    if not cfg.triton_available and m.requires_triton:
+        problems.append("Triton")
+    return problems
+
+
+def test_every_cell_the_pack_sends_to_a_runner_is_served_by_its_manifest() -> None:
+    sent = {"v1": 0, "v2": 0}
+    wrong = []
+    for cell in enumerate_matrix(PACK):
+        runner = cell.decision.runner
+        if runner is None:
+            continue
+        sent[runner] += 1
+        problems = _unserved(runner, cell.config)
+        if problems:
+            wrong.append(f"{cell.architecture} pin={cell.pin} {cell.scenario.id} -> {runner}: {problems}")
+    assert not wrong, f"{len(wrong)} cells, e.g.\n" + "\n".join(wrong[:20])
+    assert sent["v1"] > 100 and sent["v2"] > 100  # the check is not vacuous
+    # ... and it would catch a pack that sends an unserved feature: V2 honours no offload.
+    assert _unserved("v2", DeploymentConfig(architecture="LlamaForCausalLM", cpu_offload_gb=4)) == ["cpu_offload"]
+
+
+def test_every_pack_dimension_is_checked_or_classified() -> None:
+    dims = set(PACK.domains)
+    assert dims == CHECKED | MODEL_ATTRIBUTES | NO_ENGINE_FIELD | set(DERIVED), (
+        f"classify {sorted(dims - CHECKED - MODEL_ATTRIBUTES - NO_ENGINE_FIELD - set(DERIVED))}; "
+        f"gone: {sorted(CHECKED | MODEL_ATTRIBUTES | NO_ENGINE_FIELD | set(DERIVED) - dims)}")
+    for dim in sorted(NO_ENGINE_FIELD):
+        with pytest.raises(EngineConfigError, match=f"unknown engine arguments \\['{dim}'\\]"):
+            EngineConfig.check_field_names({dim})
+
+
+def test_the_docstring_lists_a_v2_test_for_everything_v2_serves() -> None:
+    m = runner_v2.MANIFEST
+    want = {"architectures", *m.honoured, *(f"pooling_task:{t}" for t in m.pooling_tasks),
+            *(f"platform:{p}" for p in m.platforms), *(f"speculative_method:{s}" for s in m.speculative_methods)}
+    want |= {name for name in ("async_scheduling", "cuda_graphs") if getattr(m, name)}
+    listed = dict(re.findall(r"^  - `([\w:.-]+)`: (\S+)$", __doc__ or "", re.M))
+    assert set(listed) == want
+    for feature, ref in listed.items():
+        path, _, name = ref.partition("::")
+        text = (ROOT / path).read_text()
+        assert re.search(rf"^def {name}\(", text, re.M), f"{feature}: no {ref}"
+        if path.startswith("tests/parity/") and "gpu" not in path:
+            assert "runner_name" in text.split(f"def {name}(")[1].split(")")[0], ref
+    runners = re.search(r"^RUNNERS = \[(.*)\]$", (ROOT / "tests/parity/conftest.py").read_text(), re.M)
+    assert runners is not None and '"v2"' in runners.group(1)
 
 
 def test_blockers_are_all_listed_at_once(tmp_path: Path) -> None:

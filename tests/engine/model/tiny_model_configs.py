@@ -75,3 +75,27 @@ TINY_MOE_CONFIGS: dict[str, dict[str, Any]] = {
         "rope_theta": 10000.0, "tie_word_embeddings": True, "pad_token_id": 0,
     },
 }
+
+
+#: Tiny HF configs of the encoder architectures (pooling), in the same shape.
+TINY_ENCODER_CONFIGS: dict[str, dict[str, Any]] = {
+    "bert": {
+        "architectures": ["BertModel"], "model_type": "bert", "vocab_size": 160, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "max_position_embeddings": 64, "hidden_act": "gelu", "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12, "pad_token_id": 0,
+    },
+}
+
+
+def tiny_config_for(architecture: str) -> dict[str, Any] | None:
+    """The first tiny config of ``architecture`` here or in a family's own tiny configs
+    (tiny_opt_configs.py, deepseek_tiny.py), or None when there is none."""
+    from deepseek_tiny import tiny_deepseek_v2
+    from tiny_opt_configs import TINY_OPT_CONFIGS
+
+    for cfg in (*TINY_DECODER_CONFIGS.values(), *TINY_ENCODER_CONFIGS.values(),
+                *TINY_OPT_CONFIGS.values(), *TINY_MOE_CONFIGS.values(), tiny_deepseek_v2()):
+        if cfg["architectures"][0] == architecture:
+            return cfg
+    return None

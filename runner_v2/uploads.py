@@ -1,0 +1,104 @@
+"""The host arrays of one runner_v2 step on the device, in one transfer, as named fields.
+
+Every step sends a few small index arrays (``idx_mapping``, ``num_scheduled_tokens``, the
+rows that want logprobs, the staged row writes, the prompt-logprob plan): packed as int32
+words into one pinned buffer and copied non-blocking, they cost one transfer and no sync.
+:class:`StepUploads` is what the step reads back (views of that one device buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class StagedWrites:
+    """Row writes staged on the host (``RequestStates.take_staged_writes``), on the device."""
+
+    offsets: torch.Tensor  # [num_writes] int64, flat offsets into the request table
+    cu_lens: torch.Tensor  # [num_writes + 1] int32, cumulative value counts
+    values: torch.Tensor  # [num_values] int32
+
+
+@dataclass(frozen=True)
+class PromptLogprobUploads:
+    """The prompt-logprob plan of a step (``runner_v2.prompt_logprobs``), on the device."""
+
+    hidden_rows: torch.Tensor  # [num_prompt_rows] int64, rows of the step's hidden states
+    target_flat: torch.Tensor  # [num_prompt_rows] int64, flat token-table index of each target
+    num_logprobs: torch.Tensor  # [num_prompt_rows] int32, k of each row
+
+
+@dataclass(frozen=True)
+class StepUploads:
+    """One step's device copies of its host arrays.
+
+    Attributes:
+        idx_mapping: ``[num_reqs] int32`` batch position -> table row.
+        num_scheduled: ``[num_reqs] int32``.
+        logprob_positions: ``[num_lp] int64`` batch positions of the requests with logprobs.
+        logprob_k: ``[num_lp] int32`` their k.
+        writes: the staged row writes, or None when nothing was staged.
+        prompt: the prompt-logprob plan, or None when no request scores its prompt.
+    """
+
+    idx_mapping: torch.Tensor
+    num_scheduled: torch.Tensor
+    logprob_positions: torch.Tensor
+    logprob_k: torch.Tensor
+    writes: StagedWrites | None
+    prompt: PromptLogprobUploads | None
+
+
+def upload_step(device: torch.device, *, rows: np.ndarray, num_scheduled: np.ndarray,
+                logprob_positions: np.ndarray, logprob_k: np.ndarray,
+                writes: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+                prompt: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> StepUploads:
+    """The step's host arrays on ``device`` in one non-blocking copy (see the module
+    docstring); ``writes`` and ``prompt`` are ``(offsets, cu_lens, values)`` and
+    ``(hidden_rows, target_flat, num_logprobs)`` host arrays."""
+    arrays = [rows, num_scheduled, logprob_positions.astype(np.int64), logprob_k.astype(np.int32)]
+    arrays += list(writes or ()) + list(prompt or ())
+    t = iter(to_device(arrays, device))
+    base = [next(t) for _ in range(4)]
+    staged = StagedWrites(next(t), next(t), next(t)) if writes is not None else None
+    plan = PromptLogprobUploads(next(t), next(t), next(t)) if prompt is not None else None
+    return StepUploads(*base, writes=staged, prompt=plan)
+
+
+def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """Host arrays on the device in one transfer, without a sync, in order: packed as int32
+    words (8-byte types at even offsets) into one pinned buffer, copied non-blocking (the
+    caching host allocator keeps the pinned block until the copy has run), then viewed back
+    per array with its dtype and shape."""
+    words, spans, offset = [], [], 0
+    for arr in arrays:
+        arr = np.ascontiguousarray(arr)
+        w = arr.reshape(-1).view(np.int32)
+        if arr.dtype.itemsize == 8 and offset % 2:
+            words.append(np.zeros(1, np.int32))
+            offset += 1
+        spans.append((offset, len(w), arr.dtype, arr.shape))
+        words.append(w)
+        offset += len(w)
+    host = torch.from_numpy(np.concatenate(words) if words else np.zeros(0, np.int32))
+    if device.type == "cuda":
+        pinned = torch.empty(host.shape, dtype=torch.int32, pin_memory=True)
+        pinned.copy_(host)
+        flat = pinned.to(device, non_blocking=True)
+    else:
+        flat = host.to(device)
+    out = []
+    for start, n, dtype, shape in spans:
+        t = flat[start : start + n]
+        if dtype.itemsize == 8:
+            t = t.view(torch.int64 if dtype.kind == "i" else torch.float64)
+        out.append(t.view(shape) if len(shape) > 1 else t)
+    return out
+
+
+__all__ = ["PromptLogprobUploads", "StagedWrites", "StepUploads", "to_device", "upload_step"]
