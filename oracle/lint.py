@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle.compile_types import ArchInfo, CompiledRule, CompiledStage
-from oracle.conditions import Condition
+from oracle.conditions import Condition, nullable
 from oracle.errors import Issue, PackError
 from oracle.fields import FAMILY_ATTRIBUTES
 from oracle.pack import Pack, load_pack
@@ -76,7 +76,10 @@ class _Linter:
     def _domain(self, dim: str) -> tuple[Any, ...]:
         if dim in self.data.derived_conditions:
             return (False, True)
-        return tuple(self.data.domains.get(dim) or ())
+        domain = tuple(self.data.domains.get(dim) or ())
+        # a field that may be unset has "unset" among its values (vllm-0.33's
+        # draft_lm_head_quantization: [fp8, nvfp4] does not cover every deployment)
+        return (None, *domain) if domain and nullable(dim) and None not in domain else domain
 
     def _archs_matching(self, conds: Sequence[Condition]) -> list[ArchInfo]:
         by_dim = {c.dim: c for c in conds}

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 from oracle.compile_types import ArchInfo, CompiledStep, PackData
-from oracle.fields import FAMILY_ATTRIBUTES
 from oracle.decision import Decision, Message, Reason
 from oracle.errors import ErrorCode
+from oracle.fields import FAMILY_ATTRIBUTES
 from oracle.policy import Evaluator
 
 # (config, arch, pin) -> Decision of the final selection, as Pack computes it without steps

@@ -81,7 +81,8 @@ DIMENSIONS: dict[str, tuple[float, Draw]] = {
     "disable_padded_drafter_batch": (0.6, _true),
     "use_heterogeneous_vocab": (0.6, _true),
     "draft_lm_head_quantization": (0.5, _choice("fp8", "nvfp4")),
-    "draft_architecture": (0.8, _choice("DFlash2DraftModel", "LiLiCorrDraftModel",
+    "draft_architecture": (0.8, _choice("DFlash2DraftModel", "DFlash2BeamDraftModel",
+                                        "LiLiCorrDraftModel",
                                         "Qwen3XPressModel", "DFlashQwen3XPressModel",
                                         "ParseAuxMTPModel", "LlamaForCausalLM")),
     "draft_mixed_attention": (0.6, _true),
@@ -207,5 +208,7 @@ def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
         spec.setdefault("tensor_parallel_size", rng.choice((2, 4)))
     if spec.get("enable_dbo") and spec.get("platform") == "rocm" and rng.random() < 0.5:
         spec["all2all_backend"] = "deepep_high_throughput"
+        if rng.random() < 0.5:
+            spec["async_scheduling"] = True
     if spec.get("draft_architecture") and method is None and rng.random() < 0.8:
         spec["speculative_method"] = "dflash"

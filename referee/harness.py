@@ -117,6 +117,7 @@ def _environment(spec: dict[str, Any], facts: dict[str, Any]) -> Iterator[None]:
 
     saved_triton = vv.HAS_TRITON
     saved_platform = vp._current_platform
+    bound = _modules_binding_platform()
     try:
         for key in _OWNED_ENV:
             os.environ.pop(key, None)
@@ -125,7 +126,10 @@ def _environment(spec: dict[str, Any], facts: dict[str, Any]) -> Iterator[None]:
         for key, value in (spec.get("env") or {}).items():
             os.environ[key] = str(value)
         vv.HAS_TRITON = bool(spec.get("triton_available", True))
-        vp._current_platform = make_platform(spec)
+        platform = make_platform(spec)
+        vp._current_platform = platform
+        for module in bound:  # modules that did `from vllm.platforms import current_platform`
+            module.current_platform = platform
         _reset_once_caches()
         yield
     finally:
@@ -136,10 +140,27 @@ def _environment(spec: dict[str, Any], facts: dict[str, Any]) -> Iterator[None]:
                 os.environ[key] = value
         vv.HAS_TRITON = saved_triton
         vp._current_platform = saved_platform
+        for module, value in bound.items():
+            module.current_platform = value
+
+
+def _modules_binding_platform() -> dict[Any, Any]:
+    """The loaded vLLM modules that bound ``current_platform`` at import (0.33's
+    vllm/config/vllm.py does), with the object they bound: the harness's platform replaces it
+    for the case, as ``vllm.platforms._current_platform`` is replaced."""
+    import sys
+
+    from vllm.platforms.interface import Platform
+
+    return {m: m.current_platform for name, m in list(sys.modules.items())
+            if name.startswith("vllm.") and name != "vllm.platforms" and m is not None
+            and isinstance(m.__dict__.get("current_platform"), Platform)}
 
 
 def error_text(exc: BaseException) -> str:
-    """The message a user sees: a pydantic ValidationError's own error text, unwrapped."""
+    """The message a user sees. A pydantic ValidationError of a config class gives its first
+    error: a validator's own ValueError text, or the field and pydantic's message
+    ("mamba_cache_mode: Input should be 'align' or 'none'")."""
     errors = getattr(exc, "errors", None)
     if callable(errors):
         try:
@@ -148,7 +169,11 @@ def error_text(exc: BaseException) -> str:
             return str(exc)
         ctx = first.get("ctx") or {}
         inner = ctx.get("error")
-        return str(inner) if inner is not None else str(first.get("msg", exc))
+        if inner is not None:
+            return str(inner)
+        loc = ".".join(str(p) for p in first.get("loc", ()))
+        msg = str(first.get("msg", exc))
+        return f"{loc}: {msg}" if loc else msg
     return str(exc)
 
 

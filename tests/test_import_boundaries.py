@@ -51,7 +51,7 @@ FORBIDDEN = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _loaded_after_import(module: str) -> frozenset[str]:
     code = (
         "import importlib, json, sys\n"
