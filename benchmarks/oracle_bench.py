@@ -27,6 +27,7 @@ import time
 from typing import Any
 
 from oracle import DeploymentConfig, decide, enumerate_matrix, load_pack
+from oracle.config import CONFIG_FIELD_NAMES
 from oracle.pack import Pack
 
 
@@ -42,9 +43,9 @@ def _fresh_configs(pack: Pack, n: int, seed: int) -> list[DeploymentConfig]:
     rng = random.Random(seed)
     archs = sorted(pack.architectures)
     dims = {d: v for d, v in pack.domains.items()
-            if v and d not in ("family", "architecture", "runner_pin", "quantized", "pooling",
-                               "is_moe", "attention_free", "use_mla", "is_multimodal",
-                               "is_encoder_decoder", "is_hybrid", "is_diffusion")}
+            if v and d in CONFIG_FIELD_NAMES  # fields only: not family, runner_pin, derived
+            and d not in ("architecture", "is_moe", "attention_free", "use_mla",
+                          "is_multimodal", "is_encoder_decoder", "is_hybrid", "is_diffusion")}
     out = []
     for i in range(n):
         fields: dict[str, Any] = {"architecture": rng.choice(archs), "deployment_id": f"d{i}"}

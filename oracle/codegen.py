@@ -115,7 +115,7 @@ def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage],
     getters = {d: namespace[f"get_{d}"] for d in all_dims}
     return Generated(namespace["evaluate"], getters, source,
                      {n: namespace[f"_D_{n}"] for n in derived},
-                     tuple(namespace[f"_S_{i}"] for i in range(len(steps))))
+                     tuple(namespace[f"_S_{i}"] for i in range(len(steps))), namespace)
 
 
 class Generated(NamedTuple):
@@ -124,3 +124,4 @@ class Generated(NamedTuple):
     source: str
     derived: dict[str, Getter]
     step_tests: tuple[Callable[[Any, ArchInfo, str, str | None], bool], ...]
+    namespace: dict[str, Any]

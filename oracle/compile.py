@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from oracle.codegen import generate
+from oracle.stepgen import generate_steps
 from oracle.compile_types import (
     ArchInfo,
     CompiledRule,
@@ -242,6 +243,14 @@ class _Compiler:
             out.append((located, conds, sets))
         if finals > 1:
             self.issues.append(matrix.meta_pos.issue(("steps",), "only one step may be final"))
+        after_final = False
+        for located, _, _ in out:
+            if located.item.final:
+                after_final = True
+            elif after_final and located.item.kind != "refuse":
+                self.issues.append(located.pos.issue(
+                    (*located.path, "id"), "a step after the final one can only refuse: the "
+                    "decision is made by then"))
         return out
 
     def _check_sets(self, step: Step, pos: Positions, path: tuple[Any, ...]) -> dict[str, Any]:
@@ -416,6 +425,8 @@ def compile_pack(folder: Path) -> PackData:
     comp._raise()
     gen = generate(rules, stages, derived, [conds for _, conds, _ in steps])
     compiled_steps = _compiled_steps(steps, gen.step_tests, comp.issues)
+    program = (generate_steps(compiled_steps, frozenset(derived), gen.namespace)
+               if compiled_steps else None)
     manifests = comp.manifests(meta)
     comp._raise()
     return PackData(
@@ -428,7 +439,7 @@ def compile_pack(folder: Path) -> PackData:
         source=gen.source, warnings=[i for i in comp.issues if i.severity == "warning"],
         steps=compiled_steps, log_once=bool(meta.log_once),
         unknown_fields=tuple(meta.unknown_fields or ()), release=meta.release,
-        derived=gen.derived, derived_conditions=derived,
+        derived=gen.derived, derived_conditions=derived, step_program=program,
         manifests=manifests, served=_served(manifests),
         manifests_file=f"{folder.name}/{meta.manifests}" if manifests is not None else None)
 

@@ -126,6 +126,7 @@ class PackData:
     # derived predicate -> its alternatives (each ANDs its conditions), for interpreters
     derived_conditions: Mapping[str, tuple[tuple[Condition, ...], ...]] = field(
         default_factory=dict)
+    step_program: Any = None  # oracle.stepgen.StepProgram of ``steps`` (None without steps)
     # runner -> its manifest (``pack.manifests``), and runner kind -> the architectures some
     # runner serves; None when the pack names no manifests (nothing is refused for them).
     manifests: dict[str, Any] | None = None

@@ -8,16 +8,18 @@ answer differs. A pack that describes such an engine lists those steps in order 
 policy-language.md); :func:`decide_with_steps` runs them, then the selection that counts
 (:meth:`oracle.policy.Evaluator.resolve`), then the checks that follow it.
 
-Values a step sets are checked when the pack is compiled; a state is a
-:class:`~oracle.config.DeploymentConfig` copied with ``_trusted_replace``. Pure: no I/O.
+Values a step sets are checked when the pack is compiled; a decision works on one mutable copy
+of the config's values (:class:`_State`). Pure: no I/O.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
 from oracle.compile_types import ArchInfo, CompiledStep, PackData
+from oracle.config import CONFIG_FIELD_NAMES
 from oracle.decision import Decision, Message, Reason
 from oracle.errors import ErrorCode
 from oracle.fields import FAMILY_ATTRIBUTES
@@ -34,7 +36,9 @@ def decide_with_steps(pd: PackData, ev: Evaluator, c: Any, a: ArchInfo, pin: str
     ``pin_error`` is then the decision the first evaluation gives (vLLM reads the variable
     only when it evaluates the selection). ``applied`` collects the indices of the steps
     that applied (for coverage tests)."""
-    state, early = c, None
+    if applied is None and pd.step_program is not None:
+        return _compiled(pd, ev, c, a, pin, pin_error, resolve, digest)
+    state, early = _state_of(c), None
     said: list[Message] = []
     p = pin if pin is not None else "invalid"
     decision: Decision | None = None
@@ -51,7 +55,7 @@ def decide_with_steps(pd: PackData, ev: Evaluator, c: Any, a: ArchInfo, pin: str
             continue
         applied.add(step.index)
         if step.kind == "set":
-            state = _replace(state, step.sets)
+            state.__dict__.update(step.sets)
         elif step.kind == "refuse":
             return _refused(pd, step, state, a, p, early, said, decision, digest)
         else:
@@ -72,18 +76,57 @@ def decide_with_steps(pd: PackData, ev: Evaluator, c: Any, a: ArchInfo, pin: str
     return decision
 
 
-def _replace(state: Any, changes: Any) -> Any:
-    """``state`` with ``changes``: a DeploymentConfig copies itself unchecked (the values were
-    checked when the pack was compiled); the matrix's probes are copied attribute-wise."""
-    replace = getattr(state, "_trusted_replace", None)
-    if replace is not None:
-        return replace(changes)
-    import copy
+def _compiled(pd: PackData, ev: Evaluator, c: Any, a: ArchInfo, pin: str | None,
+              pin_error: Decision | None, resolve: Resolve, digest: str) -> Decision:
+    """:func:`decide_with_steps` through the pack's generated step program (same outcome)."""
+    state = _state_of(c)
+    said: list[Message] = []
+    p = pin if pin is not None else "invalid"
+    failed: list[str] = []
 
-    new = copy.copy(state)
-    for name, value in changes.items():
-        setattr(new, name, value)
-    return new
+    def select(s: Any, index: int) -> str | None:
+        if pin is None:
+            return None
+        runner, lines, error = ev.select(s, a, pin)
+        said.extend(lines)
+        if error is not None:
+            failed.append(error)
+            return None
+        return runner
+
+    code, index, early = pd.step_program.before(state, a, p, select)
+    if code == 1:
+        return _refused(pd, pd.steps[index], state, a, p, early, said, None, digest)
+    if code == 2 or pin_error is not None:
+        if failed:
+            return _error_decision(pd, a, p, failed[0], said, ErrorCode.PIN_CONFLICT,
+                                   Reason("select.error", failed[0], "hard", "error", {}, ""),
+                                   digest)
+        assert pin_error is not None
+        return _with_messages(pin_error, said, pd.log_once)
+    decision = _with_messages(resolve(state, a, p), said, pd.log_once)
+    if decision.runner is None:
+        return decision
+    refuse = pd.step_program.after(state, a, p, early)
+    if refuse >= 0:
+        return _refused(pd, pd.steps[refuse], state, a, p, early, said, decision, digest)
+    return decision
+
+
+class _State:
+    """One decision's working copy of a config's values, changed in place by ``set`` steps;
+    the rules read it by attribute as they read a DeploymentConfig."""
+
+
+_ALL_FIELDS = operator.attrgetter(*CONFIG_FIELD_NAMES)
+
+
+def _state_of(c: Any) -> _State:
+    state = object.__new__(_State)
+    values = getattr(c, "__dict__", None)  # the matrix's probes carry a __dict__
+    state.__dict__.update(values if values is not None
+                          else zip(CONFIG_FIELD_NAMES, _ALL_FIELDS(c), strict=True))
+    return state
 
 
 def _dedupe(lines: list[Message]) -> list[Message]:

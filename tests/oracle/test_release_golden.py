@@ -58,3 +58,15 @@ def test_every_rule_and_step_of_the_pack_is_exercised_by_a_golden_case(release: 
         steps |= set(pack.steps_applied(config))
     assert {r.id for r in pack.rules} - rules == set()
     assert {s.id for s in pack.data.steps if s.kind != "final"} - steps == set()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_generated_step_program_decides_as_the_steps_read(release: str) -> None:
+    """Pack.decide runs the steps compiled into one function (oracle.stepgen); the step list
+    read one by one (what steps_applied uses) must decide every golden case the same way."""
+    pack = load_pack(f"vllm-{release}")
+    pack.policy_digest()  # builds the default canary view
+    for case in _golden(release)[:1500]:
+        config = from_spec(case["config"])
+        assert pack._decide_uncached(config, None, applied=set()) == pack.decide(config), \
+            case["id"]

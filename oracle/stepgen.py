@@ -1,0 +1,82 @@
+"""A pack's steps compiled into straight-line Python, like its rules (oracle.codegen).
+
+``before(c, a, p, select)`` runs the steps up to the final selection on the mutable state
+``c`` (oracle.steps._State): a ``set`` step assigns its values, a ``refuse`` step returns, an
+``evaluate`` step calls ``select(c, index)`` (the early selection; it returns the runner, or
+None when the selection raised), and the function returns ``(code, index, early_runner)``:
+code 0 at the final step (index: its position, or the number of steps without one), 1 for a
+refusal, 2 for an early selection that raised. ``after(c, a, p, e)`` runs the checks after the
+final step and returns the index of the first refusal that applies, or -1.
+
+One generated function instead of a loop over step objects is what keeps a cold decision of a
+release pack in the tens of microseconds (benchmarks/oracle_bench.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any, NamedTuple
+
+from oracle.compile_types import ArchInfo, CompiledStep
+from oracle.conditions import Condition
+
+Before = Callable[[Any, ArchInfo, str, Callable[[Any, int], str | None]],
+                  tuple[int, int, str | None]]
+After = Callable[[Any, ArchInfo, str, str | None], int]
+
+
+class StepProgram(NamedTuple):
+    before: Before
+    after: After
+    source: str
+
+
+def _test(conds: Sequence[Condition], consts: dict[str, Any], derived: AbstractSet[str]) -> str:
+    if not conds:
+        return "True"
+    return " and ".join(f"({c.source(consts, None, derived)})" for c in conds)
+
+
+def _guard(step: CompiledStep, consts: dict[str, Any], derived: AbstractSet[str]) -> str:
+    test = _test(step.conditions, consts, derived)
+    if step.unless:
+        mask = sum(1 << i for i in step.unless)
+        return f"not (m & {mask}) and {test}"
+    return test
+
+
+def generate_steps(steps: Sequence[CompiledStep], derived: AbstractSet[str],
+                   namespace: dict[str, Any]) -> StepProgram:
+    """Compile ``steps`` (checked by oracle.compile) with the pack's derived predicates, which
+    ``namespace`` (the rules' generated namespace) already defines."""
+    consts: dict[str, Any] = {}
+    remembered = {i for s in steps for i in s.unless}
+    final = next((s.index for s in steps if s.kind == "final"), len(steps))
+    lines = ["def before(c, a, p, select):", "    e = None", "    m = 0"]
+    for s in steps[:final]:
+        guard = _guard(s, consts, derived)
+        lines.append(f"    if {guard}:  # {s.id}")
+        if s.kind == "set":
+            for name, value in s.sets.items():
+                key = f"_V{len(consts)}"
+                consts[key] = value
+                lines.append(f"        c.{name} = {key}")
+        elif s.kind == "refuse":
+            lines.append(f"        return 1, {s.index}, e")
+        else:
+            lines.append(f"        e = select(c, {s.index})")
+            lines.append("        if e is None:")
+            lines.append(f"            return 2, {s.index}, e")
+        if s.index in remembered:
+            lines.append(f"        m |= {1 << s.index}")
+    lines.append(f"    return 0, {final}, e")
+    lines.append("def after(c, a, p, e):")
+    for s in steps[final + 1:]:
+        lines.append(f"    if {_test(s.conditions, consts, derived)}:  # {s.id}")
+        lines.append(f"        return {s.index}")
+    lines.append("    return -1")
+    source = "\n".join(lines) + "\n"
+    ns = {**namespace, **consts}
+    exec(compile(source, "<policy pack steps>", "exec"), ns)  # our own generated code
+    return StepProgram(ns["before"], ns["after"], source)
