@@ -54,7 +54,8 @@ typecheck: $(VENV)/.test-installed
 ## make referee: vLLM's own selection code as the referee of the vllm-* packs. Builds one
 ## virtual environment per release under .referee/ (the wheel with --no-deps, plus what
 ## vllm.config imports: referee/requirements.txt), then regenerates every release's golden
-## file and flag table under policies/reference/. Not part of `make test` (network, ~3 GB each).
+## file, its `vllm serve` flag table (flags.json) and its parser's verdict on every recipe
+## line (recipes_parse.jsonl) under policies/reference/. Not part of `make test` (network, ~3 GB each).
 REFEREE_RELEASES ?= 0.29 0.30 0.31 0.32 0.33
 REFEREE_SEED ?= 1
 REFEREE_COUNT ?= 4000
@@ -73,13 +74,20 @@ referee: referee-venvs
 	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee golden --release $$r \
 	    --seed $(REFEREE_SEED) --count $(REFEREE_COUNT) \
 	    --out policies/reference/vllm-$$r/golden.jsonl || exit 1; \
+	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee flags --release $$r \
+	    --out policies/reference/vllm-$$r/flags.json || exit 1; \
+	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee flags-recipes --release $$r \
+	    --out policies/reference/vllm-$$r/recipes_parse.jsonl || exit 1; \
 	done
 
-## make referee-check SEED=7: each pack against its release on a fresh seed (2,000 cases).
+## make referee-check SEED=7: each pack against its release on a fresh seed (2,000 cases), and
+## the oracle's vllm serve parser against the release's on 2,000 seeded command lines.
 SEED ?= 7
 referee-check: referee-venvs
 	for r in $(REFEREE_RELEASES); do \
 	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee check --release $$r \
+	    --seed $(SEED) --count 2000 || exit 1; \
+	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee flags-check --release $$r \
 	    --seed $(SEED) --count 2000 || exit 1; \
 	done
 

@@ -44,7 +44,8 @@ def demo_events(services: Services, now: dt.datetime | None = None
     for line in RECIPES.read_text().splitlines():
         recipe = json.loads(line)
         try:
-            config = from_command(recipe["argv"], recipe.get("env") or {})
+            config = from_command(recipe["argv"], recipe.get("env") or {},
+                                  release=services.policy.release)
         except OracleError:
             skipped += 1
             continue

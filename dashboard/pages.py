@@ -295,7 +295,8 @@ def explain_page(request: Request, services: ServicesDep, user: UserDep,
     context: dict[str, Any] = {"command": command}
     if command.strip():
         try:
-            config = config_from_request(command=command, hint_for="page")
+            config = config_from_request(command=command, hint_for="page",
+                                         release=services.policy.release)
             explanation = services.policy.explain(config)
             context["explanation"] = explanation.to_json()
         except (OracleError, ValueError) as err:

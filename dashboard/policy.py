@@ -35,7 +35,7 @@ from oracle import (
     load_pack,
 )
 from oracle.errors import ErrorCode
-from oracle.sources import HintFor
+from oracle.sources import HintFor, release_for_pack
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -75,6 +75,8 @@ class Policy:
     def __init__(self, pack_name: str, db: Database, ttl_s: float) -> None:
         self.pack: Pack = load_pack(pack_name)
         self.pack_name = pack_name
+        # the vLLM release whose `vllm serve` parser reads command lines (None: the newest)
+        self.release: str | None = release_for_pack(self.pack)
         self._db = db
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
@@ -238,10 +240,10 @@ class Policy:
 
 def config_from_request(*, config: Mapping[str, Any] | None = None, command: str | None = None,
                         argv: Sequence[str] | None = None,
-                        env: Mapping[str, str] | None = None, hint_for: HintFor = "api"
-                        ) -> DeploymentConfig:
+                        env: Mapping[str, str] | None = None, hint_for: HintFor = "api",
+                        release: str | None = None) -> DeploymentConfig:
     """A DeploymentConfig from exactly one of a spec mapping, a ``vllm serve`` command string or
-    its argv. Raises the oracle's ConfigError for bad input, ValueError when not exactly one
+    its argv (read by vLLM ``release``'s parser; None: the newest). Raises the oracle's ConfigError for bad input, ValueError when not exactly one
     source is given."""
     given = [x is not None for x in (config, command, argv)]
     if sum(given) != 1:
@@ -252,7 +254,7 @@ def config_from_request(*, config: Mapping[str, Any] | None = None, command: str
     if command is not None:
         argv = split_command(command, env)
     assert argv is not None
-    return from_command(list(argv), env, hint_for=hint_for)
+    return from_command(list(argv), env, hint_for=hint_for, release=release)
 
 
 def split_command(command: str, env: dict[str, str]) -> list[str]:

@@ -10,6 +10,11 @@ release's wheel is installed with ``--no-deps`` (``make referee``). What the har
 ``VllmConfig.__post_init__`` around the selection is listed, step by step with the vLLM lines it
 follows, in :mod:`referee.replay`; docs/oracle-releases.md says how to regenerate the golden files.
 
+The same environments give the oracle its ``vllm serve`` parsers: :mod:`referee.flags` dumps
+each release's own parser into ``policies/reference/vllm-<release>/flags.json``,
+:mod:`referee.flags_probe` records what that parser makes of probe lines and recipe lines, and
+:mod:`referee.flags_check` compares it with the oracle's on seeded lines (:mod:`referee.flags_gen`).
+
 Nothing here is imported by the oracle, the service or the runners, and vLLM is never a run-time
 or CI dependency: ``make test`` compares each pack with the golden files these modules wrote.
 """

@@ -3,6 +3,9 @@
     python -m referee golden --release 0.31 --seed 1 --count 3000 --out FILE
     python -m referee check  --release 0.31 --seed 7 --count 2000 [--pack vllm-0.31]
     python -m referee case   --release 0.31 '{"architecture": "LlamaForCausalLM", ...}'
+    python -m referee flags  --release 0.31 --out policies/reference/vllm-0.31/flags.json
+    python -m referee flags-recipes --release 0.31 --out FILE   # vLLM's verdict per recipe
+    python -m referee flags-check --release 0.31 --seed 7 --count 2000
 
 Run inside the release's referee environment (``make referee`` builds
 ``.referee/venv-<release>``); the installed vLLM must be the release named.
@@ -88,6 +91,39 @@ def _facts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flags(args: argparse.Namespace) -> int:
+    from referee.flags import flag_table
+    from referee.flags_probe import dumps
+
+    table = flag_table()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(dumps(table), encoding="utf-8")
+    print(json.dumps({"release": args.release, "actions": len(table["actions"]),
+                      "configs": len(table["configs"]), "out": str(out)}))
+    return 0
+
+
+def _flags_recipes(args: argparse.Namespace) -> int:
+    from referee.flags_check import recipes
+
+    counts = recipes(Path(args.out))
+    print(json.dumps({"release": args.release, **counts, "out": args.out}))
+    return 0
+
+
+def _flags_check(args: argparse.Namespace) -> int:
+    from referee.flags_check import check
+
+    t0 = time.perf_counter()
+    report = check(args.release, args.seed, args.count, args.show)
+    report["seconds"] = round(time.perf_counter() - t0, 1)
+    for miss in report.pop("mismatches"):
+        print(json.dumps(miss), file=sys.stderr)
+    print(json.dumps(report))
+    return 0 if report["agreement"] >= args.min_agreement else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m referee", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -105,10 +141,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--min-agreement", type=float, default=0.995)
     sub.choices["case"].add_argument("spec", help="a spec as JSON")
     sub.choices["facts"].add_argument("architectures", nargs="+")
+    flags = sub.add_parser("flags", help="write the release's vllm serve flag table")
+    flags.add_argument("--release", required=True, choices=RELEASES)
+    flags.add_argument("--out", required=True)
+    recipes = sub.add_parser("flags-recipes", help="the release's verdict on every recipe line")
+    recipes.add_argument("--release", required=True, choices=RELEASES)
+    recipes.add_argument("--out", required=True)
+    fcheck = sub.add_parser("flags-check", help="the oracle's parser against the release's")
+    fcheck.add_argument("--release", required=True, choices=RELEASES)
+    fcheck.add_argument("--seed", type=int, required=True)
+    fcheck.add_argument("--count", type=int, required=True)
+    fcheck.add_argument("--show", type=int, default=10, help="mismatches to print (stderr)")
+    fcheck.add_argument("--min-agreement", type=float, default=0.995)
     args = parser.parse_args(argv)
     _check_installed(args.release)
     return {"golden": _golden, "check": _check, "case": _case,
-            "facts": _facts}[args.command](args)
+            "facts": _facts, "flags": _flags, "flags-recipes": _flags_recipes,
+            "flags-check": _flags_check}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -66,27 +66,28 @@ def _body_ref(name: str) -> dict[str, object]:
 _CACHED_BODY = 4096  # larger bodies are parsed every time, never kept as cache keys
 
 
-def _config_from_bytes(raw: bytes) -> DeploymentConfig:
+def _config_from_bytes(raw: bytes, release: str | None) -> DeploymentConfig:
     """Validating the body and building the config costs more than deciding: fleets send the
     same few bodies again and again, so the parsed config (a frozen value) is kept per body
     (small bodies only: 4,096 cached megabyte bodies would be gigabytes). Errors are raised,
     hence never cached."""
-    return _cached_config(raw) if len(raw) <= _CACHED_BODY else _parse_config(raw)
+    return (_cached_config(raw, release) if len(raw) <= _CACHED_BODY
+            else _parse_config(raw, release))
 
 
 @lru_cache(maxsize=4096)
-def _cached_config(raw: bytes) -> DeploymentConfig:
-    return _parse_config(raw)
+def _cached_config(raw: bytes, release: str | None) -> DeploymentConfig:
+    return _parse_config(raw, release)
 
 
-def _parse_config(raw: bytes) -> DeploymentConfig:
+def _parse_config(raw: bytes, release: str | None) -> DeploymentConfig:
     try:
         body = _DEPLOYMENT_BODY.validate_json(raw)
     except ValidationError as err:
         raise body_validation_error(err) from err
     try:
         return config_from_request(config=body.config, command=body.command, argv=body.argv,
-                                   env=body.env)
+                                   env=body.env, release=release)
     except OracleError as err:
         raise http_error(422, err.code, str(err)) from err
     except ValueError as err:
@@ -101,7 +102,7 @@ async def post_decide(request: Request) -> Response:
     # The hot path: no FastAPI dependencies (solving them cost more than deciding).
     await authorize(request, Role.viewer)
     services: Services = request.app.state.services
-    config = _config_from_bytes(await bounded_body(request))
+    config = _config_from_bytes(await bounded_body(request), services.policy.release)
     snap = await current_snapshot(services)
     body, runner, reason_code = services.policy.decision_json(config, snap)
     services.metrics.decisions.labels("api", runner, reason_code).inc()
@@ -112,7 +113,7 @@ async def post_decide(request: Request) -> Response:
              responses={200: {"description": "the Explanation"}, 422: {"model": ErrorResponse}})
 async def post_explain(request: Request, services: ServicesDep, _who: ViewerDep) -> Response:
     """The decision plus the smallest config changes that would reach V2 (each re-checked)."""
-    config = _config_from_bytes(await request.body())
+    config = _config_from_bytes(await request.body(), services.policy.release)
     snap = await current_snapshot(services)
     explanation = await run_in_threadpool(services.policy.explain, config, snap.canaries)
     return Response(json.dumps(explanation.to_json()), media_type="application/json")

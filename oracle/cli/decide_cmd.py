@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +35,7 @@ from oracle.cli.render import (
 from oracle.decision import CanarySnapshot, Decision
 from oracle.errors import ErrorCode, OracleError
 from oracle.pack import Pack, load_pack
+from oracle.sources import release_for_pack
 
 PackOpt = Annotated[str, typer.Option("--pack", "-p", help="pack name or folder")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object per deployment")]
@@ -78,6 +80,7 @@ def prepare(console: Console, pack: str, canaries: Path | None, argv: list[str] 
     the_pack: Pack | None = None
     try:
         the_pack = load_pack(pack)
+        ov = dataclasses.replace(ov, release=release_for_pack(the_pack))
         return the_pack, load_canaries(canaries, the_pack), gather(argv, spec, commands, ov)
     except OracleError as exc:
         if as_json:

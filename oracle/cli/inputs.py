@@ -11,8 +11,29 @@ from typing import Any
 from oracle.config import DeploymentConfig
 from oracle.errors import ConfigError, ErrorCode, Issue
 from oracle.sources import from_command, from_hf_config, load_specs
-from oracle.sources.command_values import parse_json_value
 from oracle.yamlpos import read_lines
+
+_SCALARS = {"true": True, "false": False, "none": None, "null": None}
+
+
+def parse_json_value(text: str, *, flag: str) -> Any:
+    """A ``--set`` value: JSON when it looks like JSON (an invalid one is a ConfigError naming
+    ``flag``), else a scalar (``True`` -> true, ``8`` -> 8), else the text."""
+    stripped = text.strip()
+    if stripped[:1] in "{[":
+        try:
+            return json.loads(stripped)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{flag}: invalid JSON value ({exc.msg} at column {exc.colno}): "
+                              f"{text!r}", code=ErrorCode.BAD_VALUE, field=flag) from None
+    if stripped.lower() in _SCALARS:
+        return _SCALARS[stripped.lower()]
+    for convert in (int, float):
+        try:
+            return convert(stripped)
+        except ValueError:
+            pass
+    return text
 
 
 @dataclass(frozen=True)
@@ -36,6 +57,7 @@ class Overrides:
     deployment_id: str | None = None
     env: tuple[str, ...] = ()
     sets: tuple[str, ...] = ()
+    release: str | None = None  # whose `vllm serve` parser reads command lines (None: newest)
 
     def fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -48,7 +70,7 @@ class Overrides:
             if not eq or not key:
                 raise ConfigError(f"--set expects FIELD=VALUE, got {item!r}",
                                   code=ErrorCode.BAD_VALUE)
-            out[key.strip()] = parse_json_value(value, strict=True, flag=f"--set {key}")
+            out[key.strip()] = parse_json_value(value, flag=f"--set {key}")
         return out
 
     def env_map(self) -> dict[str, str]:
@@ -73,7 +95,7 @@ def from_command_line(argv: list[str], ov: Overrides) -> Item:
     """The deployment of one ``vllm serve`` command line."""
     try:
         cfg = from_command(argv, ov.env_map(), architecture=ov.architecture,
-                           hf_config=ov.hf_config, hint_for="cli")
+                           hf_config=ov.hf_config, hint_for="cli", release=ov.release)
         return Item(ov.deployment_id, _with(cfg, ov.fields(), {}), model=cfg.model)
     except ConfigError as exc:
         return Item(ov.deployment_id, None, exc.message, exc.code)
@@ -132,7 +154,8 @@ def from_commands_file(path: Path, ov: Overrides) -> list[Item]:
             continue
         rid = str(row["id"]) if "id" in row else f"{path.name}:{n}"
         line_ov = Overrides(ov.architecture, ov.hf_config, ov.platform, ov.deployment_id or rid,
-                            tuple(f"{k}={v}" for k, v in env.items()) + ov.env, ov.sets)
+                            tuple(f"{k}={v}" for k, v in env.items()) + ov.env, ov.sets,
+                            ov.release)
         item = from_command_line(argv, line_ov)
         items.append(Item(rid, item.config, item.error, item.error_code,
                           item.model or _model_of(argv)))

@@ -1,18 +1,21 @@
-"""Parse a real ``vllm serve MODEL [flags]`` command line and its environment.
+"""Parse a real ``vllm serve MODEL [flags]`` command line and its environment, as vLLM does.
 
-Forms handled (all seen in policies/reference/vllm_recipes.jsonl): ``--flag value``,
-``--flag=value``, short aliases (``-tp 8``), underscore spellings (``--tensor_parallel_size``),
-negated switches (``--no-enable-prefix-caching``), dotted sub-keys of JSON-valued flags
-(``--speculative-config.method mtp``, ``-cc.pass_config.x=True``), JSON values, ``-O3``,
-``--config file.yaml`` (vLLM's own config file; command-line flags win over it).
-Placeholders (``<X>``, ``$MODEL``, ``${X}``, ``/path/to/...``, ``...``) are refused with an error
-that says what to pass. Flags that cannot change the decision are accepted knowingly
-(:data:`oracle.sources.command_flags.IGNORED_FLAGS`) and reported in ``ParsedCommand.ignored``.
+The line goes through the release's own ``vllm serve`` parser, rebuilt from
+``policies/reference/vllm-<release>/flags.json`` (:mod:`oracle.sources.command_parser`): the
+forms vLLM reads (``--flag value``, ``--flag=value``, ``-tp 8``, prefix abbreviations such as
+``--tensor-parallel 8``, ``--tensor_parallel_size``, ``--no-enable-prefix-caching``, dotted
+``--speculative-config.method mtp`` and ``-cc.pass_config.x=true``, JSON values, ``-O3``,
+``--config file.yaml``) are read as it reads them, and a line its parser refuses is refused
+with its words (``argument --tensor-parallel-size/-tp: invalid int value: 'two'``,
+``unrecognized arguments: --not-a-flag``; unknown keys in ``--compilation-config`` and the other
+config-valued flags). Every flag of the release is accepted; those that feed the decision are
+mapped (:mod:`oracle.sources.command_fields`), the others are listed in
+``ParsedCommand.ignored``. Placeholders (``<X>``, ``$MODEL``, ``${X}``, ``/path/to/...``,
+``...``) are refused with an error that says what to pass.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Mapping, Sequence
@@ -20,22 +23,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+
 from oracle.config import DeploymentConfig
 from oracle.errors import ConfigError, ErrorCode, PackError
-from oracle.sources.command_flags import DECISION_FLAGS, IGNORED_FLAGS, FlagSpec
-from oracle.sources.command_values import apply_json_flags, parse_json_value
+from oracle.sources.command_fields import SPECULATIVE_DESTS, speculative, to_fields
+from oracle.sources.command_parser import ParseRefusal, PlaceholderValue, serve_parser
 from oracle.sources.hf_config import hf_config_to_fields
 from oracle.sources.known_models import candidate_architectures, lookup_model
 
-_BY_NAME: dict[str, FlagSpec] = {}
-for _spec in DECISION_FLAGS:
-    for _n in (_spec.name, *_spec.aliases):
-        _BY_NAME[_n] = _spec
 _PLACEHOLDER = re.compile(r"^<[^>]*>$|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|^(/)?path/to/|^\.\.\.$")
-_VALUE_PLACEHOLDER = re.compile(r"<[^<>\s]+>|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|^(/)?path/to/")
 _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # A bare word ending in punctuation: a sentence's word taken for a model ("vllm serve command.").
 _PROSE = re.compile(r"^[A-Za-z]+[.,;:!?]$")
+# argparse's "argument --x/-y: ..." and "unrecognized arguments: --x ..." name the flag
+_FLAG_IN_MESSAGE = re.compile(r"^argument ([^/: ]+)|^unrecognized arguments: (\S+)|"
+                              r"^ambiguous option: (\S+)")
 HintFor = Literal["python", "cli", "api", "page"]
 ARCHITECTURE_HINTS: dict[str, str] = {
     "python": "pass architecture=ARCH or hf_config=path/to/config.json",
@@ -54,26 +57,15 @@ def is_placeholder(token: str) -> bool:
 
 @dataclass
 class ParsedCommand:
-    """The result of parsing: DeploymentConfig fields, the model, what was knowingly ignored."""
+    """The result of parsing: DeploymentConfig fields, the model, what was knowingly ignored
+    (flags of the release that do not change the decision, and environment variables), and
+    the vLLM release whose parser read the line."""
 
     fields: dict[str, Any]
     model: str | None
     ignored: list[str] = field(default_factory=list)
     ignored_env: list[str] = field(default_factory=list)
-
-
-@dataclass
-class _State:
-    fields: dict[str, Any] = field(default_factory=dict)
-    json_flags: dict[str, dict[str, Any]] = field(default_factory=dict)
-    positional: list[str] = field(default_factory=list)
-    ignored: list[str] = field(default_factory=list)
-    config_files: list[str] = field(default_factory=list)
-
-
-def _norm(name: str) -> str:
-    dashes = len(name) - len(name.lstrip("-"))
-    return name[:dashes] + name[dashes:].replace("_", "-")
+    release: str = ""
 
 
 def _split_argv(argv: Sequence[str] | str, env: dict[str, str]) -> list[str]:
@@ -87,149 +79,121 @@ def _split_argv(argv: Sequence[str] | str, env: dict[str, str]) -> list[str]:
     return tokens[2:]
 
 
-def _take_values(spec_nargs: int | str, name: str, inline: str | None, rest: list[str],
-                 i: int) -> tuple[list[str], int]:
-    if inline is not None:
-        return [inline], i
-    if spec_nargs == "+":
-        values: list[str] = []
-        while i < len(rest) and not (rest[i].startswith("-") and len(rest[i]) > 1):
-            values.append(rest[i])
-            i += 1
-        if not values:
-            raise ConfigError(f"{name} needs at least one value", code=ErrorCode.BAD_FLAG_VALUE,
-                              field=name)
-        return values, i
-    if i >= len(rest) or (rest[i].startswith("--") and rest[i] != "--"):
-        raise ConfigError(f"{name} needs a value", code=ErrorCode.BAD_FLAG_VALUE, field=name)
-    return [rest[i]], i + 1
+def _check_template(words: list[str]) -> None:
+    """Template lines are refused before parsing, with what to pass instead."""
+    if "..." in words:
+        raise ConfigError("the command line is elided ('...'): pass the complete command",
+                          code=ErrorCode.PLACEHOLDER_MODEL)
+    for i, word in enumerate(words):
+        path = words[i + 1] if word == "--config" and i + 1 < len(words) else None
+        if path is not None and is_placeholder(path):
+            raise ConfigError(f"--config {path}: a placeholder, not a file; pass the real path "
+                              "of the YAML config", code=ErrorCode.PLACEHOLDER_MODEL,
+                              field="--config")
 
 
-def _parse_tokens(rest: list[str], st: _State) -> None:
-    i = 0
-    while i < len(rest):
-        tok = rest[i]
-        i += 1
-        if tok == "...":
-            raise ConfigError("the command line is elided ('...'): pass the complete command",
-                              code=ErrorCode.PLACEHOLDER_MODEL)
-        if not tok.startswith("-") or re.fullmatch(r"-\d+(\.\d+)?", tok):
-            st.positional.append(tok)
-            continue
-        if re.fullmatch(r"-O\d", tok) or re.fullmatch(r"-O\.[\w.]+(=.*)?", tok):
-            st.ignored.append(tok)  # optimization level: compilation defaults, not the mode
-            continue
-        raw_name, eq, inline_value = tok.partition("=")
-        base, _, sub = raw_name.partition(".") if not raw_name.startswith("-O") else (raw_name,
-                                                                                    "", "")
-        name = _norm(base)
-        inline = inline_value if eq else None
-        i = _dispatch(name, sub, inline, rest, i, st, tok)
+def _loader(base: Path | None) -> Any:
+    """Reads a ``--config`` file as vLLM does (``yaml.safe_load``: a duplicated key keeps its
+    last value); a file it cannot read is an error that says where."""
+    from oracle.yamlpos import read_text
+
+    def load(path: str) -> Any:
+        p = Path(path) if base is None else base / path
+        try:
+            text = read_text(p, path)
+        except OSError as exc:
+            raise ConfigError(f"--config {path}: cannot read ({exc.strerror or exc})",
+                              code=ErrorCode.FILE_NOT_FOUND, field="--config") from None
+        except PackError as exc:
+            raise ConfigError(f"--config {exc.issues[0]}", code=ErrorCode.BAD_FLAG_VALUE,
+                              field="--config") from None
+        try:
+            return yaml.safe_load(text)
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            where = f"{mark.line + 1}:{mark.column + 1}" if mark else "1:1"
+            raise ConfigError(f"--config {path}:{where}: YAML syntax: {exc.problem or exc}",
+                              code=ErrorCode.BAD_FLAG_VALUE, field="--config") from None
+
+    return load
 
 
-def _dispatch(name: str, sub: str, inline: str | None, rest: list[str], i: int, st: _State,
-              tok: str) -> int:
-    spec = _BY_NAME.get(name)
-    negated = False
-    if spec is None and name.startswith("--no-"):
-        cand = _BY_NAME.get("--" + name[5:])
-        if cand is not None and cand.nargs == 0:
-            spec, negated = cand, True
-        elif IGNORED_FLAGS.get("--" + name[5:]) == 0:
-            st.ignored.append(tok)
-            return i
-    if spec is None:
-        nargs = IGNORED_FLAGS.get(name)
-        if nargs is None:
-            raise ConfigError(f"unknown flag {tok.split('=')[0]!r}: not a vllm serve flag the "
-                              "oracle knows (docs/oracle-api.md lists the ignored ones)",
-                              code=ErrorCode.UNKNOWN_FLAG, field=tok.split("=")[0])
-        if nargs == 0:
-            values: list[str] = []
+def _condense(message: str) -> str:
+    """A pydantic refusal on one line: its location joined to its message, the links and
+    ``[type=...]`` details dropped."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()
+             and not ln.strip().startswith("For further information")]
+    lines = [re.sub(r" \[type=.*\]$", "", ln) for ln in lines]
+    out: list[str] = []
+    for ln in lines:
+        if out and not out[-1].endswith(":") and "validation error" not in out[-1] and \
+                re.fullmatch(r"[\w.\-\[\]]+", out[-1]):
+            out[-1] = f"{out[-1]}: {ln}"
         else:
-            values, i = _take_values(1 if sub else nargs, name, inline, rest, i)
-        st.ignored.append(" ".join([tok.split("=")[0], *values]))
-        return i
-    if spec.nargs == 0:
-        if inline is not None or sub:
-            raise ConfigError(f"{name} is a switch and takes no value (got {tok!r})",
-                              code=ErrorCode.BAD_FLAG_VALUE, field=name)
-        st.fields[spec.field or name] = not negated
-        return i
-    values, i = _take_values(spec.nargs, name, inline, rest, i)
-    for v in values:
-        if _VALUE_PLACEHOLDER.search(v) and spec.name not in ("--model", "--config"):
-            raise ConfigError(f"{name} {v!r}: a placeholder, not a value; pass the real value",
-                              code=ErrorCode.PLACEHOLDER_VALUE, field=name)
-    if sub:
-        if len(values) != 1:
-            raise ConfigError(f"{tok}: expected one value", code=ErrorCode.BAD_FLAG_VALUE,
-                              field=name)
-        _set_nested(st.json_flags.setdefault(spec.name, {}), sub.split("."),
-                    parse_json_value(values[0], strict=False))
-        return i
-    if spec.name == "--config":
-        st.config_files.append(values[0])
-    elif spec.field is not None:
-        st.fields[spec.field] = values if spec.nargs == "+" else values[0]
-    else:
-        st.json_flags.setdefault(spec.name, {}).update(_json_object(spec.name, values[0]))
-    return i
+            out.append(ln)
+    return "; ".join(out)
 
 
-def _json_object(name: str, value: str) -> dict[str, Any]:
-    parsed = parse_json_value(value, strict=True, flag=name)
-    if isinstance(parsed, dict):
-        return parsed
-    return {"": parsed}  # a bare value (e.g. --compilation-config 3, --runner pooling)
-
-
-def _set_nested(target: dict[str, Any], keys: list[str], value: Any) -> None:
-    for key in keys[:-1]:
-        nxt = target.setdefault(key, {})
-        if not isinstance(nxt, dict):
-            nxt = target[key] = {}
-        target = nxt
-    target[keys[-1]] = value
-
-
-def _config_file_tokens(path: str, base_dir: Path | None) -> list[str]:
-    from oracle.yamlpos import load_text_with_positions, read_text
-
-    if is_placeholder(path):
-        raise ConfigError(f"--config {path}: a placeholder, not a file; pass the real path of "
-                          "the YAML config", code=ErrorCode.PLACEHOLDER_MODEL, field="--config")
-    p = Path(path) if base_dir is None else base_dir / path
+def parse_serve_words(words: list[str], *, release: str | None = None,
+                      base_dir: Path | None = None) -> dict[str, Any]:
+    """dest -> value for the flags of ``words`` (after ``vllm serve``), parsed by the
+    release's ``vllm serve`` parser (None: the newest table). Raises ConfigError:
+    ``unknown_flag`` (a flag the release does not have, an ambiguous prefix, ``--omni``),
+    ``bad_flag_value`` (a value its type, choices or config class refuses, a switch given a
+    value, a missing value), ``placeholder_value`` (a template placeholder its type refuses)."""
+    parser = serve_parser(release)
+    version = parser.table.vllm_version
     try:
-        data, _ = load_text_with_positions(read_text(p), str(p))
-    except OSError as exc:
-        raise ConfigError(f"--config {path}: cannot read ({exc.strerror or exc})",
-                          code=ErrorCode.FILE_NOT_FOUND, field="--config") from None
-    except PackError as exc:
-        raise ConfigError(f"--config {exc.issues[0]}", code=ErrorCode.BAD_FLAG_VALUE,
-                          field="--config") from None
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"--config {path}: expected a mapping of flag names to values",
-                          code=ErrorCode.BAD_FLAG_VALUE, field="--config")
-    tokens: list[str] = []
-    for key, value in data.items():
-        flag = "--" + str(key).replace("_", "-")
-        if value is True:
-            tokens.append(flag)
-        elif value is False:
-            tokens.append("--no-" + flag[2:])
-        elif isinstance(value, list):
-            tokens += [flag, *map(str, value)]
-        else:
-            tokens += [flag, json.dumps(value) if isinstance(value, dict) else str(value)]
-    return tokens
+        return parser.parse(words, _loader(base_dir))
+    except PlaceholderValue as exc:
+        raise ConfigError(f"argument {exc.shown}: {exc.value!r} is a placeholder, not a value; "
+                          "pass the real value", code=ErrorCode.PLACEHOLDER_VALUE,
+                          field=exc.flag) from None
+    except ParseRefusal as exc:
+        found = _FLAG_IN_MESSAGE.match(exc.message)
+        flag = next((g for g in found.groups() if g), None) if found else None
+        code = ErrorCode.UNKNOWN_FLAG if exc.unknown else ErrorCode.BAD_FLAG_VALUE
+        text = f"{_condense(exc.message)} (the vllm serve parser of vLLM {version})"
+        if exc.unknown and flag is not None and not flag.startswith("-"):
+            code, text = ErrorCode.BAD_COMMAND, _extra_positional(words, flag, text)
+        raise ConfigError(text, code=code, field=flag) from None
+
+
+def _extra_positional(words: list[str], extra: str, text: str) -> str:
+    """An unrecognized word that is no flag: a second model, or a stray word."""
+    model = next((words[i + 1] for i, w in enumerate(words[:-1]) if w == "--model"), None)
+    model = model or next((w.removeprefix("--model=") for w in words
+                           if w.startswith("--model=")), None)
+    if model is not None:
+        return f"the model is given twice: {extra!r} and --model {model!r}; {text}"
+    return f"unexpected extra argument {extra!r} after the model; {text}"
+
+
+def check_line(argv: Sequence[str] | str, *, release: str | None = None,
+               base_dir: str | Path | None = None) -> tuple[dict[str, Any] | None,
+                                                            ConfigError | None]:
+    """What vLLM ``release``'s ``vllm serve`` would make of a line: its parser, then the
+    engine's start-up check of ``--speculative-config``; nothing about the model.
+    ``(flags given: dest -> value, None)`` when it accepts the line, ``(None, error)`` when
+    not. The referee compares this verdict with the release's own (``python -m referee
+    flags-check``)."""
+    try:
+        words = _split_argv(argv, {})
+        base = Path(base_dir) if base_dir is not None else None
+        given = parse_serve_words(words, release=release, base_dir=base)
+        if any(given.get(d) is not None for d in SPECULATIVE_DESTS):
+            speculative(given, serve_parser(release).table)
+    except ConfigError as exc:
+        return None, exc
+    return given, None
 
 
 def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
                       architecture: str | None = None, hf_config: str | Path | None = None,
-                      base_dir: str | Path | None = None, hint_for: HintFor = "python"
-                      ) -> ParsedCommand:
-    """Parse ``argv`` (with ``env``) into DeploymentConfig fields. See the module docstring.
+                      base_dir: str | Path | None = None, hint_for: HintFor = "python",
+                      release: str | None = None) -> ParsedCommand:
+    """Parse ``argv`` (with ``env``) into DeploymentConfig fields with the ``vllm serve``
+    parser of vLLM ``release`` ("0.31"; None: the newest table). See the module docstring.
 
     Raises ConfigError naming the offending flag, value or model; for a model whose
     architecture is unknown, the message says how to give it in the words of ``hint_for``
@@ -237,20 +201,13 @@ def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
     ``"api"``: a ``config`` body; ``"page"``: the command alone), ``--hf-overrides`` in each.
     """
     env_all = dict(env)
-    rest = _split_argv(argv, env_all)
+    words = _split_argv(argv, env_all)
+    _check_template(words)
     base = Path(base_dir) if base_dir is not None else None
-    st = _State()
-    _parse_tokens(rest, st)
-    cli = st
-    if cli.config_files:
-        st = _State()
-        for path in cli.config_files:
-            _parse_tokens(_config_file_tokens(path, base), st)
-        _parse_tokens(rest, st)  # command-line flags win over the config file
-        st.config_files = cli.config_files
-    fields = st.fields
-    model = _model(st)
-    apply_json_flags(st.json_flags, fields, st.ignored)
+    given = parse_serve_words(words, release=release, base_dir=base)
+    table = serve_parser(release).table
+    fields, ignored = to_fields(given, table)
+    model = given.get("model_tag")
     runner_env = {k: v for k, v in env_all.items() if k.endswith(RUNNER_ENV_SUFFIX)}
     if runner_env:
         fields["env"] = runner_env
@@ -260,17 +217,19 @@ def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
     fields.update(_model_fields(model, fields, architecture, hf_config, base, hint_for))
     if model is not None:
         fields["model"] = model
-    return ParsedCommand(fields, model, st.ignored,
-                         sorted(k for k in env_all if k not in runner_env))
+    return ParsedCommand(fields, model, ignored,
+                         sorted(k for k in env_all if k not in runner_env), table.release)
 
 
 def from_command(argv: Sequence[str] | str, env: Mapping[str, str] | None = None, *,
                  architecture: str | None = None, hf_config: str | Path | None = None,
                  base_dir: str | Path | None = None, hint_for: HintFor = "python",
-                 **overrides: Any) -> DeploymentConfig:
+                 release: str | None = None, **overrides: Any) -> DeploymentConfig:
     """A DeploymentConfig from a real ``vllm serve MODEL [flags]`` command line and its
     environment.
 
+    The line is read by the ``vllm serve`` parser of vLLM ``release`` ("0.29" ... "0.33";
+    None: the newest; :func:`oracle.sources.command_table.release_for_pack` gives a pack's).
     ``argv`` is a list (or a shell string, split with shlex). The model id is looked up in
     ``policies/known_models.yaml`` unless ``architecture`` or ``hf_config`` is given or the
     model is a local directory with a config.json; ``overrides`` (DeploymentConfig fields) win.
@@ -280,22 +239,9 @@ def from_command(argv: Sequence[str] | str, env: Mapping[str, str] | None = None
     architectures its name suggests.
     """
     fields = command_to_fields(argv, env or {}, architecture=architecture, hf_config=hf_config,
-                               base_dir=base_dir, hint_for=hint_for).fields
+                               base_dir=base_dir, hint_for=hint_for, release=release).fields
     fields.update(overrides)
     return DeploymentConfig(**fields)
-
-
-def _model(st: _State) -> str | None:
-    model = st.fields.pop("model", None)
-    if st.positional:
-        if model is not None:
-            raise ConfigError(f"the model is given twice: {st.positional[0]!r} and --model "
-                              f"{model!r}", code=ErrorCode.BAD_COMMAND)
-        model = st.positional[0]
-        if len(st.positional) > 1:
-            raise ConfigError(f"unexpected extra argument {st.positional[1]!r} after the model "
-                              f"{model!r}", code=ErrorCode.BAD_COMMAND)
-    return model  # type: ignore[no-any-return]
 
 
 def architecture_hint(hint_for: HintFor) -> str:

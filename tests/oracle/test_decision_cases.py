@@ -23,6 +23,7 @@ from oracle import (
     load_pack,
 )
 from oracle.pack import POLICIES_DIR, Pack
+from oracle.sources import release_for_pack
 
 CASES_DIR = Path(__file__).parent / "cases"
 
@@ -38,10 +39,12 @@ def _load() -> list[tuple[str, dict[str, Any]]]:
 CASES = _load()
 
 
-def _config(inp: dict[str, Any]) -> DeploymentConfig:
+def _config(inp: dict[str, Any], pack: Pack) -> DeploymentConfig:
+    """A case's config; a command line is read by the pack's release's vllm serve parser."""
     if "command" in inp:
         return from_command(inp["command"], inp.get("env") or {},
-                            architecture=inp.get("architecture"))
+                            architecture=inp.get("architecture"),
+                            release=release_for_pack(pack))
     return from_spec(inp)
 
 
@@ -87,13 +90,13 @@ def test_case(case: dict[str, Any], request: pytest.FixtureRequest) -> None:
     canaries = CanarySnapshot.from_json(case["canaries"]) if "canaries" in case else None
     if "want_error" in case:
         with pytest.raises(ConfigError) as info:
-            _config(case["input"])
+            _config(case["input"], pack)
         assert info.value.code is ErrorCode(case["want_error"]["code"]), info.value
         assert case["want_error"].get("contains", "") in info.value.message
         return
-    d = decide(_config(case["input"]), pack=pack, canaries=canaries)
+    d = decide(_config(case["input"], pack), pack=pack, canaries=canaries)
     _check(d, case["want"])
-    assert decide(_config(case["input"]), pack=pack, canaries=canaries) == d
+    assert decide(_config(case["input"], pack), pack=pack, canaries=canaries) == d
 
 
 @pytest.mark.parametrize("pack_name", ["turnout", "vllm-0.31"])
