@@ -28,7 +28,8 @@ if [ "$PART" = all ] || [ "$PART" = tests ]; then
   # The sm_90 compile checks need no GPU (they run in CI); here the kernels run compiled.
   "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 tests/kernels -k "not compile" 2>&1 \
     | tee "$OUT/kernels.log" || status=1
-  "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 -m gpu tests/parity tests/runner_v1 tests/runner_v2 tests/engine 2>&1 \
+  "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 -m gpu tests/parity tests/runner_v1 tests/runner_v2 tests/engine \
+    --ignore=tests/engine/test_engine_cli.py 2>&1 \
     | tee "$OUT/gpu_tests.log" || status=1
   echo "tests done after $((SECONDS - start)) s" | tee -a "$OUT/gpu_tests.log"
 fi
