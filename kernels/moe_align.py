@@ -3,10 +3,8 @@ multiple of ``BLOCK_M`` (vLLM's ``moe_align_block_size``,
 vllm/model_executor/layers/fused_moe/moe_align_block_size.py): the input of the grouped GEMMs
 of ``kernels.fused_moe``, whose module docstring says why this is a Triton kernel.
 
-Two launches: one program takes a histogram of the expert ids (the counts), a cumulative sum
-(the padded offsets, the first cursor of each expert) and writes the padding and each block's
-expert; then one program per chunk of assignments takes each assignment's slot from an atomic
-cursor per expert. Assignment ``t * k + j`` is
+One program: a histogram of the expert ids gives the counts, a cumulative sum the padded
+offsets, and an atomic cursor per expert each assignment's slot. Assignment ``t * k + j`` is
 token ``t``'s ``j``-th expert; padding slots hold the sentinel ``T * k``.
 """
 
@@ -25,12 +23,12 @@ def max_num_tokens_padded(num_assignments: int, num_experts: int, block_m: int) 
 
 
 @triton.jit
-def _moe_align_offsets_kernel(
+def _moe_align_block_size_kernel(
     topk_ids_ptr,  # [num_assignments] int32 (topk_ids flattened)
-    sorted_token_ids_ptr,  # [max_num_tokens_padded] int32, padding slots written
+    sorted_token_ids_ptr,  # [max_num_tokens_padded] int32, written
     expert_ids_ptr,  # [max_num_blocks] int32, written (-1 past the padded total)
     num_tokens_post_padded_ptr,  # [1] int32, written
-    cursor_ptr,  # [NUM_BINS] int32, written: first slot of each expert's run
+    cursor_ptr,  # [NUM_BINS] int32 scratch: next free slot per expert
     num_assignments,
     max_num_blocks,
     NUM_EXPERTS: tl.constexpr,
@@ -52,8 +50,8 @@ def _moe_align_offsets_kernel(
     total = tl.sum(padded, axis=0)
     tl.store(num_tokens_post_padded_ptr, total)
     tl.store(cursor_ptr + bins, starts)
-    # The padding slots of each run get the sentinel; the real slots are written by the scatter
-    # kernel, so the two sets of stores never touch the same slot.
+    # The padding slots of each run get the sentinel; the real slots are written below, so the
+    # two sets of stores never touch the same slot.
     first_pad = starts + counts
     for j in range(0, BLOCK_M - 1):
         slot = first_pad + j
@@ -65,23 +63,13 @@ def _moe_align_offsets_kernel(
         owner = tl.sum((ends[None, :] <= (blk * BLOCK_M)[:, None]).to(tl.int32), axis=1)
         owner = tl.where(blk * BLOCK_M < total, owner, -1)
         tl.store(expert_ids_ptr + blk, owner, mask=blk < max_num_blocks)
-
-
-@triton.jit
-def _moe_align_scatter_kernel(
-    topk_ids_ptr,  # [num_assignments] int32
-    sorted_token_ids_ptr,  # [max_num_tokens_padded] int32, real slots written
-    cursor_ptr,  # [NUM_BINS] int32: next free slot per expert, advanced atomically
-    num_assignments,
-    CHUNK: tl.constexpr,
-):
-    # A launch of its own: a barrier inside one program did not make the cursors' first values
-    # visible to every thread's atomics on an H200 (slots read from uninitialised cursors).
-    offs = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    mask = offs < num_assignments
-    ids = tl.load(topk_ids_ptr + offs, mask=mask, other=0)
-    slot = tl.atomic_add(cursor_ptr + ids, 1, mask=mask)
-    tl.store(sorted_token_ids_ptr + slot, offs, mask=mask)
+    tl.debug_barrier()  # the cursors' initial values are visible to every thread's atomics
+    for start in range(0, num_assignments, CHUNK):
+        offs = start + tl.arange(0, CHUNK)
+        mask = offs < num_assignments
+        ids = tl.load(topk_ids_ptr + offs, mask=mask, other=0)
+        slot = tl.atomic_add(cursor_ptr + ids, 1, mask=mask)
+        tl.store(sorted_token_ids_ptr + slot, offs, mask=mask)
 
 
 def moe_align_block_size(
@@ -111,14 +99,12 @@ def moe_align_block_size(
         return sorted_ids, expert_ids, num_post
     num_bins = triton.next_power_of_2(num_experts + 1)
     cursor = torch.empty(num_bins, dtype=torch.int32, device=topk_ids.device)
-    chunk = min(1024, max(16, triton.next_power_of_2(num_assignments)))
-    _moe_align_offsets_kernel[(1,)](
+    _moe_align_block_size_kernel[(1,)](
         topk_ids, sorted_ids, expert_ids, num_post, cursor, num_assignments, expert_ids.shape[0],
-        NUM_EXPERTS=num_experts, NUM_BINS=num_bins, BLOCK_M=block_m, CHUNK=chunk,
+        NUM_EXPERTS=num_experts, NUM_BINS=num_bins, BLOCK_M=block_m,
+        CHUNK=min(1024, max(16, triton.next_power_of_2(num_assignments))),
         BLOCKS_CHUNK=max(1, min(64, 8192 // num_bins)), num_warps=4,
     )
-    _moe_align_scatter_kernel[(triton.cdiv(num_assignments, chunk),)](
-        topk_ids, sorted_ids, cursor, num_assignments, CHUNK=chunk, num_warps=4)
     return sorted_ids, expert_ids, num_post
 
 
