@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from oracle.codegen import generate
-from oracle.stepgen import generate_steps
 from oracle.compile_types import (
     ArchInfo,
     CompiledRule,
@@ -56,6 +55,7 @@ from oracle.schema import (
     RunnerManifestSpec,
     Step,
 )
+from oracle.stepgen import generate_steps
 from oracle.validate import validate_model
 from oracle.yamlpos import Positions, load_with_positions
 
