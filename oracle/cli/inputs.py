@@ -13,7 +13,7 @@ from typing import Any
 
 from oracle.config import DeploymentConfig
 from oracle.errors import ConfigError, ErrorCode, Issue
-from oracle.sources import from_command, from_hf_config, load_specs
+from oracle.sources import command_to_fields, from_hf_config, load_specs
 from oracle.sources.command_values import parse_json_value
 from oracle.yamlpos import read_lines
 
@@ -29,6 +29,7 @@ class Item:
     error: str | None = None
     error_code: ErrorCode | None = None
     model: str | None = None
+    model_source: str | None = None  # where the model's config.json came from, for people
 
 
 @dataclass(frozen=True)
@@ -77,9 +78,12 @@ def _with(config: DeploymentConfig, fields: dict[str, Any], env: dict[str, str]
 def from_command_line(argv: list[str], ov: Overrides) -> Item:
     """The deployment of one ``vllm serve`` command line."""
     try:
-        cfg = from_command(argv, ov.env_map(), architecture=ov.architecture,
-                           hf_config=ov.hf_config, hint_for="cli")
-        return Item(ov.deployment_id, _with(cfg, ov.fields(), {}), model=cfg.model)
+        parsed = command_to_fields(argv, ov.env_map(), architecture=ov.architecture,
+                                   hf_config=ov.hf_config, hint_for="cli")
+        cfg = DeploymentConfig(**parsed.fields)
+        source = parsed.model_source.describe() if parsed.model_source else None
+        return Item(ov.deployment_id, _with(cfg, ov.fields(), {}), model=cfg.model,
+                    model_source=source)
     except ConfigError as exc:
         return Item(ov.deployment_id, None, exc.message, exc.code)
 

@@ -25,7 +25,7 @@ from oracle.errors import ConfigError, ErrorCode, PackError
 from oracle.sources.command_flags import DECISION_FLAGS, IGNORED_FLAGS, FlagSpec
 from oracle.sources.command_values import apply_json_flags, parse_json_value
 from oracle.sources.hf_config import hf_config_to_fields
-from oracle.sources.known_models import candidate_architectures, lookup_model
+from oracle.sources.hub import ModelConfigSource, resolve_model_config
 
 _BY_NAME: dict[str, FlagSpec] = {}
 for _spec in DECISION_FLAGS:
@@ -60,6 +60,7 @@ class ParsedCommand:
     model: str | None
     ignored: list[str] = field(default_factory=list)
     ignored_env: list[str] = field(default_factory=list)
+    model_source: ModelConfigSource | None = None  # where the model's facts came from
 
 
 @dataclass
@@ -227,9 +228,14 @@ def _config_file_tokens(path: str, base_dir: Path | None) -> list[str]:
 
 def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
                       architecture: str | None = None, hf_config: str | Path | None = None,
-                      base_dir: str | Path | None = None, hint_for: HintFor = "python"
-                      ) -> ParsedCommand:
+                      base_dir: str | Path | None = None, hint_for: HintFor = "python",
+                      offline: bool = False) -> ParsedCommand:
     """Parse ``argv`` (with ``env``) into DeploymentConfig fields. See the module docstring.
+
+    The model's facts come from :func:`oracle.sources.hub.resolve_model_config` (a local
+    directory, the HF cache, the hub at ``--revision``, known_models.yaml; ``--hf-config-path``
+    names the config instead of the model; ``offline`` never asks the hub), recorded in
+    ``ParsedCommand.model_source``.
 
     Raises ConfigError naming the offending flag, value or model; for a model whose
     architecture is unknown, the message says how to give it in the words of ``hint_for``
@@ -257,30 +263,34 @@ def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
     backend = str(fields.pop("_attention_backend", "")).upper()
     if backend.startswith("ROCM") or any(k.startswith(ROCM_ENV_PREFIXES) for k in env_all):
         fields.setdefault("platform", "rocm")  # AMD-only variables or attention backends
-    fields.update(_model_fields(model, fields, architecture, hf_config, base, hint_for))
+    model_fields, source = _model_fields(model, fields, architecture, hf_config, base, hint_for,
+                                         offline)
+    fields.update(model_fields)
     if model is not None:
         fields["model"] = model
     return ParsedCommand(fields, model, st.ignored,
-                         sorted(k for k in env_all if k not in runner_env))
+                         sorted(k for k in env_all if k not in runner_env), source)
 
 
 def from_command(argv: Sequence[str] | str, env: Mapping[str, str] | None = None, *,
                  architecture: str | None = None, hf_config: str | Path | None = None,
                  base_dir: str | Path | None = None, hint_for: HintFor = "python",
-                 **overrides: Any) -> DeploymentConfig:
+                 offline: bool = False, **overrides: Any) -> DeploymentConfig:
     """A DeploymentConfig from a real ``vllm serve MODEL [flags]`` command line and its
     environment.
 
-    ``argv`` is a list (or a shell string, split with shlex). The model id is looked up in
-    ``policies/known_models.yaml`` unless ``architecture`` or ``hf_config`` is given or the
-    model is a local directory with a config.json; ``overrides`` (DeploymentConfig fields) win.
-    Raises ConfigError for a placeholder model, an unknown model, an unknown flag or a bad flag
+    ``argv`` is a list (or a shell string, split with shlex). Unless ``architecture`` or
+    ``hf_config`` is given, the model's config.json is read from a local directory, the HF
+    cache or the hub (at ``--revision``; never the hub with ``offline`` or HF_HUB_OFFLINE=1),
+    else its ``policies/known_models.yaml`` entry is used (oracle/sources/hub.py);
+    ``overrides`` (DeploymentConfig fields) win. Raises ConfigError for a placeholder model, an
+    unknown or gated model, a revision the hub does not have, an unknown flag or a bad flag
     value (the message names it); ``hint_for`` ("python", "cli", "api", "page") words how to
     give an architecture the oracle cannot find, and an unknown model's message names the
     architectures its name suggests.
     """
     fields = command_to_fields(argv, env or {}, architecture=architecture, hf_config=hf_config,
-                               base_dir=base_dir, hint_for=hint_for).fields
+                               base_dir=base_dir, hint_for=hint_for, offline=offline).fields
     fields.update(overrides)
     return DeploymentConfig(**fields)
 
@@ -309,26 +319,17 @@ def architecture_hint(hint_for: HintFor) -> str:
     return f"{own}, or {overrides}" if own else overrides
 
 
-def _unknown_model(model: str, hint: str) -> ConfigError:
-    candidates = candidate_architectures(model)
-    guess = ""
-    if candidates:
-        guess = "; by its name it may be " + ", ".join(
-            f"{arch} ({label})" for arch, label in candidates) + " (check the model's config.json)"
-    return ConfigError(f"model {model!r} is not in policies/known_models.yaml and is not a "
-                       f"local directory with a config.json{guess}; {hint}",
-                       code=ErrorCode.UNKNOWN_MODEL, field="model")
-
-
 def _model_fields(model: str | None, fields: dict[str, Any], architecture: str | None,
-                  hf_config: str | Path | None, base: Path | None, hint_for: HintFor
-                  ) -> dict[str, Any]:
+                  hf_config: str | Path | None, base: Path | None, hint_for: HintFor,
+                  offline: bool) -> tuple[dict[str, Any], ModelConfigSource | None]:
+    revision = fields.pop("_revision", None)
+    config_path = fields.pop("_hf_config_path", None)
     if hf_config is not None:
-        return hf_config_to_fields(hf_config) | _explicit(fields)
+        return hf_config_to_fields(hf_config) | _explicit(fields), None
     if architecture is not None:
-        return {"architecture": architecture}
+        return {"architecture": architecture}, None
     if "architecture" in fields:  # from --hf-overrides architectures
-        return {}
+        return {}, None
     hint = architecture_hint(hint_for)
     if model is None:
         raise ConfigError(f"no model in the command line; {hint}", code=ErrorCode.MISSING_MODEL)
@@ -340,16 +341,10 @@ def _model_fields(model: str | None, fields: dict[str, Any], architecture: str |
                           "punctuation), not a model id: the line reads as a sentence about a "
                           "command, not a command; give a real vllm serve MODEL line",
                           code=ErrorCode.PLACEHOLDER_MODEL, field="model")
-    local = Path(model) if base is None else base / model
-    if (local / "config.json").is_file():
-        return hf_config_to_fields(local) | _explicit(fields)
-    known = lookup_model(model)
-    if known is None:
-        raise _unknown_model(model, hint)
-    out: dict[str, Any] = {"architecture": known.architecture, **known.attributes}
-    if known.quantization != "none":
-        out["quantization"] = known.quantization
-    return out | _explicit(fields)
+    source = resolve_model_config(config_path or model, revision, base_dir=base,
+                                  offline=offline, hint=hint,
+                                  what="--hf-config-path" if config_path else "model")
+    return source.fields() | _explicit(fields), source
 
 
 def _explicit(fields: dict[str, Any]) -> dict[str, Any]:

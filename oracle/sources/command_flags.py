@@ -50,6 +50,9 @@ DECISION_FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("--task", 1),
     FlagSpec("--attention-backend", 1),
     FlagSpec("--config", 1),
+    # where the model's config.json is read (oracle/sources/hub.py), not fields themselves
+    FlagSpec("--revision", 1, "_revision"),
+    FlagSpec("--hf-config-path", 1, "_hf_config_path"),
 )
 
 # Accepted and ignored: serving, memory, tokenizer, parser, multimodal-processing and kernel
@@ -67,7 +70,7 @@ IGNORED_FLAGS: dict[str, int | str] = {
     "--generation-config": 1, "--default-chat-template-kwargs": 1, "--response-role": 1,
     # model loading and tokenizer
     "--trust-remote-code": 0, "--dtype": 1, "--load-format": 1, "--config-format": 1,
-    "--tokenizer": 1, "--tokenizer-mode": 1, "--revision": 1, "--download-dir": 1,
+    "--tokenizer": 1, "--tokenizer-mode": 1, "--download-dir": 1,
     "--model-impl": 1, "--seed": 1, "--max-model-len": 1, "--model-class-name": 1,
     "--language-model-only": 0, "--skip-tokenizer-init": 0,
     # memory and scheduling budgets
