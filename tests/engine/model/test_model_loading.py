@@ -43,7 +43,7 @@ def test_dummy_load_format_reads_only_config_json(tmp_path: Path) -> None:
     # vLLM's --load-format dummy: a directory with config.json and no weights loads with
     # seeded random weights; on the CPU they are exactly those of the ModelConfig path.
     (tmp_path / "config.json").write_text(json.dumps(QWEN3))
-    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
         load_model(tmp_path)
     dummy = _params(load_model(tmp_path, load_format="dummy", seed=5))
     reference = _params(load_model(ModelConfig.from_hf_dict(QWEN3), seed=5))
