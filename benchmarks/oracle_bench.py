@@ -1,16 +1,18 @@
 """Oracle speed on one core: decisions/s warm and cold, and the time to enumerate every cell.
 
-    .venv/bin/python benchmarks/oracle_bench.py [--pack turnout] [--n 200000]
+    .venv/bin/python benchmarks/oracle_bench.py [--pack turnout|vllm-0.31,vllm-0.33|all] [--n 200000]
 
 - warm: the same config decided again and again (the embedded call at steady state);
 - warm_equal: equal but distinct config objects (a service deciding repeated requests);
 - cold: fresh configs never decided before (random draws over the pack's closed domains and
-  every architecture), after the process has decided five times as many other fresh configs
+  every architecture it decides; for the turnout pack, those its runners serve), after the process has decided five times as many other fresh configs
   (the outcome memo of a long-running process: the shapes of outcomes recur, the configs
   do not);
 - cold_no_memo: fresh configs with every cache emptied before each decision (the full
   resolution, building the Decision from scratch);
-- enumerate: the whole matrix of each shipped pack (cells, seconds).
+- enumerate: the whole matrix of each pack measured (cells, seconds).
+
+``--pack all`` measures every shipped pack (``oracle.paths.SHIPPED_PACKS``) in one run.
 
 Prints human lines, then one JSON object on the last line. Timings come from time.perf_counter
 over whole loops, best of --repeats runs; the process is pinned to one CPU where the OS allows.
@@ -29,6 +31,7 @@ from typing import Any
 from oracle import DeploymentConfig, decide, enumerate_matrix, load_pack
 from oracle.config import CONFIG_FIELD_NAMES
 from oracle.pack import Pack
+from oracle.paths import SHIPPED_PACKS
 
 
 def _pin_one_core() -> str:
@@ -41,7 +44,11 @@ def _pin_one_core() -> str:
 
 def _fresh_configs(pack: Pack, n: int, seed: int) -> list[DeploymentConfig]:
     rng = random.Random(seed)
-    archs = sorted(pack.architectures)
+    # A pack with runner manifests refuses the architectures no runner serves before any rule
+    # runs: draw from the served ones, the traffic whose decision is worth measuring.
+    served = pack._data.served
+    archs = sorted(set().union(*served.values()) & set(pack.architectures) if served
+                   else pack.architectures)
     dims = {d: v for d, v in pack.domains.items()
             if v and d in CONFIG_FIELD_NAMES  # fields only: not family, runner_pin, derived
             and d not in ("architecture", "is_moe", "attention_free", "use_mla",
@@ -130,33 +137,39 @@ def bench_enumerate(name: str) -> dict[str, float]:
     return {"cells": cells, "seconds": round(time.perf_counter() - t0, 3)}
 
 
+def bench_pack(name: str, n: int, repeats: int, seed: int) -> dict[str, Any]:
+    """Warm, cold and enumeration figures of one pack."""
+    pack = load_pack(name)
+    warm, warm_equal = bench_warm(pack, n, repeats)
+    n_cold = max(1000, n // 10)
+    cold, cold_no_memo = bench_cold(pack, n_cold, seed, repeats)
+    return {"warm_decisions_per_s": round(warm), "warm_equal_decisions_per_s": round(warm_equal),
+            "cold_decisions_per_s": round(cold), "cold_no_memo_decisions_per_s": round(cold_no_memo),
+            "n_cold": n_cold, "enumerate": bench_enumerate(name)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pack", default="turnout")
+    ap.add_argument("--pack", default="turnout", help="a pack, a comma list, or 'all' (every shipped pack)")
     ap.add_argument("--n", type=int, default=200_000, help="decisions per warm measurement")
     ap.add_argument("--repeats", type=int, default=5, help="runs per figure (best is kept)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    names = list(SHIPPED_PACKS) if args.pack == "all" else args.pack.split(",")
     where = _pin_one_core()
-    pack = load_pack(args.pack)
-    warm, warm_equal = bench_warm(pack, args.n, args.repeats)
-    n_cold = max(1000, args.n // 10)
-    cold, cold_no_memo = bench_cold(pack, n_cold, args.seed, args.repeats)
-    enum = {name: bench_enumerate(name) for name in ("turnout", "vllm-0.31")}
+    packs = {}
+    for name in names:
+        packs[name] = r = bench_pack(name, args.n, args.repeats, args.seed)
+        e = r["enumerate"]
+        print(f"{name}: warm {r['warm_decisions_per_s']:>11,} /s, warm (equal configs) "
+              f"{r['warm_equal_decisions_per_s']:>9,} /s, cold {r['cold_decisions_per_s']:>9,} /s, "
+              f"cold (caches emptied) {r['cold_no_memo_decisions_per_s']:>8,} /s, "
+              f"enumerate {e['cells']:,} cells in {e['seconds']:.3f} s", flush=True)
     result = {
-        "pack": args.pack, "python": platform.python_version(), "machine": platform.machine(),
+        "packs": packs, "python": platform.python_version(), "machine": platform.machine(),
         "cpu": where, "calibration_sum_range_1000_us": round(_calibration_us(), 2),
-        "load_average_1m": round(os.getloadavg()[0], 2), "warm_decisions_per_s": round(warm),
-        "warm_equal_decisions_per_s": round(warm_equal), "cold_decisions_per_s": round(cold),
-        "cold_no_memo_decisions_per_s": round(cold_no_memo), "n_cold": n_cold,
-        "enumerate": enum,
+        "load_average_1m": round(os.getloadavg()[0], 2),
     }
-    print(f"warm (same config):            {warm:>12,.0f} decisions/s")
-    print(f"warm (equal configs):          {warm_equal:>12,.0f} decisions/s")
-    print(f"cold (fresh configs):          {cold:>12,.0f} decisions/s")
-    print(f"cold (fresh, caches emptied):  {cold_no_memo:>12,.0f} decisions/s")
-    for name, e in enum.items():
-        print(f"enumerate {name:<10} {e['cells']:>8,} cells in {e['seconds']:.3f} s")
     print(json.dumps(result))
 
 

@@ -194,7 +194,8 @@ def real_configs() -> list[Any]:
     for line in (ROOT / "policies/reference/vllm_recipes.jsonl").read_text().splitlines():
         recipe = json.loads(line)
         try:
-            configs.append(from_command(recipe["argv"], recipe.get("env") or {}))
+            # offline: the same configs on every machine, no hub look-ups before the run
+            configs.append(from_command(recipe["argv"], recipe.get("env") or {}, offline=True))
         except OracleError:
             continue
     return configs

@@ -21,7 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from dashboard.api import admin, decisions, rollout
+from dashboard.api import admin, decisions, rollout, upgrade
 from dashboard.invocation import turnout_here
 from dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
 from dashboard.services import Services
@@ -185,6 +185,7 @@ def _add_api(app: FastAPI, services: Services) -> None:
     app.include_router(decisions.router, prefix=API_PREFIX)
     app.include_router(rollout.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
+    app.include_router(upgrade.router, prefix=API_PREFIX)
     app.include_router(admin.health_router)
 
     @app.get(f"{API_PREFIX}/docs", include_in_schema=False)

@@ -18,7 +18,9 @@ from oracle.errors import ErrorCode
 
 
 @lru_cache(maxsize=100_000)
-def _config(spec_json: str) -> DeploymentConfig | None:
+def spec_config(spec_json: str) -> DeploymentConfig | None:
+    """The config of a stored spec (JSON text, for the cache), None when this build cannot
+    read it (a field it does not know, a value it refuses)."""
     import json
 
     try:
@@ -46,7 +48,7 @@ def impact_of_flip(services: Services, cohort: str, enabled: bool,
     considered = to_v2 = to_v1 = 0
     examples: list[str] = []
     for deployment_id, spec in rows:
-        config = _config(json.dumps(_with_id(spec, deployment_id), sort_keys=True))
+        config = spec_config(json.dumps(spec_with_id(spec, deployment_id), sort_keys=True))
         if config is None:
             continue
         considered += 1
@@ -62,7 +64,7 @@ def impact_of_flip(services: Services, cohort: str, enabled: bool,
                      num_changed=to_v2 + to_v1, to_v2=to_v2, to_v1=to_v1, examples=examples)
 
 
-def _with_id(spec: dict[str, Any] | None, deployment_id: str) -> dict[str, Any]:
+def spec_with_id(spec: dict[str, Any] | None, deployment_id: str) -> dict[str, Any]:
     """The spec with its deployment id (percentage canaries hash it)."""
     out = dict(spec or {})
     out.setdefault("deployment_id", deployment_id)

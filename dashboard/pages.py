@@ -302,3 +302,23 @@ def explain_page(request: Request, services: ServicesDep, user: UserDep,
         except (OracleError, ValueError) as err:
             context["error"] = str(err)
     return render(request, "explain.html", user, **context)
+
+
+@router.get("/upgrade", response_class=HTMLResponse)
+def upgrade_page(
+    request: Request, services: ServicesDep, user: UserDep,
+    from_pack: Annotated[str, Query(alias="from", max_length=64)] = "",
+    to_pack: Annotated[str, Query(alias="to", max_length=64)] = "",
+) -> HTMLResponse:
+    """The upgrade preview (dashboard.upgrade); an unknown pack is a 422 page saying which."""
+    from dashboard.upgrade import default_packs, pack_names, upgrade_preview
+    from oracle import OracleError
+
+    chosen = default_packs(from_pack or None, to_pack or None)
+    context: dict[str, Any] = {"packs": pack_names(), "from_pack": chosen[0],
+                               "to_pack": chosen[1]}
+    try:
+        context["preview"] = upgrade_preview(services, *chosen)
+    except OracleError as err:
+        return render(request, "upgrade.html", user, status=422, error=err.message, **context)
+    return render(request, "upgrade.html", user, **context)

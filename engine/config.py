@@ -99,6 +99,9 @@ class EngineConfig:
         speculative_config: n-gram speculation, or ``None``.
         enforce_eager: never capture CUDA graphs (vLLM's ``--enforce-eager``); runner_v1 is
             always eager, runner_v2 otherwise replays graphs for decode batches on CUDA.
+        load_format: ``"auto"`` (read the weights) or ``"dummy"`` (vLLM's ``--load-format
+            dummy``: only ``config.json`` is read; seeded random weights, drawn with ``seed`` on
+            ``device``; see ``engine.model.loader.load_model``).
     """
 
     model: str
@@ -120,9 +123,12 @@ class EngineConfig:
     cpu_offload_gb: float = 0.0
     speculative_config: SpeculativeConfig | None = None
     enforce_eager: bool = False
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
         self._check_types()
+        if self.load_format not in ("auto", "dummy"):
+            raise EngineConfigError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.runner_kind not in ("generate", "pooling"):
             raise EngineConfigError(f"runner_kind must be 'generate' or 'pooling', got {self.runner_kind!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):

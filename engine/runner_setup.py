@@ -43,7 +43,8 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
         EngineConfigError: the model's ``vocab_size`` is not ``config.vocab_size``.
         ModelConfigError, WeightLoadError: from :func:`engine.model.load_model`.
     """
-    model = load_model(config.model, dtype=dtype, device=device)
+    model = load_model(config.model, dtype=dtype, device=device, seed=config.seed,
+                       load_format=config.load_format)
     # What the weights are and how they run (FP8 W8A8 or dequantised, GGUF dequantised).
     logger.info("%s", model.quantization_report)
     if model.config.vocab_size != config.vocab_size:

@@ -47,6 +47,8 @@ class ErrorCode(StrEnum):
     PLACEHOLDER_VALUE = "placeholder_value", "config"
     MISSING_MODEL = "missing_model", "config"
     UNKNOWN_MODEL = "unknown_model", "config"
+    GATED_MODEL = "gated_model", "config"
+    REVISION_NOT_FOUND = "revision_not_found", "config"
 
     INVALID_PACK = "invalid_pack", "pack"
     UNKNOWN_PACK = "unknown_pack", "pack"

@@ -128,18 +128,20 @@ def _text(v: Any) -> str:
 
 def enumerate_matrix(pack: Pack, canaries: CanarySnapshot | None = None, *,
                      columns: Sequence[Scenario] | None = None,
-                     architectures: Sequence[str] | None = None) -> Iterator[Cell]:
-    """Yield every cell (architecture x pin x scenario) with its Decision under ``pack``."""
+                     architectures: Sequence[str] | None = None,
+                     pins: Sequence[str] = PINS) -> Iterator[Cell]:
+    """Yield every cell (architecture x pin x scenario) with its Decision under ``pack``
+    (``columns``, ``architectures`` and ``pins`` narrow the grid)."""
     cols = list(columns) if columns is not None else scenarios(pack)
     archs = pack.architectures
     names = list(architectures) if architectures is not None else sorted(archs)
-    pin_envs = {pin: pack.pin_env(None if pin == "auto" else pin) for pin in PINS}
+    pin_envs = {pin: pack.pin_env(None if pin == "auto" else pin) for pin in pins}
     decide = pack.decide_attributes
     for arch in names:
         info = archs.get(arch)
         family = info.family if info is not None else "(unknown)"
         row = _BASE._trusted_replace({"architecture": arch})
-        for pin in PINS:
+        for pin in pins:
             base = row._trusted_replace({"env": _frozen(pin_envs[pin])}) if pin != "auto" else row
             state = {name: getattr(base, name) for name in CONFIG_FIELD_NAMES}
             for col in cols:
@@ -154,32 +156,3 @@ def _frozen(env: dict[str, str]) -> Any:
 
     return FrozenMap(env)
 
-
-@dataclass(frozen=True)
-class CellChange:
-    """A cell whose runner differs between two packs."""
-
-    architecture: str
-    family: str
-    pin: str
-    scenario: str
-    before: Decision
-    after: Decision
-
-
-def diff_matrix(pack: Pack, other: Pack, canaries: CanarySnapshot | None = None
-                ) -> Iterator[CellChange]:
-    """The cells (over both packs' architectures and scenarios) whose runner differs.
-
-    The pin axis uses each pack's own runner variable."""
-    cols: dict[tuple[tuple[str, Any], ...], Scenario] = {}
-    for p in (pack, other):
-        for s in scenarios(p):
-            cols.setdefault(s.changes, s)
-    archs = sorted(set(pack.architectures) | set(other.architectures))
-    a_cells = enumerate_matrix(pack, canaries, columns=list(cols.values()), architectures=archs)
-    b_cells = enumerate_matrix(other, None, columns=list(cols.values()), architectures=archs)
-    for a, b in zip(a_cells, b_cells, strict=True):
-        if a.decision.runner != b.decision.runner:
-            yield CellChange(a.architecture, a.family if a.family != "(unknown)" else b.family,
-                             a.pin, a.scenario.id, a.decision, b.decision)

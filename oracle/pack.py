@@ -87,6 +87,8 @@ class Pack:
         self._views: dict[CanarySnapshot | None, tuple[tuple[Any, ...], str]] = {}
         self._by_state: dict[tuple[Any, ...], tuple[tuple[Any, ...], str]] = {}
         self._caches: dict[CanarySnapshot | None, dict[DeploymentConfig, Decision]] = {}
+        # (architecture, runner_kind) -> the refusal text, or None: the manifests are fixed.
+        self._unserved_texts: dict[tuple[str, str], str | None] = {}
         self._last: tuple[Any, Any, Any] = (None, None, None)
         self._lock = threading.Lock()
 
@@ -326,7 +328,13 @@ class Pack:
 
     def _unserved(self, architecture: str, runner_kind: str) -> str | None:
         """The refusal of an architecture no runner's manifest serves for ``runner_kind``
-        (``pack.manifests``), or None when one does."""
+        (``pack.manifests``), or None when one does (memoised per pair)."""
+        key = (architecture, runner_kind)
+        if key not in self._unserved_texts:
+            self._unserved_texts[key] = self._unserved_text(architecture, runner_kind)
+        return self._unserved_texts[key]
+
+    def _unserved_text(self, architecture: str, runner_kind: str) -> str | None:
         served = self._data.served or {}
         if architecture in served.get(runner_kind, ()):
             return None

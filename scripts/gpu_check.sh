@@ -2,10 +2,13 @@
 # The GPU check of both runners (an H200 with torch, Triton, transformers; no pydantic needed):
 #   1. every kernel test on CUDA (compiled kernels against their torch references),
 #   2. the gpu-marked tests of runner_v1 and runner_v2 (tests/parity, tests/runner_v1, tests/runner_v2),
-#   3. the throughput benchmark (DESIGN §6 workload: runner_v1, runner_v2 and HF generate).
+#   3. the throughput benchmark (DESIGN §6 workload: runner_v1, runner_v2 and HF generate),
+#   4. (part `families`) the per-family benchmark (benchmarks/families.py: OPT, the MoE families
+#      and DeepSeek-V2 at full layer count, V1 and V2) and the fused MoE kernel benchmark.
 # Logs go under $OUT (default /tmp/gpu-check): kernels.log, gpu_tests.log, throughput.log and
-# throughput.json (the benchmark's last line). Exit status: non-zero if any part failed.
-# Usage (repository root): bash scripts/gpu_check.sh [all|tests|bench]
+# throughput.json (the benchmark's last line); families.log/.json, fused_moe.log/.json.
+# Exit status: non-zero if any part failed.
+# Usage (repository root): bash scripts/gpu_check.sh [all|tests|bench|families]
 # About 3-5 minutes for the tests and 2-3 for the benchmark on an H200; run `tests` and `bench`
 # as two commands if one command is limited to less than the sum.
 set -uo pipefail
@@ -25,7 +28,8 @@ if [ "$PART" = all ] || [ "$PART" = tests ]; then
   # The sm_90 compile checks need no GPU (they run in CI); here the kernels run compiled.
   "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 tests/kernels -k "not compile" 2>&1 \
     | tee "$OUT/kernels.log" || status=1
-  "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 -m gpu tests/parity tests/runner_v1 tests/runner_v2 2>&1 \
+  "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 -m gpu tests/parity tests/runner_v1 tests/runner_v2 tests/engine \
+    --ignore=tests/engine/test_engine_cli.py 2>&1 \
     | tee "$OUT/gpu_tests.log" || status=1
   echo "tests done after $((SECONDS - start)) s" | tee -a "$OUT/gpu_tests.log"
 fi
@@ -34,6 +38,14 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
   "$PY" benchmarks/throughput.py 2>&1 | tee "$OUT/throughput.log" || status=1
   tail -n 1 "$OUT/throughput.log" > "$OUT/throughput.json"
   echo "benchmark done after $((SECONDS - start)) s"
+fi
+
+if [ "$PART" = all ] || [ "$PART" = families ]; then
+  "$PY" benchmarks/families.py 2>&1 | tee "$OUT/families.log" || status=1
+  tail -n 1 "$OUT/families.log" > "$OUT/families.json"
+  "$PY" benchmarks/fused_moe.py 2>&1 | tee "$OUT/fused_moe.log" || status=1
+  tail -n 1 "$OUT/fused_moe.log" > "$OUT/fused_moe.json"
+  echo "family benchmarks done after $((SECONDS - start)) s"
 fi
 
 exit $status

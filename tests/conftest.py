@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,19 @@ def _cuda_available() -> bool:
 # Triton kernels run on CPU through the interpreter; it must be chosen before triton loads.
 if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Model ids resolve through the HF cache and the hub (oracle/sources/hub.py). The suite never
+# reads the machine's own cache or asks the real hub: an empty cache, and an endpoint where
+# nothing listens (refused at once), so every model id falls through to known_models.yaml as it
+# would offline. Set before huggingface_hub is imported (it reads them once); subprocesses
+# inherit them. tests/oracle/test_hub_resolution.py points HF_ENDPOINT at a local hub server.
+_HF_HOME = tempfile.mkdtemp(prefix="turnout-tests-hf-")
+os.environ["HF_HOME"] = _HF_HOME
+os.environ["HF_HUB_CACHE"] = os.path.join(_HF_HOME, "hub")
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the discard port: nothing listens there
+for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
+              "HF_HUB_ETAG_TIMEOUT"):
+    os.environ.pop(_name, None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -262,3 +262,54 @@ class MatrixOut(BaseModel):
     scenarios: list[str] = Field(description="column ids, the oracle's order")
     grid: dict[str, dict[str, dict[str, dict[str, int]]]] = Field(
         description="pin → family → scenario → runner (v1, v2, none) → cells")
+
+
+class UpgradeSideOut(BaseModel):
+    pack: str
+    runner: str | None = Field(description="v1, v2, or null: the engine would not start")
+    reason_code: str
+    why: list[str] = Field(description="reason ids (rules, step.<id> refusals, pins, "
+                           "error.<code>), or the reason code when none")
+    reasons: list[dict[str, str]] = Field(description="{rule_id, label} of each reason")
+    steps: list[str] = Field(description="ids of the normalising steps that applied under "
+                             "this pack only (when the runner changes and both start)")
+    error: str | None
+    error_code: str | None
+
+
+class UpgradeExampleOut(BaseModel):
+    deployment_id: str
+    model: str | None
+    change: str = Field(description="before→after: v1, v2 or refuse (no runner)")
+    demo: bool
+    before: UpgradeSideOut
+    after: UpgradeSideOut
+
+
+class UpgradeFamilyOut(BaseModel):
+    family: str
+    label: str
+    deployments: int
+    changed: int
+    changes: dict[str, int] = Field(description="change (v1→v2, v2→refuse, …) → deployments")
+    why_before: dict[str, int] = Field(description="the most common reason ids of the "
+                                       "changed deployments under from_pack → deployments")
+    why_after: dict[str, int]
+    examples: list[UpgradeExampleOut] = Field(description="up to 20 deployments that would "
+                                              "switch, most common change first")
+
+
+class UpgradePreviewOut(BaseModel):
+    from_pack: str
+    to_pack: str
+    num_deployments: int = Field(description="recorded deployments (each one's latest decision)")
+    num_considered: int = Field(description="those decided by both packs")
+    num_without_config: int = Field(description="recorded without a config (left out)")
+    num_unreadable: int = Field(description="with a config this build cannot read (left out)")
+    num_changed: int
+    changes: dict[str, int]
+    unknown_fields: dict[str, list[str]] = Field(
+        description="pack → fields its release does not have and the other pack's does (a "
+        "deployment that sets one is refused by name: unknown_setting)")
+    families: list[UpgradeFamilyOut] = Field(description="most changed first; unreadable "
+                                             "configs are not a family here")

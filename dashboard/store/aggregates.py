@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -116,3 +116,26 @@ def overview(*, session: Session, include_demo: bool = True, days: int = 30,
 def deployments_for_impact(*, session: Session) -> list[Deployment]:
     """Deployments that carry their config (the impact preview re-decides them)."""
     return list(session.scalars(select(Deployment).where(Deployment.config.is_not(None))))
+
+
+class RecordedDeployment(NamedTuple):
+    """A deployment's latest recorded decision and the config it reported (None when the
+    engine sent none)."""
+
+    deployment_id: str
+    pack: str
+    family: str
+    runner: str | None
+    config: dict[str, Any] | None
+    demo: bool
+
+
+def recorded_deployments(*, session: Session, include_demo: bool = True
+                         ) -> list[RecordedDeployment]:
+    """Every deployment's latest decision with its config, by deployment id (the upgrade
+    preview decides each again under two packs)."""
+    stmt = select(Deployment.deployment_id, Deployment.pack, Deployment.family,
+                  Deployment.runner, Deployment.config, Deployment.demo
+                  ).order_by(Deployment.deployment_id)
+    return [RecordedDeployment(*row) for row in session.execute(
+        _demo_filter(stmt, Deployment, include_demo))]

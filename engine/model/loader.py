@@ -23,6 +23,9 @@ from engine.model.quantization import quantization_report
 from engine.model.registry import decoder_class
 from engine.model.weights import WeightLoadError, WeightSource, assign_weights, random_source
 
+#: How weights are obtained (vLLM's ``--load-format`` values this engine serves).
+LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
+
 
 def load_model(
     source: str | Path | ModelConfig,
@@ -31,6 +34,7 @@ def load_model(
     device: torch.device | str = "cpu",
     seed: int = 0,
     attn_backend: str = "auto",
+    load_format: str = "auto",
 ) -> DecoderModel | EncoderModel:
     """Load a model in eval mode, its weights at ``dtype`` on ``device``.
 
@@ -42,21 +46,30 @@ def load_model(
             when the config has an FP8 ``quantization_config`` with dynamic activations).
         attn_backend: ``"auto"`` (Triton on CUDA, torch reference on CPU), ``"triton"`` or
             ``"torch"``; for attention and the fused MoE experts alike.
+        load_format: ``"auto"`` reads the weights; ``"dummy"`` (vLLM's ``--load-format dummy``)
+            reads only ``config.json`` of an HF directory and draws seeded random weights on
+            ``device`` itself (``random_tensor``; CUDA's generator gives other values than
+            the CPU's), for models whose checkpoint would not fit the disk or take minutes to
+            draw on the host.
 
     Raises:
         FileNotFoundError: the path does not exist or holds no weights.
         ModelConfigError: the config names an unsupported architecture or feature.
         WeightLoadError: the weights do not fit the architecture.
+        ValueError: an unknown ``attn_backend`` or ``load_format``.
     """
     if attn_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attn_backend must be one of {ATTENTION_BACKENDS}, got {attn_backend!r}")
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
+    if load_format == "dummy" and not isinstance(source, ModelConfig):
+        path = Path(source)
+        if not path.is_dir():
+            raise FileNotFoundError(f"load_format='dummy' needs an HF model directory, got {path}")
+        source = read_hf_config(path)
+        return _random_model(source, seed, torch.device(device).type, dtype, device, attn_backend)
     if isinstance(source, ModelConfig):
-        weights = random_source(source, seed)
-        if isinstance(source.quantization, Fp8Config):  # quantised by the format's own rule
-            from engine.model.fp8_checkpoint import quantize_tensors
-
-            weights = quantize_tensors(weights, source)
-        return build_model(source, weights, dtype=dtype, device=device, attn_backend=attn_backend)
+        return _random_model(source, seed, "cpu", dtype, device, attn_backend)
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
@@ -70,6 +83,16 @@ def load_model(
         return build_model(config, safetensors_source(path), dtype=dtype, device=device,
                            attn_backend=attn_backend)
     raise FileNotFoundError(f"{path} is neither an HF model directory nor a .gguf file")
+
+
+def _random_model(config: ModelConfig, seed: int, draw_on: str, dtype: torch.dtype,
+                  device: torch.device | str, attn_backend: str) -> DecoderModel | EncoderModel:
+    weights = random_source(config, seed, draw_on)
+    if isinstance(config.quantization, Fp8Config):  # quantised by the format's own rule
+        from engine.model.fp8_checkpoint import quantize_tensors
+
+        weights = quantize_tensors(weights, config)
+    return build_model(config, weights, dtype=dtype, device=device, attn_backend=attn_backend)
 
 
 def read_hf_config(model_dir: Path) -> ModelConfig:

@@ -95,16 +95,17 @@ def hf_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return decoder_class(config).hf_weight_shapes(config)
 
 
-def random_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """A float32 tensor that depends only on ``(seed, name, shape)`` (CPU generator).
+def random_tensor(name: str, shape: tuple[int, ...], seed: int, device: str = "cpu") -> torch.Tensor:
+    """A float32 tensor on ``device`` that depends only on ``(seed, name, shape, device type)``:
+    drawn by that device's generator, so CUDA-drawn values differ from CPU-drawn ones.
 
     Norm weights ``1 + 0.1 N(0,1)``, biases ``0.02 N(0,1)``, embeddings ``N(0,1)``, projection
     matrices ``N(0, 1/fan_in)`` (fan-in: the last dimension, also of stacked experts): logits of a small model then have spread, so greedy parity
     tests compare clear choices rather than near-ties.
     """
-    gen = torch.Generator(device="cpu").manual_seed((seed * 1_000_003 + zlib.crc32(name.encode()))
-                                                    % (2**63))
-    x = torch.randn(shape, generator=gen, dtype=torch.float32)
+    gen = torch.Generator(device=device).manual_seed((seed * 1_000_003 + zlib.crc32(name.encode()))
+                                                     % (2**63))
+    x = torch.randn(shape, generator=gen, dtype=torch.float32, device=device)
     if name.endswith(".bias"):
         return x * 0.02
     if len(shape) == 1:
@@ -114,9 +115,9 @@ def random_tensor(name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     return x / shape[-1] ** 0.5
 
 
-def random_source(config: ModelConfig, seed: int) -> WeightSource:
-    """Seeded random weights under HF names (see :func:`random_tensor`)."""
-    return {name: (lambda n=name, s=shape: random_tensor(n, s, seed))
+def random_source(config: ModelConfig, seed: int, device: str = "cpu") -> WeightSource:
+    """Seeded random weights under HF names, drawn on ``device`` (see :func:`random_tensor`)."""
+    return {name: (lambda n=name, s=shape: random_tensor(n, s, seed, device))
             for name, shape in hf_weight_shapes(config).items()}
 
 

@@ -115,13 +115,21 @@ def decide(
     canaries: CanOpt = None,
     summary: Annotated[bool, typer.Option("--summary", help="table per family")] = False,
     markdown: Annotated[bool, typer.Option("--markdown", help="summary as Markdown")] = False,
+    compare: Annotated[str | None, typer.Option(
+        "--compare", help="another pack (an upgrade: --pack vllm-0.31 --compare vllm-0.32): "
+                          "the deployments whose runner changes and why; exit 1 if any do")
+    ] = None,
 ) -> None:
-    """Decide the runner. Exit 0 decided, 2 bad input, 3 a pin that cannot be honoured."""
+    """Decide the runner. Exit 0 decided, 2 bad input, 3 a pin that cannot be honoured
+    (with --compare: 0 no runner changes, 1 some do, 2 the input cannot be read)."""
     console = make_console(stderr=as_json)
     ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
                    tuple(sets or ()))
     the_pack, used, items = prepare(console, pack, canaries, argv, spec, commands, ov,
                                     as_json=as_json)
+    if compare is not None:
+        _compare(console, the_pack, compare, used, items, as_json=as_json,
+                 summary_only=summary, markdown=markdown)
     results = run_decisions(items, the_pack, used.snapshot)
     if as_json:
         print_json(results, the_pack, the_pack.policy_digest(used.snapshot))
@@ -134,3 +142,24 @@ def decide(
         print_many(console, results)
     print_canaries(console, used, markdown=summary and markdown)
     raise typer.Exit(exit_code(results))
+
+
+def _compare(console: Console, the_pack: Pack, other: str, used: Canaries, items: list[Item],
+             *, as_json: bool, summary_only: bool, markdown: bool) -> None:
+    """``--compare``: print the comparison and exit with its status."""
+    from oracle.cli.compare_cmd import compare_items, exit_status, print_compare, print_compare_json
+
+    try:
+        after = load_pack(other)
+    except OracleError as exc:
+        if as_json:
+            print(json.dumps(input_error_json(exc, None)))
+        raise fail(console, exc) from None
+    changes = compare_items(items, the_pack, after, used.snapshot)
+    if as_json:
+        print_compare_json(changes, the_pack, after)
+    else:
+        print_compare(console, changes, the_pack, after, summary_only=summary_only,
+                      markdown=markdown)
+        print_canaries(console, used, markdown=markdown)
+    raise typer.Exit(exit_status(changes))

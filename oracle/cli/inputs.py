@@ -4,15 +4,19 @@ a list of deployments to decide, each with its id, its config or the error that 
 from __future__ import annotations
 
 import json
+import re
+import shlex
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from oracle.config import DeploymentConfig
 from oracle.errors import ConfigError, ErrorCode, Issue
-from oracle.sources import from_command, from_hf_config, load_specs
+from oracle.sources import command_to_fields, from_hf_config, load_specs
 from oracle.yamlpos import read_lines
 
+_ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _SCALARS = {"true": True, "false": False, "none": None, "null": None}
 
 
@@ -45,6 +49,7 @@ class Item:
     error: str | None = None
     error_code: ErrorCode | None = None
     model: str | None = None
+    model_source: str | None = None  # where the model's config.json came from, for people
 
 
 @dataclass(frozen=True)
@@ -94,9 +99,12 @@ def _with(config: DeploymentConfig, fields: dict[str, Any], env: dict[str, str]
 def from_command_line(argv: list[str], ov: Overrides) -> Item:
     """The deployment of one ``vllm serve`` command line."""
     try:
-        cfg = from_command(argv, ov.env_map(), architecture=ov.architecture,
-                           hf_config=ov.hf_config, hint_for="cli", release=ov.release)
-        return Item(ov.deployment_id, _with(cfg, ov.fields(), {}), model=cfg.model)
+        parsed = command_to_fields(argv, ov.env_map(), architecture=ov.architecture,
+                                   hf_config=ov.hf_config, hint_for="cli", release=ov.release)
+        cfg = DeploymentConfig(**parsed.fields)
+        source = parsed.model_source.describe() if parsed.model_source else None
+        return Item(ov.deployment_id, _with(cfg, ov.fields(), {}), model=cfg.model,
+                    model_source=source)
     except ConfigError as exc:
         return Item(ov.deployment_id, None, exc.message, exc.code)
 
@@ -129,27 +137,36 @@ def from_spec_file(path: Path, ov: Overrides) -> list[Item]:
 
 
 def from_commands_file(path: Path, ov: Overrides) -> list[Item]:
-    """Every line of a commands file (JSON lines with ``id``, ``env``, ``argv``, as
-    policies/reference/vllm_recipes.jsonl); a line that cannot be parsed gets ``error``."""
+    """Every deployment of a commands file; a line that cannot be parsed gets ``error``.
+
+    A line is a JSON object with ``id``, ``env`` and ``argv`` (as policies/reference/
+    vllm_recipes.jsonl), or a shell line ``[NAME=value ...] vllm serve MODEL [flags]`` (a
+    trailing backslash continues it on the next line; ``#`` starts a comment line), whose id
+    is ``FILE:LINE``."""
     try:
         lines = read_lines(path)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}",
                           code=ErrorCode.FILE_NOT_FOUND) from None
     items = []
-    for n, line in enumerate(lines, start=1):
+    for n, line in _logical_lines(lines):
         if isinstance(line, Issue):
             items.append(Item(None, None, f"{path}:{n}:{line.column}: {line.message}",
                               ErrorCode.BAD_SPEC))
             continue
-        if not line.strip():
+        text = line.strip()
+        if not text or text.startswith("#"):
             continue
         row: Any = None
         try:
-            row = json.loads(line)
-            argv, env = _command_row(row)
+            if text.startswith("{"):
+                row = json.loads(text)
+                argv, env = _command_row(row)
+            else:
+                row, (argv, env) = {}, _shell_row(text)
         except ValueError as exc:
-            rid = str(row["id"]) if isinstance(row, dict) and _is_id(row.get("id")) else None
+            rid = str(row["id"]) if isinstance(row, dict) and _is_id(row.get("id")) else (
+                None if text.startswith("{") else f"{path.name}:{n}")
             items.append(Item(rid, None, f"{path}:{n}: {exc}", ErrorCode.BAD_SPEC))
             continue
         rid = str(row["id"]) if "id" in row else f"{path.name}:{n}"
@@ -160,6 +177,42 @@ def from_commands_file(path: Path, ov: Overrides) -> list[Item]:
         items.append(Item(rid, item.config, item.error, item.error_code,
                           item.model or _model_of(argv)))
     return items
+
+
+def _logical_lines(lines: Iterable[str | Issue]) -> Iterator[tuple[int, str | Issue]]:
+    """(first line number, text) of each line, shell lines ending in a backslash joined with
+    the lines that continue them."""
+    pending: tuple[int, str] | None = None
+    for n, line in enumerate(lines, start=1):
+        if isinstance(line, Issue):
+            if pending is not None:
+                yield pending
+                pending = None
+            yield n, line
+            continue
+        start, text = (pending[0], f"{pending[1]} {line.strip()}") if pending else (n, line)
+        pending = None
+        if not text.lstrip().startswith("{") and text.rstrip().endswith("\\"):
+            pending = (start, text.rstrip()[:-1])
+            continue
+        yield start, text
+    if pending is not None:
+        yield pending
+
+
+def _shell_row(text: str) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of a shell line: leading ``NAME=value`` words are the environment."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:  # an unbalanced quote
+        raise ValueError(f"not a shell command line ({exc})") from None
+    env: dict[str, str] = {}
+    while words and _ENV_WORD.match(words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    if not words:
+        raise ValueError("no command after the environment assignments")
+    return words, env
 
 
 def _is_id(value: Any) -> bool:

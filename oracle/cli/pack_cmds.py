@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
 
@@ -28,6 +27,7 @@ from oracle.cli.decide_cmd import (
     fail,
     prepare,
 )
+from oracle.cli.diff_cmd import print_diff
 from oracle.cli.inputs import Overrides
 from oracle.cli.render import (
     EXIT_BAD_INPUT,
@@ -40,7 +40,8 @@ from oracle.cli.render import (
 from oracle.errors import ErrorCode, OracleError
 from oracle.explain import explain as explain_config
 from oracle.lint import lint_pack
-from oracle.matrix import CellChange, diff_matrix, enumerate_matrix
+from oracle.matrix import enumerate_matrix
+from oracle.matrix_diff import diff_packs
 from oracle.pack import load_pack
 
 
@@ -109,23 +110,32 @@ def lint(
 
 
 def matrix(
-    pack: PackOpt = "turnout",
-    diff: Annotated[str | None, typer.Option("--diff", help="another pack to compare")] = None,
+    other: Annotated[list[str] | None, typer.Argument(
+        help="with --diff A: the pack A is compared with (turnout matrix --diff A B)",
+        show_default=False)] = None,
+    pack: Annotated[str | None, typer.Option(
+        "--pack", "-p", help="pack name or folder (default: turnout)")] = None,
+    diff: Annotated[str | None, typer.Option(
+        "--diff", help="compare: --pack P --diff Q (P to Q) or --diff P Q")] = None,
     canaries: CanOpt = None,
     as_json: JsonOpt = False,
+    cells: Annotated[bool, typer.Option(
+        "--cells", help="with --diff: every changed cell, its reasons and steps")] = False,
 ) -> None:
-    """Every cell of the pack's closed domains, tabulated per family (or changed cells)."""
+    """Every cell of the pack's closed domains, tabulated per family (or, with --diff, the
+    cells whose runner changes from one pack to another, with the reasons of both)."""
     console = make_console()
     try:
-        the_pack = load_pack(pack)
-        other = load_pack(diff) if diff else None
+        first, second = _packs_asked(pack, diff, other)
+        the_pack = load_pack(first)
+        compared = load_pack(second) if second else None
         used = load_canaries(canaries, the_pack)
     except OracleError as exc:
         raise fail(console, exc) from None
     snapshot = used.snapshot
-    if other is not None:
-        _print_diff(console, the_pack.name, other.name,
-                    list(diff_matrix(the_pack, other, snapshot)), as_json)
+    if compared is not None:
+        print_diff(console, diff_packs(the_pack, compared, snapshot), as_json=as_json,
+                   cells=cells)
         if not as_json:
             print_canaries(console, used)
         return
@@ -155,18 +165,18 @@ def matrix(
     print_canaries(console, used)
 
 
-def _print_diff(console: Console, a: str, b: str, changes: list[CellChange],
-                as_json: bool) -> None:
-    groups: Counter[tuple[str, str, str, str]] = Counter(
-        (c.scenario, c.pin, c.before.runner or "error", c.after.runner or "error")
-        for c in changes)
-    if as_json:
-        print(json.dumps({"from": a, "to": b, "changed_cells": len(changes),
-                          "groups": [{"scenario": s, "pin": p, "from": x, "to": y, "cells": n}
-                                     for (s, p, x, y), n in groups.most_common()]}))
-        return
-    table = folding_table("scenario", "pin", escape(a), escape(b), "cells",
-                          title=escape(f"{len(changes)} cells change runner from {a} to {b}"))
-    for (s, p, x, y), n in groups.most_common():
-        table.add_row(escape(s), p, x, y, str(n))
-    console.print(table)
+
+def _packs_asked(pack: str | None, diff: str | None, other: list[str] | None
+                 ) -> tuple[str, str | None]:
+    """(the pack, the pack it is compared with or None) from ``--pack``, ``--diff`` and the
+    argument; OracleError (bad_usage) for a combination that names no clear pair."""
+    extra = list(other or ())
+    if not extra:
+        return pack or "turnout", diff
+    if diff is None:
+        raise OracleError(f"unexpected argument {extra[0]!r}: compare two packs with "
+                          "--diff FROM TO (or --pack FROM --diff TO)", code=ErrorCode.BAD_USAGE)
+    if len(extra) > 1 or pack is not None:
+        raise OracleError("give two packs: --diff FROM TO, or --pack FROM --diff TO",
+                          code=ErrorCode.BAD_USAGE)
+    return diff, extra[0]

@@ -84,6 +84,9 @@ def print_one(console: Console, item: Item, d: Decision | None) -> None:
         console.print(hanging(lines))
     if d.reasons:
         console.print(_reasons_table(console, d))
+    if item.model_source:
+        console.print(hanging([(Text("  model config", style="dim"),
+                                Text(item.model_source, style="dim"))]))
     console.print(f"  policy digest {d.policy_digest}", style="dim")
 
 

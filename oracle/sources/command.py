@@ -30,7 +30,7 @@ from oracle.errors import ConfigError, ErrorCode, PackError
 from oracle.sources.command_fields import SPECULATIVE_DESTS, speculative, to_fields
 from oracle.sources.command_parser import ParseRefusal, PlaceholderValue, serve_parser
 from oracle.sources.hf_config import hf_config_to_fields
-from oracle.sources.known_models import candidate_architectures, lookup_model
+from oracle.sources.hub import ModelConfigSource, resolve_model_config
 
 _PLACEHOLDER = re.compile(r"^<[^>]*>$|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|^(/)?path/to/|^\.\.\.$")
 _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -66,6 +66,7 @@ class ParsedCommand:
     ignored: list[str] = field(default_factory=list)
     ignored_env: list[str] = field(default_factory=list)
     release: str = ""
+    model_source: ModelConfigSource | None = None  # where the model's facts came from
 
 
 def _split_argv(argv: Sequence[str] | str, env: dict[str, str]) -> list[str]:
@@ -191,9 +192,14 @@ def check_line(argv: Sequence[str] | str, *, release: str | None = None,
 def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
                       architecture: str | None = None, hf_config: str | Path | None = None,
                       base_dir: str | Path | None = None, hint_for: HintFor = "python",
-                      release: str | None = None) -> ParsedCommand:
+                      release: str | None = None, offline: bool = False) -> ParsedCommand:
     """Parse ``argv`` (with ``env``) into DeploymentConfig fields with the ``vllm serve``
     parser of vLLM ``release`` ("0.31"; None: the newest table). See the module docstring.
+
+    The model's facts come from :func:`oracle.sources.hub.resolve_model_config` (a local
+    directory, the HF cache, the hub at ``--revision``, known_models.yaml; ``--hf-config-path``
+    names the config instead of the model; ``offline`` never asks the hub), recorded in
+    ``ParsedCommand.model_source``.
 
     Raises ConfigError naming the offending flag, value or model; for a model whose
     architecture is unknown, the message says how to give it in the words of ``hint_for``
@@ -214,32 +220,40 @@ def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
     backend = str(fields.pop("_attention_backend", "")).upper()
     if backend.startswith("ROCM") or any(k.startswith(ROCM_ENV_PREFIXES) for k in env_all):
         fields.setdefault("platform", "rocm")  # AMD-only variables or attention backends
-    fields.update(_model_fields(model, fields, architecture, hf_config, base, hint_for))
+    model_fields, source = _model_fields(model, fields, architecture, hf_config, base, hint_for,
+                                         offline)
+    fields.update(model_fields)
     if model is not None:
         fields["model"] = model
     return ParsedCommand(fields, model, ignored,
-                         sorted(k for k in env_all if k not in runner_env), table.release)
+                         sorted(k for k in env_all if k not in runner_env), table.release, source)
 
 
 def from_command(argv: Sequence[str] | str, env: Mapping[str, str] | None = None, *,
                  architecture: str | None = None, hf_config: str | Path | None = None,
                  base_dir: str | Path | None = None, hint_for: HintFor = "python",
-                 release: str | None = None, **overrides: Any) -> DeploymentConfig:
+                 release: str | None = None, offline: bool = False,
+                 **overrides: Any) -> DeploymentConfig:
     """A DeploymentConfig from a real ``vllm serve MODEL [flags]`` command line and its
     environment.
 
     The line is read by the ``vllm serve`` parser of vLLM ``release`` ("0.29" ... "0.33";
     None: the newest; :func:`oracle.sources.command_table.release_for_pack` gives a pack's).
-    ``argv`` is a list (or a shell string, split with shlex). The model id is looked up in
-    ``policies/known_models.yaml`` unless ``architecture`` or ``hf_config`` is given or the
-    model is a local directory with a config.json; ``overrides`` (DeploymentConfig fields) win.
-    Raises ConfigError for a placeholder model, an unknown model, an unknown flag or a bad flag
+    ``argv`` is a list (or a shell string, split with shlex). Unless ``architecture`` or
+    ``hf_config`` is given, the model's config.json is read from a local directory, the HF
+    cache or the hub (at ``--revision``; never the hub with ``offline`` or HF_HUB_OFFLINE=1),
+    else its ``policies/known_models.yaml`` entry is used (oracle/sources/hub.py);
+    ``overrides`` (DeploymentConfig fields) win. Raises ConfigError for a placeholder model, an
+    unknown or gated model, a revision the hub does not have, a flag or a value the release's
+    parser refuses (the message names it, in the parser's words); ``hint_for`` ("python",
+    "cli", "api", "page") words how to
     value (the message names it); ``hint_for`` ("python", "cli", "api", "page") words how to
     give an architecture the oracle cannot find, and an unknown model's message names the
     architectures its name suggests.
     """
     fields = command_to_fields(argv, env or {}, architecture=architecture, hf_config=hf_config,
-                               base_dir=base_dir, hint_for=hint_for, release=release).fields
+                               base_dir=base_dir, hint_for=hint_for, release=release,
+                               offline=offline).fields
     fields.update(overrides)
     return DeploymentConfig(**fields)
 
@@ -255,26 +269,17 @@ def architecture_hint(hint_for: HintFor) -> str:
     return f"{own}, or {overrides}" if own else overrides
 
 
-def _unknown_model(model: str, hint: str) -> ConfigError:
-    candidates = candidate_architectures(model)
-    guess = ""
-    if candidates:
-        guess = "; by its name it may be " + ", ".join(
-            f"{arch} ({label})" for arch, label in candidates) + " (check the model's config.json)"
-    return ConfigError(f"model {model!r} is not in policies/known_models.yaml and is not a "
-                       f"local directory with a config.json{guess}; {hint}",
-                       code=ErrorCode.UNKNOWN_MODEL, field="model")
-
-
 def _model_fields(model: str | None, fields: dict[str, Any], architecture: str | None,
-                  hf_config: str | Path | None, base: Path | None, hint_for: HintFor
-                  ) -> dict[str, Any]:
+                  hf_config: str | Path | None, base: Path | None, hint_for: HintFor,
+                  offline: bool) -> tuple[dict[str, Any], ModelConfigSource | None]:
+    revision = fields.pop("_revision", None)
+    config_path = fields.pop("_hf_config_path", None)
     if hf_config is not None:
-        return hf_config_to_fields(hf_config) | _explicit(fields)
+        return hf_config_to_fields(hf_config) | _explicit(fields), None
     if architecture is not None:
-        return {"architecture": architecture}
+        return {"architecture": architecture}, None
     if "architecture" in fields:  # from --hf-overrides architectures
-        return {}
+        return {}, None
     hint = architecture_hint(hint_for)
     if model is None:
         raise ConfigError(f"no model in the command line; {hint}", code=ErrorCode.MISSING_MODEL)
@@ -286,16 +291,10 @@ def _model_fields(model: str | None, fields: dict[str, Any], architecture: str |
                           "punctuation), not a model id: the line reads as a sentence about a "
                           "command, not a command; give a real vllm serve MODEL line",
                           code=ErrorCode.PLACEHOLDER_MODEL, field="model")
-    local = Path(model) if base is None else base / model
-    if (local / "config.json").is_file():
-        return hf_config_to_fields(local) | _explicit(fields)
-    known = lookup_model(model)
-    if known is None:
-        raise _unknown_model(model, hint)
-    out: dict[str, Any] = {"architecture": known.architecture, **known.attributes}
-    if known.quantization != "none":
-        out["quantization"] = known.quantization
-    return out | _explicit(fields)
+    source = resolve_model_config(config_path or model, revision, base_dir=base,
+                                  offline=offline, hint=hint,
+                                  what="--hf-config-path" if config_path else "model")
+    return source.fields() | _explicit(fields), source
 
 
 def _explicit(fields: dict[str, Any]) -> dict[str, Any]:

@@ -36,6 +36,8 @@ DIRECT: dict[str, str] = {
     "async_scheduling": "async_scheduling", "enable_prefix_caching": "enable_prefix_caching",
     "enable_lora": "lora", "quantization": "quantization", "mm_encoder_only": "mm_encoder_only",
 }
+# dest -> where command.py finds the model's config.json (oracle/sources/hub.py), not a field
+MODEL_SOURCE: dict[str, str] = {"revision": "_revision", "hf_config_path": "_hf_config_path"}
 # handled by to_fields (JSON values, derived fields); model_tag is the model
 DERIVED = ("model_tag", "speculative_config", "spec_method", "spec_model", "spec_tokens",
            "compilation_config", "kv_transfer_config", "attention_config", "watermark_config",
@@ -181,6 +183,9 @@ def to_fields(given: dict[str, Any], table: FlagTable) -> tuple[dict[str, Any], 
             if value is not None:
                 fields[DIRECT[dest]] = tuple(v for v in value if v is not None) \
                     if dest == "logits_processors" else value
+        elif dest in MODEL_SOURCE:
+            if value is not None:
+                fields[MODEL_SOURCE[dest]] = value
         elif dest not in DERIVED:
             ignored.append(describe(dest, value, table))
     if any(given.get(d) is not None for d in SPECULATIVE_DESTS):

@@ -1,9 +1,13 @@
-"""DeploymentConfig fields from a Hugging Face ``config.json``.
+"""DeploymentConfig fields from a Hugging Face ``config.json``, read as vLLM reads it.
 
-Only facts the file states are used: ``architectures[0]``, ``model_type``,
-``quantization_config.quant_method``, expert counts (MoE), ``kv_lora_rank`` (MLA),
-``is_encoder_decoder``, vision/audio sub-configs (multimodal) and Mamba / linear-attention
-layer types (inner state). Anything the file does not say is left to families.yaml.
+Only facts the file states are used: ``architectures[0]``, ``model_type``, ``hidden_size``
+(of ``text_config`` when there is one, as vLLM's ``hf_text_config``),
+``quantization_config.quant_method`` (with vLLM's ModelOpt overrides), expert counts (MoE),
+``kv_lora_rank`` (MLA), ``index_topk`` (a sparse-attention indexer: present or not, as vLLM's
+``hasattr`` check reads it), ``is_encoder_decoder``, vision/audio sub-configs (multimodal) and
+Mamba / linear-attention layers (inner state, hybrid, attention-free). What the file does not
+say (pooling runners, ``supports_mamba_prefix_caching``, a model class's own flags) is left to
+the pack's families.yaml.
 """
 
 from __future__ import annotations
@@ -20,6 +24,13 @@ from oracle.yamlpos import read_text
 # HF config keys that count routed experts, per model family (transformers configuration_*.py).
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 _INNER_STATE_LAYERS = {"mamba", "mamba2", "linear_attention", "conv", "ssm"}
+_ATTENTION_LAYERS = {"attention", "full_attention", "sliding_attention", "hybrid"}
+# model_type of attention-free state-space models (transformers configuration_*.py).
+_ATTENTION_FREE_TYPES = {"mamba", "mamba2", "falcon_mamba"}
+# vLLM's ModelOpt configs rename quant_method "modelopt" by quant_algo
+# (vllm/model_executor/layers/quantization/modelopt.py, override_quantization_method).
+_MODELOPT_ALGOS = (("MXFP8", "modelopt_mxfp8"), ("MIXED_PRECISION", "modelopt_mixed"),
+                   ("FP4", "modelopt_fp4"), ("FP8", "modelopt"))
 # quant_method values normalised to vLLM's --quantization names.
 _QUANT_ALIASES = {"compressed_tensors": "compressed-tensors", "bitsandbytes": "bitsandbytes",
                   "modelopt": "modelopt"}
@@ -68,7 +79,40 @@ def _quantization(cfg: Mapping[str, Any]) -> str | None:
     if not isinstance(method, str) or not method:
         return None
     method = method.lower()
+    if method.startswith("modelopt"):
+        inner = qc.get("quantization")
+        algo = str((inner if isinstance(inner, Mapping) else qc).get("quant_algo", "")).upper()
+        for needle, name in _MODELOPT_ALGOS:
+            if needle == algo or (needle in ("MXFP8", "FP4") and needle in algo):
+                return name
     return _QUANT_ALIASES.get(method, method)
+
+
+def _hidden_size(cfg: Mapping[str, Any]) -> int | None:
+    for key in ("hidden_size", "d_model", "n_embd"):  # transformers' attribute_map aliases
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def _state_layers(data: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, bool]:
+    """has_inner_state / is_hybrid / attention_free from the layer layout the file states."""
+    model_type = text.get("model_type") or data.get("model_type")
+    if model_type in _ATTENTION_FREE_TYPES:
+        return {"has_inner_state": True, "attention_free": True}
+    layers = data.get("layer_types") or text.get("layer_types") or \
+        data.get("layers_block_type") or text.get("layers_block_type")
+    kinds = set(map(str, layers)) if isinstance(layers, list) else set()
+    pattern = data.get("hybrid_override_pattern") or text.get("hybrid_override_pattern")
+    if isinstance(pattern, str):  # NemotronH: M = Mamba-2, * = attention, - = MLP
+        kinds |= {"mamba"} if "M" in pattern else set()
+        kinds |= {"attention"} if "*" in pattern else set()
+    if "attn_layer_period" in data and any(k.startswith("mamba_") for k in data):  # Jamba
+        kinds |= {"mamba", "attention"}
+    if not kinds & _INNER_STATE_LAYERS:
+        return {}
+    return {"has_inner_state": True, "is_hybrid": bool(kinds & _ATTENTION_LAYERS)}
 
 
 def hf_config_to_fields(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -86,6 +130,10 @@ def hf_config_to_fields(source: str | Path | Mapping[str, Any]) -> dict[str, Any
     fields: dict[str, Any] = {"architecture": archs[0]}
     if isinstance(data.get("model_type"), str):
         fields["model_type"] = data["model_type"]
+    hidden = _hidden_size(text) or _hidden_size(data)
+    if hidden is not None:
+        fields["hidden_size"] = hidden
+    fields["has_index_topk"] = "index_topk" in data  # vLLM: hasattr(hf_config, "index_topk")
     quant = _quantization(data) or _quantization(text)
     if quant:
         fields["quantization"] = quant
@@ -97,10 +145,7 @@ def hf_config_to_fields(source: str | Path | Mapping[str, Any]) -> dict[str, Any
         fields["is_encoder_decoder"] = True
     if any(isinstance(data.get(k), Mapping) for k in ("vision_config", "audio_config")):
         fields["is_multimodal"] = True
-    layer_types = data.get("layer_types") or text.get("layer_types") or []
-    if isinstance(layer_types, list) and _INNER_STATE_LAYERS & set(map(str, layer_types)):
-        fields["has_inner_state"] = True
-        fields["is_hybrid"] = any(t in ("attention", "full_attention") for t in layer_types)
+    fields.update(_state_layers(data, text))
     return fields
 
 
@@ -109,8 +154,9 @@ def from_hf_config(path_or_mapping: str | Path | Mapping[str, Any],
     """A DeploymentConfig from a local HF ``config.json`` (a file, its directory, or the parsed
     mapping).
 
-    Sets architecture, model_type, quantization and the model attributes the config shows
-    (is_moe from expert counts, use_mla from kv_lora_rank, ...); ``overrides`` win. Raises
+    Sets architecture, model_type, hidden_size, quantization and the model attributes the
+    config shows (is_moe from expert counts, use_mla from kv_lora_rank, has_index_topk from
+    index_topk, ...); ``overrides`` win. Raises
     ConfigError when the file cannot be read or names no architecture.
     """
     fields = hf_config_to_fields(path_or_mapping)

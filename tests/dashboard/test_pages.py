@@ -1,7 +1,8 @@
 """The pages in a real browser (Playwright driving Debian's chromium): every page opens without
 console errors, an operator flips a canary through the UI with a reason and finds the audit
 entry, a viewer sees no action buttons, and the fallback-reasons page is saved as a screenshot
-under docs/."""
+under docs/; the upgrade preview shows what the demo fleet would do under another vLLM
+release."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # docs/images/fallback-reasons.png, which docs/service.md shows, is a copy of one such run.
 SCREENSHOT = (Path(__file__).resolve().parents[2] / "docs" / "images"
               / "fallback-reasons.latest.png")
+# docs/images/upgrade-preview.png is a copy of one run of this one.
+UPGRADE_SCREENSHOT = SCREENSHOT.with_name("upgrade-preview.latest.png")
 PAGES = {"/": "Overview", "/fallbacks": "Fallback reasons", "/canaries": "Canaries",
          "/decisions": "Decisions", "/matrix": "Matrix", "/explain": "Explain",
-         "/audit": "Audit log"}
+         "/upgrade": "Upgrade vLLM", "/audit": "Audit log"}
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason="chromium is not installed (scripts/ensure-chromium.sh)")
@@ -195,3 +198,38 @@ def test_reasons_of_a_stage_enabled_since_are_marked_on_both_pages(
         assert problems == []
     finally:
         flip(False)
+
+
+def test_upgrade_preview_shows_per_family_what_would_switch_and_why(
+        browser: object, site: tuple) -> None:
+    svc, tokens = site
+    page, problems = _signed_in(browser, svc, tokens["viewer"])
+    page.goto(svc.url + "/upgrade")
+    assert page.locator("select[name=from]").input_value() == "vllm-0.32"  # the defaults
+    assert page.locator("select[name=to]").input_value() == "vllm-0.33"
+    page.select_option("select[name=from]", "vllm-0.30")
+    page.select_option("select[name=to]", "vllm-0.31")
+    page.click("form#upgrade-form button[type=submit]")
+    page.wait_for_url("**/upgrade?from=vllm-0.30&to=vllm-0.31")
+    # vLLM 0.31 runs custom logits processors on V2: the demo's DeepSeek-OCR recipes switch.
+    row = page.locator("#families tr[data-family=deepseek_vl]")
+    assert row.locator("td").nth(2).inner_text() == "2"
+    assert "custom_logits_processors (2)" in row.inner_text()
+    assert int(page.inner_text("#num-changed")) >= 2
+    details = page.locator("#switch-deepseek_vl")
+    details.locator("summary").click()
+    text = details.locator("table").inner_text()
+    assert "demo/recipe-0008" in text and "v1→v2" in text and "DEFAULT" in text
+    page.screenshot(path=str(UPGRADE_SCREENSHOT), full_page=True)
+    assert problems == []
+
+
+def test_upgrade_preview_of_an_unknown_pack_is_a_422_page_that_names_the_packs(
+        browser: object, site: tuple) -> None:
+    svc, tokens = site
+    page, _problems = _signed_in(browser, svc, tokens["viewer"])
+    response = page.goto(svc.url + "/upgrade?from=vllm-0.3&to=vllm-0.33")
+    assert response is not None and response.status == 422
+    error = page.inner_text("#error")
+    assert "from: unknown pack 'vllm-0.3'" in error and "vllm-0.29" in error
+    assert page.locator("#families").count() == 0

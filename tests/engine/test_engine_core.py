@@ -185,6 +185,7 @@ BAD_CONFIG = [
     ({"enable_prefix_caching": "no"}, r"enable_prefix_caching must be a bool, got 'no'"),
     ({"eos_token_ids": (2, 10)}, r"eos_token_ids must be token ids in \[0, vocab_size=10\), got \(2, 10\)"),
     ({"eos_token_ids": ("2",)}, r"eos_token_ids must be token ids"),
+    ({"load_format": "safetensors"}, r"load_format must be 'auto' or 'dummy', got 'safetensors'"),
 ]
 
 

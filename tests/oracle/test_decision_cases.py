@@ -1,4 +1,5 @@
-"""Data-driven decision cases: tests/oracle/cases/*.yaml (note, input, want / want_error; ``pack``
+"""Data-driven decision cases: tests/oracle/cases/*.yaml (note, input, want / want_error with its
+``code`` and what its message ``contains`` and ``lacks``; ``pack``
 to decide with another pack, ``manifests: false`` to decide with the turnout pack's rules and
 stages but without its runners' manifests)."""
 
@@ -93,6 +94,8 @@ def test_case(case: dict[str, Any], request: pytest.FixtureRequest) -> None:
             _config(case["input"], pack)
         assert info.value.code is ErrorCode(case["want_error"]["code"]), info.value
         assert case["want_error"].get("contains", "") in info.value.message
+        if "lacks" in case["want_error"]:
+            assert case["want_error"]["lacks"] not in info.value.message
         return
     d = decide(_config(case["input"], pack), pack=pack, canaries=canaries)
     _check(d, case["want"])

@@ -21,7 +21,7 @@ WIRE_VALUES = {
     "oracle": {"oracle_error", "bad_config"},
     "config": {"unknown_field", "bad_value", "bad_spec", "file_not_found", "bad_command",
                "unknown_flag", "bad_flag_value", "placeholder_model", "placeholder_value",
-               "missing_model", "unknown_model"},
+               "missing_model", "unknown_model", "gated_model", "revision_not_found"},
     "pack": {"invalid_pack", "unknown_pack"},
     "decision": {"pin_conflict", "no_runner", "invalid_env", "unknown_architecture", "refused",
                  "unknown_setting", "architecture_not_served"},

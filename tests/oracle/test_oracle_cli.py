@@ -171,5 +171,5 @@ def test_matrix_and_diff_json() -> None:
     out = json.loads(r.stdout)
     assert out["from"] == "turnout" and out["to"] == "vllm-0.31" and out["changed_cells"] > 0
     # turnout's runners implement no draft-model speculation (no runner); vLLM 0.31's V2 does.
-    assert any(g["scenario"] == "speculative_method=draft_model" and g["from"] == "error"
-               and g["to"] == "v2" for g in out["groups"])
+    assert any(g["scenario"] == "speculative_method=draft_model" and g["from"] == "refuse"
+               and g["to"] == "v2" and g["change"] == "refuse→v2" for g in out["groups"])

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import Counter
 
 from oracle import enumerate_matrix, load_pack
-from oracle.matrix import diff_matrix, scenarios
+from oracle.matrix import scenarios
+from oracle.matrix_diff import diff_matrix
 
 
 def test_every_rule_fires_in_the_grid() -> None:

@@ -39,6 +39,26 @@ def test_random_config_equals_written_directory(tmp_path: Path) -> None:
     assert not torch.equal(other["model.embed_tokens.weight"], from_dir["model.embed_tokens.weight"])
 
 
+def test_dummy_load_format_reads_only_config_json(tmp_path: Path) -> None:
+    # vLLM's --load-format dummy: a directory with config.json and no weights loads with
+    # seeded random weights; on the CPU they are exactly those of the ModelConfig path.
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3))
+    with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
+        load_model(tmp_path)
+    dummy = _params(load_model(tmp_path, load_format="dummy", seed=5))
+    reference = _params(load_model(ModelConfig.from_hf_dict(QWEN3), seed=5))
+    assert dummy.keys() == reference.keys()
+    assert all(torch.equal(dummy[k], reference[k]) for k in dummy)
+
+
+def test_unknown_or_misplaced_load_format_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3))
+    with pytest.raises(ValueError, match="load_format must be one of"):
+        load_model(tmp_path, load_format="pt")
+    with pytest.raises(FileNotFoundError, match="needs an HF model directory"):
+        load_model(tmp_path / "config.json", load_format="dummy")
+
+
 def test_written_directory_is_hf_shaped(tmp_path: Path) -> None:
     write_random_weights(QWEN3, tmp_path, dtype=torch.bfloat16, seed=0)
     tensors = load_file(tmp_path / "model.safetensors")

@@ -69,9 +69,13 @@ def _set_backend(model: DecoderModel, backend: str) -> None:
             layer.mlp.backend = backend
 
 
-def _agreement(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+def _agreement(got: torch.Tensor, want: torch.Tensor) -> tuple[float, float, float]:
+    """Median row cosine, the share of rows with the same argmax, and the share of rows whose
+    argmax in ``got`` is among ``want``'s five largest logits."""
     cos = torch.nn.functional.cosine_similarity(got.float(), want.float(), dim=-1)
-    return statistics.median(cos.tolist()), (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    top1 = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    top5 = (want.topk(5, dim=-1).indices == got.argmax(-1)[:, None]).any(-1).float().mean().item()
+    return statistics.median(cos.tolist()), top1, top5
 
 
 @pytest.mark.parametrize("name", REAL)
@@ -110,9 +114,14 @@ def test_every_layer_of_the_real_configs_in_bf16(name: str) -> None:
             want = hf(torch.tensor([seq], device="cuda")).logits[0].float().cpu()
         for a, b in (("triton", "torch"), ("triton", "hf"), ("torch", "hf")):
             got = {"triton": logits["triton"][k], "torch": logits["torch"][k], "hf": want}
-            cos, top1 = _agreement(got[a], got[b])
-            print(f"{name}/{k} {a} vs {b}: median row cosine {cos:.5f}, top-1 {top1:.3f}")
-            assert cos >= 0.98 and top1 >= 0.8, f"{name}/{k} {a} vs {b}: cosine {cos}, top-1 {top1}"
+            cos, top1, top5 = _agreement(got[a], got[b])
+            print(f"{name}/{k} {a} vs {b}: median row cosine {cos:.5f}, top-1 {top1:.3f}, "
+                  f"in top-5 {top5:.3f}")
+            # Every layer was checked above on the same inputs (cosine >= 0.9999). Through 24-48
+            # random bf16 layers the logits of two correct paths drift into near-ties: on an
+            # H200 the same argmax held for 0.75-0.95 of the rows (r2 has 12), so the argmax
+            # is asked to be among the other's five best, which a broken layer would not meet.
+            assert cos >= 0.99 and top5 >= 0.9, f"{name}/{k} {a} vs {b}: cosine {cos}, in top-5 {top5}"
 
 
 def test_loading_stacks_experts_without_a_second_copy(tmp_path: Path) -> None:

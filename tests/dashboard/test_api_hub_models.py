@@ -1,0 +1,53 @@
+"""POST /api/v1/decide resolves a command line's model through the HF cache and the hub (a real
+local server answering huggingface_hub's file API, tests/hub_server.py), off the event loop,
+and names a gated model or a missing revision with their own codes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hub_server import HubServer, Repo, start_hub
+from service_helpers import Api
+
+from oracle.errors import ErrorCode
+from oracle.sources.hub import forget_hub_failures
+
+CONFIGS = Path(__file__).resolve().parents[2] / "policies" / "reference" / "model_configs"
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
+    moe = json.loads((CONFIGS / "qwen3-30b-a3b.json").read_text())["config"]
+    repo, gated = Repo(), Repo(gated_token="hf_granted")
+    repo.add_commit("moe main", {"config.json": moe}, "main", "v2")
+    gated.add_commit("gated main", {"config.json": moe}, "main")
+    server = start_hub({"acme/moe-from-hub": repo, "acme/gated": gated})
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    forget_hub_failures()
+    yield server
+    server.stop()
+    forget_hub_failures()
+
+
+def _decide(api: Api, command: str) -> tuple[int, dict[str, object]]:
+    r = api.client.post("/api/v1/decide", headers=api.h("viewer"), json={"command": command})
+    return r.status_code, r.json()
+
+
+def test_decide_reads_the_models_config_from_the_hub(api: Api, hub: HubServer) -> None:
+    status, body = _decide(api, "vllm serve acme/moe-from-hub --revision v2 -tp 2")
+    assert status == 200, body
+    assert body["family"] == "qwen3_moe"  # known to the hub alone, not to known_models.yaml
+
+
+def test_gated_and_missing_revisions_have_their_codes(api: Api, hub: HubServer) -> None:
+    status, body = _decide(api, "vllm serve acme/gated")
+    assert status == 422 and body["detail"]["code"] == ErrorCode.GATED_MODEL, body  # type: ignore[index]
+    status, body = _decide(api, "vllm serve acme/moe-from-hub --revision nope")
+    assert status == 422, body
+    assert body["detail"]["code"] == ErrorCode.REVISION_NOT_FOUND  # type: ignore[index]
+    assert "has no revision 'nope'" in body["detail"]["message"]  # type: ignore[index]
