@@ -24,6 +24,7 @@ import enum
 import io
 import json
 import os
+import re
 import tempfile
 from typing import Any
 
@@ -99,6 +100,7 @@ PROBES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 
 
 def _last_error(text: str) -> str:
+    text = re.sub(r" at 0x[0-9a-f]+>", ">", text)  # "<function loads at 0x7f...>": no address
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     for i, line in enumerate(lines):
         if ": error: " in line:
