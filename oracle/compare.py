@@ -97,14 +97,17 @@ def only_steps(before: Pack, after: Pack, config: DeploymentConfig,
 
 
 def sides(before: Pack, after: Pack, config: DeploymentConfig,
-          canaries: CanarySnapshot | None = None, *, steps: bool = True) -> tuple[Side, Side]:
+          canaries: CanarySnapshot | None = None, *, steps: bool = True,
+          after_config: DeploymentConfig | None = None) -> tuple[Side, Side]:
     """The deployment decided by both packs (``canaries`` apply to ``before`` only: a
     snapshot names one pack's cohorts; ``after`` decides with its rollout.yaml defaults).
     With ``steps``, when the runner changes and both start, each side names the ``set`` steps
-    only it applied (a refusal stops the steps, and its reason says why)."""
-    a, b = before.decide(config, canaries), after.decide(config)
+    only it applied (a refusal stops the steps, and its reason says why). ``after_config``:
+    what ``after`` decides when its release read the input differently (its own parser)."""
+    later = after_config if after_config is not None else config
+    a, b = before.decide(config, canaries), after.decide(later)
     explain = steps and a.runner != b.runner and a.runner and b.runner
-    only = only_steps(before, after, config) if explain else ((), ())
+    only = only_steps(before, after, config, later) if explain else ((), ())
     return Side(before.name, a, only[0]), Side(after.name, b, only[1])
 
 

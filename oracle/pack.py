@@ -291,6 +291,15 @@ class Pack:
             d = d._replace(messages=(*d.messages, *self._foreign_env(c)))
         return d
 
+    def refusal(self, c: DeploymentConfig, text: str, code: ErrorCode) -> Decision:
+        """A Decision that starts no runner for ``c`` because of input this pack's release
+        cannot read (``code``/``text``: the ConfigError, e.g. a flag its ``vllm serve``
+        parser refuses), as upgrade previews report a line the other release still reads."""
+        _, digest = self._view(None)
+        found = self._data.archs.get(c.architecture) if c.architecture is not None else None
+        return self._error(c, None, "auto", text, code, digest,
+                           found.family if found is not None else c.family)
+
     def _unknown_setting(self, c: DeploymentConfig) -> str | None:
         """The error for a config that sets a field the pack's release does not have."""
         names = [n for n in self._data.unknown_fields if getattr(c, n) != DEFAULTS[n]]

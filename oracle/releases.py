@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle.compare import change_of, change_rank, count_changes, sides
+from oracle.compare import Side, change_of, change_rank, count_changes, sides
 from oracle.config import DeploymentConfig
 from oracle.errors import ConfigError, Issue, PackError
 from oracle.matrix_diff import (
@@ -189,32 +189,52 @@ def _family_table(diff: MatrixDiff) -> list[str]:
             "", "</details>", ""]
 
 
-def recipe_configs(release: str | None = None) -> list[tuple[str, str, DeploymentConfig]]:
-    """(id, model, config) of every line of policies/reference/vllm_recipes.jsonl that parses,
-    read by vLLM ``release``'s ``vllm serve`` parser (None: the newest), as ``turnout decide
-    --pack vllm-<release>`` reads them."""
-    out = []
+def recipe_configs(release: str | None = None
+                   ) -> list[tuple[str, str, DeploymentConfig | None, ConfigError | None]]:
+    """(id, model, config, error) of every line of policies/reference/vllm_recipes.jsonl, read
+    by vLLM ``release``'s ``vllm serve`` parser (None: the newest), as ``turnout decide --pack
+    vllm-<release>`` reads them: ``config`` None and ``error`` set for a line it refuses."""
+    out: list[tuple[str, str, DeploymentConfig | None, ConfigError | None]] = []
     for line in RECIPES.read_text().splitlines():
         row = json.loads(line)
         try:
             config = from_command(row["argv"], row.get("env") or {}, release=release)
-        except ConfigError:
+        except ConfigError as exc:
+            out.append((row["id"], "-", None, exc))
             continue
-        out.append((row["id"], config.model or "-", config))
+        out.append((row["id"], config.model or "-", config, None))
     return out
 
 
-def _recipes_section(prev: Pack, cur: Pack, recipes: list[tuple[str, str, DeploymentConfig]]
-                     ) -> list[str]:
-    rows = []
-    for rid, model, config in recipes:
-        a, b = sides(prev, cur, config)
-        change = change_of(a.decision, b.decision)
+def _recipe_sides(prev: Pack, cur: Pack, a: tuple[Any, ...], b: tuple[Any, ...]
+                  ) -> tuple[Side, Side] | None:
+    """Both packs' decisions of one recipe line, each read by its own release's parser; a
+    line only one release reads is a refusal on the other side; None when neither reads it."""
+    if a[2] is None and b[2] is None:
+        return None
+    if b[2] is None:
+        return Side(prev.name, prev.decide(a[2])), Side(cur.name, cur.refusal(a[2], b[3].message, b[3].code))
+    if a[2] is None:
+        return Side(prev.name, prev.refusal(b[2], a[3].message, a[3].code)), Side(cur.name, cur.decide(b[2]))
+    return sides(prev, cur, a[2], after_config=b[2])
+
+
+def _recipes_section(prev: Pack, cur: Pack, before: list[tuple[Any, ...]],
+                     after: list[tuple[Any, ...]]) -> list[str]:
+    rows, num_read = [], 0
+    for a, b in zip(before, after, strict=True):
+        both = _recipe_sides(prev, cur, a, b)
+        if both is None:
+            continue
+        num_read += 1
+        change = change_of(both[0].decision, both[1].decision)
         if change is not None:
-            rows.append([rid, model, change, " + ".join(a.why()), " + ".join(b.why())])
+            model = a[1] if a[2] is not None else b[1]
+            rows.append([a[0], model, change, " + ".join(both[0].why()), " + ".join(both[1].why())])
     lines = [f"**Recipes** (`turnout decide --commands policies/reference/vllm_recipes.jsonl "
-             f"--pack {prev.name} --compare {cur.name}`): {len(rows)} of the {len(recipes)} "
-             "lines that parse change runner.", ""]
+             f"--pack {prev.name} --compare {cur.name}`, each line read by each release's own "
+             f"parser): {len(rows)} of the {num_read} lines that either release reads change "
+             "runner.", ""]
     if rows:
         lines += [*_table(["id", "model", "change", f"why ({prev.name})", f"why ({cur.name})"],
                           rows), ""]
@@ -269,12 +289,13 @@ def render_releases(packs: Sequence[str] = RELEASE_PACKS) -> str:
               f"and {len(first.domains)} dimensions; the release does not have "
               f"{_names(sorted(first.data.unknown_fields))}.", ""]
     for i, (prev, cur, diff) in enumerate(pairs, start=1):
-        recipes = recipe_configs(release_for_pack(prev))  # as --pack PREV --compare CUR
+        # as --pack PREV --compare CUR: each line read by each release's own parser
+        before, after = recipe_configs(release_for_pack(prev)), recipe_configs(release_for_pack(cur))
         lines += [f"## vLLM {cur.data.release} (`{cur.name}`, extends `{prev.name}`)", ""]
         lines += _fields_section(prev, cur)
         lines += _changes_section(chains[i - 1], chains[i])
         lines += _matrix_section(diff)
-        lines += _recipes_section(prev, cur, recipes)
+        lines += _recipes_section(prev, cur, before, after)
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -22,29 +22,51 @@ from oracle.compare import (
     BAD_INPUT,
     DeploymentChange,
     FamilySummary,
+    Side,
     by_family,
     change_rank,
     count_changes,
     sides,
 )
-from oracle.decision import CanarySnapshot
+from oracle.decision import CanarySnapshot, Decision
+from oracle.errors import ErrorCode
 from oracle.pack import Pack
 
 EXIT_SAME, EXIT_CHANGED = 0, 1
 
 
 def compare_items(items: Sequence[Item], before: Pack, after: Pack,
-                  canaries: CanarySnapshot | None) -> list[DeploymentChange]:
-    """Each item under both packs (``canaries`` apply to ``before``)."""
+                  canaries: CanarySnapshot | None,
+                  after_items: Sequence[Item] | None = None) -> list[DeploymentChange]:
+    """Each item under both packs (``canaries`` apply to ``before``). ``after_items``: the same
+    input read by ``after``'s release (its own ``vllm serve`` parser), item for item; a line
+    only one release reads is a refusal on the other side (a flag the new release removed:
+    ``v1→refuse``), a line neither reads is bad input."""
     out = []
-    for item in items:
-        if item.config is None:
+    for n, item in enumerate(items):
+        later = after_items[n] if after_items is not None else item
+        if item.config is None and later.config is None:
             out.append(DeploymentChange(item.id, item.model, None, None, item.error,
                                         item.error_code))
+        elif later.config is None:
+            assert item.config is not None
+            out.append(DeploymentChange(item.id, item.model, Side(before.name, before.decide(
+                item.config, canaries)), Side(after.name, _refused(after, item, later))))
+        elif item.config is None:
+            out.append(DeploymentChange(item.id, later.model, Side(before.name, _refused(
+                before, later, item)), Side(after.name, after.decide(later.config))))
         else:
-            out.append(DeploymentChange(item.id, item.model,
-                                        *sides(before, after, item.config, canaries)))
+            out.append(DeploymentChange(item.id, item.model, *sides(
+                before, after, item.config, canaries, after_config=later.config)))
     return out
+
+
+def _refused(pack: Pack, read: Item, unread: Item) -> Decision:
+    """``pack``'s refusal of the deployment ``read`` (as the other release read it) for the
+    reason ``unread`` carries."""
+    assert read.config is not None
+    return pack.refusal(read.config, unread.error or "not readable by this release",
+                        unread.error_code or ErrorCode.BAD_VALUE)
 
 
 def compare_json(changes: Sequence[DeploymentChange], before: Pack, after: Pack

@@ -129,7 +129,8 @@ def decide(
                                     as_json=as_json)
     if compare is not None:
         _compare(console, the_pack, compare, used, items, as_json=as_json,
-                 summary_only=summary, markdown=markdown)
+                 summary_only=summary, markdown=markdown,
+                 regather=lambda o: gather(argv, spec, commands, o), ov=ov)
     results = run_decisions(items, the_pack, used.snapshot)
     if as_json:
         print_json(results, the_pack, the_pack.policy_digest(used.snapshot))
@@ -145,8 +146,10 @@ def decide(
 
 
 def _compare(console: Console, the_pack: Pack, other: str, used: Canaries, items: list[Item],
-             *, as_json: bool, summary_only: bool, markdown: bool) -> None:
-    """``--compare``: print the comparison and exit with its status."""
+             *, as_json: bool, summary_only: bool, markdown: bool,
+             regather: Callable[[Overrides], list[Item]], ov: Overrides) -> None:
+    """``--compare``: print the comparison and exit with its status. Command lines are read
+    again by ``other``'s release when its parser differs (``regather``)."""
     from oracle.cli.compare_cmd import compare_items, exit_status, print_compare, print_compare_json
 
     try:
@@ -155,7 +158,14 @@ def _compare(console: Console, the_pack: Pack, other: str, used: Canaries, items
         if as_json:
             print(json.dumps(input_error_json(exc, None)))
         raise fail(console, exc) from None
-    changes = compare_items(items, the_pack, after, used.snapshot)
+    after_release = release_for_pack(after)
+    after_items = None
+    if after_release != release_for_pack(the_pack):
+        try:
+            after_items = regather(dataclasses.replace(ov, release=after_release))
+        except OracleError as exc:  # a whole input the other release cannot take
+            raise fail(console, exc) from None
+    changes = compare_items(items, the_pack, after, used.snapshot, after_items)
     if as_json:
         print_compare_json(changes, the_pack, after)
     else:

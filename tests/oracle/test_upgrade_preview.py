@@ -172,8 +172,12 @@ def test_compare_reports_each_line_that_changes_and_why(fleet: Path) -> None:
     assert by_id["fleet.txt:2"]["before"]["why"] == ["unsupported_speculative_method"]
     assert by_id["fleet.txt:3"]["change"] == "refuse→v2"  # the continued line, pinned to V2
     assert by_id["fleet.txt:3"]["before"]["error_code"] == "pin_conflict"
-    assert by_id["fleet.txt:5"]["after"]["error_code"] == "unknown_setting"
-    assert by_id["fleet.txt:6"]["after"]["why"] == ["step.mamba_cache_mode_all_refused"]
+    # Each release's own parser reads the line: 0.32's CompilationConfig has no enable_sp and
+    # its --mamba-cache-mode no longer offers 'all', so those deployments would not start.
+    assert by_id["fleet.txt:5"]["after"]["error_code"] == "bad_flag_value"
+    assert "pass_config.enable_sp" in by_id["fleet.txt:5"]["after"]["error"]
+    assert by_id["fleet.txt:6"]["after"]["why"] == ["error.bad_flag_value"]
+    assert "vLLM 0.32.0" in by_id["fleet.txt:6"]["after"]["error"]
     assert by_id["json-line"]["change"] is None
     assert by_id["fleet.txt:8"]["error_code"] == "placeholder_model"
     assert "not a shell command line" in by_id["fleet.txt:9"]["error"]
@@ -186,7 +190,7 @@ def test_compare_markdown_and_no_change_exit_0(fleet: Path) -> None:
                         "--compare", "vllm-0.32", "--markdown")
     assert code == 1
     assert "| fleet.txt:6 | Qwen/Qwen3-8B | qwen3 | v1→refuse | mamba_cache_mode_all | " \
-           "step.mamba_cache_mode_all_refused |" in out
+           "error.bad_flag_value |" in out
     assert "**lines that could not be read**" in out and "| fleet.txt:8 | placeholder_model |" in out
     code, out = _invoke("decide", "--commands", str(fleet), "--pack", "vllm-0.32",
                         "--compare", "vllm-0.32", "--summary")
@@ -223,3 +227,16 @@ def test_by_family_puts_unreadable_lines_last_with_their_codes() -> None:
     assert summaries[0].changes == {"v1→v2": 1}
     assert summaries[0].why_before == [("unsupported_speculative_method", 1)]
     assert summaries[1].why_before == [("placeholder_model", 1)]
+
+
+def test_a_line_only_the_newer_release_reads_is_a_refusal_before(tmp_path: Path) -> None:
+    # 0.33 added --disable-chunked-prefill; 0.32's parser refuses it: refuse→v2, and the
+    # before side says why in that parser's words.
+    fleet = tmp_path / "fleet.txt"
+    fleet.write_text("vllm serve Qwen/Qwen3-8B --disable-chunked-prefill\n")
+    code, out = _invoke("decide", "--commands", str(fleet), "--pack", "vllm-0.32",
+                        "--compare", "vllm-0.33", "--json")
+    (row,) = json.loads(out)["deployments"]
+    assert code == 1 and row["change"] == "refuse→v2", out
+    assert row["before"]["error_code"] == "unknown_flag"
+    assert "--disable-chunked-prefill" in row["before"]["error"]
