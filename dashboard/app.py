@@ -7,6 +7,7 @@ the pack's cohorts and (on an empty database) records the demo fleet.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -101,9 +102,21 @@ async def _invalid_request(_request: Request, exc: Exception) -> Response:
     from fastapi.encoders import jsonable_encoder
 
     errors = jsonable_encoder(exc.errors()) if isinstance(exc, RequestValidationError) else []
+    errors = _json_safe(errors)  # the errors echo the input, which may hold NaN or Infinity
     return JSONResponse({"detail": {"code": ErrorCode.INVALID_REQUEST,
                                     "message": invalid_request_message(errors),
                                     "errors": errors}}, status_code=422)
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, Infinity: not JSON) as its repr string."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    return value
 
 
 class _PlainRoute(Route):

@@ -296,7 +296,8 @@ def explain_page(request: Request, services: ServicesDep, user: UserDep,
     if command.strip():
         try:
             config = config_from_request(command=command, hint_for="page",
-                                         release=services.policy.release)
+                                         release=services.policy.release,
+                                         offline=not services.settings.hub_online)
             explanation = services.policy.explain(config)
             context["explanation"] = explanation.to_json()
         except (OracleError, ValueError) as err:

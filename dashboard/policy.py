@@ -241,10 +241,13 @@ class Policy:
 def config_from_request(*, config: Mapping[str, Any] | None = None, command: str | None = None,
                         argv: Sequence[str] | None = None,
                         env: Mapping[str, str] | None = None, hint_for: HintFor = "api",
-                        release: str | None = None) -> DeploymentConfig:
+                        release: str | None = None, offline: bool = True) -> DeploymentConfig:
     """A DeploymentConfig from exactly one of a spec mapping, a ``vllm serve`` command string or
-    its argv (read by vLLM ``release``'s parser; None: the newest). Raises the oracle's ConfigError for bad input, ValueError when not exactly one
-    source is given."""
+    its argv (read by vLLM ``release``'s parser; None: the newest). A request never reads the
+    server's files (``--config``, ``--hf-config-path`` and local model paths are refused as
+    ``local_file``) and asks the hub only when not ``offline`` (``TURNOUT_HUB_ONLINE``).
+    Raises the oracle's ConfigError for bad input, ValueError when not exactly one source is
+    given."""
     given = [x is not None for x in (config, command, argv)]
     if sum(given) != 1:
         raise ValueError("give exactly one of `config`, `command` or `argv`")
@@ -254,7 +257,8 @@ def config_from_request(*, config: Mapping[str, Any] | None = None, command: str
     if command is not None:
         argv = split_command(command, env)
     assert argv is not None
-    return from_command(list(argv), env, hint_for=hint_for, release=release)
+    return from_command(list(argv), env, hint_for=hint_for, release=release, offline=offline,
+                        local_files=False)
 
 
 def split_command(command: str, env: dict[str, str]) -> list[str]:

@@ -72,6 +72,12 @@ class Settings(BaseSettings):
         description="NORMAL survives a killed process (WAL); FULL also survives power loss",
     )
     log_level: str = "info"
+    hub_online: bool = Field(
+        default=False,
+        description="resolve the model ids of requests through the HF hub (HF_ENDPOINT); off: "
+        "the local HF cache and policies/known_models.yaml only, so a slow hub cannot hold "
+        "the threads that answer requests",
+    )
 
     @property
     def is_sqlite(self) -> bool:

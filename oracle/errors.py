@@ -40,6 +40,7 @@ class ErrorCode(StrEnum):
     BAD_VALUE = "bad_value", "config"
     BAD_SPEC = "bad_spec", "config"
     FILE_NOT_FOUND = "file_not_found", "config"
+    LOCAL_FILE = "local_file", "config"
     BAD_COMMAND = "bad_command", "config"
     UNKNOWN_FLAG = "unknown_flag", "config"
     BAD_FLAG_VALUE = "bad_flag_value", "config"

@@ -65,22 +65,23 @@ def _body_ref(name: str) -> dict[str, object]:
 _CACHED_BODY = 4096  # larger bodies are parsed every time, never kept as cache keys
 
 
-_BODY_CONFIGS: dict[tuple[str | None, bytes], DeploymentConfig] = {}
+_BODY_CONFIGS: dict[tuple[str | None, bool, bytes], DeploymentConfig] = {}
 _MAX_BODY_CONFIGS = 4096
 
 
-async def _config_from_bytes(raw: bytes, release: str | None) -> DeploymentConfig:
+async def _config_from_bytes(raw: bytes, release: str | None, offline: bool = True
+                            ) -> DeploymentConfig:
     """Validating the body and building the config costs more than deciding: fleets send the
     same few bodies again and again, so the parsed config (a frozen value) is kept per body
     (small bodies only: 4,096 cached megabyte bodies would be gigabytes). Errors are raised,
     hence never cached. A body not seen before is parsed in the thread pool: a model id may
     be looked up on the hub (oracle/sources/hub.py), which must not stall the event loop.
     ``release``: the vLLM release whose `vllm serve` parser reads a command (the pack's)."""
-    key = (release, raw)
+    key = (release, offline, raw)
     hit = _BODY_CONFIGS.get(key) if len(raw) <= _CACHED_BODY else None
     if hit is not None:
         return hit
-    config = await run_in_threadpool(_parse_config, raw, release)
+    config = await run_in_threadpool(_parse_config, raw, release, offline)
     if len(raw) <= _CACHED_BODY:
         if len(_BODY_CONFIGS) >= _MAX_BODY_CONFIGS:
             _BODY_CONFIGS.clear()
@@ -88,14 +89,14 @@ async def _config_from_bytes(raw: bytes, release: str | None) -> DeploymentConfi
     return config
 
 
-def _parse_config(raw: bytes, release: str | None) -> DeploymentConfig:
+def _parse_config(raw: bytes, release: str | None, offline: bool) -> DeploymentConfig:
     try:
         body = _DEPLOYMENT_BODY.validate_json(raw)
     except ValidationError as err:
         raise body_validation_error(err) from err
     try:
         return config_from_request(config=body.config, command=body.command, argv=body.argv,
-                                   env=body.env, release=release)
+                                   env=body.env, release=release, offline=offline)
     except OracleError as err:
         raise http_error(422, err.code, str(err)) from err
     except ValueError as err:
@@ -110,7 +111,8 @@ async def post_decide(request: Request) -> Response:
     # The hot path: no FastAPI dependencies (solving them cost more than deciding).
     await authorize(request, Role.viewer)
     services: Services = request.app.state.services
-    config = await _config_from_bytes(await bounded_body(request), services.policy.release)
+    config = await _config_from_bytes(await bounded_body(request), services.policy.release,
+                                      not services.settings.hub_online)
     snap = await current_snapshot(services)
     body, runner, reason_code = services.policy.decision_json(config, snap)
     services.metrics.decisions.labels("api", runner, reason_code).inc()
@@ -121,7 +123,8 @@ async def post_decide(request: Request) -> Response:
              responses={200: {"description": "the Explanation"}, 422: {"model": ErrorResponse}})
 async def post_explain(request: Request, services: ServicesDep, _who: ViewerDep) -> Response:
     """The decision plus the smallest config changes that would reach V2 (each re-checked)."""
-    config = await _config_from_bytes(await request.body(), services.policy.release)
+    config = await _config_from_bytes(await request.body(), services.policy.release,
+                                      not services.settings.hub_online)
     snap = await current_snapshot(services)
     explanation = await run_in_threadpool(services.policy.explain, config, snap.canaries)
     return Response(json.dumps(explanation.to_json()), media_type="application/json")

@@ -164,7 +164,9 @@ def from_commands_file(path: Path, ov: Overrides) -> list[Item]:
                 argv, env = _command_row(row)
             else:
                 row, (argv, env) = {}, _shell_row(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
+            if isinstance(exc, RecursionError):
+                exc = ValueError("a JSON value nested too deeply to read")
             rid = str(row["id"]) if isinstance(row, dict) and _is_id(row.get("id")) else (
                 None if text.startswith("{") else f"{path.name}:{n}")
             items.append(Item(rid, None, f"{path}:{n}: {exc}", ErrorCode.BAD_SPEC))

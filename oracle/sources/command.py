@@ -46,6 +46,9 @@ ARCHITECTURE_HINTS: dict[str, str] = {
     "api": 'send {"config": {"architecture": ARCH, ...}} instead of the command',
     "page": "",  # a form that takes only a command line
 }
+#: Words after ``vllm serve`` read at most: argparse's time grows with the square of a line's
+#: length, and real lines have a few dozen.
+MAX_WORDS = 1024
 RUNNER_ENV_SUFFIX = "_USE_V2_MODEL_RUNNER"
 ROCM_ENV_PREFIXES = ("VLLM_ROCM_", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 
@@ -93,12 +96,17 @@ def _check_template(words: list[str]) -> None:
                               field="--config")
 
 
-def _loader(base: Path | None) -> Any:
+def _loader(base: Path | None, local_files: bool = True) -> Any:
     """Reads a ``--config`` file as vLLM does (``yaml.safe_load``: a duplicated key keeps its
-    last value); a file it cannot read is an error that says where."""
+    last value); a file it cannot read is an error that says where. ``local_files=False``
+    refuses to read any (the service), saying nothing of the file."""
     from oracle.yamlpos import read_text
 
     def load(path: str) -> Any:
+        if not local_files:
+            raise ConfigError("--config names a file: the service reads no file a request "
+                              "names; put the file's settings on the command line",
+                              code=ErrorCode.LOCAL_FILE, field="--config")
         p = Path(path) if base is None else base / path
         try:
             text = read_text(p, path)
@@ -136,7 +144,7 @@ def _condense(message: str) -> str:
 
 
 def parse_serve_words(words: list[str], *, release: str | None = None,
-                      base_dir: Path | None = None) -> dict[str, Any]:
+                      base_dir: Path | None = None, local_files: bool = True) -> dict[str, Any]:
     """dest -> value for the flags of ``words`` (after ``vllm serve``), parsed by the
     release's ``vllm serve`` parser (None: the newest table). Raises ConfigError:
     ``unknown_flag`` (a flag the release does not have, an ambiguous prefix, ``--omni``),
@@ -145,7 +153,7 @@ def parse_serve_words(words: list[str], *, release: str | None = None,
     parser = serve_parser(release)
     version = parser.table.vllm_version
     try:
-        return parser.parse(words, _loader(base_dir))
+        return parser.parse(words, _loader(base_dir, local_files))
     except PlaceholderValue as exc:
         raise ConfigError(f"argument {exc.shown}: {exc.value!r} is a placeholder, not a value; "
                           "pass the real value", code=ErrorCode.PLACEHOLDER_VALUE,
@@ -192,7 +200,8 @@ def check_line(argv: Sequence[str] | str, *, release: str | None = None,
 def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
                       architecture: str | None = None, hf_config: str | Path | None = None,
                       base_dir: str | Path | None = None, hint_for: HintFor = "python",
-                      release: str | None = None, offline: bool = False) -> ParsedCommand:
+                      release: str | None = None, offline: bool = False,
+                      local_files: bool = True) -> ParsedCommand:
     """Parse ``argv`` (with ``env``) into DeploymentConfig fields with the ``vllm serve``
     parser of vLLM ``release`` ("0.31"; None: the newest table). See the module docstring.
 
@@ -205,12 +214,30 @@ def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
     architecture is unknown, the message says how to give it in the words of ``hint_for``
     (``"python"``: ``architecture=``/``hf_config=``; ``"cli"``: ``--architecture``/``--config``;
     ``"api"``: a ``config`` body; ``"page"``: the command alone), ``--hf-overrides`` in each.
+    ``local_files=False`` (the service) refuses ``--config``, ``--hf-config-path`` and a
+    model given as a local path with ``local_file``: a request must not read the server's files.
     """
+    try:
+        return _command_to_fields(argv, env, architecture, hf_config, base_dir, hint_for,
+                                  release, offline, local_files)
+    except RecursionError:  # json.loads of a value (or a config.json) nested ~1,000 deep
+        raise ConfigError("a JSON value of the command line (or the model's config.json) is "
+                          "nested too deeply to read", code=ErrorCode.BAD_FLAG_VALUE) from None
+
+
+def _command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str],
+                       architecture: str | None, hf_config: str | Path | None,
+                       base_dir: str | Path | None, hint_for: HintFor, release: str | None,
+                       offline: bool, local_files: bool) -> ParsedCommand:
     env_all = dict(env)
     words = _split_argv(argv, env_all)
     _check_template(words)
     base = Path(base_dir) if base_dir is not None else None
-    given = parse_serve_words(words, release=release, base_dir=base)
+    if len(words) > MAX_WORDS:
+        raise ConfigError(f"the command line has {len(words)} words; at most {MAX_WORDS} are "
+                          "read (a real vllm serve line has a few dozen)",
+                          code=ErrorCode.BAD_COMMAND)
+    given = parse_serve_words(words, release=release, base_dir=base, local_files=local_files)
     table = serve_parser(release).table
     fields, ignored = to_fields(given, table)
     model = given.get("model_tag")
@@ -221,7 +248,7 @@ def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
     if backend.startswith("ROCM") or any(k.startswith(ROCM_ENV_PREFIXES) for k in env_all):
         fields.setdefault("platform", "rocm")  # AMD-only variables or attention backends
     model_fields, source = _model_fields(model, fields, architecture, hf_config, base, hint_for,
-                                         offline)
+                                         offline, local_files)
     fields.update(model_fields)
     if model is not None:
         fields["model"] = model
@@ -232,7 +259,7 @@ def command_to_fields(argv: Sequence[str] | str, env: Mapping[str, str], *,
 def from_command(argv: Sequence[str] | str, env: Mapping[str, str] | None = None, *,
                  architecture: str | None = None, hf_config: str | Path | None = None,
                  base_dir: str | Path | None = None, hint_for: HintFor = "python",
-                 release: str | None = None, offline: bool = False,
+                 release: str | None = None, offline: bool = False, local_files: bool = True,
                  **overrides: Any) -> DeploymentConfig:
     """A DeploymentConfig from a real ``vllm serve MODEL [flags]`` command line and its
     environment.
@@ -245,15 +272,14 @@ def from_command(argv: Sequence[str] | str, env: Mapping[str, str] | None = None
     else its ``policies/known_models.yaml`` entry is used (oracle/sources/hub.py);
     ``overrides`` (DeploymentConfig fields) win. Raises ConfigError for a placeholder model, an
     unknown or gated model, a revision the hub does not have, a flag or a value the release's
-    parser refuses (the message names it, in the parser's words); ``hint_for`` ("python",
-    "cli", "api", "page") words how to
-    value (the message names it); ``hint_for`` ("python", "cli", "api", "page") words how to
+    parser refuses (the message names it, in the parser's words), a local file named where
+    ``local_files`` is False; ``hint_for`` ("python", "cli", "api", "page") words how to
     give an architecture the oracle cannot find, and an unknown model's message names the
     architectures its name suggests.
     """
     fields = command_to_fields(argv, env or {}, architecture=architecture, hf_config=hf_config,
                                base_dir=base_dir, hint_for=hint_for, release=release,
-                               offline=offline).fields
+                               offline=offline, local_files=local_files).fields
     fields.update(overrides)
     return DeploymentConfig(**fields)
 
@@ -271,7 +297,8 @@ def architecture_hint(hint_for: HintFor) -> str:
 
 def _model_fields(model: str | None, fields: dict[str, Any], architecture: str | None,
                   hf_config: str | Path | None, base: Path | None, hint_for: HintFor,
-                  offline: bool) -> tuple[dict[str, Any], ModelConfigSource | None]:
+                  offline: bool, local_files: bool = True
+                  ) -> tuple[dict[str, Any], ModelConfigSource | None]:
     revision = fields.pop("_revision", None)
     config_path = fields.pop("_hf_config_path", None)
     if hf_config is not None:
@@ -291,8 +318,12 @@ def _model_fields(model: str | None, fields: dict[str, Any], architecture: str |
                           "punctuation), not a model id: the line reads as a sentence about a "
                           "command, not a command; give a real vllm serve MODEL line",
                           code=ErrorCode.PLACEHOLDER_MODEL, field="model")
+    if config_path and not local_files:
+        raise ConfigError("--hf-config-path names a file: the service reads no file a request "
+                          "names; give the architecture in a config instead",
+                          code=ErrorCode.LOCAL_FILE, field="--hf-config-path")
     source = resolve_model_config(config_path or model, revision, base_dir=base,
-                                  offline=offline, hint=hint,
+                                  offline=offline, hint=hint, local_files=local_files,
                                   what="--hf-config-path" if config_path else "model")
     return source.fields() | _explicit(fields), source
 

@@ -132,20 +132,27 @@ class ModelConfigSource:
 def resolve_model_config(model_id: str, revision: str | None = None, *,
                          base_dir: str | Path | None = None,
                          env: Mapping[str, str] | None = None, offline: bool = False,
-                         hint: str = DEFAULT_HINT, what: str = "model") -> ModelConfigSource:
+                         hint: str = DEFAULT_HINT, what: str = "model",
+                         local_files: bool = True) -> ModelConfigSource:
     """The config.json of ``model_id`` (a local path or a hub repo id) at ``revision``, or its
     known_models.yaml entry, with where it came from (see the module docstring for the order).
 
     ``env`` defaults to ``os.environ``; ``offline`` forces ``HF_HUB_OFFLINE=1``; ``base_dir``
     anchors a relative local path; ``hint`` says how to give the architecture instead, and
-    ``what`` names the input in errors (``model``, ``--hf-config-path``). Raises ConfigError:
+    ``what`` names the input in errors (``model``, ``--hf-config-path``); ``local_files=False``
+    (the service: a request must not name the server's files) never reads a local path, and a
+    model id that is a path is refused as ``local_file``. Raises ConfigError:
     ``unknown_model`` (found nowhere: the message lists each step's answer and the
     architectures the name suggests), ``gated_model`` (the hub refuses it without access and
     known_models.yaml lacks it), ``revision_not_found`` (the hub has the model, not that
     revision), ``bad_spec`` (a config.json that is not a JSON object).
     """
     notes: list[str] = []
-    local = _local_config(model_id, base_dir)
+    if not local_files and _is_path_like(model_id):
+        raise ConfigError(f"{what} {model_id!r} is a local path: the service reads no file a "
+                          "request names; give a hub repo id (org/name) or a config",
+                          code=ErrorCode.LOCAL_FILE, field=what)
+    local = _local_config(model_id, base_dir) if local_files else None
     if local is not None:
         return ModelConfigSource(model_id, "local", read_hf_config(local), str(local), revision)
     refusal: Refusal | None = None
@@ -172,21 +179,42 @@ def forget_hub_failures() -> None:
 
 
 def _local_config(model_id: str, base_dir: str | Path | None) -> Path | None:
-    p = Path(model_id).expanduser()
-    if base_dir is not None and not p.is_absolute():
-        p = Path(base_dir) / p
-    if (p / CONFIG_NAME).is_file():
-        return p / CONFIG_NAME
-    return p if p.suffix == ".json" and p.is_file() else None
+    p = _path(model_id, base_dir)
+    if p is None:
+        return None
+    try:
+        if (p / CONFIG_NAME).is_file():
+            return p / CONFIG_NAME
+        return p if p.suffix == ".json" and p.is_file() else None
+    except OSError:  # a name too long for the file system, a loop: not a local file
+        return None
+
+
+def _path(model_id: str, base_dir: str | Path | None) -> Path | None:
+    """``model_id`` as a local path, or None when it cannot be one (``~nosuchuser``)."""
+    try:
+        p = Path(model_id).expanduser()
+    except RuntimeError:  # an unknown user's home
+        return None
+    return Path(base_dir) / p if base_dir is not None and not p.is_absolute() else p
+
+
+def _is_path_like(model_id: str) -> bool:
+    """Spelled as a path (absolute, ./ ../ ~, more than one '/', a .json file), not ``org/name``."""
+    return (model_id.startswith(("/", "./", "../", "~")) or model_id.count("/") > 1
+            or model_id.endswith(".json"))
 
 
 def _looks_like_path(model_id: str, base_dir: str | Path | None) -> bool:
     """A path, never a hub repo id: absolute, ./ ../ ~, more than one '/', or an existing
     directory (repo ids are ``name`` or ``org/name``)."""
-    p = Path(model_id).expanduser()
-    if base_dir is not None and not p.is_absolute():
-        p = Path(base_dir) / p
-    return model_id.startswith(("/", "./", "../", "~")) or model_id.count("/") > 1 or p.is_dir()
+    if _is_path_like(model_id) and not model_id.endswith(".json"):
+        return True
+    p = _path(model_id, base_dir)
+    try:
+        return p is not None and p.is_dir()
+    except OSError:
+        return False
 
 
 # -- the HF cache and the hub ----------------------------------------------------------------

@@ -282,3 +282,27 @@ def test_a_token_name_python_reads_as_blank_is_a_422(api: Api, name: str) -> Non
     assert r.json()["detail"]["code"] == ErrorCode.NAME_REQUIRED
     assert all(t["name"] != name.strip() for t in api.client.get(
         "/api/v1/tokens", headers=api.h("admin")).json())
+
+
+_DEEP = "[" * 3000 + "]" * 3000
+
+
+@pytest.mark.parametrize("path, role, body", [
+    # NaN and Infinity in a body that fails validation: the 422 echoed them, and NaN is no JSON
+    ("/api/v1/decide", "viewer", b"NaN"),
+    ("/api/v1/decide", "viewer", b'{"command": NaN}'),
+    ("/api/v1/explain", "viewer", b'{"argv": [Infinity]}'),
+    ("/api/v1/decisions", "operator", b'{"events": [{"event_id": NaN}]}'),
+    # model ids no file system takes, and JSON values nested beyond Python's recursion limit
+    ("/api/v1/decide", "viewer", json.dumps({"command": "vllm serve " + "A" * 300}).encode()),
+    ("/api/v1/decide", "viewer", json.dumps({"command": "vllm serve ~nosuchuser/x"}).encode()),
+    ("/api/v1/decide", "viewer", json.dumps({"argv": ["vllm", "serve", "Qwen/Qwen3-8B",
+                                                      "--speculative-config", _DEEP]}).encode()),
+    # argparse's time grows with the square of a line's length
+    ("/api/v1/decide", "viewer", json.dumps({"command": "vllm serve Qwen/Qwen3-8B " + "-O3 " * 5000}
+                                            ).encode()),
+])
+def test_hostile_bodies_get_a_4xx_never_a_5xx(api: Api, path: str, role: str, body: bytes) -> None:
+    r = api.client.post(path, content=body, headers={**api.h(role), "Content-Type": "application/json"})
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["detail"]["code"], r.text

@@ -19,7 +19,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "policies" / "reference" / "mode
 
 
 @pytest.fixture
-def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
+def hub(api: Api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[HubServer]:
+    monkeypatch.setattr(api.services.settings, "hub_online", True)  # TURNOUT_HUB_ONLINE=1
     moe = json.loads((CONFIGS / "qwen3-30b-a3b.json").read_text())["config"]
     repo, gated = Repo(), Repo(gated_token="hf_granted")
     repo.add_commit("moe main", {"config.json": moe}, "main", "v2")
@@ -51,3 +52,29 @@ def test_gated_and_missing_revisions_have_their_codes(api: Api, hub: HubServer) 
     assert status == 422, body
     assert body["detail"]["code"] == ErrorCode.REVISION_NOT_FOUND  # type: ignore[index]
     assert "has no revision 'nope'" in body["detail"]["message"]  # type: ignore[index]
+
+
+def test_the_service_stays_off_the_hub_unless_told(api: Api, hub: HubServer,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api.services.settings, "hub_online", False)  # the default
+    status, body = _decide(api, "vllm serve acme/moe-from-hub --revision v2")
+    assert status == 422 and body["detail"]["code"] == ErrorCode.UNKNOWN_MODEL, body  # type: ignore[index]
+
+
+@pytest.mark.parametrize("command", [
+    "vllm serve Qwen/Qwen3-8B --config {secret}",
+    "vllm serve Qwen/Qwen3-8B --hf-config-path {json}",
+    "vllm serve {json}",
+    "vllm serve {dir}",
+])
+def test_a_request_never_reads_the_servers_files(api: Api, tmp_path: Path, command: str) -> None:
+    # A --config file's keys became flags, and a refusal echoed them (a password in an error).
+    secret = tmp_path / "secrets.yaml"
+    secret.write_text("db_password: hunter2\n")
+    leak = tmp_path / "model" / "config.json"
+    leak.parent.mkdir()
+    leak.write_text(json.dumps({"architectures": ["TOPSECRET_ARCH"], "model_type": "x"}))
+    line = command.format(secret=secret, json=leak, dir=leak.parent)
+    status, body = _decide(api, line)
+    assert status == 422 and body["detail"]["code"] == ErrorCode.LOCAL_FILE, body  # type: ignore[index]
+    assert "hunter2" not in json.dumps(body) and "TOPSECRET" not in json.dumps(body)

@@ -240,3 +240,17 @@ def test_a_line_only_the_newer_release_reads_is_a_refusal_before(tmp_path: Path)
     assert code == 1 and row["change"] == "refuse→v2", out
     assert row["before"]["error_code"] == "unknown_flag"
     assert "--disable-chunked-prefill" in row["before"]["error"]
+
+
+def test_a_line_nested_too_deeply_is_reported_alone(tmp_path: Path) -> None:
+    # Each was a RecursionError traceback that ended the whole run.
+    deep = "[" * 3000 + "]" * 3000
+    fleet = tmp_path / "fleet.txt"
+    fleet.write_text(f"vllm serve Qwen/Qwen3-8B --speculative-config '{deep}'\n"
+                     f'{{"id": "deep-json", "argv": {deep}}}\n'
+                     "vllm serve Qwen/Qwen3-8B\n")
+    code, out = _invoke("decide", "--commands", str(fleet), "--pack", "vllm-0.31", "--json")
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [r["error_code"] for r in rows] == ["bad_flag_value", "bad_spec", None], out
+    assert all("nested too deeply" in r["error"] for r in rows[:2]) and rows[2]["runner"] == "v2"
+    assert code == 2  # bad input on some lines
