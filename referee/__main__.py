@@ -1,6 +1,6 @@
 """``python -m referee``: golden files, and a pack checked against a live vLLM release.
 
-    python -m referee golden --release 0.31 --seed 1 --count 3000 --out FILE
+    python -m referee golden --release 0.31 --seed 1 --count 4000 --out FILE
     python -m referee check  --release 0.31 --seed 7 --count 2000 [--pack vllm-0.31]
     python -m referee case   --release 0.31 '{"architecture": "LlamaForCausalLM", ...}'
     python -m referee flags  --release 0.31 --out policies/reference/vllm-0.31/flags.json

@@ -1,7 +1,7 @@
 """Each vllm-<release> pack against its golden file: the decision, the error text and every log
 line in order, on every case vLLM's own selection code was run on (``make referee`` writes
-policies/reference/vllm-<release>/golden.jsonl; docs/oracle-releases.md says how). vLLM itself
-is not needed here: the files hold its answers."""
+policies/reference/vllm-<release>/golden.jsonl; the README's "How the release packs are
+checked" says how). vLLM itself is not needed here: the files hold its answers."""
 
 from __future__ import annotations
 
