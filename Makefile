@@ -41,9 +41,13 @@ install-test: $(VENV)/.test-installed
 run: $(VENV)/.service-installed
 	$(VENV)/bin/turnout serve
 
-## make test: install the test extras and run the whole suite.
+## make test: install the test extras and run the whole suite, on PYTEST_WORKERS processes
+## (pytest-xdist). Each test file runs whole on one worker (--dist loadfile): a file's module
+## fixtures (a loaded model, a started service, a browser) are built once. PYTEST_WORKERS=0
+## runs it in this one process.
+PYTEST_WORKERS ?= 2
 test: $(VENV)/.test-installed
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check .
