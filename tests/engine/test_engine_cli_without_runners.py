@@ -3,12 +3,15 @@ that says how to install it and exit code 2, not an ImportError traceback."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).parent / "model"))
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -41,12 +44,32 @@ def test_an_import_error_of_our_own_code_is_not_hidden() -> None:
     assert "Traceback" in r.stderr and "make install-runners" not in r.stderr
 
 
-def test_without_jinja2_a_chat_prompt_says_how_to_install_the_runners(smollm2_gguf: Path) -> None:
+@pytest.fixture
+def chat_model(tmp_path: Path) -> Path:
+    """A tiny random Llama with MiniLM's tokenizer and a chat template: the model is built and
+    the decision printed before the template is rendered (SmolLM2 took ~15 s to load here)."""
+    import torch
+    from minilm_path import minilm_dir
+    from tiny_model_configs import TINY_DECODER_CONFIGS
+
+    from engine.model import write_random_weights
+
+    cfg = {**TINY_DECODER_CONFIGS["llama"], "vocab_size": 30522}  # MiniLM's vocabulary
+    write_random_weights(cfg, tmp_path, dtype=torch.float32, seed=1)
+    shutil.copy(minilm_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n"
+                          "{% endfor %}"}))
+    return tmp_path
+
+
+def test_without_jinja2_a_chat_prompt_says_how_to_install_the_runners(chat_model: Path) -> None:
     # The chat template is rendered per conversation: the missing module was reported as
     # "conversation 0: the chat template rejects it: ModuleNotFoundError ..." instead.
-    r = _turnout_without("jinja2", "generate", "--model", str(smollm2_gguf), "--prompt", "hi",
+    r = _turnout_without("jinja2", "generate", "--model", str(chat_model), "--prompt", "hi",
                          "--max-tokens", "1")
     assert r.returncode == 2, r.stderr
+    assert r.stdout.startswith("runner: "), "the model loads and is decided before the chat"
     assert "rejects it" not in r.stdout + r.stderr and "Traceback" not in r.stderr
     assert r.stderr.startswith("error: turnout generate needs the runners extra, and jinja2 "
                                "cannot be imported ("), r.stderr
