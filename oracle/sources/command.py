@@ -109,6 +109,7 @@ def _loader(base: Path | None, local_files: bool = True) -> Any:
                               code=ErrorCode.LOCAL_FILE, field="--config")
         p = Path(path) if base is None else base / path
         try:
+            _check_config_file(p, path)
             text = read_text(p, path)
         except OSError as exc:
             raise ConfigError(f"--config {path}: cannot read ({exc.strerror or exc})",
@@ -125,6 +126,24 @@ def _loader(base: Path | None, local_files: bool = True) -> Any:
                               code=ErrorCode.BAD_FLAG_VALUE, field="--config") from None
 
     return load
+
+
+#: The largest ``--config`` file read (vLLM's own are a few kilobytes).
+MAX_CONFIG_FILE_BYTES = 1 << 20
+
+
+def _check_config_file(p: Path, path: str) -> None:
+    """A ``--config`` path that is a device, a FIFO or a huge file would be read forever or
+    whole into memory: refuse it first. Raises OSError for a path that does not exist."""
+    if not p.exists():
+        raise FileNotFoundError(2, "No such file or directory")
+    if not p.is_file():
+        raise ConfigError(f"--config {path}: not a regular file", code=ErrorCode.BAD_FLAG_VALUE,
+                          field="--config")
+    if p.stat().st_size > MAX_CONFIG_FILE_BYTES:
+        raise ConfigError(f"--config {path}: {p.stat().st_size:,} bytes; at most "
+                          f"{MAX_CONFIG_FILE_BYTES:,} are read", code=ErrorCode.BAD_FLAG_VALUE,
+                          field="--config")
 
 
 def _condense(message: str) -> str:

@@ -7,6 +7,7 @@ behaviour: abbreviations, `-O3`, dotted keys, `--config`, JSON validated by conf
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 from oracle import ConfigError, from_command, load_pack
 from oracle.errors import ErrorCode
 from oracle.sources import release_for_pack
-from oracle.sources.command import check_line
+from oracle.sources.command import check_line, command_to_fields
 from oracle.sources.command_argv import REWRITE_DIGESTS
 from oracle.sources.command_parser import serve_parser
 from oracle.sources.command_table import available_releases, load_table, newest_release
@@ -130,3 +131,20 @@ def test_seeded_lines_are_answered_never_crash(release: str, tmp_path: Path) -> 
         _, error = check_line(case["argv"], release=release, base_dir=tmp_path)
         verdicts["refused" if error else "accepted"] += 1
     assert verdicts["accepted"] > 60 and verdicts["refused"] > 60, verdicts
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "huge"])
+def test_a_config_file_that_is_no_small_regular_file_is_refused_unread(tmp_path: Path,
+                                                                      kind: str) -> None:
+    # /dev/zero behind a .yaml name was read until memory ran out; a FIFO blocked forever.
+    path = tmp_path / "serve.yaml"
+    if kind == "device":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_text("# padding\n" * 200_000)
+    with pytest.raises(ConfigError, match="not a regular file|bytes; at most") as err:
+        command_to_fields(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(path)], {},
+                          offline=True)
+    assert err.value.code == ErrorCode.BAD_FLAG_VALUE
