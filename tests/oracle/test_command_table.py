@@ -144,7 +144,7 @@ def test_a_config_file_that_is_no_small_regular_file_is_refused_unread(tmp_path:
         os.mkfifo(path)
     else:
         path.write_text("# padding\n" * 200_000)
-    with pytest.raises(ConfigError, match="not a regular file|bytes; at most") as err:
+    with pytest.raises(ConfigError, match=r"not a regular file|bytes; at most") as err:
         command_to_fields(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(path)], {},
                           offline=True)
     assert err.value.code == ErrorCode.BAD_FLAG_VALUE
