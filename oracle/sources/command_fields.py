@@ -167,9 +167,17 @@ def _fold_json(given: dict[str, Any], fields: dict[str, Any], ignored: list[str]
     if given.get("watermark_config") is not None:
         fields["watermark"] = True
     overrides = given.get("hf_overrides")
+    if overrides is not None and not isinstance(overrides, dict):
+        # vLLM's ModelConfig takes a dict (or a callable from Python): the engine would not start
+        raise ConfigError(f"--hf-overrides: expected a JSON object, got {overrides!r}",
+                          code=ErrorCode.BAD_FLAG_VALUE, field="--hf-overrides")
     if isinstance(overrides, dict):
-        archs = overrides.get("architectures")
-        if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        if "architectures" in overrides:
+            archs = overrides["architectures"]
+            if not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
+                raise ConfigError("--hf-overrides: architectures must be a non-empty list of "
+                                  f"architecture names, got {archs!r}",
+                                  code=ErrorCode.BAD_FLAG_VALUE, field="--hf-overrides")
             fields["architecture"] = archs[0]
         ignored += [f"--hf-overrides.{k}" for k in overrides if k != "architectures"]
 

@@ -148,3 +148,13 @@ def test_a_config_file_that_is_no_small_regular_file_is_refused_unread(tmp_path:
         command_to_fields(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(path)], {},
                           offline=True)
     assert err.value.code == ErrorCode.BAD_FLAG_VALUE
+
+
+@pytest.mark.parametrize("value", ['{"architectures": "LlamaForCausalLM"}', '{"architectures": []}',
+                                   '{"architectures": [1]}', '[1]', '"x"'])
+def test_hf_overrides_of_the_wrong_shape_are_refused(value: str) -> None:
+    # They were dropped silently and the model's own architecture decided.
+    with pytest.raises(ConfigError, match="--hf-overrides") as err:
+        command_to_fields(["vllm", "serve", "Qwen/Qwen3-8B", "--hf-overrides", value], {},
+                          offline=True)
+    assert err.value.code == ErrorCode.BAD_FLAG_VALUE
