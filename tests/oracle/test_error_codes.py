@@ -19,7 +19,7 @@ SERVICE_DOC = (ROOT / "docs" / "service.md").read_text(encoding="utf-8")
 # The wire values as they were when the enum was made: changing one breaks scripts and clients.
 WIRE_VALUES = {
     "oracle": {"oracle_error", "bad_config"},
-    "config": {"unknown_field", "bad_value", "bad_spec", "file_not_found", "bad_command",
+    "config": {"unknown_field", "bad_value", "bad_spec", "file_not_found", "local_file", "bad_command",
                "unknown_flag", "bad_flag_value", "placeholder_model", "placeholder_value",
                "missing_model", "unknown_model", "gated_model", "revision_not_found"},
     "pack": {"invalid_pack", "unknown_pack"},
