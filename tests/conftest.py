@@ -17,7 +17,8 @@ def _share_the_cores_between_workers() -> None:
     would be four threads spinning on two. Set before torch loads; OMP_NUM_THREADS wins."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
     if workers > 1:
-        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        threads = max(1, (cores or 1) // workers)
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
