@@ -22,12 +22,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from deepseek_tiny import TINY_DEEPSEEK_V2, deepseek_v2_lite, write_hf_random_weights
+from gpu_helpers import free, prompts_for, run
+from gpu_helpers import make_core as gpu_make_core
 
 from engine.core import EngineCore
 from engine.model import write_random_weights
-from engine.model_info import engine_config_for
-from engine.request import Request
-from engine.runner_loader import build_engine_core
 from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -35,27 +34,8 @@ transformers = pytest.importorskip("transformers")
 
 
 def make_core(runner: str, path: Path, dtype: str, **kwargs: Any) -> EngineCore:
-    kwargs.setdefault("max_model_len", 512)
-    kwargs.setdefault("max_num_seqs", 16)
     kwargs.setdefault("kv_cache_memory_gb", 2.0)
-    return build_engine_core(engine_config_for(path, device="cuda", dtype=dtype, **kwargs), runner)
-
-
-def run(core: EngineCore, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
-    for i, prompt in enumerate(prompts):
-        core.add_request(f"r{i}", prompt, params)
-    done = {r.req_id: r for r in core.run_until_done()}
-    return [done[f"r{i}"] for i in range(len(prompts))]
-
-
-def prompts_for(vocab_size: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in lengths]
-
-
-def free() -> None:
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    return gpu_make_core(runner, path, dtype, **kwargs)
 
 
 @pytest.mark.parametrize("variant", sorted(TINY_DEEPSEEK_V2))

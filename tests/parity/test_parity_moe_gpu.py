@@ -24,16 +24,13 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
+from gpu_helpers import free, make_core, prompts_for, run
 from gpu_weights import load_device_random
 from hf_moe import hf_moe_dir, load_hf_reference
 from tiny_model_configs import TINY_MOE_CONFIGS
 
 import engine.runner_setup
-from engine.core import EngineCore
 from engine.model import ModelConfig
-from engine.model_info import engine_config_for
-from engine.request import Request
-from engine.runner_loader import build_engine_core
 from engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -42,28 +39,6 @@ CONFIGS = Path(__file__).parents[2] / "policies" / "reference" / "model_configs"
 REAL = ("granite-3.0-1b-a400m", "qwen1.5-moe-a2.7b", "qwen3-30b-a3b")
 
 
-def make_core(runner: str, path: Path, dtype: str, **kwargs: Any) -> EngineCore:
-    kwargs.setdefault("max_model_len", 512)
-    kwargs.setdefault("max_num_seqs", 16)
-    kwargs.setdefault("kv_cache_memory_gb", 4.0)
-    return build_engine_core(engine_config_for(path, device="cuda", dtype=dtype, **kwargs), runner)
-
-
-def run(core: EngineCore, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
-    for i, prompt in enumerate(prompts):
-        core.add_request(f"r{i}", prompt, params)
-    done = {r.req_id: r for r in core.run_until_done()}
-    return [done[f"r{i}"] for i in range(len(prompts))]
-
-
-def prompts_for(vocab_size: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in lengths]
-
-
-def free() -> None:
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("name", sorted(TINY_MOE_CONFIGS))
