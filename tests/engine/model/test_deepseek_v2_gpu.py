@@ -29,7 +29,7 @@ import torch
 from deepseek_tiny import TINY_DEEPSEEK_V2, deepseek_v2_lite, write_hf_random_weights
 from gpu_weights import load_device_random
 from hf_deepseek import hf_deepseek_sharing
-from paged_session import run_paged_forced, run_paged_greedy
+from paged_session import check_decode_graph_replay, run_paged_forced, run_paged_greedy
 
 from engine.model import (
     AttentionMetadata,
@@ -155,54 +155,6 @@ def test_every_layer_of_deepseek_v2_lite_in_bf16(lite_bf16: tuple) -> None:
 def test_decode_step_replays_from_a_cuda_graph() -> None:
     # runner_v2 captures decode steps: MLA's forward (absorption GEMMs, latent cache write,
     # latent attention) must be capturable with its inputs in static buffers.
-    from paged_session import PagedSession
-
     model = load_model(ModelConfig.from_hf_dict(TINY_DEEPSEEK_V2["q-lora"]), device="cuda", seed=1)
     assert isinstance(model, DeepseekV2ForCausalLM)
-    session = PagedSession(model, num_blocks=64, block_size=4, max_blocks_per_seq=16)
-    for i, n in enumerate([5, 9, 12, 3]):
-        session.add(f"s{i}", list(range(10 + i, 10 + i + n)))
-    for k, out in session.step({k: len(s.token_ids) for k, s in session.seqs.items()}).items():
-        session.append(k, int(out[-1].argmax()))
-    dev, seqs = "cuda", list(session.seqs.values())
-    buf = {"ids": torch.zeros(4, dtype=torch.int64, device=dev),
-           "pos": torch.zeros(4, dtype=torch.int64, device=dev),
-           "slots": torch.zeros(4, dtype=torch.int64, device=dev),
-           "qsl": torch.arange(5, dtype=torch.int32, device=dev),
-           "seq_lens": torch.zeros(4, dtype=torch.int32, device=dev),
-           "table": torch.zeros(4, 16, dtype=torch.int32, device=dev)}
-
-    def fill() -> None:  # the next decode step of every sequence, written in place
-        for i, s in enumerate(seqs):
-            p = len(s.token_ids) - 1
-            if len(s.blocks) * 4 <= p:
-                s.blocks.append(session.free_blocks.pop())
-            buf["ids"][i], buf["pos"][i] = s.token_ids[-1], p
-            buf["slots"][i] = s.blocks[p // 4] * 4 + p % 4
-            buf["seq_lens"][i] = p + 1
-            buf["table"][i, : len(s.blocks)] = torch.tensor(s.blocks)
-
-    md = AttentionMetadata(query_start_loc=buf["qsl"], seq_lens=buf["seq_lens"],
-                           block_table=buf["table"], slot_mapping=buf["slots"], max_query_len=1,
-                           max_seq_len=64, num_actual_tokens=4, block_size=4)
-
-    def step() -> torch.Tensor:
-        return model.compute_logits(model(buf["ids"], buf["pos"], session.kv_caches, md))
-
-    with torch.inference_mode():
-        fill()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up compiles the kernels outside the capture
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_logits = step()
-        for _ in range(3):  # latent writes are idempotent within a step: eager then replay
-            eager = step().clone()
-            graph.replay()
-            torch.testing.assert_close(static_logits, eager, atol=1e-5, rtol=1e-5)
-            for s, tok in zip(seqs, eager.argmax(-1).tolist(), strict=True):
-                s.token_ids.append(tok)
-            fill()
+    check_decode_graph_replay(model)
