@@ -1,8 +1,9 @@
 """Decision-event ingest (batched, idempotent by ``event_id``) and the roll-ups kept with it.
 
 One transaction per batch stores the new events, moves each deployment's latest decision
-forward (``deployments``) and adds to the daily roll-ups, so the pages read small tables even
-with millions of events. Duplicates (a client resending after a lost acknowledgement) are
+forward (``deployments``) with its counts (``latest_counts``, see
+``dashboard/store/latest_counts.py``) and adds to the daily roll-ups, so the pages read small
+tables even with millions of events. Duplicates (a client resending after a lost acknowledgement) are
 skipped before anything is counted.
 """
 
@@ -10,20 +11,22 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from dashboard.store.aggregates import reason_keys
+from dashboard.store import latest_counts
+from dashboard.store.latest_counts import State, reason_keys, state_of
 from dashboard.store.models import (
     DailyDecisions,
     DailyReasons,
     DecisionEvent,
     Deployment,
+    LatestCounts,
 )
 
 
@@ -85,10 +88,12 @@ def _insert(session: Session, table: Any) -> Any:
     return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
 
 
-def ingest(*, session: Session, events: Sequence[EventLike]) -> int:
+def ingest(*, session: Session, events: Sequence[EventLike],
+           now: dt.datetime | None = None) -> int:
     """Store a batch in the caller's transaction; returns how many were new (not duplicates).
 
-    The caller acknowledges only after commit: an acknowledged event is durable.
+    ``now``: the time the fine buckets of ``latest_counts`` are kept from (default: the
+    clock). The caller acknowledges only after commit: an acknowledged event is durable.
     """
     first: dict[str, EventLike] = {}
     for e in events:  # a batch may repeat an event: the first copy counts, as across batches
@@ -96,11 +101,13 @@ def ingest(*, session: Session, events: Sequence[EventLike]) -> int:
     events = list(first.values())
     if not events:
         return 0
+    now = now or dt.datetime.now(dt.UTC)
     if session.get_bind().dialect.name == "sqlite":
         from dashboard.store.ingest_sqlite import ingest_sqlite
 
-        return ingest_sqlite(session, events)
-    rows = [_event_row(e) for e in events]
+        return ingest_sqlite(session, events, now)
+    # In event id order: two batches that share events wait on each other in one order.
+    rows = sorted((_event_row(e) for e in events), key=lambda r: str(r["event_id"]))
     # Core tables, not the ORM classes: the ORM's bulk-insert bookkeeping costs more than the
     # insert itself at these batch sizes.
     table = DecisionEvent.__table__
@@ -108,8 +115,8 @@ def ingest(*, session: Session, events: Sequence[EventLike]) -> int:
     inserted = set(session.scalars(stmt.returning(table.c.event_id), rows))
     fresh = [e for e in events if e.event_id in inserted]
     if fresh:
-        _advance_deployments(session, fresh)
-        _add_daily(session, fresh)
+        advance_deployments(session, fresh, now)
+        add_daily(session, fresh)
     return len(fresh)
 
 
@@ -122,34 +129,77 @@ def _event_row(e: EventLike) -> dict[str, Any]:
     }
 
 
-def _advance_deployments(session: Session, events: Sequence[EventLike]) -> None:
-    latest: dict[str, EventLike] = {}
+def latest_per_deployment(events: Iterable[EventLike],
+                          into: dict[str, EventLike] | None = None) -> dict[str, EventLike]:
+    """Deployment id → its latest event: the greatest ``(at, event_id)`` (ties of time are
+    broken by event id, the same order the stored rows are compared in)."""
+    latest = {} if into is None else into
     for e in events:
         cur = latest.get(e.deployment_id)
         if cur is None or (e.at, e.event_id) > (cur.at, cur.event_id):
             latest[e.deployment_id] = e
-    rows = []
-    for e in sorted(latest.values(), key=lambda e: e.deployment_id):  # one lock order
-        row = _event_row(e)
-        del row["policy_digest"]
-        row["config"] = e.config
-        rows.append(row)
-    table = Deployment.__table__
-    stmt = _insert(session, table)
-    excluded = stmt.excluded
-    names = [c for c in rows[0] if c != "deployment_id"]
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["deployment_id"],
-        set_={n: excluded[n] for n in names},
-        # Out-of-order delivery: an older event never overwrites a newer decision.
-        where=table.c.at <= excluded.at,
-    )
-    session.execute(stmt, rows)
+    return latest
 
 
-def _add_daily(session: Session, events: Sequence[EventLike]) -> None:
-    decisions: Counter[tuple[dt.date, str, str, str, bool]] = Counter()
-    reasons: Counter[tuple[dt.date, str, str, bool]] = Counter()
+def advance_deployments(session: Session, events: Sequence[EventLike],
+                        now: dt.datetime) -> None:
+    """Move each deployment's latest decision forward to the newest of ``events`` where it is
+    newer than the stored one (out-of-order delivery never moves it back), and its counts in
+    ``latest_counts`` with it."""
+    if session.get_bind().dialect.name == "sqlite":
+        from dashboard.store.ingest_sqlite import advance_sqlite
+
+        advance_sqlite(session.connection(), list(latest_per_deployment(events).values()), now)
+        return
+    latest = latest_per_deployment(events)
+    ids = sorted(latest)  # one lock order for every transaction
+    rows = [_deployment_row(latest[d]) for d in ids]
+    table: Any = Deployment.__table__  # Core: no ORM bulk bookkeeping
+    # New deployments first: inserted here, or waited for when another ingest inserts the
+    # same id (it then counts as existing, read below under a row lock).
+    new = set(session.scalars(
+        postgresql.insert(table).on_conflict_do_nothing(index_elements=["deployment_id"])
+        .returning(table.c.deployment_id), rows))
+    existing = [d for d in ids if d not in new]
+    c = table.c
+    old = {r.deployment_id: state_of(r) for r in session.execute(
+        select(c.deployment_id, c.at, c.event_id, c.pack, c.family, c.stage, c.runner,
+               c.reason_code, c.rule_ids, c.demo)
+        .where(c.deployment_id.in_(existing)).order_by(c.deployment_id).with_for_update())
+    } if existing else {}
+    newer = [d for d in existing if d not in old
+             or (latest[d].at, latest[d].event_id) > (old[d].at, old[d].event_id)]
+    if newer:
+        stmt = postgresql.insert(table)
+        excluded = stmt.excluded
+        names = [n for n in rows[0] if n != "deployment_id"]
+        session.execute(stmt.on_conflict_do_update(
+            index_elements=["deployment_id"], set_={n: excluded[n] for n in names},
+            where=tuple_(c.at, c.event_id) < tuple_(excluded.at, excluded.event_id)),
+            [_deployment_row(latest[d]) for d in newer])
+    changes: list[tuple[State | None, State]] = [
+        (None, state_of(latest[d])) for d in ids if d in new]
+    changes += [(old.get(d), state_of(latest[d])) for d in newer]
+    latest_counts.apply_changes(session.connection(), changes, now)
+
+
+def _deployment_row(e: EventLike) -> dict[str, Any]:
+    row = _event_row(e)
+    del row["policy_digest"]
+    row["config"] = e.config
+    return row
+
+
+DailyKey = tuple[dt.date, str, str, str, bool]
+ReasonKey = tuple[dt.date, str, str, bool]
+
+
+def daily_counts(events: Iterable[EventLike],
+                 into: tuple[Counter[DailyKey], Counter[ReasonKey]] | None = None
+                 ) -> tuple[Counter[DailyKey], Counter[ReasonKey]]:
+    """Events per (UTC day, family, runner, reason code, demo) and fallback events per (day,
+    family, reason key, demo): the daily roll-ups' increments."""
+    decisions, reasons = into if into is not None else (Counter(), Counter())
     for e in events:
         day = e.at.astimezone(dt.UTC).date()
         decisions[(day, e.family, e.runner or "", e.reason_code, e.demo)] += 1
@@ -157,6 +207,21 @@ def _add_daily(session: Session, events: Sequence[EventLike]) -> None:
             continue  # the reasons roll-up is of fallbacks (same keys as the ranking)
         for key in set(reason_keys(list(e.rule_ids), e.reason_code, e.stage)):
             reasons[(day, e.family, key, e.demo)] += 1
+    return decisions, reasons
+
+
+def add_daily(session: Session, events: Iterable[EventLike]) -> None:
+    write_daily(session, *daily_counts(events))
+
+
+def write_daily(session: Session, decisions: Counter[DailyKey],
+                reasons: Counter[ReasonKey]) -> None:
+    """Add to the daily roll-ups (an upsert per key, in key order)."""
+    if session.get_bind().dialect.name == "sqlite":
+        from dashboard.store.ingest_sqlite import write_daily_sqlite
+
+        write_daily_sqlite(session.connection(), decisions, reasons)
+        return
     _upsert_counts(session, DailyDecisions, ["day", "family", "runner", "reason_code", "demo"],
                    decisions)
     _upsert_counts(session, DailyReasons, ["day", "family", "rule_id", "demo"], reasons)
@@ -185,7 +250,7 @@ def count_events(*, session: Session, demo: bool | None = None) -> int:
 def remove_demo(*, session: Session) -> int:
     """Delete every demo event, deployment and roll-up row; returns the events removed."""
     num = count_events(session=session, demo=True)
-    for table in (DecisionEvent, Deployment, DailyDecisions, DailyReasons):
+    for table in (DecisionEvent, Deployment, DailyDecisions, DailyReasons, LatestCounts):
         session.execute(delete(table).where(table.demo.is_(True)))
     return num
 

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Date,
     DateTime,
@@ -164,6 +165,33 @@ class DailyReasons(Base):
     rule_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     demo: Mapped[bool] = mapped_column(Boolean, primary_key=True)
     num_events: Mapped[int] = mapped_column(Integer)
+
+
+class LatestCounts(Base):
+    """Deployments by their latest decision, per time bucket of that decision (kept at ingest,
+    in the ingest's transaction; ``dashboard/store/latest_counts.py``).
+
+    Each deployment is counted once with ``reason = ""`` (the deployment itself: its runner,
+    and for a fallback the kind of what holds it back) and, when its latest decision is not
+    V2, once per fallback-reason key (``latest_counts.reason_keys``). Buckets of three sizes
+    (``bucket_s``: 300, 3600, 86400 seconds; ``bucket``: epoch seconds, UTC) let a time window
+    be summed from a few rows whatever the number of events or deployments.
+    """
+
+    __tablename__ = "latest_counts"
+    # SQLite: the key is the table (no rowid b-tree beside it).
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    bucket_s: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    reason: Mapped[str] = mapped_column(String(128), primary_key=True)  # "" = the deployment
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)  # blocked|waiting|held|""
+    family: Mapped[str] = mapped_column(String(64), primary_key=True)
+    stage: Mapped[str] = mapped_column(String(64), primary_key=True)  # "" when in no stage
+    pack: Mapped[str] = mapped_column(String(64), primary_key=True)
+    runner: Mapped[str] = mapped_column(String(8), primary_key=True)  # "" when no runner
+    demo: Mapped[bool] = mapped_column(Boolean, primary_key=True)
+    num_deployments: Mapped[int] = mapped_column(Integer)
 
 
 class ApiToken(Base):

@@ -1,0 +1,201 @@
+"""Deployments counted by their latest decision, kept as events arrive (table ``latest_counts``).
+
+Ingest moves a deployment's latest decision forward (table ``deployments``) and, in the same
+transaction, moves the deployment's count from the keys of its old latest decision to the keys
+of the new one: ``-1`` under each key of the old state, ``+1`` under each key of the new
+(:func:`apply_changes`). A key is (bucket size, bucket, reason, kind, family, stage, pack,
+runner, demo): the bucket is the one the decision's time falls in, for each of three sizes
+(5 minutes, 1 hour, 1 day). A deployment is counted once with ``reason = ""`` (itself) and,
+when its latest decision is not V2, once under each of its fallback-reason keys.
+
+A read of a time window then sums a few hundred rows (``aggregates.fallbacks``), whatever the
+number of stored events or deployments. Fine buckets are read only for recent times, so they
+are kept for a limited time (:data:`RETENTION_S`); day buckets are kept for good.
+
+The same functions rebuild the table from ``deployments`` (:func:`rebuild`: migration 0004's
+backfill) and serve the bulk loader (``dashboard/store/bulk.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from sqlalchemy import Connection, delete, select
+from sqlalchemy.dialects import postgresql
+
+from dashboard.store.models import Deployment, LatestCounts
+
+BUCKETS = (300, 3600, 86400)  # bucket sizes, seconds; each a multiple of the one before
+# How far back (seconds) each size is kept, None: for good. The reads use 5-minute buckets
+# only for a window's first hour (a window reaches back 7 days at most) and hourly ones for
+# windows up to 7 days and the first day of a longer one; a day of slack on top.
+RETENTION_S: dict[int, int | None] = {300: 8 * 86400, 3600: 9 * 86400, 86400: None}
+# Rows are deleted a day after ingest stops writing them, so that a pruning transaction and
+# an ingest whose clock is a little behind never touch the same row.
+_PRUNE_MARGIN_S = 86400
+
+KINDS = ("blocked", "waiting", "held")
+_WAITING = frozenset({"rollout.stage_off", "rollout.split_out", "rollout.no_stage",
+                      "DISABLED", "DEFAULT", "SPLIT", "TARGETING_MATCH"})
+_HELD = frozenset({"rollout.kill_switch", "pin.v1", "STATIC"})
+_PER_STAGE = ("rollout.stage_off", "rollout.split_out")
+
+
+def reason_keys(rule_ids: Sequence[str], reason_code: str, stage: str | None) -> list[str]:
+    """What a fallback is attributed to: its rule ids, the per-stage rollout reasons split by
+    stage (``rollout.stage_off:qwen3-canary``), or, with no rule at all, the reason code."""
+    if not rule_ids:
+        return [reason_code]
+    return [f"{r}:{stage}" if r in _PER_STAGE and stage else r for r in rule_ids]
+
+
+def reason_kind(key: str) -> str:
+    """``"waiting"``: the deployment waits for its rollout stage (off, outside the canary
+    share, in no stage); ``"held"``: an operator holds it on V1 (the kill switch, a V1 pin);
+    ``"blocked"``: anything else, a rule of the pack that V2 does not serve (a real
+    incompatibility) or a configuration no runner serves. A bare reason code (an event without
+    rule ids) is classed by what the code means."""
+    base = key.split(":", 1)[0]
+    if base in _WAITING:
+        return "waiting"
+    if base in _HELD:
+        return "held"
+    return "blocked"
+
+
+class State(NamedTuple):
+    """A deployment's latest decision, as far as the counts need it."""
+
+    at: dt.datetime  # timezone-aware
+    event_id: str
+    pack: str
+    family: str
+    stage: str | None
+    runner: str | None
+    reason_code: str
+    rule_ids: tuple[str, ...]
+    demo: bool
+
+
+def state_of(e: Any) -> State:
+    """The :class:`State` of an event (``events.EventLike``) or a ``deployments`` row."""
+    return State(e.at, e.event_id, e.pack, e.family, e.stage, e.runner, e.reason_code,
+                 tuple(e.rule_ids), bool(e.demo))
+
+
+def counted_reasons(state: State) -> list[tuple[str, str]]:
+    """(reason, kind) pairs a state is counted under: ``("", kind)`` for the deployment itself
+    (kind ``""`` on V2; else the first of blocked, held, waiting among its reasons) and, when
+    not on V2, each distinct reason key with its kind."""
+    if state.runner == "v2":
+        return [("", "")]
+    keys = sorted(set(reason_keys(state.rule_ids, state.reason_code, state.stage)))
+    kinds = {reason_kind(k) for k in keys}
+    kind = next((k for k in KINDS if k in kinds), "blocked")
+    return [("", kind), *((k, reason_kind(k)) for k in keys)]
+
+
+Key = tuple[int, int, str, str, str, str, str, str, bool]
+
+
+def add_state(counts: Counter[Key], state: State, sign: int, now_s: int) -> None:
+    """Add ``sign`` (+1 or -1) under every key of ``state`` whose bucket is still kept."""
+    t = int(state.at.timestamp() // 1)
+    rest = (state.family, state.stage or "", state.pack, state.runner or "", state.demo)
+    reasons = counted_reasons(state)
+    for size in BUCKETS:
+        bucket = t - t % size
+        keep = RETENTION_S[size]
+        if keep is not None and bucket < now_s - keep:
+            continue
+        for reason, kind in reasons:
+            counts[(size, bucket, reason, kind, *rest)] += sign
+
+
+def count_changes(changes: Iterable[tuple[State | None, State]], now: dt.datetime
+                  ) -> Counter[Key]:
+    """The net count changes of deployments moving from an old latest state (None: a new
+    deployment) to a new one; keys that net to zero are dropped."""
+    now_s = int(now.timestamp())
+    counts: Counter[Key] = Counter()
+    for old, new in changes:
+        if old is not None:
+            add_state(counts, old, -1, now_s)
+        add_state(counts, new, +1, now_s)
+    return Counter({k: n for k, n in counts.items() if n})
+
+
+_COLUMNS = ("bucket_s", "bucket", "reason", "kind", "family", "stage", "pack", "runner",
+            "demo", "num_deployments")
+_SQLITE_UPSERT = (
+    f"INSERT INTO latest_counts ({', '.join(_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _COLUMNS)}) "
+    f"ON CONFLICT ({', '.join(_COLUMNS[:-1])}) DO UPDATE SET "
+    "num_deployments = latest_counts.num_deployments + excluded.num_deployments")
+
+
+def apply_changes(conn: Connection, changes: Iterable[tuple[State | None, State]],
+                  now: dt.datetime) -> int:
+    """Apply the count changes of ``changes`` in the caller's transaction (an upsert per key,
+    in key order so that concurrent ingests lock rows in one order) and prune buckets past
+    their retention. Returns the number of rows written."""
+    counts = count_changes(changes, now)
+    write_counts(conn, counts)
+    prune(conn, now)
+    return len(counts)
+
+
+def write_counts(conn: Connection, counts: Counter[Key]) -> None:
+    """Add ``counts`` to the stored rows (an upsert per key, in key order)."""
+    if not counts:
+        return
+    ordered = sorted(counts.items())
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql(_SQLITE_UPSERT, [(*k[:8], int(k[8]), n) for k, n in ordered])
+        return
+    stmt = postgresql.insert(LatestCounts)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=list(_COLUMNS[:-1]),
+        set_={"num_deployments": LatestCounts.num_deployments + stmt.excluded.num_deployments})
+    conn.execute(stmt, [dict(zip(_COLUMNS, (*k, n), strict=True)) for k, n in ordered])
+
+
+def prune(conn: Connection, now: dt.datetime) -> None:
+    """Delete fine buckets well past their retention (never read again)."""
+    now_s = int(now.timestamp())
+    for size, keep in RETENTION_S.items():
+        if keep is not None:
+            conn.execute(delete(LatestCounts).where(
+                LatestCounts.bucket_s == size,
+                LatestCounts.bucket < now_s - keep - _PRUNE_MARGIN_S))
+
+
+def rebuild(conn: Connection, now: dt.datetime | None = None, chunk: int = 20_000) -> int:
+    """Recompute the whole table from ``deployments`` (each deployment's latest decision);
+    returns the number of deployments counted. Migration 0004 backfills with it."""
+    now = now or dt.datetime.now(dt.UTC)
+    now_s = int(now.timestamp())
+    conn.execute(delete(LatestCounts))
+    d = Deployment.__table__.c
+    stmt = select(d.at, d.event_id, d.pack, d.family, d.stage, d.runner, d.reason_code,
+                  d.rule_ids, d.demo).order_by(d.deployment_id)
+    counts: Counter[Key] = Counter()
+    num = 0
+    for row in conn.execute(stmt):
+        add_state(counts, state_of(row), +1, now_s)
+        num += 1
+    items = sorted(counts.items())
+    for start in range(0, len(items), chunk):
+        write_counts(conn, Counter(dict(items[start:start + chunk])))
+    return num
+
+
+def nonzero_rows(conn: Connection) -> dict[Key, int]:
+    """Every stored count that is not zero, by key (what tests compare)."""
+    t = LatestCounts.__table__.c
+    stmt = select(*(t[c] for c in _COLUMNS)).where(t.num_deployments != 0)
+    return {(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8])): int(r[9])
+            for r in conn.execute(stmt)}
