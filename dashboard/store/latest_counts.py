@@ -21,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import Connection, delete, select
 from sqlalchemy.dialects import postgresql
@@ -37,7 +37,8 @@ RETENTION_S: dict[int, int | None] = {300: 8 * 86400, 3600: 9 * 86400, 86400: No
 # an ingest whose clock is a little behind never touch the same row.
 _PRUNE_MARGIN_S = 86400
 
-KINDS = ("blocked", "waiting", "held")
+Kind = Literal["blocked", "waiting", "held"]
+KINDS: tuple[Kind, ...] = ("blocked", "waiting", "held")
 _WAITING = frozenset({"rollout.stage_off", "rollout.split_out", "rollout.no_stage",
                       "DISABLED", "DEFAULT", "SPLIT", "TARGETING_MATCH"})
 _HELD = frozenset({"rollout.kill_switch", "pin.v1", "STATIC"})
@@ -52,7 +53,7 @@ def reason_keys(rule_ids: Sequence[str], reason_code: str, stage: str | None) ->
     return [f"{r}:{stage}" if r in _PER_STAGE and stage else r for r in rule_ids]
 
 
-def reason_kind(key: str) -> str:
+def reason_kind(key: str) -> Kind:
     """``"waiting"``: the deployment waits for its rollout stage (off, outside the canary
     share, in no stage); ``"held"``: an operator holds it on V1 (the kill switch, a V1 pin);
     ``"blocked"``: anything else, a rule of the pack that V2 does not serve (a real
