@@ -3,9 +3,10 @@ ingest (``latest_counts``, ``daily_decisions``, ``deployments``), never by scann
 ``decision_events``.
 
 The fallback report counts deployments by their latest decision: a deployment is in a time
-window when its latest decision was made in it (a window starts on a 5-minute boundary: the
-last hour is the buckets from ``floor_5min(now - 1h)`` on), and the time chart counts the same
-deployments by the bucket of their latest decision, so that its bars add up to the table.
+window when its latest decision was made in it (a window starts on a 5-minute boundary, the
+7-day one on an hour: the last hour is the buckets from ``floor_5min(now - 1h)`` on), and the
+time chart counts the same deployments by the bucket of their latest decision, so that its
+bars add up to the table.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from dashboard.store.models import DailyDecisions, Deployment, LatestCounts
 __all__ = ["KINDS", "WINDOWS", "reason_keys", "reason_kind"]
 
 Window = Literal["1h", "24h", "7d", "all"]
-# window → (its span in seconds, None: everything; the time chart's bin in seconds)
-WINDOWS: dict[str, tuple[int | None, int]] = {
-    "1h": (3600, 300), "24h": (86400, 3600), "7d": (7 * 86400, 6 * 3600), "all": (None, 86400)}
+# window → (its span in seconds, None: everything; the time chart's bin in seconds; the
+# boundary its start is rounded down to, seconds)
+WINDOWS: dict[str, tuple[int | None, int, int]] = {
+    "1h": (3600, 300, 300), "24h": (86400, 3600, 300), "7d": (7 * 86400, 6 * 3600, 3600),
+    "all": (None, 86400, 86400)}
 
 
 @dataclass(frozen=True)
@@ -84,19 +87,21 @@ class FallbackReport:
 
 def window_start(window: str, now: dt.datetime) -> int | None:
     """The first second (epoch, UTC) a window counts: ``now`` minus its span, down to a
-    5-minute boundary; None for ``"all"``. Raises KeyError for an unknown window."""
-    span = WINDOWS[window][0]
+    5-minute boundary (1h, 24h) or an hour (7d); None for ``"all"``. Raises KeyError for an
+    unknown window."""
+    span, _bin, align = WINDOWS[window]
     if span is None:
         return None
     t = int(now.timestamp()) - span
-    return t - t % BUCKETS[0]
+    return t - t % align
 
 
 def segments(start: int | None, bin_s: int) -> list[tuple[int, int | None, int | None]]:
     """(bucket size, first bucket, end) ranges of ``latest_counts`` that together cover the
     seconds from ``start`` on exactly once, each in the coarsest size that still divides
     ``bin_s``: 5-minute buckets up to the first full hour, hourly ones up to the first full
-    day (when days divide the bin), then the coarsest. ``start`` is on a 5-minute boundary."""
+    day (when days divide the bin), then the coarsest. ``start`` is on a 5-minute boundary;
+    the sizes read are kept for as long as ``WINDOWS`` reach back (``RETENTION_S``)."""
     sizes = [s for s in BUCKETS if bin_s % s == 0]
     if start is None:
         return [(sizes[-1], None, None)]

@@ -2,9 +2,10 @@
 
 One transaction per batch stores the new events, moves each deployment's latest decision
 forward (``deployments``) with its counts (``latest_counts``, see
-``dashboard/store/latest_counts.py``) and adds to the daily roll-ups, so the pages read small
-tables even with millions of events. Duplicates (a client resending after a lost acknowledgement) are
-skipped before anything is counted.
+``dashboard/store/latest_counts.py``) and adds to the daily roll-up, so the pages read small
+tables even with millions of events. Duplicates (a client resending after a lost
+acknowledgement) are skipped before anything is counted. The writes themselves are in
+``ingest_sqlite.py`` and ``ingest_pg.py``, one per backend.
 """
 
 from __future__ import annotations
@@ -15,15 +16,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sqlalchemy import delete, select, tuple_
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from dashboard.store import latest_counts
-from dashboard.store.latest_counts import State, reason_keys, state_of
 from dashboard.store.models import (
     DailyDecisions,
-    DailyReasons,
     DecisionEvent,
     Deployment,
     LatestCounts,
@@ -83,11 +80,6 @@ class EventRecord:
     demo: bool = False
 
 
-def _insert(session: Session, table: Any) -> Any:
-    dialect = session.get_bind().dialect.name
-    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
-
-
 def ingest(*, session: Session, events: Sequence[EventLike],
            now: dt.datetime | None = None) -> int:
     """Store a batch in the caller's transaction; returns how many were new (not duplicates).
@@ -106,27 +98,14 @@ def ingest(*, session: Session, events: Sequence[EventLike],
         from dashboard.store.ingest_sqlite import ingest_sqlite
 
         return ingest_sqlite(session, events, now)
-    # In event id order: two batches that share events wait on each other in one order.
-    rows = sorted((_event_row(e) for e in events), key=lambda r: str(r["event_id"]))
-    # Core tables, not the ORM classes: the ORM's bulk-insert bookkeeping costs more than the
-    # insert itself at these batch sizes.
-    table = DecisionEvent.__table__
-    stmt = _insert(session, table).on_conflict_do_nothing(index_elements=["event_id"])
-    inserted = set(session.scalars(stmt.returning(table.c.event_id), rows))
+    from dashboard.store.ingest_pg import insert_events_pg
+
+    inserted = insert_events_pg(session.connection(), events)
     fresh = [e for e in events if e.event_id in inserted]
     if fresh:
         advance_deployments(session, fresh, now)
         add_daily(session, fresh)
     return len(fresh)
-
-
-def _event_row(e: EventLike) -> dict[str, Any]:
-    return {
-        "event_id": e.event_id, "at": e.at, "deployment_id": e.deployment_id, "host": e.host,
-        "pack": e.pack, "family": e.family, "runner": e.runner, "mode": e.mode,
-        "stage": e.stage, "reason_code": e.reason_code, "rule_ids": list(e.rule_ids),
-        "policy_digest": e.policy_digest, "demo": e.demo,
-    }
 
 
 def latest_per_deployment(events: Iterable[EventLike],
@@ -146,96 +125,46 @@ def advance_deployments(session: Session, events: Sequence[EventLike],
     """Move each deployment's latest decision forward to the newest of ``events`` where it is
     newer than the stored one (out-of-order delivery never moves it back), and its counts in
     ``latest_counts`` with it."""
+    latest = list(latest_per_deployment(events).values())
     if session.get_bind().dialect.name == "sqlite":
         from dashboard.store.ingest_sqlite import advance_sqlite
 
-        advance_sqlite(session.connection(), list(latest_per_deployment(events).values()), now)
+        advance_sqlite(session.connection(), latest, now)
         return
-    latest = latest_per_deployment(events)
-    ids = sorted(latest)  # one lock order for every transaction
-    rows = [_deployment_row(latest[d]) for d in ids]
-    table: Any = Deployment.__table__  # Core: no ORM bulk bookkeeping
-    # New deployments first: inserted here, or waited for when another ingest inserts the
-    # same id (it then counts as existing, read below under a row lock).
-    new = set(session.scalars(
-        postgresql.insert(table).on_conflict_do_nothing(index_elements=["deployment_id"])
-        .returning(table.c.deployment_id), rows))
-    existing = [d for d in ids if d not in new]
-    c = table.c
-    old = {r.deployment_id: state_of(r) for r in session.execute(
-        select(c.deployment_id, c.at, c.event_id, c.pack, c.family, c.stage, c.runner,
-               c.reason_code, c.rule_ids, c.demo)
-        .where(c.deployment_id.in_(existing)).order_by(c.deployment_id).with_for_update())
-    } if existing else {}
-    newer = [d for d in existing if d not in old
-             or (latest[d].at, latest[d].event_id) > (old[d].at, old[d].event_id)]
-    if newer:
-        stmt = postgresql.insert(table)
-        excluded = stmt.excluded
-        names = [n for n in rows[0] if n != "deployment_id"]
-        session.execute(stmt.on_conflict_do_update(
-            index_elements=["deployment_id"], set_={n: excluded[n] for n in names},
-            where=tuple_(c.at, c.event_id) < tuple_(excluded.at, excluded.event_id)),
-            [_deployment_row(latest[d]) for d in newer])
-    changes: list[tuple[State | None, State]] = [
-        (None, state_of(latest[d])) for d in ids if d in new]
-    changes += [(old.get(d), state_of(latest[d])) for d in newer]
-    latest_counts.apply_changes(session.connection(), changes, now)
+    from dashboard.store.ingest_pg import advance_pg
 
-
-def _deployment_row(e: EventLike) -> dict[str, Any]:
-    row = _event_row(e)
-    del row["policy_digest"]
-    row["config"] = e.config
-    return row
+    advance_pg(session.connection(), latest, now)
 
 
 DailyKey = tuple[dt.date, str, str, str, bool]
-ReasonKey = tuple[dt.date, str, str, bool]
 
 
-def daily_counts(events: Iterable[EventLike],
-                 into: tuple[Counter[DailyKey], Counter[ReasonKey]] | None = None
-                 ) -> tuple[Counter[DailyKey], Counter[ReasonKey]]:
-    """Events per (UTC day, family, runner, reason code, demo) and fallback events per (day,
-    family, reason key, demo): the daily roll-ups' increments."""
-    decisions, reasons = into if into is not None else (Counter(), Counter())
+def daily_counts(events: Iterable[EventLike], into: Counter[DailyKey] | None = None
+                 ) -> Counter[DailyKey]:
+    """Events per (UTC day, family, runner, reason code, demo): the daily roll-up's
+    increments."""
+    decisions = into if into is not None else Counter()
+    get = decisions.get  # a plain update: Counter's += costs twice as much
     for e in events:
-        day = e.at.astimezone(dt.UTC).date()
-        decisions[(day, e.family, e.runner or "", e.reason_code, e.demo)] += 1
-        if e.runner == "v2":
-            continue  # the reasons roll-up is of fallbacks (same keys as the ranking)
-        for key in set(reason_keys(list(e.rule_ids), e.reason_code, e.stage)):
-            reasons[(day, e.family, key, e.demo)] += 1
-    return decisions, reasons
+        k = (e.at.astimezone(dt.UTC).date(), e.family, e.runner or "", e.reason_code, e.demo)
+        decisions[k] = get(k, 0) + 1
+    return decisions
 
 
 def add_daily(session: Session, events: Iterable[EventLike]) -> None:
-    write_daily(session, *daily_counts(events))
+    write_daily(session, daily_counts(events))
 
 
-def write_daily(session: Session, decisions: Counter[DailyKey],
-                reasons: Counter[ReasonKey]) -> None:
-    """Add to the daily roll-ups (an upsert per key, in key order)."""
+def write_daily(session: Session, decisions: Counter[DailyKey]) -> None:
+    """Add to the daily roll-up (an upsert per key, in key order)."""
     if session.get_bind().dialect.name == "sqlite":
         from dashboard.store.ingest_sqlite import write_daily_sqlite
 
-        write_daily_sqlite(session.connection(), decisions, reasons)
+        write_daily_sqlite(session.connection(), decisions)
         return
-    _upsert_counts(session, DailyDecisions, ["day", "family", "runner", "reason_code", "demo"],
-                   decisions)
-    _upsert_counts(session, DailyReasons, ["day", "family", "rule_id", "demo"], reasons)
+    from dashboard.store.ingest_pg import write_daily_pg
 
-
-def _upsert_counts(session: Session, table: Any, keys: list[str], counts: Counter[Any]) -> None:
-    if not counts:
-        return
-    rows = [dict(zip(keys, k, strict=True), num_events=n) for k, n in sorted(counts.items())]
-    core = table.__table__
-    stmt = _insert(session, core)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=keys, set_={"num_events": core.c.num_events + stmt.excluded.num_events})
-    session.execute(stmt, rows)
+    write_daily_pg(session.connection(), decisions)
 
 
 def count_events(*, session: Session, demo: bool | None = None) -> int:
@@ -250,7 +179,7 @@ def count_events(*, session: Session, demo: bool | None = None) -> int:
 def remove_demo(*, session: Session) -> int:
     """Delete every demo event, deployment and roll-up row; returns the events removed."""
     num = count_events(session=session, demo=True)
-    for table in (DecisionEvent, Deployment, DailyDecisions, DailyReasons, LatestCounts):
+    for table in (DecisionEvent, Deployment, DailyDecisions, LatestCounts):
         session.execute(delete(table).where(table.demo.is_(True)))
     return num
 

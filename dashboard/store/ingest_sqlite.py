@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from dashboard.store.latest_counts import State, apply_changes, state_of
+from dashboard.store.latest_counts import Move, apply_moves, suffixes_of
 
 
 def _stored(t: dt.datetime) -> str:
@@ -39,21 +39,17 @@ def _sql_insert(table: str, columns: Sequence[str]) -> str:
 
 
 _INSERT_EVENTS = _sql_insert("decision_events", _EVENT_COLUMNS)
-_UPSERT_DEPLOYMENTS = (
-    _sql_insert("deployments", _DEPLOYMENT_COLUMNS)
-    + " ON CONFLICT (deployment_id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in _DEPLOYMENT_COLUMNS[1:])
-    # Out-of-order delivery: an older event never overwrites a newer decision.
-    + " WHERE (deployments.at, deployments.event_id) < (excluded.at, excluded.event_id)")
+_INSERT_DEPLOYMENTS = _sql_insert("deployments", _DEPLOYMENT_COLUMNS)
+# The stored states were read in this (exclusive) transaction: each deployment is known new
+# or stored, and a plain UPDATE by key costs less than an upsert's failed insert first.
+_UPDATE_DEPLOYMENTS = (
+    "UPDATE deployments SET " + ", ".join(f"{c} = ?" for c in _DEPLOYMENT_COLUMNS[1:])
+    + " WHERE deployment_id = ?")
 _UPSERT_DAILY_DECISIONS = (
     _sql_insert("daily_decisions", ("day", "family", "runner", "reason_code", "demo",
                                     "num_events"))
     + " ON CONFLICT (day, family, runner, reason_code, demo) DO UPDATE SET"
       " num_events = daily_decisions.num_events + excluded.num_events")
-_UPSERT_DAILY_REASONS = (
-    _sql_insert("daily_reasons", ("day", "family", "rule_id", "demo", "num_events"))
-    + " ON CONFLICT (day, family, rule_id, demo) DO UPDATE SET"
-      " num_events = daily_reasons.num_events + excluded.num_events")
 _STATE_COLUMNS = ("deployment_id", "at", "event_id", "pack", "family", "stage", "runner",
                   "reason_code", "rule_ids", "demo")
 
@@ -67,16 +63,20 @@ def ingest_sqlite(session: Session, events: Sequence[Any], now: dt.datetime) -> 
     fresh = _new_events(conn, events)
     if not fresh:
         return 0
-    insert_events_sqlite(conn, fresh)
-    advance_sqlite(conn, list(latest_per_deployment(fresh).values()), now)
+    stored = {e.event_id: _stored(e.at.astimezone(dt.UTC)) for e in fresh}  # once an event
+    insert_events_sqlite(conn, fresh, stored)
+    advance_sqlite(conn, list(latest_per_deployment(fresh).values()), now, stored)
     add_daily(session, fresh)
     return len(fresh)
 
 
-def insert_events_sqlite(conn: Connection, events: Sequence[Any]) -> None:
-    """Insert events as they are (duplicates of stored ids raise IntegrityError)."""
+def insert_events_sqlite(conn: Connection, events: Sequence[Any],
+                         stored: dict[str, str] | None = None) -> None:
+    """Insert events as they are (duplicates of stored ids raise IntegrityError); ``stored``:
+    event id → its time as stored, where known already."""
+    at = stored or {e.event_id: _stored(e.at.astimezone(dt.UTC)) for e in events}
     conn.exec_driver_sql(_INSERT_EVENTS, [
-        (e.event_id, _stored(e.at.astimezone(dt.UTC)), e.deployment_id, e.host, e.pack,
+        (e.event_id, at[e.event_id], e.deployment_id, e.host, e.pack,
          e.family, e.runner, e.mode, e.stage, e.reason_code, _rules_json(tuple(e.rule_ids)),
          e.policy_digest, int(e.demo)) for e in events])
 
@@ -102,20 +102,34 @@ def _new_events(conn: Connection, events: Sequence[Any]) -> list[Any]:
 
 
 def _select_in(conn: Connection, head: str, ids: Sequence[str]) -> list[Any]:
+    """Rows (plain tuples) of ``head (?, ?, ...)`` over ``ids``, through the driver's own
+    cursor in the connection's transaction: result rows cost a few times more through
+    SQLAlchemy's result objects."""
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     rows: list[Any] = []
-    for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit, with room
-        chunk = ids[start:start + 900]
-        rows += conn.exec_driver_sql(f"{head} ({', '.join('?' for _ in chunk)})",
-                                     tuple(chunk)).fetchall()
+    try:
+        for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit, with room
+            chunk = ids[start:start + 900]
+            rows += cursor.execute(f"{head} ({', '.join('?' for _ in chunk)})",
+                                   chunk).fetchall()
+    finally:
+        cursor.close()
     return rows
 
 
-def _state(row: Any) -> State:
-    return State(dt.datetime.fromisoformat(row[1]).replace(tzinfo=dt.UTC), row[2], row[3],
-                 row[4], row[5], row[6], row[7], _rules_tuple(row[8]), bool(row[9]))
+def _epoch(stored: str) -> int:
+    """Epoch seconds of a stored time (``YYYY-MM-DD HH:MM:SS[.ffffff]``, UTC)."""
+    return _day_epoch(stored[:10]) + (int(stored[11:13]) * 3600 + int(stored[14:16]) * 60
+                                      + int(stored[17:19]))
 
 
-def advance_sqlite(conn: Connection, latest: Sequence[Any], now: dt.datetime) -> None:
+@lru_cache(maxsize=4096)
+def _day_epoch(day: str) -> int:
+    return int(dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC).timestamp())
+
+
+def advance_sqlite(conn: Connection, latest: Sequence[Any], now: dt.datetime,
+                   stored: dict[str, str] | None = None) -> None:
     """``events.advance_deployments`` on SQLite: ``latest`` holds one event per deployment.
     The write transaction excludes other writers, so the stored states read first stay
     current until the commit."""
@@ -123,30 +137,39 @@ def advance_sqlite(conn: Connection, latest: Sequence[Any], now: dt.datetime) ->
     old = {r[0]: r for r in _select_in(
         conn, f"SELECT {', '.join(_STATE_COLUMNS)} FROM deployments WHERE deployment_id IN",
         [e.deployment_id for e in latest])}
-    rows = []
-    changes: list[tuple[State | None, State]] = []
+    inserts, updates = [], []
+    moves: list[Move] = []
     for e in latest:
-        at = _stored(e.at.astimezone(dt.UTC))
+        at = stored[e.event_id] if stored else _stored(e.at.astimezone(dt.UTC))
         cur = old.get(e.deployment_id)
         # Stored times are zero-padded UTC strings: string order is time order.
         if cur is not None and (at, e.event_id) <= (cur[1], cur[2]):
             continue
-        rows.append((e.deployment_id, e.event_id, at, e.host, e.pack, e.family, e.runner,
-                     e.mode, e.stage, e.reason_code, _rules_json(tuple(e.rule_ids)),
-                     None if e.config is None else json.dumps(e.config), int(e.demo)))
-        changes.append((None if cur is None else _state(cur), state_of(e)))
-    if rows:
-        conn.exec_driver_sql(_UPSERT_DEPLOYMENTS, rows)
-    apply_changes(conn, changes, now)
+        rule_ids = tuple(e.rule_ids)
+        values = (e.event_id, at, e.host, e.pack, e.family, e.runner, e.mode, e.stage,
+                  e.reason_code, _rules_json(rule_ids),
+                  None if e.config is None else json.dumps(e.config), int(e.demo))
+        if cur is None:
+            inserts.append((e.deployment_id, *values))
+        else:
+            updates.append((*values, e.deployment_id))
+        new = suffixes_of(e.runner, rule_ids, e.reason_code, e.stage, e.family, e.pack,
+                          e.demo)
+        if cur is None:
+            moves.append((0, None, _epoch(at), new))
+        else:  # the stored row: (id, at, event_id, pack, family, stage, runner, code, rules, demo)
+            moves.append((_epoch(cur[1]), suffixes_of(cur[6], _rules_tuple(cur[8]), cur[7],
+                                                      cur[5], cur[4], cur[3], bool(cur[9])),
+                          _epoch(at), new))
+    if inserts:
+        conn.exec_driver_sql(_INSERT_DEPLOYMENTS, inserts)
+    if updates:
+        conn.exec_driver_sql(_UPDATE_DEPLOYMENTS, updates)
+    apply_moves(conn, moves, now)
 
 
-def write_daily_sqlite(conn: Connection, decisions: Counter[Any], reasons: Counter[Any]
-                       ) -> None:
+def write_daily_sqlite(conn: Connection, decisions: Counter[Any]) -> None:
     if decisions:
         conn.exec_driver_sql(_UPSERT_DAILY_DECISIONS, [
             (day.isoformat(), family, runner, code, int(demo), n)
             for (day, family, runner, code, demo), n in sorted(decisions.items())])
-    if reasons:
-        conn.exec_driver_sql(_UPSERT_DAILY_REASONS, [
-            (day.isoformat(), family, key, int(demo), n)
-            for (day, family, key, demo), n in sorted(reasons.items())])

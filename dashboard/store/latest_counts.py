@@ -19,20 +19,20 @@ backfill) and serve the bulk loader (``dashboard/store/bulk.py``).
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import Connection, delete, select
-from sqlalchemy.dialects import postgresql
 
 from dashboard.store.models import Deployment, LatestCounts
 
 BUCKETS = (300, 3600, 86400)  # bucket sizes, seconds; each a multiple of the one before
-# How far back (seconds) each size is kept, None: for good. The reads use 5-minute buckets
-# only for a window's first hour (a window reaches back 7 days at most) and hourly ones for
-# windows up to 7 days and the first day of a longer one; a day of slack on top.
-RETENTION_S: dict[int, int | None] = {300: 8 * 86400, 3600: 9 * 86400, 86400: None}
+# How far back (seconds) each size is kept, None: for good. The reads use 5-minute buckets for
+# windows of up to 24 hours (and their first hour) and hourly ones for windows of up to 7 days
+# (and the first day of a longer one); a day of slack on top. In a fleet whose deployments
+# report every few days, a move of a deployment then rarely touches a fine bucket.
+RETENTION_S: dict[int, int | None] = {300: 2 * 86400, 3600: 9 * 86400, 86400: None}
 # Rows are deleted a day after ingest stops writing them, so that a pruning transaction and
 # an ingest whose clock is a little behind never touch the same row.
 _PRUNE_MARGIN_S = 86400
@@ -70,7 +70,7 @@ def reason_kind(key: str) -> Kind:
 class State(NamedTuple):
     """A deployment's latest decision, as far as the counts need it."""
 
-    at: dt.datetime  # timezone-aware
+    t: int  # the decision's time, epoch seconds (UTC)
     event_id: str
     pack: str
     family: str
@@ -83,50 +83,91 @@ class State(NamedTuple):
 
 def state_of(e: Any) -> State:
     """The :class:`State` of an event (``events.EventLike``) or a ``deployments`` row."""
-    return State(e.at, e.event_id, e.pack, e.family, e.stage, e.runner, e.reason_code,
-                 tuple(e.rule_ids), bool(e.demo))
+    return State(int(e.at.timestamp() // 1), e.event_id, e.pack, e.family, e.stage, e.runner,
+                 e.reason_code, tuple(e.rule_ids), bool(e.demo))
+
+
+Suffix = tuple[str, str, str, str, str, str, bool]  # reason, kind, family, stage, pack, runner, demo
+Key = tuple[int, int, str, str, str, str, str, str, bool]  # (bucket size, bucket, *Suffix)
 
 
 def counted_reasons(state: State) -> list[tuple[str, str]]:
     """(reason, kind) pairs a state is counted under: ``("", kind)`` for the deployment itself
     (kind ``""`` on V2; else the first of blocked, held, waiting among its reasons) and, when
     not on V2, each distinct reason key with its kind."""
-    if state.runner == "v2":
-        return [("", "")]
-    keys = sorted(set(reason_keys(state.rule_ids, state.reason_code, state.stage)))
+    return [s[:2] for s in _suffixes(state)]
+
+
+def _suffixes(s: State) -> tuple[Suffix, ...]:
+    return suffixes_of(s.runner, s.rule_ids, s.reason_code, s.stage, s.family, s.pack, s.demo)
+
+
+@lru_cache(maxsize=16384)
+def suffixes_of(runner: str | None, rule_ids: tuple[str, ...], reason_code: str,
+                stage: str | None, family: str, pack: str, demo: bool) -> tuple[Suffix, ...]:
+    """The keys of a decision but its bucket; a fleet has few distinct decisions, each is
+    worked out once (equal decisions get the same tuple object)."""
+    rest = (family, stage or "", pack, runner or "", bool(demo))
+    if runner == "v2":
+        return (("", "", *rest),)
+    keys = sorted(set(reason_keys(rule_ids, reason_code, stage)))
     kinds = {reason_kind(k) for k in keys}
     kind = next((k for k in KINDS if k in kinds), "blocked")
-    return [("", kind), *((k, reason_kind(k)) for k in keys)]
+    return (("", kind, *rest), *((k, reason_kind(k), *rest) for k in keys))
 
 
-Key = tuple[int, int, str, str, str, str, str, str, bool]
+def _horizons(now_s: int) -> list[tuple[int, int | None]]:
+    """(bucket size, the first bucket still kept; None: all)."""
+    return [(size, None if keep is None else now_s - keep) for size, keep in RETENTION_S.items()]
 
 
-def add_state(counts: Counter[Key], state: State, sign: int, now_s: int) -> None:
-    """Add ``sign`` (+1 or -1) under every key of ``state`` whose bucket is still kept."""
-    t = int(state.at.timestamp() // 1)
-    rest = (state.family, state.stage or "", state.pack, state.runner or "", state.demo)
-    reasons = counted_reasons(state)
-    for size in BUCKETS:
-        bucket = t - t % size
-        keep = RETENTION_S[size]
-        if keep is not None and bucket < now_s - keep:
-            continue
-        for reason, kind in reasons:
-            counts[(size, bucket, reason, kind, *rest)] += sign
+def _add(counts: dict[Key, int], size: int, bucket: int, suffixes: tuple[Suffix, ...],
+         sign: int) -> None:
+    for suffix in suffixes:
+        key = (size, bucket, *suffix)
+        counts[key] = counts.get(key, 0) + sign
+
+
+# A deployment's move: (old time, old suffixes; None: a new deployment, new time, new suffixes)
+Move = tuple[int, tuple[Suffix, ...] | None, int, tuple[Suffix, ...]]
+
+
+def move(old: State | None, new: State) -> Move:
+    return (0 if old is None else old.t, None if old is None else _suffixes(old),
+            new.t, _suffixes(new))
 
 
 def count_changes(changes: Iterable[tuple[State | None, State]], now: dt.datetime
-                  ) -> Counter[Key]:
+                  ) -> dict[Key, int]:
     """The net count changes of deployments moving from an old latest state (None: a new
-    deployment) to a new one; keys that net to zero are dropped."""
-    now_s = int(now.timestamp())
-    counts: Counter[Key] = Counter()
-    for old, new in changes:
-        if old is not None:
-            add_state(counts, old, -1, now_s)
-        add_state(counts, new, +1, now_s)
-    return Counter({k: n for k, n in counts.items() if n})
+    deployment) to a new one, in buckets still kept; keys that net to zero are dropped."""
+    return count_moves((move(old, new) for old, new in changes), now)
+
+
+def count_moves(moves: Iterable[Move], now: dt.datetime) -> dict[Key, int]:
+    """:func:`count_changes` of moves. Ingest's hot loop: a bucket whose keys do not change is
+    skipped before any dict work."""
+    horizons = _horizons(int(now.timestamp()))
+    counts: dict[Key, int] = {}
+    for to, so, tn, sn in moves:
+        for size, first in horizons:
+            bn = tn - tn % size
+            bo = to - to % size
+            if so is sn and bo == bn:
+                continue  # the same keys: +1 and -1 cancel
+            if first is None or bn >= first:
+                _add(counts, size, bn, sn, +1)
+            if so is not None and (first is None or bo >= first):
+                _add(counts, size, bo, so, -1)
+    return {k: n for k, n in counts.items() if n}
+
+
+def add_state(counts: dict[Key, int], state: State, sign: int, now_s: int) -> None:
+    """Add ``sign`` (+1 or -1) under every key of ``state`` whose bucket is still kept."""
+    for size, first in _horizons(now_s):
+        bucket = state.t - state.t % size
+        if first is None or bucket >= first:
+            _add(counts, size, bucket, _suffixes(state), sign)
 
 
 _COLUMNS = ("bucket_s", "bucket", "reason", "kind", "family", "stage", "pack", "runner",
@@ -141,15 +182,28 @@ _SQLITE_UPSERT = (
 def apply_changes(conn: Connection, changes: Iterable[tuple[State | None, State]],
                   now: dt.datetime) -> int:
     """Apply the count changes of ``changes`` in the caller's transaction (an upsert per key,
-    in key order so that concurrent ingests lock rows in one order) and prune buckets past
-    their retention. Returns the number of rows written."""
-    counts = count_changes(changes, now)
+    in key order so that concurrent ingests lock rows in one order) and, once an hour of
+    ``now``, prune buckets past their retention. Returns the number of rows written."""
+    return apply_moves(conn, (move(old, new) for old, new in changes), now)
+
+
+def apply_moves(conn: Connection, moves: Iterable[Move], now: dt.datetime) -> int:
+    """:func:`apply_changes` of moves."""
+    counts = count_moves(moves, now)
     write_counts(conn, counts)
-    prune(conn, now)
+    hour = int(now.timestamp()) // 3600
+    if _pruned.get(conn.engine.url) != hour:
+        prune(conn, now)
+        _pruned[conn.engine.url] = hour
     return len(counts)
 
 
-def write_counts(conn: Connection, counts: Counter[Key]) -> None:
+# database URL → the hour of the last prune from this process (rows past their retention are
+# never read, so pruning needs no hurry; an hourly DELETE keeps ingest from paying it)
+_pruned: dict[Any, int] = {}
+
+
+def write_counts(conn: Connection, counts: dict[Key, int]) -> None:
     """Add ``counts`` to the stored rows (an upsert per key, in key order)."""
     if not counts:
         return
@@ -157,11 +211,9 @@ def write_counts(conn: Connection, counts: Counter[Key]) -> None:
     if conn.dialect.name == "sqlite":
         conn.exec_driver_sql(_SQLITE_UPSERT, [(*k[:8], int(k[8]), n) for k, n in ordered])
         return
-    stmt = postgresql.insert(LatestCounts)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=list(_COLUMNS[:-1]),
-        set_={"num_deployments": LatestCounts.num_deployments + stmt.excluded.num_deployments})
-    conn.execute(stmt, [dict(zip(_COLUMNS, (*k, n), strict=True)) for k, n in ordered])
+    from dashboard.store.ingest_pg import write_counts_pg
+
+    write_counts_pg(conn, ordered)
 
 
 def prune(conn: Connection, now: dt.datetime) -> None:
@@ -180,17 +232,18 @@ def rebuild(conn: Connection, now: dt.datetime | None = None, chunk: int = 20_00
     now = now or dt.datetime.now(dt.UTC)
     now_s = int(now.timestamp())
     conn.execute(delete(LatestCounts))
+    _pruned.pop(conn.engine.url, None)
     d = Deployment.__table__.c
     stmt = select(d.at, d.event_id, d.pack, d.family, d.stage, d.runner, d.reason_code,
                   d.rule_ids, d.demo).order_by(d.deployment_id)
-    counts: Counter[Key] = Counter()
+    counts: dict[Key, int] = {}
     num = 0
     for row in conn.execute(stmt):
         add_state(counts, state_of(row), +1, now_s)
         num += 1
     items = sorted(counts.items())
     for start in range(0, len(items), chunk):
-        write_counts(conn, Counter(dict(items[start:start + chunk])))
+        write_counts(conn, dict(items[start:start + chunk]))
     return num
 
 

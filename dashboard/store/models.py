@@ -133,7 +133,8 @@ class Deployment(DecisionFields, Base):
     """The latest decision of each deployment (kept at ingest; the fleet view and aggregates)."""
 
     __tablename__ = "deployments"
-    __table_args__ = (Index("ix_deployments_runner_family", "runner", "family"),)
+    # No index besides the key: ingest moves rows on every report, and the counts by runner,
+    # family and reason are ``latest_counts`` (migration 0004).
 
     deployment_id: Mapped[str] = mapped_column(String(256), primary_key=True)
     event_id: Mapped[str] = mapped_column(String(64))
@@ -151,18 +152,6 @@ class DailyDecisions(Base):
     family: Mapped[str] = mapped_column(String(64), primary_key=True)
     runner: Mapped[str] = mapped_column(String(8), primary_key=True)  # "" when no runner
     reason_code: Mapped[str] = mapped_column(String(32), primary_key=True)
-    demo: Mapped[bool] = mapped_column(Boolean, primary_key=True)
-    num_events: Mapped[int] = mapped_column(Integer)
-
-
-class DailyReasons(Base):
-    """Events that carried a rule per day x family x rule id (rolled up at ingest)."""
-
-    __tablename__ = "daily_reasons"
-
-    day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
-    family: Mapped[str] = mapped_column(String(64), primary_key=True)
-    rule_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     demo: Mapped[bool] = mapped_column(Boolean, primary_key=True)
     num_events: Mapped[int] = mapped_column(Integer)
 

@@ -91,11 +91,11 @@ def expected(events: list[EventRecord], window: str, f: FleetFilter, now: dt.dat
              ) -> Expected:
     """The report recomputed from raw events: each deployment's latest decision (greatest
     (time, event id)), kept when in the window and the filter."""
-    span, bin_s = WINDOWS[window]
+    span, bin_s, _align = WINDOWS[window]
     start = None
-    if span is not None:
+    if span is not None:  # windows start on a 5-minute boundary, the 7-day one on an hour
         t = int(now.timestamp()) - span
-        start = t - t % 300
+        start = t - t % (3600 if window == "7d" else 300)
     want = Expected()
     ranked: Counter[str] = Counter()
     by_family: dict[str, Counter[str]] = defaultdict(Counter)

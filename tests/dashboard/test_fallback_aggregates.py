@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +19,7 @@ from sqlalchemy import select, text
 from dashboard.store import aggregates, bulk, events, latest_counts
 from dashboard.store.aggregates import FallbackReport, FleetFilter
 from dashboard.store.db import Database, alembic_config
-from dashboard.store.models import DailyDecisions, DailyReasons, Deployment
+from dashboard.store.models import DailyDecisions, Deployment
 
 NOW = dt.datetime(2026, 12, 1, 13, 37, 12, tzinfo=dt.UTC)
 FILTERS = [FleetFilter(), FleetFilter(family="llama"), FleetFilter(stage="llama-mistral"),
@@ -58,6 +59,15 @@ def _observed(report: FallbackReport) -> Expected:
 
 def _check_reports(db: Database, raw: list[events.EventRecord], now: dt.datetime) -> None:
     with db.read_session() as s:
+        for include_demo in (True, False):
+            # The overview counts every deployment by stage and runner, from the day buckets.
+            ov = aggregates.overview(session=s, include_demo=include_demo)
+            kept = [e for e in latest(raw).values() if include_demo or not e.demo]
+            by_stage: dict[str, Counter[str]] = defaultdict(Counter)
+            for e in kept:
+                by_stage[e.stage or "-"][e.runner or "none"] += 1
+            assert ov.by_runner == Counter(e.runner or "none" for e in kept)
+            assert ov.by_stage == {k: dict(v) for k, v in by_stage.items()}
         for window in aggregates.WINDOWS:
             for f in FILTERS:
                 report = aggregates.fallbacks(session=s, window=window, fleet=f, now=now)
@@ -76,8 +86,6 @@ def _tables(db: Database) -> dict[str, object]:
             "deployments": deployments,
             "daily_decisions": sorted(tuple(r) for r in conn.execute(
                 select(DailyDecisions.__table__))),
-            "daily_reasons": sorted(tuple(r) for r in conn.execute(
-                select(DailyReasons.__table__))),
         }
 
 
@@ -210,12 +218,13 @@ def test_reason_kinds(key: str, kind: str) -> None:
 
 
 def test_fine_buckets_past_their_retention_are_pruned(db: Database) -> None:
-    e = generate(9, num_events=1, num_deployments=1, now=NOW)[0]
+    e = events.EventRecord(**{**generate(9, num_events=1, num_deployments=1, now=NOW)[0]
+                              .__dict__, "at": NOW})
     _ingest_batches(db, [[e]])
     with db.engine.connect() as conn:
         sizes = sorted({k[0] for k in latest_counts.nonzero_rows(conn)})
     assert sizes == [300, 3600, 86400]
-    later = NOW + dt.timedelta(days=11)
+    later = NOW + dt.timedelta(days=11)  # past both fine sizes' retention (2 and 9 days)
     f = events.EventRecord(**{**e.__dict__, "event_id": "later", "at": later,
                               "deployment_id": "other"})
     _ingest_batches(db, [[f]], now=later)

@@ -2,6 +2,12 @@
 ingest so that the fallback-reasons page and API read a few hundred rows whatever the number
 of stored events; backfilled here from ``deployments`` (each deployment's latest decision).
 
+``daily_reasons`` (fallback *events* per day and reason) goes: the page's time chart now
+counts the deployments its table counts, from ``latest_counts``, and nothing read the events
+roll-up any more (keeping it cost an upsert per batch and reason at ingest). A downgrade
+brings the table back empty. So does the index of ``deployments`` by (runner, family): the
+counts it served are ``latest_counts`` now, and it cost index writes on every report.
+
 Revision ID: 0004
 Revises: 0002
 Create Date: 2026-12-01
@@ -38,7 +44,18 @@ def upgrade() -> None:
     from dashboard.store.latest_counts import rebuild
 
     rebuild(op.get_bind())
+    op.drop_table("daily_reasons")
+    op.drop_index("ix_deployments_runner_family", table_name="deployments")
 
 
 def downgrade() -> None:
     op.drop_table("latest_counts")
+    op.create_index("ix_deployments_runner_family", "deployments", ["runner", "family"])
+    op.create_table(
+        "daily_reasons",
+        sa.Column("day", sa.Date(), primary_key=True),
+        sa.Column("family", sa.String(64), primary_key=True),
+        sa.Column("rule_id", sa.String(128), primary_key=True),
+        sa.Column("demo", sa.Boolean(), primary_key=True),
+        sa.Column("num_events", sa.Integer(), nullable=False),
+    )
