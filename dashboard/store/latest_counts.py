@@ -3,7 +3,7 @@
 Ingest moves a deployment's latest decision forward (table ``deployments``) and, in the same
 transaction, moves the deployment's count from the keys of its old latest decision to the keys
 of the new one: ``-1`` under each key of the old state, ``+1`` under each key of the new
-(:func:`apply_changes`). A key is (bucket size, bucket, reason, kind, family, stage, pack,
+(:func:`apply_moves`). A key is (bucket size, bucket, reason, kind, family, stage, pack,
 runner, demo): the bucket is the one the decision's time falls in, for each of three sizes
 (5 minutes, 1 hour, 1 day). A deployment is counted once with ``reason = ""`` (itself) and,
 when its latest decision is not V2, once under each of its fallback-reason keys.
@@ -91,13 +91,6 @@ Suffix = tuple[str, str, str, str, str, str, bool]  # reason, kind, family, stag
 Key = tuple[int, int, str, str, str, str, str, str, bool]  # (bucket size, bucket, *Suffix)
 
 
-def counted_reasons(state: State) -> list[tuple[str, str]]:
-    """(reason, kind) pairs a state is counted under: ``("", kind)`` for the deployment itself
-    (kind ``""`` on V2; else the first of blocked, held, waiting among its reasons) and, when
-    not on V2, each distinct reason key with its kind."""
-    return [s[:2] for s in _suffixes(state)]
-
-
 def _suffixes(s: State) -> tuple[Suffix, ...]:
     return suffixes_of(s.runner, s.rule_ids, s.reason_code, s.stage, s.family, s.pack, s.demo)
 
@@ -137,16 +130,10 @@ def move(old: State | None, new: State) -> Move:
             new.t, _suffixes(new))
 
 
-def count_changes(changes: Iterable[tuple[State | None, State]], now: dt.datetime
-                  ) -> dict[Key, int]:
-    """The net count changes of deployments moving from an old latest state (None: a new
-    deployment) to a new one, in buckets still kept; keys that net to zero are dropped."""
-    return count_moves((move(old, new) for old, new in changes), now)
-
-
 def count_moves(moves: Iterable[Move], now: dt.datetime) -> dict[Key, int]:
-    """:func:`count_changes` of moves. Ingest's hot loop: a bucket whose keys do not change is
-    skipped before any dict work."""
+    """The net count changes of deployments moving from an old latest decision (none: a new
+    deployment) to a new one, in buckets still kept; keys that net to zero are dropped.
+    Ingest's hot loop: a bucket whose keys do not change is skipped before any dict work."""
     horizons = _horizons(int(now.timestamp()))
     counts: dict[Key, int] = {}
     for to, so, tn, sn in moves:
@@ -179,16 +166,10 @@ _SQLITE_UPSERT = (
     "num_deployments = latest_counts.num_deployments + excluded.num_deployments")
 
 
-def apply_changes(conn: Connection, changes: Iterable[tuple[State | None, State]],
-                  now: dt.datetime) -> int:
-    """Apply the count changes of ``changes`` in the caller's transaction (an upsert per key,
+def apply_moves(conn: Connection, moves: Iterable[Move], now: dt.datetime) -> int:
+    """Apply the count changes of ``moves`` in the caller's transaction (an upsert per key,
     in key order so that concurrent ingests lock rows in one order) and, once an hour of
     ``now``, prune buckets past their retention. Returns the number of rows written."""
-    return apply_moves(conn, (move(old, new) for old, new in changes), now)
-
-
-def apply_moves(conn: Connection, moves: Iterable[Move], now: dt.datetime) -> int:
-    """:func:`apply_changes` of moves."""
     counts = count_moves(moves, now)
     write_counts(conn, counts)
     hour = int(now.timestamp()) // 3600
