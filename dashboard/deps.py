@@ -12,7 +12,6 @@ from typing import Annotated, Any, NoReturn
 from fastapi import Depends, HTTPException, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -50,17 +49,6 @@ WriteSessionDep = Annotated[Session, Depends(write_session)]
 def http_error(status: int, code: ErrorCode, message: str,
                headers: dict[str, str] | None = None) -> HTTPException:
     return HTTPException(status, detail={"code": code, "message": message}, headers=headers)
-
-
-def body_validation_error(err: ValidationError) -> RequestValidationError:
-    """FastAPI's 422 for a body validated straight from its bytes. The error of a body that is
-    not JSON carries the raw bytes as its input: they are not echoed back (they may be
-    megabytes, or not UTF-8, which FastAPI's encoder turned into a 500).
-    Each error's ``loc`` starts with ``"body"``, as FastAPI's own."""
-    return RequestValidationError([
-        {k: v for k, v in e.items() if not (k == "input" and isinstance(v, bytes | bytearray))}
-        | {"loc": ("body", *e["loc"])}
-        for e in err.errors(include_url=False)])
 
 
 _QUERY_NAMES: dict[int, frozenset[str]] = {}

@@ -16,6 +16,7 @@ from dashboard.api.schemas import (
     TokenIn,
     TokenOut,
 )
+from dashboard.bodies import JsonRoute
 from dashboard.deps import (
     ERROR_RESPONSES,
     MAX_BODY,
@@ -38,7 +39,7 @@ from dashboard.store.tokens import Role
 from oracle.errors import ErrorCode
 
 router = APIRouter(responses=ERROR_RESPONSES,
-                   max_body_size=MAX_BODY,
+                   max_body_size=MAX_BODY, route_class=JsonRoute, strict_content_type=False,
                    dependencies=[Depends(known_query)])
 
 
