@@ -14,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DataError
 from starlette.concurrency import run_in_threadpool
@@ -141,14 +142,9 @@ def _add_api(app: FastAPI, services: Services) -> None:
 
     @app.get(f"{API_PREFIX}/docs", include_in_schema=False)
     def api_docs() -> Response:
-        """The API browser, with Swagger UI served from dashboard/static/vendor."""
-        from fastapi.openapi.docs import get_swagger_ui_html
-
-        return get_swagger_ui_html(
-            openapi_url=f"{API_PREFIX}/openapi.json", title="turnout API",
-            swagger_js_url="/static/vendor/swagger-ui-bundle-5.35.0.js",
-            swagger_css_url="/static/vendor/swagger-ui-5.35.0.css",
-            swagger_favicon_url="data:,")
+        """The API browser, with Swagger UI served from dashboard/static/vendor (no CDN, and
+        no inline script: swagger-init.js starts it)."""
+        return HTMLResponse(_SWAGGER_PAGE)
 
     @app.get("/metrics", tags=["health"], include_in_schema=True)
     def metrics() -> Response:
@@ -156,15 +152,33 @@ def _add_api(app: FastAPI, services: Services) -> None:
         return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
+_SWAGGER_PAGE = f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>turnout API</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/static/vendor/swagger-ui-5.35.0.css">
+<script src="/static/vendor/swagger-ui-bundle-5.35.0.js" defer></script>
+<script src="/static/swagger-init.js" defer></script>
+</head>
+<body><div id="swagger-ui" data-openapi="{API_PREFIX}/openapi.json"></div></body>
+</html>
+"""
+
+
 def _add_pages(app: FastAPI) -> None:
     from fastapi.responses import RedirectResponse
 
     from dashboard.pages import SignIn
     from dashboard.pages import router as pages_router
+    from dashboard.signin import router as signin_router
 
     async def sign_in(_request: object, _exc: Exception) -> Response:
         return RedirectResponse("/login", status_code=303)
 
     app.add_exception_handler(SignIn, sign_in)
+    app.include_router(signin_router)
     app.include_router(pages_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -1,8 +1,9 @@
 """Server-rendered pages (Jinja2; htmx for the confirm forms, Chart.js for the charts).
 
-The pages sign in with a token kept in an HttpOnly, SameSite=Strict cookie; their forms carry a
-CSRF field bound to that token. What a page offers follows the role: a viewer sees no action
-buttons, and the form handlers check the role again.
+The pages sign in with a token once and then use a server-side session (dashboard.auth): its
+id in an HttpOnly, SameSite=Strict cookie, the forms' CSRF field bound to it. What a page
+offers follows the role, as the API's routes do: a viewer sees no action buttons, the confirm
+fragment of a flip needs an operator, and the form handlers check the role again.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class SignIn(Exception):
 
 
 def page_user(request: Request, services: ServicesDep) -> Principal:
-    token = request.cookies.get(COOKIE_NAME)
-    principal = services.verifier.verify(token) if token else None
+    session_id = request.cookies.get(COOKIE_NAME)
+    principal = services.verifier.session_principal(session_id) if session_id else None
     if principal is None:
         raise SignIn()
     return principal
@@ -58,38 +59,15 @@ UserDep = Annotated[Principal, Depends(page_user)]
 
 def render(request: Request, name: str, user: Principal | None, status: int = 200,
            **context: Any) -> HTMLResponse:
-    token = request.cookies.get(COOKIE_NAME) or ""
-    return TEMPLATES.TemplateResponse(request, name, {
-        "user": user, "csrf": csrf_token(token) if token else "",
+    session_id = request.cookies.get(COOKIE_NAME) or ""
+    response = TEMPLATES.TemplateResponse(request, name, {
+        "user": user, "csrf": csrf_token(session_id) if user and session_id else "",
         "can_operate": bool(user and user.role.allows(Role.operator)),
         "can_admin": bool(user and user.role.allows(Role.admin)),
         "turnout": turnout_here(),
         **context}, status_code=status)
-
-
-@router.get("/login", response_class=HTMLResponse)
-def login_form(request: Request) -> HTMLResponse:
-    return render(request, "login.html", None)
-
-
-@router.post("/login", response_model=None)
-def login(request: Request, services: ServicesDep,
-          token: Annotated[str, Form(max_length=200)] = "") -> Response:
-    principal = services.verifier.verify(token.strip()) if token.strip() else None
-    if principal is None:
-        return render(request, "login.html", None, status=401,
-                      error="Unknown or revoked token.")
-    resp = RedirectResponse("/", status_code=303)
-    resp.set_cookie(COOKIE_NAME, token.strip(), httponly=True, samesite="strict",
-                    max_age=7 * 24 * 3600)
-    return resp
-
-
-@router.post("/logout")
-def logout() -> RedirectResponse:
-    resp = RedirectResponse("/login", status_code=303)
-    resp.delete_cookie(COOKIE_NAME)
-    return resp
+    response.headers["Cache-Control"] = "no-store"  # a signed-in page is no one else's
+    return response
 
 
 def _day_axis(days: int) -> list[str]:
@@ -165,9 +143,14 @@ def canaries_page(request: Request, services: ServicesDep, user: UserDep,
 @router.get("/canaries/{cohort}/confirm", response_class=HTMLResponse)
 def confirm_flip(request: Request, cohort: str, enabled: bool, services: ServicesDep,
                  user: UserDep) -> HTMLResponse:
-    """The htmx fragment: impact preview, reason field and the confirm button."""
+    """The htmx fragment: impact preview, reason field and the confirm button (operator, as
+    the flip itself: a viewer who opens the URL gets a 403 without the button)."""
     from dashboard.impact import impact_of_flip
 
+    if not user.role.allows(Role.operator):
+        return HTMLResponse(f"<p class=error>Flipping a canary needs the operator role; "
+                            f"{html.escape(user.name)} has {user.role.value}.</p>",
+                            status_code=403)
     try:
         impact = impact_of_flip(services, cohort, enabled)
         with services.db.read_session() as session:

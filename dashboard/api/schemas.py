@@ -155,6 +155,10 @@ class TokenIn(BaseModel):
 
     name: str = Field(min_length=1, max_length=128, pattern=r"\S")
     role: Literal["viewer", "operator", "admin"]
+    expires_in: str | None = Field(
+        default=None, max_length=16, examples=["30d", "12h"],
+        description="lifetime (a number and s, m, h, d or w; at most 3660d); none: the token "
+        "never expires")
 
 
 class TokenOut(BaseModel):
@@ -165,6 +169,8 @@ class TokenOut(BaseModel):
     created_at: dt.datetime
     created_by: str
     revoked: bool
+    expires_at: dt.datetime | None = Field(description="when it stops being accepted "
+                                           "(null: never)")
 
 
 class TokenCreated(TokenOut):

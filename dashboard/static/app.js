@@ -51,6 +51,8 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    // Heights computed by the server come as data-height: the CSP allows no style attribute.
+    document.querySelectorAll("[data-height]").forEach((el) => { el.style.height = el.dataset.height + "px"; });
     const o = data("overview-data"); if (o) overview(o);
     const f = data("fallbacks-data"); if (f) fallbacks(f);
   });

@@ -45,7 +45,7 @@ def test_entry_point_registers_the_service_commands() -> None:
 
 def test_db_upgrade_and_token_create(run) -> None:  # type: ignore[no-untyped-def]
     code, out = run("db", "upgrade")
-    assert code == 0 and "revision 0002" in out
+    assert code == 0 and "revision 0003" in out
     code, out = run("token", "create", "--role", "operator", "--name", "alice")
     assert code == 0
     token = out.splitlines()[0].strip()
@@ -271,7 +271,7 @@ def test_bad_input_exits_2_and_repeats_are_said(run) -> None:  # type: ignore[no
     assert out.strip().endswith("); nothing changed")
     code, out = run("token", "list")
     lines = out.splitlines()
-    assert lines[0].split() == ["id", "prefix", "role", "state", "name"]
+    assert lines[0].split() == ["id", "prefix", "role", "state", "expires", "name"]
     assert [line.split()[3] for line in lines[1:]] == ["revoked", "live"]
 
 

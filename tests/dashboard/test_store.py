@@ -42,7 +42,7 @@ def test_migrations_match_the_models_and_rerun_cleanly(db: Database) -> None:
     from alembic.runtime.migration import MigrationContext
 
     db.upgrade()  # a second upgrade is a no-op
-    assert db.current_revision() == "0002"
+    assert db.current_revision() == "0003"
     with db.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
 
