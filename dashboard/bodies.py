@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from oracle.errors import ErrorCode
 
 _AT = re.compile(r" at line (\d+) column (\d+)$")
-_NOT_NUMBERS = ("NaN", "-NaN", "Infinity", "-Infinity", "+Infinity")
+_NOT_NUMBERS = ("NaN", "-NaN", "+NaN", "Infinity", "-Infinity", "+Infinity")
 
 
 class JsonBodyError(ValueError):
@@ -52,7 +52,8 @@ def _why(raw: bytes, reason: str) -> str:
         return reason
     line, column = int(found.group(1)), int(found.group(2))
     lines = text.splitlines() or [""]
-    rest = lines[line - 1][column - 1:] if line <= len(lines) else ""
+    at = lines[line - 1] if line <= len(lines) else ""
+    rest = at[max(column - 2, 0):] if at[column - 2:column - 1] in "-+" else at[column - 1:]
     token = next((t for t in _NOT_NUMBERS if rest.startswith(t)), None)
     if token is not None:
         return f"{token} is not a JSON number{found.group(0)}"

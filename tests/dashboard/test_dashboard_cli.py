@@ -282,3 +282,24 @@ def test_cli_reason_has_the_api_bounds(run) -> None:  # type: ignore[no-untyped-
     assert code == 2 and "the reason is 2,001 characters; at most 2,000 are kept" in out
     code, out = run("kill-switch", "engage", "--reason", "y" * 2_000)
     assert code == 0 and out.strip() == "kill switch ENGAGED"
+
+
+def test_token_create_expires_in(run) -> None:  # type: ignore[no-untyped-def]
+    import datetime as dt
+
+    code, out = run("token", "create", "--role", "viewer", "--name", "temp",
+                    "--expires-in", "30d")
+    assert code == 0, out
+    token = out.splitlines()[0].strip()
+    assert ", expires 20" in out and " UTC; shown once)" in out
+    with _services(run.url).db.read_session() as s:
+        row = tokens.verify_token(session=s, token=token)
+        assert row is not None and row.expires_at is not None
+        left = row.expires_at - dt.datetime.now(dt.UTC)
+        assert dt.timedelta(days=29, hours=23) < left <= dt.timedelta(days=30)
+    code, out = run("token", "list")
+    (line,) = [x for x in out.splitlines() if x.endswith("temp")]
+    assert line.split()[3:5] == ["live", f"{row.expires_at:%Y-%m-%dT%H:%MZ}"]
+    for bad in ("30", "1y", "0h", "3661d"):
+        code, out = run("token", "create", "--role", "viewer", "--expires-in", bad)
+        assert code == 2 and out.startswith(f"error: --expires-in '{bad}'"), out
