@@ -168,7 +168,7 @@ async def post_decisions(request: Request, services: ServicesDep, _who: Operator
     pack, a family or stage its pack does not have, a config over the size bound, a time more
     than the allowed clock skew ahead. The answer comes after the commit: an acknowledged
     event is durable."""
-    body = _ingest_body(parse_body(request, await request.body()))
+    body = _ingest_body(request, await request.body())
     problems = event_errors(body.events, services.policy, services.settings)
     if problems:
         raise RequestValidationError(problems)
@@ -180,10 +180,18 @@ async def post_decisions(request: Request, services: ServicesDep, _who: Operator
     return IngestOut(accepted=len(records), inserted=inserted)
 
 
-def _ingest_body(data: object) -> IngestIn:
+def _ingest_body(request: Request, raw: bytes) -> IngestIn:
+    """The batch, validated straight from its bytes (one pass in pydantic-core: at 500 events
+    a batch this halves the cost of decoding, then validating). That pass takes NaN and
+    Infinity in a ``config``: a body that may hold them is read by the strict parser first."""
+    check_media_type(request, raw)
     try:
-        return _INGEST_BODY.validate_python(data)
+        if b"NaN" in raw or b"Infinity" in raw:  # rare: in a string, or not JSON at all
+            return _INGEST_BODY.validate_python(parse_body(request, raw))
+        return _INGEST_BODY.validate_json(raw)
     except ValidationError as err:
+        if any(e["type"] == "json_invalid" for e in err.errors()):
+            parse_body(request, raw)  # raises the strict parser's 422, which says why
         raise body_validation_error(err) from err
 
 

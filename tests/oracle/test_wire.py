@@ -67,7 +67,7 @@ def test_readers_take_the_fields_they_need_and_ignore_new_ones() -> None:
 def test_types_are_checked_not_coerced(change: dict[str, Any], says: str) -> None:
     body = json.loads(_served().model_dump_json())
     body["cohorts"][0].update(change)
-    with pytest.raises(ValueError, match="^not a canary snapshot") as info:
+    with pytest.raises(ValueError, match=r"^not a canary snapshot") as info:
         SnapshotIn.parse(body)
     assert says in str(info.value)
 
@@ -75,7 +75,7 @@ def test_types_are_checked_not_coerced(change: dict[str, Any], says: str) -> Non
 @pytest.mark.parametrize("body", [[1], "x", None, {"pack": "turnout"},
                                   {"kill_switch": {"engaged": "no"}, "cohorts": []}])
 def test_what_is_not_a_snapshot_is_a_value_error(body: Any) -> None:
-    with pytest.raises(ValueError, match="^not a canary snapshot"):
+    with pytest.raises(ValueError, match=r"^not a canary snapshot"):
         SnapshotIn.parse(body)
 
 
