@@ -162,7 +162,8 @@ class V1ModelRunner(RunnerBase):
         md = inputs.attn_metadata
         if self.has_inner_state:
             slots = np.array([self.requests[r].state_slot for r in inputs.req_ids], np.int32)
-            md = dataclasses.replace(md, state_indices=torch.from_numpy(slots).to(self.device))
+            md = dataclasses.replace(md, state_indices=torch.from_numpy(slots).to(self.device),
+                                     all_states_continue=bool((inputs.num_computed_np > 0).all()))
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, md)
         out = ModelRunnerOutput(req_ids=list(inputs.req_ids), sampled_token_ids=[[] for _ in inputs.req_ids])
         self._prompt_logprobs(hidden, inputs, out)

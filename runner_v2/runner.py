@@ -200,7 +200,8 @@ class V2ModelRunner(RunnerBase):
         self.num_eager_steps += 1
         md = batch.attn_metadata
         if self.has_inner_state:  # a request's state slot is its table row (rows never move)
-            md = dataclasses.replace(md, state_indices=batch.idx_mapping[:n])
+            md = dataclasses.replace(md, state_indices=batch.idx_mapping[:n],
+                                     all_states_continue=bool((batch.plan.num_computed_np > 0).all()))
         hidden = model(batch.input_ids, batch.positions, self.kv_caches, md)
         return hidden, model.compute_logits(hidden.index_select(0, batch.logits_indices))
 

@@ -37,6 +37,9 @@ class AttentionMetadata:
             Mamba layers' caches (``engine.model.state_cache``); ``None`` for models without
             one. runner_v2 passes its row index (rows never move), runner_v1 a slot it keeps
             per request.
+        all_states_continue: host bool, with ``state_indices``: no request of the step starts
+            at position 0 (each continues from its stored state), so a step of one token per
+            request may use the Mamba layers' one-token decode kernels.
     """
 
     query_start_loc: torch.Tensor
@@ -49,6 +52,7 @@ class AttentionMetadata:
     block_size: int
     causal: bool = True
     state_indices: torch.Tensor | None = None
+    all_states_continue: bool = False
 
     @property
     def num_reqs(self) -> int:

@@ -27,7 +27,12 @@ if TYPE_CHECKING:  # family- and format-specific parts live in their own modules
     from engine.model.opt import OPTConfig
 
 from engine.model.granite_config import GRANITE_ARCHITECTURES, GraniteMultipliers
-from engine.model.mamba_config import DEFAULT_MAX_MODEL_LEN, MAMBA_ARCHITECTURES, MambaConfig, mamba_model_config
+from engine.model.mamba_config import (
+    DEFAULT_MAX_MODEL_LEN,
+    MAMBA_ARCHITECTURES,
+    MambaConfig,
+    mamba_model_config,
+)
 from engine.model.moe_config import MOE_FAMILIES, MoEConfig
 
 DECODER_ARCHITECTURES = (

@@ -102,7 +102,8 @@ class MambaStepInputs:
         state_indices: ``[num_reqs] int32`` slot of each request's state.
         has_initial_state: ``[num_reqs] bool``: the request continues from its stored state
             (a later prefill chunk, or decode) rather than from zero.
-        is_decode: every request has one token this step (host bool, picks the decode kernels).
+        is_decode: every request has one token this step and continues from its state (host
+            bool, picks the one-token decode kernels).
     """
 
     query_start_loc: torch.Tensor
@@ -123,7 +124,7 @@ class MambaStepInputs:
         starts = md.query_start_loc[:-1].long()
         return cls(query_start_loc=md.query_start_loc, state_indices=md.state_indices,
                    has_initial_state=positions.index_select(0, starts) > 0,
-                   is_decode=md.max_query_len == 1)
+                   is_decode=md.max_query_len == 1 and md.all_states_continue)
 
 
 __all__ = ["HybridCacheSpec", "MambaState", "MambaStepInputs"]
