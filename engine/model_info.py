@@ -75,17 +75,19 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
 
 def _prefix_caching_for_state(mc: Any, kwargs: dict[str, Any]) -> None:
     # A prefix-cache hit skips tokens whose recurrent state no block holds (mamba_cache_mode
-    # 'none'), so models with Mamba layers run without it, as vLLM does; asked for, it is refused.
+    # 'none'), so models with Mamba layers run without it, as vLLM does (its
+    # MambaModelConfig.verify_and_update_config): said in the log, loudly when it was asked for.
     if not getattr(mc, "has_inner_state", False):
         return
-    if kwargs.get("enable_prefix_caching") is True:
-        raise EngineConfigError(
-            f"enable_prefix_caching=True is not supported for {mc.architecture}: its Mamba layers keep "
-            f"one recurrent state per request (mamba_cache_mode='none'), which no cached prefix holds"
-        )
-    if "enable_prefix_caching" not in kwargs:
+    asked = kwargs.get("enable_prefix_caching")
+    if asked is True:
+        logger.warning("enable_prefix_caching=True is not supported for %s: its Mamba layers keep one "
+                       "recurrent state per request (mamba_cache_mode='none'); prefix caching is off",
+                       mc.architecture)
+    elif asked is None:
         logger.info("prefix caching is off for %s: its Mamba layers keep per-request state", mc.architecture)
-    kwargs.setdefault("enable_prefix_caching", False)
+    if asked is None or asked is True:
+        kwargs["enable_prefix_caching"] = False
 
 
 def _check_device_exists(device: str) -> None:

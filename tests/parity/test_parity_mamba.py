@@ -2,7 +2,7 @@
 the DESIGN §5.5 contracts on its per-request state: greedy tokens equal HF ``generate`` with
 chunked prefill on and off and under forced preemption; prompt and sampled logprobs within 1e-4;
 seeded samples and prompt logprobs independent of chunking and preemption; a reused state slot
-carries nothing over; the options the state rules out are refused by name; and ``LLM(dir)``
+carries nothing over; the options the state rules out are refused by name (prefix caching turned off, said in the log); and ``LLM(dir)``
 asks the oracle, builds the runner it names and generates what HF generates."""
 
 from __future__ import annotations
@@ -109,15 +109,20 @@ def test_a_reused_state_slot_carries_nothing_over(runner_name: str, mamba_dir: P
         assert not torch.equal(conv, stale_conv)
 
 
-def test_options_the_state_rules_out_are_refused_by_name(runner_name: str, mamba_dir: Path) -> None:
+def test_options_the_state_rules_out_are_refused_by_name(runner_name: str, mamba_dir: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
     for mode in ("align", "all"):
         with pytest.raises(EngineConfigError, match=f"mamba_cache_mode='{mode}'.*not implemented.*'none'"):
             make_engine(runner_name, mamba_dir, mamba_cache_mode=mode)
     with pytest.raises(EngineConfigError, match="mamba_cache_mode must be one of none, align, all"):
         make_engine(runner_name, mamba_dir, mamba_cache_mode="some")
-    with pytest.raises(EngineConfigError, match="enable_prefix_caching=True is not supported for MambaForCausalLM"):
-        make_engine(runner_name, mamba_dir, enable_prefix_caching=True)
-    assert make_engine(runner_name, mamba_dir).config.enable_prefix_caching is False
+    # Prefix caching is turned off, as vLLM does, and said so (a warning when it was asked for).
+    with caplog.at_level("INFO", logger="turnout.engine"):
+        assert make_engine(runner_name, mamba_dir, enable_prefix_caching=True).config.enable_prefix_caching is False
+        assert make_engine(runner_name, mamba_dir).config.enable_prefix_caching is False
+    levels = [(r.levelname, r.getMessage()) for r in caplog.records if "prefix caching is off" in r.getMessage()]
+    assert [lvl for lvl, _ in levels] == ["WARNING", "INFO"]
+    assert "enable_prefix_caching=True is not supported for MambaForCausalLM" in levels[0][1]
     with pytest.raises(EngineConfigError, match="recurrent state of max_num_seqs=64 requests"):
         make_engine(runner_name, mamba_dir, kv_cache_memory_gb=1e-6)
 
