@@ -51,7 +51,7 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _ACTIVATIONS = (None, "silu")
 # Tiles: BLOCK_T tokens x BLOCK_D channels per loop step; the same on CPU and GPU, so that the
 # interpreted tests run the compiled variants' loops (several tiles, several channel blocks).
-_BLOCK_T, _BLOCK_D = 32, 64
+_BLOCK_T, _BLOCK_D = 16, 64
 _BLOCK_D_UPDATE = 64
 
 

@@ -14,8 +14,8 @@ and the slot keeps the final ``h``. This is HF ``MambaMixer``'s recurrence
 (``mamba_selective_scan`` / ``slow_forward``, and ``mamba_selective_state_update`` for one
 token) with every step in float32, as the ``mamba_ssm`` CUDA kernels that transformers uses
 when installed; HF's torch fallback applies the softplus in the model dtype and rounds
-``h . C`` to it before adding ``D * x``, so bf16/fp16 outputs differ from it by rounding (float32
-is the same computation).
+``h . C`` to it (in decode also ``D * x`` and the gate), so bf16/fp16 outputs differ from it by
+rounding (float32 is the same computation).
 
 State layout (the contract with the model's state cache): ``ssm_state`` is ``[num_slots, dim,
 d_state]`` float32 with a unit inner stride (a view of a larger buffer works). A request with a
@@ -65,6 +65,12 @@ class ScanBlockConfig:
     block_d: int = 32
     chunk: int = 8
     num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("block_d", "chunk", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"ScanBlockConfig.{name} must be a power of two, got {value}")
 
 
 @triton.jit
@@ -236,13 +242,12 @@ def selective_scan_ref(
             continue
         span = slice(start, end)
         delta = _delta(dt[span], dt_bias, delta_softplus)  # [L, dim]
-        u = x[span].float()
-        dBx = (delta * u).unsqueeze(2) * B[span].float().unsqueeze(1)  # [L, dim, d_state]
+        u, Bs, Cs = x[span].float(), B[span].float(), C[span].float()
         h = ssm_state[slot].clone() if init else torch.zeros_like(ssm_state[slot])
         y = torch.empty_like(u)
-        for t in range(end - start):
-            h = torch.exp(delta[t, :, None] * A) * h + dBx[t]
-            y[t] = h @ C[start + t].float()
+        for t in range(end - start):  # [dim, d_state] at a time: memory stays O(state)
+            h = torch.exp(delta[t, :, None] * A) * h + (delta[t] * u[t])[:, None] * Bs[t]
+            y[t] = h @ Cs[t]
         out[span] = _output(y, u, D, z[span] if z is not None else None).to(out.dtype)
         ssm_state[slot] = h
     return out

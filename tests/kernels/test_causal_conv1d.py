@@ -61,7 +61,7 @@ VARIANTS = {0: (4, "silu", True), 1: (2, "silu", False), 2: (3, None, True)}
 @pytest.mark.parametrize("seed", sorted(VARIANTS))
 def test_kernel_equals_reference(seed: int, dtype: torch.dtype) -> None:
     width, activation, bias = VARIANTS[seed]
-    b = state_batch(random_q_lens(seed, width, max_len=40), seed=seed)
+    b = state_batch(random_q_lens(seed, width, max_len=24), seed=seed)
     args = {**conv_args(b, width=width, dtype=dtype, seed=seed, bias=bias), "activation": activation}
     out, state = run(causal_conv1d, args)
     want_out, want_state = run(causal_conv1d_ref, args)
@@ -95,7 +95,7 @@ def test_reference_in_chunks_equals_conv1d_over_the_whole_sequence(seed: int) ->
 
 @needs_triton
 def test_kernel_in_chunks_equals_one_piece() -> None:
-    width, q_lens, slots = 4, [2, 13, 40], [2, 4, 0]
+    width, q_lens, slots = 4, [2, 13, 35], [2, 4, 0]
     b = state_batch(q_lens, seed=7, slots=slots, num_slots=5)
     args = conv_args(b, width=width, dtype=torch.float32, seed=7)
     fixed = {"weight": args["weight"], "bias": args["bias"]}
