@@ -184,7 +184,7 @@ def _preview(request: Request, services: Services, user: Principal, cohort: str,
         return HTMLResponse(f"<p class=error>{html.escape(services.policy.store_error_text(cohort, err))}"
                             "</p>", status_code=404)
     return render(request, template, user, cohort=cohort, enabled=enabled, preview=preview,
-                  impact=preview.impact, version=preview.row.version)
+                  version=preview.row.version)
 
 
 def _back(request: Request, message: str = "", error: str = "") -> RedirectResponse:

@@ -95,7 +95,6 @@ def _matrix_cell(page: Any, base: str) -> None:
     row = page.locator("#matrix tbody tr", has=page.locator("th", has_text="qwen3_moe"))
     row.locator("td").nth(0).click()
     page.keyboard.press("ArrowRight")  # the detail follows the keyboard too
-    page.evaluate("window.scrollTo(0, 0)")
 
 
 def _upgrade(page: Any, base: str) -> None:
@@ -115,14 +114,14 @@ def _goto(path: str) -> Callable[[Any, str], None]:
     return lambda page, base: page.goto(base + path)
 
 
-# name → (how to get there, whole page or the first screen)
+# name → (how to get there, the whole page or only the first screen)
 SHOTS: dict[str, tuple[Callable[[Any, str], None], bool]] = {
     "overview": (_goto("/"), True),
     "fallback-reasons": (_goto("/fallbacks"), True),
     "canaries-confirm": (_canaries_confirm, True),
     "decisions": (_goto("/decisions?window=7d&size=25"), True),
     "deployment": (_goto("/deployments/demo%2Frecipe-0008"), True),
-    "matrix": (_matrix_cell, False),
+    "matrix": (_matrix_cell, True),
     "explain": (_explain, True),
     "upgrade-preview": (_upgrade, True),
     "audit": (_goto("/audit"), True),

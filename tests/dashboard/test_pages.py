@@ -15,10 +15,9 @@ from service_helpers import LiveService, make_tokens, start_service
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Each run saves the page here (git-ignored, so a test run leaves no tracked file changed);
-# docs/images/fallback-reasons.png, which docs/service.md shows, is a copy of one such run.
+# the images docs/service.md shows come from scripts/screenshots.py.
 SCREENSHOT = (Path(__file__).resolve().parents[2] / "docs" / "images"
               / "fallback-reasons.latest.png")
-# docs/images/upgrade-preview.png is a copy of one run of this one.
 UPGRADE_SCREENSHOT = SCREENSHOT.with_name("upgrade-preview.latest.png")
 PAGES = {"/": "Overview", "/fallbacks": "Fallback reasons", "/canaries": "Canaries",
          "/decisions": "Decisions", "/matrix": "Matrix", "/explain": "Explain",

@@ -78,3 +78,17 @@ def test_the_readme_curl_example_creates_the_token_it_sends(tmp_path: Path,
                         "PYTHONPATH": str(ROOT)})
     snapshot = json.loads((tmp_path / "canaries.json").read_text())
     assert snapshot["pack"] == "turnout" and snapshot["cohorts"]
+
+
+def test_every_image_of_the_doc_is_one_the_screenshot_script_makes() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("screenshots", ROOT / "scripts" / "screenshots.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shown = re.findall(r"!\[[^\]]*\]\(images/([a-z-]+)\.png\)", DOC)
+    made = [*script.SHOTS, "canaries-kill-switch"]
+    assert sorted(shown) == sorted(made)
+    for name in shown:
+        assert (ROOT / "docs" / "images" / f"{name}.png").is_file(), name
