@@ -24,6 +24,7 @@ from engine.model import (
     allocate_kv_caches,
     load_model,
 )
+from engine.model.state_cache import HybridCacheSpec, MambaState
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 
@@ -64,6 +65,15 @@ def kv_block_bytes(model: DecoderModel | EncoderModel | None, block_size: int, d
     return int(model.kv_cache_spec.bytes_per_block(block_size, dtype))
 
 
+def state_cache_bytes(model: DecoderModel | EncoderModel | None, num_slots: int, dtype: torch.dtype) -> int:
+    """Bytes the per-request recurrent state of ``num_slots`` requests takes over every Mamba
+    layer (``engine.model.state_cache``); 0 for models without such state."""
+    assert model is not None, "load_model() first"
+    if isinstance(model, EncoderModel) or not isinstance(model.kv_cache_spec, HybridCacheSpec):
+        return 0
+    return num_slots * model.kv_cache_spec.state_bytes_per_slot(dtype)
+
+
 def kv_cache_budget(device: torch.device, gpu_fraction: float, cpu_bytes: int) -> int:
     """Bytes the KV cache may take: ``gpu_fraction`` of the GPU memory free now (after the model
     is loaded), or ``cpu_bytes`` on the CPU."""
@@ -101,7 +111,8 @@ class RunnerBase:
     Attributes:
         model: the loaded model (``None`` before ``load_model``).
         kv_caches: per layer ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (empty for
-            an encoder).
+            an encoder); a :class:`~engine.model.state_cache.MambaState` of ``max_num_seqs``
+            slots for each Mamba layer.
     """
 
     gpu_kv_fraction = 0.9
@@ -112,7 +123,7 @@ class RunnerBase:
         self.device = torch.device(config.device)
         self.dtype: torch.dtype = getattr(torch, config.dtype)
         self.model: DecoderModel | EncoderModel | None = None
-        self.kv_caches: list[torch.Tensor] = []
+        self.kv_caches: list[torch.Tensor | MambaState] = []
 
     def load_model(self) -> None:
         self.model = load_engine_model(self.config, self.dtype, self.device)
@@ -124,6 +135,15 @@ class RunnerBase:
     def kv_cache_block_bytes(self) -> int:
         return kv_block_bytes(self.model, self.config.block_size, self.dtype)
 
+    @property
+    def has_inner_state(self) -> bool:
+        """The model keeps per-request recurrent state (Mamba layers) beside its KV cache."""
+        return self.model is not None and self.model.config.has_inner_state
+
+    def state_cache_bytes(self) -> int:
+        """Bytes of the state cache of ``max_num_seqs`` requests (taken from the KV budget)."""
+        return state_cache_bytes(self.model, self.config.max_num_seqs, self.dtype)
+
     def available_kv_cache_bytes(self) -> int:
         return kv_cache_budget(self.device, gpu_fraction=self.gpu_kv_fraction, cpu_bytes=self.cpu_kv_bytes)
 
@@ -131,8 +151,12 @@ class RunnerBase:
         assert self.model is not None, "load_model() first"
         if not self.is_pooling:
             assert isinstance(self.model, DecoderModel)
-            self.kv_caches = allocate_kv_caches(self.model.kv_cache_spec, num_blocks,
-                                                self.config.block_size, self.dtype, self.device)
+            spec, block_size = self.model.kv_cache_spec, self.config.block_size
+            if isinstance(spec, HybridCacheSpec):  # one state slot per running request
+                self.kv_caches = spec.allocate(num_blocks, block_size, self.config.max_num_seqs,
+                                               self.dtype, self.device)
+                return
+            self.kv_caches = list(allocate_kv_caches(spec, num_blocks, block_size, self.dtype, self.device))
 
     def check_sampling_params(self, params: SamplingParams) -> None:
         """Raises UnsupportedOptionError for any generation request to an embedding model."""
@@ -151,4 +175,4 @@ class RunnerBase:
 
 
 __all__ = ["POOLING_TASKS", "RunnerBase", "embed_prompts", "kv_block_bytes", "kv_cache_budget",
-           "load_engine_model"]
+           "load_engine_model", "state_cache_bytes"]

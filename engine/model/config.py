@@ -27,6 +27,12 @@ if TYPE_CHECKING:  # family- and format-specific parts live in their own modules
     from engine.model.opt import OPTConfig
 
 from engine.model.granite_config import GRANITE_ARCHITECTURES, GraniteMultipliers
+from engine.model.mamba_config import (
+    DEFAULT_MAX_MODEL_LEN,
+    MAMBA_ARCHITECTURES,
+    MambaConfig,
+    mamba_model_config,
+)
 from engine.model.moe_config import MOE_FAMILIES, MoEConfig
 
 DECODER_ARCHITECTURES = (
@@ -39,6 +45,7 @@ DECODER_ARCHITECTURES = (
     "Qwen3MoeForCausalLM",
     "GraniteMoeForCausalLM",
     "DeepseekV2ForCausalLM",
+    "MambaForCausalLM",
 )
 ENCODER_ARCHITECTURES = ("BertModel",)
 SUPPORTED_ARCHITECTURES = DECODER_ARCHITECTURES + ENCODER_ARCHITECTURES
@@ -53,6 +60,7 @@ _MODEL_TYPES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "GraniteMoeForCausalLM": "granitemoe",
     "DeepseekV2ForCausalLM": "deepseek_v2",
+    "MambaForCausalLM": "mamba",
     "BertModel": "bert",
 }
 # q/k/v biases always, no o_proj bias (transformers' Qwen2 and Qwen2-MoE attention)
@@ -126,12 +134,20 @@ class ModelConfig:
     granite: GraniteMultipliers | None = None  # GraniteMoe's multipliers
     # DeepSeek-V2's latent attention (engine/model/deepseek_v2_config.py); None for the others
     mla: MLAConfig | None = None
+    # the Mamba mixer of Mamba and Jamba (engine/model/mamba_config.py); None for the others
+    mamba: MambaConfig | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False, hash=False)
 
     @property
     def is_encoder(self) -> bool:
         """True for the BERT encoder (pooling), False for the decoders."""
         return self.architecture in ENCODER_ARCHITECTURES
+
+    @property
+    def has_inner_state(self) -> bool:
+        """True for models with per-request recurrent state (Mamba layers): they keep a state
+        cache beside the paged KV cache and cannot reuse cached prefixes."""
+        return self.mamba is not None
 
     @property
     def has_qk_norm(self) -> bool:
@@ -162,6 +178,8 @@ class ModelConfig:
             from engine.model.opt import opt_model_config
 
             config = opt_model_config(arch, d)
+        elif arch in MAMBA_ARCHITECTURES:
+            config = _mamba_config(arch, d)
         elif arch == "DeepseekV2ForCausalLM":  # its attention fields are read in their own module
             from engine.model.deepseek_v2_config import read_mla_config
 
@@ -184,7 +202,8 @@ class ModelConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """An HF ``config.json`` mapping (legacy RoPE spelling, which every version reads)."""
         d = {k: v for k, v in asdict(self).items()
-             if k not in ("architecture", "extra", "opt", "quantization", "moe", "granite", "mla")}
+             if k not in ("architecture", "extra", "opt", "quantization", "moe", "granite", "mla",
+                          "mamba")}
         d = {**dict(self.extra), **d}
         if self.opt is not None:
             d |= self.opt.to_hf_fields(self)
@@ -296,6 +315,15 @@ def _decoder_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
         if arch in MOE_FAMILIES else None,
         granite=GraniteMultipliers.from_hf_dict(d) if arch in GRANITE_ARCHITECTURES else None,
     )
+
+
+def _mamba_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
+    # HF's MambaConfig has no attention heads and no maximum length (vLLM's default applies).
+    filled = {"num_attention_heads": 1, "max_position_embeddings": DEFAULT_MAX_MODEL_LEN, **d}
+    if arch == "MambaForCausalLM":
+        filled.setdefault("intermediate_size", 2 * _req(d, "hidden_size"))
+    common = _common(arch, filled)
+    return ModelConfig(**common, **mamba_model_config(arch, d, common))
 
 
 def _check_moe_fields(arch: str, d: Mapping[str, Any]) -> None:

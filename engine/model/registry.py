@@ -7,6 +7,7 @@ from __future__ import annotations
 from engine.model.config import ModelConfig
 from engine.model.deepseek_v2 import DeepseekV2ForCausalLM
 from engine.model.llama import DecoderModel
+from engine.model.mamba import MambaForCausalLM
 from engine.model.opt import OPTDecoderModel
 
 #: architecture -> its class; the Llama family (Llama, Mistral, Qwen2, Qwen3 and their MoE
@@ -14,6 +15,7 @@ from engine.model.opt import OPTDecoderModel
 DECODER_CLASSES: dict[str, type[DecoderModel]] = {
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "OPTForCausalLM": OPTDecoderModel,
+    "MambaForCausalLM": MambaForCausalLM,
 }
 
 

@@ -40,8 +40,8 @@ def _decisions(arch: str) -> dict[str, object]:
 
 def test_some_architectures_are_served_and_most_are_refused() -> None:
     served = [a for a in ARCHITECTURES if _decisions(a)["auto"].error_code != "architecture_not_served"]
-    assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "BertModel"} <= set(served)
-    assert {"MambaForCausalLM", "JambaForCausalLM", "BertForSequenceClassification"}.isdisjoint(served)
+    assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "BertModel", "MambaForCausalLM"} <= set(served)
+    assert {"Mamba2ForCausalLM", "FalconMambaForCausalLM"}.isdisjoint(served)
     assert len(served) < len(ARCHITECTURES) // 10
 
 
