@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
+from dashboard.deps import http_error
 from oracle.errors import ErrorCode
 
 _AT = re.compile(r" at line (\d+) column (\d+)$")
@@ -94,8 +95,6 @@ def check_media_type(request: Request, body: bytes) -> None:
     """415 for a non-empty body whose Content-Type is not JSON."""
     content_type = request.headers.get("content-type")
     if body and not is_json_media_type(content_type):
-        from dashboard.deps import http_error
-
         raise http_error(415, ErrorCode.UNSUPPORTED_MEDIA_TYPE,
                          f"send the body as JSON (Content-Type: application/json), not "
                          f"{content_type!r}")
