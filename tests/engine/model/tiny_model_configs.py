@@ -1,7 +1,10 @@
-"""Tiny HF configs of every supported decoder architecture (parity tests, CPU and GPU)."""
+"""Tiny HF configs of every supported architecture (parity tests, CPU and GPU), some shrunk from
+the real configs the project keeps."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 _BASE: dict[str, Any] = dict(
@@ -95,36 +98,32 @@ TINY_ENCODER_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 
-#: cross-encoder/ms-marco-MiniLM-L-6-v2's config.json, as published (the model card's
-#: BertForSequenceClassification with one label; sources in tests/engine/model/pooling_models.py).
-MS_MARCO_CROSS_ENCODER: dict[str, Any] = {
-    "architectures": ["BertForSequenceClassification"], "attention_probs_dropout_prob": 0.1,
-    "classifier_dropout": None, "gradient_checkpointing": False, "hidden_act": "gelu",
-    "hidden_dropout_prob": 0.1, "hidden_size": 384, "id2label": {"0": "LABEL_0"},
-    "initializer_range": 0.02, "intermediate_size": 1536, "label2id": {"LABEL_0": 0},
-    "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert",
-    "num_attention_heads": 12, "num_hidden_layers": 6, "pad_token_id": 0,
-    "position_embedding_type": "absolute",
-    "sbert_ce_default_activation_function": "torch.nn.modules.linear.Identity",
-    "type_vocab_size": 2, "use_cache": True, "vocab_size": 30522,
-}
+#: Real configs the project keeps (policies/reference/model_configs/, sources.md there).
+REFERENCE_CONFIGS = Path(__file__).resolve().parents[3] / "policies" / "reference" / "model_configs"
 
-#: Skywork/Skywork-Reward-Llama-3.1-8B's config.json (LlamaForSequenceClassification, one label)
-#: shrunk: 2 layers, hidden 64, 4 heads over 2 kv heads, a 160-token vocabulary whose last id
-#: is the added pad token (as 128256 is in the real 128257-token vocabulary); Llama 3.1 RoPE
-#: scaling kept, its original context shrunk to 64 so that scaling acts within max_model_len.
+
+def reference_config(name: str) -> dict[str, Any]:
+    """The HF config.json of ``REFERENCE_CONFIGS/<name>.json``, as published."""
+    return dict(json.loads((REFERENCE_CONFIGS / f"{name}.json").read_text())["config"])
+
+
+#: cross-encoder/ms-marco-MiniLM-L-6-v2 (BertForSequenceClassification, one label, Identity as
+#: sentence-transformers' activation).
+MS_MARCO_CROSS_ENCODER = reference_config("ms-marco-minilm-l6-v2-cross-encoder")
+
+#: Skywork/Skywork-Reward-Llama-3.1-8B (LlamaForSequenceClassification, one label) shrunk:
+#: 2 layers, hidden 64, 4 heads over 2 kv heads, a 160-token vocabulary whose last id is the
+#: added pad token (as 128256 is in the real 128257-token one), transformers' initializer
+#: range widened to 0.1 (logits that spread); its Llama 3.1 RoPE scaling kept, with the
+#: original context shrunk to 64 so that the scaling acts within max_model_len.
+_SKYWORK = reference_config("skywork-reward-llama-3.1-8b")
 TINY_REWARD_CONFIGS: dict[str, dict[str, Any]] = {
     "llama-reward": {
-        "architectures": ["LlamaForSequenceClassification"], "model_type": "llama",
-        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": [2, 3, 4],
-        "hidden_act": "silu", "hidden_size": 64, "id2label": {"0": "LABEL_0"},
-        "initializer_range": 0.1, "intermediate_size": 96, "label2id": {"LABEL_0": 0},
-        "max_position_embeddings": 256, "mlp_bias": False, "num_attention_heads": 4,
-        "num_hidden_layers": 2, "num_key_value_heads": 2, "pad_token_id": 159, "pretraining_tp": 1,
-        "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": False,
-        "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                         "original_max_position_embeddings": 64, "rope_type": "llama3"},
-        "use_cache": False, "vocab_size": 160,
+        **_SKYWORK, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 160, "pad_token_id": 159,
+        "bos_token_id": 1, "eos_token_id": [2, 3, 4], "max_position_embeddings": 256,
+        "initializer_range": 0.1,
+        "rope_scaling": {**_SKYWORK["rope_scaling"], "original_max_position_embeddings": 64},
     },
 }
 
