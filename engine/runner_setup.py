@@ -12,7 +12,6 @@ only (it loads torch and the model layer).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
 import torch
 
@@ -65,7 +64,7 @@ def kv_block_bytes(model: DecoderModel | EncoderModel | None, block_size: int, d
     pooling model: an encoder keeps no KV cache, a pooling decoder only a step-local one
     (:class:`~engine.runner_pooling.PoolingKVScratch`), not the engine's block pool."""
     assert model is not None, "load_model() first"
-    if isinstance(model, EncoderModel) or model.config.is_pooling:
+    if model.config.is_pooling:
         return 0
     return int(model.kv_cache_spec.bytes_per_block(block_size, dtype))
 
@@ -77,13 +76,6 @@ def kv_cache_budget(device: torch.device, gpu_fraction: float, cpu_bytes: int) -
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * gpu_fraction)
     return cpu_bytes
-
-
-def embed_prompts(model: EncoderModel, prompts: Sequence[Sequence[int]], device: torch.device
-                  ) -> torch.Tensor:  # [num_prompts, pooled_dim] float32, on ``device``
-    """``model.pool`` of single texts in one encoder forward (``pool_encoder`` without token
-    types)."""
-    return pool_encoder(model, prompts, [None] * len(prompts), device)
 
 
 class RunnerBase:
@@ -163,5 +155,4 @@ def _token_types(params: PoolingParams | None) -> tuple[int, ...] | None:
     return None if params is None else params.token_type_ids
 
 
-__all__ = ["POOLING_TASKS", "RunnerBase", "embed_prompts", "kv_block_bytes", "kv_cache_budget",
-           "load_engine_model"]
+__all__ = ["POOLING_TASKS", "RunnerBase", "kv_block_bytes", "kv_cache_budget", "load_engine_model"]
