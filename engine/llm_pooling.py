@@ -88,6 +88,8 @@ def score(llm: LLM, query: Prompt, documents: Prompt | Sequence[Prompt]) -> list
     docs = checked_batch(llm, "score", documents)
     if not docs:
         raise InvalidRequestError("score: the document list is empty: give at least one document")
+    if not isinstance(query, str) and len(as_batch(query)) != 1:
+        raise InvalidRequestError(f"score: the query is one text or one list of token ids, got {query!r:.80}")
     done = run_pooling(llm, "score", [encode_pair(llm, query, d, i) for i, d in enumerate(docs)])
     sigmoid = llm.model_config.classifier.score_activation == "sigmoid"
     return [ScoringOutput(r.request_id, _text(d), r.token_ids, list(r.token_type_ids or ()),

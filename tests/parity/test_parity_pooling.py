@@ -160,6 +160,8 @@ def test_bad_score_input_is_named(runner_name: str, pooling_dirs: dict[str, Path
         llm.rerank(QUERY, [])
     with pytest.raises(ValueError, match="top_n must be a positive int or None, got 0"):
         llm.rerank(QUERY, DOCUMENTS, top_n=0)
+    with pytest.raises(InvalidRequestError, match=r"score: the query is one text or one list of token ids, got \['a', 'b'\]"):
+        llm.score(["a", "b"], DOCUMENTS)
     (mixed,) = llm.score(QUERY, [[101, 2054, 102]])
     assert mixed.error == "document 0: the query and the document must both be text or both token ids"
     # Token ids are joined as given: the caller's special tokens, types 0 then 1.
