@@ -22,7 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from dashboard.api import admin, decisions, rollout, upgrade
+from dashboard.api import admin, decisions, exports, rollout, upgrade
 from dashboard.invocation import turnout_here
 from dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
 from dashboard.services import Services
@@ -199,6 +199,7 @@ def _add_api(app: FastAPI, services: Services) -> None:
     app.include_router(rollout.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
     app.include_router(upgrade.router, prefix=API_PREFIX)
+    app.include_router(exports.router, prefix=API_PREFIX)
     app.include_router(admin.health_router)
 
     @app.get(f"{API_PREFIX}/docs", include_in_schema=False)
@@ -223,10 +224,12 @@ def _add_pages(app: FastAPI) -> None:
 
     from dashboard.pages import SignIn
     from dashboard.pages import router as pages_router
+    from dashboard.pages_fleet import router as fleet_router
 
     async def sign_in(_request: object, _exc: Exception) -> Response:
         return RedirectResponse("/login", status_code=303)
 
     app.add_exception_handler(SignIn, sign_in)
     app.include_router(pages_router)
+    app.include_router(fleet_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

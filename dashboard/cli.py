@@ -369,12 +369,25 @@ def kill_release(reason: ReasonOpt, database_url: DatabaseOpt = None) -> None:
 
 @demo_app.command("remove")
 def demo_remove(database_url: DatabaseOpt = None) -> None:
-    """Delete every demo deployment and event (it is not seeded again)."""
+    """Delete every demo deployment and event (a later start does not seed them again;
+    `turnout demo seed` does)."""
     from dashboard import demo
+    from dashboard.invocation import turnout_here
 
     services = _prepared(database_url)
     num = demo.remove(services, actor=_actor())
-    typer.echo(f"removed {num} demo events")
+    typer.echo(f"removed {num} demo events (record them again: {turnout_here()} demo seed)")
+
+
+@demo_app.command("seed")
+def demo_seed(database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
+    """Record the demo fleet now (after `turnout demo remove`, or into a database that has
+    other decisions); events already there are kept once."""
+    from dashboard import demo
+
+    services = _prepared(database_url, pack)
+    num, kept = demo.seed(services, actor=_actor())
+    typer.echo(f"recorded {num} demo events" + (f" ({kept} were already there)" if kept else ""))
 
 
 def register(app: typer.Typer) -> None:

@@ -18,6 +18,10 @@ SUPPORTED_SPECULATIVE_METHODS = ("ngram",)
 #: Device types an EngineConfig accepts (``cuda:N`` names one GPU): the platforms a runner can
 #: be started on.
 DEVICE_TYPES = ("cpu", "cuda")
+#: vLLM's ``--mamba-cache-mode`` values and what turnout's runners do with each: ``none`` is
+#: honoured (one state per request, no prefix caching of Mamba layers); ``align`` and ``all``
+#: (states cached at block boundaries so prefixes can be reused) are refused by name.
+MAMBA_CACHE_MODES = {"none": "honoured", "align": "refused", "all": "refused"}
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
@@ -105,6 +109,8 @@ class EngineConfig:
         load_format: ``"auto"`` (read the weights) or ``"dummy"`` (vLLM's ``--load-format
             dummy``: only ``config.json`` is read; seeded random weights, drawn with ``seed`` on
             ``device``; see ``engine.model.loader.load_model``).
+        mamba_cache_mode: vLLM's ``--mamba-cache-mode``; only ``"none"`` is implemented (each
+            request's Mamba state lives in one slot; prefixes of such models are not cached).
     """
 
     model: str
@@ -128,11 +134,19 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     enforce_eager: bool = False
     load_format: str = "auto"
+    mamba_cache_mode: str = "none"
 
     def __post_init__(self) -> None:
         self._check_types()
         if self.load_format not in ("auto", "dummy"):
             raise EngineConfigError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise EngineConfigError(
+                f"mamba_cache_mode must be one of {', '.join(MAMBA_CACHE_MODES)}, got {self.mamba_cache_mode!r}")
+        if MAMBA_CACHE_MODES[self.mamba_cache_mode] == "refused":
+            raise EngineConfigError(
+                f"mamba_cache_mode={self.mamba_cache_mode!r} (Mamba states cached at block boundaries "
+                f"for prefix caching) is not implemented by turnout's runners: use 'none'")
         if self.runner_kind not in ("generate", "pooling"):
             raise EngineConfigError(f"runner_kind must be 'generate' or 'pooling', got {self.runner_kind!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -201,4 +215,4 @@ class EngineConfig:
         return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
 
 
-__all__ = ["DEVICE_TYPES", "SUPPORTED_SPECULATIVE_METHODS", "EngineConfig", "SpeculativeConfig"]
+__all__ = ["DEVICE_TYPES", "MAMBA_CACHE_MODES", "SUPPORTED_SPECULATIVE_METHODS", "EngineConfig", "SpeculativeConfig"]

@@ -4,11 +4,14 @@ the caller's arguments. Part of the runner wiring: imports the model layer (and 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.errors import EngineConfigError
+
+logger = logging.getLogger("turnout.engine")
 
 
 def read_model_config(model: str | Path) -> Any:  # -> engine.model.ModelConfig
@@ -64,6 +67,7 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
     if cannot_chunk and isinstance(max_len, int):
         kwargs.setdefault("max_num_batched_tokens", max(2048, max_len))
     kwargs.setdefault("max_num_batched_tokens", 2048)
+    _prefix_caching_for_state(mc, kwargs)
     config = EngineConfig(
         model=str(model), vocab_size=mc.vocab_size, max_model_len=max_len, eos_token_ids=tuple(eos),
         runner_kind="pooling" if mc.is_pooling else "generate", pooling_tasks=mc.pooling_tasks,
@@ -71,6 +75,23 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
     )
     _check_device_exists(config.device)
     return config
+
+
+def _prefix_caching_for_state(mc: Any, kwargs: dict[str, Any]) -> None:
+    # A prefix-cache hit skips tokens whose recurrent state no block holds (mamba_cache_mode
+    # 'none'), so models with Mamba layers run without it, as vLLM does (its
+    # MambaModelConfig.verify_and_update_config): said in the log, loudly when it was asked for.
+    if not getattr(mc, "has_inner_state", False):
+        return
+    asked = kwargs.get("enable_prefix_caching")
+    if asked is True:
+        logger.warning("enable_prefix_caching=True is not supported for %s: its Mamba layers keep one "
+                       "recurrent state per request (mamba_cache_mode='none'); prefix caching is off",
+                       mc.architecture)
+    elif asked is None:
+        logger.info("prefix caching is off for %s: its Mamba layers keep per-request state", mc.architecture)
+    if asked is None or asked is True:
+        kwargs["enable_prefix_caching"] = False
 
 
 def _check_device_exists(device: str) -> None:

@@ -24,6 +24,7 @@ from engine.model import (
     allocate_kv_caches,
     load_model,
 )
+from engine.model.state_cache import HybridCacheSpec, MambaState
 from engine.pooling_params import POOLING_TASKS, PoolingParams
 from engine.runner_pooling import PoolingKVScratch, pool_decoder, pool_encoder
 from engine.sampling_params import SamplingParams
@@ -69,6 +70,15 @@ def kv_block_bytes(model: DecoderModel | EncoderModel | None, block_size: int, d
     return int(model.kv_cache_spec.bytes_per_block(block_size, dtype))
 
 
+def state_cache_bytes(model: DecoderModel | EncoderModel | None, num_slots: int, dtype: torch.dtype) -> int:
+    """Bytes the per-request recurrent state of ``num_slots`` requests takes over every Mamba
+    layer (``engine.model.state_cache``); 0 for models without such state."""
+    assert model is not None, "load_model() first"
+    if isinstance(model, EncoderModel) or not isinstance(model.kv_cache_spec, HybridCacheSpec):
+        return 0
+    return num_slots * model.kv_cache_spec.state_bytes_per_slot(dtype)
+
+
 def kv_cache_budget(device: torch.device, gpu_fraction: float, cpu_bytes: int) -> int:
     """Bytes the KV cache may take: ``gpu_fraction`` of the GPU memory free now (after the model
     is loaded), or ``cpu_bytes`` on the CPU."""
@@ -88,7 +98,8 @@ class RunnerBase:
     Attributes:
         model: the loaded model (``None`` before ``load_model``).
         kv_caches: per layer ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (empty for
-            a pooling model).
+            a pooling model); a :class:`~engine.model.state_cache.MambaState` of ``max_num_seqs``
+            slots for each Mamba layer.
         pooling_scratch: a pooling decoder's step-local paged cache (``None`` otherwise).
     """
 
@@ -100,7 +111,7 @@ class RunnerBase:
         self.device = torch.device(config.device)
         self.dtype: torch.dtype = getattr(torch, config.dtype)
         self.model: DecoderModel | EncoderModel | None = None
-        self.kv_caches: list[torch.Tensor] = []
+        self.kv_caches: list[torch.Tensor | MambaState] = []
         self.pooling_scratch: PoolingKVScratch | None = None
 
     def load_model(self) -> None:
@@ -115,6 +126,15 @@ class RunnerBase:
     def kv_cache_block_bytes(self) -> int:
         return kv_block_bytes(self.model, self.config.block_size, self.dtype)
 
+    @property
+    def has_inner_state(self) -> bool:
+        """The model keeps per-request recurrent state (Mamba layers) beside its KV cache."""
+        return self.model is not None and self.model.config.has_inner_state
+
+    def state_cache_bytes(self) -> int:
+        """Bytes of the state cache of ``max_num_seqs`` requests (taken from the KV budget)."""
+        return state_cache_bytes(self.model, self.config.max_num_seqs, self.dtype)
+
     def available_kv_cache_bytes(self) -> int:
         return kv_cache_budget(self.device, gpu_fraction=self.gpu_kv_fraction, cpu_bytes=self.cpu_kv_bytes)
 
@@ -127,8 +147,12 @@ class RunnerBase:
                 block_size=c.block_size, dtype=self.dtype, device=self.device)
         elif not self.is_pooling:
             assert isinstance(self.model, DecoderModel)
-            self.kv_caches = allocate_kv_caches(self.model.kv_cache_spec, num_blocks, c.block_size,
-                                                self.dtype, self.device)
+            spec, block_size = self.model.kv_cache_spec, c.block_size
+            if isinstance(spec, HybridCacheSpec):  # one state slot per running request
+                self.kv_caches = spec.allocate(num_blocks, block_size, c.max_num_seqs,
+                                               self.dtype, self.device)
+                return
+            self.kv_caches = list(allocate_kv_caches(spec, num_blocks, block_size, self.dtype, self.device))
 
     def check_sampling_params(self, params: SamplingParams) -> None:
         """Raises UnsupportedOptionError for any generation request to a pooling model."""
@@ -155,4 +179,5 @@ def _token_types(params: PoolingParams | None) -> tuple[int, ...] | None:
     return None if params is None else params.token_type_ids
 
 
-__all__ = ["POOLING_TASKS", "RunnerBase", "kv_block_bytes", "kv_cache_budget", "load_engine_model"]
+__all__ = ["POOLING_TASKS", "RunnerBase", "kv_block_bytes", "kv_cache_budget", "load_engine_model",
+           "state_cache_bytes"]

@@ -9,9 +9,24 @@
     return el ? JSON.parse(el.textContent) : null;
   }
 
+  function isEmpty(config) {
+    const sets = config.data.datasets || [];
+    return !sets.some((set) => (set.data || []).some((v) => Number(v) > 0));
+  }
+
+  // A chart with nothing to draw says so instead of showing bare axes.
+  function noData(canvas) {
+    const note = document.createElement("p");
+    note.className = "no-data";
+    note.textContent = "No data yet: no decision has been recorded for this chart.";
+    canvas.replaceWith(note);
+  }
+
   function chart(id, config) {
     const canvas = document.getElementById(id);
-    if (canvas && window.Chart) {
+    if (canvas && isEmpty(config)) {
+      noData(canvas);
+    } else if (canvas && window.Chart) {
       config.options = Object.assign({ responsive: true, maintainAspectRatio: false, animation: false }, config.options || {});
       new window.Chart(canvas, config);
     }

@@ -1,6 +1,6 @@
-"""The pooling architectures' own config facts: which pooling tasks each architecture serves and
-the sequence-classification head (``ClassifierConfig``: labels, and the activation of a
-cross-encoder's score). Imports no torch.
+"""The pooling architectures' own config facts: the BERT encoders' fields, which pooling tasks
+each architecture serves, and the sequence-classification head (``ClassifierConfig``: labels,
+and the activation of a cross-encoder's score). Imports no torch.
 
 Pooling architectures and their tasks (vLLM's task names, ``engine.pooling_params``):
 
@@ -95,6 +95,27 @@ class ClassifierConfig:
         return out
 
 
+def bert_model_config(arch: str, d: Mapping[str, Any], common: Mapping[str, Any]) -> dict[str, Any]:
+    """The BERT encoders' fields beyond ``common`` (the fields every architecture reads).
+
+    Raises:
+        ModelConfigError: an activation other than GELU, positions other than absolute, or a
+            hidden size that the heads do not divide.
+    """
+    from engine.model.config import ModelConfigError  # config imports this module
+
+    if common["hidden_act"] != "gelu":
+        raise ModelConfigError(f"hidden_act {common['hidden_act']!r}: {arch} supports 'gelu'")
+    if d.get("position_embedding_type", "absolute") != "absolute":
+        raise ModelConfigError(f"position_embedding_type must be 'absolute' for {arch}")
+    num_heads = common["num_attention_heads"]
+    if common["hidden_size"] % num_heads:
+        raise ModelConfigError("hidden_size must be a multiple of num_attention_heads")
+    return {"num_key_value_heads": num_heads, "head_dim": common["hidden_size"] // num_heads,
+            "layer_norm_eps": float(d.get("layer_norm_eps", 1e-12)),
+            "type_vocab_size": int(d.get("type_vocab_size", 2))}
+
+
 def pooling_tasks_of(architecture: str, classifier: ClassifierConfig | None,
                      type_vocab_size: int = 2) -> tuple[str, ...]:
     """The pooling tasks a model of ``architecture`` serves (empty: it generates). ``score``
@@ -111,4 +132,4 @@ def pooling_tasks_of(architecture: str, classifier: ClassifierConfig | None,
 
 
 __all__ = ["CROSS_ENCODER_ACTIVATIONS", "EMBEDDING_ARCHITECTURES", "POOLING_DECODER_ARCHITECTURES",
-           "SEQUENCE_CLASSIFICATION_ARCHITECTURES", "ClassifierConfig", "pooling_tasks_of"]
+           "SEQUENCE_CLASSIFICATION_ARCHITECTURES", "ClassifierConfig", "bert_model_config", "pooling_tasks_of"]

@@ -162,6 +162,27 @@ def test_kill_switch_and_demo_remove(run) -> None:  # type: ignore[no-untyped-de
         assert audit.list_entries(session=s)[0].action == "demo.remove"
 
 
+def test_demo_seed_records_the_fleet_again_after_a_remove(run) -> None:  # type: ignore[no-untyped-def]
+    from dashboard.app import prepare
+
+    services = Services.build(Settings(database_url=run.url, demo=True))
+    prepare(services)
+    with services.db.read_session() as s:
+        num_demo = events.count_events(session=s, demo=True)
+    code, out = run("demo", "remove")
+    assert code == 0 and "demo seed" in out  # says how to get it back
+    code, out = run("demo", "seed")
+    assert code == 0 and out.strip() == f"recorded {num_demo} demo events", out
+    code, out = run("demo", "seed")  # twice: each event once
+    assert code == 0 and out.strip() == f"recorded 0 demo events ({num_demo} were already there)"
+    prepare(services)  # a start after a seed records nothing more
+    with services.db.read_session() as s:
+        assert events.count_events(session=s, demo=True) == num_demo
+        entries = audit.list_entries(session=s)
+    assert [e.action for e in entries[:3]] == ["demo.seed", "demo.seed", "demo.remove"]
+    assert entries[1].after == {"events": num_demo, "already_there": 0}
+
+
 def test_a_later_start_says_how_to_sign_in(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from dashboard.invocation import turnout_here
