@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from engine.errors import EngineConfigError
+from engine.pooling_params import POOLING_TASKS
 
 #: Speculative methods SpeculativeConfig can express (the oracle knows more; those are refused
 #: here, before any runner is built). Which runner implements which: the runners' manifests.
@@ -87,7 +88,9 @@ class EngineConfig:
         vocab_size: the model's vocabulary (token ids are checked against it).
         max_model_len: tokens per request at most (prompt + output).
         eos_token_ids: ids that finish a request unless ``ignore_eos``.
-        runner_kind: ``"generate"`` (decoder) or ``"pooling"`` (encoder embeddings).
+        runner_kind: ``"generate"`` (decoder) or ``"pooling"`` (embeddings, classifiers).
+        pooling_tasks: the pooling tasks the model serves (``engine.pooling_params``:
+            embed, classify, score, reward); at least one when pooling, none when generating.
         dtype: weights and activations, ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"``).
         seed: seeds the generator that gives unseeded requests their seed.
@@ -115,6 +118,7 @@ class EngineConfig:
     max_model_len: int
     eos_token_ids: tuple[int, ...] = ()
     runner_kind: str = "generate"
+    pooling_tasks: tuple[str, ...] = ()
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
@@ -154,8 +158,17 @@ class EngineConfig:
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
                 f"must be >= max_model_len ({self.max_model_len}): a long prompt could never run"
             )
+        self._check_pooling_tasks()
         if self.speculative_config is not None and self.runner_kind == "pooling":
             raise EngineConfigError("speculative decoding does not apply to pooling models")
+
+    def _check_pooling_tasks(self) -> None:
+        tasks = self.pooling_tasks
+        if not isinstance(tasks, tuple) or not set(tasks) <= set(POOLING_TASKS):
+            raise EngineConfigError(f"pooling_tasks must be a tuple of {', '.join(POOLING_TASKS)}, got {tasks!r}")
+        if (self.runner_kind == "pooling") != bool(tasks):
+            raise EngineConfigError(f"runner_kind {self.runner_kind!r} with pooling_tasks {tasks!r}: a pooling "
+                                    "model serves at least one pooling task, a generating model none")
 
     def _check_types(self) -> None:
         # Every number is checked for its type and range: nan compares false with anything (a

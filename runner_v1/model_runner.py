@@ -229,7 +229,7 @@ class V1ModelRunner(RunnerBase):
             )
 
     def _execute_pooling(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        req_ids, embeddings = self.embed_scheduled(so)
+        req_ids, embeddings = self.pool_scheduled(so)
         for req_id in req_ids:
             self.requests.pop(req_id)  # one step: the request is done
         return ModelRunnerOutput(

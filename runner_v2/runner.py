@@ -254,10 +254,10 @@ class V2ModelRunner(RunnerBase):
 
     # ---- pooling -------------------------------------------------------------------------
     def _execute_pooling(self, so: SchedulerOutput) -> ModelRunnerOutput | AsyncOutput:
-        # An encoder forward per step over the new requests (pooling runs in one step).
+        # One forward per step over the new requests (pooling runs in one step).
         if so.is_empty:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        req_ids, embeddings = self.embed_scheduled(so)
+        req_ids, embeddings = self.pool_scheduled(so)
         results = StepResults(req_ids=req_ids, samples=np.zeros(len(req_ids), bool), pooled=req_ids,
                               embeddings=embeddings)
         return AsyncOutput(results, self.copy_stream)

@@ -45,8 +45,10 @@ def test_the_pack_reads_the_manifests() -> None:
     assert set(served) == {"generate", "pooling"}
     assert served["generate"] >= {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                   "Qwen3ForCausalLM"}
-    assert served["pooling"] == {"BertModel"}
-    assert "Qwen3ForCausalLM" in SUPPORTED and SUPPORTED.endswith(" (generate); BertModel (pooling)")
+    assert served["pooling"] == {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification"}
+    assert "Qwen3ForCausalLM" in SUPPORTED and SUPPORTED.endswith(
+        " (generate); BertForSequenceClassification, BertModel, LlamaForSequenceClassification (pooling)")
+    assert "LlamaForSequenceClassification" not in served["generate"]  # a reward model pools
     assert load_pack("vllm-0.31").manifests is None  # vLLM's runners load far more
 
 

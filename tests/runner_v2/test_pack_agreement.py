@@ -19,6 +19,9 @@
   - `prefix_caching`: tests/parity/test_parity_contracts.py::test_prefix_cache_hits_do_not_change_outputs
   - `prompt_logprobs`: tests/parity/test_parity_contracts.py::test_prompt_logprobs_once_per_token_through_chunking_and_preemption
   - `pooling_task:embed`: tests/runner_v2/test_pack_agreement.py::test_pooling_runs_on_v2
+  - `pooling_task:classify`: tests/parity/test_parity_pooling.py::test_classify_equals_hf_logits
+  - `pooling_task:score`: tests/parity/test_parity_pooling.py::test_cross_encoder_score_equals_hf_logits
+  - `pooling_task:reward`: tests/parity/test_parity_pooling.py::test_reward_equals_hf_last_token_logits
   - `platform:cpu`: tests/runner_v2/test_pack_agreement.py::test_generation_features_run_on_v2
   - `platform:cuda`: tests/parity/test_parity_gpu.py::test_fp32_greedy_equal_hf_on_both_runners
   - `async_scheduling`: tests/runner_v2/test_runner.py::test_steps_return_async_outputs_collected_one_step_later
