@@ -244,13 +244,13 @@ def test_decide_from_a_command_line_and_bad_input(api: Api) -> None:
 def test_decide_refuses_an_architecture_no_runner_serves(api: Api) -> None:
     # The turnout pack's manifests: no runner of this build loads Mamba. A decision, not bad
     # input: 200 with runner null and the stable error code.
-    r = api.client.post("/api/v1/decide", json={"config": {"architecture": "MambaForCausalLM"}},
+    r = api.client.post("/api/v1/decide", json={"config": {"architecture": "Mamba2ForCausalLM"}},
                         headers=api.h("viewer"))
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["runner"] is None and body["error_code"] == "architecture_not_served"
-    assert body["error"].startswith("no runner of this build serves architecture 'MambaForCausalLM'")
-    want = decide(from_spec({"architecture": "MambaForCausalLM"}), pack=load_pack("turnout"),
+    assert body["error"].startswith("no runner of this build serves architecture 'Mamba2ForCausalLM'")
+    want = decide(from_spec({"architecture": "Mamba2ForCausalLM"}), pack=load_pack("turnout"),
                   canaries=defaults())
     assert body == want.to_json()
 

@@ -61,7 +61,7 @@ def test_both_runners_equal_hf_at_the_real_size(dtype: str, mamba_dirs: dict[str
     got = {}
     for runner in ("v1", "v2"):
         for name, kwargs in {"chunked": {"max_num_batched_tokens": 128},
-                             "preempted": {"max_num_batched_tokens": 128, "num_kv_blocks": 40}}.items():
+                             "preempted": {"max_num_batched_tokens": 128, "num_kv_blocks": 24}}.items():
             core = make_core(runner, path, dtype, max_model_len=512, **kwargs)
             done = run(core, prompts, params)
             if name == "preempted":
