@@ -7,27 +7,28 @@ the pack's cohorts and (on an empty database) records the demo fleet.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import DataError
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from dashboard.api import admin, decisions, rollout, upgrade
+from dashboard import errors
+from dashboard.api import admin, decisions, exports, rollout, upgrade
 from dashboard.invocation import turnout_here
 from dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
+from dashboard.security import SecurityHeadersMiddleware
 from dashboard.services import Services
 from dashboard.settings import Settings, get_settings
-from oracle.errors import ErrorCode
 
 log = logging.getLogger("turnout.service")
 STATIC = Path(__file__).resolve().parent / "static"
@@ -53,70 +54,6 @@ def prepare(services: Services) -> int:
         log.info("recorded %d demo decisions (remove with `%s demo remove`)", num,
                  turnout_here())
     return num
-
-
-async def _unstorable(_request: Request, exc: Exception) -> Response:
-    """A value the database refuses (PostgreSQL: a NUL character in a text field or a JSON
-    string, a non-finite number in JSON) is bad input, 422, not a server error; the
-    transaction is rolled back with its session, nothing of the request is kept."""
-    orig = getattr(exc, "orig", None) or exc
-    reason = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-    return JSONResponse({"detail": {"code": ErrorCode.UNSTORABLE_VALUE,
-                                    "message": f"the database refuses a value: {reason}"}},
-                        status_code=422)
-
-
-_MAX_LISTED_ERRORS = 5
-_PLACES = {"body": "body field", "query": "query parameter", "header": "header",
-           "path": "path parameter", "cookie": "cookie"}
-
-
-def _where(loc: tuple[int | str, ...] | list[int | str]) -> str:
-    """``("body", "events", 3, "at")`` → ``body field events[3].at``."""
-    if not loc:
-        return "the request"
-    place, rest = str(loc[0]), loc[1:]
-    if not rest:
-        return "the body" if place == "body" else place
-    name = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in rest).lstrip(".")
-    return f"{_PLACES.get(place, place)} {name}"
-
-
-def invalid_request_message(errors: list[dict[str, Any]]) -> str:
-    """One readable sentence for the validator's errors: where, then what is wrong."""
-    parts = []
-    for err in errors[:_MAX_LISTED_ERRORS]:
-        where, msg = _where(err.get("loc", ())), str(err.get("msg", "invalid"))
-        if err.get("type") == "json_invalid":  # its loc ends with a character offset
-            ctx = err.get("ctx")
-            where, msg = "the body", "not valid JSON" + (
-                f" ({ctx['error']})" if isinstance(ctx, dict) and ctx.get("error") else "")
-        parts.append(f"{where}: {msg}")
-    more = len(errors) - _MAX_LISTED_ERRORS
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
-
-
-async def _invalid_request(_request: Request, exc: Exception) -> Response:
-    """Every request that does not validate: the API's error shape (a stable code and one
-    readable message) with the validator's errors kept for programs."""
-    from fastapi.encoders import jsonable_encoder
-
-    errors = jsonable_encoder(exc.errors()) if isinstance(exc, RequestValidationError) else []
-    errors = _json_safe(errors)  # the errors echo the input, which may hold NaN or Infinity
-    return JSONResponse({"detail": {"code": ErrorCode.INVALID_REQUEST,
-                                    "message": invalid_request_message(errors),
-                                    "errors": errors}}, status_code=422)
-
-
-def _json_safe(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, Infinity: not JSON) as its repr string."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    return value
 
 
 class _PlainRoute(Route):
@@ -180,12 +117,14 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
         lifespan=lifespan,
     )
     app.state.services = services
-    app.add_exception_handler(DataError, _unstorable)
-    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(DataError, errors.unstorable)
+    app.add_exception_handler(RequestValidationError, errors.invalid_request)
+    app.add_exception_handler(StarletteHTTPException, errors.http_error)
     _finish_openapi(app)
     _add_api(app, services)
     _add_pages(app)
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)
+    app.add_middleware(SecurityHeadersMiddleware, https=services.settings.https)
     return app
 
 
@@ -199,18 +138,14 @@ def _add_api(app: FastAPI, services: Services) -> None:
     app.include_router(rollout.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
     app.include_router(upgrade.router, prefix=API_PREFIX)
+    app.include_router(exports.router, prefix=API_PREFIX)
     app.include_router(admin.health_router)
 
     @app.get(f"{API_PREFIX}/docs", include_in_schema=False)
     def api_docs() -> Response:
-        """The API browser, with Swagger UI served from dashboard/static/vendor."""
-        from fastapi.openapi.docs import get_swagger_ui_html
-
-        return get_swagger_ui_html(
-            openapi_url=f"{API_PREFIX}/openapi.json", title="turnout API",
-            swagger_js_url="/static/vendor/swagger-ui-bundle-5.35.0.js",
-            swagger_css_url="/static/vendor/swagger-ui-5.35.0.css",
-            swagger_favicon_url="data:,")
+        """The API browser, with Swagger UI served from dashboard/static/vendor (no CDN, and
+        no inline script: swagger-init.js starts it)."""
+        return HTMLResponse(_SWAGGER_PAGE)
 
     @app.get("/metrics", tags=["health"], include_in_schema=True)
     def metrics() -> Response:
@@ -218,15 +153,35 @@ def _add_api(app: FastAPI, services: Services) -> None:
         return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
+_SWAGGER_PAGE = f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>turnout API</title>
+<link rel="icon" href="data:,">
+<link rel="stylesheet" href="/static/vendor/swagger-ui-5.35.0.css">
+<script src="/static/vendor/swagger-ui-bundle-5.35.0.js" defer></script>
+<script src="/static/swagger-init.js" defer></script>
+</head>
+<body><div id="swagger-ui" data-openapi="{API_PREFIX}/openapi.json"></div></body>
+</html>
+"""
+
+
 def _add_pages(app: FastAPI) -> None:
     from fastapi.responses import RedirectResponse
 
     from dashboard.pages import SignIn
     from dashboard.pages import router as pages_router
+    from dashboard.pages_fleet import router as fleet_router
+    from dashboard.signin import router as signin_router
 
     async def sign_in(_request: object, _exc: Exception) -> Response:
         return RedirectResponse("/login", status_code=303)
 
     app.add_exception_handler(SignIn, sign_in)
+    app.include_router(signin_router)
     app.include_router(pages_router)
+    app.include_router(fleet_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -185,24 +185,30 @@ def db_current(database_url: DatabaseOpt = None) -> None:
 def token_create(
     role: Annotated[str, typer.Option(help="viewer | operator | admin")],
     name: Annotated[str, typer.Option(help="who or what uses it")] = "cli",
+    expires_in: Annotated[str | None, typer.Option(
+        "--expires-in", help="lifetime, e.g. 30d, 12h, 90m, 2w (default: never expires)")
+    ] = None,
     database_url: DatabaseOpt = None,
 ) -> None:
     """Create a token and print it once (only its hash is stored)."""
     from dashboard.store import tokens
+    from dashboard.store.errors import StoreError
 
     try:
         parsed = tokens.Role(role)
     except ValueError:
         raise _fail(f"--role {role!r}: use viewer, operator or admin", BAD_INPUT) from None
-    from dashboard.store.errors import StoreError
-
+    try:
+        lifetime = tokens.parse_duration(expires_in) if expires_in is not None else None
+    except StoreError as err:
+        raise _fail(f"--expires-in {err}", BAD_INPUT) from None
     services = _prepared(database_url)
     try:
         with services.db.write_session() as session:
             same = [t.id for t in tokens.list_tokens(session=session)
                     if t.name == name.strip() and t.revoked_at is None]
             row, token = tokens.create_token(session=session, name=name, role=parsed,
-                                             actor=_actor())
+                                             actor=_actor(), expires_in=lifetime)
             session.commit()
     except StoreError as err:  # an empty name
         raise _store_fail(str(err), err) from err
@@ -210,7 +216,9 @@ def token_create(
     if same:  # allowed (a rotation keeps the old one until it is revoked), but said
         typer.echo(f"(a token named {row.name!r} already exists (id "
                    f"{', '.join(map(str, same))}); created another)", err=True)
-    typer.echo(f"(token {row.id}, role {row.role}; shown once)", err=True)
+    expiry = (f"expires {row.expires_at:%Y-%m-%d %H:%M} UTC" if row.expires_at
+              else "never expires")
+    typer.echo(f"(token {row.id}, role {row.role}, {expiry}; shown once)", err=True)
 
 
 @token_app.command("list")
@@ -220,10 +228,13 @@ def token_list(database_url: DatabaseOpt = None) -> None:
 
     services = _prepared(database_url)
     with services.db.read_session() as session:
-        typer.echo(f"{'id':>4}  {'prefix':<11}  {'role':<8}  {'state':<7}  name")
+        typer.echo(f"{'id':>4}  {'prefix':<11}  {'role':<8}  {'state':<7}  {'expires':<17}  "
+                   "name")
         for t in tokens.list_tokens(session=session):
-            state = "revoked" if t.revoked_at else "live"
-            typer.echo(f"{t.id:>4}  {t.prefix}…  {t.role:<8}  {state:<7}  {t.name}")
+            state = "revoked" if t.revoked_at else "expired" if tokens.is_expired(t) else "live"
+            expires = f"{t.expires_at:%Y-%m-%dT%H:%MZ}" if t.expires_at else "never"
+            typer.echo(f"{t.id:>4}  {t.prefix}…  {t.role:<8}  {state:<7}  {expires:<17}  "
+                       f"{t.name}")
 
 
 @token_app.command("revoke")
@@ -369,12 +380,25 @@ def kill_release(reason: ReasonOpt, database_url: DatabaseOpt = None) -> None:
 
 @demo_app.command("remove")
 def demo_remove(database_url: DatabaseOpt = None) -> None:
-    """Delete every demo deployment and event (it is not seeded again)."""
+    """Delete every demo deployment and event (a later start does not seed them again;
+    `turnout demo seed` does)."""
     from dashboard import demo
+    from dashboard.invocation import turnout_here
 
     services = _prepared(database_url)
     num = demo.remove(services, actor=_actor())
-    typer.echo(f"removed {num} demo events")
+    typer.echo(f"removed {num} demo events (record them again: {turnout_here()} demo seed)")
+
+
+@demo_app.command("seed")
+def demo_seed(database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
+    """Record the demo fleet now (after `turnout demo remove`, or into a database that has
+    other decisions); events already there are kept once."""
+    from dashboard import demo
+
+    services = _prepared(database_url, pack)
+    num, kept = demo.seed(services, actor=_actor())
+    typer.echo(f"recorded {num} demo events" + (f" ({kept} were already there)" if kept else ""))
 
 
 def register(app: typer.Typer) -> None:

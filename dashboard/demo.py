@@ -1,6 +1,7 @@
 """The first-run demo fleet: the real ``vllm serve`` lines of ``policies/reference/
 vllm_recipes.jsonl``, each decided by the oracle and recorded as a demo deployment, so that a
-newcomer's first page shows real fallback reasons. ``turnout demo remove`` deletes them all.
+newcomer's first page shows real fallback reasons. ``turnout demo remove`` deletes them all;
+``turnout demo seed`` records them again (after a remove, or into any database).
 
 Lines that do not parse (placeholders such as ``<checkpoint>``) are not deployments and are
 skipped; their count is returned by :func:`demo_events`.
@@ -86,6 +87,22 @@ def seed_if_empty(services: Services) -> int:
         session.merge(ServiceMeta(key=SEEDED, value=utcnow().isoformat()))
         session.commit()
     return num
+
+
+def seed(services: Services, *, actor: str) -> tuple[int, int]:
+    """Record the demo fleet now, whatever the database holds (audited); returns (events
+    stored, events already there). Event ids are deterministic, so seeding twice stores each
+    event once; a later start does not seed again."""
+    records, _skipped = demo_events(services)
+    with services.db.write_session() as session:
+        services.db.lock_startup(session)
+        num = events.ingest(session=session, events=records)
+        session.merge(ServiceMeta(key=SEEDED, value=utcnow().isoformat()))
+        audit.record(session=session, actor=actor, action="demo.seed", target="demo-fleet",
+                     reason="demo fleet recorded", before=None,
+                     after={"events": num, "already_there": len(records) - num})
+        session.commit()
+    return num, len(records) - num
 
 
 def remove(services: Services, *, actor: str) -> int:

@@ -12,11 +12,10 @@ from typing import Annotated, Any, NoReturn
 from fastapi import Depends, HTTPException, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from dashboard.auth import COOKIE_NAME, Principal, bearer_token
+from dashboard.auth import COOKIE_NAME, Principal, Refusal, bearer_token
 from dashboard.services import Services
 from dashboard.store.errors import InvalidChange, NotFound, StoreError, VersionConflict
 from dashboard.store.tokens import Role
@@ -50,17 +49,6 @@ WriteSessionDep = Annotated[Session, Depends(write_session)]
 def http_error(status: int, code: ErrorCode, message: str,
                headers: dict[str, str] | None = None) -> HTTPException:
     return HTTPException(status, detail={"code": code, "message": message}, headers=headers)
-
-
-def body_validation_error(err: ValidationError) -> RequestValidationError:
-    """FastAPI's 422 for a body validated straight from its bytes. The error of a body that is
-    not JSON carries the raw bytes as its input: they are not echoed back (they may be
-    megabytes, or not UTF-8, which FastAPI's encoder turned into a 500).
-    Each error's ``loc`` starts with ``"body"``, as FastAPI's own."""
-    return RequestValidationError([
-        {k: v for k, v in e.items() if not (k == "input" and isinstance(v, bytes | bytearray))}
-        | {"loc": ("body", *e["loc"])}
-        for e in err.errors(include_url=False)])
 
 
 _QUERY_NAMES: dict[int, frozenset[str]] = {}
@@ -142,17 +130,25 @@ _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="turnout"'}
 async def _principal(request: Request, services: Services) -> Principal:
     token = bearer_token(request.headers.get("authorization"))
     if token is None and request.method in ("GET", "HEAD"):
-        # The pages' cookie is good for reads; API changes need the header (no CSRF surface).
-        token = request.cookies.get(COOKIE_NAME)
+        # A signed-in page session is good for reads; API changes need the header (no CSRF
+        # surface).
+        session_id = request.cookies.get(COOKIE_NAME)
+        if session_id:
+            principal = await run_in_threadpool(services.verifier.session_principal,
+                                                session_id)
+            if principal is None:
+                raise http_error(401, ErrorCode.BAD_TOKEN, "the page session ended or "
+                                 "expired: sign in again", _CHALLENGE)
+            return principal
     if token is None:
         raise http_error(401, ErrorCode.UNAUTHENTICATED, "send Authorization: Bearer <token>",
                          _CHALLENGE)
-    hit, principal = services.verifier.cached(token)
+    hit, result = services.verifier.cached(token)
     if not hit:
-        principal = await run_in_threadpool(services.verifier.verify, token)
-    if principal is None:
-        raise http_error(401, ErrorCode.BAD_TOKEN, "unknown or revoked token", _CHALLENGE)
-    return principal
+        result = await run_in_threadpool(services.verifier.authenticate, token)
+    if isinstance(result, Refusal):
+        raise http_error(401, result.code, result.message, _CHALLENGE)
+    return result
 
 
 async def authorize(request: Request, role: Role) -> Principal:
@@ -180,6 +176,6 @@ OperatorDep = Annotated[Principal, Depends(require(Role.operator))]
 AdminDep = Annotated[Principal, Depends(require(Role.admin))]
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    401: {"description": "no token, or an unknown or revoked one"},
+    401: {"description": "no token, or an unknown, revoked or expired one"},
     403: {"description": "the token's role is too low"},
 }

@@ -107,7 +107,7 @@ def _kind_chart(view: View, kind: str, all_families: bool, all_reasons: bool
             "over_time": [sum(col) for col in zip(*(r.over_time.get(k, zeros)
                                                     for k, _n in rest), strict=True)]})
     return {"families": shown, "num_families": len(families), "num_reasons": len(ranked),
-            "reasons": datasets,
+            "reasons": datasets, "height_px": max(300, 26 * len(shown) + 120),
             "deployments": r.by_kind.get(kind, 0)}
 
 

@@ -1,8 +1,9 @@
 """Server-rendered pages (Jinja2; htmx for the confirm forms, Chart.js for the charts).
 
-The pages sign in with a token kept in an HttpOnly, SameSite=Strict cookie; their forms carry a
-CSRF field bound to that token. What a page offers follows the role: a viewer sees no action
-buttons, and the form handlers check the role again.
+The pages sign in with a token once and then use a server-side session (dashboard.auth): its
+id in an HttpOnly, SameSite=Strict cookie, the forms' CSRF field bound to it. What a page
+offers follows the role, as the API's routes do: a viewer sees no action buttons, the confirm
+fragment of a flip needs an operator, and the form handlers check the role again.
 """
 
 from __future__ import annotations
@@ -26,16 +27,21 @@ from dashboard.auth import (
     flash_ok,
     flash_signature,
 )
+from dashboard.canary_view import cohort_rows, describe_when, flip_preview
+from dashboard.deployments import deployment_url
 from dashboard.deps import MAX_BODY, MAX_ID, ServicesDep
 from dashboard.invocation import turnout_here
 from dashboard.services import Services
-from dashboard.store import aggregates, audit, events, evidence
+from dashboard.store import aggregates, audit
 from dashboard.store import canaries as canary_store
 from dashboard.store.errors import StoreError
 from dashboard.store.tokens import Role
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))
 TEMPLATES.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(",", ":"))
+TEMPLATES.env.filters["deployment_url"] = deployment_url
+TEMPLATES.env.filters["urlencode_pairs"] = lambda query, **more: urlencode({**query, **more})
+TEMPLATES.env.filters["describe_when"] = describe_when
 
 router = APIRouter(include_in_schema=False, max_body_size=MAX_BODY)
 
@@ -45,8 +51,8 @@ class SignIn(Exception):
 
 
 def page_user(request: Request, services: ServicesDep) -> Principal:
-    token = request.cookies.get(COOKIE_NAME)
-    principal = services.verifier.verify(token) if token else None
+    session_id = request.cookies.get(COOKIE_NAME)
+    principal = services.verifier.session_principal(session_id) if session_id else None
     if principal is None:
         raise SignIn()
     return principal
@@ -57,59 +63,21 @@ UserDep = Annotated[Principal, Depends(page_user)]
 
 def render(request: Request, name: str, user: Principal | None, status: int = 200,
            **context: Any) -> HTMLResponse:
-    token = request.cookies.get(COOKIE_NAME) or ""
-    return TEMPLATES.TemplateResponse(request, name, {
-        "user": user, "csrf": csrf_token(token) if token else "",
+    session_id = request.cookies.get(COOKIE_NAME) or ""
+    response = TEMPLATES.TemplateResponse(request, name, {
+        "user": user, "csrf": csrf_token(session_id) if user and session_id else "",
         "can_operate": bool(user and user.role.allows(Role.operator)),
         "can_admin": bool(user and user.role.allows(Role.admin)),
         "turnout": turnout_here(),
         **context}, status_code=status)
-
-
-@router.get("/login", response_class=HTMLResponse)
-def login_form(request: Request) -> HTMLResponse:
-    return render(request, "login.html", None)
-
-
-@router.post("/login", response_model=None)
-def login(request: Request, services: ServicesDep,
-          token: Annotated[str, Form(max_length=200)] = "") -> Response:
-    principal = services.verifier.verify(token.strip()) if token.strip() else None
-    if principal is None:
-        return render(request, "login.html", None, status=401,
-                      error="Unknown or revoked token.")
-    resp = RedirectResponse("/", status_code=303)
-    resp.set_cookie(COOKIE_NAME, token.strip(), httponly=True, samesite="strict",
-                    max_age=7 * 24 * 3600)
-    return resp
-
-
-@router.post("/logout")
-def logout() -> RedirectResponse:
-    resp = RedirectResponse("/login", status_code=303)
-    resp.delete_cookie(COOKIE_NAME)
-    return resp
+    response.headers["Cache-Control"] = "no-store"  # a signed-in page is no one else's
+    return response
 
 
 def _day_axis(days: int) -> list[str]:
     """Every day of the window, oldest first (charts show empty days as zero)."""
     today = dt.datetime.now(dt.UTC).date()
     return [(today - dt.timedelta(days=n)).isoformat() for n in range(days - 1, -1, -1)]
-
-
-def _cohort_rows(services: Services) -> list[dict[str, Any]]:
-    """The canaries in rollout order, each with the latest parity evidence of its families."""
-    labels = services.policy.cohort_labels()
-    families = services.policy.cohort_families()
-    with services.db.read_session() as session:
-        rows = canary_store.list_canaries(session=session)
-        latest = evidence.latest_per_family(session=session)
-    rows.sort(key=lambda c: (services.policy.rollout_position(c.cohort), c.cohort))
-    return [{"cohort": c.cohort, "label": labels.get(c.cohort, c.cohort), "enabled": c.enabled,
-             "percentage": c.percentage, "version": c.version, "updated_at": c.updated_at,
-             "updated_by": c.updated_by,
-             "evidence": [latest[f] for f in families.get(c.cohort, ()) if f in latest]}
-            for c in rows]
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -121,7 +89,7 @@ def overview(request: Request, services: ServicesDep, user: UserDep) -> HTMLResp
     total = sum(ov.by_runner.values())
     return render(request, "overview.html", user, overview=ov, total=total, kill_switch=ks,
                   waiting=waiting,
-                  cohorts=_cohort_rows(services), pack=services.policy.pack_name,
+                  cohorts=cohort_rows(services), pack=services.policy.pack_name,
                   chart={"by_runner": ov.by_runner, "by_day": ov.by_day,
                          "days": _day_axis(30)})
 
@@ -151,25 +119,49 @@ def canaries_page(request: Request, services: ServicesDep, user: UserDep,
         message = error = ""  # not from a form of this session: a link anyone could write
     with services.db.read_session() as session:
         ks = canary_store.get_kill_switch(session=session)
-    return render(request, "canaries.html", user, cohorts=_cohort_rows(services),
+    return render(request, "canaries.html", user, cohorts=cohort_rows(services),
                   kill_switch=ks, message=message, error=error)
+
+
+ShareQuery = Annotated[int, Query(ge=0, le=100)]
 
 
 @router.get("/canaries/{cohort}/confirm", response_class=HTMLResponse)
 def confirm_flip(request: Request, cohort: str, enabled: bool, services: ServicesDep,
-                 user: UserDep) -> HTMLResponse:
-    """The htmx fragment: impact preview, reason field and the confirm button."""
-    from dashboard.impact import impact_of_flip
+                 user: UserDep, percentage: ShareQuery = 100) -> HTMLResponse:
+    """The htmx fragment: impact preview at the share in the form (100% unless given), a
+    warning when the cohort's parity evidence reads fail, reason field, confirm button
+    (operator, as the flip itself: a viewer who opens the URL gets a 403 without the
+    button)."""
+    return _preview(request, services, user, cohort, enabled, percentage, "_confirm.html")
 
+
+@router.get("/canaries/{cohort}/impact", response_class=HTMLResponse)
+def impact_fragment(request: Request, cohort: str, enabled: bool, services: ServicesDep,
+                    user: UserDep, percentage: Annotated[str, Query(max_length=8)] = "100"
+                    ) -> HTMLResponse:
+    """The confirm form's impact line again, for the share as typed (the form asks for it on
+    every change); a share that is not 0..100 answers 422 with the line saying so."""
+    share = int(percentage) if percentage.strip().isascii() and percentage.strip().isdigit() \
+        else -1
+    if not 0 <= share <= 100:
+        return render(request, "_impact.html", user, status=422, bad_share=percentage[:8])
+    return _preview(request, services, user, cohort, enabled, share, "_impact.html")
+
+
+def _preview(request: Request, services: Services, user: Principal, cohort: str,
+             enabled: bool, share: int, template: str) -> HTMLResponse:
+    if not user.role.allows(Role.operator):  # as the flip itself: no form, no button
+        return HTMLResponse(f"<p class=error>Flipping a canary needs the operator role; "
+                            f"{html.escape(user.name)} has {user.role.value}.</p>",
+                            status_code=403)
     try:
-        impact = impact_of_flip(services, cohort, enabled)
-        with services.db.read_session() as session:
-            canary = canary_store.get_canary(session=session, cohort=cohort)
+        preview = flip_preview(services, cohort, enabled, share)
     except StoreError as err:
         return HTMLResponse(f"<p class=error>{html.escape(services.policy.store_error_text(cohort, err))}"
                             "</p>", status_code=404)
-    return render(request, "_confirm.html", user, cohort=cohort, enabled=enabled,
-                  impact=impact, version=canary.version)
+    return render(request, template, user, cohort=cohort, enabled=enabled, preview=preview,
+                  version=preview.row.version)
 
 
 def _back(request: Request, message: str = "", error: str = "") -> RedirectResponse:
@@ -252,25 +244,6 @@ def audit_page(request: Request, services: ServicesDep, user: UserDep,
     return render(request, "audit.html", user, entries=entries)
 
 
-@router.get("/decisions", response_class=HTMLResponse)
-def decisions_page(
-    request: Request, services: ServicesDep, user: UserDep,
-    family: Annotated[str, Query(max_length=64)] = "",
-    runner: Annotated[str, Query(pattern="^(|v1|v2|none)$")] = "",
-    reason_code: Annotated[str, Query(max_length=32)] = "",
-    rule_id: Annotated[str, Query(max_length=128)] = "",
-) -> HTMLResponse:
-    with services.db.read_session() as session:
-        rows = events.list_events(session=session, limit=200, family=family or None,
-                                  runner=runner or None, reason_code=reason_code or None,
-                                  rule_id=rule_id or None)
-    return render(request, "decisions.html", user, rows=rows, family=family, runner=runner,
-                  reason_code=reason_code, rule_id=rule_id,
-                  families=services.policy.family_names(),
-                  reason_codes=["STATIC", "TARGETING_MATCH", "SPLIT", "DISABLED", "DEFAULT",
-                                "ERROR"])
-
-
 @router.get("/matrix", response_class=HTMLResponse)
 def matrix_page(request: Request, services: ServicesDep, user: UserDep,
                 pin: Annotated[str, Query(pattern="^(auto|v1|v2)$")] = "auto") -> HTMLResponse:
@@ -281,21 +254,40 @@ def matrix_page(request: Request, services: ServicesDep, user: UserDep,
 
 @router.get("/explain", response_class=HTMLResponse)
 def explain_page(request: Request, services: ServicesDep, user: UserDep,
-                 command: Annotated[str, Query(max_length=20_000)] = "") -> HTMLResponse:
+                 command: Annotated[str, Query(max_length=20_000)] = "",
+                 config: Annotated[str, Query(max_length=20_000)] = "") -> HTMLResponse:
+    """Explain a pasted ``vllm serve`` command, or a deployment's inputs as JSON spec fields
+    (``config``: what a deployment's page links here with)."""
     from dashboard.policy import config_from_request
     from oracle import OracleError
 
-    context: dict[str, Any] = {"command": command}
-    if command.strip():
-        try:
-            config = config_from_request(command=command, hint_for="page",
-                                         release=services.policy.release,
-                                         offline=not services.settings.hub_online)
-            explanation = services.policy.explain(config)
-            context["explanation"] = explanation.to_json()
-        except (OracleError, ValueError) as err:
-            context["error"] = str(err)
-    return render(request, "explain.html", user, **context)
+    context: dict[str, Any] = {"command": command, "config": config}
+    try:
+        if command.strip() and config.strip():
+            raise ValueError("give a command or inputs (JSON), not both")
+        if command.strip() or config.strip():
+            deployment = config_from_request(
+                command=command if command.strip() else None,
+                config=_spec_object(config) if config.strip() else None,
+                hint_for="page", release=services.policy.release,
+                offline=not services.settings.hub_online)
+            context["explanation"] = services.policy.explain(deployment).to_json()
+    except (OracleError, ValueError) as err:
+        context["error"] = str(err)
+    return render(request, "explain.html", user, status=422 if "error" in context else 200,
+                  **context)
+
+
+def _spec_object(text: str) -> dict[str, Any]:
+    """The inputs field: a JSON object of spec fields. Raises ValueError saying what it is."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"inputs: not valid JSON ({err.msg} at line {err.lineno} column "
+                         f"{err.colno})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"inputs: a JSON object of spec fields, not a {type(value).__name__}")
+    return value
 
 
 @router.get("/upgrade", response_class=HTMLResponse)

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dashboard.echo import clip
 from dashboard.matrix import MatrixCache, MatrixSummary
 from dashboard.store import canaries as canary_store
 from dashboard.store.canaries import CohortDefault, RolloutState
@@ -120,11 +121,12 @@ class Policy:
         ids = sorted(set(existing), key=lambda c: (self.rollout_position(c), c))
         listed = "cohorts: " + ", ".join(ids)
         stages = [c.id for c in self.pack.cohorts if name in c.families]
+        shown = clip(name)
         if stages:
-            return (f"{name!r} is a family, not a cohort id: its stage is cohort {stages[0]!r} "
+            return (f"{shown!r} is a family, not a cohort id: its stage is cohort {stages[0]!r} "
                     f"({listed})")
         if name in self.pack.families:
-            return (f"{name!r} is a family, not a cohort id, and no stage lists it by name: its "
+            return (f"{shown!r} is a family, not a cohort id, and no stage lists it by name: its "
                     "deployments join a stage by their attributes (a decision's `stage` says "
                     f"which) ({listed})")
         close = closest(name, ids)
@@ -135,20 +137,21 @@ class Policy:
                 f" its stage is cohort {stage!r})" if stage != family else ")")
         else:
             hint = f" (did you mean {close!r}?)" if close else ""
-        return f"unknown cohort {name!r}{hint}; {listed}"
+        return f"unknown cohort {shown!r}{hint}; {listed}"
 
     def unknown_family_message(self, name: str) -> str:
         """What to say when ``name`` is not a family of the pack: for a cohort id, its
         families; otherwise the closest family (any case), or every family."""
         families = self.family_names()
         staged = self.cohort_families().get(name)
+        shown = clip(name)
         if staged is not None:
             named = ", ".join(staged) or "none by name: it takes deployments by attributes"
-            return f"{name!r} is a cohort id, not a family: its families are {named}"
+            return f"{shown!r} is a cohort id, not a family: its families are {named}"
         close = closest(name, families)
         if close is not None:
-            return f"unknown family {name!r} (did you mean {close!r}?)"
-        return f"unknown family {name!r}; the pack's families: {', '.join(families)}"
+            return f"unknown family {shown!r} (did you mean {close!r}?)"
+        return f"unknown family {shown!r}; the pack's families: {', '.join(families)}"
 
     def store_error_text(self, cohort: str, err: StoreError) -> str:
         """The message of a store error about ``cohort``: for an unknown cohort,

@@ -79,6 +79,27 @@ class Settings(BaseSettings):
         "the threads that answer requests",
     )
 
+    max_clock_skew_s: float = Field(
+        default=300.0, ge=0.0,
+        description="how far ahead of the service's clock a reported decision's `at` may lie "
+        "(a later one is refused: it would pin the deployment's latest state until then)",
+    )
+    max_config_bytes: int = Field(
+        default=64 * 1024, ge=1024,
+        description="the largest `config` of a reported decision, as compact JSON, that is "
+        "stored (a larger one is refused)",
+    )
+    session_ttl_s: float = Field(
+        default=12 * 3600.0, ge=60.0,
+        description="how long a page sign-in lasts (the session ends then, or at sign-out, or "
+        "when its token is revoked or expires)",
+    )
+    https: bool = Field(
+        default=False,
+        description="the service is reached over HTTPS (directly or behind a TLS proxy): the "
+        "sign-in cookies are Secure and responses carry Strict-Transport-Security",
+    )
+
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")

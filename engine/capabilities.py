@@ -62,7 +62,9 @@ class RunnerManifest:
             sorted, as ``(kind, names)`` pairs.
         speculative_methods: vLLM method names it implements (``"none"`` is implied).
         honoured / refused: :data:`FEATURES` names, together each exactly once.
-        pooling_tasks: vLLM pooling task names (``embed``) its pooling path serves.
+        pooling_tasks: vLLM pooling task names (``classify``, ``embed``, ``reward``,
+            ``score``) its pooling path serves; which architecture serves which:
+            ``engine/model/pooling_config.py``.
         platforms: device types it runs on (``cpu``, ``cuda``).
         requires_triton: it refuses to start without Triton.
         async_scheduling: the engine plans step N+1 before it collects step N.
@@ -144,13 +146,13 @@ class RunnerManifest:
 
 
 def model_layer_architectures() -> dict[str, tuple[str, ...]]:
-    """Runner kind -> the architectures ``engine.model`` loads (its config tuples: a decoder
-    architecture generates, an encoder pools). Imports the model layer (torch)."""
+    """Runner kind -> the architectures ``engine.model`` loads (its config tuples: encoders and
+    sequence classifiers pool, the other decoders generate). Imports the model layer (torch)."""
     from engine.model import config
 
-    encoders = tuple(config.ENCODER_ARCHITECTURES)
-    decoders = tuple(a for a in config.SUPPORTED_ARCHITECTURES if a not in encoders)
-    return {"generate": decoders, "pooling": encoders}
+    pooling = tuple(config.POOLING_ARCHITECTURES)
+    generate = tuple(a for a in config.SUPPORTED_ARCHITECTURES if a not in pooling)
+    return {"generate": generate, "pooling": pooling}
 
 
 def live_manifests() -> dict[str, RunnerManifest]:

@@ -1,4 +1,5 @@
-"""``turnout generate`` and ``turnout embed``: the ``LLM`` facade on the command line.
+"""``turnout generate``, ``embed``, ``classify`` and ``score``: the ``LLM`` facade on the
+command line.
 
 Registered through the ``turnout.cli`` entry-point group; everything heavy (the engine, the
 oracle, torch) is imported inside the command bodies so that other commands stay fast. The
@@ -42,6 +43,16 @@ def register_generate(app: typer.Typer) -> None:
 def register_embed(app: typer.Typer) -> None:
     """Entry point of ``turnout embed``."""
     app.command(name="embed")(embed)
+
+
+def register_classify(app: typer.Typer) -> None:
+    """Entry point of ``turnout classify``."""
+    app.command(name="classify")(classify)
+
+
+def register_score(app: typer.Typer) -> None:
+    """Entry point of ``turnout score``."""
+    app.command(name="score")(score)
 
 
 def generate(
@@ -108,6 +119,69 @@ def embed(
 
     llm, outputs = _run_guarded("embed", work)
     _print_outputs(llm, outputs, as_json, field="embedding")
+
+
+def classify(
+    model: ModelOpt,
+    text: Annotated[list[str] | None, typer.Option("--text", help="a text to classify (repeatable)")] = None,
+    texts: Annotated[Path | None, typer.Option("--texts", help="a file with one text per line")] = None,
+    runner: RunnerOpt = "auto",
+    max_model_len: MaxLenOpt = None,
+    tokenizer: TokOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = "float32",
+    pack: PackOpt = "turnout",
+    as_json: JsonOpt = False,
+) -> None:
+    """Classify texts with a sequence classifier or reward model: logits and probabilities
+    (softmax; sigmoid for one label) per text."""
+    items = _read_inputs(text, texts, "--text", "--texts")
+
+    def work() -> tuple[Any, list[dict[str, Any]]]:
+        llm = _make_llm(model, runner, pack, device, tokenizer=tokenizer, max_model_len=max_model_len, dtype=dtype)
+        _print_decision(llm, as_json)
+        results = llm.classify(items)  # refuses a model without a classifier first
+        labels = llm.model_config.classifier.labels
+        return llm, [{"text": t, "label": _top_label(labels, r.probs), "logits": r.logits, "probs": r.probs,
+                      "error": r.error} for t, r in zip(items, results, strict=True)]
+
+    llm, outputs = _run_guarded("classify", work)
+    _print_outputs(llm, outputs, as_json, field="logits")
+
+
+def score(
+    model: ModelOpt,
+    query: Annotated[str, typer.Option("--query", help="the query every document is scored against", show_default=False)],
+    document: Annotated[list[str] | None, typer.Option("--document", help="a document (repeatable)")] = None,
+    documents: Annotated[Path | None, typer.Option("--documents", help="a file with one document per line")] = None,
+    rerank: Annotated[bool, typer.Option("--rerank", help="print the documents most relevant first")] = False,
+    top_n: Annotated[int | None, typer.Option("--top-n", help="with --rerank: the best N only")] = None,
+    runner: RunnerOpt = "auto",
+    max_model_len: MaxLenOpt = None,
+    tokenizer: TokOpt = None,
+    device: DeviceOpt = None,
+    dtype: DtypeOpt = "float32",
+    pack: PackOpt = "turnout",
+    as_json: JsonOpt = False,
+) -> None:
+    """Score (query, document) pairs with a cross-encoder; ``--rerank`` orders them."""
+    items = _read_inputs(document, documents, "--document", "--documents")
+    if top_n is not None and not rerank:
+        _fail("--top-n needs --rerank")
+
+    def work() -> tuple[Any, list[dict[str, Any]]]:
+        llm = _make_llm(model, runner, pack, device, tokenizer=tokenizer, max_model_len=max_model_len, dtype=dtype)
+        _print_decision(llm, as_json)
+        if rerank:
+            ranked = llm.rerank(query, items, top_n=top_n)
+            return llm, [{"index": r.index, "document": r.document, "score": r.relevance_score, "error": r.error}
+                         for r in ranked]
+        results = llm.score(query, items)
+        return llm, [{"index": i, "document": d, "score": r.score, "error": r.error}
+                     for i, (d, r) in enumerate(zip(items, results, strict=True))]
+
+    llm, outputs = _run_guarded("score", work)
+    _print_outputs(llm, outputs, as_json, field="score")
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -181,6 +255,11 @@ def _print_decision(llm: Any, as_json: bool) -> None:
         typer.echo(f"  {message.level}: {message.message}")
 
 
+def _top_label(labels: tuple[str, ...], probs: list[float] | None) -> str | None:
+    """The most probable label's name (HF ``id2label``), or None without probabilities."""
+    return None if not probs else labels[max(range(len(probs)), key=probs.__getitem__)]
+
+
 def _completion_json(prompt: str, result: Any) -> dict[str, Any]:
     completion = result.outputs[0]
     out: dict[str, Any] = {
@@ -202,11 +281,19 @@ def _print_outputs(llm: Any, outputs: list[dict[str, Any]], as_json: bool, *, fi
     if as_json:
         typer.echo(json.dumps({"decision": llm.decision.to_json(), "outputs": outputs}))
     for out in [] if as_json else outputs:
-        source = out.get("prompt", out.get("text"))
+        source = out.get("prompt", out.get("text", out.get("document")))
+        if field == "score":
+            source = f"[{out['index']}] {source}"
         if out.get("error"):
             typer.echo(f"\n>>> {source}\nerror: {out['error']}")
         elif field == "text":
             typer.echo(f"\n>>> {source}\n{out['text']}\n[{len(out['token_ids'])} tokens, finish_reason={out['finish_reason']}]")
+        elif field == "logits":
+            values = ", ".join(f"{x:.4f}" for x in out["logits"])
+            probs = ", ".join(f"{x:.4f}" for x in out["probs"])
+            typer.echo(f"\n>>> {source}\nlabel {out['label']}; logits [{values}]; probs [{probs}]")
+        elif field == "score":
+            typer.echo(f"\n>>> {source}\nscore {out['score']:.6f}")
         else:
             vec = out["embedding"]
             head = ", ".join(f"{x:.4f}" for x in vec[:6])
@@ -215,4 +302,5 @@ def _print_outputs(llm: Any, outputs: list[dict[str, Any]], as_json: bool, *, fi
         raise typer.Exit(EXIT_BAD_INPUT)
 
 
-__all__ = ["embed", "generate", "register_embed", "register_generate"]
+__all__ = ["classify", "embed", "generate", "register_classify", "register_embed", "register_generate",
+           "register_score", "score"]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from engine.errors import EngineConfigError
+from engine.pooling_params import POOLING_TASKS
 
 #: Speculative methods SpeculativeConfig can express (the oracle knows more; those are refused
 #: here, before any runner is built). Which runner implements which: the runners' manifests.
@@ -17,6 +18,10 @@ SUPPORTED_SPECULATIVE_METHODS = ("ngram",)
 #: Device types an EngineConfig accepts (``cuda:N`` names one GPU): the platforms a runner can
 #: be started on.
 DEVICE_TYPES = ("cpu", "cuda")
+#: vLLM's ``--mamba-cache-mode`` values and what turnout's runners do with each: ``none`` is
+#: honoured (one state per request, no prefix caching of Mamba layers); ``align`` and ``all``
+#: (states cached at block boundaries so prefixes can be reused) are refused by name.
+MAMBA_CACHE_MODES = {"none": "honoured", "align": "refused", "all": "refused"}
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
@@ -83,7 +88,9 @@ class EngineConfig:
         vocab_size: the model's vocabulary (token ids are checked against it).
         max_model_len: tokens per request at most (prompt + output).
         eos_token_ids: ids that finish a request unless ``ignore_eos``.
-        runner_kind: ``"generate"`` (decoder) or ``"pooling"`` (encoder embeddings).
+        runner_kind: ``"generate"`` (decoder) or ``"pooling"`` (embeddings, classifiers).
+        pooling_tasks: the pooling tasks the model serves (``engine.pooling_params``:
+            embed, classify, score, reward); at least one when pooling, none when generating.
         dtype: weights and activations, ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         device: ``"cpu"`` or ``"cuda"`` (``"cuda:N"``).
         seed: seeds the generator that gives unseeded requests their seed.
@@ -102,6 +109,8 @@ class EngineConfig:
         load_format: ``"auto"`` (read the weights) or ``"dummy"`` (vLLM's ``--load-format
             dummy``: only ``config.json`` is read; seeded random weights, drawn with ``seed`` on
             ``device``; see ``engine.model.loader.load_model``).
+        mamba_cache_mode: vLLM's ``--mamba-cache-mode``; only ``"none"`` is implemented (each
+            request's Mamba state lives in one slot; prefixes of such models are not cached).
     """
 
     model: str
@@ -109,6 +118,7 @@ class EngineConfig:
     max_model_len: int
     eos_token_ids: tuple[int, ...] = ()
     runner_kind: str = "generate"
+    pooling_tasks: tuple[str, ...] = ()
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
@@ -124,11 +134,19 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     enforce_eager: bool = False
     load_format: str = "auto"
+    mamba_cache_mode: str = "none"
 
     def __post_init__(self) -> None:
         self._check_types()
         if self.load_format not in ("auto", "dummy"):
             raise EngineConfigError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise EngineConfigError(
+                f"mamba_cache_mode must be one of {', '.join(MAMBA_CACHE_MODES)}, got {self.mamba_cache_mode!r}")
+        if MAMBA_CACHE_MODES[self.mamba_cache_mode] == "refused":
+            raise EngineConfigError(
+                f"mamba_cache_mode={self.mamba_cache_mode!r} (Mamba states cached at block boundaries "
+                f"for prefix caching) is not implemented by turnout's runners: use 'none'")
         if self.runner_kind not in ("generate", "pooling"):
             raise EngineConfigError(f"runner_kind must be 'generate' or 'pooling', got {self.runner_kind!r}")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -140,8 +158,17 @@ class EngineConfig:
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
                 f"must be >= max_model_len ({self.max_model_len}): a long prompt could never run"
             )
+        self._check_pooling_tasks()
         if self.speculative_config is not None and self.runner_kind == "pooling":
             raise EngineConfigError("speculative decoding does not apply to pooling models")
+
+    def _check_pooling_tasks(self) -> None:
+        tasks = self.pooling_tasks
+        if not isinstance(tasks, tuple) or not set(tasks) <= set(POOLING_TASKS):
+            raise EngineConfigError(f"pooling_tasks must be a tuple of {', '.join(POOLING_TASKS)}, got {tasks!r}")
+        if (self.runner_kind == "pooling") != bool(tasks):
+            raise EngineConfigError(f"runner_kind {self.runner_kind!r} with pooling_tasks {tasks!r}: a pooling "
+                                    "model serves at least one pooling task, a generating model none")
 
     def _check_types(self) -> None:
         # Every number is checked for its type and range: nan compares false with anything (a
@@ -188,4 +215,4 @@ class EngineConfig:
         return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
 
 
-__all__ = ["DEVICE_TYPES", "SUPPORTED_SPECULATIVE_METHODS", "EngineConfig", "SpeculativeConfig"]
+__all__ = ["DEVICE_TYPES", "MAMBA_CACHE_MODES", "SUPPORTED_SPECULATIVE_METHODS", "EngineConfig", "SpeculativeConfig"]

@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.errors import EngineError, InvalidRequestError
 from engine.kv_cache_manager import cdiv
 from engine.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from engine.pooling_params import PoolingParams
 from engine.request import Request
 from engine.runner_protocol import ModelRunner
 from engine.sampling_params import SamplingParams
@@ -64,22 +65,28 @@ class EngineCore:
         sampling_params: SamplingParams | None = None,
         *,
         pooling: bool = False,
+        pooling_params: PoolingParams | None = None,
     ) -> Request:
-        """Validate and queue one request.
+        """Validate and queue one request; ``pooling_params`` (or ``pooling=True``: the
+        ``embed`` task) makes it a pooling request.
 
         Raises:
             InvalidRequestError: the prompt or the parameters cannot be served (empty or too
                 long prompt, token ids outside the vocabulary, logprobs above
-                ``max_logprobs``, an option the runner refuses, a duplicate id); nothing
-                was queued, other requests are unaffected.
+                ``max_logprobs``, an option the runner refuses, a pooling task the model
+                does not serve, a duplicate id); nothing was queued, other requests are
+                unaffected.
         """
         prompt = _as_token_ids(req_id, prompt_token_ids)
+        pooling = pooling or pooling_params is not None
         if pooling and self.config.runner_kind != "pooling":
             raise InvalidRequestError(
-                f"request {req_id!r}: {self.config.model} generates text: it serves no pooling (embedding) requests"
+                f"request {req_id!r}: {self.config.model} generates text: it serves no pooling requests"
             )
         self._check_prompt(req_id, prompt, pooling)
         if pooling:
+            pooling_params = pooling_params if pooling_params is not None else PoolingParams()
+            pooling_params.verify(req_id, len(prompt), self.config.pooling_tasks, self.config.model)
             params = None
         else:
             params = sampling_params if sampling_params is not None else SamplingParams()
@@ -91,7 +98,7 @@ class EngineCore:
         request = Request(
             req_id=req_id, prompt_token_ids=prompt, sampling_params=params,
             arrival_index=next(self._arrival), eos_token_ids=frozenset(self.config.eos_token_ids),
-            pooling=pooling,
+            pooling=pooling, pooling_params=pooling_params,
         )
         self.scheduler.add_request(request)
         return request

@@ -5,15 +5,25 @@ machine, asks the oracle once, logs the decision, and builds the chosen runner b
 from __future__ import annotations
 
 import contextlib
-import numbers
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from engine import llm_pooling
 from engine.config import EngineConfig
 from engine.errors import EngineConfigError, InvalidRequestError
+from engine.llm_pooling import as_batch
 from engine.model_info import engine_config_for, read_model_config
-from engine.outputs import CompletionOutput, EmbeddingOutput, Logprobs, RequestOutput
+from engine.outputs import (
+    ClassificationOutput,
+    CompletionOutput,
+    EmbeddingOutput,
+    Logprobs,
+    RequestOutput,
+    RerankResult,
+    RewardOutput,
+    ScoringOutput,
+)
 from engine.request import Request
 from engine.runner_loader import build_engine_core
 from engine.runner_selection import choose_runner, deployment_config
@@ -23,7 +33,8 @@ Prompt = str | Sequence[int]
 
 
 class LLM:
-    """Generate text or embeddings with the runner the oracle chooses.
+    """Generate text, or run a pooling task (embed, classify, score / rerank, reward), with the
+    runner the oracle chooses.
 
     Args:
         model: an HF safetensors directory or a ``.gguf`` file.
@@ -64,6 +75,7 @@ class LLM:
         from oracle import load_pack
 
         model_config = read_model_config(model)
+        self.model_config = model_config
         engine_args["device"] = device or _default_device()
         self.config: EngineConfig = engine_config_for(model, model_config, **engine_args)
         # Before the weights: a tokenizer that cannot be read fails fast.
@@ -89,8 +101,10 @@ class LLM:
         order. A prompt that cannot be served comes back with ``error`` set and
         ``finish_reason == "error"``; the others are unaffected."""
         if self.config.runner_kind != "generate":
-            raise EngineConfigError(f"{self.config.model} is an embedding model: use embed()")
-        batch = _as_batch(prompts)
+            tasks = self.config.pooling_tasks
+            raise EngineConfigError(f"{self.config.model} is a pooling model ({self.model_config.architecture}; "
+                                    f"tasks: {', '.join(tasks)}): it does not generate; use {tasks[0]}()")
+        batch = as_batch(prompts)
         params = _per_prompt(sampling_params, len(batch))
         return self._run([(p, self._encode(p, add_special_tokens=True)) for p in batch], params)
 
@@ -127,29 +141,57 @@ class LLM:
             encoded.append((text, self._encode(text, add_special_tokens=False)))
         return self._run(encoded, _per_prompt(sampling_params, len(encoded)))
 
+    # ---- pooling (engine/llm_pooling.py) ------------------------------------------------
     def embed(self, texts: Prompt | Sequence[Prompt]) -> list[EmbeddingOutput]:
         """L2-normalised mean-pooled embeddings (``[hidden_size]`` each), in order; a text that
-        cannot be served comes back with ``error`` set."""
-        if self.config.runner_kind != "pooling":
-            raise EngineConfigError(f"{self.config.model} is not an embedding model: use generate()")
-        batch = _as_batch(texts)
-        results: dict[str, EmbeddingOutput] = {}
-        ids: list[str] = []
-        with self._abort_all_on_failure():
-            for prompt in batch:
-                req_id = self._new_id()
-                ids.append(req_id)
-                try:
-                    tokens = self._encode(prompt, add_special_tokens=True)
-                    self.core.add_request(req_id, tokens, pooling=True)
-                except InvalidRequestError as exc:
-                    results[req_id] = EmbeddingOutput(req_id, _text(prompt), [], None, error=str(exc))
-            finished = self.core.run_until_done()
-        for req in finished:
-            results[req.req_id] = EmbeddingOutput(req.req_id, None, req.prompt_token_ids, req.pooled_output, req.error)
-        for req_id, prompt in zip(ids, batch, strict=True):
-            results[req_id].prompt = _text(prompt)
-        return [results[i] for i in ids]
+        cannot be served comes back with ``error`` set.
+
+        Raises:
+            EngineConfigError: the model does not serve ``embed`` (the task and model named).
+        """
+        return llm_pooling.embed(self, texts)
+
+    def classify(self, prompts: Prompt | Sequence[Prompt]) -> list[ClassificationOutput]:
+        """Sequence-classification ``logits`` (``[num_labels]``) and ``probs`` (softmax;
+        sigmoid for one label) of each prompt, in order; a prompt that cannot be served comes
+        back with ``error`` set.
+
+        Raises:
+            EngineConfigError: the model does not serve ``classify``.
+        """
+        return llm_pooling.classify(self, prompts)
+
+    def score(self, query: Prompt, documents: Prompt | Sequence[Prompt]) -> list[ScoringOutput]:
+        """A cross-encoder's relevance score of ``(query, document)`` for each document, in
+        order (text tokenized as a pair; token ids joined as given, the caller's special tokens
+        included); a pair that cannot be served (longer than ``max_model_len``) comes back with
+        ``error`` set while the others are scored.
+
+        Raises:
+            EngineConfigError: the model does not serve ``score``.
+            InvalidRequestError: ``documents`` is empty.
+        """
+        return llm_pooling.score(self, query, documents)
+
+    def rerank(self, query: Prompt, documents: Prompt | Sequence[Prompt], top_n: int | None = None
+               ) -> list[RerankResult]:
+        """``documents`` ordered by :meth:`score`, most relevant first (ties keep their
+        order), each with its ``index`` and ``relevance_score``; the best ``top_n`` (all when
+        ``None``), then every document that could not be scored, with its error.
+
+        Raises:
+            ValueError: ``top_n`` is not a positive int; and what :meth:`score` raises.
+        """
+        return llm_pooling.rerank(self, query, documents, top_n)
+
+    def reward(self, prompts: Prompt | Sequence[Prompt]) -> list[RewardOutput]:
+        """A reward model's head outputs (``[num_labels]``, no activation) at each prompt's
+        last token, in order; a prompt that cannot be served comes back with ``error`` set.
+
+        Raises:
+            EngineConfigError: the model does not serve ``reward``.
+        """
+        return llm_pooling.reward(self, prompts)
 
     # ---- internals ---------------------------------------------------------------------
     def _run(self, encoded: list[tuple[Prompt | None, list[int] | InvalidRequestError]], params: list[SamplingParams]) -> list[RequestOutput]:
@@ -234,15 +276,6 @@ def _load_tokenizer(source: str | Path, *, explicit: bool) -> Any:
         if explicit:  # asked for: never dropped silently
             raise FileNotFoundError(f"tokenizer {source}: {exc}") from exc
         return None  # e.g. random-weight directories: prompts are token ids
-
-
-def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-    if isinstance(prompts, str):
-        return [prompts]
-    items = list(prompts)
-    if items and all(isinstance(t, numbers.Integral) for t in items):
-        return [items]  # one prompt of token ids (Python or numpy ints)
-    return items
 
 
 def _per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:

@@ -4,11 +4,14 @@ the caller's arguments. Part of the runner wiring: imports the model layer (and 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.errors import EngineConfigError
+
+logger = logging.getLogger("turnout.engine")
 
 
 def read_model_config(model: str | Path) -> Any:  # -> engine.model.ModelConfig
@@ -42,6 +45,9 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
             CUDA device on a machine without it, or another bad value.
     """
     EngineConfig.check_field_names(set(kwargs))
+    from_model = sorted({"vocab_size", "runner_kind", "pooling_tasks"} & set(kwargs))
+    if from_model:
+        raise EngineConfigError(f"{', '.join(from_model)} come from the model's config; do not pass them")
     mc = model_config if model_config is not None else read_model_config(model)
     spec = kwargs.pop("speculative_config", None)
     if spec is not None and not isinstance(spec, SpeculativeConfig):
@@ -55,18 +61,37 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
         )
     eos = kwargs.pop("eos_token_ids", None)
     if eos is None:
-        eos = tuple(mc.eos_token_ids) if not mc.is_encoder else ()
-    # Prompts that cannot be chunked (encoders, chunked prefill off) must fit one step.
-    cannot_chunk = mc.is_encoder or not kwargs.get("enable_chunked_prefill", True)
+        eos = tuple(mc.eos_token_ids) if not mc.is_pooling else ()
+    # Prompts that cannot be chunked (pooling models, chunked prefill off) must fit one step.
+    cannot_chunk = mc.is_pooling or not kwargs.get("enable_chunked_prefill", True)
     if cannot_chunk and isinstance(max_len, int):
         kwargs.setdefault("max_num_batched_tokens", max(2048, max_len))
     kwargs.setdefault("max_num_batched_tokens", 2048)
+    _prefix_caching_for_state(mc, kwargs)
     config = EngineConfig(
         model=str(model), vocab_size=mc.vocab_size, max_model_len=max_len, eos_token_ids=tuple(eos),
-        runner_kind="pooling" if mc.is_encoder else "generate", speculative_config=spec, **kwargs,
+        runner_kind="pooling" if mc.is_pooling else "generate", pooling_tasks=mc.pooling_tasks,
+        speculative_config=spec, **kwargs,
     )
     _check_device_exists(config.device)
     return config
+
+
+def _prefix_caching_for_state(mc: Any, kwargs: dict[str, Any]) -> None:
+    # A prefix-cache hit skips tokens whose recurrent state no block holds (mamba_cache_mode
+    # 'none'), so models with Mamba layers run without it, as vLLM does (its
+    # MambaModelConfig.verify_and_update_config): said in the log, loudly when it was asked for.
+    if not getattr(mc, "has_inner_state", False):
+        return
+    asked = kwargs.get("enable_prefix_caching")
+    if asked is True:
+        logger.warning("enable_prefix_caching=True is not supported for %s: its Mamba layers keep one "
+                       "recurrent state per request (mamba_cache_mode='none'); prefix caching is off",
+                       mc.architecture)
+    elif asked is None:
+        logger.info("prefix caching is off for %s: its Mamba layers keep per-request state", mc.architecture)
+    if asked is None or asked is True:
+        kwargs["enable_prefix_caching"] = False
 
 
 def _check_device_exists(device: str) -> None:

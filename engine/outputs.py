@@ -113,7 +113,8 @@ class ModelRunnerOutput:
         logprobs: ``req_id -> Logprobs`` with one row per sampled token (requests asking).
         prompt_logprobs: ``req_id -> PromptLogprobs`` for the prompt tokens scored this step.
         spec_token_ids: ``req_id -> draft ids`` proposed for the next step.
-        pooled_outputs: ``req_id -> [hidden_size] float32`` embedding (pooling requests).
+        pooled_outputs: ``req_id -> [D] float32`` pooled output of a pooling request: an
+            embedding (``D = hidden_size``) or a head's logits (``D = num_labels``).
         errors: ``req_id -> message`` for requests that failed alone this step (e.g. a
             logits processor raised); the engine finishes them with reason ``error``.
     """
@@ -178,7 +179,8 @@ class RequestOutput:
 
 @dataclass
 class EmbeddingOutput:
-    """The result of one embed request: an L2-normalised vector, or the error."""
+    """The result of one embed request: an L2-normalised ``[hidden_size]`` float32 vector (as
+    Python floats), or the error."""
 
     request_id: str
     prompt: str | None
@@ -187,9 +189,71 @@ class EmbeddingOutput:
     error: str | None = None
 
 
+@dataclass
+class ClassificationOutput:
+    """The result of one classify request.
+
+    Attributes:
+        logits: ``[num_labels]`` float32 head outputs (HF ``logits``), or ``None`` on error.
+        probs: ``[num_labels]``: ``softmax(logits)``, or ``sigmoid(logits)`` for one label.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    logits: list[float] | None
+    probs: list[float] | None
+    error: str | None = None
+
+
+@dataclass
+class ScoringOutput:
+    """The result of scoring one ``(query, document)`` pair with a cross-encoder.
+
+    Attributes:
+        document: the document's text (``None`` for token ids).
+        prompt_token_ids: the pair, ``[CLS] query [SEP] document [SEP]``.
+        token_type_ids: 0 for the query segment, 1 for the document's.
+        score: the one label's logit under the model's cross-encoder activation (float32
+            computed, a Python float): sigmoid, or none when the config names Identity.
+    """
+
+    request_id: str
+    document: str | None
+    prompt_token_ids: list[int]
+    token_type_ids: list[int]
+    score: float | None
+    error: str | None = None
+
+
+@dataclass
+class RerankResult:
+    """One document of a rerank (vLLM's ``/rerank`` result shape): its index in the documents
+    given, the document, and its ``relevance_score`` (the ``score``; ``None`` with ``error``
+    for a document that could not be scored)."""
+
+    index: int
+    document: str | Sequence[int]
+    relevance_score: float | None
+    error: str | None = None
+
+
+@dataclass
+class RewardOutput:
+    """The result of one reward request: the head's ``[num_labels]`` float32 outputs at the
+    prompt's last token, without activation (a reward model's score is the raw logit)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    reward: list[float] | None
+    error: str | None = None
+
+
 __all__ = [
     "EMPTY_MODEL_RUNNER_OUTPUT",
     "AsyncModelRunnerOutput",
+    "ClassificationOutput",
     "CompletionOutput",
     "EmbeddingOutput",
     "Logprob",
@@ -197,4 +261,7 @@ __all__ = [
     "ModelRunnerOutput",
     "PromptLogprobs",
     "RequestOutput",
+    "RerankResult",
+    "RewardOutput",
+    "ScoringOutput",
 ]

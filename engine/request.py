@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -52,7 +53,8 @@ class Request:
         arrival_index: monotonic order of arrival; FCFS priority (lower first) and the key
             of "newest first" preemption.
         eos_token_ids: the model's EOS ids (stop unless ``ignore_eos``).
-        pooling: an embedding request (one step, no KV cache, no sampling).
+        pooling: a pooling request (one step, no KV blocks, no sampling).
+        pooling_params: its task and token types (``None``: not a pooling request).
     """
 
     req_id: str
@@ -61,6 +63,7 @@ class Request:
     arrival_index: int
     eos_token_ids: frozenset[int] = frozenset()
     pooling: bool = False
+    pooling_params: PoolingParams | None = None
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     # Draft tokens proposed by the runner (n-gram speculation), scheduled next step.

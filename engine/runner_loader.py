@@ -37,27 +37,40 @@ def create_runner(name: str, config: EngineConfig) -> ModelRunner:
 
 def determine_num_kv_blocks(config: EngineConfig, runner: ModelRunner) -> int:
     """KV blocks to allocate: ``config.num_kv_blocks`` if set, else as many as the memory
-    budget (``kv_cache_memory_gb`` or the runner's available memory) holds, capped at what
-    ``max_num_seqs`` requests of ``max_model_len`` tokens can use.
+    budget (``kv_cache_memory_gb`` or the runner's available memory) holds after the recurrent
+    state of ``max_num_seqs`` requests (models with Mamba layers), capped at what
+    ``max_num_seqs`` requests of ``max_model_len`` tokens can use. An attention-free model's
+    blocks take no memory: it gets that cap.
 
     Raises:
-        EngineConfigError: the budget does not hold one request of ``max_model_len`` tokens.
+        EngineConfigError: the budget does not hold the recurrent state, or one request of
+            ``max_model_len`` tokens.
     """
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     block_bytes = runner.kv_cache_block_bytes()
-    if block_bytes == 0:  # an encoder keeps no KV cache; the scheduler still needs a pool
+    state_bytes = runner.state_cache_bytes()
+    if block_bytes == 0 and state_bytes == 0:  # an encoder keeps no KV cache; the scheduler still needs a pool
         return 1
     max_useful = config.max_num_seqs * config.max_num_blocks_per_req
     budget = (
         int(config.kv_cache_memory_gb * GIB) if config.kv_cache_memory_gb is not None
         else runner.available_kv_cache_bytes()
     )
-    num_blocks = min(budget // block_bytes, max_useful)
+    if state_bytes > budget:
+        raise EngineConfigError(
+            f"the KV cache budget ({budget / GIB:.3f} GiB) does not hold the recurrent state of "
+            f"max_num_seqs={config.max_num_seqs} requests ({state_bytes / GIB:.3f} GiB): lower "
+            f"max_num_seqs or raise kv_cache_memory_gb"
+        )
+    if block_bytes == 0:  # attention-free (Mamba): blocks cost nothing, the state bounds the batch
+        return max_useful
+    num_blocks = min((budget - state_bytes) // block_bytes, max_useful)
     needed = cdiv(config.max_model_len, config.block_size)
     if num_blocks < needed:
         raise EngineConfigError(
-            f"the KV cache budget ({budget / GIB:.3f} GiB, {num_blocks} blocks of {block_bytes} bytes) "
+            f"the KV cache budget ({budget / GIB:.3f} GiB, {num_blocks} blocks of {block_bytes} bytes"
+            f"{f' after {state_bytes / GIB:.3f} GiB of recurrent state' if state_bytes else ''}) "
             f"does not hold one request of max_model_len={config.max_model_len} tokens ({needed} blocks): "
             f"lower max_model_len or raise kv_cache_memory_gb"
         )

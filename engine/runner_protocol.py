@@ -2,7 +2,8 @@
 
 A runner package exposes ``create_model_runner(config: EngineConfig) -> ModelRunner``; the
 ``LLM`` facade imports the package the oracle chose by name (``importlib``), never statically.
-The engine calls, in order: ``load_model()``, ``kv_cache_block_bytes()`` (to size the cache),
+The engine calls, in order: ``load_model()``, ``kv_cache_block_bytes()`` and
+``state_cache_bytes()`` (to size the cache),
 ``initialize_kv_cache(num_blocks)``, then ``execute_model()`` once per step.
 """
 
@@ -27,6 +28,10 @@ class ModelRunner(Protocol):
 
     def available_kv_cache_bytes(self) -> int:
         """Memory the runner can give the KV cache after loading the model."""
+
+    def state_cache_bytes(self) -> int:
+        """Bytes of the per-request recurrent state of ``max_num_seqs`` requests (Mamba layers;
+        0 for other models), allocated by ``initialize_kv_cache`` beside the blocks."""
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         """Allocate ``num_blocks`` blocks of ``block_size`` slots per layer."""

@@ -68,6 +68,7 @@ def deployment_config(
         cpu_offload_gb=engine_config.cpu_offload_gb,
         logits_processors=tuple(_qualified_name(fn) for fn in logits_processors),
         enable_prefix_caching=engine_config.enable_prefix_caching,
+        mamba_cache_mode=engine_config.mamba_cache_mode,
         enforce_eager=engine_config.enforce_eager,
         deployment_id=deployment_id,
         env=env,

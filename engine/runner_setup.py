@@ -1,7 +1,8 @@
 """What both runners do the same way, written once: load the model and check it against the
 engine's config, size and allocate the KV cache (``runner_loader`` calls these through the
-:class:`~engine.runner_protocol.ModelRunner` protocol), refuse generation options for an
-embedding model, and the pooling path (an encoder forward over the step's new requests).
+:class:`~engine.runner_protocol.ModelRunner` protocol), refuse generation options for a
+pooling model, and the pooling path (one forward over the step's new requests,
+``engine/runner_pooling.py``).
 
 :class:`RunnerBase` holds that part of a runner; ``runner_v1.V1ModelRunner`` and
 ``runner_v2.V2ModelRunner`` derive from it and add their step. Imported by the runner packages
@@ -11,9 +12,7 @@ only (it loads torch and the model layer).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from engine.config import EngineConfig
@@ -21,15 +20,21 @@ from engine.errors import EngineConfigError, UnsupportedOptionError
 from engine.model import (
     DecoderModel,
     EncoderModel,
+    LlamaForSequenceClassification,
     allocate_kv_caches,
     load_model,
 )
+from engine.model.state_cache import HybridCacheSpec, MambaState
+from engine.pooling_params import POOLING_TASKS, PoolingParams
+from engine.runner_pooling import PoolingKVScratch, pool_decoder, pool_encoder
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 
-#: vLLM pooling tasks the shared pooling path serves: mean-pooled, L2-normalised embeddings
-#: (``EncoderModel.embed``; sentence-transformers' all-MiniLM-L6-v2 recipe).
-POOLING_TASKS = ("embed",)
+# vLLM pooling tasks the shared pooling path serves (which model serves which: its
+# architecture, engine/model/pooling_config.py): ``embed`` (mean-pooled, L2-normalised
+# embeddings, sentence-transformers' all-MiniLM-L6-v2 recipe), ``classify`` and ``score``
+# (sequence-classification logits, of single texts or of pairs with token types) and ``reward``
+# (a decoder's head at the last token). POOLING_TASKS is re-exported for the manifests.
 
 logger = logging.getLogger("turnout.engine")
 
@@ -56,12 +61,22 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
 
 def kv_block_bytes(model: DecoderModel | EncoderModel | None, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one KV block of ``block_size`` slots takes over all layers, as the model's
-    ``kv_cache_spec`` lays it out (keys and values per kv head, or MLA's latent rows); 0 for an
-    encoder, which keeps no KV cache."""
+    ``kv_cache_spec`` lays it out (keys and values per kv head, or MLA's latent rows); 0 for a
+    pooling model: an encoder keeps no KV cache, a pooling decoder only a step-local one
+    (:class:`~engine.runner_pooling.PoolingKVScratch`), not the engine's block pool."""
     assert model is not None, "load_model() first"
-    if isinstance(model, EncoderModel):
+    if model.config.is_pooling:
         return 0
     return int(model.kv_cache_spec.bytes_per_block(block_size, dtype))
+
+
+def state_cache_bytes(model: DecoderModel | EncoderModel | None, num_slots: int, dtype: torch.dtype) -> int:
+    """Bytes the per-request recurrent state of ``num_slots`` requests takes over every Mamba
+    layer (``engine.model.state_cache``); 0 for models without such state."""
+    assert model is not None, "load_model() first"
+    if isinstance(model, EncoderModel) or not isinstance(model.kv_cache_spec, HybridCacheSpec):
+        return 0
+    return num_slots * model.kv_cache_spec.state_bytes_per_slot(dtype)
 
 
 def kv_cache_budget(device: torch.device, gpu_fraction: float, cpu_bytes: int) -> int:
@@ -71,24 +86,6 @@ def kv_cache_budget(device: torch.device, gpu_fraction: float, cpu_bytes: int) -
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * gpu_fraction)
     return cpu_bytes
-
-
-def embed_prompts(model: EncoderModel, prompts: Sequence[Sequence[int]], device: torch.device
-                  ) -> torch.Tensor:  # [num_prompts, hidden_size] float32, on ``device``
-    """Embeddings of ``prompts`` in one encoder forward: right-padded to the longest with an
-    attention mask, ids and mask in one host-to-device copy (from pinned memory, non-blocking,
-    on CUDA: no host sync)."""
-    width = max(len(p) for p in prompts)
-    host = np.zeros((2, len(prompts), width), np.int64)  # [ids, mask]
-    for i, prompt in enumerate(prompts):
-        host[0, i, : len(prompt)] = prompt
-        host[1, i, : len(prompt)] = 1
-    both = torch.from_numpy(host)
-    if device.type == "cuda":
-        both = both.pin_memory().to(device, non_blocking=True)
-    else:
-        both = both.to(device)
-    return model.embed(both[0], both[1]).float()
 
 
 class RunnerBase:
@@ -101,7 +98,9 @@ class RunnerBase:
     Attributes:
         model: the loaded model (``None`` before ``load_model``).
         kv_caches: per layer ``[2, num_blocks, block_size, num_kv_heads, head_dim]`` (empty for
-            an encoder).
+            a pooling model); a :class:`~engine.model.state_cache.MambaState` of ``max_num_seqs``
+            slots for each Mamba layer.
+        pooling_scratch: a pooling decoder's step-local paged cache (``None`` otherwise).
     """
 
     gpu_kv_fraction = 0.9
@@ -112,43 +111,73 @@ class RunnerBase:
         self.device = torch.device(config.device)
         self.dtype: torch.dtype = getattr(torch, config.dtype)
         self.model: DecoderModel | EncoderModel | None = None
-        self.kv_caches: list[torch.Tensor] = []
+        self.kv_caches: list[torch.Tensor | MambaState] = []
+        self.pooling_scratch: PoolingKVScratch | None = None
 
     def load_model(self) -> None:
         self.model = load_engine_model(self.config, self.dtype, self.device)
 
     @property
     def is_pooling(self) -> bool:
-        return isinstance(self.model, EncoderModel)
+        """The model pools (embeddings, classifiers, reward models): no sampling, one step per
+        request."""
+        return self.model is not None and self.model.config.is_pooling
 
     def kv_cache_block_bytes(self) -> int:
         return kv_block_bytes(self.model, self.config.block_size, self.dtype)
+
+    @property
+    def has_inner_state(self) -> bool:
+        """The model keeps per-request recurrent state (Mamba layers) beside its KV cache."""
+        return self.model is not None and self.model.config.has_inner_state
+
+    def state_cache_bytes(self) -> int:
+        """Bytes of the state cache of ``max_num_seqs`` requests (taken from the KV budget)."""
+        return state_cache_bytes(self.model, self.config.max_num_seqs, self.dtype)
 
     def available_kv_cache_bytes(self) -> int:
         return kv_cache_budget(self.device, gpu_fraction=self.gpu_kv_fraction, cpu_bytes=self.cpu_kv_bytes)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         assert self.model is not None, "load_model() first"
-        if not self.is_pooling:
+        c = self.config
+        if isinstance(self.model, LlamaForSequenceClassification):
+            self.pooling_scratch = PoolingKVScratch(
+                self.model, max_num_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
+                block_size=c.block_size, dtype=self.dtype, device=self.device)
+        elif not self.is_pooling:
             assert isinstance(self.model, DecoderModel)
-            self.kv_caches = allocate_kv_caches(self.model.kv_cache_spec, num_blocks,
-                                                self.config.block_size, self.dtype, self.device)
+            spec, block_size = self.model.kv_cache_spec, c.block_size
+            if isinstance(spec, HybridCacheSpec):  # one state slot per running request
+                self.kv_caches = spec.allocate(num_blocks, block_size, c.max_num_seqs,
+                                               self.dtype, self.device)
+                return
+            self.kv_caches = list(allocate_kv_caches(spec, num_blocks, block_size, self.dtype, self.device))
 
     def check_sampling_params(self, params: SamplingParams) -> None:
-        """Raises UnsupportedOptionError for any generation request to an embedding model."""
+        """Raises UnsupportedOptionError for any generation request to a pooling model."""
         if self.is_pooling:
-            raise UnsupportedOptionError(f"{self.config.model} is an embedding model: it does not generate")
+            tasks = ", ".join(self.config.pooling_tasks)
+            raise UnsupportedOptionError(f"{self.config.model} is a pooling model ({tasks}): it does not generate")
 
-    def embed_scheduled(self, so: SchedulerOutput) -> tuple[list[str], torch.Tensor]:
-        """The step's requests in batch order and their embeddings ``[num_reqs, hidden_size]
-        float32`` on the device. A pooling request runs whole in its first step, so every
-        scheduled request is a new one."""
+    def pool_scheduled(self, so: SchedulerOutput) -> tuple[list[str], torch.Tensor]:
+        """The step's requests in batch order and their pooled outputs ``[num_reqs, D] float32``
+        on the device: embeddings (``D = hidden_size``) or head logits (``D = num_labels``). A
+        pooling request runs whole in its first step, so every scheduled request is a new one."""
         model = self.model
-        assert isinstance(model, EncoderModel)
-        prompts = {new.req_id: new.prompt_token_ids for new in so.scheduled_new_reqs}
+        new = {r.req_id: r for r in so.scheduled_new_reqs}
         req_ids = list(so.num_scheduled_tokens)
-        return req_ids, embed_prompts(model, [prompts[r] for r in req_ids], self.device)
+        prompts = [new[r].prompt_token_ids for r in req_ids]
+        if isinstance(model, EncoderModel):
+            types = [_token_types(new[r].pooling_params) for r in req_ids]
+            return req_ids, pool_encoder(model, prompts, types, self.device)
+        assert isinstance(model, LlamaForSequenceClassification) and self.pooling_scratch is not None
+        return req_ids, pool_decoder(model, self.pooling_scratch, prompts, self.device)
 
 
-__all__ = ["POOLING_TASKS", "RunnerBase", "embed_prompts", "kv_block_bytes", "kv_cache_budget",
-           "load_engine_model"]
+def _token_types(params: PoolingParams | None) -> tuple[int, ...] | None:
+    return None if params is None else params.token_type_ids
+
+
+__all__ = ["POOLING_TASKS", "RunnerBase", "kv_block_bytes", "kv_cache_budget", "load_engine_model",
+           "state_cache_bytes"]

@@ -216,6 +216,7 @@ class Scheduler:
                 req_id=request.req_id, prompt_token_ids=list(request.prompt_token_ids),
                 sampling_params=request.sampling_params, block_ids=block_ids,
                 num_computed_tokens=request.num_computed_tokens, pooling=request.pooling,
+                pooling_params=request.pooling_params,
             ))
         request.status = RequestStatus.RUNNING
         bisect.insort(self.running, request, key=_by_arrival)

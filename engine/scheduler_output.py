@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 
@@ -25,7 +26,9 @@ class NewRequestData:
         sampling_params: seeded parameters; ``None`` for pooling requests.
         block_ids: its physical KV blocks in token order (empty for pooling).
         num_computed_tokens: tokens whose KV is already in those blocks (prefix-cache hits).
-        pooling: an embedding request (encoder forward, pooled output, no sampling).
+        pooling: a pooling request (one forward of the whole prompt, a pooled output, no
+            sampling).
+        pooling_params: its task and token types (pooling requests).
     """
 
     req_id: str
@@ -34,6 +37,7 @@ class NewRequestData:
     block_ids: list[int]
     num_computed_tokens: int
     pooling: bool = False
+    pooling_params: PoolingParams | None = None
 
 
 @dataclass

@@ -124,6 +124,39 @@ def check_out_like(out_name: str, out: torch.Tensor, like_name: str, like: torch
                          f"{tuple(like.shape)}, got {tuple(out.shape)}, strides {out.stride()}")
 
 
+def check_state_batch(query_start_loc: torch.Tensor, state_indices: torch.Tensor,
+                      has_initial_state: torch.Tensor) -> None:
+    """The index arrays of a varlen batch over per-request states (Mamba's conv and SSM
+    states): ``num_reqs = len(state_indices)``, ``query_start_loc`` int32 with one entry more,
+    ``state_indices`` int32 and ``has_initial_state`` bool with one entry per request.
+
+    Raises:
+        ValueError: a dtype, shape or stride differs, naming the array.
+    """
+    check_flat(state_indices=state_indices, query_start_loc=query_start_loc,
+               has_initial_state=has_initial_state)
+    check_dtypes(state_indices=(state_indices, torch.int32), query_start_loc=(query_start_loc, torch.int32),
+                 has_initial_state=(has_initial_state, torch.bool))
+    num_reqs = state_indices.shape[0]
+    if query_start_loc.shape[0] != num_reqs + 1:
+        raise ValueError(f"query_start_loc must have num_reqs + 1 = {num_reqs + 1} entries "
+                         f"(num_reqs from state_indices), got {query_start_loc.shape[0]}")
+    if has_initial_state.shape[0] != num_reqs:
+        raise ValueError(f"has_initial_state must have num_reqs = {num_reqs} entries "
+                         f"(one per state index), got {has_initial_state.shape[0]}")
+
+
+def check_one_per_row(name: str, t: torch.Tensor, rows_name: str, rows: torch.Tensor) -> None:
+    """``t`` has one entry per row of ``rows`` (a decode step: one token per request).
+
+    Raises:
+        ValueError: the lengths differ.
+    """
+    if t.shape[0] != rows.shape[0]:
+        raise ValueError(f"{name} must have one entry per row of {rows_name} ({rows.shape[0]}), "
+                         f"got {t.shape[0]}")
+
+
 def shared_stride(what: str, *columns: torch.Tensor) -> int:
     """The one stride of columns read through a single stride argument (a packed table).
 
@@ -143,7 +176,9 @@ __all__ = [
     "check_flat",
     "check_matrix",
     "check_num_reqs",
+    "check_one_per_row",
     "check_out_like",
+    "check_state_batch",
     "check_table",
     "check_vector",
     "dtype_name",

@@ -25,16 +25,16 @@ import logging
 import os
 import socket
 import threading
-import uuid
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 
-from oracle import CanarySnapshot, CohortState, Decision, DeploymentConfig, decide, load_pack
+from oracle import CanarySnapshot, Decision, DeploymentConfig, decide, load_pack
 from oracle.client_spool import SendResult, Spool
+from oracle.wire import SnapshotIn, decision_event
 
 log = logging.getLogger("turnout.client")
 
@@ -44,45 +44,20 @@ SnapshotSource = Literal["service", "disk", "defaults"]
 def event_from_decision(decision: Decision, config: DeploymentConfig, *, pack: str,
                         deployment_id: str, host: str = "", at: datetime | None = None,
                         event_id: str | None = None, demo: bool = False) -> dict[str, Any]:
-    """The ingest event (``POST /api/v1/decisions`` item) for one decision, as JSON data."""
-    return {
-        "event_id": event_id or uuid.uuid4().hex,
-        "at": (at or datetime.now(UTC)).isoformat(),
-        "deployment_id": deployment_id,
-        "host": host,
-        "pack": pack,
-        "family": decision.family or "unknown",
-        "runner": decision.runner,
-        "mode": decision.mode,
-        "stage": decision.stage,
-        "reason_code": decision.reason_code,
-        "rule_ids": [r.rule_id for r in decision.reasons],
-        "policy_digest": decision.policy_digest,
-        "config": config.to_spec(),
-        "demo": demo,
-    }
+    """The ingest event (``POST /api/v1/decisions`` item, ``oracle.wire.EventIn``) for one
+    decision, as JSON data."""
+    return decision_event(decision, config, pack=pack, deployment_id=deployment_id, host=host,
+                          at=at, event_id=event_id, demo=demo).model_dump(mode="json")
 
 
 def snapshot_from_json(body: Any) -> CanarySnapshot:
-    """The oracle's CanarySnapshot from a ``GET /api/v1/canaries`` body.
+    """The oracle's CanarySnapshot from a ``GET /api/v1/canaries`` body
+    (``oracle.wire.SnapshotIn``).
 
     Raises ValueError for anything else (types are checked, not coerced: ``"false"`` is not
     a boolean, ``"50"`` not a percentage).
     """
-    try:
-        cohorts = {}
-        for c in body["cohorts"]:
-            enabled, percentage = c["enabled"], c["percentage"]
-            if not isinstance(enabled, bool) or not isinstance(c["cohort"], str) \
-                    or isinstance(percentage, bool) or not isinstance(percentage, int):
-                raise ValueError(f"not a cohort state: {c!r}")
-            cohorts[c["cohort"]] = CohortState(enabled=enabled, percentage=percentage)
-        engaged = body["kill_switch"]["engaged"]
-    except (KeyError, TypeError) as err:
-        raise ValueError(f"not a canary snapshot ({type(err).__name__}: {err})") from None
-    if not isinstance(engaged, bool):
-        raise ValueError(f"kill_switch.engaged must be true or false, got {engaged!r}")
-    return CanarySnapshot(cohorts=cohorts, kill_switch=engaged)
+    return SnapshotIn.parse(body).to_snapshot()
 
 
 class OracleClient:
@@ -231,17 +206,16 @@ class OracleClient:
             return self.snapshot_source
         try:
             body = resp.json()
-            if not isinstance(body, dict):
-                raise ValueError(f"a JSON {type(body).__name__}, not an object")
-            if body.get("pack") != self.pack_name:
-                log.warning("the service runs pack %r, this engine %r: using the %s copy",
-                            body.get("pack"), self.pack_name, self.snapshot_source)
-                return self.snapshot_source
-            snapshot = snapshot_from_json(body)
+            parsed = SnapshotIn.parse(body)
         except ValueError as err:  # garbage from the service (or whatever answered)
             log.warning("canary snapshot fetch: not a snapshot (%s); using the %s copy", err,
                         self.snapshot_source)
             return self.snapshot_source
+        if parsed.pack != self.pack_name:
+            log.warning("the service runs pack %r, this engine %r: using the %s copy",
+                        parsed.pack, self.pack_name, self.snapshot_source)
+            return self.snapshot_source
+        snapshot = parsed.to_snapshot()
         self._snapshot = snapshot
         self._etag = resp.headers.get("ETag")
         self.snapshot_source = "service"
@@ -263,9 +237,11 @@ class OracleClient:
             return "retry"
         if resp.status_code == 200:
             return "ok"
-        if resp.status_code == 422:
-            # A batch the service will never take: set it aside on disk, say so, go on.
-            log.error("the service rejected %d events: %s", len(batch), resp.text[:500])
+        if resp.status_code in (413, 422):
+            # A batch the service will never take (an invalid event, or a batch over its
+            # body bound): split it down to single events, set aside the ones it refuses.
+            log.error("the service rejected %d events (HTTP %d): %s", len(batch),
+                      resp.status_code, resp.text[:500])
             return "reject"
         level = logging.WARNING if resp.status_code in (401, 403) else logging.INFO
         log.log(level, "decision report deferred (HTTP %d)", resp.status_code)

@@ -85,6 +85,10 @@ class ErrorCode(StrEnum):
     NAME_REQUIRED = "name_required", "service"
     REASON_REQUIRED = "reason_required", "service"
     REASON_TOO_LONG = "reason_too_long", "service"
+    TOKEN_EXPIRED = "token_expired", "service"
+    METHOD_NOT_ALLOWED = "method_not_allowed", "service"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type", "service"
+    INTERNAL_ERROR = "internal_error", "service"
 
 
 class OracleError(Exception):

@@ -74,15 +74,18 @@ class Evaluator:
                 dep = c.deployment_id
                 included = dep is not None and bucket(pd.stages[idx].id, dep) < pct * 100
         # The Decision depends on the architecture only through its family and the matched
-        # rules' values (an architecture a rule tests is among them).
-        shape = (m, pin, a.family, idx, id(view), included)
+        # rules' values (an architecture a rule tests is among them). A pin's reason and
+        # message show the variable's value as set ("2" pins V2 where vLLM reads it as an
+        # int): part of the shape, so a plan made for "1" never reads "=1" for "2".
+        raw = c.env.get(pd.env_var) if pin != "auto" else None
+        shape = (m, pin, a.family, idx, id(view), included, raw)
         key = (shape, values)
         hit = self.memo.get(key)
         if hit is not None and hit.policy_digest is digest:
             return hit
         plan = self.plans.get(shape)
         if plan is None or plan.policy_digest is not digest:
-            plan = self._plan(a, m, pin, idx, view, included, digest)
+            plan = self._plan(a, m, pin, idx, view, included, digest, raw)
             self.plans[shape] = plan
         d = instantiate(plan, self._facts_of(m, values) if m else {})
         if len(self.memo) > 200_000:
@@ -167,7 +170,7 @@ class Evaluator:
     # -- resolution (once per shape) ---------------------------------------------------------
 
     def _plan(self, a: ArchInfo, m: int, pin: str, idx: int, view: tuple[Any, ...],
-              included: bool | None, digest: str) -> Plan:
+              included: bool | None, digest: str, pin_value: str | None = None) -> Plan:
         x = _Ctx(a, pin, self.pd.stages[idx] if idx >= 0 else None, digest)
         forced = m & self.m_forces
         b1 = m & self.m_blocks_v1
@@ -188,11 +191,12 @@ class Evaluator:
                 x.reasons += bits(b1)
                 return self._done(x, None, "ERROR", self._error(x, "v1_blocked", b1),
                                   ErrorCode.PIN_CONFLICT)
-            x.reasons.append(self._pin_reason("v1"))
-            self._emit(x, self.msgs["pinned_v1"], values={"name": self.pd.env_var, "value": "0"})
+            value = self._pin_value("v1", pin_value)
+            x.reasons.append(self._pin_reason("v1", value))
+            self._emit(x, self.msgs["pinned_v1"], values={"name": self.pd.env_var, "value": value})
             return self._done(x, "v1", "STATIC")
         if pin == "v2":
-            x.reasons.append(self._pin_reason("v2"))
+            x.reasons.append(self._pin_reason("v2", self._pin_value("v2", pin_value)))
             return self._pinned_v2(x, m, "STATIC")
         return self._auto(x, m, b1, view, included)
 
@@ -215,8 +219,13 @@ class Evaluator:
                     x.stage.id if x.stage else None, canary, tuple(x.reasons),
                     tuple(x.messages), code, error, x.digest, error_code, self.pd.name)
 
-    def _pin_reason(self, runner: str) -> Reason:
-        value = "1" if runner == "v2" else "0"
+    @staticmethod
+    def _pin_value(runner: str, raw: str | None) -> str:
+        """The runner variable's value as the deployment set it (``"1"``/``"0"`` when the
+        caller gave none, as the matrix's pinned cells do)."""
+        return raw if raw is not None else ("1" if runner == "v2" else "0")
+
+    def _pin_reason(self, runner: str, value: str) -> Reason:
         return Reason(f"pin.{runner}", f"pinned to {runner.upper()} by {self.pd.env_var}={value}",
                       "hard", f"pins_{runner}", {self.pd.env_var: value}, "")
 

@@ -9,6 +9,7 @@ the batch; propose the next drafts from the CPU history.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +41,7 @@ class CachedRequestState:
     sampling_params: SamplingParams | None
     block_ids: list[int]
     num_computed_tokens: int
+    state_slot: int | None = None  # its Mamba state's slot (models with Mamba layers)
 
 
 class V1ModelRunner(RunnerBase):
@@ -55,6 +57,9 @@ class V1ModelRunner(RunnerBase):
         self.input_batch = InputBatch(config.max_num_seqs, config.max_model_len)
         self.block_table = BlockTable(config.max_num_seqs, config.max_num_blocks_per_req, config.block_size)
         self.offload_stats = OffloadStats()
+        # Mamba state slots, one per request from its admission to its finish or preemption:
+        # unlike batch rows they never move, and a request left out of a step keeps its slot.
+        self._free_state_slots = list(range(config.max_num_seqs - 1, -1, -1))
 
     # ---- set-up ------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -77,10 +82,14 @@ class V1ModelRunner(RunnerBase):
         # Ordering (DESIGN §5.5): drop finished and preempted state before binding anything.
         batch = self.input_batch
         for req_id in so.finished_req_ids:
-            self.requests.pop(req_id, None)
+            state = self.requests.pop(req_id, None)
+            if state is not None:
+                self._release_state_slot(state)
             batch.remove_request(req_id)
         for req_id in so.preempted_req_ids:
             batch.remove_request(req_id)
+            if req_id in self.requests:  # recomputed from position 0 on resume: its state goes
+                self._release_state_slot(self.requests[req_id])
         for req_id in [r for r in batch.req_id_to_row if r not in so.num_scheduled_tokens]:
             batch.remove_request(req_id)  # not scheduled this step: its state waits outside
         to_add = [self._add_new(new) for new in so.scheduled_new_reqs]
@@ -97,7 +106,17 @@ class V1ModelRunner(RunnerBase):
             new.sampling_params, list(new.block_ids), new.num_computed_tokens,
         )
         self.requests[new.req_id] = state
+        self._take_state_slot(state)
         return state
+
+    def _take_state_slot(self, state: CachedRequestState) -> None:
+        if self.has_inner_state and state.state_slot is None:
+            state.state_slot = self._free_state_slots.pop()
+
+    def _release_state_slot(self, state: CachedRequestState) -> None:
+        if state.state_slot is not None:
+            self._free_state_slots.append(state.state_slot)
+            state.state_slot = None
 
     def _update_cached(self, so: SchedulerOutput) -> list[CachedRequestState]:
         cached, batch = so.scheduled_cached_reqs, self.input_batch
@@ -109,6 +128,7 @@ class V1ModelRunner(RunnerBase):
             if cached.resumed_from_preemption[i]:
                 state.token_ids = list(cached.resumed_req_token_ids[i] or [])
                 state.block_ids = list(new_blocks)
+                self._take_state_slot(state)
             else:
                 state.block_ids.extend(new_blocks)
                 if len(state.token_ids) - state.num_prompt_tokens != cached.num_output_tokens[i]:
@@ -139,7 +159,12 @@ class V1ModelRunner(RunnerBase):
     def _execute_decoder(self, so: SchedulerOutput) -> ModelRunnerOutput:
         assert isinstance(self.model, DecoderModel)
         inputs = build_step_inputs(self.input_batch, self.block_table, so, self.device)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+        md = inputs.attn_metadata
+        if self.has_inner_state:
+            slots = np.array([self.requests[r].state_slot for r in inputs.req_ids], np.int32)
+            md = dataclasses.replace(md, state_indices=torch.from_numpy(slots).to(self.device),
+                                     all_states_continue=bool((inputs.num_computed_np > 0).all()))
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, md)
         out = ModelRunnerOutput(req_ids=list(inputs.req_ids), sampled_token_ids=[[] for _ in inputs.req_ids])
         self._prompt_logprobs(hidden, inputs, out)
         if inputs.sample_rows.size:
@@ -204,7 +229,7 @@ class V1ModelRunner(RunnerBase):
             )
 
     def _execute_pooling(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        req_ids, embeddings = self.embed_scheduled(so)
+        req_ids, embeddings = self.pool_scheduled(so)
         for req_id in req_ids:
             self.requests.pop(req_id)  # one step: the request is done
         return ModelRunnerOutput(

@@ -29,6 +29,9 @@ FORBIDDEN = {
     "oracle.cli": {"torch", "triton", "sqlalchemy", "fastapi", "engine", "runner_v1", "runner_v2"},
     "oracle.client": {"torch", "triton", "sqlalchemy", "fastapi", "starlette", "dashboard",
                       "engine"},
+    # the wire vocabulary the engine client and the service share: pydantic, no service
+    "oracle.wire": {"torch", "triton", "sqlalchemy", "fastapi", "starlette", "dashboard",
+                    "engine", "httpx"},
     "dashboard.cli": {"torch", "sqlalchemy", "fastapi", "alembic"},
     "dashboard": {"torch", "triton", "engine", "kernels", "runner_v1", "runner_v2"},
     "dashboard.app": {"torch", "triton", "numpy", "engine", "kernels", "runner_v1", "runner_v2"},

@@ -16,6 +16,7 @@ from dashboard.api.schemas import (
     TokenIn,
     TokenOut,
 )
+from dashboard.bodies import JsonRoute
 from dashboard.deps import (
     ERROR_RESPONSES,
     MAX_BODY,
@@ -38,14 +39,14 @@ from dashboard.store.tokens import Role
 from oracle.errors import ErrorCode
 
 router = APIRouter(responses=ERROR_RESPONSES,
-                   max_body_size=MAX_BODY,
+                   max_body_size=MAX_BODY, route_class=JsonRoute, strict_content_type=False,
                    dependencies=[Depends(known_query)])
 
 
 def _token_out(row: ApiToken) -> TokenOut:
     return TokenOut(id=row.id, name=row.name, role=row.role, prefix=row.prefix,
                     created_at=row.created_at, created_by=row.created_by,
-                    revoked=row.revoked_at is not None)
+                    revoked=row.revoked_at is not None, expires_at=row.expires_at)
 
 
 @router.get("/tokens", response_model=list[TokenOut], tags=["tokens"])
@@ -57,10 +58,12 @@ def get_tokens(session: ReadSessionDep, _who: AdminDep) -> list[TokenOut]:
 @router.post("/tokens", response_model=TokenCreated, status_code=201, tags=["tokens"])
 def post_token(body: TokenIn, session: WriteSessionDep, who: AdminDep) -> TokenCreated:
     """Create a token (admin); the answer is the only place the token appears. A name with
-    nothing but whitespace (as Python reads it: ``\x1f`` too) is a 422 ``name_required``."""
+    nothing but whitespace (as Python reads it: ``\x1f`` too) is a 422 ``name_required``;
+    ``expires_in`` (``30d``) that is not a duration a 422 ``invalid_change``."""
     try:
+        lifetime = tokens.parse_duration(body.expires_in) if body.expires_in else None
         row, token = tokens.create_token(session=session, name=body.name, role=Role(body.role),
-                                         actor=who.actor)
+                                         actor=who.actor, expires_in=lifetime)
     except StoreError as err:
         raise_store_error(err)
     session.commit()

@@ -20,6 +20,7 @@ from dashboard.api.schemas import (
     KillSwitchOut,
     KillSwitchSetOut,
 )
+from dashboard.bodies import JsonRoute
 from dashboard.deps import (
     ERROR_RESPONSES,
     MAX_BODY,
@@ -43,7 +44,7 @@ from dashboard.store.models import Canary
 from oracle.errors import ErrorCode
 
 router = APIRouter(tags=["rollout"], responses=ERROR_RESPONSES,
-                   max_body_size=MAX_BODY,
+                   max_body_size=MAX_BODY, route_class=JsonRoute, strict_content_type=False,
                    dependencies=[Depends(known_query)])
 
 

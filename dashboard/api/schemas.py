@@ -1,24 +1,27 @@
-"""Request and response bodies of the JSON API (they make the OpenAPI document)."""
+"""Request and response bodies of the JSON API (they make the OpenAPI document).
+
+The bodies engines and the CLI exchange with the service too (the canary snapshot, decision
+events, deployment inputs) are defined once in ``oracle.wire`` and re-exported here."""
 
 from __future__ import annotations
 
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import (
-    AwareDatetime,
-    BaseModel,
-    ConfigDict,
-    Field,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field
 
 from dashboard.store.audit import MAX_REASON_CHARS
 from dashboard.store.latest_counts import Kind
+from oracle.wire import (
+    CanariesOut,
+    CohortOut,
+    DeploymentIn,
+    EventIn,
+    IngestIn,
+    KillSwitchOut,
+)
 
-EARLIEST_EVENT = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
-ReasonCode = Literal["STATIC", "TARGETING_MATCH", "SPLIT", "DISABLED", "DEFAULT", "ERROR"]
-Name = Field(min_length=1, max_length=256)
+__all__ = ["CanariesOut", "CohortOut", "DeploymentIn", "EventIn", "IngestIn", "KillSwitchOut"]
 
 
 class ErrorBody(BaseModel):
@@ -45,56 +48,14 @@ class InvalidRequestResponse(BaseModel):
     detail: InvalidRequestBody
 
 
-class DeploymentIn(BaseModel):
-    """Exactly one of ``config`` (spec fields), ``command`` (a ``vllm serve`` line, optionally
-    with leading ``NAME=value`` environment assignments) or ``argv`` (+ ``env``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    config: dict[str, Any] | None = None
-    command: str | None = Field(default=None, max_length=20_000)
-    argv: list[str] | None = Field(default=None, max_length=2_000)
-    env: dict[str, str] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> DeploymentIn:
-        if sum(x is not None for x in (self.config, self.command, self.argv)) != 1:
-            raise ValueError("give exactly one of `config`, `command` or `argv`")
-        return self
-
-
-class CohortOut(BaseModel):
-    cohort: str
-    label: str
-    position: int = Field(description="the stage's place in the rollout order, from 0")
-    enabled: bool
-    percentage: int
-    version: int
-    updated_at: dt.datetime
-    updated_by: str
-
-
 class CanaryFlipOut(CohortOut):
     changed: bool = Field(description="false when the cohort already had the state asked for: "
                           "its version stays and no audit entry is written")
 
 
-class KillSwitchOut(BaseModel):
-    engaged: bool
-    version: int
-    updated_at: dt.datetime
-    updated_by: str
-
-
 class KillSwitchSetOut(KillSwitchOut):
     changed: bool = Field(description="false when the kill switch was already in the state "
                           "asked for: its version stays and no audit entry is written")
-
-
-class CanariesOut(BaseModel):
-    pack: str
-    kill_switch: KillSwitchOut
-    cohorts: list[CohortOut]
 
 
 class CanaryPatch(BaseModel):
@@ -122,46 +83,6 @@ class AuditOut(BaseModel):
     reason: str
     before: dict[str, Any] | None
     after: dict[str, Any] | None
-
-
-class EventIn(BaseModel):
-    """One decision as an engine reports it (``oracle.client`` builds these)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    event_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")
-    at: AwareDatetime
-    deployment_id: str = Name
-    host: str = Field(default="", max_length=256)
-    pack: str = Field(min_length=1, max_length=64)
-    family: str = Field(min_length=1, max_length=64)
-    runner: Literal["v1", "v2"] | None
-    mode: Literal["auto", "pinned"]
-    stage: str | None = Field(default=None, max_length=64)
-    reason_code: ReasonCode
-    rule_ids: list[str] = Field(default_factory=list, max_length=200)
-    policy_digest: str = Field(default="", max_length=128)
-    config: dict[str, Any] | None = None
-    demo: bool = False
-
-
-class IngestIn(BaseModel):
-    """A batch; every event's ``at`` must lie between 2020 and tomorrow (UTC)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    events: list[EventIn] = Field(min_length=1, max_length=5_000)
-
-    @model_validator(mode="after")
-    def _plausible_times(self) -> IngestIn:
-        # Once per batch, not per event: a Python validator per event cost as much as the
-        # rest of the validation together.
-        latest = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
-        for i, e in enumerate(self.events):
-            if not EARLIEST_EVENT <= e.at <= latest:
-                raise ValueError(f"events[{i}].at: {e.at.isoformat()} is not a plausible "
-                                 f"decision time ({EARLIEST_EVENT.date()} .. tomorrow)")
-        return self
 
 
 class IngestOut(BaseModel):
@@ -268,6 +189,10 @@ class TokenIn(BaseModel):
 
     name: str = Field(min_length=1, max_length=128, pattern=r"\S")
     role: Literal["viewer", "operator", "admin"]
+    expires_in: str | None = Field(
+        default=None, max_length=16, examples=["30d", "12h"],
+        description="lifetime (a number and s, m, h, d or w; at most 3660d); none: the token "
+        "never expires")
 
 
 class TokenOut(BaseModel):
@@ -278,6 +203,8 @@ class TokenOut(BaseModel):
     created_at: dt.datetime
     created_by: str
     revoked: bool
+    expires_at: dt.datetime | None = Field(description="when it stops being accepted "
+                                           "(null: never)")
 
 
 class TokenCreated(TokenOut):

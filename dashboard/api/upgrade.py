@@ -8,12 +8,13 @@ from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
 from dashboard.api.schemas import ErrorResponse, UpgradePreviewOut
+from dashboard.bodies import JsonRoute
 from dashboard.deps import ERROR_RESPONSES, ServicesDep, ViewerDep, http_error, known_query
 from dashboard.services import Services
 from dashboard.upgrade import preview_json, upgrade_preview
 from oracle import OracleError
 
-router = APIRouter(tags=["upgrade"], responses=ERROR_RESPONSES,
+router = APIRouter(tags=["upgrade"], responses=ERROR_RESPONSES, route_class=JsonRoute,
                    dependencies=[Depends(known_query)])
 
 @router.get("/upgrade-preview", response_model=UpgradePreviewOut,

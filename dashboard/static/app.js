@@ -8,9 +8,24 @@
     return el ? JSON.parse(el.textContent) : null;
   }
 
+  function isEmpty(config) {
+    const sets = config.data.datasets || [];
+    return !sets.some((set) => (set.data || []).some((v) => Number(v) > 0));
+  }
+
+  // A chart with nothing to draw says so instead of showing bare axes.
+  function noData(canvas) {
+    const note = document.createElement("p");
+    note.className = "no-data";
+    note.textContent = "No data yet: no decision has been recorded for this chart.";
+    canvas.replaceWith(note);
+  }
+
   function chart(id, config) {
     const canvas = document.getElementById(id);
-    if (canvas && window.Chart) {
+    if (canvas && isEmpty(config)) {
+      noData(canvas);
+    } else if (canvas && window.Chart) {
       config.options = Object.assign({ responsive: true, maintainAspectRatio: false, animation: false }, config.options || {});
       new window.Chart(canvas, config);
     }
@@ -33,6 +48,8 @@
   }
 
   document.addEventListener("DOMContentLoaded", function () {
+    // Heights computed by the server come as data-height: the CSP allows no style attribute.
+    document.querySelectorAll("[data-height]").forEach((el) => { el.style.height = el.dataset.height + "px"; });
     const o = data("overview-data"); if (o) overview(o);
   });
 })();

@@ -1,5 +1,6 @@
 // The fallback-reasons page: a pair of charts (by family, over time) for each kind of reason,
-// drawn from the JSON the page embeds, and the filters applied as soon as one changes.
+// drawn from the JSON the page embeds, and the filters applied as soon as one changes. (The
+// by-family box's height, one bar per family, comes as data-height: app.js sets it.)
 "use strict";
 (function () {
   const COLORS = ["#2458a6", "#a33a1b", "#1b7a3a", "#a6781f", "#6b3fa0", "#1f8a8a", "#8a1f5c", "#5c6670"];
@@ -17,11 +18,6 @@
   }
 
   function kindCharts(kind, c, bins) {
-    const box = document.getElementById(kind + "-family");
-    if (box && box.parentElement.dataset.rows) {
-      // One bar per family: the box grows with the families shown (no inline style: CSP).
-      box.parentElement.style.height = Math.max(300, 26 * Number(box.parentElement.dataset.rows) + 120) + "px";
-    }
     draw(kind + "-family", {
       type: "bar",
       data: { labels: c.families, datasets: c.reasons.map((r, i) => ({

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Date,
     DateTime,
     Dialect,
+    ForeignKey,
     Index,
     Integer,
     String,
@@ -196,6 +197,23 @@ class ApiToken(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     created_by: Mapped[str] = mapped_column(String(128))
     revoked_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+    # None: never expires (tokens made before migration 0003, or without --expires-in)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+
+class PageSession(Base):
+    """A signed-in page session: the cookie holds a random id, this table its SHA-256 (the
+    API token is never in the cookie). It ends at ``expires_at``, at sign-out (``ended_at``),
+    or when its token is revoked or expires."""
+
+    __tablename__ = "page_sessions"
+    __table_args__ = (Index("ix_page_sessions_token_id", "token_id"),)
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[int] = mapped_column(Integer, ForeignKey("api_tokens.id"))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[dt.datetime] = mapped_column()
+    ended_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
 
 
 class ParityEvidence(Base):

@@ -1,12 +1,15 @@
-"""API tokens: random, shown once, stored as SHA-256 with a role (viewer < operator < admin)."""
+"""API tokens: random, shown once, stored as SHA-256 with a role (viewer < operator < admin)
+and, optionally, an expiry (``--expires-in 30d``)."""
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import re
 import secrets
 from enum import StrEnum
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from dashboard.store import audit
@@ -39,26 +42,60 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def create_token(*, session: Session, name: str, role: Role, actor: str) -> tuple[ApiToken, str]:
-    """Make a token; returns the row and the token itself (the only time it exists in clear)."""
+_DURATION = re.compile(r"^\s*(\d{1,6})\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MAX_LIFETIME = dt.timedelta(days=3660)
+DURATION_HELP = "a number and a unit: s, m, h, d or w (30d, 12h, 90m), at most 3660d"
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``"30d"`` → 30 days. Raises InvalidChange (``invalid_change``) for anything else, zero
+    or more than ``MAX_LIFETIME``."""
+    found = _DURATION.match(text)
+    if found is None:
+        raise InvalidChange(f"{text!r} is not a duration: {DURATION_HELP}")
+    span = dt.timedelta(seconds=int(found.group(1)) * _UNIT_S[found.group(2)])
+    if not dt.timedelta(0) < span <= MAX_LIFETIME:
+        raise InvalidChange(f"{text!r}: a token lives more than 0 s and at most 3660 days")
+    return span
+
+
+def create_token(*, session: Session, name: str, role: Role, actor: str,
+                 expires_in: dt.timedelta | None = None) -> tuple[ApiToken, str]:
+    """Make a token (expiring ``expires_in`` from now; None: never); returns the row and the
+    token itself (the only time it exists in clear)."""
     if not name.strip():
         raise InvalidChange("a token needs a name (who or what uses it)",
                             code=ErrorCode.NAME_REQUIRED)
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    now = utcnow()
     row = ApiToken(name=name.strip(), role=role.value, token_hash=hash_token(token),
-                   prefix=token[: len(TOKEN_PREFIX) + 6], created_at=utcnow(), created_by=actor)
+                   prefix=token[: len(TOKEN_PREFIX) + 6], created_at=now, created_by=actor,
+                   expires_at=now + expires_in if expires_in is not None else None)
     session.add(row)
     session.flush()
+    expiry = f", expires {row.expires_at:%Y-%m-%d %H:%M} UTC" if row.expires_at else ""
     audit.record(session=session, actor=actor, action="token.create", target=f"token:{row.id}",
-                 reason=f"token {row.name!r} for role {role.value}", before=None,
-                 after={"id": row.id, "name": row.name, "role": row.role, "prefix": row.prefix})
+                 reason=f"token {row.name!r} for role {role.value}{expiry}", before=None,
+                 after={"id": row.id, "name": row.name, "role": row.role, "prefix": row.prefix,
+                        "expires_at": row.expires_at.isoformat() if row.expires_at else None})
     return row, token
 
 
+def find_token(*, session: Session, token: str) -> ApiToken | None:
+    """The row of ``token`` whatever its state (revoked, expired), or None."""
+    return session.scalars(
+        select(ApiToken).where(ApiToken.token_hash == hash_token(token))).first()
+
+
+def is_expired(row: ApiToken, now: dt.datetime | None = None) -> bool:
+    return row.expires_at is not None and (now or utcnow()) >= row.expires_at
+
+
 def verify_token(*, session: Session, token: str) -> ApiToken | None:
-    """The live token row for ``token``, or None (unknown or revoked)."""
-    row = session.scalars(select(ApiToken).where(ApiToken.token_hash == hash_token(token))).first()
-    if row is None or row.revoked_at is not None:
+    """The live token row for ``token``, or None (unknown, revoked or expired)."""
+    row = find_token(session=session, token=token)
+    if row is None or row.revoked_at is not None or is_expired(row):
         return None
     return row
 
@@ -82,4 +119,7 @@ def revoke_token(*, session: Session, token_id: int, actor: str, reason: str) ->
 
 
 def count_tokens(*, session: Session) -> int:
-    return len(list(session.scalars(select(ApiToken.id).where(ApiToken.revoked_at.is_(None)))))
+    """Live tokens: neither revoked nor expired."""
+    live = select(ApiToken.id).where(ApiToken.revoked_at.is_(None)).where(
+        or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > utcnow()))
+    return len(list(session.scalars(live)))

@@ -1,10 +1,12 @@
 """The model layer shared by both runners: decoders of the Llama family (with their
 mixture-of-experts relatives), OPT, DeepSeek-V2 (multi-head latent attention and
-DeepSeekMoE), a BERT encoder, attention over paged KV caches, and weight loading (HF
-safetensors directories, FP8 checkpoints, GGUF). See docs/model-layer.md for the interface."""
+DeepSeekMoE), a BERT encoder (embeddings, sequence classification), the Llama body with a
+sequence-classification head (reward models), attention over paged KV caches, and weight
+loading (HF safetensors directories, FP8 checkpoints, GGUF). See docs/model-layer.md for the
+interface."""
 
 from engine.model.attention_metadata import AttentionMetadata
-from engine.model.bert import EncoderModel
+from engine.model.bert import BertForSequenceClassification, EncoderModel
 from engine.model.config import ModelConfig, ModelConfigError, RopeScaling
 from engine.model.deepseek_v2 import DeepseekV2ForCausalLM
 from engine.model.kv_cache import (
@@ -19,16 +21,19 @@ from engine.model.llama import DecoderModel
 from engine.model.loader import load_model
 from engine.model.moe import MoEConfig, SparseMoeBlock, select_experts
 from engine.model.random_weights import write_random_weights
+from engine.model.sequence_classification import LlamaForSequenceClassification
 from engine.model.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from engine.model.weights import WeightLoadError
 
 __all__ = [
     "AttentionMetadata",
+    "BertForSequenceClassification",
     "DecoderModel",
     "DeepseekV2ForCausalLM",
     "EncoderModel",
     "FullAttentionSpec",
     "KVCacheSpec",
+    "LlamaForSequenceClassification",
     "MLAAttentionSpec",
     "MoEConfig",
     "ModelConfig",

@@ -33,6 +33,13 @@ class AttentionMetadata:
         block_size: tokens per KV block.
         causal: ``True`` for decoders; ``False`` for the BERT encoder (no KV cache then:
             ``block_table`` and ``slot_mapping`` may be empty).
+        state_indices: ``[num_reqs] int32`` slot of each request's recurrent state in the
+            Mamba layers' caches (``engine.model.state_cache``); ``None`` for models without
+            one. runner_v2 passes its row index (rows never move), runner_v1 a slot it keeps
+            per request.
+        all_states_continue: host bool, with ``state_indices``: no request of the step starts
+            at position 0 (each continues from its stored state), so a step of one token per
+            request may use the Mamba layers' one-token decode kernels.
     """
 
     query_start_loc: torch.Tensor
@@ -44,6 +51,8 @@ class AttentionMetadata:
     num_actual_tokens: int
     block_size: int
     causal: bool = True
+    state_indices: torch.Tensor | None = None
+    all_states_continue: bool = False
 
     @property
     def num_reqs(self) -> int:

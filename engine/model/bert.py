@@ -1,6 +1,8 @@
 """The BERT encoder (``BertModel``, Devlin et al. 2019) for pooling: sentence embeddings by mean
 pooling over the attention mask and L2 normalisation (sentence-transformers' ``Pooling`` +
-``Normalize``, Reimers & Gurevych 2019). Parameter names are HF's.
+``Normalize``, Reimers & Gurevych 2019); and ``BertForSequenceClassification`` (the pooler,
+``tanh(dense(h[CLS]))``, then a linear classifier), which cross-encoders are (Nogueira & Cho
+2019, "Passage Re-ranking with BERT"). Parameter names are HF's.
 
 The encoder attends bidirectionally within each sequence and keeps no KV cache, so it uses
 dense masked attention over ``[B, L]`` batches rather than the paged path.
@@ -23,11 +25,14 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [B, L] -> [B, L, H]
+    def forward(self, input_ids: torch.Tensor,  # [B, L] int64
+                token_type_ids: torch.Tensor | None = None,  # [B, L] int64; None: all 0
+                ) -> torch.Tensor:  # [B, L, H]
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-        # token_type_ids are all 0 for single-sentence embedding (HF's default).
-        h = (self.word_embeddings(input_ids) + self.token_type_embeddings.weight[0]
-             + self.position_embeddings(positions)[None])
+        # No token types: all 0, as HF defaults for a single sentence.
+        types = (self.token_type_embeddings.weight[0] if token_type_ids is None
+                 else self.token_type_embeddings(token_type_ids))
+        h = self.word_embeddings(input_ids) + types + self.position_embeddings(positions)[None]
         return self.LayerNorm(h)
 
 
@@ -108,20 +113,22 @@ class EncoderModel(nn.Module):
         self,
         input_ids: torch.Tensor,  # [B, L] int64
         attention_mask: torch.Tensor,  # [B, L], 1 = token, 0 = padding
+        token_type_ids: torch.Tensor | None = None,  # [B, L] int64 segment ids; None: all 0
     ) -> torch.Tensor:  # [B, L, hidden_size], model dtype
         """Last hidden states (HF ``last_hidden_state``).
 
         Raises:
             ValueError: shapes disagree or a sequence exceeds ``max_position_embeddings``.
         """
-        if input_ids.shape != attention_mask.shape or input_ids.dim() != 2:
-            raise ValueError(f"input_ids {tuple(input_ids.shape)} and attention_mask "
-                             f"{tuple(attention_mask.shape)} must be equal [B, L]")
+        shapes = [t.shape for t in (input_ids, attention_mask, token_type_ids) if t is not None]
+        if len(set(shapes)) != 1 or input_ids.dim() != 2:
+            raise ValueError(f"input_ids, attention_mask and token_type_ids must be equal [B, L], "
+                             f"got {[tuple(x) for x in shapes]}")
         if input_ids.shape[1] > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {input_ids.shape[1]} exceeds "
                              f"max_position_embeddings {self.config.max_position_embeddings}")
         keep = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, L]: keys a query may see
-        h = self.embeddings(input_ids)
+        h = self.embeddings(input_ids, token_type_ids)
         for layer in self.encoder.layer:
             h = layer(h, keep)
         return h
@@ -136,3 +143,52 @@ class EncoderModel(nn.Module):
         mask = attention_mask.to(h.dtype).unsqueeze(-1)
         pooled = (h * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         return F.normalize(pooled, p=2, dim=-1)
+
+    def pool(
+        self,
+        input_ids: torch.Tensor,  # [B, L] int64
+        attention_mask: torch.Tensor,  # [B, L]
+        token_type_ids: torch.Tensor | None = None,  # [B, L] int64
+    ) -> torch.Tensor:  # [B, hidden_size] float32
+        """The model's pooled output, here the embedding.
+
+        Raises:
+            ValueError: ``token_type_ids`` given (an embedding model takes single texts).
+        """
+        if token_type_ids is not None:
+            raise ValueError(f"{self.config.architecture} embeds single texts: no token_type_ids")
+        return self.embed(input_ids, attention_mask)
+
+
+class BertPooler(nn.Module):
+    """HF's ``BertPooler``: ``tanh(dense(h[:, 0]))``, the [CLS] token's hidden state."""
+
+    def __init__(self, c: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(c.hidden_size, c.hidden_size)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # [B, L, H] -> [B, H]
+        return torch.tanh(self.dense(h[:, 0]))
+
+
+class BertForSequenceClassification(EncoderModel):
+    """``BertForSequenceClassification``: ``classifier(pooler(h))`` logits (dropout is an
+    identity at inference). HF names: ``bert.*`` (the encoder and ``bert.pooler``, the prefix
+    stripped on load) and ``classifier.*``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        if config.classifier is None:
+            raise ValueError(f"{config.architecture} has no classifier config")
+        self.pooler = BertPooler(config)
+        self.classifier = nn.Linear(config.hidden_size, config.classifier.num_labels)
+
+    def pool(
+        self,
+        input_ids: torch.Tensor,  # [B, L] int64
+        attention_mask: torch.Tensor,  # [B, L]
+        token_type_ids: torch.Tensor | None = None,  # [B, L] int64: 0 first segment, 1 second
+    ) -> torch.Tensor:  # [B, num_labels] float32 logits
+        """Classification logits (HF ``logits``) of each sequence or pair."""
+        h = self.forward(input_ids, attention_mask, token_type_ids)
+        return self.classifier(self.pooler(h)).float()

@@ -27,7 +27,21 @@ if TYPE_CHECKING:  # family- and format-specific parts live in their own modules
     from engine.model.opt import OPTConfig
 
 from engine.model.granite_config import GRANITE_ARCHITECTURES, GraniteMultipliers
+from engine.model.mamba_config import (
+    DEFAULT_MAX_MODEL_LEN,
+    MAMBA_ARCHITECTURES,
+    MambaConfig,
+    mamba_model_config,
+)
 from engine.model.moe_config import MOE_FAMILIES, MoEConfig
+from engine.model.pooling_config import (
+    EMBEDDING_ARCHITECTURES,
+    POOLING_DECODER_ARCHITECTURES,
+    SEQUENCE_CLASSIFICATION_ARCHITECTURES,
+    ClassifierConfig,
+    bert_model_config,
+    pooling_tasks_of,
+)
 
 DECODER_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -39,9 +53,13 @@ DECODER_ARCHITECTURES = (
     "Qwen3MoeForCausalLM",
     "GraniteMoeForCausalLM",
     "DeepseekV2ForCausalLM",
+    "MambaForCausalLM",
+    *POOLING_DECODER_ARCHITECTURES,
 )
-ENCODER_ARCHITECTURES = ("BertModel",)
+ENCODER_ARCHITECTURES = (*EMBEDDING_ARCHITECTURES, "BertForSequenceClassification")
 SUPPORTED_ARCHITECTURES = DECODER_ARCHITECTURES + ENCODER_ARCHITECTURES
+#: Architectures served with ``runner_kind="pooling"`` (encoders and sequence classifiers).
+POOLING_ARCHITECTURES = ENCODER_ARCHITECTURES + POOLING_DECODER_ARCHITECTURES
 
 _MODEL_TYPES = {
     "LlamaForCausalLM": "llama",
@@ -53,7 +71,10 @@ _MODEL_TYPES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "GraniteMoeForCausalLM": "granitemoe",
     "DeepseekV2ForCausalLM": "deepseek_v2",
+    "MambaForCausalLM": "mamba",
     "BertModel": "bert",
+    "BertForSequenceClassification": "bert",
+    "LlamaForSequenceClassification": "llama",
 }
 # q/k/v biases always, no o_proj bias (transformers' Qwen2 and Qwen2-MoE attention)
 _QWEN2_ATTENTION = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
@@ -126,12 +147,32 @@ class ModelConfig:
     granite: GraniteMultipliers | None = None  # GraniteMoe's multipliers
     # DeepSeek-V2's latent attention (engine/model/deepseek_v2_config.py); None for the others
     mla: MLAConfig | None = None
+    # the Mamba mixer of Mamba and Jamba (engine/model/mamba_config.py); None for the others
+    mamba: MambaConfig | None = None
+    # a sequence-classification head (engine/model/pooling_config.py); None for the others
+    classifier: ClassifierConfig | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=(), compare=False, hash=False)
 
     @property
     def is_encoder(self) -> bool:
-        """True for the BERT encoder (pooling), False for the decoders."""
+        """True for the BERT encoders (pooling), False for the decoders."""
         return self.architecture in ENCODER_ARCHITECTURES
+
+    @property
+    def has_inner_state(self) -> bool:
+        """True for models with per-request recurrent state (Mamba layers): they keep a state
+        cache beside the paged KV cache and cannot reuse cached prefixes."""
+        return self.mamba is not None
+
+    @property
+    def is_pooling(self) -> bool:
+        """True for the architectures served with ``runner_kind="pooling"``."""
+        return self.architecture in POOLING_ARCHITECTURES
+
+    @property
+    def pooling_tasks(self) -> tuple[str, ...]:
+        """vLLM pooling task names this model serves (empty for a generating model)."""
+        return pooling_tasks_of(self.architecture, self.classifier, self.type_vocab_size)
 
     @property
     def has_qk_norm(self) -> bool:
@@ -162,6 +203,8 @@ class ModelConfig:
             from engine.model.opt import opt_model_config
 
             config = opt_model_config(arch, d)
+        elif arch in MAMBA_ARCHITECTURES:
+            config = _mamba_config(arch, d)
         elif arch == "DeepseekV2ForCausalLM":  # its attention fields are read in their own module
             from engine.model.deepseek_v2_config import read_mla_config
 
@@ -169,6 +212,8 @@ class ModelConfig:
             config = replace(_decoder_config(arch, flat), mla=mla)
         else:
             config = _decoder_config(arch, d)
+        if arch in SEQUENCE_CLASSIFICATION_ARCHITECTURES:
+            config = replace(config, classifier=ClassifierConfig.from_hf_dict(d))
         if d.get("quantization_config") is None:
             return config
         from engine.model.fp8_config import parse_quantization_config
@@ -184,13 +229,14 @@ class ModelConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """An HF ``config.json`` mapping (legacy RoPE spelling, which every version reads)."""
         d = {k: v for k, v in asdict(self).items()
-             if k not in ("architecture", "extra", "opt", "quantization", "moe", "granite", "mla")}
+             if k not in ("architecture", "extra", "opt", "quantization", "moe", "granite", "mla",
+                          "mamba", "classifier")}
         d = {**dict(self.extra), **d}
         if self.opt is not None:
             d |= self.opt.to_hf_fields(self)
         if self.quantization is not None and hasattr(self.quantization, "to_hf_dict"):
             d["quantization_config"] = self.quantization.to_hf_dict()  # GGUF has no HF form
-        for nested in (self.moe, self.granite):
+        for nested in (self.moe, self.granite, self.classifier):
             if nested is not None:
                 d |= nested.to_hf_dict()
         d["architectures"] = [self.architecture]
@@ -298,6 +344,15 @@ def _decoder_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
     )
 
 
+def _mamba_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
+    # HF's MambaConfig has no attention heads and no maximum length (vLLM's default applies).
+    filled = {"num_attention_heads": 1, "max_position_embeddings": DEFAULT_MAX_MODEL_LEN, **d}
+    if arch == "MambaForCausalLM":
+        filled.setdefault("intermediate_size", 2 * _req(d, "hidden_size"))
+    common = _common(arch, filled)
+    return ModelConfig(**common, **mamba_model_config(arch, d, common))
+
+
 def _check_moe_fields(arch: str, d: Mapping[str, Any]) -> None:
     # transformers 5 made Qwen2-MoE's q/k/v bias a config key (`qkv_bias`, default true);
     # every released checkpoint has the biases.
@@ -318,7 +373,7 @@ def _sliding_window(arch: str, d: Mapping[str, Any]) -> int | None:
                 "set it to false"
             )
         return None
-    if arch in ("LlamaForCausalLM", "GraniteMoeForCausalLM"):
+    if arch in ("LlamaForCausalLM", "GraniteMoeForCausalLM", *POOLING_DECODER_ARCHITECTURES):
         return None
     return int(window) if window else None
 
@@ -356,17 +411,4 @@ def _rope(d: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
 
 def _bert_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
     common = _common(arch, d)
-    if common["hidden_act"] != "gelu":
-        raise ModelConfigError(f"hidden_act {common['hidden_act']!r}: BertModel supports 'gelu'")
-    if d.get("position_embedding_type", "absolute") != "absolute":
-        raise ModelConfigError("position_embedding_type must be 'absolute' for BertModel")
-    num_heads = common["num_attention_heads"]
-    if common["hidden_size"] % num_heads:
-        raise ModelConfigError("hidden_size must be a multiple of num_attention_heads")
-    return ModelConfig(
-        **common,
-        num_key_value_heads=num_heads,
-        head_dim=common["hidden_size"] // num_heads,
-        layer_norm_eps=float(d.get("layer_norm_eps", 1e-12)),
-        type_vocab_size=int(d.get("type_vocab_size", 2)),
-    )
+    return ModelConfig(**common, **bert_model_config(arch, d, common))

@@ -112,7 +112,7 @@ def parse_quantization_config(config: ModelConfig, qc: Any) -> Fp8Config:
     """The :class:`Fp8Config` of ``config.json``'s ``quantization_config``.
 
     Raises:
-        ModelConfigError: not a mapping, a method other than FP8, an encoder, or a scheme the
+        ModelConfigError: not a mapping, a method other than FP8, a pooling model, or a scheme the
             layer cannot honour (named in the message).
     """
     if not isinstance(qc, Mapping):
@@ -122,8 +122,9 @@ def parse_quantization_config(config: ModelConfig, qc: Any) -> Fp8Config:
         raise ModelConfigError(
             f"quantization_config.quant_method {qc.get('quant_method')!r} is not supported; "
             f"supported: FP8 checkpoints ({', '.join(FP8_METHODS)})")
-    if config.is_encoder:
-        raise ModelConfigError(f"{config.architecture}: FP8 weights are supported for decoders only")
+    if config.is_pooling:
+        raise ModelConfigError(f"{config.architecture}: FP8 weights are supported for generating "
+                               "decoders only")
     if config.moe is not None:  # the fused MoE kernel takes bf16/fp16/fp32 experts
         raise ModelConfigError(f"{config.architecture}: FP8 weights are not supported for mixture-of-"
                                "experts models; use an unquantised checkpoint")

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from engine.model.attention import ATTENTION_BACKENDS
-from engine.model.bert import EncoderModel
+from engine.model.bert import BertForSequenceClassification, EncoderModel
 from engine.model.config import ModelConfig, ModelConfigError
 from engine.model.fp8 import load_fp8_linears
 from engine.model.fp8_config import Fp8Config
@@ -177,7 +177,7 @@ def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtyp
 
 def _new_model(config: ModelConfig, attn_backend: str) -> DecoderModel | EncoderModel:
     if config.is_encoder:
-        return EncoderModel(config)
+        return EncoderModel(config) if config.classifier is None else BertForSequenceClassification(config)
     return decoder_class(config)(config, attn_backend)
 
 

@@ -7,13 +7,17 @@ from __future__ import annotations
 from engine.model.config import ModelConfig
 from engine.model.deepseek_v2 import DeepseekV2ForCausalLM
 from engine.model.llama import DecoderModel
+from engine.model.mamba import MambaForCausalLM
 from engine.model.opt import OPTDecoderModel
+from engine.model.sequence_classification import LlamaForSequenceClassification
 
 #: architecture -> its class; the Llama family (Llama, Mistral, Qwen2, Qwen3 and their MoE
 #: relatives) is DecoderModel.
 DECODER_CLASSES: dict[str, type[DecoderModel]] = {
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "OPTForCausalLM": OPTDecoderModel,
+    "LlamaForSequenceClassification": LlamaForSequenceClassification,
+    "MambaForCausalLM": MambaForCausalLM,
 }
 
 

@@ -59,6 +59,12 @@ class Tokenizer:
         it with ``add_special_tokens=False``."""
         return list(self._backend.encode(text, add_special_tokens=add_special_tokens).ids)
 
+    def encode_pair(self, first: str, second: str) -> tuple[list[int], list[int]]:
+        """Token ids and token type ids of a text pair, as HF's ``tokenizer(first, second)``
+        (BERT: ``[CLS] first [SEP] second [SEP]``, types 0 up to the first ``[SEP]``, then 1)."""
+        encoding = self._backend.encode(first, second, add_special_tokens=True)
+        return list(encoding.ids), list(encoding.type_ids)
+
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """Text of ``ids`` (special tokens dropped unless ``skip_special_tokens=False``)."""
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))

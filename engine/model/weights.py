@@ -64,7 +64,9 @@ def decoder_weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def bert_weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """HF tensor names and shapes of a ``BertModel`` checkpoint (pooler excluded)."""
+    """HF tensor names and shapes of a ``BertModel`` checkpoint (pooler excluded), or of a
+    ``BertForSequenceClassification`` one (the encoder under ``bert.``, its pooler, and
+    ``classifier``)."""
     h, i = c.hidden_size, c.intermediate_size
     shapes: dict[str, tuple[int, ...]] = {
         "embeddings.word_embeddings.weight": (c.vocab_size, h),
@@ -82,7 +84,12 @@ def bert_weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         for norm in ("attention.output.LayerNorm", "output.LayerNorm"):
             shapes[f"{p}{norm}.weight"] = (h,)
             shapes[f"{p}{norm}.bias"] = (h,)
-    return shapes
+    if c.classifier is None:
+        return shapes
+    n = c.classifier.num_labels
+    return {f"bert.{k}": v for k, v in shapes.items()} | {
+        "bert.pooler.dense.weight": (h, h), "bert.pooler.dense.bias": (h,),
+        "classifier.weight": (n, h), "classifier.bias": (n,)}
 
 
 def hf_weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

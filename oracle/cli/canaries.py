@@ -5,21 +5,26 @@ Shapes of a ``--canaries`` file:
 
 * the service's ``GET /api/v1/canaries`` body, as ``curl`` saves it: ``{"pack",
   "kill_switch": {"engaged", ...}, "cohorts": [{"cohort", "enabled", "percentage",
-  "version", "updated_at", "updated_by", ...}]}`` (read by ``oracle.client``'s parser);
-* the oracle's own ``CanarySnapshot.to_json()``: ``{"kill_switch": bool, "cohorts": {id:
+  "version", "updated_at", "updated_by", ...}]}`` (``oracle.wire.SnapshotIn``, as engines
+  read it);
+* the oracle's own ``CanarySnapshot.to_json()`` (``oracle.wire.OracleSnapshotIn``): ``{"kill_switch": bool, "cohorts": {id:
   {"enabled": bool, "percentage": int}}}``.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from oracle.decision import CanarySnapshot
 from oracle.errors import ConfigError, ErrorCode
 from oracle.pack import Pack
+from oracle.wire import OracleSnapshotIn, SnapshotIn, error_text
 from oracle.yamlpos import read_text
 
 SHAPES = ('the body of GET /api/v1/canaries ({"pack", "kill_switch": {"engaged"}, "cohorts": '
@@ -68,37 +73,34 @@ def _not_a_snapshot(path: Path, why: str) -> ConfigError:
 
 
 def _from_service(path: Path, body: dict[str, Any], pack: Pack) -> Canaries:
-    from oracle.client import snapshot_from_json  # httpx only when a file needs it
-
     if "pack" in body and body["pack"] != pack.name:
         raise ConfigError(f"{path}: the snapshot is of pack {body['pack']!r}, the decision uses "
                           f"pack {pack.name!r}; pass --pack {body['pack']} or the snapshot of "
                           f"a service running {pack.name!r}", code=ErrorCode.BAD_SPEC)
     try:
-        snapshot = snapshot_from_json(body)
-    except ValueError as exc:
-        raise _not_a_snapshot(path, str(exc)) from None
-    rows = [c for c in body["cohorts"] if isinstance(c, dict)]
-    latest = max(rows, key=lambda c: str(c.get("updated_at", "")), default=None)
+        parsed = SnapshotIn.model_validate(body)
+    except ValidationError as exc:
+        raise _not_a_snapshot(path, error_text(exc)) from None
+    snapshot = parsed.to_snapshot()
+    latest = parsed.last_change()
     change = ""
-    if latest is not None and "updated_at" in latest:
-        change = (f", last change {latest['cohort']} v{latest.get('version', '?')} at "
-                  f"{latest['updated_at']} by {latest.get('updated_by', '?')}")
+    if latest is not None:
+        change = (f", last change {latest.cohort} v{latest.version or '?'} at "
+                  f"{_when(latest.updated_at)} by {latest.updated_by or '?'}")
     return Canaries(snapshot, f"{path} (service snapshot of pack {pack.name}"
                               f"{change}; {_summary(snapshot, pack)})")
 
 
+def _when(at: dt.datetime | None) -> str:
+    """A cohort's ``updated_at`` as the service writes it (``2026-11-30T10:02:03.123456Z``)."""
+    return "?" if at is None else at.isoformat().replace("+00:00", "Z")
+
+
 def _from_oracle(path: Path, data: dict[str, Any], pack: Pack) -> Canaries:
-    if not isinstance(data.get("cohorts", {}), dict):
-        raise _not_a_snapshot(path, f"cohorts is a JSON {type(data['cohorts']).__name__}")
-    for key, value in data.get("cohorts", {}).items():
-        if not isinstance(value, dict) or "enabled" not in value:
-            raise _not_a_snapshot(path, f"cohort {key!r}: expected {{\"enabled\", "
-                                        f"\"percentage\"}}, got {value!r}")
     try:
-        snapshot = CanarySnapshot.from_json(data)
-    except (ValueError, TypeError) as exc:
-        raise _not_a_snapshot(path, str(exc)) from None
+        snapshot = OracleSnapshotIn.model_validate(data).to_snapshot()
+    except ValidationError as exc:
+        raise _not_a_snapshot(path, error_text(exc)) from None
     return Canaries(snapshot, f"{path} ({_summary(snapshot, pack)})")
 
 

@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from oracle.config import DeploymentConfig
 from oracle.errors import ConfigError, ErrorCode, Issue
 from oracle.sources import command_to_fields, from_hf_config, load_specs
+from oracle.wire import CommandsFileLine
 from oracle.yamlpos import read_lines
 
 _ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -222,18 +225,30 @@ def _is_id(value: Any) -> bool:
 
 
 def _command_row(row: Any) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) of a commands-file line; ValueError saying what is wrong with it."""
-    if not isinstance(row, dict) or not isinstance(row.get("argv"), list):
+    """(argv, env) of a commands-file line (``oracle.wire.CommandsFileLine`` with ``argv``);
+    ValueError saying what is wrong with it."""
+    if not isinstance(row, dict):
         raise ValueError("expected an object with an argv list")
-    if "id" in row and not _is_id(row["id"]):
-        raise ValueError(f"id: expected a string, got {row['id']!r}")
-    argv, env = row["argv"], row.get("env") or {}
-    odd = [a for a in argv if not isinstance(a, str)]
-    if odd:
-        raise ValueError(f"argv: expected strings, got {odd[0]!r}")
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise ValueError(f"env: expected an object of NAME: string value, got {env!r}")
-    return argv, env
+    try:
+        line = CommandsFileLine.model_validate(row)
+    except ValidationError as exc:
+        raise ValueError(_first_error(exc)) from None
+    if line.argv is None:
+        raise ValueError("expected an argv list (a `command` or `config` line belongs to "
+                         "POST /api/v1/decide; here give argv, or the command as a shell line)")
+    return line.argv, line.env
+
+
+def _first_error(exc: ValidationError) -> str:
+    """``FIELD: what is wrong (at FIELD[3])`` of the first error (the field first, as people
+    scan for it)."""
+    err = exc.errors(include_url=False)[0]
+    loc = [p for p in err["loc"] if p not in ("str", "int")]  # the union's member tags
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if not loc:
+        return msg
+    deeper = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[1:])
+    return f"{loc[0]}: {msg}" + (f" (at {loc[0]}{deeper})" if deeper else "")
 
 
 def _model_of(argv: list[Any]) -> str | None:

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from oracle.cli.canaries import load_canaries
+from oracle.cli.compare_cmd import EXIT_CHANGED, EXIT_SAME
 from oracle.cli.console import folding_table, make_console
 from oracle.cli.decide_cmd import (
     ArchOpt,
@@ -123,7 +124,8 @@ def matrix(
         "--cells", help="with --diff: every changed cell, its reasons and steps")] = False,
 ) -> None:
     """Every cell of the pack's closed domains, tabulated per family (or, with --diff, the
-    cells whose runner changes from one pack to another, with the reasons of both)."""
+    cells whose runner changes from one pack to another, with the reasons of both; exit 1 when
+    any cell changes, 0 when none does, as ``diff`` and ``decide --compare``)."""
     console = make_console()
     try:
         first, second = _packs_asked(pack, diff, other)
@@ -134,11 +136,11 @@ def matrix(
         raise fail(console, exc) from None
     snapshot = used.snapshot
     if compared is not None:
-        print_diff(console, diff_packs(the_pack, compared, snapshot), as_json=as_json,
-                   cells=cells)
+        diff_of = diff_packs(the_pack, compared, snapshot)
+        print_diff(console, diff_of, as_json=as_json, cells=cells)
         if not as_json:
             print_canaries(console, used)
-        return
+        raise typer.Exit(EXIT_CHANGED if diff_of.changes else EXIT_SAME)
     stats: dict[str, Counter[str]] = defaultdict(Counter)
     reasons: dict[str, Counter[str]] = defaultdict(Counter)
     total = 0

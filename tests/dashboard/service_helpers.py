@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -99,6 +100,20 @@ def start_service(db_url: str, log: Path, *, demo: bool = False,
     raise RuntimeError(f"service did not answer within 60 s:\n{log.read_text()}")
 
 
+def sign_in(client: TestClient, token: str) -> str:
+    """Sign ``client`` in to the pages with ``token`` through the sign-in form (its nonce
+    included); returns the CSRF field value of the session it got."""
+    from dashboard.auth import COOKIE_NAME, csrf_token
+
+    form = client.get("/login")
+    found = re.search(r'name="nonce" value="([^"]+)"', form.text)
+    assert found is not None, form.text
+    r = client.post("/login", data={"token": token, "nonce": found.group(1)},
+                    follow_redirects=False)
+    assert r.status_code == 303, r.text
+    return csrf_token(client.cookies[COOKIE_NAME])
+
+
 @dataclass
 class Api:
     """The API in-process (the ``api`` fixture): a TestClient, its services, a token per role."""
@@ -109,6 +124,11 @@ class Api:
 
     def h(self, role: str | None) -> dict[str, str]:
         return {} if role is None else {"Authorization": f"Bearer {self.tokens[role]}"}
+
+    def sign_in(self, role: str) -> str:
+        """Sign the client in to the pages as ``role``; returns the session's CSRF field."""
+        self.client.cookies.clear()
+        return sign_in(self.client, self.tokens[role])
 
 
 def api_events(n: int, **over: object) -> list[dict[str, object]]:

@@ -125,16 +125,12 @@ def test_kill_switch_set_to_its_current_state_changes_nothing(api: Api) -> None:
 
 
 def test_page_flip_to_the_current_state_says_nothing_changed(api: Api) -> None:
-    from dashboard.auth import COOKIE_NAME, csrf_token
-
     cohort = _first_cohort(api)
-    token = api.tokens["operator"]
-    api.client.cookies.set(COOKIE_NAME, token)
+    csrf = api.sign_in("operator")
     try:
         r = api.client.post(f"/canaries/{cohort['cohort']}", follow_redirects=False,
                             data={"enabled": "true", "version": cohort["version"],
-                                  "percentage": "100", "reason": "again",
-                                  "csrf": csrf_token(token)})
+                                  "percentage": "100", "reason": "again", "csrf": csrf})
         assert r.status_code == 303
         page = api.client.get(r.headers["location"]).text
     finally:
@@ -145,14 +141,10 @@ def test_page_flip_to_the_current_state_says_nothing_changed(api: Api) -> None:
 
 
 def test_page_kill_switch_to_its_current_state_says_nothing_changed(api: Api) -> None:
-    from dashboard.auth import COOKIE_NAME, csrf_token
-
-    token = api.tokens["admin"]
-    api.client.cookies.set(COOKIE_NAME, token)
+    csrf = api.sign_in("admin")
     try:
         r = api.client.post("/kill-switch", follow_redirects=False,
-                            data={"engaged": "false", "reason": "already off",
-                                  "csrf": csrf_token(token)})
+                            data={"engaged": "false", "reason": "already off", "csrf": csrf})
         assert r.status_code == 303
         page = api.client.get(r.headers["location"]).text
     finally:
@@ -252,13 +244,13 @@ def test_decide_from_a_command_line_and_bad_input(api: Api) -> None:
 def test_decide_refuses_an_architecture_no_runner_serves(api: Api) -> None:
     # The turnout pack's manifests: no runner of this build loads Mamba. A decision, not bad
     # input: 200 with runner null and the stable error code.
-    r = api.client.post("/api/v1/decide", json={"config": {"architecture": "MambaForCausalLM"}},
+    r = api.client.post("/api/v1/decide", json={"config": {"architecture": "Mamba2ForCausalLM"}},
                         headers=api.h("viewer"))
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["runner"] is None and body["error_code"] == "architecture_not_served"
-    assert body["error"].startswith("no runner of this build serves architecture 'MambaForCausalLM'")
-    want = decide(from_spec({"architecture": "MambaForCausalLM"}), pack=load_pack("turnout"),
+    assert body["error"].startswith("no runner of this build serves architecture 'Mamba2ForCausalLM'")
+    want = decide(from_spec({"architecture": "Mamba2ForCausalLM"}), pack=load_pack("turnout"),
                   canaries=defaults())
     assert body == want.to_json()
 
@@ -413,7 +405,7 @@ def test_parity_evidence_is_recorded_listed_and_shown_with_its_stage(api: Api) -
         assert r.status_code == 201 and r.json()["recorded_by"].startswith("operator")
     listed = api.client.get(f"/api/v1/evidence?family={family}", headers=api.h("viewer")).json()
     assert [e["result"] for e in listed] == ["pass", "fail"]  # newest first
-    api.client.cookies.set("turnout_token", api.tokens["viewer"])
+    api.sign_in("viewer")
     try:
         page = api.client.get("/canaries").text
     finally:

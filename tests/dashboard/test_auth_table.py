@@ -1,6 +1,6 @@
 """Every mutating endpoint x {no token, bad token, viewer, operator, admin}: the exact status.
 
-The API takes bearer tokens only for changes; the pages' form handlers take the sign-in cookie
+The API takes bearer tokens only for changes; the pages' form handlers take the session cookie
 and a CSRF field. A forbidden call must change nothing (checked through the audit log).
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from service_helpers import role_tokens
+from service_helpers import role_tokens, sign_in
 
 from dashboard.app import create_app
-from dashboard.auth import COOKIE_NAME, csrf_token
+from dashboard.auth import COOKIE_NAME
 from dashboard.services import Services
 from dashboard.settings import Settings
 from oracle.errors import ErrorCode
@@ -132,7 +132,7 @@ def test_api_mutations(ctx: Ctx, endpoint: str, who: str) -> None:
 
 def test_api_mutations_ignore_the_page_cookie(ctx: Ctx) -> None:
     cohort, version = _cohort(ctx)
-    ctx.client.cookies.set(COOKIE_NAME, ctx.tokens["admin"])
+    sign_in(ctx.client, ctx.tokens["admin"])
     try:
         r = ctx.client.patch(f"/api/v1/canaries/{cohort}", headers={"If-Match": str(version)},
                              json={"enabled": True, "reason": "cookie only"})
@@ -143,9 +143,10 @@ def test_api_mutations_ignore_the_page_cookie(ctx: Ctx) -> None:
 
 def _page_post(c: Ctx, who: str, path: str, data: dict[str, Any]) -> Any:
     c.client.cookies.clear()
-    if who != "none":
-        c.client.cookies.set(COOKIE_NAME, c.tokens[who])
-        data = {**data, "csrf": csrf_token(c.tokens[who])}
+    if who == "bad":  # a session id the store never gave out
+        c.client.cookies.set(COOKIE_NAME, "ses_" + "x" * 43)
+    elif who != "none":
+        data = {**data, "csrf": sign_in(c.client, c.tokens[who])}
     try:
         return c.client.post(path, data=data, follow_redirects=False)
     finally:
@@ -182,7 +183,7 @@ def test_page_forms(ctx: Ctx, form: str, who: str) -> None:
 
 def test_page_form_without_csrf_is_refused(ctx: Ctx) -> None:
     cohort, version = _cohort(ctx)
-    ctx.client.cookies.set(COOKIE_NAME, ctx.tokens["admin"])
+    sign_in(ctx.client, ctx.tokens["admin"])
     try:
         r = ctx.client.post(f"/canaries/{cohort}", follow_redirects=False,
                             data={"enabled": "true", "version": version, "reason": "x"})

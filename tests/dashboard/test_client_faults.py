@@ -215,3 +215,19 @@ def test_a_spool_that_cannot_be_written_does_not_stop_deciding(fake: FakeService
     with pytest.raises(OSError):
         client.report(decision, LLAMA, deployment_id="d1")
     client.close()
+
+
+def test_a_batch_the_service_finds_too_large_is_split_not_retried_forever(
+        fake: FakeService, tmp_path: Path) -> None:
+    # A 413 was retried as an outage: a batch over the service's body bound blocked the spool
+    # for good. It is split like a 422, down to the single events the service refuses.
+    cache = tmp_path / "c"
+    client = OracleClient(fake.url, "tok", cache_dir=cache, batch_size=4)
+    ids = [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}")
+           for i in range(4)]
+    fake.ingest_status = 413
+    assert client.flush() == 0
+    assert client.spool.pending() == 0  # nothing left to retry
+    (aside,) = (cache / "spool").glob("rejected-*.jsonl")
+    assert [json.loads(x)["event_id"] for x in aside.read_text().splitlines()] == ids
+    client.close()

@@ -167,6 +167,27 @@ def test_kill_switch_and_demo_remove(run) -> None:  # type: ignore[no-untyped-de
         assert audit.list_entries(session=s)[0].action == "demo.remove"
 
 
+def test_demo_seed_records_the_fleet_again_after_a_remove(run) -> None:  # type: ignore[no-untyped-def]
+    from dashboard.app import prepare
+
+    services = Services.build(Settings(database_url=run.url, demo=True))
+    prepare(services)
+    with services.db.read_session() as s:
+        num_demo = events.count_events(session=s, demo=True)
+    code, out = run("demo", "remove")
+    assert code == 0 and "demo seed" in out  # says how to get it back
+    code, out = run("demo", "seed")
+    assert code == 0 and out.strip() == f"recorded {num_demo} demo events", out
+    code, out = run("demo", "seed")  # twice: each event once
+    assert code == 0 and out.strip() == f"recorded 0 demo events ({num_demo} were already there)"
+    prepare(services)  # a start after a seed records nothing more
+    with services.db.read_session() as s:
+        assert events.count_events(session=s, demo=True) == num_demo
+        entries = audit.list_entries(session=s)
+    assert [e.action for e in entries[:3]] == ["demo.seed", "demo.seed", "demo.remove"]
+    assert entries[1].after == {"events": num_demo, "already_there": 0}
+
+
 def test_a_later_start_says_how_to_sign_in(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     from dashboard.invocation import turnout_here
@@ -276,7 +297,7 @@ def test_bad_input_exits_2_and_repeats_are_said(run) -> None:  # type: ignore[no
     assert out.strip().endswith("); nothing changed")
     code, out = run("token", "list")
     lines = out.splitlines()
-    assert lines[0].split() == ["id", "prefix", "role", "state", "name"]
+    assert lines[0].split() == ["id", "prefix", "role", "state", "expires", "name"]
     assert [line.split()[3] for line in lines[1:]] == ["revoked", "live"]
 
 
@@ -287,3 +308,24 @@ def test_cli_reason_has_the_api_bounds(run) -> None:  # type: ignore[no-untyped-
     assert code == 2 and "the reason is 2,001 characters; at most 2,000 are kept" in out
     code, out = run("kill-switch", "engage", "--reason", "y" * 2_000)
     assert code == 0 and out.strip() == "kill switch ENGAGED"
+
+
+def test_token_create_expires_in(run) -> None:  # type: ignore[no-untyped-def]
+    import datetime as dt
+
+    code, out = run("token", "create", "--role", "viewer", "--name", "temp",
+                    "--expires-in", "30d")
+    assert code == 0, out
+    token = out.splitlines()[0].strip()
+    assert ", expires 20" in out and " UTC; shown once)" in out
+    with _services(run.url).db.read_session() as s:
+        row = tokens.verify_token(session=s, token=token)
+        assert row is not None and row.expires_at is not None
+        left = row.expires_at - dt.datetime.now(dt.UTC)
+        assert dt.timedelta(days=29, hours=23) < left <= dt.timedelta(days=30)
+    code, out = run("token", "list")
+    (line,) = [x for x in out.splitlines() if x.endswith("temp")]
+    assert line.split()[3:5] == ["live", f"{row.expires_at:%Y-%m-%dT%H:%MZ}"]
+    for bad in ("30", "1y", "0h", "3661d"):
+        code, out = run("token", "create", "--role", "viewer", "--expires-in", bad)
+        assert code == 2 and out.startswith(f"error: --expires-in '{bad}'"), out

@@ -168,7 +168,7 @@ def test_the_filters_apply_on_change_and_match_the_api(browser: object, fleet: t
     page.select_option("select[name=stage]", "llama-mistral-dense")
     page.wait_for_url("**stage=llama-mistral-dense**")
     assert _summary(page) == WANT["window=1h&stage=llama-mistral-dense"]
-    assert page.locator("#kind-blocked p.empty").count() == 2  # nothing blocked in this view
+    assert page.locator("#kind-blocked p.no-data").count() == 2  # nothing blocked in this view
     assert page.locator("#kind-waiting canvas").count() == 2
     page.goto(svc.url + "/fallbacks?window=24h")
     api = _api(svc, tokens["viewer"], "window=24h")
@@ -191,8 +191,9 @@ def test_an_empty_selection_says_no_data_yet(browser: object, fleet: tuple) -> N
     page.goto(svc.url + "/fallbacks?family=granite_moe")
     assert _summary(page) == (0, 0, 0, 0)
     assert page.locator("canvas").count() == 0
-    assert page.locator("section.kind p.empty").all_inner_texts() == ["no data yet"] * 4
-    assert page.inner_text("#ranked tbody").startswith("no data yet")
+    notes = page.locator("section.kind p.no-data").all_inner_texts()
+    assert len(notes) == 4 and all(n.startswith("No data yet") for n in notes)
+    assert page.inner_text("#ranked tbody").startswith("No data yet")
     assert problems == []
     response = page.goto(svc.url + "/fallbacks?family=Llama")
     assert response is not None and response.status == 422

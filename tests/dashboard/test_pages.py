@@ -15,14 +15,14 @@ from service_helpers import LiveService, make_tokens, start_service
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Each run saves the page here (git-ignored, so a test run leaves no tracked file changed);
-# docs/images/fallback-reasons.png, which docs/service.md shows, is a copy of one such run.
+# the images docs/service.md shows come from scripts/screenshots.py.
 SCREENSHOT = (Path(__file__).resolve().parents[2] / "docs" / "images"
               / "fallback-reasons.latest.png")
-# docs/images/upgrade-preview.png is a copy of one run of this one.
 UPGRADE_SCREENSHOT = SCREENSHOT.with_name("upgrade-preview.latest.png")
 PAGES = {"/": "Overview", "/fallbacks": "Fallback reasons", "/canaries": "Canaries",
          "/decisions": "Decisions", "/matrix": "Matrix", "/explain": "Explain",
-         "/upgrade": "Upgrade vLLM", "/audit": "Audit log"}
+         "/upgrade": "Upgrade vLLM", "/audit": "Audit log",
+         "/deployments/demo%2Frecipe-0008": "Deployment"}
 
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
                                 reason="chromium is not installed (scripts/ensure-chromium.sh)")
@@ -98,9 +98,9 @@ def test_operator_flips_a_canary_with_a_reason_and_sees_the_audit_entry(
     rows = page.locator("tbody tr[id^=cohort-]")
     # A stage that is off, so that enabling it at a share is what the page does.
     row = next((rows.nth(i) for i in range(rows.count())
-                if rows.nth(i).locator("td").nth(2).inner_text() == "off"), rows.first)
+                if rows.nth(i).locator("td.state").inner_text() == "off"), rows.first)
     cohort = row.get_attribute("id").removeprefix("cohort-")
-    was_on = row.locator("td").nth(2).inner_text() != "off"
+    was_on = row.locator("td.state").inner_text() != "off"
     row.locator("button.toggle").click()
     confirm = page.locator(f"#confirm-{cohort} form.confirm")
     confirm.wait_for()
@@ -112,7 +112,7 @@ def test_operator_flips_a_canary_with_a_reason_and_sees_the_audit_entry(
     confirm.locator("button[type=submit]").click()
     page.wait_for_selector("#message")
     assert reason in page.inner_text("#message")
-    state = page.locator(f"#cohort-{cohort} td").nth(2).inner_text()
+    state = page.locator(f"#cohort-{cohort} td.state").inner_text()
     assert state == ("off" if was_on else "on 25%")
     page.goto(svc.url + "/audit")
     first = page.locator("#audit tbody tr").first.inner_text()

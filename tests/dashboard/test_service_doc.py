@@ -1,11 +1,13 @@
 """docs/service.md says what the service does: its API table names real routes, its curl
-example works on a database where flips already happened."""
+example works on a database where flips already happened; README.md's curl example sets the
+token it sends."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 from service_helpers import Api, LiveService, make_tokens, start_service
@@ -57,3 +59,36 @@ def test_the_patch_example_reads_the_version_first(tmp_path: Path,
                          text=True, check=True).stdout
     answer = json.loads(out)
     assert answer["enabled"] is True and answer["version"] == 4, out
+
+
+def test_the_readme_curl_example_creates_the_token_it_sends(tmp_path: Path,
+                                                          live: list[LiveService]) -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "curl" in b)
+    lines = [line for line in block.splitlines() if "turnout decide" not in line]
+    assert lines[0].startswith("TOKEN=$(.venv/bin/turnout token create"), lines
+    url = f"sqlite:///{tmp_path / 'readme.db'}"
+    svc = start_service(url, tmp_path / "svc.log")
+    live.append(svc)
+    turnout = f"{sys.executable} -c 'from oracle.cli import main; main()'"
+    script = "\n".join(lines).replace(".venv/bin/turnout", turnout).replace(
+        "http://127.0.0.1:8000", svc.url)
+    subprocess.run(["bash", "-euc", script], cwd=tmp_path, check=True, capture_output=True,
+                   env={"TURNOUT_DATABASE_URL": url, "PATH": "/usr/bin:/bin",
+                        "PYTHONPATH": str(ROOT)})
+    snapshot = json.loads((tmp_path / "canaries.json").read_text())
+    assert snapshot["pack"] == "turnout" and snapshot["cohorts"]
+
+
+def test_every_image_of_the_doc_is_one_the_screenshot_script_makes() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("screenshots", ROOT / "scripts" / "screenshots.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    shown = re.findall(r"!\[[^\]]*\]\(images/([a-z-]+)\.png\)", DOC)
+    made = [*script.SHOTS, "canaries-kill-switch"]
+    assert sorted(shown) == sorted(made)
+    for name in shown:
+        assert (ROOT / "docs" / "images" / f"{name}.png").is_file(), name

@@ -50,12 +50,14 @@ def test_the_check_command_names_the_fix(tmp_path: Path) -> None:
 
 def test_each_manifest_is_derived_from_its_runners_code() -> None:
     layer = {"generate": tuple(a for a in model_config.SUPPORTED_ARCHITECTURES
-                               if a not in model_config.ENCODER_ARCHITECTURES),
-             "pooling": tuple(model_config.ENCODER_ARCHITECTURES)}
+                               if a not in model_config.POOLING_ARCHITECTURES),
+             "pooling": tuple(model_config.POOLING_ARCHITECTURES)}
+    assert set(layer["pooling"]) == {"BertModel", "BertForSequenceClassification", "LlamaForSequenceClassification"}
     v1, v2 = runner_v1.MANIFEST, runner_v2.MANIFEST
     for m in (v1, v2):
         assert {k: set(v) for k, v in m.architectures} == {k: set(v) for k, v in layer.items()}
-        assert m.platforms == tuple(sorted(DEVICE_TYPES)) and m.pooling_tasks == ("embed",)
+        assert m.platforms == tuple(sorted(DEVICE_TYPES))
+        assert m.pooling_tasks == ("classify", "embed", "reward", "score")
     assert v1.speculative_methods == SPECULATIVE_METHODS == ("ngram",)
     assert v1.refused == () and v1.honoured == tuple(sorted(FEATURES))
     assert not v1.requires_triton and not v1.async_scheduling and not v1.cuda_graphs

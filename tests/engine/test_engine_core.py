@@ -63,7 +63,7 @@ def test_duplicate_id_and_capacity_and_unchunkable_prompt() -> None:
     # 2 + 8 tokens, the last one sampled but never computed: 9 tokens of KV.
     with pytest.raises(InvalidRequestError, match=r"may need 3 KV blocks \(9 tokens\), the cache has 2"):
         core.add_request("big", [1, 2], SamplingParams(max_tokens=8))
-    core2, _ = make_engine(max_num_batched_tokens=8, max_model_len=64, runner_kind="pooling")
+    core2, _ = make_engine(max_num_batched_tokens=8, max_model_len=64, runner_kind="pooling", pooling_tasks=("embed",))
     with pytest.raises(InvalidRequestError, match=r"more than max_num_batched_tokens=8.*pooling"):
         core2.add_request("p", list(range(1, 10)), pooling=True)
 
@@ -135,7 +135,7 @@ def test_unseeded_requests_get_reproducible_seeds() -> None:
 
 
 def test_pooling_requests_run_in_one_step() -> None:
-    core, _ = make_engine(max_num_batched_tokens=32, runner_kind="pooling")
+    core, _ = make_engine(max_num_batched_tokens=32, runner_kind="pooling", pooling_tasks=("embed",))
     core.add_request("e1", [3, 5, 7], pooling=True)
     core.add_request("e2", list(range(1, 21)), pooling=True)
     core.add_request("e3", list(range(1, 21)), pooling=True)  # 20 + 20 > 32: next step
@@ -186,6 +186,10 @@ BAD_CONFIG = [
     ({"eos_token_ids": (2, 10)}, r"eos_token_ids must be token ids in \[0, vocab_size=10\), got \(2, 10\)"),
     ({"eos_token_ids": ("2",)}, r"eos_token_ids must be token ids"),
     ({"load_format": "safetensors"}, r"load_format must be 'auto' or 'dummy', got 'safetensors'"),
+    ({"runner_kind": "pooling"}, r"runner_kind 'pooling' with pooling_tasks \(\): a pooling model serves at least one"),
+    ({"pooling_tasks": ("embed",)}, r"runner_kind 'generate' with pooling_tasks \('embed',\)"),
+    ({"runner_kind": "pooling", "pooling_tasks": ("rank",)}, r"pooling_tasks must be a tuple of embed, classify, score, reward"),
+    ({"runner_kind": "pooling", "pooling_tasks": ["embed"]}, r"pooling_tasks must be a tuple"),
 ]
 
 

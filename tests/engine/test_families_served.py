@@ -5,7 +5,8 @@ For each architecture, on this machine (``platform=cpu``), under each runner pin
 V2): either every decision is the oracle's ``architecture_not_served`` refusal, or none is, and
 then a tiny random-weight model of that architecture (tests/engine/model/tiny_model_configs.py)
 is loaded by every runner decided and runs one step there through ``LLM``: one greedy token for
-a decoder, one embedding for an encoder. An architecture a runner's manifest serves without a
+a decoder, one output of its first pooling task for a pooling model (an embedding, or
+classification logits). An architecture a runner's manifest serves without a
 tiny config here fails, naming the file to add one to.
 """
 
@@ -40,8 +41,9 @@ def _decisions(arch: str) -> dict[str, object]:
 
 def test_some_architectures_are_served_and_most_are_refused() -> None:
     served = [a for a in ARCHITECTURES if _decisions(a)["auto"].error_code != "architecture_not_served"]
-    assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "BertModel"} <= set(served)
-    assert {"MambaForCausalLM", "JambaForCausalLM", "BertForSequenceClassification"}.isdisjoint(served)
+    assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "BertModel", "MambaForCausalLM",
+            "BertForSequenceClassification", "LlamaForSequenceClassification"} <= set(served)
+    assert {"Mamba2ForCausalLM", "FalconMambaForCausalLM", "XLMRobertaForSequenceClassification"}.isdisjoint(served)
     assert len(served) < len(ARCHITECTURES) // 10
 
 
@@ -65,11 +67,16 @@ def test_every_family_architecture_is_served_or_refused(arch: str, tmp_path: Pat
         assert llm.decision.runner == runner
         assert type(llm.core.runner).__module__.startswith(f"runner_{runner}.")
         prompt = [5, 9, 14, 3, 7]
-        if llm.config.runner_kind == "pooling":
+        if llm.config.runner_kind == "pooling" and llm.config.pooling_tasks[0] == "embed":
             (out,) = llm.embed([prompt])
             assert out.error is None and out.embedding is not None
             assert len(out.embedding) == cfg["hidden_size"]
             assert abs(sum(x * x for x in out.embedding) - 1.0) < 1e-4
+        elif llm.config.runner_kind == "pooling":
+            assert llm.config.pooling_tasks[0] == "classify"
+            (c,) = llm.classify([prompt])
+            assert c.error is None and c.logits is not None and len(c.logits) == len(cfg["id2label"])
+            assert abs(sum(c.probs) - 1.0) < 1e-6 or len(c.logits) == 1
         else:
             (out,) = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
             assert out.outputs[0].finish_reason == "length"

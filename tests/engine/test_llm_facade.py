@@ -118,7 +118,8 @@ def test_a_conversation_the_chat_template_rejects_fails_alone(tmp_path: Path, sm
 
 def test_generate_and_embed_are_checked_against_the_model(llama_dir: Path) -> None:
     llm = LLM(llama_dir, device="cpu", max_model_len=64, environ={})
-    with pytest.raises(EngineConfigError, match="is not an embedding model: use generate"):
+    with pytest.raises(EngineConfigError, match=r"is not a pooling model \(LlamaForCausalLM generates text\): "
+                                                r"it does not serve the 'embed' task; use generate\(\)"):
         llm.embed(["hello"])
 
 

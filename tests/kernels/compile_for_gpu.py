@@ -25,7 +25,7 @@ from triton.runtime.jit import JITFunction
 sys.path.insert(0, os.path.dirname(__file__))
 
 _TYPES = {torch.int32: "*i32", torch.int64: "*i64", torch.float32: "*fp32", torch.bfloat16: "*bf16",
-          torch.float16: "*fp16"}
+          torch.float16: "*fp16", torch.bool: "*i1"}
 CAPTURED: list[tuple[JITFunction, tuple, dict]] = []
 
 

@@ -12,6 +12,12 @@ import pytest
 import torch
 from kernel_cases import DEVICE, sampling_tables, step_case
 
+from kernels.causal_conv1d import (
+    causal_conv1d,
+    causal_conv1d_ref,
+    causal_conv1d_update,
+    causal_conv1d_update_ref,
+)
 from kernels.gumbel_noise import gumbel_noise, gumbel_noise_ref
 from kernels.gumbel_sample import gumbel_sample, gumbel_sample_ref
 from kernels.input_ids import prepare_input_ids, prepare_input_ids_ref
@@ -26,6 +32,12 @@ from kernels.penalties import build_penalty_counts, build_penalty_counts_ref
 from kernels.positions import prepare_positions, prepare_positions_ref
 from kernels.post_update import post_update, post_update_ref
 from kernels.query_start_loc import prepare_query_start_loc, prepare_query_start_loc_ref
+from kernels.selective_scan import (
+    selective_scan,
+    selective_scan_ref,
+    selective_state_update,
+    selective_state_update_ref,
+)
 from kernels.slot_mapping import compute_slot_mapping, compute_slot_mapping_ref
 from kernels.staged_writes import apply_staged_writes, apply_staged_writes_ref
 from kernels.topk_logprobs import topk_logprobs, topk_logprobs_ref
@@ -176,6 +188,35 @@ def _cache_args(n: int | None) -> dict[str, Any]:
                 slot_mapping=torch.arange(n, dtype=I64, device=DEVICE) * 3)
 
 
+def _mamba_batch(n: int | None, with_tokens: bool = True) -> dict[str, Any]:
+    # 3 requests of 3, 1 and 2 tokens (None) or the first n of them, slots 4, 0, 2 of 5.
+    lens = [3, 1, 2][: 3 if n is None else n]
+    qsl = torch.tensor([0, *torch.tensor(lens, dtype=I32).cumsum(0).tolist()], dtype=I32, device=DEVICE)
+    batch = {"state_indices": torch.tensor([4, 0, 2][: len(lens)], dtype=I32, device=DEVICE)}
+    if with_tokens:
+        init = torch.tensor([True, False, True][: len(lens)], dtype=torch.bool, device=DEVICE)
+        batch.update(query_start_loc=qsl, has_initial_state=init)
+    return {"num_rows": int(qsl[-1]) if with_tokens else len(lens), **batch}
+
+
+def _randn(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape))).to(DEVICE)
+
+
+def _conv_args(n: int | None, with_tokens: bool = True) -> dict[str, Any]:
+    b = _mamba_batch(n, with_tokens)
+    return dict(x=_randn(b.pop("num_rows"), 16), weight=_randn(16, 4), bias=_randn(16),
+                conv_state=_randn(5, 16, 3), **b)
+
+
+def _scan_args(n: int | None, with_tokens: bool = True) -> dict[str, Any]:
+    b = _mamba_batch(n, with_tokens)
+    rows = b.pop("num_rows")
+    return dict(x=_randn(rows, 16), dt=_randn(rows, 16), A=-_randn(16, 4).abs(), B=_randn(rows, 4),
+                C=_randn(rows, 4), D=_randn(16), z=_randn(rows, 16), dt_bias=_randn(16),
+                ssm_state=_randn(5, 16, 4), **b)
+
+
 LAUNCHERS: dict[str, tuple[Callable[..., Any], Callable[..., Any], Args, tuple[str, ...]]] = {
     # name: (launcher, reference, arguments, the vectors read or written as one run)
     "query_start_loc": (prepare_query_start_loc, prepare_query_start_loc_ref, _qsl_args,
@@ -203,6 +244,14 @@ LAUNCHERS: dict[str, tuple[Callable[..., Any], Callable[..., Any], Args, tuple[s
                         ("query_start_loc", "seq_lens")),
     "reshape_and_cache": (reshape_and_cache, reshape_and_cache_ref, _cache_args,
                           ("slot_mapping",)),
+    "causal_conv1d": (causal_conv1d, causal_conv1d_ref, _conv_args,
+                      ("query_start_loc", "state_indices", "has_initial_state", "bias")),
+    "causal_conv1d_update": (causal_conv1d_update, causal_conv1d_update_ref,
+                             lambda n: _conv_args(n, with_tokens=False), ("state_indices", "bias")),
+    "selective_scan": (selective_scan, selective_scan_ref, _scan_args,
+                       ("query_start_loc", "state_indices", "has_initial_state", "D", "dt_bias")),
+    "selective_state_update": (selective_state_update, selective_state_update_ref,
+                               lambda n: _scan_args(n, with_tokens=False), ("state_indices", "D", "dt_bias")),
 }
 FLAT = [(name, arg) for name, (*_, flat) in LAUNCHERS.items() for arg in flat]
 

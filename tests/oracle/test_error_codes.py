@@ -30,7 +30,9 @@ WIRE_VALUES = {
                 "bad_token", "forbidden", "if_match_required", "bad_if_match", "self_revoke",
                 "unknown_family", "store_error", "not_found", "version_conflict",
                 "invalid_change", "database_unavailable", "unknown_cohort", "unknown_token",
-                "bad_percentage", "name_required", "reason_required", "reason_too_long"},
+                "bad_percentage", "name_required", "reason_required", "reason_too_long",
+                "token_expired", "method_not_allowed", "unsupported_media_type",
+                "internal_error"},
 }
 
 

@@ -41,6 +41,35 @@ def test_pin_that_cannot_be_honoured_exits_3() -> None:
     assert [x["rule_id"] for x in out["reasons"]] == ["pin.v2", "ngram_speculation"]
 
 
+def test_a_pin_reports_the_value_it_was_set_to() -> None:
+    """vLLM reads its runner variable as an int, so 2 pins V2 too: the matched values and the
+    label say "2" as set, not the "1" a pin to V2 would usually read (the same config pinned
+    with "1" first, so a cached plan for "1" cannot answer for "2")."""
+    line = ["--", "vllm", "serve", "Qwen/Qwen3-8B"]
+    for value in ("1", "2"):
+        r = turnout("decide", "--pack", "vllm-0.31", "--env",
+                    f"VLLM_USE_V2_MODEL_RUNNER={value}", "--json", *line)
+        assert r.returncode == 0, r.stderr
+        (reason,) = json.loads(r.stdout)["reasons"]
+        assert reason["matched"] == {"VLLM_USE_V2_MODEL_RUNNER": value}
+        assert reason["label"] == f"pinned to V2 by VLLM_USE_V2_MODEL_RUNNER={value}"
+    r = turnout("decide", "--pack", "vllm-0.31", "--env", "VLLM_USE_V2_MODEL_RUNNER=2", *line)
+    assert "VLLM_USE_V2_MODEL_RUNNER='2'" in r.stdout and "=1" not in r.stdout, r.stdout
+
+
+def test_pinned_plans_are_kept_per_value_of_the_variable() -> None:
+    from oracle import decide, load_pack
+    from oracle.config import DeploymentConfig
+
+    pack = load_pack("vllm-0.31")
+    seen = []
+    for value in ("1", "2", "1", "3"):
+        d = decide(DeploymentConfig(architecture="Qwen3ForCausalLM",
+                                    env={"VLLM_USE_V2_MODEL_RUNNER": value}), pack=pack)
+        seen.append((d.runner, d.reasons[0].matched["VLLM_USE_V2_MODEL_RUNNER"]))
+    assert seen == [("v2", "1"), ("v2", "2"), ("v2", "1"), ("v2", "3")]
+
+
 def test_bad_input_exits_2_with_the_reason() -> None:
     r = turnout("decide", "--", "vllm", "serve", "<checkpoint>")
     assert r.returncode == 2

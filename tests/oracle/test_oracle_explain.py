@@ -89,11 +89,11 @@ def test_model_facts_are_not_suggested() -> None:
 
 
 def test_an_architecture_no_runner_serves_has_no_suggestion() -> None:
-    ex = explain(DeploymentConfig(architecture="MambaForCausalLM", speculative_method="ngram"),
+    ex = explain(DeploymentConfig(architecture="Mamba2ForCausalLM", speculative_method="ngram"),
                  pack=load_pack("turnout"))
     assert ex.decision.error_code == "architecture_not_served" and ex.suggestions == ()
     assert ex.note.startswith("no change of the deployment's options reaches a runner: no runner "
-                              "of this build serves architecture 'MambaForCausalLM'")
+                              "of this build serves architecture 'Mamba2ForCausalLM'")
 
 
 def test_already_v2_and_unknown_architecture() -> None:
@@ -158,7 +158,7 @@ def test_a_blocker_behind_a_prerequisite_is_found() -> None:
     # said "no change of the deployment's options reaches V2" although one did.
     qwen = DeploymentConfig(architecture="Qwen3ForCausalLM", triton_available=False,
                             mamba_cache_mode="all")
-    assert _texts(qwen) == ["triton_available false → true; mamba_cache_mode all → align"]
+    assert _texts(qwen) == ["triton_available false → true; mamba_cache_mode all → none"]
     llama = DeploymentConfig(architecture="LlamaForCausalLM", triton_available=False,
                              speculative_method="ngram")
     ex = explain(llama, pack=load_pack("turnout"))

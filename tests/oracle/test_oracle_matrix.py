@@ -43,7 +43,7 @@ def test_diff_shows_cells_that_change_runner() -> None:
     # turnout's runners implement no draft-model speculation: no runner (vLLM 0.31: V2).
     assert (qwen_dm[0].before.runner, qwen_dm[0].after.runner) == (None, "v2")
     assert qwen_dm[0].before.error_code == "no_runner"
-    mamba = [c for c in changes if c.architecture == "MambaForCausalLM" and c.pin == "auto"
+    mamba = [c for c in changes if c.architecture == "Mamba2ForCausalLM" and c.pin == "auto"
            and c.scenario == "default"]
     assert len(mamba) == 1 and mamba[0].before.error_code == "architecture_not_served"
     same = [c for c in changes if c.architecture == "Qwen3ForCausalLM" and c.pin == "auto"

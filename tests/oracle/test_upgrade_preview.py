@@ -102,7 +102,7 @@ def test_sides_name_a_normalisation_only_one_release_makes() -> None:
 
 def test_matrix_diff_of_two_named_packs_as_json(diff_031_032: MatrixDiff) -> None:
     code, out = _invoke("matrix", "--diff", "vllm-0.31", "vllm-0.32", "--json")
-    assert code == 0, out
+    assert code == 1, out  # cells change runner: exit 1, as diff
     body = json.loads(out)
     assert (body["from"], body["to"]) == ("vllm-0.31", "vllm-0.32")
     assert body["changed_cells"] == len(diff_031_032.changes) == sum(body["changes"].values())
@@ -117,11 +117,20 @@ def test_matrix_diff_of_two_named_packs_as_json(diff_031_032: MatrixDiff) -> Non
 
 def test_matrix_diff_table_says_which_fields_a_release_lacks() -> None:
     code, out = _invoke("matrix", "--pack", "vllm-0.29", "--diff", "vllm-0.30")
-    assert code == 0, out
+    assert code == 1, out
     assert "cells change runner from vllm-0.29 to vllm-0.30" in out
     assert "why (vllm-0.29)" in out and "dual_batch_overlap" in out
     assert "fields vllm-0.29 does not know (and vllm-0.30 does): hisparse, watermark" in out
     assert "hisparse=true (hisparse: not in vllm-0.29)" in out
+
+
+def test_matrix_diff_exits_1_when_cells_change_and_0_when_none_do() -> None:
+    """As ``diff`` and ``decide --compare``: a CI step fails on a pack change that moves a cell
+    (README.md and docs/oracle-api.md say so)."""
+    assert _invoke("matrix", "--diff", "vllm-0.31", "vllm-0.32")[0] == 1
+    assert _invoke("matrix", "--diff", "vllm-0.31", "vllm-0.32", "--json")[0] == 1
+    assert _invoke("matrix", "--diff", "vllm-0.32", "vllm-0.32")[0] == 0
+    assert _invoke("matrix", "--pack", "vllm-0.32", "--diff", "vllm-0.32", "--json")[0] == 0
 
 
 @pytest.mark.parametrize("args", [

@@ -18,7 +18,8 @@ COLLECTION = {("runner_v2/async_output.py", "get_output"), ("runner_v2/async_out
               ("runner_v2/async_output.py", "_logprobs")}
 KERNELS = ["staged_writes", "query_start_loc", "positions", "input_ids", "slot_mapping", "logits_indices",
            "penalties", "gumbel_sample", "topk_logprobs", "post_update", "_select", "_checks", "_padding",
-           "gumbel_noise", "fused_moe", "moe_align", "mla_attention", "mla_cache"]
+           "gumbel_noise", "fused_moe", "moe_align", "mla_attention", "mla_cache", "causal_conv1d",
+           "selective_scan"]
 FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "runner_v2").glob("*.py")) + [
     f"kernels/{name}.py" for name in KERNELS
 ] + ["engine/runner_setup.py"]  # the set-up and the pooling step runner_v2 shares with runner_v1

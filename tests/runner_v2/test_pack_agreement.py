@@ -19,6 +19,9 @@
   - `prefix_caching`: tests/parity/test_parity_contracts.py::test_prefix_cache_hits_do_not_change_outputs
   - `prompt_logprobs`: tests/parity/test_parity_contracts.py::test_prompt_logprobs_once_per_token_through_chunking_and_preemption
   - `pooling_task:embed`: tests/runner_v2/test_pack_agreement.py::test_pooling_runs_on_v2
+  - `pooling_task:classify`: tests/parity/test_parity_pooling.py::test_classify_equals_hf_logits
+  - `pooling_task:score`: tests/parity/test_parity_pooling.py::test_cross_encoder_score_equals_hf_logits
+  - `pooling_task:reward`: tests/parity/test_parity_pooling.py::test_reward_equals_hf_last_token_logits
   - `platform:cpu`: tests/runner_v2/test_pack_agreement.py::test_generation_features_run_on_v2
   - `platform:cuda`: tests/parity/test_parity_gpu.py::test_fp32_greedy_equal_hf_on_both_runners
   - `async_scheduling`: tests/runner_v2/test_runner.py::test_steps_return_async_outputs_collected_one_step_later
@@ -45,7 +48,7 @@ pytest.importorskip("pydantic")  # the oracle
 import runner_v1
 import runner_v2
 import runner_v2.refusals as refusals
-from engine.config import EngineConfig, SpeculativeConfig
+from engine.config import MAMBA_CACHE_MODES, EngineConfig, SpeculativeConfig
 from engine.errors import EngineConfigError, NoRunnerError, UnsupportedOptionError
 from engine.llm import LLM
 from engine.model import write_random_weights
@@ -72,10 +75,11 @@ EXPRESSIBLE = {
 ENGINE_REFUSES = {
     "suffix_speculation", "medusa_speculation", "mlp_speculator_speculation",
     "draft_model_speculation", "v2_speculation_unimplemented", "v2_platform_unserved",
+    "mamba_cache_mode_all", "v2_mamba_cache_mode_unimplemented",
 }
 #: Pack dimensions checked against the manifests, and the others.
 CHECKED = {"speculative_method", "logits_processors", "cpu_offload_gb", "platform",
-           "triton_available", "pooling"}
+           "triton_available", "pooling", "mamba_cache_mode"}
 MODEL_ATTRIBUTES = {"family", "is_moe", "attention_free"}  # facts of the architecture
 # turnout's engine has no such option: EngineConfig refuses it by name. `quantization` is a
 # fact of the checkpoint the engine reports (none, gguf, fp8, compressed-tensors): the manifests
@@ -84,7 +88,7 @@ NO_ENGINE_FIELD = {
     "compilation_mode", "enable_sequence_parallelism", "tensor_parallel_size",
     "pipeline_parallel_size", "prefill_context_parallel_size", "distributed_executor_backend",
     "async_scheduling", "enable_dbo", "enable_elastic_ep", "logits_processor_plugins",
-    "kv_sharing_fast_prefill", "mamba_cache_mode", "quantization",
+    "kv_sharing_fast_prefill", "quantization",
 }
 DERIVED = {"quantized": "quantization"}
 
@@ -122,7 +126,7 @@ def test_every_blocker_is_known_to_this_test() -> None:
     assert {r.id for r in V2_BLOCKERS} - set(EXPRESSIBLE) - ENGINE_REFUSES == {
         "stock_torch_compile", "sequence_parallelism_with_tp", "external_launcher_pipeline",
         "dual_batch_overlap", "elastic_expert_parallel", "custom_logits_processor_plugins",
-        "kv_sharing_fast_prefill", "mamba_cache_mode_all",
+        "kv_sharing_fast_prefill",
     }
 
 
@@ -140,6 +144,8 @@ def test_each_v2_blocker_is_refused(rule, monkeypatch: pytest.MonkeyPatch, tmp_p
         with pytest.raises(EngineConfigError, match=re.escape(repr(value))):
             if dim == "speculative_method":
                 SpeculativeConfig(method=value)
+            elif dim == "mamba_cache_mode":
+                dataclasses.replace(base, mamba_cache_mode=value)
             else:
                 assert dim == "platform"
                 dataclasses.replace(base, device=value)
@@ -198,6 +204,8 @@ def _unserved(runner: str, cfg: DeploymentConfig) -> list[str]:
         problems.append("prefix_caching")
     if cfg.platform not in m.platforms:
         problems.append(f"platform {cfg.platform}")
+    if MAMBA_CACHE_MODES.get(cfg.mamba_cache_mode or "none") != "honoured":
+        problems.append(f"mamba_cache_mode {cfg.mamba_cache_mode}")
     if not cfg.triton_available and m.requires_triton:
         problems.append("Triton")
     return problems

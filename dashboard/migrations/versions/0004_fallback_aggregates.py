@@ -9,7 +9,7 @@ brings the table back empty. So does the index of ``deployments`` by (runner, fa
 counts it served are ``latest_counts`` now, and it cost index writes on every report.
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2026-12-01
 """
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0004"
-down_revision = "0002"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_model_configs import TINY_DECODER_CONFIGS
+from tiny_model_configs import TINY_DECODER_CONFIGS, TINY_REWARD_CONFIGS
 
 from engine.errors import EngineConfigError
 from engine.model import DecoderModel, ModelConfig, load_model, write_random_weights
@@ -47,6 +47,8 @@ def test_kv_block_bytes(model_dir: Path) -> None:
         "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 16,
         "hidden_act": "gelu"}), seed=1)
     assert kv_block_bytes(encoder, 4, torch.float32) == 0  # an encoder keeps no KV cache
+    reward = load_model(ModelConfig.from_hf_dict(TINY_REWARD_CONFIGS["llama-reward"]), seed=1)
+    assert kv_block_bytes(reward, 4, torch.float32) == 0  # only a step-local cache, not the pool's
 
 
 def test_the_cpu_budget_is_the_runners_figure() -> None:

@@ -1,7 +1,10 @@
-"""Tiny HF configs of every supported decoder architecture (parity tests, CPU and GPU)."""
+"""Tiny HF configs of every supported architecture (parity tests, CPU and GPU), some shrunk from
+the real configs the project keeps."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 _BASE: dict[str, Any] = dict(
@@ -85,17 +88,56 @@ TINY_ENCODER_CONFIGS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 64, "hidden_act": "gelu", "type_vocab_size": 2,
         "layer_norm_eps": 1e-12, "pad_token_id": 0,
     },
+    "bert-classifier": {
+        "architectures": ["BertForSequenceClassification"], "model_type": "bert", "vocab_size": 160,
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "max_position_embeddings": 64, "hidden_act": "gelu", "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12, "pad_token_id": 0,
+        "id2label": {"0": "negative", "1": "neutral", "2": "positive"},
+        "label2id": {"negative": 0, "neutral": 1, "positive": 2},
+    },
+}
+
+#: Real configs the project keeps (policies/reference/model_configs/, sources.md there).
+REFERENCE_CONFIGS = Path(__file__).resolve().parents[3] / "policies" / "reference" / "model_configs"
+
+
+def reference_config(name: str) -> dict[str, Any]:
+    """The HF config.json of ``REFERENCE_CONFIGS/<name>.json``, as published."""
+    return dict(json.loads((REFERENCE_CONFIGS / f"{name}.json").read_text())["config"])
+
+
+#: cross-encoder/ms-marco-MiniLM-L-6-v2 (BertForSequenceClassification, one label, Identity as
+#: sentence-transformers' activation).
+MS_MARCO_CROSS_ENCODER = reference_config("ms-marco-minilm-l6-v2-cross-encoder")
+
+#: Skywork/Skywork-Reward-Llama-3.1-8B (LlamaForSequenceClassification, one label) shrunk:
+#: 2 layers, hidden 64, 4 heads over 2 kv heads, a 160-token vocabulary whose last id is the
+#: added pad token (as 128256 is in the real 128257-token one), transformers' initializer
+#: range widened to 0.1 (logits that spread); its Llama 3.1 RoPE scaling kept, with the
+#: original context shrunk to 64 so that the scaling acts within max_model_len.
+_SKYWORK = reference_config("skywork-reward-llama-3.1-8b")
+TINY_REWARD_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama-reward": {
+        **_SKYWORK, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 160, "pad_token_id": 159,
+        "bos_token_id": 1, "eos_token_id": [2, 3, 4], "max_position_embeddings": 256,
+        "initializer_range": 0.1,
+        "rope_scaling": {**_SKYWORK["rope_scaling"], "original_max_position_embeddings": 64},
+    },
 }
 
 
 def tiny_config_for(architecture: str) -> dict[str, Any] | None:
     """The first tiny config of ``architecture`` here or in a family's own tiny configs
-    (tiny_opt_configs.py, deepseek_tiny.py), or None when there is none."""
+    (tiny_opt_configs.py, deepseek_tiny.py, tiny_mamba_configs.py), or None when there is none."""
     from deepseek_tiny import tiny_deepseek_v2
+    from tiny_mamba_configs import TINY_MAMBA
     from tiny_opt_configs import TINY_OPT_CONFIGS
 
     for cfg in (*TINY_DECODER_CONFIGS.values(), *TINY_ENCODER_CONFIGS.values(),
-                *TINY_OPT_CONFIGS.values(), *TINY_MOE_CONFIGS.values(), tiny_deepseek_v2()):
+                *TINY_REWARD_CONFIGS.values(), *TINY_OPT_CONFIGS.values(), *TINY_MOE_CONFIGS.values(),
+                tiny_deepseek_v2(), TINY_MAMBA):
         if cfg["architectures"][0] == architecture:
             return cfg
     return None

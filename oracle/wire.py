@@ -1,0 +1,220 @@
+"""The service's wire vocabulary, defined once: the canary snapshot, the decision event and the
+deployment input, as pydantic models.
+
+The service's API (``dashboard/api/schemas.py`` re-exports these, so they also make its OpenAPI
+document), the engine client (:mod:`oracle.client`) and the CLI (``--canaries`` files, commands
+files) validate with the same models. The names are the service's: ``...In`` is what it takes,
+``...Out`` what it answers. Readers take the part of a body they use and ignore the rest, so a
+newer service's extra fields do not break an older engine; types are checked, never coerced
+(``"false"`` is not a boolean, ``"50"`` or ``true`` not a percentage).
+
+Only the standard library and pydantic: the engine client imports this without the service's
+libraries (no FastAPI, no SQLAlchemy).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
+from oracle.config import DeploymentConfig
+from oracle.decision import CanarySnapshot, CohortState, Decision, ReasonCode
+
+Percentage = Annotated[StrictInt, Field(ge=0, le=100)]
+Name = Annotated[str, Field(min_length=1, max_length=256)]
+# The family an event names when the oracle could not place the deployment in one (an unknown
+# architecture: no runner, reason code ERROR).
+UNKNOWN_FAMILY = "unknown"
+MAX_EVENTS_PER_BATCH = 5_000
+
+
+def error_text(err: ValidationError, *, limit: int = 3) -> str:
+    """The first ``limit`` errors of ``err`` as ``where: what`` (``cohorts[0].enabled: Input
+    should be a valid boolean``), for a ValueError a person reads."""
+    parts = []
+    for e in err.errors(include_url=False)[:limit]:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]).lstrip(".")
+        parts.append(f"{where}: {e['msg']}" if where else str(e["msg"]))
+    more = err.error_count() - limit
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+# -- the canary snapshot (GET /api/v1/canaries) ------------------------------------------------
+class SnapshotCohort(BaseModel):
+    """A cohort's canary as engines read it: the three fields a decision needs (the rest of a
+    ``CohortOut`` is optional here)."""
+
+    cohort: StrictStr
+    enabled: StrictBool
+    percentage: Percentage
+    version: StrictInt | None = None
+    updated_at: dt.datetime | None = None
+    updated_by: StrictStr | None = None
+
+
+class SnapshotKillSwitch(BaseModel):
+    engaged: StrictBool
+    version: StrictInt | None = None
+    updated_at: dt.datetime | None = None
+    updated_by: StrictStr | None = None
+
+
+class SnapshotIn(BaseModel):
+    """The body of ``GET /api/v1/canaries`` as engines and ``--canaries`` files read it."""
+
+    pack: StrictStr | None = None
+    kill_switch: SnapshotKillSwitch
+    cohorts: Sequence[SnapshotCohort]
+
+    @classmethod
+    def parse(cls, body: Any) -> SnapshotIn:
+        """The snapshot of a decoded JSON body; ValueError saying what is wrong otherwise."""
+        if not isinstance(body, Mapping):
+            raise ValueError(f"not a canary snapshot (a JSON {type(body).__name__}, not an "
+                             "object)")
+        try:
+            return cls.model_validate(body)
+        except ValidationError as err:
+            raise ValueError(f"not a canary snapshot ({error_text(err)})") from None
+
+    def to_snapshot(self) -> CanarySnapshot:
+        """The oracle's CanarySnapshot (every cohort, and the kill switch)."""
+        return CanarySnapshot(
+            cohorts={c.cohort: CohortState(c.enabled, c.percentage) for c in self.cohorts},
+            kill_switch=self.kill_switch.engaged)
+
+    def last_change(self) -> SnapshotCohort | None:
+        """The cohort changed last (by ``updated_at``), when the body says."""
+        dated = [c for c in self.cohorts if c.updated_at is not None]
+        return max(dated, key=lambda c: c.updated_at or dt.datetime.min, default=None)
+
+
+class CohortOut(SnapshotCohort):
+    """A cohort's canary as the service answers it."""
+
+    label: str
+    position: int = Field(description="the stage's place in the rollout order, from 0")
+    version: StrictInt
+    updated_at: dt.datetime
+    updated_by: StrictStr
+
+
+class KillSwitchOut(SnapshotKillSwitch):
+    version: StrictInt
+    updated_at: dt.datetime
+    updated_by: StrictStr
+
+
+class CanariesOut(SnapshotIn):
+    """Every cohort in rollout order, and the kill switch (``GET /api/v1/canaries``)."""
+
+    pack: StrictStr
+    kill_switch: KillSwitchOut
+    cohorts: Sequence[CohortOut]
+
+
+class OracleSnapshotCohort(BaseModel):
+    enabled: StrictBool
+    percentage: Percentage = 100
+
+
+class OracleSnapshotIn(BaseModel):
+    """The oracle's own shape, ``CanarySnapshot.to_json()``: ``{"kill_switch": bool,
+    "cohorts": {COHORT: {"enabled": bool, "percentage": 0..100}}}``."""
+
+    kill_switch: StrictBool = False
+    cohorts: dict[str, OracleSnapshotCohort] = Field(default_factory=dict)
+
+    def to_snapshot(self) -> CanarySnapshot:
+        return CanarySnapshot(
+            cohorts={k: CohortState(c.enabled, c.percentage) for k, c in self.cohorts.items()},
+            kill_switch=self.kill_switch)
+
+
+# -- decision events (POST /api/v1/decisions) --------------------------------------------------
+class EventIn(BaseModel):
+    """One decision as an engine reports it (:func:`decision_event` builds these). The service
+    also checks it against its pack: ``pack``, ``family`` and ``stage`` must be the pack's,
+    ``config`` is bounded and ``at`` may not lie ahead of the service's clock (docs/service.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")
+    at: AwareDatetime
+    deployment_id: Name
+    host: str = Field(default="", max_length=256)
+    pack: str = Field(min_length=1, max_length=64)
+    family: str = Field(min_length=1, max_length=64,
+                        description=f"a family of the pack, or {UNKNOWN_FAMILY!r} when the "
+                        "oracle placed the deployment in none")
+    runner: Literal["v1", "v2"] | None
+    mode: Literal["auto", "pinned"]
+    stage: str | None = Field(default=None, max_length=64,
+                              description="a stage (cohort id) of the pack's rollout")
+    reason_code: ReasonCode
+    rule_ids: list[str] = Field(default_factory=list, max_length=200)
+    policy_digest: str = Field(default="", max_length=128)
+    config: dict[str, Any] | None = None
+    demo: bool = False
+
+
+class IngestIn(BaseModel):
+    """A batch of decision events; a bad event rejects the batch whole (nothing stored)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS_PER_BATCH)
+
+
+def decision_event(decision: Decision, config: DeploymentConfig, *, pack: str,
+                   deployment_id: str, host: str = "", at: dt.datetime | None = None,
+                   event_id: str | None = None, demo: bool = False) -> EventIn:
+    """The event that reports ``decision`` (made for ``config``) to the service."""
+    return EventIn(
+        event_id=event_id or uuid.uuid4().hex, at=at or dt.datetime.now(dt.UTC),
+        deployment_id=deployment_id, host=host, pack=pack,
+        family=decision.family or UNKNOWN_FAMILY, runner=decision.runner, mode=decision.mode,
+        stage=decision.stage, reason_code=decision.reason_code,
+        rule_ids=[r.rule_id for r in decision.reasons], policy_digest=decision.policy_digest,
+        config=config.to_spec(), demo=demo)
+
+
+# -- deployment inputs (POST /api/v1/decide and /explain; commands files) ----------------------
+class DeploymentIn(BaseModel):
+    """Exactly one of ``config`` (spec fields), ``command`` (a ``vllm serve`` line, optionally
+    with leading ``NAME=value`` environment assignments) or ``argv`` (+ ``env``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    config: dict[str, Any] | None = None
+    command: str | None = Field(default=None, max_length=20_000)
+    argv: list[StrictStr] | None = Field(default=None, max_length=2_000)
+    env: dict[str, StrictStr] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DeploymentIn:
+        if sum(x is not None for x in (self.config, self.command, self.argv)) != 1:
+            raise ValueError("give exactly one of `config`, `command` or `argv`")
+        return self
+
+
+class CommandsFileLine(DeploymentIn):
+    """A JSON line of a commands file (``turnout decide --commands``, as
+    ``policies/reference/vllm_recipes.jsonl``): a deployment input with its id and source."""
+
+    id: StrictStr | StrictInt | None = None
+    source: str | None = None
