@@ -5,11 +5,14 @@
   prompt logprobs within 1e-4 of HF's, through chunked prefill (a 16-token budget).
 - Jamba-v0.1's widths (hidden 4096, 32 heads / 8 kv heads, Mamba d_inner 8192 with dt rank 256,
   16 experts of 14336, vocabulary 65536) with 8 of its 32 layers (its one attention layer in 8
-  at offset 4, experts on the odd layers: ~12.6B parameters) in bf16, random weights drawn on
-  the GPU (``load_format="dummy"``): runner_v1 and runner_v2 agree token for token, and
-  transformers' JambaForCausalLM on the very same tensors (no copy) agrees within bf16 noise:
-  every token our runners chose is within ``BF16_TOL`` of HF's best logit at that position,
-  equals HF's argmax wherever HF's margin exceeds that, and prompt logprobs are within it too.
+  at offset 4, experts on the odd layers: 13.3B parameters) in bf16, random weights drawn on
+  the GPU (``load_format="dummy"``): runner_v1 and runner_v2 agree token for token, and are as
+  close to transformers in float32 on the same weights (an upcast copy: ~53 GB beside our
+  ~27 GB) as transformers' own bf16 run on the very same tensors (no copy) is: prompt logprobs
+  (mean and 95th-percentile error) and greedy tokens off the float32 argmax. (In bf16 both
+  drift from float32 along the sequence, ~0.08 mean and ~0.6 max in logprob after 200 tokens
+  of a small model: exact equality with HF in bf16 is not a property either implementation
+  has.)
   runner_v2 runs models with Mamba layers eagerly (no CUDA graphs: docs/runner-v2.md).
 """
 
@@ -37,10 +40,6 @@ transformers = pytest.importorskip("transformers")
 #: Jamba-v0.1 with 8 layers: attention at layer 4, experts on layers 1, 3, 5, 7.
 JAMBA_8_LAYERS: dict[str, Any] = {**{k: v for k, v in JAMBA_V01.items() if k != "auto_map"},
                                   "num_hidden_layers": 8, "max_position_embeddings": 4096}
-#: Logit / logprob distance allowed between two bf16 computations of the same model (ours and
-#: transformers', different kernels and summation orders); a misplaced tensor or a wrong
-#: state moves them by whole units.
-BF16_TOL = 0.25
 
 
 def test_tiny_jamba_runners_equal_hf_on_cuda(tmp_path: Path) -> None:
@@ -101,15 +100,26 @@ def _hf_names_of(ours: Any) -> dict[str, torch.Tensor]:
     return state
 
 
-def _hf_sharing(ours: Any, hf_config: dict[str, Any]) -> Any:
+def _hf_model(state: dict[str, torch.Tensor], hf_config: dict[str, Any]) -> Any:
+    """transformers' JambaForCausalLM (eager attention and experts) whose parameters are
+    ``state``'s tensors, assigned without a copy."""
     fields = {k: v for k, v in hf_config.items() if k not in ("architectures", "model_type", "torch_dtype")}
     config = transformers.JambaConfig(**fields)
     config._attn_implementation = "eager"
     config._experts_implementation = "eager"
     with torch.device("meta"):
         hf = transformers.JambaForCausalLM(config)
-    hf.load_state_dict(_hf_names_of(ours), strict=True, assign=True)
+    hf.load_state_dict(state, strict=True, assign=True)
     return hf.eval()
+
+
+def _hf_sharing(ours: Any, hf_config: dict[str, Any]) -> Any:
+    return _hf_model(_hf_names_of(ours), hf_config)
+
+
+def _logits(hf: Any, sequence: list[int]) -> torch.Tensor:  # [len - 1, vocab] float32
+    with torch.no_grad():
+        return hf(torch.tensor([sequence[:-1]], device="cuda")).logits[0].float()
 
 
 def test_jamba_shape_bf16_runners_agree_and_match_hf(tmp_path: Path) -> None:
@@ -125,21 +135,33 @@ def test_jamba_shape_bf16_runners_agree_and_match_hf(tmp_path: Path) -> None:
         assert a.output_token_ids == b.output_token_ids, a.req_id
         np.testing.assert_allclose(np.concatenate([c.logprobs for c in b.prompt_logprobs]),
                                    np.concatenate([c.logprobs for c in a.prompt_logprobs]), atol=1e-3)
-    hf = _hf_sharing(core.runner.model, JAMBA_8_LAYERS)
+    # The exact reference: transformers in float32 on our (bf16-valued) weights. Ours in bf16
+    # must be as close to it as transformers' own bf16 run on the same tensors is.
+    state = _hf_names_of(core.runner.model)
+    hf16 = _hf_model(state, JAMBA_8_LAYERS)
+    hf32 = _hf_model({k: t.float() for k, t in state.items()}, JAMBA_8_LAYERS)
+    err: dict[str, list[torch.Tensor]] = {"ours": [], "hf16": []}
+    mismatches = {"ours": 0, "hf16": 0}
     for prompt, req in zip(prompts, v2, strict=True):
         sequence = prompt + req.output_token_ids
-        with torch.no_grad():
-            logits = hf(torch.tensor([sequence[:-1]], device="cuda")).logits[0].float()
-        logprobs = logits.log_softmax(-1)
-        chosen = torch.tensor(req.output_token_ids, device="cuda")
-        gen = logits[len(prompt) - 1:]
-        best, top2 = gen.max(-1).values, gen.topk(2, -1).values
-        gap = best - gen.gather(1, chosen[:, None])[:, 0]
-        assert float(gap.max()) <= BF16_TOL, f"{req.req_id}: a token {float(gap.max()):.3f} below HF's best"
-        clear = (top2[:, 0] - top2[:, 1]) > BF16_TOL
-        assert torch.equal(gen.argmax(-1)[clear], chosen[clear]), req.req_id
-        want = logprobs[torch.arange(len(prompt) - 1, device="cuda"), torch.tensor(prompt[1:], device="cuda")]
-        got = torch.tensor([lp for c in req.prompt_logprobs for lp in c.sampled_logprobs()], device="cuda")
-        assert float((got - want).abs().max()) <= BF16_TOL, req.req_id
-    del hf, core
+        exact, rounded = _logits(hf32, sequence), _logits(hf16, sequence)
+        rows, targets = torch.arange(len(prompt) - 1, device="cuda"), torch.tensor(prompt[1:], device="cuda")
+        want = exact.log_softmax(-1)[rows, targets]
+        ours = torch.tensor([lp for c in req.prompt_logprobs for lp in c.sampled_logprobs()], device="cuda")
+        err["ours"].append((ours - want).abs())
+        err["hf16"].append((rounded.log_softmax(-1)[rows, targets] - want).abs())
+        best = exact[len(prompt) - 1:].argmax(-1)
+        mismatches["ours"] += int((torch.tensor(req.output_token_ids, device="cuda") != best).sum())
+        mismatches["hf16"] += int((rounded[len(prompt) - 1:].argmax(-1) != best).sum())
+    ours_err, hf_err = torch.cat(err["ours"]), torch.cat(err["hf16"])
+    p95 = {k: float(torch.quantile(e, 0.95)) for k, e in (("ours", ours_err), ("hf16", hf_err))}
+    report = (f"|ours - fp32| mean {float(ours_err.mean()):.4f} p95 {p95['ours']:.4f} max {float(ours_err.max()):.4f}; "
+              f"|hf bf16 - fp32| mean {float(hf_err.mean()):.4f} p95 {p95['hf16']:.4f} max {float(hf_err.max()):.4f}; "
+              f"greedy tokens off the fp32 argmax: ours {mismatches['ours']}, hf bf16 {mismatches['hf16']} of 80")
+    print(report)
+    assert float(ours_err.mean()) < 0.5, report  # a misplaced tensor or a wrong state is far off
+    assert float(ours_err.mean()) <= 1.5 * float(hf_err.mean()) + 0.01, report
+    assert p95["ours"] <= 2 * p95["hf16"] + 0.05, report  # the tail, less noisy than the max
+    assert mismatches["ours"] <= 2 * mismatches["hf16"] + 2, report
+    del hf16, hf32, state, core
     free()

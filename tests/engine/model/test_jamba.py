@@ -195,3 +195,15 @@ def test_caches_of_the_wrong_kind_are_refused() -> None:
     session.add("b", [5, 6, 7])
     with pytest.raises(ValueError, match=r"expected 3 caches \(one per layer\), got 2"):
         session.step({"b": 3})
+
+
+def test_triton_kernels_equal_the_torch_path() -> None:
+    # Through TRITON_INTERPRET=1 on CPU (the kernels themselves on a GPU): paged attention, the
+    # Mamba conv1d and scan (prefill chunks, then decode updates) and the fused MoE experts.
+    config = ModelConfig.from_hf_dict(TINY_JAMBA_CONFIGS["jamba"])
+    seqs = _seqs({"a": 11, "b": 6}, seed=2)
+    out = {backend: run_paged_forced(load_model(config, seed=4, attn_backend=backend), seqs, block_size=4,
+                                     first_chunk={"a": 5, "b": 2}, num_decode=2)
+           for backend in ("triton", "torch")}
+    for k in seqs:
+        torch.testing.assert_close(out["triton"][k], out["torch"][k], atol=1e-4, rtol=1e-4)
