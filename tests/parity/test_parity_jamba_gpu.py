@@ -14,6 +14,7 @@
   of a small model: exact equality with HF in bf16 is not a property either implementation
   has.)
   runner_v2 runs models with Mamba layers eagerly (no CUDA graphs: docs/runner-v2.md).
+- runner_v2's step path never synchronises with Jamba (CUDA sync debug mode ``error``).
 """
 
 from __future__ import annotations
@@ -164,4 +165,28 @@ def test_jamba_shape_bf16_runners_agree_and_match_hf(tmp_path: Path) -> None:
     assert p95["ours"] <= 2 * p95["hf16"] + 0.05, report  # the tail, less noisy than the max
     assert mismatches["ours"] <= 2 * mismatches["hf16"] + 2, report
     del hf16, hf32, state, core
+    free()
+
+
+def test_v2_step_path_never_synchronises_with_jamba(tmp_path: Path) -> None:
+    # Attention, the Mamba conv and scan (state slots: the table rows) and the fused experts,
+    # through prefill chunks, mixed steps and decodes, under CUDA's sync debug mode "error".
+    path = write_hf_jamba(TINY_JAMBA_CONFIGS["jamba"], tmp_path / "jamba", seed=3)
+    core = make_core("v2", path, "bfloat16", max_num_batched_tokens=32, block_size=16, max_model_len=256)
+    for i, prompt in enumerate(prompts_for(160, [40, 100, 9], seed=3)):
+        core.add_request(f"r{i}", prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    scheduler, runner = core.scheduler, core.runner
+    num_steps = 0
+    while scheduler.has_unfinished_requests():
+        so = scheduler.schedule()
+        torch.cuda.set_sync_debug_mode("error")  # any synchronising op raises
+        try:
+            handle = runner.execute_model(so)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        output = handle.get_output() if hasattr(handle, "get_output") else handle
+        scheduler.update_from_output(so, output)
+        num_steps += 1
+    assert num_steps > 8 and runner.num_graph_steps == 0 and runner.num_eager_steps > 8
+    del core
     free()
