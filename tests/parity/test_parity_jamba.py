@@ -3,7 +3,8 @@ transformers itself wrote from Jamba-v0.1's config shrunk (8 layers, fp32, CPU):
 equal HF ``generate``, logprobs and prompt logprobs within 1e-4 of HF's, with chunked prefill
 (the KV cache and the Mamba state carried from chunk to chunk) and without; under preemption by
 recompute (the state restarts from zero with the recomputed prompt); with more requests than
-state slots (a slot reused carries nothing over); prefix caching off; and the
+state slots (a slot reused carries nothing over); prefix caching off; n-gram speculation
+refused (rejected drafts would stay in the state); and the
 ``LLM`` facade decides a runner, loads Jamba and generates on both runners."""
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from conftest import make_engine, prompts_for, run
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from tiny_jamba_configs import TINY_JAMBA_CONFIGS, load_hf_jamba, write_hf_jamba
 
+from engine.config import SpeculativeConfig
+from engine.errors import EngineConfigError
 from engine.model_info import engine_config_for
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -115,6 +118,15 @@ def test_prefix_caching_is_off(runner_name: str, jamba_dir: Path, hf: Any, caplo
     then = run(core, {"r1": ([*system, 6, 7], params)})  # its 16-token prefix is in freed blocks
     assert first["r0"].num_cached_tokens == then["r1"].num_cached_tokens == 0
     _check_against_hf(hf, [*system, 6, 7], then["r1"])
+
+
+def test_speculative_decoding_is_refused(jamba_dir: Path) -> None:
+    # runner_v1 honours n-gram speculation, but scoring drafts runs them through the Mamba
+    # layers: a rejected draft stayed in the state and later tokens went wrong (seen: the
+    # 10th of 12 greedy tokens differed from HF on a repetitive prompt).
+    with pytest.raises(EngineConfigError, match=r"speculative decoding \('ngram'\) is not supported for "
+                                                 r"JambaForCausalLM: its Mamba layers keep one recurrent state"):
+        make_engine("v1", jamba_dir, speculative_config=SpeculativeConfig(num_speculative_tokens=3))
 
 
 @pytest.mark.parametrize("pin", ["auto", "v2"])
