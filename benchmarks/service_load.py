@@ -1,20 +1,23 @@
-"""Load benchmark of the rollout-control service (DESIGN §6, issue 3).
+"""Load benchmark of the rollout-control service (DESIGN §6, issues 3 and 13).
 
-Starts ``turnout serve`` on a fresh SQLite database (WAL, the ``make run`` default) and measures
+1. Side by side with a base commit (``--base REV``, e.g. ``main`` or ``HEAD~3``): the base's
+   source (``git archive``) and the current tree each serve a fresh database, one after the
+   other, alternating the order each round, with the same inputs on the same machine:
+   - ``POST /api/v1/decide``: requests/s and p50/p99 at ``--concurrency`` keep-alive clients;
+   - ingest: events/s through ``POST /api/v1/decisions`` in batches of ``--batch``;
+   per backend (``--backends``), the median of ``--rounds`` runs each, and current / base.
+2. The fleet (``--fleet 1000000,10000000``): for each size and backend a fresh database is
+   bulk-loaded (benchmarks/fleet_load.py), then the fallback-reasons page and its API are timed
+   (p50/p99 over ``--page-requests``, every window), and an ingest through the API on top.
+3. ``oracle.client`` with the service down (refused connection; a listener that never answers).
 
-1. ``POST /api/v1/decide``: requests/s and p50/p99 latency at ``--concurrency`` keep-alive
-   clients (a raw asyncio HTTP/1.1 client, so the load generator costs little CPU);
-2. ingest: events/s through ``POST /api/v1/decisions`` in batches of ``--batch``;
-3. the fallback-reasons page (``GET /fallbacks``, HTML) and its API twin, once the store holds
-   ``--events`` events;
-4. ``oracle.client``: time of ``decide()`` on a fresh client with the service down (refused
-   connection, and a listener that never answers).
+Requests are real: the recipes' ``vllm serve`` lines as deployment specs, and events made from
+their oracle decisions. The load comes from a raw asyncio HTTP/1.1 client on the same cores.
+The last line printed is one JSON object.
 
-Events are real decisions: the recipes' ``vllm serve`` lines decided by the oracle, spread over
-``--deployments`` deployment ids and 30 days. The last line printed is one JSON object.
-
-    .venv/bin/python benchmarks/service_load.py            # full run (about 2-3 minutes)
-    .venv/bin/python benchmarks/service_load.py --events 50000 --decide-seconds 3   # quick
+    .venv/bin/python benchmarks/service_load.py --base main                   # 1 and 3
+    .venv/bin/python benchmarks/service_load.py --base main --fleet 1000000,10000000
+    .venv/bin/python benchmarks/service_load.py --quick --base HEAD~1          # a smoke run
 """
 
 from __future__ import annotations
@@ -27,19 +30,17 @@ import os
 import platform
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+import fleet_load
+import load_client as lc
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+ROOT = lc.ROOT
 
 
 def calibration_us() -> float:
@@ -57,173 +58,76 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
 
 
-# --- a small HTTP/1.1 keep-alive client -------------------------------------------------------
-
-class Conn:
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def request(self, method: str, path: str, headers: dict[str, str],
-                      body: bytes = b"") -> tuple[int, bytes]:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n"
-        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        head += f"Content-Length: {len(body)}\r\n\r\n"
-        self.writer.write(head.encode() + body)
-        assert self.reader is not None
-        raw = await self.reader.readuntil(b"\r\n\r\n")
-        lines = raw.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        length = 0
-        chunked = False
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if name.lower() == "content-length":
-                length = int(value)
-            elif name.lower() == "transfer-encoding" and "chunked" in value:
-                chunked = True
-        if chunked:
-            data = b""
-            while True:
-                size = int((await self.reader.readuntil(b"\r\n")).strip(), 16)
-                chunk = await self.reader.readexactly(size + 2)
-                if size == 0:
-                    break
-                data += chunk[:-2]
-            return status, data
-        return status, await self.reader.readexactly(length)
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+def export_base(rev: str, into: Path) -> str:
+    """The source of ``rev`` under ``into`` (``git archive``: the repository is not touched);
+    returns its commit."""
+    commit = git("rev-parse", "--verify", f"{rev}^{{commit}}")
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return commit
 
 
-# --- phases -----------------------------------------------------------------------------------
-
-async def decide_load(port: int, token: str, bodies: list[bytes], concurrency: int,
-                      warmup_s: float, seconds: float) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    latencies: list[float] = []
-    errors = 0
-    start = time.perf_counter()
-    measure_from = start + warmup_s
-    stop_at = measure_from + seconds
-
-    async def worker(i: int) -> None:
-        nonlocal errors
-        conn = Conn("127.0.0.1", port)
-        n = i
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= stop_at:
-                break
-            status, _ = await conn.request("POST", "/api/v1/decide", headers,
-                                           bodies[n % len(bodies)])
-            t1 = time.perf_counter()
-            n += concurrency
-            if status != 200:
-                errors += 1
-            if t0 >= measure_from:
-                latencies.append(t1 - t0)
-        conn.close()
-
-    await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    return {"requests": len(latencies), "errors": errors,
-            "req_per_s": round(len(latencies) / seconds, 1),
-            "p50_ms": round(percentile(latencies, 0.50) * 1e3, 2),
-            "p99_ms": round(percentile(latencies, 0.99) * 1e3, 2),
-            "concurrency": concurrency}
-
-
-async def ingest(port: int, token: str, batches: list[bytes], batch: int, clients: int
-                 ) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    queue = list(reversed(batches))
-    errors = 0
-
-    async def worker() -> None:
-        nonlocal errors
-        conn = Conn("127.0.0.1", port)
-        while queue:
-            body = queue.pop()
-            status, _ = await conn.request("POST", "/api/v1/decisions", headers, body)
-            if status != 200:
-                errors += 1
-        conn.close()
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(clients)))
-    elapsed = time.perf_counter() - t0
-    return {"events": len(batches) * batch, "errors": errors, "seconds": round(elapsed, 2),
-            "events_per_s": round(len(batches) * batch / elapsed, 1), "clients": clients}
-
-
-async def page_latency(port: int, token: str, path: str, n: int, cookie: bool
-                       ) -> dict[str, Any]:
-    headers = ({"Cookie": f"turnout_token={token}"} if cookie
-               else {"Authorization": f"Bearer {token}"})
-    conn = Conn("127.0.0.1", port)
-    times = []
-    for i in range(n + 3):
-        t0 = time.perf_counter()
-        status, body = await conn.request("GET", path, headers)
-        if status != 200:
-            raise RuntimeError(f"GET {path}: HTTP {status}: {body[:300]!r}")
-        if i >= 3:  # warm-up
-            times.append(time.perf_counter() - t0)
-    conn.close()
-    return {"path": path, "requests": n, "p50_ms": round(statistics.median(times) * 1e3, 1),
-            "p99_ms": round(percentile(times, 0.99) * 1e3, 1),
-            "max_ms": round(max(times) * 1e3, 1)}
-
-
-# --- inputs -----------------------------------------------------------------------------------
-
-def real_configs() -> list[Any]:
-    from oracle import OracleError, from_command
-
-    configs = []
-    for line in (ROOT / "policies/reference/vllm_recipes.jsonl").read_text().splitlines():
-        recipe = json.loads(line)
+def one_run(tree: Path, backend: str, args: argparse.Namespace, inputs: dict[str, Any],
+            tmp: Path, label: str) -> dict[str, Any]:
+    """Decide load and a timed ingest against ``tree``'s service on a fresh database."""
+    fresh = lc.fresh_database(backend, tmp)
+    try:
+        tokens = lc.create_tokens(tree, fresh.url)
+        svc = lc.start_service(tree, fresh.url, tmp / f"{label}.log", args.workers)
         try:
-            # offline: the same configs on every machine, no hub look-ups before the run
-            configs.append(from_command(recipe["argv"], recipe.get("env") or {}, offline=True))
-        except OracleError:
-            continue
-    return configs
+            decide = asyncio.run(lc.decide_load(svc.port, tokens["viewer"], inputs["bodies"],
+                                                args.concurrency, 2.0, args.decide_seconds))
+            ingest = asyncio.run(lc.ingest(svc.port, tokens["operator"], inputs["batches"],
+                                           args.batch, args.ingest_clients))
+        finally:
+            svc.stop()
+    finally:
+        fresh.drop()
+    print(f"  {label}: decide {decide['req_per_s']}/s p99 {decide['p99_ms']} ms, "
+          f"ingest {ingest['events_per_s']}/s", file=sys.stderr)
+    return {"decide": decide, "ingest": ingest}
 
 
-def event_batches(configs: list[Any], num_events: int, batch: int, num_deployments: int,
-                  run: str) -> list[bytes]:
-    from oracle import decide, load_pack
-    from oracle.client import event_from_decision
+def _median(runs: list[dict[str, Any]]) -> dict[str, float]:
+    return {"decide_req_per_s": statistics.median(r["decide"]["req_per_s"] for r in runs),
+            "decide_p50_ms": statistics.median(r["decide"]["p50_ms"] for r in runs),
+            "decide_p99_ms": statistics.median(r["decide"]["p99_ms"] for r in runs),
+            "ingest_events_per_s": statistics.median(r["ingest"]["events_per_s"] for r in runs)}
 
-    pack = load_pack("turnout")
-    decided = [(c, decide(c, pack=pack)) for c in configs]
-    # Engines report as they start, so events arrive in time order: spread evenly over the
-    # last 30 days, oldest first (run "f" follows run "t").
-    now = dt.datetime.now(dt.UTC)
-    start = now - dt.timedelta(days=30) + (dt.timedelta(days=15) if run == "f" else dt.timedelta())
-    step = dt.timedelta(days=15) / max(num_events, 1)
-    events = []
-    for i in range(num_events):
-        d = i % num_deployments
-        config, decision = decided[d % len(decided)]
-        e = event_from_decision(decision, config, pack="turnout", deployment_id=f"dep-{d:06d}",
-                                host=f"host-{d % 500:03d}", event_id=f"{run}-{i}",
-                                at=start + i * step)
-        e["config"] = None  # engines may omit it; keeps the bodies realistic in size
-        events.append(e)
-    return [json.dumps({"events": events[i:i + batch]}).encode()
-            for i in range(0, len(events), batch)]
+
+def side_by_side(args: argparse.Namespace, inputs: dict[str, Any], tmp: Path
+                 ) -> dict[str, Any]:
+    if args.rounds == 0:
+        return {}
+    trees = {"current": ROOT}
+    out: dict[str, Any] = {"current": f"working tree at {git('rev-parse', 'HEAD')}"
+                           + (" (uncommitted changes)" if git("status", "--porcelain") else ""),
+                           "rounds": args.rounds}
+    if args.base:
+        out["base"] = export_base(args.base, tmp / "base")
+        trees = {"base": tmp / "base", "current": ROOT}
+    for backend in args.backends:
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        for r in range(args.rounds):
+            order = list(trees) if r % 2 == 0 else list(reversed(trees))  # ABBA
+            for name in order:
+                runs[name].append(one_run(trees[name], backend, args, inputs, tmp,
+                                          f"{backend}-{name}-{r}"))
+        result: dict[str, Any] = {name: _median(rs) for name, rs in runs.items()}
+        result["runs"] = runs
+        if "base" in trees:
+            result["current_over_base"] = {
+                k: round(result["current"][k] / result["base"][k], 3)
+                for k in result["current"] if result["base"][k]}
+        out[backend] = result
+    return out
 
 
 def client_offline_ms(tmp: Path) -> dict[str, float]:
@@ -232,7 +136,7 @@ def client_offline_ms(tmp: Path) -> dict[str, float]:
 
     config = from_spec({"architecture": "Qwen3ForCausalLM"})
     out = {}
-    refused = f"http://127.0.0.1:{free_port()}"
+    refused = f"http://127.0.0.1:{lc.free_port()}"
     with socket.socket() as hole:
         hole.bind(("127.0.0.1", 0))
         hole.listen(16)
@@ -243,81 +147,74 @@ def client_offline_ms(tmp: Path) -> dict[str, float]:
             t0 = time.perf_counter()
             client.decide(config, deployment_id="bench")
             out[f"decide_ms_{name}"] = round((time.perf_counter() - t0) * 1e3, 1)
-            client._stop.set()
+            client.close(flush_timeout_s=0.5)  # before its spool directory goes
     return out
 
 
-# --- main -------------------------------------------------------------------------------------
-
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--base", default="", help="git revision to measure beside the tree")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="runs of each tree (alternating); 0: no decide and ingest runs")
+    ap.add_argument("--backends", default="sqlite,postgresql",
+                    type=lambda s: [b for b in s.split(",") if b])
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--decide-seconds", type=float, default=10.0)
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--ingest-events", type=int, default=200_000,
-                    help="events of the timed ingest phase")
-    ap.add_argument("--events", type=int, default=1_000_000,
-                    help="events stored before the page is timed")
-    ap.add_argument("--deployments", type=int, default=20_000)
+                    help="events of each timed ingest")
+    ap.add_argument("--deployments", type=int, default=20_000,
+                    help="deployments of the timed ingest's events")
     ap.add_argument("--ingest-clients", type=int, default=4)
-    ap.add_argument("--page-requests", type=int, default=30)
     ap.add_argument("--workers", type=int, default=1, help="turnout serve --workers")
-    return ap.parse_args()
-
-
-def run_phases(args: argparse.Namespace, port: int, tokens: dict[str, str]) -> dict[str, Any]:
-    """Decide load, timed ingest, fill to ``--events``, page latency."""
-    out: dict[str, Any] = {}
-    configs = real_configs()
-    bodies = [json.dumps({"config": c.to_spec()}).encode() for c in configs]
-    out["decide"] = asyncio.run(decide_load(port, tokens["viewer"], bodies, args.concurrency,
-                                            2.0, args.decide_seconds))
-    print("decide", out["decide"], file=sys.stderr)
-    timed = event_batches(configs, args.ingest_events, args.batch, args.deployments, "t")
-    out["ingest"] = asyncio.run(ingest(port, tokens["operator"], timed, args.batch,
-                                       args.ingest_clients))
-    out["ingest"]["batch"] = args.batch
-    print("ingest", out["ingest"], file=sys.stderr)
-    rest = max(0, args.events - args.ingest_events)
-    if rest:
-        fill = event_batches(configs, rest, args.batch, args.deployments, "f")
-        out["fill"] = asyncio.run(ingest(port, tokens["operator"], fill, args.batch,
-                                         args.ingest_clients))
-        print("fill", out["fill"], file=sys.stderr)
-    out["stored_events"] = args.ingest_events + rest
-    out["fallback_page"] = asyncio.run(page_latency(
-        port, tokens["viewer"], "/fallbacks", args.page_requests, cookie=True))
-    out["fallback_api"] = asyncio.run(page_latency(
-        port, tokens["viewer"], "/api/v1/fallbacks", args.page_requests, cookie=False))
-    print("pages", out["fallback_page"], out["fallback_api"], file=sys.stderr)
-    return out
+    ap.add_argument("--fleet", default="", type=lambda s: [int(n) for n in s.split(",") if n],
+                    help="stored-event counts to time the fallback page at, e.g. "
+                         "1000000,10000000")
+    ap.add_argument("--events-per-deployment", type=int, default=50,
+                    help="the fleet's deployments: events / this")
+    ap.add_argument("--fleet-ingest-events", type=int, default=50_000)
+    ap.add_argument("--page-requests", type=int, default=30)
+    ap.add_argument("--quick", action="store_true",
+                    help="short phases: a smoke run of the harness, not figures")
+    args = ap.parse_args()
+    if args.quick:
+        args.decide_seconds, args.ingest_events, args.rounds = 2.0, 10_000, 1
+        args.page_requests, args.fleet_ingest_events = 5, 5_000
+    return args
 
 
 def goals(results: dict[str, Any]) -> dict[str, bool]:
-    d, i, p = results["decide"], results["ingest"], results["fallback_page"]
-    return {"decide_2000_per_s": d["req_per_s"] >= 2000, "decide_p99_50ms": d["p99_ms"] <= 50,
-            "ingest_20000_per_s": i["events_per_s"] >= 20000, "page_200ms": p["p99_ms"] <= 200,
-            "client_100ms": max(results["client_service_down"].values()) <= 100}
+    out: dict[str, bool] = {}
+    for backend, sides in results["side_by_side"].items():
+        if isinstance(sides, dict) and "current" in sides:
+            cur = sides["current"]
+            out[f"{backend}_decide_2000_per_s"] = cur["decide_req_per_s"] >= 2000
+            out[f"{backend}_decide_p99_50ms"] = cur["decide_p99_ms"] <= 50
+            out[f"{backend}_ingest_20000_per_s"] = cur["ingest_events_per_s"] >= 20000
+    for backend, sizes in results.get("fleet", {}).items():
+        for size, r in sizes.items():
+            out[f"{backend}_{size}_fallbacks_p99_200ms"] = r["worst_p99_ms"] <= 200
+    out["client_100ms"] = max(results["client_service_down"].values()) <= 100
+    return out
 
 
 def main() -> None:
     args = parse_args()
-    sys.path.insert(0, str(ROOT / "tests" / "dashboard"))
-    from service_helpers import make_tokens, start_service
-
-    results: dict[str, Any] = {"machine": f"{platform.node()} {os.cpu_count()} cores",
-                               "date": dt.date.today().isoformat(), "backend": "sqlite (WAL)",
-                               "workers": args.workers, "load_average_start": load_average(),
-                               "calibration_us_start": calibration_us()}
+    results: dict[str, Any] = {
+        "machine": f"{platform.node()} {os.cpu_count()} cores, {platform.python_version()}",
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="minutes"),
+        "load_average_start": load_average(), "calibration_us_start": calibration_us()}
+    decided = lc.decided_configs()
+    t0 = dt.datetime.now(dt.UTC) - dt.timedelta(days=30)
+    inputs = {"bodies": lc.decide_bodies(decided),
+              "batches": lc.event_batches(decided, args.ingest_events, args.batch,
+                                          args.deployments, "t", t0, dt.timedelta(days=15))}
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
-        url = f"sqlite:///{tmp / 'bench.db'}"
-        tokens = make_tokens(url)
-        svc = start_service(url, tmp / "svc.log", args=("--workers", str(args.workers)))
-        try:
-            results.update(run_phases(args, int(svc.url.rsplit(":", 1)[1]), tokens))
-        finally:
-            svc.stop()
+        results["side_by_side"] = side_by_side(args, inputs, tmp)
+        if args.fleet:
+            results["fleet"] = {b: {str(n): fleet_load.measure(b, n, args, decided, tmp)
+                                    for n in args.fleet} for b in args.backends}
         results["client_service_down"] = client_offline_ms(tmp)
     results["load_average_end"] = load_average()
     results["calibration_us_end"] = calibration_us()

@@ -44,7 +44,6 @@ TEMPLATES.env.filters["urlencode_pairs"] = lambda query, **more: urlencode({**qu
 TEMPLATES.env.filters["describe_when"] = describe_when
 
 router = APIRouter(include_in_schema=False, max_body_size=MAX_BODY)
-MAX_CHART_FAMILIES = 15  # the by-family chart shows the families with the most fallbacks
 
 
 class SignIn(Exception):
@@ -97,26 +96,20 @@ def overview(request: Request, services: ServicesDep, user: UserDep) -> HTMLResp
 
 @router.get("/fallbacks", response_class=HTMLResponse)
 def fallbacks(request: Request, services: ServicesDep, user: UserDep,
-              days: Annotated[int, Query(ge=1, le=366)] = 30) -> HTMLResponse:
+              window: Annotated[str, Query(pattern="^(1h|24h|7d|all)$")] = "all",
+              family: Annotated[str, Query(max_length=64)] = "",
+              stage: Annotated[str, Query(max_length=64)] = "",
+              families: Annotated[str, Query(pattern="^(|all)$")] = "",
+              reasons: Annotated[str, Query(pattern="^(|all)$")] = "") -> HTMLResponse:
+    """Fallback reasons by kind (blocked by a feature, waiting for its stage, held by an
+    operator), in a time window, for a family and a stage (``dashboard/fallbacks.py``)."""
+    from dashboard.fallbacks import page_context
+
     with services.db.read_session() as session:
-        report = aggregates.fallbacks(session=session, days=days)
-        enabled = aggregates.stages_enabled_since(canary_store.list_canaries(session=session))
-    labels = services.policy.reason_labels()
-    top = [k for k, _n in report.ranked[:8]]
-    families = sorted(report.by_family, key=lambda f: -sum(report.by_family[f].values()))
-    families = families[:MAX_CHART_FAMILIES]
-    chart = {
-        "families": families,
-        "reasons": [{"key": k, "label": labels.get(k, k),
-                     "by_family": [report.by_family[f].get(k, 0) for f in families]}
-                    for k in top],
-        "by_day": {k: report.by_day.get(k, {}) for k in top if k in report.by_day},
-        "days": _day_axis(days),
-    }
-    return render(request, "fallbacks.html", user, report=report, labels=labels, days=days,
-                  enabled=enabled,
-                  chart=chart, num_families=len(report.by_family),
-                  family_chart_px=max(300, 26 * len(families) + 120))
+        status, context = page_context(services, session, window=window, family=family,
+                                       stage=stage, all_families=families == "all",
+                                       all_reasons=reasons == "all")
+    return render(request, "fallbacks.html", user, status=status, **context)
 
 
 @router.get("/canaries", response_class=HTMLResponse)

@@ -12,16 +12,20 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from dashboard import fallbacks as fallback_view
 from dashboard.api.schemas import (
     DeploymentIn,
     ErrorResponse,
     EventIn,
     EventOut,
     FallbacksOut,
+    FallbacksOverTime,
+    FamilyFallbacks,
     IngestIn,
     IngestOut,
     MatrixOut,
     RankedReason,
+    Window,
 )
 from dashboard.bodies import (
     JsonBodyError,
@@ -48,7 +52,8 @@ from dashboard.deps import (
 from dashboard.event_checks import event_errors
 from dashboard.policy import Snapshot, config_from_request
 from dashboard.services import Services
-from dashboard.store import aggregates, canaries, events
+from dashboard.store import aggregates, events
+from dashboard.store.latest_counts import reason_kind
 from dashboard.store.tokens import Role
 from oracle import DeploymentConfig, OracleError
 from oracle.errors import ErrorCode
@@ -219,21 +224,40 @@ def get_decisions(
     return [EventOut.model_validate(r, from_attributes=True) for r in rows]
 
 
-@router.get("/fallbacks", response_model=FallbacksOut)
+@router.get("/fallbacks", response_model=FallbacksOut,
+            responses={422: {"model": ErrorResponse}})
 def get_fallbacks(
     services: ServicesDep, session: ReadSessionDep, _who: ViewerDep,
-    days: Annotated[int, Query(ge=1, le=366)] = 30,
+    window: Window = "all",
+    family: Annotated[str | None, Query(max_length=64)] = None,
+    stage: Annotated[str | None, Query(max_length=64)] = None,
+    pack: Annotated[str | None, Query(max_length=64)] = None,
     include_demo: bool = True,
 ) -> FallbacksOut:
-    """Deployments not on V2: reasons ranked by affected deployments, by family, by day."""
-    report = aggregates.fallbacks(session=session, include_demo=include_demo, days=days)
-    enabled = aggregates.stages_enabled_since(canaries.list_canaries(session=session))
-    labels = services.policy.reason_labels()
+    """Deployments whose latest decision falls in ``window`` (1h, 24h, 7d or all), of a
+    ``family`` and rollout ``stage`` (cohort id) of the pack when given: those not on V2 by
+    kind, by reason ranked by affected deployments, by family, and over time (the same
+    deployments by when they decided). Read from aggregates kept at ingest. An unknown family
+    or stage is a 422 naming the closest."""
+    try:
+        fallback_view.check_filter(services, family, stage)
+    except fallback_view.BadFilter as err:
+        code = ErrorCode.UNKNOWN_FAMILY if err.field == "family" else ErrorCode.UNKNOWN_COHORT
+        raise http_error(422, code, str(err)) from err
+    fleet = aggregates.FleetFilter(family=family, stage=stage, pack=pack,
+                                   include_demo=include_demo)
+    view = fallback_view.build(services, session, window=window, fleet=fleet)
+    r, labels, enabled = view.report, view.labels, view.enabled
     return FallbacksOut(
-        num_deployments=report.num_deployments, num_fallbacks=report.num_fallbacks,
-        ranked=[RankedReason(key=k, label=labels.get(k, k), deployments=n,
+        window=window, since=r.since, family=family, stage=stage, pack=pack,
+        num_deployments=r.num_deployments, num_fallbacks=r.num_fallbacks,
+        by_kind={k: r.by_kind.get(k, 0) for k in aggregates.KINDS},
+        ranked=[RankedReason(key=k, label=labels.get(k, k), kind=reason_kind(k),
+                             deployments=n,
                              stage_enabled_since=enabled[k].since if k in enabled else None)
-                for k, n in report.ranked],
-        by_family={f: dict(c) for f, c in report.by_family.items()},
-        by_day=report.by_day)
-
+                for k, n in r.ranked],
+        by_family={f: dict(c) for f, c in r.by_family.items()},
+        families={f: FamilyFallbacks(deployments=c.deployments, fallbacks=c.fallbacks,
+                                     by_kind={k: c.by_kind.get(k, 0) for k in aggregates.KINDS})
+                  for f, c in r.families.items()},
+        over_time=FallbacksOverTime(bin_s=r.bin_s, bins=r.bins, by_reason=r.over_time))

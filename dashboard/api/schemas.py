@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dashboard.store.audit import MAX_REASON_CHARS
+from dashboard.store.latest_counts import Kind
 from oracle.wire import (
     CanariesOut,
     CohortOut,
@@ -105,22 +106,55 @@ class EventOut(BaseModel):
     demo: bool
 
 
+Window = Literal["1h", "24h", "7d", "all"]
+ReasonKind = Kind
+
+
 class RankedReason(BaseModel):
     key: str
     label: str
-    deployments: int
+    kind: ReasonKind = Field(description="blocked: a rule of the pack V2 does not serve yet "
+                             "(a real incompatibility); waiting: its rollout stage is off or "
+                             "it is outside the canary share; held: the kill switch or a V1 pin")
+    deployments: int = Field(description="deployments whose latest decision (in the window) "
+                             "carries this reason")
     stage_enabled_since: dt.datetime | None = Field(
         default=None, description="for a stage's not-yet-enabled reason whose stage is on "
         "now: when it was turned on. These deployments' latest decisions predate the flip; "
         "they decide again at their next start and report")
 
 
+class FamilyFallbacks(BaseModel):
+    deployments: int = Field(description="deployments of the family in the window")
+    fallbacks: int = Field(description="of them, not on V2")
+    by_kind: dict[ReasonKind, int]
+
+
+class FallbacksOverTime(BaseModel):
+    bin_s: int = Field(description="the width of a bin, seconds (300, 3600, 21600 or 86400)")
+    bins: list[dt.datetime] = Field(description="the start of each bin, UTC, oldest first")
+    by_reason: dict[str, list[int]] = Field(
+        description="reason key → per bin, the deployments whose latest decision falls in it: "
+        "the deployments `ranked` counts, so each list adds up to its reason's count")
+
+
 class FallbacksOut(BaseModel):
-    num_deployments: int
-    num_fallbacks: int
+    window: Window
+    since: dt.datetime | None = Field(description="the window's start (now minus the window, "
+                                      "down to a 5-minute boundary); null for all")
+    family: str | None
+    stage: str | None
+    pack: str | None
+    num_deployments: int = Field(description="deployments whose latest decision is in the "
+                                 "window (and the filters)")
+    num_fallbacks: int = Field(description="of them, those not on V2")
+    by_kind: dict[ReasonKind, int] = Field(description="fallbacks by the kind of what holds "
+                                           "them back (a deployment counts once)")
     ranked: list[RankedReason]
-    by_family: dict[str, dict[str, int]]
-    by_day: dict[str, dict[str, int]]
+    by_family: dict[str, dict[str, int]] = Field(description="family → reason key → "
+                                                 "deployments")
+    families: dict[str, FamilyFallbacks]
+    over_time: FallbacksOverTime
 
 
 class ImpactOut(BaseModel):

@@ -1,7 +1,6 @@
 // Charts of the pages: each page embeds its data as JSON in a <script type="application/json">.
 "use strict";
 (function () {
-  const COLORS = ["#2458a6", "#a33a1b", "#1b7a3a", "#a6781f", "#6b3fa0", "#1f8a8a", "#8a1f5c", "#5c6670"];
   const RUNNER_COLORS = { v2: "#1b7a3a", v1: "#a33a1b", none: "#8a8f94" };
 
   function data(id) {
@@ -48,27 +47,9 @@
     });
   }
 
-  function fallbacks(d) {
-    chart("reasons-family", {
-      type: "bar",
-      data: { labels: d.families, datasets: d.reasons.map((r, i) => ({
-        label: r.label, backgroundColor: COLORS[i % COLORS.length], data: r.by_family })) },
-      options: { indexAxis: "y", scales: { x: { stacked: true, beginAtZero: true }, y: { stacked: true } } },
-    });
-    const days = d.days || Array.from(new Set(Object.values(d.by_day).flatMap((m) => Object.keys(m)))).sort();
-    chart("reasons-days", {
-      type: "line",
-      data: { labels: days, datasets: d.reasons.filter((r) => d.by_day[r.key]).map((r, i) => ({
-        label: r.label, borderColor: COLORS[i % COLORS.length], backgroundColor: COLORS[i % COLORS.length],
-        data: days.map((day) => d.by_day[r.key][day] || 0) })) },
-      options: { scales: { y: { beginAtZero: true } } },
-    });
-  }
-
   document.addEventListener("DOMContentLoaded", function () {
     // Heights computed by the server come as data-height: the CSP allows no style attribute.
     document.querySelectorAll("[data-height]").forEach((el) => { el.style.height = el.dataset.height + "px"; });
     const o = data("overview-data"); if (o) overview(o);
-    const f = data("fallbacks-data"); if (f) fallbacks(f);
   });
 })();

@@ -1,29 +1,29 @@
 """Decision-event ingest (batched, idempotent by ``event_id``) and the roll-ups kept with it.
 
 One transaction per batch stores the new events, moves each deployment's latest decision
-forward (``deployments``) and adds to the daily roll-ups, so the pages read small tables even
-with millions of events. Duplicates (a client resending after a lost acknowledgement) are
-skipped before anything is counted.
+forward (``deployments``) with its counts (``latest_counts``, see
+``dashboard/store/latest_counts.py``) and adds to the daily roll-up, so the pages read small
+tables even with millions of events. Duplicates (a client resending after a lost
+acknowledgement) are skipped before anything is counted. The writes themselves are in
+``ingest_sqlite.py`` and ``ingest_pg.py``, one per backend.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy import delete, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from dashboard.store.aggregates import reason_keys
 from dashboard.store.models import (
     DailyDecisions,
-    DailyReasons,
     DecisionEvent,
     Deployment,
+    LatestCounts,
 )
 
 
@@ -80,15 +80,12 @@ class EventRecord:
     demo: bool = False
 
 
-def _insert(session: Session, table: Any) -> Any:
-    dialect = session.get_bind().dialect.name
-    return (postgresql.insert if dialect == "postgresql" else sqlite.insert)(table)
-
-
-def ingest(*, session: Session, events: Sequence[EventLike]) -> int:
+def ingest(*, session: Session, events: Sequence[EventLike],
+           now: dt.datetime | None = None) -> int:
     """Store a batch in the caller's transaction; returns how many were new (not duplicates).
 
-    The caller acknowledges only after commit: an acknowledged event is durable.
+    ``now``: the time the fine buckets of ``latest_counts`` are kept from (default: the
+    clock). The caller acknowledges only after commit: an acknowledged event is durable.
     """
     first: dict[str, EventLike] = {}
     for e in events:  # a batch may repeat an event: the first copy counts, as across batches
@@ -96,81 +93,78 @@ def ingest(*, session: Session, events: Sequence[EventLike]) -> int:
     events = list(first.values())
     if not events:
         return 0
+    now = now or dt.datetime.now(dt.UTC)
     if session.get_bind().dialect.name == "sqlite":
         from dashboard.store.ingest_sqlite import ingest_sqlite
 
-        return ingest_sqlite(session, events)
-    rows = [_event_row(e) for e in events]
-    # Core tables, not the ORM classes: the ORM's bulk-insert bookkeeping costs more than the
-    # insert itself at these batch sizes.
-    table = DecisionEvent.__table__
-    stmt = _insert(session, table).on_conflict_do_nothing(index_elements=["event_id"])
-    inserted = set(session.scalars(stmt.returning(table.c.event_id), rows))
+        return ingest_sqlite(session, events, now)
+    from dashboard.store.ingest_pg import insert_events_pg
+
+    inserted = insert_events_pg(session.connection(), events)
     fresh = [e for e in events if e.event_id in inserted]
     if fresh:
-        _advance_deployments(session, fresh)
-        _add_daily(session, fresh)
+        advance_deployments(session, fresh, now)
+        add_daily(session, fresh)
     return len(fresh)
 
 
-def _event_row(e: EventLike) -> dict[str, Any]:
-    return {
-        "event_id": e.event_id, "at": e.at, "deployment_id": e.deployment_id, "host": e.host,
-        "pack": e.pack, "family": e.family, "runner": e.runner, "mode": e.mode,
-        "stage": e.stage, "reason_code": e.reason_code, "rule_ids": list(e.rule_ids),
-        "policy_digest": e.policy_digest, "demo": e.demo,
-    }
-
-
-def _advance_deployments(session: Session, events: Sequence[EventLike]) -> None:
-    latest: dict[str, EventLike] = {}
+def latest_per_deployment(events: Iterable[EventLike],
+                          into: dict[str, EventLike] | None = None) -> dict[str, EventLike]:
+    """Deployment id → its latest event: the greatest ``(at, event_id)`` (ties of time are
+    broken by event id, the same order the stored rows are compared in)."""
+    latest = {} if into is None else into
     for e in events:
         cur = latest.get(e.deployment_id)
         if cur is None or (e.at, e.event_id) > (cur.at, cur.event_id):
             latest[e.deployment_id] = e
-    rows = []
-    for e in sorted(latest.values(), key=lambda e: e.deployment_id):  # one lock order
-        row = _event_row(e)
-        del row["policy_digest"]
-        row["config"] = e.config
-        rows.append(row)
-    table = Deployment.__table__
-    stmt = _insert(session, table)
-    excluded = stmt.excluded
-    names = [c for c in rows[0] if c != "deployment_id"]
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["deployment_id"],
-        set_={n: excluded[n] for n in names},
-        # Out-of-order delivery: an older event never overwrites a newer decision.
-        where=table.c.at <= excluded.at,
-    )
-    session.execute(stmt, rows)
+    return latest
 
 
-def _add_daily(session: Session, events: Sequence[EventLike]) -> None:
-    decisions: Counter[tuple[dt.date, str, str, str, bool]] = Counter()
-    reasons: Counter[tuple[dt.date, str, str, bool]] = Counter()
-    for e in events:
-        day = e.at.astimezone(dt.UTC).date()
-        decisions[(day, e.family, e.runner or "", e.reason_code, e.demo)] += 1
-        if e.runner == "v2":
-            continue  # the reasons roll-up is of fallbacks (same keys as the ranking)
-        for key in set(reason_keys(list(e.rule_ids), e.reason_code, e.stage)):
-            reasons[(day, e.family, key, e.demo)] += 1
-    _upsert_counts(session, DailyDecisions, ["day", "family", "runner", "reason_code", "demo"],
-                   decisions)
-    _upsert_counts(session, DailyReasons, ["day", "family", "rule_id", "demo"], reasons)
+def advance_deployments(session: Session, events: Sequence[EventLike],
+                        now: dt.datetime) -> None:
+    """Move each deployment's latest decision forward to the newest of ``events`` where it is
+    newer than the stored one (out-of-order delivery never moves it back), and its counts in
+    ``latest_counts`` with it."""
+    latest = list(latest_per_deployment(events).values())
+    if session.get_bind().dialect.name == "sqlite":
+        from dashboard.store.ingest_sqlite import advance_sqlite
 
-
-def _upsert_counts(session: Session, table: Any, keys: list[str], counts: Counter[Any]) -> None:
-    if not counts:
+        advance_sqlite(session.connection(), latest, now)
         return
-    rows = [dict(zip(keys, k, strict=True), num_events=n) for k, n in sorted(counts.items())]
-    core = table.__table__
-    stmt = _insert(session, core)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=keys, set_={"num_events": core.c.num_events + stmt.excluded.num_events})
-    session.execute(stmt, rows)
+    from dashboard.store.ingest_pg import advance_pg
+
+    advance_pg(session.connection(), latest, now)
+
+
+DailyKey = tuple[dt.date, str, str, str, bool]
+
+
+def daily_counts(events: Iterable[EventLike], into: Counter[DailyKey] | None = None
+                 ) -> Counter[DailyKey]:
+    """Events per (UTC day, family, runner, reason code, demo): the daily roll-up's
+    increments."""
+    decisions = into if into is not None else Counter()
+    get = decisions.get  # a plain update: Counter's += costs twice as much
+    for e in events:
+        k = (e.at.astimezone(dt.UTC).date(), e.family, e.runner or "", e.reason_code, e.demo)
+        decisions[k] = get(k, 0) + 1
+    return decisions
+
+
+def add_daily(session: Session, events: Iterable[EventLike]) -> None:
+    write_daily(session, daily_counts(events))
+
+
+def write_daily(session: Session, decisions: Counter[DailyKey]) -> None:
+    """Add to the daily roll-up (an upsert per key, in key order)."""
+    if session.get_bind().dialect.name == "sqlite":
+        from dashboard.store.ingest_sqlite import write_daily_sqlite
+
+        write_daily_sqlite(session.connection(), decisions)
+        return
+    from dashboard.store.ingest_pg import write_daily_pg
+
+    write_daily_pg(session.connection(), decisions)
 
 
 def count_events(*, session: Session, demo: bool | None = None) -> int:
@@ -185,7 +179,7 @@ def count_events(*, session: Session, demo: bool | None = None) -> int:
 def remove_demo(*, session: Session) -> int:
     """Delete every demo event, deployment and roll-up row; returns the events removed."""
     num = count_events(session=session, demo=True)
-    for table in (DecisionEvent, Deployment, DailyDecisions, DailyReasons):
+    for table in (DecisionEvent, Deployment, DailyDecisions, LatestCounts):
         session.execute(delete(table).where(table.demo.is_(True)))
     return num
 

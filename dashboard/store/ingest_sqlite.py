@@ -19,6 +19,8 @@ from typing import Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
+from dashboard.store.latest_counts import Move, apply_moves, suffixes_of
+
 
 def _stored(t: dt.datetime) -> str:
     """SQLAlchemy's SQLite DATETIME storage format (zero-padded, so string order = time order;
@@ -37,45 +39,46 @@ def _sql_insert(table: str, columns: Sequence[str]) -> str:
 
 
 _INSERT_EVENTS = _sql_insert("decision_events", _EVENT_COLUMNS)
-_UPSERT_DEPLOYMENTS = (
-    _sql_insert("deployments", _DEPLOYMENT_COLUMNS)
-    + " ON CONFLICT (deployment_id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in _DEPLOYMENT_COLUMNS[1:])
-    # Out-of-order delivery: an older event never overwrites a newer decision.
-    + " WHERE deployments.at <= excluded.at")
+_INSERT_DEPLOYMENTS = _sql_insert("deployments", _DEPLOYMENT_COLUMNS)
+# The stored states were read in this (exclusive) transaction: each deployment is known new
+# or stored, and a plain UPDATE by key costs less than an upsert's failed insert first.
+_UPDATE_DEPLOYMENTS = (
+    "UPDATE deployments SET " + ", ".join(f"{c} = ?" for c in _DEPLOYMENT_COLUMNS[1:])
+    + " WHERE deployment_id = ?")
 _UPSERT_DAILY_DECISIONS = (
     _sql_insert("daily_decisions", ("day", "family", "runner", "reason_code", "demo",
                                     "num_events"))
     + " ON CONFLICT (day, family, runner, reason_code, demo) DO UPDATE SET"
       " num_events = daily_decisions.num_events + excluded.num_events")
-_UPSERT_DAILY_REASONS = (
-    _sql_insert("daily_reasons", ("day", "family", "rule_id", "demo", "num_events"))
-    + " ON CONFLICT (day, family, rule_id, demo) DO UPDATE SET"
-      " num_events = daily_reasons.num_events + excluded.num_events")
+_STATE_COLUMNS = ("deployment_id", "at", "event_id", "pack", "family", "stage", "runner",
+                  "reason_code", "rule_ids", "demo")
 
 
-def ingest_sqlite(session: Session, events: Sequence[Any]) -> int:
+def ingest_sqlite(session: Session, events: Sequence[Any], now: dt.datetime) -> int:
     """Store a batch of events (``EventLike``) in the caller's transaction; returns how many
     were new."""
+    from dashboard.store.events import add_daily, latest_per_deployment
+
     conn = session.connection()
-    rows = [_prepare(e) for e in _new_events(conn, events)]
-    if not rows:
+    fresh = _new_events(conn, events)
+    if not fresh:
         return 0
+    stored = {e.event_id: _stored(e.at.astimezone(dt.UTC)) for e in fresh}  # once an event
+    insert_events_sqlite(conn, fresh, stored)
+    advance_sqlite(conn, list(latest_per_deployment(fresh).values()), now, stored)
+    add_daily(session, fresh)
+    return len(fresh)
+
+
+def insert_events_sqlite(conn: Connection, events: Sequence[Any],
+                         stored: dict[str, str] | None = None) -> None:
+    """Insert events as they are (duplicates of stored ids raise IntegrityError); ``stored``:
+    event id → its time as stored, where known already."""
+    at = stored or {e.event_id: _stored(e.at.astimezone(dt.UTC)) for e in events}
     conn.exec_driver_sql(_INSERT_EVENTS, [
-        (e.event_id, at, e.deployment_id, e.host, e.pack, e.family, e.runner, e.mode, e.stage,
-         e.reason_code, rules, e.policy_digest, int(e.demo)) for e, at, _day, rules in rows])
-    conn.exec_driver_sql(_UPSERT_DEPLOYMENTS, _latest_per_deployment(rows))
-    _add_daily(conn, rows)
-    return len(rows)
-
-
-# (event, stored UTC time, UTC day, rule ids as JSON): computed once per event.
-_Row = tuple[Any, str, str, str]
-
-
-def _prepare(e: Any) -> _Row:
-    at = e.at.astimezone(dt.UTC)
-    return e, _stored(at), at.date().isoformat(), _rules_json(tuple(e.rule_ids))
+        (e.event_id, at[e.event_id], e.deployment_id, e.host, e.pack,
+         e.family, e.runner, e.mode, e.stage, e.reason_code, _rules_json(tuple(e.rule_ids)),
+         e.policy_digest, int(e.demo)) for e in events])
 
 
 @lru_cache(maxsize=4096)
@@ -84,44 +87,89 @@ def _rules_json(rule_ids: tuple[str, ...]) -> str:
     return json.dumps(list(rule_ids))
 
 
+@lru_cache(maxsize=4096)
+def _rules_tuple(stored: str) -> tuple[str, ...]:
+    return tuple(json.loads(stored))
+
+
 def _new_events(conn: Connection, events: Sequence[Any]) -> list[Any]:
     """The events whose ids are neither stored nor repeated earlier in the batch."""
     unique = list({e.event_id: e for e in events}.values())
     ids = [e.event_id for e in unique]
-    seen: set[str] = set()
-    for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit, with room
-        chunk = ids[start:start + 900]
-        rows = conn.exec_driver_sql(
-            f"SELECT event_id FROM decision_events WHERE event_id IN "
-            f"({', '.join('?' for _ in chunk)})", tuple(chunk))
-        seen.update(r[0] for r in rows)
+    seen = {r[0] for r in _select_in(conn, "SELECT event_id FROM decision_events WHERE "
+                                           "event_id IN", ids)}
     return [e for e in unique if e.event_id not in seen]
 
 
-def _latest_per_deployment(rows: list[_Row]) -> list[tuple[Any, ...]]:
-    latest: dict[str, _Row] = {}
-    for row in rows:
-        cur = latest.get(row[0].deployment_id)
+def _select_in(conn: Connection, head: str, ids: Sequence[str]) -> list[Any]:
+    """Rows (plain tuples) of ``head (?, ?, ...)`` over ``ids``, through the driver's own
+    cursor in the connection's transaction: result rows cost a few times more through
+    SQLAlchemy's result objects."""
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    rows: list[Any] = []
+    try:
+        for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit, with room
+            chunk = ids[start:start + 900]
+            rows += cursor.execute(f"{head} ({', '.join('?' for _ in chunk)})",
+                                   chunk).fetchall()
+    finally:
+        cursor.close()
+    return rows
+
+
+def _epoch(stored: str) -> int:
+    """Epoch seconds of a stored time (``YYYY-MM-DD HH:MM:SS[.ffffff]``, UTC)."""
+    return _day_epoch(stored[:10]) + (int(stored[11:13]) * 3600 + int(stored[14:16]) * 60
+                                      + int(stored[17:19]))
+
+
+@lru_cache(maxsize=4096)
+def _day_epoch(day: str) -> int:
+    return int(dt.datetime.fromisoformat(day).replace(tzinfo=dt.UTC).timestamp())
+
+
+def advance_sqlite(conn: Connection, latest: Sequence[Any], now: dt.datetime,
+                   stored: dict[str, str] | None = None) -> None:
+    """``events.advance_deployments`` on SQLite: ``latest`` holds one event per deployment.
+    The write transaction excludes other writers, so the stored states read first stay
+    current until the commit."""
+    latest = sorted(latest, key=lambda e: e.deployment_id)
+    old = {r[0]: r for r in _select_in(
+        conn, f"SELECT {', '.join(_STATE_COLUMNS)} FROM deployments WHERE deployment_id IN",
+        [e.deployment_id for e in latest])}
+    inserts, updates = [], []
+    moves: list[Move] = []
+    for e in latest:
+        at = stored[e.event_id] if stored else _stored(e.at.astimezone(dt.UTC))
+        cur = old.get(e.deployment_id)
         # Stored times are zero-padded UTC strings: string order is time order.
-        if cur is None or (row[1], row[0].event_id) > (cur[1], cur[0].event_id):
-            latest[row[0].deployment_id] = row
-    return [(e.deployment_id, e.event_id, at, e.host, e.pack, e.family, e.runner, e.mode,
-             e.stage, e.reason_code, rules, None if e.config is None else json.dumps(e.config),
-             int(e.demo))
-            for e, at, _day, rules in sorted(latest.values(), key=lambda r: r[0].deployment_id)]
+        if cur is not None and (at, e.event_id) <= (cur[1], cur[2]):
+            continue
+        rule_ids = tuple(e.rule_ids)
+        values = (e.event_id, at, e.host, e.pack, e.family, e.runner, e.mode, e.stage,
+                  e.reason_code, _rules_json(rule_ids),
+                  None if e.config is None else json.dumps(e.config), int(e.demo))
+        if cur is None:
+            inserts.append((e.deployment_id, *values))
+        else:
+            updates.append((*values, e.deployment_id))
+        new = suffixes_of(e.runner, rule_ids, e.reason_code, e.stage, e.family, e.pack,
+                          e.demo)
+        if cur is None:
+            moves.append((0, None, _epoch(at), new))
+        else:  # the stored row: (id, at, event_id, pack, family, stage, runner, code, rules, demo)
+            moves.append((_epoch(cur[1]), suffixes_of(cur[6], _rules_tuple(cur[8]), cur[7],
+                                                      cur[5], cur[4], cur[3], bool(cur[9])),
+                          _epoch(at), new))
+    if inserts:
+        conn.exec_driver_sql(_INSERT_DEPLOYMENTS, inserts)
+    if updates:
+        conn.exec_driver_sql(_UPDATE_DEPLOYMENTS, updates)
+    apply_moves(conn, moves, now)
 
 
-def _add_daily(conn: Connection, rows: list[_Row]) -> None:
-    from dashboard.store.aggregates import reason_keys
-
-    decisions: Counter[tuple[str, str, str, str, int]] = Counter()
-    reasons: Counter[tuple[str, str, str, int]] = Counter()
-    for e, _at, day, _rules in rows:
-        decisions[(day, e.family, e.runner or "", e.reason_code, int(e.demo))] += 1
-        if e.runner != "v2":  # the reasons roll-up is of fallbacks
-            for key in set(reason_keys(list(e.rule_ids), e.reason_code, e.stage)):
-                reasons[(day, e.family, key, int(e.demo))] += 1
-    conn.exec_driver_sql(_UPSERT_DAILY_DECISIONS,
-                         [(*k, n) for k, n in sorted(decisions.items())])
-    if reasons:
-        conn.exec_driver_sql(_UPSERT_DAILY_REASONS, [(*k, n) for k, n in sorted(reasons.items())])
+def write_daily_sqlite(conn: Connection, decisions: Counter[Any]) -> None:
+    if decisions:
+        conn.exec_driver_sql(_UPSERT_DAILY_DECISIONS, [
+            (day.isoformat(), family, runner, code, int(demo), n)
+            for (day, family, runner, code, demo), n in sorted(decisions.items())])

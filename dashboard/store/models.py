@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Date,
     DateTime,
@@ -133,7 +134,8 @@ class Deployment(DecisionFields, Base):
     """The latest decision of each deployment (kept at ingest; the fleet view and aggregates)."""
 
     __tablename__ = "deployments"
-    __table_args__ = (Index("ix_deployments_runner_family", "runner", "family"),)
+    # No index besides the key: ingest moves rows on every report, and the counts by runner,
+    # family and reason are ``latest_counts`` (migration 0004).
 
     deployment_id: Mapped[str] = mapped_column(String(256), primary_key=True)
     event_id: Mapped[str] = mapped_column(String(64))
@@ -155,16 +157,31 @@ class DailyDecisions(Base):
     num_events: Mapped[int] = mapped_column(Integer)
 
 
-class DailyReasons(Base):
-    """Events that carried a rule per day x family x rule id (rolled up at ingest)."""
+class LatestCounts(Base):
+    """Deployments by their latest decision, per time bucket of that decision (kept at ingest,
+    in the ingest's transaction; ``dashboard/store/latest_counts.py``).
 
-    __tablename__ = "daily_reasons"
+    Each deployment is counted once with ``reason = ""`` (the deployment itself: its runner,
+    and for a fallback the kind of what holds it back) and, when its latest decision is not
+    V2, once per fallback-reason key (``latest_counts.reason_keys``). Buckets of three sizes
+    (``bucket_s``: 300, 3600, 86400 seconds; ``bucket``: epoch seconds, UTC) let a time window
+    be summed from a few rows whatever the number of events or deployments.
+    """
 
-    day: Mapped[dt.date] = mapped_column(Date, primary_key=True)
+    __tablename__ = "latest_counts"
+    # SQLite: the key is the table (no rowid b-tree beside it).
+    __table_args__ = ({"sqlite_with_rowid": False},)
+
+    bucket_s: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    reason: Mapped[str] = mapped_column(String(128), primary_key=True)  # "" = the deployment
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)  # blocked|waiting|held|""
     family: Mapped[str] = mapped_column(String(64), primary_key=True)
-    rule_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    stage: Mapped[str] = mapped_column(String(64), primary_key=True)  # "" when in no stage
+    pack: Mapped[str] = mapped_column(String(64), primary_key=True)
+    runner: Mapped[str] = mapped_column(String(8), primary_key=True)  # "" when no runner
     demo: Mapped[bool] = mapped_column(Boolean, primary_key=True)
-    num_events: Mapped[int] = mapped_column(Integer)
+    num_deployments: Mapped[int] = mapped_column(Integer)
 
 
 class ApiToken(Base):

@@ -314,7 +314,7 @@ def test_ingest_is_idempotent_and_feeds_fallbacks_and_metrics(api: Api) -> None:
     assert r.json() == {"accepted": 30, "inserted": 30}
     r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
     assert r.json() == {"accepted": 30, "inserted": 0}
-    fb = api.client.get("/api/v1/fallbacks?days=366", headers=api.h("viewer")).json()
+    fb = api.client.get("/api/v1/fallbacks?window=all", headers=api.h("viewer")).json()
     assert fb["num_deployments"] == 30 and fb["num_fallbacks"] == 30
     assert fb["ranked"][0]["key"] == "spec_ngram" and fb["ranked"][0]["deployments"] == 30
     assert fb["by_family"] == {"qwen3": {"spec_ngram": 30}}

@@ -81,7 +81,7 @@ def test_charts_are_drawn_from_the_demo_fleet(browser: object, site: tuple) -> N
     page.goto(svc.url + "/fallbacks")
     page.wait_for_load_state("networkidle")
     # Chart.js registers a chart instance per canvas it drew.
-    drawn = page.evaluate("['reasons-family', 'reasons-days'].map(id => "
+    drawn = page.evaluate("['blocked-family', 'blocked-time'].map(id => "
                           "!!window.Chart.getChart(document.getElementById(id)))")
     assert drawn == [True, True]
     assert page.locator("#ranked tbody tr").count() > 1

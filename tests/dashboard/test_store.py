@@ -40,9 +40,13 @@ def db(db_url: str) -> Database:
 def test_migrations_match_the_models_and_rerun_cleanly(db: Database) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from dashboard.store.db import alembic_config
 
     db.upgrade()  # a second upgrade is a no-op
-    assert db.current_revision() == "0003"
+    head = ScriptDirectory.from_config(alembic_config(db.url)).get_current_head()
+    assert head is not None and db.current_revision() == head
     with db.engine.connect() as conn:
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
 
@@ -301,12 +305,13 @@ def test_ingest_is_idempotent_and_keeps_the_latest_decision(db: Database) -> Non
         s.commit()
     with db.read_session() as s:
         assert events.count_events(session=s) == 5
-        report = aggregates.fallbacks(session=s, today=dt.date(2026, 11, 29))
+        report = aggregates.fallbacks(session=s, now=t0 + dt.timedelta(days=1))
         ov = aggregates.overview(session=s, today=dt.date(2026, 11, 29))
     assert report.num_deployments == 2
     assert report.ranked == [("dbo", 1)]  # "a" is on V2 now; "b"'s latest carries dbo
-    assert report.by_day == {"spec_ngram": {"2026-11-28": 2}, "dbo": {"2026-11-29": 1},
-                             "cpu_offload": {"2026-11-27": 1}}
+    # The time chart counts the same deployments, by the day of their latest decision.
+    assert report.bins == [dt.datetime(2026, 11, 29, tzinfo=dt.UTC)]
+    assert report.over_time == {"dbo": [1]}
     assert ov.by_runner == {"v2": 1, "v1": 1}
     assert ov.by_day["2026-11-28"] == {"v1": 2, "v2": 1}
 
@@ -331,8 +336,10 @@ def test_an_event_repeated_inside_one_batch_counts_once(db: Database) -> None:
         assert events.ingest(session=s, events=[e, e, e]) == 1
         s.commit()
     with db.read_session() as s:
-        report = aggregates.fallbacks(session=s, today=dt.date(2026, 11, 28))
-    assert report.by_day == {"spec_ngram": {"2026-11-28": 1}}
+        report = aggregates.fallbacks(session=s, now=t0)
+        ov = aggregates.overview(session=s, today=dt.date(2026, 11, 28))
+    assert report.ranked == [("spec_ngram", 1)] and report.over_time == {"spec_ngram": [1]}
+    assert ov.by_day == {"2026-11-28": {"v1": 1}}
 
 
 def test_demo_rows_are_removed_with_their_rollups(db: Database) -> None:
@@ -346,9 +353,11 @@ def test_demo_rows_are_removed_with_their_rollups(db: Database) -> None:
         s.commit()
     with db.read_session() as s:
         assert events.count_events(session=s) == 1
-        report = aggregates.fallbacks(session=s, today=dt.date(2026, 11, 28))
+        report = aggregates.fallbacks(session=s, now=t0)
+        ov = aggregates.overview(session=s, today=dt.date(2026, 11, 28))
     assert report.num_deployments == 1
-    assert report.by_day == {"spec_ngram": {"2026-11-28": 1}}
+    assert report.over_time == {"spec_ngram": [1]} and ov.by_runner == {"v1": 1}
+    assert ov.by_day == {"2026-11-28": {"v1": 1}}
 
 
 def test_tokens_are_stored_hashed_and_revocable(db: Database) -> None:

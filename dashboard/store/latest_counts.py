@@ -1,0 +1,236 @@
+"""Deployments counted by their latest decision, kept as events arrive (table ``latest_counts``).
+
+Ingest moves a deployment's latest decision forward (table ``deployments``) and, in the same
+transaction, moves the deployment's count from the keys of its old latest decision to the keys
+of the new one: ``-1`` under each key of the old state, ``+1`` under each key of the new
+(:func:`apply_moves`). A key is (bucket size, bucket, reason, kind, family, stage, pack,
+runner, demo): the bucket is the one the decision's time falls in, for each of three sizes
+(5 minutes, 1 hour, 1 day). A deployment is counted once with ``reason = ""`` (itself) and,
+when its latest decision is not V2, once under each of its fallback-reason keys.
+
+A read of a time window then sums a few hundred rows (``aggregates.fallbacks``), whatever the
+number of stored events or deployments. Fine buckets are read only for recent times, so they
+are kept for a limited time (:data:`RETENTION_S`); day buckets are kept for good.
+
+The same functions rebuild the table from ``deployments`` (:func:`rebuild`: migration 0004's
+backfill) and serve the bulk loader (``dashboard/store/bulk.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from functools import lru_cache
+from typing import Any, Literal, NamedTuple
+
+from sqlalchemy import Connection, delete, select
+
+from dashboard.store.models import Deployment, LatestCounts
+
+BUCKETS = (300, 3600, 86400)  # bucket sizes, seconds; each a multiple of the one before
+# How far back (seconds) each size is kept, None: for good. The reads use 5-minute buckets for
+# windows of up to 24 hours (and their first hour) and hourly ones for windows of up to 7 days
+# (and the first day of a longer one); a day of slack on top. In a fleet whose deployments
+# report every few days, a move of a deployment then rarely touches a fine bucket.
+RETENTION_S: dict[int, int | None] = {300: 2 * 86400, 3600: 9 * 86400, 86400: None}
+# Rows are deleted a day after ingest stops writing them, so that a pruning transaction and
+# an ingest whose clock is a little behind never touch the same row.
+_PRUNE_MARGIN_S = 86400
+
+Kind = Literal["blocked", "waiting", "held"]
+KINDS: tuple[Kind, ...] = ("blocked", "waiting", "held")
+_WAITING = frozenset({"rollout.stage_off", "rollout.split_out", "rollout.no_stage",
+                      "DISABLED", "DEFAULT", "SPLIT", "TARGETING_MATCH"})
+_HELD = frozenset({"rollout.kill_switch", "pin.v1", "STATIC"})
+_PER_STAGE = ("rollout.stage_off", "rollout.split_out")
+
+
+def reason_keys(rule_ids: Sequence[str], reason_code: str, stage: str | None) -> list[str]:
+    """What a fallback is attributed to: its rule ids, the per-stage rollout reasons split by
+    stage (``rollout.stage_off:qwen3-canary``), or, with no rule at all, the reason code."""
+    if not rule_ids:
+        return [reason_code]
+    return [f"{r}:{stage}" if r in _PER_STAGE and stage else r for r in rule_ids]
+
+
+def reason_kind(key: str) -> Kind:
+    """``"waiting"``: the deployment waits for its rollout stage (off, outside the canary
+    share, in no stage); ``"held"``: an operator holds it on V1 (the kill switch, a V1 pin);
+    ``"blocked"``: anything else, a rule of the pack that V2 does not serve (a real
+    incompatibility) or a configuration no runner serves. A bare reason code (an event without
+    rule ids) is classed by what the code means."""
+    base = key.split(":", 1)[0]
+    if base in _WAITING:
+        return "waiting"
+    if base in _HELD:
+        return "held"
+    return "blocked"
+
+
+class State(NamedTuple):
+    """A deployment's latest decision, as far as the counts need it."""
+
+    t: int  # the decision's time, epoch seconds (UTC)
+    event_id: str
+    pack: str
+    family: str
+    stage: str | None
+    runner: str | None
+    reason_code: str
+    rule_ids: tuple[str, ...]
+    demo: bool
+
+
+def state_of(e: Any) -> State:
+    """The :class:`State` of an event (``events.EventLike``) or a ``deployments`` row."""
+    return State(int(e.at.timestamp() // 1), e.event_id, e.pack, e.family, e.stage, e.runner,
+                 e.reason_code, tuple(e.rule_ids), bool(e.demo))
+
+
+Suffix = tuple[str, str, str, str, str, str, bool]  # reason, kind, family, stage, pack, runner, demo
+Key = tuple[int, int, str, str, str, str, str, str, bool]  # (bucket size, bucket, *Suffix)
+
+
+def _suffixes(s: State) -> tuple[Suffix, ...]:
+    return suffixes_of(s.runner, s.rule_ids, s.reason_code, s.stage, s.family, s.pack, s.demo)
+
+
+@lru_cache(maxsize=16384)
+def suffixes_of(runner: str | None, rule_ids: tuple[str, ...], reason_code: str,
+                stage: str | None, family: str, pack: str, demo: bool) -> tuple[Suffix, ...]:
+    """The keys of a decision but its bucket; a fleet has few distinct decisions, each is
+    worked out once (equal decisions get the same tuple object)."""
+    rest = (family, stage or "", pack, runner or "", bool(demo))
+    if runner == "v2":
+        return (("", "", *rest),)
+    keys = sorted(set(reason_keys(rule_ids, reason_code, stage)))
+    kinds = {reason_kind(k) for k in keys}
+    kind = next((k for k in KINDS if k in kinds), "blocked")
+    return (("", kind, *rest), *((k, reason_kind(k), *rest) for k in keys))
+
+
+def _horizons(now_s: int) -> list[tuple[int, int | None]]:
+    """(bucket size, the first bucket still kept; None: all)."""
+    return [(size, None if keep is None else now_s - keep) for size, keep in RETENTION_S.items()]
+
+
+def _add(counts: dict[Key, int], size: int, bucket: int, suffixes: tuple[Suffix, ...],
+         sign: int) -> None:
+    for suffix in suffixes:
+        key = (size, bucket, *suffix)
+        counts[key] = counts.get(key, 0) + sign
+
+
+# A deployment's move: (old time, old suffixes; None: a new deployment, new time, new suffixes)
+Move = tuple[int, tuple[Suffix, ...] | None, int, tuple[Suffix, ...]]
+
+
+def move(old: State | None, new: State) -> Move:
+    return (0 if old is None else old.t, None if old is None else _suffixes(old),
+            new.t, _suffixes(new))
+
+
+def count_moves(moves: Iterable[Move], now: dt.datetime) -> dict[Key, int]:
+    """The net count changes of deployments moving from an old latest decision (none: a new
+    deployment) to a new one, in buckets still kept; keys that net to zero are dropped.
+    Ingest's hot loop: a bucket whose keys do not change is skipped before any dict work."""
+    horizons = _horizons(int(now.timestamp()))
+    counts: dict[Key, int] = {}
+    for to, so, tn, sn in moves:
+        for size, first in horizons:
+            bn = tn - tn % size
+            bo = to - to % size
+            if so is sn and bo == bn:
+                continue  # the same keys: +1 and -1 cancel
+            if first is None or bn >= first:
+                _add(counts, size, bn, sn, +1)
+            if so is not None and (first is None or bo >= first):
+                _add(counts, size, bo, so, -1)
+    return {k: n for k, n in counts.items() if n}
+
+
+def add_state(counts: dict[Key, int], state: State, sign: int, now_s: int) -> None:
+    """Add ``sign`` (+1 or -1) under every key of ``state`` whose bucket is still kept."""
+    for size, first in _horizons(now_s):
+        bucket = state.t - state.t % size
+        if first is None or bucket >= first:
+            _add(counts, size, bucket, _suffixes(state), sign)
+
+
+_COLUMNS = ("bucket_s", "bucket", "reason", "kind", "family", "stage", "pack", "runner",
+            "demo", "num_deployments")
+_SQLITE_UPSERT = (
+    f"INSERT INTO latest_counts ({', '.join(_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _COLUMNS)}) "
+    f"ON CONFLICT ({', '.join(_COLUMNS[:-1])}) DO UPDATE SET "
+    "num_deployments = latest_counts.num_deployments + excluded.num_deployments")
+
+
+def apply_moves(conn: Connection, moves: Iterable[Move], now: dt.datetime) -> int:
+    """Apply the count changes of ``moves`` in the caller's transaction (an upsert per key,
+    in key order so that concurrent ingests lock rows in one order) and, once an hour of
+    ``now``, prune buckets past their retention. Returns the number of rows written."""
+    counts = count_moves(moves, now)
+    write_counts(conn, counts)
+    hour = int(now.timestamp()) // 3600
+    if _pruned.get(conn.engine.url) != hour:
+        prune(conn, now)
+        _pruned[conn.engine.url] = hour
+    return len(counts)
+
+
+# database URL → the hour of the last prune from this process (rows past their retention are
+# never read, so pruning needs no hurry; an hourly DELETE keeps ingest from paying it)
+_pruned: dict[Any, int] = {}
+
+
+def write_counts(conn: Connection, counts: dict[Key, int]) -> None:
+    """Add ``counts`` to the stored rows (an upsert per key, in key order)."""
+    if not counts:
+        return
+    ordered = sorted(counts.items())
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql(_SQLITE_UPSERT, [(*k[:8], int(k[8]), n) for k, n in ordered])
+        return
+    from dashboard.store.ingest_pg import write_counts_pg
+
+    write_counts_pg(conn, ordered)
+
+
+def prune(conn: Connection, now: dt.datetime) -> None:
+    """Delete fine buckets well past their retention (never read again)."""
+    now_s = int(now.timestamp())
+    for size, keep in RETENTION_S.items():
+        if keep is not None:
+            conn.execute(delete(LatestCounts).where(
+                LatestCounts.bucket_s == size,
+                LatestCounts.bucket < now_s - keep - _PRUNE_MARGIN_S))
+
+
+def rebuild(conn: Connection, now: dt.datetime | None = None, chunk: int = 20_000) -> int:
+    """Recompute the whole table from ``deployments`` (each deployment's latest decision);
+    returns the number of deployments counted. Migration 0004 backfills with it."""
+    now = now or dt.datetime.now(dt.UTC)
+    now_s = int(now.timestamp())
+    conn.execute(delete(LatestCounts))
+    _pruned.pop(conn.engine.url, None)
+    d = Deployment.__table__.c
+    stmt = select(d.at, d.event_id, d.pack, d.family, d.stage, d.runner, d.reason_code,
+                  d.rule_ids, d.demo).order_by(d.deployment_id)
+    counts: dict[Key, int] = {}
+    num = 0
+    for row in conn.execute(stmt):
+        add_state(counts, state_of(row), +1, now_s)
+        num += 1
+    items = sorted(counts.items())
+    for start in range(0, len(items), chunk):
+        write_counts(conn, dict(items[start:start + chunk]))
+    return num
+
+
+def nonzero_rows(conn: Connection) -> dict[Key, int]:
+    """Every stored count that is not zero, by key (what tests compare)."""
+    t = LatestCounts.__table__.c
+    stmt = select(*(t[c] for c in _COLUMNS)).where(t.num_deployments != 0)
+    return {(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8])): int(r[9])
+            for r in conn.execute(stmt)}
