@@ -60,12 +60,13 @@ class MambaConfig:
         return tuple("attention" if self.is_attention_layer(i) else "mamba" for i in range(num_layers))
 
 
-def _positive(d: Mapping[str, Any], key: str, default: int | None = None) -> int:
+def _positive(d: Mapping[str, Any], key: str, default: int | None = None, *, least: int = 1) -> int:
     from engine.model.config import ModelConfigError
 
     value = d.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ModelConfigError(f"config field `{key}` must be a positive integer, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        what = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ModelConfigError(f"config field `{key}` must be {what}, got {value!r}")
     return value
 
 
@@ -93,7 +94,7 @@ def mamba_model_config(arch: str, d: Mapping[str, Any], common: dict[str, Any]) 
     if arch == "MambaForCausalLM":
         mamba = MambaConfig(
             d_inner=_positive(d, "intermediate_size"), d_state=_positive(d, "state_size", 16),
-            d_conv=_positive(d, "conv_kernel", 4), dt_rank=_dt_rank(d, "time_step_rank", h),
+            d_conv=_positive(d, "conv_kernel", 4, least=2), dt_rank=_dt_rank(d, "time_step_rank", h),
             proj_bias=bool(d.get("use_bias", False)), conv_bias=bool(d.get("use_conv_bias", True)),
             residual_in_fp32=bool(d.get("residual_in_fp32", True)))
         return dict(num_key_value_heads=1, head_dim=1,
@@ -101,7 +102,7 @@ def mamba_model_config(arch: str, d: Mapping[str, Any], common: dict[str, Any]) 
                     tie_word_embeddings=bool(d.get("tie_word_embeddings", True)), mamba=mamba)
     mamba = MambaConfig(
         d_inner=_positive(d, "mamba_expand", 2) * h, d_state=_positive(d, "mamba_d_state", 16),
-        d_conv=_positive(d, "mamba_d_conv", 4), dt_rank=_dt_rank(d, "mamba_dt_rank", h),
+        d_conv=_positive(d, "mamba_d_conv", 4, least=2), dt_rank=_dt_rank(d, "mamba_dt_rank", h),
         proj_bias=bool(d.get("mamba_proj_bias", False)), conv_bias=bool(d.get("mamba_conv_bias", True)),
         residual_in_fp32=False, inner_layernorms=True,
         attn_layer_period=_positive(d, "attn_layer_period", 8),
