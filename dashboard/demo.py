@@ -10,7 +10,6 @@ skipped; their count is returned by :func:`demo_events`.
 from __future__ import annotations
 
 import dataclasses
-
 import datetime as dt
 import hashlib
 import json
