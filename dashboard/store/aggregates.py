@@ -99,8 +99,8 @@ def window_start(window: str, now: dt.datetime) -> int | None:
 def segments(start: int | None, bin_s: int) -> list[tuple[int, int | None, int | None]]:
     """(bucket size, first bucket, end) ranges of ``latest_counts`` that together cover the
     seconds from ``start`` on exactly once, each in the coarsest size that still divides
-    ``bin_s``: 5-minute buckets up to the first full hour, hourly ones up to the first full
-    day (when days divide the bin), then the coarsest. ``start`` is on a 5-minute boundary;
+    ``bin_s``: 5-minute buckets up to the first full hour, hourly ones up to the next 6-hour
+    boundary, and so on up to the coarsest. ``start`` is on a 5-minute boundary;
     the sizes read are kept for as long as ``WINDOWS`` reach back (``RETENTION_S``)."""
     sizes = [s for s in BUCKETS if bin_s % s == 0]
     if start is None:

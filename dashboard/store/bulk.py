@@ -36,6 +36,7 @@ from dashboard.store.events import (
     latest_per_deployment,
     write_daily,
 )
+from dashboard.store.latest_counts import prune_hourly
 
 _COLUMNS = ("event_id", "at", "deployment_id", "host", "pack", "family", "runner", "mode",
             "stage", "reason_code", "rule_ids", "policy_digest", "demo")
@@ -76,6 +77,7 @@ def bulk_ingest(*, session: Session, events: Iterable[EventLike],
         advance_deployments(session, [latest[d] for d in ids[start:start + _ADVANCE_CHUNK]],
                             now)
     write_daily(session, counts)
+    prune_hourly(session.connection(), now)
     return total
 
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from dashboard.store import latest_counts
 from dashboard.store.models import (
     DailyDecisions,
     DecisionEvent,
@@ -97,15 +98,18 @@ def ingest(*, session: Session, events: Sequence[EventLike],
     if session.get_bind().dialect.name == "sqlite":
         from dashboard.store.ingest_sqlite import ingest_sqlite
 
-        return ingest_sqlite(session, events, now)
-    from dashboard.store.ingest_pg import insert_events_pg
+        inserted = ingest_sqlite(session, events, now)
+    else:
+        from dashboard.store.ingest_pg import insert_events_pg
 
-    inserted = insert_events_pg(session.connection(), events)
-    fresh = [e for e in events if e.event_id in inserted]
-    if fresh:
-        advance_deployments(session, fresh, now)
-        add_daily(session, fresh)
-    return len(fresh)
+        ids = insert_events_pg(session.connection(), events)
+        fresh = [e for e in events if e.event_id in ids]
+        if fresh:
+            advance_deployments(session, fresh, now)
+            add_daily(session, fresh)
+        inserted = len(fresh)
+    latest_counts.prune_hourly(session.connection(), now)  # last: see its docstring
+    return inserted
 
 
 def latest_per_deployment(events: Iterable[EventLike],

@@ -67,6 +67,10 @@ UPSERT_COUNTS = (
     _insert_select("latest_counts", _COUNT_COLUMNS, _KEY)
     + f" ON CONFLICT ({_KEY}) DO UPDATE SET "
     "num_deployments = latest_counts.num_deployments + excluded.num_deployments")
+# Rows at zero that no other transaction holds: the sweep waits for no lock, so although it
+# takes rows out of key order it closes no wait cycle (it runs last in its transaction).
+DELETE_ZEROS = ("DELETE FROM latest_counts WHERE ctid = ANY(ARRAY(SELECT ctid FROM "
+                "latest_counts WHERE num_deployments = 0 FOR UPDATE SKIP LOCKED))")
 _DAILY_COLUMNS = (("day", "date"), ("family", "text"), ("runner", "text"),
                   ("reason_code", "text"), ("demo", "boolean"), ("num_events", "integer"))
 _UPSERT_DAILY = (

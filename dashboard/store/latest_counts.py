@@ -4,8 +4,8 @@ Ingest moves a deployment's latest decision forward (table ``deployments``) and,
 transaction, moves the deployment's count from the keys of its old latest decision to the keys
 of the new one: ``-1`` under each key of the old state, ``+1`` under each key of the new
 (:func:`apply_moves`). A key is (bucket size, bucket, reason, kind, family, stage, pack,
-runner, demo): the bucket is the one the decision's time falls in, for each of three sizes
-(5 minutes, 1 hour, 1 day). A deployment is counted once with ``reason = ""`` (itself) and,
+runner, demo): the bucket is the one the decision's time falls in, for each of four sizes
+(5 minutes, 1 hour, 6 hours, 1 day). A deployment is counted once with ``reason = ""`` (itself) and,
 when its latest decision is not V2, once under each of its fallback-reason keys.
 
 A read of a time window then sums a few hundred rows (``aggregates.fallbacks``), whatever the
@@ -27,12 +27,15 @@ from sqlalchemy import Connection, delete, select
 
 from dashboard.store.models import Deployment, LatestCounts
 
-BUCKETS = (300, 3600, 86400)  # bucket sizes, seconds; each a multiple of the one before
+# Bucket sizes, seconds, each a multiple of the one before: 5 minutes, an hour, 6 hours, a day.
+BUCKETS = (300, 3600, 21600, 86400)
 # How far back (seconds) each size is kept, None: for good. The reads use 5-minute buckets for
-# windows of up to 24 hours (and their first hour) and hourly ones for windows of up to 7 days
-# (and the first day of a longer one); a day of slack on top. In a fleet whose deployments
-# report every few days, a move of a deployment then rarely touches a fine bucket.
-RETENTION_S: dict[int, int | None] = {300: 2 * 86400, 3600: 9 * 86400, 86400: None}
+# windows of up to 24 hours (and their first hour), hourly ones for the 24-hour window and the
+# first hours of the 7-day one, 6-hour ones for the 7-day window (a sixth of the rows hourly
+# buckets would take: the 7-day window is the largest read); a day of slack on top. In a fleet
+# whose deployments report every few days, a move then rarely touches a fine bucket.
+RETENTION_S: dict[int, int | None] = {300: 2 * 86400, 3600: 9 * 86400, 21600: 9 * 86400,
+                                      86400: None}
 # Rows are deleted a day after ingest stops writing them, so that a pruning transaction and
 # an ingest whose clock is a little behind never touch the same row.
 _PRUNE_MARGIN_S = 86400
@@ -168,15 +171,20 @@ _SQLITE_UPSERT = (
 
 def apply_moves(conn: Connection, moves: Iterable[Move], now: dt.datetime) -> int:
     """Apply the count changes of ``moves`` in the caller's transaction (an upsert per key,
-    in key order so that concurrent ingests lock rows in one order) and, once an hour of
-    ``now``, prune buckets past their retention. Returns the number of rows written."""
+    in key order so that concurrent ingests lock rows in one order). Returns the number of
+    rows written."""
     counts = count_moves(moves, now)
     write_counts(conn, counts)
+    return len(counts)
+
+
+def prune_hourly(conn: Connection, now: dt.datetime) -> None:
+    """:func:`prune`, once an hour of ``now`` per database and process. The caller's last
+    statement: the sweep of zero rows takes locks out of key order (and waits for none)."""
     hour = int(now.timestamp()) // 3600
     if _pruned.get(conn.engine.url) != hour:
         prune(conn, now)
         _pruned[conn.engine.url] = hour
-    return len(counts)
 
 
 # database URL → the hour of the last prune from this process (rows past their retention are
@@ -198,13 +206,20 @@ def write_counts(conn: Connection, counts: dict[Key, int]) -> None:
 
 
 def prune(conn: Connection, now: dt.datetime) -> None:
-    """Delete fine buckets well past their retention (never read again)."""
+    """Delete fine buckets well past their retention (never read again) and rows at zero
+    (a deployment moved on: reads would only skip them)."""
     now_s = int(now.timestamp())
     for size, keep in RETENTION_S.items():
         if keep is not None:
             conn.execute(delete(LatestCounts).where(
                 LatestCounts.bucket_s == size,
                 LatestCounts.bucket < now_s - keep - _PRUNE_MARGIN_S))
+    if conn.dialect.name == "sqlite":  # the write transaction excludes every other writer
+        conn.execute(delete(LatestCounts).where(LatestCounts.num_deployments == 0))
+        return
+    from dashboard.store.ingest_pg import DELETE_ZEROS
+
+    conn.exec_driver_sql(DELETE_ZEROS)
 
 
 def rebuild(conn: Connection, now: dt.datetime | None = None, chunk: int = 20_000) -> int:

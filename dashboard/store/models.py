@@ -163,8 +163,8 @@ class LatestCounts(Base):
 
     Each deployment is counted once with ``reason = ""`` (the deployment itself: its runner,
     and for a fallback the kind of what holds it back) and, when its latest decision is not
-    V2, once per fallback-reason key (``latest_counts.reason_keys``). Buckets of three sizes
-    (``bucket_s``: 300, 3600, 86400 seconds; ``bucket``: epoch seconds, UTC) let a time window
+    V2, once per fallback-reason key (``latest_counts.reason_keys``). Buckets of four sizes
+    (``bucket_s``: 300, 3600, 21600, 86400 seconds; ``bucket``: epoch seconds, UTC) let a time window
     be summed from a few rows whatever the number of events or deployments.
     """
 

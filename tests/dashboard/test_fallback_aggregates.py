@@ -225,11 +225,26 @@ def test_fine_buckets_past_their_retention_are_pruned(db: Database) -> None:
     _ingest_batches(db, [[e]])
     with db.engine.connect() as conn:
         sizes = sorted({k[0] for k in latest_counts.nonzero_rows(conn)})
-    assert sizes == [300, 3600, 86400]
-    later = NOW + dt.timedelta(days=11)  # past both fine sizes' retention (2 and 9 days)
+    assert sizes == [300, 3600, 21600, 86400]
+    later = NOW + dt.timedelta(days=11)  # past the fine sizes' retention (2 and 9 days)
     f = events.EventRecord(**{**e.__dict__, "event_id": "later", "at": later,
                               "deployment_id": "other"})
     _ingest_batches(db, [[f]], now=later)
     with db.engine.connect() as conn:
         rows = latest_counts.nonzero_rows(conn)
     assert {k[0] for k in rows if k[1] < int(later.timestamp()) - 10 * 86400} == {86400}
+    # The deployment moves on: its old buckets come to zero, and the next hour's prune
+    # deletes them (reads would only skip them).
+    g = events.EventRecord(**{**e.__dict__, "event_id": "moved", "at": later})
+    _ingest_batches(db, [[g]], now=later)
+    with db.engine.connect() as conn:
+        zeros = conn.execute(text("SELECT count(*) FROM latest_counts "
+                                  "WHERE num_deployments = 0")).scalar_one()
+    assert zeros > 0
+    h = events.EventRecord(**{**e.__dict__, "event_id": "third", "deployment_id": "third",
+                              "at": later})
+    _ingest_batches(db, [[h]], now=later + dt.timedelta(hours=1))
+    with db.engine.connect() as conn:
+        zeros = conn.execute(text("SELECT count(*) FROM latest_counts "
+                                  "WHERE num_deployments = 0")).scalar_one()
+    assert zeros == 0
