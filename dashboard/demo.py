@@ -9,6 +9,7 @@ skipped; their count is returned by :func:`demo_events`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -51,13 +52,16 @@ def demo_events(services: Services, now: dt.datetime | None = None
         except OracleError:
             skipped += 1
             continue
-        decision = services.policy.decide(config, snap)
+        # decided as the deployment's own engine would: with its id, so a stage at a partial
+        # share splits per deployment (without it, every deployment fell outside the share)
+        deployment_id = f"demo/{recipe['id']}"
+        decision = services.policy.decide(dataclasses.replace(config, deployment_id=deployment_id), snap)
         seed = _spread(recipe["id"])
         for n in range(1 + seed % 3):
             at = now - dt.timedelta(hours=(seed >> 4) % (DEMO_DAYS * 24) + 24 * n)
             data = event_from_decision(
                 decision, config, pack=services.policy.pack_name, at=at, demo=True,
-                deployment_id=f"demo/{recipe['id']}", host=f"demo-host-{seed % 17:02d}",
+                deployment_id=deployment_id, host=f"demo-host-{seed % 17:02d}",
                 event_id=f"demo-{recipe['id']}-{n}")
             out.append(_record(data))
     return out, skipped

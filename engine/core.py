@@ -167,13 +167,14 @@ class EngineCore:
             return self._step_async()
         scheduler_output = self.scheduler.schedule()
         if scheduler_output.is_empty:
-            if self.scheduler.running or self.scheduler.waiting:
+            # A step that only preempts (the oldest request preempted itself last) is progress:
+            # the next one resumes it with every block free.
+            if not scheduler_output.preempted_req_ids and (self.scheduler.running or self.scheduler.waiting):
                 raise EngineError(
                     f"no progress: {len(self.scheduler.waiting)} waiting and "
                     f"{len(self.scheduler.running)} running requests, nothing schedulable"
                 )
-            if scheduler_output.finished_req_ids:
-                self.runner.execute_model(scheduler_output)  # let it drop finished state
+            self._apply_bookkeeping(scheduler_output)
             return []
         output = self.runner.execute_model(scheduler_output)
         if isinstance(output, AsyncModelRunnerOutput):
@@ -190,13 +191,14 @@ class EngineCore:
         if not scheduler_output.is_empty:
             launched = self.runner.execute_model(scheduler_output)
             self.num_steps += 1
-        elif scheduler_output.finished_req_ids:
-            self.runner.execute_model(scheduler_output)  # let it drop finished state
+        else:
+            self._apply_bookkeeping(scheduler_output)
         previous, self._in_flight = self._in_flight, None
         if launched is not None:
             self._in_flight = (scheduler_output, launched)
         if previous is None:
-            if launched is None and (self.scheduler.running or self.scheduler.waiting):
+            if launched is None and not scheduler_output.preempted_req_ids and (
+                    self.scheduler.running or self.scheduler.waiting):
                 raise EngineError(
                     f"no progress: {len(self.scheduler.waiting)} waiting and "
                     f"{len(self.scheduler.running)} running requests, nothing schedulable"
@@ -206,6 +208,13 @@ class EngineCore:
         output = handle.get_output() if isinstance(handle, AsyncModelRunnerOutput) else handle
         assert isinstance(output, ModelRunnerOutput)
         return self.scheduler.update_from_output(previous_output, output)
+
+    def _apply_bookkeeping(self, scheduler_output: SchedulerOutput) -> None:
+        # A step with nothing to compute still finishes and preempts requests: the runner must
+        # drop their state (a preemption it never saw would leave a stale row behind, and the
+        # resumed request would then find none to replace).
+        if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
+            self.runner.execute_model(scheduler_output)
 
     def run_until_done(self) -> list[Request]:
         """Step until every request is finished; the finished requests in finishing order."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from engine.errors import EngineConfigError, InvalidRequestError
@@ -88,7 +88,7 @@ def score(llm: LLM, query: Prompt, documents: Prompt | Sequence[Prompt]) -> list
     docs = checked_batch(llm, "score", documents)
     if not docs:
         raise InvalidRequestError("score: the document list is empty: give at least one document")
-    if not isinstance(query, str) and len(as_batch(query)) != 1:
+    if not _is_single_prompt(query):
         raise InvalidRequestError(f"score: the query is one text or one list of token ids, got {query!r:.80}")
     done = run_pooling(llm, "score", [encode_pair(llm, query, d, i) for i, d in enumerate(docs)])
     sigmoid = llm.model_config.classifier.score_activation == "sigmoid"
@@ -97,9 +97,19 @@ def score(llm: LLM, query: Prompt, documents: Prompt | Sequence[Prompt]) -> list
             for d, r in zip(docs, done, strict=True)]
 
 
+def _is_single_prompt(prompt: object) -> bool:
+    # one text, or one flat list of token ids (Python or numpy ints): not a batch of them
+    if isinstance(prompt, str):
+        return True
+    if isinstance(prompt, Mapping) or not isinstance(prompt, Sequence):
+        return False
+    return len(prompt) > 0 and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt)
+
+
 def rerank(llm: LLM, query: Prompt, documents: Prompt | Sequence[Prompt], top_n: int | None) -> list[RerankResult]:
-    if top_n is not None and (not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1):
+    if top_n is not None and (not isinstance(top_n, numbers.Integral) or isinstance(top_n, bool) or top_n < 1):
         raise ValueError(f"rerank: top_n must be a positive int or None, got {top_n!r}")
+    top_n = None if top_n is None else int(top_n)
     docs = as_batch(documents)
     scores = score(llm, query, docs)
     ranked = sorted((i for i, s in enumerate(scores) if s.score is not None),
@@ -191,6 +201,8 @@ def as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     """One text, one list of token ids, or a sequence of either, as a list of prompts."""
     if isinstance(prompts, str):
         return [prompts]
+    if isinstance(prompts, Mapping):  # iterating a dict would score its keys
+        raise InvalidRequestError(f"expected a text, a list of token ids or a list of those, got a {type(prompts).__name__}")
     items = list(prompts)
     if items and all(isinstance(t, numbers.Integral) for t in items):
         return [items]  # one prompt of token ids (Python or numpy ints)

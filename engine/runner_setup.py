@@ -45,11 +45,19 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
     (``engine.model.quantization``) on the ``turnout.engine`` logger.
 
     Raises:
-        EngineConfigError: the model's ``vocab_size`` is not ``config.vocab_size``.
+        EngineConfigError: the model's ``vocab_size`` is not ``config.vocab_size``, or
+            speculative decoding for a model with Mamba layers.
         ModelConfigError, WeightLoadError: from :func:`engine.model.load_model`.
     """
     model = load_model(config.model, dtype=dtype, device=device, seed=config.seed,
                        load_format=config.load_format)
+    if model.config.has_inner_state and config.speculative_config is not None:
+        # Scoring drafts runs them through the Mamba layers: a rejected draft would stay in the
+        # request's one recurrent state (no per-token snapshot to roll back to).
+        raise EngineConfigError(
+            f"speculative decoding ({config.speculative_config.method!r}) is not supported for "
+            f"{model.config.architecture}: its Mamba layers keep one recurrent state per request, "
+            f"which rejected draft tokens would corrupt; drop speculative_config")
     # What the weights are and how they run (FP8 W8A8 or dequantised, GGUF dequantised).
     logger.info("%s", model.quantization_report)
     if model.config.vocab_size != config.vocab_size:

@@ -60,11 +60,14 @@ _BLOCK_D_UPDATE = 64
 @dataclass(frozen=True)
 class ScanBlockConfig:
     """Tiles of one ``selective_scan`` call: ``block_d`` channels per program, ``chunk`` tokens
-    per loop step (both powers of two)."""
+    per loop step (both powers of two). The default is the fastest tile of
+    ``benchmarks/selective_scan.py``'s sweep on the H200 (Mamba-130m, 8 x 2048 tokens in bf16:
+    1.63 ms against 1.93 ms for 32 channels and 4 warps; docs/benchmarks.md): the recurrence is
+    sequential in the tokens, so more, narrower programs hide more of its latency."""
 
-    block_d: int = 32
+    block_d: int = 16
     chunk: int = 8
-    num_warps: int = 4
+    num_warps: int = 2
 
     def __post_init__(self) -> None:
         for name in ("block_d", "chunk", "num_warps"):

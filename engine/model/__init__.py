@@ -1,9 +1,9 @@
 """The model layer shared by both runners: decoders of the Llama family (with their
 mixture-of-experts relatives), OPT, DeepSeek-V2 (multi-head latent attention and
-DeepSeekMoE), a BERT encoder (embeddings, sequence classification), the Llama body with a
-sequence-classification head (reward models), attention over paged KV caches, and weight
-loading (HF safetensors directories, FP8 checkpoints, GGUF). See docs/model-layer.md for the
-interface."""
+DeepSeekMoE), Mamba and the Jamba hybrid (per-request state beside the KV cache), a BERT
+encoder (embeddings, sequence classification), the Llama body with a sequence-classification
+head (reward models), attention over paged KV caches, and weight loading (HF safetensors
+directories, FP8 checkpoints, GGUF). See docs/model-layer.md for the interface."""
 
 from engine.model.attention_metadata import AttentionMetadata
 from engine.model.bert import BertForSequenceClassification, EncoderModel

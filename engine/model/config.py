@@ -9,8 +9,9 @@ implementation, Qwen2/Qwen3 layer-wise sliding windows) is refused with
 
 Family facts live in nested values rather than flat fields: ``moe`` (an
 :class:`~engine.model.moe_config.MoEConfig`, for the MoE architectures), ``granite``
-(:class:`~engine.model.granite_config.GraniteMultipliers`) and ``mla``
-(:class:`~engine.model.deepseek_v2_config.MLAConfig`, DeepSeek-V2's latent attention).
+(:class:`~engine.model.granite_config.GraniteMultipliers`), ``mla``
+(:class:`~engine.model.deepseek_v2_config.MLAConfig`, DeepSeek-V2's latent attention) and
+``mamba`` (:class:`~engine.model.mamba_config.MambaConfig`, the Mamba layers of Mamba and Jamba).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ DECODER_ARCHITECTURES = (
     "GraniteMoeForCausalLM",
     "DeepseekV2ForCausalLM",
     "MambaForCausalLM",
+    "JambaForCausalLM",
     *POOLING_DECODER_ARCHITECTURES,
 )
 ENCODER_ARCHITECTURES = (*EMBEDDING_ARCHITECTURES, "BertForSequenceClassification")
@@ -72,6 +74,7 @@ _MODEL_TYPES = {
     "GraniteMoeForCausalLM": "granitemoe",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "MambaForCausalLM": "mamba",
+    "JambaForCausalLM": "jamba",
     "BertModel": "bert",
     "BertForSequenceClassification": "bert",
     "LlamaForSequenceClassification": "llama",
@@ -345,9 +348,11 @@ def _decoder_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
 
 
 def _mamba_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
-    # HF's MambaConfig has no attention heads and no maximum length (vLLM's default applies).
-    filled = {"num_attention_heads": 1, "max_position_embeddings": DEFAULT_MAX_MODEL_LEN, **d}
+    # HF's MambaConfig has no attention heads and no maximum length (vLLM's default applies);
+    # Jamba's has both (its attention layers' fields are read in engine.model.mamba_config).
+    filled = dict(d)
     if arch == "MambaForCausalLM":
+        filled = {"num_attention_heads": 1, "max_position_embeddings": DEFAULT_MAX_MODEL_LEN, **d}
         filled.setdefault("intermediate_size", 2 * _req(d, "hidden_size"))
     common = _common(arch, filled)
     return ModelConfig(**common, **mamba_model_config(arch, d, common))

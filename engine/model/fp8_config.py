@@ -112,8 +112,8 @@ def parse_quantization_config(config: ModelConfig, qc: Any) -> Fp8Config:
     """The :class:`Fp8Config` of ``config.json``'s ``quantization_config``.
 
     Raises:
-        ModelConfigError: not a mapping, a method other than FP8, a pooling model, or a scheme the
-            layer cannot honour (named in the message).
+        ModelConfigError: not a mapping, a method other than FP8, a pooling model, a model with
+            Mamba layers or experts, or a scheme the layer cannot honour (named in the message).
     """
     if not isinstance(qc, Mapping):
         raise ModelConfigError(f"quantization_config must be an object, got {type(qc).__name__}")
@@ -125,6 +125,9 @@ def parse_quantization_config(config: ModelConfig, qc: Any) -> Fp8Config:
     if config.is_pooling:
         raise ModelConfigError(f"{config.architecture}: FP8 weights are supported for generating "
                                "decoders only")
+    if config.has_inner_state:  # the Mamba mixer's projections have no FP8 path
+        raise ModelConfigError(f"{config.architecture}: FP8 weights are not supported for models with "
+                               "Mamba layers; use an unquantised checkpoint")
     if config.moe is not None:  # the fused MoE kernel takes bf16/fp16/fp32 experts
         raise ModelConfigError(f"{config.architecture}: FP8 weights are not supported for mixture-of-"
                                "experts models; use an unquantised checkpoint")

@@ -18,6 +18,12 @@ differ per family, the facts do not:
   (softmax), ``topk_method`` (``greedy`` or ``group_limited_greedy`` with ``n_group`` /
   ``topk_group``), ``routed_scaling_factor``, ``norm_topk_prob``; router logits in float32; a
   layer is sparse when ``layer >= first_k_dense_replace and layer % moe_layer_freq == 0``.
+- Jamba (``jamba``, transformers ``JambaSparseMoeBlock`` / ``JambaTopKRouter``): ``num_experts``
+  (alias ``num_local_experts``), ``num_experts_per_tok``, experts of ``intermediate_size``;
+  softmax over the router logits, top-k, *not* renormalised; a layer is sparse when ``layer %
+  expert_layer_period == expert_layer_offset`` (``layers_num_experts``); the router is
+  ``feed_forward.router.weight``. transformers' defaults apply to absent keys (16 experts,
+  top-2, period 2, offset 1). A Jamba with one expert is dense (``engine.model.mamba_config``).
 
 Imports no torch (``engine.model.config`` holds a ``MoEConfig`` and stays light).
 """
@@ -34,6 +40,7 @@ MOE_FAMILIES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "GraniteMoeForCausalLM": "granitemoe",
     "DeepseekV2ForCausalLM": "deepseek_v2",
+    "JambaForCausalLM": "jamba",
 }
 SCORING_FUNCS = ("softmax",)
 TOPK_METHODS = ("greedy", "group_limited_greedy")
@@ -66,11 +73,14 @@ class MoEConfig:
     mlp_only_layers: tuple[int, ...] = ()
     first_k_dense_replace: int = 0
     moe_layer_freq: int = 1
+    expert_layer_period: int = 1  # Jamba: sparse layers are those with layer % period == offset
+    expert_layer_offset: int = 0
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` (0-based) has the sparse block (else a dense MLP)."""
         return (layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
-                and layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0)
+                and layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
+                and layer % self.expert_layer_period == self.expert_layer_offset)
 
     @property
     def renormalize(self) -> bool:
@@ -106,7 +116,7 @@ class MoEConfig:
             raise _error(f"{architecture} has no mixture of experts; MoE families: "
                          f"{', '.join(MOE_FAMILIES)}")
         parse = {"qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe, "granitemoe": _granite_moe,
-                 "deepseek_v2": _deepseek_v2_moe}[family]
+                 "deepseek_v2": _deepseek_v2_moe, "jamba": _jamba_moe}[family]
         config = cls(family=family, **parse(family, d))
         config._check(num_hidden_layers)
         return config
@@ -116,6 +126,10 @@ class MoEConfig:
         if self.family == "granitemoe":
             return {"num_local_experts": self.num_experts,
                     "num_experts_per_tok": self.num_experts_per_tok}
+        if self.family == "jamba":
+            return {"num_experts": self.num_experts, "num_experts_per_tok": self.num_experts_per_tok,
+                    "expert_layer_period": self.expert_layer_period,
+                    "expert_layer_offset": self.expert_layer_offset}
         common = {"num_experts_per_tok": self.num_experts_per_tok,
                   "moe_intermediate_size": self.moe_intermediate_size,
                   "norm_topk_prob": self.norm_topk_prob}
@@ -184,6 +198,32 @@ def _granite_moe(family: str, d: Mapping[str, Any]) -> dict[str, Any]:
         moe_intermediate_size=_positive(d, "intermediate_size"),
         norm_topk_prob=True,  # softmax over the top-k logits
     )
+
+
+def _jamba_moe(family: str, d: Mapping[str, Any]) -> dict[str, Any]:
+    period = _positive(d, "expert_layer_period", 2)
+    offset = _non_negative(d, "expert_layer_offset", 1)
+    if offset >= period:
+        raise _error(f"expert_layer_offset ({offset}) must be smaller than expert_layer_period ({period})")
+    return dict(
+        num_experts=jamba_num_experts(d),
+        num_experts_per_tok=_positive(d, "num_experts_per_tok", 2),
+        moe_intermediate_size=_positive(d, "intermediate_size"),
+        norm_topk_prob=False,  # JambaTopKRouter: the top-k softmax weights as they are
+        expert_layer_period=period,
+        expert_layer_offset=offset,
+    )
+
+
+def jamba_num_experts(d: Mapping[str, Any]) -> int:
+    """Jamba's ``num_experts`` (or its alias ``num_local_experts``; transformers' default 16).
+
+    Raises:
+        ModelConfigError: not a positive integer, or the two keys disagree.
+    """
+    if d.get("num_experts") is None and d.get("num_local_experts") is None:
+        return 16
+    return _positive_aliased(d, "num_experts", "num_local_experts")
 
 
 def _deepseek_v2_moe(family: str, d: Mapping[str, Any]) -> dict[str, Any]:
@@ -274,4 +314,4 @@ def _error(message: str) -> ValueError:
     return ModelConfigError(message)
 
 
-__all__ = ["MOE_FAMILIES", "SCORING_FUNCS", "TOPK_METHODS", "MoEConfig"]
+__all__ = ["MOE_FAMILIES", "SCORING_FUNCS", "TOPK_METHODS", "MoEConfig", "jamba_num_experts"]

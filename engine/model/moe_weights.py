@@ -9,6 +9,9 @@ Checkpoints store experts two ways:
   ``conversion_mapping.py``), the router ``mlp.gate.weight [E, H]``, shared experts
   ``mlp.shared_expert.*`` (Qwen2-MoE, with ``mlp.shared_expert_gate.weight [1, H]``) or
   ``mlp.shared_experts.*`` (DeepSeek-V2);
+- Jamba: the same per-expert names under ``feed_forward.`` (transformers 5's
+  ``conversion_mapping.py`` splits its stacked ``experts.gate_up_proj`` back on save), the
+  router ``feed_forward.router.weight [E, H]``; our block is ``feed_forward`` too;
 - GraniteMoe: already stacked, ``block_sparse_moe.input_linear.weight [E, 2I, H]`` (gate rows
   first), ``output_linear.weight [E, H, I]`` and the router ``router.layer.weight [E, H]``.
 
@@ -27,7 +30,8 @@ Recipe = list[tuple[Index, str, tuple[int, ...]]]
 
 
 def moe_layer_recipes(c: ModelConfig, layer: int) -> dict[str, Recipe]:
-    """The recipes of the ``SparseMoeBlock`` parameters of decoder layer ``layer``."""
+    """The recipes of the ``SparseMoeBlock`` parameters of decoder layer ``layer`` (our block is
+    ``model.layers.{layer}.mlp``, Jamba's ``model.layers.{layer}.feed_forward``)."""
     moe = c.moe
     assert moe is not None and moe.is_moe_layer(layer)
     ours = f"model.layers.{layer}.mlp."
@@ -39,9 +43,12 @@ def moe_layer_recipes(c: ModelConfig, layer: int) -> dict[str, Recipe]:
             ours + "experts.w13": [((), hf + "input_linear.weight", (e_num, 2 * i, h))],
             ours + "experts.w2": [((), hf + "output_linear.weight", (e_num, h, i))],
         }
+    if moe.family == "jamba":  # the block is the layer's feed_forward, its router `router`
+        ours = f"model.layers.{layer}.feed_forward."
     hf = ours
+    router = hf + ("router.weight" if moe.family == "jamba" else "gate.weight")
     recipes: dict[str, Recipe] = {
-        ours + "gate.weight": [((), hf + "gate.weight", (e_num, h))],
+        ours + "gate.weight": [((), router, (e_num, h))],
         ours + "experts.w13": [piece for e in range(e_num) for piece in (
             ((e, slice(0, i)), f"{hf}experts.{e}.gate_proj.weight", (i, h)),
             ((e, slice(i, 2 * i)), f"{hf}experts.{e}.up_proj.weight", (i, h)))],

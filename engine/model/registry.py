@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from engine.model.config import ModelConfig
 from engine.model.deepseek_v2 import DeepseekV2ForCausalLM
+from engine.model.jamba import JambaForCausalLM
 from engine.model.llama import DecoderModel
 from engine.model.mamba import MambaForCausalLM
 from engine.model.opt import OPTDecoderModel
@@ -18,6 +19,7 @@ DECODER_CLASSES: dict[str, type[DecoderModel]] = {
     "OPTForCausalLM": OPTDecoderModel,
     "LlamaForSequenceClassification": LlamaForSequenceClassification,
     "MambaForCausalLM": MambaForCausalLM,
+    "JambaForCausalLM": JambaForCausalLM,
 }
 
 

@@ -329,3 +329,23 @@ def test_token_create_expires_in(run) -> None:  # type: ignore[no-untyped-def]
     for bad in ("30", "1y", "0h", "3661d"):
         code, out = run("token", "create", "--role", "viewer", "--expires-in", bad)
         assert code == 2 and out.startswith(f"error: --expires-in '{bad}'"), out
+
+
+def test_demo_decisions_split_a_partial_share_per_deployment(run) -> None:  # type: ignore[no-untyped-def]
+    # A re-seed with a stage at 10 % recorded every deployment of it as outside the share: the
+    # demo decided without the deployment id that a real engine's canary split hashes.
+    from dashboard.demo import demo_events
+
+    services = Services.build(Settings(database_url=run.url, demo=False))
+    from dashboard.app import prepare
+
+    prepare(services)
+    with services.db.write_session() as s:
+        version = canaries.get_canary(session=s, cohort="llama-mistral-dense").version
+        canaries.flip_canary(session=s, cohort="llama-mistral-dense", enabled=True, percentage=50,
+                             reason="half", actor="ops", if_version=version)
+        s.commit()
+    services.policy.invalidate()
+    recorded, _ = demo_events(services)
+    runners = {e.runner for e in recorded if e.stage == "llama-mistral-dense"}
+    assert {"v1", "v2"} <= runners, runners  # some inside the share, some outside

@@ -143,6 +143,29 @@ def test_preemption_with_a_token_in_flight(num_blocks: int, block_size: int, max
         assert sum(len(c) for c in req.logprobs) == len(req.output_token_ids)
 
 
+def test_a_step_that_only_preempts_still_reaches_the_runner() -> None:
+    # The oldest running request preempts itself last when even it does not fit: that step
+    # schedules nothing, but the runner must still see the preemption (runner_v2 frees the
+    # row there and re-adds the request when it resumes; a lost one left a stale row and the
+    # resume failed with KeyError).
+    prompts = {f"r{i}": prompt_of(n, i) for i, n in enumerate([22, 13, 17, 9])}
+    core, runner = make_engine(num_blocks=8, block_size=4, max_num_batched_tokens=8,
+                               enable_prefix_caching=False)
+    for req_id, prompt in prompts.items():
+        core.add_request(req_id, prompt, SamplingParams(max_tokens=10, ignore_eos=True))
+    done = core.run_until_done()
+    check(core, done, prompts)
+    assert any(so.is_empty and so.preempted_req_ids for so in runner.scheduled)
+    seen: set[str] = set()
+    for so in runner.scheduled:
+        seen |= so.preempted_req_ids
+        cached = so.scheduled_cached_reqs
+        for req_id, resumed in zip(cached.req_ids, cached.resumed_from_preemption, strict=True):
+            if resumed:
+                assert req_id in seen, f"{req_id} resumed from a preemption the runner never saw"
+                seen.remove(req_id)
+
+
 def test_a_reused_id_never_receives_the_old_requests_token() -> None:
     # "a" stops at step N (known only when N is applied) while step N+1 already computes it;
     # a new "a" added in between must not receive that step's token.

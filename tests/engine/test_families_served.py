@@ -42,7 +42,7 @@ def _decisions(arch: str) -> dict[str, object]:
 def test_some_architectures_are_served_and_most_are_refused() -> None:
     served = [a for a in ARCHITECTURES if _decisions(a)["auto"].error_code != "architecture_not_served"]
     assert {"LlamaForCausalLM", "Qwen3ForCausalLM", "BertModel", "MambaForCausalLM",
-            "BertForSequenceClassification", "LlamaForSequenceClassification"} <= set(served)
+            "BertForSequenceClassification", "LlamaForSequenceClassification", "JambaForCausalLM"} <= set(served)
     assert {"Mamba2ForCausalLM", "FalconMambaForCausalLM", "XLMRobertaForSequenceClassification"}.isdisjoint(served)
     assert len(served) < len(ARCHITECTURES) // 10
 

@@ -162,6 +162,14 @@ def test_bad_score_input_is_named(runner_name: str, pooling_dirs: dict[str, Path
         llm.rerank(QUERY, DOCUMENTS, top_n=0)
     with pytest.raises(InvalidRequestError, match=r"score: the query is one text or one list of token ids, got \['a', 'b'\]"):
         llm.score(["a", "b"], DOCUMENTS)
+    # A batch of one token-id list is not one query (it was read as one and the document blamed).
+    with pytest.raises(InvalidRequestError, match=r"score: the query is one text or one list of token ids, got \[\[101"):
+        llm.score([[101, 2000]], [[2001, 102]])
+    with pytest.raises(InvalidRequestError, match="got a dict"):  # its keys were scored
+        llm.score(QUERY, {"a": 1})
+    import numpy as np  # numpy ints count as ints for top_n, as for token ids
+
+    assert len(llm.rerank(QUERY, DOCUMENTS, top_n=np.int64(1))) >= 1
     (mixed,) = llm.score(QUERY, [[101, 2054, 102]])
     assert mixed.error == "document 0: the query and the document must both be text or both token ids"
     # Token ids are joined as given: the caller's special tokens, types 0 then 1.

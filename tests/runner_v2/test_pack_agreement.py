@@ -80,7 +80,7 @@ ENGINE_REFUSES = {
 #: Pack dimensions checked against the manifests, and the others.
 CHECKED = {"speculative_method", "logits_processors", "cpu_offload_gb", "platform",
            "triton_available", "pooling", "mamba_cache_mode"}
-MODEL_ATTRIBUTES = {"family", "is_moe", "attention_free"}  # facts of the architecture
+MODEL_ATTRIBUTES = {"family", "is_moe", "attention_free", "has_inner_state"}  # facts of the architecture
 # turnout's engine has no such option: EngineConfig refuses it by name. `quantization` is a
 # fact of the checkpoint the engine reports (none, gguf, fp8, compressed-tensors): the manifests
 # do not list weight formats yet, so it is not checked here.
@@ -204,6 +204,9 @@ def _unserved(runner: str, cfg: DeploymentConfig) -> list[str]:
         problems.append("prefix_caching")
     if cfg.platform not in m.platforms:
         problems.append(f"platform {cfg.platform}")
+    # engine/runner_setup.py refuses speculation for models with Mamba layers on both runners
+    if cfg.speculative_method != "none" and PACK.architectures[cfg.architecture].has_inner_state:
+        problems.append(f"speculative_method {cfg.speculative_method} with Mamba layers")
     if MAMBA_CACHE_MODES.get(cfg.mamba_cache_mode or "none") != "honoured":
         problems.append(f"mamba_cache_mode {cfg.mamba_cache_mode}")
     if not cfg.triton_available and m.requires_triton:

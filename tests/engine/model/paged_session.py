@@ -1,5 +1,7 @@
 """Test helper: drive a DecoderModel through paged KV caches the way a runner would (blocks
-handed out in a scrambled order, so a sequence's blocks are not contiguous)."""
+handed out in a scrambled order, so a sequence's blocks are not contiguous). Models with Mamba
+layers (a ``HybridCacheSpec``) also get a state slot per sequence, handed out in a scrambled
+order too, passed as ``state_indices``."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.model import AttentionMetadata, DecoderModel, allocate_kv_caches
+from engine.model.state_cache import HybridCacheSpec
+
+MAX_STATE_SLOTS = 8
 
 
 @dataclass
@@ -15,6 +20,7 @@ class _Seq:
     token_ids: list[int]
     num_computed: int = 0
     blocks: list[int] = field(default_factory=list)
+    state_slot: int = -1
 
 
 class PagedSession:
@@ -26,15 +32,20 @@ class PagedSession:
         self.model = model
         self.block_size = block_size
         self.max_blocks_per_seq = max_blocks_per_seq
-        self.kv_caches = allocate_kv_caches(model.kv_cache_spec, num_blocks, block_size, p.dtype,
-                                            p.device)
+        spec = model.kv_cache_spec
+        self.has_state = isinstance(spec, HybridCacheSpec)
+        if isinstance(spec, HybridCacheSpec):
+            self.kv_caches = spec.allocate(num_blocks, block_size, MAX_STATE_SLOTS, p.dtype, p.device)
+        else:
+            self.kv_caches = allocate_kv_caches(spec, num_blocks, block_size, p.dtype, p.device)
         gen = torch.Generator().manual_seed(1)
         self.free_blocks = torch.randperm(num_blocks, generator=gen).tolist()
+        self.free_slots = torch.randperm(MAX_STATE_SLOTS, generator=gen).tolist()
         self.seqs: dict[str, _Seq] = {}
         self.device = p.device
 
     def add(self, seq_id: str, token_ids: list[int]) -> None:
-        self.seqs[seq_id] = _Seq(list(token_ids))
+        self.seqs[seq_id] = _Seq(list(token_ids), state_slot=self.free_slots.pop() if self.has_state else -1)
 
     def append(self, seq_id: str, token_id: int) -> None:
         self.seqs[seq_id].token_ids.append(token_id)
@@ -68,6 +79,8 @@ class PagedSession:
             max_seq_len=max(seq_lens),
             num_actual_tokens=len(ids),
             block_size=self.block_size,
+            state_indices=torch.tensor([self.seqs[k].state_slot for k in num_tokens], dtype=torch.int32,
+                                       device=self.device) if self.has_state else None,
         )
         with torch.inference_mode():
             hidden = self.model(torch.tensor(ids, device=self.device),

@@ -89,6 +89,10 @@ def test_config_fields_read_as_hf_names_them() -> None:
     assert spec.state_bytes_per_slot(torch.float32) == 2 * (128 * 3 * 4 + 128 * 8 * 4)
     with pytest.raises(ModelConfigError, match="state_size"):
         ModelConfig.from_hf_dict({**TINY_MAMBA, "state_size": 0})
+    # width 1 would leave a conv state of no inputs: the kernels need >= 2 (found by a first
+    # forward that failed the whole batch)
+    with pytest.raises(ModelConfigError, match="`conv_kernel` must be an integer >= 2, got 1"):
+        ModelConfig.from_hf_dict({**TINY_MAMBA, "conv_kernel": 1})
     with pytest.raises(ModelConfigError, match="hidden_act"):
         ModelConfig.from_hf_dict({**TINY_MAMBA, "hidden_act": "gelu"})
 

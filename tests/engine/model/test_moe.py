@@ -1,6 +1,7 @@
 """The MoE block (engine/model/moe.py): MoEConfig from each family's HF keys, the routing
 function, and SparseMoeBlock against transformers' own MoE modules on the same random weights
-(Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock, GraniteMoeMoE, DeepseekV2Moe), fp32."""
+(Qwen2MoeSparseMoeBlock, Qwen3MoeSparseMoeBlock, GraniteMoeMoE, DeepseekV2Moe,
+JambaSparseMoeBlock), fp32."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from engine.model import ModelConfigError, MoEConfig, SparseMoeBlock, select_exp
 
 transformers = pytest.importorskip("transformers")
 CONFIGS = Path(__file__).resolve().parents[3] / "policies" / "reference" / "model_configs"
-QWEN2, QWEN3, GRANITE, DEEPSEEK = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-                                   "GraniteMoeForCausalLM", "DeepseekV2ForCausalLM")
+QWEN2, QWEN3, GRANITE, DEEPSEEK, JAMBA = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+                                          "GraniteMoeForCausalLM", "DeepseekV2ForCausalLM", "JambaForCausalLM")
 
 
 def real(name: str) -> dict[str, Any]:
@@ -193,6 +194,9 @@ BLOCKS = {  # name -> (architecture, transformers module path, HF config keys)
                                          {**_BLOCK_BASE, "n_routed_experts": 16, "n_shared_experts": 1,
                                           "topk_method": "group_limited_greedy", "n_group": 4,
                                           "topk_group": 2, "routed_scaling_factor": 16.0}),
+    "jamba-unnormalised": (JAMBA, "jamba.modeling_jamba.JambaSparseMoeBlock",
+                           {"hidden_size": 48, "intermediate_size": 24, "num_experts": 8,
+                            "num_experts_per_tok": 3, "expert_layer_period": 1, "expert_layer_offset": 0}),
 }
 
 
@@ -202,7 +206,8 @@ def _hf_block(module_path: str, arch: str, keys: dict[str, Any]) -> torch.nn.Mod
     module_name, _, cls_name = module_path.rpartition(".")
     cls = getattr(importlib.import_module(f"transformers.models.{module_name}"), cls_name)
     config_cls = {QWEN2: transformers.Qwen2MoeConfig, QWEN3: transformers.Qwen3MoeConfig,
-                  GRANITE: transformers.GraniteMoeConfig, DEEPSEEK: transformers.DeepseekV2Config}[arch]
+                  GRANITE: transformers.GraniteMoeConfig, DEEPSEEK: transformers.DeepseekV2Config,
+                  JAMBA: transformers.JambaConfig}[arch]
     config = config_cls(**keys)
     config._experts_implementation = "eager"  # the plain per-expert loop
     return cls(config).eval()

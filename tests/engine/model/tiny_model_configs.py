@@ -130,14 +130,16 @@ TINY_REWARD_CONFIGS: dict[str, dict[str, Any]] = {
 
 def tiny_config_for(architecture: str) -> dict[str, Any] | None:
     """The first tiny config of ``architecture`` here or in a family's own tiny configs
-    (tiny_opt_configs.py, deepseek_tiny.py, tiny_mamba_configs.py), or None when there is none."""
+    (tiny_opt_configs.py, deepseek_tiny.py, tiny_mamba_configs.py, tiny_jamba_configs.py), or None
+    when there is none."""
     from deepseek_tiny import tiny_deepseek_v2
+    from tiny_jamba_configs import TINY_JAMBA_CONFIGS
     from tiny_mamba_configs import TINY_MAMBA
     from tiny_opt_configs import TINY_OPT_CONFIGS
 
     for cfg in (*TINY_DECODER_CONFIGS.values(), *TINY_ENCODER_CONFIGS.values(),
                 *TINY_REWARD_CONFIGS.values(), *TINY_OPT_CONFIGS.values(), *TINY_MOE_CONFIGS.values(),
-                tiny_deepseek_v2(), TINY_MAMBA):
+                tiny_deepseek_v2(), TINY_MAMBA, *TINY_JAMBA_CONFIGS.values()):
         if cfg["architectures"][0] == architecture:
             return cfg
     return None
