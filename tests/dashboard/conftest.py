@@ -7,7 +7,9 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import browser_helpers
 import pytest
 from service_helpers import Api, LiveService, role_tokens
 
@@ -87,3 +89,14 @@ def api(db_url: str) -> Iterator[Api]:
     with TestClient(app) as client:
         made = role_tokens(services.db)
         yield Api(client, services, made)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless chromium for the module's tests (browser_helpers.signed_in signs a page in)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=browser_helpers.CHROMIUM, args=["--no-sandbox"])
+        yield b
+        b.close()

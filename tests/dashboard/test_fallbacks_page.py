@@ -6,12 +6,12 @@ fleet is reachable from the charts."""
 from __future__ import annotations
 
 import datetime as dt
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from browser_helpers import needs_chromium, signed_in
 from service_helpers import LiveService, make_tokens, start_service
 
 from dashboard import fallbacks as view
@@ -19,9 +19,7 @@ from dashboard.store.aggregates import FallbackReport
 from oracle import decide, from_spec, load_pack
 from oracle.client import event_from_decision
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-browser_only = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                  reason="chromium is not installed (scripts/ensure-chromium.sh)")
+browser_only = needs_chromium
 NOW = dt.datetime.now(dt.UTC)
 # (spec, count, age): real decisions of the turnout pack, reported at these ages.
 LLAMA = {"architecture": "LlamaForCausalLM"}  # stage llama-mistral-dense is off: waiting
@@ -65,28 +63,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory
     svc.stop()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
-def _signed_in(browser: object, svc: LiveService, token: str) -> tuple[object, list[str]]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
-    page = context.new_page()
-    problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-            if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.goto(svc.url + "/login")
-    page.fill("input[name=token]", token)
-    page.click("button[type=submit]")
-    page.wait_for_url(svc.url + "/")
-    return page, problems
+_signed_in = signed_in
 
 
 def _api(svc: LiveService, token: str, query: str) -> dict[str, object]:

@@ -6,14 +6,13 @@ release."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from browser_helpers import needs_chromium, signed_in
 from service_helpers import LiveService, make_tokens, start_service
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # Each run saves the page here (git-ignored, so a test run leaves no tracked file changed);
 # the images docs/service.md shows come from scripts/screenshots.py.
 SCREENSHOT = (Path(__file__).resolve().parents[2] / "docs" / "images"
@@ -24,8 +23,7 @@ PAGES = {"/": "Overview", "/fallbacks": "Fallback reasons", "/canaries": "Canari
          "/upgrade": "Upgrade vLLM", "/audit": "Audit log",
          "/deployments/demo%2Frecipe-0008": "Deployment"}
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                reason="chromium is not installed (scripts/ensure-chromium.sh)")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
@@ -38,31 +36,8 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveService
     svc.stop()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
 def _signed_in(browser: object, svc: LiveService, token: str) -> tuple[object, list[str]]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
-    page = context.new_page()
-    problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-            if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.on("response", lambda r: problems.append(f"HTTP {r.status} {r.url}")
-            if r.status >= 400 else None)
-    page.goto(svc.url + "/")
-    assert page.url.endswith("/login")
-    page.fill("input[name=token]", token)
-    page.click("button[type=submit]")
-    page.wait_for_url(svc.url + "/")
-    return page, problems
+    return signed_in(browser, svc, token, from_root=True, http_errors=True)
 
 
 def test_every_page_opens_without_console_errors(browser: object, site: tuple) -> None:

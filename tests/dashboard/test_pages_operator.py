@@ -10,20 +10,18 @@ from __future__ import annotations
 import csv
 import io
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from browser_helpers import needs_chromium, signed_in
 from service_helpers import LiveService, make_tokens, start_service
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 OFF_STAGE = "llama-mistral-dense"  # off by default; its llama and mistral deployments wait
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                reason="chromium is not installed (scripts/ensure-chromium.sh)")
+pytestmark = needs_chromium
 
 
 @pytest.fixture(scope="module")
@@ -36,28 +34,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveService
     svc.stop()
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        yield b
-        b.close()
-
-
-def _signed_in(browser: Any, svc: LiveService, token: str) -> tuple[Any, list[str]]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-    page = context.new_page()
-    problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-            if m.type == "error" else None)
-    page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-    page.goto(svc.url + "/login")
-    page.fill("input[name=token]", token)
-    page.click("button[type=submit]")
-    page.wait_for_url(svc.url + "/")
-    return page, problems
+_signed_in = signed_in
 
 
 def _api(svc: LiveService, token: str, path: str, **params: Any) -> Any:
