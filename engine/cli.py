@@ -168,6 +168,8 @@ def score(
     items = _read_inputs(document, documents, "--document", "--documents")
     if top_n is not None and not rerank:
         _fail("--top-n needs --rerank")
+    if top_n is not None and top_n < 1:  # before the model is loaded
+        _fail(f"--top-n must be >= 1, got {top_n}")
 
     def work() -> tuple[Any, list[dict[str, Any]]]:
         llm = _make_llm(model, runner, pack, device, tokenizer=tokenizer, max_model_len=max_model_len, dtype=dtype)

@@ -121,7 +121,10 @@ def test_bad_input_is_named(app: typer.Typer, cross_encoder: Path, llama_dir: Pa
         (["score", "--model", str(cross_encoder), "--query", "q", "--document", "d", "--top-n", "1"],
          "error: --top-n needs --rerank"),
         (["score", "--model", str(cross_encoder), "--query", "q", "--document", "d", "--rerank", "--top-n", "0"],
-         "error: rerank: top_n must be a positive int or None, got 0"),
+         "error: --top-n must be >= 1, got 0"),
+        # checked before any model is loaded: a path that does not exist is never reached
+        (["score", "--model", "/no/such/model", "--query", "q", "--document", "d", "--rerank", "--top-n", "-1"],
+         "error: --top-n must be >= 1, got -1"),
         (["classify", "--model", str(cross_encoder)], "error: give --text TEXT (repeatable) or --texts FILE"),
     ]
     for args, message in cases:
