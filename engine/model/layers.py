@@ -1,7 +1,10 @@
 """Building blocks of the decoders: RMSNorm, rotary position embedding, the SiLU-gated MLP.
 
 Plain PyTorch; numerics follow HF transformers' Llama implementation (normalisation in float32,
-RoPE tables computed in float32) so that fp32 logits agree to rounding.
+RoPE tables computed in float32) so that fp32 logits agree to rounding. On CUDA tensors the
+RMSNorm (with the residual add before it) and the gated MLP's SiLU·mul run as one Triton kernel
+each (``kernels/rms_norm.py``, ``kernels/silu_mul.py``) instead of a chain of elementwise
+kernels; :func:`set_fused_layer_ops` turns that off (benchmarks compare both).
 """
 
 from __future__ import annotations
@@ -13,6 +16,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model.config import ModelConfig, RopeScaling
+
+_fused_layer_ops = True
+
+
+def set_fused_layer_ops(enabled: bool) -> bool:
+    """Run RMSNorm and SiLU·mul of CUDA tensors through the fused Triton kernels (the default)
+    or through torch; returns the previous setting. CPU tensors always take the torch path."""
+    global _fused_layer_ops
+    previous, _fused_layer_ops = _fused_layer_ops, bool(enabled)
+    return previous
+
+
+def _fused(x: torch.Tensor) -> bool:
+    if not (_fused_layer_ops and x.is_cuda):
+        return False
+    from kernels._triton import HAS_TRITON
+
+    return HAS_TRITON
 
 
 class RMSNorm(nn.Module):
@@ -28,10 +49,29 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> same
+        if _fused(x) and x.dim() in (2, 3) and x.stride(-1) == 1:
+            from kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+    def add_forward(
+        self,
+        x: torch.Tensor,  # [T, hidden], a residual branch's output
+        residual: torch.Tensor,  # [T, hidden], the residual stream
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (RMSNorm(x + residual), x + residual)
+        """HF's ``residual = residual + x; out = norm(residual)`` (the sum rounded to the
+        model dtype). On CUDA one kernel does both and the returned sum is ``residual``,
+        updated in place; on the CPU it is a new tensor."""
+        if _fused(x) and x.stride(-1) == 1 and residual.stride(-1) == 1:
+            from kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual=residual), residual
+        summed = residual + x
+        return self(summed), summed
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -119,5 +159,10 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if _fused(gate_up) and gate_up.dim() == 2:
+            from kernels.silu_mul import silu_and_mul
+
+            return self.down_proj(silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

@@ -65,7 +65,51 @@ class DecoderAttention(nn.Module):
         return self.o_proj(out.view(num_tokens, self.q_size))
 
 
-class DecoderLayer(nn.Module):
+class PreNormDecoderLayer(nn.Module):
+    """A pre-norm decoder layer: ``h += attn(norm(h)); h += mlp(norm(h))`` (HF Llama's and
+    DeepSeek-V2's order). Subclasses set ``self_attn``, ``mlp``, ``input_layernorm``,
+    ``post_attention_layernorm`` and ``residual_multiplier`` (GraniteMoe's, else None)."""
+
+    self_attn: nn.Module
+    mlp: nn.Module
+    input_layernorm: RMSNorm
+    post_attention_layernorm: RMSNorm
+    residual_multiplier: float | None = None
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, rotary: nn.Module,
+                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+        """HF's layer: ``[T, hidden]`` in, ``[T, hidden]`` out (the residual stream)."""
+        branch, residual = self.forward_residual(positions, hidden, None, rotary, kv_cache,
+                                                 attn_metadata)
+        return residual + branch
+
+    def forward_residual(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        branch: torch.Tensor,  # [T, hidden]: the last layer's MLP output (or the embeddings)
+        residual: torch.Tensor | None,  # [T, hidden]: the stream before that add (None: first)
+        rotary: nn.Module,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's scaled MLP output, the stream)
+        """The layer with each residual add fused into the RMSNorm after it (vLLM's
+        ``fused_add_rms_norm`` layout): the stream passes from layer to layer unsummed, so the
+        add of one layer's MLP output happens in the next layer's input norm. ``residual`` may
+        be updated in place."""
+        if residual is None:
+            residual, normed = branch, self.input_layernorm(branch)
+        else:
+            normed, residual = self.input_layernorm.add_forward(branch, residual)
+        attn = self.self_attn(positions, normed, rotary, kv_cache, attn_metadata)
+        normed, residual = self.post_attention_layernorm.add_forward(self._scaled(attn), residual)
+        return self._scaled(self.mlp(normed)), residual
+
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        # GraniteMoe multiplies each branch before the residual add (transformers' order)
+        return branch if self.residual_multiplier is None else branch * self.residual_multiplier
+
+
+class DecoderLayer(PreNormDecoderLayer):
     def __init__(self, config: ModelConfig, backend: str, layer_idx: int = 0) -> None:
         super().__init__()
         self.self_attn = DecoderAttention(config, backend)
@@ -76,17 +120,6 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.residual_multiplier = config.granite.residual_multiplier if config.granite else None
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, rotary: RotaryEmbedding,
-                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
-        attn = self.self_attn(positions, self.input_layernorm(hidden), rotary, kv_cache,
-                              attn_metadata)
-        hidden = hidden + self._scaled(attn)
-        return hidden + self._scaled(self.mlp(self.post_attention_layernorm(hidden)))
-
-    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
-        # GraniteMoe multiplies each branch before the residual add (transformers' order)
-        return branch if self.residual_multiplier is None else branch * self.residual_multiplier
 
 
 class DecoderBody(nn.Module):
@@ -169,9 +202,13 @@ class DecoderModel(nn.Module):
         if self.config.granite is not None:
             hidden = hidden * self.config.granite.embedding_multiplier
         rotary = self.model.rotary_emb
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden = layer(positions, hidden, rotary, kv_cache, attn_metadata)
-        return self.model.norm(hidden)
+            hidden, residual = layer.forward_residual(positions, hidden, residual, rotary,
+                                                      kv_cache, attn_metadata)
+        if residual is None:  # no layers
+            return self.model.norm(hidden)
+        return self.model.norm.add_forward(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor  # [N, hidden_size]
                        ) -> torch.Tensor:  # [N, vocab_size] float32

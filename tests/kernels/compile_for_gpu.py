@@ -82,6 +82,19 @@ def _launch_all() -> None:
     gumbel_sample(logits, idx, seq_lens, tables, None, torch.zeros(10, dtype=torch.int32))
     _try(tl.test_matches_full_log_softmax, seed=1, vocab_size=3000, max_k=20)
     _try(tl.test_wide_k_and_sampled_token_rank)
+    _launch_layer_ops()
+
+
+def _launch_layer_ops() -> None:
+    from kernels.rms_norm import rms_norm
+    from kernels.silu_mul import silu_and_mul
+
+    for dtype in (torch.bfloat16, torch.float32):
+        for hidden in (128, 1024):  # a Qwen3 head, a Qwen3-0.6B hidden state
+            x, w = torch.ones(4, hidden, dtype=dtype), torch.ones(hidden, dtype=dtype)
+            rms_norm(x, w, 1e-6)
+            rms_norm(x, w, 1e-6, residual=x.clone())
+        silu_and_mul(torch.ones(4, 2 * 3072, dtype=dtype))
 
 
 def _try(fn, **kwargs) -> None:
