@@ -80,6 +80,8 @@ def _launch_all() -> None:
     tables, idx, _, seq_lens, logits = ts._batch(0, 300)
     from kernels.gumbel_sample import gumbel_sample
     gumbel_sample(logits, idx, seq_lens, tables, None, torch.zeros(10, dtype=torch.int32))
+    tables, idx, _, seq_lens, logits = ts._batch(0, 4000)  # 4 blocks of 1024: 3 slices
+    gumbel_sample(logits, idx, seq_lens, tables, None, torch.zeros(10, dtype=torch.int32), num_splits=3)
     _try(tl.test_matches_full_log_softmax, seed=1, vocab_size=3000, max_k=20)
     _try(tl.test_wide_k_and_sampled_token_rank)
     _launch_layer_ops()
