@@ -140,6 +140,36 @@ class RotaryEmbedding(nn.Module):
         sin = self.sin_cache[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
+    def forward_qkv(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        qkv: torch.Tensor,  # [T, (num_heads + 2 * num_kv_heads) * head_dim], the fused projection
+        num_heads: int,
+        num_kv_heads: int,
+        q_norm: RMSNorm | None = None,  # Qwen3's per-head norms, applied before the rotation
+        k_norm: RMSNorm | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q [T, H, D], k [T, KVH, D], v [T, KVH, D]
+        """Split the QKV output into heads, normalise q and k (when norms are given) and rotate
+        them. On CUDA one kernel does norms and rotation in place in ``qkv``
+        (``kernels/rotary.py``); elsewhere the torch ops of :meth:`forward`."""
+        num_tokens, d = qkv.shape[0], self.head_dim
+        if _fused(qkv) and qkv.stride(-1) == 1 and d & (d - 1) == 0:
+            from kernels.rotary import qk_norm_rope
+
+            weights = (q_norm.weight, k_norm.weight) if q_norm is not None and k_norm is not None else (None, None)
+            eps = q_norm.eps if q_norm is not None else 1e-6
+            qk_norm_rope(qkv, positions, self.cos_cache, self.sin_cache, num_heads, num_kv_heads,
+                         *weights, eps=eps)
+            q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+            return (q.view(num_tokens, num_heads, d), k.view(num_tokens, num_kv_heads, d),
+                    v.view(num_tokens, num_kv_heads, d))
+        q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+        q, k = q.view(num_tokens, num_heads, d), k.view(num_tokens, num_kv_heads, d)
+        if q_norm is not None and k_norm is not None:
+            q, k = q_norm(q), k_norm(k)
+        q, k = self(positions, q, k)
+        return q, k, v.view(num_tokens, num_kv_heads, d)
+
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # HF casts the tables to x's dtype and rotates in that dtype; so do we.

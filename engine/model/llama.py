@@ -53,13 +53,8 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, rotary: RotaryEmbedding,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k, v = rotary.forward_qkv(positions, self.qkv_proj(hidden), self.num_heads,
+                                     self.num_kv_heads, self.q_norm, self.k_norm)
         out = paged_attention_forward(q, k, v, kv_cache, attn_metadata, scale=self.scale,
                                       sliding_window=self.sliding_window, backend=self.backend)
         return self.o_proj(out.view(num_tokens, self.q_size))

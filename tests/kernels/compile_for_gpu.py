@@ -97,6 +97,12 @@ def _launch_layer_ops() -> None:
             rms_norm(x, w, 1e-6)
             rms_norm(x, w, 1e-6, residual=x.clone())
         silu_and_mul(torch.ones(4, 2 * 3072, dtype=dtype))
+        from kernels.rotary import qk_norm_rope
+
+        cos = torch.ones(64, 64)
+        qkv = torch.ones(4, (16 + 2 * 8) * 128, dtype=dtype)  # Qwen3-0.6B's heads
+        for weights in ((None, None), (torch.ones(128, dtype=dtype), torch.ones(128, dtype=dtype))):
+            qk_norm_rope(qkv, torch.zeros(4, dtype=torch.int64), cos, cos, 16, 8, *weights)
 
 
 def _try(fn, **kwargs) -> None:

@@ -93,3 +93,72 @@ def test_silu_and_mul_matches_the_hf_gated_mlp_activation(dtype: torch.dtype, in
     torch.testing.assert_close(got, want, **_tol(dtype))
     torch.testing.assert_close(silu_and_mul_ref(gate_up), want, atol=0, rtol=0)
     assert silu_and_mul(gate_up[:0]).shape == (0, intermediate)
+
+
+def _rotary_case(dtype: torch.dtype, num_tokens: int = 6, num_heads: int = 4, num_kv_heads: int = 2,
+                 head_dim: int = 32, seed: int = 7):
+    from engine.model.config import ModelConfig
+    from engine.model.layers import RotaryEmbedding
+
+    config = ModelConfig.from_hf_dict({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 64, "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads, "head_dim": head_dim, "max_position_embeddings": 512,
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0})
+    rotary = RotaryEmbedding(config).to(DEVICE)
+    qkv = _randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, seed=seed)
+    positions = torch.tensor([0, 1, 7, 100, 300, 511][:num_tokens], dtype=torch.int64, device=DEVICE)
+    return rotary, qkv, positions
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_qk_norm_rope_equals_the_model_layers_path(dtype: torch.dtype, with_norm: bool) -> None:
+    from engine.model.layers import RMSNorm
+    from kernels.rotary import qk_norm_rope, qk_norm_rope_ref
+
+    rotary, qkv, positions = _rotary_case(dtype)
+    num_heads, num_kv_heads, head_dim = 4, 2, 32
+    norm_q, norm_k = RMSNorm(head_dim, 1e-6).to(DEVICE, dtype), RMSNorm(head_dim, 1e-6).to(DEVICE, dtype)
+    with torch.no_grad():
+        norm_q.weight.copy_(_randn(head_dim, dtype=dtype, seed=8))
+        norm_k.weight.copy_(_randn(head_dim, dtype=dtype, seed=9))
+    # The model's unfused path: views of the QKV output, norms, then RotaryEmbedding.
+    q = qkv[:, : num_heads * head_dim].view(6, num_heads, head_dim)
+    k = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim].view(6, num_kv_heads, head_dim)
+    if with_norm:
+        q, k = norm_q(q), norm_k(k)
+    want_q, want_k = rotary(positions, q, k)
+    weights = (norm_q.weight, norm_k.weight) if with_norm else (None, None)
+    got, ref = qkv.clone(), qkv.clone()
+    qk_norm_rope(got, positions, rotary.cos_cache, rotary.sin_cache, num_heads, num_kv_heads, *weights)
+    qk_norm_rope_ref(ref, positions, rotary.cos_cache, rotary.sin_cache, num_heads, num_kv_heads, *weights)
+    split = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+    # Compiled, the kernel rounds where torch rounds (to nearest even): exact without the norm,
+    # the norm's reduction order aside. The interpreter truncates each of the five bf16
+    # roundings of a rotated value, which a subtraction can magnify to a few ulps.
+    tol = {"atol": 0, "rtol": 0} if dtype == torch.float32 and not with_norm else _tol(dtype)
+    if INTERPRETED and dtype == torch.bfloat16:
+        tol = {"atol": 0.25, "rtol": 0.03}
+    elif not INTERPRETED and dtype == torch.bfloat16 and not with_norm:
+        tol = {"atol": 0, "rtol": 0}
+    for out, exact in ((ref, {"atol": 0, "rtol": 0}), (got, tol)):
+        oq, ok, ov = out.split(split, dim=-1)
+        torch.testing.assert_close(oq.reshape(want_q.shape), want_q, **exact)
+        torch.testing.assert_close(ok.reshape(want_k.shape), want_k, **exact)
+        torch.testing.assert_close(ov, qkv.split(split, dim=-1)[2], atol=0, rtol=0)  # v untouched
+
+
+def test_qk_norm_rope_names_bad_arguments() -> None:
+    from kernels.rotary import qk_norm_rope
+
+    rotary, qkv, positions = _rotary_case(torch.float32)
+    args = (rotary.cos_cache, rotary.sin_cache)
+    with pytest.raises(ValueError, match="qkv width 256 must be"):
+        qk_norm_rope(qkv, positions, *args, 4, 3)
+    with pytest.raises(ValueError, match="positions must be int64"):
+        qk_norm_rope(qkv, positions.int(), *args, 4, 2)
+    with pytest.raises(ValueError, match="give both q_weight and k_weight"):
+        qk_norm_rope(qkv, positions, *args, 4, 2, q_weight=torch.ones(32, device=DEVICE))
+    with pytest.raises(ValueError, match="one entry per token"):
+        qk_norm_rope(qkv, positions[:3], *args, 4, 2)
