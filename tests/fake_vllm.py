@@ -70,9 +70,10 @@ def launch_env(bin_dir: Path | None, cache: Path, **extra: str) -> dict[str, str
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("TURNOUT_", "VLLM_", "FAKE_VLLM_"))}
     path = [str(bin_dir)] if bin_dir is not None else []
-    path += [p for p in env.get("PATH", "").split(os.pathsep) if p and not (Path(p) / "vllm").exists()]
-    env.update(PATH=os.pathsep.join(path), PYTHONPATH=str(ROOT), TURNOUT_CACHE_DIR=str(cache),
-               TURNOUT_DEPLOYMENT_ID="test/qwen3", **extra)
+    path += [p for p in env.get("PATH", "").split(os.pathsep)
+             if p and not (Path(p) / "vllm").exists()]
+    env.update({"PATH": os.pathsep.join(path), "PYTHONPATH": str(ROOT),
+                "TURNOUT_CACHE_DIR": str(cache), "TURNOUT_DEPLOYMENT_ID": "test/qwen3", **extra})
     return env
 
 
