@@ -12,7 +12,7 @@ the vLLM venv's Python. There vLLM's own selection code runs, as the referee run
 selection replayed, ``use_v2_model_runner``), reading ``VLLM_USE_V2_MODEL_RUNNER`` from its
 process environment. Each case passes when vLLM picks what turnout decided.
 
-    make referee-venvs REFEREE_RELEASES="0.31 0.33"
+    make launch-check    # the referee venvs of LAUNCH_CHECK_RELEASES (0.31 0.33), then this
     .venv/bin/python scripts/launch_check.py --venv .referee/venv-0.31 --venv .referee/venv-0.33
 
 Exit 0 when every case agrees, 1 otherwise. ``--markdown`` prints the table for docs/launch.md.
@@ -122,10 +122,10 @@ class Service:
 def check(venv: Path, case: Case, service: Service, cache: Path) -> dict[str, Any]:
     """One case on one venv: turnout's plan and what vLLM's own selection makes of its env."""
     service.set(case)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TURNOUT_URL": service.url,
-           "TURNOUT_TOKEN": service.token, "TURNOUT_CACHE_DIR": str(cache),
-           "TURNOUT_DEPLOYMENT_ID": "check/qwen3-8b", "HF_HUB_OFFLINE": "1", **case.env}
-    env.pop(RUNNER, None) if RUNNER not in case.env else None
+    env = {k: v for k, v in os.environ.items() if k != RUNNER}  # the case's pin, or none
+    env.update({"PYTHONPATH": str(ROOT), "TURNOUT_URL": service.url,
+                "TURNOUT_TOKEN": service.token, "TURNOUT_CACHE_DIR": str(cache),
+                "TURNOUT_DEPLOYMENT_ID": "check/qwen3-8b", "HF_HUB_OFFLINE": "1", **case.env})
     argv = [str(venv / "bin" / "vllm"), "serve", "Qwen/Qwen3-8B", *case.flags]
     done = subprocess.run([sys.executable, "-m", "oracle.cli", "launch", "--dry-run", "--",
                            *argv], cwd=ROOT, env=env, capture_output=True, text=True)

@@ -58,7 +58,12 @@ def run(argv: list[str], deployment_id: str | None, architecture: str | None,
             overrides=fields)
     except OracleError as exc:
         _fail(exc)
-    client = make_client(settings)
+    try:
+        client = make_client(settings)
+    except OSError as exc:  # the cache dir cannot be made (a file in the way, no permission)
+        _fail(OracleError(f"TURNOUT_CACHE_DIR {settings.cache_dir}: cannot be used "
+                          f"({exc.strerror or exc}); point it at a writable directory",
+                          code=ErrorCode.BAD_USAGE))
     try:
         planned = decide_launch(client, config, install)
     except LaunchRefused as exc:

@@ -89,6 +89,13 @@ def test_a_rule_decides_before_the_rollout_and_nothing_is_set(env: dict[str, str
     assert plan["decision"]["reason_code"] == "TARGETING_MATCH"  # type: ignore[index]
 
 
+def test_an_architecture_the_packs_do_not_know_gets_v1_pinned(env: dict[str, str]) -> None:
+    plan = dry_run(["--architecture", "NoSuchForCausalLM", "--", "vllm", "serve", "org/new"],
+                   env)
+    assert (plan["runner"], plan["env"]) == ("v1", {RUNNER: "0"})  # vLLM alone might take V2
+    assert plan["decision"]["error_code"] == "unknown_architecture"  # type: ignore[index]
+
+
 @pytest.mark.parametrize("how", ["environment", "assignment"])
 def test_the_operators_pin_is_kept_and_reported_as_theirs(env: dict[str, str], how: str) -> None:
     args = LLAMA if how == "environment" else ["--", f"{RUNNER}=1", *LLAMA[1:]]
@@ -154,6 +161,13 @@ def test_no_vllm_on_path_says_so_and_nothing_else_happens(tmp_path: Path) -> Non
     assert done.returncode == 2 and done.stdout == ""
     assert "vllm_not_installed" in done.stderr and "no 'vllm' executable on PATH" in done.stderr
     assert not (tmp_path / "cache").exists()  # no client, no spool, no snapshot fetched
+
+
+def test_a_cache_dir_that_cannot_be_made_is_a_clear_error(fake: Path, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("in the way")
+    done = run_launch(QWEN3, launch_env(fake, tmp_path / "file" / "cache"))
+    assert done.returncode == 2 and done.stdout == ""
+    assert "TURNOUT_CACHE_DIR" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_a_vllm_whose_python_has_no_vllm_is_not_installed(tmp_path: Path) -> None:
