@@ -71,26 +71,19 @@ class PreNormDecoderLayer(nn.Module):
     post_attention_layernorm: RMSNorm
     residual_multiplier: float | None = None
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, rotary: nn.Module,
-                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
-        """HF's layer: ``[T, hidden]`` in, ``[T, hidden]`` out (the residual stream)."""
-        branch, residual = self.forward_residual(positions, hidden, None, rotary, kv_cache,
-                                                 attn_metadata)
-        return residual + branch
-
-    def forward_residual(
+    def forward(
         self,
         positions: torch.Tensor,  # [T] int64
         branch: torch.Tensor,  # [T, hidden]: the last layer's MLP output (or the embeddings)
-        residual: torch.Tensor | None,  # [T, hidden]: the stream before that add (None: first)
         rotary: nn.Module,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
+        residual: torch.Tensor | None = None,  # [T, hidden]: the stream before that add (None: first)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's scaled MLP output, the stream)
         """The layer with each residual add fused into the RMSNorm after it (vLLM's
         ``fused_add_rms_norm`` layout): the stream passes from layer to layer unsummed, so the
-        add of one layer's MLP output happens in the next layer's input norm. ``residual`` may
-        be updated in place."""
+        add of one layer's MLP output happens in the next layer's input norm; HF's layer output
+        is the sum of the two returned tensors. ``residual`` may be updated in place."""
         if residual is None:
             residual, normed = branch, self.input_layernorm(branch)
         else:
@@ -199,8 +192,7 @@ class DecoderModel(nn.Module):
         rotary = self.model.rotary_emb
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden, residual = layer.forward_residual(positions, hidden, residual, rotary,
-                                                      kv_cache, attn_metadata)
+            hidden, residual = layer(positions, hidden, rotary, kv_cache, attn_metadata, residual)
         if residual is None:  # no layers
             return self.model.norm(hidden)
         return self.model.norm.add_forward(hidden, residual)[0]
