@@ -3,8 +3,14 @@
 ``append`` returns only once the event is on disk. ``drain`` seals the open segment (a rename,
 so appends go on into a new file), sends sealed segments in batches and deletes a segment only
 after every batch of it was acknowledged; a failed send keeps it for the next try (resending is
-harmless: the service ingests idempotently by event id). Segments left open by a process that
-died are sealed and sent by the next client on the same directory. A batch the service
+harmless: the service ingests idempotently by event id).
+
+Segments are owned by locks, not process ids: a writer holds an exclusive ``flock`` on its open
+segment from the moment the segment exists (it is created under a temporary name, locked, then
+renamed into place) until it is sealed. A segment nobody holds a lock on is an orphan, left by
+a process that died, and any client on the directory seals and sends it, whatever its name says
+— a restarted engine with the same process id (PID 1 in a container) included. The kernel
+drops a dead process's locks, so a crash never leaves a segment looking live. A batch the service
 rejects as invalid is resent event by event: the events it takes are stored, the ones it
 rejects, and lines of a segment that cannot be read (corruption), are set aside in
 ``rejected-*.jsonl`` (kept for a person, never dropped).
@@ -34,7 +40,7 @@ class Spool:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._open_path = self.directory / f"open-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+        self._open_path = self.directory / f"open-{uuid.uuid4().hex}.jsonl"
         self._file: IO[str] | None = None
 
     def append(self, event: dict[str, Any]) -> None:
@@ -42,10 +48,23 @@ class Spool:
         line = json.dumps(event, separators=(",", ":")) + "\n"
         with self._lock:
             if self._file is None:
-                self._file = open(self._open_path, "a", encoding="utf-8")  # noqa: SIM115
+                self._file = self._create_locked()
             self._file.write(line)
             self._file.flush()
             os.fsync(self._file.fileno())
+
+    def _create_locked(self) -> IO[str]:
+        """The open segment, created locked: under a name no client reads, locked, then renamed
+        into place (a rename keeps the lock), so no client ever sees it unlocked."""
+        tmp = self._open_path.with_suffix(".new")
+        f = open(tmp, "a", encoding="utf-8")  # noqa: SIM115 - held until sealed
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.replace(tmp, self._open_path)
+        except BaseException:
+            f.close()
+            raise
+        return f
 
     def pending(self) -> int:
         """Events on disk not yet acknowledged (open and sealed segments)."""
@@ -92,19 +111,26 @@ class Spool:
         with self._lock:
             if self._file is None:
                 return
+            # Renamed while still locked, then closed: no other client can take it for an
+            # orphan in between.
+            os.replace(self._open_path, self._sealed_name(self._open_path))
             self._file.close()
             self._file = None
-            os.replace(self._open_path, self._sealed_name(self._open_path))
 
     def _seal_orphans(self) -> None:
+        """Seal every open segment no writer holds a lock on (its writer died)."""
         for path in self._segments(("open-",)):
             if path == self._open_path:
                 continue
-            pid = _pid_of(path)
-            if pid is not None and _alive(pid):
-                continue
-            with contextlib.suppress(FileNotFoundError):  # another client sealed it first
-                os.replace(path, self._sealed_name(path))
+            with _exclusive(path) as orphan:
+                if orphan:
+                    with contextlib.suppress(FileNotFoundError):  # another client sealed it
+                        os.replace(path, self._sealed_name(path))
+        for path in self.directory.glob("open-*.new"):  # created, never renamed: empty
+            if path != self._open_path.with_suffix(".new"):
+                with _exclusive(path) as orphan:
+                    if orphan:
+                        path.unlink(missing_ok=True)
 
     def _sealed_name(self, open_path: Path) -> Path:
         # sealed-<time-ordered id>-<original name>: drained oldest first.
@@ -161,25 +187,10 @@ def _read_events(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return events, unreadable
 
 
-def _pid_of(path: Path) -> int | None:
-    parts = path.name.split("-")
-    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextmanager
 def _exclusive(path: Path) -> Iterator[bool]:
+    """Whether this client got the exclusive lock of ``path`` (held inside the block); False
+    when another holds it (a live writer, another client sending it) or the file is gone."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:

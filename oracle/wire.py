@@ -15,6 +15,8 @@ libraries (no FastAPI, no SQLAlchemy).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
@@ -77,6 +79,9 @@ class SnapshotIn(BaseModel):
     """The body of ``GET /api/v1/canaries`` as engines and ``--canaries`` files read it."""
 
     pack: StrictStr | None = None
+    pack_digest: StrictStr | None = Field(
+        default=None, description="the content hash of the service's pack (``Pack.digest``): "
+        "an engine uses the snapshot only with the same pack")
     kill_switch: SnapshotKillSwitch
     cohorts: Sequence[SnapshotCohort]
 
@@ -123,6 +128,7 @@ class CanariesOut(SnapshotIn):
     """Every cohort in rollout order, and the kill switch (``GET /api/v1/canaries``)."""
 
     pack: StrictStr
+    pack_digest: StrictStr
     kill_switch: KillSwitchOut
     cohorts: Sequence[CohortOut]
 
@@ -178,6 +184,21 @@ class IngestIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS_PER_BATCH)
+
+
+def batch_digest(ids: Sequence[str]) -> str:
+    """What an acknowledgement names its batch by: SHA-256 (hex) of the JSON list of the ids
+    sent (event ids, report ids), in the order sent."""
+    return hashlib.sha256(json.dumps(list(ids), separators=(",", ":")).encode()).hexdigest()
+
+
+class IngestAck(BaseModel):
+    """What the engine client reads of ``POST /api/v1/decisions``' answer: the batch is
+    acknowledged when ``accepted`` is the number of events sent and ``batch_digest`` is
+    :func:`batch_digest` of their ids."""
+
+    accepted: StrictInt
+    batch_digest: StrictStr
 
 
 def decision_event(decision: Decision, config: DeploymentConfig, *, pack: str,

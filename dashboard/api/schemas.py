@@ -88,6 +88,10 @@ class AuditOut(BaseModel):
 class IngestOut(BaseModel):
     accepted: int = Field(description="events now stored (new ones and resent duplicates)")
     inserted: int = Field(description="events that were new")
+    batch_digest: str = Field(description="SHA-256 (hex) of the JSON list of the batch's event "
+                              "ids in the order sent (`oracle.wire.batch_digest`): engines "
+                              "take an answer as the acknowledgement of their batch only "
+                              "when it matches")
 
 
 class EventOut(BaseModel):
