@@ -13,7 +13,10 @@ An engine asks once at start-up which runner to use. The client
   ``report()`` returns, and sent in background batches (``POST /api/v1/decisions``, idempotent
   by event id); a spool segment is deleted only after the service acknowledged it (its JSON
   answer naming this batch: a ``200`` from a proxy is no acknowledgement), so an event is
-  never lost between the engine and the store, whoever crashes.
+  never lost between the engine and the store, whoever crashes;
+* reports the running engine's health the same way (``POST /api/v1/health``,
+  ``oracle/client_health.py``): a source it watches gives one report per
+  ``health_interval_s`` and a last one at the end.
 
 Usage (``from oracle import from_command``)::
 
@@ -26,7 +29,8 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +38,7 @@ from typing import Any, Literal
 import httpx
 
 from oracle import CanarySnapshot, Decision, DeploymentConfig, decide, load_pack
+from oracle.client_health import HealthReports, HealthSource
 from oracle.client_http import acknowledged, request_within
 from oracle.client_snapshot import checked_snapshot, load_last_known_good, save_last_known_good
 from oracle.client_spool import SendResult, Spool
@@ -78,6 +83,7 @@ class OracleClient:
         startup_wait_s: float = 0.05,
         refresh_interval_s: float = 30.0,
         flush_interval_s: float = 1.0,
+        health_interval_s: float = 60.0,
         batch_size: int = 500,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
@@ -91,7 +97,9 @@ class OracleClient:
         self.refresh_interval_s = refresh_interval_s
         self.flush_interval_s = flush_interval_s
         self.batch_size = batch_size
+        self.health_interval_s = health_interval_s
         self.spool = Spool(self.cache_dir / "spool")
+        self.health = HealthReports(self.cache_dir / "spool-health", host=self.host, pack=pack)
         # No keep-alive: each request opens the connection its deadline can cut
         # (oracle/client_http.py); at about one request a second that costs nothing.
         self._http = None if url is None else httpx.Client(
@@ -116,12 +124,17 @@ class OracleClient:
         return self
 
     def close(self, flush_timeout_s: float = 2.0) -> None:
-        """Stop the thread after one last send; unsent events stay in the spool for next time."""
+        """Stop the thread after a last health report of every watched source and one last
+        send; what is unsent stays in the spools for next time."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=flush_timeout_s + 1.0)
             self._thread = None
+        elif self._http is not None:
+            self._safely(self.health.collect)  # spooled: the next client sends it
+        for spool in (self.spool, self.health.spool):
+            self._safely(spool.close)
         if self._http is not None:
             self._http.close()
 
@@ -166,21 +179,50 @@ class OracleClient:
         self._wake.set()
         return str(event["event_id"])
 
+    # -- runtime health ---------------------------------------------------------------------
+    def report_health(self, fields: Mapping[str, Any]) -> str | None:
+        """Spool one health report (``oracle.wire.HealthReportIn`` fields; ``report_id``,
+        ``host`` and ``pack`` are filled in), durable on return; its id, or None without a
+        service URL (nothing to report to). Raises ValueError for fields that are not a
+        report, OSError for a spool that cannot be written."""
+        if self._http is None:
+            return None
+        report_id = self.health.report(fields)
+        self._wake.set()
+        return report_id
+
+    def watch_health(self, source: HealthSource) -> None:
+        """Ask ``source`` for a report every ``health_interval_s`` (in the background
+        thread), and once more at :meth:`unwatch_health` or :meth:`close`."""
+        if self._http is not None:
+            self.health.watch(source)
+
+    def unwatch_health(self, source: HealthSource) -> None:
+        """Stop asking ``source``, after spooling its last report (a clean engine's end)."""
+        if self.health.unwatch(source):
+            self._wake.set()
+
     # -- background work -------------------------------------------------------------------
     def _run(self) -> None:
         try:
             self._safely(self.refresh)
         finally:
             self._first_fetch.set()
-        next_refresh = self.refresh_interval_s
+        now = time.monotonic()
+        next_refresh, next_health = now + self.refresh_interval_s, now + self.health_interval_s
         while not self._stop.is_set():
             self._safely(self.flush)
-            self._wake.wait(min(self.flush_interval_s, next_refresh))
+            soonest = min(next_refresh, next_health) - time.monotonic()
+            self._wake.wait(max(0.0, min(self.flush_interval_s, soonest)))
             self._wake.clear()
-            next_refresh -= self.flush_interval_s
-            if next_refresh <= 0:
+            now = time.monotonic()
+            if now >= next_refresh:
                 self._safely(self.refresh)
-                next_refresh = self.refresh_interval_s
+                next_refresh = now + self.refresh_interval_s
+            if now >= next_health:
+                self._safely(self.health.collect)
+                next_health = now + self.health_interval_s
+        self._safely(self.health.collect)
         self._safely(self.flush)
 
     @staticmethod
@@ -227,10 +269,13 @@ class OracleClient:
         return "service"
 
     def flush(self) -> int:
-        """Send every spooled event now; returns how many the service acknowledged."""
+        """Send every spooled event and health report now; returns how many the service
+        acknowledged."""
         if self._http is None:
             return 0
-        return self.spool.drain(self._send, self.batch_size)
+        sent = self.spool.drain(self._send, self.batch_size)
+        return sent + self.health.spool.drain(
+            lambda batch: self.health.send(self._request, batch), self.batch_size)
 
     def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         assert self._http is not None

@@ -13,6 +13,8 @@ An acknowledgement is the service's JSON answer for this very batch (``oracle.wi
 ``accepted`` equal to the number sent and ``batch_digest`` equal to
 :func:`oracle.wire.batch_digest` of the ids sent): a ``200`` with an HTML page from a proxy, an
 empty body or the answer to another batch is no acknowledgement, and the batch stays spooled.
+Health reports are acknowledged the same way (``oracle.wire.HealthAck``), with the positions
+of the reports the service refused alone.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from oracle.wire import IngestAck, batch_digest
+from oracle.wire import HealthAck, IngestAck, batch_digest
 
 log = logging.getLogger("turnout.client")
 
@@ -115,3 +117,24 @@ def acknowledged(resp: httpx.Response, ids: Sequence[str]) -> bool:
         return False
     return True
 
+
+
+def health_rejects(resp: httpx.Response, ids: Sequence[str]) -> frozenset[int] | None:
+    """The positions the service refused of a health batch acknowledged by ``resp`` (a
+    ``200`` of ``POST /api/v1/health``), or None when ``resp`` acknowledges no such batch."""
+    try:
+        ack = HealthAck.model_validate_json(resp.content)
+    except ValidationError:
+        log.warning("a 200 that is not the service's acknowledgement (%s, %d bytes): %d "
+                    "health reports stay spooled", resp.headers.get("content-type", "no type"),
+                    len(resp.content), len(ids))
+        return None
+    refused = frozenset(r.index for r in ack.rejected)
+    if (ack.batch_digest != batch_digest(ids) or ack.accepted + len(refused) != len(ids)
+            or any(not 0 <= i < len(ids) for i in refused)):
+        log.warning("an acknowledgement of another batch of health reports: they stay spooled")
+        return None
+    for r in ack.rejected:
+        log.error("the service refused health report %s: %s (%s)", ids[r.index],
+                  r.detail.message, r.detail.code)
+    return refused

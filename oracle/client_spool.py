@@ -1,4 +1,5 @@
-"""The client's on-disk spool of unreported decision events (JSON lines, fsynced).
+"""The client's on-disk spools of unreported decision events and health reports (JSON lines,
+fsynced; one directory each).
 
 ``append`` returns only once the event is on disk. ``drain`` seals the open segment (a rename,
 so appends go on into a new file), sends sealed segments in batches and deletes a segment only
@@ -32,7 +33,9 @@ from typing import IO, Any, Literal
 
 log = logging.getLogger("turnout.client")
 
-SendResult = Literal["ok", "retry", "reject"]
+# "ok": acknowledged; "retry": not (keep it); "reject": the service refuses the batch whole
+# (split it); a set of positions: acknowledged, those items refused alone (set them aside).
+SendResult = Literal["ok", "retry", "reject"] | frozenset[int]
 
 
 class Spool:
@@ -65,6 +68,11 @@ class Spool:
             f.close()
             raise
         return f
+
+    def close(self) -> None:
+        """Seal the open segment and release its lock: the events stay for any client on the
+        directory to send (an append after this opens a new segment)."""
+        self._seal_own()
 
     def pending(self) -> int:
         """Events on disk not yet acknowledged (open and sealed segments)."""
@@ -145,6 +153,9 @@ def _send_batch(send: Callable[[list[dict[str, Any]]], SendResult | bool],
     result = send(batch)
     if result is True or result == "ok":
         return len(batch)
+    if isinstance(result, frozenset):
+        rejected += [json.dumps(batch[i], separators=(",", ":")) for i in sorted(result)]
+        return len(batch) - len(result)
     if result != "reject":
         return None
     if len(batch) == 1:

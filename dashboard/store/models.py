@@ -190,8 +190,10 @@ class EngineHealth(Base):
     by ``report_id``; ``oracle.wire.HealthReportIn``). Aggregated by ``store/health.py``."""
 
     __tablename__ = "engine_health"
-    # What the aggregates read: one stage's reports in a time range.
-    __table_args__ = (Index("ix_engine_health_stage_end_s", "stage", "end_s"),)
+    # What the aggregates read: one stage's reports in a time range, and every stage's in a
+    # recent range (/metrics, the page's choice of stage).
+    __table_args__ = (Index("ix_engine_health_stage_end_s", "stage", "end_s"),
+                      Index("ix_engine_health_end_s", "end_s"))
 
     report_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     deployment_id: Mapped[str] = mapped_column(String(256))

@@ -35,7 +35,8 @@ def canaries(enabled: Any, engaged: Any = False, **over: Any) -> dict[str, Any]:
 
 
 class FakeService(ThreadingHTTPServer):
-    """Answers GET /api/v1/canaries with ``canaries`` and POST /api/v1/decisions per event:
+    """Answers GET /api/v1/canaries with ``canaries``, POST /api/v1/health as the service does
+(storing into ``health``), and POST /api/v1/decisions per event:
     the service's acknowledgement when every event is valid, 422 otherwise;
     ``ingest_status`` (with a JSON error body) or ``ingest_answer`` (status, body, type)
     instead when set. ``drip_s``: the first ``drip_bytes`` of every answer are sent a byte at
@@ -47,6 +48,7 @@ class FakeService(ThreadingHTTPServer):
         self.ingest_status: int | None = None
         self.ingest_answer: tuple[int, bytes, str] | None = None
         self.stored: dict[str, dict[str, Any]] = {}
+        self.health: dict[str, dict[str, Any]] = {}
         self.drip_s: float | None = None
         self.drip_bytes = 80
         self.cut_off = 0
@@ -89,9 +91,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(*self.server.canaries)
 
     def do_POST(self) -> None:
-        events = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["events"]
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.server.ingest_answer is not None:
             return self._answer(*self.server.ingest_answer)
+        if self.path == "/api/v1/health":
+            return self._health(body["reports"])
+        events = body["events"]
         if self.server.ingest_status is not None:
             return self._answer(self.server.ingest_status, b'{"detail": "down"}')
         if any(not isinstance(e.get("deployment_id"), str) or "at" not in e for e in events):
@@ -100,6 +105,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.stored[e["event_id"]] = e
         ack = {"accepted": len(events), "inserted": len(events),
                "batch_digest": batch_digest([e["event_id"] for e in events])}
+        self._answer(200, json.dumps(ack).encode())
+
+    def _health(self, reports: list[dict[str, Any]]) -> None:
+        """Stores every report but those of stage ``refuse-me``, which it refuses alone."""
+        refused = [{"index": i, "report_id": r["report_id"],
+                    "detail": {"code": "unknown_stage", "message": "bad"}}
+                   for i, r in enumerate(reports) if r.get("stage") == "refuse-me"]
+        for r in reports:
+            if r.get("stage") != "refuse-me":
+                self.server.health[r["report_id"]] = r
+        ack = {"accepted": len(reports) - len(refused), "inserted": 0, "rejected": refused,
+               "batch_digest": batch_digest([r["report_id"] for r in reports])}
         self._answer(200, json.dumps(ack).encode())
 
 
