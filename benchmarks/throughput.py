@@ -23,6 +23,7 @@ Last line: one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +65,8 @@ QUICK_CONFIG: dict[str, Any] = {
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny model on CPU, a few prompts (smoke run)")
-    p.add_argument("--runners", default="v1,v2,hf", help="comma list of v1, v2, hf")
+    p.add_argument("--runners", default="v1,v2,hf",
+                   help="comma list of v1, v2, v2-unfused (v2 without its fused layer kernels), hf")
     p.add_argument("--num-prompts", type=int, default=1024)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
@@ -115,6 +118,22 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
     del core, done
     _free(device)
     return result
+
+
+@contextlib.contextmanager
+def unfused_ops() -> Iterator[None]:
+    """runner_v2 as it was before its fused kernels: RMSNorm, the residual adds and SiLU·mul as
+    torch ops, and one sampler program per request (no split over the vocabulary)."""
+    import kernels.gumbel_sample as sampler
+    from engine.model.layers import set_fused_layer_ops
+
+    previous, target = set_fused_layer_ops(False), sampler.TARGET_PROGRAMS
+    sampler.TARGET_PROGRAMS = 0
+    try:
+        yield
+    finally:
+        set_fused_layer_ops(previous)
+        sampler.TARGET_PROGRAMS = target
 
 
 def run_hf(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, device: str) -> dict[str, Any]:
@@ -218,6 +237,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             try:
                 if runner == "hf":
                     results[name] = run_hf(model_dir, prompts, args, device)
+                elif runner == "v2-unfused":
+                    with unfused_ops():
+                        results[name] = run_engine("v2", model_dir, prompts, args, device)
                 else:
                     results[name] = run_engine(runner, model_dir, prompts, args, device)
             except Exception as exc:  # one contender failing still reports the others

@@ -34,23 +34,14 @@ from engine.health import HealthRecorder, RunMarker
 DEFAULT_HEALTH_INTERVAL_S = 60.0
 
 
-def cache_dir(environ: Mapping[str, str]) -> Path:
-    """``TURNOUT_CACHE_DIR``, else ``$XDG_CACHE_HOME/turnout`` (an absolute one), else
-    ``~/.cache/turnout``."""
-    if environ.get("TURNOUT_CACHE_DIR"):
-        return Path(environ["TURNOUT_CACHE_DIR"]).expanduser()
-    xdg = Path(environ.get("XDG_CACHE_HOME", ""))
-    return (xdg if xdg.is_absolute() else Path.home() / ".cache") / "turnout"
-
-
 def client_from_env(environ: Mapping[str, str], pack: str) -> Any:  # -> OracleClient | None
     """A started client for the service ``TURNOUT_URL`` names, or None when it names none.
+    The variables are read as ``turnout launch`` reads them (``oracle.launch_inputs``).
 
     Raises:
         EngineConfigError: ``TURNOUT_HEALTH_INTERVAL_S`` is not a positive number.
     """
-    url = environ.get("TURNOUT_URL", "").strip()
-    if not url:
+    if not environ.get("TURNOUT_URL", "").strip():
         return None
     text = environ.get("TURNOUT_HEALTH_INTERVAL_S", "").strip()
     try:
@@ -61,9 +52,11 @@ def client_from_env(environ: Mapping[str, str], pack: str) -> Any:  # -> OracleC
         raise EngineConfigError(f"TURNOUT_HEALTH_INTERVAL_S must be a positive number of "
                                 f"seconds, got {text!r}")
     from oracle.client import OracleClient
+    from oracle.launch_inputs import LaunchSettings
 
-    return OracleClient(url, environ.get("TURNOUT_TOKEN") or None, cache_dir=cache_dir(environ),
-                        pack=pack, health_interval_s=interval).start()
+    settings = LaunchSettings.from_env(environ)
+    return OracleClient(settings.url, settings.token, cache_dir=settings.cache_dir, pack=pack,
+                        health_interval_s=interval).start()
 
 
 @dataclass
@@ -106,4 +99,4 @@ def default_environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
     return os.environ if environ is None else environ
 
 
-__all__ = ["Reporting", "cache_dir", "client_from_env", "deployment_id_from"]
+__all__ = ["Reporting", "client_from_env", "deployment_id_from"]
