@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from fake_vllm import ROOT, child_output, dry_run, launch_env, make_fake_vllm, run_launch
 
+from oracle import load_pack
 from oracle.decision import CanarySnapshot, CohortState
 from oracle.errors import ErrorCode
 from oracle.launch import STARTUP_WAIT_S, make_client
@@ -39,11 +40,14 @@ def env(fake: Path, tmp_path: Path) -> dict[str, str]:
 
 
 def _lkg(cache: Path, snapshot: CanarySnapshot) -> None:
-    """A last-known-good copy on disk, as the client keeps one (the service's body shape)."""
+    """A last-known-good copy on disk, as the client keeps one (the service's body shape:
+    every stage of the pack, those ``snapshot`` does not name at their defaults)."""
     cache.mkdir(parents=True, exist_ok=True)
+    states = {c.id: CohortState(c.enabled, c.percentage) for c in load_pack("turnout").cohorts}
+    states |= snapshot.cohorts
     body = {"pack": "turnout", "kill_switch": {"engaged": snapshot.kill_switch},
             "cohorts": [{"cohort": k, "enabled": s.enabled, "percentage": s.percentage}
-                        for k, s in snapshot.cohorts.items()]}
+                        for k, s in states.items()]}
     (cache / "snapshot-turnout.json").write_text(json.dumps({"etag": None, "body": body}))
 
 
