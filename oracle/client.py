@@ -26,6 +26,7 @@ Usage (``from oracle import from_command``)::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
@@ -40,7 +41,12 @@ import httpx
 from oracle import CanarySnapshot, Decision, DeploymentConfig, decide, load_pack
 from oracle.client_health import HealthReports, HealthSource
 from oracle.client_http import acknowledged, request_within
-from oracle.client_snapshot import checked_snapshot, load_last_known_good, save_last_known_good
+from oracle.client_snapshot import (
+    checked_snapshot,
+    kill_switch_of_revision,
+    load_last_known_good,
+    save_last_known_good,
+)
 from oracle.client_spool import SendResult, Spool
 from oracle.wire import LaunchIn, SnapshotIn, decision_event
 
@@ -109,6 +115,10 @@ class OracleClient:
             headers={"Authorization": f"Bearer {token}"} if token else {})
         self._etag: str | None = None
         self._snapshot: CanarySnapshot | None = None
+        # The kill switch of a snapshot of another revision of this pack: honoured although
+        # the snapshot is not (engaging it only sends deployments to V1, which every revision
+        # can express), never saved as the last-known-good copy.
+        self._foreign_kill_switch = False
         self.snapshot_source: SnapshotSource = "defaults"
         self._first_fetch = threading.Event()
         self._wake = threading.Event()
@@ -156,6 +166,8 @@ class OracleClient:
         to ``startup_wait_s`` for the background fetch."""
         if self._thread is not None and not self._first_fetch.is_set():
             self._first_fetch.wait(self.startup_wait_s)
+        if self._foreign_kill_switch:
+            return dataclasses.replace(self._snapshot or CanarySnapshot(), kill_switch=True)
         return self._snapshot
 
     def decide(self, config: DeploymentConfig, *, deployment_id: str | None = None,
@@ -264,13 +276,17 @@ class OracleClient:
             log.warning("canary snapshot fetch: HTTP %d; using the %s copy", resp.status_code,
                         self.snapshot_source)
             return self.snapshot_source
+        body: Any = None
         try:
             body = resp.json()
             snapshot = checked_snapshot(body, self.pack, self.pack_name)
         except ValueError as err:  # garbage, or another pack's snapshot
-            log.warning("canary snapshot fetch: %s; using the %s copy", err,
-                        self.snapshot_source)
+            self._foreign_kill_switch = kill_switch_of_revision(body, self.pack, self.pack_name)
+            log.warning("canary snapshot fetch: %s; using the %s copy%s", err, self.snapshot_source,
+                        " with the service's kill switch, which is engaged"
+                        if self._foreign_kill_switch else "")
             return self.snapshot_source
+        self._foreign_kill_switch = False
         self._snapshot = snapshot
         self._etag = resp.headers.get("ETag")
         self.snapshot_source = "service"

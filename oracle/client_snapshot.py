@@ -7,7 +7,9 @@ engine's, the pack revision it names (``pack_digest``, the content hash of the s
 files, when the service reports one) is the engine's ``Pack.digest``, and it holds exactly one
 state for every stage of the pack's rollout. A body with no cohorts, another pack's cohorts,
 a cohort twice, or a pack revision the engine does not run is logged and ignored: the engine
-keeps what it had. Cohorts beside the pack's stages are allowed (the service keeps the rows of
+keeps what it had, except for one field: an engaged kill switch in a snapshot of another
+revision of the same pack is honoured (``kill_switch_of_revision``), so that an operator's kill
+switch reaches engines while the service and the engines run different pack revisions. Cohorts beside the pack's stages are allowed (the service keeps the rows of
 stages a later pack dropped; the oracle never reads them).
 """
 
@@ -44,6 +46,17 @@ def snapshot_mismatch(snapshot: SnapshotIn, pack: Pack, pack_name: str) -> str |
         return (f"it has no state for {len(missing)} of the {len(pack.cohorts)} stages of "
                 f"pack {pack.name} ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})")
     return None
+
+
+def kill_switch_of_revision(body: Any, pack: Pack, pack_name: str) -> bool:
+    """A well-formed snapshot of this pack (by name) whose kill switch is engaged, whatever
+    the pack revision or cohorts it holds: the engine honours that switch alone (every
+    revision can send a deployment to V1) while it keeps its own copy for everything else."""
+    try:
+        parsed = SnapshotIn.parse(body)
+    except ValueError:
+        return False
+    return parsed.pack in (pack_name, pack.name) and parsed.kill_switch.engaged
 
 
 def checked_snapshot(body: Any, pack: Pack, pack_name: str) -> CanarySnapshot:

@@ -172,6 +172,34 @@ def test_a_snapshot_of_another_pack_does_not_replace_the_last_good_one(
         assert fresh.snapshot_source == "defaults"
 
 
+def test_the_kill_switch_of_another_revision_of_the_pack_is_honoured_alone(
+        fake: FakeService, tmp_path: Path) -> None:
+    # While the service runs another revision of the pack than the engine (a pack upgrade in
+    # progress), its snapshot is not used, but its engaged kill switch must still reach the
+    # engine: ignoring it would keep V2 running where an operator stopped it.
+    cache = tmp_path / "c"
+    fake.canaries = (200, json.dumps(canaries(True)).encode())
+    client = OracleClient(fake.url, "tok", cache_dir=cache)
+    assert client.refresh() == "service"
+    assert client.decide(LLAMA, report=False).runner == "v2"
+    kept = (cache / "snapshot-turnout.json").read_bytes()
+    foreign = canaries(True, engaged=True, pack_digest="0123456789abcdef", cohorts=[])
+    fake.canaries = (200, json.dumps(foreign).encode())
+    client.refresh()
+    killed = client.decide(LLAMA, report=False)
+    assert killed.runner == "v1" and killed.reason_code == "DISABLED"
+    assert (cache / "snapshot-turnout.json").read_bytes() == kept  # never saved
+    # Released on the service: the engine's own copy decides again.
+    fake.canaries = (200, json.dumps(dict(foreign, kill_switch=dict(foreign["kill_switch"], engaged=False))).encode())
+    client.refresh()
+    assert client.decide(LLAMA, report=False).runner == "v2"
+    # Another pack's engaged switch is not this pack's.
+    fake.canaries = (200, json.dumps(canaries(True, engaged=True, pack="vllm-0.31")).encode())
+    client.refresh()
+    assert client.decide(LLAMA, report=False).runner == "v2"
+    client.close()
+
+
 def test_a_snapshot_of_this_pack_with_stages_the_pack_no_longer_has_is_used(
         fake: FakeService, tmp_path: Path) -> None:
     body = canaries(True)
