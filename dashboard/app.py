@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from dashboard import errors
-from dashboard.api import admin, decisions, exports, rollout, upgrade
+from dashboard.api import admin, decisions, exports, ramps, rollout, upgrade, webhooks
 from dashboard.invocation import turnout_here
 from dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
 from dashboard.security import SecurityHeadersMiddleware
@@ -103,8 +103,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        from dashboard import background
+
         await run_in_threadpool(prepare, services)
+        workers = background.start(services) if services.settings.background else None
         yield
+        if workers is not None:
+            await workers.stop()
         services.db.dispose()
 
     app = FastAPI(
@@ -136,6 +141,8 @@ def _add_api(app: FastAPI, services: Services) -> None:
                                             methods=["POST"]))
     app.include_router(decisions.router, prefix=API_PREFIX)
     app.include_router(rollout.router, prefix=API_PREFIX)
+    app.include_router(ramps.router, prefix=API_PREFIX)
+    app.include_router(webhooks.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
     app.include_router(upgrade.router, prefix=API_PREFIX)
     app.include_router(exports.router, prefix=API_PREFIX)

@@ -218,7 +218,7 @@ def kill_switch_from_page(
     reason: Annotated[str, Form(max_length=audit.MAX_REASON_CHARS)] = "",
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
-    refused = _refused(request, user, csrf, Role.admin, "the kill switch")
+    refused = _refused(request, user, csrf, Role.operator, "the kill switch")
     if refused is not None:
         return refused
     try:

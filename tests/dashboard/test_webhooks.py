@@ -183,3 +183,28 @@ def test_a_signature_verifies_only_for_its_body_secret_and_time() -> None:
         args = {"secret": SECRET, "body": body, "timestamp": str(ts), "sig": sig,
                 "now": ts, **kwargs}
         assert not verify(**args), kwargs  # type: ignore[arg-type]
+
+
+def test_the_docs_verification_example_accepts_a_real_delivery_only() -> None:
+    import re
+    import time
+    from pathlib import Path
+
+    from dashboard.webhook_signing import signed_headers
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "service.md").read_text()
+    section = doc[doc.index("### Verifying a delivery"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code is not None
+    scope: dict[str, object] = {}
+    exec(code.group(1), scope)
+    verify_delivery = scope["verify_delivery"]
+    body = b'{"kind":"gate_failure"}'
+    headers = signed_headers(secret=SECRET, timestamp=int(time.time()), body=body,
+                             kind="gate_failure", delivery_id="d1")
+    assert verify_delivery(SECRET, headers, body)  # type: ignore[operator]
+    assert not verify_delivery(SECRET, headers, body + b" ")  # type: ignore[operator]
+    assert not verify_delivery("whsec_another_secret_xx", headers, body)  # type: ignore[operator]
+    old = signed_headers(secret=SECRET, timestamp=int(time.time()) - 3600, body=body,
+                         kind="gate_failure", delivery_id="d1")
+    assert not verify_delivery(SECRET, old, body)  # type: ignore[operator]
