@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from dashboard import errors
-from dashboard.api import admin, decisions, exports, ramps, rollout, upgrade, webhooks
+from dashboard.api import admin, decisions, exports, health, ramps, rollout, upgrade, webhooks
 from dashboard.invocation import turnout_here
 from dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
 from dashboard.security import SecurityHeadersMiddleware
@@ -67,8 +67,10 @@ class _PlainRoute(Route):
 def _finish_openapi(app: FastAPI) -> None:
     """Declare the bearer scheme once in the OpenAPI document (the role checks read the header
     directly, so no per-route security dependency documents it), and the bodies of the routes
-    that validate their raw bytes themselves (``/decide``, ``/explain``, ``/decisions``)."""
+    that validate their raw bytes themselves (``/decide``, ``/explain``, ``/decisions``,
+    ``POST /health``)."""
     from dashboard.api.schemas import DeploymentIn, IngestIn, InvalidRequestResponse
+    from oracle.wire import HealthIngestIn
 
     build = app.openapi
 
@@ -76,7 +78,7 @@ def _finish_openapi(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = build()
             models = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (DeploymentIn, IngestIn):
+            for model in (DeploymentIn, IngestIn, HealthIngestIn):
                 body = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 models.update(body.pop("$defs", {}))
                 models[model.__name__] = body
@@ -146,6 +148,7 @@ def _add_api(app: FastAPI, services: Services) -> None:
     app.include_router(admin.router, prefix=API_PREFIX)
     app.include_router(upgrade.router, prefix=API_PREFIX)
     app.include_router(exports.router, prefix=API_PREFIX)
+    app.include_router(health.router, prefix=API_PREFIX)
     app.include_router(admin.health_router)
 
     @app.get(f"{API_PREFIX}/docs", include_in_schema=False)

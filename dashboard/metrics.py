@@ -1,4 +1,5 @@
-"""Prometheus metrics (``GET /metrics``): decisions by runner and reason code, API latency.
+"""Prometheus metrics (``GET /metrics``): decisions by runner and reason code, API latency,
+engine health per stage and runner (``dashboard/metrics_health.py``).
 
 Each app has its own registry (several apps in one test process must not collide). Latency is
 measured by a plain ASGI middleware (no per-request task or body copy), labelled by the route
@@ -8,10 +9,13 @@ template, not the raw path, so label cardinality stays bounded.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsMiddleware"]
@@ -31,6 +35,16 @@ class Metrics:
             ["method", "route", "status"], buckets=_BUCKETS, registry=self.registry)
         self.canary_flips = Counter(
             "turnout_canary_flips", "Successful canary flips", ["cohort"], registry=self.registry)
+        self.health_reports = Counter(
+            "turnout_health_reports", "Engine health reports received, by outcome (stored or "
+            "rejected)", ["outcome"], registry=self.registry)
+
+    def watch_health(self, sessions: Callable[[], AbstractContextManager[Session]],
+                     window_s: float) -> None:
+        """Export engine health from the store at each scrape (dashboard/metrics_health.py)."""
+        from dashboard.metrics_health import HealthCollector
+
+        self.registry.register(HealthCollector(sessions, window_s))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -22,10 +22,12 @@ class Services:
     @classmethod
     def build(cls, settings: Settings) -> Services:
         db = Database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
+        metrics = Metrics()
+        metrics.watch_health(db.read_session, settings.health_metrics_window_s)
         return cls(
             settings=settings,
             db=db,
             policy=Policy(settings.pack, db, settings.snapshot_ttl_s),
             verifier=TokenVerifier(db.read_session, settings.token_cache_ttl_s),
-            metrics=Metrics(),
+            metrics=metrics,
         )

@@ -96,6 +96,11 @@ class Settings(BaseSettings):
         description="how long a page sign-in lasts (the session ends then, or at sign-out, or "
         "when its token is revoked or expires)",
     )
+    health_metrics_window_s: float = Field(
+        default=900.0, gt=0.0,
+        description="the engine-health gauges of /metrics aggregate the reports whose window "
+        "ended this many seconds ago or later",
+    )
     https: bool = Field(
         default=False,
         description="the service is reached over HTTPS (directly or behind a TLS proxy): the "

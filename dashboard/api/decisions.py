@@ -57,6 +57,7 @@ from dashboard.store.latest_counts import reason_kind
 from dashboard.store.tokens import Role
 from oracle import DeploymentConfig, OracleError
 from oracle.errors import ErrorCode
+from oracle.wire import batch_digest
 
 router = APIRouter(tags=["decisions"], responses=ERROR_RESPONSES,
                    max_body_size=MAX_BODY, route_class=JsonRoute, strict_content_type=False,
@@ -182,7 +183,8 @@ async def post_decisions(request: Request, services: ServicesDep, _who: Operator
     counts = Counter((e.runner or "none", e.reason_code) for e in body.events)
     for (runner, code), n in counts.items():
         services.metrics.decisions.labels("ingest", runner, code).inc(n)
-    return IngestOut(accepted=len(records), inserted=inserted)
+    return IngestOut(accepted=len(records), inserted=inserted,
+                     batch_digest=batch_digest([e.event_id for e in records]))
 
 
 def _ingest_body(request: Request, raw: bytes) -> IngestIn:

@@ -65,7 +65,7 @@ def read_canaries(services: Services, session: Session) -> tuple[CanariesOut, st
     rows = sorted((_cohort_out(services, c) for c in canary_store.list_canaries(session=session)),
                   key=lambda c: (c.position, c.cohort))
     body = CanariesOut(
-        pack=services.policy.pack_name,
+        pack=services.policy.pack_name, pack_digest=services.policy.pack.digest,
         kill_switch=KillSwitchOut(engaged=ks.engaged, version=ks.version,
                                   updated_at=ks.updated_at, updated_by=ks.updated_by),
         cohorts=rows)

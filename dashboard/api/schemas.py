@@ -88,6 +88,10 @@ class AuditOut(BaseModel):
 class IngestOut(BaseModel):
     accepted: int = Field(description="events now stored (new ones and resent duplicates)")
     inserted: int = Field(description="events that were new")
+    batch_digest: str = Field(description="SHA-256 (hex) of the JSON list of the batch's event "
+                              "ids in the order sent (`oracle.wire.batch_digest`): engines "
+                              "take an answer as the acknowledgement of their batch only "
+                              "when it matches")
 
 
 class EventOut(BaseModel):
@@ -279,3 +283,40 @@ class UpgradePreviewOut(BaseModel):
         "deployment that sets one is refused by name: unknown_setting)")
     families: list[UpgradeFamilyOut] = Field(description="most changed first; unreadable "
                                              "configs are not a family here")
+
+
+class RunnerHealthOut(BaseModel):
+    """One runner's health over a range (``dashboard.store.health.RunnerHealth``)."""
+
+    runner: str
+    num_reports: int
+    num_engines: int = Field(description="distinct deployment ids reporting")
+    num_requests: int
+    num_errors: int
+    num_crashes: int
+    error_rate: float = Field(description="num_errors / max(num_requests, 1)")
+    crash_rate: float = Field(description="num_crashes / max(num_engines, 1)")
+    ttft_p99_ms: float | None = Field(description="request-weighted mean of the reported "
+                                      "p99s (None: no request finished)")
+    tpot_p99_ms: float | None
+    tokens_per_s: float = Field(description="output tokens over the seconds spent "
+                                "generating them (one engine's rate while it works)")
+
+
+class HealthOverTime(BaseModel):
+    bucket_s: int
+    buckets: list[dt.datetime] = Field(description="each bucket's start")
+    by_runner: dict[str, list[RunnerHealthOut | None]] = Field(
+        description="runner → its health per bucket (null: no report ended in it)")
+
+
+class HealthOut(BaseModel):
+    """V1 and V2 in one rollout stage (``GET /api/v1/health``)."""
+
+    stage: str
+    family: str | None
+    since: dt.datetime
+    until: dt.datetime
+    by_runner: dict[str, RunnerHealthOut] = Field(
+        description="runner → its health over the range (runners without reports absent)")
+    over_time: HealthOverTime

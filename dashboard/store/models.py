@@ -16,6 +16,7 @@ from sqlalchemy import (
     Date,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -182,6 +183,40 @@ class LatestCounts(Base):
     runner: Mapped[str] = mapped_column(String(8), primary_key=True)  # "" when no runner
     demo: Mapped[bool] = mapped_column(Boolean, primary_key=True)
     num_deployments: Mapped[int] = mapped_column(Integer)
+
+
+class EngineHealth(Base):
+    """One engine's health over one window, as reported (``POST /api/v1/health``, idempotent
+    by ``report_id``; ``oracle.wire.HealthReportIn``). Aggregated by ``store/health.py``."""
+
+    __tablename__ = "engine_health"
+    # What the aggregates read: one stage's reports in a time range, and every stage's in a
+    # recent range (/metrics, the page's choice of stage).
+    __table_args__ = (Index("ix_engine_health_stage_end_s", "stage", "end_s"),
+                      Index("ix_engine_health_end_s", "end_s"))
+
+    report_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    deployment_id: Mapped[str] = mapped_column(String(256))
+    host: Mapped[str] = mapped_column(String(256), default="")
+    pack: Mapped[str] = mapped_column(String(64))
+    runner: Mapped[str] = mapped_column(String(8))
+    family: Mapped[str] = mapped_column(String(64))
+    stage: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    window_start: Mapped[dt.datetime] = mapped_column()
+    window_end: Mapped[dt.datetime] = mapped_column()
+    # window_end in epoch seconds (UTC): time buckets and ranges as integer arithmetic, the
+    # same SQL on SQLite and PostgreSQL.
+    end_s: Mapped[int] = mapped_column(BigInteger)
+    num_requests: Mapped[int] = mapped_column(Integer)
+    num_errors: Mapped[int] = mapped_column(Integer)
+    num_crashes: Mapped[int] = mapped_column(Integer)
+    ttft_p50_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ttft_p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tpot_p50_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tpot_p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    num_output_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens_per_s: Mapped[float] = mapped_column(Float)
+    received_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
 class ApiToken(Base):

@@ -137,3 +137,11 @@ def api_events(n: int, **over: object) -> list[dict[str, object]]:
     return [{"event_id": uuid.uuid4().hex, "at": at, "deployment_id": f"d{i}", "host": "h",
              "pack": "turnout", "family": "qwen3", "runner": "v1", "mode": "auto",
              "reason_code": "STATIC", "rule_ids": ["spec_ngram"], **over} for i in range(n)]
+
+
+def ack(events: list[dict[str, object]], inserted: int) -> dict[str, object]:
+    """The service's answer to ``POST /api/v1/decisions`` of ``events``."""
+    from oracle.wire import batch_digest
+
+    return {"accepted": len(events), "inserted": inserted,
+            "batch_digest": batch_digest([str(e["event_id"]) for e in events])}

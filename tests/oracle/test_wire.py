@@ -28,7 +28,7 @@ AT = dt.datetime(2026, 11, 30, 10, tzinfo=dt.UTC)
 
 def _served() -> CanariesOut:
     return CanariesOut(
-        pack="turnout",
+        pack="turnout", pack_digest="00d788bcb4832212",
         kill_switch=KillSwitchOut(engaged=False, version=3, updated_at=AT, updated_by="a"),
         cohorts=[CohortOut(cohort="qwen3-canary", label="Qwen3", position=0, enabled=True,
                            percentage=40, version=2, updated_at=AT, updated_by="alice"),

@@ -2,7 +2,7 @@
 subscriptions and the persistent webhook outbox; parity evidence keeps a run's test counts.
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-12-02
 """
 
@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql
 from dashboard.store.models import UTCDateTime
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
