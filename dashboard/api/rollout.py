@@ -159,14 +159,16 @@ def patch_canary(
 @router.get("/kill-switch", response_model=KillSwitchReachOut)
 def get_kill_switch(session: ReadSessionDep, _who: ViewerDep) -> KillSwitchReachOut:
     """The kill switch, and how many deployments still run V2 under it: those whose latest
-    decision, made before it was engaged, is V2 (until they restart) and those pinned to V2
-    since."""
+    decision, made before it was engaged, is V2 (until they restart), those pinned to V2
+    since, and the engines whose latest health report since then says V2."""
     ks = canary_store.get_kill_switch(session=session)
     before, after = ramps.v2_reach(session=session, since=ks.updated_at) if ks.engaged \
         else (0, 0)
+    engines = ramps.v2_engines_reporting(session=session, since=ks.updated_at) if ks.engaged \
+        else 0
     return KillSwitchReachOut(engaged=ks.engaged, version=ks.version, updated_at=ks.updated_at,
                               updated_by=ks.updated_by, v2_decided_before=before,
-                              v2_decided_after=after)
+                              v2_decided_after=after, v2_engines_reporting=engines)
 
 
 @router.post("/kill-switch", response_model=KillSwitchSetOut)

@@ -132,6 +132,8 @@ class KillSwitchReachOut(BaseModel):
                                    "until they restart (0 while released)")
     v2_decided_after: int = Field(description="deployments whose latest decision since the "
                                   "kill switch was engaged is V2 (pinned to V2)")
+    v2_engines_reporting: int = Field(description="engines whose latest health report since "
+                                      "the kill switch was engaged says V2 (0 while released)")
 
 
 class WebhookIn(BaseModel):

@@ -287,3 +287,20 @@ def v2_reach(*, session: Session, since: dt.datetime) -> tuple[int, int]:
     after = func.sum(case((Deployment.at >= since, 1), else_=0))
     row = session.execute(select(before, after).where(Deployment.runner == "v2")).one()
     return int(row[0] or 0), int(row[1] or 0)
+
+
+def v2_engines_reporting(*, session: Session, since: dt.datetime) -> int:
+    """Engines (deployment ids) whose latest health report whose window ended at or after
+    ``since`` says V2: running V2 now, whatever their decision says."""
+    from sqlalchemy import and_, func
+
+    from dashboard.store.health import epoch_s
+    from dashboard.store.models import EngineHealth as H
+
+    latest = (select(H.deployment_id, func.max(H.end_s).label("end_s"))
+              .where(H.end_s >= epoch_s(since)).group_by(H.deployment_id).subquery())
+    stmt = (select(func.count(H.deployment_id.distinct()))
+            .join(latest, and_(H.deployment_id == latest.c.deployment_id,
+                               H.end_s == latest.c.end_s))
+            .where(H.runner == "v2"))
+    return int(session.scalar(stmt) or 0)

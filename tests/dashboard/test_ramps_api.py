@@ -216,8 +216,20 @@ def test_the_kill_switch_is_an_operators_and_says_who_still_runs_v2(rapi: Api) -
                          headers=rapi.h("operator"))
     assert r.status_code == 200 and r.json()["changed"] is True
     _decisions(rapi, now + dt.timedelta(minutes=1), "v2", 1)  # v2-0 again, pinned since
+    later = now + dt.timedelta(minutes=2)
+    reports = [{"report_id": uuid.uuid4().hex, "deployment_id": d, "pack": "turnout",
+                "runner": runner, "family": "qwen3", "stage": "qwen3-canary",
+                "window_start": (later - dt.timedelta(minutes=1)).isoformat(),
+                "window_end": later.isoformat(), "num_requests": 10, "num_errors": 0}
+               for d, runner in [("v2-1", "v2"), ("v2-2", "v2"), ("v1-0", "v1")]]
+    reports.append({**reports[1], "report_id": uuid.uuid4().hex, "runner": "v1",
+                    "window_end": (later + dt.timedelta(seconds=30)).isoformat()})
+    r = rapi.client.post("/api/v1/health", json={"reports": reports}, headers=rapi.h("operator"))
+    assert r.status_code == 200, r.text
     reach = rapi.client.get("/api/v1/kill-switch", headers=rapi.h("viewer")).json()
-    assert (reach["v2_decided_before"], reach["v2_decided_after"]) == (2, 1)
+    # v2-2 restarted on V1 (its latest report): one engine still runs V2
+    assert (reach["v2_decided_before"], reach["v2_decided_after"],
+            reach["v2_engines_reporting"]) == (2, 1, 1)
 
 
 def test_webhooks_are_an_admins_and_show_their_secret_once(rapi: Api) -> None:
