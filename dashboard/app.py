@@ -185,6 +185,7 @@ def _add_pages(app: FastAPI) -> None:
     from dashboard.pages import SignIn
     from dashboard.pages import router as pages_router
     from dashboard.pages_fleet import router as fleet_router
+    from dashboard.pages_rollout import router as rollout_router
     from dashboard.signin import router as signin_router
 
     async def sign_in(_request: object, _exc: Exception) -> Response:
@@ -194,4 +195,5 @@ def _add_pages(app: FastAPI) -> None:
     app.include_router(signin_router)
     app.include_router(pages_router)
     app.include_router(fleet_router)
+    app.include_router(rollout_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -284,20 +284,84 @@ def _page_post(c: Ctx, who: str, path: str, data: dict[str, Any]) -> Any:
         c.client.cookies.clear()
 
 
-PAGES: dict[str, tuple[str, Callable[[Ctx], tuple[str, dict[str, Any]]]]] = {
+def _page_ramp(c: Ctx) -> tuple[str, dict[str, Any]]:
+    for ramp in c.client.get("/api/v1/ramps?cohort=pooling&live=true", headers=_admin(c)).json():
+        c.client.post(f"/api/v1/ramps/{ramp['id']}/cancel", json={"reason": "setup"},
+                      headers={**_admin(c), "If-Match": str(ramp["version"])})
+    return "/canaries/pooling/ramp", {"version": _version_of(c, "pooling").strip('"'),
+                                      "steps": "10,100", "bake_min": "5",
+                                      "reason": "page auth table"}
+
+
+def _page_ramp_cancel(c: Ctx) -> tuple[str, dict[str, Any]]:
+    ramp = _live_ramp(c, "attention-free")
+    return f"/ramps/{ramp['id']}/cancel", {"version": ramp["version"], "reason": "page auth"}
+
+
+def _page_decision(what: str) -> Callable[[Ctx], tuple[str, dict[str, Any]]]:
+    def make(c: Ctx) -> tuple[str, dict[str, Any]]:
+        from dashboard.store import schedule
+
+        with c.services.db.write_session() as s:  # a request by someone else
+            flip = schedule.request_flip(
+                session=s, cohort="quantized", enabled=True, percentage=None, reason="r",
+                actor="carol", requester="carol",
+                run_at=dt.datetime.now(dt.UTC) + dt.timedelta(days=1), if_version=None,
+                needs_approval=True)
+            s.commit()
+        return f"/approvals/flip/{flip.id}/{what}", {"reason": "page auth table"}
+    return make
+
+
+def _page_schedule_cancel(c: Ctx) -> tuple[str, dict[str, Any]]:
+    flip = _schedule(c, _admin(c)).json()
+    return f"/scheduled-flips/{flip['id']}/cancel", {"version": flip["version"],
+                                                     "reason": "page auth"}
+
+
+def _page_webhook_remove(c: Ctx) -> tuple[str, dict[str, Any]]:
+    hook = _webhook(c, _admin(c)).json()
+    return f"/webhooks/{hook['id']}/remove", {"reason": "page auth"}
+
+
+def _page_retry(c: Ctx) -> tuple[str, dict[str, Any]]:
+    r = _retry(c, {})  # the setup of the API's retry, answered 401: a dead delivery is left
+    assert r.status_code == 401
+    from dashboard.store import webhooks
+
+    with c.services.db.read_session() as s:
+        return f"/webhooks/outbox/{webhooks.list_outbox(session=s, state='dead')[0].id}/retry", {}
+
+
+CANARIES, WEBHOOKS = "/canaries?message=", "/webhooks?message="
+# name → (minimum role, make(ctx) -> (path, form data), where success redirects; None: the
+# answer is a page of its own, 200)
+PAGES: dict[str, tuple[str, Callable[[Ctx], tuple[str, dict[str, Any]]], str | None]] = {
     "page flip": ("operator", lambda c: (f"/canaries/{_cohort(c)[0]}",
                                          {"enabled": _toggled(c), "version": _cohort(c)[1],
-                                          "reason": "page auth table"})),
+                                          "reason": "page auth table"}), CANARIES),
     "page kill switch": ("operator", lambda c: ("/kill-switch",
-                                             {"engaged": str(_kill_toggled(c)).lower(),
-                                              "reason": "page auth"})),
+                                                {"engaged": str(_kill_toggled(c)).lower(),
+                                                 "reason": "page auth"}), CANARIES),
+    "page ramp start": ("operator", _page_ramp, CANARIES),
+    "page ramp cancel": ("operator", _page_ramp_cancel, CANARIES),
+    "page approve": ("operator", _page_decision("approve"), CANARIES),
+    "page reject": ("operator", _page_decision("reject"), CANARIES),
+    "page schedule": ("operator", lambda c: ("/scheduled-flips", {
+        "cohort": "pooling", "enabled": "false", "run_at": _soon()[:16],
+        "reason": "page auth"}), CANARIES),
+    "page schedule cancel": ("operator", _page_schedule_cancel, CANARIES),
+    "page webhook add": ("admin", lambda c: ("/webhooks", {
+        "url": "http://127.0.0.1:9/p", "kinds": "flip"}), None),
+    "page webhook remove": ("admin", _page_webhook_remove, WEBHOOKS),
+    "page delivery retry": ("admin", _page_retry, WEBHOOKS),
 }
 
 
 @pytest.mark.parametrize("who", IDENTITIES)
 @pytest.mark.parametrize("form", sorted(PAGES))
 def test_page_forms(ctx: Ctx, form: str, who: str) -> None:
-    needed, make = PAGES[form]
+    needed, make, success = PAGES[form]
     path, data = make(ctx)
     before = _audit_len(ctx)
     r = _page_post(ctx, who, path, data)
@@ -306,7 +370,11 @@ def test_page_forms(ctx: Ctx, form: str, who: str) -> None:
     elif RANK[who] < RANK[needed]:
         assert r.status_code == 403
     else:
-        assert r.status_code == 303 and r.headers["location"].startswith("/canaries?message=")
+        if success is None:
+            assert r.status_code == 200 and 'id="message"' in r.text, r.text
+        else:
+            assert r.status_code == 303, r.text
+            assert r.headers["location"].startswith(success), r.headers["location"]
         assert _audit_len(ctx) == before + 1
         return
     assert _audit_len(ctx) == before
