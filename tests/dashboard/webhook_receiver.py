@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -35,6 +36,8 @@ class Receiver:
     # how far a delivery's timestamp may be from this clock (tests of passes at chosen times
     # sign with those times)
     tolerance_s: float = 300
+    # called with each accepted delivery before it is answered (a process writes it down)
+    on_delivery: Callable[[Delivery], None] | None = None
     port: int = 0
     deliveries: list[Delivery] = field(default_factory=list)
     attempts: int = 0
@@ -55,13 +58,16 @@ class Receiver:
                     receiver.attempts += 1
                     failing = receiver.attempts <= receiver.fail_first
                     if not failing:
-                        receiver.deliveries.append(Delivery(
+                        got = Delivery(
                             self.headers.get(DELIVERY_HEADER, ""),
                             self.headers.get(EVENT_HEADER, ""), json.loads(body),
                             verify(secret=receiver.secret, body=body,
                                    timestamp=self.headers.get(TIMESTAMP_HEADER),
                                    sig=self.headers.get(SIGNATURE_HEADER), now=time.time(),
-                                   tolerance_s=receiver.tolerance_s)))
+                                   tolerance_s=receiver.tolerance_s))
+                        receiver.deliveries.append(got)
+                        if receiver.on_delivery is not None:
+                            receiver.on_delivery(got)
                 self.send_response(503 if failing else 204)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -91,3 +97,25 @@ class Receiver:
             time.sleep(0.05)
         raise AssertionError(f"{len(self.deliveries)} deliveries, not {n}, within "
                              f"{timeout_s} s: {self.deliveries}")
+
+
+def main() -> None:
+    """``python webhook_receiver.py PORT SECRET OUT.jsonl``: a receiver process that appends
+    each delivery it accepts to OUT.jsonl (one JSON object a line, flushed before the 2xx)."""
+    import sys
+    from pathlib import Path
+
+    port, secret = int(sys.argv[1]), sys.argv[2]
+    with Path(sys.argv[3]).open("a") as out:
+        def write(d: Delivery) -> None:
+            out.write(json.dumps({"delivery_id": d.delivery_id, "kind": d.kind,
+                                  "body": d.body, "signed": d.signed}) + "\n")
+            out.flush()
+
+        Receiver(secret, port=port, on_delivery=write).start()
+        while True:
+            time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main()
