@@ -272,3 +272,21 @@ def test_parity_evidence_keeps_its_test_counts(rapi: Api) -> None:
     assert r.status_code == 201 and r.json()["num_failures"] == 2
     [row] = rapi.client.get("/api/v1/evidence", headers=rapi.h("viewer")).json()
     assert (row["num_tests"], row["num_errors"], row["num_skipped"]) == (120, 1, 4)
+
+
+def test_the_background_passes_run_what_is_due_and_leave_an_idle_store_alone(rapi: Api) -> None:
+    from dashboard import background
+
+    services = rapi.services
+    now = dt.datetime.now(dt.UTC)
+    assert background.tick(services, now).flips == []
+    body = {"cohort": COHORT, "enabled": True, "percentage": 30, "reason": "at noon",
+            "run_at": (now + dt.timedelta(hours=1)).isoformat()}
+    assert rapi.client.post("/api/v1/scheduled-flips", json=body,
+                            headers=rapi.h("operator")).status_code == 201
+    assert background.tick(services, now).flips == []  # not due yet
+    report = background.tick(services, now + dt.timedelta(hours=2))
+    assert [(f.cohort, f.changed) for f in report.flips] == [(COHORT, True)]
+    state = rapi.client.get(f"/api/v1/canaries/{COHORT}", headers=rapi.h("viewer")).json()
+    assert (state["enabled"], state["percentage"]) == (True, 30)
+    assert background.deliver(services, now).delivered == []  # no subscription: idle
