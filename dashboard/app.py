@@ -185,6 +185,7 @@ def _add_pages(app: FastAPI) -> None:
     from dashboard.pages import SignIn
     from dashboard.pages import router as pages_router
     from dashboard.pages_fleet import router as fleet_router
+    from dashboard.pages_health import router as health_router
     from dashboard.pages_rollout import router as rollout_router
     from dashboard.signin import router as signin_router
 
@@ -196,4 +197,5 @@ def _add_pages(app: FastAPI) -> None:
     app.include_router(pages_router)
     app.include_router(fleet_router)
     app.include_router(rollout_router)
+    app.include_router(health_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -101,16 +101,24 @@ def chart_data(out: HealthOut) -> dict[str, Any]:
     ot = out.over_time
     fmt = "%m-%d %H:%M" if ot.bucket_s < 86400 else "%Y-%m-%d"
     series: dict[str, dict[str, list[float | None]]] = {}
-    for key in ("tpot_p99_ms", "ttft_p99_ms", "error_rate", "tokens_per_s", "num_engines"):
-        series[key] = {r: [_value(b, key) for b in buckets] for r, buckets in ot.by_runner.items()}
+    for key, scale in CHARTS.items():
+        series[key] = {r: [_value(b, key, scale) for b in buckets]
+                       for r, buckets in ot.by_runner.items()}
     return {"labels": [b.strftime(fmt) for b in ot.buckets], "series": series}
 
 
-def _value(b: RunnerHealthOut | None, key: str) -> float | None:
-    if b is None:
+# What the page charts (a RunnerHealth field) and the factor it is shown with.
+CHARTS = {"tpot_p99_ms": 1.0, "ttft_p99_ms": 1.0, "error_rate": 100.0, "tokens_per_s": 1.0}
+
+
+def _value(b: RunnerHealthOut | None, key: str, scale: float) -> float | None:
+    """A point of a chart; None where the bucket has no such measure: no report, no finished
+    request (no latency, no error rate), no token generated (no rate: a 0 would read as a
+    runner that stalls, not one that idles)."""
+    if b is None or (key == "error_rate" and b.num_requests == 0):
         return None
     v = getattr(b, key)
-    return None if v is None else float(v)
+    return None if v is None or (key == "tokens_per_s" and v == 0) else float(v) * scale
 
 
 def page_context(services: Services, session: Session, *, stage: str, window: str,

@@ -228,7 +228,7 @@ def _run_guarded(command: str, work: Any) -> Any:
     from oracle.errors import OracleError
 
     try:
-        return work()
+        llm, outputs = work()
     except ImportError as exc:
         missing = (exc.name or "").partition(".")[0]
         if missing not in RUNNER_MODULES:
@@ -241,6 +241,8 @@ def _run_guarded(command: str, work: Any) -> Any:
         _fail(str(exc))
     except OSError as exc:  # an unreadable model or tokenizer path
         _fail(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc))
+    llm.close()  # the run ends cleanly: its last health report goes to the service (if any)
+    return llm, outputs
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> Any:

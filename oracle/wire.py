@@ -254,7 +254,8 @@ class HealthReportIn(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> HealthReportIn:
-        if not self.window_start < self.window_end <= self.window_start + MAX_HEALTH_WINDOW:
+        # A difference, not window_start + a day: that overflows at the end of year 9999.
+        if not dt.timedelta(0) < self.window_end - self.window_start <= MAX_HEALTH_WINDOW:
             raise ValueError("window_end must be after window_start, by at most a day")
         if self.num_errors > self.num_requests:
             raise ValueError("num_errors cannot exceed num_requests")

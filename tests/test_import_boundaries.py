@@ -51,6 +51,9 @@ FORBIDDEN = {
     "runner_v2.runner": {"oracle", "pydantic", "runner_v1", "dashboard", "fastapi"},
     "engine.llm": {"runner_v1", "runner_v2", "dashboard", "fastapi", "sqlalchemy"},
     "engine.cli": {"torch", "numpy", "oracle"},  # heavy imports stay inside the commands
+    # The health recorder is stdlib only; the client it reports through is loaded on demand.
+    "engine.health": {"torch", "numpy", "oracle", "pydantic", "httpx"},
+    "engine.reporting": {"torch", "numpy", "oracle", "pydantic", "httpx"},
 }
 
 

@@ -31,7 +31,7 @@ from dashboard.window import MAX_TIME_TEXT, parse_time
 from oracle.errors import ErrorCode
 from oracle.wire import HealthAck, HealthReportIn, batch_digest
 
-router = APIRouter(tags=["health"], responses=ERROR_RESPONSES,
+router = APIRouter(tags=["engine health"], responses=ERROR_RESPONSES,
                    max_body_size=MAX_BODY, route_class=JsonRoute, strict_content_type=False,
                    dependencies=[Depends(known_query)])
 

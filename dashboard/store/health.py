@@ -50,9 +50,11 @@ class RunnerHealth:
     tokens_per_s: float
 
 
-def epoch_s(t: dt.datetime) -> int:
-    """Whole seconds since the epoch of an aware time (the ``end_s`` column's unit)."""
-    return int(t.astimezone(dt.UTC).timestamp() // 1)
+def epoch_s(t: dt.datetime, *, up: bool = False) -> int:
+    """Whole seconds since the epoch of an aware time (the ``end_s`` column's unit), rounded
+    down (``up``: rounded up)."""
+    s = t.astimezone(dt.UTC).timestamp()
+    return int(-(-s // 1)) if up else int(s // 1)
 
 
 def ingest_reports(*, session: Session, reports: Sequence[HealthReportIn]) -> int:
@@ -110,8 +112,8 @@ def _where(stage: str | None, since: dt.datetime, until: dt.datetime | None,
     cond = [h.end_s >= epoch_s(since)]
     if stage is not None:
         cond.append(h.stage == stage)
-    if until is not None:
-        cond.append(h.end_s < epoch_s(until))
+    if until is not None:  # rounded up: a report ending in until's own second is in
+        cond.append(h.end_s < epoch_s(until, up=True))
     if family is not None:
         cond.append(h.family == family)
     return cond
@@ -123,7 +125,8 @@ def health_by_runner(session: Session, *, stage: str, since: dt.datetime,
     """Health per runner of the engines of rollout ``stage`` (a cohort id) whose report
     windows ended in ``[since, until)`` (``until`` None: now and later), of one ``family``
     when given. Only runners with reports appear (an empty dict: no report). ``since`` and
-    ``until`` are aware times, read to the second."""
+    ``until`` are aware times, read to the second: a report ending in ``since``'s second is
+    in, and so is one ending in ``until``'s (``until=now`` takes every report so far)."""
     stmt = (select(EngineHealth.runner, *_aggregates())
             .where(*_where(stage, since, until, family)).group_by(EngineHealth.runner))
     return {r[0]: _health(r[0], r[1:]) for r in session.execute(stmt)}
@@ -167,7 +170,7 @@ def health_over_time(session: Session, *, stage: str, since: dt.datetime, until:
     if bucket_s < 1:
         raise ValueError(f"bucket_s must be at least 1, got {bucket_s}")
     first = epoch_s(since) // bucket_s * bucket_s
-    num = max(1, -(-(epoch_s(until) - first) // bucket_s))
+    num = max(1, -(-(epoch_s(until, up=True) - first) // bucket_s))
     if num > 2_000:
         raise ValueError(f"{num} buckets of {bucket_s} s: at most 2,000")
     bucket = EngineHealth.end_s // bucket_s * bucket_s

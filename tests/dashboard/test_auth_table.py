@@ -80,6 +80,14 @@ def _event() -> dict[str, Any]:
             "mode": "auto", "reason_code": "DEFAULT"}
 
 
+def _health_report() -> dict[str, Any]:
+    end = dt.datetime.now(dt.UTC)
+    return {"report_id": uuid.uuid4().hex, "deployment_id": "d", "pack": "turnout",
+            "runner": "v2", "family": "qwen3", "stage": "qwen3-canary",
+            "window_start": (end - dt.timedelta(minutes=1)).isoformat(),
+            "window_end": end.isoformat(), "num_requests": 0, "num_errors": 0}
+
+
 def _throwaway_token_id(c: Ctx) -> int:
     r = c.client.post("/api/v1/tokens", json={"name": "throwaway", "role": "viewer"},
                       headers={"Authorization": f"Bearer {c.tokens['admin']}"})
@@ -224,6 +232,8 @@ API: dict[str, tuple[str, int, Call]] = {
         "/api/v1/kill-switch", headers=h, json={"engaged": _kill_toggled(c), "reason": "auth table"})),
     "POST /decisions": ("operator", 200, lambda c, h: c.client.post(
         "/api/v1/decisions", headers=h, json={"events": [_event()]})),
+    "POST /health": ("operator", 200, lambda c, h: c.client.post(
+        "/api/v1/health", headers=h, json={"reports": [_health_report()]})),
     "POST /evidence": ("operator", 201, lambda c, h: c.client.post(
         "/api/v1/evidence", headers=h,
         json={"family": "qwen3", "suite": "tests/parity", "result": "pass"})),

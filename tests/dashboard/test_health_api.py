@@ -61,6 +61,8 @@ BAD = [
     ("unknown_stage", {"stage": "llama-mistral-dens"}),
     ("event_in_future", {"window_start": "2100-01-01T00:00:00Z",
                          "window_end": "2100-01-01T00:01:00Z"}),
+    ("event_in_future", {"window_start": "9999-12-31T23:00:00Z",  # a day later overflows
+                         "window_end": "9999-12-31T23:30:00Z"}),
     ("event_too_old", {"window_start": "2019-01-01T00:00:00Z",
                        "window_end": "2019-01-01T00:01:00Z"}),
     ("unstorable_value", {"deployment_id": "nul\x00"}),
