@@ -42,7 +42,7 @@ from oracle.client_health import HealthReports, HealthSource
 from oracle.client_http import acknowledged, request_within
 from oracle.client_snapshot import checked_snapshot, load_last_known_good, save_last_known_good
 from oracle.client_spool import SendResult, Spool
-from oracle.wire import SnapshotIn, decision_event
+from oracle.wire import LaunchIn, SnapshotIn, decision_event
 
 log = logging.getLogger("turnout.client")
 
@@ -51,11 +51,12 @@ SnapshotSource = Literal["service", "disk", "defaults"]
 
 def event_from_decision(decision: Decision, config: DeploymentConfig, *, pack: str,
                         deployment_id: str, host: str = "", at: datetime | None = None,
-                        event_id: str | None = None, demo: bool = False) -> dict[str, Any]:
+                        event_id: str | None = None, demo: bool = False,
+                        launch: LaunchIn | None = None) -> dict[str, Any]:
     """The ingest event (``POST /api/v1/decisions`` item, ``oracle.wire.EventIn``) for one
-    decision, as JSON data."""
+    decision, as JSON data (``launch`` only when given)."""
     return decision_event(decision, config, pack=pack, deployment_id=deployment_id, host=host,
-                          at=at, event_id=event_id, demo=demo).model_dump(mode="json")
+                          at=at, event_id=event_id, demo=demo, launch=launch).to_json()
 
 
 def snapshot_from_json(body: Any) -> CanarySnapshot:
@@ -144,6 +145,11 @@ class OracleClient:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
+    @property
+    def service_configured(self) -> bool:
+        """A service URL was given: snapshots are fetched and decisions reported."""
+        return self._http is not None
+
     # -- deciding --------------------------------------------------------------------------
     def snapshot(self) -> CanarySnapshot | None:
         """The snapshot ``decide`` uses (None: the pack's defaults). The first call waits up
@@ -170,11 +176,14 @@ class OracleClient:
         return decision
 
     def report(self, decision: Decision, config: DeploymentConfig, *,
-               deployment_id: str) -> str:
+               deployment_id: str, launch: LaunchIn | None = None,
+               event_id: str | None = None) -> str:
         """Append the decision's event to the on-disk spool (durable on return); returns the
-        event id. The background thread sends it."""
+        event id. The background thread sends it. ``launch``: how ``turnout launch`` started
+        vLLM with it; ``event_id``: the id to use (default: a new random one)."""
         event = event_from_decision(decision, config, pack=self.pack_name,
-                                    deployment_id=deployment_id, host=self.host)
+                                    deployment_id=deployment_id, host=self.host,
+                                    event_id=event_id, launch=launch)
         self.spool.append(event)
         self._wake.set()
         return str(event["event_id"])

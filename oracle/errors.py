@@ -63,6 +63,7 @@ class ErrorCode(StrEnum):
     ARCHITECTURE_NOT_SERVED = "architecture_not_served", "decision"
 
     BAD_USAGE = "bad_usage", "cli"
+    VLLM_NOT_INSTALLED = "vllm_not_installed", "cli"
 
     INVALID_REQUEST = "invalid_request", "service"
     BODY_TOO_LARGE = "body_too_large", "service"

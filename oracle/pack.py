@@ -235,6 +235,19 @@ class Pack:
         self._last = (config, canaries, d)
         return d
 
+    def decide_rollout(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
+                       ) -> Decision:
+        """The rollout's answer alone (DESIGN §3.3 step 5: kill switch, the config's stage, its
+        canary and sticky share), none of the pack's rules evaluated: for a deployment whose
+        capabilities another pack judges (``turnout launch``). An architecture the pack does
+        not know gives the unknown-architecture error (runner "v1", reason code ERROR)."""
+        view, digest = self._view(canaries)
+        found = self._data.archs.get(config.architecture) if config.family is None else None  # type: ignore[arg-type]
+        a = found if found is not None else self._arch(config)
+        if isinstance(a, str):
+            return self._error(config, "v1", "auto", a, ErrorCode.UNKNOWN_ARCHITECTURE, digest)
+        return self._eval.rollout_only(config, a, view, digest)
+
     def decide_attributes(self, c: Any, canaries: CanarySnapshot | None = None) -> Decision:
         """Decide for any object with DeploymentConfig's attributes, already checked (the
         matrix's cells); uncached per config. Prefer :meth:`decide`."""

@@ -153,6 +153,39 @@ class OracleSnapshotIn(BaseModel):
 
 
 # -- decision events (POST /api/v1/decisions) --------------------------------------------------
+EnvName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvValue = Annotated[str, Field(max_length=256)]
+
+
+class StartupIn(BaseModel):
+    """What vLLM said at start-up about the runner it uses (``turnout launch
+    --report-startup``): the runner and vLLM's own log line that says it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runner: Literal["v1", "v2"]
+    line: str = Field(max_length=2_000, description="vLLM's log line, as printed")
+
+
+class LaunchIn(BaseModel):
+    """How ``turnout launch`` (or ``oracle.launch.apply_rollout``) started vLLM with the
+    decision: an optional part of a decision event (events without it are unchanged)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vllm_version: str = Field(min_length=1, max_length=64)
+    vllm_pack: str = Field(min_length=1, max_length=64,
+                           description="the pack whose selection stood for vLLM's own")
+    has_pack: bool = Field(default=True, description="false: the version has no pack, "
+                           "vllm_pack stood in")
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=16,
+                                         description="the variables launch set for vLLM")
+    operator_pin: EnvValue | None = Field(default=None, description="the runner variable "
+                                          "as the operator set it, kept")
+    snapshot_source: Literal["service", "disk", "defaults"]
+    startup: StartupIn | None = None
+
+
 class EventIn(BaseModel):
     """One decision as an engine reports it (:func:`decision_event` builds these). The service
     also checks it against its pack: ``pack``, ``family`` and ``stage`` must be the pack's,
@@ -177,6 +210,12 @@ class EventIn(BaseModel):
     policy_digest: str = Field(default="", max_length=128)
     config: dict[str, Any] | None = None
     demo: bool = False
+    launch: LaunchIn | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The event as JSON data; without ``launch`` when it has none, so that an event of a
+        plain engine reads as it did before the field existed."""
+        return self.model_dump(mode="json", exclude={"launch"} if self.launch is None else None)
 
 
 class IngestIn(BaseModel):
@@ -204,15 +243,17 @@ class IngestAck(BaseModel):
 
 def decision_event(decision: Decision, config: DeploymentConfig, *, pack: str,
                    deployment_id: str, host: str = "", at: dt.datetime | None = None,
-                   event_id: str | None = None, demo: bool = False) -> EventIn:
-    """The event that reports ``decision`` (made for ``config``) to the service."""
+                   event_id: str | None = None, demo: bool = False,
+                   launch: LaunchIn | None = None) -> EventIn:
+    """The event that reports ``decision`` (made for ``config``) to the service; ``launch``
+    when ``turnout launch`` started vLLM with it."""
     return EventIn(
         event_id=event_id or uuid.uuid4().hex, at=at or dt.datetime.now(dt.UTC),
         deployment_id=deployment_id, host=host, pack=pack,
         family=decision.family or UNKNOWN_FAMILY, runner=decision.runner, mode=decision.mode,
         stage=decision.stage, reason_code=decision.reason_code,
         rule_ids=[r.rule_id for r in decision.reasons], policy_digest=decision.policy_digest,
-        config=config.to_spec(), demo=demo)
+        config=config.to_spec(), demo=demo, launch=launch)
 
 
 # -- runtime health (POST /api/v1/health) ------------------------------------------------------

@@ -26,7 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "oracle": {"torch", "triton", "sqlalchemy", "fastapi", "engine", "kernels", "dashboard",
                "runner_v1", "runner_v2"},
-    "oracle.cli": {"torch", "triton", "sqlalchemy", "fastapi", "engine", "runner_v1", "runner_v2"},
+    # httpx too: `turnout launch` loads the client only when it runs
+    "oracle.cli": {"torch", "triton", "sqlalchemy", "fastapi", "engine", "runner_v1", "runner_v2",
+                   "httpx"},
+    "oracle.launch": {"torch", "triton", "sqlalchemy", "fastapi", "starlette", "dashboard",
+                      "engine"},
     "oracle.client": {"torch", "triton", "sqlalchemy", "fastapi", "starlette", "dashboard",
                       "engine"},
     # the wire vocabulary the engine client and the service share: pydantic, no service

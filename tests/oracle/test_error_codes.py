@@ -25,7 +25,7 @@ WIRE_VALUES = {
     "pack": {"invalid_pack", "unknown_pack"},
     "decision": {"pin_conflict", "no_runner", "invalid_env", "unknown_architecture", "refused",
                  "unknown_setting", "architecture_not_served"},
-    "cli": {"bad_usage"},
+    "cli": {"bad_usage", "vllm_not_installed"},
     "service": {"invalid_request", "body_too_large", "unstorable_value", "unauthenticated",
                 "bad_token", "forbidden", "if_match_required", "bad_if_match", "self_revoke",
                 "unknown_family", "store_error", "not_found", "version_conflict",
