@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from dashboard import errors
-from dashboard.api import admin, decisions, exports, health, rollout, upgrade
+from dashboard.api import admin, decisions, exports, health, ramps, rollout, upgrade, webhooks
 from dashboard.invocation import turnout_here
 from dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
 from dashboard.security import SecurityHeadersMiddleware
@@ -105,8 +105,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        from dashboard import background
+
         await run_in_threadpool(prepare, services)
+        workers = background.start(services) if services.settings.background else None
         yield
+        if workers is not None:
+            await workers.stop()
         services.db.dispose()
 
     app = FastAPI(
@@ -138,6 +143,8 @@ def _add_api(app: FastAPI, services: Services) -> None:
                                             methods=["POST"]))
     app.include_router(decisions.router, prefix=API_PREFIX)
     app.include_router(rollout.router, prefix=API_PREFIX)
+    app.include_router(ramps.router, prefix=API_PREFIX)
+    app.include_router(webhooks.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
     app.include_router(upgrade.router, prefix=API_PREFIX)
     app.include_router(exports.router, prefix=API_PREFIX)
@@ -179,6 +186,7 @@ def _add_pages(app: FastAPI) -> None:
     from dashboard.pages import router as pages_router
     from dashboard.pages_fleet import router as fleet_router
     from dashboard.pages_health import router as health_router
+    from dashboard.pages_rollout import router as rollout_router
     from dashboard.signin import router as signin_router
 
     async def sign_in(_request: object, _exc: Exception) -> Response:
@@ -188,5 +196,6 @@ def _add_pages(app: FastAPI) -> None:
     app.include_router(signin_router)
     app.include_router(pages_router)
     app.include_router(fleet_router)
+    app.include_router(rollout_router)
     app.include_router(health_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

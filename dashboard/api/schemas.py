@@ -180,6 +180,11 @@ class EvidenceIn(BaseModel):
     suite: str = Field(min_length=1, max_length=128)
     result: Literal["pass", "fail"]
     details: str = Field(default="", max_length=10_000)
+    num_tests: int | None = Field(default=None, ge=0, le=10**9,
+                                  description="tests run (a JUnit report's count)")
+    num_failures: int | None = Field(default=None, ge=0, le=10**9)
+    num_errors: int | None = Field(default=None, ge=0, le=10**9)
+    num_skipped: int | None = Field(default=None, ge=0, le=10**9)
 
 
 class EvidenceOut(EvidenceIn):

@@ -264,6 +264,11 @@ class ParityEvidence(Base):
     details: Mapped[str] = mapped_column(Text, default="")
     recorded_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     recorded_by: Mapped[str] = mapped_column(String(128))
+    # The test counts of the run (a JUnit report's; migration 0006), None when not given.
+    num_tests: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    num_failures: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    num_errors: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    num_skipped: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class ServiceMeta(Base):
@@ -273,3 +278,7 @@ class ServiceMeta(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
+
+
+# The closed-loop tables share this metadata (the migrations and their check read it).
+from dashboard.store import models_rollout as _models_rollout  # noqa: E402, F401

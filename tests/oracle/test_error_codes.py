@@ -32,7 +32,8 @@ WIRE_VALUES = {
                 "invalid_change", "database_unavailable", "unknown_cohort", "unknown_token",
                 "bad_percentage", "name_required", "reason_required", "reason_too_long",
                 "token_expired", "method_not_allowed", "unsupported_media_type",
-                "internal_error"},
+                "internal_error", "unknown_ramp", "ramp_exists", "wrong_state",
+                "self_approval", "unknown_flip", "unknown_webhook"},
 }
 
 
