@@ -35,6 +35,10 @@ class Metrics:
             ["method", "route", "status"], buckets=_BUCKETS, registry=self.registry)
         self.canary_flips = Counter(
             "turnout_canary_flips", "Successful canary flips", ["cohort"], registry=self.registry)
+        self.startup_lines = Counter(
+            "turnout_startup_lines", "vLLM start-up lines (turnout launch --report-startup) "
+            "kept with their decision, by whether vLLM's runner is the decided one (agrees) or "
+            "not (differs)", ["outcome"], registry=self.registry)
         self.health_reports = Counter(
             "turnout_health_reports", "Engine health reports received, by outcome (stored or "
             "rejected)", ["outcome"], registry=self.registry)
