@@ -59,6 +59,7 @@ class StartupLine:
     """vLLM's start-up line, to attach to the decision event ``event_id``."""
 
     event_id: str  # the decision's event
+    deployment_id: str  # a line is attached to a decision of its own deployment only
     runner: str
     line: str
     at: dt.datetime  # the time of the event that reported it
@@ -73,8 +74,8 @@ class StartupLine:
 def _line_of(e: EventLike, event_id: str) -> StartupLine:
     assert e.launch is not None and e.launch.startup is not None
     part = e.launch.model_dump(mode="json", exclude={"startup"})
-    return StartupLine(event_id, e.launch.startup.runner, e.launch.startup.line,
-                       e.at.astimezone(dt.UTC), e.event_id, part)
+    return StartupLine(event_id, e.deployment_id, e.launch.startup.runner,
+                       e.launch.startup.line, e.at.astimezone(dt.UTC), e.event_id, part)
 
 
 def stand_in(e: EventLike, event_id: str) -> EventLike:
@@ -121,18 +122,22 @@ class Attached:
 
 def attach(conn: Connection, lines: Sequence[StartupLine]) -> list[Attached]:
     """Attach each line to its decision's row, where the row has none yet (in id order, so
-    concurrent ingests lock rows in one order); the row's ``launch`` is set from the line's
-    event where it has none. The rows exist: the batch stored its stand-ins first."""
+    concurrent ingests lock rows in one order) and is of the line's deployment (a follow-up
+    naming another deployment's decision attaches nothing); the row's ``launch`` is set from
+    the line's event where it has none. The rows exist: the batch stored its stand-ins
+    first."""
     t = DecisionEvent
     stmt = (update(t)
-            .where(t.event_id == bindparam("b_event_id"), t.startup.is_(None))
+            .where(t.event_id == bindparam("b_event_id"), t.startup.is_(None),
+                   t.deployment_id == bindparam("b_deployment_id"))
             .values(startup=bindparam("b_startup", type_=JSONType),
                     launch=func.coalesce(t.launch, bindparam("b_launch", type_=JSONType)))
             .returning(t.runner))
     out = []
     for line in sorted(lines, key=lambda x: (x.event_id, x.reported_as)):
         row = conn.execute(stmt, {"b_event_id": line.event_id, "b_startup": line.to_json(),
-                                  "b_launch": line.launch}).first()
+                                  "b_launch": line.launch,
+                                  "b_deployment_id": line.deployment_id}).first()
         if row is not None:
             out.append(Attached(line, row[0]))
     return out

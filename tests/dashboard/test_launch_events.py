@@ -135,3 +135,13 @@ def test_an_event_id_ending_in_startup_without_a_line_is_a_decision(api: Api) ->
     # No launch.startup: not a follow-up (any id of the wire's alphabet is an event's own).
     assert _post(api, _event("ev-1.startup", at=LATER))["inserted"] == 1
     assert [e["event_id"] for e in _decisions(api)] == ["ev-1.startup", "ev-1"]
+
+
+def test_a_follow_up_naming_another_deployments_decision_attaches_nothing(api: Api) -> None:
+    _post(api, _event(launch=_launch()))
+    answer = _post(api, _follow_up(deployment_id="prod/other"))
+    assert (answer["accepted"], answer["inserted"]) == (1, 0)
+    [got] = _decisions(api)
+    assert got["launch"]["startup"] is None
+    r = api.client.get("/api/v1/decisions?deployment_id=prod/other", headers=api.h("viewer"))
+    assert r.json() == []
