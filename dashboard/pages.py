@@ -88,9 +88,11 @@ def overview(request: Request, services: ServicesDep, user: UserDep) -> HTMLResp
         ov = aggregates.overview(session=session)
         ks = canary_store.get_kill_switch(session=session)
         waiting = dict(aggregates.fallbacks(session=session).ranked)
+    from dashboard.rollout_view import stage_ramps
+
     total = sum(ov.by_runner.values())
     return render(request, "overview.html", user, overview=ov, total=total, kill_switch=ks,
-                  waiting=waiting,
+                  waiting=waiting, ramps=stage_ramps(services),
                   cohorts=cohort_rows(services), pack=services.policy.pack_name,
                   chart={"by_runner": ov.by_runner, "by_day": ov.by_day,
                          "days": _day_axis(30)})
