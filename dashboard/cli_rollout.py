@@ -158,10 +158,14 @@ def _ramp_line(ramp: Ramp) -> str:
         return head + (f"; waiting for another operator (turnout approvals approve ramp "
                        f"{ramp.id} --reason …)")
     if ramp.state in (ramps.RampState.active, ramps.RampState.paused):
-        due = ramps.next_step_at(ramp)
         share = ramp.steps[ramp.step_index]["percentage"]
-        return head + f" at {share}% (step {ramp.step_index + 1}/{len(ramp.steps)})" + (
-            f", next step {due:%Y-%m-%d %H:%M} UTC if every gate passes" if due else "")
+        head += f" at {share}% (step {ramp.step_index + 1}/{len(ramp.steps)})"
+        if ramp.state == ramps.RampState.paused:  # no step comes until it is resumed
+            return head + (f"; stays there until resumed (turnout canary ramp resume "
+                           f"{ramp.cohort} --reason …)")
+        due = ramps.next_step_at(ramp)
+        return head + (f", next step {due:%Y-%m-%d %H:%M} UTC if every gate passes"
+                       if due else "")
     return head + (f": {ramp.end_reason}" if ramp.end_reason else "")
 
 
@@ -268,8 +272,11 @@ def schedule_flip(
             session.commit()
     except StoreError as err:
         raise _store_fail(services.policy.store_error_text(cohort, err), err) from err
-    typer.echo(f"flip {flip.id}: {cohort} {'enable' if enable else 'disable'} at "
-               f"{when.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC ({flip.state})")
+    share = f" {percentage}%" if percentage is not None else ""
+    waits = (f"; waiting for another operator (turnout approvals approve flip {flip.id} "
+             "--reason …)" if flip.state == schedule.FlipState.pending_approval else "")
+    typer.echo(f"flip {flip.id}: {cohort} {'enable' if enable else 'disable'}{share} at "
+               f"{when.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC ({flip.state}{waits})")
 
 
 @approvals_app.command("list")

@@ -61,6 +61,21 @@ def test_a_ramp_from_the_command_line(run: Run) -> None:
     assert code == 2 and "no live ramp" in out
 
 
+def test_a_paused_ramp_says_it_waits_for_a_resume(run: Run) -> None:
+    from dashboard.store import ramps
+
+    assert run("canary", "ramp", "start", "llama", "--steps", "10,100", "--reason", "go")[0] == 0
+    with _services(run).db.write_session() as s:
+        canary, ramp = ramps.lock(s, 1)
+        ramps.fail(session=s, canary=canary, ramp=ramp, now=dt.datetime.now(dt.UTC), gates=[],
+                   why="gate v2_error_rate: v2 5.0% vs v1 0.0% (max ratio 2)")
+        s.commit()
+    code, out = run("canary", "ramp", "status")
+    assert code == 0 and "paused at 10% (step 1/2); stays there until resumed (turnout canary " \
+        "ramp resume llama-mistral-dense --reason …)" in out, out
+    assert "next step" not in out
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (("--steps", "10,5"), "does not rise above"),
     (("--steps", "ten"), "is not a share"),
@@ -90,6 +105,10 @@ def test_approvals_need_another_user(run: Run, monkeypatch: pytest.MonkeyPatch) 
         assert canaries.read_state(session=s).cohorts["quantized"][:2] == (True, 10)
     code, out = run("canary", "ramp", "start", "pooling", "--steps", "50,100", "--reason", "r")
     assert code == 0 and "waiting for another operator (turnout approvals approve ramp 1" in out
+    code, out = run("canary", "schedule", "pooling", "--in", "2h", "--percentage", "25",
+                    "--reason", "later")
+    assert code == 0 and "pooling enable 25% at" in out and "(pending_approval; waiting for " \
+        "another operator (turnout approvals approve flip 2 --reason …))" in out, out
     code, out = run("approvals", "reject", "ramp", "1", "--reason", "withdrawn")
     assert code == 0 and "ramp 1: rejected" in out
     assert run("approvals", "approve", "rampx", "1", "--reason", "r")[0] == 2
