@@ -54,7 +54,7 @@ def flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
             done = schedule.flip_or_request(
                 session=session, cohort=cohort, enabled=enabled, reason=reason,
                 actor=_actor(), requester=_actor(), if_version=current.version,
-                percentage=percentage, require_approval=services.settings.require_approval)
+                percentage=percentage, require_approval=services.require_approval())
             session.commit()
     except StoreError as err:
         raise _store_fail(services.policy.store_error_text(cohort, err), err) from err
@@ -142,7 +142,7 @@ def ramp_start(
                 session=session, cohort=cohort, steps=parsed, gates=gates,
                 on_failure=on_failure, reason=reason, actor=_actor(), requester=_actor(),
                 if_version=current.version,
-                needs_approval=services.settings.require_approval)
+                needs_approval=services.require_approval())
             session.commit()
     except StoreError as err:
         raise _store_fail(services.policy.store_error_text(cohort, err), err) from err
@@ -268,7 +268,7 @@ def schedule_flip(
             flip = schedule.request_flip(
                 session=session, cohort=cohort, enabled=enable, percentage=percentage,
                 reason=reason, actor=_actor(), requester=_actor(), run_at=when,
-                if_version=None, needs_approval=services.settings.require_approval and enable)
+                if_version=None, needs_approval=services.require_approval() and enable)
             session.commit()
     except StoreError as err:
         raise _store_fail(services.policy.store_error_text(cohort, err), err) from err

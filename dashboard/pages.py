@@ -208,7 +208,7 @@ def flip_from_page(
                 session=session, cohort=cohort, enabled=enabled, reason=reason,
                 actor=user.actor, requester=user.name, if_version=version,
                 percentage=percentage if enabled else None,
-                require_approval=services.settings.require_approval)
+                require_approval=services.require_approval())
             session.commit()
     except StoreError as err:  # a stale version, an empty reason, an unknown cohort
         return _back(request, error=services.policy.store_error_text(cohort, err))

@@ -116,7 +116,7 @@ def post_ramp(cohort: str, body: RampIn, services: ServicesDep, session: WriteSe
             session=session, cohort=cohort, steps=[s.model_dump() for s in body.steps],
             gates=gate_config(services, body.gates), on_failure=body.on_failure,
             reason=body.reason, actor=who.actor, requester=who.name, if_version=version,
-            needs_approval=services.settings.require_approval)
+            needs_approval=services.require_approval())
         session.commit()
     except StoreError as err:
         raise_cohort_error(services, cohort, err)
@@ -185,7 +185,7 @@ def post_scheduled_flip(body: ScheduledFlipIn, services: ServicesDep,
             session=session, cohort=body.cohort, enabled=body.enabled,
             percentage=body.percentage, reason=body.reason, actor=who.actor,
             requester=who.name, run_at=body.run_at, if_version=None,
-            needs_approval=services.settings.require_approval and body.enabled)
+            needs_approval=services.require_approval() and body.enabled)
         session.commit()
     except StoreError as err:
         raise_cohort_error(services, body.cohort, err)

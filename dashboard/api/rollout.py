@@ -141,7 +141,7 @@ def patch_canary(
         flip = schedule.flip_or_request(
             session=session, cohort=cohort, enabled=body.enabled, percentage=body.percentage,
             reason=body.reason, actor=who.actor, requester=who.name, if_version=version,
-            require_approval=services.settings.require_approval)
+            require_approval=services.require_approval())
         session.commit()
     except StoreError as err:
         raise_cohort_error(services, cohort, err)

@@ -212,3 +212,26 @@ def test_evidence_push_sends_a_junit_report(tmp_path: Path, live: list[LiveServi
         assert done.returncode == code and says in done.stderr, done.stderr
     done = _push(svc, "tok_" + "x" * 43, tmp_path / "ok.xml")
     assert done.returncode == 1 and "(401)" in done.stderr
+
+
+def test_a_shell_without_the_setting_follows_the_service_that_requires_approval(
+        run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    # TURNOUT_REQUIRE_APPROVAL was read by each process alone: an operator's shell without it
+    # enabled a stage at once that the service held for a second operator.
+    from dashboard.app import prepare
+
+    monkeypatch.delenv("TURNOUT_REQUIRE_APPROVAL", raising=False)
+    monkeypatch.setenv("LOGNAME", "alice")
+    service = Services.build(Settings(database_url=run.url, demo=False,  # type: ignore[attr-defined]
+                                      require_approval=True))
+    prepare(service)  # the service starts and records its setting
+    code, out = run("canary", "enable", "quantized", "--percentage", "10", "--reason", "go")
+    assert code == 0 and "waiting for another operator's approval" in out, out
+    with _services(run).db.read_session() as s:
+        assert canaries.read_state(session=s).cohorts["quantized"][0] is False
+    # The command line's own start-up work never records its setting over the service's.
+    assert _services(run).require_approval()
+    # A service restarted without approvals lifts the rule for everyone.
+    prepare(Services.build(Settings(database_url=run.url, demo=False)))  # type: ignore[attr-defined]
+    code, out = run("canary", "enable", "pooling", "--percentage", "10", "--reason", "go")
+    assert code == 0 and "waiting" not in out, out
