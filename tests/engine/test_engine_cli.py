@@ -118,7 +118,7 @@ BAD = [
     ("unknown runner", ["--prompt", "x", "--runner", "v9"], 2, "runner must be one of auto, v1, v2, got 'v9'"),
     ("pin no runner can serve", ["--prompt", "x", "--runner", "v2", "--speculative-config", '{"method": "ngram"}'], 3,
      "no runner can serve this deployment: Model Runner V2 does not yet support: speculative method 'ngram'"),
-    ("unknown speculative key", ["--prompt", "x", "--speculative-config", '{"model": "x"}'], 2, "unknown speculative_config keys ['model']"),
+    ("unknown speculative key", ["--prompt", "x", "--speculative-config", '{"draft": "x"}'], 2, "unknown speculative_config keys ['draft']"),
     ("bad sampling value", ["--prompt", "x", "--top-p", "0"], 2, "SamplingParams.top_p=0.0 is invalid"),
     ("max_model_len above the model's", ["--prompt", "x", "--max-model-len", "999999"], 2, "max_model_len=999999 is above the model's max_position_embeddings=256"),
     # Each of these was silently ignored or ended in a traceback.
