@@ -16,7 +16,13 @@ from __future__ import annotations
 import random
 
 import pytest
-from replay_runner import ReplayRunner, _State, drive_random_requests, next_token, reference_generate
+from replay_runner import (
+    ReplayRunner,
+    _State,
+    drive_random_requests,
+    next_token,
+    reference_generate,
+)
 from test_async_scheduling import EOS, VOCAB, _Pending, check, prompt_of
 
 from engine.config import EngineConfig, SpeculativeConfig
@@ -146,11 +152,11 @@ def test_outputs_are_the_reference_and_drafts_are_counted(asynchronous: bool, k:
 @pytest.mark.parametrize("asynchronous", [False, True])
 @pytest.mark.parametrize("max_tokens", [1, 2, 4, 9])
 def test_max_tokens_and_max_model_len_are_exact(asynchronous: bool, max_tokens: int) -> None:
-    core, runner = make_engine(asynchronous=asynchronous, k=3, wrong_every=1000)  # drafts (almost) always right
+    core, _ = make_engine(asynchronous=asynchronous, k=3, wrong_every=1000)  # drafts (almost) always right
     core.add_request("a", prompt_of(5), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     (req,) = core.run_until_done()
     assert len(req.output_token_ids) == max_tokens
-    core, runner = make_engine(asynchronous=asynchronous, k=3, max_model_len=24, wrong_every=1000)
+    core, _runner = make_engine(asynchronous=asynchronous, k=3, max_model_len=24, wrong_every=1000)
     core.add_request("b", prompt_of(18), SamplingParams(max_tokens=100, ignore_eos=True))
     (req,) = core.run_until_done()
     assert len(req.output_token_ids) == 6 and req.status.finish_reason == "length"
@@ -160,7 +166,7 @@ def test_max_tokens_and_max_model_len_are_exact(asynchronous: bool, max_tokens: 
 def test_a_stop_token_among_accepted_drafts_ends_the_request_there(asynchronous: bool) -> None:
     prompt = prompt_of(9)
     fourth = reference_generate(prompt, SamplingParams(max_tokens=4, ignore_eos=True), set(), VOCAB, 256)[0][3]
-    core, runner = make_engine(asynchronous=asynchronous, k=5, wrong_every=1000)
+    core, _runner = make_engine(asynchronous=asynchronous, k=5, wrong_every=1000)
     core.add_request("a", prompt, SamplingParams(max_tokens=50, stop_token_ids=[fourth], ignore_eos=True))
     (req,) = core.run_until_done()
     assert req.output_token_ids[-1] == fourth and len(req.output_token_ids) == 4
@@ -169,7 +175,7 @@ def test_a_stop_token_among_accepted_drafts_ends_the_request_there(asynchronous:
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_a_thousand_random_requests_through_preemption_and_prefix_hits(asynchronous: bool) -> None:
     rng = random.Random(99)
-    core, runner = make_engine(asynchronous=asynchronous, k=3, num_blocks=40, block_size=4, max_num_seqs=12,
+    core, _runner = make_engine(asynchronous=asynchronous, k=3, num_blocks=40, block_size=4, max_num_seqs=12,
                                max_num_batched_tokens=48, max_model_len=96)
     done, prompts = drive_random_requests(core, rng, prompt_of(24, 99), VOCAB, num_requests=400)
     check(core, done, prompts)
