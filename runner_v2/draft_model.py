@@ -129,6 +129,7 @@ class DraftModelProposer:
         self.k = config.speculative_config.num_speculative_tokens
         self.kv_caches: list[Any] = []
         self.graphs: dict[int, Any] = {}  # query length -> runner_v2.cuda_graphs.DecodeGraphs
+        self.num_graph_forwards = self.num_eager_forwards = 0
         s, width = config.max_num_seqs, config.max_num_blocks_per_req
 
         def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
@@ -194,8 +195,10 @@ class DraftModelProposer:
             slots = self.slot_mapping[:m]
             slots.copy_(torch.where(valid, slots, torch.full_like(slots, -1)))
         if size is not None:
+            self.num_graph_forwards += 1
             hidden = graphs.replay(size)  # type: ignore[union-attr]
         else:
+            self.num_eager_forwards += 1
             t = m * q
             hidden = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, md)
         return self.model.compute_logits(hidden.index_select(0, self.logits_indices[:m]))
