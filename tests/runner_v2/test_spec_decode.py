@@ -173,12 +173,15 @@ def _pool(counts: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor, t
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram_gpu"])
 def test_seeded_sampling_repeats_exactly(tiny: dict[str, Path], method: str) -> None:
-    prompts = [PROMPT * 3, [3, 4, 3, 4, 3, 4, 3]]
+    prompts = [PROMPT * 3, [3, 4, 3, 4, 3, 4, 3], PROMPT]
     # (top-k and top-p run through the same kernels: tests/kernels/test_sampling_probs.py)
     params = [SamplingParams(max_tokens=10, temperature=0.9, seed=s, ignore_eos=True) for s in (5, 6)]
+    params.append(SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))  # greedy beside them
     first = run(make(tiny["target"], _spec(tiny, method)), prompts, params)
     again = run(make(tiny["target"], _spec(tiny, method)), prompts, params)
     assert [r.output_token_ids for r in first] == [r.output_token_ids for r in again]
+    plain = run(make(tiny["target"], None), prompts[2:], params[2:])
+    assert first[2].output_token_ids == plain[0].output_token_ids
 
 
 def test_the_target_as_its_own_draft_draws_plain_samplings_tokens(tiny: dict[str, Path]) -> None:
