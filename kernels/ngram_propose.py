@@ -11,7 +11,10 @@ itself); the first ``n`` with a match proposes the tokens that followed it, at m
 
 The drafts are written to ``drafts_out[i, :num_drafts[i]]`` (``-1`` after) and into the token
 table after the request's tokens (cells ``T .. T + num_drafts - 1``, which hold nothing yet:
-they are read as the step's draft inputs, and overwritten by the tokens the step accepts).
+they are read as the step's draft inputs, and overwritten by the tokens the step accepts). The
+scheduled cells past the drafts (``T + num_drafts .. T + num_spec - 1``, within
+``max_model_len``) get the request's last token: the step feeds them to the target too, and a
+cell must never hand it what an earlier owner of the row left there.
 """
 
 from __future__ import annotations
@@ -56,7 +59,9 @@ def _ngram_propose_kernel(
     j = tl.arange(0, DRAFT_BLOCK)
     take = j < count
     drafts = tl.load(tokens + cont + j, mask=take, other=-1)
-    tl.store(tokens + num_tokens + j, drafts, mask=take)
+    last = tl.load(tokens + num_tokens - 1)
+    fill = (j < num_spec) & (j < MAX_DRAFTS) & (num_tokens + j < max_model_len)
+    tl.store(tokens + num_tokens + j, tl.where(take, drafts, last), mask=fill)
     tl.store(drafts_ptr + i * drafts_stride + j, drafts, mask=j < MAX_DRAFTS)
     tl.store(num_drafts_ptr + i, count)
 
@@ -120,6 +125,8 @@ def ngram_propose_ref(
                 proposal = history[start : start + min(want, max_drafts, max_model_len - n_tok)]
                 break
         count = int(proposal.shape[0])
+        filled = max(0, min(want, max_drafts, max_model_len - n_tok))
+        token_ids[row, n_tok : n_tok + filled] = history[n_tok - 1]  # the scheduled cells past the drafts
         token_ids[row, n_tok : n_tok + count] = proposal.clone()
         drafts_out[i, :count] = proposal
         num_drafts_out[i] = count

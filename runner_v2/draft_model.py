@@ -19,9 +19,10 @@ KV is valid for every position below ``num_computed_tokens - 1`` of each request
   distribution ``q``, whose probabilities the rejection rule needs) and written into the token
   table at its position, where the target's inputs and penalty counts read it.
 
-Positions past a request's scheduled drafts (fewer than ``k`` near ``max_tokens``) are computed
-but not written (``slot_mapping = -1``; their blocks were not reserved), and their drafts are not
-stored. Every forward has ``q`` tokens per request (1 or 2), so each replays a CUDA graph when
+A request with fewer drafts scheduled than the batch's most (near ``max_tokens``, or the budget)
+stops there: its later forwards re-read its last scheduled position and write nothing
+(``slot_mapping = -1``: no block is reserved past it, and none is read), and the drafts they
+draw are not stored. Every forward has ``q`` tokens per request (1 or 2), so each replays a CUDA graph when
 one is captured (``graphs``, captured by the runner over this object's input buffers, which
 have ``InputBuffers``' field names). Imports no sibling module: it calls the kernels itself and
 is given its graphs.
@@ -141,6 +142,7 @@ class DraftModelProposer:
         self.logits_indices = zeros(s, dtype=torch.int64)
         self.block_table = zeros(s, width, dtype=torch.int32)
         self._query_lens = {q: torch.full((s,), q, dtype=torch.int32, device=device) for q in (1, 2)}
+        self._arange = torch.arange(s, dtype=torch.int32, device=device)
         # Every draft input comes from the token table (prepare_input_ids reads the table below
         # this "prefill length"): a stride-0 column of max_model_len.
         self._from_table = torch.full((1,), config.max_model_len, dtype=torch.int32, device=device).expand(s)
@@ -164,33 +166,38 @@ class DraftModelProposer:
         """Feed each decoding request's last two tokens (KV upkeep), then propose up to
         ``step.max_spec`` drafts. Returns ``(drafts [m, k] int32, q [m, k, vocab] float32 or
         None)`` (``None`` when no draft is scheduled)."""
-        logits = self._forward(step, 2, -1, None)
+        base = step.num_computed.index_select(0, step.rows)  # C: position of the last sampled token
+        logits = self._forward(step, 2, base - 1, None)
         if step.max_spec == 0:
             return None
-        m, vocab = step.num_reqs, logits.shape[1]
+        m, vocab, width = step.num_reqs, logits.shape[1], self.config.max_model_len
         drafts = torch.full((m, self.k), -1, dtype=torch.int32, device=self.device)
         probs = torch.empty(m, self.k, vocab, dtype=torch.float32, device=self.device) if step.want_probs else None
-        base = step.num_computed.index_select(0, step.rows)  # C: position of the last sampled token
+        last = base + step.num_spec  # the last position the request's scheduled tokens reach
         for j in range(step.max_spec):
-            pos = base + (1 + j)  # the position d_{j+1} takes
+            valid = step.num_spec > j  # d_{j+1} is scheduled: its position has a block and a cell
+            # A draft past the scheduled ones is still drawn, at a position clamped into the
+            # table (its penalty counts read the row only) and never stored.
+            pos = torch.clamp(base + (1 + j), max=width - 1)
             tokens, q = self._sample(step, logits, pos)
             drafts[:, j] = tokens
             if probs is not None and q is not None:
                 probs[:, j] = q
-            valid = step.num_spec > j  # scheduled: its position has a reserved block and a cell
             _write_tokens(step.token_ids, step.rows, pos, tokens, valid)
             if j + 1 < step.max_spec:
-                logits = self._forward(step, 1, 1 + j, valid)
+                # d_{j+1} at its position; a request without it re-reads its last scheduled
+                # position (its blocks are reserved) and writes nothing.
+                logits = self._forward(step, 1, torch.minimum(base + (1 + j), last), valid)
         return drafts, probs
 
     # ---- internals ---------------------------------------------------------------------
-    def _forward(self, step: DraftStep, q: int, offset: int, valid: torch.Tensor | None) -> torch.Tensor:
-        # q tokens per request from position C + offset, read from the token table; the
-        # draft's logits at each request's last token ([m, vocab] float32).
+    def _forward(self, step: DraftStep, q: int, start: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        # q tokens per request from position start[i] ([m] int32), read from the token table;
+        # the draft's logits at each request's last token ([m, vocab] float32).
         m = step.num_reqs
         graphs = self.graphs.get(q)
         size = graphs.padded_size(m) if graphs is not None else None
-        md = self._prepare(step, q, offset, size)
+        md = self._prepare(step, q, start, size)
         if valid is not None:  # positions past the scheduled drafts: no reserved slot
             slots = self.slot_mapping[:m]
             slots.copy_(torch.where(valid, slots, torch.full_like(slots, -1)))
@@ -203,22 +210,21 @@ class DraftModelProposer:
             hidden = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, md)
         return self.model.compute_logits(hidden.index_select(0, self.logits_indices[:m]))
 
-    def _prepare(self, step: DraftStep, q: int, offset: int, size: int | None) -> AttentionMetadata:
+    def _prepare(self, step: DraftStep, q: int, start: torch.Tensor, size: int | None) -> AttentionMetadata:
         m, width = step.num_reqs, self.config.max_model_len
         r_pad = size if size is not None else m
         t_pad = r_pad * q
-        # Clamped: a draft past max_model_len is never scheduled, but it is still computed.
-        start = torch.clamp(step.num_computed + offset, max=width - q)
         qsl, positions = self.query_start_loc[: r_pad + 1], self.positions[:t_pad]
         prepare_query_start_loc(self._query_lens[q], m, qsl)
-        prepare_positions(step.rows, start, qsl, m, positions, self.seq_lens[:r_pad])
+        # start is by batch position (idx_mapping 0..m-1 for it); every other kernel by row.
+        prepare_positions(self._arange[:m], start, qsl, m, positions, self.seq_lens[:r_pad])
         prepare_input_ids(step.rows, qsl, positions, self._from_table, self._from_table, step.token_ids, m,
                           self.input_ids[:t_pad])
         compute_slot_mapping(step.rows, qsl, positions, step.block_table, self.config.block_size, m,
                              self.slot_mapping[:t_pad])
         compute_logits_indices(qsl, m, self.logits_indices[:m])
         torch.index_select(step.block_table, 0, step.rows, out=self.block_table[:m])
-        host_max = int(np.minimum(step.num_computed_np[step.rows_np] + offset, width - q).max(initial=0)) + q
+        host_max = min(int(step.num_computed_np[step.rows_np].max(initial=0)) + self.k + 1, width)
         return AttentionMetadata(
             query_start_loc=qsl, seq_lens=self.seq_lens[:r_pad], block_table=self.block_table[:r_pad],
             slot_mapping=self.slot_mapping[:t_pad], max_query_len=q,

@@ -59,7 +59,10 @@ def test_kernel_equals_reference_and_the_cpu_proposer(seed: int, lo: int, hi: in
         assert (drafts[i, int(num[i]) :] == -1).all()
         assert table[row, n : n + len(cpu)].tolist() == cpu  # the drafts follow the tokens in the table
         assert torch.equal(table[row, :n], token_ids[row, :n])
-        assert (table[row, n + len(cpu) :] == -7).all()
+        # The other scheduled cells hold the last token (never an earlier owner's value).
+        filled = min(int(num_spec[i]), k, token_ids.shape[1] - n)
+        assert (table[row, n + len(cpu) : n + filled] == token_ids[row, n - 1]).all()
+        assert (table[row, n + max(filled, len(cpu)) :] == -7).all()
         found += bool(cpu)
     assert found >= 2  # the case proposes something
 
