@@ -222,9 +222,12 @@ class V2ModelRunner(RunnerBase):
             states.apply_staged_writes(dev.writes.offsets, dev.writes.cu_lens, dev.writes.values)
         proposal = None if sp is None else self._propose(sp, dev, rows)  # drafts into the table
         batch = self._prepare(plan, dev.idx_mapping, dev.num_scheduled)
-        verifies = sp is not None and sp.max_spec > 0
-        hidden, logits = self._forward(batch, graph_size, dev.spec.logits_indices if verifies and dev.spec else None)
-        if verifies and sp is not None and proposal is not None:
+        rows_scored = None  # the target's rows: each request's last token, or 1 + s with drafts
+        if sp is not None and sp.max_spec > 0:
+            assert dev.spec is not None and proposal is not None  # drafts are scheduled for decodes only
+            rows_scored = dev.spec.logits_indices
+        hidden, logits = self._forward(batch, graph_size, rows_scored)
+        if sp is not None and proposal is not None:
             results = self._verify(batch, logits, sp, dev, proposal, ks)
         else:
             results = self._sample(batch, logits, lp_idx, ks, dev)
