@@ -208,8 +208,8 @@ class V2ModelRunner(RunnerBase):
             req_ids, rows, plan.num_computed_np, num_sched, plan.query_start_loc_np,
             states.num_prompt_tokens_np, states.num_prompt_logprobs_np, self.config.max_model_len,
         )
-        ks = states.num_logprobs_np[rows]
-        lp_idx = np.flatnonzero((ks >= 0) & plan.samples_np)
+        ks = np.where(plan.samples_np, states.num_logprobs_np[rows], -1)  # a partial prefill has none
+        lp_idx = np.flatnonzero(ks >= 0)
         graph_size = self._graph_size(plan, prompt_plan, sp)
         if graph_size is not None:
             plan = plan.padded(graph_size, plan.max_query_len)
@@ -245,8 +245,8 @@ class V2ModelRunner(RunnerBase):
         states.num_tokens_np[rows[plan.samples_np]] += 1 + drafts
         return AsyncOutput(results, self.copy_stream)
 
-    def _graph_size(self, plan: BatchPlan, prompt_plan: PromptLogprobsPlan | None, sp: spec_decode.SpecStepPlan | None
-                    ) -> int | None:
+    def _graph_size(self, plan: BatchPlan, prompt_plan: PromptLogprobsPlan | None,
+                    sp: spec_decode.SpecStepPlan | None) -> int | None:
         # A CUDA graph for decode steps: one token per request, or 1 + k with k drafts each.
         if prompt_plan is not None:
             return None
@@ -292,8 +292,8 @@ class V2ModelRunner(RunnerBase):
         if self.draft is None:  # ngram_gpu
             if sp.max_spec == 0:
                 return None
-            drafts, num_drafts = spec_decode.propose_ngram(self.spec, dev.idx_mapping, spec.num_spec, states.col(Col.NUM_TOKENS),
-                                               states.token_ids)
+            drafts, num_drafts = spec_decode.propose_ngram(self.spec, dev.idx_mapping, spec.num_spec,
+                                                           states.col(Col.NUM_TOKENS), states.token_ids)
             return drafts, num_drafts, None
         decode = np.flatnonzero(sp.decode)
         if decode.size == 0:
@@ -322,12 +322,12 @@ class V2ModelRunner(RunnerBase):
         sampled, probs = sample_with_probs(logits, row_rows, row_pos, states.sampling_tables(), states.token_ids,
                                            bool(states.has_penalties_np[req_rows].any()),
                                            bool(states.is_sampled_np[req_rows].any()))
-        v = spec_decode.Verification(batch.idx_mapping, batch.num_scheduled, spec.num_spec, batch.seq_lens, spec.cu_rows,
-                         *proposal)
+        v = spec_decode.Verification(batch.idx_mapping, batch.num_scheduled, spec.num_spec, batch.seq_lens,
+                                     spec.cu_rows, *proposal)
         counters = tuple(states.col(c) for c in (Col.NUM_COMPUTED_TOKENS, Col.NUM_TOKENS, Col.LAST_SAMPLED,
                                                  Col.NUM_DRAFTS, Col.NUM_ACCEPTED))
-        tokens, num_sampled = spec_decode.verify(v, sampled, row_pos, probs, states.col_f32(Col.TEMPERATURE), states.seed,
-                                     counters, states.token_ids)
+        tokens, num_sampled = spec_decode.verify(v, sampled, row_pos, probs, states.col_f32(Col.TEMPERATURE),
+                                                 states.seed, counters, states.token_ids)
         results = StepResults(req_ids=plan.req_ids, samples=plan.samples_np, sampled=tokens, num_sampled=num_sampled,
                               num_drafts=states.col(Col.NUM_DRAFTS).index_select(0, batch.idx_mapping),
                               num_spec=sp.num_spec)
