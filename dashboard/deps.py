@@ -17,7 +17,14 @@ from starlette.concurrency import run_in_threadpool
 
 from dashboard.auth import COOKIE_NAME, Principal, Refusal, bearer_token
 from dashboard.services import Services
-from dashboard.store.errors import InvalidChange, NotFound, StoreError, VersionConflict
+from dashboard.store.errors import (
+    Conflict,
+    InvalidChange,
+    NotAllowed,
+    NotFound,
+    StoreError,
+    VersionConflict,
+)
 from dashboard.store.tokens import Role
 from oracle.errors import ErrorCode
 
@@ -95,6 +102,10 @@ def raise_store_error(err: StoreError) -> NoReturn:
         raise http_error(409, err.code, str(err), {"ETag": f'"{err.current_version}"'}) from err
     if isinstance(err, InvalidChange):
         raise http_error(422, err.code, str(err)) from err
+    if isinstance(err, Conflict):
+        raise http_error(409, err.code, str(err)) from err
+    if isinstance(err, NotAllowed):
+        raise http_error(403, err.code, str(err)) from err
     raise http_error(400, err.code, str(err)) from err
 
 

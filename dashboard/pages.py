@@ -42,6 +42,8 @@ TEMPLATES.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(",
 TEMPLATES.env.filters["deployment_url"] = deployment_url
 TEMPLATES.env.filters["urlencode_pairs"] = lambda query, **more: urlencode({**query, **more})
 TEMPLATES.env.filters["describe_when"] = describe_when
+TEMPLATES.env.filters["bake"] = lambda s: (f"{s // 3600} h" if s % 3600 == 0 and s else
+                                           f"{s // 60} min" if s % 60 == 0 else f"{s} s")
 
 router = APIRouter(include_in_schema=False, max_body_size=MAX_BODY)
 
@@ -86,9 +88,11 @@ def overview(request: Request, services: ServicesDep, user: UserDep) -> HTMLResp
         ov = aggregates.overview(session=session)
         ks = canary_store.get_kill_switch(session=session)
         waiting = dict(aggregates.fallbacks(session=session).ranked)
+    from dashboard.rollout_view import stage_ramps
+
     total = sum(ov.by_runner.values())
     return render(request, "overview.html", user, overview=ov, total=total, kill_switch=ks,
-                  waiting=waiting,
+                  waiting=waiting, ramps=stage_ramps(services),
                   cohorts=cohort_rows(services), pack=services.policy.pack_name,
                   chart={"by_runner": ov.by_runner, "by_day": ov.by_day,
                          "days": _day_axis(30)})
@@ -117,10 +121,13 @@ def canaries_page(request: Request, services: ServicesDep, user: UserDep,
                   message: str = "", error: str = "", sig: str = "") -> HTMLResponse:
     if not flash_ok(request.cookies.get(COOKIE_NAME, ""), message, error, sig):
         message = error = ""  # not from a form of this session: a link anyone could write
+    from dashboard.rollout_view import rollout_view
+
     with services.db.read_session() as session:
         ks = canary_store.get_kill_switch(session=session)
     return render(request, "canaries.html", user, cohorts=cohort_rows(services),
-                  kill_switch=ks, message=message, error=error)
+                  kill_switch=ks, message=message, error=error,
+                  rollout=rollout_view(services, user))
 
 
 ShareQuery = Annotated[int, Query(ge=0, le=100)]
@@ -193,15 +200,21 @@ def flip_from_page(
     refused = _refused(request, user, csrf, Role.operator, "flipping a canary")
     if refused is not None:
         return refused
+    from dashboard.store import schedule
+
     try:
         with services.db.write_session() as session:
-            flip = canary_store.flip_canary(session=session, cohort=cohort, enabled=enabled,
-                                            reason=reason, actor=user.actor,
-                                            if_version=version,
-                                            percentage=percentage if enabled else None)
+            flip = schedule.flip_or_request(
+                session=session, cohort=cohort, enabled=enabled, reason=reason,
+                actor=user.actor, requester=user.name, if_version=version,
+                percentage=percentage if enabled else None,
+                require_approval=services.require_approval())
             session.commit()
     except StoreError as err:  # a stale version, an empty reason, an unknown cohort
         return _back(request, error=services.policy.store_error_text(cohort, err))
+    if not isinstance(flip, canary_store.Flip):
+        return _back(request, message=f"{cohort}: waiting for another operator's approval "
+                                      f"(flip {flip.id})")
     row = flip.canary
     state = f"enabled at {row.percentage}%" if row.enabled else "disabled"
     if not flip.changed:
@@ -218,7 +231,7 @@ def kill_switch_from_page(
     reason: Annotated[str, Form(max_length=audit.MAX_REASON_CHARS)] = "",
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
-    refused = _refused(request, user, csrf, Role.admin, "the kill switch")
+    refused = _refused(request, user, csrf, Role.operator, "the kill switch")
     if refused is not None:
         return refused
     try:

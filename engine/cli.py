@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -80,21 +81,38 @@ def generate(
     texts = _read_inputs(prompt, prompts, "--prompt", "--prompts")
     spec = _parse_json_flag("--speculative-config", speculative_config)
 
+    timing: dict[str, float] = {}
+
     def work() -> tuple[Any, list[dict[str, Any]]]:
         from engine.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs)
+        started = time.perf_counter()
         llm = _make_llm(
             model, runner, pack, device, tokenizer=tokenizer, max_model_len=max_model_len, dtype=dtype,
             speculative_config=spec, cpu_offload_gb=cpu_offload_gb,
         )
+        timing["load_s"] = time.perf_counter() - started
         _print_decision(llm, as_json)
         use_chat = chat and llm.tokenizer is not None and llm.tokenizer.chat_template is not None
+        started = time.perf_counter()
         results = llm.chat([[{"role": "user", "content": t}] for t in texts], params) if use_chat else llm.generate(texts, params)
+        timing["generate_s"] = time.perf_counter() - started
         return llm, [_completion_json(text, r) for text, r in zip(texts, results, strict=True)]
 
     llm, outputs = _run_guarded("generate", work)
-    _print_outputs(llm, outputs, as_json, field="text")
+    _print_outputs(llm, outputs, as_json, field="text", timing=generate_timing(timing, outputs))
+
+
+def generate_timing(timing: dict[str, float], outputs: list[dict[str, Any]]) -> dict[str, float | int]:
+    """Wall-clock figures of one ``turnout generate``: ``load_s`` (deciding, reading the model
+    and tokenizer, sizing the KV cache), ``generate_s`` (prefill and decode of every prompt),
+    ``num_output_tokens`` and ``output_tokens_per_s`` (over ``generate_s``)."""
+    num_tokens = sum(len(out["token_ids"]) for out in outputs)
+    generate_s = timing["generate_s"]
+    return {"load_s": round(timing["load_s"], 3), "generate_s": round(generate_s, 3),
+            "num_output_tokens": num_tokens,
+            "output_tokens_per_s": round(num_tokens / generate_s, 2) if generate_s > 0 else 0.0}
 
 
 def embed(
@@ -228,7 +246,7 @@ def _run_guarded(command: str, work: Any) -> Any:
     from oracle.errors import OracleError
 
     try:
-        return work()
+        llm, outputs = work()
     except ImportError as exc:
         missing = (exc.name or "").partition(".")[0]
         if missing not in RUNNER_MODULES:
@@ -241,6 +259,8 @@ def _run_guarded(command: str, work: Any) -> Any:
         _fail(str(exc))
     except OSError as exc:  # an unreadable model or tokenizer path
         _fail(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc))
+    llm.close()  # the run ends cleanly: its last health report goes to the service (if any)
+    return llm, outputs
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> Any:
@@ -280,10 +300,12 @@ def _completion_json(prompt: str, result: Any) -> dict[str, Any]:
     return out
 
 
-def _print_outputs(llm: Any, outputs: list[dict[str, Any]], as_json: bool, *, field: str) -> None:
+def _print_outputs(llm: Any, outputs: list[dict[str, Any]], as_json: bool, *, field: str,
+                   timing: dict[str, float | int] | None = None) -> None:
     failed = sum(1 for out in outputs if out.get("error"))
     if as_json:
-        typer.echo(json.dumps({"decision": llm.decision.to_json(), "outputs": outputs}))
+        body: dict[str, Any] = {"decision": llm.decision.to_json(), "outputs": outputs}
+        typer.echo(json.dumps(body | ({"timing": timing} if timing else {})))
     for out in [] if as_json else outputs:
         source = out.get("prompt", out.get("text", out.get("document")))
         if field == "score":
@@ -306,6 +328,9 @@ def _print_outputs(llm: Any, outputs: list[dict[str, Any]], as_json: bool, *, fi
             vec = out["embedding"]
             head = ", ".join(f"{x:.4f}" for x in vec[:6])
             typer.echo(f"\n>>> {source}\n[{head}, ...] ({len(vec)} dimensions)")
+    if timing and not as_json:
+        typer.echo(f"\n[load {timing['load_s']:.2f} s; generate {timing['generate_s']:.2f} s: "
+                   f"{timing['num_output_tokens']} output tokens, {timing['output_tokens_per_s']:.1f} tok/s]")
     if failed:  # the others were served; the exit code says that some were not
         raise typer.Exit(EXIT_BAD_INPUT)
 

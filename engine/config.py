@@ -125,8 +125,8 @@ class EngineConfig:
         kv_cache_memory_gb: memory for the KV cache when ``num_kv_blocks`` is ``None``.
         cpu_offload_gb: GiB of weights kept in host memory and streamed in per forward.
         speculative_config: speculative decoding (n-gram or a draft model), or ``None``.
-        enforce_eager: never capture CUDA graphs (vLLM's ``--enforce-eager``); runner_v1 is
-            always eager, runner_v2 otherwise replays graphs for decode batches on CUDA.
+        enforce_eager: never capture CUDA graphs (vLLM's ``--enforce-eager``); otherwise
+            both runners replay graphs for decode batches on CUDA.
         load_format: ``"auto"`` (read the weights) or ``"dummy"`` (vLLM's ``--load-format
             dummy``: only ``config.json`` is read; seeded random weights, drawn with ``seed`` on
             ``device``; see ``engine.model.loader.load_model``).

@@ -1,10 +1,14 @@
 """``LLM``: the offline facade (vLLM's ``LLM`` shape). It reads the model's config, builds the
 :class:`EngineConfig` and the oracle's ``DeploymentConfig`` from its arguments and this
-machine, asks the oracle once, logs the decision, and builds the chosen runner by name."""
+machine, asks the oracle once, logs the decision, and builds the chosen runner by name. With a
+rollout-control service (``oracle_client``, or ``TURNOUT_URL``: ``engine/reporting.py``) it
+decides with the service's canaries, reports the decision, and reports its runtime health
+(``engine/health.py``) until :meth:`LLM.close`."""
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +28,8 @@ from engine.outputs import (
     RewardOutput,
     ScoringOutput,
 )
-from engine.request import Request
+from engine.reporting import Reporting, client_from_env, default_environ, deployment_id_from
+from engine.request import Request, RequestStatus
 from engine.runner_loader import build_engine_core
 from engine.runner_selection import choose_runner, deployment_config
 from engine.sampling_params import SamplingParams
@@ -47,6 +52,9 @@ class LLM:
             to the oracle.
         logits_processors: processors requests of this deployment may use (declared so that
             the oracle knows; per-request ones go in ``SamplingParams.logits_processors``).
+        oracle_client: an ``oracle.client.OracleClient`` of the same pack to decide with and
+            report through (the caller closes it); default: one for ``TURNOUT_URL`` when set
+            in ``environ`` (``engine/reporting.py``), else none (nothing reported).
         **engine_args: :class:`EngineConfig` fields (``max_model_len``, ``max_num_seqs``,
             ``max_num_batched_tokens``, ``block_size``, ``enable_chunked_prefill``,
             ``enable_prefix_caching``, ``max_logprobs``, ``num_kv_blocks``,
@@ -70,6 +78,7 @@ class LLM:
         deployment_id: str | None = None,
         logits_processors: Sequence[Callable[..., Any] | str] = (),
         environ: Mapping[str, str] | None = None,
+        oracle_client: Any = None,
         **engine_args: Any,
     ) -> None:
         from oracle import load_pack
@@ -81,15 +90,53 @@ class LLM:
         # Before the weights: a tokenizer that cannot be read fails fast.
         self.tokenizer = _load_tokenizer(tokenizer if tokenizer is not None else model, explicit=tokenizer is not None)
         self.pack = load_pack(pack)
+        env = default_environ(environ)
+        deployment_id = deployment_id_from(env, deployment_id)
         self.deployment = deployment_config(
             self.config, model_config.architecture, runner=runner, pack=self.pack,
             logits_processors=logits_processors, deployment_id=deployment_id, environ=environ,
             quantization=model_config.quantization_method,
         )
-        self.decision = choose_runner(self.deployment, pack=self.pack, canaries=canaries)
-        self.runner_name: str = self.decision.runner
-        self.core = build_engine_core(self.config, self.runner_name)
+        self._live: dict[str, Request] = {}
         self._next_id = 0
+        reporting = self._reporting_for(oracle_client, env, str(pack))
+        try:
+            self.decision = choose_runner(self.deployment, pack=self.pack, canaries=canaries,
+                                          client=reporting.client if reporting else None)
+            self.runner_name: str = self.decision.runner
+            if reporting is not None:
+                reporting.start_health(self.decision, deployment_id or reporting.client.host)
+            self.core = build_engine_core(self.config, self.runner_name)
+        except BaseException:
+            if reporting is not None:
+                reporting.end()
+            raise
+        self._reporting = reporting
+        # A clean end whether or not close() is called: at close(), when the LLM is collected,
+        # or at the interpreter's exit (only a process that dies leaves the run marked open).
+        self._end = weakref.finalize(self, reporting.end) if reporting else None
+
+    def _reporting_for(self, client: Any, env: Mapping[str, str], pack: str) -> Reporting | None:
+        if client is None:
+            made = client_from_env(env, pack)
+            return None if made is None else Reporting(made, owns_client=True)
+        if client.pack.digest != self.pack.digest:
+            raise EngineConfigError(f"the oracle client runs pack {client.pack.name} "
+                                    f"({client.pack.digest}), the engine {self.pack.name} "
+                                    f"({self.pack.digest})")
+        return Reporting(client, owns_client=False)
+
+    def close(self) -> None:
+        """End reporting cleanly (the last health report, the run marked closed); the engine
+        stays usable for generation but reports nothing more. Idempotent."""
+        if self._end is not None:
+            self._end()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     # ---- generation --------------------------------------------------------------------
     def generate(
@@ -204,10 +251,10 @@ class LLM:
                 try:
                     if isinstance(tokens, InvalidRequestError):
                         raise tokens
-                    self.core.add_request(req_id, list(tokens), p)
+                    self._queue(req_id, list(tokens), p)
                 except InvalidRequestError as exc:
                     results[req_id] = _rejected(req_id, prompt, tokens, str(exc))
-            finished = self.core.run_until_done()
+            finished = self._run_until_done()
         for req in finished:
             results[req.req_id] = self._output(req)
         for req_id, (prompt, _) in zip(ids, encoded, strict=True):
@@ -238,7 +285,38 @@ class LLM:
             yield
         except BaseException:
             self.core.abort_all()
+            self._live.clear()
+            if self._recorder is not None:
+                self._recorder.failed_all()
             raise
+
+    @property
+    def _recorder(self) -> Any:
+        return self._reporting.recorder if self._reporting is not None else None
+
+    def _queue(self, req_id: str, tokens: list[int], params: SamplingParams | None = None,
+               **pooling: Any) -> None:
+        """``core.add_request``, and the request timed when health is reported."""
+        request = self.core.add_request(req_id, tokens, params, **pooling)
+        if self._recorder is not None:
+            self._live[req_id] = request
+            self._recorder.queued(req_id)
+
+    def _run_until_done(self) -> list[Request]:
+        """``core.run_until_done``, observed by the health recorder after each step."""
+        recorder = self._recorder
+        if recorder is None:
+            return self.core.run_until_done()
+        done: list[Request] = []
+        with recorder.running():
+            while self.core.has_unfinished_requests():
+                finished = self.core.step()
+                recorder.observe((i, len(r.output_token_ids)) for i, r in self._live.items())
+                for req in finished:
+                    self._live.pop(req.req_id, None)
+                    recorder.finished(req.req_id, failed=req.status is RequestStatus.FINISHED_ERROR)
+                done.extend(finished)
+        return done
 
     def _encode(self, prompt: Prompt, *, add_special_tokens: bool) -> list[int] | InvalidRequestError:
         if not isinstance(prompt, str):

@@ -172,11 +172,11 @@ def run_pooling(llm: LLM, task: str, items: list[Encoded]) -> list[Pooled]:
             try:
                 if item.error is not None:
                     raise item.error
-                llm.core.add_request(req_id, item.token_ids, pooling_params=PoolingParams(task, item.token_type_ids))
+                llm._queue(req_id, list(item.token_ids), pooling_params=PoolingParams(task, item.token_type_ids))
             except InvalidRequestError as exc:
                 error = f"document {index}: {exc}" if task == "score" and item.error is None else str(exc)
                 results[req_id] = Pooled(req_id, list(item.token_ids), item.token_type_ids, None, error)
-        finished = llm.core.run_until_done()
+        finished = llm._run_until_done()
     types = dict(zip(ids, (item.token_type_ids for item in items), strict=True))
     for req in finished:
         results[req.req_id] = Pooled(req.req_id, req.prompt_token_ids, types[req.req_id], req.pooled_output, req.error)

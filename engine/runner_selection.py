@@ -75,8 +75,11 @@ def deployment_config(
     )
 
 
-def choose_runner(config: Any, *, pack: Any, canaries: Any = None) -> Any:  # -> oracle.Decision
-    """Decide once and log the decision's messages at their levels.
+def choose_runner(config: Any, *, pack: Any, canaries: Any = None, client: Any = None
+                  ) -> Any:  # -> oracle.Decision
+    """Decide once and log the decision's messages at their levels. With an
+    ``oracle.client.OracleClient`` (and no ``canaries`` given) the client decides with the
+    service's canary snapshot and spools the decision for the service.
 
     Raises:
         NoRunnerError: no runner can honour the deployment or the pin (the oracle's error,
@@ -86,7 +89,12 @@ def choose_runner(config: Any, *, pack: Any, canaries: Any = None) -> Any:  # ->
     from oracle import decide
     from oracle.errors import ErrorCode
 
-    decision = decide(config, pack=pack, canaries=canaries)
+    if client is not None and canaries is None:
+        decision = client.decide(config, deployment_id=config.deployment_id)
+    else:
+        decision = decide(config, pack=pack, canaries=canaries)
+        if client is not None:
+            _report(client, decision, config)
     for message in decision.messages:
         logger.log(logging.getLevelName(message.level), message.message)
     logger.info(
@@ -98,6 +106,13 @@ def choose_runner(config: Any, *, pack: Any, canaries: Any = None) -> Any:  # ->
             raise EngineConfigError(str(decision.error))
         raise NoRunnerError(f"no runner can serve this deployment: {decision.error}")
     return decision
+
+
+def _report(client: Any, decision: Any, config: Any) -> None:
+    try:
+        client.report(decision, config, deployment_id=config.deployment_id or client.host)
+    except OSError as err:  # a full disk must not stop the engine from starting
+        logger.error("decision not reported: cannot write the spool (%s)", err)
 
 
 __all__ = ["RUNNER_CHOICES", "choose_runner", "deployment_config"]

@@ -65,9 +65,23 @@ def _row_hash(seed, position):
 
 
 @triton.jit
+def _fmix32_u32(x):
+    # The same finaliser in native 32-bit arithmetic (x: uint32; products wrap mod 2**32, which
+    # is what the masks of _fmix32 compute). Per token this is the sampler's inner loop: a
+    # 64-bit multiply is several 32-bit ones on a GPU, and the 256 x 151,936 noise of one step
+    # made the sampler bound by integer arithmetic, not by reading the logits.
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35
+    x = x ^ (x >> 16)
+    return x
+
+
+@triton.jit
 def _gumbel_from_hash(row_h, token_ids):
     # row_h: uint64 from _row_hash; token_ids: int32 block -> float32 Gumbel noise block.
-    h = _fmix32(row_h ^ token_ids.to(tl.uint64))
+    h = _fmix32_u32(row_h.to(tl.uint32) ^ token_ids.to(tl.uint32))
     u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
     return -tl.log(-tl.log(u))
 
@@ -76,7 +90,7 @@ def _gumbel_from_hash(row_h, token_ids):
 def _uniform_from_hash(row_h, token_id):
     # row_h: uint64 from _row_hash; token_id: a scalar or block of ids (any int type) -> the
     # float32 uniform in (0, 1) that _gumbel_from_hash turns into Gumbel noise.
-    h = _fmix32(row_h ^ (token_id.to(tl.uint64) & 0xFFFFFFFF))
+    h = _fmix32_u32(row_h.to(tl.uint32) ^ token_id.to(tl.uint32))
     return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
 

@@ -3,14 +3,20 @@
 An engine asks once at start-up which runner to use. The client
 
 * decides locally with the oracle against the service's canary snapshot, fetched in the
-  background by ETag with a short timeout and kept on disk as the last-known-good copy;
+  background by ETag and kept on disk as the last-known-good copy — only a snapshot of the
+  engine's own pack is used or kept (``oracle/client_snapshot.py``);
+* bounds every request by ``timeout_s`` in all, not per read (``oracle/client_http.py``);
 * never blocks start-up for long: the first ``decide()`` waits at most ``startup_wait_s`` for
   the first fetch, then falls back to the copy on disk, then to the pack's defaults from
   ``rollout.yaml`` (``canaries=None``) — with the service down it decides within 100 ms;
 * reports each decision as an event that is appended (and fsynced) to a spool on disk before
   ``report()`` returns, and sent in background batches (``POST /api/v1/decisions``, idempotent
-  by event id); a spool segment is deleted only after the service acknowledged it, so an event
-  is never lost between the engine and the store, whoever crashes.
+  by event id); a spool segment is deleted only after the service acknowledged it (its JSON
+  answer naming this batch: a ``200`` from a proxy is no acknowledgement), so an event is
+  never lost between the engine and the store, whoever crashes;
+* reports the running engine's health the same way (``POST /api/v1/health``,
+  ``oracle/client_health.py``): a source it watches gives one report per
+  ``health_interval_s`` and a last one at the end.
 
 Usage (``from oracle import from_command``)::
 
@@ -20,11 +26,11 @@ Usage (``from oracle import from_command``)::
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
-import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -33,8 +39,16 @@ from typing import Any, Literal
 import httpx
 
 from oracle import CanarySnapshot, Decision, DeploymentConfig, decide, load_pack
+from oracle.client_health import HealthReports, HealthSource
+from oracle.client_http import RefusalLog, acknowledged, request_within
+from oracle.client_snapshot import (
+    checked_snapshot,
+    kill_switch_of_revision,
+    load_last_known_good,
+    save_last_known_good,
+)
 from oracle.client_spool import SendResult, Spool
-from oracle.wire import SnapshotIn, decision_event
+from oracle.wire import LaunchIn, SnapshotIn, decision_event
 
 log = logging.getLogger("turnout.client")
 
@@ -43,11 +57,12 @@ SnapshotSource = Literal["service", "disk", "defaults"]
 
 def event_from_decision(decision: Decision, config: DeploymentConfig, *, pack: str,
                         deployment_id: str, host: str = "", at: datetime | None = None,
-                        event_id: str | None = None, demo: bool = False) -> dict[str, Any]:
+                        event_id: str | None = None, demo: bool = False,
+                        launch: LaunchIn | None = None) -> dict[str, Any]:
     """The ingest event (``POST /api/v1/decisions`` item, ``oracle.wire.EventIn``) for one
-    decision, as JSON data."""
+    decision, as JSON data (``launch`` only when given)."""
     return decision_event(decision, config, pack=pack, deployment_id=deployment_id, host=host,
-                          at=at, event_id=event_id, demo=demo).model_dump(mode="json")
+                          at=at, event_id=event_id, demo=demo, launch=launch).to_json()
 
 
 def snapshot_from_json(body: Any) -> CanarySnapshot:
@@ -75,6 +90,7 @@ class OracleClient:
         startup_wait_s: float = 0.05,
         refresh_interval_s: float = 30.0,
         flush_interval_s: float = 1.0,
+        health_interval_s: float = 60.0,
         batch_size: int = 500,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
@@ -84,15 +100,26 @@ class OracleClient:
         self.cache_dir = Path(cache_dir)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self.startup_wait_s = startup_wait_s
+        self.timeout_s = timeout_s
         self.refresh_interval_s = refresh_interval_s
         self.flush_interval_s = flush_interval_s
         self.batch_size = batch_size
+        self.health_interval_s = health_interval_s
         self.spool = Spool(self.cache_dir / "spool")
+        self.health = HealthReports(self.cache_dir / "spool-health", host=self.host, pack=pack)
+        # No keep-alive: each request opens the connection its deadline can cut
+        # (oracle/client_http.py); at about one request a second that costs nothing.
         self._http = None if url is None else httpx.Client(
             base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout_s), transport=transport,
+            limits=httpx.Limits(max_keepalive_connections=0),
             headers={"Authorization": f"Bearer {token}"} if token else {})
         self._etag: str | None = None
         self._snapshot: CanarySnapshot | None = None
+        # The kill switch of a snapshot of another revision of this pack: honoured although
+        # the snapshot is not (engaging it only sends deployments to V1, which every revision
+        # can express), never saved as the last-known-good copy.
+        self._foreign_kill_switch = False
+        self._refused = RefusalLog()  # a token the service refuses: said once, with why
         self.snapshot_source: SnapshotSource = "defaults"
         self._first_fetch = threading.Event()
         self._wake = threading.Event()
@@ -109,12 +136,17 @@ class OracleClient:
         return self
 
     def close(self, flush_timeout_s: float = 2.0) -> None:
-        """Stop the thread after one last send; unsent events stay in the spool for next time."""
+        """Stop the thread after a last health report of every watched source and one last
+        send; what is unsent stays in the spools for next time."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=flush_timeout_s + 1.0)
             self._thread = None
+        elif self._http is not None:
+            self._safely(self.health.collect)  # spooled: the next client sends it
+        for spool in (self.spool, self.health.spool):
+            self._safely(spool.close)
         if self._http is not None:
             self._http.close()
 
@@ -124,12 +156,19 @@ class OracleClient:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
+    @property
+    def service_configured(self) -> bool:
+        """A service URL was given: snapshots are fetched and decisions reported."""
+        return self._http is not None
+
     # -- deciding --------------------------------------------------------------------------
     def snapshot(self) -> CanarySnapshot | None:
         """The snapshot ``decide`` uses (None: the pack's defaults). The first call waits up
         to ``startup_wait_s`` for the background fetch."""
         if self._thread is not None and not self._first_fetch.is_set():
             self._first_fetch.wait(self.startup_wait_s)
+        if self._foreign_kill_switch:
+            return dataclasses.replace(self._snapshot or CanarySnapshot(), kill_switch=True)
         return self._snapshot
 
     def decide(self, config: DeploymentConfig, *, deployment_id: str | None = None,
@@ -150,14 +189,40 @@ class OracleClient:
         return decision
 
     def report(self, decision: Decision, config: DeploymentConfig, *,
-               deployment_id: str) -> str:
+               deployment_id: str, launch: LaunchIn | None = None,
+               event_id: str | None = None) -> str:
         """Append the decision's event to the on-disk spool (durable on return); returns the
-        event id. The background thread sends it."""
+        event id. The background thread sends it. ``launch``: how ``turnout launch`` started
+        vLLM with it; ``event_id``: the id to use (default: a new random one)."""
         event = event_from_decision(decision, config, pack=self.pack_name,
-                                    deployment_id=deployment_id, host=self.host)
+                                    deployment_id=deployment_id, host=self.host,
+                                    event_id=event_id, launch=launch)
         self.spool.append(event)
         self._wake.set()
         return str(event["event_id"])
+
+    # -- runtime health ---------------------------------------------------------------------
+    def report_health(self, fields: Mapping[str, Any]) -> str | None:
+        """Spool one health report (``oracle.wire.HealthReportIn`` fields; ``report_id``,
+        ``host`` and ``pack`` are filled in), durable on return; its id, or None without a
+        service URL (nothing to report to). Raises ValueError for fields that are not a
+        report, OSError for a spool that cannot be written."""
+        if self._http is None:
+            return None
+        report_id = self.health.report(fields)
+        self._wake.set()
+        return report_id
+
+    def watch_health(self, source: HealthSource) -> None:
+        """Ask ``source`` for a report every ``health_interval_s`` (in the background
+        thread), and once more at :meth:`unwatch_health` or :meth:`close`."""
+        if self._http is not None:
+            self.health.watch(source)
+
+    def unwatch_health(self, source: HealthSource) -> None:
+        """Stop asking ``source``, after spooling its last report (a clean engine's end)."""
+        if self.health.unwatch(source):
+            self._wake.set()
 
     # -- background work -------------------------------------------------------------------
     def _run(self) -> None:
@@ -165,15 +230,21 @@ class OracleClient:
             self._safely(self.refresh)
         finally:
             self._first_fetch.set()
-        next_refresh = self.refresh_interval_s
+        now = time.monotonic()
+        next_refresh, next_health = now + self.refresh_interval_s, now + self.health_interval_s
         while not self._stop.is_set():
             self._safely(self.flush)
-            self._wake.wait(min(self.flush_interval_s, next_refresh))
+            soonest = min(next_refresh, next_health) - time.monotonic()
+            self._wake.wait(max(0.0, min(self.flush_interval_s, soonest)))
             self._wake.clear()
-            next_refresh -= self.flush_interval_s
-            if next_refresh <= 0:
+            now = time.monotonic()
+            if now >= next_refresh:
                 self._safely(self.refresh)
-                next_refresh = self.refresh_interval_s
+                next_refresh = now + self.refresh_interval_s
+            if now >= next_health:
+                self._safely(self.health.collect)
+                next_health = now + self.health_interval_s
+        self._safely(self.health.collect)
         self._safely(self.flush)
 
     @staticmethod
@@ -187,12 +258,14 @@ class OracleClient:
                           getattr(step, "__name__", step))
 
     def refresh(self) -> SnapshotSource:
-        """Fetch the snapshot (conditional on the ETag); on any failure keep what we have."""
+        """Fetch the snapshot (conditional on the ETag, within ``timeout_s`` in all); on any
+        failure, and for a body that is not a snapshot of this engine's pack, keep what we
+        have."""
         if self._http is None:
             return self.snapshot_source
         headers = {"If-None-Match": self._etag} if self._etag else {}
         try:
-            resp = self._http.get("/api/v1/canaries", headers=headers)
+            resp = self._request("GET", "/api/v1/canaries", headers=headers)
         except httpx.HTTPError as err:
             log.warning("canary snapshot fetch failed (%s); using the %s copy", err,
                         self.snapshot_source)
@@ -204,47 +277,55 @@ class OracleClient:
             log.warning("canary snapshot fetch: HTTP %d; using the %s copy", resp.status_code,
                         self.snapshot_source)
             return self.snapshot_source
+        body: Any = None
         try:
             body = resp.json()
-            parsed = SnapshotIn.parse(body)
-        except ValueError as err:  # garbage from the service (or whatever answered)
-            log.warning("canary snapshot fetch: not a snapshot (%s); using the %s copy", err,
-                        self.snapshot_source)
+            snapshot = checked_snapshot(body, self.pack, self.pack_name)
+        except ValueError as err:  # garbage, or another pack's snapshot
+            self._foreign_kill_switch = kill_switch_of_revision(body, self.pack, self.pack_name)
+            log.warning("canary snapshot fetch: %s; using the %s copy%s", err, self.snapshot_source,
+                        " with the service's kill switch, which is engaged"
+                        if self._foreign_kill_switch else "")
             return self.snapshot_source
-        if parsed.pack != self.pack_name:
-            log.warning("the service runs pack %r, this engine %r: using the %s copy",
-                        parsed.pack, self.pack_name, self.snapshot_source)
-            return self.snapshot_source
-        snapshot = parsed.to_snapshot()
+        self._foreign_kill_switch = False
         self._snapshot = snapshot
         self._etag = resp.headers.get("ETag")
         self.snapshot_source = "service"
-        self._save_last_known_good(body)
+        save_last_known_good(self._lkg_path, body, self._etag)
         return "service"
 
     def flush(self) -> int:
-        """Send every spooled event now; returns how many the service acknowledged."""
+        """Send every spooled event and health report now; returns how many the service
+        acknowledged."""
         if self._http is None:
             return 0
-        return self.spool.drain(self._send, self.batch_size)
+        sent = self.spool.drain(self._send, self.batch_size)
+        return sent + self.health.spool.drain(
+            lambda batch: self.health.send(self._request, batch), self.batch_size)
+
+    def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        assert self._http is not None
+        return request_within(self._http, method, url, deadline_s=self.timeout_s, **kwargs)
 
     def _send(self, batch: list[dict[str, Any]]) -> SendResult:
-        assert self._http is not None
+        ids = [str(e.get("event_id", "")) for e in batch]
         try:
-            resp = self._http.post("/api/v1/decisions", json={"events": batch})
+            resp = self._request("POST", "/api/v1/decisions", json={"events": batch})
         except httpx.HTTPError as err:
             log.info("decision report deferred (%s); %d events stay spooled", err, len(batch))
             return "retry"
         if resp.status_code == 200:
-            return "ok"
+            return "ok" if acknowledged(resp, ids) else "retry"
         if resp.status_code in (413, 422):
             # A batch the service will never take (an invalid event, or a batch over its
             # body bound): split it down to single events, set aside the ones it refuses.
             log.error("the service rejected %d events (HTTP %d): %s", len(batch),
                       resp.status_code, resp.text[:500])
             return "reject"
-        level = logging.WARNING if resp.status_code in (401, 403) else logging.INFO
-        log.log(level, "decision report deferred (HTTP %d)", resp.status_code)
+        if resp.status_code in (401, 403):
+            self._refused("decision report", resp, len(batch))
+        else:
+            log.info("decision report deferred (HTTP %d)", resp.status_code)
         return "retry"
 
     # -- last-known-good -------------------------------------------------------------------
@@ -253,24 +334,7 @@ class OracleClient:
         return self.cache_dir / f"snapshot-{self.pack_name}.json"
 
     def _load_last_known_good(self) -> None:
-        try:
-            data = json.loads(self._lkg_path.read_text())
-            self._snapshot = snapshot_from_json(data["body"])
-            self._etag = data.get("etag")
+        kept = load_last_known_good(self._lkg_path, self.pack, self.pack_name)
+        if kept is not None:
+            self._snapshot, self._etag = kept
             self.snapshot_source = "disk"
-        except FileNotFoundError:
-            pass
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            log.warning("ignoring unreadable last-known-good snapshot %s: %s", self._lkg_path,
-                        err)
-
-    def _save_last_known_good(self, body: Mapping[str, Any]) -> None:
-        tmp = self._lkg_path.with_suffix(f".tmp{os.getpid()}")
-        try:
-            with open(tmp, "w") as f:
-                json.dump({"etag": self._etag, "body": body}, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._lkg_path)
-        except OSError as err:  # a full or read-only disk: decide on, from memory
-            log.warning("cannot keep the last-known-good snapshot %s: %s", self._lkg_path, err)

@@ -1,10 +1,17 @@
-"""The client's on-disk spool of unreported decision events (JSON lines, fsynced).
+"""The client's on-disk spools of unreported decision events and health reports (JSON lines,
+fsynced; one directory each).
 
 ``append`` returns only once the event is on disk. ``drain`` seals the open segment (a rename,
 so appends go on into a new file), sends sealed segments in batches and deletes a segment only
 after every batch of it was acknowledged; a failed send keeps it for the next try (resending is
-harmless: the service ingests idempotently by event id). Segments left open by a process that
-died are sealed and sent by the next client on the same directory. A batch the service
+harmless: the service ingests idempotently by event id).
+
+Segments are owned by locks, not process ids: a writer holds an exclusive ``flock`` on its open
+segment from the moment the segment exists (it is created under a temporary name, locked, then
+renamed into place) until it is sealed. A segment nobody holds a lock on is an orphan, left by
+a process that died, and any client on the directory seals and sends it, whatever its name says
+— a restarted engine with the same process id (PID 1 in a container) included. The kernel
+drops a dead process's locks, so a crash never leaves a segment looking live. A batch the service
 rejects as invalid is resent event by event: the events it takes are stored, the ones it
 rejects, and lines of a segment that cannot be read (corruption), are set aside in
 ``rejected-*.jsonl`` (kept for a person, never dropped).
@@ -26,7 +33,9 @@ from typing import IO, Any, Literal
 
 log = logging.getLogger("turnout.client")
 
-SendResult = Literal["ok", "retry", "reject"]
+# "ok": acknowledged; "retry": not (keep it); "reject": the service refuses the batch whole
+# (split it); a set of positions: acknowledged, those items refused alone (set them aside).
+SendResult = Literal["ok", "retry", "reject"] | frozenset[int]
 
 
 class Spool:
@@ -34,7 +43,7 @@ class Spool:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._open_path = self.directory / f"open-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl"
+        self._open_path = self.directory / f"open-{uuid.uuid4().hex}.jsonl"
         self._file: IO[str] | None = None
 
     def append(self, event: dict[str, Any]) -> None:
@@ -42,10 +51,28 @@ class Spool:
         line = json.dumps(event, separators=(",", ":")) + "\n"
         with self._lock:
             if self._file is None:
-                self._file = open(self._open_path, "a", encoding="utf-8")  # noqa: SIM115
+                self._file = self._create_locked()
             self._file.write(line)
             self._file.flush()
             os.fsync(self._file.fileno())
+
+    def _create_locked(self) -> IO[str]:
+        """The open segment, created locked: under a name no client reads, locked, then renamed
+        into place (a rename keeps the lock), so no client ever sees it unlocked."""
+        tmp = self._open_path.with_suffix(".new")
+        f = open(tmp, "a", encoding="utf-8")  # noqa: SIM115 - held until sealed
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.replace(tmp, self._open_path)
+        except BaseException:
+            f.close()
+            raise
+        return f
+
+    def close(self) -> None:
+        """Seal the open segment and release its lock: the events stay for any client on the
+        directory to send (an append after this opens a new segment)."""
+        self._seal_own()
 
     def pending(self) -> int:
         """Events on disk not yet acknowledged (open and sealed segments)."""
@@ -92,19 +119,26 @@ class Spool:
         with self._lock:
             if self._file is None:
                 return
+            # Renamed while still locked, then closed: no other client can take it for an
+            # orphan in between.
+            os.replace(self._open_path, self._sealed_name(self._open_path))
             self._file.close()
             self._file = None
-            os.replace(self._open_path, self._sealed_name(self._open_path))
 
     def _seal_orphans(self) -> None:
+        """Seal every open segment no writer holds a lock on (its writer died)."""
         for path in self._segments(("open-",)):
             if path == self._open_path:
                 continue
-            pid = _pid_of(path)
-            if pid is not None and _alive(pid):
-                continue
-            with contextlib.suppress(FileNotFoundError):  # another client sealed it first
-                os.replace(path, self._sealed_name(path))
+            with _exclusive(path) as orphan:
+                if orphan:
+                    with contextlib.suppress(FileNotFoundError):  # another client sealed it
+                        os.replace(path, self._sealed_name(path))
+        for path in self.directory.glob("open-*.new"):  # created, never renamed: empty
+            if path != self._open_path.with_suffix(".new"):
+                with _exclusive(path) as orphan:
+                    if orphan:
+                        path.unlink(missing_ok=True)
 
     def _sealed_name(self, open_path: Path) -> Path:
         # sealed-<time-ordered id>-<original name>: drained oldest first.
@@ -119,6 +153,9 @@ def _send_batch(send: Callable[[list[dict[str, Any]]], SendResult | bool],
     result = send(batch)
     if result is True or result == "ok":
         return len(batch)
+    if isinstance(result, frozenset):
+        rejected += [json.dumps(batch[i], separators=(",", ":")) for i in sorted(result)]
+        return len(batch) - len(result)
     if result != "reject":
         return None
     if len(batch) == 1:
@@ -161,25 +198,10 @@ def _read_events(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return events, unreadable
 
 
-def _pid_of(path: Path) -> int | None:
-    parts = path.name.split("-")
-    return int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else None
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @contextmanager
 def _exclusive(path: Path) -> Iterator[bool]:
+    """Whether this client got the exclusive lock of ``path`` (held inside the block); False
+    when another holds it (a live writer, another client sending it) or the file is gone."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:

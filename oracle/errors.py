@@ -63,6 +63,7 @@ class ErrorCode(StrEnum):
     ARCHITECTURE_NOT_SERVED = "architecture_not_served", "decision"
 
     BAD_USAGE = "bad_usage", "cli"
+    VLLM_NOT_INSTALLED = "vllm_not_installed", "cli"
 
     INVALID_REQUEST = "invalid_request", "service"
     BODY_TOO_LARGE = "body_too_large", "service"
@@ -89,6 +90,12 @@ class ErrorCode(StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed", "service"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type", "service"
     INTERNAL_ERROR = "internal_error", "service"
+    UNKNOWN_RAMP = "unknown_ramp", "service"
+    RAMP_EXISTS = "ramp_exists", "service"
+    WRONG_STATE = "wrong_state", "service"
+    SELF_APPROVAL = "self_approval", "service"
+    UNKNOWN_FLIP = "unknown_flip", "service"
+    UNKNOWN_WEBHOOK = "unknown_webhook", "service"
 
 
 class OracleError(Exception):

@@ -120,6 +120,21 @@ class Evaluator:
             self._facts[key] = hit
         return hit
 
+    def rollout_only(self, c: Any, a: ArchInfo, view: tuple[Any, ...], digest: str) -> Decision:
+        """Step 5 alone: the kill switch, then the stage ``c`` belongs to with its canary and
+        sticky share, with none of the pack's rules (their verdict comes from another pack:
+        ``turnout launch`` asks the vLLM release's pack what vLLM can serve, and the service's
+        pack what its rollout allows)."""
+        _, idx, _ = self.pd.evaluate(c, a, "auto")
+        stage = self.pd.stages[idx] if idx >= 0 else None
+        included = None
+        if stage is not None:
+            enabled, pct = view[1 + idx]
+            if enabled and pct < 100:
+                dep = c.deployment_id
+                included = dep is not None and bucket(stage.id, dep) < pct * 100
+        return instantiate(self._rollout(_Ctx(a, "auto", stage, digest), view, included), {})
+
     def select(self, c: Any, a: ArchInfo, pin: str) -> tuple[str | None, list[Message], str | None]:
         """The selection alone, without the chosen runner's validation or the rollout (vLLM's
         ``use_v2_model_runner``, as a pack's early ``evaluate`` steps run it): (runner, the log

@@ -15,6 +15,8 @@ libraries (no FastAPI, no SQLAlchemy).
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
@@ -25,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -77,6 +80,9 @@ class SnapshotIn(BaseModel):
     """The body of ``GET /api/v1/canaries`` as engines and ``--canaries`` files read it."""
 
     pack: StrictStr | None = None
+    pack_digest: StrictStr | None = Field(
+        default=None, description="the content hash of the service's pack (``Pack.digest``): "
+        "an engine uses the snapshot only with the same pack")
     kill_switch: SnapshotKillSwitch
     cohorts: Sequence[SnapshotCohort]
 
@@ -123,6 +129,7 @@ class CanariesOut(SnapshotIn):
     """Every cohort in rollout order, and the kill switch (``GET /api/v1/canaries``)."""
 
     pack: StrictStr
+    pack_digest: StrictStr
     kill_switch: KillSwitchOut
     cohorts: Sequence[CohortOut]
 
@@ -146,6 +153,41 @@ class OracleSnapshotIn(BaseModel):
 
 
 # -- decision events (POST /api/v1/decisions) --------------------------------------------------
+EnvName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvValue = Annotated[str, Field(max_length=256)]
+
+
+class StartupIn(BaseModel):
+    """What vLLM said at start-up about the runner it uses (``turnout launch
+    --report-startup``): the runner and vLLM's own log line that says it. It comes in a
+    follow-up event, ``<decision event id>.startup`` (the same decision, with this part), which
+    the service attaches to the decision instead of counting a second one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    runner: Literal["v1", "v2"]
+    line: str = Field(max_length=2_000, description="vLLM's log line, as printed")
+
+
+class LaunchIn(BaseModel):
+    """How ``turnout launch`` (or ``oracle.launch.apply_rollout``) started vLLM with the
+    decision: an optional part of a decision event (events without it are unchanged)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    vllm_version: str = Field(min_length=1, max_length=64)
+    vllm_pack: str = Field(min_length=1, max_length=64,
+                           description="the pack whose selection stood for vLLM's own")
+    has_pack: bool = Field(default=True, description="false: the version has no pack, "
+                           "vllm_pack stood in")
+    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=16,
+                                         description="the variables launch set for vLLM")
+    operator_pin: EnvValue | None = Field(default=None, description="the runner variable "
+                                          "as the operator set it, kept")
+    snapshot_source: Literal["service", "disk", "defaults"]
+    startup: StartupIn | None = None
+
+
 class EventIn(BaseModel):
     """One decision as an engine reports it (:func:`decision_event` builds these). The service
     also checks it against its pack: ``pack``, ``family`` and ``stage`` must be the pack's,
@@ -170,6 +212,12 @@ class EventIn(BaseModel):
     policy_digest: str = Field(default="", max_length=128)
     config: dict[str, Any] | None = None
     demo: bool = False
+    launch: LaunchIn | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The event as JSON data; without ``launch`` when it has none, so that an event of a
+        plain engine reads as it did before the field existed."""
+        return self.model_dump(mode="json", exclude={"launch"} if self.launch is None else None)
 
 
 class IngestIn(BaseModel):
@@ -180,17 +228,118 @@ class IngestIn(BaseModel):
     events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS_PER_BATCH)
 
 
+def batch_digest(ids: Sequence[str]) -> str:
+    """What an acknowledgement names its batch by: SHA-256 (hex) of the JSON list of the ids
+    sent (event ids, report ids), in the order sent."""
+    return hashlib.sha256(json.dumps(list(ids), separators=(",", ":")).encode()).hexdigest()
+
+
+class IngestAck(BaseModel):
+    """What the engine client reads of ``POST /api/v1/decisions``' answer: the batch is
+    acknowledged when ``accepted`` is the number of events sent and ``batch_digest`` is
+    :func:`batch_digest` of their ids."""
+
+    accepted: StrictInt
+    batch_digest: StrictStr
+
+
 def decision_event(decision: Decision, config: DeploymentConfig, *, pack: str,
                    deployment_id: str, host: str = "", at: dt.datetime | None = None,
-                   event_id: str | None = None, demo: bool = False) -> EventIn:
-    """The event that reports ``decision`` (made for ``config``) to the service."""
+                   event_id: str | None = None, demo: bool = False,
+                   launch: LaunchIn | None = None) -> EventIn:
+    """The event that reports ``decision`` (made for ``config``) to the service; ``launch``
+    when ``turnout launch`` started vLLM with it."""
     return EventIn(
         event_id=event_id or uuid.uuid4().hex, at=at or dt.datetime.now(dt.UTC),
         deployment_id=deployment_id, host=host, pack=pack,
         family=decision.family or UNKNOWN_FAMILY, runner=decision.runner, mode=decision.mode,
         stage=decision.stage, reason_code=decision.reason_code,
         rule_ids=[r.rule_id for r in decision.reasons], policy_digest=decision.policy_digest,
-        config=config.to_spec(), demo=demo)
+        config=config.to_spec(), demo=demo, launch=launch)
+
+
+# -- runtime health (POST /api/v1/health) ------------------------------------------------------
+MAX_REPORTS_PER_BATCH = 5_000
+MAX_HEALTH_WINDOW = dt.timedelta(days=1)
+Count = Annotated[StrictInt, Field(ge=0, le=2**31 - 1)]
+Millis = Annotated[StrictFloat, Field(ge=0, le=1e9, allow_inf_nan=False)]
+
+
+class HealthReportIn(BaseModel):
+    """One engine's health over one window, as it reports it (the engine's own measurements:
+    ``engine/health.py`` for turnout's engine). Latencies are milliseconds over the requests
+    that finished in the window (None: none did); ``output_tokens_per_s`` is the output tokens
+    of the window over the seconds the engine spent generating them (0 when idle)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    report_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$",
+                           description="unique per report: resending it stores nothing twice")
+    deployment_id: Name
+    host: str = Field(default="", max_length=256)
+    pack: str = Field(min_length=1, max_length=64)
+    runner: Literal["v1", "v2"]
+    family: str = Field(min_length=1, max_length=64)
+    stage: str | None = Field(default=None, max_length=64,
+                              description="the rollout stage (cohort id) of the decision")
+    window_start: AwareDatetime
+    window_end: AwareDatetime
+    num_requests: Count = Field(description="requests that finished in the window")
+    num_errors: Count = Field(description="of those, the ones that failed in the engine")
+    num_crashes: Count = Field(default=0, description="starts after a run of the same "
+                               "deployment that did not close cleanly (a crash, a kill)")
+    ttft_p50_ms: Millis | None = None
+    ttft_p99_ms: Millis | None = None
+    tpot_p50_ms: Millis | None = None
+    tpot_p99_ms: Millis | None = None
+    num_output_tokens: Annotated[StrictInt, Field(ge=0, le=2**53)] = 0
+    output_tokens_per_s: Annotated[StrictFloat, Field(ge=0, le=1e9, allow_inf_nan=False)] = 0.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> HealthReportIn:
+        # A difference, not window_start + a day: that overflows at the end of year 9999.
+        if not dt.timedelta(0) < self.window_end - self.window_start <= MAX_HEALTH_WINDOW:
+            raise ValueError("window_end must be after window_start, by at most a day")
+        if self.num_errors > self.num_requests:
+            raise ValueError("num_errors cannot exceed num_requests")
+        for name in ("ttft", "tpot"):
+            p50, p99 = getattr(self, f"{name}_p50_ms"), getattr(self, f"{name}_p99_ms")
+            if (p50 is None) != (p99 is None) or (p50 is not None and p50 > p99):
+                raise ValueError(f"{name}_p50_ms and {name}_p99_ms go together, p50 <= p99")
+        return self
+
+
+class HealthIngestIn(BaseModel):
+    """A batch of health reports. Unlike decision events, a bad report is refused alone: the
+    others are stored, and the answer names each refused one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reports: list[HealthReportIn] = Field(min_length=1, max_length=MAX_REPORTS_PER_BATCH)
+
+
+class ErrorDetail(BaseModel):
+    code: StrictStr
+    message: StrictStr
+
+
+class HealthRejected(BaseModel):
+    """A report of the batch the service refused, in the API's error shape."""
+
+    index: StrictInt = Field(description="its position in the batch, from 0")
+    report_id: StrictStr | None
+    detail: ErrorDetail
+
+
+class HealthAck(BaseModel):
+    """The answer to ``POST /api/v1/health``: the batch (``batch_digest`` of its report ids,
+    in the order sent; ``""`` for an item without a readable one) is acknowledged: the
+    reports not in ``rejected`` are stored."""
+
+    accepted: StrictInt = Field(description="reports stored (new ones and resent duplicates)")
+    inserted: StrictInt = Field(default=0, description="reports that were new")
+    rejected: list[HealthRejected] = Field(default_factory=list)
+    batch_digest: StrictStr
 
 
 # -- deployment inputs (POST /api/v1/decide and /explain; commands files) ----------------------

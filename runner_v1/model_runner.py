@@ -2,9 +2,10 @@
 
 Each step: apply finished/preempted ids and drop unscheduled rows, bind new and resumed
 requests to rows of the persistent batch, condense; build every input with numpy from the
-batch tables and copy it to the device (the block table whole); one forward; prompt logprobs;
-sample; one host sync (``.tolist()``) for the sampled ids; verify drafts; append the tokens to
-the batch; propose the next drafts from the CPU history.
+batch tables and copy it to the device (the block table whole); one forward (on CUDA, a
+pure-decode step replays a captured graph, as MRV1 does: ``decode_graphs.py``); prompt
+logprobs; sample; one host sync (``.tolist()``) for the sampled ids; verify drafts; append the
+tokens to the batch; propose the next drafts from the CPU history.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler_output import NewRequestData, SchedulerOutput
 from runner_v1.block_table import BlockTable
 from runner_v1.cpu_offload import OffloadStats, apply_cpu_offload
+from runner_v1.decode_graphs import V1DecodeGraphs
 from runner_v1.input_batch import InputBatch, RequestView
 from runner_v1.inputs import StepInputs, build_sampling_metadata, build_step_inputs
 from runner_v1.logprobs import compute_logprobs
@@ -65,6 +67,9 @@ class V1ModelRunner(RunnerBase):
         # Mamba state slots, one per request from its admission to its finish or preemption:
         # unlike batch rows they never move, and a request left out of a step keeps its slot.
         self._free_state_slots = list(range(config.max_num_seqs - 1, -1, -1))
+        self.decode_graphs: V1DecodeGraphs | None = None
+        self.num_graph_steps = 0
+        self.num_eager_steps = 0
 
     # ---- set-up ------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -72,6 +77,21 @@ class V1ModelRunner(RunnerBase):
         if self.config.cpu_offload_gb > 0:
             assert self.model is not None
             self.offload_stats = apply_cpu_offload(self.model, self.config.cpu_offload_gb, self.device)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        super().initialize_kv_cache(num_blocks)
+        c = self.config
+        # Decode graphs as MRV1 captures them; not for Mamba state (its slots are not in the
+        # static buffers) nor with weights offloaded to the host (copied in per forward).
+        if (self.device.type != "cuda" or c.enforce_eager or self.is_pooling or self.has_inner_state
+                or c.cpu_offload_gb > 0 or not isinstance(self.model, DecoderModel)):
+            return
+        model = self.model
+        self.decode_graphs = V1DecodeGraphs(
+            max_num_seqs=c.max_num_seqs, max_num_blocks_per_req=c.max_num_blocks_per_req,
+            max_model_len=c.max_model_len, block_size=c.block_size, device=self.device)
+        with torch.inference_mode():
+            self.decode_graphs.capture(lambda ids, pos, md: model(ids, pos, self.kv_caches, md))
 
     # ---- the step ----------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -169,7 +189,15 @@ class V1ModelRunner(RunnerBase):
             slots = np.array([self.requests[r].state_slot for r in inputs.req_ids], np.int32)
             md = dataclasses.replace(md, state_indices=torch.from_numpy(slots).to(self.device),
                                      all_states_continue=bool((inputs.num_computed_np > 0).all()))
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, md)
+        graphs = self.decode_graphs
+        size = graphs.padded_size(md.num_reqs) if graphs is not None and md.max_query_len == 1 else None
+        if size is not None:
+            assert graphs is not None
+            hidden = graphs.replay(inputs.input_ids, inputs.positions, md, size)
+            self.num_graph_steps += 1
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, md)
+            self.num_eager_steps += 1
         out = ModelRunnerOutput(req_ids=list(inputs.req_ids), sampled_token_ids=[[] for _ in inputs.req_ids])
         self._prompt_logprobs(hidden, inputs, out)
         if inputs.sample_rows.size:
@@ -244,13 +272,15 @@ class V1ModelRunner(RunnerBase):
 
 
 #: What runner_v1 serves: every architecture of the model layer; n-gram speculation on the CPU
-#: (spec_decode.py; it refuses ngram_gpu and draft_model, runner_v2's device drafts); every option of engine.capabilities.FEATURES (it refuses none: logits
-#: processors in sampler.py, cpu_offload_gb in cpu_offload.py); no Triton; synchronous, eager.
+#: (spec_decode.py; it refuses ngram_gpu and draft_model, runner_v2's device drafts); every
+#: option of engine.capabilities.FEATURES (it refuses none: logits processors in sampler.py,
+#: cpu_offload_gb in cpu_offload.py); no Triton; synchronous; decode CUDA graphs on CUDA
+#: (decode_graphs.py), as MRV1.
 MANIFEST = RunnerManifest.build(
     "v1", architectures=model_layer_architectures(), refused=(),
     speculative_methods=SPECULATIVE_METHODS, pooling_tasks=POOLING_TASKS, platforms=DEVICE_TYPES,
     requires_triton=False, async_scheduling=getattr(V1ModelRunner, "async_scheduling", False),
-    cuda_graphs=False,
+    cuda_graphs=True,
 )
 
 

@@ -40,7 +40,7 @@ def start_service(folder: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     """(process, base URL, admin token) of a demo service on a fresh database."""
     url = f"sqlite:///{folder / 'screens.db'}"
     env = {**os.environ, "TURNOUT_DATABASE_URL": url, "TURNOUT_LOG_LEVEL": "warning",
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), "TURNOUT_TICK_S": "0.5"}
     turnout = [sys.executable, "-c", "from oracle.cli import main; main()"]
     subprocess.run([*turnout, "db", "upgrade"], env=env, check=True, capture_output=True)
     token = subprocess.run([*turnout, "token", "create", "--role", "admin", "--name", "docs"],
@@ -110,13 +110,52 @@ def _explain(page: Any, base: str) -> None:
     page.wait_for_selector("#decision")
 
 
+def _canaries_ramp(page: Any, base: str) -> None:
+    """A ramp of llama-mistral-dense at its first step, its gates read by the ticker, with a
+    webhook subscription whose receiver is down (the Webhooks page shows the retries)."""
+    auth = {"Authorization": f"Bearer {TOKEN[0]}"}
+    r = httpx.post(f"{base}/api/v1/webhooks", headers=auth, json={
+        "url": f"http://127.0.0.1:{_free_port()}/turnout", "kinds": ["ramp_step", "gate_failure"],
+        "description": "on-call channel (down)"})
+    r.raise_for_status()
+    r = httpx.post(f"{base}/api/v1/evidence", headers=auth, json={  # llama fixed since
+        "family": "llama", "suite": "tests/parity greedy+seeded", "result": "pass",
+        "num_tests": 412, "num_failures": 0, "num_errors": 0, "num_skipped": 6})
+    r.raise_for_status()
+    cohort = f"{base}/api/v1/canaries/llama-mistral-dense"
+    r = httpx.post(cohort + "/ramp", headers={**auth, "If-Match": httpx.get(
+        cohort, headers=auth).headers["ETag"]}, json={
+        "steps": [{"percentage": p, "bake_s": 1800} for p in (10, 25, 50, 100)],
+        "on_failure": "rollback", "reason": "parity suite green on H200"})
+    r.raise_for_status()
+    for _ in range(100):
+        page.goto(base + "/canaries")
+        if page.locator("#ramp-llama-mistral-dense table.gates").count():
+            break
+        page.wait_for_timeout(200)
+    page.locator("#ramps").scroll_into_view_if_needed()
+
+
+def _ramp_on_overview(page: Any, base: str) -> None:
+    if not page.locator("#ramp-llama-mistral-dense").count():  # shot alone: start the ramp
+        _canaries_ramp(page, base)
+    page.goto(base + "/")
+
+
+def _webhooks(page: Any, base: str) -> None:
+    for _ in range(100):  # the first attempt has failed
+        page.goto(base + "/webhooks")
+        if "ConnectError" in page.inner_text("#outbox"):
+            return
+        page.wait_for_timeout(200)
+
+
 def _goto(path: str) -> Callable[[Any, str], None]:
     return lambda page, base: page.goto(base + path)
 
 
 # name → (how to get there, the whole page or only the first screen)
 SHOTS: dict[str, tuple[Callable[[Any, str], None], bool]] = {
-    "overview": (_goto("/"), True),
     "fallback-reasons": (_goto("/fallbacks"), True),
     "canaries-confirm": (_canaries_confirm, True),
     "decisions": (_goto("/decisions?window=7d&size=25"), True),
@@ -125,12 +164,17 @@ SHOTS: dict[str, tuple[Callable[[Any, str], None], bool]] = {
     "explain": (_explain, True),
     "upgrade-preview": (_upgrade, True),
     "audit": (_goto("/audit"), True),
+    "canaries-ramp": (_canaries_ramp, True),
+    "overview": (_ramp_on_overview, True),  # after the ramp: its state beside the stage
+    "webhooks": (_webhooks, True),
 }
+TOKEN: list[str] = []  # the admin token of the running service
 
 
 def shoot(base: str, token: str, out: Path, only: set[str] | None) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
+    TOKEN[:] = [token]
     written = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])

@@ -26,7 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "oracle": {"torch", "triton", "sqlalchemy", "fastapi", "engine", "kernels", "dashboard",
                "runner_v1", "runner_v2"},
-    "oracle.cli": {"torch", "triton", "sqlalchemy", "fastapi", "engine", "runner_v1", "runner_v2"},
+    # httpx too: `turnout launch` loads the client only when it runs
+    "oracle.cli": {"torch", "triton", "sqlalchemy", "fastapi", "engine", "runner_v1", "runner_v2",
+                   "httpx"},
+    "oracle.launch": {"torch", "triton", "sqlalchemy", "fastapi", "starlette", "dashboard",
+                      "engine"},
     "oracle.client": {"torch", "triton", "sqlalchemy", "fastapi", "starlette", "dashboard",
                       "engine"},
     # the wire vocabulary the engine client and the service share: pydantic, no service
@@ -51,6 +55,9 @@ FORBIDDEN = {
     "runner_v2.runner": {"oracle", "pydantic", "runner_v1", "dashboard", "fastapi"},
     "engine.llm": {"runner_v1", "runner_v2", "dashboard", "fastapi", "sqlalchemy"},
     "engine.cli": {"torch", "numpy", "oracle"},  # heavy imports stay inside the commands
+    # The health recorder is stdlib only; the client it reports through is loaded on demand.
+    "engine.health": {"torch", "numpy", "oracle", "pydantic", "httpx"},
+    "engine.reporting": {"torch", "numpy", "oracle", "pydantic", "httpx"},
 }
 
 

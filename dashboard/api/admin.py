@@ -111,7 +111,9 @@ def post_evidence(body: EvidenceIn, services: ServicesDep, session: WriteSession
                          services.policy.unknown_family_message(body.family))
     row = evidence.record_evidence(session=session, family=body.family,
                                    runner_pair=body.runner_pair, suite=body.suite,
-                                   result=body.result, details=body.details, actor=who.actor)
+                                   result=body.result, details=body.details, actor=who.actor,
+                                   counts=evidence.Counts(body.num_tests, body.num_failures,
+                                                          body.num_errors, body.num_skipped))
     session.commit()
     return EvidenceOut.model_validate(row, from_attributes=True)
 

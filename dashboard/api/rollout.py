@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, NoReturn
 
 from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
@@ -20,12 +21,12 @@ from dashboard.api.schemas import (
     KillSwitchOut,
     KillSwitchSetOut,
 )
+from dashboard.api.schemas_rollout import KillSwitchReachOut, ScheduledFlipOut
 from dashboard.bodies import JsonRoute
 from dashboard.deps import (
     ERROR_RESPONSES,
     MAX_BODY,
     MAX_ID,
-    AdminDep,
     OperatorDep,
     ReadSessionDep,
     ServicesDep,
@@ -37,10 +38,11 @@ from dashboard.deps import (
 )
 from dashboard.impact import impact_of_flip
 from dashboard.services import Services
-from dashboard.store import audit
+from dashboard.store import audit, ramps, schedule
 from dashboard.store import canaries as canary_store
 from dashboard.store.errors import NotFound, StoreError
 from dashboard.store.models import Canary
+from dashboard.store.models_rollout import ScheduledFlip
 from oracle.errors import ErrorCode
 
 router = APIRouter(tags=["rollout"], responses=ERROR_RESPONSES,
@@ -63,7 +65,7 @@ def read_canaries(services: Services, session: Session) -> tuple[CanariesOut, st
     rows = sorted((_cohort_out(services, c) for c in canary_store.list_canaries(session=session)),
                   key=lambda c: (c.position, c.cohort))
     body = CanariesOut(
-        pack=services.policy.pack_name,
+        pack=services.policy.pack_name, pack_digest=services.policy.pack.digest,
         kill_switch=KillSwitchOut(engaged=ks.engaged, version=ks.version,
                                   updated_at=ks.updated_at, updated_by=ks.updated_by),
         cohorts=rows)
@@ -105,11 +107,11 @@ def raise_cohort_error(services: Services, cohort: str, err: StoreError) -> NoRe
     raise_store_error(err)
 
 
-def parse_if_match(if_match: str | None) -> int:
-    """The version of an ``If-Match`` header (``"3"``, ``3`` or ``W/"3"``); 428 without it."""
+def parse_if_match(if_match: str | None, what: str = "the cohort's version (its ETag)") -> int:
+    """The version of an ``If-Match`` header (``"3"``, ``3`` or ``W/"3"``); 428 without it,
+    whose message says to send ``what`` (the version of the item the route changes)."""
     if if_match is None:
-        raise http_error(428, ErrorCode.IF_MATCH_REQUIRED,
-                         "send If-Match with the cohort's version (its ETag)")
+        raise http_error(428, ErrorCode.IF_MATCH_REQUIRED, f"send If-Match with {what}")
     value = if_match.strip().removeprefix("W/").strip('"')
     if not (value.isascii() and value.isdigit()):  # "²".isdigit() is true, int("²") fails
         raise http_error(400, ErrorCode.BAD_IF_MATCH, f"If-Match {if_match!r} is not a version")
@@ -121,23 +123,32 @@ def parse_if_match(if_match: str | None) -> int:
 
 @router.patch("/canaries/{cohort}", response_model=CanaryFlipOut,
               responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse},
-                         428: {"model": ErrorResponse}})
+                         428: {"model": ErrorResponse},
+                         202: {"model": ScheduledFlipOut,
+                               "description": "waiting for another operator's approval"}})
 def patch_canary(
     cohort: str, body: CanaryPatch, services: ServicesDep, session: WriteSessionDep,
     who: OperatorDep, response: Response,
     if_match: Annotated[str | None, Header()] = None,
-) -> CanaryFlipOut:
+) -> CanaryFlipOut | JSONResponse:
     """Flip a cohort's canary (operator). ``If-Match`` must carry the version read; a stale one
     gets 409 with the current version in ETag. Asking for the state the cohort already has is
-    a 200 with ``changed: false``: same version, no audit entry."""
+    a 200 with ``changed: false``: same version, no audit entry. When the service requires
+    approvals, a flip that sends more of the cohort to V2 waits for another operator: a 202
+    with the pending flip (``GET /approvals``)."""
     version = parse_if_match(if_match)
     try:
-        flip = canary_store.flip_canary(
+        flip = schedule.flip_or_request(
             session=session, cohort=cohort, enabled=body.enabled, percentage=body.percentage,
-            reason=body.reason, actor=who.actor, if_version=version)
+            reason=body.reason, actor=who.actor, requester=who.name, if_version=version,
+            require_approval=services.require_approval())
         session.commit()
     except StoreError as err:
         raise_cohort_error(services, cohort, err)
+    if isinstance(flip, ScheduledFlip):  # waits for another operator
+        from dashboard.api.ramps import flip_out
+
+        return JSONResponse(flip_out(flip).model_dump(mode="json"), status_code=202)
     if flip.changed:
         services.policy.invalidate()
         services.metrics.canary_flips.labels(cohort).inc()
@@ -145,12 +156,28 @@ def patch_canary(
     return CanaryFlipOut(**_cohort_out(services, flip.canary).model_dump(), changed=flip.changed)
 
 
+@router.get("/kill-switch", response_model=KillSwitchReachOut)
+def get_kill_switch(session: ReadSessionDep, _who: ViewerDep) -> KillSwitchReachOut:
+    """The kill switch, and how many deployments still run V2 under it: those whose latest
+    decision, made before it was engaged, is V2 (until they restart), those pinned to V2
+    since, and the engines whose latest health report since then says V2."""
+    ks = canary_store.get_kill_switch(session=session)
+    before, after = ramps.v2_reach(session=session, since=ks.updated_at) if ks.engaged \
+        else (0, 0)
+    engines = ramps.v2_engines_reporting(session=session, since=ks.updated_at) if ks.engaged \
+        else 0
+    return KillSwitchReachOut(engaged=ks.engaged, version=ks.version, updated_at=ks.updated_at,
+                              updated_by=ks.updated_by, v2_decided_before=before,
+                              v2_decided_after=after, v2_engines_reporting=engines)
+
+
 @router.post("/kill-switch", response_model=KillSwitchSetOut)
 def post_kill_switch(body: KillSwitchIn, services: ServicesDep, session: WriteSessionDep,
-                     who: AdminDep) -> KillSwitchSetOut:
-    """Engage or release the global kill switch (admin): engaged sends every auto deployment
-    to V1. No If-Match: an emergency stop must not need a read first. Asking for the state it
-    already has is a 200 with ``changed: false``: same version, no audit entry."""
+                     who: OperatorDep) -> KillSwitchSetOut:
+    """Engage or release the global kill switch (operator, with a reason): engaged sends
+    every auto deployment to V1. No If-Match: an emergency stop must not need a read first.
+    Asking for the state it already has is a 200 with ``changed: false``: same version, no
+    audit entry."""
     try:
         result = canary_store.set_kill_switch(session=session, engaged=body.engaged,
                                               reason=body.reason, actor=who.actor)

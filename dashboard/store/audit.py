@@ -6,6 +6,7 @@ both (triggers), so a bug elsewhere cannot rewrite history.
 
 from __future__ import annotations
 
+import datetime as dt
 import unicodedata
 from typing import Any
 
@@ -29,15 +30,17 @@ def record(
     reason: str,
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
+    at: dt.datetime | None = None,
 ) -> AuditEntry:
-    """Append one entry in the caller's transaction.
+    """Append one entry in the caller's transaction, dated ``at`` (default now: the service's
+    background work passes the time it works at).
 
     Raises:
         InvalidChange: ``reason`` is empty (every change must say why).
     """
     require_reason(reason)
     entry = AuditEntry(
-        at=utcnow(), actor=actor, action=action, target=target, reason=reason.strip(),
+        at=at or utcnow(), actor=actor, action=action, target=target, reason=reason.strip(),
         before=before, after=after,
     )
     session.add(entry)

@@ -10,6 +10,7 @@ version stays and nothing is audited (``changed`` is false).
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from dashboard.store import audit
+from dashboard.store import audit, webhooks
 from dashboard.store.errors import InvalidChange, NotFound, VersionConflict
 from dashboard.store.models import Canary, KillSwitch, utcnow
 from oracle.errors import ErrorCode
@@ -80,14 +81,14 @@ def list_canaries(*, session: Session) -> list[Canary]:
 def get_canary(*, session: Session, cohort: str, for_update: bool = False) -> Canary:
     """One cohort's row; ``for_update`` locks it until the transaction ends (read the version
     a flip in the same transaction will name). Raises NotFound for an unknown cohort."""
-    canary = (_locked(session, select(Canary).where(Canary.cohort == cohort)) if for_update
+    canary = (locked(session, select(Canary).where(Canary.cohort == cohort)) if for_update
               else session.get(Canary, cohort))
     if canary is None:
         raise NotFound(f"unknown cohort {cohort!r}", code=ErrorCode.UNKNOWN_COHORT)
     return canary
 
 
-def _locked(session: Session, stmt: Select[Row]) -> Row | None:
+def locked(session: Session, stmt: Select[Row]) -> Row | None:
     """The row of ``stmt``, locked (``FOR UPDATE``) and read from the database even when the
     session holds it already: PostgreSQL reads committed rows, and a copy loaded earlier in the
     transaction may predate a change another writer committed since."""
@@ -136,11 +137,13 @@ def flip_canary(
     actor: str,
     if_version: int,
     percentage: int | None = None,
+    kind: webhooks.Kind = webhooks.Kind.flip,
 ) -> Flip:
     """Set a cohort's canary; the caller commits. ``percentage`` None keeps the current one.
     Setting the state the cohort already has (same ``enabled``, same percentage) changes
     nothing: no version bump, no audit entry, ``changed`` false. The version is checked first
-    either way, so a stale reader still learns that the cohort moved.
+    either way, so a stale reader still learns that the cohort moved. A change is notified
+    as ``kind`` (webhooks) and ends the cohort's live ramp, if any.
 
     Raises:
         NotFound: unknown cohort (``code=ErrorCode.UNKNOWN_COHORT``).
@@ -151,7 +154,7 @@ def flip_canary(
     if percentage is not None and not 0 <= percentage <= 100:
         raise InvalidChange(f"percentage {percentage} is outside 0..100",
                             code=ErrorCode.BAD_PERCENTAGE)
-    canary = _locked(session, select(Canary).where(Canary.cohort == cohort))
+    canary = locked(session, select(Canary).where(Canary.cohort == cohort))
     if canary is None:
         raise NotFound(f"unknown cohort {cohort!r}", code=ErrorCode.UNKNOWN_COHORT)
     if canary.version != if_version:
@@ -160,16 +163,32 @@ def flip_canary(
             "re-read it and decide again", current_version=canary.version)
     if canary.enabled == enabled and percentage in (None, canary.percentage):
         return Flip(canary, changed=False)
+    now = utcnow()
+    before = set_state(canary, enabled=enabled, percentage=percentage, actor=actor, at=now)
+    entry = audit.record(session=session, actor=actor, action="canary.flip",
+                         target=f"cohort:{cohort}", reason=reason, before=before,
+                         after=canary_json(canary), at=now)
+    webhooks.enqueue(session=session, kind=kind, entry=entry, extra={"cohort": cohort})
+    # A flip by hand takes the cohort from its ramp (function-level: ramps imports this module).
+    from dashboard.store import ramps
+
+    ramps.supersede(session=session, cohort=cohort, actor=actor, now=now,
+                    why=f"superseded by a flip ({reason.strip()})")
+    return Flip(canary, changed=True)
+
+
+def set_state(canary: Canary, *, enabled: bool, percentage: int | None, actor: str,
+              at: dt.datetime) -> dict[str, Any]:
+    """Change a locked cohort row (``percentage`` None keeps it) and bump its version; the
+    caller audits. Returns the row's state before, as :func:`canary_json`."""
     before = canary_json(canary)
     canary.enabled = enabled
     if percentage is not None:
         canary.percentage = percentage
     canary.version += 1
-    canary.updated_at = utcnow()
+    canary.updated_at = at
     canary.updated_by = actor
-    audit.record(session=session, actor=actor, action="canary.flip", target=f"cohort:{cohort}",
-                 reason=reason, before=before, after=canary_json(canary))
-    return Flip(canary, changed=True)
+    return before
 
 
 @dataclass(frozen=True)
@@ -194,7 +213,7 @@ def set_kill_switch(
         NotFound: the kill switch row is missing (the service never started on this database).
     """
     audit.require_reason(reason)
-    ks = _locked(session, select(KillSwitch).where(KillSwitch.id == KILL_SWITCH_ID))
+    ks = locked(session, select(KillSwitch).where(KillSwitch.id == KILL_SWITCH_ID))
     if ks is None:
         raise NotFound("the kill switch row is missing: start the service once")
     if if_version is not None and ks.version != if_version:
@@ -207,6 +226,8 @@ def set_kill_switch(
     ks.version += 1
     ks.updated_at = utcnow()
     ks.updated_by = actor
-    audit.record(session=session, actor=actor, action="kill_switch.set", target="kill-switch",
-                 reason=reason, before=before, after={"engaged": engaged, "version": ks.version})
+    entry = audit.record(session=session, actor=actor, action="kill_switch.set",
+                         target="kill-switch", reason=reason, before=before,
+                         after={"engaged": engaged, "version": ks.version}, at=ks.updated_at)
+    webhooks.enqueue(session=session, kind=webhooks.Kind.kill_switch, entry=entry)
     return KillSwitchSet(ks, changed=True)

@@ -34,6 +34,19 @@ class InvalidChange(StoreError):
     code = ErrorCode.INVALID_CHANGE
 
 
+class Conflict(StoreError):
+    """The change does not fit the state of what it changes (a ramp that is not live, a
+    second live ramp on a cohort); re-read it."""
+
+    code = ErrorCode.WRONG_STATE
+
+
+class NotAllowed(StoreError):
+    """The caller may not make this change whatever its role (approving its own request)."""
+
+    code = ErrorCode.SELF_APPROVAL
+
+
 class DatabaseUnavailable(StoreError):
     """The configured database cannot be used: not a URL, a SQLite directory that cannot be
     made, a server that refuses the connection or is not there."""

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboard.store.models import ParityEvidence, utcnow
 
 
+@dataclass(frozen=True)
+class Counts:
+    """A run's test counts (a JUnit report's), each None when not given."""
+
+    num_tests: int | None = None
+    num_failures: int | None = None
+    num_errors: int | None = None
+    num_skipped: int | None = None
+
+
 def record_evidence(*, session: Session, family: str, runner_pair: str, suite: str,
-                    result: str, details: str, actor: str) -> ParityEvidence:
+                    result: str, details: str, actor: str,
+                    counts: Counts = Counts()) -> ParityEvidence:
     row = ParityEvidence(family=family, runner_pair=runner_pair, suite=suite, result=result,
-                         details=details, recorded_at=utcnow(), recorded_by=actor)
+                         details=details, recorded_at=utcnow(), recorded_by=actor,
+                         num_tests=counts.num_tests, num_failures=counts.num_failures,
+                         num_errors=counts.num_errors, num_skipped=counts.num_skipped)
     session.add(row)
     session.flush()
     return row

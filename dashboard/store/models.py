@@ -16,6 +16,7 @@ from sqlalchemy import (
     Date,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -128,6 +129,12 @@ class DecisionEvent(DecisionFields, Base):
     deployment_id: Mapped[str] = mapped_column(String(256))
     policy_digest: Mapped[str] = mapped_column(String(128), default="")
     demo: Mapped[bool] = mapped_column(Boolean, default=False)
+    # How ``turnout launch`` started vLLM with the decision (``oracle.wire.LaunchIn`` without
+    # its ``startup``), None for an engine's own decision; migration 0007.
+    launch: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # vLLM's start-up line, attached when its follow-up event arrives: ``{"runner", "line",
+    # "at", "event_id"}`` (``dashboard/store/launches.py``); migration 0007.
+    startup: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
 class Deployment(DecisionFields, Base):
@@ -184,6 +191,40 @@ class LatestCounts(Base):
     num_deployments: Mapped[int] = mapped_column(Integer)
 
 
+class EngineHealth(Base):
+    """One engine's health over one window, as reported (``POST /api/v1/health``, idempotent
+    by ``report_id``; ``oracle.wire.HealthReportIn``). Aggregated by ``store/health.py``."""
+
+    __tablename__ = "engine_health"
+    # What the aggregates read: one stage's reports in a time range, and every stage's in a
+    # recent range (/metrics, the page's choice of stage).
+    __table_args__ = (Index("ix_engine_health_stage_end_s", "stage", "end_s"),
+                      Index("ix_engine_health_end_s", "end_s"))
+
+    report_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    deployment_id: Mapped[str] = mapped_column(String(256))
+    host: Mapped[str] = mapped_column(String(256), default="")
+    pack: Mapped[str] = mapped_column(String(64))
+    runner: Mapped[str] = mapped_column(String(8))
+    family: Mapped[str] = mapped_column(String(64))
+    stage: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    window_start: Mapped[dt.datetime] = mapped_column()
+    window_end: Mapped[dt.datetime] = mapped_column()
+    # window_end in epoch seconds (UTC): time buckets and ranges as integer arithmetic, the
+    # same SQL on SQLite and PostgreSQL.
+    end_s: Mapped[int] = mapped_column(BigInteger)
+    num_requests: Mapped[int] = mapped_column(Integer)
+    num_errors: Mapped[int] = mapped_column(Integer)
+    num_crashes: Mapped[int] = mapped_column(Integer)
+    ttft_p50_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ttft_p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tpot_p50_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    tpot_p99_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    num_output_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens_per_s: Mapped[float] = mapped_column(Float)
+    received_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
 class ApiToken(Base):
     """A bearer token, stored as its SHA-256 (the token itself is shown once, at creation)."""
 
@@ -229,6 +270,11 @@ class ParityEvidence(Base):
     details: Mapped[str] = mapped_column(Text, default="")
     recorded_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     recorded_by: Mapped[str] = mapped_column(String(128))
+    # The test counts of the run (a JUnit report's; migration 0006), None when not given.
+    num_tests: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    num_failures: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    num_errors: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    num_skipped: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class ServiceMeta(Base):
@@ -238,3 +284,7 @@ class ServiceMeta(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
+
+
+# The closed-loop tables share this metadata (the migrations and their check read it).
+from dashboard.store import models_rollout as _models_rollout  # noqa: E402, F401

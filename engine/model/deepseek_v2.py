@@ -13,15 +13,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch
 from torch import nn
 
-from engine.model.attention_metadata import AttentionMetadata
 from engine.model.config import ModelConfig
 from engine.model.deepseek_rope import DeepseekRotaryEmbedding
 from engine.model.kv_cache import KVCacheSpec, MLAAttentionSpec
 from engine.model.layers import GatedMLP, RMSNorm
-from engine.model.llama import DecoderModel
+from engine.model.llama import DecoderModel, PreNormDecoderLayer
 from engine.model.mla import MLAAttention, mla_of
 from engine.model.moe import SparseMoeBlock
 from engine.model.moe_weights import moe_weight_shapes
@@ -40,20 +38,13 @@ def _feed_forward(config: ModelConfig, layer_idx: int, backend: str) -> nn.Modul
     return GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
 
 
-class DeepseekV2DecoderLayer(nn.Module):
+class DeepseekV2DecoderLayer(PreNormDecoderLayer):
     def __init__(self, config: ModelConfig, layer_idx: int, backend: str) -> None:
         super().__init__()
         self.self_attn = MLAAttention(config, backend)
         self.mlp = _feed_forward(config, layer_idx, backend)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
-                rotary: DeepseekRotaryEmbedding, kv_cache: torch.Tensor,
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), rotary,
-                                         kv_cache, attn_metadata)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
 class DeepseekV2Body(nn.Module):

@@ -1,7 +1,10 @@
 """Building blocks of the decoders: RMSNorm, rotary position embedding, the SiLU-gated MLP.
 
 Plain PyTorch; numerics follow HF transformers' Llama implementation (normalisation in float32,
-RoPE tables computed in float32) so that fp32 logits agree to rounding.
+RoPE tables computed in float32) so that fp32 logits agree to rounding. On CUDA tensors the
+RMSNorm (with the residual add before it) and the gated MLP's SiLU·mul run as one Triton kernel
+each (``kernels/rms_norm.py``, ``kernels/silu_mul.py``) instead of a chain of elementwise
+kernels; :func:`set_fused_layer_ops` turns that off (benchmarks compare both).
 """
 
 from __future__ import annotations
@@ -13,6 +16,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model.config import ModelConfig, RopeScaling
+
+_fused_layer_ops = True
+
+
+def set_fused_layer_ops(enabled: bool) -> bool:
+    """Run RMSNorm and SiLU·mul of CUDA tensors through the fused Triton kernels (the default)
+    or through torch; returns the previous setting. CPU tensors always take the torch path."""
+    global _fused_layer_ops
+    previous, _fused_layer_ops = _fused_layer_ops, bool(enabled)
+    return previous
+
+
+def _fused(x: torch.Tensor) -> bool:
+    if not (_fused_layer_ops and x.is_cuda):
+        return False
+    from kernels._triton import HAS_TRITON
+
+    return HAS_TRITON
 
 
 class RMSNorm(nn.Module):
@@ -28,10 +49,29 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> same
+        if _fused(x) and x.dim() in (2, 3) and x.stride(-1) == 1:
+            from kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(dtype)
+
+    def add_forward(
+        self,
+        x: torch.Tensor,  # [T, hidden], a residual branch's output
+        residual: torch.Tensor,  # [T, hidden], the residual stream
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (RMSNorm(x + residual), x + residual)
+        """HF's ``residual = residual + x; out = norm(residual)`` (the sum rounded to the
+        model dtype). On CUDA one kernel does both and the returned sum is ``residual``,
+        updated in place; on the CPU it is a new tensor."""
+        if _fused(x) and x.stride(-1) == 1 and residual.stride(-1) == 1:
+            from kernels.rms_norm import rms_norm
+
+            return rms_norm(x, self.weight, self.eps, residual=residual), residual
+        summed = residual + x
+        return self(summed), summed
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -100,6 +140,36 @@ class RotaryEmbedding(nn.Module):
         sin = self.sin_cache[positions].unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
+    def forward_qkv(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        qkv: torch.Tensor,  # [T, (num_heads + 2 * num_kv_heads) * head_dim], the fused projection
+        num_heads: int,
+        num_kv_heads: int,
+        q_norm: RMSNorm | None = None,  # Qwen3's per-head norms, applied before the rotation
+        k_norm: RMSNorm | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q [T, H, D], k [T, KVH, D], v [T, KVH, D]
+        """Split the QKV output into heads, normalise q and k (when norms are given) and rotate
+        them. On CUDA one kernel does norms and rotation in place in ``qkv``
+        (``kernels/rotary.py``); elsewhere the torch ops of :meth:`forward`."""
+        num_tokens, d = qkv.shape[0], self.head_dim
+        if _fused(qkv) and qkv.stride(-1) == 1 and d & (d - 1) == 0:
+            from kernels.rotary import qk_norm_rope
+
+            weights = (q_norm.weight, k_norm.weight) if q_norm is not None and k_norm is not None else (None, None)
+            eps = q_norm.eps if q_norm is not None else 1e-6
+            qk_norm_rope(qkv, positions, self.cos_cache, self.sin_cache, num_heads, num_kv_heads,
+                         *weights, eps=eps)
+            q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+            return (q.view(num_tokens, num_heads, d), k.view(num_tokens, num_kv_heads, d),
+                    v.view(num_tokens, num_kv_heads, d))
+        q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+        q, k = q.view(num_tokens, num_heads, d), k.view(num_tokens, num_kv_heads, d)
+        if q_norm is not None and k_norm is not None:
+            q, k = q_norm(q), k_norm(k)
+        q, k = self(positions, q, k)
+        return q, k, v.view(num_tokens, num_kv_heads, d)
+
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # HF casts the tables to x's dtype and rotates in that dtype; so do we.
@@ -119,5 +189,10 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if _fused(gate_up) and gate_up.dim() == 2:
+            from kernels.silu_mul import silu_and_mul
+
+            return self.down_proj(silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

@@ -53,19 +53,51 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, rotary: RotaryEmbedding,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        q, k, v = rotary.forward_qkv(positions, self.qkv_proj(hidden), self.num_heads,
+                                     self.num_kv_heads, self.q_norm, self.k_norm)
         out = paged_attention_forward(q, k, v, kv_cache, attn_metadata, scale=self.scale,
                                       sliding_window=self.sliding_window, backend=self.backend)
         return self.o_proj(out.view(num_tokens, self.q_size))
 
 
-class DecoderLayer(nn.Module):
+class PreNormDecoderLayer(nn.Module):
+    """A pre-norm decoder layer: ``h += attn(norm(h)); h += mlp(norm(h))`` (HF Llama's and
+    DeepSeek-V2's order). Subclasses set ``self_attn``, ``mlp``, ``input_layernorm``,
+    ``post_attention_layernorm`` and ``residual_multiplier`` (GraniteMoe's, else None)."""
+
+    self_attn: nn.Module
+    mlp: nn.Module
+    input_layernorm: RMSNorm
+    post_attention_layernorm: RMSNorm
+    residual_multiplier: float | None = None
+
+    def forward(
+        self,
+        positions: torch.Tensor,  # [T] int64
+        branch: torch.Tensor,  # [T, hidden]: the last layer's MLP output (or the embeddings)
+        rotary: nn.Module,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        residual: torch.Tensor | None = None,  # [T, hidden]: the stream before that add (None: first)
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's scaled MLP output, the stream)
+        """The layer with each residual add fused into the RMSNorm after it (vLLM's
+        ``fused_add_rms_norm`` layout): the stream passes from layer to layer unsummed, so the
+        add of one layer's MLP output happens in the next layer's input norm; HF's layer output
+        is the sum of the two returned tensors. ``residual`` may be updated in place."""
+        if residual is None:
+            residual, normed = branch, self.input_layernorm(branch)
+        else:
+            normed, residual = self.input_layernorm.add_forward(branch, residual)
+        attn = self.self_attn(positions, normed, rotary, kv_cache, attn_metadata)
+        normed, residual = self.post_attention_layernorm.add_forward(self._scaled(attn), residual)
+        return self._scaled(self.mlp(normed)), residual
+
+    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
+        # GraniteMoe multiplies each branch before the residual add (transformers' order)
+        return branch if self.residual_multiplier is None else branch * self.residual_multiplier
+
+
+class DecoderLayer(PreNormDecoderLayer):
     def __init__(self, config: ModelConfig, backend: str, layer_idx: int = 0) -> None:
         super().__init__()
         self.self_attn = DecoderAttention(config, backend)
@@ -76,17 +108,6 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.residual_multiplier = config.granite.residual_multiplier if config.granite else None
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, rotary: RotaryEmbedding,
-                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
-        attn = self.self_attn(positions, self.input_layernorm(hidden), rotary, kv_cache,
-                              attn_metadata)
-        hidden = hidden + self._scaled(attn)
-        return hidden + self._scaled(self.mlp(self.post_attention_layernorm(hidden)))
-
-    def _scaled(self, branch: torch.Tensor) -> torch.Tensor:
-        # GraniteMoe multiplies each branch before the residual add (transformers' order)
-        return branch if self.residual_multiplier is None else branch * self.residual_multiplier
 
 
 class DecoderBody(nn.Module):
@@ -169,9 +190,12 @@ class DecoderModel(nn.Module):
         if self.config.granite is not None:
             hidden = hidden * self.config.granite.embedding_multiplier
         rotary = self.model.rotary_emb
+        residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            hidden = layer(positions, hidden, rotary, kv_cache, attn_metadata)
-        return self.model.norm(hidden)
+            hidden, residual = layer(positions, hidden, rotary, kv_cache, attn_metadata, residual)
+        if residual is None:  # no layers
+            return self.model.norm(hidden)
+        return self.model.norm.add_forward(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor  # [N, hidden_size]
                        ) -> torch.Tensor:  # [N, vocab_size] float32

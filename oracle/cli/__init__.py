@@ -54,9 +54,11 @@ def _root() -> None:
 
 def _register_oracle_commands() -> None:
     from oracle.cli.decide_cmd import decide
+    from oracle.cli.launch import launch
     from oracle.cli.pack_cmds import explain, lint, matrix
 
     app.command(name="decide")(decide)
+    app.command(name="launch")(launch)
     app.command(name="explain")(explain)
     app.command(name="lint")(lint)
     app.command(name="matrix")(matrix)

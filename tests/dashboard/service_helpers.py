@@ -74,16 +74,17 @@ class LiveService:
 
 
 def start_service(db_url: str, log: Path, *, demo: bool = False,
-                  env: dict[str, str] | None = None, args: tuple[str, ...] = ()
-                  ) -> LiveService:
-    """``turnout serve`` in a subprocess on a free port; returns once /healthz answers."""
+                  env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+                  port: int | None = None) -> LiveService:
+    """``turnout serve`` in a subprocess on ``port`` (default: a free one); returns once
+    /healthz answers (its log is appended to: a restart keeps the first run's)."""
     import httpx
 
-    port = free_port()
+    port = port or free_port()
     cmd = [sys.executable, "-c", "from oracle.cli import main; main()", "serve",
            "--port", str(port), "--database-url", db_url, "--demo" if demo else "--no-demo", *args]
     full_env = {**os.environ, "TURNOUT_LOG_LEVEL": "warning", **(env or {})}
-    out = open(log, "wb")  # noqa: SIM115 - closed with the process
+    out = open(log, "ab")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
@@ -137,3 +138,11 @@ def api_events(n: int, **over: object) -> list[dict[str, object]]:
     return [{"event_id": uuid.uuid4().hex, "at": at, "deployment_id": f"d{i}", "host": "h",
              "pack": "turnout", "family": "qwen3", "runner": "v1", "mode": "auto",
              "reason_code": "STATIC", "rule_ids": ["spec_ngram"], **over} for i in range(n)]
+
+
+def ack(events: list[dict[str, object]], inserted: int) -> dict[str, object]:
+    """The service's answer to ``POST /api/v1/decisions`` of ``events``."""
+    from oracle.wire import batch_digest
+
+    return {"accepted": len(events), "inserted": inserted,
+            "batch_digest": batch_digest([str(e["event_id"]) for e in events])}

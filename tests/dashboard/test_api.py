@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from service_helpers import Api, api_events
+from service_helpers import Api, ack, api_events
 
 from oracle import (
     CanarySnapshot,
@@ -311,9 +311,9 @@ def test_matrix_summarises_every_cell_of_the_oracle(api: Api) -> None:
 def test_ingest_is_idempotent_and_feeds_fallbacks_and_metrics(api: Api) -> None:
     batch = api_events(30)
     r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
-    assert r.json() == {"accepted": 30, "inserted": 30}
+    assert r.json() == ack(batch, 30)
     r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
-    assert r.json() == {"accepted": 30, "inserted": 0}
+    assert r.json() == ack(batch, 0)
     fb = api.client.get("/api/v1/fallbacks?window=all", headers=api.h("viewer")).json()
     assert fb["num_deployments"] == 30 and fb["num_fallbacks"] == 30
     assert fb["ranked"][0]["key"] == "spec_ngram" and fb["ranked"][0]["deployments"] == 30

@@ -7,92 +7,24 @@ The misbehaving service is a real HTTP server on a local port whose answers the 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
+from fake_service import LLAMA, PACK, STAGE, FakeService, canaries, serving, wait_for
 
-from oracle import CanarySnapshot, CohortState, decide, from_spec, load_pack
+from oracle import CanarySnapshot, CohortState, decide
 from oracle.client import OracleClient
 
-LLAMA = from_spec({"architecture": "LlamaForCausalLM"})
-PACK = load_pack("turnout")
-STAGE = decide(LLAMA, pack=PACK).stage
-
-
-def _canaries(enabled: Any, engaged: Any = False) -> dict[str, Any]:
-    """A GET /api/v1/canaries body with the Llama stage's ``enabled`` as given."""
-    return {"pack": "turnout",
-            "kill_switch": {"engaged": engaged, "version": 1, "updated_at": "2026-11-30T00:00:00Z",
-                            "updated_by": "t"},
-            "cohorts": [{"cohort": STAGE, "label": "x", "position": 0, "enabled": enabled,
-                         "percentage": 100, "version": 1, "updated_at": "2026-11-30T00:00:00Z",
-                         "updated_by": "t"}]}
-
-
-class FakeService(ThreadingHTTPServer):
-    """Answers GET /api/v1/canaries with ``canaries`` and POST /api/v1/decisions per event:
-    200 when every event is valid, ``ingest_status`` otherwise (or always, when set)."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.canaries: tuple[int, bytes] = (200, json.dumps(_canaries(True)).encode())
-        self.ingest_status: int | None = None
-        self.stored: dict[str, dict[str, Any]] = {}
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeService
-
-    def log_message(self, *_args: Any) -> None:
-        pass
-
-    def _answer(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:
-        self._answer(*self.server.canaries)
-
-    def do_POST(self) -> None:
-        events = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["events"]
-        if self.server.ingest_status is not None:
-            return self._answer(self.server.ingest_status, b'{"detail": "down"}')
-        if any(not isinstance(e.get("deployment_id"), str) or "at" not in e for e in events):
-            return self._answer(422, b'{"detail": {"code": "invalid", "message": "bad"}}')
-        for e in events:
-            self.server.stored[e["event_id"]] = e
-        self._answer(200, json.dumps({"accepted": len(events)}).encode())
+_canaries = canaries
+_wait = wait_for
 
 
 @pytest.fixture
 def fake() -> Iterator[FakeService]:
-    server = FakeService()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-def _wait(cond: Any, timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
+    with serving() as server:
+        yield server
 
 
 @pytest.mark.parametrize("body", [b"<html>502 Bad Gateway</html>", b"[1, 2]",

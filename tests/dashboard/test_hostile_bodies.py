@@ -5,6 +5,7 @@ request is bounded. (Parsing does not depend on the database: SQLite only here.)
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,14 @@ def _event_template() -> str:
     return json.dumps({"events": [event]}).replace(f'"{SLOT}"', SLOT)
 
 
+def _health_template() -> str:
+    end = dt.datetime.now(dt.UTC)
+    report = {"report_id": "r1", "deployment_id": "d", "pack": "turnout", "runner": "v2",
+              "family": "qwen3", "stage": "qwen3-canary", "window_start": SLOT,
+              "window_end": end.isoformat(), "num_requests": 0, "num_errors": 0}
+    return json.dumps({"reports": [report]}).replace(f'"{SLOT}"', SLOT)
+
+
 # (method, path, role, body with SLOT where the value goes): every route that takes JSON.
 ROUTES: dict[str, tuple[str, str, str, str]] = {
     "canary percentage": ("PATCH", "/api/v1/canaries/qwen3-canary", "operator",
@@ -45,6 +54,7 @@ ROUTES: dict[str, tuple[str, str, str, str]] = {
     "canary reason": ("PATCH", "/api/v1/canaries/qwen3-canary", "operator",
                       '{"enabled": true, "reason": @@}'),
     "decisions at": ("POST", "/api/v1/decisions", "operator", _event_template()),
+    "health window_start": ("POST", "/api/v1/health", "operator", _health_template()),
     "decide argv": ("POST", "/api/v1/decide", "viewer", '{"argv": @@}'),
     "decide command": ("POST", "/api/v1/decide", "viewer", '{"command": @@}'),
     "explain config": ("POST", "/api/v1/explain", "viewer", '{"config": {"architecture": @@}}'),
@@ -125,7 +135,7 @@ def test_a_huge_exponent_is_refused_by_the_field_it_is_in(sq: Api) -> None:
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
                                           "multipart/form-data; boundary=x", "application/xml"])
 @pytest.mark.parametrize("route", ["canary reason", "kill-switch reason", "decide command",
-                                   "decisions at", "token name"])
+                                   "decisions at", "health window_start", "token name"])
 def test_a_body_of_another_media_type_is_a_415(sq: Api, route: str, content_type: str) -> None:
     # Before: a 422 "the body: Input should be a valid dictionary or object to extract
     # fields from" (FastAPI left the body unread), or it was read as JSON whatever it was.
@@ -158,6 +168,7 @@ def test_an_empty_body_names_the_body(sq: Api, route: str) -> None:
     ("/api/v1/kill-switch", "admin", MAX_BODY), ("/api/v1/evidence", "operator", MAX_BODY),
     ("/api/v1/decide", "viewer", MAX_BODY), ("/api/v1/explain", "viewer", MAX_BODY),
     ("/api/v1/decisions", "operator", MAX_INGEST_BODY), ("/login", "viewer", MAX_BODY),
+    ("/api/v1/health", "operator", MAX_INGEST_BODY),
 ])
 @pytest.mark.parametrize("streamed", [False, True])
 def test_a_body_too_large_is_a_413_in_the_error_shape(sq: Api, path: str, role: str,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from service_helpers import Api, api_events, role_tokens
+from service_helpers import Api, ack, api_events, role_tokens
 
 from dashboard.app import create_app
 from dashboard.services import Services
@@ -58,8 +58,8 @@ def test_a_family_the_pack_does_not_have_is_refused(api: Api, family: str, messa
 
 def test_the_unknown_family_of_an_unplaceable_deployment_is_taken(api: Api) -> None:
     # oracle.client reports "unknown" when the oracle placed a deployment in no family.
-    r = _post(api, api_events(1, family="unknown", runner=None, reason_code="ERROR"))
-    assert r.json() == {"accepted": 1, "inserted": 1}
+    batch = api_events(1, family="unknown", runner=None, reason_code="ERROR")
+    assert _post(api, batch).json() == ack(batch, 1)
 
 
 def test_a_stage_the_pack_does_not_have_is_refused(api: Api) -> None:

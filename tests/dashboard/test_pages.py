@@ -19,7 +19,8 @@ SCREENSHOT = (Path(__file__).resolve().parents[2] / "docs" / "images"
               / "fallback-reasons.latest.png")
 UPGRADE_SCREENSHOT = SCREENSHOT.with_name("upgrade-preview.latest.png")
 PAGES = {"/": "Overview", "/fallbacks": "Fallback reasons", "/canaries": "Canaries",
-         "/decisions": "Decisions", "/matrix": "Matrix", "/explain": "Explain",
+         "/health": "Engine health", "/decisions": "Decisions", "/matrix": "Matrix",
+         "/explain": "Explain",
          "/upgrade": "Upgrade vLLM", "/audit": "Audit log",
          "/deployments/demo%2Frecipe-0008": "Deployment"}
 

@@ -60,7 +60,7 @@ def test_each_manifest_is_derived_from_its_runners_code() -> None:
         assert m.pooling_tasks == ("classify", "embed", "reward", "score")
     assert v1.speculative_methods == SPECULATIVE_METHODS == ("ngram",)
     assert v1.refused == () and v1.honoured == tuple(sorted(FEATURES))
-    assert not v1.requires_triton and not v1.async_scheduling and not v1.cuda_graphs
+    assert not v1.requires_triton and not v1.async_scheduling and v1.cuda_graphs  # decode graphs, as MRV1
     assert set(v2.refused) == set(refusals.REFUSED_FEATURES) == {"cpu_offload", "logits_processors"}
     # runner_v2 serves what the engine expresses and refusals.py does not refuse (CPU ngram).
     assert v2.speculative_methods == ("draft_model", "ngram_gpu")

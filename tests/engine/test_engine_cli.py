@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,23 @@ def test_smollm2_answers_the_capital_of_france_greedily() -> None:
     assert out["finish_reason"] == "stop"  # ended its sentence with <|im_end|>
     assert "Paris" in out["text"] and out["text"].rstrip().endswith(".")
     assert len(out["text"].split()) >= 3 and len(out["token_ids"]) <= 32
+    timing = result["timing"]
+    assert timing["num_output_tokens"] == len(out["token_ids"]) and timing["load_s"] > 0
+    assert timing["output_tokens_per_s"] == round(len(out["token_ids"]) / timing["generate_s"], 2)
+
+
+def test_generate_parses_the_gguf_file_once_and_prints_its_timing(cli: CliRunner) -> None:
+    """The model config, the weights and the tokenizer read one GGUF file: its header (~3 s
+    for SmolLM2) was parsed three times per start-up before the parse was kept."""
+    from engine.model.gguf_loader import _parse_gguf
+
+    _parse_gguf.cache_clear()
+    res = invoke(cli, "generate", "--model", str(SMOLLM2), "--prompt", "Hi", "--max-tokens", "2",
+                 "--temperature", "0", "--max-model-len", "128")
+    assert res.exit_code == 0, res.output
+    assert _parse_gguf.cache_info().misses == 1 and _parse_gguf.cache_info().hits >= 2
+    last = res.output.splitlines()[-1]
+    assert re.fullmatch(r"\[load \d+\.\d\d s; generate \d+\.\d\d s: 2 output tokens, \d+\.\d tok/s\]", last), last
 
 
 def test_minilm_embeddings_match_transformers() -> None:

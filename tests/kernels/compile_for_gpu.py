@@ -80,8 +80,29 @@ def _launch_all() -> None:
     tables, idx, _, seq_lens, logits = ts._batch(0, 300)
     from kernels.gumbel_sample import gumbel_sample
     gumbel_sample(logits, idx, seq_lens, tables, None, torch.zeros(10, dtype=torch.int32))
+    tables, idx, _, seq_lens, logits = ts._batch(0, 4000)  # 4 blocks of 1024: 3 slices
+    gumbel_sample(logits, idx, seq_lens, tables, None, torch.zeros(10, dtype=torch.int32), num_splits=3)
     _try(tl.test_matches_full_log_softmax, seed=1, vocab_size=3000, max_k=20)
     _try(tl.test_wide_k_and_sampled_token_rank)
+    _launch_layer_ops()
+
+
+def _launch_layer_ops() -> None:
+    from kernels.rms_norm import rms_norm
+    from kernels.silu_mul import silu_and_mul
+
+    for dtype in (torch.bfloat16, torch.float32):
+        for hidden in (128, 1024):  # a Qwen3 head, a Qwen3-0.6B hidden state
+            x, w = torch.ones(4, hidden, dtype=dtype), torch.ones(hidden, dtype=dtype)
+            rms_norm(x, w, 1e-6)
+            rms_norm(x, w, 1e-6, residual=x.clone())
+        silu_and_mul(torch.ones(4, 2 * 3072, dtype=dtype))
+        from kernels.rotary import qk_norm_rope
+
+        cos = torch.ones(64, 64)
+        qkv = torch.ones(4, (16 + 2 * 8) * 128, dtype=dtype)  # Qwen3-0.6B's heads
+        for weights in ((None, None), (torch.ones(128, dtype=dtype), torch.ones(128, dtype=dtype))):
+            qk_norm_rope(qkv, torch.zeros(4, dtype=torch.int64), cos, cos, 16, 8, *weights)
 
 
 def _try(fn, **kwargs) -> None:

@@ -18,9 +18,9 @@ triton = pytest.importorskip("triton")
 SCRIPT = Path(__file__).with_name("compile_for_gpu.py")
 EXPECTED = {
     "_apply_staged_writes_kernel", "_build_penalty_counts_kernel", "_compute_logits_indices_kernel",
-    "_compute_slot_mapping_kernel", "_gumbel_sample_kernel", "_post_update_kernel",
+    "_compute_slot_mapping_kernel", "_gumbel_reduce_kernel", "_gumbel_sample_kernel", "_post_update_kernel",
     "_prepare_input_ids_kernel", "_prepare_positions_kernel", "_prepare_query_start_loc_kernel",
-    "_topk_logprobs_kernel",
+    "_qk_norm_rope_kernel", "_rms_norm_kernel", "_silu_and_mul_kernel", "_topk_logprobs_kernel",
 }
 
 

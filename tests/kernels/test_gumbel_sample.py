@@ -144,3 +144,36 @@ def test_top_k_and_top_p_restrict_the_support() -> None:
     tables.top_p.fill_(top_p)
     gumbel_sample(logits, idx, seq_lens, tables, None, out)
     assert set(out.tolist()) == {0, 1, 2}
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 7])
+def test_split_sampling_equals_the_unsplit_and_the_reference(num_splits: int) -> None:
+    # Greedy, plain temperature, top-k and top-p rows in one batch, penalties and min_tokens,
+    # and a greedy row whose maximum ties across two slices (ids 300 and 600; narrow blocks
+    # make slices of 256 or 512 ids): the lowest id wins, as unsplit.
+    vocab_size = 1500
+    tables, idx, tokens, seq_lens, logits = _batch(11, vocab_size)
+    logits[0, 300] = logits[0, 600] = 40.0
+    rows = idx.long()
+    tables.temperature[rows[:3]] = 0.0
+    tables.top_k[rows[3:6]] = -1
+    tables.top_p[rows[3:6]] = 1.0
+    counts = _counts(tables, idx, tokens, seq_lens, vocab_size)
+    ref, unsplit, split = (torch.full((idx.shape[0],), -1, dtype=torch.int32, device=DEVICE) for _ in range(3))
+    gumbel_sample_ref(logits, idx, seq_lens, tables, counts, ref)
+    gumbel_sample(logits, idx, seq_lens, tables, counts, unsplit, num_splits=1)
+    gumbel_sample(logits, idx, seq_lens, tables, counts, split, num_splits=num_splits)
+    assert torch.equal(unsplit, ref) and torch.equal(split, ref)
+    assert int(split[0]) == 300 or float(tables.temperature[rows[0]]) != 0.0
+
+
+def test_split_count_follows_the_batch() -> None:
+    from kernels.gumbel_sample import sample_splits
+
+    assert sample_splits(256, 151_936, 1024) == 8  # 2,048 programs
+    assert sample_splits(1, 151_936, 1024) == 18  # slices of at least 8 blocks
+    assert sample_splits(4096, 151_936, 1024) == 1
+    assert sample_splits(8, 500, 1024) == 1  # one block: nothing to split
+    with pytest.raises(ValueError, match="num_splits must be >= 1, got 0"):
+        tables, idx, _, seq_lens, logits = _batch(0, 300, num_reqs=2)
+        gumbel_sample(logits, idx, seq_lens, tables, None, torch.zeros(2, dtype=torch.int32, device=DEVICE), num_splits=0)

@@ -25,14 +25,15 @@ WIRE_VALUES = {
     "pack": {"invalid_pack", "unknown_pack"},
     "decision": {"pin_conflict", "no_runner", "invalid_env", "unknown_architecture", "refused",
                  "unknown_setting", "architecture_not_served"},
-    "cli": {"bad_usage"},
+    "cli": {"bad_usage", "vllm_not_installed"},
     "service": {"invalid_request", "body_too_large", "unstorable_value", "unauthenticated",
                 "bad_token", "forbidden", "if_match_required", "bad_if_match", "self_revoke",
                 "unknown_family", "store_error", "not_found", "version_conflict",
                 "invalid_change", "database_unavailable", "unknown_cohort", "unknown_token",
                 "bad_percentage", "name_required", "reason_required", "reason_too_long",
                 "token_expired", "method_not_allowed", "unsupported_media_type",
-                "internal_error"},
+                "internal_error", "unknown_ramp", "ramp_exists", "wrong_state",
+                "self_approval", "unknown_flip", "unknown_webhook"},
 }
 
 

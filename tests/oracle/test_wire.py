@@ -18,8 +18,10 @@ from oracle.wire import (
     DeploymentIn,
     EventIn,
     KillSwitchOut,
+    LaunchIn,
     OracleSnapshotIn,
     SnapshotIn,
+    StartupIn,
     decision_event,
 )
 
@@ -28,7 +30,7 @@ AT = dt.datetime(2026, 11, 30, 10, tzinfo=dt.UTC)
 
 def _served() -> CanariesOut:
     return CanariesOut(
-        pack="turnout",
+        pack="turnout", pack_digest="00d788bcb4832212",
         kill_switch=KillSwitchOut(engaged=False, version=3, updated_at=AT, updated_by="a"),
         cohorts=[CohortOut(cohort="qwen3-canary", label="Qwen3", position=0, enabled=True,
                            percentage=40, version=2, updated_at=AT, updated_by="alice"),
@@ -97,6 +99,26 @@ def test_the_event_keeps_its_wire_keys() -> None:
     assert data["at"] == "2026-11-30T10:00:00Z" and json.dumps(data)
     assert EventIn.model_validate(data) == decision_event(
         decision, config, pack="turnout", deployment_id="d", at=AT, event_id="e1", host="h")
+
+
+def test_a_launch_part_is_optional_and_bounded() -> None:
+    """``turnout launch`` adds how it started vLLM; an event without it is as it was."""
+    config = from_spec({"architecture": "Qwen3ForCausalLM"})
+    decision = decide(config, pack=load_pack("turnout"))
+    launch = LaunchIn(vllm_version="0.31.0", vllm_pack="vllm-0.31",
+                      env={"VLLM_USE_V2_MODEL_RUNNER": "0"}, snapshot_source="disk",
+                      startup=StartupIn(runner="v1", line="INFO Starting to load model x..."))
+    data = event_from_decision(decision, config, pack="turnout", deployment_id="d", at=AT,
+                               event_id="e1", launch=launch)
+    assert data["launch"]["startup"]["runner"] == "v1" and data["launch"]["has_pack"] is True
+    assert EventIn.model_validate(data).launch == launch
+    plain = event_from_decision(decision, config, pack="turnout", deployment_id="d", at=AT)
+    assert "launch" not in plain and EventIn.model_validate(plain).launch is None
+    for bad in ({"env": {"not a name": "1"}}, {"snapshot_source": "cache"},
+                {"startup": {"runner": "v3", "line": ""}}, {"extra": 1},
+                {"env": {f"V{i}": "1" for i in range(17)}}):
+        with pytest.raises(ValueError):
+            LaunchIn.model_validate({**launch.model_dump(), **bad})
 
 
 def test_an_unplaceable_deployment_reports_the_unknown_family() -> None:

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
 from engine.model import ModelConfigError, WeightLoadError, load_model, write_random_weights
-from engine.model.gguf_loader import hf_tensor_name, unpermute_qk
+from engine.model.gguf_loader import hf_tensor_name, open_gguf, unpermute_qk
 
 gguf = pytest.importorskip("gguf")
 _GGUF_PARTS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
@@ -114,3 +114,19 @@ def test_unknown_tensor_and_architecture_are_named(tmp_path: Path) -> None:
     with pytest.raises(ModelConfigError, match="'gemma' is not supported"):
         load_model(tmp_path / "gemma.gguf")
     assert hf_tensor_name("blk.2.ffn_down.weight") == "model.layers.2.mlp.down_proj.weight"
+
+
+def test_the_parse_is_kept_until_the_file_changes(tmp_path: Path) -> None:
+    hf_dir = write_random_weights(TINY_DECODER_CONFIGS["llama"], tmp_path / "hf",
+                                  dtype=torch.float32)
+    path = tmp_path / "m.gguf"
+    write_gguf(hf_dir, path, "llama")
+    first, meta = open_gguf(path)
+    meta["general.architecture"] = "changed by a caller"
+    again, meta_again = open_gguf(path)
+    assert again is first and meta_again["general.architecture"] == "llama"
+    write_gguf(hf_dir, path, "gemma")  # rewritten in place: parsed again
+    assert open_gguf(path)[1]["general.architecture"] == "gemma"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ModelConfigError, match="not a readable GGUF file"):
+        open_gguf(path)

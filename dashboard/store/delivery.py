@@ -1,0 +1,155 @@
+"""Delivering the webhook outbox: signed POSTs, retried with exponential backoff and jitter,
+dead-lettered after the last attempt.
+
+:func:`deliver_due` is one pass at an explicit time ``now``: it takes the due entries under a
+lease (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so replicas share the work; SQLite's write
+transactions are exclusive), commits, sends each with no transaction open, then records each
+outcome in a transaction of its own. A process killed in between leaves its entries leased;
+another pass takes them again once the lease ends, so a delivery is sent at least once
+(receivers deduplicate on ``X-Turnout-Delivery``) and none is lost.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from dashboard.store.models_rollout import OutboxEntry, Webhook
+from dashboard.store.webhooks import OutboxState
+from dashboard.webhook_signing import signed_headers
+
+#: ``(url, body, headers) -> HTTP status``; raises for a transport failure (refused, timeout).
+Poster = Callable[[str, bytes, dict[str, str]], int]
+MAX_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """``max_attempts`` attempts in all; before attempt n+1 the entry waits
+    ``d/2 + uniform(0, d/2)`` seconds with ``d = min(max_backoff_s, backoff_s * 2**(n-1))``
+    (exponential backoff with "equal jitter": receivers that failed together do not come back
+    together, and no wait is under half its step)."""
+
+    max_attempts: int = 8
+    backoff_s: float = 5.0
+    max_backoff_s: float = 3600.0
+    lease_s: float = 60.0
+    timeout_s: float = 5.0
+
+    def delay_s(self, num_attempts: int, rng: random.Random) -> float:
+        step = min(self.max_backoff_s, self.backoff_s * 2.0 ** max(num_attempts - 1, 0))
+        return step / 2 + rng.uniform(0, step / 2)
+
+
+@dataclass
+class DeliveryReport:
+    """What one pass did: delivery ids sent (2xx), retried later, dead-lettered."""
+
+    delivered: list[str] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
+    dead: list[str] = field(default_factory=list)
+
+
+def httpx_poster(timeout_s: float) -> Poster:
+    """A :data:`Poster` over httpx (redirects are not followed: a 3xx is a failure)."""
+    import httpx
+
+    def post(url: str, body: bytes, headers: dict[str, str]) -> int:
+        return httpx.post(url, content=body, headers=headers, timeout=timeout_s).status_code
+
+    return post
+
+
+def body_of(entry: OutboxEntry) -> bytes:
+    """The exact bytes sent (and signed): compact JSON, keys sorted."""
+    return json.dumps(entry.payload, separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclass(frozen=True)
+class _Claimed:
+    """An entry taken under a lease, as values (the ORM row is refreshed when its outcome is
+    recorded, so the lease it was taken with is kept here)."""
+
+    entry_id: int
+    delivery_id: str
+    kind: str
+    body: bytes
+    url: str
+    secret: str
+    lease: dt.datetime
+
+
+def _claim(session: Session, now: dt.datetime, policy: RetryPolicy, limit: int
+           ) -> list[_Claimed]:
+    stmt = (select(OutboxEntry).where(
+        OutboxEntry.state == OutboxState.pending, OutboxEntry.next_attempt_at <= now,
+        or_(OutboxEntry.leased_until.is_(None), OutboxEntry.leased_until <= now))
+        .order_by(OutboxEntry.id).limit(limit))
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    rows = list(session.scalars(stmt))
+    lease = now + dt.timedelta(seconds=policy.lease_s)
+    out = []
+    for row in rows:
+        row.leased_until = lease
+        hook = session.get(Webhook, row.webhook_id)
+        assert hook is not None  # a foreign key
+        out.append(_Claimed(row.id, row.delivery_id, row.kind, body_of(row), hook.url,
+                            hook.secret, lease))
+    session.commit()
+    return out
+
+
+def _attempt(post: Poster, claimed: _Claimed, now: dt.datetime) -> tuple[int | None, str | None]:
+    """(status, error) of one attempt; error None for a 2xx."""
+    headers = signed_headers(secret=claimed.secret, timestamp=int(now.timestamp()),
+                             body=claimed.body, kind=claimed.kind,
+                             delivery_id=claimed.delivery_id)
+    try:
+        status = post(claimed.url, claimed.body, headers)
+    except Exception as err:  # any transport failure is the receiver's, and retried
+        return None, f"{type(err).__name__}: {err}"[:MAX_ERROR_CHARS]
+    return status, None if 200 <= status < 300 else f"HTTP {status}"
+
+
+def _record(session: Session, claimed: _Claimed, outcome: tuple[int | None, str | None],
+            now: dt.datetime, policy: RetryPolicy, rng: random.Random,
+            report: DeliveryReport) -> None:
+    row = session.scalars(select(OutboxEntry).where(OutboxEntry.id == claimed.entry_id)
+                          .with_for_update().execution_options(populate_existing=True)).one()
+    if row.state != OutboxState.pending or row.leased_until != claimed.lease:
+        session.rollback()  # another worker took it after our lease ended, or an admin acted
+        return
+    status, error = outcome
+    row.num_attempts += 1
+    row.last_attempt_at, row.last_status, row.last_error = now, status, error
+    row.leased_until = None
+    if error is None:
+        row.state, row.delivered_at = OutboxState.delivered.value, now
+        report.delivered.append(row.delivery_id)
+    elif row.num_attempts >= policy.max_attempts:
+        row.state = OutboxState.dead.value
+        report.dead.append(row.delivery_id)
+    else:
+        row.next_attempt_at = now + dt.timedelta(seconds=policy.delay_s(row.num_attempts, rng))
+        report.retried.append(row.delivery_id)
+    session.commit()
+
+
+def deliver_due(*, session: Session, now: dt.datetime, post: Poster,
+                policy: RetryPolicy | None = None, rng: random.Random | None = None,
+                limit: int = 50) -> DeliveryReport:
+    """Send every delivery due at ``now`` (at most ``limit``), oldest first, and record each
+    outcome; commits (``session`` is a write session with no transaction open)."""
+    policy = policy or RetryPolicy()
+    rng = rng or random.Random()
+    report = DeliveryReport()
+    for claimed in _claim(session, now, policy, limit):
+        _record(session, claimed, _attempt(post, claimed, now), now, policy, rng, report)
+    return report
