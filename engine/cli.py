@@ -293,6 +293,8 @@ def _completion_json(prompt: str, result: Any) -> dict[str, Any]:
         out["logprobs"] = [
             {str(tok): round(lp.logprob, 6) for tok, lp in lps.position(i).items()} for i in range(len(lps))
         ]
+    if result.spec_decode is not None:  # speculative decoding: drafts verified and accepted
+        out["spec_decode"] = result.spec_decode.as_dict()
     if result.error:
         out["error"] = result.error
     return out
@@ -311,7 +313,11 @@ def _print_outputs(llm: Any, outputs: list[dict[str, Any]], as_json: bool, *, fi
         if out.get("error"):
             typer.echo(f"\n>>> {source}\nerror: {out['error']}")
         elif field == "text":
-            typer.echo(f"\n>>> {source}\n{out['text']}\n[{len(out['token_ids'])} tokens, finish_reason={out['finish_reason']}]")
+            spec = out.get("spec_decode")
+            drafts = (f", {spec['num_accepted_tokens']} of {spec['num_draft_tokens']} drafts accepted"
+                      if spec else "")
+            typer.echo(f"\n>>> {source}\n{out['text']}\n[{len(out['token_ids'])} tokens, "
+                       f"finish_reason={out['finish_reason']}{drafts}]")
         elif field == "logits":
             values = ", ".join(f"{x:.4f}" for x in out["logits"])
             probs = ", ".join(f"{x:.4f}" for x in out["probs"])

@@ -13,8 +13,11 @@ from engine.errors import EngineConfigError
 from engine.pooling_params import POOLING_TASKS
 
 #: Speculative methods SpeculativeConfig can express (the oracle knows more; those are refused
-#: here, before any runner is built). Which runner implements which: the runners' manifests.
-SUPPORTED_SPECULATIVE_METHODS = ("ngram",)
+#: here, before any runner is built). Which runner implements which: the runners' manifests
+#: (runner_v1: ``ngram`` on the CPU; runner_v2: ``ngram_gpu`` and ``draft_model`` on the device).
+SUPPORTED_SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "draft_model")
+#: The methods that match n-grams of a request's own tokens (prompt lookup decoding).
+NGRAM_METHODS = ("ngram", "ngram_gpu")
 #: Device types an EngineConfig accepts (``cuda:N`` names one GPU): the platforms a runner can
 #: be started on.
 DEVICE_TYPES = ("cpu", "cuda")
@@ -35,12 +38,18 @@ def _is_finite(value: object) -> bool:
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """n-gram speculation (prompt lookup decoding; Saxena 2023, vLLM ``method="ngram"``).
+    """Speculative decoding, in vLLM's ``--speculative-config`` terms.
 
     Attributes:
-        method: ``"ngram"`` (other methods are refused with :class:`EngineConfigError`).
+        method: ``"ngram"`` (prompt lookup decoding on the CPU history, Saxena 2023),
+            ``"ngram_gpu"`` (the same over the device token table) or ``"draft_model"`` (a
+            smaller model of the same vocabulary proposes; Leviathan et al. 2023); other
+            methods are refused with :class:`EngineConfigError`. Without ``method``,
+            :meth:`from_dict` infers ``draft_model`` from ``model`` (as vLLM does), else
+            ``ngram``.
+        model: the draft model (HF directory or ``.gguf``), for ``draft_model`` only.
         num_speculative_tokens: drafts proposed per step (``>= 1``).
-        prompt_lookup_min: shortest suffix n-gram matched (``>= 1``).
+        prompt_lookup_min: shortest suffix n-gram matched (``>= 1``; n-gram methods).
         prompt_lookup_max: longest suffix n-gram matched (``>= prompt_lookup_min``).
     """
 
@@ -48,6 +57,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 3
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in SUPPORTED_SPECULATIVE_METHODS:
@@ -64,6 +74,14 @@ class SpeculativeConfig:
                 f"need 1 <= prompt_lookup_min ({self.prompt_lookup_min}) <= "
                 f"prompt_lookup_max ({self.prompt_lookup_max})"
             )
+        if self.method == "draft_model" and (not isinstance(self.model, str) or not self.model):
+            raise EngineConfigError(
+                f"speculative method 'draft_model' needs the draft model: speculative_config['model'] "
+                f"(an HF directory or .gguf file), got {self.model!r}")
+        if self.method != "draft_model" and self.model is not None:
+            raise EngineConfigError(
+                f"speculative_config['model'] names a draft model, which method {self.method!r} does not "
+                f"use (use method 'draft_model')")
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> SpeculativeConfig:
@@ -72,10 +90,13 @@ class SpeculativeConfig:
             raise EngineConfigError(
                 f"speculative_config must be a JSON object of vLLM's keys, got a {type(spec).__name__}"
             )
-        known = {"method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+        known = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
         unknown = sorted(set(spec) - known)
         if unknown:
             raise EngineConfigError(f"unknown speculative_config keys {unknown} (known: {sorted(known)})")
+        spec = dict(spec)
+        if "method" not in spec and spec.get("model") is not None:
+            spec["method"] = "draft_model"  # vLLM: a draft model without a method
         return cls(**spec)
 
 
@@ -103,7 +124,7 @@ class EngineConfig:
         num_kv_blocks: KV blocks to allocate; ``None``: from ``kv_cache_memory_gb``.
         kv_cache_memory_gb: memory for the KV cache when ``num_kv_blocks`` is ``None``.
         cpu_offload_gb: GiB of weights kept in host memory and streamed in per forward.
-        speculative_config: n-gram speculation, or ``None``.
+        speculative_config: speculative decoding (n-gram or a draft model), or ``None``.
         enforce_eager: never capture CUDA graphs (vLLM's ``--enforce-eager``); otherwise
             both runners replay graphs for decode batches on CUDA.
         load_format: ``"auto"`` (read the weights) or ``"dummy"`` (vLLM's ``--load-format
@@ -215,4 +236,5 @@ class EngineConfig:
         return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
 
 
-__all__ = ["DEVICE_TYPES", "MAMBA_CACHE_MODES", "SUPPORTED_SPECULATIVE_METHODS", "EngineConfig", "SpeculativeConfig"]
+__all__ = ["DEVICE_TYPES", "MAMBA_CACHE_MODES", "NGRAM_METHODS", "SUPPORTED_SPECULATIVE_METHODS", "EngineConfig",
+           "SpeculativeConfig"]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from engine.config import EngineConfig
 from engine.errors import EngineError, InvalidRequestError
 from engine.kv_cache_manager import cdiv
-from engine.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from engine.outputs import AsyncModelRunnerOutput, ModelRunnerOutput, SpecDecodeStats
 from engine.pooling_params import PoolingParams
 from engine.request import Request
 from engine.runner_protocol import ModelRunner
@@ -51,7 +51,11 @@ class EngineCore:
         if async_scheduling is None:
             async_scheduling = bool(getattr(runner, "async_scheduling", False))
         self.async_scheduling = async_scheduling
-        self.scheduler = Scheduler(config, num_kv_blocks, async_scheduling=async_scheduling)
+        # A runner that proposes drafts on the device (runner_v2) never returns their ids: the
+        # scheduler reserves k draft positions per decode instead (docs/engine.md).
+        device_drafts = config.num_speculative_tokens if getattr(runner, "drafts_on_device", False) else 0
+        self.scheduler = Scheduler(config, num_kv_blocks, async_scheduling=async_scheduling,
+                                   num_device_drafts=device_drafts)
         # The step launched but not yet applied (asynchronous scheduling only).
         self._in_flight: tuple[SchedulerOutput, ModelRunnerOutput | AsyncModelRunnerOutput] | None = None
         self._seed_rng = random.Random(config.seed)
@@ -139,6 +143,16 @@ class EngineCore:
                 f"request {req_id!r} may need {needed} KV blocks ({max_len} tokens), "
                 f"the cache has {available}"
             )
+
+    @property
+    def spec_decode_stats(self) -> SpecDecodeStats:
+        """Speculative decoding counters since start (drafts verified and accepted)."""
+        return self.scheduler.spec_decode_stats
+
+    @property
+    def last_step_spec_decode_stats(self) -> SpecDecodeStats:
+        """Speculative decoding counters of the last step applied."""
+        return self.scheduler.last_step_spec_decode_stats
 
     def abort_request(self, req_id: str) -> Request | None:
         """Finish a request with reason ``abort`` (``None`` when it is unknown or done)."""

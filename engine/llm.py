@@ -270,9 +270,11 @@ class LLM:
             prompt_lps = Logprobs.concat(req.prompt_logprobs, params.prompt_logprobs)
         text = self.tokenizer.decode(req.output_token_ids) if self.tokenizer is not None else ""
         completion = CompletionOutput(list(req.output_token_ids), text, req.status.finish_reason, req.stop_reason, logprobs)
+        spec = req.spec_decode if self.config.speculative_config is not None else None
         return RequestOutput(
             req.req_id, None, req.prompt_token_ids, [completion], prompt_lps,
             num_cached_tokens=max(0, req.num_cached_tokens), num_preemptions=req.num_preemptions, error=req.error,
+            spec_decode=spec,
         )
 
     @contextlib.contextmanager

@@ -103,6 +103,46 @@ class PromptLogprobs:
 
 
 @dataclass
+class SpecDecodeStats:
+    """Speculative decoding counters, of one request or of the engine (vLLM's
+    ``SpecDecodingStats`` names).
+
+    Attributes:
+        num_drafts: verification steps that checked at least one draft token.
+        num_draft_tokens: draft tokens verified (a proposer may offer fewer than scheduled:
+            n-gram finds no match; those count as neither drafted nor accepted).
+        num_accepted_tokens: draft tokens accepted.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        """Count one verification of ``num_draft_tokens`` drafts, ``num_accepted_tokens`` accepted."""
+        if num_draft_tokens > 0:
+            self.num_drafts += 1
+            self.num_draft_tokens += num_draft_tokens
+            self.num_accepted_tokens += min(num_accepted_tokens, num_draft_tokens)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / verified draft tokens (0 before any draft)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens a verification step yields on average: ``1 + accepted / drafts`` (vLLM's
+        "mean acceptance length", the bonus token included); 1 before any draft."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
+                "num_accepted_tokens": self.num_accepted_tokens, "acceptance_rate": self.acceptance_rate,
+                "mean_acceptance_length": self.mean_acceptance_length}
+
+
+@dataclass
 class ModelRunnerOutput:
     """One step's results.
 
@@ -112,7 +152,11 @@ class ModelRunnerOutput:
             for a partial prefill, one token normally, several when drafts were accepted.
         logprobs: ``req_id -> Logprobs`` with one row per sampled token (requests asking).
         prompt_logprobs: ``req_id -> PromptLogprobs`` for the prompt tokens scored this step.
-        spec_token_ids: ``req_id -> draft ids`` proposed for the next step.
+        spec_token_ids: ``req_id -> draft ids`` proposed for the next step (drafts kept on the
+            host: runner_v1's n-gram).
+        num_draft_tokens: ``req_id -> drafts verified this step`` where fewer than the
+            scheduled ones held a proposal (drafts proposed on the device: a missing entry
+            means every scheduled draft was one).
         pooled_outputs: ``req_id -> [D] float32`` pooled output of a pooling request: an
             embedding (``D = hidden_size``) or a head's logits (``D = num_labels``).
         errors: ``req_id -> message`` for requests that failed alone this step (e.g. a
@@ -124,6 +168,7 @@ class ModelRunnerOutput:
     logprobs: dict[str, Logprobs] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    num_draft_tokens: dict[str, int] = field(default_factory=dict)
     pooled_outputs: dict[str, np.ndarray] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
 
@@ -161,6 +206,7 @@ class RequestOutput:
         prompt_logprobs: one entry per prompt token after the first (``num_prompt_tokens - 1``
             rows, delivered once), or ``None`` when not asked for.
         error: why the request was rejected or failed (``outputs[0].finish_reason == "error"``).
+        spec_decode: its speculative decoding counters (``None`` without speculation).
     """
 
     request_id: str
@@ -171,6 +217,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     error: str | None = None
+    spec_decode: SpecDecodeStats | None = None
 
     @property
     def finished(self) -> bool:
@@ -264,4 +311,5 @@ __all__ = [
     "RerankResult",
     "RewardOutput",
     "ScoringOutput",
+    "SpecDecodeStats",
 ]

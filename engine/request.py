@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.outputs import SpecDecodeStats
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
@@ -68,6 +69,8 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     # Draft tokens proposed by the runner (n-gram speculation), scheduled next step.
     spec_token_ids: list[int] = field(default_factory=list)
+    # Drafts verified and accepted over the request's life (speculative decoding).
+    spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)
     num_computed_tokens: int = 0
     # Asynchronous scheduling: tokens sampled by steps still in flight (their ids unknown yet).
     num_output_placeholders: int = 0

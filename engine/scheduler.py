@@ -18,6 +18,14 @@ finished requests. Asynchronous scheduling (``async_scheduling=True``: planning 
 before step N's tokens are known) counts a request's in-flight tokens in
 ``num_output_placeholders``: a decode is scheduled from them, the block for the token is
 reserved, and ``update_from_output`` turns them into tokens (see ``docs/engine.md``).
+
+Drafts proposed on the device (``num_device_drafts``: runner_v2's ``ngram_gpu`` and
+``draft_model``) are never seen by the host: a decode is scheduled with ``1 + s`` tokens, ``s``
+draft placeholders (at most ``num_device_drafts``, within ``max_tokens`` and ``max_model_len``),
+as if every draft will be accepted; ``num_computed_tokens`` and the placeholders count all of
+them, and ``update_from_output`` takes back the rejected ones when the step's tokens arrive (one
+step later under asynchronous scheduling). The KV blocks reserved for the optimistic positions
+cover the real ones, which are never further on; rejected positions are written again.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import bisect
 from engine.block_pool import KVCacheBlock
 from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
-from engine.outputs import ModelRunnerOutput, PromptLogprobs
+from engine.outputs import ModelRunnerOutput, PromptLogprobs, SpecDecodeStats
 from engine.request import Request, RequestStatus
 from engine.scheduler_output import NewRequestData, SchedulerOutput
 
@@ -45,9 +53,15 @@ class Scheduler:
         num_kv_blocks: physical KV blocks the runner allocated.
     """
 
-    def __init__(self, config: EngineConfig, num_kv_blocks: int, *, async_scheduling: bool = False) -> None:
+    def __init__(self, config: EngineConfig, num_kv_blocks: int, *, async_scheduling: bool = False,
+                 num_device_drafts: int = 0) -> None:
         self.config = config
         self.async_scheduling = async_scheduling
+        # Drafts per decode the runner proposes on the device (0: drafts come from its output).
+        self.num_device_drafts = num_device_drafts
+        # Speculative decoding counters: since start, and of the last step applied.
+        self.spec_decode_stats = SpecDecodeStats()
+        self.last_step_spec_decode_stats = SpecDecodeStats()
         self.kv_cache_manager = KVCacheManager(
             num_kv_blocks, config.block_size, config.enable_prefix_caching
         )
@@ -120,7 +134,9 @@ class Scheduler:
             if self.async_scheduling and not request.pooling and (
                 request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders
             ):
-                request.num_output_placeholders += 1  # this step samples a token not yet seen
+                # This step samples a token not yet seen, and may accept every draft it verifies.
+                num_drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
+                request.num_output_placeholders += 1 + num_drafts
         if out.num_scheduled_tokens:
             self._scheduled[id(out)] = {req_id: self.requests[req_id] for req_id in out.num_scheduled_tokens}
         return out
@@ -140,9 +156,11 @@ class Scheduler:
                 break  # the request preempted itself; everything after it is gone too
             new_blocks[request.req_id] = blocks
             out.num_scheduled_tokens[request.req_id] = num_new
-            num_drafts = request.num_computed_tokens + num_new - request.num_tokens
+            num_drafts = request.num_computed_tokens + num_new - request.num_tokens - request.num_output_placeholders
             if num_drafts > 0:
-                out.scheduled_spec_decode_tokens[request.req_id] = request.spec_token_ids[:num_drafts]
+                # Device drafts are placeholders: their ids never reach the host.
+                drafts = [-1] * num_drafts if self.num_device_drafts else request.spec_token_ids[:num_drafts]
+                out.scheduled_spec_decode_tokens[request.req_id] = drafts
             budget -= num_new
             i += 1
         return budget
@@ -155,9 +173,20 @@ class Scheduler:
         ):
             return 0  # its last token is in flight: it finishes when that step is applied
         num_new = request.num_tokens_with_spec + placeholders - request.num_computed_tokens
+        if self.num_device_drafts and num_new == 1 and request.num_computed_tokens >= request.num_prompt_tokens:
+            num_new += self._num_device_drafts(request)
         # Never compute a position at or past max_model_len (drafts could reach it).
         num_new = min(num_new, budget, self.config.max_model_len - request.num_computed_tokens)
         return num_new
+
+    def _num_device_drafts(self, request: Request) -> int:
+        # A decode verifies up to num_device_drafts drafts; its k drafts yield up to k + 1
+        # tokens, counted from the optimistic placeholders: stay within max_tokens and
+        # max_model_len even if every draft in flight is accepted.
+        ahead = request.num_output_placeholders
+        room = min(request.max_tokens - request.num_output_tokens - ahead - 1,
+                   self.config.max_model_len - request.num_tokens - ahead - 1)
+        return max(0, min(self.num_device_drafts, room))
 
     def _allocate_or_preempt(
         self, request: Request, num_new: int, out: SchedulerOutput
@@ -226,6 +255,7 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[Request]:
         """Apply one step's results; returns the requests that finished in it."""
+        self.last_step_spec_decode_stats = SpecDecodeStats()
         index = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
         scheduled = self._scheduled.pop(id(scheduler_output), {})
         finished: list[Request] = []
@@ -238,7 +268,9 @@ class Scheduler:
             i = index.get(req_id)
             generated = runner_output.sampled_token_ids[i] if i is not None else []
             if self.async_scheduling and request.num_output_placeholders and generated:
-                request.num_output_placeholders -= 1
+                # The step's sampled token and its drafts, accepted or not, are no longer ahead.
+                num_drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
+                request.num_output_placeholders = max(0, request.num_output_placeholders - 1 - num_drafts)
             status = self._apply(request, scheduler_output, runner_output, generated)
             if status is not None:
                 self._finish(request, status)
@@ -258,7 +290,7 @@ class Scheduler:
             return RequestStatus.FINISHED_ERROR
         drafts = so.scheduled_spec_decode_tokens.get(req_id)
         if drafts and generated:
-            request.num_computed_tokens -= len(drafts) + 1 - len(generated)
+            self._observe_drafts(request, len(drafts), ro.num_draft_tokens.get(req_id, len(drafts)), generated)
         request.spec_token_ids = []
         chunk = ro.prompt_logprobs.get(req_id)
         if chunk is not None:
@@ -288,6 +320,15 @@ class Scheduler:
         if status is None and generated:
             request.spec_token_ids = self._trim_drafts(request, ro.spec_token_ids.get(request.req_id))
         return status
+
+    def _observe_drafts(self, request: Request, num_scheduled: int, num_verified: int, generated: list[int]) -> None:
+        # The rejected drafts' positions are not computed: take them back (unless the request
+        # was preempted while the step was in flight: it starts from 0 again).
+        if request.status == RequestStatus.RUNNING:
+            request.num_computed_tokens -= num_scheduled + 1 - len(generated)
+        num_accepted = len(generated) - 1
+        for stats in (request.spec_decode, self.spec_decode_stats, self.last_step_spec_decode_stats):
+            stats.observe(num_verified, num_accepted)
 
     def _trim_drafts(self, request: Request, drafts: list[int] | None) -> list[int]:
         if not drafts:

@@ -14,6 +14,12 @@ Sampling is then ``argmax(logits / temperature + g)`` over the tokens left after
 softmax of the processed logits. ``position`` is the position of the token being sampled
 (the index it will take in the request's sequence).
 
+Speculative decoding draws two more kinds of noise from the same hash, in streams of their own
+(``kernels/rejection_sample.py``): the uniform that accepts or rejects a draft token at
+``position`` is ``u`` of the hash with ``token_id = ACCEPT_DRAW`` (an id no vocabulary has),
+and the Gumbel noise of the residual draw after a rejection is ``g`` with the position
+``position + RESIDUAL_STREAM`` (bit 31 set: no real position has it).
+
 ``gumbel_noise`` is the Triton launcher; ``gumbel_noise_ref`` is the torch reference runner_v1
 uses. ``_fmix32`` and ``_gumbel_from_hash`` are ``@triton.jit`` helpers that sampling kernels
 call inline so that they reproduce the reference bit for bit in the hash (the final ``log`` may
@@ -31,6 +37,10 @@ _MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
 _C1 = 0x85EBCA6B
 _C2 = 0xC2B2AE35
+#: The "token id" of the uniform that accepts or rejects a draft token (no vocabulary has it).
+ACCEPT_DRAW = 0xFFFFFFFF
+#: Added to the position for the Gumbel noise of a residual draw (no position reaches 2**31).
+RESIDUAL_STREAM = 1 << 31
 
 
 @triton.jit
@@ -74,6 +84,14 @@ def _gumbel_from_hash(row_h, token_ids):
     h = _fmix32_u32(row_h.to(tl.uint32) ^ token_ids.to(tl.uint32))
     u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
     return -tl.log(-tl.log(u))
+
+
+@triton.jit
+def _uniform_from_hash(row_h, token_id):
+    # row_h: uint64 from _row_hash; token_id: a scalar or block of ids (any int type) -> the
+    # float32 uniform in (0, 1) that _gumbel_from_hash turns into Gumbel noise.
+    h = _fmix32_u32(row_h.to(tl.uint32) ^ token_id.to(tl.uint32))
+    return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
 
 @triton.jit
@@ -162,6 +180,25 @@ def gumbel_noise_ref(
     return -torch.log(-torch.log(u))
 
 
+def uniform_noise_ref(
+    seeds: torch.Tensor,  # [num_rows] int64
+    positions: torch.Tensor,  # [num_rows] int64
+    token_ids: torch.Tensor,  # [num_rows, k] int64 (ACCEPT_DRAW for the acceptance uniform)
+) -> torch.Tensor:  # [num_rows, k] float32 in (0, 1)
+    """The uniform ``u`` of the hash above (before the Gumbel transform), torch.
+
+    Raises:
+        ValueError: dtypes or shapes do not match the annotations.
+    """
+    _check(seeds, positions)
+    s = seeds.to(torch.int64)
+    h = _fmix32_ref((s & _MASK32) ^ _GOLDEN)
+    h = _fmix32_ref(h ^ ((s >> 32) & _MASK32))
+    h = _fmix32_ref(h ^ (positions.to(torch.int64) & _MASK32))
+    h = _fmix32_ref(h.unsqueeze(1) ^ (token_ids.to(torch.int64) & _MASK32))
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+
+
 def _check(seeds: torch.Tensor, positions: torch.Tensor) -> None:
     check_dtypes(seeds=(seeds, torch.int64), positions=(positions, torch.int64))
     check_flat(seeds=seeds, positions=positions)
@@ -169,4 +206,4 @@ def _check(seeds: torch.Tensor, positions: torch.Tensor) -> None:
         raise ValueError(f"seeds {tuple(seeds.shape)} and positions {tuple(positions.shape)} must be equal 1-D")
 
 
-__all__ = ["gumbel_noise", "gumbel_noise_ref"]
+__all__ = ["ACCEPT_DRAW", "RESIDUAL_STREAM", "gumbel_noise", "gumbel_noise_ref", "uniform_noise_ref"]

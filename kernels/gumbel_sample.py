@@ -103,6 +103,55 @@ def _processed_logits(
 
 
 @triton.jit
+def _kept_threshold(
+    logits_row, counts_row, stop_row, rep, freq, pres, mask_stop, temperature, top_k, top_p,
+    vocab_size, HAS_COUNTS: tl.constexpr, MAX_STOP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+):
+    # docs/sampling.md steps 7 (top-k) and 8 (top-p) on the processed logits of one row: the
+    # order key at or above which a token is kept (0 keeps all). Shared with the processed
+    # probabilities of kernels/sampling_probs.py, so that both keep the same tokens.
+    offs = tl.arange(0, BLOCK_SIZE)
+    threshold = tl.full([], 0, tl.int64)  # keys >= threshold are kept; 0 keeps all
+    if (top_k > 0) & (top_k < vocab_size):
+        for r in range(8):
+            cand, shift = _radix_candidates(threshold, r)
+            num_ge = tl.zeros([16], tl.int32)
+            for start in range(0, vocab_size, BLOCK_SIZE):
+                tok = start + offs
+                mask = tok < vocab_size
+                x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq,
+                                      pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+                ge = (_float_key(x)[:, None] >= cand[None, :]) & mask[:, None]
+                num_ge += tl.sum(ge.to(tl.int32), axis=0)
+            threshold = _radix_advance(threshold, shift, num_ge >= top_k)
+    if top_p < 1.0:
+        m = tl.full([], float("-inf"), tl.float32)
+        for start in range(0, vocab_size, BLOCK_SIZE):
+            tok = start + offs
+            x = _processed_logits(logits_row, counts_row, stop_row, tok, tok < vocab_size, rep,
+                                  freq, pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+            m = tl.maximum(m, tl.max(x, axis=0))
+        kept_from = threshold
+        target = tl.full([], 0.0, tl.float32)
+        for r in range(8):
+            cand, shift = _radix_candidates(threshold, r)
+            mass = tl.zeros([16], tl.float32)
+            for start in range(0, vocab_size, BLOCK_SIZE):
+                tok = start + offs
+                mask = tok < vocab_size
+                x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq,
+                                      pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+                key = _float_key(x)
+                e = tl.where(mask & (key >= kept_from), tl.exp(x - m), 0.0)
+                mass += tl.sum(tl.where(key[:, None] >= cand[None, :], e[:, None], 0.0), axis=0)
+            if r == 0:
+                # Candidate 0 of pass 0 is the threshold kept so far: its mass is Z.
+                target = top_p * tl.max(tl.where(tl.arange(0, 16) == 0, mass, 0.0), axis=0)
+            threshold = _radix_advance(threshold, shift, mass >= target)
+    return threshold
+
+
+@triton.jit
 def _gumbel_sample_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, seq_lens_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, rep_ptr, freq_ptr, pres_ptr, min_tokens_ptr,
@@ -145,42 +194,10 @@ def _gumbel_sample_kernel(
             best_val, best_idx = _argmax_update(x, tok, best_val, best_idx)
     else:
         threshold = tl.full([], 0, tl.int64)  # keys >= threshold are kept; 0 keeps all
-        if (top_k > 0) & (top_k < vocab_size) & (split == 0):
-            for r in range(8):
-                cand, shift = _radix_candidates(threshold, r)
-                num_ge = tl.zeros([16], tl.int32)
-                for start in range(0, vocab_size, BLOCK_SIZE):
-                    tok = start + offs
-                    mask = tok < vocab_size
-                    x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq,
-                                          pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
-                    ge = (_float_key(x)[:, None] >= cand[None, :]) & mask[:, None]
-                    num_ge += tl.sum(ge.to(tl.int32), axis=0)
-                threshold = _radix_advance(threshold, shift, num_ge >= top_k)
-        if (top_p < 1.0) & (split == 0):
-            m = tl.full([], float("-inf"), tl.float32)
-            for start in range(0, vocab_size, BLOCK_SIZE):
-                tok = start + offs
-                x = _processed_logits(logits_row, counts_row, stop_row, tok, tok < vocab_size, rep,
-                                      freq, pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
-                m = tl.maximum(m, tl.max(x, axis=0))
-            kept_from = threshold
-            target = tl.full([], 0.0, tl.float32)
-            for r in range(8):
-                cand, shift = _radix_candidates(threshold, r)
-                mass = tl.zeros([16], tl.float32)
-                for start in range(0, vocab_size, BLOCK_SIZE):
-                    tok = start + offs
-                    mask = tok < vocab_size
-                    x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq,
-                                          pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
-                    key = _float_key(x)
-                    e = tl.where(mask & (key >= kept_from), tl.exp(x - m), 0.0)
-                    mass += tl.sum(tl.where(key[:, None] >= cand[None, :], e[:, None], 0.0), axis=0)
-                if r == 0:
-                    # Candidate 0 of pass 0 is the threshold kept so far: its mass is Z.
-                    target = top_p * tl.max(tl.where(tl.arange(0, 16) == 0, mass, 0.0), axis=0)
-                threshold = _radix_advance(threshold, shift, mass >= target)
+        if split == 0:  # a row with top-k/top-p is sampled whole by split 0 alone
+            threshold = _kept_threshold(logits_row, counts_row, stop_row, rep, freq, pres, mask_stop,
+                                        temperature, top_k, top_p, vocab_size, HAS_COUNTS, MAX_STOP,
+                                        BLOCK_SIZE)
         row_h = _row_hash(tl.load(seed_ptr + row * seed_stride), pos.to(tl.int64))
         for start in range(lo, hi, BLOCK_SIZE):
             tok = start + offs

@@ -18,6 +18,7 @@ import torch
 
 from engine.capabilities import RunnerManifest, model_layer_architectures
 from engine.config import DEVICE_TYPES, EngineConfig
+from engine.errors import EngineConfigError
 from engine.model import DecoderModel
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, PromptLogprobs
 from engine.runner_setup import POOLING_TASKS, RunnerBase
@@ -54,6 +55,10 @@ class V1ModelRunner(RunnerBase):
     cpu_kv_bytes = 1 << 30  # CPU KV budget when none is given (vLLM uses 4 GiB; tests share small machines)
 
     def __init__(self, config: EngineConfig) -> None:
+        spec = config.speculative_config
+        if spec is not None and spec.method not in SPECULATIVE_METHODS:
+            # The drafts of ngram_gpu and draft_model live on the device (runner_v2's design).
+            raise EngineConfigError(f"Model Runner V1 does not support: speculative method '{spec.method}'")
         super().__init__(config)
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch(config.max_num_seqs, config.max_model_len)
@@ -266,10 +271,11 @@ class V1ModelRunner(RunnerBase):
         )
 
 
-#: What runner_v1 serves: every architecture of the model layer; n-gram speculation
-#: (spec_decode.py); every option of engine.capabilities.FEATURES (it refuses none: logits
-#: processors in sampler.py, cpu_offload_gb in cpu_offload.py); no Triton; synchronous; decode
-#: CUDA graphs on CUDA (decode_graphs.py), as MRV1.
+#: What runner_v1 serves: every architecture of the model layer; n-gram speculation on the CPU
+#: (spec_decode.py; it refuses ngram_gpu and draft_model, runner_v2's device drafts); every
+#: option of engine.capabilities.FEATURES (it refuses none: logits processors in sampler.py,
+#: cpu_offload_gb in cpu_offload.py); no Triton; synchronous; decode CUDA graphs on CUDA
+#: (decode_graphs.py), as MRV1.
 MANIFEST = RunnerManifest.build(
     "v1", architectures=model_layer_architectures(), refused=(),
     speculative_methods=SPECULATIVE_METHODS, pooling_tasks=POOLING_TASKS, platforms=DEVICE_TYPES,

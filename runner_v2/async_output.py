@@ -28,9 +28,15 @@ class StepResults:
     Attributes:
         req_ids: the step's requests in batch order.
         samples: ``[num_reqs] bool`` (host) requests that sampled (partial prefills did not).
-        sampled: ``[num_reqs] int32`` sampled ids (device), or ``None`` (pooling steps).
+        sampled: ``[num_reqs] int32`` sampled ids (device), or ``None`` (pooling steps); a
+            speculative step: ``[num_reqs, k + 1] int32``, the first ``num_sampled`` of each row.
+        num_sampled: ``[num_reqs] int32`` tokens per request of a speculative step (device).
+        num_drafts: ``[num_reqs] int32`` drafts each verified (device; speculative steps).
+        num_spec: ``[num_reqs]`` drafts each had scheduled (host; speculative steps).
         logprob_reqs: ``(batch positions, k)`` of the requests with logprobs (host arrays).
-        logprobs: rows for those requests (``[n, 1 + max_k]`` in row chunks).
+        logprobs: rows for those requests (``[n, 1 + max_k]`` in row chunks); a speculative
+            step has ``logprob_spans[j]`` rows for the j-th of them, of which its first
+            ``num_sampled`` are delivered.
         prompt_reqs: ``(req_ids, starts, counts, ks)`` of the requests scoring prompt tokens.
         prompt_logprobs: their rows, back to back (row chunks).
         pooled: ``req_id`` order of ``embeddings``; ``embeddings`` ``[n, hidden] float32``.
@@ -39,6 +45,10 @@ class StepResults:
     req_ids: list[str]
     samples: np.ndarray
     sampled: torch.Tensor | None = None
+    num_sampled: torch.Tensor | None = None
+    num_drafts: torch.Tensor | None = None
+    num_spec: np.ndarray | None = None
+    logprob_spans: np.ndarray | None = None
     logprob_reqs: tuple[np.ndarray, np.ndarray] | None = None
     logprobs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     prompt_reqs: tuple[list[str], np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -77,6 +87,8 @@ class AsyncOutput:
     @staticmethod
     def _device_tensors(r: StepResults) -> list[torch.Tensor]:
         out = [] if r.sampled is None else [r.sampled]
+        if r.num_sampled is not None and r.num_drafts is not None:
+            out += [r.num_sampled, r.num_drafts]
         for chunks in (r.logprobs, r.prompt_logprobs):
             for chunk in chunks:
                 out.extend(chunk)
@@ -92,16 +104,24 @@ class AsyncOutput:
         r = self._results
         host = [t.numpy() for t in self._host]
         out = ModelRunnerOutput(req_ids=list(r.req_ids), sampled_token_ids=[[] for _ in r.req_ids])
+        counts = np.ones(len(r.req_ids), np.int64)
         if r.sampled is not None:
             sampled = host.pop(0).tolist()
-            for i, samples in enumerate(r.samples.tolist()):
-                if samples:
-                    out.sampled_token_ids[i] = [sampled[i]]
+            if r.num_sampled is not None:
+                counts, verified = host.pop(0).astype(np.int64), host.pop(0).tolist()
+                _speculative_tokens(out, r, sampled, counts.tolist(), verified)
+            else:
+                for i, samples in enumerate(r.samples.tolist()):
+                    if samples:
+                        out.sampled_token_ids[i] = [sampled[i]]
         if r.logprobs and r.logprob_reqs is not None:
             ids, lps, ranks = _concat(host, len(r.logprobs))
             positions, ks = r.logprob_reqs
+            spans = r.logprob_spans if r.logprob_spans is not None else np.ones(len(positions), np.int64)
+            starts = (np.cumsum(spans) - spans).tolist()
             for j, (i, k) in enumerate(zip(positions.tolist(), ks.tolist(), strict=True)):
-                out.logprobs[r.req_ids[i]] = _logprobs(ids, lps, ranks, j, j + 1, k)
+                a = starts[j]
+                out.logprobs[r.req_ids[i]] = _logprobs(ids, lps, ranks, a, a + int(counts[i]), k)
         if r.prompt_logprobs and r.prompt_reqs is not None:
             ids, lps, ranks = _concat(host, len(r.prompt_logprobs))
             a = 0
@@ -115,6 +135,18 @@ class AsyncOutput:
             for j, req_id in enumerate(r.pooled):
                 out.pooled_outputs[req_id] = embeddings[j].copy()
         return out
+
+
+def _speculative_tokens(out: ModelRunnerOutput, r: StepResults, sampled: list[list[int]], counts: list[int],
+                        verified: list[int]) -> None:
+    # Each request's accepted drafts and the token after them; the drafts it verified where
+    # it had some scheduled (the scheduler's acceptance counters).
+    assert r.num_spec is not None
+    for i, (samples, num_spec) in enumerate(zip(r.samples.tolist(), r.num_spec.tolist(), strict=True)):
+        if samples:
+            out.sampled_token_ids[i] = sampled[i][: counts[i]]
+            if num_spec:
+                out.num_draft_tokens[r.req_ids[i]] = verified[i]
 
 
 def _concat(host: list[np.ndarray], num_chunks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -105,10 +105,11 @@ class BatchPlan:
         return cls(req_ids, rows.astype(np.int32), num_scheduled.astype(np.int32), num_computed, qsl,
                    samples, len(req_ids), int(qsl[-1]))
 
-    def padded(self, size: int) -> BatchPlan:
-        """The same step padded to ``size`` requests and tokens (a decode CUDA-graph batch)."""
+    def padded(self, size: int, query_len: int = 1) -> BatchPlan:
+        """The same step padded to ``size`` requests of ``query_len`` tokens (a CUDA-graph
+        batch: decodes, or speculative decodes of ``1 + k`` tokens)."""
         return BatchPlan(self.req_ids, self.idx_mapping_np, self.num_scheduled_np, self.num_computed_np,
-                         self.query_start_loc_np, self.samples_np, size, size)
+                         self.query_start_loc_np, self.samples_np, size, size * query_len)
 
 
 @dataclass(frozen=True)

@@ -30,9 +30,11 @@ REFUSED_FEATURES: dict[str, str] = {
     "cpu_offload": "cpu_offload",
     "logits_processors": "custom_logits_processors",
 }
-#: Speculative methods refused at construction (runner_v2 implements none; the engine's
-#: ``SpeculativeConfig`` refuses every method it cannot express before any runner is built).
-REFUSED_SPECULATIVE_METHODS = ("ngram", "ngram_gpu")
+#: Speculative methods refused at construction: ``ngram`` proposes from the CPU token history,
+#: which runner_v2 keeps on the device (its ``ngram_gpu`` matches there instead). runner_v2
+#: implements ``ngram_gpu`` and ``draft_model`` (``runner_v2/spec_decode.py``); the engine's
+#: ``SpeculativeConfig`` refuses every method it cannot express before any runner is built.
+REFUSED_SPECULATIVE_METHODS = ("ngram",)
 #: The pack's error for a V2 pin without Triton (rule ``triton_required``).
 TRITON_REQUIRED = "Model Runner V2 requires Triton."
 _PINNED = "Model Runner V2 does not yet support: {}"

@@ -14,6 +14,11 @@ Each step, with no host synchronisation until the engine collects the result:
 7. the results go to the host on a side stream (``runner_v2/async_output.py``) while the engine
    plans and launches the next step (asynchronous scheduling, ``async_scheduling = True``).
 
+With speculative decoding (``ngram_gpu``, ``draft_model``: ``runner_v2/spec_decode.py``,
+``runner_v2/draft_model.py``) the proposer writes each decoding request's drafts into the
+table before 3, the target scores ``1 + k`` positions per request in 4, and 5-6 become
+rejection sampling and the speculative post-update; a draft model mirrors prefill chunks after.
+
 The host keeps mirrors of what it can count itself (``num_computed_tokens``, ``num_tokens``,
 block counts) to size each step; it never reads the device on the step path.
 """
@@ -28,20 +33,24 @@ import torch
 from engine.capabilities import RunnerManifest, model_layer_architectures
 from engine.config import DEVICE_TYPES, SUPPORTED_SPECULATIVE_METHODS, EngineConfig
 from engine.errors import UnsupportedOptionError
-from engine.model import AttentionMetadata, DecoderModel
+from engine.model import DecoderModel
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from engine.runner_setup import POOLING_TASKS, RunnerBase
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 from kernels.post_update import post_update
-from runner_v2 import refusals
+from runner_v2 import refusals, spec_decode
 from runner_v2.async_output import AsyncOutput, StepResults
-from runner_v2.cuda_graphs import DecodeGraphs, capture_sizes
+from runner_v2.cuda_graphs import DecodeGraphs, capture_sizes, graph_forward, set_dummy_inputs
+from runner_v2.draft_model import DraftModelProposer, DraftStep, load_draft_model
 from runner_v2.input_batch import BatchPlan, InputBatch, InputBuffers, prepare_inputs
 from runner_v2.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
-from runner_v2.sampler import compute_logprobs, compute_prompt_logprobs, sample
+from runner_v2.sampler import compute_logprobs, compute_prompt_logprobs, sample, sample_with_probs
 from runner_v2.states import Col, RequestInfo, RequestStates
 from runner_v2.uploads import StepUploads, upload_step
+
+#: A step's drafts: (drafts [n, k] int32, drafts proposed [n] int32, draft probabilities or None).
+Proposal = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 #: Width of the min_tokens stop-id table (EOS ids and stop_token_ids of a request).
 MAX_STOP_TOKEN_IDS = 32
@@ -71,27 +80,65 @@ class V2ModelRunner(RunnerBase):
             max_stop_token_ids=MAX_STOP_TOKEN_IDS, eos_token_ids=config.eos_token_ids, device=self.device,
         )
         self._preempted: dict[str, RequestInfo] = {}  # their sampling parameters, until resumed
-        use_graphs = self.device.type == "cuda" and not config.enforce_eager
-        self.graphs = DecodeGraphs(capture_sizes(config.max_num_seqs) if use_graphs else [])
+        self.spec = config.speculative_config  # ngram_gpu or draft_model (refusals.py refuses ngram)
+        #: The engine schedules k draft positions per decode; the drafts never leave the device.
+        self.drafts_on_device = self.spec is not None
+        self.draft: DraftModelProposer | None = None
+        self.use_graphs = self.device.type == "cuda" and not config.enforce_eager
+        self.graphs = DecodeGraphs(capture_sizes(config.max_num_seqs) if self.use_graphs else [])
+        q = config.num_speculative_tokens + 1  # a speculative decode: its last token and k drafts
+        spec_sizes = capture_sizes(min(config.max_num_seqs, config.max_num_batched_tokens // q))
+        self.spec_graphs = DecodeGraphs(spec_sizes if self.use_graphs and self.spec else [], query_len=q)
         self.buffers = InputBuffers.allocate(
             max_num_seqs=config.max_num_seqs,
             max_num_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
             max_num_blocks_per_req=config.max_num_blocks_per_req, device=self.device,
         )
+        # With speculation every input comes from the token table (drafts included): a
+        # stride-0 "prefill length" of max_model_len for prepare_input_ids.
+        self._from_table = torch.full((1,), config.max_model_len, dtype=torch.int32,
+                                      device=self.device).expand(config.max_num_seqs)
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.num_graph_steps = 0
         self.num_eager_steps = 0
 
     # ---- set-up ------------------------------------------------------------------------
+    def load_model(self) -> None:
+        super().load_model()
+        if self.spec is not None and self.spec.method == "draft_model":
+            assert isinstance(self.model, DecoderModel)
+            model = load_draft_model(self.config, self.model, self.dtype, self.device)
+            self.draft = DraftModelProposer(self.config, model, self.device)
+
+    def kv_cache_block_bytes(self) -> int:
+        # A block holds the target's and the draft's KV of the same positions.
+        draft = self.draft.block_bytes(self.dtype) if self.draft is not None else 0
+        return super().kv_cache_block_bytes() + draft
+
     def initialize_kv_cache(self, num_blocks: int) -> None:
         super().initialize_kv_cache(num_blocks)
+        if self.draft is not None:
+            self.draft.allocate(num_blocks, self.dtype)
         if self.has_inner_state:
             # Models with Mamba layers run eagerly: a padded graph batch would have to point its
             # padding rows at no state slot (left for later, docs/runner-v2.md).
             self.graphs = DecodeGraphs([])
-        if self.kv_caches and self.graphs.sizes:
+        if self.kv_caches and self.use_graphs:
             with torch.inference_mode():
-                self.graphs.capture(self._set_dummy_decode_inputs, self._graph_forward)
+                self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
+        # The target's decode graphs (1 token, or 1 + k), and the draft's (1 and 2 tokens).
+        todo = [(g, self.model, self.buffers, self.kv_caches) for g in (self.graphs, self.spec_graphs) if g.sizes]
+        if self.draft is not None:
+            for q in (1, 2):
+                self.draft.graphs[q] = DecodeGraphs(capture_sizes(self.config.max_num_seqs), query_len=q)
+                todo.append((self.draft.graphs[q], self.draft.model, self.draft, self.draft.kv_caches))
+        lengths = {"max_model_len": self.config.max_model_len, "block_size": self.config.block_size}
+        for graphs, model, buffers, caches in todo:
+            q = graphs.query_len
+            graphs.capture(lambda size, b=buffers, q=q: set_dummy_inputs(b, size, q),
+                           lambda size, m=model, b=buffers, c=caches, q=q: graph_forward(m, b, c, size, q, **lengths))
 
     def check_sampling_params(self, params: SamplingParams) -> None:
         super().check_sampling_params(params)
@@ -136,11 +183,15 @@ class V2ModelRunner(RunnerBase):
                                    block_ids=cached.new_block_ids[i] or [], params=info.sampling_params)
                 continue
             row = states.req_id_to_row[req_id]
-            if int(states.num_computed_np[row]) != cached.num_computed_tokens[i]:
+            engine_says, mirror = cached.num_computed_tokens[i], int(states.num_computed_np[row])
+            # With drafts, both count every draft in flight as accepted; the engine has learnt
+            # the rejections of the steps it applied since: it may be behind the mirror.
+            if engine_says > mirror or (self.spec is None and engine_says != mirror):
                 raise RuntimeError(
-                    f"request {req_id}: the engine says {cached.num_computed_tokens[i]} computed tokens, "
-                    f"the runner {int(states.num_computed_np[row])}"
-                )
+                    f"request {req_id}: the engine says {engine_says} computed tokens, the runner {mirror}")
+            if self.spec is not None:
+                states.num_computed_np[row] = engine_says
+                states.num_tokens_np[row] = states.num_prompt_tokens_np[row] + cached.num_output_tokens[i]
             if cached.new_block_ids[i]:
                 states.append_block_ids(req_id, cached.new_block_ids[i] or [])
 
@@ -150,52 +201,81 @@ class V2ModelRunner(RunnerBase):
         rows = np.asarray([states.req_id_to_row[r] for r in req_ids], np.int32)
         num_sched = np.asarray([so.num_scheduled_tokens[r] for r in req_ids], np.int32)
         plan = BatchPlan.build(req_ids, rows, num_sched, states.num_computed_np, states.num_tokens_np)
+        sp = None if self.spec is None else spec_decode.plan_spec_step(
+            req_ids, so.scheduled_spec_decode_tokens, num_sched, plan.num_computed_np,
+            states.num_prompt_tokens_np[rows], plan.query_start_loc_np, self.config.num_speculative_tokens)
         prompt_plan = plan_prompt_logprobs(
             req_ids, rows, plan.num_computed_np, num_sched, plan.query_start_loc_np,
             states.num_prompt_tokens_np, states.num_prompt_logprobs_np, self.config.max_model_len,
         )
-        ks = states.num_logprobs_np[rows]
-        lp_idx = np.flatnonzero((ks >= 0) & plan.samples_np)
-        graph_size = self.graphs.padded_size(plan.num_reqs) if plan.max_query_len == 1 and prompt_plan is None else None
+        ks = np.where(plan.samples_np, states.num_logprobs_np[rows], -1)  # a partial prefill has none
+        lp_idx = np.flatnonzero(ks >= 0)
+        graph_size = self._graph_size(plan, prompt_plan, sp)
         if graph_size is not None:
-            plan = plan.padded(graph_size)
+            plan = plan.padded(graph_size, plan.max_query_len)
         prompt = None if prompt_plan is None else (
             prompt_plan.hidden_rows, prompt_plan.target_flat, prompt_plan.num_logprobs)
         dev = upload_step(self.device, rows=rows, num_scheduled=num_sched, logprob_positions=lp_idx,
-                          logprob_k=ks[lp_idx], writes=states.take_staged_writes(), prompt=prompt)
+                          logprob_k=ks[lp_idx], writes=states.take_staged_writes(), prompt=prompt,
+                          spec=None if sp is None else _spec_arrays(sp, rows, ks))
         if dev.writes is not None:
             states.apply_staged_writes(dev.writes.offsets, dev.writes.cu_lens, dev.writes.values)
+        proposal = None if sp is None else self._propose(sp, dev, rows)  # drafts into the table
         batch = self._prepare(plan, dev.idx_mapping, dev.num_scheduled)
-        hidden, logits = self._forward(batch, graph_size)
-        results = self._sample(batch, logits, lp_idx, ks, dev)
+        rows_scored = None  # the target's rows: each request's last token, or 1 + s with drafts
+        if sp is not None and sp.max_spec > 0:
+            assert dev.spec is not None and proposal is not None  # drafts are scheduled for decodes only
+            rows_scored = dev.spec.logits_indices
+        hidden, logits = self._forward(batch, graph_size, rows_scored)
+        if sp is not None and proposal is not None:
+            results = self._verify(batch, logits, sp, dev, proposal, ks)
+        else:
+            results = self._sample(batch, logits, lp_idx, ks, dev)
+            assert results.sampled is not None
+            post_update(batch.idx_mapping, batch.num_scheduled, batch.seq_lens, results.sampled,
+                        states.col(Col.NUM_COMPUTED_TOKENS), states.col(Col.NUM_TOKENS),
+                        states.col(Col.LAST_SAMPLED), states.token_ids, plan.num_reqs)
         if prompt_plan is not None:
             assert hidden is not None  # prompt logprobs never run in a graph
             self._prompt_logprobs(results, prompt_plan, hidden, dev)
-        assert results.sampled is not None
-        post_update(batch.idx_mapping, batch.num_scheduled, batch.seq_lens, results.sampled,
-                    states.col(Col.NUM_COMPUTED_TOKENS), states.col(Col.NUM_TOKENS),
-                    states.col(Col.LAST_SAMPLED), states.token_ids, plan.num_reqs)
-        states.num_computed_np[rows] += num_sched
-        states.num_tokens_np[rows[plan.samples_np]] += 1
+        if self.draft is not None and sp is not None and sp.has_prefill:  # the draft sees the prompts too
+            self.draft.mirror(batch.input_ids, batch.positions, batch.attn_metadata)
+        states.num_computed_np[rows] += num_sched  # optimistic with drafts: see _update_states
+        drafts = sp.num_spec[plan.samples_np] if sp is not None else 0
+        states.num_tokens_np[rows[plan.samples_np]] += 1 + drafts
         return AsyncOutput(results, self.copy_stream)
+
+    def _graph_size(self, plan: BatchPlan, prompt_plan: PromptLogprobsPlan | None,
+                    sp: spec_decode.SpecStepPlan | None) -> int | None:
+        # A CUDA graph for decode steps: one token per request, or 1 + k with k drafts each.
+        if prompt_plan is not None:
+            return None
+        if sp is not None and sp.max_spec > 0:
+            return self.spec_graphs.padded_size(plan.num_reqs) if sp.uniform else None
+        return self.graphs.padded_size(plan.num_reqs) if plan.max_query_len == 1 else None
 
     def _prepare(self, plan: BatchPlan, idx_mapping: torch.Tensor, num_scheduled: torch.Tensor) -> InputBatch:
         states = self.states
+        prefill_len = states.col(Col.PREFILL_LEN) if self.spec is None else self._from_table
         return prepare_inputs(
             plan, self.buffers, idx_mapping=idx_mapping, num_scheduled=num_scheduled,
-            num_computed=states.col(Col.NUM_COMPUTED_TOKENS), prefill_len=states.col(Col.PREFILL_LEN),
+            num_computed=states.col(Col.NUM_COMPUTED_TOKENS), prefill_len=prefill_len,
             last_sampled=states.col(Col.LAST_SAMPLED), token_ids=states.token_ids,
             block_table=states.block_table, block_size=self.config.block_size,
             max_model_len=self.config.max_model_len,
         )
 
-    def _forward(self, batch: InputBatch, graph_size: int | None) -> tuple[torch.Tensor | None, torch.Tensor]:
+    def _forward(self, batch: InputBatch, graph_size: int | None, rows: torch.Tensor | None
+                 ) -> tuple[torch.Tensor | None, torch.Tensor]:
+        # The logits of `rows` (the step's tokens; default: each request's last).
         model = self.model
         assert isinstance(model, DecoderModel)
         n = batch.plan.num_reqs
         if graph_size is not None:
-            # A decode batch: one token per request, so hidden row i is request i's.
             self.num_graph_steps += 1
+            if rows is not None:  # 1 + k tokens per request, hidden rows in step order
+                return None, model.compute_logits(self.spec_graphs.replay(graph_size).index_select(0, rows))
+            # A decode batch: one token per request, so hidden row i is request i's.
             return None, model.compute_logits(self.graphs.replay(graph_size)[:n])
         self.num_eager_steps += 1
         md = batch.attn_metadata
@@ -203,7 +283,63 @@ class V2ModelRunner(RunnerBase):
             md = dataclasses.replace(md, state_indices=batch.idx_mapping[:n],
                                      all_states_continue=bool((batch.plan.num_computed_np > 0).all()))
         hidden = model(batch.input_ids, batch.positions, self.kv_caches, md)
-        return hidden, model.compute_logits(hidden.index_select(0, batch.logits_indices))
+        return hidden, model.compute_logits(hidden.index_select(0, batch.logits_indices if rows is None else rows))
+
+    # ---- speculative decoding (runner_v2/spec_decode.py) ---------------------------------
+    def _propose(self, sp: spec_decode.SpecStepPlan, dev: StepUploads, rows: np.ndarray) -> Proposal | None:
+        states, spec = self.states, dev.spec
+        assert spec is not None and self.spec is not None
+        if self.draft is None:  # ngram_gpu
+            if sp.max_spec == 0:
+                return None
+            drafts, num_drafts = spec_decode.propose_ngram(self.spec, dev.idx_mapping, spec.num_spec,
+                                                           states.col(Col.NUM_TOKENS), states.token_ids)
+            return drafts, num_drafts, None
+        decode = np.flatnonzero(sp.decode)
+        if decode.size == 0:
+            return None
+        drows = rows[decode]
+        proposal = self.draft.propose(DraftStep(
+            rows_np=drows, rows=spec.decode_rows, num_spec=spec.num_spec.index_select(0, spec.decode_pos),
+            max_spec=sp.max_spec, num_computed=states.col(Col.NUM_COMPUTED_TOKENS),
+            num_computed_np=states.num_computed_np, token_ids=states.token_ids, block_table=states.block_table,
+            tables=states.sampling_tables(), use_penalties=bool(states.has_penalties_np[drows].any()),
+            want_probs=bool(states.is_sampled_np[drows].any())))
+        if proposal is None:
+            return None
+        n = len(sp.num_spec)
+        drafts = spec_decode.by_position(proposal[0], spec.decode_pos, n, -1)
+        probs = None if proposal[1] is None else spec_decode.by_position(proposal[1], spec.decode_pos, n, 0.0)
+        return drafts, spec.num_spec, probs
+
+    def _verify(self, batch: InputBatch, logits: torch.Tensor, sp: spec_decode.SpecStepPlan, dev: StepUploads,
+                proposal: Proposal, ks: np.ndarray) -> StepResults:
+        states, spec, plan = self.states, dev.spec, batch.plan
+        assert spec is not None
+        req_rows = plan.idx_mapping_np
+        row_rows = batch.idx_mapping.index_select(0, spec.row_req)  # table row of each target row
+        row_pos = (batch.positions.index_select(0, spec.logits_indices) + 1).to(torch.int32)
+        sampled, probs = sample_with_probs(logits, row_rows, row_pos, states.sampling_tables(), states.token_ids,
+                                           bool(states.has_penalties_np[req_rows].any()),
+                                           bool(states.is_sampled_np[req_rows].any()))
+        v = spec_decode.Verification(batch.idx_mapping, batch.num_scheduled, spec.num_spec, batch.seq_lens,
+                                     spec.cu_rows, *proposal)
+        counters = tuple(states.col(c) for c in (Col.NUM_COMPUTED_TOKENS, Col.NUM_TOKENS, Col.LAST_SAMPLED,
+                                                 Col.NUM_DRAFTS, Col.NUM_ACCEPTED))
+        tokens, num_sampled = spec_decode.verify(v, sampled, row_pos, probs, states.col_f32(Col.TEMPERATURE),
+                                                 states.seed, counters, states.token_ids)
+        results = StepResults(req_ids=plan.req_ids, samples=plan.samples_np, sampled=tokens, num_sampled=num_sampled,
+                              num_drafts=states.col(Col.NUM_DRAFTS).index_select(0, batch.idx_mapping),
+                              num_spec=sp.num_spec)
+        wanted = np.flatnonzero(ks >= 0)
+        if wanted.size:
+            lp_tokens = tokens.view(-1).index_select(0, spec.lp_cells).clamp(min=0)
+            chunks = compute_logprobs(lambda a, b: logits.index_select(0, spec.lp_rows[a:b]), lp_tokens, spec.lp_k,
+                                      int(ks[wanted].max()), self.config.vocab_size)
+            results.logprobs = [(c.token_ids, c.logprobs, c.ranks) for c in chunks]
+            results.logprob_reqs = (wanted, ks[wanted])
+            results.logprob_spans = 1 + sp.num_spec[wanted]
+        return results
 
     def _sample(self, batch: InputBatch, logits: torch.Tensor, lp_idx: np.ndarray, ks: np.ndarray,
                 dev: StepUploads) -> StepResults:
@@ -231,27 +367,6 @@ class V2ModelRunner(RunnerBase):
         rows = [self.states.req_id_to_row[r] for r in plan.req_ids]
         results.prompt_reqs = (plan.req_ids, plan.starts, plan.counts, self.states.num_prompt_logprobs_np[rows])
 
-    # ---- CUDA graphs ---------------------------------------------------------------------
-    def _set_dummy_decode_inputs(self, size: int) -> None:
-        b = self.buffers
-        b.input_ids[:size].zero_()
-        b.positions[:size].zero_()
-        b.slot_mapping[:size].fill_(-1)  # the capture writes nothing to the KV cache
-        b.query_start_loc[: size + 1].copy_(torch.arange(size + 1, dtype=torch.int32, device=self.device))
-        b.seq_lens[:size].fill_(1)
-        b.block_table[:size].zero_()
-
-    def _graph_forward(self, size: int) -> torch.Tensor:
-        model = self.model
-        assert isinstance(model, DecoderModel)
-        b = self.buffers
-        md = AttentionMetadata(
-            query_start_loc=b.query_start_loc[: size + 1], seq_lens=b.seq_lens[:size],
-            block_table=b.block_table[:size], slot_mapping=b.slot_mapping[:size], max_query_len=1,
-            max_seq_len=self.config.max_model_len, num_actual_tokens=size, block_size=self.config.block_size,
-        )
-        return model(b.input_ids[:size], b.positions[:size], self.kv_caches, md)
-
     # ---- pooling -------------------------------------------------------------------------
     def _execute_pooling(self, so: SchedulerOutput) -> ModelRunnerOutput | AsyncOutput:
         # One forward per step over the new requests (pooling runs in one step).
@@ -264,7 +379,7 @@ class V2ModelRunner(RunnerBase):
 
 
 #: What runner_v2 serves: every architecture of the model layer; the speculative methods the
-#: engine can express minus those refusals.py refuses (none left); every option of
+#: engine can express minus those refusals.py refuses (ngram_gpu and draft_model); every option of
 #: engine.capabilities.FEATURES but those refusals.py refuses; Triton required
 #: (refusals.check_engine_config); asynchronous scheduling and decode CUDA graphs.
 MANIFEST = RunnerManifest.build(
@@ -273,6 +388,14 @@ MANIFEST = RunnerManifest.build(
     pooling_tasks=POOLING_TASKS, platforms=DEVICE_TYPES, requires_triton=True,
     async_scheduling=V2ModelRunner.async_scheduling, cuda_graphs=True,
 )
+
+
+def _spec_arrays(sp: spec_decode.SpecStepPlan, rows: np.ndarray, ks: np.ndarray) -> list[np.ndarray]:
+    # runner_v2.uploads.SpecUploads' fields, in order.
+    decode = np.flatnonzero(sp.decode)
+    _, lp_rows, lp_cells, lp_k = sp.logprob_rows(ks)
+    return [sp.num_spec, sp.cu_rows, sp.logits_indices, sp.row_req, decode.astype(np.int64), rows[decode],
+            lp_rows, lp_cells, lp_k]
 
 
 __all__ = ["MANIFEST", "MAX_STOP_TOKEN_IDS", "V2ModelRunner"]

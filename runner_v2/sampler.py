@@ -15,6 +15,7 @@ import torch
 
 from kernels.gumbel_sample import SamplingTables, gumbel_sample
 from kernels.penalties import build_penalty_counts
+from kernels.sampling_probs import compute_probs
 from kernels.topk_logprobs import topk_logprobs
 
 #: Elements of any vocabulary-wide temporary of the logprob paths (4 MiB of float32), as
@@ -44,16 +45,36 @@ def sample(
     use_penalties: bool,  # a scheduled request has a penalty (known on the host)
 ) -> torch.Tensor:  # [num_reqs] int32, a fresh tensor
     """Sample one token per request (docs/sampling.md steps 3-9)."""
-    num_reqs, vocab_size = logits.shape
+    return sample_with_probs(logits, idx_mapping, seq_lens, tables, token_ids, use_penalties, False)[0]
+
+
+def sample_with_probs(
+    logits: torch.Tensor,  # [num_rows, vocab_size] float32, raw
+    idx_mapping: torch.Tensor,  # [num_rows] int32: table row of each logits row
+    positions: torch.Tensor,  # [>= num_rows] int32: position of the token each row samples
+    tables: SamplingTables,
+    token_ids: torch.Tensor,  # [max_num_seqs, max_model_len] int32 request table
+    use_penalties: bool,  # a row has a penalty (known on the host)
+    want_probs: bool,  # a row samples (temperature > 0): speculative decoding needs p
+) -> tuple[torch.Tensor, torch.Tensor | None]:  # [num_rows] int32, [num_rows, vocab_size] float32
+    """One token per row and, when asked, each sampled row's processed distribution (the
+    distribution the token is drawn from; ``kernels/sampling_probs.py``). Speculative steps have
+    several rows per request (one per verified position): the penalty counts of each row see
+    the drafts before it in the token table."""
+    num_rows, vocab_size = logits.shape
     counts = None
-    if use_penalties:  # skipped entirely otherwise: no [num_reqs, vocab] scratch
-        counts = torch.zeros(num_reqs, vocab_size, dtype=torch.int32, device=logits.device)
-        build_penalty_counts(idx_mapping, seq_lens, token_ids, tables.num_prompt_tokens,
+    if use_penalties:  # skipped entirely otherwise: no [num_rows, vocab] scratch
+        counts = torch.zeros(num_rows, vocab_size, dtype=torch.int32, device=logits.device)
+        build_penalty_counts(idx_mapping, positions, token_ids, tables.num_prompt_tokens,
                              tables.repetition_penalty, tables.frequency_penalty,
                              tables.presence_penalty, counts)
-    sampled = torch.empty(num_reqs, dtype=torch.int32, device=logits.device)
-    gumbel_sample(logits, idx_mapping, seq_lens, tables, counts, sampled)
-    return sampled
+    sampled = torch.empty(num_rows, dtype=torch.int32, device=logits.device)
+    gumbel_sample(logits, idx_mapping, positions, tables, counts, sampled)
+    probs = None
+    if want_probs:
+        probs = torch.empty(num_rows, vocab_size, dtype=torch.float32, device=logits.device)
+        compute_probs(logits, idx_mapping, positions, tables, counts, probs)
+    return sampled, probs
 
 
 def compute_logprobs(
@@ -105,4 +126,5 @@ def compute_prompt_logprobs(
     )
 
 
-__all__ = ["WORKING_SET_ELEMS", "LogprobsTensors", "compute_logprobs", "compute_prompt_logprobs", "sample"]
+__all__ = ["WORKING_SET_ELEMS", "LogprobsTensors", "compute_logprobs", "compute_prompt_logprobs", "sample",
+           "sample_with_probs"]

@@ -9,14 +9,15 @@ rows, block-table diffs) go in one staged copy and one kernel launch
 (``kernels/staged_writes.py``):
 
 - ``row_params [max_num_seqs, NUM_COLS] int32``: per-row counters (``num_computed_tokens``,
-  ``num_tokens``, ``prefill_len``, ``num_prompt_tokens``, ``last_sampled``) and sampling
-  parameters (float32 fields stored by bit pattern, the int64 seed in two words);
+  ``num_tokens``, ``prefill_len``, ``num_prompt_tokens``, ``last_sampled``, and the drafts the
+  last speculative step verified and accepted) and sampling parameters (float32 fields stored
+  by bit pattern, the int64 seed in two words);
 - ``token_ids [max_num_seqs, max_model_len] int32``: prompt, then output, per row;
 - ``block_table [max_num_seqs, max_num_blocks_per_req] int32``: physical KV blocks per row;
 - ``stop_token_ids [max_num_seqs, max_stop_token_ids] int32``: ids ``min_tokens`` masks.
 
 ``add_request`` writes every field of its row (counters, parameters, stop ids, tokens, blocks):
-nothing survives slot reuse. Cells past a row's ``num_tokens`` / block count are never read.
+nothing survives slot reuse (the speculative counters start at 0 too). Cells past a row's ``num_tokens`` / block count are never read.
 ``remove_request`` only frees the row. Preemption is remove, then add again with the full token
 list (prompt + output so far).
 
@@ -61,9 +62,11 @@ class Col(enum.IntEnum):
     SEED_HI = 13
     NUM_LOGPROBS = 14  # -1: none
     NUM_PROMPT_LOGPROBS = 15  # -1: none
+    NUM_DRAFTS = 16  # drafts its last step verified (speculative decoding)
+    NUM_ACCEPTED = 17  # drafts its last step accepted
 
 
-NUM_COLS = 16
+NUM_COLS = 18
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,7 @@ class RequestStates:
         self.num_logprobs_np = np.full(s, -1, np.int32)
         self.num_prompt_logprobs_np = np.full(s, -1, np.int32)
         self.has_penalties_np = np.zeros(s, bool)
+        self.is_sampled_np = np.zeros(s, bool)  # temperature > 0 (not greedy)
         self._pending: list[tuple[int, np.ndarray]] = []  # (arena offset, int32 values)
 
     # ---- column views ------------------------------------------------------------------
@@ -182,6 +186,7 @@ class RequestStates:
         self.num_logprobs_np[row] = -1 if params.logprobs is None else params.logprobs
         self.num_prompt_logprobs_np[row] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
         self.has_penalties_np[row] = params.has_penalties
+        self.is_sampled_np[row] = params.temperature >= _GREEDY_EPS
         return row
 
     def append_block_ids(self, req_id: str, block_ids: list[int]) -> None:
@@ -255,6 +260,7 @@ class RequestStates:
         words[Col.SEED_LO : Col.SEED_HI + 1] = np.asarray([params.seed or 0], np.int64).view(np.int32)
         words[Col.NUM_LOGPROBS] = -1 if params.logprobs is None else params.logprobs
         words[Col.NUM_PROMPT_LOGPROBS] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
+        words[Col.NUM_DRAFTS] = words[Col.NUM_ACCEPTED] = 0
         return words
 
 

@@ -34,6 +34,24 @@ class PromptLogprobUploads:
 
 
 @dataclass(frozen=True)
+class SpecUploads:
+    """The host plan of a speculative step (``runner_v2.spec_decode.SpecStepPlan``), on the device."""
+
+    num_spec: torch.Tensor  # [n] int32, drafts scheduled per request
+    cu_rows: torch.Tensor  # [n + 1] int32, target rows per request
+    logits_indices: torch.Tensor  # [num_rows] int64, the step's token of each target row
+    row_req: torch.Tensor  # [num_rows] int32, batch position of each target row
+    decode_pos: torch.Tensor  # [m] int64, batch positions of the decoding requests
+    decode_rows: torch.Tensor  # [m] int32, their table rows
+    lp_rows: torch.Tensor  # [num_lp_rows] int64, target rows whose logprobs are asked
+    lp_cells: torch.Tensor  # [num_lp_rows] int64, their cells in the [n, k + 1] output
+    lp_k: torch.Tensor  # [num_lp_rows] int32, their k
+
+
+SPEC_FIELDS = 9
+
+
+@dataclass(frozen=True)
 class StepUploads:
     """One step's device copies of its host arrays.
 
@@ -44,6 +62,7 @@ class StepUploads:
         logprob_k: ``[num_lp] int32`` their k.
         writes: the staged row writes, or None when nothing was staged.
         prompt: the prompt-logprob plan, or None when no request scores its prompt.
+        spec: the speculative plan, or None without speculation.
     """
 
     idx_mapping: torch.Tensor
@@ -52,22 +71,25 @@ class StepUploads:
     logprob_k: torch.Tensor
     writes: StagedWrites | None
     prompt: PromptLogprobUploads | None
+    spec: SpecUploads | None = None
 
 
 def upload_step(device: torch.device, *, rows: np.ndarray, num_scheduled: np.ndarray,
                 logprob_positions: np.ndarray, logprob_k: np.ndarray,
                 writes: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-                prompt: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> StepUploads:
+                prompt: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+                spec: Sequence[np.ndarray] | None = None) -> StepUploads:
     """The step's host arrays on ``device`` in one non-blocking copy (see the module
-    docstring); ``writes`` and ``prompt`` are ``(offsets, cu_lens, values)`` and
-    ``(hidden_rows, target_flat, num_logprobs)`` host arrays."""
+    docstring); ``writes``, ``prompt`` and ``spec`` are ``(offsets, cu_lens, values)``,
+    ``(hidden_rows, target_flat, num_logprobs)`` and :class:`SpecUploads`' fields in order."""
     arrays = [rows, num_scheduled, logprob_positions.astype(np.int64), logprob_k.astype(np.int32)]
-    arrays += list(writes or ()) + list(prompt or ())
+    arrays += list(writes or ()) + list(prompt or ()) + list(spec or ())
     t = iter(to_device(arrays, device))
     base = [next(t) for _ in range(4)]
     staged = StagedWrites(next(t), next(t), next(t)) if writes is not None else None
     plan = PromptLogprobUploads(next(t), next(t), next(t)) if prompt is not None else None
-    return StepUploads(*base, writes=staged, prompt=plan)
+    specs = SpecUploads(*(next(t) for _ in range(SPEC_FIELDS))) if spec is not None else None
+    return StepUploads(*base, writes=staged, prompt=plan, spec=specs)
 
 
 def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
@@ -101,4 +123,5 @@ def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.
     return out
 
 
-__all__ = ["PromptLogprobUploads", "StagedWrites", "StepUploads", "to_device", "upload_step"]
+__all__ = ["SPEC_FIELDS", "PromptLogprobUploads", "SpecUploads", "StagedWrites", "StepUploads", "to_device",
+           "upload_step"]

@@ -4,11 +4,14 @@
 #   2. the gpu-marked tests of runner_v1 and runner_v2 (tests/parity, tests/runner_v1, tests/runner_v2),
 #   3. the throughput benchmark (DESIGN §6 workload: runner_v1, runner_v2 and HF generate),
 #   4. (part `families`) the per-family benchmark (benchmarks/families.py: OPT, the MoE families
-#      and DeepSeek-V2 at full layer count, V1 and V2) and the fused MoE kernel benchmark.
+#      and DeepSeek-V2 at full layer count, V1 and V2) and the fused MoE kernel benchmark,
+#   5. (part `spec`) the speculative decoding benchmark (benchmarks/spec_decode.py: runner_v2
+#      with and without speculation, concurrency 1 and 32).
 # Logs go under $OUT (default /tmp/gpu-check): kernels.log, gpu_tests.log, throughput.log and
-# throughput.json (the benchmark's last line); families.log/.json, fused_moe.log/.json.
+# throughput.json (the benchmark's last line); families.log/.json, fused_moe.log/.json,
+# spec_decode.log/.json.
 # Exit status: non-zero if any part failed.
-# Usage (repository root): bash scripts/gpu_check.sh [all|tests|bench|families]
+# Usage (repository root): bash scripts/gpu_check.sh [all|tests|bench|families|spec]
 # About 3-5 minutes for the tests and 2-3 for the benchmark on an H200; run `tests` and `bench`
 # as two commands if one command is limited to less than the sum.
 set -uo pipefail
@@ -46,6 +49,12 @@ if [ "$PART" = all ] || [ "$PART" = families ]; then
   "$PY" benchmarks/fused_moe.py 2>&1 | tee "$OUT/fused_moe.log" || status=1
   tail -n 1 "$OUT/fused_moe.log" > "$OUT/fused_moe.json"
   echo "family benchmarks done after $((SECONDS - start)) s"
+fi
+
+if [ "$PART" = all ] || [ "$PART" = spec ]; then
+  "$PY" benchmarks/spec_decode.py 2>&1 | tee "$OUT/spec_decode.log" || status=1
+  tail -n 1 "$OUT/spec_decode.log" > "$OUT/spec_decode.json"
+  echo "speculative decoding benchmark done after $((SECONDS - start)) s"
 fi
 
 exit $status

@@ -269,13 +269,13 @@ def test_explain_answers_with_changes_that_reach_v2(api: Api) -> None:
 
 
 def test_explain_combined_suggestion_applied_through_the_service_reaches_v2(api: Api) -> None:
-    spec = {"architecture": "LlamaForCausalLM", "speculative_method": "ngram"}
+    spec = {"architecture": "LlamaForCausalLM", "cpu_offload_gb": 4}
     r = api.client.post("/api/v1/explain", json={"config": spec}, headers=api.h("viewer"))
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["note"] is None
     combined = next(s for s in body["suggestions"] if s["kind"] == "config+canary")
-    assert combined["text"] == ("speculative_method ngram → none; "
+    assert combined["text"] == ("cpu_offload_gb 4.0 → 0; "
                                 "canary:llama-mistral-dense off → on 100%")
     # Apply it: the canary flip through the API, the config change in the deployment.
     changed = dict(spec)

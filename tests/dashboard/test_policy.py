@@ -73,8 +73,10 @@ def test_cohorts_resolve_from_family_names(policy: Policy) -> None:
 def test_rule_labels_fill_their_placeholders_from_the_rule_condition(policy: Policy) -> None:
     # The fallback-reasons page showed "speculative method" with the method stripped.
     labels = policy.reason_labels()
-    assert labels["draft_model_speculation"] == "speculative method 'draft_model'"
-    assert labels["ngram_speculation"] == "speculative method 'ngram or ngram_gpu'"
+    assert labels["ngram_speculation"] == "speculative method 'ngram'"
+    assert labels["v1_mamba_cache_mode_unimplemented"] == "mamba cache mode 'align or all'"
+    # A placeholder its condition cannot fill (a `not` list) is dropped with its quotes.
+    assert labels["v2_speculation_with_recurrent_state"] == "speculative method with Mamba layers"
 
 
 def test_a_placeholder_no_condition_fixes_is_dropped_with_its_quotes() -> None:

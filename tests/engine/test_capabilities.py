@@ -62,8 +62,9 @@ def test_each_manifest_is_derived_from_its_runners_code() -> None:
     assert v1.refused == () and v1.honoured == tuple(sorted(FEATURES))
     assert not v1.requires_triton and not v1.async_scheduling and v1.cuda_graphs  # decode graphs, as MRV1
     assert set(v2.refused) == set(refusals.REFUSED_FEATURES) == {"cpu_offload", "logits_processors"}
-    assert v2.speculative_methods == ()  # every expressible method is refused by refusals.py
-    assert set(SUPPORTED_SPECULATIVE_METHODS) <= set(refusals.REFUSED_SPECULATIVE_METHODS)
+    # runner_v2 serves what the engine expresses and refusals.py does not refuse (CPU ngram).
+    assert v2.speculative_methods == ("draft_model", "ngram_gpu")
+    assert set(v2.speculative_methods) == set(SUPPORTED_SPECULATIVE_METHODS) - set(refusals.REFUSED_SPECULATIVE_METHODS)
     assert v2.requires_triton and v2.async_scheduling and v2.cuda_graphs
     # Every method the engine can express is implemented by some runner.
     assert set(SUPPORTED_SPECULATIVE_METHODS) == set(v1.speculative_methods) | set(v2.speculative_methods)

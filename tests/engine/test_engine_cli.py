@@ -137,7 +137,11 @@ BAD = [
     ("unknown runner", ["--prompt", "x", "--runner", "v9"], 2, "runner must be one of auto, v1, v2, got 'v9'"),
     ("pin no runner can serve", ["--prompt", "x", "--runner", "v2", "--speculative-config", '{"method": "ngram"}'], 3,
      "no runner can serve this deployment: Model Runner V2 does not yet support: speculative method 'ngram'"),
-    ("unknown speculative key", ["--prompt", "x", "--speculative-config", '{"model": "x"}'], 2, "unknown speculative_config keys ['model']"),
+    ("unknown speculative key", ["--prompt", "x", "--speculative-config", '{"draft": "x"}'], 2, "unknown speculative_config keys ['draft']"),
+    ("draft model missing", ["--prompt", "x", "--runner", "v2", "--speculative-config", '{"model": "/nonexistent/draft"}'], 2,
+     "draft model /nonexistent/draft (speculative_config['model']) does not exist"),
+    ("draft model pinned to V1", ["--prompt", "x", "--runner", "v1", "--speculative-config", '{"model": "/x"}'], 3,
+     "no runner can serve this deployment: Model Runner V1 does not support: speculative method 'draft_model'"),
     ("bad sampling value", ["--prompt", "x", "--top-p", "0"], 2, "SamplingParams.top_p=0.0 is invalid"),
     ("max_model_len above the model's", ["--prompt", "x", "--max-model-len", "999999"], 2, "max_model_len=999999 is above the model's max_position_embeddings=256"),
     # Each of these was silently ignored or ended in a traceback.
@@ -151,6 +155,21 @@ BAD = [
     ("unknown pack", ["--prompt", "x", "--pack", "/nonexistent/pack"], 2, "no policy pack '/nonexistent/pack'"),
     ("tokenizer path missing", ["--prompt", "x", "--tokenizer", "/nonexistent/tok"], 2, "tokenizer /nonexistent/tok: no such file or directory"),
 ]
+
+
+def test_speculative_decoding_reports_its_drafts(cli: CliRunner, wide_llama: Path) -> None:
+    spec = json.dumps({"method": "draft_model", "model": str(wide_llama), "num_speculative_tokens": 2})
+    args = ["generate", "--model", str(wide_llama), "--tokenizer", str(SMOLLM2), "--prompt", "one two one two",
+            "--no-chat", "--max-tokens", "5", "--temperature", "0", "--max-model-len", "64", "--runner", "v2",
+            "--speculative-config", spec]
+    res = invoke(cli, *args, "--json")
+    assert res.exit_code == 0, res.output
+    (out,) = json.loads(res.output)["outputs"]
+    assert len(out["token_ids"]) == 5
+    stats = out["spec_decode"]  # the target as its own draft: every draft accepted
+    assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0 and stats["acceptance_rate"] == 1.0
+    res = invoke(cli, *args)
+    assert f"[5 tokens, finish_reason=length, {stats['num_accepted_tokens']} of {stats['num_draft_tokens']} drafts accepted]" in res.output
 
 
 @pytest.mark.parametrize(("note", "args", "code", "message"), BAD, ids=[b[0] for b in BAD])

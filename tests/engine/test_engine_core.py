@@ -204,7 +204,16 @@ def test_speculative_config_is_checked() -> None:
     with pytest.raises(EngineConfigError, match="'eagle' is not implemented"):
         SpeculativeConfig(method="eagle")
     with pytest.raises(EngineConfigError, match="unknown speculative_config keys"):
+        SpeculativeConfig.from_dict({"method": "ngram", "draft_model": "x"})
+    with pytest.raises(EngineConfigError, match=r"method 'ngram' does not use \(use method 'draft_model'\)"):
         SpeculativeConfig.from_dict({"method": "ngram", "model": "x"})
+    with pytest.raises(EngineConfigError, match=r"'draft_model' needs the draft model: speculative_config\['model'\]"):
+        SpeculativeConfig.from_dict({"method": "draft_model"})
+    with pytest.raises(EngineConfigError, match=r"'draft_model' needs the draft model: .*got 3"):
+        SpeculativeConfig.from_dict({"method": "draft_model", "model": 3})
+    # vLLM's spelling: a draft model without a method is draft_model.
+    spec = SpeculativeConfig.from_dict({"model": "small", "num_speculative_tokens": 2})
+    assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "small", 2)
     assert SpeculativeConfig.from_dict({"num_speculative_tokens": 5}).num_speculative_tokens == 5
     # Values straight from --speculative-config JSON: a wrong type is named, not a TypeError.
     with pytest.raises(EngineConfigError, match=r"num_speculative_tokens must be an int >= 1, got '3'"):

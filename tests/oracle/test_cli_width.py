@@ -14,6 +14,12 @@ from oracle.cli import app
 LONG_ID = "deployment-with-a-rather-long-identifier-0001"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 3}'
+# A V2 blocker whose removal still leaves Llama's stage (off) to pass: two long suggestions.
+OFFLOAD = ["--cpu-offload-gb", "4"]
+SUGGESTIONS = [
+    "→ V2 (config+pin, STATIC): cpu_offload_gb 4.0 → 0; env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
+    "→ V2 (config+canary, TARGETING_MATCH): cpu_offload_gb 4.0 → 0; "
+    "canary:llama-mistral-dense off → on 100%"]
 
 
 def _invoke(*args: str, columns: str | None = None, codes: tuple[int, ...] = (0, 2)) -> str:
@@ -44,15 +50,11 @@ def test_a_table_on_a_pipe_keeps_ids_and_reasons_whole_on_one_line(commands: Pat
 
 
 def test_explain_on_a_pipe_prints_each_suggestion_on_one_line() -> None:
-    out = _invoke("explain", "--", "vllm", "serve", MODEL, "--speculative-config", NGRAM)
+    out = _invoke("explain", "--", "vllm", "serve", MODEL, *OFFLOAD)
     lines = [line.strip() for line in out.splitlines() if "→ V2" in line]
-    assert lines == [
-        "→ V2 (config+pin, STATIC): speculative_method ngram → none; "
-        "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
-        "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → none; "
-        "canary:llama-mistral-dense off → on 100%"]
-    assert ("Model Runner V2 does not yet support speculative method 'ngram'; using the V1 "
-            "model runner instead.") in out
+    assert lines == SUGGESTIONS
+    assert ("Model Runner V2 does not yet support CPU weight offload (cpu_offload_gb > 0); using "
+            "the V1 model runner instead.") in out
 
 
 def test_matrix_and_summary_on_a_pipe_are_not_cut(commands: Path) -> None:
@@ -98,12 +100,8 @@ def test_a_zero_columns_is_ignored_not_taken_as_no_room(columns: str) -> None:
     out = _invoke("decide", "--architecture", "NoSuchForCausalLM", columns=columns)
     assert "unknown architecture 'NoSuchForCausalLM'" in out
     result = CliRunner(env={"COLUMNS": columns}).invoke(
-        app, ["explain", "--", "vllm", "serve", MODEL, "--speculative-config", NGRAM])
-    assert [line.strip() for line in result.output.splitlines() if "→ V2" in line] == [
-        "→ V2 (config+pin, STATIC): speculative_method ngram → none; "
-        "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
-        "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → none; "
-        "canary:llama-mistral-dense off → on 100%"]
+        app, ["explain", "--", "vllm", "serve", MODEL, *OFFLOAD])
+    assert [line.strip() for line in result.output.splitlines() if "→ V2" in line] == SUGGESTIONS
 
 
 def test_an_80_column_decision_keeps_matched_values_whole_and_indents_wrapped_messages() -> None:
@@ -117,8 +115,7 @@ def test_an_80_column_decision_keeps_matched_values_whole_and_indents_wrapped_me
     assert not any(line.strip() == "'" for line in lines), out
     warning = next(i for i, line in enumerate(lines) if line.startswith("  WARNING "))
     assert lines[warning + 1].startswith(" " * len("  WARNING ")), out
-    out = _invoke("explain", "--", "vllm", "serve", MODEL, "--speculative-config", NGRAM,
-                  columns="60")
+    out = _invoke("explain", "--", "vllm", "serve", MODEL, *OFFLOAD, columns="60")
     lines = out.splitlines()
     first = next(i for i, line in enumerate(lines) if "→ V2" in line)
     assert lines[first + 1].startswith(" " * len("  → V2 ")), out

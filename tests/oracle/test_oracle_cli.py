@@ -141,29 +141,28 @@ def test_explain_prints_the_suggestions() -> None:
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["decision"]["runner"] == "v1"
-    assert out["suggestions"][0]["text"] == "speculative_method ngram → none"
+    assert out["suggestions"][0]["text"] == "speculative_method ngram → ngram_gpu"  # on the device
     r = turnout("explain", "--", "vllm", "serve", "<checkpoint>")
     assert r.returncode == 2 and "placeholder" in r.stdout + r.stderr
 
 
 def test_explain_combines_a_config_change_with_the_canary() -> None:
-    argv = ["--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--speculative-config",
-            '{"method": "ngram", "num_speculative_tokens": 3}']
+    argv = ["--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--cpu-offload-gb", "4"]
     r = turnout("explain", *argv)
     assert r.returncode == 0, r.stderr
     assert "no change of the deployment's options reaches V2" not in r.stdout
     text = " ".join(r.stdout.split())
     assert text.endswith(
-        "→ V2 (config+pin, STATIC): speculative_method ngram → none; "
+        "→ V2 (config+pin, STATIC): cpu_offload_gb 4.0 → 0; "
         "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1 "
-        "→ V2 (config+canary, TARGETING_MATCH): speculative_method ngram → none; "
+        "→ V2 (config+canary, TARGETING_MATCH): cpu_offload_gb 4.0 → 0; "
         "canary:llama-mistral-dense off → on 100% "
         "canaries: rollout.yaml defaults of pack turnout (pass --canaries FILE, e.g. the "
         "service's GET /api/v1/canaries, to decide with the live ones)")
     out = json.loads(turnout("explain", "--json", *argv).stdout)
     assert [s["kind"] for s in out["suggestions"]] == ["config+pin", "config+canary"]
     assert out["suggestions"][1]["changes"] == [
-        {"dimension": "speculative_method", "from": "ngram", "to": "none"},
+        {"dimension": "cpu_offload_gb", "from": 4.0, "to": 0},
         {"dimension": "canary:llama-mistral-dense", "from": "off", "to": "on 100%"}]
 
 

@@ -10,8 +10,10 @@ def _texts(cfg: DeploymentConfig, **kw: object) -> list[str]:
 
 
 def test_a_value_that_keeps_the_feature_on_comes_first() -> None:
-    # vLLM 0.31's V2 has other drafters; turnout's runner_v2 implements none (its manifest),
-    # so under the turnout pack speculation off is the only way to V2.
+    # vLLM 0.31's V2 has other drafters; turnout's runner_v2 implements ngram_gpu and
+    # draft_model (its manifest), so under the turnout pack n-gram speculation moves to the
+    # device rather than off. ngram_gpu alone reaches V2 even outside a stage that is on:
+    # runner_v1 cannot serve it.
     cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram")
     ex = explain(cfg, pack=load_pack("vllm-0.31"))
     assert ex.decision.runner == "v1"
@@ -19,14 +21,15 @@ def test_a_value_that_keeps_the_feature_on_comes_first() -> None:
     assert all(s.decision.runner == "v2" for s in ex.suggestions)
     ex = explain(cfg, pack=load_pack("turnout"))
     assert ex.decision.runner == "v1"
-    assert [str(s) for s in ex.suggestions] == ["speculative_method ngram → none"]
+    assert [str(s) for s in ex.suggestions] == ["speculative_method ngram → ngram_gpu"]
     assert ex.suggestions[0].decision.runner == "v2"
 
 
 def test_two_blockers_need_both_changes() -> None:
     cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="suffix",
                            enable_elastic_ep=True)
-    assert _texts(cfg) == ["speculative_method suffix → none; enable_elastic_ep true → false"]
+    # The nearest served method keeps speculation on (ngram_gpu: runner_v2's own).
+    assert _texts(cfg) == ["speculative_method suffix → ngram_gpu; enable_elastic_ep true → false"]
 
 
 def test_soft_blocker_offers_the_pin() -> None:
@@ -67,7 +70,7 @@ def test_v1_pin_is_lifted_first() -> None:
     ex = explain(ngram, pack=load_pack("turnout"))
     assert ex.decision.mode == "pinned" and ex.decision.runner == "v1"
     assert str(ex.suggestions[0]) == ("env:TURNOUT_USE_V2_MODEL_RUNNER 0 → unset; "
-                                      "speculative_method ngram → none")
+                                      "speculative_method ngram → ngram_gpu")
     assert ex.suggestions[0].decision.runner == "v2" and ex.suggestions[0].decision.mode == "auto"
 
 
@@ -109,24 +112,22 @@ LLAMA_STAGE = "canary:llama-mistral-dense off → on 100%"
 
 
 def test_a_blocker_in_a_stage_that_is_off_needs_the_change_and_a_step_together() -> None:
-    # The Llama stage is off and n-gram speculation blocks V2: neither the config change nor
-    # the canary (nor the pin: ngram is a hard blocker) reaches V2 alone.
-    cfg = DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="ngram")
+    # The Llama stage is off and CPU weight offload blocks V2: neither the config change nor
+    # the canary (nor the pin: offload is a hard blocker) reaches V2 alone.
+    cfg = DeploymentConfig(architecture="LlamaForCausalLM", cpu_offload_gb=4)
     ex = explain(cfg, pack=load_pack("turnout"))
     assert ex.note == ""
     assert [(s.kind, str(s)) for s in ex.suggestions] == [
-        ("config+pin", f"speculative_method ngram → none; {PIN} unset → 1"),
-        ("config+canary", f"speculative_method ngram → none; {LLAMA_STAGE}"),
+        ("config+pin", f"cpu_offload_gb 4.0 → 0; {PIN} unset → 1"),
+        ("config+canary", f"cpu_offload_gb 4.0 → 0; {LLAMA_STAGE}"),
     ]
     assert [s.decision.mode for s in ex.suggestions] == ["pinned", "auto"]
     assert all(s.decision.runner == "v2" for s in ex.suggestions)
 
 
 def test_two_blockers_and_the_canary_in_one_suggestion() -> None:
-    cfg = DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="suffix",
-                           enable_elastic_ep=True)
-    assert _texts(cfg)[1] == ("speculative_method suffix → none; enable_elastic_ep true → "
-                              f"false; {LLAMA_STAGE}")
+    cfg = DeploymentConfig(architecture="LlamaForCausalLM", cpu_offload_gb=4, enable_elastic_ep=True)
+    assert _texts(cfg)[1] == f"enable_elastic_ep true → false; cpu_offload_gb 4.0 → 0; {LLAMA_STAGE}"
 
 
 def test_a_step_that_works_alone_is_not_combined() -> None:
@@ -141,16 +142,19 @@ def test_a_step_that_works_alone_is_not_combined() -> None:
 
 def test_combined_steps_start_from_a_v1_pin_and_the_kill_switch() -> None:
     pin = {"TURNOUT_USE_V2_MODEL_RUNNER": "0"}
-    cfg = DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="ngram", env=pin)
+    cfg = DeploymentConfig(architecture="LlamaForCausalLM", cpu_offload_gb=4, env=pin)
     assert _texts(cfg) == [
-        f"speculative_method ngram → none; {PIN} 0 → 1",
-        f"{PIN} 0 → unset; speculative_method ngram → none; {LLAMA_STAGE}",
+        f"cpu_offload_gb 4.0 → 0; {PIN} 0 → 1",
+        f"{PIN} 0 → unset; cpu_offload_gb 4.0 → 0; {LLAMA_STAGE}",
     ]
-    qwen = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram")
+    qwen = DeploymentConfig(architecture="Qwen3ForCausalLM", cpu_offload_gb=4)
     assert _texts(qwen, canaries=CanarySnapshot({}, kill_switch=True)) == [
-        f"speculative_method ngram → none; {PIN} unset → 1",
-        "speculative_method ngram → none; kill_switch engaged → released",
+        f"cpu_offload_gb 4.0 → 0; {PIN} unset → 1",
+        "cpu_offload_gb 4.0 → 0; kill_switch engaged → released",
     ]
+    # Under the kill switch a method only V2 serves still reaches V2 by itself.
+    assert _texts(DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram"),
+                  canaries=CanarySnapshot({}, kill_switch=True))[0] == "speculative_method ngram → ngram_gpu"
 
 
 def test_a_blocker_behind_a_prerequisite_is_found() -> None:
@@ -159,14 +163,13 @@ def test_a_blocker_behind_a_prerequisite_is_found() -> None:
     qwen = DeploymentConfig(architecture="Qwen3ForCausalLM", triton_available=False,
                             mamba_cache_mode="all")
     assert _texts(qwen) == ["triton_available false → true; mamba_cache_mode all → none"]
-    llama = DeploymentConfig(architecture="LlamaForCausalLM", triton_available=False,
-                             speculative_method="ngram")
+    llama = DeploymentConfig(architecture="LlamaForCausalLM", triton_available=False, cpu_offload_gb=4)
     ex = explain(llama, pack=load_pack("turnout"))
     assert [r.rule_id for r in ex.decision.reasons] == ["triton_required"]
     assert [(s.kind, str(s)) for s in ex.suggestions] == [
-        ("config+pin", "triton_available false → true; speculative_method ngram → none; "
+        ("config+pin", "triton_available false → true; cpu_offload_gb 4.0 → 0; "
                        "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1"),
-        ("config+canary", "triton_available false → true; speculative_method ngram → none; "
+        ("config+canary", "triton_available false → true; cpu_offload_gb 4.0 → 0; "
                           "canary:llama-mistral-dense off → on 100%")]
     assert all(s.decision.runner == "v2" for s in ex.suggestions)
 

@@ -37,12 +37,18 @@ def test_cells_are_every_architecture_pin_and_scenario() -> None:
 def test_diff_shows_cells_that_change_runner() -> None:
     changes = list(diff_matrix(load_pack("turnout"), load_pack("vllm-0.31")))
     assert changes
-    qwen_dm = [c for c in changes if c.architecture == "Qwen3ForCausalLM" and c.pin == "auto"
-               and c.scenario == "speculative_method=draft_model"]
-    assert len(qwen_dm) == 1
-    # turnout's runners implement no draft-model speculation: no runner (vLLM 0.31: V2).
-    assert (qwen_dm[0].before.runner, qwen_dm[0].after.runner) == (None, "v2")
-    assert qwen_dm[0].before.error_code == "no_runner"
+    qwen_eagle = [c for c in changes if c.architecture == "Qwen3ForCausalLM" and c.pin == "auto"
+                  and c.scenario == "speculative_method=eagle"]
+    assert len(qwen_eagle) == 1
+    # turnout's runners implement no EAGLE drafter: no runner (vLLM 0.31: V2).
+    assert (qwen_eagle[0].before.runner, qwen_eagle[0].after.runner) == (None, "v2")
+    assert qwen_eagle[0].before.error_code == "no_runner"
+    # runner_v2 matches n-grams on the device; vLLM 0.31's V2 did not (V1 there).
+    gpu_ngram = [c for c in changes if c.architecture == "Qwen3ForCausalLM" and c.pin == "auto"
+                 and c.scenario == "speculative_method=ngram_gpu"]
+    assert [(c.before.runner, c.after.runner) for c in gpu_ngram] == [("v2", "v1")]
+    assert not [c for c in changes if c.architecture == "Qwen3ForCausalLM" and c.pin == "auto"
+                and c.scenario == "speculative_method=draft_model"]  # V2 under both
     mamba = [c for c in changes if c.architecture == "Mamba2ForCausalLM" and c.pin == "auto"
            and c.scenario == "default"]
     assert len(mamba) == 1 and mamba[0].before.error_code == "architecture_not_served"

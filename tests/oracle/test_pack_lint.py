@@ -77,13 +77,13 @@ def test_rule_for_a_family_with_no_such_architecture(pack_dir: Path) -> None:
 
 def test_duplicate_and_shadowed_rules(pack_dir: Path) -> None:
     _add_rule(pack_dir, "  - id: ngram_again\n    label: n-gram\n    blocks: v2\n"
-                        "    when: {speculative_method: [ngram_gpu, ngram]}\n"
-                        "  - id: only_ngram_gpu\n    label: n-gram on GPU\n    blocks: v2\n"
-                        "    when: {speculative_method: ngram_gpu}\n")
+                        "    when: {speculative_method: ngram}\n"
+                        "  - id: only_fp8_ngram\n    label: n-gram with FP8\n    blocks: v2\n"
+                        "    when: {speculative_method: ngram, quantization: fp8}\n")
     msgs = _messages(pack_dir)
     assert ("error: rule 'ngram_again' duplicates 'ngram_speculation': both match the same "
             "deployments with the same effect") in msgs
-    assert any(m.startswith("warning: rule 'only_ngram_gpu' is shadowed by") for m in msgs)
+    assert any(m.startswith("warning: rule 'only_fp8_ngram' is shadowed by") for m in msgs)
 
 
 def test_unreachable_stage_and_ambiguous_family(pack_dir: Path) -> None:

@@ -120,13 +120,18 @@ def test_prefix_caching_is_off(runner_name: str, jamba_dir: Path, hf: Any, caplo
     _check_against_hf(hf, [*system, 6, 7], then["r1"])
 
 
-def test_speculative_decoding_is_refused(jamba_dir: Path) -> None:
+@pytest.mark.parametrize(("runner", "method"), [("v1", "ngram"), ("v2", "ngram_gpu"), ("v2", "draft_model")])
+def test_speculative_decoding_is_refused(jamba_dir: Path, runner: str, method: str) -> None:
     # runner_v1 honours n-gram speculation, but scoring drafts runs them through the Mamba
     # layers: a rejected draft stayed in the state and later tokens went wrong (seen: the
-    # 10th of 12 greedy tokens differed from HF on a repetitive prompt).
-    with pytest.raises(EngineConfigError, match=r"speculative decoding \('ngram'\) is not supported for "
+    # 10th of 12 greedy tokens differed from HF on a repetitive prompt). runner_v2's device
+    # drafts are scored the same way: refused for both (the turnout pack's
+    # v1_/v2_speculation_with_recurrent_state).
+    model = str(jamba_dir) if method == "draft_model" else None
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=3, model=model)
+    with pytest.raises(EngineConfigError, match=rf"speculative decoding \('{method}'\) is not supported for "
                                                  r"JambaForCausalLM: its Mamba layers keep one recurrent state"):
-        make_engine("v1", jamba_dir, speculative_config=SpeculativeConfig(num_speculative_tokens=3))
+        make_engine(runner, jamba_dir, speculative_config=spec)
 
 
 @pytest.mark.parametrize("pin", ["auto", "v2"])

@@ -9,7 +9,10 @@
   pinned to V2, and either runner_v2 refuses it itself with the pack's words (on CPU), or the
   engine refuses it by name before runner_v2 could be built (a speculative method
   ``SpeculativeConfig`` cannot express, a device type ``EngineConfig`` does not accept, an
-  engine argument that does not exist).
+  engine argument that does not exist), or when the model is loaded (``LOAD_REFUSES``: the
+  witness test named there).
+- The speculative methods runner_v2's manifest lists (``ngram_gpu``, ``draft_model``) are
+  decided for V2, pinned or not, and runner_v2 serves each (the tests listed below).
 - Every thing runner_v2's manifest serves is exercised on runner_v2 by a test (the parity
   suite runs every case on each runner of ``tests/parity/conftest.RUNNERS``):
 
@@ -26,6 +29,8 @@
   - `platform:cuda`: tests/parity/test_parity_gpu.py::test_fp32_greedy_equal_hf_on_both_runners
   - `async_scheduling`: tests/runner_v2/test_runner.py::test_steps_return_async_outputs_collected_one_step_later
   - `cuda_graphs`: tests/parity/test_parity_gpu.py::test_bf16_runners_agree
+  - `speculative_method:ngram_gpu`: tests/runner_v2/test_spec_decode.py::test_greedy_speculation_equals_plain_decoding
+  - `speculative_method:draft_model`: tests/runner_v2/test_spec_decode.py::test_greedy_speculation_equals_plain_decoding
 """
 
 from __future__ import annotations
@@ -74,8 +79,14 @@ EXPRESSIBLE = {
 #: dimension (speculative_method, platform) cannot be expressed in an EngineConfig.
 ENGINE_REFUSES = {
     "suffix_speculation", "medusa_speculation", "mlp_speculator_speculation",
-    "draft_model_speculation", "v2_speculation_unimplemented", "v2_platform_unserved",
+    "v2_speculation_unimplemented", "v2_platform_unserved",
     "mamba_cache_mode_all", "v2_mamba_cache_mode_unimplemented",
+}
+#: Blockers refused when the model is loaded (the architecture decides them), by the test that
+#: witnesses the refusal on runner_v2.
+LOAD_REFUSES = {
+    "v2_speculation_with_recurrent_state":
+        "tests/parity/test_parity_jamba.py::test_speculative_decoding_is_refused",
 }
 #: Pack dimensions checked against the manifests, and the others.
 CHECKED = {"speculative_method", "logits_processors", "cpu_offload_gb", "platform",
@@ -123,7 +134,7 @@ def test_runner_labels_are_the_packs() -> None:
 def test_every_blocker_is_known_to_this_test() -> None:
     # A new V2 rule in the pack must be classified here (and refused by runner_v2 if the engine
     # can express it).
-    assert {r.id for r in V2_BLOCKERS} - set(EXPRESSIBLE) - ENGINE_REFUSES == {
+    assert {r.id for r in V2_BLOCKERS} - set(EXPRESSIBLE) - ENGINE_REFUSES - set(LOAD_REFUSES) == {
         "stock_torch_compile", "sequence_parallelism_with_tp", "external_launcher_pipeline",
         "dual_batch_overlap", "elastic_expert_parallel", "custom_logits_processor_plugins",
         "kv_sharing_fast_prefill",
@@ -132,6 +143,14 @@ def test_every_blocker_is_known_to_this_test() -> None:
 
 @pytest.mark.parametrize("rule", V2_BLOCKERS, ids=[r.id for r in V2_BLOCKERS])
 def test_each_v2_blocker_is_refused(rule, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    if rule.id in LOAD_REFUSES:  # a fact of the architecture: Jamba's Mamba layers
+        d = decide(DeploymentConfig(architecture="JambaForCausalLM", speculative_method="ngram_gpu",
+                                    env=PACK.pin_env("v2")), pack=PACK)
+        assert d.runner is None and rule.label.split("'")[0] in (d.error or "")
+        path, _, name = LOAD_REFUSES[rule.id].partition("::")
+        source = (ROOT / path).read_text()
+        assert re.search(rf"^def {name}\(", source, re.M) and '"v2"' in source.split(f"def {name}(")[0][-300:]
+        return
     witness = _witness(rule.id)
     decision = decide(_pinned_v2(**witness), pack=PACK)
     if rule.severity == "soft":
@@ -183,6 +202,29 @@ def test_every_method_the_engine_expresses_and_v2_lacks_is_refused(tmp_path: Pat
         spec = SpeculativeConfig(method=method)
         with pytest.raises(EngineConfigError, match=f"speculative method '{method}'"):
             create_model_runner(dataclasses.replace(base, speculative_config=spec))
+
+
+@pytest.mark.parametrize("method", sorted(runner_v2.MANIFEST.speculative_methods))
+def test_the_methods_v2_serves_are_decided_for_v2(method: str) -> None:
+    assert set(runner_v2.MANIFEST.speculative_methods) == {"ngram_gpu", "draft_model"}
+    for arch in ("Qwen3ForCausalLM", "LlamaForCausalLM"):  # a stage on, a stage off
+        for env in ({}, PACK.pin_env("v2")):
+            cfg = DeploymentConfig(architecture=arch, speculative_method=method, num_speculative_tokens=3, env=env)
+            assert decide(cfg, pack=PACK).runner == "v2", (arch, env)
+        pinned = decide(DeploymentConfig(architecture=arch, speculative_method=method, env=PACK.pin_env("v1")),
+                        pack=PACK)
+        assert pinned.runner is None and pinned.error == f"Model Runner V1 does not support: speculative method '{method}'"
+
+
+def test_v1_refuses_the_device_methods_in_the_packs_words(tmp_path: Path) -> None:
+    base = EngineConfig(model=str(tmp_path), vocab_size=100, max_model_len=64)
+    for method in ("ngram_gpu", "draft_model"):
+        spec = SpeculativeConfig(method=method, model=str(tmp_path) if method == "draft_model" else None)
+        want = decide(DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method=method,
+                                       env=PACK.pin_env("v1")), pack=PACK).error
+        with pytest.raises(EngineConfigError) as err:
+            runner_v1.create_model_runner(dataclasses.replace(base, speculative_config=spec))
+        assert str(err.value) == want
 
 
 def _unserved(runner: str, cfg: DeploymentConfig) -> list[str]:

@@ -39,6 +39,7 @@ def expected_row(params: SamplingParams, n: int, n_prompt: int, n_computed: int)
         "pres": np.float32(params.presence_penalty), "min_tokens": params.min_tokens, "seed": params.seed,
         "logprobs": -1 if params.logprobs is None else params.logprobs,
         "prompt_logprobs": -1 if params.prompt_logprobs is None else params.prompt_logprobs,
+        "num_drafts": 0, "num_accepted": 0,  # speculative decoding starts afresh
     }
 
 
@@ -51,7 +52,8 @@ def actual_row(states: RequestStates, row: int) -> dict[str, object]:
         "temperature": f(Col.TEMPERATURE), "top_k": i(Col.TOP_K), "top_p": f(Col.TOP_P),
         "rep": f(Col.REPETITION_PENALTY), "freq": f(Col.FREQUENCY_PENALTY), "pres": f(Col.PRESENCE_PENALTY),
         "min_tokens": i(Col.MIN_TOKENS), "seed": int(states.seed[row]), "logprobs": i(Col.NUM_LOGPROBS),
-        "prompt_logprobs": i(Col.NUM_PROMPT_LOGPROBS),
+        "prompt_logprobs": i(Col.NUM_PROMPT_LOGPROBS), "num_drafts": i(Col.NUM_DRAFTS),
+        "num_accepted": i(Col.NUM_ACCEPTED),
     }
 
 

@@ -1,0 +1,42 @@
+"""Processed probabilities (kernels/sampling_probs.py): equal to the torch reference, a
+distribution over exactly the tokens the Gumbel-max sampler can draw, unwritten for greedy rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_cases import DEVICE
+from test_gumbel_sample import _batch, _counts
+
+import kernels._select as select
+from kernels.gumbel_sample import gumbel_sample
+from kernels.sampling_probs import compute_probs, compute_probs_ref
+
+
+@pytest.mark.parametrize("narrow", [False, True])
+@pytest.mark.parametrize(("seed", "vocab_size"), [(0, 700), (3, 130)])
+def test_probs_equal_reference_and_cover_the_sampler(seed: int, vocab_size: int, narrow: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    if narrow:
+        monkeypatch.setattr(select, "MAX_INTERPRETER_BLOCK", 256)
+    tables, idx, tokens, seq_lens, logits = _batch(seed, vocab_size)
+    counts = _counts(tables, idx, tokens, seq_lens, vocab_size)
+    got = torch.full_like(logits, -1.0)
+    want = torch.full_like(logits, -1.0)
+    compute_probs(logits, idx, seq_lens, tables, counts, got)
+    compute_probs_ref(logits, idx, seq_lens, tables, counts, want)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    greedy = tables.temperature[idx.long()] == 0
+    assert (got[greedy] == -1.0).all()  # greedy rows are left alone
+    sampled = ~greedy
+    assert bool(sampled.any())
+    torch.testing.assert_close(got[sampled].sum(-1), torch.ones(int(sampled.sum()), device=DEVICE))
+    drawn = torch.empty(idx.shape[0], dtype=torch.int32, device=DEVICE)
+    gumbel_sample(logits, idx, seq_lens, tables, counts, drawn)
+    assert (got[sampled].gather(1, drawn[sampled].long()[:, None]) > 0).all()
+
+
+def test_shapes_are_checked() -> None:
+    tables, idx, _, seq_lens, logits = _batch(0, 130)
+    with pytest.raises(ValueError, match="probs_out must be"):
+        compute_probs(logits, idx, seq_lens, tables, None, torch.zeros(3, 130, device=DEVICE))
