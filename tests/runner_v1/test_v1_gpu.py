@@ -56,7 +56,8 @@ def test_greedy_parity_with_hf_on_cuda(arch: str, tmp_path: Path) -> None:
 def test_decode_graphs_replay_the_eager_steps(dtype: str, tmp_path: Path) -> None:
     write_random_weights(TINY_DECODER_CONFIGS["qwen3"], tmp_path, dtype=torch.float32, seed=5)
     gen = torch.Generator().manual_seed(9)
-    prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (3, 9, 17, 30, 41)]
+    vocab_size = TINY_DECODER_CONFIGS["qwen3"]["vocab_size"]
+    prompts = [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in (3, 9, 17, 30, 41)]
     params = [SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2),
               SamplingParams(max_tokens=12, temperature=0.8, seed=11, ignore_eos=True, logprobs=2)]
     runs = {}

@@ -35,8 +35,12 @@ from runner_v2.async_output import AsyncOutput
 pytestmark = pytest.mark.gpu
 CONFIGS = Path(__file__).parents[2] / "policies" / "reference" / "model_configs"
 QWEN3 = dict(json.loads((CONFIGS / "qwen3-0.6b.json").read_text())["config"])
+# Untied: a random model with tied N(0, 1) embeddings predicts its input token again (the
+# embedding dominates the last hidden state), so a tied random draft agreed with the random
+# target on every token (acceptance 1.0) and never exercised a rejection.
 DRAFT = {**QWEN3, "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+         "tie_word_embeddings": False}
 GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 
 
