@@ -300,6 +300,12 @@ class HealthReportIn(BaseModel):
             raise ValueError("window_end must be after window_start, by at most a day")
         if self.num_errors > self.num_requests:
             raise ValueError("num_errors cannot exceed num_requests")
+        # Output tokens over their rate is the time spent generating them: within one window,
+        # at most a day (a denormal rate over many tokens would be years, beyond a float).
+        if (self.output_tokens_per_s > 0 and self.num_output_tokens
+                > self.output_tokens_per_s * MAX_HEALTH_WINDOW.total_seconds()):
+            raise ValueError("num_output_tokens / output_tokens_per_s is the time spent "
+                             "generating them: at most a day in one window")
         for name in ("ttft", "tpot"):
             p50, p99 = getattr(self, f"{name}_p50_ms"), getattr(self, f"{name}_p99_ms")
             if (p50 is None) != (p99 is None) or (p50 is not None and p50 > p99):

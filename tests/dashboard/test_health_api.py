@@ -72,6 +72,10 @@ BAD = [
     ("invalid_request", {"runner": "v3"}),
     ("invalid_request", {"extra": 1}),
     ("invalid_request", {"window_end": "2026-12-01T10:00:00"}),  # no time zone
+    # A rate that means generating for longer than a window can last (a denormal rate over
+    # many tokens made the aggregate's busy time overflow on PostgreSQL).
+    ("invalid_request", {"num_output_tokens": 2**53, "output_tokens_per_s": 5e-324}),
+    ("invalid_request", {"num_output_tokens": 10**12, "output_tokens_per_s": 1.0}),
 ]
 
 
