@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
+import unicodedata
 import uuid
 from enum import StrEnum
 from typing import Any
@@ -62,11 +63,20 @@ def parse_kinds(kinds: list[str]) -> list[str]:
 
 
 def check_url(url: str) -> str:
-    """An ``http://`` or ``https://`` URL with a host. Raises InvalidChange otherwise."""
+    """An ``http://`` or ``https://`` URL with a host (and a port in 0..65535, if any), with
+    no space or control character in it. Raises InvalidChange otherwise, saying why."""
     url = url.strip()
-    parts = urlsplit(url)
+    shown = repr(url[:200])
+    if any(c.isspace() or unicodedata.category(c) == "Cc" for c in url):
+        raise InvalidChange(f"the webhook URL {shown} holds a space or control character "
+                            "(percent-encode it)")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsed on access: out of range or not a number raises
+    except ValueError as err:  # "Invalid IPv6 URL", "Port out of range 0-65535", ...
+        raise InvalidChange(f"the webhook URL {shown} does not parse: {err}") from err
     if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > MAX_URL_CHARS:
-        raise InvalidChange(f"the webhook URL {url[:200]!r} is not an http:// or https:// URL "
+        raise InvalidChange(f"the webhook URL {shown} is not an http:// or https:// URL "
                             f"with a host (at most {MAX_URL_CHARS} characters)")
     return url
 

@@ -244,9 +244,14 @@ def test_webhooks_are_an_admins_and_show_their_secret_once(rapi: Api) -> None:
     [listed] = rapi.client.get("/api/v1/webhooks", headers=rapi.h("admin")).json()
     assert "secret" not in listed and listed["kinds"] == ["flip", "gate_failure"]
     for bad in [{**body, "url": "file:///etc/passwd"}, {**body, "kinds": []},
-                {**body, "kinds": ["nope"]}, {**body, "secret": "short"}]:
+                {**body, "kinds": ["nope"]}, {**body, "secret": "short"},
+                # URLs no POST can be sent to (an unclosed IPv6 bracket was a 500)
+                {**body, "url": "http://["}, {**body, "url": "http://[::1/hook"},
+                {**body, "url": "http://h:99999/"}, {**body, "url": "http://h:abc/"},
+                {**body, "url": "http://a b/"}, {**body, "url": "http://h/\tx"}]:
         r = rapi.client.post("/api/v1/webhooks", json=bad, headers=rapi.h("admin"))
         assert r.status_code == 422, (bad, r.text)
+        assert r.json()["detail"]["code"] in ("invalid_request", "invalid_change"), r.text
     rapi.client.patch(f"/api/v1/canaries/{COHORT}", json={"enabled": True, "reason": "go"},
                       headers={**rapi.h("operator"), "If-Match": _version(rapi)})
     outbox = rapi.client.get("/api/v1/webhooks/outbox", headers=rapi.h("admin")).json()

@@ -239,6 +239,11 @@ def test_kinds_and_urls_are_checked(db: Database) -> None:
     with db.write_session() as s:
         for url, kinds, what in [("ftp://x/y", ["flip"], "not an http"),
                                  ("http:///nohost", ["flip"], "not an http"),
+                                 ("http://[", ["flip"], "Invalid IPv6 URL"),
+                                 ("http://h:99999/x", ["flip"], "Port out of range"),
+                                 ("http://h:x/", ["flip"], "Port could not be cast"),
+                                 ("http://a b/", ["flip"], "a space or control character"),
+                                 ("http://h/\x00", ["flip"], "a space or control character"),
                                  ("http://h/x", [], "at least one kind"),
                                  ("http://h/x", ["flips"], "unknown event kind")]:
             with pytest.raises(InvalidChange, match=what):
