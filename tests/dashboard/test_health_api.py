@@ -142,6 +142,18 @@ def test_a_read_it_cannot_answer_is_a_422_saying_why(api: Api, query: str, statu
     assert r.json()["detail"]["code"] == code
 
 
+@pytest.mark.parametrize("query, says", [
+    # times a datetime holds but not in UTC: the message said only "date value out of range"
+    ("since=0001-01-01T00:00:00%2B14:00", "since: '0001-01-01T00:00:00+14:00' is out of range"),
+    ("until=9999-12-31T23:59:59-23:59", "until: '9999-12-31T23:59:59-23:59' is out of range"),
+    ("until=0001-01-01T10:00:00Z", "since: 24 hours before until (0001-01-01T10:00:00+00:00)"),
+])
+def test_a_time_out_of_range_is_named(api: Api, query: str, says: str) -> None:
+    r = _get(api, f"stage={STAGE}&{query}")
+    assert r.status_code == 422, r.text
+    assert says in r.json()["detail"]["message"], r.text
+
+
 def test_a_range_of_its_own_and_a_family(api: Api) -> None:
     old = dt.datetime(2026, 11, 1, 12, tzinfo=dt.UTC)
     _post(api, {"reports": [
