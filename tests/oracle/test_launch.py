@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -199,6 +200,67 @@ def test_report_startup_tees_output_and_finds_the_runner_line(env: dict[str, str
     held = run_launch(["--report-startup", *LLAMA], {**env, "FAKE_VLLM_MODE": "startup"})
     assert held.returncode == 0
     assert "vLLM says it uses V1 (as decided)" in held.stderr
+
+
+def test_report_startup_outlives_its_stdout_closing(env: dict[str, str]) -> None:
+    """The reader of the launcher's output goes away (``| head -1``, a log shipper that
+    died): vLLM goes on and its status is the launcher's. The pump thread died of the broken
+    pipe before (a traceback), nothing read vLLM's output any more, and vLLM blocked for
+    ever on a full pipe."""
+    cmd = [sys.executable, "-m", "oracle.cli", "launch", "--report-startup", *QWEN3]
+    proc = subprocess.Popen(cmd, env={**env, "FAKE_VLLM_MODE": "flood", "FAKE_VLLM_EXIT": "5"},
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"INFO [loader.py:1] weights shard 0 ")
+    proc.stdout.close()
+    try:
+        proc.wait(timeout=120)  # a hang detector: it ends as soon as vLLM has written all
+    finally:
+        proc.kill()
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 5, err
+    assert "Traceback" not in err and "output there is dropped from now on" in err, err
+    assert "vLLM says it uses V2 (as decided)" in err  # the runner's line still read
+
+
+TRAMPOLINE = "#!/bin/sh\n'''exec' \"/nonexistent/long path/bin/python\" \"$0\" \"$@\"\n' '''"
+
+
+@pytest.mark.parametrize("first_lines", ["#!/nonexistent/bin/python3", TRAMPOLINE])
+def test_a_vllm_whose_interpreter_is_missing_cannot_be_launched(
+        fake: Path, tmp_path: Path, first_lines: str) -> None:
+    """Its dist-info says a version, but the script cannot run: refused before anything is
+    decided or reported (an exec of it was a FileNotFoundError traceback naming the script)."""
+    script = tmp_path / "bin" / "vllm"
+    script.parent.mkdir()
+    body = (fake / "vllm").read_text().split("\n", 1)[1]
+    script.write_text(first_lines + "\n" + body)
+    script.chmod(0o755)
+    shutil.copytree(fake.parent / "lib", tmp_path / "lib")  # the dist-info beside it
+    for mode in ([], ["--report-startup"]):
+        done = run_launch([*mode, "--", str(script), "serve", "Qwen/Qwen3-8B"],
+                          launch_env(None, tmp_path / "cache"))
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert "vllm_not_installed" in done.stderr and "/nonexistent/" in done.stderr
+        assert "cannot run" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("mode", [[], ["--report-startup"]])
+def test_a_vllm_the_system_cannot_execute_is_a_clear_error(
+        fake: Path, tmp_path: Path, mode: list[str]) -> None:
+    """A file with no interpreter line (an exec format error) and a dist-info beside it: the
+    decision is made, but starting it fails: the launcher says why and exits 126, as a shell
+    would, with no traceback."""
+    script = tmp_path / "bin" / "vllm"
+    script.parent.mkdir()
+    script.write_text("print('not a script the kernel can run')\n")
+    script.chmod(0o755)
+    shutil.copytree(fake.parent / "lib", tmp_path / "lib")
+    done = run_launch([*mode, "--", str(script), "serve", "Qwen/Qwen3-8B"],
+                      launch_env(None, tmp_path / "cache"))
+    assert done.returncode == 126, done.stderr
+    assert "cannot start" in done.stderr and "Exec format error" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
