@@ -5,6 +5,7 @@ clean end, with real processes holding and losing it."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import signal
 import subprocess
 import sys
@@ -167,3 +168,18 @@ def test_a_run_that_ended_cleanly_is_no_crash_even_if_killed_afterwards(tmp_path
     marker.release()
     other.release()
     marker.release()  # idempotent
+
+
+def test_a_crash_is_told_with_the_runner_of_the_run_that_crashed(tmp_path: Path) -> None:
+    first = RunMarker.acquire(tmp_path, "prod/llama", runner="v1")
+    assert first.path.read_text().startswith(f"running {os.getpid()} v1 prod/llama")
+    os.close(first._fd)  # type: ignore[arg-type]  # the run dies: its lock goes, "running" stays
+    first._fd = None
+    again = RunMarker.acquire(tmp_path, "prod/llama", runner="v2")
+    assert (again.crashed, again.crashed_runner) == (True, "v1")
+    again.release()
+    # a marker written before runners were: a crash whose runner is not known
+    again.path.write_text("running 12 prod/llama\n")
+    old = RunMarker.acquire(tmp_path, "prod/llama", runner="v2")
+    assert (old.crashed, old.crashed_runner) == (True, None)
+    old.release()
