@@ -252,6 +252,29 @@ def test_a_scheduled_flip_runs_once_when_due(db: Database) -> None:
         assert schedule.get_flip(session=s, flip_id=flip.id).state == "done"
 
 
+def test_a_scheduled_flip_that_finds_its_state_there_already_is_audited_and_notified(
+        db: Database) -> None:
+    """Its run changes no cohort, but the flip did run: before, nothing said so (no audit
+    entry, no scheduled_flip delivery), though the flip was done and its version moved."""
+    with db.write_session() as s:
+        flip = schedule.request_flip(session=s, cohort="llama", enabled=False, percentage=None,
+                                     reason="off for the freeze", actor="a", requester="a",
+                                     run_at=T0 + dt.timedelta(hours=1), if_version=None,
+                                     needs_approval=False, now=T0)
+        s.commit()
+    with db.write_session() as s:
+        [run] = schedule.run_scheduled(session=s, now=T0 + dt.timedelta(hours=1))
+    assert (run.applied, run.changed) == (True, False)
+    assert _state(db, "llama") == (False, 100, 1)
+    assert _actions(db) == ["flip.schedule", "flip.done"]
+    assert _outbox_kinds(db) == ["scheduled_flip", "scheduled_flip"]
+    with db.read_session() as s:
+        entry = audit.list_entries(session=s)[0]
+        done = schedule.get_flip(session=s, flip_id=flip.id)
+    assert entry.reason == "the cohort had that state already" and entry.at == done.done_at
+    assert entry.after is not None and entry.after["state"] == "done"
+
+
 def test_a_flip_in_the_past_is_refused(db: Database) -> None:
     with db.write_session() as s, pytest.raises(InvalidChange, match="not between now"):
         schedule.request_flip(session=s, cohort="llama", enabled=True, percentage=None,
