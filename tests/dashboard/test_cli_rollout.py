@@ -95,6 +95,23 @@ def test_approvals_need_another_user(run: Run, monkeypatch: pytest.MonkeyPatch) 
     assert run("approvals", "approve", "rampx", "1", "--reason", "r")[0] == 2
 
 
+def test_bake_times_of_zero_and_their_errors_speak_of_bake_times(run: Run) -> None:
+    """A bake of 0 is a bake time the API takes (0..30 days): the command refused it, saying
+    "a token lives more than 0 s and at most 3660 days"."""
+    code, out = run("canary", "ramp", "start", "qwen3-canary", "--steps", "10:0s,50",
+                    "--bake", "0m", "--reason", "r")
+    assert code == 0 and "(10% → 50%): active at 10% (step 1/2)" in out, out
+    for args, says in [(("--bake", "31d"), "bake_s 2678400 is not in 0..2592000"),
+                       (("--bake", "soon"), "--bake 'soon' is not a duration: a number and a "
+                                            "unit: s, m, h, d or w (30d, 12h, 90m)")]:
+        code, out = run("canary", "ramp", "start", "llama", "--steps", "10", *args,
+                        "--reason", "r")
+        assert code in (1, 2) and says in out and "token" not in out, out
+    code, out = run("canary", "schedule", "pooling", "--in", "0s", "--reason", "now?")
+    assert code == 2 and "--in '0s': a flip is scheduled more than 0 s ahead" in out, out
+    assert "token" not in out
+
+
 def test_a_scheduled_flip_from_the_command_line(run: Run) -> None:
     when = (dt.datetime.now(dt.UTC) + dt.timedelta(days=2)).strftime("%Y-%m-%dT%H:%M")
     code, out = run("canary", "schedule", "qwen3", "--disable", "--at", when + "Z",
