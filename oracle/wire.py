@@ -38,7 +38,8 @@ from oracle.config import DeploymentConfig
 from oracle.decision import CanarySnapshot, CohortState, Decision, ReasonCode
 
 Percentage = Annotated[StrictInt, Field(ge=0, le=100)]
-Name = Annotated[str, Field(min_length=1, max_length=256)]
+MAX_NAME_CHARS = 256  # a deployment id's length in an event or a health report
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
 # The family an event names when the oracle could not place the deployment in one (an unknown
 # architecture: no runner, reason code ERROR).
 UNKNOWN_FAMILY = "unknown"
@@ -154,7 +155,8 @@ class OracleSnapshotIn(BaseModel):
 
 # -- decision events (POST /api/v1/decisions) --------------------------------------------------
 EnvName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-EnvValue = Annotated[str, Field(max_length=256)]
+MAX_ENV_VALUE_CHARS = 256
+EnvValue = Annotated[str, Field(max_length=MAX_ENV_VALUE_CHARS)]
 
 
 class StartupIn(BaseModel):

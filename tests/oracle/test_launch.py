@@ -263,6 +263,28 @@ def test_a_vllm_the_system_cannot_execute_is_a_clear_error(
     assert "Traceback" not in done.stderr
 
 
+def test_a_deployment_id_too_long_to_report_is_bad_input(fake: Path, tmp_path: Path) -> None:
+    """Over 256 characters no event takes it: refused before anything is decided (the report
+    was a ValidationError traceback, after the decision)."""
+    long_id = "d" * 300
+    for args, extra in [(QWEN3, {"TURNOUT_DEPLOYMENT_ID": long_id}),
+                        (["--deployment-id", long_id, *QWEN3], {})]:
+        env = launch_env(fake, tmp_path / "cache", TURNOUT_URL="http://127.0.0.1:9", **extra)
+        done = run_launch(args, env)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert "the deployment id is 300 characters long: at most 256" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_a_pin_too_long_to_report_is_reported_cut(env: dict[str, str]) -> None:
+    """An operator pin of 300 characters (vLLM refuses it: exit 3, reported first): the event
+    carries its first 256. Building the event raised a ValidationError before."""
+    done = run_launch(["--", f"{RUNNER}={'y' * 300}", *QWEN3[1:]],
+                      {**env, "TURNOUT_URL": "http://127.0.0.1:9"})
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert "spooled in" in done.stderr  # reported (the service is down: it waits in the spool)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_report_startup_forwards_signals(env: dict[str, str], signum: int) -> None:
     cmd = [sys.executable, "-m", "oracle.cli", "launch", "--report-startup", *QWEN3]
