@@ -263,6 +263,23 @@ def test_a_vllm_the_system_cannot_execute_is_a_clear_error(
     assert "Traceback" not in done.stderr
 
 
+def test_without_the_double_dash_everything_from_vllm_on_is_vllms(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """``turnout launch vllm serve M --config vllm.yaml -tp 2``: launch's own options go before
+    the command. Before, options after it were launch's: ``-tp`` was "No such option: -t",
+    and ``--config`` (vLLM's YAML file, and launch's HF config.json) was taken by launch: the
+    deployment decided as another model's and vLLM started without it."""
+    (tmp_path / "vllm.yaml").write_text("max-model-len: 4096\n")
+    plan = dry_run(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(tmp_path / "vllm.yaml"),
+                    "-tp", "2"], env)
+    assert plan["argv"] == ["vllm", "serve", "Qwen/Qwen3-8B", "--config",
+                            str(tmp_path / "vllm.yaml"), "-tp", "2"]
+    assert plan["config"]["architecture"] == "Qwen3ForCausalLM"  # type: ignore[index]
+    assert plan["config"]["tensor_parallel_size"] == 2  # type: ignore[index]
+    done = run_launch(["vllm", "serve", "Qwen/Qwen3-8B", "--dry-run"], env)  # vLLM's flag now
+    assert done.returncode == 2 and "unrecognized arguments: --dry-run" in done.stderr
+
+
 def test_a_deployment_id_too_long_to_report_is_bad_input(fake: Path, tmp_path: Path) -> None:
     """Over 256 characters no event takes it: refused before anything is decided (the report
     was a ValidationError traceback, after the decision)."""
