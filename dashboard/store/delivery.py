@@ -159,7 +159,8 @@ def _record(session: Session, claimed: _Claimed, outcome: tuple[int | None, str 
 
 def deliver_due(*, session: Session, now: dt.datetime, post: Poster,
                 policy: RetryPolicy | None = None, rng: random.Random | None = None,
-                limit: int = 50) -> DeliveryReport:
+                limit: int = 50, stopping: Callable[[], bool] = lambda: False
+                ) -> DeliveryReport:
     """Send every delivery due at ``now`` (at most ``limit``), oldest first, and record each
     outcome; commits (``session`` is a write session with no transaction open).
 
@@ -167,12 +168,15 @@ def deliver_due(*, session: Session, now: dt.datetime, post: Poster,
     slow receivers takes longer than a lease, and entries leased with the whole batch at its
     start would be taken, and sent again, by another worker while this one is on its way to
     them. An attempt is signed, and its outcome recorded, at its own time: ``now`` plus the
-    time the pass has taken so far."""
+    time the pass has taken so far. Once ``stopping()`` (the service stops), no further
+    attempt starts: the rest wait, unleased, for the next pass of any worker."""
     policy = policy or RetryPolicy()
     rng = rng or random.Random()
     report = DeliveryReport()
     started = time.monotonic()
     for _ in range(limit):
+        if stopping():
+            break
         at = now + dt.timedelta(seconds=time.monotonic() - started)
         claimed = _claim(session, at, policy, 1, due=now)
         if not claimed:
