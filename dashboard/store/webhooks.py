@@ -99,7 +99,7 @@ def add_webhook(*, session: Session, url: str, kinds: list[str], actor: str,
     session.add(row)
     session.flush()
     audit.record(session=session, actor=actor, action="webhook.add", target=f"webhook:{row.id}",
-                 reason=f"deliver {', '.join(kinds)} to {url}", before=None,
+                 reason=audit.clip_reason(f"deliver {', '.join(kinds)} to {url}"), before=None,
                  after={"url": url, "kinds": kinds, "description": row.description})
     return row, secret
 
