@@ -27,6 +27,8 @@ from oracle.errors import ErrorCode
 
 SECRET_PREFIX = "whsec_"
 MAX_URL_CHARS = 2048
+MIN_SECRET_CHARS, MAX_SECRET_CHARS = 16, 256
+MAX_DESCRIPTION_CHARS = 256
 
 
 class Kind(StrEnum):
@@ -87,13 +89,17 @@ def add_webhook(*, session: Session, url: str, kinds: list[str], actor: str,
     ``whsec_`` and 32 random bytes, URL-safe base64). Audited as ``webhook.add``.
 
     Raises:
-        InvalidChange: a URL that is not http(s), no or unknown kinds, a secret under 16
-            characters.
+        InvalidChange: a URL that is not http(s), no or unknown kinds, a secret of fewer
+            than 16 or more than 256 characters, a description over 256.
     """
     url, kinds = check_url(url), parse_kinds(kinds)
     secret = secret if secret is not None else SECRET_PREFIX + secrets.token_urlsafe(32)
-    if len(secret) < 16:
-        raise InvalidChange("a webhook secret needs at least 16 characters")
+    if not MIN_SECRET_CHARS <= len(secret) <= MAX_SECRET_CHARS:
+        raise InvalidChange(f"a webhook secret has {MIN_SECRET_CHARS} to {MAX_SECRET_CHARS} "
+                            f"characters, not {len(secret)}")
+    if len(description.strip()) > MAX_DESCRIPTION_CHARS:
+        raise InvalidChange(f"a webhook description has at most {MAX_DESCRIPTION_CHARS} "
+                            f"characters, not {len(description.strip())}")
     row = Webhook(url=url, secret=secret, kinds=kinds, description=description.strip(),
                   created_at=utcnow(), created_by=actor)
     session.add(row)

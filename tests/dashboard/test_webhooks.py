@@ -248,6 +248,14 @@ def test_kinds_and_urls_are_checked(db: Database) -> None:
                                  ("http://h/x", ["flips"], "unknown event kind")]:
             with pytest.raises(InvalidChange, match=what):
                 hooks.add_webhook(session=s, url=url, kinds=kinds, actor="t")
+        # bounds the store keeps, for the command line as for the API (PostgreSQL's
+        # varchar refused them with a DataError traceback; SQLite stored them)
+        with pytest.raises(InvalidChange, match="at most 256 characters"):
+            hooks.add_webhook(session=s, url="http://h/x", kinds=["flip"], actor="t",
+                              description="d" * 257)
+        with pytest.raises(InvalidChange, match="16 to 256 characters"):
+            hooks.add_webhook(session=s, url="http://h/x", kinds=["flip"], actor="t",
+                              secret="s" * 257)
         row, secret = hooks.add_webhook(session=s, url="https://h/x", actor="t",
                                         kinds=["approval", "flip", "flip"])
     assert row.kinds == ["flip", "approval"] and secret.startswith("whsec_")
