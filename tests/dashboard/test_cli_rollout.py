@@ -210,3 +210,16 @@ def test_evidence_push_sends_a_junit_report(tmp_path: Path, live: list[LiveServi
         assert done.returncode == code and says in done.stderr, done.stderr
     done = _push(svc, "tok_" + "x" * 43, tmp_path / "ok.xml")
     assert done.returncode == 1 and "(401)" in done.stderr
+    # A red run whose failed cases have long ids (parametrized tests): the details listed
+    # twenty names whole, over the 10,000 characters evidence keeps, and the service refused
+    # the push: the red run was never recorded and the evidence gate kept the green one.
+    cases = "".join(f'<testcase classname="parity" name="test_long[{i}-{"p" * 900}]">'
+                    "<failure/></testcase>" for i in range(25))
+    (tmp_path / "long.xml").write_text(f'<testsuite name="parity">{cases}</testsuite>')
+    done = _push(svc, token, tmp_path / "long.xml", "qwen3")
+    assert done.returncode == 0, done.stderr
+    assert "qwen3: fail (25 failed of 25 tests)" in done.stdout
+    latest = httpx.get(svc.url + "/api/v1/evidence?family=qwen3",
+                       headers={"Authorization": f"Bearer {token}"}).json()[0]
+    assert latest["result"] == "fail" and "parity::test_long[0-ppp" in latest["details"]
+    assert len(latest["details"]) <= 10_000
