@@ -138,6 +138,10 @@ class HealthRecorder:
                 now = self._clock()
                 busy_s += now - self._busy_since
                 self._busy_since = now
+            # A window is at most a day (the service's bound): one cut later than that keeps
+            # its last day, and its busy time no more than the day (tokens over their rate
+            # must fit in the window).
+            busy_s = min(busy_s, MAX_WINDOW.total_seconds())
             report = {**self.about, "window_start": max(self._window_start, end - MAX_WINDOW),
                       "window_end": end, "num_requests": self._num_requests,
                       "num_errors": self._num_errors, "num_crashes": self._num_crashes,

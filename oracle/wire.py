@@ -304,8 +304,8 @@ class HealthReportIn(BaseModel):
             raise ValueError("num_errors cannot exceed num_requests")
         # Output tokens over their rate is the time spent generating them: within one window,
         # at most a day (a denormal rate over many tokens would be years, beyond a float).
-        if (self.output_tokens_per_s > 0 and self.num_output_tokens
-                > self.output_tokens_per_s * MAX_HEALTH_WINDOW.total_seconds()):
+        if (self.output_tokens_per_s > 0 and self.num_output_tokens  # (float rounding)
+                > self.output_tokens_per_s * MAX_HEALTH_WINDOW.total_seconds() * (1 + 1e-9)):
             raise ValueError("num_output_tokens / output_tokens_per_s is the time spent "
                              "generating them: at most a day in one window")
         for name in ("ttft", "tpot"):

@@ -84,7 +84,8 @@ def _aggregates() -> list[ColumnElement[Any]]:
     # others; rows an older service stored may have them): its busy time at most a day, so
     # that no division overflows a float (PostgreSQL refuses the read then). Summed as floats:
     # SQLite's sum() of integers raises beyond 64 bits.
-    timed = h.output_tokens_per_s * MAX_HEALTH_WINDOW.total_seconds() >= h.num_output_tokens
+    timed = (h.output_tokens_per_s * (MAX_HEALTH_WINDOW.total_seconds() * (1 + 1e-9))
+             >= h.num_output_tokens)
     timed = and_(h.output_tokens_per_s > 0, timed)
     timed_tokens = case((timed, cast(h.num_output_tokens, Float)), else_=0.0)
     busy_s = case((timed, h.num_output_tokens / h.output_tokens_per_s), else_=0.0)
