@@ -35,17 +35,20 @@ STATIC = Path(__file__).resolve().parent / "static"
 API_PREFIX = "/api/v1"
 
 
-def prepare(services: Services) -> int:
-    """Idempotent start-up work: migrations, the pack's canary defaults, the demo fleet.
+def prepare(services: Services, *, as_service: bool = True) -> int:
+    """Idempotent start-up work: migrations, the pack's canary defaults, the demo fleet and,
+    for a starting service (not a command-line tool), its approval setting.
     Returns the number of demo decisions recorded now (0 unless the database was empty)."""
     from dashboard import demo
-    from dashboard.store import canaries
+    from dashboard.store import approval_setting, canaries
 
     services.db.upgrade()
     with services.db.write_session() as session:
         services.db.lock_startup(session)
         added = canaries.ensure_defaults(session=session,
                                          defaults=services.policy.cohort_defaults())
+        if as_service:
+            approval_setting.record(session=session, required=services.settings.require_approval)
         session.commit()
     if added:
         log.info("canary defaults from pack %s: %s", services.policy.pack_name, ", ".join(added))

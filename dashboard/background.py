@@ -69,6 +69,7 @@ def tick(services: Services, now: dt.datetime) -> TickReport:
                                       named=services.policy.cohort_families(),
                                       health=health_reader())
     report = TickReport(flips, ticks)
+    services.metrics.count_ramp_ticks(ticks)
     if report.changed:
         services.policy.invalidate()
         for r in ticks:
@@ -92,9 +93,11 @@ def deliver(services: Services, now: dt.datetime, rng: random.Random | None = No
     if _idle(services, now, deliveries=True):
         return delivery.DeliveryReport()
     with services.db.write_session() as session:
-        return delivery.deliver_due(session=session, now=now,
-                                    post=delivery.httpx_poster(policy.timeout_s),
-                                    policy=policy, rng=rng, stopping=stopping)
+        report = delivery.deliver_due(session=session, now=now,
+                                      post=delivery.httpx_poster(policy.timeout_s),
+                                      policy=policy, rng=rng, stopping=stopping)
+    services.metrics.count_deliveries(report)
+    return report
 
 
 @dataclass

@@ -64,7 +64,7 @@ def _prepared(database_url: str | None, pack: str | None = None) -> Services:
     from dashboard.app import prepare
 
     services = _services(database_url, pack, demo=False)
-    prepare(services)
+    prepare(services, as_service=False)
     return services
 
 

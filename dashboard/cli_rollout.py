@@ -54,7 +54,7 @@ def flip(cohort: str, enabled: bool, reason: str, percentage: int | None,
             done = schedule.flip_or_request(
                 session=session, cohort=cohort, enabled=enabled, reason=reason,
                 actor=_actor(), requester=_actor(), if_version=current.version,
-                percentage=percentage, require_approval=services.settings.require_approval)
+                percentage=percentage, require_approval=services.require_approval())
             session.commit()
     except StoreError as err:
         raise _store_fail(services.policy.store_error_text(cohort, err), err) from err
@@ -144,7 +144,7 @@ def ramp_start(
                 session=session, cohort=cohort, steps=parsed, gates=gates,
                 on_failure=on_failure, reason=reason, actor=_actor(), requester=_actor(),
                 if_version=current.version,
-                needs_approval=services.settings.require_approval)
+                needs_approval=services.require_approval())
             session.commit()
     except StoreError as err:
         raise _store_fail(services.policy.store_error_text(cohort, err), err) from err
@@ -160,10 +160,14 @@ def _ramp_line(ramp: Ramp) -> str:
         return head + (f"; waiting for another operator (turnout approvals approve ramp "
                        f"{ramp.id} --reason …)")
     if ramp.state in (ramps.RampState.active, ramps.RampState.paused):
-        due = ramps.next_step_at(ramp)
         share = ramp.steps[ramp.step_index]["percentage"]
-        return head + f" at {share}% (step {ramp.step_index + 1}/{len(ramp.steps)})" + (
-            f", next step {due:%Y-%m-%d %H:%M} UTC if every gate passes" if due else "")
+        head += f" at {share}% (step {ramp.step_index + 1}/{len(ramp.steps)})"
+        if ramp.state == ramps.RampState.paused:  # no step comes until it is resumed
+            return head + (f"; stays there until resumed (turnout canary ramp resume "
+                           f"{ramp.cohort} --reason …)")
+        due = ramps.next_step_at(ramp)
+        return head + (f", next step {due:%Y-%m-%d %H:%M} UTC if every gate passes"
+                       if due else "")
     return head + (f": {ramp.end_reason}" if ramp.end_reason else "")
 
 
@@ -270,12 +274,15 @@ def schedule_flip(
             flip = schedule.request_flip(
                 session=session, cohort=cohort, enabled=enable, percentage=percentage,
                 reason=reason, actor=_actor(), requester=_actor(), run_at=when,
-                if_version=None, needs_approval=services.settings.require_approval and enable)
+                if_version=None, needs_approval=services.require_approval() and enable)
             session.commit()
     except StoreError as err:
         raise _store_fail(services.policy.store_error_text(cohort, err), err) from err
-    typer.echo(f"flip {flip.id}: {cohort} {'enable' if enable else 'disable'} at "
-               f"{when.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC ({flip.state})")
+    share = f" {percentage}%" if percentage is not None else ""
+    waits = (f"; waiting for another operator (turnout approvals approve flip {flip.id} "
+             "--reason …)" if flip.state == schedule.FlipState.pending_approval else "")
+    typer.echo(f"flip {flip.id}: {cohort} {'enable' if enable else 'disable'}{share} at "
+               f"{when.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC ({flip.state}{waits})")
 
 
 @approvals_app.command("list")

@@ -1,5 +1,7 @@
 """Prometheus metrics (``GET /metrics``): decisions by runner and reason code, API latency,
-engine health per stage and runner (``dashboard/metrics_health.py``).
+engine health per stage and runner (``dashboard/metrics_health.py``), and the closed loop's
+work in this process: ramp steps, gate failures by gate, pauses and rollbacks (the ramp
+ticker's passes), webhook deliveries and failed attempts (the delivery worker's).
 
 Each app has its own registry (several apps in one test process must not collide). Latency is
 measured by a plain ASGI middleware (no per-request task or body copy), labelled by the route
@@ -11,12 +13,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from dashboard.store.advance import RampTick
+    from dashboard.store.delivery import DeliveryReport
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsMiddleware"]
 
@@ -35,9 +41,64 @@ class Metrics:
             ["method", "route", "status"], buckets=_BUCKETS, registry=self.registry)
         self.canary_flips = Counter(
             "turnout_canary_flips", "Successful canary flips", ["cohort"], registry=self.registry)
+        self.startup_lines = Counter(
+            "turnout_startup_lines", "vLLM start-up lines (turnout launch --report-startup) "
+            "kept with their decision, by whether vLLM's runner is the decided one (agrees) or "
+            "not (differs)", ["outcome"], registry=self.registry)
         self.health_reports = Counter(
             "turnout_health_reports", "Engine health reports received, by outcome (stored or "
             "rejected)", ["outcome"], registry=self.registry)
+        self._loop_counters()
+
+    def _loop_counters(self) -> None:
+        """The closed loop's counters: what this process's ramp ticker and delivery worker did
+        (every replica runs both; Prometheus sums the replicas)."""
+        r = self.registry
+        self.ramp_steps = Counter(
+            "turnout_ramp_steps", "Ramp steps taken: the next share applied once the step "
+            "before baked with every gate passing (the first share, applied at the start, is "
+            "not counted)", ["cohort"], registry=r)
+        self.ramps_completed = Counter(
+            "turnout_ramps_completed", "Ramps whose last step baked with every gate passing",
+            ["cohort"], registry=r)
+        self.gate_failures = Counter(
+            "turnout_ramp_gate_failures", "Gates that failed a ramp, by gate (each failing gate "
+            "of a pass that paused the ramp or rolled its stage back)", ["cohort", "gate"],
+            registry=r)
+        self.ramp_pauses = Counter(
+            "turnout_ramp_pauses", "Ramps a failing gate paused", ["cohort"], registry=r)
+        self.ramp_rollbacks = Counter(
+            "turnout_ramp_rollbacks", "Stages a failing gate rolled back (the canary disabled)",
+            ["cohort"], registry=r)
+        self.webhook_deliveries = Counter(
+            "turnout_webhook_deliveries", "Webhook deliveries that ended: delivered (a 2xx) or "
+            "dead (the last attempt failed)", ["outcome"], registry=r)
+        for outcome in ("delivered", "dead"):
+            self.webhook_deliveries.labels(outcome)
+        self.webhook_failed_attempts = Counter(
+            "turnout_webhook_failed_attempts", "Webhook delivery attempts without a 2xx "
+            "(another status, a refused connection, a timeout), a dead delivery's last one "
+            "included", registry=r)
+
+    def count_ramp_ticks(self, ticks: list[RampTick]) -> None:
+        """Count what one pass of the ramp ticker did (after its commits)."""
+        for t in ticks:
+            if t.outcome == "stepped":
+                self.ramp_steps.labels(t.cohort).inc()
+            elif t.outcome == "completed":
+                self.ramps_completed.labels(t.cohort).inc()
+            elif t.outcome in ("paused", "rolled_back"):
+                for g in t.gates:
+                    if g.status == "fail":
+                        self.gate_failures.labels(t.cohort, g.gate).inc()
+                (self.ramp_pauses if t.outcome == "paused" else self.ramp_rollbacks
+                 ).labels(t.cohort).inc()
+
+    def count_deliveries(self, report: DeliveryReport) -> None:
+        """Count what one pass of the delivery worker did."""
+        self.webhook_deliveries.labels("delivered").inc(len(report.delivered))
+        self.webhook_deliveries.labels("dead").inc(len(report.dead))
+        self.webhook_failed_attempts.inc(len(report.retried) + len(report.dead))
 
     def watch_health(self, sessions: Callable[[], AbstractContextManager[Session]],
                      window_s: float) -> None:

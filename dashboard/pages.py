@@ -88,9 +88,11 @@ def overview(request: Request, services: ServicesDep, user: UserDep) -> HTMLResp
         ov = aggregates.overview(session=session)
         ks = canary_store.get_kill_switch(session=session)
         waiting = dict(aggregates.fallbacks(session=session).ranked)
+    from dashboard.rollout_view import stage_ramps
+
     total = sum(ov.by_runner.values())
     return render(request, "overview.html", user, overview=ov, total=total, kill_switch=ks,
-                  waiting=waiting,
+                  waiting=waiting, ramps=stage_ramps(services),
                   cohorts=cohort_rows(services), pack=services.policy.pack_name,
                   chart={"by_runner": ov.by_runner, "by_day": ov.by_day,
                          "days": _day_axis(30)})
@@ -206,7 +208,7 @@ def flip_from_page(
                 session=session, cohort=cohort, enabled=enabled, reason=reason,
                 actor=user.actor, requester=user.name, if_version=version,
                 percentage=percentage if enabled else None,
-                require_approval=services.settings.require_approval)
+                require_approval=services.require_approval())
             session.commit()
     except StoreError as err:  # a stale version, an empty reason, an unknown cohort
         return _back(request, error=services.policy.store_error_text(cohort, err))

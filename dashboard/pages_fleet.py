@@ -1,6 +1,7 @@
 """The fleet's pages: Decisions (filters, a time window, a count, pages in a stable order, the
 CSV export's link) and one page per deployment (its model, inputs, the command line that
-decides them again, its decision history and the link to Explain them)."""
+decides them again, how ``turnout launch`` started vLLM and what vLLM said, its decision
+history and the link to Explain them)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dashboard.invocation import turnout_here
 from dashboard.pages import UserDep, render
 from dashboard.store import history
 from dashboard.store.history import MAX_PAGE_SIZE, Cursor, EventFilter, EventPage
+from dashboard.store.launches import LaunchRecord
 from dashboard.window import TimeWindow, WindowDep
 
 router = APIRouter(include_in_schema=False, max_body_size=MAX_BODY)
@@ -65,6 +67,8 @@ def deployment_page(request: Request, deployment_id: str, services: ServicesDep,
                     before: CursorQuery = "") -> HTMLResponse:
     with services.db.read_session() as session:
         row = history.get_deployment(session=session, deployment_id=deployment_id)
+        latest = None if row is None else history.get_event(session=session,
+                                                            event_id=row.event_id)
     if row is None:
         return render(request, "deployment.html", user, status=404, deployment_id=deployment_id,
                       deployment=None, error=f"no decision of a deployment {deployment_id!r} "
@@ -77,7 +81,8 @@ def deployment_page(request: Request, deployment_id: str, services: ServicesDep,
     return render(request, "deployment.html", user, status=422 if error else 200,
                   deployment_id=deployment_id, deployment=row, page=page, error=error,
                   query={"size": str(size)} if size != 25 else {},
-                  window=TimeWindow(), **_inputs(services, row))
+                  window=TimeWindow(), launch=LaunchRecord.of(latest),
+                  **_inputs(services, row))
 
 
 def _inputs(services: Any, row: Any) -> dict[str, Any]:

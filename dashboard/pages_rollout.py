@@ -53,7 +53,7 @@ def start_ramp(request: Request, cohort: str, services: ServicesDep, user: UserD
                 steps=[{"percentage": p, "bake_s": bake_min * 60} for p in shares],
                 gates=services.settings.ramp_gates, on_failure=on_failure, reason=reason,
                 actor=user.actor, requester=user.name, if_version=version,
-                needs_approval=services.settings.require_approval)
+                needs_approval=services.require_approval())
             session.commit()
     except ValueError as err:
         return _back(request, error=str(err))
@@ -131,7 +131,7 @@ def schedule_flip(request: Request, services: ServicesDep, user: UserDep,
             flip = schedule.request_flip(
                 session=session, cohort=cohort, enabled=enabled, percentage=percentage,
                 reason=reason, actor=user.actor, requester=user.name, run_at=when,
-                if_version=None, needs_approval=services.settings.require_approval and enabled)
+                if_version=None, needs_approval=services.require_approval() and enabled)
             session.commit()
     except ValueError:
         return _back(request, error=f"at: {run_at[:40]!r} is not a time")

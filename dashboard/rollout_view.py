@@ -1,6 +1,7 @@
 """What the Canaries page shows of the closed loop: each live ramp with its steps and its
 gates' last results, the changes waiting for approval (and whether the signed-in operator may
-approve each), the scheduled flips that have not run, and how far the kill switch reaches."""
+approve each), the scheduled flips that have not run, and how far the kill switch reaches; and
+what the Overview shows of it: each stage's latest ramp."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ class RampView:
         i = self.ramp.step_index
         return self.ramp.steps[i]["percentage"] if 0 <= i < len(self.ramp.steps) else None
 
+    def gates_in(self, status: str) -> list[str]:
+        """The gates whose last result was ``status`` (``fail``, ``wait``, ``pass``)."""
+        return [g.get("gate", "?") for g in self.gates if g.get("status") == status]
+
 
 @dataclass
 class PendingView:
@@ -54,6 +59,16 @@ class RolloutView:
 
     def ramp_of(self, cohort: str) -> RampView | None:
         return next((r for r in self.ramps if r.ramp.cohort == cohort), None)
+
+
+def stage_ramps(services: Services) -> dict[str, RampView]:
+    """Cohort → its latest ramp (live, or how it ended), as the Overview shows it beside the
+    stage's progress."""
+    labels = services.policy.cohort_labels()
+    with services.db.read_session() as session:
+        latest = ramps.latest_per_cohort(session=session)
+    return {c: RampView(r, labels.get(c, c), ramps.next_step_at(r), r.last_gates or [])
+            for c, r in latest.items()}
 
 
 def rollout_view(services: Services, user: Principal) -> RolloutView:

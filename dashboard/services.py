@@ -19,6 +19,18 @@ class Services:
     verifier: TokenVerifier
     metrics: Metrics
 
+    def require_approval(self) -> bool:
+        """Enabling changes wait for a second operator: this process's
+        ``TURNOUT_REQUIRE_APPROVAL`` or the one the service recorded when it started
+        (``dashboard/store/approval_setting.py``), so a shell without the variable cannot
+        go around the service's rule."""
+        if self.settings.require_approval:
+            return True
+        from dashboard.store import approval_setting
+
+        with self.db.read_session() as session:
+            return approval_setting.recorded(session=session)
+
     @classmethod
     def build(cls, settings: Settings) -> Services:
         db = Database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)

@@ -23,7 +23,8 @@ from oracle.decision import (
 from oracle.errors import ConfigError, ErrorCode, Issue, OracleError, PackError
 from oracle.explain import Change, Explanation, Suggestion, explain
 from oracle.matrix import Cell, enumerate_matrix
-from oracle.pack import Cohort, Pack, RuleInfo, decide, load_pack
+from oracle.pack import Pack, decide, load_pack
+from oracle.pack_types import Cohort, RuleInfo
 from oracle.sources import from_command, from_hf_config, from_spec, load_specs
 
 __all__ = [

@@ -40,7 +40,7 @@ import httpx
 
 from oracle import CanarySnapshot, Decision, DeploymentConfig, decide, load_pack
 from oracle.client_health import HealthReports, HealthSource
-from oracle.client_http import acknowledged, request_within
+from oracle.client_http import RefusalLog, acknowledged, request_within
 from oracle.client_snapshot import (
     checked_snapshot,
     kill_switch_of_revision,
@@ -119,6 +119,7 @@ class OracleClient:
         # the snapshot is not (engaging it only sends deployments to V1, which every revision
         # can express), never saved as the last-known-good copy.
         self._foreign_kill_switch = False
+        self._refused = RefusalLog()  # a token the service refuses: said once, with why
         self.snapshot_source: SnapshotSource = "defaults"
         self._first_fetch = threading.Event()
         self._wake = threading.Event()
@@ -325,8 +326,10 @@ class OracleClient:
             log.error("the service rejected %d events (HTTP %d): %s", len(batch),
                       resp.status_code, resp.text[:500])
             return "reject"
-        level = logging.WARNING if resp.status_code in (401, 403) else logging.INFO
-        log.log(level, "decision report deferred (HTTP %d)", resp.status_code)
+        if resp.status_code in (401, 403):
+            self._refused("decision report", resp, len(batch))
+        else:
+            log.info("decision report deferred (HTTP %d)", resp.status_code)
         return "retry"
 
     # -- last-known-good -------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from oracle.client_http import health_rejects
+from oracle.client_http import RefusalLog, health_rejects
 from oracle.client_spool import SendResult, Spool
 from oracle.wire import HealthReportIn
 
@@ -42,6 +42,7 @@ class HealthReports:
         self.pack = pack
         self._sources: list[HealthSource] = []
         self._lock = threading.Lock()
+        self._refused = RefusalLog()
 
     def report(self, fields: Mapping[str, Any]) -> str:
         """Validate one report (``HealthReportIn`` fields; ``report_id``, ``host`` and ``pack``
@@ -100,6 +101,8 @@ class HealthReports:
             log.error("the service rejected %d health reports (HTTP %d): %s", len(batch),
                       resp.status_code, resp.text[:500])
             return "reject"
-        log.log(logging.WARNING if resp.status_code in (401, 403) else logging.INFO,
-                "health report deferred (HTTP %d)", resp.status_code)
+        if resp.status_code in (401, 403):
+            self._refused("health report", resp, len(batch))
+        else:
+            log.info("health report deferred (HTTP %d)", resp.status_code)
         return "retry"

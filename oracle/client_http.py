@@ -160,3 +160,34 @@ def health_rejects(resp: httpx.Response, ids: Sequence[str]) -> frozenset[int] |
         log.error("the service refused health report %s: %s (%s)", ids[r.index],
                   r.detail.message, r.detail.code)
     return refused
+
+
+def refusal(resp: httpx.Response) -> str:
+    """``HTTP 403: <the service's message>`` for an error answer of the service (its
+    ``detail.message``, cut at 200 characters); ``HTTP 403`` alone for a body without one (a
+    proxy's page)."""
+    try:
+        message = resp.json()["detail"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {resp.status_code}"
+    return f"HTTP {resp.status_code}: {str(message)[:200]}"
+
+
+class RefusalLog:
+    """Logs the service's refusals of the client's token (401, 403) with the service's reason,
+    each distinct one once as a warning and its repeats at debug level: the client retries
+    every second or so, and the reason stays the same until the token is changed."""
+
+    MAX_SEEN = 32
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def __call__(self, what: str, resp: httpx.Response, num_spooled: int) -> None:
+        text = refusal(resp)
+        level = logging.DEBUG if text in self._seen else logging.WARNING
+        if len(self._seen) < self.MAX_SEEN:
+            self._seen.add(text)
+        log.log(level, "%s deferred (%s): %d spooled, kept until the service takes the token",
+                what, text, num_spooled)
+

@@ -161,7 +161,9 @@ EnvValue = Annotated[str, Field(max_length=MAX_ENV_VALUE_CHARS)]
 
 class StartupIn(BaseModel):
     """What vLLM said at start-up about the runner it uses (``turnout launch
-    --report-startup``): the runner and vLLM's own log line that says it."""
+    --report-startup``): the runner and vLLM's own log line that says it. It comes in a
+    follow-up event, ``<decision event id>.startup`` (the same decision, with this part), which
+    the service attaches to the decision instead of counting a second one."""
 
     model_config = ConfigDict(extra="forbid")
 

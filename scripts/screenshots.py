@@ -136,6 +136,12 @@ def _canaries_ramp(page: Any, base: str) -> None:
     page.locator("#ramps").scroll_into_view_if_needed()
 
 
+def _ramp_on_overview(page: Any, base: str) -> None:
+    if not page.locator("#ramp-llama-mistral-dense").count():  # shot alone: start the ramp
+        _canaries_ramp(page, base)
+    page.goto(base + "/")
+
+
 def _webhooks(page: Any, base: str) -> None:
     for _ in range(100):  # the first attempt has failed
         page.goto(base + "/webhooks")
@@ -150,7 +156,6 @@ def _goto(path: str) -> Callable[[Any, str], None]:
 
 # name → (how to get there, the whole page or only the first screen)
 SHOTS: dict[str, tuple[Callable[[Any, str], None], bool]] = {
-    "overview": (_goto("/"), True),
     "fallback-reasons": (_goto("/fallbacks"), True),
     "canaries-confirm": (_canaries_confirm, True),
     "decisions": (_goto("/decisions?window=7d&size=25"), True),
@@ -160,6 +165,7 @@ SHOTS: dict[str, tuple[Callable[[Any, str], None], bool]] = {
     "upgrade-preview": (_upgrade, True),
     "audit": (_goto("/audit"), True),
     "canaries-ramp": (_canaries_ramp, True),
+    "overview": (_ramp_on_overview, True),  # after the ramp: its state beside the stage
     "webhooks": (_webhooks, True),
 }
 TOKEN: list[str] = []  # the admin token of the running service

@@ -52,7 +52,7 @@ from dashboard.deps import (
 from dashboard.event_checks import event_errors
 from dashboard.policy import Snapshot, config_from_request
 from dashboard.services import Services
-from dashboard.store import aggregates, events
+from dashboard.store import aggregates, events, launches
 from dashboard.store.latest_counts import reason_kind
 from dashboard.store.tokens import Role
 from oracle import DeploymentConfig, OracleError
@@ -179,11 +179,15 @@ async def post_decisions(request: Request, services: ServicesDep, _who: Operator
     if problems:
         raise RequestValidationError(problems)
     records = body.events  # EventIn has what ingest reads (EventLike)
-    inserted = await run_in_threadpool(_ingest, services, records)
-    counts = Counter((e.runner or "none", e.reason_code) for e in body.events)
+    stored = await run_in_threadpool(_ingest, services, records)
+    # A follow-up (vLLM's start-up line) is no decision: it is counted by what it says.
+    counts = Counter((e.runner or "none", e.reason_code) for e in body.events
+                     if launches.follows(e) is None)
     for (runner, code), n in counts.items():
         services.metrics.decisions.labels("ingest", runner, code).inc(n)
-    return IngestOut(accepted=len(records), inserted=inserted,
+    for a in stored.attached:
+        services.metrics.startup_lines.labels("agrees" if a.agrees else "differs").inc()
+    return IngestOut(accepted=len(records), inserted=stored.inserted,
                      batch_digest=batch_digest([e.event_id for e in records]))
 
 
@@ -202,11 +206,11 @@ def _ingest_body(request: Request, raw: bytes) -> IngestIn:
         raise body_validation_error(err) from err
 
 
-def _ingest(services: Services, records: list[EventIn]) -> int:
+def _ingest(services: Services, records: list[EventIn]) -> events.Ingested:
     with services.db.write_session() as session:
-        inserted = events.ingest(session=session, events=records)
+        stored = events.ingest_batch(session=session, events=records)
         session.commit()
-    return inserted
+    return stored
 
 
 @router.get("/decisions", response_model=list[EventOut])
@@ -223,7 +227,7 @@ def get_decisions(
     rows = events.list_events(session=session, limit=limit, family=family, runner=runner,
                               reason_code=reason_code, rule_id=rule_id,
                               deployment_id=deployment_id)
-    return [EventOut.model_validate(r, from_attributes=True) for r in rows]
+    return [EventOut.of(r) for r in rows]
 
 
 @router.get("/fallbacks", response_model=FallbacksOut,

@@ -46,6 +46,9 @@ IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 CHANGE_ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorResponse}, 409: {"model": ErrorResponse},
     428: {"model": ErrorResponse}}
+# What a change of a ramp or a flip sends as If-Match, and where an operator reads it.
+RAMP_VERSION = "the ramp's version (the ETag of GET /api/v1/ramps/{ramp_id})"
+FLIP_VERSION = "the flip's version (its version in GET /api/v1/scheduled-flips)"
 
 
 def ramp_out(ramp: Ramp) -> RampOut:
@@ -113,7 +116,7 @@ def post_ramp(cohort: str, body: RampIn, services: ServicesDep, session: WriteSe
             session=session, cohort=cohort, steps=[s.model_dump() for s in body.steps],
             gates=gate_config(services, body.gates), on_failure=body.on_failure,
             reason=body.reason, actor=who.actor, requester=who.name, if_version=version,
-            needs_approval=services.settings.require_approval)
+            needs_approval=services.require_approval())
         session.commit()
     except StoreError as err:
         raise_cohort_error(services, cohort, err)
@@ -130,7 +133,7 @@ def post_ramp(cohort: str, body: RampIn, services: ServicesDep, session: WriteSe
 def _ramp_change(what: Literal["cancel", "resume"], ramp_id: int, body: ReasonIn,
                  services: Services, session: Session, who: Principal, if_match: str | None,
                  response: Response) -> RampOut:
-    version = parse_if_match(if_match)
+    version = parse_if_match(if_match, RAMP_VERSION)
     change = ramps.cancel_ramp if what == "cancel" else ramps.resume_ramp
     try:
         ramp = change(session=session, ramp_id=ramp_id, actor=who.actor, reason=body.reason,
@@ -182,7 +185,7 @@ def post_scheduled_flip(body: ScheduledFlipIn, services: ServicesDep,
             session=session, cohort=body.cohort, enabled=body.enabled,
             percentage=body.percentage, reason=body.reason, actor=who.actor,
             requester=who.name, run_at=body.run_at, if_version=None,
-            needs_approval=services.settings.require_approval and body.enabled)
+            needs_approval=services.require_approval() and body.enabled)
         session.commit()
     except StoreError as err:
         raise_cohort_error(services, body.cohort, err)
@@ -197,7 +200,7 @@ def cancel_scheduled_flip(flip_id: IdPath, body: ReasonIn, session: WriteSession
                           who: OperatorDep, response: Response,
                           if_match: Annotated[str | None, Header()] = None) -> ScheduledFlipOut:
     """Cancel a flip that has not run (operator; ``If-Match``: the flip's version)."""
-    version = parse_if_match(if_match)
+    version = parse_if_match(if_match, FLIP_VERSION)
     try:
         flip = schedule.cancel_flip(session=session, flip_id=flip_id, actor=who.actor,
                                     reason=body.reason, if_version=version)

@@ -107,11 +107,11 @@ def raise_cohort_error(services: Services, cohort: str, err: StoreError) -> NoRe
     raise_store_error(err)
 
 
-def parse_if_match(if_match: str | None) -> int:
-    """The version of an ``If-Match`` header (``"3"``, ``3`` or ``W/"3"``); 428 without it."""
+def parse_if_match(if_match: str | None, what: str = "the cohort's version (its ETag)") -> int:
+    """The version of an ``If-Match`` header (``"3"``, ``3`` or ``W/"3"``); 428 without it,
+    whose message says to send ``what`` (the version of the item the route changes)."""
     if if_match is None:
-        raise http_error(428, ErrorCode.IF_MATCH_REQUIRED,
-                         "send If-Match with the cohort's version (its ETag)")
+        raise http_error(428, ErrorCode.IF_MATCH_REQUIRED, f"send If-Match with {what}")
     value = if_match.strip().removeprefix("W/").strip('"')
     if not (value.isascii() and value.isdigit()):  # "²".isdigit() is true, int("²") fails
         raise http_error(400, ErrorCode.BAD_IF_MATCH, f"If-Match {if_match!r} is not a version")
@@ -141,7 +141,7 @@ def patch_canary(
         flip = schedule.flip_or_request(
             session=session, cohort=cohort, enabled=body.enabled, percentage=body.percentage,
             reason=body.reason, actor=who.actor, requester=who.name, if_version=version,
-            require_approval=services.settings.require_approval)
+            require_approval=services.require_approval())
         session.commit()
     except StoreError as err:
         raise_cohort_error(services, cohort, err)

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dashboard.store.audit import MAX_REASON_CHARS
 from dashboard.store.latest_counts import Kind
+from dashboard.store.launches import LaunchRecord
+from dashboard.store.models import DecisionEvent
 from oracle.wire import (
     CanariesOut,
     CohortOut,
@@ -86,12 +88,51 @@ class AuditOut(BaseModel):
 
 
 class IngestOut(BaseModel):
-    accepted: int = Field(description="events now stored (new ones and resent duplicates)")
-    inserted: int = Field(description="events that were new")
+    accepted: int = Field(description="events now stored (new ones, resent duplicates, and "
+                          "follow-ups whose start-up line is kept with their decision)")
+    inserted: int = Field(description="decisions that were new (a follow-up carrying vLLM's "
+                          "start-up line to a stored decision is none)")
     batch_digest: str = Field(description="SHA-256 (hex) of the JSON list of the batch's event "
                               "ids in the order sent (`oracle.wire.batch_digest`): engines "
                               "take an answer as the acknowledgement of their batch only "
                               "when it matches")
+
+
+class StartupOut(BaseModel):
+    """What vLLM said at start-up about its runner (``turnout launch --report-startup``)."""
+
+    runner: Literal["v1", "v2"]
+    line: str = Field(description="vLLM's log line, as printed")
+    at: dt.datetime = Field(description="when it was reported (the follow-up event's time)")
+    event_id: str = Field(description="the event that reported it (`<decision id>.startup`)")
+    agrees: bool = Field(description="vLLM's runner is the decision's; false: vLLM runs "
+                         "another runner than turnout decided")
+
+
+class LaunchOut(BaseModel):
+    """How ``turnout launch`` started vLLM with the decision (``oracle.wire.LaunchIn``)."""
+
+    vllm_version: str
+    vllm_pack: str = Field(description="the pack whose selection stood for vLLM's own")
+    has_pack: bool
+    env: dict[str, str] = Field(description="the variables launch set for vLLM")
+    operator_pin: str | None = Field(description="the runner variable as the operator set it")
+    snapshot_source: str = Field(description="service, disk or defaults: where the canaries "
+                                 "came from")
+    startup: StartupOut | None = Field(description="vLLM's start-up line; null until its "
+                                       "follow-up event arrives (exec mode reports none)")
+
+    @classmethod
+    def of(cls, record: LaunchRecord | None) -> LaunchOut | None:
+        if record is None:
+            return None
+        s = record.startup
+        return cls(vllm_version=record.vllm_version, vllm_pack=record.vllm_pack,
+                   has_pack=record.has_pack, env=record.env, operator_pin=record.operator_pin,
+                   snapshot_source=record.snapshot_source,
+                   startup=None if s is None else StartupOut(
+                       runner=s["runner"], line=s["line"], at=s["at"], event_id=s["event_id"],
+                       agrees=bool(record.agrees)))
 
 
 class EventOut(BaseModel):
@@ -108,6 +149,16 @@ class EventOut(BaseModel):
     rule_ids: list[str]
     policy_digest: str
     demo: bool
+    launch: LaunchOut | None = Field(default=None, description="how `turnout launch` started "
+                                     "vLLM with this decision (null: an engine's own decision)")
+
+    @classmethod
+    def of(cls, row: DecisionEvent) -> EventOut:
+        return cls(event_id=row.event_id, at=row.at, deployment_id=row.deployment_id,
+                   host=row.host, pack=row.pack, family=row.family, runner=row.runner,
+                   mode=row.mode, stage=row.stage, reason_code=row.reason_code,
+                   rule_ids=row.rule_ids, policy_digest=row.policy_digest, demo=row.demo,
+                   launch=LaunchOut.of(LaunchRecord.of(row)))
 
 
 Window = Literal["1h", "24h", "7d", "all"]

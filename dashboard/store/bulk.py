@@ -10,7 +10,8 @@ tables come out as batched ingest of the same events leaves them
 
 Unlike ingest, a bulk load does not skip events it has seen: an event id that is stored
 already, or repeated in the load, is an error (:class:`DuplicateEvents`) and the caller's
-transaction is left to roll back.
+transaction is left to roll back. So is a follow-up event carrying vLLM's start-up line
+(:class:`FollowUpEvent`): it is no decision, and only batched ingest attaches it to one.
 """
 
 from __future__ import annotations
@@ -37,14 +38,20 @@ from dashboard.store.events import (
     write_daily,
 )
 from dashboard.store.latest_counts import prune_hourly
+from dashboard.store.launches import follows, launch_json
 
 _COLUMNS = ("event_id", "at", "deployment_id", "host", "pack", "family", "runner", "mode",
-            "stage", "reason_code", "rule_ids", "policy_digest", "demo")
+            "stage", "reason_code", "rule_ids", "policy_digest", "demo", "launch")
 _ADVANCE_CHUNK = 5000  # deployments per advance (bounded statements and memory)
 
 
 class DuplicateEvents(StoreError):
     """A bulk load met an event id that is stored already or repeated in the load."""
+
+
+class FollowUpEvent(StoreError):
+    """A bulk load met a follow-up event (vLLM's start-up line, ``<id>.startup``): no decision
+    to load; batched ingest attaches it to its decision."""
 
 
 def bulk_ingest(*, session: Session, events: Iterable[EventLike],
@@ -54,6 +61,7 @@ def bulk_ingest(*, session: Session, events: Iterable[EventLike],
 
     Raises:
         DuplicateEvents: an event id is stored already or repeated in ``events``.
+        FollowUpEvent: a follow-up event (``dashboard/store/launches.py``) is in ``events``.
     """
     now = now or dt.datetime.now(dt.UTC)
     conn = session.connection()
@@ -61,6 +69,7 @@ def bulk_ingest(*, session: Session, events: Iterable[EventLike],
     counts: Counter[DailyKey] = Counter()
     total = 0
     for part in _chunks(events, chunk):
+        _refuse_follow_ups(part)
         try:
             _insert(conn, part)
         except IntegrityError as err:  # SQLite
@@ -79,6 +88,13 @@ def bulk_ingest(*, session: Session, events: Iterable[EventLike],
     write_daily(session, counts)
     prune_hourly(session.connection(), now)
     return total
+
+
+def _refuse_follow_ups(part: list[EventLike]) -> None:
+    for e in part:
+        if follows(e) is not None:
+            raise FollowUpEvent(f"bulk load: {e.event_id} is a follow-up event (vLLM's start-up "
+                                "line), not a decision: send it through ingest")
 
 
 def _chunks(events: Iterable[EventLike], size: int) -> Iterator[list[EventLike]]:
@@ -104,4 +120,5 @@ def _insert(conn: Connection, events: list[EventLike]) -> None:
         for e in events:
             copy.write_row((e.event_id, e.at, e.deployment_id, e.host, e.pack, e.family,
                             e.runner, e.mode, e.stage, e.reason_code,
-                            _rules_json(tuple(e.rule_ids)), e.policy_digest, e.demo))
+                            _rules_json(tuple(e.rule_ids)), e.policy_digest, e.demo,
+                            launch_json(e)))

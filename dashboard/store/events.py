@@ -4,7 +4,9 @@ One transaction per batch stores the new events, moves each deployment's latest 
 forward (``deployments``) with its counts (``latest_counts``, see
 ``dashboard/store/latest_counts.py``) and adds to the daily roll-up, so the pages read small
 tables even with millions of events. Duplicates (a client resending after a lost
-acknowledgement) are skipped before anything is counted. The writes themselves are in
+acknowledgement) are skipped before anything is counted. A follow-up event that carries vLLM's
+start-up line (``<id>.startup``) is no decision of its own: its line is attached to the
+decision's row (``dashboard/store/launches.py``). The writes themselves are in
 ``ingest_sqlite.py`` and ``ingest_pg.py``, one per backend.
 """
 
@@ -19,13 +21,14 @@ from typing import Any, Protocol
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from dashboard.store import latest_counts
+from dashboard.store import latest_counts, launches
 from dashboard.store.models import (
     DailyDecisions,
     DecisionEvent,
     Deployment,
     LatestCounts,
 )
+from oracle.wire import LaunchIn
 
 
 class EventLike(Protocol):
@@ -59,6 +62,8 @@ class EventLike(Protocol):
     def config(self) -> dict[str, Any] | None: ...
     @property
     def demo(self) -> bool: ...
+    @property
+    def launch(self) -> LaunchIn | None: ...
 
 
 @dataclass(frozen=True)
@@ -79,37 +84,56 @@ class EventRecord:
     policy_digest: str = ""
     config: dict[str, Any] | None = field(default=None, compare=False)
     demo: bool = False
+    launch: LaunchIn | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Ingested:
+    """What a batch stored: ``inserted`` new decisions; ``attached``: vLLM start-up lines
+    attached to their decisions by this batch (not before)."""
+
+    inserted: int
+    attached: list[launches.Attached] = field(default_factory=list)
 
 
 def ingest(*, session: Session, events: Sequence[EventLike],
            now: dt.datetime | None = None) -> int:
-    """Store a batch in the caller's transaction; returns how many were new (not duplicates).
+    """Store a batch in the caller's transaction; returns how many decisions were new (not
+    duplicates, not follow-ups that carry a start-up line to a stored decision).
 
     ``now``: the time the fine buckets of ``latest_counts`` are kept from (default: the
     clock). The caller acknowledges only after commit: an acknowledged event is durable.
     """
+    return ingest_batch(session=session, events=events, now=now).inserted
+
+
+def ingest_batch(*, session: Session, events: Sequence[EventLike],
+                 now: dt.datetime | None = None) -> Ingested:
+    """:func:`ingest`, saying which start-up lines it attached."""
+    decisions, lines = launches.split(events)
     first: dict[str, EventLike] = {}
-    for e in events:  # a batch may repeat an event: the first copy counts, as across batches
+    for e in decisions:  # a batch may repeat an event: the first copy counts, as across batches
         first.setdefault(e.event_id, e)
-    events = list(first.values())
-    if not events:
-        return 0
+    unique = list(first.values())
+    if not unique:
+        return Ingested(0)
     now = now or dt.datetime.now(dt.UTC)
     if session.get_bind().dialect.name == "sqlite":
         from dashboard.store.ingest_sqlite import ingest_sqlite
 
-        inserted = ingest_sqlite(session, events, now)
+        inserted = ingest_sqlite(session, unique, now)
     else:
         from dashboard.store.ingest_pg import insert_events_pg
 
-        ids = insert_events_pg(session.connection(), events)
-        fresh = [e for e in events if e.event_id in ids]
+        ids = insert_events_pg(session.connection(), unique)
+        fresh = [e for e in unique if e.event_id in ids]
         if fresh:
             advance_deployments(session, fresh, now)
             add_daily(session, fresh)
         inserted = len(fresh)
+    attached = launches.attach(session.connection(), lines) if lines else []
     latest_counts.prune_hourly(session.connection(), now)  # last: see its docstring
-    return inserted
+    return Ingested(inserted, attached)
 
 
 def latest_per_deployment(events: Iterable[EventLike],

@@ -189,6 +189,11 @@ def get_deployment(*, session: Session, deployment_id: str) -> Deployment | None
     return session.get(Deployment, deployment_id)
 
 
+def get_event(*, session: Session, event_id: str) -> DecisionEvent | None:
+    """One stored decision event (a deployment's latest is its ``event_id``); None if unknown."""
+    return session.get(DecisionEvent, event_id)
+
+
 def families_by_stage(*, session: Session) -> dict[str, Counter[str]]:
     """Stage → family → deployments whose latest decision fell in that stage (what a cohort
     holds in the fleet, for stages that name attributes rather than families)."""

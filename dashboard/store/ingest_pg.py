@@ -23,11 +23,13 @@ from typing import Any
 from sqlalchemy import Connection
 
 from dashboard.store.latest_counts import Key, Move, apply_moves, move, state_of
+from dashboard.store.launches import launch_json
 
 _EVENT_COLUMNS = (("event_id", "text"), ("at", "timestamptz"), ("deployment_id", "text"),
                   ("host", "text"), ("pack", "text"), ("family", "text"), ("runner", "text"),
                   ("mode", "text"), ("stage", "text"), ("reason_code", "text"),
-                  ("rule_ids", "jsonb"), ("policy_digest", "text"), ("demo", "boolean"))
+                  ("rule_ids", "jsonb"), ("policy_digest", "text"), ("demo", "boolean"),
+                  ("launch", "jsonb"))
 _DEPLOYMENT_COLUMNS = (("deployment_id", "text"), ("event_id", "text"), ("at", "timestamptz"),
                        ("host", "text"), ("pack", "text"), ("family", "text"),
                        ("runner", "text"), ("mode", "text"), ("stage", "text"),
@@ -88,7 +90,7 @@ def insert_events_pg(conn: Connection, events: Sequence[Any]) -> set[str]:
     """Insert the events whose ids are not stored yet; returns those ids."""
     rows = [(e.event_id, e.at, e.deployment_id, e.host, e.pack, e.family, e.runner, e.mode,
              e.stage, e.reason_code, json.dumps(list(e.rule_ids)), e.policy_digest,
-             bool(e.demo)) for e in events]
+             bool(e.demo), launch_json(e)) for e in events]
     result = conn.exec_driver_sql(_INSERT_EVENTS, _columns(rows, len(_EVENT_COLUMNS)))
     return {r[0] for r in result}
 

@@ -20,6 +20,7 @@ from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
 from dashboard.store.latest_counts import Move, apply_moves, suffixes_of
+from dashboard.store.launches import launch_json
 
 
 def _stored(t: dt.datetime) -> str:
@@ -28,7 +29,7 @@ def _stored(t: dt.datetime) -> str:
     return t.replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
 
 _EVENT_COLUMNS = ("event_id", "at", "deployment_id", "host", "pack", "family", "runner", "mode",
-                  "stage", "reason_code", "rule_ids", "policy_digest", "demo")
+                  "stage", "reason_code", "rule_ids", "policy_digest", "demo", "launch")
 _DEPLOYMENT_COLUMNS = ("deployment_id", "event_id", "at", "host", "pack", "family", "runner",
                        "mode", "stage", "reason_code", "rule_ids", "config", "demo")
 
@@ -78,7 +79,7 @@ def insert_events_sqlite(conn: Connection, events: Sequence[Any],
     conn.exec_driver_sql(_INSERT_EVENTS, [
         (e.event_id, at[e.event_id], e.deployment_id, e.host, e.pack,
          e.family, e.runner, e.mode, e.stage, e.reason_code, _rules_json(tuple(e.rule_ids)),
-         e.policy_digest, int(e.demo)) for e in events])
+         e.policy_digest, int(e.demo), launch_json(e)) for e in events])
 
 
 @lru_cache(maxsize=4096)

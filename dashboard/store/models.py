@@ -129,6 +129,12 @@ class DecisionEvent(DecisionFields, Base):
     deployment_id: Mapped[str] = mapped_column(String(256))
     policy_digest: Mapped[str] = mapped_column(String(128), default="")
     demo: Mapped[bool] = mapped_column(Boolean, default=False)
+    # How ``turnout launch`` started vLLM with the decision (``oracle.wire.LaunchIn`` without
+    # its ``startup``), None for an engine's own decision; migration 0007.
+    launch: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    # vLLM's start-up line, attached when its follow-up event arrives: ``{"runner", "line",
+    # "at", "event_id"}`` (``dashboard/store/launches.py``); migration 0007.
+    startup: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
 
 
 class Deployment(DecisionFields, Base):

@@ -93,6 +93,16 @@ def list_ramps(*, session: Session, cohort: str | None = None, live_only: bool =
     return list(session.scalars(stmt))
 
 
+def latest_per_cohort(*, session: Session) -> dict[str, Ramp]:
+    """Cohort → its latest ramp that ran or waits to (a rejected one never did), whatever its
+    state: live, or how the last one ended (completed, cancelled, rolled back)."""
+    from sqlalchemy import func
+
+    latest = (select(func.max(Ramp.id)).where(Ramp.state != RampState.rejected)
+              .group_by(Ramp.cohort))
+    return {r.cohort: r for r in session.scalars(select(Ramp).where(Ramp.id.in_(latest)))}
+
+
 def get_ramp(*, session: Session, ramp_id: int) -> Ramp:
     ramp = session.get(Ramp, ramp_id)
     if ramp is None:

@@ -49,6 +49,43 @@ def generate(seed: int, *, num_events: int, num_deployments: int, now: dt.dateti
     return out
 
 
+def follow_ups(events: list[EventRecord], seed: int, share: float = 0.4) -> list[EventRecord]:
+    """What ``turnout launch --report-startup`` sends after a share of ``events`` (those with
+    a runner: vLLM started): ``<id>.startup``, the same decision 1 to 900 s later, with vLLM's
+    line (naming the decided runner, or now and then the other one)."""
+    from oracle.wire import LaunchIn, StartupIn
+
+    rng = random.Random(seed)
+    out = []
+    for e in events:
+        if e.runner is None or rng.random() >= share:
+            continue
+        said = e.runner if rng.random() < 0.8 else {"v1": "v2", "v2": "v1"}[e.runner]
+        launch = LaunchIn.model_validate({
+            "vllm_version": "0.31.0", "vllm_pack": "vllm-0.31", "snapshot_source": "service",
+            "startup": StartupIn.model_validate({"runner": said, "line": f"vLLM says {said}"})})
+        out.append(EventRecord(**{**e.__dict__, "event_id": f"{e.event_id}.startup",
+                                  "at": e.at + dt.timedelta(seconds=rng.randint(1, 900)),
+                                  "launch": launch}))
+    return out
+
+
+def with_follow_ups(parts: list[list[EventRecord]], extra: list[EventRecord], seed: int
+                    ) -> list[list[EventRecord]]:
+    """``parts`` with each follow-up of ``extra`` added to the batch of its decision or one of
+    the three after it (a client spools the follow-up after its decision)."""
+    rng = random.Random(seed)
+    first = {}
+    for i, part in enumerate(parts):
+        for e in part:
+            first.setdefault(e.event_id, i)
+    out = [list(p) for p in parts]
+    for f in extra:
+        i = first[f.event_id.removesuffix(".startup")]
+        out[min(len(out) - 1, i + rng.randint(0, 3))].append(f)
+    return out
+
+
 def batches(events: list[EventRecord], seed: int, *, max_batch: int = 40,
             resend: float = 0.1) -> list[list[EventRecord]]:
     """The events shuffled (out of order) into batches of 1..``max_batch``, some resent."""

@@ -61,6 +61,21 @@ def test_a_ramp_from_the_command_line(run: Run) -> None:
     assert code == 2 and "no live ramp" in out
 
 
+def test_a_paused_ramp_says_it_waits_for_a_resume(run: Run) -> None:
+    from dashboard.store import ramps
+
+    assert run("canary", "ramp", "start", "llama", "--steps", "10,100", "--reason", "go")[0] == 0
+    with _services(run).db.write_session() as s:
+        canary, ramp = ramps.lock(s, 1)
+        ramps.fail(session=s, canary=canary, ramp=ramp, now=dt.datetime.now(dt.UTC), gates=[],
+                   why="gate v2_error_rate: v2 5.0% vs v1 0.0% (max ratio 2)")
+        s.commit()
+    code, out = run("canary", "ramp", "status")
+    assert code == 0 and "paused at 10% (step 1/2); stays there until resumed (turnout canary " \
+        "ramp resume llama-mistral-dense --reason …)" in out, out
+    assert "next step" not in out
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (("--steps", "10,5"), "does not rise above"),
     (("--steps", "ten"), "is not a share"),
@@ -90,6 +105,10 @@ def test_approvals_need_another_user(run: Run, monkeypatch: pytest.MonkeyPatch) 
         assert canaries.read_state(session=s).cohorts["quantized"][:2] == (True, 10)
     code, out = run("canary", "ramp", "start", "pooling", "--steps", "50,100", "--reason", "r")
     assert code == 0 and "waiting for another operator (turnout approvals approve ramp 1" in out
+    code, out = run("canary", "schedule", "pooling", "--in", "2h", "--percentage", "25",
+                    "--reason", "later")
+    assert code == 0 and "pooling enable 25% at" in out and "(pending_approval; waiting for " \
+        "another operator (turnout approvals approve flip 2 --reason …))" in out, out
     code, out = run("approvals", "reject", "ramp", "1", "--reason", "withdrawn")
     assert code == 0 and "ramp 1: rejected" in out
     assert run("approvals", "approve", "rampx", "1", "--reason", "r")[0] == 2
@@ -223,3 +242,26 @@ def test_evidence_push_sends_a_junit_report(tmp_path: Path, live: list[LiveServi
                        headers={"Authorization": f"Bearer {token}"}).json()[0]
     assert latest["result"] == "fail" and "parity::test_long[0-ppp" in latest["details"]
     assert len(latest["details"]) <= 10_000
+
+
+def test_a_shell_without_the_setting_follows_the_service_that_requires_approval(
+        run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    # TURNOUT_REQUIRE_APPROVAL was read by each process alone: an operator's shell without it
+    # enabled a stage at once that the service held for a second operator.
+    from dashboard.app import prepare
+
+    monkeypatch.delenv("TURNOUT_REQUIRE_APPROVAL", raising=False)
+    monkeypatch.setenv("LOGNAME", "alice")
+    service = Services.build(Settings(database_url=run.url, demo=False,  # type: ignore[attr-defined]
+                                      require_approval=True))
+    prepare(service)  # the service starts and records its setting
+    code, out = run("canary", "enable", "quantized", "--percentage", "10", "--reason", "go")
+    assert code == 0 and "waiting for another operator's approval" in out, out
+    with _services(run).db.read_session() as s:
+        assert canaries.read_state(session=s).cohorts["quantized"][0] is False
+    # The command line's own start-up work never records its setting over the service's.
+    assert _services(run).require_approval()
+    # A service restarted without approvals lifts the rule for everyone.
+    prepare(Services.build(Settings(database_url=run.url, demo=False)))  # type: ignore[attr-defined]
+    code, out = run("canary", "enable", "pooling", "--percentage", "10", "--reason", "go")
+    assert code == 0 and "waiting" not in out, out

@@ -204,3 +204,26 @@ def test_without_a_service_url_it_decides_with_pack_defaults_and_spools_nothing(
         decision = client.decide(QWEN3, deployment_id="standalone")
         assert client.snapshot_source == "defaults" and client.spool.pending() == 0
     assert decision.to_json() == decide(QWEN3, pack=load_pack("turnout")).to_json()
+
+
+def test_a_refused_token_is_said_once_with_the_services_reason(
+        service: tuple, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import datetime as dt
+
+    svc, tokens = service
+    client = OracleClient(svc.url, tokens["viewer"], cache_dir=tmp_path / "c")  # reads only
+    client.decide(QWEN3, deployment_id="prod/viewer")
+    end = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
+    client.report_health({"deployment_id": "prod/viewer", "runner": "v1", "family": "qwen3",
+                          "window_start": end - dt.timedelta(minutes=1), "window_end": end,
+                          "num_requests": 1, "num_errors": 0})
+    with caplog.at_level("WARNING", logger="turnout.client"):
+        assert client.flush() == 0 and client.flush() == 0
+    client.close()
+    said = [r.getMessage() for r in caplog.records if "deferred" in r.getMessage()]
+    reason = "(HTTP 403: this needs the operator role; the token has viewer)"
+    assert said == [f"decision report deferred {reason}: 1 spooled, kept until the service "
+                    "takes the token",
+                    f"health report deferred {reason}: 1 spooled, kept until the service "
+                    "takes the token"], said
+    assert client.spool.pending() == 1 and client.health.spool.pending() == 1

@@ -1,8 +1,10 @@
 """The fallback aggregates (``latest_counts``) kept at ingest, on SQLite and PostgreSQL: equal
 to the report recomputed from the raw events of a generated, seeded fleet (out-of-order
 delivery, resent batches, equal times, repeated deployments), for every window and filter;
-the bulk loader and migration 0004's backfill leave the same tables; concurrent ingests lose
-no counts."""
+vLLM's start-up lines (``<id>.startup`` follow-ups) are kept with their decisions and count no
+second one, and migration 0007 folds those an earlier service stored as decisions; the bulk
+loader and migration 0004's backfill leave the same tables; concurrent ingests lose no
+counts."""
 
 from __future__ import annotations
 
@@ -13,13 +15,22 @@ from collections.abc import Iterator
 
 import pytest
 from alembic import command
-from fleet_events import PACKS, Expected, batches, expected, generate, latest
+from fleet_events import (
+    PACKS,
+    Expected,
+    batches,
+    expected,
+    follow_ups,
+    generate,
+    latest,
+    with_follow_ups,
+)
 from sqlalchemy import select, text
 
 from dashboard.store import aggregates, bulk, events, latest_counts
 from dashboard.store.aggregates import FallbackReport, FleetFilter
 from dashboard.store.db import Database, alembic_config
-from dashboard.store.models import DailyDecisions, Deployment
+from dashboard.store.models import DailyDecisions, DecisionEvent, Deployment
 
 NOW = dt.datetime(2026, 12, 1, 13, 37, 12, tzinfo=dt.UTC)
 FILTERS = [FleetFilter(), FleetFilter(family="llama"), FleetFilter(stage="llama-mistral"),
@@ -96,6 +107,54 @@ def test_aggregates_equal_a_recount_of_the_raw_events(db: Database) -> None:
     _check_reports(db, raw, NOW)
     # Later: the windows move on, the stored counts still answer.
     _check_reports(db, raw, NOW + dt.timedelta(hours=5, minutes=3))
+
+
+def _daily_recount(raw: list[events.EventRecord]) -> list[tuple[object, ...]]:
+    """``daily_decisions`` recomputed from the decisions: events per day and key."""
+    counts = Counter((e.at.astimezone(dt.UTC).date(), e.family, e.runner or "", e.reason_code,
+                      e.demo) for e in raw)
+    return sorted((*k, n) for k, n in counts.items())
+
+
+def test_follow_ups_carry_vllms_line_and_count_no_second_decision(db: Database) -> None:
+    raw = generate(13, num_events=1500, num_deployments=200, now=NOW)
+    extra = follow_ups(raw, 14)
+    assert len(extra) > 400
+    assert _ingest_batches(db, with_follow_ups(batches(raw, 15), extra, 16)) == len(raw)
+    with db.read_session() as s:
+        assert events.count_events(session=s) == len(raw)
+        lines = {e.event_id: e.startup["runner"] for e in s.scalars(select(DecisionEvent))
+                 if e.startup is not None}
+    assert lines == {f.event_id.removesuffix(".startup"): f.launch.startup.runner  # type: ignore[union-attr]
+                     for f in extra}
+    # Counted against a recount of the decisions alone: days, deployments, every window.
+    assert _tables(db)["daily_decisions"] == _daily_recount(raw)
+    _check_reports(db, raw, NOW)
+    with db.write_session() as s, pytest.raises(bulk.FollowUpEvent):
+        bulk.bulk_ingest(session=s, events=extra[:1], now=NOW)
+
+
+def test_migration_0007_folds_the_follow_ups_an_earlier_service_stored(db: Database) -> None:
+    now = dt.datetime.now(dt.UTC)
+    # One config per deployment: the events table keeps none, so a deployment whose latest
+    # decision was a folded row keeps the config that row reported.
+    raw = [events.EventRecord(**{**e.__dict__, "config": {"id": e.deployment_id}})
+           for e in generate(17, num_events=1200, num_deployments=150, now=now, days=1.5)]
+    _ingest_batches(db, batches(raw, 18), now=None)
+    kept = _tables(db)
+    # A service before 0007 dropped the launch part: each follow-up was a decision of its own.
+    plain = [events.EventRecord(**{**f.__dict__, "launch": None}) for f in follow_ups(raw, 19)]
+    _ingest_batches(db, batches(plain, 20), now=None)
+    assert _tables(db) != kept
+    with db.engine.begin() as conn:
+        cfg = alembic_config(db.url)
+        cfg.attributes["connection"] = conn
+        command.downgrade(cfg, "0006")
+    db.upgrade()
+    assert _tables(db) == kept
+    with db.read_session() as s:
+        assert events.count_events(session=s) == len(raw)
+    _check_reports(db, raw, now)
 
 
 def test_a_window_counts_whole_5_minute_buckets_and_names_its_start(db: Database) -> None:

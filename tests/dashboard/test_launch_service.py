@@ -2,7 +2,8 @@
 service has it decides, the decision event reaches the service before vLLM runs (or stays
 spooled when the service is down, and the next client sends it), the service down or hanging
 leaves the last-known-good snapshot to decide, and ``--report-startup`` reports vLLM's
-start-up line as a follow-up event. vLLM is the fake of tests/fake_vllm.py, exec'ed for real."""
+start-up line as a follow-up event, which the service keeps with the decision (one decision,
+not two). vLLM is the fake of tests/fake_vllm.py, exec'ed for real."""
 
 from __future__ import annotations
 
@@ -76,6 +77,11 @@ def test_the_services_stage_decides_and_the_event_arrives_before_vllm(
         assert (event["runner"], event["reason_code"], event["stage"], event["pack"],
                 event["mode"]) == ("v1", "DISABLED", "qwen3-canary", "turnout", "auto")
         assert event["rule_ids"] == ["rollout.stage_off"]
+        # The launch part is kept with the decision (exec mode reports no start-up line).
+        assert event["launch"] == {
+            "vllm_version": "0.31.0", "vllm_pack": "vllm-0.31", "has_pack": True,
+            "env": {RUNNER: "0"}, "operator_pin": None, "snapshot_source": "service",
+            "startup": None}
     finally:
         _set_stage(svc, tokens, True)
     on = run_launch(QWEN3, env)
@@ -136,7 +142,7 @@ def test_a_service_that_never_answers_leaves_the_disk_copy_to_decide(
     assert (plan["snapshot_source"], plan["runner"]) == ("disk", "v2")
 
 
-def test_report_startup_reports_vllms_line_as_a_follow_up_event(
+def test_report_startup_reports_vllms_line_and_the_service_keeps_it_with_the_decision(
         service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path) -> None:
     svc, tokens = service
     env = {**_env(fake, tmp_path / "c", svc.url, tokens["operator"], "prod/startup"),
@@ -145,10 +151,12 @@ def test_report_startup_reports_vllms_line_as_a_follow_up_event(
     assert done.returncode == 0, done.stderr
     assert "Using V2 Model Runner" in done.stdout
     assert "vLLM says it uses V2 (as decided)" in done.stderr
-    events = _events(svc, tokens, "prod/startup")
-    first = next(e for e in events if not e["event_id"].endswith(".startup"))
-    assert {e["event_id"] for e in events} == {first["event_id"], first["event_id"] + ".startup"}
-    assert {e["runner"] for e in events} == {"v2"}
+    # One decision: vLLM's line is kept with it, not counted as a second one.
+    [event] = _events(svc, tokens, "prod/startup")
+    startup = event["launch"]["startup"]
+    assert (event["runner"], startup["runner"], startup["agrees"]) == ("v2", "v2", True)
+    assert "Using V2 Model Runner" in startup["line"]
+    assert startup["event_id"] == event["event_id"] + ".startup"
 
 
 def test_a_refused_pin_is_reported_and_vllm_not_started(

@@ -15,7 +15,7 @@ from dashboard.store.db import Database
 from dashboard.store.errors import NotFound, StoreError
 from oracle import load_pack
 from oracle.errors import ErrorCode
-from oracle.pack import RuleInfo
+from oracle.pack_types import RuleInfo
 
 
 @pytest.fixture

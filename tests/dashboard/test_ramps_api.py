@@ -197,6 +197,21 @@ def test_a_scheduled_flip_is_listed_and_cancelled(rapi: Api) -> None:
     assert r.status_code == 200 and r.json()["state"] == "cancelled"
 
 
+def test_a_missing_if_match_names_the_version_the_route_takes(rapi: Api) -> None:
+    soon = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)).isoformat()
+    flip = rapi.client.post("/api/v1/scheduled-flips", headers=rapi.h("operator"), json={
+        "cohort": COHORT, "enabled": True, "run_at": soon, "reason": "Monday"}).json()
+    ramp = _start(rapi).json()
+    reason = {"reason": "x"}
+    for path, body, names in [
+            (f"/api/v1/ramps/{ramp['id']}/cancel", reason, "the ramp's version"),
+            (f"/api/v1/ramps/{ramp['id']}/resume", reason, "the ramp's version"),
+            (f"/api/v1/scheduled-flips/{flip['id']}/cancel", reason, "the flip's version"),
+            (f"/api/v1/canaries/{COHORT}/ramp", RAMP, "the cohort's version")]:
+        r = rapi.client.post(path, json=body, headers=rapi.h("operator"))
+        assert r.status_code == 428 and names in r.json()["detail"]["message"], (path, r.text)
+
+
 def _decisions(api: Api, at: dt.datetime, runner: str, n: int) -> None:
     events = [{"event_id": uuid.uuid4().hex, "at": at.isoformat(), "deployment_id": f"{runner}-{i}",
                "host": "h", "pack": "turnout", "family": "qwen3", "runner": runner,
