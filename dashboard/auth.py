@@ -36,6 +36,9 @@ COOKIE_NAME = "turnout_session"
 SIGN_IN_COOKIE = "turnout_sign_in"  # the sign-in form's nonce (double-submit)
 
 
+MAX_ACTOR_CHARS = 128  # the actor, updated_by, requested_by and approved_by columns
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who is calling: the token's name, id, role, prefix and expiry."""
@@ -48,7 +51,10 @@ class Principal:
 
     @property
     def actor(self) -> str:
-        return f"{self.name} (token {self.token_id})"
+        """``name (token N)``, the name cut so that the whole fits the 128 characters of the
+        store's actor columns (a name may have 128 itself; the token id tells who)."""
+        suffix = f" (token {self.token_id})"
+        return self.name[:MAX_ACTOR_CHARS - len(suffix)] + suffix
 
     @classmethod
     def of(cls, row: ApiToken) -> Principal:

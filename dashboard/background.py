@@ -86,23 +86,24 @@ def retry_policy(services: Services) -> delivery.RetryPolicy:
                                 lease_s=s.webhook_lease_s, timeout_s=s.webhook_timeout_s)
 
 
-def deliver(services: Services, now: dt.datetime, rng: random.Random | None = None
-            ) -> delivery.DeliveryReport:
-    """Send the webhook deliveries due at ``now``."""
+def deliver(services: Services, now: dt.datetime, rng: random.Random | None = None,
+            stopping: Callable[[], bool] = lambda: False) -> delivery.DeliveryReport:
+    """Send the webhook deliveries due at ``now`` (none started once ``stopping()``)."""
     policy = retry_policy(services)
     if _idle(services, now, deliveries=True):
         return delivery.DeliveryReport()
     with services.db.write_session() as session:
         report = delivery.deliver_due(session=session, now=now,
                                       post=delivery.httpx_poster(policy.timeout_s),
-                                      policy=policy, rng=rng)
+                                      policy=policy, rng=rng, stopping=stopping)
     services.metrics.count_deliveries(report)
     return report
 
 
 @dataclass
 class Workers:
-    """The running loops; :meth:`stop` ends them (the pass under way finishes first)."""
+    """The running loops; :meth:`stop` ends them (the pass under way finishes first; a
+    delivery pass starts no further attempt once stopping)."""
 
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -134,6 +135,8 @@ def start(services: Services) -> Workers:
         asyncio.create_task(_loop("ramp ticker", s.tick_s,
                                   lambda: tick(services, utcnow()), workers.stop_event)),
         asyncio.create_task(_loop("webhook delivery", s.webhook_poll_s,
-                                  lambda: deliver(services, utcnow(), rng), workers.stop_event)),
+                                  lambda: deliver(services, utcnow(), rng,
+                                                  workers.stop_event.is_set),
+                                  workers.stop_event)),
     ]
     return workers

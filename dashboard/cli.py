@@ -7,6 +7,7 @@ Heavy imports (SQLAlchemy, FastAPI, the store) happen inside the command bodies,
 from __future__ import annotations
 
 import getpass
+import re
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -38,6 +39,7 @@ def _services(database_url: str | None = None, pack: str | None = None,
     """The services of the settings, their database reachable; a setting that cannot be used
     (database, pack, a TURNOUT_* value) ends the command with what is wrong."""
     from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     from dashboard.services import Services
     from dashboard.settings import Settings
@@ -51,6 +53,10 @@ def _services(database_url: str | None = None, pack: str | None = None,
         services.db.check()
     except (StoreError, OracleError, ValidationError) as err:
         raise _fail(str(err)) from err
+    except SettingsError as err:  # a JSON-valued TURNOUT_* variable that is not JSON
+        field = re.search(r'field "(\w+)"', str(err))
+        name = f"TURNOUT_{field.group(1).upper()}" if field else "a TURNOUT_* variable"
+        raise _fail(f"{name} is not JSON ({err.__cause__ or err})") from err
     return services
 
 

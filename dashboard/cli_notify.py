@@ -139,7 +139,7 @@ def evidence_push(
         raise _fail(str(err), BAD_INPUT) from None
     body = {"family": family, "runner_pair": runner_pair, "result": run.result,
             "suite": (suite or ", ".join(filter(None, run.suites)) or junit.name)[:128],
-            "details": run.summary() + "".join(f"\n{f}" for f in run.failed),
+            "details": _details(run.summary(), run.failed),
             "num_tests": run.num_tests, "num_failures": run.num_failures,
             "num_errors": run.num_errors, "num_skipped": run.num_skipped}
     try:
@@ -154,6 +154,15 @@ def evidence_push(
                     BAD_INPUT if r.status_code == 422 else 1)
     typer.echo(f"{family}: {run.result} ({run.summary()}) recorded as evidence "
                f"{r.json()['id']}")
+
+
+def _details(summary: str, failed: tuple[str, ...]) -> str:
+    """The summary and the failed cases' names, a line each, within the characters evidence
+    keeps (parametrized ids can be long: each name is cut, then the whole)."""
+    from dashboard.api.schemas import MAX_EVIDENCE_DETAILS
+
+    text = summary + "".join(f"\n{name[:500]}" for name in failed)
+    return text if len(text) <= MAX_EVIDENCE_DETAILS else text[:MAX_EVIDENCE_DETAILS - 1] + "…"
 
 
 def register(app: typer.Typer) -> None:

@@ -82,7 +82,7 @@ def parse_steps(text: str, bake: dt.timedelta) -> list[dict[str, int]]:
         if not (share.isascii() and share.isdigit()):
             raise _fail(f"--steps: {part.strip()!r} is not a share (10, or 10:30m)", BAD_INPUT)
         try:
-            span = tokens.parse_duration(own) if own else bake
+            span = tokens.read_duration(own) if own else bake
         except StoreError as err:
             raise _fail(f"--steps {part.strip()!r}: {err}", BAD_INPUT) from None
         steps.append({"percentage": int(share), "bake_s": int(span.total_seconds())})
@@ -90,11 +90,13 @@ def parse_steps(text: str, bake: dt.timedelta) -> list[dict[str, int]]:
 
 
 def _duration(option: str, text: str) -> dt.timedelta:
+    """A span of 0 or more (bake times may be 0; the store bounds each use). Raises
+    typer.Exit (bad input)."""
     from dashboard.store import tokens
     from dashboard.store.errors import StoreError
 
     try:
-        return tokens.parse_duration(text)
+        return tokens.read_duration(text)
     except StoreError as err:
         raise _fail(f"{option} {err}", BAD_INPUT) from None
 
@@ -236,7 +238,11 @@ def _when(at: str | None, in_: str | None) -> dt.datetime:
     if (at is None) == (in_ is None):
         raise _fail("give --at TIME or --in DURATION", BAD_INPUT)
     if in_ is not None:
-        return dt.datetime.now(dt.UTC) + _duration("--in", in_)
+        span = _duration("--in", in_)
+        if not span:
+            raise _fail(f"--in {in_!r}: a flip is scheduled more than 0 s ahead (a flip for "
+                        "now: turnout canary enable/disable)", BAD_INPUT)
+        return dt.datetime.now(dt.UTC) + span
     assert at is not None
     try:
         when = dt.datetime.fromisoformat(at.replace("Z", "+00:00"))

@@ -143,7 +143,11 @@ def evidence_gate(families: tuple[str, ...], latest: Mapping[str, Evidence],
              for f in families}
     statuses = {s for s, _m in parts.values()}
     status: Status = "fail" if "fail" in statuses else "wait" if "wait" in statuses else "pass"
-    message = "gate parity_evidence: " + "; ".join(m for _s, m in parts.values())
+    # Failing families first, then waiting ones: a message cut to fit an audit reason (a
+    # stage of dozens of families) still names them.
+    order = {"fail": 0, "wait": 1, "pass": 2}
+    ranked = sorted(parts.values(), key=lambda part: order[part[0]])
+    message = "gate parity_evidence: " + "; ".join(m for _s, m in ranked)
     return GateResult("parity_evidence", status, message,
                       {f: s for f, (s, _m) in parts.items()})
 

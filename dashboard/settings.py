@@ -135,10 +135,12 @@ class Settings(BaseSettings):
     webhook_max_backoff_s: float = Field(default=3600.0, ge=0.01, le=7 * 86_400.0,
                                          description="the longest wait between two attempts")
     webhook_timeout_s: float = Field(default=5.0, gt=0.0, le=300.0,
-                                     description="how long one attempt waits for the receiver")
+                                     description="how long one attempt waits for the "
+                                     "receiver's answer, in all")
     webhook_lease_s: float = Field(default=60.0, ge=1.0, le=86_400.0,
                                    description="how long a worker holds a delivery it took "
-                                   "before another may take it (a killed process)")
+                                   "before another may take it (a killed process); at "
+                                   "least twice webhook_timeout_s is used")
 
     @property
     def is_sqlite(self) -> bool:

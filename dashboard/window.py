@@ -77,7 +77,11 @@ def parse_time(text: str, name: str) -> dt.datetime:
     except ValueError:
         raise ValueError(f"{name}: {text[:MAX_TIME_TEXT]!r} is not a time (use 2026-11-29, "
                          "2026-11-29T10:00 in UTC, or an ISO 8601 time with its offset)") from None
-    return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
+    try:
+        return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
+    except OverflowError:  # 0001-01-01T00:00+14:00 is before year 1 in UTC
+        raise ValueError(f"{name}: {text[:MAX_TIME_TEXT]!r} is out of range (in UTC it falls "
+                         "before year 1 or after year 9999)") from None
 
 
 def read_window(window: str = "", from_text: str = "", to_text: str = "",

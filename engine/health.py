@@ -138,6 +138,10 @@ class HealthRecorder:
                 now = self._clock()
                 busy_s += now - self._busy_since
                 self._busy_since = now
+            # A window is at most a day (the service's bound): one cut later than that keeps
+            # its last day, and its busy time no more than the day (tokens over their rate
+            # must fit in the window).
+            busy_s = min(busy_s, MAX_WINDOW.total_seconds())
             report = {**self.about, "window_start": max(self._window_start, end - MAX_WINDOW),
                       "window_end": end, "num_requests": self._num_requests,
                       "num_errors": self._num_errors, "num_crashes": self._num_crashes,
@@ -159,13 +163,17 @@ def _quantiles(name: str, values: list[float]) -> dict[str, float | None]:
 class RunMarker:
     """The run of one deployment on this host, held for as long as the engine runs.
 
-    ``crashed``: the previous run of the deployment did not end cleanly. ``held`` is False
-    when another live engine of the same deployment holds the marker (no crash is told then).
+    ``crashed``: the previous run of the deployment did not end cleanly; ``crashed_runner``:
+    the runner that run used (``"v1"``, ``"v2"``; None when its marker does not say), to
+    which the crash belongs whatever the next run decides. ``held`` is False when another live
+    engine of the same deployment holds the marker (no crash is told then).
     """
 
-    def __init__(self, fd: int | None, crashed: bool, path: Path) -> None:
+    def __init__(self, fd: int | None, crashed: bool, path: Path,
+                 crashed_runner: str | None = None) -> None:
         self._fd = fd
         self.crashed = crashed
+        self.crashed_runner = crashed_runner
         self.path = path
 
     @property
@@ -173,8 +181,10 @@ class RunMarker:
         return self._fd is not None
 
     @classmethod
-    def acquire(cls, directory: Path, deployment_id: str) -> RunMarker:
-        """Take the marker of ``deployment_id`` under ``directory`` (created if missing).
+    def acquire(cls, directory: Path, deployment_id: str, runner: str | None = None
+                ) -> RunMarker:
+        """Take the marker of ``deployment_id`` under ``directory`` (created if missing), for
+        a run on ``runner`` (written down: a crash of this run is that runner's).
 
         Raises:
             OSError: the directory or the file cannot be written.
@@ -188,12 +198,18 @@ class RunMarker:
         except BlockingIOError:
             os.close(fd)
             return cls(None, False, path)
-        crashed = os.pread(fd, 16, 0).startswith(b"running")
-        _mark(fd, f"running {os.getpid()} {deployment_id[:200]}\n")
+        # "running <pid> <runner or -> <deployment id>" (before runners were written down:
+        # "running <pid> <deployment id>", whose runner is not known).
+        words = os.pread(fd, 64, 0).decode("utf-8", "replace").split(" ", 3)
+        crashed = words[0] == "running"
+        crashed_runner = words[2] if crashed and len(words) == 4 and words[2] in (
+            "v1", "v2") else None
+        _mark(fd, f"running {os.getpid()} {runner or '-'} {deployment_id[:200]}\n")
         if crashed:
             logger.warning("the previous run of deployment %s did not end cleanly: reporting "
-                           "a crash", deployment_id)
-        return cls(fd, crashed, path)
+                           "a crash%s", deployment_id,
+                           f" of {crashed_runner.upper()}" if crashed_runner else "")
+        return cls(fd, crashed, path, crashed_runner)
 
     def release(self) -> None:
         """The run ends cleanly: mark the file ``closed`` and let go of it (idempotent)."""

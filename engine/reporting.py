@@ -22,6 +22,8 @@ over and marks the run closed.
 
 from __future__ import annotations
 
+import datetime as dt
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +32,8 @@ from typing import Any
 
 from engine.errors import EngineConfigError
 from engine.health import HealthRecorder, RunMarker
+
+logger = logging.getLogger("turnout.engine")
 
 DEFAULT_HEALTH_INTERVAL_S = 60.0
 
@@ -69,12 +73,28 @@ class Reporting:
     recorder: HealthRecorder | None = None
 
     def start_health(self, decision: Any, deployment_id: str) -> None:
-        """Hold the run marker and watch a recorder for the decided runner."""
-        self.marker = RunMarker.acquire(Path(self.client.cache_dir) / "runs", deployment_id)
-        self.recorder = HealthRecorder(
-            deployment_id=deployment_id, runner=decision.runner,
-            family=decision.family or "unknown", stage=decision.stage,
-            num_crashes=int(self.marker.crashed))
+        """Hold the run marker and watch a recorder for the decided runner. A crash of the
+        previous run is reported for the runner that run used: in this run's first window
+        when it is the same, else in a report of its own (a V1 crash is no V2 crash because
+        the restart decided V2)."""
+        self.marker = RunMarker.acquire(Path(self.client.cache_dir) / "runs", deployment_id,
+                                        runner=decision.runner)
+        about = {"deployment_id": deployment_id, "family": decision.family or "unknown",
+                 "stage": decision.stage}
+        crashed = self.marker.crashed
+        if crashed and self.marker.crashed_runner not in (None, decision.runner):
+            now = dt.datetime.now(dt.UTC)
+            try:
+                self.client.report_health({
+                    **about, "runner": self.marker.crashed_runner, "num_crashes": 1,
+                    "window_start": now - dt.timedelta(milliseconds=1), "window_end": now,
+                    "num_requests": 0, "num_errors": 0})
+            except OSError as err:  # a full disk does not stop the engine from starting
+                logger.error("the crash of the previous run (%s) is not reported: the health "
+                             "spool cannot be written (%s)", self.marker.crashed_runner, err)
+            crashed = False
+        self.recorder = HealthRecorder(**about, runner=decision.runner,
+                                       num_crashes=int(crashed))
         self.client.watch_health(self.recorder.cut)
 
     def end(self) -> None:

@@ -176,7 +176,8 @@ class OracleClient:
         """Decide locally (never raises for an unknown architecture; no network wait beyond
         ``startup_wait_s``) and, when ``report`` and a service URL is set, spool the event for
         the service. A spool that cannot be written (a full disk) is logged as an error and the
-        decision still returned: :meth:`report` raises instead, for callers that must know."""
+        decision still returned, as is one no event can carry (a deployment id over 256
+        characters): :meth:`report` raises instead, for callers that must know."""
         decision = decide(config, pack=self.pack, canaries=self.snapshot())
         if report and self._http is not None:  # no service configured: nothing to report to
             try:
@@ -186,6 +187,9 @@ class OracleClient:
                 log.error("decision (runner %s, %s) not reported: cannot write the spool in "
                           "%s (%s)", decision.runner, decision.reason_code, self.spool.directory,
                           err)
+            except ValueError as err:  # no event can say it (a deployment id too long)
+                log.error("decision (runner %s, %s) not reported: it is no event (%s)",
+                          decision.runner, decision.reason_code, err)
         return decision
 
     def report(self, decision: Decision, config: DeploymentConfig, *,

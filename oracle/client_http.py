@@ -23,7 +23,7 @@ import contextlib
 import logging
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -74,6 +74,26 @@ def _shutdown(sock: socket.socket) -> None:
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
+@contextlib.contextmanager
+def _deadline(deadline_s: float) -> Iterator[_Watch]:
+    """A watch whose sockets are cut ``deadline_s`` seconds from now; what fails inside, or
+    ends after the deadline, raises DeadlineExceeded."""
+    watch = _Watch()
+    timer = threading.Timer(deadline_s, watch.expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield watch
+    except Exception as err:
+        if watch.expired:
+            raise DeadlineExceeded(f"no complete answer within {deadline_s:g} s") from err
+        raise
+    finally:
+        timer.cancel()
+    if watch.expired:  # answered, but only after the deadline (a transport with no socket)
+        raise DeadlineExceeded(f"no complete answer within {deadline_s:g} s")
+
+
 def request_within(http: httpx.Client, method: str, url: str, *, deadline_s: float,
                    **kwargs: Any) -> httpx.Response:
     """``http.request(method, url, **kwargs)`` (the body read whole) completed within
@@ -83,21 +103,23 @@ def request_within(http: httpx.Client, method: str, url: str, *, deadline_s: flo
         DeadlineExceeded: the deadline passed first (the connection is cut).
         httpx.HTTPError: any other failure of the request.
     """
-    watch = _Watch()
-    timer = threading.Timer(deadline_s, watch.expire)
-    timer.daemon = True
-    timer.start()
-    try:
-        resp = http.request(method, url, extensions={"trace": watch.trace}, **kwargs)
-    except Exception as err:
-        if watch.expired:
-            raise DeadlineExceeded(f"no complete answer within {deadline_s:g} s") from err
-        raise
-    finally:
-        timer.cancel()
-    if watch.expired:  # answered, but only after the deadline (a transport with no socket)
-        raise DeadlineExceeded(f"no complete answer within {deadline_s:g} s")
-    return resp
+    with _deadline(deadline_s) as watch:
+        return http.request(method, url, extensions={"trace": watch.trace}, **kwargs)
+
+
+def status_within(http: httpx.Client, method: str, url: str, *, deadline_s: float,
+                  **kwargs: Any) -> int:
+    """The HTTP status of ``http.request(method, url, **kwargs)``, its status line and
+    headers received within ``deadline_s`` seconds in all; the body is not read (an answer
+    whose body never ends holds nothing).
+
+    Raises:
+        DeadlineExceeded: the deadline passed first (the connection is cut).
+        httpx.HTTPError: any other failure of the request.
+    """
+    with _deadline(deadline_s) as watch, http.stream(
+            method, url, extensions={"trace": watch.trace}, **kwargs) as resp:
+        return resp.status_code
 
 
 def acknowledged(resp: httpx.Response, ids: Sequence[str]) -> bool:

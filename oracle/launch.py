@@ -42,7 +42,7 @@ from oracle.errors import ErrorCode, OracleError
 from oracle.launch_inputs import LaunchSettings, config_from_command, engine_args_words
 from oracle.pack import Pack, load_pack
 from oracle.vllm_install import VllmInstall, installed_vllm
-from oracle.wire import LaunchIn, StartupIn
+from oracle.wire import MAX_ENV_VALUE_CHARS, LaunchIn, StartupIn
 
 #: How long the first decision waits for the service's snapshot (the client's own default).
 STARTUP_WAIT_S = 0.05
@@ -90,10 +90,11 @@ class Launch:
 
     def wire(self, startup: StartupIn | None = None) -> LaunchIn:
         """The event's ``launch`` part."""
-        return LaunchIn(vllm_version=self.install.version, vllm_pack=self.install.pack,
+        pin = self.operator_pin  # reported as set, cut to what an event takes
+        return LaunchIn(vllm_version=self.install.version[:64], vllm_pack=self.install.pack,
                         has_pack=self.install.has_pack, env=dict(self.env),
-                        operator_pin=self.operator_pin, snapshot_source=self.snapshot_source,
-                        startup=startup)
+                        operator_pin=None if pin is None else pin[:MAX_ENV_VALUE_CHARS],
+                        snapshot_source=self.snapshot_source, startup=startup)
 
     def to_json(self) -> dict[str, Any]:
         return {"runner": self.runner, "env": dict(self.env), "operator_pin": self.operator_pin,

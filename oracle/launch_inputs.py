@@ -17,6 +17,7 @@ from oracle.config import DeploymentConfig
 from oracle.errors import ConfigError, ErrorCode
 from oracle.sources import ParsedCommand, command_to_fields
 from oracle.sources.command_table import load_table
+from oracle.wire import MAX_NAME_CHARS
 
 _ENV_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 
@@ -71,7 +72,11 @@ def config_from_command(argv: Sequence[str], env: Mapping[str, str], *, release:
                         ) -> tuple[DeploymentConfig, ParsedCommand]:
     """The deployment of a ``vllm serve`` line with the environment vLLM gets, read by the
     ``vllm serve`` parser of ``release`` ("0.31"). Raises ConfigError naming the flag, value
-    or model the parser refuses, in its words."""
+    or model the parser refuses, in its words, or a deployment id no event takes."""
+    if not 0 < len(deployment_id) <= MAX_NAME_CHARS:  # what an event takes
+        raise ConfigError(f"the deployment id is {len(deployment_id)} characters long: at "
+                          f"most {MAX_NAME_CHARS} (TURNOUT_DEPLOYMENT_ID, --deployment-id)",
+                          code=ErrorCode.BAD_VALUE, field="deployment_id")
     parsed = command_to_fields(list(argv), env, architecture=architecture, hf_config=hf_config,
                                hint_for=hint_for, release=release)  # type: ignore[arg-type]
     fields = {**parsed.fields, "deployment_id": deployment_id, **(overrides or {})}

@@ -20,6 +20,7 @@ answer: vLLM 0.31 may log one during an early evaluation whose answer the final 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -39,8 +40,9 @@ STARTUP_LINES: tuple[tuple[re.Pattern[str], str], ...] = (
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
                      signal.SIGUSR1, signal.SIGUSR2)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_MAX_PARTIAL = 1 << 16
-PUMP_DRAIN_S = 5.0  # after vLLM exits, how long its last output may take to come through  # a "line" longer than this (a progress bar) is looked at in pieces
+_MAX_PARTIAL = 1 << 16  # a "line" longer than this (a progress bar) is looked at in pieces
+PUMP_DRAIN_S = 5.0  # after vLLM exits, how long its last output may take to come through
+log = logging.getLogger("turnout.launch")
 
 OnStartup = Callable[[str, str], None]  # (runner, line)
 
@@ -79,8 +81,7 @@ def _pump(source: IO[bytes], sink: IO[bytes], watch: StartupWatch) -> None:
     partial = b""
     fd = source.fileno()
     while chunk := os.read(fd, 65536):
-        sink.write(chunk)
-        sink.flush()
+        _write(sink, chunk)
         if watch.found is not None:
             continue
         lines = (partial + chunk).split(b"\n")
@@ -91,11 +92,32 @@ def _pump(source: IO[bytes], sink: IO[bytes], watch: StartupWatch) -> None:
         watch.line(partial)
 
 
+def _write(sink: IO[bytes], chunk: bytes) -> None:
+    """Pass ``chunk`` on. A sink whose reader went away (``| head``, a log shipper that died)
+    gets /dev/null in its place: vLLM's output must still be read (a full pipe would block
+    it), and it goes on as it would have, writing to a closed pipe itself."""
+    try:
+        sink.write(chunk)
+        sink.flush()
+    except OSError as err:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), sink.fileno())
+        log.warning("the launcher's %s is closed (%s): vLLM's output there is dropped from "
+                    "now on", "stdout" if sink.fileno() == 1 else "stderr",
+                    err.strerror or err)
+        sink.flush()  # what the buffer held goes to /dev/null now
+
+
 def run_child(argv: Sequence[str], env: Mapping[str, str], *, executable: Path,
               on_startup: OnStartup) -> int:
     """Run ``argv`` (``executable`` is what runs; ``argv[0]`` stays as given) with ``env`` in
     its own process group, forward FORWARDED_SIGNALS to it, pass its output through, and
-    return its exit status (128 + N when signal N ended it, as a shell reports it)."""
+    return its exit status (128 + N when signal N ended it, as a shell reports it).
+
+    Raises:
+        OSError: ``executable`` cannot be started (not there, not executable, not a format
+            the system runs).
+    """
     proc = subprocess.Popen(list(argv), executable=str(executable), env=dict(env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0)
     watch = StartupWatch(on_startup)

@@ -110,10 +110,14 @@ def installed_vllm() -> VllmInstall:
 def find_vllm(command: str = "vllm", env: Mapping[str, str] | None = None) -> VllmInstall:
     """The vLLM that ``command`` ("vllm", or a path to it) runs with ``env`` (default: this
     process's environment; its ``PATH`` finds the command). Raises VllmNotInstalled when
-    there is none, or when its version cannot be told."""
+    there is none, when the interpreter its first lines name is not there (the script
+    cannot run), or when its version cannot be told."""
     env = dict(os.environ if env is None else env)
     executable = _which(command, env)
     python = interpreter_of(executable)
+    if python is not None and not (python.is_file() and os.access(python, os.X_OK)):
+        raise VllmNotInstalled(f"{executable} cannot run: it names the interpreter {python}, "
+                               "which is not an executable file here")
     version, source = None, ""
     why = f"its first line names no Python interpreter ({_first_line(executable)!r})"
     if python is not None:

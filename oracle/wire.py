@@ -38,7 +38,8 @@ from oracle.config import DeploymentConfig
 from oracle.decision import CanarySnapshot, CohortState, Decision, ReasonCode
 
 Percentage = Annotated[StrictInt, Field(ge=0, le=100)]
-Name = Annotated[str, Field(min_length=1, max_length=256)]
+MAX_NAME_CHARS = 256  # a deployment id's length in an event or a health report
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
 # The family an event names when the oracle could not place the deployment in one (an unknown
 # architecture: no runner, reason code ERROR).
 UNKNOWN_FAMILY = "unknown"
@@ -154,7 +155,8 @@ class OracleSnapshotIn(BaseModel):
 
 # -- decision events (POST /api/v1/decisions) --------------------------------------------------
 EnvName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
-EnvValue = Annotated[str, Field(max_length=256)]
+MAX_ENV_VALUE_CHARS = 256
+EnvValue = Annotated[str, Field(max_length=MAX_ENV_VALUE_CHARS)]
 
 
 class StartupIn(BaseModel):
@@ -302,6 +304,12 @@ class HealthReportIn(BaseModel):
             raise ValueError("window_end must be after window_start, by at most a day")
         if self.num_errors > self.num_requests:
             raise ValueError("num_errors cannot exceed num_requests")
+        # Output tokens over their rate is the time spent generating them: within one window,
+        # at most a day (a denormal rate over many tokens would be years, beyond a float).
+        if (self.output_tokens_per_s > 0 and self.num_output_tokens  # (float rounding)
+                > self.output_tokens_per_s * MAX_HEALTH_WINDOW.total_seconds() * (1 + 1e-9)):
+            raise ValueError("num_output_tokens / output_tokens_per_s is the time spent "
+                             "generating them: at most a day in one window")
         for name in ("ttft", "tpot"):
             p50, p99 = getattr(self, f"{name}_p50_ms"), getattr(self, f"{name}_p99_ms")
             if (p50 is None) != (p99 is None) or (p50 is not None and p50 > p99):

@@ -9,6 +9,8 @@ What the script does is chosen by ``FAKE_VLLM_MODE`` in the environment it gets:
 - ``startup``: vLLM-like log lines: stderr first, then on stdout the line vLLM prints for the
   runner it would use (``Using V2 Model Runner`` unless ``VLLM_USE_V2_MODEL_RUNNER=0``,
   ``Starting to load model ...`` then), then exits with ``FAKE_VLLM_EXIT``;
+- ``flood``: about 2 MB of log lines on stdout, then the V2 runner's line, then exits with
+  ``FAKE_VLLM_EXIT``;
 - ``wait``: prints ``ready``, waits for a signal, prints ``got signal N`` and exits 0.
 """
 
@@ -35,6 +37,11 @@ elif mode == "startup":
     print(f"(EngineCore_DP0 pid=2) INFO 12-01 10:00:01 [{{where}}] {{line}}", flush=True)
     print("(APIServer pid=1) INFO 12-01 10:00:02 [launcher.py:1] Starting vLLM API server",
           flush=True)
+    sys.exit(int(os.environ.get("FAKE_VLLM_EXIT", "0")))
+elif mode == "flood":  # far more output than a pipe holds, then the runner's line
+    for i in range(20000):
+        print(f"INFO [loader.py:1] weights shard {{i}} " + "x" * 100)
+    print("INFO 12-01 10:00:01 [gpu_worker.py:479] Using V2 Model Runner", flush=True)
     sys.exit(int(os.environ.get("FAKE_VLLM_EXIT", "0")))
 elif mode == "wait":
     got = []

@@ -74,6 +74,14 @@ def _store(services: Services, reports: list[HealthReportIn]) -> int:
 TimeQuery = Annotated[str | None, Query(max_length=MAX_TIME_TEXT)]
 
 
+def _default_since(until: dt.datetime) -> dt.datetime:
+    try:
+        return until - DEFAULT_RANGE
+    except OverflowError:
+        raise BadHealthQuery("since", f"since: 24 hours before until ({until.isoformat()}) "
+                             "is before year 1: give since") from None
+
+
 @router.get("/health", response_model=HealthOut, responses={422: {"model": ErrorResponse}})
 def get_health(services: ServicesDep, session: ReadSessionDep, _who: ViewerDep,
                stage: Annotated[str, Query(max_length=64)],
@@ -88,7 +96,7 @@ def get_health(services: ServicesDep, session: ReadSessionDep, _who: ViewerDep,
     now = dt.datetime.now(dt.UTC)
     try:
         end = parse_time(until, "until") if until else now
-        start = parse_time(since, "since") if since else end - DEFAULT_RANGE
+        start = parse_time(since, "since") if since else _default_since(end)
         check_filter(services, stage, family)
         return build(session, stage=stage, since=start, until=end, family=family)
     except BadHealthQuery as err:

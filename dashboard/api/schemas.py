@@ -222,6 +222,9 @@ class ImpactOut(BaseModel):
     examples: list[str] = Field(description="up to 20 deployment ids that would change")
 
 
+MAX_EVIDENCE_DETAILS = 10_000
+
+
 class EvidenceIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -230,7 +233,7 @@ class EvidenceIn(BaseModel):
     runner_pair: str = Field(default="v1:v2", pattern=r"^v[12]:v[12]$")
     suite: str = Field(min_length=1, max_length=128)
     result: Literal["pass", "fail"]
-    details: str = Field(default="", max_length=10_000)
+    details: str = Field(default="", max_length=MAX_EVIDENCE_DETAILS)
     num_tests: int | None = Field(default=None, ge=0, le=10**9,
                                   description="tests run (a JUnit report's count)")
     num_failures: int | None = Field(default=None, ge=0, le=10**9)

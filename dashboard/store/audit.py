@@ -64,6 +64,17 @@ def require_reason(reason: str) -> None:
                             f"{MAX_REASON_CHARS:,} are kept", code=ErrorCode.REASON_TOO_LONG)
 
 
+def clip_reason(text: str, where: str = "") -> str:
+    """A reason the service writes itself (a gate's figures, a flip's reason quoted by the
+    ramp it ended) cut to :data:`MAX_REASON_CHARS`, saying how much was left out and, with
+    ``where``, where the rest is."""
+    if len(text) <= MAX_REASON_CHARS:
+        return text
+    tail = "… ({:,} more characters" + (f": {where})" if where else ")")
+    keep = MAX_REASON_CHARS - len(tail.format(len(text)))  # the count has at most as many digits
+    return text[:keep] + tail.format(len(text) - keep)
+
+
 def list_entries(
     *,
     session: Session,

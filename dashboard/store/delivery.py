@@ -1,10 +1,11 @@
 """Delivering the webhook outbox: signed POSTs, retried with exponential backoff and jitter,
 dead-lettered after the last attempt.
 
-:func:`deliver_due` is one pass at an explicit time ``now``: it takes the due entries under a
-lease (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so replicas share the work; SQLite's write
-transactions are exclusive), commits, sends each with no transaction open, then records each
-outcome in a transaction of its own. A process killed in between leaves its entries leased;
+:func:`deliver_due` is one pass over the entries due at an explicit time ``now``: it takes
+each under a lease as its attempt starts (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, so replicas
+share the work; SQLite's write transactions are exclusive), commits, sends it with no
+transaction open (within the timeout in all), then records the outcome in a transaction of
+its own. A process killed in between leaves its entry leased;
 another pass takes them again once the lease ends, so a delivery is sent at least once
 (receivers deduplicate on ``X-Turnout-Delivery``) and none is lost.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -57,11 +59,20 @@ class DeliveryReport:
 
 
 def httpx_poster(timeout_s: float) -> Poster:
-    """A :data:`Poster` over httpx (redirects are not followed: a 3xx is a failure)."""
+    """A :data:`Poster` over httpx: each attempt has ``timeout_s`` seconds in all to get the
+    answer's status (httpx's own timeouts bound each read, and a receiver sending a byte at a
+    time would hold the worker for ever: ``oracle.client_http.status_within`` cuts the
+    connection at the deadline); the answer's body is not read. Redirects are not followed: a
+    3xx is a failure."""
     import httpx
 
+    from oracle.client_http import status_within
+
     def post(url: str, body: bytes, headers: dict[str, str]) -> int:
-        return httpx.post(url, content=body, headers=headers, timeout=timeout_s).status_code
+        with httpx.Client(timeout=timeout_s, follow_redirects=False,
+                          limits=httpx.Limits(max_keepalive_connections=0)) as http:
+            return status_within(http, "POST", url, deadline_s=timeout_s, content=body,
+                                 headers=headers)
 
     return post
 
@@ -85,16 +96,20 @@ class _Claimed:
     lease: dt.datetime
 
 
-def _claim(session: Session, now: dt.datetime, policy: RetryPolicy, limit: int
-           ) -> list[_Claimed]:
+def _claim(session: Session, now: dt.datetime, policy: RetryPolicy, limit: int,
+           due: dt.datetime | None = None) -> list[_Claimed]:
+    """Up to ``limit`` entries due at ``due`` (default ``now``) and not leased at ``now``,
+    leased from ``now`` for ``lease_s`` (at least twice the attempt's timeout, so that an
+    attempt ends within its lease); commits."""
+    due = due or now
     stmt = (select(OutboxEntry).where(
-        OutboxEntry.state == OutboxState.pending, OutboxEntry.next_attempt_at <= now,
+        OutboxEntry.state == OutboxState.pending, OutboxEntry.next_attempt_at <= due,
         or_(OutboxEntry.leased_until.is_(None), OutboxEntry.leased_until <= now))
         .order_by(OutboxEntry.id).limit(limit))
     if session.get_bind().dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True)
     rows = list(session.scalars(stmt))
-    lease = now + dt.timedelta(seconds=policy.lease_s)
+    lease = now + dt.timedelta(seconds=max(policy.lease_s, 2 * policy.timeout_s))
     out = []
     for row in rows:
         row.leased_until = lease
@@ -144,12 +159,29 @@ def _record(session: Session, claimed: _Claimed, outcome: tuple[int | None, str 
 
 def deliver_due(*, session: Session, now: dt.datetime, post: Poster,
                 policy: RetryPolicy | None = None, rng: random.Random | None = None,
-                limit: int = 50) -> DeliveryReport:
+                limit: int = 50, stopping: Callable[[], bool] = lambda: False
+                ) -> DeliveryReport:
     """Send every delivery due at ``now`` (at most ``limit``), oldest first, and record each
-    outcome; commits (``session`` is a write session with no transaction open)."""
+    outcome; commits (``session`` is a write session with no transaction open).
+
+    Each entry is leased when its attempt starts, one at a time: a pass whose attempts wait on
+    slow receivers takes longer than a lease, and entries leased with the whole batch at its
+    start would be taken, and sent again, by another worker while this one is on its way to
+    them. An attempt is signed, and its outcome recorded, at its own time: ``now`` plus the
+    time the pass has taken so far. Once ``stopping()`` (the service stops), no further
+    attempt starts: the rest wait, unleased, for the next pass of any worker."""
     policy = policy or RetryPolicy()
     rng = rng or random.Random()
     report = DeliveryReport()
-    for claimed in _claim(session, now, policy, limit):
-        _record(session, claimed, _attempt(post, claimed, now), now, policy, rng, report)
+    started = time.monotonic()
+    for _ in range(limit):
+        if stopping():
+            break
+        at = now + dt.timedelta(seconds=time.monotonic() - started)
+        claimed = _claim(session, at, policy, 1, due=now)
+        if not claimed:
+            break
+        outcome = _attempt(post, claimed[0], at)
+        _record(session, claimed[0], outcome,
+                now + dt.timedelta(seconds=time.monotonic() - started), policy, rng, report)
     return report

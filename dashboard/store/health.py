@@ -25,12 +25,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import ColumnElement, Float, and_, case, cast, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from dashboard.store.models import EngineHealth
-from oracle.wire import HealthReportIn
+from oracle.wire import MAX_HEALTH_WINDOW, HealthReportIn
 
 RUNNERS = ("v1", "v2")
 
@@ -80,9 +80,15 @@ def _row(r: HealthReportIn) -> dict[str, Any]:
 
 def _aggregates() -> list[ColumnElement[Any]]:
     h = EngineHealth
-    timed_tokens = case((h.output_tokens_per_s > 0, h.num_output_tokens), else_=0)
-    busy_s = case((h.output_tokens_per_s > 0, h.num_output_tokens / h.output_tokens_per_s),
-                  else_=0.0)
+    # A window counts for tokens/s when its rate is one an engine can have (ingest refuses
+    # others; rows an older service stored may have them): its busy time at most a day, so
+    # that no division overflows a float (PostgreSQL refuses the read then). Summed as floats:
+    # SQLite's sum() of integers raises beyond 64 bits.
+    timed = (h.output_tokens_per_s * (MAX_HEALTH_WINDOW.total_seconds() * (1 + 1e-9))
+             >= h.num_output_tokens)
+    timed = and_(h.output_tokens_per_s > 0, timed)
+    timed_tokens = case((timed, cast(h.num_output_tokens, Float)), else_=0.0)
+    busy_s = case((timed, h.num_output_tokens / h.output_tokens_per_s), else_=0.0)
     out: list[ColumnElement[Any]] = [
         func.count(), func.count(h.deployment_id.distinct()), func.sum(h.num_requests),
         func.sum(h.num_errors), func.sum(h.num_crashes), func.sum(timed_tokens), func.sum(busy_s)]

@@ -213,7 +213,10 @@ def step(*, session: Session, canary: Canary, ramp: Ramp, now: dt.datetime,
 
 def fail(*, session: Session, canary: Canary, ramp: Ramp, now: dt.datetime,
          gates: list[dict[str, Any]], why: str) -> None:
-    """A gate failed: pause the ramp, or end it and disable the cohort (``on_failure``)."""
+    """A gate failed: pause the ramp, or end it and disable the cohort (``on_failure``).
+    ``why`` (the failing gates' messages) is cut to what an audit reason holds; ``gates`` and
+    the ramp's ``last_gates`` keep every gate in full."""
+    why = audit.clip_reason(why, "every gate in full in the ramp's last_gates")
     before = ramp_json(ramp)
     ramp.version += 1
     if ramp.on_failure == "rollback":
@@ -279,6 +282,7 @@ def supersede(*, session: Session, cohort: str, actor: str, now: dt.datetime, wh
     ramp = live_ramp(session=session, cohort=cohort)
     if ramp is None:
         return
+    why = audit.clip_reason(why)  # quotes the flip's reason, which may be as long as allowed
     before = ramp_json(ramp)
     ramp.state, ramp.ended_at, ramp.end_reason = RampState.cancelled.value, now, why
     ramp.version += 1

@@ -172,6 +172,9 @@ def apply(*, session: Session, canary: Canary, flip: ScheduledFlip, actor: str,
         return None
     flip.state = FlipState.done.value
     flip.result = "applied" if result.changed else "the cohort had that state already"
+    if not result.changed:  # no canary.flip entry says it ran: this one does
+        _record(session, flip, action="flip.done", actor=actor, reason=flip.result,
+                before=None, now=now, kind=webhooks.Kind.scheduled_flip)
     return result
 
 

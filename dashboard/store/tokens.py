@@ -48,13 +48,20 @@ MAX_LIFETIME = dt.timedelta(days=3660)
 DURATION_HELP = "a number and a unit: s, m, h, d or w (30d, 12h, 90m), at most 3660d"
 
 
-def parse_duration(text: str) -> dt.timedelta:
-    """``"30d"`` → 30 days. Raises InvalidChange (``invalid_change``) for anything else, zero
-    or more than ``MAX_LIFETIME``."""
+def read_duration(text: str, help_text: str = DURATION_HELP.rsplit(",", 1)[0]
+                  ) -> dt.timedelta:
+    """``"30d"`` → 30 days, ``"0s"`` → 0 (a number and a unit; what a span may be is its
+    user's to check). Raises InvalidChange (``invalid_change``) for anything else."""
     found = _DURATION.match(text)
     if found is None:
-        raise InvalidChange(f"{text!r} is not a duration: {DURATION_HELP}")
-    span = dt.timedelta(seconds=int(found.group(1)) * _UNIT_S[found.group(2)])
+        raise InvalidChange(f"{text!r} is not a duration: {help_text}")
+    return dt.timedelta(seconds=int(found.group(1)) * _UNIT_S[found.group(2)])
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """A token's lifetime: ``"30d"`` → 30 days. Raises InvalidChange (``invalid_change``) for
+    anything else, zero or more than ``MAX_LIFETIME``."""
+    span = read_duration(text, DURATION_HELP)
     if not dt.timedelta(0) < span <= MAX_LIFETIME:
         raise InvalidChange(f"{text!r}: a token lives more than 0 s and at most 3660 days")
     return span

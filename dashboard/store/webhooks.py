@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import secrets
+import unicodedata
 import uuid
 from enum import StrEnum
 from typing import Any
@@ -26,6 +27,8 @@ from oracle.errors import ErrorCode
 
 SECRET_PREFIX = "whsec_"
 MAX_URL_CHARS = 2048
+MIN_SECRET_CHARS, MAX_SECRET_CHARS = 16, 256
+MAX_DESCRIPTION_CHARS = 256
 
 
 class Kind(StrEnum):
@@ -62,11 +65,20 @@ def parse_kinds(kinds: list[str]) -> list[str]:
 
 
 def check_url(url: str) -> str:
-    """An ``http://`` or ``https://`` URL with a host. Raises InvalidChange otherwise."""
+    """An ``http://`` or ``https://`` URL with a host (and a port in 0..65535, if any), with
+    no space or control character in it. Raises InvalidChange otherwise, saying why."""
     url = url.strip()
-    parts = urlsplit(url)
+    shown = repr(url[:200])
+    if any(c.isspace() or unicodedata.category(c) == "Cc" for c in url):
+        raise InvalidChange(f"the webhook URL {shown} holds a space or control character "
+                            "(percent-encode it)")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsed on access: out of range or not a number raises
+    except ValueError as err:  # "Invalid IPv6 URL", "Port out of range 0-65535", ...
+        raise InvalidChange(f"the webhook URL {shown} does not parse: {err}") from err
     if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > MAX_URL_CHARS:
-        raise InvalidChange(f"the webhook URL {url[:200]!r} is not an http:// or https:// URL "
+        raise InvalidChange(f"the webhook URL {shown} is not an http:// or https:// URL "
                             f"with a host (at most {MAX_URL_CHARS} characters)")
     return url
 
@@ -77,19 +89,23 @@ def add_webhook(*, session: Session, url: str, kinds: list[str], actor: str,
     ``whsec_`` and 32 random bytes, URL-safe base64). Audited as ``webhook.add``.
 
     Raises:
-        InvalidChange: a URL that is not http(s), no or unknown kinds, a secret under 16
-            characters.
+        InvalidChange: a URL that is not http(s), no or unknown kinds, a secret of fewer
+            than 16 or more than 256 characters, a description over 256.
     """
     url, kinds = check_url(url), parse_kinds(kinds)
     secret = secret if secret is not None else SECRET_PREFIX + secrets.token_urlsafe(32)
-    if len(secret) < 16:
-        raise InvalidChange("a webhook secret needs at least 16 characters")
+    if not MIN_SECRET_CHARS <= len(secret) <= MAX_SECRET_CHARS:
+        raise InvalidChange(f"a webhook secret has {MIN_SECRET_CHARS} to {MAX_SECRET_CHARS} "
+                            f"characters, not {len(secret)}")
+    if len(description.strip()) > MAX_DESCRIPTION_CHARS:
+        raise InvalidChange(f"a webhook description has at most {MAX_DESCRIPTION_CHARS} "
+                            f"characters, not {len(description.strip())}")
     row = Webhook(url=url, secret=secret, kinds=kinds, description=description.strip(),
                   created_at=utcnow(), created_by=actor)
     session.add(row)
     session.flush()
     audit.record(session=session, actor=actor, action="webhook.add", target=f"webhook:{row.id}",
-                 reason=f"deliver {', '.join(kinds)} to {url}", before=None,
+                 reason=audit.clip_reason(f"deliver {', '.join(kinds)} to {url}"), before=None,
                  after={"url": url, "kinds": kinds, "description": row.description})
     return row, secret
 

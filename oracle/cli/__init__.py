@@ -58,7 +58,9 @@ def _register_oracle_commands() -> None:
     from oracle.cli.pack_cmds import explain, lint, matrix
 
     app.command(name="decide")(decide)
-    app.command(name="launch")(launch)
+    # Everything from the vllm command on is vLLM's, with or without `--` (a vLLM flag such as
+    # --config is not taken for launch's own).
+    app.command(name="launch", context_settings={"allow_interspersed_args": False})(launch)
     app.command(name="explain")(explain)
     app.command(name="lint")(lint)
     app.command(name="matrix")(matrix)

@@ -159,7 +159,17 @@ def _exec(client: OracleClient, planned: Launch, words: list[str], env: dict[str
     log.info("exec %s %s", executable, " ".join(words[1:]))
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execvpe(executable, words, planned.environ(env))
+    try:
+        os.execvpe(executable, words, planned.environ(env))
+    except OSError as exc:
+        raise typer.Exit(_cannot_start(executable, exc)) from None
+
+
+def _cannot_start(executable: str, exc: OSError) -> int:
+    """Say why ``executable`` did not start; the status a shell gives then (127: not found,
+    126: found but not run)."""
+    log.error("cannot start %s: %s", executable, exc.strerror or exc)
+    return 127 if isinstance(exc, FileNotFoundError) else 126
 
 
 def _run_child(client: OracleClient, planned: Launch, words: list[str], env: dict[str, str],
@@ -176,8 +186,11 @@ def _run_child(client: OracleClient, planned: Launch, words: list[str], env: dic
                event_id=f"{event_id}.startup" if event_id else None)
 
     log.info("starting %s %s (--report-startup)", _executable(planned), " ".join(words[1:]))
-    status = run_child(words, planned.environ(env), executable=_executable(planned),
-                       on_startup=on_startup)
+    try:
+        status = run_child(words, planned.environ(env), executable=_executable(planned),
+                           on_startup=on_startup)
+    except OSError as exc:
+        status = _cannot_start(str(_executable(planned)), exc)
     client.close(flush_timeout_s=2.0)
     _delivered(client, event_id)
     log.info("vLLM exited with status %d", status)

@@ -114,6 +114,23 @@ def test_approvals_need_another_user(run: Run, monkeypatch: pytest.MonkeyPatch) 
     assert run("approvals", "approve", "rampx", "1", "--reason", "r")[0] == 2
 
 
+def test_bake_times_of_zero_and_their_errors_speak_of_bake_times(run: Run) -> None:
+    """A bake of 0 is a bake time the API takes (0..30 days): the command refused it, saying
+    "a token lives more than 0 s and at most 3660 days"."""
+    code, out = run("canary", "ramp", "start", "qwen3-canary", "--steps", "10:0s,50",
+                    "--bake", "0m", "--reason", "r")
+    assert code == 0 and "(10% → 50%): active at 10% (step 1/2)" in out, out
+    for args, says in [(("--bake", "31d"), "bake_s 2678400 is not in 0..2592000"),
+                       (("--bake", "soon"), "--bake 'soon' is not a duration: a number and a "
+                                            "unit: s, m, h, d or w (30d, 12h, 90m)")]:
+        code, out = run("canary", "ramp", "start", "llama", "--steps", "10", *args,
+                        "--reason", "r")
+        assert code in (1, 2) and says in out and "token" not in out, out
+    code, out = run("canary", "schedule", "pooling", "--in", "0s", "--reason", "now?")
+    assert code == 2 and "--in '0s': a flip is scheduled more than 0 s ahead" in out, out
+    assert "token" not in out
+
+
 def test_a_scheduled_flip_from_the_command_line(run: Run) -> None:
     when = (dt.datetime.now(dt.UTC) + dt.timedelta(days=2)).strftime("%Y-%m-%dT%H:%M")
     code, out = run("canary", "schedule", "qwen3", "--disable", "--at", when + "Z",
@@ -212,6 +229,19 @@ def test_evidence_push_sends_a_junit_report(tmp_path: Path, live: list[LiveServi
         assert done.returncode == code and says in done.stderr, done.stderr
     done = _push(svc, "tok_" + "x" * 43, tmp_path / "ok.xml")
     assert done.returncode == 1 and "(401)" in done.stderr
+    # A red run whose failed cases have long ids (parametrized tests): the details listed
+    # twenty names whole, over the 10,000 characters evidence keeps, and the service refused
+    # the push: the red run was never recorded and the evidence gate kept the green one.
+    cases = "".join(f'<testcase classname="parity" name="test_long[{i}-{"p" * 900}]">'
+                    "<failure/></testcase>" for i in range(25))
+    (tmp_path / "long.xml").write_text(f'<testsuite name="parity">{cases}</testsuite>')
+    done = _push(svc, token, tmp_path / "long.xml", "qwen3")
+    assert done.returncode == 0, done.stderr
+    assert "qwen3: fail (25 failed of 25 tests)" in done.stdout
+    latest = httpx.get(svc.url + "/api/v1/evidence?family=qwen3",
+                       headers={"Authorization": f"Bearer {token}"}).json()[0]
+    assert latest["result"] == "fail" and "parity::test_long[0-ppp" in latest["details"]
+    assert len(latest["details"]) <= 10_000
 
 
 def test_a_shell_without_the_setting_follows_the_service_that_requires_approval(

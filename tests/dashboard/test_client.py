@@ -126,6 +126,20 @@ def test_no_service_no_disk_copy_uses_pack_defaults(tmp_path: Path) -> None:
     assert decision.to_json() == decide(QWEN3, pack=load_pack("turnout")).to_json()
 
 
+def test_decide_never_raises_for_an_event_it_cannot_build(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A deployment id longer than an event takes (256 characters): the decision is returned
+    and the unreported event logged. decide() raised pydantic's ValidationError before (an
+    engine with a long TURNOUT_DEPLOYMENT_ID did not start)."""
+    client = OracleClient("http://127.0.0.1:9", "tok_x", cache_dir=tmp_path / "c")
+    with caplog.at_level("ERROR", logger="turnout.client"):
+        decision = client.decide(QWEN3, deployment_id="d" * 300)
+    client.close(flush_timeout_s=0)
+    assert decision.runner == decide(QWEN3, pack=load_pack("turnout")).runner
+    assert "not reported" in caplog.text and "deployment_id" in caplog.text
+    assert client.spool.pending() == 0
+
+
 ENGINE = textwrap.dedent("""
     import sys, time
     from pathlib import Path

@@ -72,6 +72,10 @@ BAD = [
     ("invalid_request", {"runner": "v3"}),
     ("invalid_request", {"extra": 1}),
     ("invalid_request", {"window_end": "2026-12-01T10:00:00"}),  # no time zone
+    # A rate that means generating for longer than a window can last (a denormal rate over
+    # many tokens made the aggregate's busy time overflow on PostgreSQL).
+    ("invalid_request", {"num_output_tokens": 2**53, "output_tokens_per_s": 5e-324}),
+    ("invalid_request", {"num_output_tokens": 10**12, "output_tokens_per_s": 1.0}),
 ]
 
 
@@ -136,6 +140,18 @@ def test_a_read_it_cannot_answer_is_a_422_saying_why(api: Api, query: str, statu
     r = _get(api, query)
     assert r.status_code == status, r.text
     assert r.json()["detail"]["code"] == code
+
+
+@pytest.mark.parametrize("query, says", [
+    # times a datetime holds but not in UTC: the message said only "date value out of range"
+    ("since=0001-01-01T00:00:00%2B14:00", "since: '0001-01-01T00:00:00+14:00' is out of range"),
+    ("until=9999-12-31T23:59:59-23:59", "until: '9999-12-31T23:59:59-23:59' is out of range"),
+    ("until=0001-01-01T10:00:00Z", "since: 24 hours before until (0001-01-01T10:00:00+00:00)"),
+])
+def test_a_time_out_of_range_is_named(api: Api, query: str, says: str) -> None:
+    r = _get(api, f"stage={STAGE}&{query}")
+    assert r.status_code == 422, r.text
+    assert says in r.json()["detail"]["message"], r.text
 
 
 def test_a_range_of_its_own_and_a_family(api: Api) -> None:

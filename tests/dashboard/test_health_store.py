@@ -172,6 +172,23 @@ def test_the_aggregates_equal_a_recount_of_the_reports(db: Database) -> None:
             assert getattr(g, name) == pytest.approx(getattr(w, name), rel=1e-9), name
 
 
+def test_rows_no_engine_could_send_leave_the_aggregates_readable(db: Database) -> None:
+    """Rows ingest refuses now but an older service stored: a denormal rate over 2**53 tokens
+    (its busy time is beyond a float: PostgreSQL refused the read, and the gates of every ramp
+    with it) and many windows of 2**53 tokens (their sum is beyond 64 bits: SQLite's sum()
+    raised). They count for everything but tokens/s."""
+    base = report().model_dump()
+    odd = [HealthReportIn.model_construct(**(base | {
+        "report_id": f"odd{i}", "deployment_id": f"d{i}", "num_output_tokens": 2**53,
+        "output_tokens_per_s": 5e-324 if i == 0 else 1e9})) for i in range(1100)]
+    assert _ingest(db, [*odd, report(deployment_id="sane")]) == 1101
+    got = _by_runner(db)["v2"]
+    assert (got.num_reports, got.num_engines) == (1101, 1101)
+    assert got.tokens_per_s == pytest.approx(100.0)  # the sane report's alone
+    with db.read_session() as s:
+        assert health.health_by_stage(s, since=T0)[(STAGE, "v2")].tokens_per_s == got.tokens_per_s
+
+
 def test_migration_0005_goes_down_and_up_again(db: Database) -> None:
     from alembic import command
     from sqlalchemy import inspect

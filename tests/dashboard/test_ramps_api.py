@@ -259,9 +259,14 @@ def test_webhooks_are_an_admins_and_show_their_secret_once(rapi: Api) -> None:
     [listed] = rapi.client.get("/api/v1/webhooks", headers=rapi.h("admin")).json()
     assert "secret" not in listed and listed["kinds"] == ["flip", "gate_failure"]
     for bad in [{**body, "url": "file:///etc/passwd"}, {**body, "kinds": []},
-                {**body, "kinds": ["nope"]}, {**body, "secret": "short"}]:
+                {**body, "kinds": ["nope"]}, {**body, "secret": "short"},
+                # URLs no POST can be sent to (an unclosed IPv6 bracket was a 500)
+                {**body, "url": "http://["}, {**body, "url": "http://[::1/hook"},
+                {**body, "url": "http://h:99999/"}, {**body, "url": "http://h:abc/"},
+                {**body, "url": "http://a b/"}, {**body, "url": "http://h/\tx"}]:
         r = rapi.client.post("/api/v1/webhooks", json=bad, headers=rapi.h("admin"))
         assert r.status_code == 422, (bad, r.text)
+        assert r.json()["detail"]["code"] in ("invalid_request", "invalid_change"), r.text
     rapi.client.patch(f"/api/v1/canaries/{COHORT}", json={"enabled": True, "reason": "go"},
                       headers={**rapi.h("operator"), "If-Match": _version(rapi)})
     outbox = rapi.client.get("/api/v1/webhooks/outbox", headers=rapi.h("admin")).json()
@@ -278,6 +283,30 @@ def test_webhooks_are_an_admins_and_show_their_secret_once(rapi: Api) -> None:
     r = rapi.client.post("/api/v1/webhooks/99/remove", json={"reason": "x"},
                          headers=rapi.h("admin"))
     assert r.status_code == 404 and r.json()["detail"]["code"] == "unknown_webhook"
+
+
+def test_a_token_with_the_longest_name_can_engage_the_kill_switch_and_ramp(rapi: Api) -> None:
+    """A name of 128 characters (what POST /tokens takes) and " (token N)" were longer than
+    the 128 characters the actor columns hold: on PostgreSQL every change of that token was a
+    422 unstorable_value, the kill switch included (SQLite stored it)."""
+    from dashboard.store import tokens
+
+    with rapi.services.db.write_session() as s:
+        _row, token = tokens.create_token(session=s, name="n" * 128, role=tokens.Role.operator,
+                                          actor="t")
+        s.commit()
+    h = {"Authorization": f"Bearer {token}"}
+    r = rapi.client.post("/api/v1/kill-switch", json={"engaged": True, "reason": "incident"},
+                         headers=h)
+    assert r.status_code == 200, r.text
+    r = rapi.client.post(f"/api/v1/canaries/{COHORT}/ramp", json=RAMP,
+                         headers={**h, "If-Match": _version(rapi)})
+    assert r.status_code == 201, r.text
+    [entry, engaged] = rapi.client.get("/api/v1/audit?limit=2", headers=rapi.h("viewer")).json()
+    assert (entry["action"], engaged["action"]) == ("ramp.start", "kill_switch.set")
+    assert len(entry["actor"]) <= 128 and entry["actor"].endswith(")")
+    assert entry["actor"].startswith("nnnn") and " (token " in entry["actor"]
+    assert r.json()["requested_by"] == entry["actor"]
 
 
 def test_parity_evidence_keeps_its_test_counts(rapi: Api) -> None:

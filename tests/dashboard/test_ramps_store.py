@@ -204,6 +204,62 @@ def test_red_parity_evidence_fails_the_gate(db: Database, on_failure: str, state
     assert _tick(db, T0 + dt.timedelta(seconds=120)) == []  # no longer active
 
 
+def test_a_gate_failing_over_many_families_still_pauses_the_ramp(db: Database) -> None:
+    """A stage whose families come from the fleet (all-dense: dozens) and one red run: the
+    gate's message names every family, over the 2,000 characters an audit reason holds.
+    The pause raised REASON_TOO_LONG inside the tick before: the ramp stepped on never, and
+    paused never, and every tick failed."""
+    many = tuple(f"family_with_a_long_name_{i:02d}" for i in range(60))
+    ramp_id = _request(db)
+    for family in many:
+        _evidence(db, family, "fail" if family.endswith("57") else "pass", T0)
+    with db.write_session() as s:
+        [tick] = advance.advance_ramps(session=s, now=T0 + dt.timedelta(seconds=60),
+                                       named={"qwen3": many}, health=health_reader())
+    assert tick.outcome == "paused"
+    with db.read_session() as s:
+        entry = audit.list_entries(session=s, limit=1)[0]
+        ramp = ramps.get_ramp(session=s, ramp_id=ramp_id)
+    assert entry.action == "ramp.pause" and len(entry.reason) <= audit.MAX_REASON_CHARS
+    # the red family first (it would be cut otherwise), then the others
+    assert entry.reason.startswith("gate parity_evidence: family_with_a_long_name_57 fail")
+    assert "; family_with_a_long_name_00 pass" in entry.reason
+    assert "more characters: every gate in full in the ramp's last_gates" in entry.reason
+    assert ramp.last_gates is not None and "_59 pass" in ramp.last_gates[1]["message"]
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_a_flip_with_the_longest_reason_ends_the_live_ramp(db: Database, scheduled: bool
+                                                           ) -> None:
+    """A reason of 2,000 characters takes the cohort from its ramp: the ramp's cancel entry
+    says "superseded by a flip (…)" within 2,000 too. It raised REASON_TOO_LONG before: the
+    operator's disable refused, a scheduled one failing every tick (and every flip and ramp
+    after it in the pass)."""
+    _request(db)
+    reason = "x" * audit.MAX_REASON_CHARS
+    with db.write_session() as s:
+        if scheduled:
+            schedule.request_flip(session=s, cohort="qwen3", enabled=False, percentage=None,
+                                  reason=reason, actor="a", requester="a",
+                                  run_at=T0 + dt.timedelta(hours=1), if_version=None,
+                                  needs_approval=False, now=T0)
+        else:
+            canaries.flip_canary(session=s, cohort="qwen3", enabled=False, reason=reason,
+                                 actor="bob", if_version=2)
+        s.commit()
+    if scheduled:
+        with db.write_session() as s:
+            [run] = schedule.run_scheduled(session=s, now=T0 + dt.timedelta(hours=1))
+        assert run.changed
+    assert _state(db)[:1] == (False,)
+    with db.read_session() as s:
+        live = ramps.live_ramp(session=s, cohort="qwen3")
+        entry = audit.list_entries(session=s, limit=1)[0]
+    assert live is None
+    assert entry.action == "ramp.cancel" and len(entry.reason) <= audit.MAX_REASON_CHARS
+    assert entry.reason.startswith("superseded by a flip (xxx")
+
+
 def test_stale_evidence_and_the_kill_switch_hold_the_ramp(db: Database) -> None:
     ramp_id = _request(db)
     _evidence(db, "qwen3", "pass", T0 - dt.timedelta(days=8))
@@ -250,6 +306,29 @@ def test_a_scheduled_flip_runs_once_when_due(db: Database) -> None:
     assert _outbox_kinds(db) == ["scheduled_flip", "scheduled_flip"]
     with db.read_session() as s:
         assert schedule.get_flip(session=s, flip_id=flip.id).state == "done"
+
+
+def test_a_scheduled_flip_that_finds_its_state_there_already_is_audited_and_notified(
+        db: Database) -> None:
+    """Its run changes no cohort, but the flip did run: before, nothing said so (no audit
+    entry, no scheduled_flip delivery), though the flip was done and its version moved."""
+    with db.write_session() as s:
+        flip = schedule.request_flip(session=s, cohort="llama", enabled=False, percentage=None,
+                                     reason="off for the freeze", actor="a", requester="a",
+                                     run_at=T0 + dt.timedelta(hours=1), if_version=None,
+                                     needs_approval=False, now=T0)
+        s.commit()
+    with db.write_session() as s:
+        [run] = schedule.run_scheduled(session=s, now=T0 + dt.timedelta(hours=1))
+    assert (run.applied, run.changed) == (True, False)
+    assert _state(db, "llama") == (False, 100, 1)
+    assert _actions(db) == ["flip.schedule", "flip.done"]
+    assert _outbox_kinds(db) == ["scheduled_flip", "scheduled_flip"]
+    with db.read_session() as s:
+        entry = audit.list_entries(session=s)[0]
+        done = schedule.get_flip(session=s, flip_id=flip.id)
+    assert entry.reason == "the cohort had that state already" and entry.at == done.done_at
+    assert entry.after is not None and entry.after["state"] == "done"
 
 
 def test_a_flip_in_the_past_is_refused(db: Database) -> None:

@@ -101,3 +101,17 @@ def test_the_commands_use_one_database_from_any_directory(tmp_path: Path) -> Non
     other = f"sqlite:///{tmp_path / 'other.db'}"
     r = _turnout(checkout, here, "token", "list", env={"TURNOUT_DATABASE_URL": other})
     assert r.returncode == 0 and "alice" not in r.stdout
+
+
+@pytest.mark.parametrize("value, says", [
+    ("nope", "TURNOUT_RAMP_GATES is not JSON (Expecting value: line 1 column 1 (char 0))"),
+    ('{"min_engines": 0}', "ramp_gates.min_engines"),
+])
+def test_ramp_gates_that_cannot_be_read_end_the_command_saying_why(
+        tmp_path: Path, value: str, says: str) -> None:
+    """A JSON setting that is not JSON was a pydantic_settings traceback (SettingsError is no
+    ValidationError), for ``turnout serve`` and every command."""
+    r = _turnout(tmp_path, tmp_path, "webhook", "list", env={
+        "TURNOUT_RAMP_GATES": value, "TURNOUT_DATABASE_URL": f"sqlite:///{tmp_path / 't.db'}"})
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("error: ") and says in r.stderr, r.stderr

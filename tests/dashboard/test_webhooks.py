@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import threading
 from collections.abc import Iterator
 
 import pytest
-from webhook_receiver import Receiver
+from webhook_receiver import Receiver, StallingReceiver
 
 from dashboard.store import canaries, delivery
 from dashboard.store import webhooks as hooks
@@ -137,6 +138,90 @@ def test_a_worker_killed_mid_delivery_leaves_it_to_the_next_once_its_lease_ends(
     assert report.delivered == [claimed.delivery_id] and len(receiver.deliveries) == 1
 
 
+def _subscribe(db: Database, url: str) -> None:
+    with db.write_session() as s:
+        hooks.add_webhook(session=s, url=url, kinds=["flip"], actor="t", secret=SECRET)
+        s.commit()
+
+
+def _deliver_in_thread(db: Database, policy: delivery.RetryPolicy, now: dt.datetime,
+                       reports: list[delivery.DeliveryReport]) -> threading.Thread:
+    def run() -> None:
+        with db.write_session() as s:
+            reports.append(delivery.deliver_due(session=s, now=now, policy=policy,
+                                                post=delivery.httpx_poster(policy.timeout_s)))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("trickle", ["headers", "body"])
+def test_a_receiver_that_never_finishes_its_answer_holds_no_one_else(
+        db: Database, receiver: Receiver, trickle: str) -> None:
+    """Headers that never end, or a 200 whose body never ends, a line at a time, trip no read
+    timeout: the attempt has a deadline of its own (the timeout, in all), and the answer's
+    body is never read (its 200 is a delivery). The pass held on to such an answer for ever
+    before, and every subscription after it waited."""
+    stalling = StallingReceiver(trickle=trickle).start()
+    try:
+        _subscribe(db, stalling.url)  # subscription 2, after the receiver's (1)
+        _flip(db)
+        _subscribe(db, receiver.url)  # 3 subscribes later: the second flip goes to 1, 2, 3
+        _flip(db, enabled=False)
+        policy = delivery.RetryPolicy(max_attempts=4, backoff_s=10, lease_s=60, timeout_s=1)
+        reports: list[delivery.DeliveryReport] = []
+        thread = _deliver_in_thread(db, policy, T0, reports)
+        thread.join(120)  # a hang detector, not a time limit: the pass takes about 2 s
+        assert not thread.is_alive(), "the pass is still reading the endless answer"
+        [report] = reports
+        stalled_ok = trickle == "body"
+        assert (len(report.delivered), len(report.retried)) == (
+            (5, 0) if stalled_ok else (3, 2)), report
+        with db.read_session() as s:
+            stalled = hooks.list_outbox(session=s, webhook_id=2)
+        if not stalled_ok:
+            assert {(e.state, e.last_status) for e in stalled} == {("pending", None)}
+            assert all("no complete answer within 1 s" in (e.last_error or "")
+                       for e in stalled), [e.last_error for e in stalled]
+        assert len(receiver.deliveries) == 3 and len(stalling.attempts) == 2
+    finally:
+        stalling.stop()
+
+
+def test_a_delivery_is_sent_by_one_worker_while_the_other_waits_on_a_slow_receiver(
+        db: Database) -> None:
+    """Two workers (replicas) at once, the receiver never answering: each attempt ends at the
+    timeout, so a pass of several takes longer than a lease. An entry is leased when its
+    attempt starts, not with the whole batch at the start of the pass: before, a second worker
+    took the entries whose lease had ended while the first was still on its way to them, and
+    sent them too."""
+    policy = delivery.RetryPolicy(max_attempts=4, backoff_s=600, lease_s=2, timeout_s=1)
+    reports: list[delivery.DeliveryReport] = []
+    threads: list[threading.Thread] = []
+
+    def second_worker(n: int) -> None:  # once the first has spent more than a lease
+        if n == 3:
+            threads.append(_deliver_in_thread(db, policy, dt.datetime.now(dt.UTC), reports))
+
+    stalling = StallingReceiver(on_attempt=second_worker).start()
+    try:
+        with db.write_session() as s:  # only the stalling receiver
+            hooks.remove_webhook(session=s, webhook_id=1, actor="t", reason="not this one")
+            s.commit()
+        _subscribe(db, stalling.url)
+        for enabled in (True, False, True, False):
+            _flip(db, enabled)
+        threads.append(_deliver_in_thread(db, policy, dt.datetime.now(dt.UTC), reports))
+        while len(threads) < 2 or any(t.is_alive() for t in threads):
+            threads[-1].join(120)
+            assert len(threads) == 2 or threads[0].is_alive(), stalling.attempts
+        assert len(stalling.attempts) == 4 and len(set(stalling.attempts)) == 4, stalling.attempts
+        assert sum(len(r.retried) for r in reports) == 4
+    finally:
+        stalling.stop()
+
+
 def test_removing_a_subscription_ends_its_pending_deliveries(db: Database,
                                                              receiver: Receiver) -> None:
     _flip(db)
@@ -154,13 +239,31 @@ def test_kinds_and_urls_are_checked(db: Database) -> None:
     with db.write_session() as s:
         for url, kinds, what in [("ftp://x/y", ["flip"], "not an http"),
                                  ("http:///nohost", ["flip"], "not an http"),
+                                 ("http://[", ["flip"], "Invalid IPv6 URL"),
+                                 ("http://h:99999/x", ["flip"], "Port out of range"),
+                                 ("http://h:x/", ["flip"], "Port could not be cast"),
+                                 ("http://a b/", ["flip"], "a space or control character"),
+                                 ("http://h/\x00", ["flip"], "a space or control character"),
                                  ("http://h/x", [], "at least one kind"),
                                  ("http://h/x", ["flips"], "unknown event kind")]:
             with pytest.raises(InvalidChange, match=what):
                 hooks.add_webhook(session=s, url=url, kinds=kinds, actor="t")
+        # bounds the store keeps, for the command line as for the API (PostgreSQL's
+        # varchar refused them with a DataError traceback; SQLite stored them)
+        with pytest.raises(InvalidChange, match="at most 256 characters"):
+            hooks.add_webhook(session=s, url="http://h/x", kinds=["flip"], actor="t",
+                              description="d" * 257)
+        with pytest.raises(InvalidChange, match="16 to 256 characters"):
+            hooks.add_webhook(session=s, url="http://h/x", kinds=["flip"], actor="t",
+                              secret="s" * 257)
         row, secret = hooks.add_webhook(session=s, url="https://h/x", actor="t",
                                         kinds=["approval", "flip", "flip"])
     assert row.kinds == ["flip", "approval"] and secret.startswith("whsec_")
+    with db.write_session() as s:  # the longest URL: its audit entry quotes it (it was a
+        long_url = "https://h/" + "p" * (hooks.MAX_URL_CHARS - 10)  # REASON_TOO_LONG)
+        row, _ = hooks.add_webhook(session=s, url=long_url, actor="t", kinds=["flip"])
+        s.commit()
+    assert row.url == long_url
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 from service_helpers import LiveService, free_port, make_tokens, start_service
-from webhook_receiver import Receiver
+from webhook_receiver import Receiver, StallingReceiver
 
 SECRET = "whsec_live_secret_0123456789"
 FAST = {"TURNOUT_WEBHOOK_POLL_S": "0.1", "TURNOUT_WEBHOOK_BACKOFF_S": "0.2",
@@ -101,3 +101,41 @@ def test_a_delivery_survives_a_killed_service_and_a_receiver_that_was_down(
             "pending": 0, "delivered": 1, "dead": 0})
     finally:
         receiver.stop()
+
+
+def test_a_stopping_service_starts_no_further_delivery(tmp_path: Path) -> None:
+    """SIGTERM while the worker goes through deliveries to a receiver that never answers:
+    the attempt under way ends (at its timeout) and no other starts; the rest wait, pending
+    and not leased, for the next service. The pass went on to its end before, an attempt
+    after another, holding the stop for up to its limit times the timeout."""
+    from dashboard.store import canaries
+    from dashboard.store import webhooks as hooks
+    from dashboard.store.db import Database
+
+    url, _tokens = _setup(tmp_path)
+    stalling = StallingReceiver().start()
+    db = Database(url)
+    with db.write_session() as s:  # ten deliveries due before the service starts
+        canaries.ensure_defaults(session=s, defaults=[])
+        hooks.add_webhook(session=s, url=stalling.url, kinds=["kill_switch"], actor="t",
+                          secret=SECRET)
+        for i in range(10):
+            canaries.set_kill_switch(session=s, engaged=i % 2 == 0, reason=f"drill {i}",
+                                     actor="t")
+        s.commit()
+    svc = start_service(url, tmp_path / "svc.log", env={
+        **FAST, "TURNOUT_WEBHOOK_TIMEOUT_S": "1", "TURNOUT_WEBHOOK_LEASE_S": "2"})
+    try:
+        _until("two attempts", lambda: len(stalling.attempts) >= 2)
+        svc.proc.terminate()
+        svc.proc.wait(120)  # a hang detector
+        assert len(stalling.attempts) <= 3, stalling.attempts
+        with db.read_session() as s:
+            rows = hooks.list_outbox(session=s)
+        waiting = [r for r in rows if r.num_attempts == 0]
+        assert len(waiting) >= 7 and all(r.state == "pending" and r.leased_until is None
+                                         for r in waiting)
+    finally:
+        svc.stop()
+        stalling.stop()
+        db.dispose()

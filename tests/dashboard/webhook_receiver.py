@@ -99,6 +99,73 @@ class Receiver:
                              f"{timeout_s} s: {self.deliveries}")
 
 
+@dataclass
+class StallingReceiver:
+    """A receiver that takes each request and never completes its answer: ``trickle="body"``
+    sends a 200 whose chunked body never ends, ``"headers"`` a status line and then header
+    lines that never end, a line every 0.2 s; ``None`` sends nothing. It records the delivery
+    id of each attempt (``attempts``) and calls ``on_attempt`` with the number of attempts so
+    far."""
+
+    trickle: str | None = None
+    on_attempt: Callable[[int], None] | None = None
+    attempts: list[str] = field(default_factory=list)
+    _sock: Any = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._sock.getsockname()[1]}/hook"
+
+    def start(self) -> StallingReceiver:
+        import socket
+
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.2)
+        threading.Thread(target=self._accept, daemon=True).start()
+        return self
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _addr = self._sock.accept()
+            except OSError:  # the accept timeout, or the socket closed
+                continue
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: Any) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            found = [line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")
+                     if line.lower().startswith(DELIVERY_HEADER.lower().encode() + b":")]
+            with self._lock:
+                self.attempts.append(found[0] if found else "")
+                n = len(self.attempts)
+            if self.on_attempt is not None:
+                self.on_attempt(n)
+            try:
+                if self.trickle == "body":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                elif self.trickle == "headers":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                more = {"body": b"1\r\nx\r\n", "headers": b"X-Pad: x\r\n"}.get(self.trickle or "")
+                while not self._stop.wait(0.2):
+                    if more:
+                        conn.sendall(more)
+            except OSError:  # the sender cut the connection
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._sock.close()
+
+
 def main() -> None:
     """``python webhook_receiver.py PORT SECRET OUT.jsonl``: a receiver process that appends
     each delivery it accepts to OUT.jsonl (one JSON object a line, flushed before the 2xx)."""

@@ -5,6 +5,7 @@ clean end, with real processes holding and losing it."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import signal
 import subprocess
 import sys
@@ -104,6 +105,27 @@ def test_a_cut_while_stepping_splits_the_busy_time_and_a_request_spans_windows()
     assert second["num_requests"] == 1 and second["tpot_p99_ms"] == pytest.approx(1000 / 29)
 
 
+def test_a_window_longer_than_a_day_still_gives_a_report_the_service_takes() -> None:
+    """Cut after two days of stepping (a health interval over a day): the window is cut to
+    the day the service takes, and the busy time with it, so that tokens over their rate (the
+    time spent generating) fit in the window; the report would be refused, and dropped with
+    its requests and crashes, otherwise."""
+    from oracle.wire import HealthReportIn
+
+    clock = Clock()
+    rec = _recorder(clock, num_crashes=1)
+    with rec.running():
+        rec.queued("a")
+        clock.t += 2 * 86_400.0
+        rec.observe([("a", 400_000)])
+        rec.finished("a", failed=False)
+    report = rec.cut()
+    assert report["window_end"] - report["window_start"] == dt.timedelta(days=1)
+    checked = HealthReportIn.model_validate({**report, "report_id": "r", "pack": "turnout"})
+    assert (checked.num_requests, checked.num_crashes) == (1, 1)
+    assert checked.output_tokens_per_s == pytest.approx(400_000 / 86_400)
+
+
 def test_a_failed_step_counts_every_queued_request_as_an_error() -> None:
     clock = Clock()
     rec = _recorder(clock)
@@ -167,3 +189,18 @@ def test_a_run_that_ended_cleanly_is_no_crash_even_if_killed_afterwards(tmp_path
     marker.release()
     other.release()
     marker.release()  # idempotent
+
+
+def test_a_crash_is_told_with_the_runner_of_the_run_that_crashed(tmp_path: Path) -> None:
+    first = RunMarker.acquire(tmp_path, "prod/llama", runner="v1")
+    assert first.path.read_text().startswith(f"running {os.getpid()} v1 prod/llama")
+    os.close(first._fd)  # type: ignore[arg-type]  # the run dies: its lock goes, "running" stays
+    first._fd = None
+    again = RunMarker.acquire(tmp_path, "prod/llama", runner="v2")
+    assert (again.crashed, again.crashed_runner) == (True, "v1")
+    again.release()
+    # a marker written before runners were: a crash whose runner is not known
+    again.path.write_text("running 12 prod/llama\n")
+    old = RunMarker.acquire(tmp_path, "prod/llama", runner="v2")
+    assert (old.crashed, old.crashed_runner) == (True, None)
+    old.release()

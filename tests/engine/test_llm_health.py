@@ -109,6 +109,27 @@ def test_a_start_after_a_killed_run_reports_a_crash(
     assert len(_get(svc, tokens, "decisions?deployment_id=prod/tiny-llama")) == 2  # type: ignore[arg-type]
 
 
+def test_a_crash_counts_for_the_runner_that_crashed_not_the_next_ones(
+        llama_dir: Path, service: tuple[LiveService, dict[str, str]], tmp_path: Path) -> None:
+    """The run killed on V1, the restart on V2 (pinned, as after a flip or a share that grew):
+    the crash is V1's (a report of its own for V1), not V2's. Before, the restart's first V2
+    window carried it: a V1 crash made V2's crash rate 1.0, which fails a ramp's crash gate."""
+    svc, tokens = service
+    env = _env(svc, tokens, tmp_path / "cache")
+    proc = subprocess.Popen([sys.executable, "-c", KILLED, str(llama_dir),
+                             *(f"{k}={v}" for k, v in env.items())], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "generated"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    with LLM(llama_dir, device="cpu", max_model_len=128,
+             environ={**env, "TURNOUT_USE_V2_MODEL_RUNNER": "1"}) as llm:
+        assert (llm.runner_name, llm.decision.stage) == ("v2", STAGE)
+    by_runner = _get(svc, tokens, f"health?stage={STAGE}")["by_runner"]  # type: ignore[index]
+    assert (by_runner["v1"]["num_crashes"], by_runner["v1"]["num_requests"]) == (1, 0)
+    assert by_runner["v2"]["num_crashes"] == 0 and by_runner["v2"]["crash_rate"] == 0.0
+
+
 def test_without_a_service_the_engine_reports_nothing(llama_dir: Path, tmp_path: Path) -> None:
     llm = LLM(llama_dir, device="cpu", max_model_len=128,
               environ={"TURNOUT_CACHE_DIR": str(tmp_path / "cache")})

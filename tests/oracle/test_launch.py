@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -199,6 +200,106 @@ def test_report_startup_tees_output_and_finds_the_runner_line(env: dict[str, str
     held = run_launch(["--report-startup", *LLAMA], {**env, "FAKE_VLLM_MODE": "startup"})
     assert held.returncode == 0
     assert "vLLM says it uses V1 (as decided)" in held.stderr
+
+
+def test_report_startup_outlives_its_stdout_closing(env: dict[str, str]) -> None:
+    """The reader of the launcher's output goes away (``| head -1``, a log shipper that
+    died): vLLM goes on and its status is the launcher's. The pump thread died of the broken
+    pipe before (a traceback), nothing read vLLM's output any more, and vLLM blocked for
+    ever on a full pipe."""
+    cmd = [sys.executable, "-m", "oracle.cli", "launch", "--report-startup", *QWEN3]
+    proc = subprocess.Popen(cmd, env={**env, "FAKE_VLLM_MODE": "flood", "FAKE_VLLM_EXIT": "5"},
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"INFO [loader.py:1] weights shard 0 ")
+    proc.stdout.close()
+    try:
+        proc.wait(timeout=120)  # a hang detector: it ends as soon as vLLM has written all
+    finally:
+        proc.kill()
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 5, err
+    assert "Traceback" not in err and "output there is dropped from now on" in err, err
+    assert "vLLM says it uses V2 (as decided)" in err  # the runner's line still read
+
+
+TRAMPOLINE = "#!/bin/sh\n'''exec' \"/nonexistent/long path/bin/python\" \"$0\" \"$@\"\n' '''"
+
+
+@pytest.mark.parametrize("first_lines", ["#!/nonexistent/bin/python3", TRAMPOLINE])
+def test_a_vllm_whose_interpreter_is_missing_cannot_be_launched(
+        fake: Path, tmp_path: Path, first_lines: str) -> None:
+    """Its dist-info says a version, but the script cannot run: refused before anything is
+    decided or reported (an exec of it was a FileNotFoundError traceback naming the script)."""
+    script = tmp_path / "bin" / "vllm"
+    script.parent.mkdir()
+    body = (fake / "vllm").read_text().split("\n", 1)[1]
+    script.write_text(first_lines + "\n" + body)
+    script.chmod(0o755)
+    shutil.copytree(fake.parent / "lib", tmp_path / "lib")  # the dist-info beside it
+    for mode in ([], ["--report-startup"]):
+        done = run_launch([*mode, "--", str(script), "serve", "Qwen/Qwen3-8B"],
+                          launch_env(None, tmp_path / "cache"))
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert "vllm_not_installed" in done.stderr and "/nonexistent/" in done.stderr
+        assert "cannot run" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("mode", [[], ["--report-startup"]])
+def test_a_vllm_the_system_cannot_execute_is_a_clear_error(
+        fake: Path, tmp_path: Path, mode: list[str]) -> None:
+    """A file with no interpreter line (an exec format error) and a dist-info beside it: the
+    decision is made, but starting it fails: the launcher says why and exits 126, as a shell
+    would, with no traceback."""
+    script = tmp_path / "bin" / "vllm"
+    script.parent.mkdir()
+    script.write_text("print('not a script the kernel can run')\n")
+    script.chmod(0o755)
+    shutil.copytree(fake.parent / "lib", tmp_path / "lib")
+    done = run_launch([*mode, "--", str(script), "serve", "Qwen/Qwen3-8B"],
+                      launch_env(None, tmp_path / "cache"))
+    assert done.returncode == 126, done.stderr
+    assert "cannot start" in done.stderr and "Exec format error" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_without_the_double_dash_everything_from_vllm_on_is_vllms(
+        env: dict[str, str], tmp_path: Path) -> None:
+    """``turnout launch vllm serve M --config vllm.yaml -tp 2``: launch's own options go before
+    the command. Before, options after it were launch's: ``-tp`` was "No such option: -t",
+    and ``--config`` (vLLM's YAML file, and launch's HF config.json) was taken by launch: the
+    deployment decided as another model's and vLLM started without it."""
+    (tmp_path / "vllm.yaml").write_text("max-model-len: 4096\n")
+    plan = dry_run(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(tmp_path / "vllm.yaml"),
+                    "-tp", "2"], env)
+    assert plan["argv"] == ["vllm", "serve", "Qwen/Qwen3-8B", "--config",
+                            str(tmp_path / "vllm.yaml"), "-tp", "2"]
+    assert plan["config"]["architecture"] == "Qwen3ForCausalLM"  # type: ignore[index]
+    assert plan["config"]["tensor_parallel_size"] == 2  # type: ignore[index]
+    done = run_launch(["vllm", "serve", "Qwen/Qwen3-8B", "--dry-run"], env)  # vLLM's flag now
+    assert done.returncode == 2 and "unrecognized arguments: --dry-run" in done.stderr
+
+
+def test_a_deployment_id_too_long_to_report_is_bad_input(fake: Path, tmp_path: Path) -> None:
+    """Over 256 characters no event takes it: refused before anything is decided (the report
+    was a ValidationError traceback, after the decision)."""
+    long_id = "d" * 300
+    for args, extra in [(QWEN3, {"TURNOUT_DEPLOYMENT_ID": long_id}),
+                        (["--deployment-id", long_id, *QWEN3], {})]:
+        env = launch_env(fake, tmp_path / "cache", TURNOUT_URL="http://127.0.0.1:9", **extra)
+        done = run_launch(args, env)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert "the deployment id is 300 characters long: at most 256" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_a_pin_too_long_to_report_is_reported_cut(env: dict[str, str]) -> None:
+    """An operator pin of 300 characters (vLLM refuses it: exit 3, reported first): the event
+    carries its first 256. Building the event raised a ValidationError before."""
+    done = run_launch(["--", f"{RUNNER}={'y' * 300}", *QWEN3[1:]],
+                      {**env, "TURNOUT_URL": "http://127.0.0.1:9"})
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert "spooled in" in done.stderr  # reported (the service is down: it waits in the spool)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
