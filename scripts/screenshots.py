@@ -73,6 +73,35 @@ def record_evidence(base: str, token: str) -> None:
         r.raise_for_status()
 
 
+def record_health(base: str, token: str) -> None:
+    """Six hours of 10-minute health windows from four engines of the llama-mistral-dense
+    stage, two per runner: V2 with the lower TPOT, one V2 crash (the Engine health page)."""
+    import datetime as dt
+    import random
+
+    rng = random.Random(7)
+    end = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+    reports = []
+    for w in range(36):
+        start = end - dt.timedelta(minutes=10 * (36 - w))
+        for runner, engine in (("v1", "a"), ("v1", "b"), ("v2", "c"), ("v2", "d")):
+            tpot = (9.5 if runner == "v1" else 4.8) * rng.uniform(0.9, 1.15)
+            num_requests = rng.randint(80, 120)
+            tokens = num_requests * 128
+            reports.append({
+                "report_id": f"shot-{runner}{engine}-{w}", "deployment_id": f"prod/llama-{engine}",
+                "pack": "turnout", "runner": runner, "family": "llama", "stage": "llama-mistral-dense",
+                "window_start": start.isoformat(), "window_end": (start + dt.timedelta(minutes=10)).isoformat(),
+                "num_requests": num_requests, "num_errors": rng.randint(0, 1),
+                "num_crashes": 1 if (runner, engine, w) == ("v2", "d", 20) else 0,
+                "ttft_p50_ms": tpot * 6, "ttft_p99_ms": tpot * 14, "tpot_p50_ms": tpot,
+                "tpot_p99_ms": tpot * 1.4, "num_output_tokens": tokens,
+                "output_tokens_per_s": 1000.0 / tpot * 24})
+    auth = {"Authorization": f"Bearer {token}"}
+    for i in range(0, len(reports), 100):
+        httpx.post(f"{base}/api/v1/health", headers=auth, json={"reports": reports[i:i + 100]}).raise_for_status()
+
+
 def kill_switch(base: str, token: str, engaged: bool) -> None:
     r = httpx.post(f"{base}/api/v1/kill-switch", headers={"Authorization": f"Bearer {token}"},
                    json={"engaged": engaged, "reason": "screenshot of the engaged state"})
@@ -167,6 +196,7 @@ SHOTS: dict[str, tuple[Callable[[Any, str], None], bool]] = {
     "canaries-ramp": (_canaries_ramp, True),
     "overview": (_ramp_on_overview, True),  # after the ramp: its state beside the stage
     "webhooks": (_webhooks, True),
+    "engine-health": (_goto("/health?stage=llama-mistral-dense&window=24h"), True),
 }
 TOKEN: list[str] = []  # the admin token of the running service
 
@@ -216,6 +246,7 @@ def main() -> None:
         proc, base, token = start_service(Path(tmp))
         try:
             record_evidence(base, token)
+            record_health(base, token)
             for path in shoot(base, token, args.out, only):
                 print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
         finally:
