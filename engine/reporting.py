@@ -36,6 +36,7 @@ from engine.health import HealthRecorder, RunMarker
 logger = logging.getLogger("turnout.engine")
 
 DEFAULT_HEALTH_INTERVAL_S = 60.0
+MIN_HEALTH_INTERVAL_S = 1.0
 
 
 def client_from_env(environ: Mapping[str, str], pack: str) -> Any:  # -> OracleClient | None
@@ -43,7 +44,8 @@ def client_from_env(environ: Mapping[str, str], pack: str) -> Any:  # -> OracleC
     The variables are read as ``turnout launch`` reads them (``oracle.launch_inputs``).
 
     Raises:
-        EngineConfigError: ``TURNOUT_HEALTH_INTERVAL_S`` is not a positive number.
+        EngineConfigError: ``TURNOUT_HEALTH_INTERVAL_S`` is not a number of seconds of at
+            least ``MIN_HEALTH_INTERVAL_S``.
     """
     if not environ.get("TURNOUT_URL", "").strip():
         return None
@@ -52,9 +54,10 @@ def client_from_env(environ: Mapping[str, str], pack: str) -> Any:  # -> OracleC
         interval = float(text) if text else DEFAULT_HEALTH_INTERVAL_S
     except ValueError:
         interval = -1.0
-    if not interval > 0 or interval == float("inf"):
-        raise EngineConfigError(f"TURNOUT_HEALTH_INTERVAL_S must be a positive number of "
-                                f"seconds, got {text!r}")
+    # Below a second an engine would spool and send a report on nearly every loop.
+    if not MIN_HEALTH_INTERVAL_S <= interval < float("inf"):
+        raise EngineConfigError(f"TURNOUT_HEALTH_INTERVAL_S must be a number of seconds >= "
+                                f"{MIN_HEALTH_INTERVAL_S:g}, got {text!r}")
     from oracle.client import OracleClient
     from oracle.launch_inputs import LaunchSettings
 

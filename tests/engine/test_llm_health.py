@@ -138,10 +138,12 @@ def test_without_a_service_the_engine_reports_nothing(llama_dir: Path, tmp_path:
     assert not (tmp_path / "cache").exists()
 
 
-def test_a_bad_health_interval_is_refused(llama_dir: Path, tmp_path: Path) -> None:
-    with pytest.raises(EngineConfigError, match="TURNOUT_HEALTH_INTERVAL_S"):
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "inf", "nan", "1e-6"])
+def test_a_bad_health_interval_is_refused(llama_dir: Path, tmp_path: Path, value: str) -> None:
+    # 1e-6 was taken: the engine spooled and sent a report on nearly every loop.
+    with pytest.raises(EngineConfigError, match=f"TURNOUT_HEALTH_INTERVAL_S must be a number of seconds >= 1, got '{value}'"):
         LLM(llama_dir, device="cpu", max_model_len=128,
-            environ={"TURNOUT_URL": "http://127.0.0.1:9", "TURNOUT_HEALTH_INTERVAL_S": "soon",
+            environ={"TURNOUT_URL": "http://127.0.0.1:9", "TURNOUT_HEALTH_INTERVAL_S": value,
                      "TURNOUT_CACHE_DIR": str(tmp_path / "cache")})
 
 
