@@ -1,25 +1,39 @@
-"""CUDA graphs of decode steps, captured per padded batch size (both runners' decode graphs).
+"""CUDA graphs of decode steps, captured per padded batch size; both runners replay them
+(runner_v2 for every decode shape, runner_v1 for one-token decodes, as vLLM's MRV1).
 
-A step whose queries are all one token long runs as a replay of the graph captured for the
-next capture size at or above its request count, with the batch padded to that size: padding
-requests get empty queries (``query_start_loc`` repeats the total, ``seq_lens`` 0) and padding
-tokens ``slot_mapping == -1``, so they neither read nor write the KV cache. The graph's static
-output is the hidden states ``[size, hidden_size]``; the LM head runs after the replay on the
-real rows only. Sizes follow vLLM's default capture list (1, 2, 4, then every multiple of 8 up
-to ``max_num_seqs``; vllm/config/compilation.py ``cudagraph_capture_sizes``); graphs share one
-memory pool, largest first.
+A step whose queries are all one token long (decodes; the last token of a chunked prompt too),
+or all ``1 + k`` tokens long (speculative decodes verifying ``k`` drafts; a draft model's own
+forwards of 1 and 2 tokens), runs as a replay of a graph captured for the next capture size at
+or above its request count, with the request count and the token count padded to that size
+(``query_len`` tokens per request): padding requests get empty
+queries (``query_start_loc`` repeats the total, ``seq_lens`` 0) and padding tokens get
+``slot_mapping == -1``, so they neither read nor write the KV cache. One kernel-launch sequence
+of ~10 kernels per layer becomes a single replay; the inputs are the runner's persistent input
+buffers, filled before the replay (vLLM's full decode CUDA graphs). The LM head runs after the
+replay on the real rows only: a graph's static output is its hidden states
+(``[size, hidden_size]``), not ``[size, vocab_size]`` logits per captured size.
+
+Sizes follow vLLM's default capture list (vllm/config/compilation.py
+``cudagraph_capture_sizes``): 1, 2, 4, then every multiple of 8 up to ``max_num_seqs``.
+Graphs share one memory pool, largest first.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from engine.model.attention_metadata import AttentionMetadata
+
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    """Batch sizes to capture: 1, 2, 4, 8, 16, ... up to (and including) ``max_num_seqs``."""
+    """Batch sizes to capture: 1, 2, 4, 8, 16, ... up to (and including) ``max_num_seqs``
+    (none for ``max_num_seqs < 1``)."""
+    if max_num_seqs < 1:
+        return []
     sizes = [s for s in (1, 2, 4) if s < max_num_seqs] + list(range(8, max_num_seqs, 8))
     return sorted({*sizes, max_num_seqs})
 
@@ -28,11 +42,13 @@ class DecodeGraphs:
     """Captured decode graphs by padded batch size.
 
     Args:
-        sizes: batch sizes to capture (ascending); empty: every step runs eagerly.
+        sizes: batch sizes to capture (ascending).
+        query_len: tokens per request of the captured batches.
     """
 
-    def __init__(self, sizes: list[int]) -> None:
+    def __init__(self, sizes: list[int], query_len: int = 1) -> None:
         self.sizes = sorted(sizes)
+        self.query_len = query_len
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._hidden: dict[int, torch.Tensor] = {}
 
@@ -68,7 +84,7 @@ class DecodeGraphs:
             pool = graph.pool()
             self._graphs[size] = graph
 
-    def replay(self, size: int) -> torch.Tensor:  # [size, hidden_size], static
+    def replay(self, size: int) -> torch.Tensor:  # [size * query_len, hidden_size], static
         """Replay the graph of ``size`` (inputs already in the buffers); its hidden states."""
         self._graphs[size].replay()
         return self._hidden[size]
@@ -78,4 +94,31 @@ class DecodeGraphs:
         return len(self._graphs)
 
 
-__all__ = ["DecodeGraphs", "capture_sizes"]
+def set_dummy_inputs(buffers: Any, size: int, query_len: int) -> None:
+    """Fill a runner's input buffers (fields ``input_ids``,
+    ``positions``, ``slot_mapping``, ``query_start_loc``, ``seq_lens``, ``block_table``) for a
+    capture of ``size`` requests of ``query_len`` tokens: the capture writes no KV slot."""
+    t = size * query_len
+    buffers.input_ids[:t].zero_()
+    buffers.positions[:t].zero_()
+    buffers.slot_mapping[:t].fill_(-1)
+    qsl = torch.arange(size + 1, dtype=torch.int32, device=buffers.query_start_loc.device) * query_len
+    buffers.query_start_loc[: size + 1].copy_(qsl)
+    buffers.seq_lens[:size].fill_(query_len)
+    buffers.block_table[:size].zero_()
+
+
+def graph_forward(model: Any, buffers: Any, kv_caches: list[Any], size: int, query_len: int, *,
+                  max_model_len: int, block_size: int) -> torch.Tensor:  # [size * query_len, hidden]
+    """The forward a graph captures: ``model`` over the buffers of ``size`` requests of
+    ``query_len`` tokens (``max_seq_len = max_model_len``, so that every replay fits)."""
+    t = size * query_len
+    md = AttentionMetadata(
+        query_start_loc=buffers.query_start_loc[: size + 1], seq_lens=buffers.seq_lens[:size],
+        block_table=buffers.block_table[:size], slot_mapping=buffers.slot_mapping[:t], max_query_len=query_len,
+        max_seq_len=max_model_len, num_actual_tokens=t, block_size=block_size,
+    )
+    return model(buffers.input_ids[:t], buffers.positions[:t], kv_caches, md)
+
+
+__all__ = ["DecodeGraphs", "capture_sizes", "graph_forward", "set_dummy_inputs"]

@@ -12,11 +12,11 @@ ratio then measures is the designs (GPU-resident inputs, async scheduling), not 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from engine.cuda_graphs import DecodeGraphs, capture_sizes
+from engine.cuda_graphs import DecodeGraphs, capture_sizes, graph_forward, set_dummy_inputs
 from engine.model.attention_metadata import AttentionMetadata
 
 
@@ -45,26 +45,12 @@ class V1DecodeGraphs:
         self.max_model_len, self.block_size = max_model_len, block_size
         self.graphs = DecodeGraphs(capture_sizes(max_num_seqs))
 
-    def capture(self, forward: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]) -> None:
-        """Capture every size over the buffers (``forward(input_ids, positions, md) -> hidden``)."""
-        def dummy(size: int) -> None:
-            self.input_ids[:size].zero_()
-            self.positions[:size].zero_()
-            self.slot_mapping[:size].fill_(-1)  # the capture writes nothing to the KV cache
-            self.query_start_loc[: size + 1].copy_(torch.arange(size + 1, dtype=torch.int32))
-            self.seq_lens[:size].fill_(1)
-            self.block_table[:size].zero_()
-
-        self.graphs.capture(dummy, lambda size: forward(self.input_ids[:size], self.positions[:size],
-                                                        self.metadata(size)))
-
-    def metadata(self, size: int) -> AttentionMetadata:
-        """The attention metadata of a captured size, over the buffers."""
-        return AttentionMetadata(
-            query_start_loc=self.query_start_loc[: size + 1], seq_lens=self.seq_lens[:size],
-            block_table=self.block_table[:size], slot_mapping=self.slot_mapping[:size], max_query_len=1,
-            max_seq_len=self.max_model_len, num_actual_tokens=size, block_size=self.block_size,
-        )
+    def capture(self, model: torch.nn.Module, kv_caches: list[Any]) -> None:
+        """Capture every size over the buffers (``engine.cuda_graphs.graph_forward``)."""
+        self.graphs.capture(
+            lambda size: set_dummy_inputs(self, size, 1),
+            lambda size: graph_forward(model, self, kv_caches, size, 1, max_model_len=self.max_model_len,
+                                       block_size=self.block_size))
 
     def padded_size(self, num_reqs: int) -> int | None:
         """The capture size a decode step of ``num_reqs`` requests replays at (None: eager)."""

@@ -86,12 +86,11 @@ class V1ModelRunner(RunnerBase):
         if (self.device.type != "cuda" or c.enforce_eager or self.is_pooling or self.has_inner_state
                 or c.cpu_offload_gb > 0 or not isinstance(self.model, DecoderModel)):
             return
-        model = self.model
         self.decode_graphs = V1DecodeGraphs(
             max_num_seqs=c.max_num_seqs, max_num_blocks_per_req=c.max_num_blocks_per_req,
             max_model_len=c.max_model_len, block_size=c.block_size, device=self.device)
         with torch.inference_mode():
-            self.decode_graphs.capture(lambda ids, pos, md: model(ids, pos, self.kv_caches, md))
+            self.decode_graphs.capture(self.model, self.kv_caches)
 
     # ---- the step ----------------------------------------------------------------------
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -129,7 +129,7 @@ class DraftModelProposer:
         self.config, self.model, self.device = config, model, device
         self.k = config.speculative_config.num_speculative_tokens
         self.kv_caches: list[Any] = []
-        self.graphs: dict[int, Any] = {}  # query length -> runner_v2.cuda_graphs.DecodeGraphs
+        self.graphs: dict[int, Any] = {}  # query length -> engine.cuda_graphs.DecodeGraphs
         self.num_graph_forwards = self.num_eager_forwards = 0
         s, width = config.max_num_seqs, config.max_num_blocks_per_req
 

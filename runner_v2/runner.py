@@ -32,6 +32,7 @@ import torch
 
 from engine.capabilities import RunnerManifest, model_layer_architectures
 from engine.config import DEVICE_TYPES, SUPPORTED_SPECULATIVE_METHODS, EngineConfig
+from engine.cuda_graphs import DecodeGraphs, capture_sizes, graph_forward, set_dummy_inputs
 from engine.errors import UnsupportedOptionError
 from engine.model import DecoderModel
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -41,7 +42,6 @@ from engine.scheduler_output import SchedulerOutput
 from kernels.post_update import post_update
 from runner_v2 import refusals, spec_decode
 from runner_v2.async_output import AsyncOutput, StepResults
-from runner_v2.cuda_graphs import DecodeGraphs, capture_sizes, graph_forward, set_dummy_inputs
 from runner_v2.draft_model import DraftModelProposer, DraftStep, load_draft_model
 from runner_v2.input_batch import BatchPlan, InputBatch, InputBuffers, prepare_inputs
 from runner_v2.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
