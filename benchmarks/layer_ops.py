@@ -16,7 +16,8 @@ must move and the achieved bandwidth.
 Decode-step profile: runner_v2 on the Qwen3-0.6B shape (random weights), 256 requests of 512
 prompt tokens, driven to steady decode; 20 steps under ``torch.profiler``, fused (default) and
 unfused (``set_fused_layer_ops(False)``, unsplit sampler). Reported: median wall time per step,
-CUDA kernel launches per step and the kernels taking most device time.
+CUDA kernel launches per step and the kernels taking most device time. Mixed-step profile: 128
+running decodes beside 8,064 prompt tokens per step (8,192 in all), 6 steps.
 
 Run: PYTHONPATH=. python benchmarks/layer_ops.py [--no-profile]  -> last line: one JSON object.
 """
@@ -119,22 +120,27 @@ def sampler_case(num_reqs: int = 256) -> dict[str, Any]:
             "note": "torch_us is the unsplit kernel (one program per request)"}
 
 
-def decode_profile(model_dir: Path, fused: bool, num_reqs: int = 256, num_steps: int = 20) -> dict[str, Any]:
+def _engine(model_dir: Path, num_reqs: int) -> Any:
     from engine.model_info import engine_config_for
     from engine.runner_loader import build_engine_core
-    from engine.sampling_params import SamplingParams
 
-    core = build_engine_core(engine_config_for(
+    return build_engine_core(engine_config_for(
         model_dir, dtype="bfloat16", device="cuda", max_num_seqs=num_reqs, max_num_batched_tokens=8192,
         max_model_len=1024, enable_prefix_caching=False, seed=0), "v2")
-    gen = torch.Generator().manual_seed(0)
-    for i in range(num_reqs):
+
+
+def _add_requests(core: Any, first: int, count: int, gen: torch.Generator) -> None:
+    from engine.sampling_params import SamplingParams
+
+    for i in range(first, first + count):
         core.add_request(f"r{i}", torch.randint(0, VOCAB, (512,), generator=gen).tolist(),
                          SamplingParams(max_tokens=400, ignore_eos=True, temperature=1.0))
-    for _ in range(40):  # prefill (16 chunks of 8,192 tokens) and a few decode steps
-        core.step()
+
+
+def _profile_steps(core: Any, num_steps: int) -> dict[str, Any]:
+    # `num_steps` engine steps under torch.profiler: wall time, kernels and device time per step.
     torch.cuda.synchronize()
-    walls = []
+    walls: list[float] = []
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         for _ in range(num_steps):
             t0 = time.perf_counter()
@@ -146,14 +152,42 @@ def decode_profile(model_dir: Path, fused: bool, num_reqs: int = 256, num_steps:
         if evt.device_type == torch.autograd.DeviceType.CUDA:
             by_name[evt.name][0] += evt.device_time_total
             by_name[evt.name][1] += 1
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:12]
-    del core
-    torch.cuda.empty_cache()
-    return {"fused": fused, "step_ms_median": round(statistics.median(walls) * 1e3, 3),
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:14]
+    return {"step_ms_median": round(statistics.median(walls) * 1e3, 3),
+            "step_ms": [round(w * 1e3, 2) for w in walls],
             "kernels_per_step": round(sum(c for _, c in by_name.values()) / num_steps, 1),
             "device_ms_per_step": round(sum(t for t, _ in by_name.values()) / num_steps / 1e3, 3),
             "top_kernels": [{"name": n[:80], "us_per_step": round(t / num_steps, 1), "calls_per_step": c / num_steps}
                             for n, (t, c) in top]}
+
+
+def decode_profile(model_dir: Path, fused: bool, num_reqs: int = 256, num_steps: int = 20) -> dict[str, Any]:
+    """Steady decode at ``num_reqs`` running requests (512-token prompts, ~550 tokens of context)."""
+    core = _engine(model_dir, num_reqs)
+    _add_requests(core, 0, num_reqs, torch.Generator().manual_seed(0))
+    for _ in range(40):  # prefill (16 chunks of 8,192 tokens) and a few decode steps
+        core.step()
+    result = {"fused": fused, **_profile_steps(core, num_steps)}
+    del core
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return result
+
+
+def mixed_profile(model_dir: Path, num_steps: int = 6) -> dict[str, Any]:
+    """Mixed steps of 8,192 tokens: 128 running decodes beside 8,064 tokens of 512-token prompt
+    chunks (the shape of the benchmark's steps when a wave of new requests arrives)."""
+    core = _engine(model_dir, 256)
+    gen = torch.Generator().manual_seed(0)
+    _add_requests(core, 0, 128, gen)
+    for _ in range(12):  # 8 prefill steps of 8,192 tokens, then decodes
+        core.step()
+    _add_requests(core, 128, 128, gen)
+    result = _profile_steps(core, num_steps)
+    del core
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return result
 
 
 def main() -> dict[str, Any]:
@@ -177,6 +211,8 @@ def main() -> dict[str, Any]:
             with unfused_ops():
                 summary["decode_step_unfused"] = decode_profile(model_dir, fused=False)
             print(summary["decode_step_unfused"], flush=True)
+            summary["mixed_step"] = mixed_profile(model_dir)
+            print(summary["mixed_step"], flush=True)
     print(json.dumps(summary), flush=True)
     return summary
 

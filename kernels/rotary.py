@@ -34,37 +34,61 @@ def _qk_norm_rope_kernel(
     table_stride,
     q_weight_ptr,
     k_weight_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    slot_mapping_ptr,
+    cache_stride_slot,  # elements from one slot to the next (num_kv_heads * head_dim)
     num_heads,
+    num_kv_heads,
     eps,
     HEAD_DIM: tl.constexpr,
+    HEADS_P: tl.constexpr,  # next power of two of num_heads + num_kv_heads
+    KV_HEADS_P: tl.constexpr,  # next power of two of num_kv_heads
     HAS_NORM: tl.constexpr,
+    WRITE_CACHE: tl.constexpr,
 ):
-    # One program per (token, q-or-k head): the head's two halves in registers.
+    # One program per token: every q and k head as rows of a [HEADS_P, HEAD_DIM // 2] tile
+    # (the two halves in registers), then k and v to the token's KV-cache slot.
     tok = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
+    head = tl.arange(0, HEADS_P)
     half = tl.arange(0, HEAD_DIM // 2)
-    base = qkv_ptr + tok * qkv_stride + head.to(tl.int64) * HEAD_DIM
-    x1 = tl.load(base + half)
-    x2 = tl.load(base + HEAD_DIM // 2 + half)
+    head_mask = (head < num_heads + num_kv_heads)[:, None]
+    row = qkv_ptr + tok * qkv_stride
+    offs = head[:, None] * HEAD_DIM + half[None, :]
+    x1 = tl.load(row + offs, mask=head_mask, other=0.0)
+    x2 = tl.load(row + HEAD_DIM // 2 + offs, mask=head_mask, other=0.0)
     dtype = x1.dtype
     if HAS_NORM:
         h1, h2 = x1.to(tl.float32), x2.to(tl.float32)
-        mean_sq = (tl.sum(h1 * h1, axis=0) + tl.sum(h2 * h2, axis=0)) / HEAD_DIM
-        inv = tl.math.rsqrt(mean_sq + eps)
-        is_q = head < num_heads
-        w1 = tl.where(is_q, tl.load(q_weight_ptr + half), tl.load(k_weight_ptr + half))
-        w2 = tl.where(is_q, tl.load(q_weight_ptr + HEAD_DIM // 2 + half),
-                      tl.load(k_weight_ptr + HEAD_DIM // 2 + half))
+        mean_sq = (tl.sum(h1 * h1, axis=1) + tl.sum(h2 * h2, axis=1)) / HEAD_DIM
+        inv = tl.math.rsqrt(mean_sq + eps)[:, None]
+        is_q = (head < num_heads)[:, None]
+        w1 = tl.where(is_q, tl.load(q_weight_ptr + half)[None, :], tl.load(k_weight_ptr + half)[None, :])
+        w2 = tl.where(is_q, tl.load(q_weight_ptr + HEAD_DIM // 2 + half)[None, :],
+                      tl.load(k_weight_ptr + HEAD_DIM // 2 + half)[None, :])
         x1 = ((h1 * inv).to(dtype).to(tl.float32) * w1.to(tl.float32)).to(dtype)
         x2 = ((h2 * inv).to(dtype).to(tl.float32) * w2.to(tl.float32)).to(dtype)
     pos = tl.load(positions_ptr + tok)
-    cos = tl.load(cos_ptr + pos * table_stride + half).to(dtype).to(tl.float32)
-    sin = tl.load(sin_ptr + pos * table_stride + half).to(dtype).to(tl.float32)
+    cos = tl.load(cos_ptr + pos * table_stride + half).to(dtype).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + pos * table_stride + half).to(dtype).to(tl.float32)[None, :]
     a1, a2 = x1.to(tl.float32), x2.to(tl.float32)
     out1 = ((a1 * cos).to(dtype).to(tl.float32) - (a2 * sin).to(dtype).to(tl.float32)).to(dtype)
     out2 = ((a2 * cos).to(dtype).to(tl.float32) + (a1 * sin).to(dtype).to(tl.float32)).to(dtype)
-    tl.store(base + half, out1)
-    tl.store(base + HEAD_DIM // 2 + half, out2)
+    tl.store(row + offs, out1, mask=head_mask)
+    tl.store(row + HEAD_DIM // 2 + offs, out2, mask=head_mask)
+    if WRITE_CACHE:
+        slot = tl.load(slot_mapping_ptr + tok)
+        if slot >= 0:  # -1: a padding token writes nothing
+            base = slot * cache_stride_slot - num_heads * HEAD_DIM  # row `head` of k at kv head head - num_heads
+            k_mask = head_mask & (head >= num_heads)[:, None]
+            tl.store(key_cache_ptr + base + offs, out1, mask=k_mask)
+            tl.store(key_cache_ptr + base + HEAD_DIM // 2 + offs, out2, mask=k_mask)
+            kv_head = tl.arange(0, KV_HEADS_P)
+            dim = tl.arange(0, HEAD_DIM)
+            v_offs = kv_head[:, None] * HEAD_DIM + dim[None, :]
+            v_mask = (kv_head < num_kv_heads)[:, None]
+            v = tl.load(row + (num_heads + num_kv_heads) * HEAD_DIM + v_offs, mask=v_mask)
+            tl.store(value_cache_ptr + slot * cache_stride_slot + v_offs, v, mask=v_mask)
 
 
 def qk_norm_rope(
@@ -77,10 +101,15 @@ def qk_norm_rope(
     q_weight: torch.Tensor | None = None,  # [head_dim] qkv's dtype: Qwen3's q_norm
     k_weight: torch.Tensor | None = None,  # [head_dim] qkv's dtype: Qwen3's k_norm
     eps: float = 1e-6,
+    kv_cache: torch.Tensor | None = None,  # [2, num_blocks, block_size, num_kv_heads, head_dim], written
+    slot_mapping: torch.Tensor | None = None,  # [num_tokens] int64, -1 = write nothing
 ) -> None:
     """Normalise (when weights are given) and rotate the q and k heads of ``qkv`` in place
-    (Triton). Positions must lie in ``[0, max_positions)``: they index the tables unchecked,
-    as the torch path's gather would fault.
+    (Triton); with ``kv_cache`` and ``slot_mapping``, also write each token's rotated k and its
+    v to its slot, as ``kernels.paged_attention.reshape_and_cache`` would (vLLM fuses the same
+    write into its RoPE for the same reason: one pass over k instead of two). Positions must lie
+    in ``[0, max_positions)``: they index the tables unchecked, as the torch path's gather would
+    fault.
 
     Raises:
         TritonUnavailableError: Triton is not installed.
@@ -89,14 +118,38 @@ def qk_norm_rope(
     """
     require_triton()
     head_dim = _check(qkv, positions, cos_cache, sin_cache, num_heads, num_kv_heads, q_weight, k_weight)
+    write_cache = _check_cache(kv_cache, slot_mapping, qkv, num_kv_heads, head_dim)
     if qkv.shape[0] == 0:
         return
     has_norm = q_weight is not None
-    _qk_norm_rope_kernel[(qkv.shape[0], num_heads + num_kv_heads)](
+    key_cache, value_cache = (kv_cache[0], kv_cache[1]) if kv_cache is not None else (qkv, qkv)
+    heads_p = triton.next_power_of_2(num_heads + num_kv_heads)
+    _qk_norm_rope_kernel[(qkv.shape[0],)](
         qkv, qkv.stride(0), positions, cos_cache, sin_cache, cos_cache.stride(0),
-        q_weight if has_norm else qkv, k_weight if has_norm else qkv, num_heads, eps,
-        HEAD_DIM=head_dim, HAS_NORM=has_norm, num_warps=1 if head_dim <= 128 else 2,
+        q_weight if has_norm else qkv, k_weight if has_norm else qkv,
+        key_cache, value_cache, slot_mapping if write_cache else positions, num_kv_heads * head_dim,
+        num_heads, num_kv_heads, eps,
+        HEAD_DIM=head_dim, HEADS_P=heads_p, KV_HEADS_P=triton.next_power_of_2(num_kv_heads),
+        HAS_NORM=has_norm, WRITE_CACHE=write_cache,
+        num_warps=max(1, min(8, heads_p * head_dim // 1024)),
     )
+
+
+def _check_cache(kv_cache: torch.Tensor | None, slot_mapping: torch.Tensor | None, qkv: torch.Tensor,
+                 num_kv_heads: int, head_dim: int) -> bool:
+    if (kv_cache is None) != (slot_mapping is None):
+        raise ValueError("give both kv_cache and slot_mapping, or neither")
+    if kv_cache is None or slot_mapping is None:
+        return False
+    if (kv_cache.dim() != 5 or kv_cache.shape[0] != 2 or tuple(kv_cache.shape[3:]) != (num_kv_heads, head_dim)
+            or not kv_cache.is_contiguous() or kv_cache.dtype != qkv.dtype):
+        raise ValueError(f"kv_cache must be a contiguous [2, num_blocks, block_size, {num_kv_heads}, {head_dim}] "
+                         f"{dtype_name(qkv.dtype)} tensor, got {list(kv_cache.shape)} {dtype_name(kv_cache.dtype)}")
+    check_dtypes(slot_mapping=(slot_mapping, torch.int64))
+    check_flat(slot_mapping=slot_mapping)
+    if slot_mapping.shape[0] != qkv.shape[0]:
+        raise ValueError(f"slot_mapping must have one entry per token ({qkv.shape[0]}), got {slot_mapping.shape[0]}")
+    return True
 
 
 def qk_norm_rope_ref(
@@ -109,10 +162,13 @@ def qk_norm_rope_ref(
     q_weight: torch.Tensor | None = None,
     k_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
+    kv_cache: torch.Tensor | None = None,
+    slot_mapping: torch.Tensor | None = None,
 ) -> None:
     """Torch reference of :func:`qk_norm_rope` (HF's ``q_norm``/``k_norm`` then
-    ``apply_rotary_pos_emb``), in place."""
+    ``apply_rotary_pos_emb``, then ``reshape_and_cache_ref`` when a cache is given), in place."""
     head_dim = _check(qkv, positions, cos_cache, sin_cache, num_heads, num_kv_heads, q_weight, k_weight)
+    write_cache = _check_cache(kv_cache, slot_mapping, qkv, num_kv_heads, head_dim)
     num_tokens = qkv.shape[0]
     q = qkv[:, : num_heads * head_dim].view(num_tokens, num_heads, head_dim)
     k = qkv[:, num_heads * head_dim : (num_heads + num_kv_heads) * head_dim].view(num_tokens, num_kv_heads, head_dim)
@@ -125,6 +181,12 @@ def qk_norm_rope_ref(
             x = weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         part.copy_(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+    if write_cache:
+        assert kv_cache is not None and slot_mapping is not None
+        v = qkv[:, (num_heads + num_kv_heads) * head_dim:].view(num_tokens, num_kv_heads, head_dim)
+        valid = slot_mapping >= 0
+        kv_cache[0].view(-1, num_kv_heads, head_dim)[slot_mapping[valid]] = k[valid]
+        kv_cache[1].view(-1, num_kv_heads, head_dim)[slot_mapping[valid]] = v[valid]
 
 
 def _check(qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,

@@ -37,8 +37,10 @@ def paged_attention_forward(
     scale: float,
     sliding_window: int | None = None,
     backend: str = "auto",
+    kv_written: bool = False,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
-    """Write this step's keys/values by ``slot_mapping``, then attend over the paged cache.
+    """Write this step's keys/values by ``slot_mapping`` (unless ``kv_written``: the fused RoPE
+    kernel of ``kernels/rotary.py`` wrote them already), then attend over the paged cache.
 
     Raises:
         ValueError: the metadata is not causal, or shapes/dtypes do not fit the cache.
@@ -48,11 +50,13 @@ def paged_attention_forward(
     md = attn_metadata
     out = torch.zeros_like(query)  # padding rows stay zero (never NaN garbage)
     if _use_triton(backend, query.device):
-        pa.reshape_and_cache(key, value, kv_cache, md.slot_mapping)
+        if not kv_written:
+            pa.reshape_and_cache(key, value, kv_cache, md.slot_mapping)
         pa.paged_attention(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,
                            md.max_query_len, scale, sliding_window, out=out)
     else:
-        pa.reshape_and_cache_ref(key, value, kv_cache, md.slot_mapping)
+        if not kv_written:
+            pa.reshape_and_cache_ref(key, value, kv_cache, md.slot_mapping)
         pa.paged_attention_ref(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,
                                md.max_query_len, scale, sliding_window, out=out)
     return out

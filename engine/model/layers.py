@@ -149,27 +149,33 @@ class RotaryEmbedding(nn.Module):
         num_kv_heads: int,
         q_norm: RMSNorm | None = None,  # Qwen3's per-head norms, applied before the rotation
         k_norm: RMSNorm | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # q [T, H, D], k [T, KVH, D], v [T, KVH, D]
+        kv_cache: torch.Tensor | None = None,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        slot_mapping: torch.Tensor | None = None,  # [T] int64, -1 = padding
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
         """Split the QKV output into heads, normalise q and k (when norms are given) and rotate
-        them. On CUDA one kernel does norms and rotation in place in ``qkv``
-        (``kernels/rotary.py``); elsewhere the torch ops of :meth:`forward`."""
+        them: ``(q [T, H, D], k [T, KVH, D], v [T, KVH, D], kv_written)``. On CUDA one kernel
+        does norms and rotation in place in ``qkv`` and, given ``kv_cache`` and
+        ``slot_mapping``, writes k and v to their slots too (``kv_written`` is then True and
+        attention must not write them again); elsewhere the torch ops of :meth:`forward`."""
         num_tokens, d = qkv.shape[0], self.head_dim
         if _fused(qkv) and qkv.stride(-1) == 1 and d & (d - 1) == 0:
             from kernels.rotary import qk_norm_rope
 
             weights = (q_norm.weight, k_norm.weight) if q_norm is not None and k_norm is not None else (None, None)
             eps = q_norm.eps if q_norm is not None else 1e-6
+            write = kv_cache is not None and slot_mapping is not None and kv_cache.numel() > 0
             qk_norm_rope(qkv, positions, self.cos_cache, self.sin_cache, num_heads, num_kv_heads,
-                         *weights, eps=eps)
+                         *weights, eps=eps, kv_cache=kv_cache if write else None,
+                         slot_mapping=slot_mapping if write else None)
             q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
             return (q.view(num_tokens, num_heads, d), k.view(num_tokens, num_kv_heads, d),
-                    v.view(num_tokens, num_kv_heads, d))
+                    v.view(num_tokens, num_kv_heads, d), write)
         q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
         q, k = q.view(num_tokens, num_heads, d), k.view(num_tokens, num_kv_heads, d)
         if q_norm is not None and k_norm is not None:
             q, k = q_norm(q), k_norm(k)
         q, k = self(positions, q, k)
-        return q, k, v.view(num_tokens, num_kv_heads, d)
+        return q, k, v.view(num_tokens, num_kv_heads, d), False
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

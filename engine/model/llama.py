@@ -53,10 +53,12 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, rotary: RotaryEmbedding,
                 kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = rotary.forward_qkv(positions, self.qkv_proj(hidden), self.num_heads,
-                                     self.num_kv_heads, self.q_norm, self.k_norm)
+        q, k, v, kv_written = rotary.forward_qkv(
+            positions, self.qkv_proj(hidden), self.num_heads, self.num_kv_heads, self.q_norm, self.k_norm,
+            kv_cache if self.backend != "torch" else None, attn_metadata.slot_mapping)
         out = paged_attention_forward(q, k, v, kv_cache, attn_metadata, scale=self.scale,
-                                      sliding_window=self.sliding_window, backend=self.backend)
+                                      sliding_window=self.sliding_window, backend=self.backend,
+                                      kv_written=kv_written)
         return self.o_proj(out.view(num_tokens, self.q_size))
 
 

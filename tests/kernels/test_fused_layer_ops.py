@@ -165,3 +165,47 @@ def test_qk_norm_rope_names_bad_arguments() -> None:
         qk_norm_rope(qkv, positions, *args, 4, 2, q_weight=torch.ones(32, device=DEVICE))
     with pytest.raises(ValueError, match="one entry per token"):
         qk_norm_rope(qkv, positions[:3], *args, 4, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 2), (6, 3)])
+def test_qk_norm_rope_writes_k_and_v_to_their_slots(dtype: torch.dtype, num_heads: int, num_kv_heads: int) -> None:
+    # The fused KV write: each token's rotated k and its v land where reshape_and_cache puts
+    # them; a slot of -1 (padding) writes nothing; q, k and v in qkv are as without the write.
+    from kernels.paged_attention import reshape_and_cache_ref
+    from kernels.rotary import qk_norm_rope, qk_norm_rope_ref
+
+    head_dim = 32
+    rotary, qkv, positions = _rotary_case(dtype, num_heads=num_heads, num_kv_heads=num_kv_heads, seed=11)
+    weights = (_randn(head_dim, dtype=dtype, seed=8), _randn(head_dim, dtype=dtype, seed=9))
+    slot_mapping = torch.tensor([5, 0, -1, 17, 30, 2], dtype=torch.int64, device=DEVICE)
+    tables = (rotary.cos_cache, rotary.sin_cache)
+    split = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+    for fn in (qk_norm_rope, qk_norm_rope_ref):
+        plain, fused = qkv.clone(), qkv.clone()
+        cache = torch.full((2, 4, 8, num_kv_heads, head_dim), 7.0, dtype=dtype, device=DEVICE)
+        fn(plain, positions, *tables, num_heads, num_kv_heads, *weights)
+        fn(fused, positions, *tables, num_heads, num_kv_heads, *weights, kv_cache=cache, slot_mapping=slot_mapping)
+        torch.testing.assert_close(fused, plain, atol=0, rtol=0)
+        want = torch.full_like(cache, 7.0)
+        _, k, v = plain.split(split, dim=-1)
+        reshape_and_cache_ref(k.reshape(6, num_kv_heads, head_dim), v.reshape(6, num_kv_heads, head_dim),
+                              want, slot_mapping)
+        torch.testing.assert_close(cache, want, atol=0, rtol=0)
+
+
+def test_qk_norm_rope_names_bad_cache_arguments() -> None:
+    from kernels.rotary import qk_norm_rope
+
+    rotary, qkv, positions = _rotary_case(torch.float32)
+    args = (rotary.cos_cache, rotary.sin_cache, 4, 2)
+    cache = torch.zeros(2, 4, 8, 2, 32, device=DEVICE)
+    slots = torch.zeros(6, dtype=torch.int64, device=DEVICE)
+    with pytest.raises(ValueError, match="give both kv_cache and slot_mapping"):
+        qk_norm_rope(qkv, positions, *args, kv_cache=cache)
+    with pytest.raises(ValueError, match="kv_cache must be a contiguous"):
+        qk_norm_rope(qkv, positions, *args, kv_cache=cache[:, :, :, :1], slot_mapping=slots)
+    with pytest.raises(ValueError, match="slot_mapping must be int64"):
+        qk_norm_rope(qkv, positions, *args, kv_cache=cache, slot_mapping=slots.int())
+    with pytest.raises(ValueError, match="slot_mapping must have one entry per token"):
+        qk_norm_rope(qkv, positions, *args, kv_cache=cache, slot_mapping=slots[:2])
