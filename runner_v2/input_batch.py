@@ -108,8 +108,13 @@ class BatchPlan:
     def padded(self, size: int, query_len: int = 1) -> BatchPlan:
         """The same step padded to ``size`` requests of ``query_len`` tokens (a CUDA-graph
         batch: decodes, or speculative decodes of ``1 + k`` tokens)."""
+        return self.padded_to(size, size * query_len)
+
+    def padded_to(self, num_reqs: int, num_tokens: int) -> BatchPlan:
+        """The same step padded to ``num_reqs`` requests and ``num_tokens`` tokens (a mixed
+        prefill + decode step replayed from a graph of that token count)."""
         return BatchPlan(self.req_ids, self.idx_mapping_np, self.num_scheduled_np, self.num_computed_np,
-                         self.query_start_loc_np, self.samples_np, size, size * query_len)
+                         self.query_start_loc_np, self.samples_np, num_reqs, num_tokens)
 
 
 @dataclass(frozen=True)

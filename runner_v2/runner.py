@@ -8,7 +8,8 @@ Each step, with no host synchronisation until the engine collects the result:
    (``idx_mapping``, ``num_scheduled_tokens``, logprob and prompt-logprob indices); one kernel
    applies the writes;
 3. Triton kernels build the inputs from the table (``runner_v2/input_batch.py``);
-4. the forward pass: a CUDA-graph replay for decode batches, else eager;
+4. the forward pass: a CUDA-graph replay for decode batches, and for mixed prefill + decode
+   steps padded to a captured token count (``engine/cuda_graphs.py``); eager otherwise;
 5. sampling, logprobs and prompt logprobs on the device (``runner_v2/sampler.py``);
 6. ``post_update`` appends the sampled ids to the table and advances its counters;
 7. the results go to the host on a side stream (``runner_v2/async_output.py``) while the engine
@@ -32,7 +33,7 @@ import torch
 
 from engine.capabilities import RunnerManifest, model_layer_architectures
 from engine.config import DEVICE_TYPES, SUPPORTED_SPECULATIVE_METHODS, EngineConfig
-from engine.cuda_graphs import DecodeGraphs, capture_sizes, graph_forward, set_dummy_inputs
+from engine.cuda_graphs import DecodeGraphs
 from engine.errors import UnsupportedOptionError
 from engine.model import DecoderModel
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -43,6 +44,7 @@ from kernels.post_update import post_update
 from runner_v2 import refusals, spec_decode
 from runner_v2.async_output import AsyncOutput, StepResults
 from runner_v2.draft_model import DraftModelProposer, DraftStep, load_draft_model
+from runner_v2.graphs import RunnerGraphs
 from runner_v2.input_batch import BatchPlan, InputBatch, InputBuffers, prepare_inputs
 from runner_v2.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
 from runner_v2.sampler import compute_logprobs, compute_prompt_logprobs, sample, sample_with_probs
@@ -85,10 +87,7 @@ class V2ModelRunner(RunnerBase):
         self.drafts_on_device = self.spec is not None
         self.draft: DraftModelProposer | None = None
         self.use_graphs = self.device.type == "cuda" and not config.enforce_eager
-        self.graphs = DecodeGraphs(capture_sizes(config.max_num_seqs) if self.use_graphs else [])
-        q = config.num_speculative_tokens + 1  # a speculative decode: its last token and k drafts
-        spec_sizes = capture_sizes(min(config.max_num_seqs, config.max_num_batched_tokens // q))
-        self.spec_graphs = DecodeGraphs(spec_sizes if self.use_graphs and self.spec else [], query_len=q)
+        self.graphs = RunnerGraphs(config, self.use_graphs, self.spec is not None)
         self.buffers = InputBuffers.allocate(
             max_num_seqs=config.max_num_seqs,
             max_num_tokens=max(config.max_num_batched_tokens, config.max_num_seqs),
@@ -100,6 +99,7 @@ class V2ModelRunner(RunnerBase):
                                       device=self.device).expand(config.max_num_seqs)
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.num_graph_steps = 0
+        self.num_mixed_graph_steps = 0  # of num_graph_steps: prefill chunks beside decodes
         self.num_eager_steps = 0
 
     # ---- set-up ------------------------------------------------------------------------
@@ -119,26 +119,9 @@ class V2ModelRunner(RunnerBase):
         super().initialize_kv_cache(num_blocks)
         if self.draft is not None:
             self.draft.allocate(num_blocks, self.dtype)
-        if self.has_inner_state:
-            # Models with Mamba layers run eagerly: a padded graph batch would have to point its
-            # padding rows at no state slot (left for later, docs/runner-v2.md).
-            self.graphs = DecodeGraphs([])
+        self.graphs.restrict_to(self.model, self.has_inner_state)
         if self.kv_caches and self.use_graphs:
-            with torch.inference_mode():
-                self._capture_graphs()
-
-    def _capture_graphs(self) -> None:
-        # The target's decode graphs (1 token, or 1 + k), and the draft's (1 and 2 tokens).
-        todo = [(g, self.model, self.buffers, self.kv_caches) for g in (self.graphs, self.spec_graphs) if g.sizes]
-        if self.draft is not None:
-            for q in (1, 2):
-                self.draft.graphs[q] = DecodeGraphs(capture_sizes(self.config.max_num_seqs), query_len=q)
-                todo.append((self.draft.graphs[q], self.draft.model, self.draft, self.draft.kv_caches))
-        lengths = {"max_model_len": self.config.max_model_len, "block_size": self.config.block_size}
-        for graphs, model, buffers, caches in todo:
-            q = graphs.query_len
-            graphs.capture(lambda size, b=buffers, q=q: set_dummy_inputs(b, size, q),
-                           lambda size, m=model, b=buffers, c=caches, q=q: graph_forward(m, b, c, size, q, **lengths))
+            self.graphs.capture(self.model, self.buffers, self.kv_caches, self.draft)
 
     def check_sampling_params(self, params: SamplingParams) -> None:
         super().check_sampling_params(params)
@@ -210,9 +193,10 @@ class V2ModelRunner(RunnerBase):
         )
         ks = np.where(plan.samples_np, states.num_logprobs_np[rows], -1)  # a partial prefill has none
         lp_idx = np.flatnonzero(ks >= 0)
-        graph_size = self._graph_size(plan, prompt_plan, sp)
-        if graph_size is not None:
-            plan = plan.padded(graph_size, plan.max_query_len)
+        graph = self.graphs.choose(plan, prompt_plan is not None,
+                                   sp.uniform if sp is not None and sp.max_spec > 0 else None)
+        if graph is not None:
+            plan = self.graphs.pad(plan, graph)
         prompt = None if prompt_plan is None else (
             prompt_plan.hidden_rows, prompt_plan.target_flat, prompt_plan.num_logprobs)
         dev = upload_step(self.device, rows=rows, num_scheduled=num_sched, logprob_positions=lp_idx,
@@ -226,7 +210,7 @@ class V2ModelRunner(RunnerBase):
         if sp is not None and sp.max_spec > 0:
             assert dev.spec is not None and proposal is not None  # drafts are scheduled for decodes only
             rows_scored = dev.spec.logits_indices
-        hidden, logits = self._forward(batch, graph_size, rows_scored)
+        hidden, logits = self._forward(batch, graph, rows_scored)
         if sp is not None and proposal is not None:
             results = self._verify(batch, logits, sp, dev, proposal, ks)
         else:
@@ -245,15 +229,6 @@ class V2ModelRunner(RunnerBase):
         states.num_tokens_np[rows[plan.samples_np]] += 1 + drafts
         return AsyncOutput(results, self.copy_stream)
 
-    def _graph_size(self, plan: BatchPlan, prompt_plan: PromptLogprobsPlan | None,
-                    sp: spec_decode.SpecStepPlan | None) -> int | None:
-        # A CUDA graph for decode steps: one token per request, or 1 + k with k drafts each.
-        if prompt_plan is not None:
-            return None
-        if sp is not None and sp.max_spec > 0:
-            return self.spec_graphs.padded_size(plan.num_reqs) if sp.uniform else None
-        return self.graphs.padded_size(plan.num_reqs) if plan.max_query_len == 1 else None
-
     def _prepare(self, plan: BatchPlan, idx_mapping: torch.Tensor, num_scheduled: torch.Tensor) -> InputBatch:
         states = self.states
         prefill_len = states.col(Col.PREFILL_LEN) if self.spec is None else self._from_table
@@ -265,18 +240,21 @@ class V2ModelRunner(RunnerBase):
             max_model_len=self.config.max_model_len,
         )
 
-    def _forward(self, batch: InputBatch, graph_size: int | None, rows: torch.Tensor | None
+    def _forward(self, batch: InputBatch, graph: tuple[DecodeGraphs, int] | None, rows: torch.Tensor | None
                  ) -> tuple[torch.Tensor | None, torch.Tensor]:
         # The logits of `rows` (the step's tokens; default: each request's last).
         model = self.model
         assert isinstance(model, DecoderModel)
         n = batch.plan.num_reqs
-        if graph_size is not None:
+        if graph is not None:
+            graphs, size = graph
             self.num_graph_steps += 1
-            if rows is not None:  # 1 + k tokens per request, hidden rows in step order
-                return None, model.compute_logits(self.spec_graphs.replay(graph_size).index_select(0, rows))
-            # A decode batch: one token per request, so hidden row i is request i's.
-            return None, model.compute_logits(self.graphs.replay(graph_size)[:n])
+            hidden = graphs.replay(size)
+            self.num_mixed_graph_steps += graphs is self.graphs.mixed
+            if graphs is self.graphs.decode:  # one token per request, so hidden row i is request i's
+                return None, model.compute_logits(hidden[:n])
+            # 1 + k tokens per request (rows in step order), or a mixed step's last tokens
+            return None, model.compute_logits(hidden.index_select(0, batch.logits_indices if rows is None else rows))
         self.num_eager_steps += 1
         md = batch.attn_metadata
         if self.has_inner_state:  # a request's state slot is its table row (rows never move)

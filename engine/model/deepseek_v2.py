@@ -65,6 +65,10 @@ class DeepseekV2ForCausalLM(DecoderModel):
     """DeepSeek-V2 (and V2-Lite) over a paged latent cache; the interface of
     :class:`DecoderModel`."""
 
+    #: MLA attention sizes its grid by the step's longest query (kernels/mla_attention.py):
+    #: a graph captured for a token count would launch every query tile of it.
+    MIXED_STEP_GRAPHS: ClassVar[bool] = False
+
     fused_params: ClassVar[dict[str, tuple[str, ...]]] = FUSED_PARAMS
 
     @classmethod

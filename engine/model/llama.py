@@ -138,6 +138,10 @@ class DecoderModel(nn.Module):
 
     #: fused parameter name part -> the HF name parts concatenated (dim 0) into it, in order
     fused_params: ClassVar[dict[str, tuple[str, ...]]] = FUSED_PARAMS
+    #: runner_v2 may replay mixed prefill + decode steps from graphs captured per token count:
+    #: every launch of the forward is sized by host ints a padded step keeps (token and request
+    #: counts), never by the step's own query lengths.
+    MIXED_STEP_GRAPHS: ClassVar[bool] = True
 
     def __init__(self, config: ModelConfig, attn_backend: str = "auto") -> None:
         super().__init__()

@@ -161,11 +161,11 @@ def test_v2_decode_padding_slots_are_minus_one(shape_dirs: dict[str, Path]) -> N
     prompts = prompts_for(cfg["vocab_size"], [10, 20, 30], seed=4)
     for i, prompt in enumerate(prompts):
         core.add_request(f"r{i}", prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    core.step()  # prefill (eager), launched
+    core.step()  # prefill of 60 tokens: replayed from the mixed graph of 64 tokens
     core.step()  # first decode of 3 requests: replayed at the captured size 4
     torch.cuda.synchronize()
     buffers = core.runner.buffers
-    assert core.runner.num_graph_steps == 1
+    assert core.runner.num_graph_steps == 2 and core.runner.num_mixed_graph_steps == 1
     assert buffers.slot_mapping[3].item() == -1 and buffers.seq_lens[3].item() == 0
     assert (buffers.slot_mapping[:3] >= 0).all()
     assert buffers.query_start_loc[:5].tolist() == [0, 1, 2, 3, 3]
