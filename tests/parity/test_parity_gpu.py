@@ -80,10 +80,12 @@ def test_fp32_greedy_equal_hf_on_both_runners(shape: str, shape_dirs: dict[str, 
                                pad_token_id=0)[0, len(prompt):].tolist()
         for name, reqs in got.items():
             assert reqs[i].output_token_ids == want, f"{shape}/{name}/r{i}"
+    # float32 rounding of GEMMs run at other row counts (V2 replays prefill chunks from graphs
+    # of padded token counts): logprobs near -100 of the unlikely top-k differ by ~16 ulps.
     for i in range(len(prompts)):
         lp = {n: np.concatenate([c.logprobs for c in reqs[i].logprobs]) for n, reqs in got.items()}
-        np.testing.assert_allclose(lp["v2"], lp["v1"], atol=1e-4)
-        np.testing.assert_allclose(lp["v2-eager"], lp["v1"], atol=1e-4)
+        np.testing.assert_allclose(lp["v2"], lp["v1"], atol=1e-4, rtol=1e-5)
+        np.testing.assert_allclose(lp["v2-eager"], lp["v1"], atol=1e-4, rtol=1e-5)
     del hf
     free()
 
