@@ -46,6 +46,7 @@ from runner_v2.async_output import AsyncOutput, StepResults
 from runner_v2.draft_model import DraftModelProposer, DraftStep, load_draft_model
 from runner_v2.graphs import RunnerGraphs
 from runner_v2.input_batch import BatchPlan, InputBatch, InputBuffers, prepare_inputs
+from runner_v2.memory_profile import kv_budget_after_profile, profile_peak_bytes
 from runner_v2.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
 from runner_v2.sampler import compute_logprobs, compute_prompt_logprobs, sample, sample_with_probs
 from runner_v2.states import Col, RequestInfo, RequestStates
@@ -69,7 +70,8 @@ class V2ModelRunner(RunnerBase):
 
     #: The engine plans step N+1 before it collects step N (engine/core.py).
     async_scheduling = True
-    # 80% of the free GPU memory: leaves room for the graph pool and the sampler's scratch.
+    # Without a profile (models with recurrent state): 80% of the free GPU memory, room for the
+    # graph pool and the sampler's scratch.
     gpu_kv_fraction = 0.8
     cpu_kv_bytes = 4 << 30
 
@@ -100,6 +102,7 @@ class V2ModelRunner(RunnerBase):
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.num_graph_steps = 0
         self.num_mixed_graph_steps = 0  # of num_graph_steps: prefill chunks beside decodes
+        self.profiled_peak_bytes: int | None = None  # the largest step's activations (CUDA)
         self.num_eager_steps = 0
 
     # ---- set-up ------------------------------------------------------------------------
@@ -114,6 +117,16 @@ class V2ModelRunner(RunnerBase):
         # A block holds the target's and the draft's KV of the same positions.
         draft = self.draft.block_bytes(self.dtype) if self.draft is not None else 0
         return super().kv_cache_block_bytes() + draft
+
+    def available_kv_cache_bytes(self) -> int:
+        # Profile the largest step first (runner_v2/memory_profile.py), as MRV2 does.
+        model = self.model
+        if self.device.type != "cuda" or self.is_pooling or self.has_inner_state or self.draft is not None:
+            return super().available_kv_cache_bytes()
+        self.graphs.restrict_to(model, self.has_inner_state)
+        self.profiled_peak_bytes = profile_peak_bytes(model, self.buffers, self.config, self.dtype, self.device)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return kv_budget_after_profile(free, self.profiled_peak_bytes, bool(self.graphs.mixed.sizes))
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         super().initialize_kv_cache(num_blocks)

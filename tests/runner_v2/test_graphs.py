@@ -115,3 +115,18 @@ def test_dummy_mixed_inputs_run_a_real_forward(num_reqs: int, num_tokens: int) -
                                  max_model_len=128, block_size=runner.config.block_size)
     assert hidden.shape[0] == num_tokens and torch.isfinite(hidden).all()
     assert all(torch.equal(a, b) for a, b in zip(before, runner.kv_caches, strict=True))
+
+
+def test_memory_profile_runs_the_largest_step_and_sets_its_peak_aside() -> None:
+    from runner_v2.memory_profile import kv_budget_after_profile, profile_peak_bytes
+
+    core = build_engine_core(engine_config_for(_model_dir(), max_model_len=128, max_num_seqs=16,
+                                               max_num_batched_tokens=512, num_kv_blocks=64), "v2")
+    runner = core.runner
+    before = [c.clone() for c in runner.kv_caches]
+    # On the CPU the profile runs (a check that the largest step's forward works) but measures nothing.
+    assert profile_peak_bytes(runner.model, runner.buffers, runner.config, runner.dtype, runner.device) == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, runner.kv_caches, strict=True))
+    assert kv_budget_after_profile(10_000, 1_000, graph_pool=False) == 8_100
+    assert kv_budget_after_profile(10_000, 1_000, graph_pool=True) == 7_200
+    assert kv_budget_after_profile(1_000, 1_000, graph_pool=True) == 0

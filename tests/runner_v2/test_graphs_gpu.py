@@ -58,3 +58,16 @@ def test_mixed_steps_replay_graphs_and_equal_eager(dtype: str, tmp_path: Path) -
         want_tokens, want_lp = eager[req_id]
         assert tokens == want_tokens, req_id
         assert logprobs == pytest.approx(want_lp, abs=1e-5 if dtype == "float32" else 2e-2), req_id
+
+
+def test_kv_cache_is_sized_after_profiling_the_largest_step(tmp_path: Path) -> None:
+    write_random_weights(TINY_DECODER_CONFIGS["qwen3"], tmp_path, dtype=torch.float32, seed=5)
+    small = build_engine_core(engine_config_for(tmp_path, device="cuda", dtype="bfloat16", max_model_len=128,
+                                                max_num_seqs=8, max_num_batched_tokens=64), "v2")
+    assert small.runner.profiled_peak_bytes > 0
+    peak_small = small.runner.profiled_peak_bytes
+    del small
+    torch.cuda.empty_cache()
+    large = build_engine_core(engine_config_for(tmp_path, device="cuda", dtype="bfloat16", max_model_len=128,
+                                                max_num_seqs=8, max_num_batched_tokens=4096), "v2")
+    assert large.runner.profiled_peak_bytes > peak_small  # activations grow with the step's tokens
