@@ -108,7 +108,8 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
         core.add_request(f"warm{i}", prompt, warm)
     core.run_until_done()
     steps_before = core.num_steps
-    runner_v2_counts = (getattr(core.runner, "num_graph_steps", 0), getattr(core.runner, "num_eager_steps", 0))
+    runner_v2_counts = (getattr(core.runner, "num_graph_steps", 0), getattr(core.runner, "num_eager_steps", 0),
+                        getattr(core.runner, "num_mixed_graph_steps", 0))
     _sync(device)
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
@@ -122,6 +123,8 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
     if hasattr(core.runner, "num_graph_steps"):  # runner_v2: decode steps replayed as graphs
         result["cuda_graph_steps"] = core.runner.num_graph_steps - runner_v2_counts[0]
         result["eager_steps"] = core.runner.num_eager_steps - runner_v2_counts[1]
+    if hasattr(core.runner, "num_mixed_graph_steps"):  # of those, prefill chunks beside decodes
+        result["mixed_graph_steps"] = core.runner.num_mixed_graph_steps - runner_v2_counts[2]
     del core, done
     _free(device)
     return result

@@ -1,0 +1,72 @@
+"""Draw the throughput benchmark's result as a bar chart of output tokens/s per contender, with
+the bandwidth floor as a line (docs/images/throughput.png in docs/benchmarks.md).
+
+Usage: .venv/bin/python scripts/plot_throughput.py THROUGHPUT_JSON [OUT_PNG]
+THROUGHPUT_JSON is the last line `benchmarks/throughput.py` prints (a file holding that line, or
+the whole log: the last line that parses as JSON is taken). Needs the `plots` extra
+(`pip install -e '.[plots]'`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+LABELS = {
+    "runner_v2": "runner_v2", "runner_v2-unfused": "runner_v2, unfused ops", "runner_v1": "runner_v1 (decode graphs)",
+    "hf_generate_compiled": "HF generate, compiled", "hf_generate": "HF generate, eager",
+}
+
+
+def load_summary(path: Path) -> dict:
+    """The last line of ``path`` that parses as a JSON object.
+
+    Raises:
+        SystemExit: no line of ``path`` is a JSON object.
+    """
+    for line in reversed(path.read_text().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                continue
+    raise SystemExit(f"{path}: no line is a JSON object (give the last line benchmarks/throughput.py prints)")
+
+
+def plot(summary: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = {k: v for k, v in summary["results"].items() if "output_tokens_per_s" in v}
+    names = sorted(results, key=lambda k: results[k]["output_tokens_per_s"])
+    speeds = [results[k]["output_tokens_per_s"] for k in names]
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(names) + 1.6))
+    bars = ax.barh([LABELS.get(n, n) for n in names], speeds, color="#3b6ea8")
+    ax.bar_label(bars, labels=[f"{s:,.0f}" for s in speeds], padding=4)
+    floor = summary.get("bandwidth_floor", {}).get("output_tokens_per_s")
+    if floor:
+        ax.axvline(floor, color="#b03a2e", linestyle="--", linewidth=1)
+        ax.text(floor, len(names) - 0.5, f" bandwidth floor {floor:,.0f}", color="#b03a2e", va="center")
+    ax.set_xlabel("output tokens/s")
+    ax.set_xlim(0, max([*speeds, floor or 0]) * 1.25)
+    ax.set_title(f"{summary.get('model', '')}, {summary.get('num_prompts')} prompts x "
+                 f"{summary.get('output_len')} tokens, {summary.get('device', '')}", fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+
+
+def main(argv: list[str]) -> None:
+    if not argv or len(argv) > 2:
+        raise SystemExit(__doc__)
+    out = Path(argv[1]) if len(argv) == 2 else Path("docs/images/throughput.png")
+    plot(load_summary(Path(argv[0])), out)
+    print(out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
