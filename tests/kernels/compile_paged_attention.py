@@ -26,9 +26,9 @@ def _launch_all() -> None:
     from kernels.paged_attention import paged_attention, reshape_and_cache
 
     # (dtype, layout, [(q_lens, sliding_window)]): the real bf16 layouts in decode and prefill
-    # tiles, float32 (IEEE dots) and a sliding window once each.
+    # tiles (a prefill step launches both), float32 (IEEE dots) and a sliding window on both.
     decode, prefill = ([1, 1], None), ([300, 1], None)
-    variants = [(torch.bfloat16, (16, 8, 128), [decode, prefill, ([7, 1], 6)]),
+    variants = [(torch.bfloat16, (16, 8, 128), [decode, prefill, ([7, 1], 6), ([300, 1], 6)]),
                 (torch.bfloat16, (32, 8, 128), [decode, prefill]),
                 (torch.bfloat16, (9, 3, 64), [decode, prefill]),
                 (torch.float32, (4, 2, 16), [decode, prefill])]
