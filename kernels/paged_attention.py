@@ -28,10 +28,10 @@ which run without mask arithmetic, and the diagonal (and window-edge) tiles, whi
 causal/window mask. Each key's physical slot is looked up per key, so any ``block_size`` works.
 
 A step runs as up to two launches of the same kernel (:class:`AttentionTiles`): requests of at
-most ``decode_tiles``' ``BLOCK_Q`` queries (decodes, short speculative runs) on small tiles,
-longer ones (prefill chunks) on large FlashAttention-2 tiles. Each launch's programs skip the
-requests of the other, so both grids stay graph-friendly. Split-KV decoding for few requests
-with long contexts is ``kernels.paged_attention_split``.
+most ``decode_tiles``' ``BLOCK_Q`` queries (decodes, short speculative runs) on small tiles, one
+program per (request, kv head), no search; longer ones (prefill chunks) on FlashAttention-2
+tiles over the flattened grid. Each launch skips the other's requests, so both grids stay
+graph-friendly. Split-KV decoding is ``kernels.paged_attention_split``.
 
 ``reshape_and_cache`` writes the step's keys/values to their slots (``slot_mapping``; ``-1``
 marks padding and is skipped), vLLM's op of the same name.
@@ -92,15 +92,22 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    REQUEST_PER_PROGRAM: tl.constexpr,  # grid (num_reqs, kv heads), else the flattened q blocks
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" keeps float32 exact; "tf32" is the default otherwise
 ):
-    q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
-    req = _find_request(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + req)
-    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
-    first = (q_block - q_start // BLOCK_Q - req) * BLOCK_Q  # first query of the tile
+    if REQUEST_PER_PROGRAM:  # every request served fits one q tile: program i is request i
+        req = tl.program_id(0)
+        q_start = tl.load(query_start_loc_ptr + req)
+        q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+        first = q_len * 0
+    else:
+        q_block = tl.program_id(0)
+        req = _find_request(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q)
+        q_start = tl.load(query_start_loc_ptr + req)
+        q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+        first = (q_block - q_start // BLOCK_Q - req) * BLOCK_Q  # first query of the tile
     if (first >= q_len) | (q_len < min_q_len) | (q_len > max_q_len):
         return  # past the request's queries, or served by the other launch
     context_len = tl.load(seq_lens_ptr + req) - q_len
@@ -181,7 +188,7 @@ def paged_attention(
     args = (out, query, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, scale,
             sliding_window)
     if max_query_len <= short_q:
-        _launch(*args, decode, 0, _INT32_MAX)
+        _launch(*args, decode, 0, short_q)
     elif split_short_queries:
         _launch(*args, decode, 0, short_q)
         _launch(*args, prefill, short_q + 1, _INT32_MAX)
@@ -198,8 +205,11 @@ def _launch(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
     num_reqs, num_kv_heads = seq_lens.shape[0], kv_cache.shape[3]
     group = num_heads // num_kv_heads
     block_q, block_m = tile_rows(tiles, group, max_query_len)
+    # Requests of at most BLOCK_Q queries need one program each, no search: a decode launch
+    # (or the short-request half of a mixed step) has num_reqs programs per kv head.
+    per_request = max_q_len <= block_q
     key_cache, value_cache = kv_cache[0], kv_cache[1]
-    grid = (num_tokens // block_q + num_reqs, num_kv_heads)
+    grid = (num_reqs if per_request else num_tokens // block_q + num_reqs, num_kv_heads)
     _paged_attention_kernel[grid](
         out, query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
         scale * _LOG2E, sliding_window or 0, num_reqs, min_q_len, max_q_len,
@@ -207,7 +217,7 @@ def _launch(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         NUM_QUERIES_PER_KV=group, GROUP_P=triton.next_power_of_2(group), HEAD_DIM=head_dim,
         HEAD_DIM_P=head_dim_padded(head_dim), KV_BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=tiles.block_n,
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=tiles.block_n, REQUEST_PER_PROGRAM=per_request,
         USE_WINDOW=bool(sliding_window), DOT_PRECISION=dot_precision(query.dtype),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
