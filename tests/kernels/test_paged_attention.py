@@ -283,3 +283,45 @@ def test_reshape_and_cache_gpu_bf16() -> None:
     reshape_and_cache_ref(key, value, want, slots)
     reshape_and_cache(key, value, cache, slots)
     assert torch.equal(cache, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefill", [(8, 512), (2, 4096)])
+def test_prefill_from_empty_bf16_gpu(prefill: tuple[int, int]) -> None:
+    num_reqs, q_len = prefill
+    b = make_batch([q_len] * num_reqs, [0] * num_reqs, num_heads=16, num_kv_heads=8,
+                   head_dim=128, block_size=16, dtype=torch.bfloat16, device="cuda")
+    torch.testing.assert_close(paged_attention(**b).float(), paged_attention_ref(**b).float(),  # type: ignore[arg-type]
+                               atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_graph_of_a_padded_mixed_step_replays_other_lengths_gpu() -> None:
+    # Captured once for 8 request slots and 640 token rows (max_query_len 300), replayed for two
+    # steps of different splits, each padded with empty requests (seq_len 0) and rows.
+    num_slots, num_rows, width = 8, 640, 64
+    steps = [([300, 1, 1, 77, 1], [0, 500, 20, 130, 999]), ([1] * 6 + [250], [7] * 6 + [40])]
+    kv = torch.randn(2, num_slots * width, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+    qsl = torch.zeros(num_slots + 1, dtype=torch.int32, device="cuda")
+    seq_lens = torch.zeros(num_slots, dtype=torch.int32, device="cuda")
+    table = torch.randperm(num_slots * width, device="cuda").view(num_slots, width).int()
+    query = torch.randn(num_rows, 16, 128, device="cuda", dtype=torch.bfloat16)
+    out = torch.zeros_like(query)
+    args = (query, kv, qsl, seq_lens, table, 300, 128 ** -0.5)
+    paged_attention(*args, out=out)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_attention(*args, out=out)
+    for q_lens, ctx in steps:
+        n = len(q_lens)
+        cum = torch.tensor([0, *q_lens]).cumsum(0)
+        qsl.copy_(torch.cat([cum, cum[-1].repeat(num_slots - n)]).int())
+        seq_lens.copy_(torch.tensor([c + q for c, q in zip(ctx, q_lens, strict=True)]
+                                    + [0] * (num_slots - n), dtype=torch.int32))
+        out.fill_(7.0)
+        graph.replay()
+        num_real = int(cum[-1])
+        want = paged_attention_ref(*args)
+        torch.testing.assert_close(out[:num_real].float(), want[:num_real].float(),
+                                   atol=2e-2, rtol=2e-2)
+        assert (out[num_real:] == 7.0).all()
