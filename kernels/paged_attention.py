@@ -103,7 +103,9 @@ def _paged_attention_kernel(
         q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
         first = q_len * 0
     else:
-        q_block = tl.program_id(0)
+        # Last q blocks first: a request's later blocks see more keys (causal), so the longest
+        # programs start early and the short ones fill the tail of the wave.
+        q_block = tl.num_programs(0) - 1 - tl.program_id(0)
         req = _find_request(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q)
         q_start = tl.load(query_start_loc_ptr + req)
         q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
