@@ -1,4 +1,4 @@
-"""Paged attention over a block-table KV cache: varlen prefill + decode in one launch, with GQA.
+"""Paged attention over a block-table KV cache: varlen prefill + decode, GQA, CUDA-graph grids.
 
 Layout (one tensor per layer, DESIGN §5.2 / docs/model-layer.md):
 ``kv_cache[0]`` keys and ``kv_cache[1]`` values, each ``[num_blocks, block_size, num_kv_heads,
@@ -9,12 +9,29 @@ sits at position ``seq_lens[i] - q_len + t`` and attends causally to keys ``0..p
 (and only to the last ``sliding_window`` of them when one is given: keys ``n`` with
 ``position - n < sliding_window``, as HF's sliding-window mask).
 
-The kernel is one program per (request, kv head, tile of ``BLOCK_Q`` queries); the rows of a
-tile are ``BLOCK_Q`` queries times the ``num_queries_per_kv`` query heads that share the kv head,
-so a decode step still fills a tensor-core tile (the GQA packing of vLLM's
-``kernel_unified_attention_2d``, vLLM PR #21197). It streams the keys ``BLOCK_N`` at a time with
-an online softmax (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022). Each key's
-physical slot is looked up per key, so any ``block_size`` works.
+**Grid.** One program per (q block, kv head). The q blocks are numbered over the whole step:
+request ``i`` owns blocks ``query_start_loc[i] // BLOCK_Q + i`` onwards, so
+``num_tokens // BLOCK_Q + num_reqs`` blocks cover any batch of ``num_tokens`` rows and
+``num_reqs`` requests, whatever their split (vLLM's ``kernel_unified_attention_2d``,
+``find_seq_idx``). Each program finds its request by binary search over ``query_start_loc`` and
+returns at once when its block lies past the request's queries. The grid depends on two host
+ints that are fixed for a padded CUDA-graph batch, never on the step's query lengths; padding
+requests (empty queries, ``seq_lens`` 0) cost one early-returning program each.
+
+**Tiles.** A tile's ``BLOCK_M`` rows are ``BLOCK_Q`` queries times the ``num_queries_per_kv``
+query heads that share the kv head (padded to a power of two), so K/V are read once per kv
+head and even a decode step fills a tensor-core tile (vLLM PR #21197). Keys stream ``BLOCK_N``
+at a time (tiles aligned to multiples of ``BLOCK_N``) with an online softmax in float32, exp2
+(Milakov & Gimelshein 2018; FlashAttention-2, Dao 2023). The key tiles of a q tile split into
+the ones every query of the tile sees whole (before its first query, inside every window),
+which run without mask arithmetic, and the diagonal (and window-edge) tiles, which apply the
+causal/window mask. Each key's physical slot is looked up per key, so any ``block_size`` works.
+
+A step runs as up to two launches of the same kernel (:class:`AttentionTiles`): requests of at
+most ``decode_tiles``' ``BLOCK_Q`` queries (decodes, short speculative runs) on small tiles, one
+program per (request, kv head), no search; longer ones (prefill chunks) on FlashAttention-2
+tiles over the flattened grid. Each launch skips the other's requests, so both grids stay
+graph-friendly. Split-KV decoding is ``kernels.paged_attention_split``.
 
 ``reshape_and_cache`` writes the step's keys/values to their slots (``slot_mapping``; ``-1``
 marks padding and is skipped), vLLM's op of the same name.
@@ -27,9 +44,22 @@ import math
 import torch
 
 from kernels._checks import check_at_least, check_dtypes, check_flat, check_vector
+from kernels._paged_tiles import (
+    AttentionTiles,
+    _attend_tiles,
+    _find_request,
+    _key_tile_ranges,
+    _load_query_tile,
+    default_decode_tiles,
+    default_prefill_tiles,
+    dot_precision,
+    head_dim_padded,
+    tile_rows,
+)
 from kernels._triton import require_triton, tl, triton
 
 _LOG2E = 1.4426950408889634
+_INT32_MAX = 2**31 - 1
 
 
 @triton.jit
@@ -43,6 +73,9 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     scale_log2,  # softmax scale * log2(e): the kernel exponentiates with exp2
     sliding_window,
+    num_reqs,
+    min_q_len,  # this launch serves the requests with min_q_len <= q_len <= max_q_len
+    max_q_len,
     q_stride_t,
     q_stride_h,
     out_stride_t,
@@ -59,68 +92,60 @@ def _paged_attention_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    REQUEST_PER_PROGRAM: tl.constexpr,  # grid (num_reqs, kv heads), else the flattened q blocks
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" keeps float32 exact; "tf32" is the default otherwise
 ):
-    req = tl.program_id(0)
     kv_head = tl.program_id(1)
-    q_tile = tl.program_id(2)
-    q_start = tl.load(query_start_loc_ptr + req)
-    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
-    if q_tile * BLOCK_Q >= q_len:  # the grid is sized by the longest query of the step
-        return
-    seq_len = tl.load(seq_lens_ptr + req)
-    context_len = seq_len - q_len
-
-    rows = tl.arange(0, BLOCK_M)
-    tok = q_tile * BLOCK_Q + rows // GROUP_P  # query index inside the request
-    head = kv_head * NUM_QUERIES_PER_KV + rows % GROUP_P
-    row_mask = (tok < q_len) & (rows % GROUP_P < NUM_QUERIES_PER_KV)
-    dim = tl.arange(0, HEAD_DIM_P)
-    dim_mask = dim < HEAD_DIM
-    q_rows = (q_start + tok).to(tl.int64)
-    q = tl.load(
-        q_ptr + q_rows[:, None] * q_stride_t + head[:, None] * q_stride_h + dim[None, :],
-        mask=row_mask[:, None] & dim_mask[None, :],
-        other=0.0,
-    )
+    if REQUEST_PER_PROGRAM:  # every request served fits one q tile: program i is request i
+        req = tl.program_id(0)
+        q_start = tl.load(query_start_loc_ptr + req)
+        q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+        first = q_len * 0
+    else:
+        # Last q blocks first: a request's later blocks see more keys (causal), so the longest
+        # programs start early and the short ones fill the tail of the wave.
+        q_block = tl.num_programs(0) - 1 - tl.program_id(0)
+        req = _find_request(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q)
+        q_start = tl.load(query_start_loc_ptr + req)
+        q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+        first = (q_block - q_start // BLOCK_Q - req) * BLOCK_Q  # first query of the tile
+    if (first >= q_len) | (q_len < min_q_len) | (q_len > max_q_len):
+        return  # past the request's queries, or served by the other launch
+    context_len = tl.load(seq_lens_ptr + req) - q_len
+    q, tok, head, q_rows, row_mask = _load_query_tile(
+        q_ptr, q_start, first, q_len, kv_head, q_stride_t, q_stride_h,
+        NUM_QUERIES_PER_KV, GROUP_P, HEAD_DIM, HEAD_DIM_P, BLOCK_M)
     q_pos = context_len + tok
+    first_pos = context_len + first
+    last_pos = context_len + tl.minimum(first + BLOCK_Q, q_len) - 1
+    lo, mid_lo, mid_hi, hi = _key_tile_ranges(first_pos, last_pos, sliding_window, USE_WINDOW,
+                                              BLOCK_N)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_P], dtype=tl.float32)
-    kv_end = context_len + tl.minimum(q_tile * BLOCK_Q + BLOCK_Q, q_len)
-    kv_start = 0
-    if USE_WINDOW:  # keys older than every query's window are never read
-        kv_start = tl.maximum(context_len + q_tile * BLOCK_Q - sliding_window + 1, 0)
     bt_row = block_table_ptr + req.to(tl.int64) * block_table_stride
-    for start in range(kv_start, kv_end, BLOCK_N):
-        n = start + tl.arange(0, BLOCK_N)
-        n_mask = n < kv_end
-        block = tl.load(bt_row + n // KV_BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        slot_off = (block * cache_stride_block + (n % KV_BLOCK_SIZE) * cache_stride_slot
-                    + kv_head * cache_stride_head)
-        kv_mask = n_mask[None, :] & dim_mask[:, None]
-        k = tl.load(k_cache_ptr + slot_off[None, :] + dim[:, None], mask=kv_mask, other=0.0)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
-        allowed = n_mask[None, :] & (n[None, :] <= q_pos[:, None])
-        if USE_WINDOW:
-            allowed = allowed & (q_pos[:, None] - n[None, :] < sliding_window)
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + slot_off[:, None] + dim[None, :],
-                    mask=n_mask[:, None] & dim_mask[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    head_off = kv_head * cache_stride_head
+    kv_end = last_pos + 1
+    acc, m_i, l_i = _attend_tiles(
+        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, head_off, lo, mid_lo, kv_end,
+        sliding_window, scale_log2, cache_stride_block, cache_stride_slot,
+        HEAD_DIM, HEAD_DIM_P, KV_BLOCK_SIZE, BLOCK_N, True, USE_WINDOW, DOT_PRECISION)
+    acc, m_i, l_i = _attend_tiles(
+        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, head_off, mid_lo, mid_hi,
+        kv_end, sliding_window, scale_log2, cache_stride_block, cache_stride_slot,
+        HEAD_DIM, HEAD_DIM_P, KV_BLOCK_SIZE, BLOCK_N, False, USE_WINDOW, DOT_PRECISION)
+    acc, m_i, l_i = _attend_tiles(
+        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, head_off, mid_hi, hi, kv_end,
+        sliding_window, scale_log2, cache_stride_block, cache_stride_slot,
+        HEAD_DIM, HEAD_DIM_P, KV_BLOCK_SIZE, BLOCK_N, True, USE_WINDOW, DOT_PRECISION)
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    dim = tl.arange(0, HEAD_DIM_P)
     tl.store(
         out_ptr + q_rows[:, None] * out_stride_t + head[:, None] * out_stride_h + dim[None, :],
         acc.to(out_ptr.dtype.element_ty),
-        mask=row_mask[:, None] & dim_mask[None, :],
+        mask=row_mask[:, None] & (dim < HEAD_DIM)[None, :],
     )
 
 
@@ -130,14 +155,24 @@ def paged_attention(
     query_start_loc: torch.Tensor,  # [num_reqs + 1] int32
     seq_lens: torch.Tensor,  # [num_reqs] int32, keys per request after this step
     block_table: torch.Tensor,  # [num_reqs, max_num_blocks_per_req] int32
-    max_query_len: int,  # host int: sizes the grid (no device sync)
+    max_query_len: int,  # host int >= the longest query: picks tiles (no device sync)
     scale: float,  # softmax scale, usually head_dim ** -0.5
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim], written in place
+    *,
+    decode_tiles: AttentionTiles | None = None,  # default: default_decode_tiles(...)
+    prefill_tiles: AttentionTiles | None = None,  # default: default_prefill_tiles(...)
+    split_short_queries: bool = True,  # mixed steps: short requests on decode tiles
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query's dtype
     """Causal paged attention for a packed varlen batch (Triton). See the module docstring.
 
-    Rows of ``out`` past ``query_start_loc[-1]`` (CUDA-graph padding) are not written.
+    When ``max_query_len`` fits one decode tile (``BLOCK_Q`` of ``decode_tiles``) one launch
+    on decode tiles serves the step; otherwise requests of up to that many queries run on
+    decode tiles and the others on ``prefill_tiles`` (two launches; with
+    ``split_short_queries=False`` one launch on prefill tiles). Grids depend only on
+    ``num_tokens``, ``num_reqs`` and the tiles, so a CUDA graph replays for any lengths whose
+    longest query is at most the captured ``max_query_len``. Rows of ``out`` past
+    ``query_start_loc[-1]`` (CUDA-graph padding) are not written.
 
     Raises:
         TritonUnavailableError: Triton is not installed.
@@ -148,27 +183,46 @@ def paged_attention(
     num_reqs = seq_lens.shape[0]
     if num_reqs == 0 or max_query_len == 0:
         return out
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads, kv_block_size = kv_cache.shape[3], kv_cache.shape[2]
+    head_dim, group = query.shape[2], query.shape[1] // kv_cache.shape[3]
+    decode = decode_tiles or default_decode_tiles(query.dtype, head_dim)
+    prefill = prefill_tiles or default_prefill_tiles(query.dtype, head_dim)
+    short_q, _ = tile_rows(decode, group)
+    args = (out, query, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, scale,
+            sliding_window)
+    if max_query_len <= short_q:
+        _launch(*args, decode, 0, short_q)
+    elif split_short_queries:
+        _launch(*args, decode, 0, short_q)
+        _launch(*args, prefill, short_q + 1, _INT32_MAX)
+    else:
+        _launch(*args, prefill, 0, _INT32_MAX)
+    return out
+
+
+def _launch(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
+            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+            max_query_len: int, scale: float, sliding_window: int | None,
+            tiles: AttentionTiles, min_q_len: int, max_q_len: int) -> None:
+    num_tokens, num_heads, head_dim = query.shape
+    num_reqs, num_kv_heads = seq_lens.shape[0], kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    group_p = triton.next_power_of_2(group)
-    block_q = min(triton.next_power_of_2(max_query_len), max(1, 64 // group_p))
-    block_m = max(16, block_q * group_p)
-    block_q = block_m // group_p
+    block_q, block_m = tile_rows(tiles, group, max_query_len)
+    # Requests of at most BLOCK_Q queries need one program each, no search: a decode launch
+    # (or the short-request half of a mixed step) has num_reqs programs per kv head.
+    per_request = max_q_len <= block_q
     key_cache, value_cache = kv_cache[0], kv_cache[1]
-    grid = (num_reqs, num_kv_heads, triton.cdiv(max_query_len, block_q))
+    grid = (num_reqs if per_request else num_tokens // block_q + num_reqs, num_kv_heads)
     _paged_attention_kernel[grid](
         out, query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
-        scale * _LOG2E, sliding_window or 0,
+        scale * _LOG2E, sliding_window or 0, num_reqs, min_q_len, max_q_len,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
-        NUM_QUERIES_PER_KV=group, GROUP_P=group_p, HEAD_DIM=head_dim,
-        HEAD_DIM_P=max(16, triton.next_power_of_2(head_dim)), KV_BLOCK_SIZE=kv_block_size,
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=32 if head_dim <= 128 else 16,
-        USE_WINDOW=bool(sliding_window),
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        NUM_QUERIES_PER_KV=group, GROUP_P=triton.next_power_of_2(group), HEAD_DIM=head_dim,
+        HEAD_DIM_P=head_dim_padded(head_dim), KV_BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=tiles.block_n, REQUEST_PER_PROGRAM=per_request,
+        USE_WINDOW=bool(sliding_window), DOT_PRECISION=dot_precision(query.dtype),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
-    return out
 
 
 def paged_attention_ref(
@@ -181,6 +235,10 @@ def paged_attention_ref(
     scale: float,
     sliding_window: int | None = None,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim], written in place
+    *,
+    decode_tiles: AttentionTiles | None = None,  # unused: the reference has no tiles
+    prefill_tiles: AttentionTiles | None = None,  # unused
+    split_short_queries: bool = True,  # unused
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query's dtype
     """Torch reference of :func:`paged_attention` (what CPU runs use): one request at a time,
     keys gathered from their blocks, softmax in float32. Reads lengths to the host.
@@ -188,7 +246,7 @@ def paged_attention_ref(
     Raises:
         ValueError: shapes, dtypes or strides do not match the annotations.
     """
-    del max_query_len
+    del max_query_len, decode_tiles, prefill_tiles, split_short_queries
     out = _check_attention(query, kv_cache, query_start_loc, seq_lens, block_table, out)
     group = query.shape[1] // kv_cache.shape[3]
     block_size = kv_cache.shape[2]
@@ -343,9 +401,13 @@ def default_scale(head_dim: int) -> float:
 
 
 __all__ = [
+    "AttentionTiles",
+    "default_decode_tiles",
+    "default_prefill_tiles",
     "default_scale",
     "paged_attention",
     "paged_attention_ref",
     "reshape_and_cache",
     "reshape_and_cache_ref",
+    "tile_rows",
 ]

@@ -3,7 +3,8 @@ keys and values per kv head (``paged_attention_forward``), or the latent rows of
 latent attention (``mla_attention_forward``).
 
 The backend is chosen per call from the device (``"auto"``): CUDA tensors go to the Triton
-kernels of ``kernels.paged_attention``, CPU tensors to their torch references. ``"triton"``
+kernels of ``kernels.paged_attention`` (split-KV decoding, ``kernels.paged_attention_split``,
+for decode steps of few requests), CPU tensors to their torch references. ``"triton"``
 forces the kernels (on CPU through ``TRITON_INTERPRET=1``, for tests) and ``"torch"`` the
 references.
 """
@@ -16,9 +17,20 @@ from engine.model.attention_metadata import AttentionMetadata
 from kernels import mla_attention as mla
 from kernels import mla_cache
 from kernels import paged_attention as pa
+from kernels import paged_attention_split as pa_split
 from kernels._triton import HAS_TRITON
 
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "triton", "torch")
+
+#: A decode step (one query per request) runs split-KV while it has fewer (request, kv head)
+#: programs than this (two waves of an H200's 132 SMs): below it the unified kernel leaves
+#: SMs idle while each program walks the whole context. Host ints only, so graph-safe.
+SPLIT_KV_MAX_PROGRAMS = 2 * 132
+
+
+def use_split_kv(max_query_len: int, num_reqs: int, num_kv_heads: int) -> bool:
+    """Whether a step runs the split-KV decode kernel (host facts, fixed per CUDA graph)."""
+    return max_query_len == 1 and num_reqs * num_kv_heads < SPLIT_KV_MAX_PROGRAMS
 
 
 def _use_triton(backend: str, device: torch.device) -> bool:
@@ -52,8 +64,11 @@ def paged_attention_forward(
     if _use_triton(backend, query.device):
         if not kv_written:
             pa.reshape_and_cache(key, value, kv_cache, md.slot_mapping)
-        pa.paged_attention(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,
-                           md.max_query_len, scale, sliding_window, out=out)
+        attend = (pa_split.paged_attention_split
+                  if use_split_kv(md.max_query_len, md.seq_lens.shape[0], kv_cache.shape[3])
+                  else pa.paged_attention)
+        attend(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,
+               md.max_query_len, scale, sliding_window, out=out)
     else:
         if not kv_written:
             pa.reshape_and_cache_ref(key, value, kv_cache, md.slot_mapping)

@@ -1,4 +1,4 @@
-"""Compile the paged-attention and KV-write kernels for sm_90 (H100/H200) without a GPU, in
+"""Compile the paged-attention (unified and split-KV) and KV-write kernels for sm_90 (H100/H200) without a GPU, in
 every variant the model layer launches (fp32/bf16, GQA groups, head_dim 64/128, decode and
 prefill tiles, sliding window). Reuses compile_for_gpu.py's launch capture; run without
 TRITON_INTERPRET (test_paged_attention_compiles.py does). Prints one line per variant."""
@@ -24,11 +24,12 @@ def _launch_all() -> None:
     from test_paged_attention import make_batch
 
     from kernels.paged_attention import paged_attention, reshape_and_cache
+    from kernels.paged_attention_split import paged_attention_split
 
     # (dtype, layout, [(q_lens, sliding_window)]): the real bf16 layouts in decode and prefill
-    # tiles, float32 (IEEE dots) and a sliding window once each.
+    # tiles (a prefill step launches both), float32 (IEEE dots) and a sliding window on both.
     decode, prefill = ([1, 1], None), ([300, 1], None)
-    variants = [(torch.bfloat16, (16, 8, 128), [decode, prefill, ([7, 1], 6)]),
+    variants = [(torch.bfloat16, (16, 8, 128), [decode, prefill, ([7, 1], 6), ([300, 1], 6)]),
                 (torch.bfloat16, (32, 8, 128), [decode, prefill]),
                 (torch.bfloat16, (9, 3, 64), [decode, prefill]),
                 (torch.float32, (4, 2, 16), [decode, prefill])]
@@ -37,6 +38,8 @@ def _launch_all() -> None:
             b = make_batch(q_lens, [5, 40], num_heads=heads, num_kv_heads=kv_heads,
                            head_dim=head_dim, block_size=16, dtype=dtype, device="cpu")
             paged_attention(**b, sliding_window=window)  # type: ignore[arg-type]
+            if max(q_lens) == 1:  # split-KV decoding: 32 segments (a graph-captured count)
+                paged_attention_split(**b, sliding_window=window, num_segments=32)  # type: ignore[arg-type]
         cache = torch.zeros(2, 4, 16, kv_heads, head_dim, dtype=dtype)
         kv = torch.zeros(3, kv_heads, head_dim, dtype=dtype)
         reshape_and_cache(kv, kv, cache, torch.tensor([0, -1, 5]))

@@ -28,6 +28,7 @@ from kernels.paged_attention import (
     reshape_and_cache,
     reshape_and_cache_ref,
 )
+from kernels.paged_attention_split import paged_attention_split, paged_attention_split_ref
 from kernels.penalties import build_penalty_counts, build_penalty_counts_ref
 from kernels.positions import prepare_positions, prepare_positions_ref
 from kernels.post_update import post_update, post_update_ref
@@ -181,6 +182,13 @@ def _attention_args(n: int | None) -> dict[str, Any]:
     return a
 
 
+def _split_attention_args(n: int | None) -> dict[str, Any]:
+    a = _attention_args(n)  # a decode step: one query per request
+    a.update(query=a["query"][:2 if n is None else 0], max_query_len=1,
+             query_start_loc=torch.arange(a["query_start_loc"].shape[0], dtype=I32, device=DEVICE))
+    return a
+
+
 def _cache_args(n: int | None) -> dict[str, Any]:
     n = 3 if n is None else n
     return dict(key=torch.randn(n, 2, 16, device=DEVICE), value=torch.randn(n, 2, 16, device=DEVICE),
@@ -242,6 +250,8 @@ LAUNCHERS: dict[str, tuple[Callable[..., Any], Callable[..., Any], Args, tuple[s
                       ("token_ids", "num_logprobs", "token_logprobs_out", "token_ranks_out")),
     "paged_attention": (paged_attention, paged_attention_ref, _attention_args,
                         ("query_start_loc", "seq_lens")),
+    "paged_attention_split": (paged_attention_split, paged_attention_split_ref,
+                              _split_attention_args, ("query_start_loc", "seq_lens")),
     "reshape_and_cache": (reshape_and_cache, reshape_and_cache_ref, _cache_args,
                           ("slot_mapping",)),
     "causal_conv1d": (causal_conv1d, causal_conv1d_ref, _conv_args,
@@ -294,8 +304,8 @@ def test_penalties_refuse_seq_lens_shorter_than_the_batch() -> None:
 
 def test_paged_attention_refuses_a_block_table_with_fewer_rows_than_requests() -> None:
     # The kernel read row i of the block table for every request i: past the end.
-    for fn in (paged_attention, paged_attention_ref):
-        args = _attention_args(None)
+    for fn in (paged_attention, paged_attention_ref, paged_attention_split, paged_attention_split_ref):
+        args = _attention_args(None) if "split" not in fn.__name__ else _split_attention_args(None)
         args["block_table"] = args["block_table"][:1]
         with pytest.raises(ValueError, match=r"^num_reqs=2 exceeds block_table \(1 entries\)$"):
             fn(**args)

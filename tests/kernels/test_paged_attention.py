@@ -10,8 +10,9 @@ import math
 import pytest
 import torch
 
-from kernels._triton import HAS_TRITON
+from kernels._triton import HAS_TRITON, INTERPRETED
 from kernels.paged_attention import (
+    AttentionTiles,
     paged_attention,
     paged_attention_ref,
     reshape_and_cache,
@@ -130,6 +131,77 @@ def test_kernel_leaves_padding_rows_alone() -> None:
     torch.testing.assert_close(out[:4], paged_attention_ref(**b)[:4])  # type: ignore[arg-type]
 
 
+# Tiles small enough that tiny batches cross several key tiles: the unmasked middle, the
+# diagonal and the window edge all run; two q tiles for the longer prefills.
+SMALL_TILES = dict(decode_tiles=AttentionTiles(block_m=16, block_n=16),
+                   prefill_tiles=AttentionTiles(block_m=32, block_n=16))
+# (q_lens, ctx_lens) of a varlen step: decodes, chunked prefill onto a context, prefills from
+# empty, and padding requests (no queries, seq_len 0) at the end, as a CUDA-graph batch has.
+VARLEN_STEP = ([1, 9, 1, 23, 2, 1, 0, 0], [40, 13, 0, 0, 30, 5, 0, 0])
+
+
+def _padded_rows(b: dict[str, object], extra: int) -> None:
+    q = b["query"]
+    assert isinstance(q, torch.Tensor)
+    b["query"] = torch.cat([q, torch.randn(extra, *q.shape[1:], device=q.device)])
+
+
+@needs_triton
+@pytest.mark.parametrize("window", [None, 7])
+@pytest.mark.parametrize("block_size", [16, 5])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+def test_kernel_equals_reference_on_a_varlen_step(group: int, block_size: int,
+                                                   window: int | None) -> None:
+    b = make_batch(*VARLEN_STEP, num_heads=2 * group, num_kv_heads=2, head_dim=32,
+                   block_size=block_size, dtype=torch.float32, device=KERNEL_DEVICE,
+                   seed=group + block_size)
+    num_real = int(sum(VARLEN_STEP[0]))
+    _padded_rows(b, 3)
+    out = torch.full_like(b["query"], 7.0)  # type: ignore[arg-type]
+    paged_attention(**b, sliding_window=window, out=out, **SMALL_TILES)  # type: ignore[arg-type]
+    want = paged_attention_ref(**b, sliding_window=window)  # type: ignore[arg-type]
+    torch.testing.assert_close(out[:num_real], want[:num_real], atol=1e-5, rtol=1e-5)
+    assert (out[num_real:] == 7.0).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("tiles", ["small", "default"])
+def test_larger_max_query_len_and_one_launch_give_the_same_output(tiles: str) -> None:
+    # A CUDA graph captured for a longer max_query_len replays shorter steps; a step may also
+    # run all requests on prefill tiles (split_short_queries=False).
+    b = make_batch(*VARLEN_STEP, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+                   dtype=torch.float32, device=KERNEL_DEVICE, seed=5)
+    opts = SMALL_TILES if tiles == "small" else {}
+    want = paged_attention_ref(**b, sliding_window=6)  # type: ignore[arg-type]
+    for max_query_len in (23, 24, 64, 300):
+        for split in (True, False):
+            got = paged_attention(**{**b, "max_query_len": max_query_len}, sliding_window=6,  # type: ignore[arg-type]
+                                  split_short_queries=split, **opts)
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+@pytest.mark.parametrize("q_len", [1, 2, 8, 9, 16, 17, 33])
+def test_one_request_at_each_tile_boundary(q_len: int) -> None:
+    # Query counts at and around BLOCK_Q of both tile kinds, contexts off the key-tile grid.
+    b = make_batch([q_len, 1], [21, 0], num_heads=4, num_kv_heads=2, head_dim=16,
+                   block_size=16, dtype=torch.float32, device=KERNEL_DEVICE, seed=q_len)
+    for window in (None, 1, 20):
+        torch.testing.assert_close(
+            paged_attention(**b, sliding_window=window, **SMALL_TILES),  # type: ignore[arg-type]
+            paged_attention_ref(**b, sliding_window=window), atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
+
+
+@needs_triton
+def test_16_bit_kernel_equals_reference() -> None:
+    # Triton's interpreter misreads bfloat16 tensors (numpy has no bfloat16): float16 there.
+    for dtype in (torch.float16,) if INTERPRETED else (torch.float16, torch.bfloat16):
+        b = make_batch(*VARLEN_STEP, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+                       dtype=dtype, device=KERNEL_DEVICE, seed=2)
+        torch.testing.assert_close(paged_attention(**b, **SMALL_TILES).float(),  # type: ignore[arg-type]
+                                   paged_attention_ref(**b).float(), atol=2e-2, rtol=2e-2)  # type: ignore[arg-type]
+
+
 def _cache_write_inputs(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(3)
     qkv = torch.randn(9, 3 * 2 * 40, generator=gen).to(dtype).to(device)
@@ -211,3 +283,45 @@ def test_reshape_and_cache_gpu_bf16() -> None:
     reshape_and_cache_ref(key, value, want, slots)
     reshape_and_cache(key, value, cache, slots)
     assert torch.equal(cache, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefill", [(8, 512), (2, 4096)])
+def test_prefill_from_empty_bf16_gpu(prefill: tuple[int, int]) -> None:
+    num_reqs, q_len = prefill
+    b = make_batch([q_len] * num_reqs, [0] * num_reqs, num_heads=16, num_kv_heads=8,
+                   head_dim=128, block_size=16, dtype=torch.bfloat16, device="cuda")
+    torch.testing.assert_close(paged_attention(**b).float(), paged_attention_ref(**b).float(),  # type: ignore[arg-type]
+                               atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_graph_of_a_padded_mixed_step_replays_other_lengths_gpu() -> None:
+    # Captured once for 8 request slots and 640 token rows (max_query_len 300), replayed for two
+    # steps of different splits, each padded with empty requests (seq_len 0) and rows.
+    num_slots, num_rows, width = 8, 640, 64
+    steps = [([300, 1, 1, 77, 1], [0, 500, 20, 130, 999]), ([1] * 6 + [250], [7] * 6 + [40])]
+    kv = torch.randn(2, num_slots * width, 16, 8, 128, device="cuda", dtype=torch.bfloat16)
+    qsl = torch.zeros(num_slots + 1, dtype=torch.int32, device="cuda")
+    seq_lens = torch.zeros(num_slots, dtype=torch.int32, device="cuda")
+    table = torch.randperm(num_slots * width, device="cuda").view(num_slots, width).int()
+    query = torch.randn(num_rows, 16, 128, device="cuda", dtype=torch.bfloat16)
+    out = torch.zeros_like(query)
+    args = (query, kv, qsl, seq_lens, table, 300, 128 ** -0.5)
+    paged_attention(*args, out=out)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_attention(*args, out=out)
+    for q_lens, ctx in steps:
+        n = len(q_lens)
+        cum = torch.tensor([0, *q_lens]).cumsum(0)
+        qsl.copy_(torch.cat([cum, cum[-1].repeat(num_slots - n)]).int())
+        seq_lens.copy_(torch.tensor([c + q for c, q in zip(ctx, q_lens, strict=True)]
+                                    + [0] * (num_slots - n), dtype=torch.int32))
+        out.fill_(7.0)
+        graph.replay()
+        num_real = int(cum[-1])
+        want = paged_attention_ref(*args)
+        torch.testing.assert_close(out[:num_real].float(), want[:num_real].float(),
+                                   atol=2e-2, rtol=2e-2)
+        assert (out[num_real:] == 7.0).all()

@@ -25,5 +25,7 @@ def test_paged_attention_kernels_compile_for_sm90() -> None:
                          cwd=root, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     compiled = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("compiled")]
-    assert compiled.count("_paged_attention_kernel") == 9
+    assert compiled.count("_paged_attention_kernel") == 10
+    assert compiled.count("_paged_attention_split_kernel") == 4
+    assert "_reduce_segments_kernel" in compiled
     assert "_reshape_and_cache_kernel" in compiled

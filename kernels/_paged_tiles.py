@@ -1,0 +1,161 @@
+"""Tiles shared by the paged-attention kernels (``kernels.paged_attention``, the unified
+varlen kernel, and ``kernels.paged_attention_split``, split-KV decoding): the request lookup of
+the flattened q-block grid, the key-tile ranges of a q tile (window edge, unmasked, diagonal),
+the GQA-packed query tile and the online-softmax loop over key tiles, and the launch options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels._triton import tl, triton
+
+
+@triton.jit
+def _find_request(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
+    """The request owning global q block ``q_block``: the last ``i`` with
+    ``query_start_loc[i] // BLOCK_Q + i <= q_block`` (strictly increasing in ``i``)."""
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_reqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _key_tile_ranges(first_pos, last_pos, sliding_window, USE_WINDOW: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    """Key tiles ``[lo, mid_lo)`` (window edge, masked), ``[mid_lo, mid_hi)`` (seen whole by
+    every query at positions ``first_pos..last_pos``) and ``[mid_hi, hi)`` (diagonal, masked)."""
+    hi = (last_pos + BLOCK_N) // BLOCK_N
+    mid_hi = (first_pos + 1) // BLOCK_N  # tiles ending at or before the first query
+    if USE_WINDOW:  # keys older than every query's window are never read
+        lo = tl.maximum(first_pos - sliding_window + 1, 0) // BLOCK_N
+        mid_lo = tl.cdiv(tl.maximum(last_pos - sliding_window + 1, 0), BLOCK_N)
+    else:
+        lo = first_pos * 0
+        mid_lo = lo
+    return lo, mid_lo, tl.maximum(mid_hi, mid_lo), hi
+
+
+@triton.jit
+def _load_query_tile(q_ptr, q_start, first, q_len, kv_head, q_stride_t, q_stride_h,
+                     NUM_QUERIES_PER_KV: tl.constexpr, GROUP_P: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Rows ``(query first + r // GROUP_P, head r % GROUP_P of the kv head's group)``."""
+    rows = tl.arange(0, BLOCK_M)
+    tok = first + rows // GROUP_P  # query index inside the request
+    head = kv_head * NUM_QUERIES_PER_KV + rows % GROUP_P
+    row_mask = (tok < q_len) & (rows % GROUP_P < NUM_QUERIES_PER_KV)
+    dim = tl.arange(0, HEAD_DIM_P)
+    q_rows = (q_start + tok).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * q_stride_t + head[:, None] * q_stride_h + dim[None, :],
+                mask=row_mask[:, None] & (dim < HEAD_DIM)[None, :], other=0.0)
+    return q, tok, head, q_rows, row_mask
+
+
+@triton.jit
+def _attend_tiles(acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off,
+                  tile_lo, tile_hi, kv_end, sliding_window, scale_log2,
+                  cache_stride_block, cache_stride_slot,
+                  HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
+                  KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+                  USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Online-softmax update of ``(acc, m_i, l_i)`` over key tiles ``[tile_lo, tile_hi)``.
+    ``MASKED`` applies ``key < kv_end``, causality and the window; unmasked tiles must lie
+    wholly inside every row's allowed keys (a row's max is then finite after one tile)."""
+    dim = tl.arange(0, HEAD_DIM_P)
+    dim_mask = dim < HEAD_DIM
+    for t in range(tile_lo, tile_hi):
+        n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        if MASKED:
+            n_mask = n < kv_end
+            block = tl.load(bt_row + n // KV_BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+            kv_mask = n_mask[:, None] & dim_mask[None, :]
+        else:
+            block = tl.load(bt_row + n // KV_BLOCK_SIZE).to(tl.int64)
+            kv_mask = (n >= 0)[:, None] & dim_mask[None, :]
+        off = (block * cache_stride_block + (n % KV_BLOCK_SIZE) * cache_stride_slot
+               + kv_head_off)[:, None] + dim[None, :]
+        if MASKED or HEAD_DIM != HEAD_DIM_P:
+            k = tl.load(k_cache_ptr + off, mask=kv_mask, other=0.0)
+            v = tl.load(v_cache_ptr + off, mask=kv_mask, other=0.0)
+        else:
+            k = tl.load(k_cache_ptr + off)
+            v = tl.load(v_cache_ptr + off)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+        if MASKED:
+            allowed = (n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+            if USE_WINDOW:
+                allowed = allowed & (q_pos[:, None] - n[None, :] < sliding_window)
+            s = tl.where(allowed, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = m_new
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@dataclass(frozen=True)
+class AttentionTiles:
+    """Tile and launch options of one attention launch. ``block_m`` rows are queries x the
+    (power-of-two padded) query heads of one kv head; it is rounded to a multiple of that group
+    and raised to 16 (the smallest tensor-core tile), so ``BLOCK_Q = block_m // group``."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def default_decode_tiles(dtype: torch.dtype, head_dim: int) -> AttentionTiles:
+    """Small tiles for requests of a few queries: 16 rows (one decode query's heads, padded),
+    32 keys a tile (the H200's measured decode setting of the earlier kernel)."""
+    del dtype
+    return AttentionTiles(block_m=16, block_n=32 if head_dim <= 128 else 16, num_warps=4,
+                          num_stages=3)
+
+
+def default_prefill_tiles(dtype: torch.dtype, head_dim: int) -> AttentionTiles:
+    """FlashAttention-2 tiles for prefill chunks: 128 rows x 64 keys, 8 warps, 3 stages for
+    16-bit inputs up to head_dim 128 (the tile of Triton's fused-attention tutorial on Hopper);
+    smaller where the float32 accumulator or a wider head would not fit the registers."""
+    if dtype == torch.float32:
+        return AttentionTiles(block_m=32, block_n=32, num_warps=4, num_stages=2)
+    if head_dim > 128:
+        return AttentionTiles(block_m=64, block_n=32, num_warps=4, num_stages=2)
+    return AttentionTiles(block_m=128, block_n=64, num_warps=8, num_stages=3)
+
+
+def tile_rows(tiles: AttentionTiles, group: int, max_query_len: int | None = None
+              ) -> tuple[int, int]:
+    """``(BLOCK_Q, BLOCK_M)`` of a launch with ``tiles`` for GQA groups of ``group`` heads;
+    ``max_query_len`` (a bound on the step's queries per request) may shrink ``BLOCK_Q``."""
+    group_p = triton.next_power_of_2(group)
+    block_q = max(1, tiles.block_m // group_p)
+    if max_query_len is not None:
+        block_q = min(block_q, triton.next_power_of_2(max(max_query_len, 1)))
+    block_m = max(16, block_q * group_p)
+    return block_m // group_p, block_m
+
+
+def head_dim_padded(head_dim: int) -> int:
+    """The power-of-two head dimension of a tile (at least 16, a tensor-core tile's K)."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """IEEE dot products for float32 (exact parity tests), tensor cores otherwise."""
+    return "ieee" if dtype == torch.float32 else "tf32"
