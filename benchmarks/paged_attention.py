@@ -48,11 +48,12 @@ CASES: dict[str, tuple[int, int, int]] = {  # name: (num_reqs, q_len, keys per r
 }
 # Sweep grids (edit freely): decode tiles for the unified kernel's decode launches, prefill
 # tiles, split-KV tiles x segment counts.
-DECODE_SWEEP = [AttentionTiles(16, n, w, s) for n in (16, 32, 64) for w in (2, 4) for s in (2, 3, 4)]
-PREFILL_SWEEP = [AttentionTiles(m, n, w, s) for m in (64, 128) for n in (32, 64, 128)
-                 for w in (4, 8) for s in (2, 3, 4)]
-SPLIT_SWEEP = [(AttentionTiles(16, n, w, s), seg) for n in (32, 64, 128)
-               for w, s in ((4, 2), (4, 3), (8, 3)) for seg in (8, 16, 32, 64)]
+DECODE_SWEEP = [AttentionTiles(16, n, w, s) for n in (32, 64, 128) for w in (2, 4) for s in (2, 3)]
+PREFILL_SWEEP = [AttentionTiles(m, n, w, s) for m, n, w, s in (
+    (128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3),
+    (128, 128, 8, 2), (64, 32, 4, 2), (128, 64, 8, 2), (64, 64, 4, 2))]
+SPLIT_SWEEP = [(AttentionTiles(16, n, w, s), seg) for n in (64, 128)
+               for w, s in ((4, 2), (4, 3)) for seg in (16, 32)]
 
 
 def _timed(fn: Callable[[], None], calls: int = 20, replays: int = 10) -> float:
