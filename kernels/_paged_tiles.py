@@ -122,21 +122,35 @@ class AttentionTiles:
 
 def default_decode_tiles(dtype: torch.dtype, head_dim: int) -> AttentionTiles:
     """Small tiles for requests of a few queries: 16 rows (one decode query's heads, padded),
-    32 keys a tile (the H200's measured decode setting of the earlier kernel)."""
+    64 keys a tile, 2 warps, 2 stages up to head_dim 128: the best of the H200 sweep
+    (``benchmarks/paged_attention.py --sweep``, 256 decodes at 640 keys: 160.6 µs, against
+    176.3 µs for the earlier 32 keys, 4 warps, 3 stages; docs/benchmarks.md)."""
     del dtype
-    return AttentionTiles(block_m=16, block_n=32 if head_dim <= 128 else 16, num_warps=4,
-                          num_stages=3)
+    if head_dim > 128:
+        return AttentionTiles(block_m=16, block_n=16, num_warps=4, num_stages=3)
+    return AttentionTiles(block_m=16, block_n=64, num_warps=2, num_stages=2)
+
+
+def default_split_tiles(dtype: torch.dtype, head_dim: int) -> AttentionTiles:
+    """Tiles of the split-KV decode kernel: 16 rows x 64 keys, 4 warps, 2 stages up to
+    head_dim 128 (best of the H200 sweep at 4 decodes of 8,192 keys: 39.9 µs)."""
+    del dtype
+    if head_dim > 128:
+        return AttentionTiles(block_m=16, block_n=16, num_warps=4, num_stages=3)
+    return AttentionTiles(block_m=16, block_n=64, num_warps=4, num_stages=2)
 
 
 def default_prefill_tiles(dtype: torch.dtype, head_dim: int) -> AttentionTiles:
-    """FlashAttention-2 tiles for prefill chunks: 128 rows x 64 keys, 8 warps, 3 stages for
-    16-bit inputs up to head_dim 128 (the tile of Triton's fused-attention tutorial on Hopper);
-    smaller where the float32 accumulator or a wider head would not fit the registers."""
+    """FlashAttention-2 tiles for prefill chunks: 64 rows x 64 keys, 4 warps, 2 stages for
+    16-bit inputs up to head_dim 128, the best of the H200 sweep (16 prefills of 512 tokens:
+    92.0 µs against 110.2 µs for Triton's fused-attention tutorial tile of 128 x 64, 8 warps,
+    3 stages, and 100.1 µs for flash SDPA); smaller where the float32 accumulator or a wider
+    head would not fit the registers."""
     if dtype == torch.float32:
         return AttentionTiles(block_m=32, block_n=32, num_warps=4, num_stages=2)
     if head_dim > 128:
         return AttentionTiles(block_m=64, block_n=32, num_warps=4, num_stages=2)
-    return AttentionTiles(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    return AttentionTiles(block_m=64, block_n=64, num_warps=4, num_stages=2)
 
 
 def tile_rows(tiles: AttentionTiles, group: int, max_query_len: int | None = None

@@ -28,7 +28,7 @@ from kernels._paged_tiles import (
     _attend_tiles,
     _key_tile_ranges,
     _load_query_tile,
-    default_decode_tiles,
+    default_split_tiles,
     dot_precision,
     head_dim_padded,
     tile_rows,
@@ -200,7 +200,7 @@ def paged_attention_split(
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim], written in place
     *,
     num_segments: int | None = None,  # key slices per request; default num_segments_for(...)
-    tiles: AttentionTiles | None = None,  # default: default_decode_tiles(...)
+    tiles: AttentionTiles | None = None,  # default: default_split_tiles(...)
     workspace: torch.Tensor | None = None,  # [>= split_workspace_numel(...)] float32
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query's dtype
     """Causal paged attention of a decode step with each request's keys split over
@@ -218,7 +218,7 @@ def paged_attention_split(
     num_tokens, num_heads, head_dim = query.shape
     num_reqs, num_kv_heads = seq_lens.shape[0], kv_cache.shape[3]
     group = num_heads // num_kv_heads
-    tiles = tiles or default_decode_tiles(query.dtype, head_dim)
+    tiles = tiles or default_split_tiles(query.dtype, head_dim)
     block_q, block_m = tile_rows(tiles, group)
     if max_query_len > block_q:
         raise ValueError(f"max_query_len={max_query_len} exceeds the {block_q} queries of one "
