@@ -114,12 +114,13 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
         core.add_request(f"r{i}", prompt, params)
-    done = core.run_until_done()
+    done, by_kind = drive(core)
     _sync(device)
     elapsed = time.perf_counter() - start
     num_out = sum(len(r.output_token_ids) for r in done)
     result = {"seconds": round(elapsed, 3), "output_tokens": num_out,
-              "output_tokens_per_s": round(num_out / elapsed, 1), "steps": core.num_steps - steps_before}
+              "output_tokens_per_s": round(num_out / elapsed, 1), "steps": core.num_steps - steps_before,
+              "step_time_by_kind": by_kind}
     if hasattr(core.runner, "num_graph_steps"):  # runner_v2: decode steps replayed as graphs
         result["cuda_graph_steps"] = core.runner.num_graph_steps - runner_v2_counts[0]
         result["eager_steps"] = core.runner.num_eager_steps - runner_v2_counts[1]
@@ -128,6 +129,42 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
     del core, done
     _free(device)
     return result
+
+
+def drive(core: Any) -> tuple[list[Any], dict[str, dict[str, float]]]:
+    """``core.run_until_done()``, timing each ``step()`` call and charging it to the kind of the
+    step it collects: ``decode`` (one token per request) or ``mixed`` (a prompt chunk in it).
+    With asynchronous scheduling a call launches step N+1 and collects step N, so its time is
+    step N's (the device's, when the host keeps ahead); synchronous runners collect the step
+    they launch. The host's own work between steps is in the calls too."""
+    kinds: list[str] = []
+    execute = core.runner.execute_model
+
+    def recording(so: Any) -> Any:
+        if so.total_num_scheduled_tokens:
+            kinds.append("mixed" if so.total_num_scheduled_tokens > len(so.num_scheduled_tokens) else "decode")
+        return execute(so)
+
+    core.runner.execute_model = recording
+    times: dict[str, list[float]] = {"decode": [], "mixed": []}
+    done: list[Any] = []
+    in_flight: int | None = None  # the step an asynchronous engine collects at its next call
+    try:
+        while core.has_unfinished_requests():
+            before = len(kinds)
+            t0 = time.perf_counter()
+            done.extend(core.step())
+            dt = time.perf_counter() - t0
+            launched = before if len(kinds) > before else None
+            collected = in_flight if core.async_scheduling else launched
+            in_flight = launched
+            if collected is not None:
+                times[kinds[collected]].append(dt)
+    finally:
+        del core.runner.execute_model  # the bound method again
+    summary = {k: {"steps": len(v), "seconds": round(sum(v), 3), "ms_per_step": round(sum(v) / len(v) * 1e3, 2)}
+               for k, v in times.items() if v}
+    return done, summary
 
 
 @contextlib.contextmanager
