@@ -13,7 +13,9 @@ hash of every step's plan and finished requests, to compare before and after a c
   prefilled, then ``--steps`` steady decode steps (every request running, one token each) are
   timed (the Qwen3-0.6B serving shape: ``max_num_seqs`` 256, ``max_num_batched_tokens`` 8192);
 - ``mixed``: requests of random prompt lengths (128..8192) and ``max_tokens`` (32..512) keep
-  arriving, so each step carries prompt chunks (chunked prefill) beside the decodes.
+  arriving, so each step carries prompt chunks (chunked prefill) beside the decodes;
+- ``decode_core``: the ``decode`` case through ``EngineCore.step()`` (the engine loop's own
+  bookkeeping included), less the stand-in runner's time: ``total_us`` only.
 
 Per case: µs per step of ``schedule()``, of ``update_from_output()`` and their sum, each the
 median over ``--repeats`` runs of the mean over the timed steps; the stand-in runner is not
@@ -177,12 +179,56 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             "tokens_per_step": num_tokens / n, "decodes_per_step": num_decodes / n, "digest": digest.hexdigest()[:16]}
 
 
+class TimedRunner(StandInRunner):
+    """The stand-in runner behind an ``EngineCore``: counts its own CPU time (not the engine's)."""
+
+    async_scheduling = True
+
+    def __init__(self, async_scheduling: bool) -> None:
+        super().__init__()
+        self.async_scheduling = async_scheduling
+        self.cpu_ns = 0
+        self.outputs: list[SchedulerOutput] = []
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        t0 = time.thread_time_ns()
+        out = super().execute_model(so)
+        self.outputs.append(so)
+        self.cpu_ns += time.thread_time_ns() - t0
+        return out
+
+
+def run_core_case(args: argparse.Namespace) -> dict[str, Any]:
+    """The decode case through ``EngineCore.step()`` (its bookkeeping included), less the
+    stand-in runner's own time."""
+    from engine.core import EngineCore
+
+    work = Workload("decode", args)
+    config = work.config()
+    runner = TimedRunner(not args.sync)
+    core = EngineCore(config, runner, work.num_blocks(config), async_scheduling=not args.sync)  # type: ignore[arg-type]
+    work.top_up(core.scheduler)
+    digest = hashlib.sha256()
+    cpu = wall = 0
+    gc.collect()
+    for step in range(args.warmup + args.steps):
+        runner.cpu_ns = 0
+        w0, t0 = time.perf_counter_ns(), time.thread_time_ns()
+        finished = core.step()
+        t1, w1 = time.thread_time_ns(), time.perf_counter_ns()
+        if step >= args.warmup:
+            cpu += t1 - t0 - runner.cpu_ns
+            wall += w1 - w0 - runner.cpu_ns
+        _fold(digest, runner.outputs.pop(0) if runner.outputs else SchedulerOutput(), finished)
+    n = args.steps
+    return {"total_us": cpu / n / 1e3, "wall_total_us": wall / n / 1e3, "digest": digest.hexdigest()[:16]}
+
+
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     digests = {r["digest"] for r in runs}
     assert len(digests) == 1, f"the seeded workload scheduled differently across repeats: {digests}"
-    out: dict[str, Any] = {k: round(statistics.median(r[k] for r in runs), 1)
-                           for k in ("schedule_us", "update_us", "total_us", "wall_total_us", "tokens_per_step",
-                                     "decodes_per_step")}
+    keys = ("schedule_us", "update_us", "total_us", "wall_total_us", "tokens_per_step", "decodes_per_step")
+    out: dict[str, Any] = {k: round(statistics.median(r[k] for r in runs), 1) for k in keys if k in runs[0]}
     out["total_us_all_repeats"] = [round(r["total_us"], 1) for r in runs]
     out["digest"] = runs[0]["digest"]
     return out
@@ -190,7 +236,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cases", default="decode,mixed")
+    p.add_argument("--cases", default="decode,mixed,decode_core")
     p.add_argument("--num-reqs", type=int, default=256, help="max_num_seqs (and the decode case's requests)")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
@@ -205,7 +251,7 @@ def main() -> dict[str, Any]:
                                "prefix_caching": args.prefix_caching, "num_reqs": args.num_reqs,
                                "steps": args.steps, "repeats": args.repeats, "cases": {}}
     for case in args.cases.split(","):
-        runs = [run_case(case, args) for _ in range(args.repeats)]
+        runs = [run_core_case(args) if case == "decode_core" else run_case(case, args) for _ in range(args.repeats)]
         summary["cases"][case] = summarise(runs)
         print(case, summary["cases"][case], flush=True)
     print(json.dumps(summary), flush=True)
