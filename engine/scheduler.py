@@ -44,8 +44,7 @@ def _by_arrival(request: Request) -> int:
     return request.arrival_index
 
 
-# Running requests' diffs of one step, as CachedRequestData's parallel lists: req_ids,
-# new_block_ids, num_computed_tokens, num_output_tokens.
+# A step's running-request diffs: req_ids, new_block_ids, num_computed_tokens, num_output_tokens.
 _Diffs = tuple[list[str], list[list[int] | None], list[int], list[int]]
 _RUNNING = RequestStatus.RUNNING
 
@@ -313,7 +312,6 @@ class Scheduler:
         ro: ModelRunnerOutput,
         generated: list[int],
     ) -> RequestStatus | None:
-        # Each per-request lookup is skipped when its dict is empty (the usual decode step).
         req_id = request.req_id
         if ro.errors and req_id in ro.errors:
             request.error = ro.errors[req_id]
