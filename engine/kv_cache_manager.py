@@ -118,9 +118,12 @@ class KVCacheManager:
         blocks = self.req_to_blocks.get(request.req_id)
         num_total = request.num_computed_tokens + num_new_tokens
         if blocks is not None and not new_computed_blocks and num_total <= len(blocks) * self.block_size:
-            # The common decode step: the request's last block has room, nothing to take.
+            # The common decode step: the request's last block has room, nothing to take; a
+            # block that has just filled up still enters the prefix cache.
             if self.enable_caching:
-                self._cache_full_blocks(request, min(num_total, request.num_tokens) // self.block_size)
+                num_full = min(num_total, request.num_tokens) // self.block_size
+                if num_full > self._num_cached_blocks.get(request.req_id, 0):
+                    self._cache_full_blocks(request, num_full)
             return []
         return self._allocate_new_blocks(request, num_new_tokens, new_computed_blocks or [], blocks or [])
 
