@@ -115,8 +115,21 @@ class KVCacheManager:
             The newly allocated blocks (possibly none), or ``None`` when there are not enough
             free blocks; then nothing changed.
         """
-        computed = new_computed_blocks or []
-        blocks = self.req_to_blocks.get(request.req_id, [])
+        blocks = self.req_to_blocks.get(request.req_id)
+        num_total = request.num_computed_tokens + num_new_tokens
+        if blocks is not None and not new_computed_blocks and num_total <= len(blocks) * self.block_size:
+            # The common decode step: the request's last block has room, nothing to take; a
+            # block that has just filled up still enters the prefix cache.
+            if self.enable_caching:
+                num_full = min(num_total, request.num_tokens) // self.block_size
+                if num_full > self._num_cached_blocks.get(request.req_id, 0):
+                    self._cache_full_blocks(request, num_full)
+            return []
+        return self._allocate_new_blocks(request, num_new_tokens, new_computed_blocks or [], blocks or [])
+
+    def _allocate_new_blocks(
+        self, request: Request, num_new_tokens: int, computed: list[KVCacheBlock], blocks: list[KVCacheBlock]
+    ) -> list[KVCacheBlock] | None:
         num_total = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
         num_required = max(0, cdiv(num_total, self.block_size) - len(blocks) - len(computed))
         # Free cached hits leave the free list when taken: they are not available twice.

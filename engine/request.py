@@ -32,7 +32,7 @@ class RequestStatus(enum.Enum):
 
     @property
     def is_finished(self) -> bool:
-        return self.value in _FINISHED_VALUES
+        return self._value_ in _FINISHED_VALUES  # _value_: a plain attribute, unlike value
 
     @property
     def finish_reason(self) -> str | None:
@@ -56,6 +56,10 @@ class Request:
         eos_token_ids: the model's EOS ids (stop unless ``ignore_eos``).
         pooling: a pooling request (one step, no KV blocks, no sampling).
         pooling_params: its task and token types (``None``: not a pooling request).
+
+    ``num_prompt_tokens``, ``num_tokens`` (``len(all_token_ids)``) and ``num_output_tokens``
+    (``len(output_token_ids)``) are plain ints kept in step with the lists: extend the output
+    only through :meth:`append_output_token`.
     """
 
     req_id: str
@@ -88,31 +92,21 @@ class Request:
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        """Prompt plus output tokens (drafts excluded)."""
-        return len(self.all_token_ids)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
+        # Counts kept as ints beside the lists: the scheduler reads them several times per
+        # request and step, where len() through a property cost a call each time.
+        self.num_prompt_tokens: int = len(self.prompt_token_ids)
+        self.num_tokens: int = len(self.all_token_ids)  # prompt plus output (drafts excluded)
+        self.num_output_tokens: int = len(self.output_token_ids)
+        #: Output tokens at most (1 for pooling): fixed with ``sampling_params`` at construction.
+        self.max_tokens: int = 1 if self.sampling_params is None else self.sampling_params.max_tokens
 
     @property
     def num_tokens_with_spec(self) -> int:
-        return len(self.all_token_ids) + len(self.spec_token_ids)
+        return self.num_tokens + len(self.spec_token_ids)
 
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
-
-    @property
-    def max_tokens(self) -> int:
-        return 1 if self.sampling_params is None else self.sampling_params.max_tokens
 
     @property
     def wants_prompt_logprobs(self) -> bool:
@@ -121,6 +115,8 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        self.num_output_tokens += 1
+        self.num_tokens += 1
 
     def check_stop(self, max_model_len: int) -> RequestStatus | None:
         """The finished state the last appended token leads to, or ``None``.
@@ -131,13 +127,14 @@ class Request:
         params = self.sampling_params
         assert params is not None, "pooling requests do not sample"
         last = self.output_token_ids[-1]
-        if self.num_output_tokens >= params.min_tokens:
+        num_output = self.num_output_tokens
+        if num_output >= params.min_tokens:
             if not params.ignore_eos and last in self.eos_token_ids:
                 return RequestStatus.FINISHED_STOPPED
             if last in params.stop_token_ids:
                 self.stop_reason = last
                 return RequestStatus.FINISHED_STOPPED
-        if self.num_output_tokens >= params.max_tokens or self.num_tokens >= max_model_len:
+        if num_output >= params.max_tokens or self.num_tokens >= max_model_len:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 

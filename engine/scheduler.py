@@ -44,6 +44,11 @@ def _by_arrival(request: Request) -> int:
     return request.arrival_index
 
 
+# A step's running-request diffs: req_ids, new_block_ids, num_computed_tokens, num_output_tokens.
+_Diffs = tuple[list[str], list[list[int] | None], list[int], list[int]]
+_RUNNING = RequestStatus.RUNNING
+
+
 class Scheduler:
     """Plans each step and applies its results.
 
@@ -113,54 +118,53 @@ class Scheduler:
         """Plan one step (see the module docstring)."""
         out = SchedulerOutput(finished_req_ids=self._finished_req_ids)
         self._finished_req_ids = set()
-        budget = self.config.max_num_batched_tokens
-        new_blocks: dict[str, list[KVCacheBlock]] = {}
-        budget = self._schedule_running(out, budget, new_blocks)
+        scheduled: dict[str, Request] = {}  # in the order of out.num_scheduled_tokens
+        running_diffs: _Diffs = ([], [], [], [])
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens, scheduled, running_diffs)
         if not out.preempted_req_ids:
-            self._schedule_waiting(out, budget)
-        for req_id, blocks in new_blocks.items():
-            ids = [b.block_id for b in blocks]
-            request = self.requests[req_id]
-            out.scheduled_cached_reqs.append(
-                req_id, resumed=False, token_ids=None, new_block_ids=ids or None,
-                num_computed_tokens=request.num_computed_tokens,
-                # In flight tokens included: the runner produced them, the engine awaits them.
-                num_output_tokens=request.num_output_tokens + request.num_output_placeholders,
-            )
-        out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())
-        for req_id, num in out.num_scheduled_tokens.items():
-            request = self.requests[req_id]
-            request.num_computed_tokens += num
-            if self.async_scheduling and not request.pooling and (
-                request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders
-            ):
-                # This step samples a token not yet seen, and may accept every draft it verifies.
-                num_drafts = len(out.scheduled_spec_decode_tokens.get(req_id, ()))
-                request.num_output_placeholders += 1 + num_drafts
-        if out.num_scheduled_tokens:
-            self._scheduled[id(out)] = {req_id: self.requests[req_id] for req_id in out.num_scheduled_tokens}
+            budget = self._schedule_waiting(out, budget, scheduled)
+        # Running requests' diffs come after the resumed ones (appended while binding those).
+        out.scheduled_cached_reqs.extend_running(*running_diffs)
+        out.total_num_scheduled_tokens = self.config.max_num_batched_tokens - budget
+        if scheduled:
+            self._scheduled[id(out)] = scheduled
         return out
 
     def _schedule_running(
-        self, out: SchedulerOutput, budget: int, new_blocks: dict[str, list[KVCacheBlock]]
+        self, out: SchedulerOutput, budget: int, scheduled: dict[str, Request], diffs: _Diffs
     ) -> int:
+        # Each request's progress advances as soon as it is planned: nothing later in the step
+        # reads it (preemption only takes requests after it, not yet planned).
+        running = self.running
+        allocate = self.kv_cache_manager.allocate_slots
+        num_scheduled = out.num_scheduled_tokens
+        req_ids, new_block_ids, num_computed, num_output = diffs
         i = 0
-        while i < len(self.running) and budget > 0:
-            request = self.running[i]
+        while i < len(running) and budget > 0:
+            request = running[i]
             num_new = self._num_new_tokens_running(request, budget)
             if num_new <= 0:
                 i += 1
                 continue
-            blocks = self._allocate_or_preempt(request, num_new, out)
+            blocks = allocate(request, num_new)
             if blocks is None:
-                break  # the request preempted itself; everything after it is gone too
-            new_blocks[request.req_id] = blocks
-            out.num_scheduled_tokens[request.req_id] = num_new
+                blocks = self._preempt_until_allocated(request, num_new, out)
+                if blocks is None:
+                    break  # the request preempted itself; everything after it is gone too
+            req_id = request.req_id
+            num_scheduled[req_id] = num_new
+            scheduled[req_id] = request
+            req_ids.append(req_id)
+            new_block_ids.append([b.block_id for b in blocks] if blocks else None)
+            num_computed.append(request.num_computed_tokens)
+            # In flight tokens included: the runner produced them, the engine awaits them.
+            num_output.append(request.num_output_tokens + request.num_output_placeholders)
             num_drafts = request.num_computed_tokens + num_new - request.num_tokens - request.num_output_placeholders
             if num_drafts > 0:
-                # Device drafts are placeholders: their ids never reach the host.
-                drafts = [-1] * num_drafts if self.num_device_drafts else request.spec_token_ids[:num_drafts]
-                out.scheduled_spec_decode_tokens[request.req_id] = drafts
+                self._schedule_drafts(request, num_drafts, out)
+            else:
+                num_drafts = 0
+            self._advance(request, num_new, num_drafts)
             budget -= num_new
             i += 1
         return budget
@@ -172,12 +176,12 @@ class Scheduler:
             or request.num_tokens + placeholders >= self.config.max_model_len
         ):
             return 0  # its last token is in flight: it finishes when that step is applied
-        num_new = request.num_tokens_with_spec + placeholders - request.num_computed_tokens
-        if self.num_device_drafts and num_new == 1 and request.num_computed_tokens >= request.num_prompt_tokens:
+        num_computed = request.num_computed_tokens
+        num_new = request.num_tokens + len(request.spec_token_ids) + placeholders - num_computed
+        if self.num_device_drafts and num_new == 1 and num_computed >= request.num_prompt_tokens:
             num_new += self._num_device_drafts(request)
         # Never compute a position at or past max_model_len (drafts could reach it).
-        num_new = min(num_new, budget, self.config.max_model_len - request.num_computed_tokens)
-        return num_new
+        return min(num_new, budget, self.config.max_model_len - num_computed)
 
     def _num_device_drafts(self, request: Request) -> int:
         # A decode verifies up to num_device_drafts drafts; its k drafts yield up to k + 1
@@ -188,17 +192,30 @@ class Scheduler:
                    self.config.max_model_len - request.num_tokens - ahead - 1)
         return max(0, min(self.num_device_drafts, room))
 
-    def _allocate_or_preempt(
+    def _schedule_drafts(self, request: Request, num_drafts: int, out: SchedulerOutput) -> None:
+        # Device drafts are placeholders: their ids never reach the host.
+        drafts = [-1] * num_drafts if self.num_device_drafts else request.spec_token_ids[:num_drafts]
+        out.scheduled_spec_decode_tokens[request.req_id] = drafts
+
+    def _advance(self, request: Request, num_new: int, num_drafts: int) -> None:
+        request.num_computed_tokens += num_new
+        if self.async_scheduling and not request.pooling and (
+            request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders
+        ):
+            # This step samples a token not yet seen, and may accept every draft it verifies.
+            request.num_output_placeholders += 1 + num_drafts
+
+    def _preempt_until_allocated(
         self, request: Request, num_new: int, out: SchedulerOutput
     ) -> list[KVCacheBlock] | None:
         while True:
-            blocks = self.kv_cache_manager.allocate_slots(request, num_new)
-            if blocks is not None:
-                return blocks
             victim = self.running.pop()  # newest first (running is sorted by arrival)
             self._preempt(victim, out)
             if victim is request:
                 return None
+            blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+            if blocks is not None:
+                return blocks
 
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         self.kv_cache_manager.free(request)
@@ -209,7 +226,7 @@ class Scheduler:
         bisect.insort(self.waiting, request, key=_by_arrival)
         out.preempted_req_ids.add(request.req_id)
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, scheduled: dict[str, Request]) -> int:
         config = self.config
         while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
             request = self.waiting[0]
@@ -230,7 +247,10 @@ class Scheduler:
                 request.num_cached_tokens = num_hit_tokens
             self._bind(request, out)
             out.num_scheduled_tokens[request.req_id] = num_new
+            scheduled[request.req_id] = request
+            self._advance(request, num_new, 0)
             budget -= num_new
+        return budget
 
     def _bind(self, request: Request, out: SchedulerOutput) -> None:
         block_ids = self.kv_cache_manager.get_block_ids(request.req_id)
@@ -256,22 +276,30 @@ class Scheduler:
     ) -> list[Request]:
         """Apply one step's results; returns the requests that finished in it."""
         self.last_step_spec_decode_stats = SpecDecodeStats()
-        index = {req_id: i for i, req_id in enumerate(runner_output.req_ids)}
-        scheduled = self._scheduled.pop(id(scheduler_output), {})
+        req_ids = runner_output.req_ids
+        index = dict(zip(req_ids, range(len(req_ids)), strict=True))
+        sampled = runner_output.sampled_token_ids
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        requests = self.requests
+        # A step without errors, drafts or prompt logprobs only appends tokens (most decodes).
+        plain = not (runner_output.errors or spec or runner_output.prompt_logprobs)
         finished: list[Request] = []
-        for req_id in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(req_id)
-            if request is None or request is not scheduled.get(req_id) or request.is_finished:
+        # The requests the step scheduled, in its order (none if it was forgotten: abort_all).
+        for req_id, request in self._scheduled.pop(id(scheduler_output), {}).items():
+            if requests.get(req_id) is not request or (request.status is not _RUNNING and request.is_finished):
                 continue  # finished or aborted since it was scheduled (its id may be reused)
             # A request preempted while this step was in flight (asynchronous scheduling)
             # still takes the step's token: its resumed token list must include it.
             i = index.get(req_id)
-            generated = runner_output.sampled_token_ids[i] if i is not None else []
+            generated = sampled[i] if i is not None else []
             if self.async_scheduling and request.num_output_placeholders and generated:
                 # The step's sampled token and its drafts, accepted or not, are no longer ahead.
-                num_drafts = len(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
+                num_drafts = len(spec.get(req_id, ()))
                 request.num_output_placeholders = max(0, request.num_output_placeholders - 1 - num_drafts)
-            status = self._apply(request, scheduler_output, runner_output, generated)
+            if plain and not request.pooling and not request.spec_token_ids:
+                status = self._append_tokens(request, runner_output, generated)
+            else:
+                status = self._apply(request, scheduler_output, runner_output, generated)
             if status is not None:
                 self._finish(request, status)
                 finished.append(request)
@@ -285,14 +313,15 @@ class Scheduler:
         generated: list[int],
     ) -> RequestStatus | None:
         req_id = request.req_id
-        if req_id in ro.errors:
+        if ro.errors and req_id in ro.errors:
             request.error = ro.errors[req_id]
             return RequestStatus.FINISHED_ERROR
-        drafts = so.scheduled_spec_decode_tokens.get(req_id)
+        drafts = so.scheduled_spec_decode_tokens.get(req_id) if so.scheduled_spec_decode_tokens else None
         if drafts and generated:
             self._observe_drafts(request, len(drafts), ro.num_draft_tokens.get(req_id, len(drafts)), generated)
-        request.spec_token_ids = []
-        chunk = ro.prompt_logprobs.get(req_id)
+        if request.spec_token_ids:
+            request.spec_token_ids = []
+        chunk = ro.prompt_logprobs.get(req_id) if ro.prompt_logprobs else None
         if chunk is not None:
             self._take_prompt_logprobs(request, chunk)
         if request.pooling:
@@ -308,16 +337,18 @@ class Scheduler:
     ) -> RequestStatus | None:
         status = None
         num_kept = 0
+        max_model_len = self.config.max_model_len
         for token_id in generated:
             request.append_output_token(token_id)
             num_kept += 1
-            status = request.check_stop(self.config.max_model_len)
+            status = request.check_stop(max_model_len)
             if status is not None:
                 break
-        logprobs = ro.logprobs.get(request.req_id)
-        if logprobs is not None and num_kept:
-            request.logprobs.append(logprobs.slice(0, num_kept))
-        if status is None and generated:
+        if num_kept and ro.logprobs:
+            logprobs = ro.logprobs.get(request.req_id)
+            if logprobs is not None:
+                request.logprobs.append(logprobs.slice(0, num_kept))
+        if status is None and generated and ro.spec_token_ids:
             request.spec_token_ids = self._trim_drafts(request, ro.spec_token_ids.get(request.req_id))
         return status
 

@@ -84,6 +84,23 @@ class CachedRequestData:
         self.num_computed_tokens.append(num_computed_tokens)
         self.num_output_tokens.append(num_output_tokens)
 
+    def extend_running(
+        self,
+        req_ids: list[str],
+        new_block_ids: list[list[int] | None],
+        num_computed_tokens: list[int],
+        num_output_tokens: list[int],
+    ) -> None:
+        """Append requests that keep running (not resumed, no token list), one per entry of
+        the parallel lists: :meth:`append` for a whole step at once."""
+        n = len(req_ids)
+        self.req_ids.extend(req_ids)
+        self.resumed_from_preemption.extend([False] * n)
+        self.resumed_req_token_ids.extend([None] * n)
+        self.new_block_ids.extend(new_block_ids)
+        self.num_computed_tokens.extend(num_computed_tokens)
+        self.num_output_tokens.extend(num_output_tokens)
+
 
 @dataclass
 class SchedulerOutput:
