@@ -132,11 +132,18 @@ class LLM:
         if self._end is not None:
             self._end()
 
+    def shutdown(self) -> None:
+        """:meth:`close`, and stop the engine's other processes (the worker ranks when
+        ``tensor_parallel_size > 1``; they also stop when the LLM is collected or the
+        interpreter exits). Idempotent; the engine cannot generate after it."""
+        self.close()
+        self.core.shutdown()
+
     def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self.close()
+        self.shutdown()
 
     # ---- generation --------------------------------------------------------------------
     def generate(
