@@ -91,7 +91,7 @@ def build_engine_core(config: EngineConfig, runner_name: str) -> EngineCore:
     else:
         runner = create_runner(runner_name, config)
     try:
-        return _start(config, runner)
+        return start_engine_core(config, runner)
     except BaseException:
         shutdown = getattr(runner, "shutdown", None)
         if shutdown is not None:
@@ -99,11 +99,12 @@ def build_engine_core(config: EngineConfig, runner_name: str) -> EngineCore:
         raise
 
 
-def _start(config: EngineConfig, runner: ModelRunner) -> EngineCore:
+def start_engine_core(config: EngineConfig, runner: ModelRunner) -> EngineCore:
+    """Load the model of a created runner, size and allocate its KV cache, wrap it."""
     runner.load_model()
     num_blocks = determine_num_kv_blocks(config, runner)
     runner.initialize_kv_cache(num_blocks)
     return EngineCore(config, runner, num_blocks)
 
 
-__all__ = ["RUNNER_NAMES", "build_engine_core", "create_runner", "determine_num_kv_blocks"]
+__all__ = ["RUNNER_NAMES", "build_engine_core", "create_runner", "determine_num_kv_blocks", "start_engine_core"]

@@ -84,7 +84,7 @@ class _Ranks:
     def poll(self) -> TensorParallelError | None:
         """The first rank seen failing: the error it reported, or how its process ended."""
         with self.lock:
-            if self.failure is None:
+            if self.failure is None and not self.closed:  # after shutdown, exits are the plan
                 self.failure = self._find_failure()
             return self.failure
 

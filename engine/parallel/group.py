@@ -148,6 +148,20 @@ def destroy_groups() -> None:
         dist.destroy_process_group()
 
 
-__all__ = ["CONTROL_TIMEOUT", "DEFAULT_TIMEOUT_S", "Groups", "abort_data_group", "backend_for", "check_no_group",
-           "broadcast_command", "connect_store", "current_tensor_parallel", "destroy_groups", "init_groups",
-           "min_over_ranks", "rank_device", "receive_command", "start_store"]
+__all__ = [
+    "CONTROL_TIMEOUT",
+    "DEFAULT_TIMEOUT_S",
+    "Groups",
+    "abort_data_group",
+    "backend_for",
+    "broadcast_command",
+    "check_no_group",
+    "connect_store",
+    "current_tensor_parallel",
+    "destroy_groups",
+    "init_groups",
+    "min_over_ranks",
+    "rank_device",
+    "receive_command",
+    "start_store",
+]

@@ -18,6 +18,7 @@ parent is gone (the engine killed) exits by itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -48,10 +49,8 @@ def worker_main(rank: int, size: int, port: int, config: Any, runner_name: str, 
         _serve(rank, size, port, config, runner_name, timeout_s)
     except BaseException as exc:  # reported, then the process ends: rank 0 raises
         code = 1
-        try:
+        with contextlib.suppress(OSError):
             conn.send((ERROR, rank, _describe(exc)))
-        except OSError:
-            pass
     finally:
         try:
             from engine.parallel.group import destroy_groups
@@ -81,7 +80,7 @@ def _serve(rank: int, size: int, port: int, config: Any, runner_name: str, timeo
         elif name == "execute_model":
             # Dropping a handle only releases its buffers (the host copies of runner_v2's
             # async output are stream-ordered); nothing here waits for the device.
-            pending = result
+            pending = result  # noqa: F841 - held until the next step's handle replaces it
         del result
 
 
