@@ -13,9 +13,8 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.errors import EngineConfigError
 from engine.kv_cache_manager import cdiv
-from engine.runner_protocol import ModelRunner
+from engine.runner_protocol import RUNNER_NAMES, ModelRunner
 
-RUNNER_NAMES = ("v1", "v2")
 GIB = 1 << 30
 
 

@@ -24,7 +24,7 @@ from engine.model import (
     allocate_kv_caches,
     load_model,
 )
-from engine.model.parallel_layers import TensorParallel
+from engine.model.parallel_layers import TENSOR_PARALLEL_ARCHITECTURES, TensorParallel
 from engine.model.state_cache import HybridCacheSpec, MambaState
 from engine.pooling_params import POOLING_TASKS, PoolingParams
 from engine.runner_pooling import PoolingKVScratch, pool_decoder, pool_encoder
@@ -35,7 +35,8 @@ from engine.scheduler_output import SchedulerOutput
 # architecture, engine/model/pooling_config.py): ``embed`` (mean-pooled, L2-normalised
 # embeddings, sentence-transformers' all-MiniLM-L6-v2 recipe), ``classify`` and ``score``
 # (sequence-classification logits, of single texts or of pairs with token types) and ``reward``
-# (a decoder's head at the last token). POOLING_TASKS is re-exported for the manifests.
+# (a decoder's head at the last token). POOLING_TASKS is re-exported for the manifests, and
+# TENSOR_PARALLEL_ARCHITECTURES (the architectures the model layer shards) too.
 
 logger = logging.getLogger("turnout.engine")
 
@@ -198,5 +199,5 @@ def _token_types(params: PoolingParams | None) -> tuple[int, ...] | None:
     return None if params is None else params.token_type_ids
 
 
-__all__ = ["POOLING_TASKS", "RunnerBase", "kv_block_bytes", "kv_cache_budget", "load_engine_model",
+__all__ = ["POOLING_TASKS", "TENSOR_PARALLEL_ARCHITECTURES", "RunnerBase", "kv_block_bytes", "kv_cache_budget", "load_engine_model",
            "state_cache_bytes"]
