@@ -59,7 +59,8 @@ class LLM:
             ``max_num_batched_tokens``, ``block_size``, ``enable_chunked_prefill``,
             ``enable_prefix_caching``, ``max_logprobs``, ``num_kv_blocks``,
             ``kv_cache_memory_gb``, ``cpu_offload_gb``, ``speculative_config``, ``dtype``,
-            ``seed``).
+            ``seed``, ``tensor_parallel_size``: one process per rank, stopped by
+            :meth:`shutdown`, docs/tensor-parallel.md).
 
     Raises:
         EngineConfigError: a bad argument, or a deployment/pin no runner can serve.

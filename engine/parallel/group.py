@@ -17,6 +17,7 @@ One tensor-parallel engine per process: ``torch.distributed`` has one default gr
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -85,6 +86,10 @@ def init_groups(store: Any, rank: int, size: int, device: str, timeout_s: float)
     backend = backend_for(device)
     if backend == "nccl":
         torch.cuda.set_device(rank)
+        # On an error or a timeout, NCCL's watchdog aborts the communicator without killing the
+        # process (torch's default tears it down): rank 0 is the user's process, which raises
+        # TensorParallelError instead. Read when the group is made.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     dist.init_process_group(backend, store=store, rank=rank, world_size=size,
                             timeout=timedelta(seconds=timeout_s))
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
