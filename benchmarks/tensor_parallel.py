@@ -12,7 +12,7 @@ Greedy check: ``--num-check-prompts`` prompts, ``--check-len`` greedy tokens eac
 TP=2 on the same weights; per runner the number of prompts whose tokens are equal, and where
 the others first differ (bf16 partial sums of the row-parallel layers round differently from
 one GEMM's, so a near-tie may flip; float32 equality is the CPU suite's,
-tests/parity/test_tensor_parallel.py).
+tests/parity/test_parity_tensor_parallel.py).
 
 NCCL runs with NVLink multicast off (``NCCL_NVLS_ENABLE=0``, set before any group is made).
 Needs no pydantic (the runners are pinned by name, not chosen by the oracle).

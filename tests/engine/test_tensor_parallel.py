@@ -1,7 +1,7 @@
 """Tensor parallelism's engine side (gloo, CPU): bad ``tensor_parallel_size`` values refused by
 name before any process starts; the heads each rank keeps; a rank that dies or raises makes the
 engine fail with :class:`TensorParallelError` naming it, within seconds and with no process
-left; shutdown stops the workers. Equality with one rank: tests/parity/test_tensor_parallel.py.
+left; shutdown stops the workers. Equality with one rank: tests/parity/test_parity_tensor_parallel.py.
 """
 
 from __future__ import annotations

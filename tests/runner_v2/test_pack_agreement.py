@@ -31,7 +31,7 @@
   - `cuda_graphs`: tests/parity/test_parity_gpu.py::test_bf16_runners_agree
   - `speculative_method:ngram_gpu`: tests/runner_v2/test_spec_decode.py::test_greedy_speculation_equals_plain_decoding
   - `speculative_method:draft_model`: tests/runner_v2/test_spec_decode.py::test_greedy_speculation_equals_plain_decoding
-  - `tensor_parallel`: tests/parity/test_tensor_parallel.py::test_qwen3_shape_at_tp2_equals_tp1
+  - `tensor_parallel`: tests/parity/test_parity_tensor_parallel.py::test_qwen3_shape_at_tp2_equals_tp1
 
 - ``tensor_parallel_size > 1``: a cell the pack sends to a runner is one its manifest serves at
   that size (``tensor_parallel_architectures``), or one the engine refuses by name before any
