@@ -69,6 +69,9 @@ class RunnerManifest:
         requires_triton: it refuses to start without Triton.
         async_scheduling: the engine plans step N+1 before it collects step N.
         cuda_graphs: it replays CUDA graphs on CUDA (unless ``enforce_eager``).
+        tensor_parallel_architectures: the generating architectures it runs at
+            ``tensor_parallel_size > 1`` (the model layer shards them:
+            ``engine.model.parallel_layers``); the engine refuses the others by name.
     """
 
     runner: str
@@ -81,6 +84,7 @@ class RunnerManifest:
     requires_triton: bool
     async_scheduling: bool
     cuda_graphs: bool
+    tensor_parallel_architectures: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         both = set(self.honoured) & set(self.refused)
@@ -91,13 +95,18 @@ class RunnerManifest:
             raise ManifestError(
                 f"runner {self.runner}: features both honoured and refused {sorted(both)}, neither "
                 f"{sorted(missing)}, unknown {sorted(unknown)}; runner kinds {kinds}")
+        unserved = sorted(set(self.tensor_parallel_architectures) - set(self.architectures_for("generate")))
+        if unserved:
+            raise ManifestError(f"runner {self.runner}: tensor parallelism for architectures it does not "
+                                f"generate with: {unserved}")
 
     @classmethod
     def build(cls, runner: str, *, architectures: Mapping[str, Sequence[str]],
               refused: Sequence[str], speculative_methods: Sequence[str] = (),
               pooling_tasks: Sequence[str] = (), platforms: Sequence[str] = (),
               requires_triton: bool = False, async_scheduling: bool = False,
-              cuda_graphs: bool = False) -> RunnerManifest:
+              cuda_graphs: bool = False,
+              tensor_parallel_architectures: Sequence[str] = ()) -> RunnerManifest:
         """A manifest that honours every feature of :data:`FEATURES` but ``refused``.
 
         Raises:
@@ -115,6 +124,7 @@ class RunnerManifest:
             refused=tuple(sorted(refused)), pooling_tasks=tuple(sorted(pooling_tasks)),
             platforms=tuple(sorted(platforms)), requires_triton=requires_triton,
             async_scheduling=async_scheduling, cuda_graphs=cuda_graphs,
+            tensor_parallel_architectures=tuple(sorted(tensor_parallel_architectures)),
         )
 
     def architectures_for(self, runner_kind: str) -> tuple[str, ...]:
@@ -142,6 +152,7 @@ class RunnerManifest:
             "requires_triton": self.requires_triton,
             "async_scheduling": self.async_scheduling,
             "cuda_graphs": self.cuda_graphs,
+            "tensor_parallel_architectures": list(self.tensor_parallel_architectures),
         }
 
 
@@ -158,7 +169,7 @@ def model_layer_architectures() -> dict[str, tuple[str, ...]]:
 def live_manifests() -> dict[str, RunnerManifest]:
     """Each runner's ``MANIFEST`` (the packages are imported by name, as the engine builds
     runners: engine never imports a runner statically)."""
-    from engine.runner_loader import RUNNER_NAMES
+    from engine.runner_protocol import RUNNER_NAMES
 
     out = {}
     for name in RUNNER_NAMES:

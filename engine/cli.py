@@ -70,6 +70,7 @@ def generate(
     chat: Annotated[bool, typer.Option("--chat/--no-chat", help="apply the model's chat template (default: when it has one)")] = True,
     speculative_config: Annotated[str | None, typer.Option("--speculative-config", help='JSON, e.g. {"method": "ngram", "num_speculative_tokens": 3}')] = None,
     cpu_offload_gb: Annotated[float, typer.Option("--cpu-offload-gb", help="GiB of weights kept in host memory")] = 0.0,
+    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", help="ranks to split the model over, one process each (Llama family; docs/tensor-parallel.md)")] = 1,
     max_model_len: MaxLenOpt = None,
     tokenizer: TokOpt = None,
     device: DeviceOpt = None,
@@ -90,7 +91,7 @@ def generate(
         started = time.perf_counter()
         llm = _make_llm(
             model, runner, pack, device, tokenizer=tokenizer, max_model_len=max_model_len, dtype=dtype,
-            speculative_config=spec, cpu_offload_gb=cpu_offload_gb,
+            speculative_config=spec, cpu_offload_gb=cpu_offload_gb, tensor_parallel_size=tensor_parallel_size,
         )
         timing["load_s"] = time.perf_counter() - started
         _print_decision(llm, as_json)
@@ -260,7 +261,7 @@ def _run_guarded(command: str, work: Any) -> Any:
         _fail(str(exc))
     except OSError as exc:  # an unreadable model or tokenizer path
         _fail(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else str(exc))
-    llm.close()  # the run ends cleanly: its last health report goes to the service (if any)
+    llm.shutdown()  # the run ends cleanly: its last health report goes to the service (if any)
     return llm, outputs
 
 

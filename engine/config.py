@@ -132,6 +132,10 @@ class EngineConfig:
             ``device``; see ``engine.model.loader.load_model``).
         mamba_cache_mode: vLLM's ``--mamba-cache-mode``; only ``"none"`` is implemented (each
             request's Mamba state lives in one slot; prefixes of such models are not cached).
+        tensor_parallel_size: ranks the model is split over (vLLM's ``-tp``), one process each
+            (``docs/tensor-parallel.md``): this process is rank 0; on CUDA rank ``r`` runs on
+            ``cuda:r``. Llama-family decoders only (checked against the model by
+            ``engine.model_info.engine_config_for``).
     """
 
     model: str
@@ -156,6 +160,7 @@ class EngineConfig:
     enforce_eager: bool = False
     load_format: str = "auto"
     mamba_cache_mode: str = "none"
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -182,6 +187,27 @@ class EngineConfig:
         self._check_pooling_tasks()
         if self.speculative_config is not None and self.runner_kind == "pooling":
             raise EngineConfigError("speculative decoding does not apply to pooling models")
+        self._check_tensor_parallel()
+
+    def _check_tensor_parallel(self) -> None:
+        tp = self.tensor_parallel_size
+        if not _is_int(tp) or tp < 1:
+            raise EngineConfigError(f"tensor_parallel_size must be an int >= 1, got {tp!r}")
+        if tp == 1:
+            return
+        flag = f"tensor_parallel_size={tp}"
+        if self.runner_kind == "pooling":
+            raise EngineConfigError(f"{flag}: tensor parallelism is not implemented for pooling models")
+        if self.cpu_offload_gb > 0:
+            raise EngineConfigError(f"{flag} with cpu_offload_gb={self.cpu_offload_gb}: offloading a "
+                                    "tensor-parallel shard is not implemented")
+        spec = self.speculative_config
+        if spec is not None and spec.method == "draft_model":
+            raise EngineConfigError(f"{flag} with speculative method 'draft_model': the draft model is "
+                                    "not sharded; use ngram / ngram_gpu, or tensor_parallel_size=1")
+        if self.device.startswith("cuda:") and self.device != "cuda:0":
+            raise EngineConfigError(f"{flag} on device {self.device!r}: rank r runs on cuda:r; pass "
+                                    "device 'cuda' (restrict the GPUs with CUDA_VISIBLE_DEVICES)")
 
     def _check_pooling_tasks(self) -> None:
         tasks = self.pooling_tasks

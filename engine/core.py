@@ -225,6 +225,13 @@ class EngineCore:
         if scheduler_output.finished_req_ids or scheduler_output.preempted_req_ids:
             self.runner.execute_model(scheduler_output)
 
+    def shutdown(self) -> None:
+        """Stop what the runner runs beside this process (the worker ranks of tensor
+        parallelism: ``engine.parallel``); idempotent. The engine cannot step after it."""
+        shutdown = getattr(self.runner, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
     def run_until_done(self) -> list[Request]:
         """Step until every request is finished; the finished requests in finishing order."""
         done: list[Request] = []

@@ -39,4 +39,25 @@ class NoRunnerError(EngineConfigError):
     code = "no_runner"
 
 
-__all__ = ["EngineConfigError", "EngineError", "InvalidRequestError", "NoRunnerError", "UnsupportedOptionError"]
+class TensorParallelError(EngineError):
+    """A rank of a tensor-parallel group failed (its process died, or raised): the group cannot
+    go on, so the engine stops every rank and raises this instead of waiting on a collective
+    that would never complete. Build a new engine to continue.
+
+    Attributes:
+        rank: the rank that failed (``None``: unknown, e.g. a collective timed out).
+        cause: what happened to it (``killed by signal SIGKILL``, ``exited with status 1``, or
+            the exception it raised).
+    """
+
+    code = "tensor_parallel_rank_failed"
+
+    def __init__(self, rank: int | None, cause: str) -> None:
+        self.rank = rank
+        self.cause = cause
+        who = f"rank {rank}" if rank is not None else "a rank"
+        super().__init__(f"tensor-parallel {who} failed: {cause}; every rank was stopped")
+
+
+__all__ = ["EngineConfigError", "EngineError", "InvalidRequestError", "NoRunnerError", "TensorParallelError",
+           "UnsupportedOptionError"]

@@ -59,7 +59,8 @@ class LLM:
             ``max_num_batched_tokens``, ``block_size``, ``enable_chunked_prefill``,
             ``enable_prefix_caching``, ``max_logprobs``, ``num_kv_blocks``,
             ``kv_cache_memory_gb``, ``cpu_offload_gb``, ``speculative_config``, ``dtype``,
-            ``seed``).
+            ``seed``, ``tensor_parallel_size``: one process per rank, stopped by
+            :meth:`shutdown`, docs/tensor-parallel.md).
 
     Raises:
         EngineConfigError: a bad argument, or a deployment/pin no runner can serve.
@@ -132,11 +133,18 @@ class LLM:
         if self._end is not None:
             self._end()
 
+    def shutdown(self) -> None:
+        """:meth:`close`, and stop the engine's other processes (the worker ranks when
+        ``tensor_parallel_size > 1``; they also stop when the LLM is collected or the
+        interpreter exits). Idempotent; the engine cannot generate after it."""
+        self.close()
+        self.core.shutdown()
+
     def __enter__(self) -> LLM:
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self.close()
+        self.shutdown()
 
     # ---- generation --------------------------------------------------------------------
     def generate(

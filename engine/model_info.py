@@ -42,7 +42,9 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
 
     Raises:
         EngineConfigError: ``max_model_len`` above the model's ``max_position_embeddings``, a
-            CUDA device on a machine without it, or another bad value.
+            CUDA device on a machine without it (or with fewer GPUs than
+            ``tensor_parallel_size``), a ``tensor_parallel_size`` the model cannot be split by
+            (its family, or head counts not divisible), or another bad value.
     """
     EngineConfig.check_field_names(set(kwargs))
     from_model = sorted({"vocab_size", "runner_kind", "pooling_tasks"} & set(kwargs))
@@ -68,13 +70,26 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
         kwargs.setdefault("max_num_batched_tokens", max(2048, max_len))
     kwargs.setdefault("max_num_batched_tokens", 2048)
     _prefix_caching_for_state(mc, kwargs)
+    _check_tensor_parallel(mc, kwargs.get("tensor_parallel_size", 1))
     config = EngineConfig(
         model=str(model), vocab_size=mc.vocab_size, max_model_len=max_len, eos_token_ids=tuple(eos),
         runner_kind="pooling" if mc.is_pooling else "generate", pooling_tasks=mc.pooling_tasks,
         speculative_config=spec, **kwargs,
     )
-    _check_device_exists(config.device)
+    _check_device_exists(config.device, config.tensor_parallel_size)
     return config
+
+
+def _check_tensor_parallel(mc: Any, size: Any) -> None:
+    # Before the EngineConfig: the model's head counts and family decide whether it can be
+    # split (the layers' own rule, engine.model.parallel_layers); a bad value is refused there.
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 1:
+        return
+    from engine.model.parallel_layers import tensor_parallel_problem
+
+    problem = tensor_parallel_problem(mc, size)
+    if problem is not None:
+        raise EngineConfigError(problem)
 
 
 def _prefix_caching_for_state(mc: Any, kwargs: dict[str, Any]) -> None:
@@ -94,7 +109,7 @@ def _prefix_caching_for_state(mc: Any, kwargs: dict[str, Any]) -> None:
         kwargs["enable_prefix_caching"] = False
 
 
-def _check_device_exists(device: str) -> None:
+def _check_device_exists(device: str, tensor_parallel_size: int = 1) -> None:
     # torch would fail later with an AssertionError ("Torch not compiled with CUDA enabled")
     # or a CUDA error deep inside the model load.
     if not device.startswith("cuda"):
@@ -106,6 +121,9 @@ def _check_device_exists(device: str) -> None:
         raise EngineConfigError(f"device {device!r}: CUDA is not available on this machine")
     if index.isdigit() and int(index) >= torch.cuda.device_count():
         raise EngineConfigError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if tensor_parallel_size > torch.cuda.device_count():
+        raise EngineConfigError(f"tensor_parallel_size={tensor_parallel_size}: this machine has "
+                                f"{torch.cuda.device_count()} CUDA device(s), one per rank is needed")
 
 
 __all__ = ["engine_config_for", "read_model_config"]

@@ -13,9 +13,8 @@ from engine.config import EngineConfig
 from engine.core import EngineCore
 from engine.errors import EngineConfigError
 from engine.kv_cache_manager import cdiv
-from engine.runner_protocol import ModelRunner
+from engine.runner_protocol import RUNNER_NAMES, ModelRunner
 
-RUNNER_NAMES = ("v1", "v2")
 GIB = 1 << 30
 
 
@@ -78,12 +77,33 @@ def determine_num_kv_blocks(config: EngineConfig, runner: ModelRunner) -> int:
 
 
 def build_engine_core(config: EngineConfig, runner_name: str) -> EngineCore:
-    """Create the runner, load the model, size and allocate the KV cache, wrap it."""
-    runner = create_runner(runner_name, config)
+    """Create the runner, load the model, size and allocate the KV cache, wrap it. With
+    ``tensor_parallel_size > 1`` the runner is an ``engine.parallel.executor.
+    TensorParallelRunner``: one process per rank, this one rank 0 (``core.shutdown()`` stops
+    the others)."""
+    if config.tensor_parallel_size > 1:
+        if runner_name not in RUNNER_NAMES:  # before any process starts
+            create_runner(runner_name, config)
+        from engine.parallel.executor import TensorParallelRunner
+
+        runner: ModelRunner = TensorParallelRunner(runner_name, config)
+    else:
+        runner = create_runner(runner_name, config)
+    try:
+        return start_engine_core(config, runner)
+    except BaseException:
+        shutdown = getattr(runner, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+        raise
+
+
+def start_engine_core(config: EngineConfig, runner: ModelRunner) -> EngineCore:
+    """Load the model of a created runner, size and allocate its KV cache, wrap it."""
     runner.load_model()
     num_blocks = determine_num_kv_blocks(config, runner)
     runner.initialize_kv_cache(num_blocks)
     return EngineCore(config, runner, num_blocks)
 
 
-__all__ = ["RUNNER_NAMES", "build_engine_core", "create_runner", "determine_num_kv_blocks"]
+__all__ = ["RUNNER_NAMES", "build_engine_core", "create_runner", "determine_num_kv_blocks", "start_engine_core"]

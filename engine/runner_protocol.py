@@ -15,6 +15,9 @@ from engine.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 
+#: The runner packages of this build, by name (``runner_<name>``).
+RUNNER_NAMES = ("v1", "v2")
+
 
 @runtime_checkable
 class ModelRunner(Protocol):
@@ -50,4 +53,4 @@ class ModelRunner(Protocol):
         forward pass, sample, and return the results (or a handle to them)."""
 
 
-__all__ = ["ModelRunner"]
+__all__ = ["RUNNER_NAMES", "ModelRunner"]

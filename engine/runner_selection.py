@@ -70,6 +70,7 @@ def deployment_config(
         enable_prefix_caching=engine_config.enable_prefix_caching,
         mamba_cache_mode=engine_config.mamba_cache_mode,
         enforce_eager=engine_config.enforce_eager,
+        tensor_parallel_size=engine_config.tensor_parallel_size,
         deployment_id=deployment_id,
         env=env,
     )

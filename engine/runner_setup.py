@@ -24,6 +24,7 @@ from engine.model import (
     allocate_kv_caches,
     load_model,
 )
+from engine.model.parallel_layers import TENSOR_PARALLEL_ARCHITECTURES, TensorParallel
 from engine.model.state_cache import HybridCacheSpec, MambaState
 from engine.pooling_params import POOLING_TASKS, PoolingParams
 from engine.runner_pooling import PoolingKVScratch, pool_decoder, pool_encoder
@@ -34,15 +35,17 @@ from engine.scheduler_output import SchedulerOutput
 # architecture, engine/model/pooling_config.py): ``embed`` (mean-pooled, L2-normalised
 # embeddings, sentence-transformers' all-MiniLM-L6-v2 recipe), ``classify`` and ``score``
 # (sequence-classification logits, of single texts or of pairs with token types) and ``reward``
-# (a decoder's head at the last token). POOLING_TASKS is re-exported for the manifests.
+# (a decoder's head at the last token). POOLING_TASKS is re-exported for the manifests, and
+# TENSOR_PARALLEL_ARCHITECTURES (the architectures the model layer shards) too.
 
 logger = logging.getLogger("turnout.engine")
 
 
-def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.device
-                      ) -> DecoderModel | EncoderModel:
-    """``config.model`` loaded in ``dtype`` on ``device``; logs its quantization report
-    (``engine.model.quantization``) on the ``turnout.engine`` logger.
+def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.device,
+                      tensor_parallel: TensorParallel | None = None) -> DecoderModel | EncoderModel:
+    """``config.model`` loaded in ``dtype`` on ``device`` (``tensor_parallel``: this rank's
+    shard); logs its quantization report (``engine.model.quantization``) on the
+    ``turnout.engine`` logger.
 
     Raises:
         EngineConfigError: the model's ``vocab_size`` is not ``config.vocab_size``, or
@@ -50,7 +53,7 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
         ModelConfigError, WeightLoadError: from :func:`engine.model.load_model`.
     """
     model = load_model(config.model, dtype=dtype, device=device, seed=config.seed,
-                       load_format=config.load_format)
+                       load_format=config.load_format, tensor_parallel=tensor_parallel)
     if model.config.has_inner_state and config.speculative_config is not None:
         # Scoring drafts runs them through the Mamba layers: a rejected draft would stay in the
         # request's one recurrent state (no per-token snapshot to roll back to).
@@ -109,6 +112,8 @@ class RunnerBase:
             a pooling model); a :class:`~engine.model.state_cache.MambaState` of ``max_num_seqs``
             slots for each Mamba layer.
         pooling_scratch: a pooling decoder's step-local paged cache (``None`` otherwise).
+        tensor_parallel: this process's rank when ``tensor_parallel_size > 1`` (the model is
+            its shard, on ``cuda:rank`` on CUDA; ``engine.parallel``), else ``None``.
     """
 
     gpu_kv_fraction = 0.9
@@ -117,13 +122,20 @@ class RunnerBase:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = torch.device(config.device)
+        self.tensor_parallel: TensorParallel | None = None
+        if config.tensor_parallel_size > 1:
+            from engine.parallel.group import current_tensor_parallel, rank_device
+
+            self.tensor_parallel = current_tensor_parallel(config.tensor_parallel_size)
+            assert self.tensor_parallel is not None
+            self.device = torch.device(rank_device(config.device, self.tensor_parallel.rank))
         self.dtype: torch.dtype = getattr(torch, config.dtype)
         self.model: DecoderModel | EncoderModel | None = None
         self.kv_caches: list[torch.Tensor | MambaState] = []
         self.pooling_scratch: PoolingKVScratch | None = None
 
     def load_model(self) -> None:
-        self.model = load_engine_model(self.config, self.dtype, self.device)
+        self.model = load_engine_model(self.config, self.dtype, self.device, self.tensor_parallel)
 
     @property
     def is_pooling(self) -> bool:
@@ -187,5 +199,5 @@ def _token_types(params: PoolingParams | None) -> tuple[int, ...] | None:
     return None if params is None else params.token_type_ids
 
 
-__all__ = ["POOLING_TASKS", "RunnerBase", "kv_block_bytes", "kv_cache_budget", "load_engine_model",
+__all__ = ["POOLING_TASKS", "TENSOR_PARALLEL_ARCHITECTURES", "RunnerBase", "kv_block_bytes", "kv_cache_budget", "load_engine_model",
            "state_cache_bytes"]

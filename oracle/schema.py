@@ -255,6 +255,8 @@ class RunnerManifestSpec(_Strict):
     requires_triton: bool
     async_scheduling: bool
     cuda_graphs: bool
+    # the generating architectures served at tensor_parallel_size > 1 (older files: none)
+    tensor_parallel_architectures: list[str] = []
 
 
 class ManifestsFile(_Strict):

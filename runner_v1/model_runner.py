@@ -21,7 +21,7 @@ from engine.config import DEVICE_TYPES, EngineConfig
 from engine.errors import EngineConfigError
 from engine.model import DecoderModel
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, PromptLogprobs
-from engine.runner_setup import POOLING_TASKS, RunnerBase
+from engine.runner_setup import POOLING_TASKS, TENSOR_PARALLEL_ARCHITECTURES, RunnerBase
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import NewRequestData, SchedulerOutput
 from runner_v1.block_table import BlockTable
@@ -274,12 +274,13 @@ class V1ModelRunner(RunnerBase):
 #: (spec_decode.py; it refuses ngram_gpu and draft_model, runner_v2's device drafts); every
 #: option of engine.capabilities.FEATURES (it refuses none: logits processors in sampler.py,
 #: cpu_offload_gb in cpu_offload.py); no Triton; synchronous; decode CUDA graphs on CUDA
-#: (decode_graphs.py), as MRV1.
+#: (decode_graphs.py), as MRV1; tensor parallelism for the architectures the model layer shards.
 MANIFEST = RunnerManifest.build(
     "v1", architectures=model_layer_architectures(), refused=(),
     speculative_methods=SPECULATIVE_METHODS, pooling_tasks=POOLING_TASKS, platforms=DEVICE_TYPES,
     requires_triton=False, async_scheduling=getattr(V1ModelRunner, "async_scheduling", False),
     cuda_graphs=True,
+    tensor_parallel_architectures=TENSOR_PARALLEL_ARCHITECTURES,
 )
 
 

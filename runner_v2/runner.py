@@ -37,7 +37,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.errors import UnsupportedOptionError
 from engine.model import DecoderModel
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
-from engine.runner_setup import POOLING_TASKS, RunnerBase
+from engine.runner_setup import POOLING_TASKS, TENSOR_PARALLEL_ARCHITECTURES, RunnerBase
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 from kernels.post_update import post_update
@@ -372,12 +372,14 @@ class V2ModelRunner(RunnerBase):
 #: What runner_v2 serves: every architecture of the model layer; the speculative methods the
 #: engine can express minus those refusals.py refuses (ngram_gpu and draft_model); every option of
 #: engine.capabilities.FEATURES but those refusals.py refuses; Triton required
-#: (refusals.check_engine_config); asynchronous scheduling and decode CUDA graphs.
+#: (refusals.check_engine_config); asynchronous scheduling and decode CUDA graphs; tensor
+#: parallelism for the architectures the model layer shards.
 MANIFEST = RunnerManifest.build(
     "v2", architectures=model_layer_architectures(), refused=tuple(refusals.REFUSED_FEATURES),
     speculative_methods=[m for m in SUPPORTED_SPECULATIVE_METHODS if m not in refusals.REFUSED_SPECULATIVE_METHODS],
     pooling_tasks=POOLING_TASKS, platforms=DEVICE_TYPES, requires_triton=True,
     async_scheduling=V2ModelRunner.async_scheduling, cuda_graphs=True,
+    tensor_parallel_architectures=TENSOR_PARALLEL_ARCHITECTURES,
 )
 
 

@@ -51,6 +51,10 @@ FORBIDDEN = {
     # The GPU machine has no pydantic: the engine loop and both runners run without the oracle.
     "engine.core": {"torch", "oracle", "pydantic", "runner_v1", "runner_v2"},
     "engine.runner_setup": {"oracle", "pydantic", "runner_v1", "runner_v2", "dashboard"},
+    # tensor parallelism's processes run the runners (on the GPU machine: no pydantic)
+    "engine.parallel": {"torch", "oracle", "pydantic", "runner_v1", "runner_v2"},
+    "engine.parallel.executor": {"oracle", "pydantic", "runner_v1", "runner_v2", "dashboard"},
+    "engine.parallel.worker": {"torch", "oracle", "pydantic", "runner_v1", "runner_v2", "dashboard"},
     "runner_v1.model_runner": {"oracle", "pydantic", "runner_v2", "dashboard", "fastapi"},
     "runner_v2.runner": {"oracle", "pydantic", "runner_v1", "dashboard", "fastapi"},
     "engine.llm": {"runner_v1", "runner_v2", "dashboard", "fastapi", "sqlalchemy"},

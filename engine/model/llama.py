@@ -168,9 +168,15 @@ class DecoderModel(nn.Module):
         return FullAttentionSpec(num_layers=config.num_hidden_layers,
                                  num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim)
 
+    #: A tensor-parallel rank's share of the KV heads (set by ``engine.model.parallel_layers``).
+    local_kv_cache_spec: KVCacheSpec | None = None
+
     @property
     def kv_cache_spec(self) -> KVCacheSpec:
-        """This model's paged-cache layout (:meth:`kv_cache_spec_for` of its config)."""
+        """This model's paged-cache layout (:meth:`kv_cache_spec_for` of its config; of this
+        rank's KV heads when the model is a tensor-parallel shard)."""
+        if self.local_kv_cache_spec is not None:
+            return self.local_kv_cache_spec
         return self.kv_cache_spec_for(self.config)
 
     def tie_weights(self) -> None:

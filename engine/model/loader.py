@@ -19,6 +19,7 @@ from engine.model.fp8_config import Fp8Config
 from engine.model.llama import DecoderModel
 from engine.model.moe_weights import moe_weight_recipes
 from engine.model.opt import opt_weight_names
+from engine.model.parallel_layers import TensorParallel, shard_decoder, weight_sharder
 from engine.model.quantization import quantization_report
 from engine.model.registry import decoder_class
 from engine.model.weights import WeightLoadError, WeightSource, assign_weights, random_source
@@ -35,6 +36,7 @@ def load_model(
     seed: int = 0,
     attn_backend: str = "auto",
     load_format: str = "auto",
+    tensor_parallel: TensorParallel | None = None,
 ) -> DecoderModel | EncoderModel:
     """Load a model in eval mode, its weights at ``dtype`` on ``device``.
 
@@ -51,13 +53,18 @@ def load_model(
             ``device`` itself (``random_tensor``; CUDA's generator gives other values than
             the CPU's), for models whose checkpoint would not fit the disk or take minutes to
             draw on the host.
+        tensor_parallel: this process's rank of a tensor-parallel group (size > 1): the model
+            is that rank's shard (``engine.model.parallel_layers``); every tensor is read (or
+            drawn) whole on the host and cut there, so the device holds only the shard.
 
     Raises:
         FileNotFoundError: the path does not exist or holds no weights.
         ModelConfigError: the config names an unsupported architecture or feature.
         WeightLoadError: the weights do not fit the architecture.
-        ValueError: an unknown ``attn_backend`` or ``load_format``.
+        ValueError: an unknown ``attn_backend`` or ``load_format``, or an architecture (or
+            head counts) ``tensor_parallel`` cannot shard.
     """
+    tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None
     if attn_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attn_backend must be one of {ATTENTION_BACKENDS}, got {attn_backend!r}")
     if load_format not in LOAD_FORMATS:
@@ -67,9 +74,9 @@ def load_model(
         if not path.is_dir():
             raise FileNotFoundError(f"load_format='dummy' needs an HF model directory, got {path}")
         source = read_hf_config(path)
-        return _random_model(source, seed, torch.device(device).type, dtype, device, attn_backend)
+        return _random_model(source, seed, torch.device(device).type, dtype, device, attn_backend, tp)
     if isinstance(source, ModelConfig):
-        return _random_model(source, seed, "cpu", dtype, device, attn_backend)
+        return _random_model(source, seed, "cpu", dtype, device, attn_backend, tp)
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
@@ -77,22 +84,25 @@ def load_model(
         from engine.model.gguf_loader import read_gguf  # the gguf package is needed only here
 
         config, weights = read_gguf(path)
-        return build_model(config, weights, dtype=dtype, device=device, attn_backend=attn_backend)
+        return build_model(config, weights, dtype=dtype, device=device, attn_backend=attn_backend,
+                           tensor_parallel=tp)
     if path.is_dir():
         config = read_hf_config(path)
         return build_model(config, safetensors_source(path), dtype=dtype, device=device,
-                           attn_backend=attn_backend)
+                           attn_backend=attn_backend, tensor_parallel=tp)
     raise FileNotFoundError(f"{path} is neither an HF model directory nor a .gguf file")
 
 
 def _random_model(config: ModelConfig, seed: int, draw_on: str, dtype: torch.dtype,
-                  device: torch.device | str, attn_backend: str) -> DecoderModel | EncoderModel:
+                  device: torch.device | str, attn_backend: str,
+                  tp: TensorParallel | None) -> DecoderModel | EncoderModel:
     weights = random_source(config, seed, draw_on)
     if isinstance(config.quantization, Fp8Config):  # quantised by the format's own rule
         from engine.model.fp8_checkpoint import quantize_tensors
 
         weights = quantize_tensors(weights, config)
-    return build_model(config, weights, dtype=dtype, device=device, attn_backend=attn_backend)
+    return build_model(config, weights, dtype=dtype, device=device, attn_backend=attn_backend,
+                       tensor_parallel=tp)
 
 
 def read_hf_config(model_dir: Path) -> ModelConfig:
@@ -148,11 +158,17 @@ def safetensors_source(model_dir: Path) -> WeightSource:
 
 
 def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtype,
-                device: torch.device | str, attn_backend: str = "auto"
-                ) -> DecoderModel | EncoderModel:
-    """Build ``config``'s model on the meta device, assign ``weights``, build buffers."""
+                device: torch.device | str, attn_backend: str = "auto",
+                tensor_parallel: TensorParallel | None = None) -> DecoderModel | EncoderModel:
+    """Build ``config``'s model on the meta device (``tensor_parallel``: this rank's shard of
+    it), assign ``weights``, build buffers."""
+    tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None
     with torch.device("meta"):
         model = _new_model(config, attn_backend)
+        if tp is not None:
+            if type(model) is not DecoderModel:
+                raise ValueError(f"tensor_parallel_size={tp.size}: {config.architecture} is not sharded")
+            shard_decoder(model, tp)
     if isinstance(model, DecoderModel):
         if config.opt is not None:
             weights = opt_weight_names(weights)
@@ -162,7 +178,8 @@ def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtyp
             weights = load_fp8_linears(model, config.quantization, weights, dtype=dtype,
                                        device=device, fused=model.fused_params)
         assign_weights(model, weights, dtype=dtype, device=device, fused=model.fused_params,
-                       recipes=moe_weight_recipes(config))
+                       recipes=moe_weight_recipes(config),
+                       shard=weight_sharder(model) if tp is not None else None)
         model.tie_weights()
         rotary = getattr(model.model, "rotary_emb", None)  # OPT has learned positions
         if rotary is not None:

@@ -131,14 +131,17 @@ def random_source(config: ModelConfig, seed: int, device: str = "cpu") -> Weight
 def assign_weights(model: nn.Module, source: WeightSource, *, dtype: torch.dtype,
                    device: torch.device | str, fused: Mapping[str, tuple[str, ...]],
                    prefix_aliases: tuple[str, ...] = (),
-                   recipes: Mapping[str, Recipe] | None = None) -> None:
+                   recipes: Mapping[str, Recipe] | None = None,
+                   shard: Callable[[str, int, torch.Tensor], torch.Tensor] | None = None) -> None:
     """Fill every parameter of ``model`` (built on the meta device) from ``source``.
 
     Each parameter is materialised on ``device`` once, at ``dtype``; fused parameters
     (``fused``: name part -> HF parts) are concatenated from their pieces along dim 0;
     parameters named in ``recipes`` (``engine.model.moe_weights``: stacked experts) are
     allocated on ``device`` and filled piece by piece. HF names may carry one of
-    ``prefix_aliases`` (e.g. ``"bert."``).
+    ``prefix_aliases`` (e.g. ``"bert."``). ``shard(param name, piece index, tensor)`` cuts each
+    HF piece, read on the host, to a tensor-parallel rank's part before the pieces are joined
+    (``engine.model.parallel_layers.weight_sharder``).
 
     Raises:
         WeightLoadError: a parameter has no tensor, a tensor has the wrong shape, or the source
@@ -166,6 +169,8 @@ def assign_weights(model: nn.Module, source: WeightSource, *, dtype: torch.dtype
             continue
         # Fused pieces are joined on the host, so the device holds each parameter once.
         pieces = [_read(names[p], p, dtype) for p in parts]
+        if shard is not None:
+            pieces = [shard(pname, i, piece) for i, piece in enumerate(pieces)]
         tensor = (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=0)).to(device)
         if tensor.shape != param.shape:
             raise WeightLoadError(f"{pname}: checkpoint shape {tuple(tensor.shape)} != "

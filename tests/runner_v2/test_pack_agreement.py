@@ -31,6 +31,11 @@
   - `cuda_graphs`: tests/parity/test_parity_gpu.py::test_bf16_runners_agree
   - `speculative_method:ngram_gpu`: tests/runner_v2/test_spec_decode.py::test_greedy_speculation_equals_plain_decoding
   - `speculative_method:draft_model`: tests/runner_v2/test_spec_decode.py::test_greedy_speculation_equals_plain_decoding
+  - `tensor_parallel`: tests/parity/test_parity_tensor_parallel.py::test_qwen3_shape_at_tp2_equals_tp1
+
+- ``tensor_parallel_size > 1``: a cell the pack sends to a runner is one its manifest serves at
+  that size (``tensor_parallel_architectures``), or one the engine refuses by name before any
+  process starts (the other families: ``engine.model.parallel_layers.tensor_parallel_problem``).
 """
 
 from __future__ import annotations
@@ -90,13 +95,13 @@ LOAD_REFUSES = {
 }
 #: Pack dimensions checked against the manifests, and the others.
 CHECKED = {"speculative_method", "logits_processors", "cpu_offload_gb", "platform",
-           "triton_available", "pooling", "mamba_cache_mode"}
+           "triton_available", "pooling", "mamba_cache_mode", "tensor_parallel_size"}
 MODEL_ATTRIBUTES = {"family", "is_moe", "attention_free", "has_inner_state"}  # facts of the architecture
 # turnout's engine has no such option: EngineConfig refuses it by name. `quantization` is a
 # fact of the checkpoint the engine reports (none, gguf, fp8, compressed-tensors): the manifests
 # do not list weight formats yet, so it is not checked here.
 NO_ENGINE_FIELD = {
-    "compilation_mode", "enable_sequence_parallelism", "tensor_parallel_size",
+    "compilation_mode", "enable_sequence_parallelism",
     "pipeline_parallel_size", "prefill_context_parallel_size", "distributed_executor_backend",
     "async_scheduling", "enable_dbo", "enable_elastic_ep", "logits_processor_plugins",
     "kv_sharing_fast_prefill", "quantization",
@@ -170,7 +175,11 @@ def test_each_v2_blocker_is_refused(rule, monkeypatch: pytest.MonkeyPatch, tmp_p
                 dataclasses.replace(base, device=value)
         return
     if rule.id not in EXPRESSIBLE:
-        for dim in witness:
+        # The engine cannot express the configuration: some dimension of it is no engine
+        # argument (sequence parallelism's; its tensor_parallel_size is one).
+        unknown = [dim for dim in witness if dim in NO_ENGINE_FIELD]
+        assert unknown, rule.id
+        for dim in unknown:
             with pytest.raises(EngineConfigError, match=f"unknown engine arguments \\['{dim}'\\]"):
                 EngineConfig.check_field_names({dim})
         return
@@ -253,7 +262,39 @@ def _unserved(runner: str, cfg: DeploymentConfig) -> list[str]:
         problems.append(f"mamba_cache_mode {cfg.mamba_cache_mode}")
     if not cfg.triton_available and m.requires_triton:
         problems.append("Triton")
+    if cfg.tensor_parallel_size > 1 and cfg.architecture not in m.tensor_parallel_architectures \
+            and _tensor_parallel_refusal(cfg.architecture, cfg.tensor_parallel_size) is None:
+        problems.append(f"tensor_parallel_size {cfg.tensor_parallel_size}")  # neither served nor refused
     return problems
+
+
+def _tensor_parallel_refusal(architecture: str, size: int) -> str | None:
+    """The engine's refusal of ``architecture`` at ``size`` ranks (for any head counts), or None."""
+    from engine.model import ModelConfig
+    from engine.model.parallel_layers import tensor_parallel_problem
+
+    config = ModelConfig(architecture=architecture, vocab_size=64 * size, hidden_size=64 * size,
+                         intermediate_size=64 * size, num_hidden_layers=1, num_attention_heads=size,
+                         num_key_value_heads=size, head_dim=64, max_position_embeddings=64)
+    return tensor_parallel_problem(config, size)
+
+
+def test_tensor_parallel_cells_are_served_or_refused_by_name() -> None:
+    for m in MANIFESTS.values():
+        assert set(m.tensor_parallel_architectures) == {"LlamaForCausalLM", "MistralForCausalLM",
+                                                         "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+    seen = {"served": 0, "refused": 0}
+    for cell in enumerate_matrix(PACK):
+        cfg, runner = cell.config, cell.decision.runner
+        if runner is None or cfg.tensor_parallel_size == 1:
+            continue
+        refusal = _tensor_parallel_refusal(cfg.architecture, cfg.tensor_parallel_size)
+        served = cfg.architecture in MANIFESTS[runner].tensor_parallel_architectures
+        assert served == (refusal is None), cfg.architecture
+        if refusal is not None:
+            assert refusal.startswith(f"tensor_parallel_size={cfg.tensor_parallel_size}: ") and cfg.architecture in refusal
+        seen["served" if served else "refused"] += 1
+    assert seen["served"] and seen["refused"]  # both kinds of cell exist
 
 
 def test_every_cell_the_pack_sends_to_a_runner_is_served_by_its_manifest() -> None:
@@ -288,6 +329,7 @@ def test_the_docstring_lists_a_v2_test_for_everything_v2_serves() -> None:
     want = {"architectures", *m.honoured, *(f"pooling_task:{t}" for t in m.pooling_tasks),
             *(f"platform:{p}" for p in m.platforms), *(f"speculative_method:{s}" for s in m.speculative_methods)}
     want |= {name for name in ("async_scheduling", "cuda_graphs") if getattr(m, name)}
+    want |= {"tensor_parallel"} if m.tensor_parallel_architectures else set()
     listed = dict(re.findall(r"^  - `([\w:.-]+)`: (\S+)$", __doc__ or "", re.M))
     assert set(listed) == want
     for feature, ref in listed.items():
