@@ -40,6 +40,7 @@ def plot(summary: dict, out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     results = {k: v for k, v in summary["results"].items() if "output_tokens_per_s" in v}
     names = sorted(results, key=lambda k: results[k]["output_tokens_per_s"])
@@ -50,8 +51,9 @@ def plot(summary: dict, out: Path) -> None:
     floor = summary.get("bandwidth_floor", {}).get("output_tokens_per_s")
     if floor:
         ax.axvline(floor, color="#b03a2e", linestyle="--", linewidth=1)
-        ax.text(floor, len(names) - 0.5, f" bandwidth floor {floor:,.0f}", color="#b03a2e", va="center")
+        ax.text(floor, len(names) - 0.5, f"bandwidth floor {floor:,.0f} ", color="#b03a2e", va="center", ha="right")
     ax.set_xlabel("output tokens/s")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
     ax.set_xlim(0, max([*speeds, floor or 0]) * 1.25)
     ax.set_title(f"{summary.get('model', '')}, {summary.get('num_prompts')} prompts x "
                  f"{summary.get('output_len')} tokens, {summary.get('device', '')}", fontsize=10)
