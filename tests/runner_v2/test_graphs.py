@@ -15,7 +15,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-from engine.cuda_graphs import MixedGraphs, buffers_forward, mixed_capture_sizes, set_dummy_mixed_inputs
+from engine.cuda_graphs import (
+    MixedGraphs,
+    buffers_forward,
+    mixed_capture_sizes,
+    set_dummy_mixed_inputs,
+)
 from engine.model import write_random_weights
 from engine.model_info import engine_config_for
 from engine.runner_loader import build_engine_core
