@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent / "model"))
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_model_configs import TINY_DECODER_CONFIGS, TINY_MOE_CONFIGS
-from tp_helpers import FAULT, fail_third_step_on_rank_1
+from tp_helpers import FAULT, fail_joining_on_rank_1, fail_third_step_on_rank_1
 
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.errors import EngineConfigError, EngineError, TensorParallelError
@@ -166,6 +166,20 @@ def test_a_worker_exception_names_the_rank_and_its_error(llama_dir: Path) -> Non
     assert info.value.rank == 1
     assert info.value.cause.startswith(f"RuntimeError: {FAULT} on rank 1 (at ")
     _assert_no_worker_left(pids)
+
+
+def test_a_worker_failing_before_it_joins_the_groups_is_named_at_once(llama_dir: Path) -> None:
+    # Rank 0 joined the groups as soon as the workers had imported torch: a worker failing
+    # later (connecting to the store, selecting its GPU) left it waiting for the whole
+    # timeout (300 s by default), then raising the store's error, which names no rank.
+    config = engine_config_for(llama_dir, device="cpu", max_model_len=128, tensor_parallel_size=2)
+    started = time.monotonic()
+    with pytest.raises(TensorParallelError) as info:
+        TensorParallelRunner("v1", config, worker_init=fail_joining_on_rank_1, timeout_s=3 * BOUND_S)
+    assert time.monotonic() - started < BOUND_S
+    assert info.value.rank == 1
+    assert info.value.cause.startswith(f"RuntimeError: {FAULT} on rank 1 (at ")
+    assert not dist.is_initialized()
 
 
 def test_shutdown_stops_the_workers_and_one_group_per_process(llama_dir: Path) -> None:
