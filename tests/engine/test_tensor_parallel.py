@@ -13,6 +13,7 @@ import re
 import signal
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,32 @@ def test_a_worker_failing_before_it_joins_the_groups_is_named_at_once(llama_dir:
     assert info.value.rank == 1
     assert info.value.cause.startswith(f"RuntimeError: {FAULT} on rank 1 (at ")
     assert not dist.is_initialized()
+
+
+def _processor_of_a_module_the_workers_cannot_import() -> Any:
+    # What a function of a notebook (or `python -c`) is to the spawned workers: pickled by
+    # reference to a module they cannot import. Pickling succeeds here, unpickling fails there.
+    module = types.ModuleType("turnout_unimportable_processors")
+    exec("def boost(ids, logits):\n    logits[7] += 5.0\n    return logits\n", module.__dict__)
+    sys.modules[module.__name__] = module
+    return module.boost
+
+
+def test_a_processor_the_workers_cannot_import_is_rejected_alone(llama_dir: Path) -> None:
+    # It passed the picklability check, then rank 1 failed unpickling the step: every request
+    # was lost and the engine stopped.
+    llm = LLM(llama_dir, device="cpu", environ={}, max_model_len=128, tensor_parallel_size=2)
+    try:
+        good = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+        bad = SamplingParams(max_tokens=4, temperature=0, logits_processors=[_processor_of_a_module_the_workers_cannot_import()])
+        outs = llm.generate([[5, 6], [7, 8], [9, 10]], [good, bad, good])
+        assert outs[1].error is not None and "turnout_unimportable_processors" in outs[1].error
+        assert [len(o.outputs[0].token_ids) for o in (outs[0], outs[2])] == [4, 4]
+        assert outs[0].error is None and outs[2].error is None
+        (again,) = llm.generate([[5, 6]], good)  # the engine is still up
+        assert again.outputs[0].token_ids == outs[0].outputs[0].token_ids
+    finally:
+        llm.shutdown()
 
 
 def test_shutdown_stops_the_workers_and_one_group_per_process(llama_dir: Path) -> None:
