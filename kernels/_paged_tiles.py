@@ -112,12 +112,28 @@ def _attend_tiles(acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_
 class AttentionTiles:
     """Tile and launch options of one attention launch. ``block_m`` rows are queries x the
     (power-of-two padded) query heads of one kv head; it is rounded to a multiple of that group
-    and raised to 16 (the smallest tensor-core tile), so ``BLOCK_Q = block_m // group``."""
+    and raised to 16 (the smallest tensor-core tile), so ``BLOCK_Q = block_m // group``.
+
+    Raises:
+        ValueError: ``block_m`` or ``num_warps`` not a power of two, ``block_n`` not a power of
+            two >= 16 (a tensor-core tile), ``num_stages`` < 1 (named).
+    """
 
     block_m: int
     block_n: int
     num_warps: int = 4
     num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        # Checked here, not at each launch: a key tile of 0 runs and reads no key (silently
+        # wrong output), and one not a power of two fails inside Triton naming no argument.
+        for name, low, power in (("block_m", 1, True), ("block_n", 16, True), ("num_warps", 1, True),
+                                 ("num_stages", 1, False)):
+            value = getattr(self, name)
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
+            if not ok or (power and value & (value - 1)):
+                kind = "a power of two" if power else "an int"
+                raise ValueError(f"AttentionTiles.{name} must be {kind} >= {low}, got {value!r}")
 
 
 def default_decode_tiles(dtype: torch.dtype, head_dim: int) -> AttentionTiles:

@@ -210,7 +210,7 @@ def paged_attention_split(
     Raises:
         TritonUnavailableError: Triton is not installed.
         ValueError: shapes, dtypes or strides do not match the annotations; ``max_query_len``
-            exceeds one tile's queries; ``num_segments`` < 1; ``workspace`` too small or not a
+            exceeds one tile's queries; ``num_segments`` not an int >= 1; ``workspace`` too small or not a
             contiguous float32 tensor on the query's device.
     """
     require_triton()
@@ -223,9 +223,8 @@ def paged_attention_split(
     if max_query_len > block_q:
         raise ValueError(f"max_query_len={max_query_len} exceeds the {block_q} queries of one "
                          f"split-KV tile (block_m={tiles.block_m}, {group} heads per kv head)")
-    segments = num_segments or num_segments_for(num_reqs, num_kv_heads, query.device)
-    if segments < 1:
-        raise ValueError(f"num_segments must be >= 1, got {segments}")
+    segments = num_segments_for(num_reqs, num_kv_heads, query.device) if num_segments is None else num_segments
+    _check_segments(segments)
     if num_reqs == 0 or max_query_len == 0 or num_tokens == 0:
         return out
     m, l_s, acc = _workspace_views(workspace, query, segments)
@@ -247,6 +246,12 @@ def paged_attention_split(
         NUM_SEGMENTS=segments, SEGMENTS_P=segments_p, SEGMENT_CHUNK=min(segments_p, 16),
     )
     return out
+
+
+def _check_segments(segments: object) -> None:
+    # 0 is refused, not taken for "the default" (None is the default)
+    if not isinstance(segments, int) or isinstance(segments, bool) or segments < 1:
+        raise ValueError(f"num_segments must be an int >= 1, got {segments!r}")
 
 
 def _workspace_views(workspace: torch.Tensor | None, query: torch.Tensor, segments: int
@@ -286,11 +291,13 @@ def paged_attention_split_ref(
     Equals :func:`kernels.paged_attention.paged_attention_ref` up to float32 rounding.
 
     Raises:
-        ValueError: shapes, dtypes or strides do not match the annotations.
+        ValueError: shapes, dtypes or strides do not match the annotations; ``num_segments``
+            not an int >= 1.
     """
     del max_query_len, tiles, workspace
     out = _check_attention(query, kv_cache, query_start_loc, seq_lens, block_table, out)
-    segments = num_segments or 4
+    segments = 4 if num_segments is None else num_segments
+    _check_segments(segments)
     group, block_size = query.shape[1] // kv_cache.shape[3], kv_cache.shape[2]
     starts = query_start_loc.tolist()
     for i, seq_len in enumerate(seq_lens.tolist()):

@@ -113,8 +113,8 @@ def qk_norm_rope(
 
     Raises:
         TritonUnavailableError: Triton is not installed.
-        ValueError: dtypes, shapes or strides do not match the annotations (named), or
-            head_dim is not a power of two.
+        ValueError: dtypes, shapes or strides do not match the annotations (named), a head
+            count is not an int >= 1, or head_dim is not a power of two.
     """
     require_triton()
     head_dim = _check(qkv, positions, cos_cache, sin_cache, num_heads, num_kv_heads, q_weight, k_weight)
@@ -192,6 +192,10 @@ def qk_norm_rope_ref(
 def _check(qkv: torch.Tensor, positions: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor,
            num_heads: int, num_kv_heads: int, q_weight: torch.Tensor | None,
            k_weight: torch.Tensor | None) -> int:
+    counts = (num_heads, num_kv_heads)
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
+        # a width can match by accident ((-4 + 2 * 6) * d == (4 + 2 * 2) * d)
+        raise ValueError(f"num_heads and num_kv_heads must be ints >= 1, got {num_heads!r} and {num_kv_heads!r}")
     if qkv.dim() != 2 or (qkv.shape[1] and qkv.stride(1) != 1):
         raise ValueError(f"qkv must be [num_tokens, width] with unit last stride, got shape "
                          f"{tuple(qkv.shape)}, strides {qkv.stride()}")

@@ -49,7 +49,10 @@ class RunnerGraphs:
         q = config.num_speculative_tokens + 1  # a speculative decode: its last token and k drafts
         spec_sizes = capture_sizes(min(config.max_num_seqs, config.max_num_batched_tokens // q))
         self.spec = DecodeGraphs(spec_sizes if enabled and speculative else [], query_len=q)
-        mixed = mixed_capture_sizes(config.max_num_batched_tokens) if enabled and not speculative else []
+        # A step holds at most max_num_seqs requests of max_model_len tokens: larger captures
+        # would never replay, and their dummy requests would outgrow a block-table row.
+        top = min(config.max_num_batched_tokens, config.max_num_seqs * config.max_model_len)
+        mixed = mixed_capture_sizes(top) if enabled and not speculative else []
         self.mixed = MixedGraphs(mixed, config.max_num_seqs)
 
     def restrict_to(self, model: Any, has_inner_state: bool) -> None:

@@ -2,7 +2,7 @@
 vllm/v1/worker/gpu_worker.py ``determine_available_memory`` runs ``profile_run`` first).
 
 The profile is one forward of the largest step the scheduler can send (``max_num_batched_tokens``
-tokens over ``max_num_seqs`` requests), over a KV cache of one block per layer (every dummy
+tokens over ``max_num_seqs`` requests, at most ``max_model_len`` tokens each), over a KV cache of one block per layer (every dummy
 request reads block 0; no slot is written), then the LM head over ``max_num_seqs`` rows and a
 float32 copy of those logits (the sampler's working copy). Its peak above what was allocated
 before is the activation memory a step needs. The mixed-step graphs' shared pool holds about one
@@ -32,7 +32,9 @@ def profile_peak_bytes(model: Any, buffers: Any, config: EngineConfig, dtype: to
         torch.cuda.OutOfMemoryError: the largest step does not fit beside the weights.
     """
     num_reqs = config.max_num_seqs
-    num_tokens = max(config.max_num_batched_tokens, num_reqs)
+    # The largest step: the token budget, or every request at max_model_len tokens when that
+    # is less (more keys than max_model_len would read past a dummy request's block-table row).
+    num_tokens = min(max(config.max_num_batched_tokens, num_reqs), num_reqs * config.max_model_len)
     caches = list(allocate_kv_caches(model.kv_cache_spec, 1, config.block_size, dtype, device))
     cuda = device.type == "cuda"
     if cuda:

@@ -23,9 +23,13 @@ def load_summary(path: Path) -> dict:
     """The last line of ``path`` that parses as a JSON object.
 
     Raises:
-        SystemExit: no line of ``path`` is a JSON object.
+        SystemExit: ``path`` cannot be read, or no line of it is a JSON object.
     """
-    for line in reversed(path.read_text().splitlines()):
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"{path}: cannot read it ({exc})") from None
+    for line in reversed(text.splitlines()):
         line = line.strip()
         if line.startswith("{"):
             try:
@@ -35,14 +39,31 @@ def load_summary(path: Path) -> dict:
     raise SystemExit(f"{path}: no line is a JSON object (give the last line benchmarks/throughput.py prints)")
 
 
+def drawable_results(summary: dict) -> dict:
+    """The contenders of ``summary`` that ran (they have ``output_tokens_per_s``).
+
+    Raises:
+        SystemExit: ``summary`` has no ``results`` object, or no contender ran (the errors
+            named): nothing is drawn, so no chart replaces a good one with an empty one.
+    """
+    results = summary.get("results")
+    if not isinstance(results, dict):
+        raise SystemExit("the summary has no 'results' object (give the last line benchmarks/throughput.py prints)")
+    ran = {k: v for k, v in results.items() if isinstance(v, dict) and "output_tokens_per_s" in v}
+    if not ran:
+        errors = "; ".join(f"{k}: {v.get('error', v) if isinstance(v, dict) else v}" for k, v in results.items())
+        raise SystemExit(f"no contender ran, nothing to draw ({errors or 'no contenders'})")
+    return ran
+
+
 def plot(summary: dict, out: Path) -> None:
+    results = drawable_results(summary)
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    results = {k: v for k, v in summary["results"].items() if "output_tokens_per_s" in v}
     names = sorted(results, key=lambda k: results[k]["output_tokens_per_s"])
     speeds = [results[k]["output_tokens_per_s"] for k in names]
     fig, ax = plt.subplots(figsize=(8, 0.6 * len(names) + 1.6))

@@ -20,13 +20,16 @@ its cause; any later call raises it again.
 
 from __future__ import annotations
 
+import io
 import logging
 import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -242,12 +245,20 @@ class TensorParallelRunner:
     def check_sampling_params(self, params: SamplingParams) -> None:
         self.runner.check_sampling_params(params)
         if params.logits_processors:
+            flag = f"logits_processors with tensor_parallel_size={self.config.tensor_parallel_size}"
             try:  # they travel to every rank with the scheduler's output, which runs them too
-                pickle.dumps(params.logits_processors)
+                modules = _pickle_recording_modules(params.logits_processors)
             except Exception as exc:
                 raise UnsupportedOptionError(
-                    f"logits_processors with tensor_parallel_size={self.config.tensor_parallel_size} must be "
-                    f"picklable (every rank runs them on the same logits): {exc}") from None
+                    f"{flag} must be picklable (every rank runs them on the same logits): {exc}") from None
+            # Pickled by reference to a module the workers cannot import (a notebook's or
+            # `python -c`'s __main__, a module made at run time), they would fail to unpickle
+            # the step there and stop every rank: refused here, alone.
+            missing = _modules_workers_cannot_import(modules)
+            if missing:
+                raise UnsupportedOptionError(
+                    f"{flag} must be importable by the worker processes (spawned: they import what the "
+                    f"pickle names), but they refer to {', '.join(missing)}; define them in a module file") from None
 
     def execute_model(self, scheduler_output: Any) -> Any:
         output = self._call("execute_model", scheduler_output)
@@ -318,6 +329,41 @@ class _CheckedOutput:
             self._owner._fail(exc)
         self._owner.raise_if_failed()
         return output
+
+
+class _ModuleRecorder(pickle.Pickler):
+    """A pickler that records the module of every class and function it pickles by reference."""
+
+    def __init__(self, file: Any) -> None:
+        super().__init__(file)
+        self.modules: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType, types.BuiltinFunctionType)):
+            self.modules.add(getattr(obj, "__module__", None) or "__main__")
+        return NotImplemented  # pickled as usual
+
+
+def _pickle_recording_modules(obj: Any) -> set[str]:
+    recorder = _ModuleRecorder(io.BytesIO())
+    recorder.dump(obj)
+    return recorder.modules
+
+
+def _modules_workers_cannot_import(modules: set[str]) -> list[str]:
+    """Of ``modules``, those a spawned worker cannot import: ``__main__`` when
+    ``multiprocessing``'s spawn does not rerun it there (no file, no module spec), and modules
+    without a spec (made at run time)."""
+    missing = []
+    for name in sorted(modules):
+        module = sys.modules.get(name)
+        if name == "__main__":
+            if module is None or (getattr(module, "__spec__", None) is None
+                                  and not os.path.isfile(getattr(module, "__file__", None) or "")):
+                missing.append("__main__ (an interactive session's)")
+        elif module is None or getattr(module, "__spec__", None) is None:
+            missing.append(name)
+    return missing
 
 
 def _readable(conn: Any) -> bool:

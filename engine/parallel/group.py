@@ -76,13 +76,10 @@ def check_no_group(size: int) -> None:
             "tensor-parallel engine runs in it); shut that engine down first (LLM.shutdown())")
 
 
-def init_groups(store: Any, rank: int, size: int, device: str, timeout_s: float) -> Groups:
-    """Join the data group and the control group as ``rank`` of ``size`` (every rank calls it).
-
-    Raises:
-        EngineConfigError: this process already holds a process group.
-    """
-    check_no_group(size)
+def prepare_device(rank: int, device: str) -> str:
+    """Select rank ``rank``'s GPU (CUDA) before it joins the groups; returns the data group's
+    backend. A worker calls it before it reports ready: what can fail here is then reported
+    while rank 0 still watches the workers, not while it waits in the rendezvous."""
     backend = backend_for(device)
     if backend == "nccl":
         torch.cuda.set_device(rank)
@@ -90,6 +87,17 @@ def init_groups(store: Any, rank: int, size: int, device: str, timeout_s: float)
         # process (torch's default tears it down): rank 0 is the user's process, which raises
         # TensorParallelError instead. Read when the group is made.
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+    return backend
+
+
+def init_groups(store: Any, rank: int, size: int, device: str, timeout_s: float) -> Groups:
+    """Join the data group and the control group as ``rank`` of ``size`` (every rank calls it).
+
+    Raises:
+        EngineConfigError: this process already holds a process group.
+    """
+    check_no_group(size)
+    backend = prepare_device(rank, device)
     dist.init_process_group(backend, store=store, rank=rank, world_size=size,
                             timeout=timedelta(seconds=timeout_s))
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
@@ -166,6 +174,7 @@ __all__ = [
     "destroy_groups",
     "init_groups",
     "min_over_ranks",
+    "prepare_device",
     "rank_device",
     "receive_command",
     "start_store",

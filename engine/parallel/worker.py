@@ -26,8 +26,9 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-#: What a worker sends rank 0 over its pipe: ("ready", rank) once imported, ("error", rank,
-#: text) before it exits on an exception.
+#: What a worker sends rank 0 over its pipe: ("ready", rank) once connected to the store with
+#: its device selected (just before it joins the groups), ("error", rank, text) before it exits
+#: on an exception.
 READY, ERROR = "ready", "error"
 
 
@@ -45,8 +46,7 @@ def worker_main(rank: int, size: int, port: int, config: Any, runner_name: str, 
             torch.set_num_threads(num_threads)
         if worker_init is not None:
             worker_init(rank)
-        conn.send((READY, rank))
-        _serve(rank, size, port, config, runner_name, timeout_s)
+        _serve(rank, size, port, config, runner_name, timeout_s, conn)
     except BaseException as exc:  # reported, then the process ends: rank 0 raises
         code = 1
         with contextlib.suppress(OSError):
@@ -61,11 +61,22 @@ def worker_main(rank: int, size: int, port: int, config: Any, runner_name: str, 
         os._exit(code)
 
 
-def _serve(rank: int, size: int, port: int, config: Any, runner_name: str, timeout_s: float) -> None:
-    from engine.parallel.group import connect_store, init_groups, min_over_ranks, receive_command
+def _serve(rank: int, size: int, port: int, config: Any, runner_name: str, timeout_s: float,
+           conn: Any) -> None:
+    from engine.parallel.group import (
+        connect_store,
+        init_groups,
+        min_over_ranks,
+        prepare_device,
+        receive_command,
+    )
     from engine.runner_loader import create_runner
 
     store = connect_store(port, size, timeout_s)
+    prepare_device(rank, config.device)
+    # Ready only now: rank 0 watches the workers until every one is ready, then waits in the
+    # rendezvous, where a worker failing would leave it waiting for the whole timeout.
+    conn.send((READY, rank))
     groups = init_groups(store, rank, size, config.device, timeout_s)
     # rank 0's config: the runner picks its own GPU (cuda:rank) from its rank
     runner = create_runner(runner_name, config)

@@ -13,6 +13,7 @@ import re
 import signal
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from typer.testing import CliRunner
 sys.path.insert(0, str(Path(__file__).parent / "model"))
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_model_configs import TINY_DECODER_CONFIGS, TINY_MOE_CONFIGS
-from tp_helpers import FAULT, fail_third_step_on_rank_1
+from tp_helpers import FAULT, fail_joining_on_rank_1, fail_third_step_on_rank_1
 
 from engine.config import EngineConfig, SpeculativeConfig
 from engine.errors import EngineConfigError, EngineError, TensorParallelError
@@ -166,6 +167,46 @@ def test_a_worker_exception_names_the_rank_and_its_error(llama_dir: Path) -> Non
     assert info.value.rank == 1
     assert info.value.cause.startswith(f"RuntimeError: {FAULT} on rank 1 (at ")
     _assert_no_worker_left(pids)
+
+
+def test_a_worker_failing_before_it_joins_the_groups_is_named_at_once(llama_dir: Path) -> None:
+    # Rank 0 joined the groups as soon as the workers had imported torch: a worker failing
+    # later (connecting to the store, selecting its GPU) left it waiting for the whole
+    # timeout (300 s by default), then raising the store's error, which names no rank.
+    config = engine_config_for(llama_dir, device="cpu", max_model_len=128, tensor_parallel_size=2)
+    started = time.monotonic()
+    with pytest.raises(TensorParallelError) as info:
+        TensorParallelRunner("v1", config, worker_init=fail_joining_on_rank_1, timeout_s=3 * BOUND_S)
+    assert time.monotonic() - started < BOUND_S
+    assert info.value.rank == 1
+    assert info.value.cause.startswith(f"RuntimeError: {FAULT} on rank 1 (at ")
+    assert not dist.is_initialized()
+
+
+def _processor_of_a_module_the_workers_cannot_import() -> Any:
+    # What a function of a notebook (or `python -c`) is to the spawned workers: pickled by
+    # reference to a module they cannot import. Pickling succeeds here, unpickling fails there.
+    module = types.ModuleType("turnout_unimportable_processors")
+    exec("def boost(ids, logits):\n    logits[7] += 5.0\n    return logits\n", module.__dict__)
+    sys.modules[module.__name__] = module
+    return module.boost
+
+
+def test_a_processor_the_workers_cannot_import_is_rejected_alone(llama_dir: Path) -> None:
+    # It passed the picklability check, then rank 1 failed unpickling the step: every request
+    # was lost and the engine stopped.
+    llm = LLM(llama_dir, device="cpu", environ={}, max_model_len=128, tensor_parallel_size=2)
+    try:
+        good = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+        bad = SamplingParams(max_tokens=4, temperature=0, logits_processors=[_processor_of_a_module_the_workers_cannot_import()])
+        outs = llm.generate([[5, 6], [7, 8], [9, 10]], [good, bad, good])
+        assert outs[1].error is not None and "turnout_unimportable_processors" in outs[1].error
+        assert [len(o.outputs[0].token_ids) for o in (outs[0], outs[2])] == [4, 4]
+        assert outs[0].error is None and outs[2].error is None
+        (again,) = llm.generate([[5, 6]], good)  # the engine is still up
+        assert again.outputs[0].token_ids == outs[0].outputs[0].token_ids
+    finally:
+        llm.shutdown()
 
 
 def test_shutdown_stops_the_workers_and_one_group_per_process(llama_dir: Path) -> None:

@@ -24,3 +24,16 @@ def fail_third_step_on_rank_1(rank: int) -> None:
         return original(self, scheduler_output)
 
     v1.V1ModelRunner.execute_model = execute_model  # type: ignore[method-assign]
+
+
+def fail_joining_on_rank_1(rank: int) -> None:
+    """``worker_init``: rank 1 fails after its start-up report, before it joins the groups
+    (where a GPU that cannot be selected, or a store that cannot be reached, fails)."""
+    if rank != 1:
+        return
+    import engine.parallel.group as group
+
+    def connect_store(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError(f"{FAULT} on rank {rank}")
+
+    group.connect_store = connect_store

@@ -165,6 +165,11 @@ def test_qk_norm_rope_names_bad_arguments() -> None:
         qk_norm_rope(qkv, positions, *args, 4, 2, q_weight=torch.ones(32, device=DEVICE))
     with pytest.raises(ValueError, match="one entry per token"):
         qk_norm_rope(qkv, positions[:3], *args, 4, 2)
+    # Head counts whose width matches by accident ((-4 + 2 * 6) * 32 = 256) once launched the
+    # kernel over a negative head count, leaving q and k unrotated without a word.
+    for heads, kv_heads in ((-4, 6), (8, 0)):
+        with pytest.raises(ValueError, match="num_heads and num_kv_heads must be ints >= 1"):
+            qk_norm_rope(qkv, positions, *args, heads, kv_heads)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

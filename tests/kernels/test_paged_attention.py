@@ -239,6 +239,18 @@ def test_bad_arguments_are_named() -> None:
         reshape_and_cache_ref(key, value, cache, slots.int())
 
 
+@pytest.mark.parametrize(("fields", "name"), [
+    ({"block_m": 16, "block_n": 0}, "block_n"),  # launched: every key tile empty, wrong output
+    ({"block_m": 16, "block_n": 48}, "block_n"),  # a Triton compile error naming no argument
+    ({"block_m": 24, "block_n": 16}, "block_m"),
+    ({"block_m": 16, "block_n": 16, "num_warps": 3}, "num_warps"),
+    ({"block_m": 16, "block_n": 16, "num_stages": 0}, "num_stages"),
+])
+def test_bad_tiles_are_named(fields: dict[str, int], name: str) -> None:
+    with pytest.raises(ValueError, match=f"AttentionTiles.{name} must be"):
+        AttentionTiles(**fields)
+
+
 # --- GPU: realistic shapes in bf16 -------------------------------------------------------
 GPU_LAYOUTS = {  # (num_heads, num_kv_heads, head_dim): real configs
     "qwen3-0.6b": (16, 8, 128),

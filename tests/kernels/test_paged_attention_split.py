@@ -92,6 +92,12 @@ def test_split_launcher_refuses_what_it_cannot_serve() -> None:
     with pytest.raises(ValueError, match="workspace must be"):
         paged_attention_split(**b, tiles=TILES, num_segments=2,  # type: ignore[arg-type]
                               workspace=torch.empty(10))
+    # 0 (falsy) once fell back to the default count instead of being refused as documented
+    for bad in (0, 2.0):
+        with pytest.raises(ValueError, match="num_segments must be an int >= 1"):
+            paged_attention_split(**b, tiles=TILES, num_segments=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="num_segments must be an int >= 1"):
+            paged_attention_split_ref(**b, num_segments=bad)  # type: ignore[arg-type]
 
 
 def test_dispatch_splits_only_small_decode_steps() -> None:

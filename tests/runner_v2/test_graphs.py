@@ -135,3 +135,19 @@ def test_memory_profile_runs_the_largest_step_and_sets_its_peak_aside() -> None:
     assert kv_budget_after_profile(10_000, 1_000, graph_pool=False) == 8_100
     assert kv_budget_after_profile(10_000, 1_000, graph_pool=True) == 7_200
     assert kv_budget_after_profile(1_000, 1_000, graph_pool=True) == 0
+
+
+def test_no_mixed_graph_or_profile_holds_more_tokens_than_the_requests_can() -> None:
+    # max_num_seqs requests of at most max_model_len tokens each: 2 x 32 = 64 tokens, below the
+    # token budget of 512. Larger captures and profiles gave a dummy request more keys than
+    # its block-table row holds: the attention kernel read past the row (and the table), and
+    # the profile reserved activations of a step that can never run.
+    config = engine_config_for(_model_dir(), max_model_len=32, max_num_seqs=2, max_num_batched_tokens=512,
+                               num_kv_blocks=8)
+    assert RunnerGraphs(config, enabled=True, speculative=False).mixed.sizes == [64]
+    from runner_v2.memory_profile import profile_peak_bytes
+
+    runner = build_engine_core(config, "v2").runner
+    assert profile_peak_bytes(runner.model, runner.buffers, config, runner.dtype, runner.device) == 0
+    row_capacity = config.max_num_blocks_per_req * config.block_size
+    assert int(runner.buffers.seq_lens.max()) <= row_capacity

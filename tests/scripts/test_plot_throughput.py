@@ -35,3 +35,22 @@ def test_draws_a_png_of_the_contenders_that_ran(tmp_path: Path) -> None:
     out = tmp_path / "t.png"
     plot_throughput.plot(SUMMARY, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_summary_with_nothing_to_draw_is_refused_before_any_file_is_written(tmp_path: Path) -> None:
+    # An all-errored run once drew an empty chart over the docs' image (the default output).
+    out = tmp_path / "t.png"
+    errored = {**SUMMARY, "results": {"runner_v2": {"error": "RuntimeError: CUDA out of memory"}}}
+    with pytest.raises(SystemExit, match=r"no contender ran.*runner_v2: RuntimeError: CUDA out of memory"):
+        plot_throughput.plot(errored, out)
+    with pytest.raises(SystemExit, match="no 'results' object"):
+        plot_throughput.plot({"benchmark": "throughput"}, out)
+    assert not out.exists()
+    with pytest.raises(SystemExit, match="cannot read"):
+        plot_throughput.load_summary(tmp_path / "missing.json")
+    (tmp_path / "empty.json").write_text("")
+    with pytest.raises(SystemExit, match="no line is a JSON object"):
+        plot_throughput.load_summary(tmp_path / "empty.json")
+    (tmp_path / "cut.json").write_text(json.dumps(SUMMARY)[:40])
+    with pytest.raises(SystemExit, match="no line is a JSON object"):
+        plot_throughput.load_summary(tmp_path / "cut.json")
