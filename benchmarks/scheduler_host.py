@@ -23,7 +23,7 @@ timed. The times are the thread's CPU time (``time.thread_time_ns``: steadier th
 a shared host); ``wall_total_us`` is the same sum on the wall clock. Prefix caching is off
 unless ``--prefix-caching``; ``--sync`` drives the synchronous loop (runner_v1).
 
-    python benchmarks/scheduler_host.py                 # both cases, about a minute
+    python benchmarks/scheduler_host.py                 # both cases, 10-60 s by the host's load
     python benchmarks/scheduler_host.py --repeats 3 --steps 100
 
 Last line: one JSON object.

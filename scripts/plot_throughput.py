@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 LABELS = {
-    "runner_v2": "runner_v2", "runner_v2-unfused": "runner_v2, unfused ops", "runner_v1": "runner_v1 (decode graphs)",
+    "runner_v2": "runner_v2", "runner_v2-unfused": "runner_v2, unfused ops", "runner_v1": "runner_v1",
     "hf_generate_compiled": "HF generate, compiled", "hf_generate": "HF generate, eager",
 }
 
@@ -72,7 +72,7 @@ def plot(summary: dict, out: Path) -> None:
     floor = summary.get("bandwidth_floor", {}).get("output_tokens_per_s")
     if floor:
         ax.axvline(floor, color="#b03a2e", linestyle="--", linewidth=1)
-        ax.text(floor, len(names) - 0.5, f"bandwidth floor {floor:,.0f} ", color="#b03a2e", va="center", ha="right")
+        ax.text(floor, -0.6, f"bandwidth floor {floor:,.0f} ", color="#b03a2e", va="bottom", ha="right")
     ax.set_xlabel("output tokens/s")
     ax.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
     ax.set_xlim(0, max([*speeds, floor or 0]) * 1.25)

@@ -83,6 +83,7 @@ class _Ranks:
         self.closed = False
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.threads_before: int | None = None  # rank 0's torch threads before its CPU share
 
     def poll(self) -> TensorParallelError | None:
         """The first rank seen failing: the error it reported, or how its process ended."""
@@ -123,7 +124,9 @@ class _Ranks:
                 elif message is not None and message[0] == ERROR:
                     raise TensorParallelError(rank, message[2])
                 elif self.procs[rank].exitcode is not None:
-                    raise TensorParallelError(rank, f"{_exit_cause(self.procs[rank].exitcode)} while starting")
+                    raise TensorParallelError(rank, f"{_exit_cause(self.procs[rank].exitcode)} while starting "
+                                                    f"(its stderr says why; a script that builds the engine "
+                                                    f"must do so under `if __name__ == \"__main__\":`)")
             if waiting and time.monotonic() > deadline:
                 raise TensorParallelError(min(waiting), f"did not start within {timeout_s:g} s")
             time.sleep(0.02)
@@ -144,6 +147,8 @@ class _Ranks:
                 return
             self.closed = True
         self.stop.set()
+        if self.threads_before is not None:
+            torch.set_num_threads(self.threads_before)
         healthy = graceful and self.failure is None and self.groups is not None and all(
             p.exitcode is None for p in self.procs.values())
         if healthy:
@@ -195,9 +200,14 @@ class TensorParallelRunner:
         self.config = config
         self._ranks = ranks = _Ranks()
         self._end = weakref.finalize(self, ranks.shutdown)
+        # On CPU every rank computes on the same cores: each gets an equal share of the threads.
+        threads = None if config.device.startswith("cuda") else max(1, torch.get_num_threads() // size)
         try:
             store = pg.start_store(size, timeout_s)
-            self._spawn(runner_name, config, store.port, timeout_s, worker_init)
+            self._spawn(runner_name, config, store.port, timeout_s, threads, worker_init)
+            if threads is not None:
+                ranks.threads_before = torch.get_num_threads()
+                torch.set_num_threads(threads)
             ranks.wait_ready(timeout_s)
             ranks.groups = pg.init_groups(store, 0, size, config.device, timeout_s)
             threading.Thread(target=ranks.watch, name="turnout-tp-watchdog", daemon=True).start()
@@ -206,11 +216,10 @@ class TensorParallelRunner:
             ranks.shutdown(graceful=False)
             raise
 
-    def _spawn(self, runner_name: str, config: EngineConfig, port: int, timeout_s: float,
+    def _spawn(self, runner_name: str, config: EngineConfig, port: int, timeout_s: float, threads: int | None,
                worker_init: Callable[[int], None] | None) -> None:
         ctx = mp.get_context("spawn")
         size = config.tensor_parallel_size
-        threads = None if config.device.startswith("cuda") else max(1, torch.get_num_threads() // size)
         for rank in range(1, size):
             receive, send = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=worker_main, name=f"turnout-tp-rank{rank}", daemon=True,

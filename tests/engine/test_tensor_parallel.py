@@ -210,7 +210,13 @@ def test_a_processor_the_workers_cannot_import_is_rejected_alone(llama_dir: Path
 
 
 def test_shutdown_stops_the_workers_and_one_group_per_process(llama_dir: Path) -> None:
+    import torch
+
+    threads = torch.get_num_threads()
     llm = LLM(llama_dir, device="cpu", environ={}, max_model_len=128, tensor_parallel_size=2)
+    # On CPU rank 0 computes on its share of the threads too (it kept all of them: 4 threads
+    # on 2 cores at TP=3), and gets them back at shutdown.
+    assert torch.get_num_threads() == max(1, threads // 2)
     pids = list(llm.core.runner.worker_pids.values())
     (out,) = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     assert len(out.outputs[0].token_ids) == 4 and out.error is None
@@ -219,5 +225,6 @@ def test_shutdown_stops_the_workers_and_one_group_per_process(llama_dir: Path) -
     llm.shutdown()
     llm.shutdown()  # idempotent
     _assert_no_worker_left(pids)
+    assert torch.get_num_threads() == threads
     with pytest.raises(EngineError, match="was shut down"):
         llm.generate([[5, 6, 7]])
