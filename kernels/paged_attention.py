@@ -248,6 +248,18 @@ def paged_attention_ref(
     """
     del max_query_len, decode_tiles, prefill_tiles, split_short_queries
     out = _check_attention(query, kv_cache, query_start_loc, seq_lens, block_table, out)
+    for q_start, q_end, scores, v in _request_scores_ref(query, kv_cache, query_start_loc, seq_lens, block_table,
+                                                     scale, sliding_window):
+        out[q_start:q_end] = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(out.dtype)
+    return out
+
+
+def _request_scores_ref(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                    seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
+                    sliding_window: int | None):  # type: ignore[no-untyped-def]
+    """For each request with queries (the references' common part; reads lengths to the host):
+    ``(q_start, q_end, scores [H, q_len, seq_len] float32 masked with -inf, v [seq_len, H, D]
+    float32)``, keys and values gathered from the request's blocks, GQA heads repeated."""
     group = query.shape[1] // kv_cache.shape[3]
     block_size = kv_cache.shape[2]
     starts = query_start_loc.tolist()
@@ -255,16 +267,12 @@ def paged_attention_ref(
         q_start, q_end = starts[i], starts[i + 1]
         if q_end == q_start:
             continue
-        num_blocks = -(-seq_len // block_size)
-        blocks = block_table[i, :num_blocks].long()
+        blocks = block_table[i, :-(-seq_len // block_size)].long()
         k = kv_cache[0, blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
         v = kv_cache[1, blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
-        q = query[q_start:q_end].float()
-        scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        scores = torch.einsum("qhd,khd->hqk", query[q_start:q_end].float(), k) * scale
         allowed = _causal_mask(q_end - q_start, seq_len, sliding_window, query.device)
-        probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
-        out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(out.dtype)
-    return out
+        yield q_start, q_end, scores.masked_fill(~allowed, float("-inf")), v
 
 
 def _causal_mask(q_len: int, seq_len: int, window: int | None, device: torch.device

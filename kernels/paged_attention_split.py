@@ -34,7 +34,7 @@ from kernels._paged_tiles import (
     tile_rows,
 )
 from kernels._triton import require_triton, tl, triton
-from kernels.paged_attention import _LOG2E, _check_attention
+from kernels.paged_attention import _LOG2E, _check_attention, _request_scores_ref
 
 
 @triton.jit
@@ -298,20 +298,9 @@ def paged_attention_split_ref(
     out = _check_attention(query, kv_cache, query_start_loc, seq_lens, block_table, out)
     segments = 4 if num_segments is None else num_segments
     _check_segments(segments)
-    group, block_size = query.shape[1] // kv_cache.shape[3], kv_cache.shape[2]
-    starts = query_start_loc.tolist()
-    for i, seq_len in enumerate(seq_lens.tolist()):
-        q_start, q_end = starts[i], starts[i + 1]
-        if q_end == q_start:
-            continue
-        blocks = block_table[i, :-(-seq_len // block_size)].long()
-        k = kv_cache[0, blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
-        v = kv_cache[1, blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("qhd,khd->hqk", query[q_start:q_end].float(), k) * scale
-        q_pos = torch.arange(seq_len - (q_end - q_start), seq_len, device=query.device)[:, None]
-        k_pos = torch.arange(seq_len, device=query.device)[None, :]
-        allowed = (k_pos <= q_pos) & ((q_pos - k_pos < sliding_window) if sliding_window else True)
-        scores = scores.masked_fill(~allowed, float("-inf"))
+    for q_start, q_end, scores, v in _request_scores_ref(query, kv_cache, query_start_loc, seq_lens, block_table,
+                                                     scale, sliding_window):
+        seq_len = v.shape[0]
         per = -(-seq_len // segments)
         parts = [_segment_partial(scores[..., s:s + per], v[s:s + per])
                  for s in range(0, seq_len, per)]
