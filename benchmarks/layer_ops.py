@@ -190,45 +190,11 @@ def mixed_profile(model_dir: Path, num_steps: int = 6) -> dict[str, Any]:
     return result
 
 
-def host_profile(model_dir: Path, num_reqs: int = 256, num_steps: int = 60) -> dict[str, Any]:
-    """Where the host's time of a steady decode step goes: ``num_steps`` steps under cProfile
-    (no CUDA profiler), beside the wall time per step without it, and the device time of one step
-    from CUDA events around a synchronised step. A step whose wall time exceeds its device time
-    is host-bound: the GPU waits for the next launch."""
-    import cProfile
-    import pstats
-
-    core = _engine(model_dir, num_reqs)
-    _add_requests(core, 0, num_reqs, torch.Generator().manual_seed(0))
-    for _ in range(40):
-        core.step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(num_steps):
-        core.step()
-    torch.cuda.synchronize()
-    wall_ms = (time.perf_counter() - t0) / num_steps * 1e3
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(num_steps):
-        core.step()
-    torch.cuda.synchronize()
-    prof.disable()
-    stats = pstats.Stats(prof)
-    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:25]  # type: ignore[attr-defined]
-    top = [{"function": f"{Path(f).name}:{line}:{name}", "calls_per_step": round(nc / num_steps, 1),
-            "tottime_us_per_step": round(tt / num_steps * 1e6, 1), "cumtime_us_per_step": round(ct / num_steps * 1e6, 1)}
-           for (f, line, name), (_cc, nc, tt, ct, _callers) in rows]
-    del core
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return {"num_reqs": num_reqs, "wall_ms_per_step": round(wall_ms, 3), "top_by_tottime": top}
-
-
 def main() -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--no-profile", action="store_true", help="kernel cases only")
-    p.add_argument("--no-host-profile", action="store_true", help="skip the cProfile of the host")
+    p.add_argument("--no-host-profile", action="store_true",
+                   help="accepted for older command lines; the host's profile is benchmarks/host_gap.py")
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/layer_ops.py needs a CUDA device")
@@ -249,9 +215,6 @@ def main() -> dict[str, Any]:
             print(summary["decode_step_unfused"], flush=True)
             summary["mixed_step"] = mixed_profile(model_dir)
             print(summary["mixed_step"], flush=True)
-            if not args.no_host_profile:
-                summary["host"] = host_profile(model_dir)
-                print(summary["host"], flush=True)
     print(json.dumps(summary), flush=True)
     return summary
 

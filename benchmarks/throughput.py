@@ -50,6 +50,7 @@ if "--quick" in sys.argv or not torch.cuda.is_available():
     # On the CPU, runner_v2's kernels run through Triton's interpreter (chosen before import).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from benchmarks.step_timing import drive  # noqa: E402
 from engine.model import write_random_weights  # noqa: E402
 from engine.model.config import ModelConfig  # noqa: E402
 from engine.model.kv_cache import kv_cache_bytes_per_block  # noqa: E402
@@ -129,42 +130,6 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
     del core, done
     _free(device)
     return result
-
-
-def drive(core: Any) -> tuple[list[Any], dict[str, dict[str, float]]]:
-    """``core.run_until_done()``, timing each ``step()`` call and charging it to the kind of the
-    step it collects: ``decode`` (one token per request) or ``mixed`` (a prompt chunk in it).
-    With asynchronous scheduling a call launches step N+1 and collects step N, so its time is
-    step N's (the device's, when the host keeps ahead); synchronous runners collect the step
-    they launch. The host's own work between steps is in the calls too."""
-    kinds: list[str] = []
-    execute = core.runner.execute_model
-
-    def recording(so: Any) -> Any:
-        if so.total_num_scheduled_tokens:
-            kinds.append("mixed" if so.total_num_scheduled_tokens > len(so.num_scheduled_tokens) else "decode")
-        return execute(so)
-
-    core.runner.execute_model = recording
-    times: dict[str, list[float]] = {"decode": [], "mixed": []}
-    done: list[Any] = []
-    in_flight: int | None = None  # the step an asynchronous engine collects at its next call
-    try:
-        while core.has_unfinished_requests():
-            before = len(kinds)
-            t0 = time.perf_counter()
-            done.extend(core.step())
-            dt = time.perf_counter() - t0
-            launched = before if len(kinds) > before else None
-            collected = in_flight if core.async_scheduling else launched
-            in_flight = launched
-            if collected is not None:
-                times[kinds[collected]].append(dt)
-    finally:
-        del core.runner.execute_model  # the bound method again
-    summary = {k: {"steps": len(v), "seconds": round(sum(v), 3), "ms_per_step": round(sum(v) / len(v) * 1e3, 2)}
-               for k, v in times.items() if v}
-    return done, summary
 
 
 @contextlib.contextmanager
