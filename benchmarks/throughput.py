@@ -5,8 +5,9 @@ with random bf16 weights, 1024 prompts of 512 random tokens, 128 output tokens e
 (``ignore_eos``), ``max_num_seqs`` 256, default sampling (temperature 1, no top-k/top-p). The
 same weights, prompts and engine settings for both runners; HF ``generate`` runs the prompts
 in batches of ``max_num_seqs`` with the same sampling (``top_k=0``). Each contender gets a short
-warm-up first (Triton compilation; runner_v2 captures its CUDA graphs when it is built, which
-is not timed).
+warm-up first (Triton compilation: for the engines a pass of 1.5 x ``max_num_seqs`` prompts with
+8 output tokens; runner_v2 captures its CUDA graphs and runs its own start-up warm-up when it is
+built, which is not timed).
 
 Contenders (``--runners``): ``v1``, ``v2``, ``v2-unfused`` (runner_v2 with RMSNorm, the residual
 adds and SiLU·mul as torch ops and an unsplit sampler: the before of its fused kernels), ``hf``
@@ -104,8 +105,11 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
         max_model_len=args.prompt_len + args.output_len, enable_prefix_caching=False, seed=args.seed,
     ), runner)
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0)
-    warm = SamplingParams(max_tokens=4, ignore_eos=True, temperature=1.0)
-    for i, prompt in enumerate(prompts[: min(len(prompts), args.max_num_seqs)]):
+    # The warm-up is a short pass of the timed shape: 1.5 x max_num_seqs prompts, so that its
+    # steps include the wave changes (mixed steps of every request count) that compile kernel
+    # variants; nothing of it is timed.
+    warm = SamplingParams(max_tokens=8, ignore_eos=True, temperature=1.0)
+    for i, prompt in enumerate(prompts[: min(len(prompts), args.max_num_seqs * 3 // 2)]):
         core.add_request(f"warm{i}", prompt, warm)
     core.run_until_done()
     steps_before = core.num_steps

@@ -151,7 +151,7 @@ def _kept_threshold(
     return threshold
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["split_len", "num_splits"])  # one variant whatever the split (see kernels/positions.py)
 def _gumbel_sample_kernel(
     logits_ptr, logits_stride, idx_mapping_ptr, seq_lens_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, rep_ptr, freq_ptr, pres_ptr, min_tokens_ptr,
@@ -214,7 +214,7 @@ def _gumbel_sample_kernel(
         tl.store(sampled_ptr + i, best_idx)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # one variant whatever the split (see kernels/positions.py)
 def _gumbel_reduce_kernel(partial_val_ptr, partial_idx_ptr, sampled_ptr, num_splits,
                           BLOCK_SIZE: tl.constexpr):
     # One program per request: the best of its slices; ties go to the lowest token id, as in

@@ -25,7 +25,7 @@ from kernels._select import _float_key, _radix_advance, _radix_candidates, vocab
 from kernels._triton import require_triton, tl, triton
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["topk_stride"])  # 1 + max_k changes per step: one variant
 def _topk_logprobs_kernel(
     logits_ptr, logits_stride, token_ids_ptr, num_logprobs_ptr,
     topk_ids_ptr, topk_logprobs_ptr, topk_stride, token_logprobs_ptr, token_ranks_ptr,

@@ -40,6 +40,7 @@ from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from engine.runner_setup import POOLING_TASKS, TENSOR_PARALLEL_ARCHITECTURES, RunnerBase
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
+from kernels._select import vocab_block_size
 from kernels.post_update import post_update
 from runner_v2 import refusals, spec_decode
 from runner_v2.async_output import AsyncOutput, StepResults
@@ -51,6 +52,7 @@ from runner_v2.prompt_logprobs import PromptLogprobsPlan, plan_prompt_logprobs
 from runner_v2.sampler import compute_logprobs, compute_prompt_logprobs, sample, sample_with_probs
 from runner_v2.states import Col, RequestInfo, RequestStates
 from runner_v2.uploads import StepUploads, upload_step
+from runner_v2.warmup import run_warm_up, warm_up_sizes, warm_up_steps
 
 #: A step's drafts: (drafts [n, k] int32, drafts proposed [n] int32, draft probabilities or None).
 Proposal = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -135,6 +137,22 @@ class V2ModelRunner(RunnerBase):
         self.graphs.restrict_to(self.model, self.has_inner_state)
         if self.kv_caches and self.use_graphs:
             self.graphs.capture(self.model, self.buffers, self.kv_caches, self.draft)
+            if self.spec is None and self.graphs.decode.sizes:
+                self.warm_up()
+
+    def warm_up(self, sizes: list[int] | None = None) -> int:
+        """Run the start-up steps of ``runner_v2/warmup.py`` (default sizes: every decode graph
+        size and each split class of the sampler) so that no step compiles a kernel later;
+        returns the steps run. The step counters start from zero after it."""
+        c = self.config
+        if sizes is None:
+            sizes = warm_up_sizes(self.graphs.decode.sizes, c.max_num_seqs, c.vocab_size,
+                                  vocab_block_size(c.vocab_size, self.device))
+        steps = warm_up_steps(sizes, block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens,
+                              mixed=bool(self.graphs.mixed.sizes))
+        count = run_warm_up(self.execute_model, steps)
+        self.num_graph_steps = self.num_mixed_graph_steps = self.num_eager_steps = 0
+        return count
 
     def check_sampling_params(self, params: SamplingParams) -> None:
         super().check_sampling_params(params)
@@ -214,7 +232,7 @@ class V2ModelRunner(RunnerBase):
             prompt_plan.hidden_rows, prompt_plan.target_flat, prompt_plan.num_logprobs)
         dev = upload_step(self.device, rows=rows, num_scheduled=num_sched, logprob_positions=lp_idx,
                           logprob_k=ks[lp_idx], writes=states.take_staged_writes(), prompt=prompt,
-                          spec=None if sp is None else _spec_arrays(sp, rows, ks))
+                          spec=None if sp is None else spec_decode.upload_arrays(sp, rows, ks))
         if dev.writes is not None:
             states.apply_staged_writes(dev.writes.offsets, dev.writes.cu_lens, dev.writes.values)
         proposal = None if sp is None else self._propose(sp, dev, rows)  # drafts into the table
@@ -381,14 +399,6 @@ MANIFEST = RunnerManifest.build(
     async_scheduling=V2ModelRunner.async_scheduling, cuda_graphs=True,
     tensor_parallel_architectures=TENSOR_PARALLEL_ARCHITECTURES,
 )
-
-
-def _spec_arrays(sp: spec_decode.SpecStepPlan, rows: np.ndarray, ks: np.ndarray) -> list[np.ndarray]:
-    # runner_v2.uploads.SpecUploads' fields, in order.
-    decode = np.flatnonzero(sp.decode)
-    _, lp_rows, lp_cells, lp_k = sp.logprob_rows(ks)
-    return [sp.num_spec, sp.cu_rows, sp.logits_indices, sp.row_req, decode.astype(np.int64), rows[decode],
-            lp_rows, lp_cells, lp_k]
 
 
 __all__ = ["MANIFEST", "MAX_STOP_TOKEN_IDS", "V2ModelRunner"]

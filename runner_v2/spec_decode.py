@@ -153,4 +153,12 @@ def verify(v: Verification, target_sampled: torch.Tensor, row_positions: torch.T
     return tokens, num_sampled
 
 
-__all__ = ["SpecStepPlan", "Verification", "by_position", "plan_spec_step", "propose_ngram", "verify"]
+def upload_arrays(sp: SpecStepPlan, rows: np.ndarray, ks: np.ndarray) -> list[np.ndarray]:
+    """The host arrays of ``runner_v2.uploads.SpecUploads``, in its field order."""
+    decode = np.flatnonzero(sp.decode)
+    _, lp_rows, lp_cells, lp_k = sp.logprob_rows(ks)
+    return [sp.num_spec, sp.cu_rows, sp.logits_indices, sp.row_req, decode.astype(np.int64), rows[decode],
+            lp_rows, lp_cells, lp_k]
+
+
+__all__ = ["SpecStepPlan", "Verification", "by_position", "plan_spec_step", "propose_ngram", "upload_arrays", "verify"]

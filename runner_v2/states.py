@@ -117,21 +117,29 @@ class RequestStates:
         self.has_penalties_np = np.zeros(s, bool)
         self.is_sampled_np = np.zeros(s, bool)  # temperature > 0 (not greedy)
         self._pending: list[tuple[int, np.ndarray]] = []  # (arena offset, int32 values)
+        self._make_views()
 
     # ---- column views ------------------------------------------------------------------
+    # Made once: the arena never moves, and a view costs the host microseconds per step.
     def col(self, c: Col) -> torch.Tensor:  # [max_num_seqs] int32, stride NUM_COLS
-        return self.row_params[:, c]
+        return self._cols[c]
 
     def col_f32(self, c: Col) -> torch.Tensor:  # [max_num_seqs] float32, stride NUM_COLS
-        return self.row_params[:, c].view(torch.float32)
+        return self._cols_f32[c]
 
     @property
     def seed(self) -> torch.Tensor:  # [max_num_seqs] int64
-        return self.row_params[:, Col.SEED_LO : Col.SEED_HI + 1].view(torch.int64)[:, 0]
+        return self._seed
 
     def sampling_tables(self) -> SamplingTables:
-        """Views of the per-row sampling parameters for the sampler kernels."""
-        return SamplingTables(
+        """Views of the per-row sampling parameters for the sampler kernels (one object)."""
+        return self._tables
+
+    def _make_views(self) -> None:
+        self._cols = [self.row_params[:, c] for c in Col]
+        self._cols_f32 = [col.view(torch.float32) for col in self._cols]
+        self._seed = self.row_params[:, Col.SEED_LO : Col.SEED_HI + 1].view(torch.int64)[:, 0]
+        self._tables = SamplingTables(
             temperature=self.col_f32(Col.TEMPERATURE), top_k=self.col(Col.TOP_K),
             top_p=self.col_f32(Col.TOP_P), repetition_penalty=self.col_f32(Col.REPETITION_PENALTY),
             frequency_penalty=self.col_f32(Col.FREQUENCY_PENALTY),

@@ -50,6 +50,11 @@ class SpecUploads:
 
 SPEC_FIELDS = 9
 
+#: Each array of the transfer starts at a multiple of 4 int32 words (16 bytes): Triton
+#: specialises a pointer argument on 16-byte alignment, so a view whose start moved with the
+#: lengths before it would compile another variant of its kernel in the middle of serving.
+ALIGN_WORDS = 4
+
 
 @dataclass(frozen=True)
 class StepUploads:
@@ -94,16 +99,17 @@ def upload_step(device: torch.device, *, rows: np.ndarray, num_scheduled: np.nda
 
 def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
     """Host arrays on the device in one transfer, without a sync, in order: packed as int32
-    words (8-byte types at even offsets) into one pinned buffer, copied non-blocking (the
+    words (each array from a 16-byte boundary) into one pinned buffer, copied non-blocking (the
     caching host allocator keeps the pinned block until the copy has run), then viewed back
     per array with its dtype and shape."""
     words, spans, offset = [], [], 0
     for arr in arrays:
         arr = np.ascontiguousarray(arr)
         w = arr.reshape(-1).view(np.int32)
-        if arr.dtype.itemsize == 8 and offset % 2:
-            words.append(np.zeros(1, np.int32))
-            offset += 1
+        if offset % ALIGN_WORDS:  # every view starts 16-byte aligned (see ALIGN_WORDS)
+            pad = ALIGN_WORDS - offset % ALIGN_WORDS
+            words.append(np.zeros(pad, np.int32))
+            offset += pad
         spans.append((offset, len(w), arr.dtype, arr.shape))
         words.append(w)
         offset += len(w)
@@ -123,5 +129,5 @@ def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.
     return out
 
 
-__all__ = ["SPEC_FIELDS", "PromptLogprobUploads", "SpecUploads", "StagedWrites", "StepUploads", "to_device",
+__all__ = ["ALIGN_WORDS", "SPEC_FIELDS", "PromptLogprobUploads", "SpecUploads", "StagedWrites", "StepUploads", "to_device",
            "upload_step"]

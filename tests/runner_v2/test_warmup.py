@@ -1,0 +1,90 @@
+"""runner_v2's start-up warm-up (runner_v2/warmup.py): the sizes it plans reach every decode
+graph size and every split class of the sampler, its steps fit the engine's limits and finish
+every dummy request, and a runner that ran it serves exactly what a fresh runner serves (CPU,
+kernels interpreted; tests/runner_v2/test_warmup_gpu.py checks that nothing compiles later)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
+from tiny_model_configs import TINY_DECODER_CONFIGS
+
+from engine.cuda_graphs import capture_sizes
+from engine.model import write_random_weights
+from engine.model_info import engine_config_for
+from engine.runner_loader import build_engine_core
+from engine.sampling_params import SamplingParams
+from kernels.gumbel_sample import sample_splits
+from runner_v2.warmup import run_warm_up, warm_up_sizes, warm_up_steps
+
+
+def _split_class(n: int, vocab_size: int, block: int) -> int:
+    return 1 << max(0, (sample_splits(n, vocab_size, block) - 1).bit_length())
+
+
+@pytest.mark.parametrize(("max_num_seqs", "vocab_size"), [(256, 151_936), (1024, 151_936), (3000, 32_000), (5, 512)])
+def test_sizes_reach_every_graph_size_and_split_class(max_num_seqs: int, vocab_size: int) -> None:
+    graphs = capture_sizes(max_num_seqs)
+    sizes = warm_up_sizes(graphs, max_num_seqs, vocab_size, 1024)
+    assert set(graphs) <= set(sizes) and max(sizes) <= max_num_seqs
+    every = {_split_class(n, vocab_size, 1024) for n in range(1, max_num_seqs + 1)}
+    assert every == {_split_class(n, vocab_size, 1024) for n in sizes}
+
+
+def test_steps_fit_the_budget_and_finish_every_dummy_request() -> None:
+    steps = list(warm_up_steps([1, 2, 8, 16, 128], block_size=16, max_num_batched_tokens=64, mixed=True))
+    live: set[str] = set()
+    seen: set[str] = set()
+    for so in steps:
+        assert so.finished_req_ids == live  # the previous step's requests, no others
+        live = {r.req_id for r in so.scheduled_new_reqs}
+        assert not live & seen  # ids are never reused
+        seen |= live
+        assert so.total_num_scheduled_tokens == sum(so.num_scheduled_tokens.values()) <= 64
+        for r in so.scheduled_new_reqs:
+            assert len(r.block_ids) == -(-len(r.prompt_token_ids) // 16)
+            assert so.num_scheduled_tokens[r.req_id] == len(r.prompt_token_ids)
+    assert not live  # the last step only finishes
+    sizes = [len(so.scheduled_new_reqs) for so in steps]
+    assert sizes == [1, 2, 8, 16, 1, 1, 16, 0]  # 128 is over the budget; the mixed step has the largest n
+    penalty, logprobs, mixed = steps[4], steps[5], steps[6]
+    assert penalty.scheduled_new_reqs[0].sampling_params.repetition_penalty != 1.0
+    assert logprobs.scheduled_new_reqs[0].sampling_params.logprobs == 1
+    assert max(mixed.num_scheduled_tokens.values()) == 2
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("v2-warmup")
+    write_random_weights(TINY_DECODER_CONFIGS["llama"], path, dtype=torch.float32, seed=11)
+    return path
+
+
+def _serve(llama_dir: Path, warm: bool) -> dict[str, tuple[list[int], list[float]]]:
+    config = engine_config_for(llama_dir, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32,
+                               block_size=4, kv_cache_memory_gb=0.01)
+    core = build_engine_core(config, "v2")
+    if warm:
+        runner = core.runner
+        assert run_warm_up(runner.execute_model, warm_up_steps([1, 3], block_size=4, max_num_batched_tokens=32,
+                                                               mixed=True)) == 6
+        assert runner.warm_up(sizes=[2]) == 4  # 2 requests, penalties, logprobs, the finish
+        assert runner.states.num_reqs == 0 and runner.num_eager_steps == 0  # counters start afresh
+    params = [SamplingParams(max_tokens=6, temperature=0.9, seed=1, ignore_eos=True),
+              SamplingParams(max_tokens=6, temperature=0.7, seed=2, repetition_penalty=1.3, ignore_eos=True),
+              SamplingParams(max_tokens=6, temperature=0, logprobs=2, ignore_eos=True)]
+    for i, p in enumerate(params):
+        core.add_request(f"r{i}", [3 + i, 9, 14, 2 + i, 7][: 3 + i], p)
+    done = core.run_until_done()
+    return {r.req_id: (r.output_token_ids, [lp for c in r.logprobs for lp in c.sampled_logprobs()]) for r in done}
+
+
+def test_a_warmed_up_runner_serves_what_a_fresh_one_serves(llama_dir: Path) -> None:
+    fresh = _serve(llama_dir, warm=False)
+    warmed = _serve(llama_dir, warm=True)
+    assert warmed == fresh and len(fresh) == 3
