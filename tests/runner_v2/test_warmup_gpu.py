@@ -56,7 +56,7 @@ def test_no_kernel_compiles_after_the_warm_up(dtype: str, tmp_path: Path) -> Non
                                max_num_batched_tokens=96, block_size=4, num_kv_blocks=512)
     core = build_engine_core(config, "v2")
     before = compiled_variants()
-    assert sum(before.values()) > 0  # the warm-up compiled the step kernels already
+    assert sum(before.values()) > 0, before  # the warm-up compiled the step kernels already
     rng = random.Random(0)
     vocab = TINY_DECODER_CONFIGS["qwen3"]["vocab_size"]
     num_done, num_reqs = 0, 0
@@ -69,7 +69,7 @@ def test_no_kernel_compiles_after_the_warm_up(dtype: str, tmp_path: Path) -> Non
             num_done += len(core.step())
     num_done += len(core.run_until_done())
     assert num_done == num_reqs
-    assert core.runner.num_eager_steps == 0
+    assert core.runner.num_eager_steps == 0, f"{core.runner.num_eager_steps} eager steps"
     after = compiled_variants()
     grew = {k: (before.get(k, 0), v) for k, v in after.items() if v != before.get(k, 0)}
     assert not grew, f"compiled while serving (before, after): {grew}"
