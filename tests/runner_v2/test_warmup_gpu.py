@@ -42,7 +42,7 @@ def compiled_variants() -> dict[str, int]:
 def _params(rng: random.Random) -> SamplingParams:
     kind = rng.randrange(5)
     return SamplingParams(
-        max_tokens=rng.randint(1, 12), ignore_eos=True, seed=rng.randrange(1 << 30),
+        max_tokens=rng.randint(2 if kind == 4 else 1, 12), ignore_eos=True, seed=rng.randrange(1 << 30),
         temperature=0.0 if kind == 0 else 0.8,
         repetition_penalty=1.2 if kind == 1 else 1.0, presence_penalty=0.5 if kind == 1 else 0.0,
         logprobs=rng.randint(0, 3) if kind == 2 else None,
