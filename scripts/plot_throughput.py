@@ -72,7 +72,9 @@ def plot(summary: dict, out: Path) -> None:
     floor = summary.get("bandwidth_floor", {}).get("output_tokens_per_s")
     if floor:
         ax.axvline(floor, color="#b03a2e", linestyle="--", linewidth=1)
-        ax.text(floor, -0.6, f"bandwidth floor {floor:,.0f} ", color="#b03a2e", va="bottom", ha="right")
+        # At the top of the axes (x in data, y in axes units): clear of the bars and the ticks.
+        ax.text(floor, 0.98, f"bandwidth floor {floor:,.0f} ", color="#b03a2e", va="top", ha="right",
+                transform=ax.get_xaxis_transform())
     ax.set_xlabel("output tokens/s")
     ax.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
     ax.set_xlim(0, max([*speeds, floor or 0]) * 1.25)
