@@ -1,0 +1,64 @@
+"""benchmarks/step_timing.py on CPU: its summary statistics, and drive() over a real engine
+(runner_v1 and runner_v2, tiny model) charging every applied step once, with the finished requests it
+returns equal to run_until_done()'s."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "engine" / "model"))
+from tiny_model_configs import TINY_DECODER_CONFIGS
+
+from benchmarks.step_timing import drive, gc_time, summarize
+from engine.model import write_random_weights
+from engine.model_info import engine_config_for
+from engine.runner_loader import build_engine_core
+from engine.sampling_params import SamplingParams
+
+
+def test_summary_by_kind_and_transition() -> None:
+    steps = [("decode", "decode", 0.004, 0.001), ("decode", "mixed", 0.006, 0.002),
+             ("mixed", "decode", 0.020, 0.015), ("decode", "decode", 0.010, 0.003)]
+    out = summarize(steps, {"gen0_collections": 2.0})
+    assert out["decode"]["steps"] == 3 and out["decode"]["ms_per_step"] == pytest.approx(6.67)
+    assert out["decode"]["p50_ms"] == 6.0 and out["decode"]["p90_ms"] == 10.0 and out["decode"]["max_ms"] == 10.0
+    assert out["decode"]["wait_ms_per_step"] == 2.0 and out["decode"]["host_ms_per_step"] == pytest.approx(4.67)
+    assert out["mixed"]["steps"] == 1
+    assert set(out["transitions"]) == {"decode <- decode", "decode <- mixed", "mixed <- decode"}
+    assert out["transitions"]["decode <- decode"]["steps"] == 2
+    assert out["gc"] == {"gen0_collections": 2.0}
+
+
+def test_synchronous_steps_have_no_wait_figures() -> None:
+    out = summarize([("mixed", "mixed", 0.002, None)], {})
+    assert "wait_ms_per_step" not in out["mixed"] and out["mixed"]["p90_ms"] == 2.0
+
+
+def test_gc_time_counts_collections() -> None:
+    with gc_time() as totals:
+        gc.collect()
+    assert totals["gen2_collections"] >= 1 and totals["gen2_seconds"] >= 0
+
+
+@pytest.mark.parametrize("runner", ["v1", "v2"])
+def test_drive_charges_every_step_once(runner: str, tmp_path: Path) -> None:
+    write_random_weights(TINY_DECODER_CONFIGS["llama"], tmp_path, dtype=torch.float32, seed=2)
+    core = build_engine_core(engine_config_for(tmp_path, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=16,
+                                               kv_cache_memory_gb=0.01), runner)
+    for i in range(6):
+        core.add_request(f"r{i}", [3 + i] * (5 + 3 * i), SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    done, summary = drive(core)
+    assert sorted(r.req_id for r in done) == [f"r{i}" for i in range(6)]
+    kinds = {k: v for k, v in summary.items() if k in ("decode", "mixed")}
+    assert sum(v["steps"] for v in kinds.values()) == core.num_steps
+    assert sum(v["steps"] for v in summary["transitions"].values()) == core.num_steps
+    assert core.runner.execute_model.__func__ is type(core.runner).execute_model  # unwrapped again
+    # runner_v2 collects each step one call later, through AsyncOutput: its waits are reported
+    assert all(("wait_ms_per_step" in v) == (runner == "v2") for v in kinds.values())
