@@ -137,7 +137,7 @@ class V2ModelRunner(RunnerBase):
         self.graphs.restrict_to(self.model, self.has_inner_state)
         if self.kv_caches and self.use_graphs:
             self.graphs.capture(self.model, self.buffers, self.kv_caches, self.draft)
-            if self.spec is None and self.graphs.decode.sizes:
+            if self.spec is None and self.graphs.decode.sizes and not self.is_pooling:
                 self.warm_up()
 
     def warm_up(self, sizes: list[int] | None = None) -> int:
@@ -149,7 +149,7 @@ class V2ModelRunner(RunnerBase):
             sizes = warm_up_sizes(self.graphs.decode.sizes, c.max_num_seqs, c.vocab_size,
                                   vocab_block_size(c.vocab_size, self.device))
         steps = warm_up_steps(sizes, block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens,
-                              mixed=bool(self.graphs.mixed.sizes))
+                              max_model_len=c.max_model_len, mixed=bool(self.graphs.mixed.sizes))
         count = run_warm_up(self.execute_model, steps)
         self.num_graph_steps = self.num_mixed_graph_steps = self.num_eager_steps = 0
         return count

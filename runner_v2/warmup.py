@@ -47,17 +47,17 @@ def warm_up_sizes(decode_sizes: list[int], max_num_seqs: int, vocab_size: int, v
     return sorted(sizes)
 
 
-def warm_up_steps(sizes: list[int], *, block_size: int, max_num_batched_tokens: int,
+def warm_up_steps(sizes: list[int], *, block_size: int, max_num_batched_tokens: int, max_model_len: int,
                   mixed: bool) -> Iterator[SchedulerOutput]:
     """Scheduler outputs of the warm-up, in order: for each size ``n`` (those within
     ``max_num_batched_tokens``), ``n`` new requests of one prompt token each (a decode-shaped
     step), finished by the next step; one request with penalties; one with logprobs; when
     ``mixed`` (mixed-step graphs are captured), a mixed step: a two-token prompt beside one-token
-    ones; and a last step that finishes them all."""
+    ones (when ``max_model_len`` holds two tokens); and a last step that finishes them all."""
     sizes = [n for n in sizes if n <= max_num_batched_tokens]
     plans: list[list[tuple[int, SamplingParams]]] = [[(1, _PLAIN)] * n for n in sizes]
     plans += [[(1, _PENALTY)], [(1, _LOGPROBS)]]
-    if mixed and max_num_batched_tokens >= 2:
+    if mixed and max_num_batched_tokens >= 2 and max_model_len >= 2:
         plans.append([(2, _PLAIN)] + [(1, _PLAIN)] * (min(max(sizes, default=1), max_num_batched_tokens - 1) - 1))
     finished: set[str] = set()
     for k, plan in enumerate(plans):

@@ -37,7 +37,8 @@ def test_sizes_reach_every_graph_size_and_split_class(max_num_seqs: int, vocab_s
 
 
 def test_steps_fit_the_budget_and_finish_every_dummy_request() -> None:
-    steps = list(warm_up_steps([1, 2, 8, 16, 128], block_size=16, max_num_batched_tokens=64, mixed=True))
+    steps = list(warm_up_steps([1, 2, 8, 16, 128], block_size=16, max_num_batched_tokens=64, max_model_len=32,
+                               mixed=True))
     live: set[str] = set()
     seen: set[str] = set()
     for so in steps:
@@ -56,6 +57,9 @@ def test_steps_fit_the_budget_and_finish_every_dummy_request() -> None:
     assert penalty.scheduled_new_reqs[0].sampling_params.repetition_penalty != 1.0
     assert logprobs.scheduled_new_reqs[0].sampling_params.logprobs == 1
     assert max(mixed.num_scheduled_tokens.values()) == 2
+    # A token table one token wide holds no two-token prompt: no mixed step then
+    narrow = list(warm_up_steps([1], block_size=16, max_num_batched_tokens=64, max_model_len=1, mixed=True))
+    assert all(max(so.num_scheduled_tokens.values(), default=1) == 1 for so in narrow) and len(narrow) == 4
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +76,7 @@ def _serve(llama_dir: Path, warm: bool) -> dict[str, tuple[list[int], list[float
     if warm:
         runner = core.runner
         assert run_warm_up(runner.execute_model, warm_up_steps([1, 3], block_size=4, max_num_batched_tokens=32,
-                                                               mixed=True)) == 6
+                                                               max_model_len=64, mixed=True)) == 6
         assert runner.warm_up(sizes=[2]) == 4  # 2 requests, penalties, logprobs, the finish
         assert runner.states.num_reqs == 0 and runner.num_eager_steps == 0  # counters start afresh
     params = [SamplingParams(max_tokens=6, temperature=0.9, seed=1, ignore_eos=True),
