@@ -204,9 +204,10 @@ def cprofile_top(core: Any, num_steps: int, limit: int = 25) -> list[dict[str, A
 
 
 def main() -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--num-reqs", type=int, default=256)
-    p.add_argument("--num-steps", type=int, default=60)
+    p = argparse.ArgumentParser(description="Where a steady runner_v2 decode step's wall time goes (needs a CUDA "
+                                "device): host phases, GPU busy fraction, launch costs, cProfile.")
+    p.add_argument("--num-reqs", type=int, default=256, help="running requests in the steady decode (default 256)")
+    p.add_argument("--num-steps", type=int, default=60, help="steps timed per measurement (default 60)")
     p.add_argument("--trace", type=Path, default=None, help="write the profiler's chrome trace here")
     args = p.parse_args()
     if not torch.cuda.is_available():

@@ -38,7 +38,7 @@ from engine.model.attention_metadata import AttentionMetadata
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
-    """Batch sizes to capture: 1, 2, 4, 8, 16, ... up to (and including) ``max_num_seqs``
+    """Batch sizes to capture: 1, 2, 4, then every multiple of 8, up to (and including) ``max_num_seqs``
     (none for ``max_num_seqs < 1``)."""
     if max_num_seqs < 1:
         return []

@@ -14,7 +14,7 @@ from kernels._checks import check_at_least, check_dtypes, check_flat
 from kernels._triton import require_triton, tl, triton
 
 
-# The step"s counts change every step: do_not_specialize keeps one compiled variant for all
+# The step's counts change every step: do_not_specialize keeps one compiled variant for all
 # of them (Triton would otherwise compile again for 1, multiples of 16 and the rest).
 @triton.jit(do_not_specialize=["num_reqs"])
 def _compute_logits_indices_kernel(

@@ -15,7 +15,7 @@ from kernels._padding import _fill_padding_tokens
 from kernels._triton import require_triton, tl, triton
 
 
-# The step"s counts change every step: do_not_specialize keeps one compiled variant for all
+# The step's counts change every step: do_not_specialize keeps one compiled variant for all
 # of them (Triton would otherwise compile again for 1, multiples of 16 and the rest).
 @triton.jit(do_not_specialize=["num_reqs", "num_tokens_padded"])
 def _compute_slot_mapping_kernel(

@@ -27,6 +27,7 @@ block counts) to size each step; it never reads the device on the step path.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.errors import UnsupportedOptionError
 from engine.model import DecoderModel
 from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
-from engine.runner_setup import POOLING_TASKS, TENSOR_PARALLEL_ARCHITECTURES, RunnerBase
+from engine.runner_setup import POOLING_TASKS, TENSOR_PARALLEL_ARCHITECTURES, RunnerBase, logger
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import SchedulerOutput
 from kernels._select import vocab_block_size
@@ -106,6 +107,7 @@ class V2ModelRunner(RunnerBase):
         self.num_mixed_graph_steps = 0  # of num_graph_steps: prefill chunks beside decodes
         self.profiled_peak_bytes: int | None = None  # the largest step's activations (CUDA)
         self.num_eager_steps = 0
+        self.num_warm_up_steps, self.warm_up_seconds = 0, 0.0  # warm_up(): start-up only
 
     # ---- set-up ------------------------------------------------------------------------
     def load_model(self) -> None:
@@ -143,14 +145,16 @@ class V2ModelRunner(RunnerBase):
     def warm_up(self, sizes: list[int] | None = None) -> int:
         """Run the start-up steps of ``runner_v2/warmup.py`` (default sizes: every decode graph
         size and each split class of the sampler) so that no step compiles a kernel later;
-        returns the steps run. The step counters start from zero after it."""
-        c = self.config
-        if sizes is None:
-            sizes = warm_up_sizes(self.graphs.decode.sizes, c.max_num_seqs, c.vocab_size,
-                                  vocab_block_size(c.vocab_size, self.device))
-        steps = warm_up_steps(sizes, block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens,
-                              max_model_len=c.max_model_len, mixed=bool(self.graphs.mixed.sizes))
-        count = run_warm_up(self.execute_model, steps)
+        returns the steps run (also ``num_warm_up_steps``, with ``warm_up_seconds``, and logged on
+        the ``turnout.engine`` logger). The step counters start from zero after it."""
+        c, start = self.config, time.perf_counter()
+        sizes = sizes if sizes is not None else warm_up_sizes(
+            self.graphs.decode.sizes, c.max_num_seqs, c.vocab_size, vocab_block_size(c.vocab_size, self.device))
+        count = run_warm_up(self.execute_model, warm_up_steps(
+            sizes, block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens,
+            max_model_len=c.max_model_len, mixed=bool(self.graphs.mixed.sizes)))
+        self.num_warm_up_steps, self.warm_up_seconds = count, time.perf_counter() - start
+        logger.info("runner_v2 warm-up: %d steps in %.2f s", count, self.warm_up_seconds)
         self.num_graph_steps = self.num_mixed_graph_steps = self.num_eager_steps = 0
         return count
 

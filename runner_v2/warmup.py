@@ -14,7 +14,8 @@ those kernels; each array of the step's upload starts 16-byte aligned, ``runner_
 so the variants left follow a few host values only: the padded request count (the decode
 graphs' sizes) and the sampler's split of the vocabulary. :func:`warm_up_steps` plans one step
 per such shape; the runner executes them at start-up through its own step path, after the
-graphs are captured, with requests of one prompt token on block 0 (vLLM's ``_dummy_run`` and
+graphs are captured, with requests of one prompt token on block 0 (two for the first request of
+the mixed step) (vLLM's ``_dummy_run`` and
 ``_dummy_sampler_run`` do the same for MRV1/MRV2).
 """
 

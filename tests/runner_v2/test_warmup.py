@@ -78,6 +78,7 @@ def _serve(llama_dir: Path, warm: bool) -> dict[str, tuple[list[int], list[float
         assert run_warm_up(runner.execute_model, warm_up_steps([1, 3], block_size=4, max_num_batched_tokens=32,
                                                                max_model_len=64, mixed=True)) == 6
         assert runner.warm_up(sizes=[2]) == 4  # 2 requests, penalties, logprobs, the finish
+        assert runner.num_warm_up_steps == 4 and runner.warm_up_seconds > 0
         assert runner.states.num_reqs == 0 and runner.num_eager_steps == 0  # counters start afresh
     params = [SamplingParams(max_tokens=6, temperature=0.9, seed=1, ignore_eos=True),
               SamplingParams(max_tokens=6, temperature=0.7, seed=2, repetition_penalty=1.3, ignore_eos=True),

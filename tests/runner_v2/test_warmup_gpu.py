@@ -56,7 +56,11 @@ def test_no_kernel_compiles_after_the_warm_up(dtype: str, tmp_path: Path) -> Non
                                max_num_batched_tokens=96, block_size=4, num_kv_blocks=512)
     core = build_engine_core(config, "v2")
     before = compiled_variants()
-    assert sum(before.values()) > 0, before  # the warm-up compiled the step kernels already
+    assert core.runner.num_warm_up_steps > 0
+    # The kernels launched around the graphs hold variants already (the capture compiles none of them)
+    around = ["post_update._post_update_kernel", "gumbel_sample._gumbel_sample_kernel",
+              "query_start_loc._prepare_query_start_loc_kernel", "staged_writes._apply_staged_writes_kernel"]
+    assert all(before.get(f"kernels.{k}", 0) > 0 for k in around), before
     rng = random.Random(0)
     vocab = TINY_DECODER_CONFIGS["qwen3"]["vocab_size"]
     num_done, num_reqs = 0, 0
