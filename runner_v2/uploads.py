@@ -97,23 +97,36 @@ def upload_step(device: torch.device, *, rows: np.ndarray, num_scheduled: np.nda
     return StepUploads(*base, writes=staged, prompt=plan, spec=specs)
 
 
+_INT32 = np.dtype(np.int32)
+#: The dtypes :func:`to_device` packs (whole int32 words), and their torch views.
+_VIEW_DTYPES = {_INT32: torch.int32, np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32,
+                np.dtype(np.float64): torch.float64}
+
+
 def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
     """Host arrays on the device in one transfer, without a sync, in order: packed as int32
     words (each array from a 16-byte boundary) into one pinned buffer, copied non-blocking (the
     caching host allocator keeps the pinned block until the copy has run), then viewed back
-    per array with its dtype and shape."""
+    per array with its dtype and shape.
+
+    Raises:
+        TypeError: an array whose dtype is not int32, int64, float32 or float64.
+    """
     words, spans, offset = [], [], 0
-    for arr in arrays:
-        arr = np.ascontiguousarray(arr)
+    for a in arrays:
+        arr = np.ascontiguousarray(a)  # (a 0-d array comes out 1-d: its shape is taken from a)
+        if arr.dtype not in _VIEW_DTYPES:  # another dtype would come back reinterpreted as int32 words
+            raise TypeError(f"to_device takes int32, int64, float32 and float64 arrays, got {arr.dtype}")
         w = arr.reshape(-1).view(np.int32)
         if offset % ALIGN_WORDS:  # every view starts 16-byte aligned (see ALIGN_WORDS)
             pad = ALIGN_WORDS - offset % ALIGN_WORDS
             words.append(np.zeros(pad, np.int32))
             offset += pad
-        spans.append((offset, len(w), arr.dtype, arr.shape))
+        spans.append((offset, len(w), arr.dtype, np.shape(a)))
         words.append(w)
         offset += len(w)
-    host = torch.from_numpy(np.concatenate(words) if words else np.zeros(0, np.int32))
+    # torch.from_numpy gives an empty array stride 0, which no int64 view accepts.
+    host = torch.from_numpy(np.concatenate(words)) if offset else torch.zeros(0, dtype=torch.int32)
     if device.type == "cuda":
         pinned = torch.empty(host.shape, dtype=torch.int32, pin_memory=True)
         pinned.copy_(host)
@@ -123,9 +136,9 @@ def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.
     out = []
     for start, n, dtype, shape in spans:
         t = flat[start : start + n]
-        if dtype.itemsize == 8:
-            t = t.view(torch.int64 if dtype.kind == "i" else torch.float64)
-        out.append(t.view(shape) if len(shape) > 1 else t)
+        if dtype != _INT32:
+            t = t.view(_VIEW_DTYPES[dtype])
+        out.append(t if len(shape) == 1 else t.view(shape))
     return out
 
 

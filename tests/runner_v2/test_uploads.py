@@ -29,3 +29,26 @@ def test_arrays_come_back_equal_and_16_byte_aligned(seed: int) -> None:
 
 def test_an_empty_list_is_an_empty_transfer() -> None:
     assert to_device([], torch.device("cpu")) == []
+
+
+def test_empty_arrays_alone_come_back_empty() -> None:
+    # torch.from_numpy gives an empty buffer stride 0, which an int64 view refused.
+    arrays = [np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros((0, 3), np.int64)]
+    out = to_device(arrays, torch.device("cpu"))
+    assert [(t.dtype, tuple(t.shape)) for t in out] == [(torch.int32, (0,)), (torch.int64, (0,)), (torch.int64, (0, 3))]
+
+
+def test_float_and_0_d_arrays_keep_their_dtype_and_shape() -> None:
+    arrays = [np.arange(3, dtype=np.float32), np.array(7, np.int64), np.arange(3, dtype=np.int32),
+              np.linspace(0, 1, 4).reshape(2, 2)]
+    out = to_device(arrays, torch.device("cpu"))
+    for arr, t in zip(arrays, out, strict=True):
+        assert t.dtype == torch.from_numpy(arr).dtype and tuple(t.shape) == arr.shape
+        np.testing.assert_array_equal(t.numpy(), arr)
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.int16, np.uint32, np.uint64, np.dtype(">i4")])
+def test_a_dtype_it_cannot_view_back_is_refused(dtype: np.dtype) -> None:
+    # Packed as int32 words, these came back reinterpreted (four bools as one int32, uint64 as float64).
+    with pytest.raises(TypeError, match="to_device takes"):
+        to_device([np.arange(3, dtype=np.int32), np.ones(4, dtype=dtype)], torch.device("cpu"))
