@@ -1,8 +1,8 @@
 """Step times of an engine pass by kind: where a runner's wall time goes between its steps.
 
 ``drive(core)`` is ``core.run_until_done()`` with each ``EngineCore.step()`` call timed and
-charged to the step it collects: ``decode`` (one token per request) or ``mixed`` (a prompt chunk
-in it). Under asynchronous scheduling (runner_v2) a call plans and launches step N+1, then waits
+charged to the step it collects: ``decode`` (one token per request, and the drafts it verifies
+under speculative decoding) or ``mixed`` (a prompt chunk in it). Under asynchronous scheduling (runner_v2) a call plans and launches step N+1, then waits
 for step N's results: its time is step N's, and ``wait`` is the part spent waiting for the
 device. A call that hardly waits found its step done already: the host, not the GPU, set the
 pace. Also reported: the same split by transition (the kind collected and the kind launched in
@@ -79,14 +79,19 @@ def drive(core: Any) -> tuple[list[Any], dict[str, Any]]:
     and, for asynchronous runners, ``wait_ms_per_step`` / ``host_ms_per_step``; ``transitions``
     (``"<collected> <- <launched>"``) and ``gc``."""
     kinds: list[str] = []
-    execute = core.runner.execute_model
+    runner = core.runner
+    execute = runner.execute_model
+    wrapped = vars(runner).get("execute_model")  # someone's wrapper already: put it back after
 
     def recording(so: Any) -> Any:
         if so.total_num_scheduled_tokens:
-            kinds.append("mixed" if so.total_num_scheduled_tokens > len(so.num_scheduled_tokens) else "decode")
+            # Drafts scheduled for verification are not prompt tokens: a speculative decode is a decode.
+            drafts = sum(len(d) for d in so.scheduled_spec_decode_tokens.values())
+            prompt = so.total_num_scheduled_tokens - drafts > len(so.num_scheduled_tokens)
+            kinds.append("mixed" if prompt else "decode")
         return execute(so)
 
-    core.runner.execute_model = recording
+    runner.execute_model = recording
     steps: list[tuple[str, str, float, float | None]] = []  # collected, launched, wall, wait
     done: list[Any] = []
     in_flight: int | None = None  # the step an asynchronous engine collects at its next call
@@ -104,7 +109,10 @@ def drive(core: Any) -> tuple[list[Any], dict[str, Any]]:
                     wait = sum(waits[num_waits:]) if len(waits) > num_waits else None
                     steps.append((kinds[collected], kinds[launched] if launched is not None else "none", dt, wait))
     finally:
-        del core.runner.execute_model  # the bound method again
+        if wrapped is None:
+            del runner.execute_model  # the bound method again
+        else:
+            runner.execute_model = wrapped
     return done, summarize(steps, dict(gc_totals))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from engine.model import write_random_weights
 from engine.model_info import engine_config_for
 from engine.runner_loader import build_engine_core
 from engine.sampling_params import SamplingParams
+from engine.scheduler_output import SchedulerOutput
 
 
 def test_summary_by_kind_and_transition() -> None:
@@ -60,3 +62,68 @@ def test_drive_charges_every_step_once(runner: str, tmp_path: Path) -> None:
     assert core.runner.execute_model.__func__ is type(core.runner).execute_model  # unwrapped again
     # runner_v2 collects each step one call later, through AsyncOutput: its waits are reported
     assert all(("wait_ms_per_step" in v) == (runner == "v2") for v in kinds.values())
+
+
+class _FakeRunner:
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.calls = 0
+        self.fail_at = fail_at
+
+    def execute_model(self, so: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("step failed")
+        return so
+
+
+class _FakeCore:
+    """A synchronous engine over a fixed list of scheduler outputs."""
+
+    async_scheduling = False
+
+    def __init__(self, outputs: list[SchedulerOutput], runner: _FakeRunner) -> None:
+        self.outputs, self.runner = list(outputs), runner
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.outputs)
+
+    def step(self) -> list[Any]:
+        self.runner.execute_model(self.outputs.pop(0))
+        return []
+
+
+def _so(tokens: dict[str, int], drafts: dict[str, list[int]] | None = None) -> SchedulerOutput:
+    return SchedulerOutput(num_scheduled_tokens=tokens, total_num_scheduled_tokens=sum(tokens.values()),
+                           scheduled_spec_decode_tokens=drafts or {})
+
+
+def test_a_failing_step_leaves_nothing_patched() -> None:
+    import runner_v2.async_output as async_output
+
+    runner = _FakeRunner(fail_at=2)
+    get_output, callbacks = async_output.AsyncOutput.get_output, list(gc.callbacks)
+    with pytest.raises(RuntimeError, match="step failed"):
+        drive(_FakeCore([_so({"a": 1})] * 3, runner))
+    assert "execute_model" not in vars(runner) and runner.execute_model.__func__ is _FakeRunner.execute_model
+    assert async_output.AsyncOutput.get_output is get_output and gc.callbacks == callbacks
+
+
+def test_a_wrapper_already_on_the_runner_is_put_back() -> None:
+    runner = _FakeRunner()
+    seen: list[Any] = []
+    original = runner.execute_model
+
+    def wrapper(so: Any) -> Any:  # another tool's timer, installed before drive()
+        seen.append(so)
+        return original(so)
+
+    runner.execute_model = wrapper  # type: ignore[method-assign]
+    drive(_FakeCore([_so({"a": 1})], runner))
+    assert runner.execute_model is wrapper and len(seen) == 1  # it was dropped, not restored
+
+
+def test_speculative_decodes_are_decodes() -> None:
+    # Two requests verifying 3 drafts each schedule 8 tokens, no prompt token among them.
+    outputs = [_so({"a": 4, "b": 4}, {"a": [1, 2, 3], "b": [4, 5, 6]}), _so({"a": 4, "c": 5}, {"a": [1, 2, 3]})]
+    _, summary = drive(_FakeCore(outputs, _FakeRunner()))
+    assert summary["decode"]["steps"] == 1 and summary["mixed"]["steps"] == 1
