@@ -142,17 +142,33 @@ class V2ModelRunner(RunnerBase):
             if self.spec is None and self.graphs.decode.sizes and not self.is_pooling:
                 self.warm_up()
 
-    def warm_up(self, sizes: list[int] | None = None) -> int:
+    def warm_up(self, sizes: list[int] | None = None, mixed: bool | None = None) -> int:
         """Run the start-up steps of ``runner_v2/warmup.py`` (default sizes: every decode graph
-        size and each split class of the sampler) so that no step compiles a kernel later;
-        returns the steps run (also ``num_warm_up_steps``, with ``warm_up_seconds``, and logged on
-        the ``turnout.engine`` logger). The step counters start from zero after it."""
+        size and each split class of the sampler; a mixed step by default when mixed-step graphs
+        are captured) so that no step compiles a kernel later; returns the steps run (also
+        ``num_warm_up_steps``, with ``warm_up_seconds``, and logged on the ``turnout.engine``
+        logger). The step counters start from zero after it.
+
+        Raises:
+            RuntimeError: a step has run since the runner was built (or since the last
+                warm-up): the dummy requests write KV block 0, which may hold a live request's
+                tokens or a cached prefix by then (the runner cannot know which).
+            ValueError: a size outside ``1 .. max_num_seqs`` (checked before any step runs).
+        """
         c, start = self.config, time.perf_counter()
+        if self.num_graph_steps or self.num_eager_steps:
+            raise RuntimeError(
+                "warm_up() runs at start-up only: its dummy requests write KV block 0, and after "
+                f"{self.num_graph_steps + self.num_eager_steps} steps that block may hold a request's "
+                "tokens or a cached prefix")
         sizes = sizes if sizes is not None else warm_up_sizes(
             self.graphs.decode.sizes, c.max_num_seqs, c.vocab_size, vocab_block_size(c.vocab_size, self.device))
+        bad = [n for n in sizes if not 1 <= n <= c.max_num_seqs]
+        if bad:
+            raise ValueError(f"warm-up sizes {bad} are outside 1 .. max_num_seqs={c.max_num_seqs}")
         count = run_warm_up(self.execute_model, warm_up_steps(
             sizes, block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens,
-            max_model_len=c.max_model_len, mixed=bool(self.graphs.mixed.sizes)))
+            max_model_len=c.max_model_len, mixed=bool(self.graphs.mixed.sizes) if mixed is None else mixed))
         self.num_warm_up_steps, self.warm_up_seconds = count, time.perf_counter() - start
         logger.info("runner_v2 warm-up: %d steps in %.2f s", count, self.warm_up_seconds)
         self.num_graph_steps = self.num_mixed_graph_steps = self.num_eager_steps = 0

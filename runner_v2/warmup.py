@@ -50,12 +50,15 @@ def warm_up_sizes(decode_sizes: list[int], max_num_seqs: int, vocab_size: int, v
 
 def warm_up_steps(sizes: list[int], *, block_size: int, max_num_batched_tokens: int, max_model_len: int,
                   mixed: bool) -> Iterator[SchedulerOutput]:
-    """Scheduler outputs of the warm-up, in order: for each size ``n`` (those within
-    ``max_num_batched_tokens``), ``n`` new requests of one prompt token each (a decode-shaped
-    step), finished by the next step; one request with penalties; one with logprobs; when
-    ``mixed`` (mixed-step graphs are captured), a mixed step: a two-token prompt beside one-token
-    ones (when ``max_model_len`` holds two tokens); and a last step that finishes them all."""
-    sizes = [n for n in sizes if n <= max_num_batched_tokens]
+    """Scheduler outputs of the warm-up, in order: for each size ``n``, ``min(n,
+    max_num_batched_tokens)`` new requests of one prompt token each (a decode-shaped step),
+    finished by the next step; one request with penalties; one with logprobs; when ``mixed``
+    (mixed-step graphs are captured), a mixed step: a two-token prompt beside one-token ones
+    (when ``max_model_len`` holds two tokens); and a last step that finishes them all.
+
+    A graph size above the token budget still replays: a decode batch of the budget's size
+    (every request one token) pads up to it, so that batch is what warms it."""
+    sizes = sorted({min(n, max_num_batched_tokens) for n in sizes})
     plans: list[list[tuple[int, SamplingParams]]] = [[(1, _PLAIN)] * n for n in sizes]
     plans += [[(1, _PENALTY)], [(1, _LOGPROBS)]]
     if mixed and max_num_batched_tokens >= 2 and max_model_len >= 2:

@@ -20,7 +20,7 @@ from engine.model_info import engine_config_for
 from engine.runner_loader import build_engine_core
 from engine.sampling_params import SamplingParams
 from kernels.gumbel_sample import sample_splits
-from runner_v2.warmup import run_warm_up, warm_up_sizes, warm_up_steps
+from runner_v2.warmup import warm_up_sizes, warm_up_steps
 
 
 def _split_class(n: int, vocab_size: int, block: int) -> int:
@@ -52,14 +52,32 @@ def test_steps_fit_the_budget_and_finish_every_dummy_request() -> None:
             assert so.num_scheduled_tokens[r.req_id] == len(r.prompt_token_ids)
     assert not live  # the last step only finishes
     sizes = [len(so.scheduled_new_reqs) for so in steps]
-    assert sizes == [1, 2, 8, 16, 1, 1, 16, 0]  # 128 is over the budget; the mixed step has the largest n
-    penalty, logprobs, mixed = steps[4], steps[5], steps[6]
+    # 128 is over the budget: a batch of 64 pads up to it; the mixed step has 63 requests + 1 token
+    assert sizes == [1, 2, 8, 16, 64, 1, 1, 63, 0]
+    penalty, logprobs, mixed = steps[5], steps[6], steps[7]
     assert penalty.scheduled_new_reqs[0].sampling_params.repetition_penalty != 1.0
     assert logprobs.scheduled_new_reqs[0].sampling_params.logprobs == 1
     assert max(mixed.num_scheduled_tokens.values()) == 2
     # A token table one token wide holds no two-token prompt: no mixed step then
     narrow = list(warm_up_steps([1], block_size=16, max_num_batched_tokens=64, max_model_len=1, mixed=True))
     assert all(max(so.num_scheduled_tokens.values(), default=1) == 1 for so in narrow) and len(narrow) == 4
+
+
+def _padded(n: int, graph_sizes: list[int]) -> int | None:
+    return next((g for g in graph_sizes if g >= n), None)
+
+
+@pytest.mark.parametrize(("max_num_seqs", "max_num_batched_tokens"), [(16, 9), (256, 200), (64, 64), (24, 96), (5, 3)])
+def test_every_decode_graph_a_step_can_replay_is_warmed(max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    # A graph size above the token budget still replays (a batch of the budget's size pads up to
+    # it): the warm-up dropped it, so the input kernels' padded variant compiled mid-serving.
+    graphs = capture_sizes(max_num_seqs)
+    sizes = warm_up_sizes(graphs, max_num_seqs, 151_936, 1024)
+    steps = warm_up_steps(sizes, block_size=16, max_num_batched_tokens=max_num_batched_tokens, max_model_len=64,
+                          mixed=False)
+    warmed = {_padded(len(so.scheduled_new_reqs), graphs) for so in steps if so.scheduled_new_reqs}
+    reached = {_padded(n, graphs) for n in range(1, min(max_num_seqs, max_num_batched_tokens) + 1)}
+    assert reached <= warmed
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +93,7 @@ def _serve(llama_dir: Path, warm: bool) -> dict[str, tuple[list[int], list[float
     core = build_engine_core(config, "v2")
     if warm:
         runner = core.runner
-        assert run_warm_up(runner.execute_model, warm_up_steps([1, 3], block_size=4, max_num_batched_tokens=32,
-                                                               max_model_len=64, mixed=True)) == 6
+        assert runner.warm_up(sizes=[1, 3], mixed=True) == 6
         assert runner.warm_up(sizes=[2]) == 4  # 2 requests, penalties, logprobs, the finish
         assert runner.num_warm_up_steps == 4 and runner.warm_up_seconds > 0
         assert runner.states.num_reqs == 0 and runner.num_eager_steps == 0  # counters start afresh
@@ -93,3 +110,30 @@ def test_a_warmed_up_runner_serves_what_a_fresh_one_serves(llama_dir: Path) -> N
     fresh = _serve(llama_dir, warm=False)
     warmed = _serve(llama_dir, warm=True)
     assert warmed == fresh and len(fresh) == 3
+
+
+def _tiny_core(llama_dir: Path, **kwargs: object) -> object:
+    config = engine_config_for(llama_dir, **{"max_model_len": 32, "max_num_seqs": 4, "max_num_batched_tokens": 32,
+                                             "block_size": 4, "num_kv_blocks": 8, **kwargs})
+    return build_engine_core(config, "v2")
+
+
+def test_a_warm_up_after_serving_is_refused(llama_dir: Path) -> None:
+    # The dummy requests write KV block 0. After a request ran, block 0 may be a cached prefix:
+    # a warm-up then made the next request with that prefix read the dummies' keys and values
+    # (greedy [128, 116, 69, 4] became [128, 109, 69, 72] for the same prompt).
+    core = _tiny_core(llama_dir)
+    prompt = [3, 9, 14, 2, 7, 8, 11, 5, 6]  # two full blocks: cached, the first in block 0
+    core.add_request("a", prompt, SamplingParams(max_tokens=2, temperature=0, ignore_eos=True))
+    core.run_until_done()
+    with pytest.raises(RuntimeError, match="start-up only"):
+        core.runner.warm_up(sizes=[1])
+
+
+def test_warm_up_sizes_beyond_the_table_are_refused_before_any_step(llama_dir: Path) -> None:
+    # Past max_num_seqs, add_request failed mid warm-up and left dummy requests holding rows.
+    runner = _tiny_core(llama_dir).runner
+    with pytest.raises(ValueError, match="max_num_seqs=4"):
+        runner.warm_up(sizes=[1, 5])
+    assert runner.states.num_reqs == 0 and runner.num_eager_steps == 0
+    assert runner.warm_up(sizes=[4]) == 4
