@@ -25,7 +25,14 @@ from kernels._select import _float_key, _radix_advance, _radix_candidates, vocab
 from kernels._triton import require_triton, tl, triton
 
 
-@triton.jit(do_not_specialize=["topk_stride"])  # 1 + max_k changes per step: one variant
+# 1 + max_k changes per step, and so do the pointers' alignments: a step's logprob rows come in
+# chunks (runner_v2/sampler.py), and chunk c starts c * rows int32 words into token_ids and
+# num_logprobs (6 rows for a 151,936-id vocabulary: 24 bytes, not 16); the outputs start one
+# word into their rows, or are empty (null) when every k of the step is 0. One variant for
+# all of them: each program loads one token and one k, and its stores are scattered anyway.
+@triton.jit(do_not_specialize=["topk_stride"],
+            do_not_specialize_on_alignment=["token_ids_ptr", "num_logprobs_ptr", "topk_ids_ptr",
+                                            "topk_logprobs_ptr"])
 def _topk_logprobs_kernel(
     logits_ptr, logits_stride, token_ids_ptr, num_logprobs_ptr,
     topk_ids_ptr, topk_logprobs_ptr, topk_stride, token_logprobs_ptr, token_ranks_ptr,

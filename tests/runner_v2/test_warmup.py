@@ -5,8 +5,12 @@ kernels interpreted; tests/runner_v2/test_warmup_gpu.py checks that nothing comp
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +23,9 @@ from engine.model import write_random_weights
 from engine.model_info import engine_config_for
 from engine.runner_loader import build_engine_core
 from engine.sampling_params import SamplingParams
+from kernels._triton import INTERPRETED
 from kernels.gumbel_sample import sample_splits
+from runner_v2 import sampler
 from runner_v2.warmup import warm_up_sizes, warm_up_steps
 
 
@@ -137,3 +143,62 @@ def test_warm_up_sizes_beyond_the_table_are_refused_before_any_step(llama_dir: P
         runner.warm_up(sizes=[1, 5])
     assert runner.states.num_reqs == 0 and runner.num_eager_steps == 0
     assert runner.warm_up(sizes=[4]) == 4
+
+
+@contextlib.contextmanager
+def _launch_variants() -> Iterator[set[tuple[str, tuple[Any, ...]]]]:
+    """Triton's specialization key (what picks, or compiles, a variant on a GPU) of each launch of
+    a ``kernels/`` kernel while inside, from Triton's own ``specialize_impl``: the interpreter
+    that runs them on CPU compiles nothing, but its arguments say what a GPU would have keyed
+    (CPU tensors are 64-byte aligned, as the caching allocator's blocks are 512)."""
+    if not INTERPRETED:
+        pytest.skip("on a GPU tests/runner_v2/test_warmup_gpu.py counts the compiled variants themselves")
+    interpreter = pytest.importorskip("triton.runtime.interpreter")
+    jit = pytest.importorskip("triton.runtime.jit")
+    specialize = getattr(jit, "native_specialize_impl", None)
+    if specialize is None or not hasattr(interpreter, "InterpretedFunction"):
+        pytest.skip("this Triton computes specialization keys elsewhere")
+    cls = interpreter.InterpretedFunction
+    run = cls.run
+    keys: set[tuple[str, tuple[Any, ...]]] = set()
+
+    def recording(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        if self.fn.__module__.startswith("kernels."):
+            params = inspect.signature(self.fn).parameters
+            bound = dict(zip(params, args, strict=False)) | {k: v for k, v in kwargs.items() if k in params}
+            dns = set(self.kwargs.get("do_not_specialize") or ())
+            dnsa = set(self.kwargs.get("do_not_specialize_on_alignment") or ())
+            key = tuple(
+                (name, "constexpr", bound.get(name, p.default)) if "constexpr" in str(p.annotation) else
+                (name, *specialize(jit.BaseBackend, bound.get(name, p.default), False, name not in dns,
+                                   name not in dnsa))
+                for name, p in params.items())
+            keys.add((f"{self.fn.__module__}.{self.fn.__name__}", key))
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    cls.run = recording
+    try:
+        yield keys
+    finally:
+        cls.run = run
+
+
+def test_logprob_steps_launch_no_variant_the_warm_up_lacks(llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Logprob rows go to topk_logprobs in chunks; at Qwen3's 151,936 ids a chunk is 6 rows, so
+    # the second one started 24 bytes into the int32 inputs (not 16-byte aligned: another
+    # variant), and a step whose every k is 0 passed empty (null, "aligned") outputs: another.
+    vocab = TINY_DECODER_CONFIGS["llama"]["vocab_size"]
+    monkeypatch.setattr(sampler, "WORKING_SET_ELEMS", 6 * vocab)
+    core = _tiny_core(llama_dir, max_num_seqs=8, num_kv_blocks=32)
+    with _launch_variants() as warm:
+        core.runner.warm_up(sizes=[1, 8])
+    with _launch_variants() as served:
+        for i in range(8):
+            core.add_request(f"r{i}", [3 + i, 9], SamplingParams(max_tokens=2, temperature=0.8, seed=i, logprobs=1,
+                                                                 ignore_eos=True))
+        core.run_until_done()
+        core.add_request("k0", [5, 9], SamplingParams(max_tokens=2, temperature=0.8, seed=9, logprobs=0,
+                                                      ignore_eos=True))
+        core.run_until_done()
+    assert {name for name, _ in served} >= {"kernels.topk_logprobs._topk_logprobs_kernel"}
+    assert not {name for name, key in served - warm}
