@@ -11,9 +11,11 @@
 # throughput.json (the benchmark's last line); families.log/.json, fused_moe.log/.json,
 # spec_decode.log/.json.
 # Exit status: non-zero if any part failed.
-# Usage (repository root): bash scripts/gpu_check.sh [all|tests|bench|families|spec]
-# About 3-5 minutes for the tests and 2-3 for the benchmark on an H200; run `tests` and `bench`
-# as two commands if one command is limited to less than the sum.
+# Usage (repository root): bash scripts/gpu_check.sh [all|tests|tests-parity|tests-rest|bench|families|spec]
+# `tests` is `tests-parity` (the gpu tests of tests/runner_v2 and tests/parity: about 9 minutes on
+# a fresh H200, Triton compiling as it goes) and `tests-rest` (tests/kernels compiled, the gpu
+# tests of tests/runner_v1 and tests/engine); the benchmark takes 3-4 minutes. Where one command
+# is limited to 10 minutes, run tests-parity, tests-rest and bench as three commands.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
@@ -27,14 +29,20 @@ start=$SECONDS
 "$PY" -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__,
   "transformers", transformers.__version__, "gpu", torch.cuda.get_device_name())' 2>&1 | tee "$OUT/versions.log"
 
-if [ "$PART" = all ] || [ "$PART" = tests ]; then
+if [ "$PART" = all ] || [ "$PART" = tests ] || [ "$PART" = tests-rest ]; then
   # The sm_90 compile checks need no GPU (they run in CI); here the kernels run compiled.
   "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 tests/kernels -k "not compile" 2>&1 \
     | tee "$OUT/kernels.log" || status=1
-  "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 -m gpu tests/parity tests/runner_v1 tests/runner_v2 tests/engine \
+  "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 -m gpu tests/runner_v1 tests/engine \
     --ignore=tests/engine/test_engine_cli.py 2>&1 \
+    | tee "$OUT/gpu_tests_rest.log" || status=1
+  echo "kernel, runner_v1 and engine tests done after $((SECONDS - start)) s" | tee -a "$OUT/gpu_tests_rest.log"
+fi
+
+if [ "$PART" = all ] || [ "$PART" = tests ] || [ "$PART" = tests-parity ]; then
+  "$PY" -m pytest -p no:cacheprovider -q -rfEs --durations=10 -m gpu tests/runner_v2 tests/parity 2>&1 \
     | tee "$OUT/gpu_tests.log" || status=1
-  echo "tests done after $((SECONDS - start)) s" | tee -a "$OUT/gpu_tests.log"
+  echo "runner_v2 and parity tests done after $((SECONDS - start)) s" | tee -a "$OUT/gpu_tests.log"
 fi
 
 if [ "$PART" = all ] || [ "$PART" = bench ]; then
