@@ -39,25 +39,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.layer_ops import add_random_requests, qwen3_engine  # noqa: E402
+from benchmarks.step_timing import result_waits  # noqa: E402
 from benchmarks.throughput import QWEN3_06B  # noqa: E402
-
-VOCAB = 151_936
 
 
 def steady_engine(model_dir: Path, num_reqs: int, num_warm_steps: int = 40) -> Any:
     """An EngineCore on runner_v2 with ``num_reqs`` requests of 512 random prompt tokens
-    (``max_tokens`` 400), stepped past their prefill into steady decode."""
-    from engine.model_info import engine_config_for
-    from engine.runner_loader import build_engine_core
-    from engine.sampling_params import SamplingParams
-
-    core = build_engine_core(engine_config_for(
-        model_dir, dtype="bfloat16", device="cuda", max_num_seqs=num_reqs, max_num_batched_tokens=8192,
-        max_model_len=1024, enable_prefix_caching=False, seed=0), "v2")
-    gen = torch.Generator().manual_seed(0)
-    for i in range(num_reqs):
-        core.add_request(f"r{i}", torch.randint(0, VOCAB, (512,), generator=gen).tolist(),
-                         SamplingParams(max_tokens=400, ignore_eos=True, temperature=1.0))
+    (``max_tokens`` 400), stepped past their prefill into steady decode (as layer_ops' profile)."""
+    core = qwen3_engine(model_dir, num_reqs)
+    add_random_requests(core, 0, num_reqs, torch.Generator().manual_seed(0))
     for _ in range(num_warm_steps):
         core.step()
     torch.cuda.synchronize()
@@ -66,12 +57,14 @@ def steady_engine(model_dir: Path, num_reqs: int, num_warm_steps: int = 40) -> A
 
 @contextmanager
 def _timers(core: Any) -> Iterator[dict[str, float]]:
-    # Wraps the calls of one async step with perf_counter; totals in seconds by phase.
+    # Wraps the calls of one async step with perf_counter; totals in seconds by phase. The wait
+    # for the results' event comes from step_timing.result_waits, the rest of get_output is
+    # the output's assembly.
     import runner_v2.async_output as async_output
     import runner_v2.runner as runner_mod
 
     totals: dict[str, float] = defaultdict(float)
-    patched: list[tuple[Any, str, Any]] = []
+    patched: list[tuple[Any, str, Any]] = []  # owner, name, what its own __dict__ held (or _ABSENT)
 
     def wrap(owner: Any, name: str, phase: str) -> None:
         original = getattr(owner, name)
@@ -83,18 +76,8 @@ def _timers(core: Any) -> Iterator[dict[str, float]]:
             finally:
                 totals[phase] += time.perf_counter() - t0
 
-        patched.append((owner, name, original))
+        patched.append((owner, name, vars(owner).get(name, _ABSENT)))
         setattr(owner, name, timed)
-
-    def wait_then_assemble(self: Any) -> Any:
-        t0 = time.perf_counter()
-        if self._event is not None:
-            self._event.synchronize()
-        t1 = time.perf_counter()
-        out = original_get(self)
-        totals["wait_for_results"] += t1 - t0
-        totals["assemble_output"] += time.perf_counter() - t1
-        return out
 
     runner = core.runner
     wrap(core.scheduler, "schedule", "schedule")
@@ -104,17 +87,22 @@ def _timers(core: Any) -> Iterator[dict[str, float]]:
         wrap(runner, name, f"execute_model.{name.lstrip('_')}")
     for name in ("upload_step", "post_update", "AsyncOutput"):
         wrap(runner_mod, name, f"execute_model.{name}")
-    original_get = async_output.AsyncOutput.get_output
-    async_output.AsyncOutput.get_output = wait_then_assemble  # type: ignore[method-assign]
-    try:
-        yield totals
-    finally:
-        async_output.AsyncOutput.get_output = original_get  # type: ignore[method-assign]
-        for owner, name, original in reversed(patched):
-            if owner is core.scheduler or owner is runner:
-                delattr(owner, name)  # the bound method again
-            else:
-                setattr(owner, name, original)
+    with result_waits() as waits:  # restores get_output last, after the wrappers below are gone
+        wrap(async_output.AsyncOutput, "get_output", "collect_output")
+        try:
+            yield totals
+            totals["wait_for_results"] = sum(waits)
+            totals["assemble_output"] = totals.pop("collect_output", 0.0) - totals["wait_for_results"]
+        finally:
+            for owner, name, held in reversed(patched):
+                if held is _ABSENT:
+                    delattr(owner, name)  # the class's method again
+                else:
+                    setattr(owner, name, held)
+
+
+#: Marks an attribute an object did not hold itself before a wrapper was set on it.
+_ABSENT = object()
 
 
 def phases(core: Any, num_steps: int) -> dict[str, Any]:

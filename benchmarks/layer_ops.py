@@ -120,7 +120,8 @@ def sampler_case(num_reqs: int = 256) -> dict[str, Any]:
             "note": "torch_us is the unsplit kernel (one program per request)"}
 
 
-def _engine(model_dir: Path, num_reqs: int) -> Any:
+def qwen3_engine(model_dir: Path, num_reqs: int) -> Any:
+    """runner_v2 on the Qwen3-0.6B shape in bf16 (``max_num_seqs`` = ``num_reqs``, 8,192-token budget)."""
     from engine.model_info import engine_config_for
     from engine.runner_loader import build_engine_core
 
@@ -129,7 +130,8 @@ def _engine(model_dir: Path, num_reqs: int) -> Any:
         max_model_len=1024, enable_prefix_caching=False, seed=0), "v2")
 
 
-def _add_requests(core: Any, first: int, count: int, gen: torch.Generator) -> None:
+def add_random_requests(core: Any, first: int, count: int, gen: torch.Generator) -> None:
+    """``count`` requests of 512 random prompt tokens, 400 output tokens at temperature 1."""
     from engine.sampling_params import SamplingParams
 
     for i in range(first, first + count):
@@ -163,8 +165,8 @@ def _profile_steps(core: Any, num_steps: int) -> dict[str, Any]:
 
 def decode_profile(model_dir: Path, fused: bool, num_reqs: int = 256, num_steps: int = 20) -> dict[str, Any]:
     """Steady decode at ``num_reqs`` running requests (512-token prompts, ~550 tokens of context)."""
-    core = _engine(model_dir, num_reqs)
-    _add_requests(core, 0, num_reqs, torch.Generator().manual_seed(0))
+    core = qwen3_engine(model_dir, num_reqs)
+    add_random_requests(core, 0, num_reqs, torch.Generator().manual_seed(0))
     for _ in range(40):  # prefill (16 chunks of 8,192 tokens) and a few decode steps
         core.step()
     result = {"fused": fused, **_profile_steps(core, num_steps)}
@@ -177,12 +179,12 @@ def decode_profile(model_dir: Path, fused: bool, num_reqs: int = 256, num_steps:
 def mixed_profile(model_dir: Path, num_steps: int = 6) -> dict[str, Any]:
     """Mixed steps of 8,192 tokens: 128 running decodes beside 8,064 tokens of 512-token prompt
     chunks (the shape of the benchmark's steps when a wave of new requests arrives)."""
-    core = _engine(model_dir, 256)
+    core = qwen3_engine(model_dir, 256)
     gen = torch.Generator().manual_seed(0)
-    _add_requests(core, 0, 128, gen)
+    add_random_requests(core, 0, 128, gen)
     for _ in range(12):  # 8 prefill steps of 8,192 tokens, then decodes
         core.step()
-    _add_requests(core, 128, 128, gen)
+    add_random_requests(core, 128, 128, gen)
     result = _profile_steps(core, num_steps)
     del core
     torch.cuda.synchronize()

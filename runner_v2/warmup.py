@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from engine.kv_cache_manager import cdiv
 from engine.sampling_params import SamplingParams
 from engine.scheduler_output import NewRequestData, SchedulerOutput
 from kernels.gumbel_sample import sample_splits
@@ -71,7 +72,7 @@ def warm_up_steps(sizes: list[int], *, block_size: int, max_num_batched_tokens: 
             req_id = f"_warmup_{k}_{i}"
             out.scheduled_new_reqs.append(NewRequestData(
                 req_id=req_id, prompt_token_ids=[0] * num_tokens, sampling_params=params,
-                block_ids=[0] * -(-num_tokens // block_size), num_computed_tokens=0))
+                block_ids=[0] * cdiv(num_tokens, block_size), num_computed_tokens=0))
             out.num_scheduled_tokens[req_id] = num_tokens
             finished.add(req_id)
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())

@@ -127,3 +127,28 @@ def test_speculative_decodes_are_decodes() -> None:
     outputs = [_so({"a": 4, "b": 4}, {"a": [1, 2, 3], "b": [4, 5, 6]}), _so({"a": 4, "c": 5}, {"a": [1, 2, 3]})]
     _, summary = drive(_FakeCore(outputs, _FakeRunner()))
     assert summary["decode"]["steps"] == 1 and summary["mixed"]["steps"] == 1
+
+
+def test_host_gap_phases_time_every_phase_and_leave_nothing_patched(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # benchmarks/host_gap.py's phase timers over runner_v2 on CPU (no device to synchronise).
+    import benchmarks.host_gap as host_gap
+    import runner_v2.async_output as async_output
+    import runner_v2.runner as runner_mod
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    write_random_weights(TINY_DECODER_CONFIGS["llama"], tmp_path, dtype=torch.float32, seed=2)
+    core = build_engine_core(engine_config_for(tmp_path, max_model_len=64, max_num_seqs=2, kv_cache_memory_gb=0.01),
+                             "v2")
+    for i in range(2):
+        core.add_request(f"r{i}", [3, 4, 5], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    core.step()
+    get_output, upload = async_output.AsyncOutput.get_output, runner_mod.upload_step
+    out = host_gap.phases(core, 3)
+    phases = out["us_per_step"]
+    for name in ("schedule", "execute_model", "execute_model.prepare", "execute_model.sample", "wait_for_results",
+                 "assemble_output", "update_from_output", "loop_and_rest"):
+        assert name in phases, name
+    assert phases["execute_model"] >= phases["execute_model.prepare"] > 0
+    assert async_output.AsyncOutput.get_output is get_output and runner_mod.upload_step is upload
+    assert "execute_model" not in vars(core.runner) and "schedule" not in vars(core.scheduler)
