@@ -191,13 +191,24 @@ def cprofile_top(core: Any, num_steps: int, limit: int = 25) -> list[dict[str, A
             for (f, line, name), (_cc, nc, tt, ct, _callers) in rows]
 
 
-def main() -> dict[str, Any]:
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description="Where a steady runner_v2 decode step's wall time goes (needs a CUDA "
                                 "device): host phases, GPU busy fraction, launch costs, cProfile.")
-    p.add_argument("--num-reqs", type=int, default=256, help="running requests in the steady decode (default 256)")
-    p.add_argument("--num-steps", type=int, default=60, help="steps timed per measurement (default 60)")
+    p.add_argument("--num-reqs", type=_positive_int, default=256,
+                   help="running requests in the steady decode (default 256)")
+    p.add_argument("--num-steps", type=_positive_int, default=60, help="steps timed per measurement (default 60)")
     p.add_argument("--trace", type=Path, default=None, help="write the profiler's chrome trace here")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/host_gap.py needs a CUDA device")
     from engine.model import write_random_weights

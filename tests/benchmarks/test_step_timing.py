@@ -152,3 +152,13 @@ def test_host_gap_phases_time_every_phase_and_leave_nothing_patched(tmp_path: Pa
     assert phases["execute_model"] >= phases["execute_model.prepare"] > 0
     assert async_output.AsyncOutput.get_output is get_output and runner_mod.upload_step is upload
     assert "execute_model" not in vars(core.runner) and "schedule" not in vars(core.scheduler)
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [("--num-reqs", "0", "must be at least 1, got 0"),
+                                                        ("--num-steps", "x", "invalid int value: 'x'")])
+def test_host_gap_names_a_bad_flag(flag: str, value: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    import benchmarks.host_gap as host_gap
+
+    with pytest.raises(SystemExit) as exc:
+        host_gap.main([flag, value])
+    assert exc.value.code == 2 and f"argument {flag}: {message}" in capsys.readouterr().err
