@@ -17,7 +17,8 @@ Decode-step profile: runner_v2 on the Qwen3-0.6B shape (random weights), 256 req
 prompt tokens, driven to steady decode; 20 steps under ``torch.profiler``, fused (default) and
 unfused (``set_fused_layer_ops(False)``, unsplit sampler). Reported: median wall time per step,
 CUDA kernel launches per step and the kernels taking most device time. Mixed-step profile: 128
-running decodes beside 8,064 prompt tokens per step (8,192 in all), 6 steps.
+running decodes beside 8,064 prompt tokens per step (8,192 in all), 6 steps, with the two
+attention launches of the step overlapped (default) and serial (``serial_attention()``).
 
 Run: PYTHONPATH=. python benchmarks/layer_ops.py [--no-profile]  -> last line: one JSON object.
 """
@@ -39,7 +40,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.throughput import QWEN3_06B, unfused_ops  # noqa: E402
+from benchmarks.throughput import QWEN3_06B, serial_attention, unfused_ops  # noqa: E402
 from kernels.gumbel_sample import gumbel_sample  # noqa: E402
 from kernels.rms_norm import rms_norm  # noqa: E402
 from kernels.silu_mul import silu_and_mul  # noqa: E402
@@ -217,6 +218,9 @@ def main() -> dict[str, Any]:
             print(summary["decode_step_unfused"], flush=True)
             summary["mixed_step"] = mixed_profile(model_dir)
             print(summary["mixed_step"], flush=True)
+            with serial_attention():  # the before of the overlapped attention launches
+                summary["mixed_step_serial_attention"] = mixed_profile(model_dir)
+            print(summary["mixed_step_serial_attention"], flush=True)
     print(json.dumps(summary), flush=True)
     return summary
 

@@ -10,7 +10,9 @@ warm-up first (Triton compilation: for the engines a pass of 1.5 x ``max_num_seq
 built, which is not timed).
 
 Contenders (``--runners``): ``v1``, ``v2``, ``v2-unfused`` (runner_v2 with RMSNorm, the residual
-adds and SiLU·mul as torch ops and an unsplit sampler: the before of its fused kernels), ``hf``
+adds and SiLU·mul as torch ops and an unsplit sampler: the before of its fused kernels),
+``v2-serial`` (runner_v2 with a mixed step's decode and prefill attention launches one after the
+other instead of overlapped on two streams: ``set_overlapped_launches(False)``), ``hf``
 (eager ``generate``) and ``hf-compiled`` (``generate`` with a static cache and transformers'
 ``compile_config``: the first of ``HF_COMPILE_MODES`` that runs, named in the result with the
 errors of those that did not).
@@ -74,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny model on CPU, a few prompts (smoke run)")
     p.add_argument("--runners", default="v1,v2,hf",
-                   help="comma list of v1, v2, v2-unfused (v2 without its fused layer kernels), hf, "
+                   help="comma list of v1, v2, v2-unfused (v2 without its fused layer kernels), "
+                        "v2-serial (v2 with a mixed step's attention launches not overlapped), hf, "
                         "hf-compiled (static cache + torch.compile)")
     p.add_argument("--num-prompts", type=int, default=1024)
     p.add_argument("--prompt-len", type=int, default=512)
@@ -150,6 +153,19 @@ def unfused_ops() -> Iterator[None]:
     finally:
         set_fused_layer_ops(previous)
         sampler.TARGET_PROGRAMS = target
+
+
+@contextlib.contextmanager
+def serial_attention() -> Iterator[None]:
+    """A mixed step's two attention launches (decodes, prompt chunks) one after the other on one
+    stream, as before they overlapped; the graphs captured inside keep it."""
+    from kernels.paged_attention import set_overlapped_launches
+
+    previous = set_overlapped_launches(False)
+    try:
+        yield
+    finally:
+        set_overlapped_launches(previous)
 
 
 #: torch.compile modes tried for the compiled HF peer, in order: HF's default for a static
@@ -283,6 +299,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     results[name] = run_hf_compiled(model_dir, prompts, args, device)
                 elif runner == "v2-unfused":
                     with unfused_ops():
+                        results[name] = run_engine("v2", model_dir, prompts, args, device)
+                elif runner == "v2-serial":
+                    with serial_attention():
                         results[name] = run_engine("v2", model_dir, prompts, args, device)
                 else:
                     results[name] = run_engine(runner, model_dir, prompts, args, device)

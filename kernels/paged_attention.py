@@ -31,7 +31,12 @@ A step runs as up to two launches of the same kernel (:class:`AttentionTiles`): 
 most ``decode_tiles``' ``BLOCK_Q`` queries (decodes, short speculative runs) on small tiles, one
 program per (request, kv head), no search; longer ones (prefill chunks) on FlashAttention-2
 tiles over the flattened grid. Each launch skips the other's requests, so both grids stay
-graph-friendly. Split-KV decoding is ``kernels.paged_attention_split``.
+graph-friendly. On CUDA the two launches of a mixed step overlap: the prefill launch goes first
+on the current stream, the decode launch on a side stream forked from it and joined back before
+``paged_attention`` returns (so a CUDA graph captures them as two parallel branches). The prefill
+tiles are bound by the tensor cores, the decode tiles by reading the KV cache; run one after the
+other, each leaves the other's resource idle (``set_overlapped_launches(False)`` serialises them,
+for benchmarks). Split-KV decoding is ``kernels.paged_attention_split``.
 
 ``reshape_and_cache`` writes the step's keys/values to their slots (``slot_mapping``; ``-1``
 marks padding and is skipped), vLLM's op of the same name.
@@ -50,19 +55,30 @@ from kernels._paged_tiles import (
     _find_request,
     _key_tile_ranges,
     _load_query_tile,
+    _zero_padding_rows,
     default_decode_tiles,
     default_prefill_tiles,
     dot_precision,
     head_dim_padded,
     tile_rows,
 )
+from kernels._streams import run_overlapped
 from kernels._triton import require_triton, tl, triton
 
 _LOG2E = 1.4426950408889634
 _INT32_MAX = 2**31 - 1
+_overlap = {"enabled": True}
 
 
-@triton.jit
+def set_overlapped_launches(enabled: bool) -> bool:
+    """Whether a mixed step's decode and prefill launches overlap on CUDA (default ``True``);
+    returns the previous setting. Read at launch time: a CUDA graph keeps what it captured."""
+    previous = _overlap["enabled"]
+    _overlap["enabled"] = bool(enabled)
+    return previous
+
+
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens"])  # one variant whatever the batch
 def _paged_attention_kernel(
     out_ptr,
     q_ptr,
@@ -74,6 +90,7 @@ def _paged_attention_kernel(
     scale_log2,  # softmax scale * log2(e): the kernel exponentiates with exp2
     sliding_window,
     num_reqs,
+    num_tokens,  # rows of out (a padded batch's rows past query_start_loc[num_reqs] included)
     min_q_len,  # this launch serves the requests with min_q_len <= q_len <= max_q_len
     max_q_len,
     q_stride_t,
@@ -93,10 +110,16 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     REQUEST_PER_PROGRAM: tl.constexpr,  # grid (num_reqs, kv heads), else the flattened q blocks
+    ZERO_PADDING: tl.constexpr,  # program (0, kv head) zeroes the padding rows of its heads
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" keeps float32 exact; "tf32" is the default otherwise
 ):
     kv_head = tl.program_id(1)
+    if ZERO_PADDING:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton keeps them apart)
+        if tl.program_id(0) == 0:
+            _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, kv_head,
+                               out_stride_t, out_stride_h, NUM_QUERIES_PER_KV, HEAD_DIM,
+                               HEAD_DIM_P, 16)
     if REQUEST_PER_PROGRAM:  # every request served fits one q tile: program i is request i
         req = tl.program_id(0)
         q_start = tl.load(query_start_loc_ptr + req)
@@ -163,16 +186,19 @@ def paged_attention(
     decode_tiles: AttentionTiles | None = None,  # default: default_decode_tiles(...)
     prefill_tiles: AttentionTiles | None = None,  # default: default_prefill_tiles(...)
     split_short_queries: bool = True,  # mixed steps: short requests on decode tiles
+    zero_padding: bool = False,  # zero out's rows past query_start_loc[num_reqs]
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim], query's dtype
     """Causal paged attention for a packed varlen batch (Triton). See the module docstring.
 
     When ``max_query_len`` fits one decode tile (``BLOCK_Q`` of ``decode_tiles``) one launch
     on decode tiles serves the step; otherwise requests of up to that many queries run on
-    decode tiles and the others on ``prefill_tiles`` (two launches; with
+    decode tiles and the others on ``prefill_tiles`` (two launches, overlapped on CUDA; with
     ``split_short_queries=False`` one launch on prefill tiles). Grids depend only on
     ``num_tokens``, ``num_reqs`` and the tiles, so a CUDA graph replays for any lengths whose
     longest query is at most the captured ``max_query_len``. Rows of ``out`` past
-    ``query_start_loc[-1]`` (CUDA-graph padding) are not written.
+    ``query_start_loc[num_reqs]`` (CUDA-graph padding) are not written, or, with
+    ``zero_padding``, set to zero by the first launch (so ``out`` may come from
+    ``torch.empty``: no separate fill of the whole output per layer).
 
     Raises:
         TritonUnavailableError: Triton is not installed.
@@ -182,27 +208,31 @@ def paged_attention(
     out = _check_attention(query, kv_cache, query_start_loc, seq_lens, block_table, out)
     num_reqs = seq_lens.shape[0]
     if num_reqs == 0 or max_query_len == 0:
-        return out
+        return out.zero_() if zero_padding else out
     head_dim, group = query.shape[2], query.shape[1] // kv_cache.shape[3]
     decode = decode_tiles or default_decode_tiles(query.dtype, head_dim)
     prefill = prefill_tiles or default_prefill_tiles(query.dtype, head_dim)
     short_q, _ = tile_rows(decode, group)
     args = (out, query, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, scale,
             sliding_window)
+    # The launch serving q_len 0 (padding requests) also zeroes the padding rows when asked.
     if max_query_len <= short_q:
-        _launch(*args, decode, 0, short_q)
+        _launch(*args, decode, 0, short_q, zero_padding)
+    elif split_short_queries and query.is_cuda and _overlap["enabled"]:
+        run_overlapped(query.device, lambda: _launch(*args, prefill, short_q + 1, _INT32_MAX, False),
+                       lambda: _launch(*args, decode, 0, short_q, zero_padding))
     elif split_short_queries:
-        _launch(*args, decode, 0, short_q)
-        _launch(*args, prefill, short_q + 1, _INT32_MAX)
+        _launch(*args, decode, 0, short_q, zero_padding)
+        _launch(*args, prefill, short_q + 1, _INT32_MAX, False)
     else:
-        _launch(*args, prefill, 0, _INT32_MAX)
+        _launch(*args, prefill, 0, _INT32_MAX, zero_padding)
     return out
 
 
 def _launch(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
             query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
             max_query_len: int, scale: float, sliding_window: int | None,
-            tiles: AttentionTiles, min_q_len: int, max_q_len: int) -> None:
+            tiles: AttentionTiles, min_q_len: int, max_q_len: int, zero_padding: bool) -> None:
     num_tokens, num_heads, head_dim = query.shape
     num_reqs, num_kv_heads = seq_lens.shape[0], kv_cache.shape[3]
     group = num_heads // num_kv_heads
@@ -214,12 +244,13 @@ def _launch(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
     grid = (num_reqs if per_request else num_tokens // block_q + num_reqs, num_kv_heads)
     _paged_attention_kernel[grid](
         out, query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
-        scale * _LOG2E, sliding_window or 0, num_reqs, min_q_len, max_q_len,
+        scale * _LOG2E, sliding_window or 0, num_reqs, num_tokens, min_q_len, max_q_len,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
         NUM_QUERIES_PER_KV=group, GROUP_P=triton.next_power_of_2(group), HEAD_DIM=head_dim,
         HEAD_DIM_P=head_dim_padded(head_dim), KV_BLOCK_SIZE=kv_cache.shape[2],
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=tiles.block_n, REQUEST_PER_PROGRAM=per_request,
+        ZERO_PADDING=zero_padding,
         USE_WINDOW=bool(sliding_window), DOT_PRECISION=dot_precision(query.dtype),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 LABELS = {
-    "runner_v2": "runner_v2", "runner_v2-unfused": "runner_v2, unfused ops", "runner_v1": "runner_v1",
+    "runner_v2": "runner_v2", "runner_v2-unfused": "runner_v2, unfused ops",
+    "runner_v2-serial": "runner_v2, serial attention", "runner_v1": "runner_v1",
     "hf_generate_compiled": "HF generate, compiled", "hf_generate": "HF generate, eager",
 }
 

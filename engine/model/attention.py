@@ -60,16 +60,18 @@ def paged_attention_forward(
     if not attn_metadata.causal:
         raise ValueError("paged attention serves decoders: attn_metadata.causal must be True")
     md = attn_metadata
-    out = torch.zeros_like(query)  # padding rows stay zero (never NaN garbage)
     if _use_triton(backend, query.device):
         if not kv_written:
             pa.reshape_and_cache(key, value, kv_cache, md.slot_mapping)
-        attend = (pa_split.paged_attention_split
-                  if use_split_kv(md.max_query_len, md.seq_lens.shape[0], kv_cache.shape[3])
-                  else pa.paged_attention)
-        attend(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,
-               md.max_query_len, scale, sliding_window, out=out)
+        args = (query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table, md.max_query_len,
+                scale, sliding_window)
+        if use_split_kv(md.max_query_len, md.seq_lens.shape[0], kv_cache.shape[3]):
+            out = torch.zeros_like(query)  # padding rows stay zero (never NaN garbage)
+            pa_split.paged_attention_split(*args, out=out)
+        else:  # the kernel zeroes the padding rows itself: no fill of the whole output
+            out = pa.paged_attention(*args, out=torch.empty_like(query), zero_padding=True)
     else:
+        out = torch.zeros_like(query)  # padding rows stay zero (never NaN garbage)
         if not kv_written:
             pa.reshape_and_cache_ref(key, value, kv_cache, md.slot_mapping)
         pa.paged_attention_ref(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,

@@ -17,6 +17,7 @@ from kernels.paged_attention import (
     paged_attention_ref,
     reshape_and_cache,
     reshape_and_cache_ref,
+    set_overlapped_launches,
 )
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
@@ -162,6 +163,39 @@ def test_kernel_equals_reference_on_a_varlen_step(group: int, block_size: int,
     want = paged_attention_ref(**b, sliding_window=window)  # type: ignore[arg-type]
     torch.testing.assert_close(out[:num_real], want[:num_real], atol=1e-5, rtol=1e-5)
     assert (out[num_real:] == 7.0).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("extra", [0, 3, 37])
+@pytest.mark.parametrize("group", [1, 3])
+def test_zero_padding_zeroes_the_rows_no_request_owns(group: int, extra: int, split: bool) -> None:
+    # With zero_padding, out may come from torch.empty: the launch serving the empty
+    # (padding) requests zeroes every row past query_start_loc[num_reqs], for every head,
+    # whether the step runs as one launch or two; the other rows are the reference's.
+    b = make_batch(*VARLEN_STEP, num_heads=2 * group, num_kv_heads=2, head_dim=24, block_size=5,
+                   dtype=torch.float32, device=KERNEL_DEVICE, seed=extra + group)
+    num_real = int(sum(VARLEN_STEP[0]))
+    _padded_rows(b, extra)
+    out = torch.full_like(b["query"], float("nan"))  # type: ignore[arg-type]
+    paged_attention(**b, out=out, zero_padding=True, split_short_queries=split, **SMALL_TILES)  # type: ignore[arg-type]
+    torch.testing.assert_close(out[:num_real], paged_attention_ref(**b)[:num_real], atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
+    assert (out[num_real:] == 0).all()
+
+
+@needs_triton
+def test_zero_padding_of_a_step_of_decodes_and_of_an_empty_step() -> None:
+    b = make_batch([1, 1, 0], [9, 30, 0], num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+                   dtype=torch.float32, device=KERNEL_DEVICE)
+    _padded_rows(b, 5)
+    out = torch.full_like(b["query"], float("nan"))  # type: ignore[arg-type]
+    paged_attention(**b, out=out, zero_padding=True)  # type: ignore[arg-type]
+    torch.testing.assert_close(out[:2], paged_attention_ref(**b)[:2])  # type: ignore[arg-type]
+    assert (out[2:] == 0).all()
+    b["max_query_len"] = 0  # a step of padding only: nothing to attend, every row is padding
+    out.fill_(float("nan"))
+    paged_attention(**b, out=out, zero_padding=True)  # type: ignore[arg-type]
+    assert (out == 0).all()
 
 
 @needs_triton
@@ -337,3 +371,32 @@ def test_graph_of_a_padded_mixed_step_replays_other_lengths_gpu() -> None:
         torch.testing.assert_close(out[:num_real].float(), want[:num_real].float(),
                                    atol=2e-2, rtol=2e-2)
         assert (out[num_real:] == 7.0).all()
+
+
+@pytest.mark.gpu
+def test_overlapped_halves_give_the_bits_of_serial_launches_gpu() -> None:
+    # A mixed step (decodes beside prompt chunks) runs as two launches; on CUDA they overlap on
+    # a side stream. Each program writes its own rows, so the bits must not change.
+    q_lens = [1] * 24 + [300, 77, 2, 513]
+    ctx = [int(c) for c in torch.randint(0, 900, (len(q_lens),), generator=torch.Generator().manual_seed(3))]
+    b = make_batch(q_lens, ctx, num_heads=16, num_kv_heads=8, head_dim=128, block_size=16,
+                   dtype=torch.bfloat16, device="cuda")
+    previous = set_overlapped_launches(False)
+    try:
+        serial = paged_attention(**b)  # type: ignore[arg-type]
+        set_overlapped_launches(True)
+        overlapped = paged_attention(**b)  # type: ignore[arg-type]
+        torch.cuda.synchronize()
+    finally:
+        set_overlapped_launches(previous)
+    assert torch.equal(serial, overlapped)
+    torch.testing.assert_close(overlapped.float(), paged_attention_ref(**b).float(),  # type: ignore[arg-type]
+                               atol=2e-2, rtol=2e-2)
+
+
+def test_set_overlapped_launches_returns_the_previous_setting() -> None:
+    assert set_overlapped_launches(False) is True
+    try:
+        assert set_overlapped_launches(True) is False
+    finally:
+        set_overlapped_launches(True)
