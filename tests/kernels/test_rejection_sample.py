@@ -20,6 +20,7 @@ I32 = torch.int32
 def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson's chi-square test of ``counts`` against ``probs`` (df = bins - 1): the upper
     tail ``Q(df / 2, stat / 2)`` of the regularised incomplete gamma function."""
+    counts = counts.cpu()  # _run leaves its outputs on the kernel's device (CUDA where there is one)
     n = float(counts.sum())
     expected = probs.double() * n
     stat = float(((counts.double() - expected) ** 2 / expected).sum())

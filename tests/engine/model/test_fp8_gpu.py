@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from fp8_formats import FP8_FORMATS
+from logit_agreement import assert_logits_agree
 from paged_session import run_paged_forced
 
 from engine.model import ModelConfig, load_model
@@ -95,12 +96,13 @@ def _fp8_config(file: str, fmt: str, num_layers: int | None) -> ModelConfig:
 
 
 # Untied random Llama logits are nearly flat over 128k tokens (N(0, 1/4096) head), so top-1 ties
-# flip more often there than in tied Qwen3 (N(0,1) embeddings as the head).
-@pytest.mark.parametrize(("file", "fmt", "num_layers", "min_top1"), [
-    ("qwen3-0.6b.json", "ct-channel-dynamic", None, 0.95), ("qwen3-0.6b.json", "fp8-block-128", None, 0.95),
-    ("llama-3.1-8b.json", "fp8-tensor-dynamic", 2, 0.85)])
-def test_scaled_mm_model_agrees_with_the_dequantising_reference(file: str, fmt: str, num_layers: int | None,
-                                                                 min_top1: float) -> None:
+# flip more often there than in tied Qwen3 (N(0,1) embeddings as the head): a flip passes where
+# it is a near tie (logit_agreement), whatever the fraction of rows it touches.
+@pytest.mark.parametrize(("file", "fmt", "num_layers"), [
+    ("qwen3-0.6b.json", "ct-channel-dynamic", None), ("qwen3-0.6b.json", "fp8-block-128", None),
+    ("llama-3.1-8b.json", "fp8-tensor-dynamic", 2)])
+def test_scaled_mm_model_agrees_with_the_dequantising_reference(file: str, fmt: str, num_layers: int | None
+                                                                 ) -> None:
     config = _fp8_config(file, fmt, num_layers)
     model = load_model(config, dtype=torch.bfloat16, device="cuda", seed=1)
     layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
@@ -114,7 +116,4 @@ def test_scaled_mm_model_agrees_with_the_dequantising_reference(file: str, fmt: 
     assert set_fp8_execution(model, "reference") == len(layers)
     want = run_paged_forced(model, sequences, block_size=16, first_chunk=chunk, num_decode=6)
     for k in sequences:
-        cos = torch.nn.functional.cosine_similarity(got[k], want[k], dim=-1).min().item()
-        agree = (got[k].argmax(-1) == want[k].argmax(-1)).float().mean().item()
-        print(f"{file} {fmt} {k}: min row cosine {cos:.5f}, top-1 agreement {agree:.3f}")
-        assert cos >= 0.99 and agree >= min_top1, f"{file}/{k}: cos {cos}, top-1 {agree}"
+        assert_logits_agree(got[k], want[k], f"{file}/{fmt}/{k}", min_cos=0.99)
