@@ -72,6 +72,10 @@ QUICK_CONFIG: dict[str, Any] = {
 }
 
 
+#: The names ``--runners`` takes (the module docstring says what each is).
+CONTENDERS = ("v1", "v2", "v2-unfused", "v2-serial", "hf", "hf-compiled")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny model on CPU, a few prompts (smoke run)")
@@ -88,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bandwidth-tbps", type=float, default=None, help="device bandwidth for the floor")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    unknown = [r for r in args.runners.split(",") if r not in CONTENDERS]
+    if unknown:
+        p.error(f"argument --runners: invalid choice: {unknown[0]!r} (choose from {', '.join(CONTENDERS)})")
     if args.quick:
         args.num_prompts, args.prompt_len, args.output_len = 12, 24, 6
         args.max_num_seqs, args.max_num_batched_tokens, args.dtype = 4, 64, "float32"
