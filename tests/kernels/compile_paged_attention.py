@@ -1,7 +1,8 @@
 """Compile the paged-attention (unified and split-KV) and KV-write kernels for sm_90 (H100/H200) without a GPU, in
 every variant the model layer launches (fp32/bf16, GQA groups, head_dim 64/128, decode and
-prefill tiles, sliding window). Reuses compile_for_gpu.py's launch capture; run without
-TRITON_INTERPRET (test_paged_attention_compiles.py does). Prints one line per variant."""
+prefill tiles, sliding window, padding rows zeroed by the kernel). Reuses compile_for_gpu.py's
+launch capture; run without TRITON_INTERPRET (test_paged_attention_compiles.py does). Prints
+one line per variant."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def _launch_all() -> None:
         for q_lens, window in cases:
             b = make_batch(q_lens, [5, 40], num_heads=heads, num_kv_heads=kv_heads,
                            head_dim=head_dim, block_size=16, dtype=dtype, device="cpu")
-            paged_attention(**b, sliding_window=window)  # type: ignore[arg-type]
+            # zero_padding=True, as engine/model/attention.py launches it (torch.empty output)
+            paged_attention(**b, sliding_window=window, zero_padding=True)  # type: ignore[arg-type]
             if max(q_lens) == 1:  # split-KV decoding: 32 segments (a graph-captured count)
                 paged_attention_split(**b, sliding_window=window, num_segments=32)  # type: ignore[arg-type]
         cache = torch.zeros(2, 4, 16, kv_heads, head_dim, dtype=dtype)
