@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny model on CPU, a few prompts (smoke run)")
     p.add_argument("--runners", default="v1,v2,hf",
-                   help="comma list of v1, v2, v2-unfused (v2 without its fused layer kernels), "
+                   help="comma list, each once, of v1, v2, v2-unfused (v2 without its fused layer kernels), "
                         "v2-serial (v2 with a mixed step's attention launches not overlapped), hf, "
                         "hf-compiled (static cache + torch.compile)")
     p.add_argument("--num-prompts", type=int, default=1024)
@@ -92,9 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bandwidth-tbps", type=float, default=None, help="device bandwidth for the floor")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    unknown = [r for r in args.runners.split(",") if r not in CONTENDERS]
+    runners = args.runners.split(",")
+    unknown = [r for r in runners if r not in CONTENDERS]
     if unknown:
         p.error(f"argument --runners: invalid choice: {unknown[0]!r} (choose from {', '.join(CONTENDERS)})")
+    twice = [r for i, r in enumerate(runners) if r in runners[:i]]
+    if twice:  # results are keyed by contender: a second run would replace the first's
+        p.error(f"argument --runners: {twice[0]!r} named twice")
     if args.quick:
         args.num_prompts, args.prompt_len, args.output_len = 12, 24, 6
         args.max_num_seqs, args.max_num_batched_tokens, args.dtype = 4, 64, "float32"

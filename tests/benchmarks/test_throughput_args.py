@@ -26,3 +26,13 @@ def test_serial_attention_switches_the_overlap_off_and_back() -> None:
     with throughput.serial_attention():
         assert set_overlapped_launches(False) is False  # off inside
     assert set_overlapped_launches(True) is True  # on again after
+
+
+@pytest.mark.parametrize("runners", ["v2,v2", "v2,v2-serial,v2"])
+def test_a_contender_named_twice_is_refused(runners: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # Results are keyed by contender: a second run of one replaced the first's numbers in the
+    # summary (an A/B/A order check kept only the last A) after running it twice.
+    with pytest.raises(SystemExit) as exc:
+        throughput.parse_args(["--runners", runners])
+    assert exc.value.code == 2
+    assert "argument --runners: 'v2' named twice" in capsys.readouterr().err
