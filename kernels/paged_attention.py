@@ -197,8 +197,9 @@ def paged_attention(
     ``num_tokens``, ``num_reqs`` and the tiles, so a CUDA graph replays for any lengths whose
     longest query is at most the captured ``max_query_len``. Rows of ``out`` past
     ``query_start_loc[num_reqs]`` (CUDA-graph padding) are not written, or, with
-    ``zero_padding``, set to zero by the first launch (so ``out`` may come from
-    ``torch.empty``: no separate fill of the whole output per layer).
+    ``zero_padding``, set to zero by the launch that serves the empty requests (the decode-tile
+    one, issued second when the two overlap; the only one otherwise), so ``out`` may come from
+    ``torch.empty``: no separate fill of the whole output per layer.
 
     Raises:
         TritonUnavailableError: Triton is not installed.
