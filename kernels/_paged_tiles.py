@@ -61,23 +61,17 @@ def _load_query_tile(q_ptr, q_start, first, q_len, kv_head, q_stride_t, q_stride
 
 
 @triton.jit
-def _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, kv_head, program,
-                       num_programs, out_stride_t, out_stride_h, NUM_QUERIES_PER_KV: tl.constexpr,
+def _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, kv_head,
+                       out_stride_t, out_stride_h, NUM_QUERIES_PER_KV: tl.constexpr,
                        HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_ROWS: tl.constexpr):
-    """Zero this program's share of rows ``query_start_loc[num_reqs]:num_tokens`` of ``out`` (a
-    padded batch's extra rows, which no request owns) for the query heads of ``kv_head``: the
-    rows are cut in ``num_programs`` consecutive shares, so a graph padded by thousands of rows
-    zeroes a few rows per program instead of all of them in one."""
+    """Zero rows ``query_start_loc[num_reqs]:num_tokens`` of ``out`` (a padded batch's extra
+    rows, which no request owns) for the query heads of ``kv_head``."""
     total = tl.load(query_start_loc_ptr + num_reqs)
-    num_padding = tl.maximum(num_tokens - total, 0)
-    share = (num_padding + num_programs - 1) // num_programs
-    lo = total + program * share
-    hi = tl.minimum(lo + share, num_tokens)
     dim = tl.arange(0, HEAD_DIM_P)
     zeros = tl.zeros([BLOCK_ROWS, HEAD_DIM_P], dtype=out_ptr.dtype.element_ty)
-    for start in range(lo, hi, BLOCK_ROWS):
+    for start in range(total, num_tokens, BLOCK_ROWS):
         rows = (start + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
-        mask = (rows < hi)[:, None] & (dim < HEAD_DIM)[None, :]
+        mask = (rows < num_tokens)[:, None] & (dim < HEAD_DIM)[None, :]
         for h in tl.static_range(NUM_QUERIES_PER_KV):
             head = kv_head * NUM_QUERIES_PER_KV + h
             tl.store(out_ptr + rows[:, None] * out_stride_t + head * out_stride_h + dim[None, :],

@@ -110,15 +110,16 @@ def _paged_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     REQUEST_PER_PROGRAM: tl.constexpr,  # grid (num_reqs, kv heads), else the flattened q blocks
-    ZERO_PADDING: tl.constexpr,  # the programs zero the padding rows of their heads, in shares
+    ZERO_PADDING: tl.constexpr,  # program (0, kv head) zeroes the padding rows of its heads
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" keeps float32 exact; "tf32" is the default otherwise
 ):
     kv_head = tl.program_id(1)
-    if ZERO_PADDING:  # each program zeroes its share of the padding rows (usually none)
-        _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, kv_head,
-                           tl.program_id(0), tl.num_programs(0), out_stride_t, out_stride_h,
-                           NUM_QUERIES_PER_KV, HEAD_DIM, HEAD_DIM_P, 16)
+    if ZERO_PADDING:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton keeps them apart)
+        if tl.program_id(0) == 0:
+            _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, kv_head,
+                               out_stride_t, out_stride_h, NUM_QUERIES_PER_KV, HEAD_DIM,
+                               HEAD_DIM_P, 16)
     if REQUEST_PER_PROGRAM:  # every request served fits one q tile: program i is request i
         req = tl.program_id(0)
         q_start = tl.load(query_start_loc_ptr + req)

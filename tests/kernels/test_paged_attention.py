@@ -167,7 +167,7 @@ def test_kernel_equals_reference_on_a_varlen_step(group: int, block_size: int,
 
 @needs_triton
 @pytest.mark.parametrize("split", [True, False])
-@pytest.mark.parametrize("extra", [0, 3, 37, 301])  # 301: several rows per program, a remainder
+@pytest.mark.parametrize("extra", [0, 3, 37, 301])  # 301: many padding rows, few programs
 @pytest.mark.parametrize("group", [1, 3])
 def test_zero_padding_zeroes_the_rows_no_request_owns(group: int, extra: int, split: bool) -> None:
     # With zero_padding, out may come from torch.empty: the launch serving the empty
