@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,19 @@ def test_summary_markdown_table() -> None:
     assert lines[-2:] == ["", "canaries: rollout.yaml defaults of pack turnout (pass --canaries "
                               "FILE, e.g. the service's GET /api/v1/canaries, to decide with the "
                               "live ones)"]
+
+
+def test_the_summary_bad_input_row_counts_every_error_code() -> None:
+    """The row showed the three most common codes only, so the six kinds of bad input that
+    README.md lists "as --summary shows" could not be read off it: now every code, whose
+    counts add up to the row's lines."""
+    r = turnout("decide", "--commands", str(REF / "vllm_recipes.jsonl"), "--summary",
+                "--markdown")
+    row = next(x for x in r.stdout.splitlines() if x.startswith("| (bad input) |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    counts = {code: int(n) for code, n in re.findall(r"(\w+) \((\d+)\)", cells[5])}
+    assert len(counts) > 3, row
+    assert sum(counts.values()) == int(cells[1]), row
 
 
 def test_explain_prints_the_suggestions() -> None:
