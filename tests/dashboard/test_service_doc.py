@@ -67,7 +67,9 @@ def test_the_readme_curl_example_creates_the_token_it_sends(tmp_path: Path,
     block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "curl" in b)
     lines = [line for line in block.splitlines() if "turnout decide" not in line]
     assert lines[0].startswith("TOKEN=$(.venv/bin/turnout token create"), lines
-    url = f"sqlite:///{tmp_path / 'readme.db'}"
+    # The checkout's var/ (git ignores it), where make run's database lies: the snapshot goes
+    # there, not into the repository root where git status shows it.
+    url = f"sqlite:///{tmp_path / 'var' / 'readme.db'}"
     svc = start_service(url, tmp_path / "svc.log")
     live.append(svc)
     turnout = f"{sys.executable} -c 'from oracle.cli import main; main()'"
@@ -76,7 +78,7 @@ def test_the_readme_curl_example_creates_the_token_it_sends(tmp_path: Path,
     subprocess.run(["bash", "-euc", script], cwd=tmp_path, check=True, capture_output=True,
                    env={"TURNOUT_DATABASE_URL": url, "PATH": "/usr/bin:/bin",
                         "PYTHONPATH": str(ROOT)})
-    snapshot = json.loads((tmp_path / "canaries.json").read_text())
+    snapshot = json.loads((tmp_path / "var" / "canaries.json").read_text())
     assert snapshot["pack"] == "turnout" and snapshot["cohorts"]
 
 
