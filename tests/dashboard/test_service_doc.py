@@ -82,6 +82,17 @@ def test_the_readme_curl_example_creates_the_token_it_sends(tmp_path: Path,
     assert snapshot["pack"] == "turnout" and snapshot["cohorts"]
 
 
+def test_the_settings_table_gives_the_real_ramp_gate_defaults() -> None:
+    """TURNOUT_RAMP_GATES's default read "(below)" beside an example (min_engines 3, a day)
+    that looked like the defaults and was not (1 engine, 7 days)."""
+    from dashboard.gates import GateConfig
+
+    row = next(line for line in DOC.splitlines() if line.startswith("| `TURNOUT_RAMP_GATES` |"))
+    default = row.split(" | ")[1]
+    for name, value in GateConfig().model_dump().items():
+        assert f"`{name}` {value}" in default, (name, value, default)
+
+
 def test_every_image_of_the_doc_is_one_the_screenshot_script_makes() -> None:
     import importlib.util
 
