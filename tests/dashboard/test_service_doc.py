@@ -93,6 +93,32 @@ def test_the_settings_table_gives_the_real_ramp_gate_defaults() -> None:
         assert f"`{name}` {value}" in default, (name, value, default)
 
 
+def test_the_readme_counts_of_the_demo_fleet_are_the_ones_it_records(tmp_path: Path) -> None:
+    """README.md relates make run's "recorded 463 demo decisions" to the 331 recipes and the
+    upgrade preview's 235 deployments: the lines that are not bad input are the deployments,
+    each started one to three times."""
+    from dashboard import demo
+    from dashboard.app import prepare
+    from dashboard.services import Services
+    from dashboard.settings import Settings
+    from dashboard.upgrade import upgrade_preview
+
+    services = Services.build(Settings(database_url=f"sqlite:///{tmp_path / 'demo.db'}",
+                                       demo=True))
+    num_recorded = prepare(services)  # what make run prints
+    records, num_skipped = demo.demo_events(services)
+    assert num_recorded == len(records)
+    num_recipes = len(demo.RECIPES.read_text().splitlines())
+    num_deployments = len({r.deployment_id for r in records})
+    assert num_deployments == num_recipes - num_skipped
+    assert upgrade_preview(services).num_deployments == num_deployments
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"of its {num_recipes} recipes the {num_deployments} that are not bad input become "
+            "deployments, each started one to three times") in readme
+    assert f"`recorded {num_recorded} demo decisions`" in readme
+    assert f"the upgrade preview counts {num_deployments} deployments" in readme
+
+
 def test_every_image_of_the_doc_is_one_the_screenshot_script_makes() -> None:
     import importlib.util
 
