@@ -23,7 +23,7 @@ request's KV cache once per decode step — and the tokens/s that floor allows.
 
 Needs no pydantic (it does not go through the oracle: the runners are pinned by name).
 
-    python benchmarks/throughput.py            # the GPU run (a few minutes on an H200)
+    python benchmarks/throughput.py            # the GPU run (a few minutes on an H200; refused without CUDA)
     python benchmarks/throughput.py --quick    # a smoke run on CPU (tiny model, interpreter)
 
 Last line: one JSON object.
@@ -76,21 +76,37 @@ QUICK_CONFIG: dict[str, Any] = {
 CONTENDERS = ("v1", "v2", "v2-unfused", "v2-serial", "hf", "hf-compiled")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny model on CPU, a few prompts (smoke run)")
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default in its help, except an option whose default is None (its help says
+    what it falls back to)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def parse_args(argv: list[str] | None = None, *, cuda_available: bool | None = None
+               ) -> argparse.Namespace:
+    """The command line; exits 2 (as argparse does for a bad flag) for an unknown or repeated
+    contender, and for the full workload without a CUDA device (``cuda_available``, default
+    ``torch.cuda.is_available()``): on the CPU it runs for hours."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpWithDefaults)
+    p.add_argument("--quick", action="store_true",
+                   help="tiny model on CPU, a few prompts (smoke run); sets the sizes below to the --quick values")
     p.add_argument("--runners", default="v1,v2,hf",
                    help="comma list, each once, of v1, v2, v2-unfused (v2 without its fused layer kernels), "
                         "v2-serial (v2 with a mixed step's attention launches not overlapped), hf, "
                         "hf-compiled (static cache + torch.compile)")
-    p.add_argument("--num-prompts", type=int, default=1024)
-    p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--bandwidth-tbps", type=float, default=None, help="device bandwidth for the floor")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-prompts", type=int, default=1024, help="prompts timed (--quick: 12)")
+    p.add_argument("--prompt-len", type=int, default=512, help="tokens per prompt (--quick: 24)")
+    p.add_argument("--output-len", type=int, default=128, help="output tokens per prompt (--quick: 6)")
+    p.add_argument("--max-num-seqs", type=int, default=256,
+                   help="requests per engine step, and HF generate's batch (--quick: 4)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="tokens per engine step (--quick: 64)")
+    p.add_argument("--dtype", default="bfloat16", help="weights and activations (--quick: float32)")
+    p.add_argument("--bandwidth-tbps", type=float, default=None,
+                   help="device bandwidth for the floor, TB/s (default: the datasheet figure of an H200, H100 "
+                        "or A100, else a measured copy on the GPU; 0.02 on the CPU)")
+    p.add_argument("--seed", type=int, default=0, help="weights and prompts")
     args = p.parse_args(argv)
     runners = args.runners.split(",")
     unknown = [r for r in runners if r not in CONTENDERS]
@@ -102,6 +118,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.num_prompts, args.prompt_len, args.output_len = 12, 24, 6
         args.max_num_seqs, args.max_num_batched_tokens, args.dtype = 4, 64, "float32"
+    elif not (torch.cuda.is_available() if cuda_available is None else cuda_available):
+        # It used to run the full workload on the CPU without a word: hours of the interpreter.
+        p.error("no CUDA device: the full workload (the Qwen3-0.6B shape over "
+                f"{args.num_prompts} prompts) would run for hours on the CPU; pass --quick for "
+                "the CPU smoke run, or run it on a GPU")
     return args
 
 
@@ -290,6 +311,13 @@ def _free(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def print_failure(exc: Exception) -> None:
+    """A contender's failure on stderr: its traceback, except for a library that is not
+    installed (transformers for ``hf``), which the one-line result names well enough."""
+    if not isinstance(exc, ImportError):  # ModuleNotFoundError is one
+        traceback.print_exception(exc)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     device = "cpu" if args.quick or not torch.cuda.is_available() else "cuda"
@@ -317,7 +345,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 else:
                     results[name] = run_engine(runner, model_dir, prompts, args, device)
             except Exception as exc:  # one contender failing still reports the others
-                traceback.print_exc()
+                print_failure(exc)
                 results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             _free(device)  # the HF model went with run_hf's frame; engines were deleted
             print(f"  {name}: {results[name]}", flush=True)

@@ -121,8 +121,9 @@ class Settings(BaseSettings):
                           description="seconds between two passes of the ramp ticker")
     ramp_gates: GateConfig = Field(
         default_factory=GateConfig,
-        description="the gate thresholds a ramp gets when its request names none (JSON: "
-        '{"min_engines": 3, "evidence_max_age_s": 86400, ...})',
+        description="the gate thresholds a ramp gets when its request names none (JSON; a "
+        "field left out keeps GateConfig's default, e.g. "
+        '{"min_engines": 3, "evidence_max_age_s": 86400})',
     )
     webhook_poll_s: float = Field(default=1.0, ge=0.05, le=3600.0,
                                   description="seconds between two passes of the delivery "

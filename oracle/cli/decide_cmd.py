@@ -104,7 +104,8 @@ def decide(
     pack: PackOpt = "turnout",
     spec: Annotated[Path | None, typer.Option("--spec", help="YAML/JSON/JSONL spec")] = None,
     commands: Annotated[Path | None, typer.Option(
-        "--commands", help="JSON lines of {id, env, argv}")] = None,
+        "--commands", help="one deployment a line: JSON {id, env, argv}, or a shell "
+                           "line (NAME=value ... vllm serve MODEL ...)")] = None,
     as_json: JsonOpt = False,
     architecture: ArchOpt = None,
     hf_config: HfOpt = None,
@@ -120,8 +121,9 @@ def decide(
                           "the deployments whose runner changes and why; exit 1 if any do")
     ] = None,
 ) -> None:
-    """Decide the runner. Exit 0 decided, 2 bad input, 3 a pin that cannot be honoured
-    (with --compare: 0 no runner changes, 1 some do, 2 the input cannot be read)."""
+    """Decide the runner. Exit 0 decided, 2 bad input, 3 no runner can serve it (a pin that
+    cannot be honoured, an architecture no runner of this build serves). With --compare: 0 no
+    runner changes, 1 some do, 2 the input cannot be read."""
     console = make_console(stderr=as_json)
     ov = Overrides(architecture, hf_config, platform, deployment_id, tuple(env or ()),
                    tuple(sets or ()))

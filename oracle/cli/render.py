@@ -142,7 +142,10 @@ def print_many(console: Console, results: Sequence[tuple[Item, Decision | None]]
 
 def summary_rows(results: Sequence[tuple[Item, Decision | None]], pack: Pack
                  ) -> list[list[str]]:
-    """Per family: deployments, V2, V1, no runner, top reasons (rule id x count)."""
+    """Per family: deployments, V2, V1, no runner, top reasons (rule id x count, the three
+    most common). The "(bad input)" row names every error code with its count: its lines are
+    the ones to fix, and a few codes (unknown_model, unknown_flag, placeholder_model, ...) say
+    what to fix in each."""
     groups: dict[str, list[Decision | None]] = defaultdict(list)
     errors: Counter[str] = Counter()
     for item, d in results:
@@ -157,12 +160,12 @@ def summary_rows(results: Sequence[tuple[Item, Decision | None]], pack: Pack
         ds = groups[fam]
         decided = [d for d in ds if d is not None]
         reasons: Counter[str] = Counter(r.rule_id for d in decided for r in d.reasons)
-        top = errors if fam == "(bad input)" else reasons
+        top, num_top = (errors, None) if fam == "(bad input)" else (reasons, 3)
         rows.append([labels.get(fam, fam), str(len(ds)),
                      str(sum(d.runner == "v2" for d in decided)),
                      str(sum(d.runner == "v1" for d in decided)),
                      str(sum(d.runner is None for d in decided)),
-                     ", ".join(f"{k} ({n})" for k, n in top.most_common(3))])
+                     ", ".join(f"{k} ({n})" for k, n in top.most_common(num_top))])
     return rows
 
 

@@ -53,10 +53,11 @@ def test_the_oracle_commands_of_the_readme_run_as_shown(monkeypatch: pytest.Monk
     commands = [c for c in _commands("README.md") if c[0] not in SERVICE
                 and c[0] not in ("generate", "embed", "launch")]
     assert [c[0] for c in commands] == ["decide"] * 3 + ["matrix", "decide", "decide"]
-    # canaries.json: what the README's curl line saves
+    # var/canaries.json: what the README's curl line saves
     snapshot = tmp_path / "canaries.json"
     snapshot.write_text(api.client.get("/api/v1/canaries", headers=api.h("viewer")).text)
-    commands = [[str(snapshot) if a == "canaries.json" else a for a in c] for c in commands]
+    commands = [[str(snapshot) if a == "var/canaries.json" else a for a in c] for c in commands]
+    assert sum(str(snapshot) in c for c in commands) == 1
     codes = [CliRunner().invoke(oracle_app, args).exit_code for args in commands]
     # Both files hold bad input on purpose (README says so): exit 2; the matrix diff of two
     # releases and the upgrade comparison of the recipes find changes: exit 1 (README says so).

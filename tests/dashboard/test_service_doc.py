@@ -67,7 +67,9 @@ def test_the_readme_curl_example_creates_the_token_it_sends(tmp_path: Path,
     block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S) if "curl" in b)
     lines = [line for line in block.splitlines() if "turnout decide" not in line]
     assert lines[0].startswith("TOKEN=$(.venv/bin/turnout token create"), lines
-    url = f"sqlite:///{tmp_path / 'readme.db'}"
+    # The checkout's var/ (git ignores it), where make run's database lies: the snapshot goes
+    # there, not into the repository root where git status shows it.
+    url = f"sqlite:///{tmp_path / 'var' / 'readme.db'}"
     svc = start_service(url, tmp_path / "svc.log")
     live.append(svc)
     turnout = f"{sys.executable} -c 'from oracle.cli import main; main()'"
@@ -76,8 +78,45 @@ def test_the_readme_curl_example_creates_the_token_it_sends(tmp_path: Path,
     subprocess.run(["bash", "-euc", script], cwd=tmp_path, check=True, capture_output=True,
                    env={"TURNOUT_DATABASE_URL": url, "PATH": "/usr/bin:/bin",
                         "PYTHONPATH": str(ROOT)})
-    snapshot = json.loads((tmp_path / "canaries.json").read_text())
+    snapshot = json.loads((tmp_path / "var" / "canaries.json").read_text())
     assert snapshot["pack"] == "turnout" and snapshot["cohorts"]
+
+
+def test_the_settings_table_gives_the_real_ramp_gate_defaults() -> None:
+    """TURNOUT_RAMP_GATES's default read "(below)" beside an example (min_engines 3, a day)
+    that looked like the defaults and was not (1 engine, 7 days)."""
+    from dashboard.gates import GateConfig
+
+    row = next(line for line in DOC.splitlines() if line.startswith("| `TURNOUT_RAMP_GATES` |"))
+    default = row.split(" | ")[1]
+    for name, value in GateConfig().model_dump().items():
+        assert f"`{name}` {value}" in default, (name, value, default)
+
+
+def test_the_readme_counts_of_the_demo_fleet_are_the_ones_it_records(tmp_path: Path) -> None:
+    """README.md relates make run's "recorded 463 demo decisions" to the 331 recipes and the
+    upgrade preview's 235 deployments: the lines that are not bad input are the deployments,
+    each started one to three times."""
+    from dashboard import demo
+    from dashboard.app import prepare
+    from dashboard.services import Services
+    from dashboard.settings import Settings
+    from dashboard.upgrade import upgrade_preview
+
+    services = Services.build(Settings(database_url=f"sqlite:///{tmp_path / 'demo.db'}",
+                                       demo=True))
+    num_recorded = prepare(services)  # what make run prints
+    records, num_skipped = demo.demo_events(services)
+    assert num_recorded == len(records)
+    num_recipes = len(demo.RECIPES.read_text().splitlines())
+    num_deployments = len({r.deployment_id for r in records})
+    assert num_deployments == num_recipes - num_skipped
+    assert upgrade_preview(services).num_deployments == num_deployments
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"of its {num_recipes} recipes the {num_deployments} that are not bad input become "
+            "deployments, each started one to three times") in readme
+    assert f"`recorded {num_recorded} demo decisions`" in readme
+    assert f"the upgrade preview counts {num_deployments} deployments" in readme
 
 
 def test_every_image_of_the_doc_is_one_the_screenshot_script_makes() -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +41,21 @@ def test_pin_that_cannot_be_honoured_exits_3() -> None:
     assert out["runner"] is None
     assert out["error"] == "Model Runner V2 does not yet support: speculative method 'ngram'"
     assert [x["rule_id"] for x in out["reasons"]] == ["pin.v2", "ngram_speculation"]
+
+
+def test_decide_help_says_what_exit_3_and_a_commands_file_are() -> None:
+    """The help said exit 3 was "a pin that cannot be honoured", yet an architecture no runner
+    of this build serves exits 3 with no pin at all; and it gave --commands as JSON lines only,
+    though a shell line is read too (README.md's upgrade section feeds a fleet of them)."""
+    r = turnout("decide", "--json", "--architecture", "Mamba2ForCausalLM")
+    assert r.returncode == 3, r.stderr
+    assert json.loads(r.stdout)["error_code"] == "architecture_not_served"
+    help_text = subprocess.run([sys.executable, "-m", "oracle.cli", "decide", "--help"],
+                               capture_output=True, text=True, cwd=ROOT,
+                               env={**os.environ, "COLUMNS": "400"}).stdout
+    assert ("3 no runner can serve it (a pin that cannot be honoured, an architecture no runner "
+            "of this build serves)") in help_text
+    assert "or a shell line (NAME=value ... vllm serve MODEL ...)" in help_text
 
 
 def test_a_pin_reports_the_value_it_was_set_to() -> None:
@@ -133,6 +150,19 @@ def test_summary_markdown_table() -> None:
     assert lines[-2:] == ["", "canaries: rollout.yaml defaults of pack turnout (pass --canaries "
                               "FILE, e.g. the service's GET /api/v1/canaries, to decide with the "
                               "live ones)"]
+
+
+def test_the_summary_bad_input_row_counts_every_error_code() -> None:
+    """The row showed the three most common codes only, so the six kinds of bad input that
+    README.md lists "as --summary shows" could not be read off it: now every code, whose
+    counts add up to the row's lines."""
+    r = turnout("decide", "--commands", str(REF / "vllm_recipes.jsonl"), "--summary",
+                "--markdown")
+    row = next(x for x in r.stdout.splitlines() if x.startswith("| (bad input) |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    counts = {code: int(n) for code, n in re.findall(r"(\w+) \((\d+)\)", cells[5])}
+    assert len(counts) > 3, row
+    assert sum(counts.values()) == int(cells[1]), row
 
 
 def test_explain_prints_the_suggestions() -> None:
