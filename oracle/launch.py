@@ -44,11 +44,15 @@ from oracle.pack import Pack, load_pack
 from oracle.vllm_install import VllmInstall, installed_vllm
 from oracle.wire import MAX_ENV_VALUE_CHARS, LaunchIn, StartupIn
 
-#: How long the first decision waits for the service's snapshot (the client's own default).
-STARTUP_WAIT_S = 0.05
-#: How long the decision event may take to reach the service before vLLM is exec'ed; an
-#: event not acknowledged by then stays in the spool, for the next client on the cache dir.
-FLUSH_BEFORE_EXEC_S = 0.5
+#: The deadline of each request launch makes to the service, in seconds (``--service-timeout``):
+#: the canary snapshot it decides with, and the decision event before vLLM is exec'ed (an event
+#: not acknowledged by then stays in the spool, for the next client on the cache dir). The
+#: client's own request deadline.
+SERVICE_TIMEOUT_S = 0.5
+#: What the start-up wait adds to the snapshot fetch's own deadline, in seconds: the client's
+#: thread starting, and checking and keeping the answer. The wait ends as soon as the fetch
+#: does (answered, refused, or cut at its deadline), so this only bounds a stalled host.
+STARTUP_SLACK_S = 0.25
 
 log = logging.getLogger("turnout.launch")
 
@@ -154,11 +158,18 @@ def _check_pin(release: Pack, config: DeploymentConfig, launch: Launch) -> None:
         raise LaunchRefused(dataclasses.replace(launch, decision=refused))
 
 
-def make_client(settings: LaunchSettings) -> OracleClient:
-    """The service's embedded client for a launch: the service's pack, the cache dir, the
-    client's own start-up wait (STARTUP_WAIT_S); nothing is started yet."""
+def make_client(settings: LaunchSettings, timeout_s: float = SERVICE_TIMEOUT_S) -> OracleClient:
+    """The service's embedded client for a launch: the service's pack, the cache dir, each
+    request within ``timeout_s`` seconds; nothing is started yet.
+
+    The first decision waits for the first snapshot fetch to end (at most ``timeout_s`` plus
+    STARTUP_SLACK_S), not the 50 ms an engine's client waits: vLLM takes far longer to start
+    than any fetch, and a fixed 50 ms lost the race to a service that was up on a loaded host
+    or a link of a few round trips, leaving the last-known-good copy to decide (a stage an
+    operator had just turned off went on running V2)."""
     return OracleClient(settings.url, settings.token, cache_dir=settings.cache_dir,
-                        pack=settings.pack, startup_wait_s=STARTUP_WAIT_S)
+                        pack=settings.pack, timeout_s=timeout_s,
+                        startup_wait_s=timeout_s + STARTUP_SLACK_S)
 
 
 def decide_launch(client: OracleClient, config: DeploymentConfig, install: VllmInstall
@@ -226,6 +237,6 @@ def apply_rollout(model: str, engine_args: Mapping[str, Any] | None = None, *,
         raise
     finally:
         if own_client:
-            client.close(flush_timeout_s=FLUSH_BEFORE_EXEC_S)
+            client.close(flush_timeout_s=client.timeout_s)
     environ.update(launch.env)
     return launch

@@ -16,7 +16,7 @@ from oracle.cli.render import EXIT_BAD_INPUT, EXIT_PIN
 from oracle.client import OracleClient
 from oracle.errors import ErrorCode, OracleError
 from oracle.launch import (
-    FLUSH_BEFORE_EXEC_S,
+    SERVICE_TIMEOUT_S,
     Launch,
     LaunchRefused,
     decide_launch,
@@ -38,7 +38,7 @@ SOURCES = {"service": "the service's canary snapshot",
 
 def run(argv: list[str], deployment_id: str | None, architecture: str | None,
         hf_config: Path | None, platform: str | None, sets: list[str] | None,
-        report_startup: bool, dry_run: bool) -> None:
+        report_startup: bool, dry_run: bool, service_timeout: float | None = None) -> None:
     """See :func:`oracle.cli.launch.launch`."""
     _logging()
     words, assigned = split_assignments(argv)
@@ -59,7 +59,7 @@ def run(argv: list[str], deployment_id: str | None, architecture: str | None,
     except OracleError as exc:
         _fail(exc)
     try:
-        client = make_client(settings)
+        client = make_client(settings, service_timeout or SERVICE_TIMEOUT_S)
     except OSError as exc:  # the cache dir cannot be made (a file in the way, no permission)
         _fail(OracleError(f"TURNOUT_CACHE_DIR {settings.cache_dir}: cannot be used "
                           f"({exc.strerror or exc}); point it at a writable directory",
@@ -124,7 +124,7 @@ def _refused(client: OracleClient, exc: LaunchRefused, dry_run: bool, words: lis
         client.close(flush_timeout_s=0)
     else:
         event_id = report(client, exc.launch)
-        client.close(flush_timeout_s=FLUSH_BEFORE_EXEC_S)
+        client.close(flush_timeout_s=client.timeout_s)
         _delivered(client, event_id)
     raise typer.Exit(EXIT_PIN)
 
@@ -151,9 +151,9 @@ def _delivered(client: OracleClient, event_id: str | None) -> None:
 
 def _exec(client: OracleClient, planned: Launch, words: list[str], env: dict[str, str],
           event_id: str | None) -> NoReturn:
-    """Report (at most FLUSH_BEFORE_EXEC_S of waiting for the service, plus the join), then
-    become vLLM."""
-    client.close(flush_timeout_s=FLUSH_BEFORE_EXEC_S)
+    """Report (each request within the client's deadline, the thread joined at most a second
+    later), then become vLLM."""
+    client.close(flush_timeout_s=client.timeout_s)
     _delivered(client, event_id)
     executable = str(_executable(planned))
     log.info("exec %s %s", executable, " ".join(words[1:]))

@@ -7,6 +7,7 @@ not two). vLLM is the fake of tests/fake_vllm.py, exec'ed for real."""
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,10 +15,16 @@ from typing import Any
 
 import httpx
 import pytest
+from fake_service import canaries, serving
 from fake_vllm import child_output, dry_run, launch_env, make_fake_vllm, run_launch
 from service_helpers import LiveService, free_port, make_tokens, start_service
 
-QWEN3 = ["--", "vllm", "serve", "Qwen/Qwen3-8B"]
+# A deadline for the service that no loaded machine reaches: what these launches check (the
+# service's snapshot decides, the event arrives before vLLM starts) must not depend on how busy
+# the host is. The hung service's launch keeps the default deadline (QWEN3_DEFAULT).
+QWEN3_DEFAULT = ["--", "vllm", "serve", "Qwen/Qwen3-8B"]
+QWEN3 = ["--service-timeout", "30", *QWEN3_DEFAULT]
+LLAMA = ["--service-timeout", "30", "--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
 RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
 
 
@@ -137,8 +144,8 @@ def test_a_service_that_never_answers_leaves_the_disk_copy_to_decide(
         sock.listen(8)
         hung = _env(fake, cache, f"http://127.0.0.1:{sock.getsockname()[1]}",
                     tokens["viewer"], "prod/hang")
-        plan = dry_run(QWEN3, hung)
-    # Decided within the client's start-up wait, from the copy the first launch kept.
+        plan = dry_run(QWEN3_DEFAULT, hung)
+    # Decided once the fetch was cut at its deadline, from the copy the first launch kept.
     assert (plan["snapshot_source"], plan["runner"]) == ("disk", "v2")
 
 
@@ -169,3 +176,15 @@ def test_a_refused_pin_is_reported_and_vllm_not_started(
     assert done.returncode == 3 and done.stdout == ""
     [event] = _events(svc, tokens, "prod/refused")
     assert (event["runner"], event["reason_code"], event["mode"]) == (None, "ERROR", "pinned")
+
+
+def test_a_service_slower_than_50_ms_but_within_the_deadline_decides(
+        fake: Path, tmp_path: Path) -> None:
+    """A snapshot that takes about 0.3 s to come (dripped a byte at a time) is waited for: the
+    launch waits for its first fetch to end, not for a fixed 50 ms (which left the pack's
+    defaults to decide here, with the Llama stage off)."""
+    with serving() as slow:
+        slow.canaries = (200, json.dumps(canaries(True)).encode())  # the Llama stage on
+        slow.drip_s, slow.drip_bytes = 0.03, 10
+        plan = dry_run(LLAMA, _env(fake, tmp_path / "c", slow.url, "tok", "prod/slow"))
+    assert (plan["snapshot_source"], plan["runner"], plan["env"]) == ("service", "v2", {})

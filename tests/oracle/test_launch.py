@@ -20,7 +20,7 @@ from fake_vllm import ROOT, child_output, dry_run, launch_env, make_fake_vllm, r
 from oracle import load_pack
 from oracle.decision import CanarySnapshot, CohortState
 from oracle.errors import ErrorCode
-from oracle.launch import STARTUP_WAIT_S, make_client
+from oracle.launch import SERVICE_TIMEOUT_S, STARTUP_SLACK_S, make_client
 from oracle.launch_inputs import LaunchSettings, engine_args_words, split_assignments
 from oracle.launch_startup import runner_of_line
 from oracle.vllm_install import FALLBACK_PACK, interpreter_of, pack_for_version
@@ -382,11 +382,16 @@ def test_settings_and_the_clients_start_up_wait(tmp_path: Path) -> None:
                                         "TURNOUT_CACHE_DIR": str(tmp_path), "HOME": "/h"})
     assert (settings.url, settings.token, settings.pack) == ("http://svc:8000", "t", "turnout")
     client = make_client(settings)
-    # The client waits for the service's snapshot no longer than its start-up wait: with the
-    # service down, the decision comes from the disk copy or the defaults (see
-    # tests/dashboard/test_launch_service.py for which one is used).
-    assert client.startup_wait_s == STARTUP_WAIT_S == 0.05
+    # The first decision waits for the first snapshot fetch to end, which its request deadline
+    # bounds (the slack only covers the thread's start): with the service down or hung, the
+    # decision comes from the disk copy or the defaults (tests/dashboard/test_launch_service.py
+    # says which one is used, and that a service slower than 50 ms is waited for).
+    assert (client.timeout_s, client.startup_wait_s) == (
+        SERVICE_TIMEOUT_S, SERVICE_TIMEOUT_S + STARTUP_SLACK_S) == (0.5, 0.75)
     client.close()
+    patient = make_client(settings, timeout_s=5.0)  # --service-timeout 5
+    assert (patient.timeout_s, patient.startup_wait_s) == (5.0, 5.25)
+    patient.close()
     assert LaunchSettings.from_env({"HOME": "/h"}).cache_dir == Path("/h/.cache/turnout")
     assert LaunchSettings.from_env({"HOME": "/h", "XDG_CACHE_HOME": "/x"}).cache_dir == \
         Path("/x/turnout")
