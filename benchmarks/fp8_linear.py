@@ -14,15 +14,25 @@ Run: python benchmarks/fp8_linear.py  -> last line: one JSON object.
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from engine.model.fp8 import fp8_linear, fp8_linear_ref
-from engine.model.fp8_checkpoint import quantize_fp8_weight
-from engine.model.fp8_config import Fp8Scheme
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
 
-PROJECTIONS = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096)}
+from turnout.engine.model.fp8 import fp8_linear, fp8_linear_ref  # noqa: E402
+from turnout.engine.model.fp8_checkpoint import quantize_fp8_weight  # noqa: E402
+from turnout.engine.model.fp8_config import Fp8Scheme  # noqa: E402
+
+PROJECTIONS = {
+    "qkv": (4096, 6144),
+    "o": (4096, 4096),
+    "gate_up": (4096, 24576),
+    "down": (12288, 4096),
+}
 TOKENS = (1, 16, 256, 4096)
 
 
@@ -63,12 +73,23 @@ def main() -> None:
             x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
             totals["bf16_us"] += _timed(lambda x=x, w16=w16: F.linear(x, w16))
             totals["fp8_us"] += _timed(lambda x=x, q=q, scale=scale: fp8_linear(x, q, scale))
-            totals["reference_us"] += _timed(lambda x=x, q=q, scale=scale: fp8_linear_ref(x, q, scale))
+            totals["reference_us"] += _timed(
+                lambda x=x, q=q, scale=scale: fp8_linear_ref(x, q, scale)
+            )
         totals["speedup"] = totals["bf16_us"] / totals["fp8_us"]
         results[f"M={m}"] = {k: round(v, 2) for k, v in totals.items()}
         print(f"M={m}: {results[f'M={m}']}")
-    print(json.dumps({"benchmark": "fp8_linear", "device": torch.cuda.get_device_name(),
-                      "torch": torch.__version__, "shapes": "Qwen3-8B projections", "results": results}))
+    print(
+        json.dumps(
+            {
+                "benchmark": "fp8_linear",
+                "device": torch.cuda.get_device_name(),
+                "torch": torch.__version__,
+                "shapes": "Qwen3-8B projections",
+                "results": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,12 +27,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from kernels.fused_moe import (
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+
+from turnout.kernels.fused_moe import (  # noqa: E402
     default_block_config,
     fused_experts,
     fused_experts_ref,
@@ -76,13 +81,16 @@ def _graphed(fn: Callable[[], object]) -> Callable[[], object]:
     return graph.replay
 
 
-def torch_align(topk_ids: torch.Tensor, block_m: int, num_experts: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def torch_align(
+    topk_ids: torch.Tensor, block_m: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The alignment as sync-free torch steps (the alternative to the Triton kernel)."""
     flat = topk_ids.flatten().long()
     n = flat.numel()
     max_padded = max_num_tokens_padded(n, num_experts, block_m)
-    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = torch.zeros(num_experts, dtype=torch.long, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     order = torch.argsort(flat, stable=True)
@@ -94,8 +102,13 @@ def torch_align(topk_ids: torch.Tensor, block_m: int, num_experts: int
     return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
 
 
-def _case(shape: tuple[int, int, int, int], num_tokens: int, dtype: torch.dtype,
-          device: torch.device, iters: int) -> dict[str, float]:
+def _case(
+    shape: tuple[int, int, int, int],
+    num_tokens: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    iters: int,
+) -> dict[str, float]:
     e, k, h, i = shape
     gen = torch.Generator().manual_seed(0)
     w13 = (torch.randn(e, 2 * i, h, generator=gen) / h**0.5).to(dtype).to(device)
@@ -115,7 +128,9 @@ def _case(shape: tuple[int, int, int, int], num_tokens: int, dtype: torch.dtype,
 
     out = {
         "fused_us": _timed(fused, device, iters),
-        "reference_us": _timed(lambda: fused_experts_ref(x, w13, w2, weights, ids), device, max(1, iters // 10)),
+        "reference_us": _timed(
+            lambda: fused_experts_ref(x, w13, w2, weights, ids), device, max(1, iters // 10)
+        ),
         "dense_us": _timed(dense, device, iters),
         "align_us": _timed(lambda: moe_align_block_size(ids, cfg.block_m, e), device, iters),
         "align_torch_us": _timed(lambda: torch_align(ids, cfg.block_m, e), device, iters),
@@ -133,29 +148,51 @@ def _case(shape: tuple[int, int, int, int], num_tokens: int, dtype: torch.dtype,
         "tflops": round(flops / out["fused_us"] / 1e6, 2),
         "experts_touched": touched,
         "weights_GBps": round(weight_bytes / out["fused_us"] / 1e3, 1),
-        "max_abs_err_vs_reference": float((fused().float() - fused_experts_ref(x, w13, w2, weights, ids).float())  # type: ignore[union-attr]
-                                          .abs().max()),
+        "max_abs_err_vs_reference": float(
+            (fused().float() - fused_experts_ref(x, w13, w2, weights, ids).float())  # type: ignore[union-attr]
+            .abs()
+            .max()
+        ),
     }
     return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny float32 shapes on the CPU (smoke test)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny float32 shapes on the CPU (smoke test)"
+    )
     args = parser.parse_args()
     if args.quick:
-        device, dtype, shapes, tokens, iters = torch.device("cpu"), torch.float32, QUICK_SHAPES, QUICK_TOKENS, 2
+        device, dtype, shapes, tokens, iters = (
+            torch.device("cpu"),
+            torch.float32,
+            QUICK_SHAPES,
+            QUICK_TOKENS,
+            2,
+        )
     else:
         assert torch.cuda.is_available(), "needs a CUDA device (or --quick)"
-        device, dtype, shapes, tokens, iters = torch.device("cuda"), torch.bfloat16, SHAPES, TOKENS, 50
+        device, dtype, shapes, tokens, iters = (
+            torch.device("cuda"),
+            torch.bfloat16,
+            SHAPES,
+            TOKENS,
+            50,
+        )
     result: dict[str, object] = {
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)",
         "dtype": str(dtype).removeprefix("torch."),
     }
     for name, shape in shapes.items():
         e, k, h, i = shape
-        result[name] = {"experts": e, "top_k": k, "hidden": h, "intermediate": i,
-                        **{f"T={t}": _case(shape, t, dtype, device, iters) for t in tokens}}
+        result[name] = {
+            "experts": e,
+            "top_k": k,
+            "hidden": h,
+            "intermediate": i,
+            **{f"T={t}": _case(shape, t, dtype, device, iters) for t in tokens},
+        }
         print(name, json.dumps(result[name]), flush=True)
     print(json.dumps(result))
 

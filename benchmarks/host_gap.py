@@ -37,7 +37,9 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+if not __package__:  # run as a script: benchmarks.* from the root, after site-packages
+    sys.path.append(str(ROOT))
 
 from benchmarks.layer_ops import add_random_requests, qwen3_engine  # noqa: E402
 from benchmarks.step_timing import result_waits  # noqa: E402
@@ -60,8 +62,8 @@ def _timers(core: Any) -> Iterator[dict[str, float]]:
     # Wraps the calls of one async step with perf_counter; totals in seconds by phase. The wait
     # for the results' event comes from step_timing.result_waits, the rest of get_output is
     # the output's assembly.
-    import runner_v2.async_output as async_output
-    import runner_v2.runner as runner_mod
+    import turnout.runner_v2.async_output as async_output
+    import turnout.runner_v2.runner as runner_mod
 
     totals: dict[str, float] = defaultdict(float)
     patched: list[tuple[Any, str, Any]] = []  # owner, name, what its own __dict__ held (or _ABSENT)
@@ -92,7 +94,9 @@ def _timers(core: Any) -> Iterator[dict[str, float]]:
         try:
             yield totals
             totals["wait_for_results"] = sum(waits)
-            totals["assemble_output"] = totals.pop("collect_output", 0.0) - totals["wait_for_results"]
+            totals["assemble_output"] = (
+                totals.pop("collect_output", 0.0) - totals["wait_for_results"]
+            )
         finally:
             for owner, name, held in reversed(patched):
                 if held is _ABSENT:
@@ -116,10 +120,14 @@ def phases(core: Any, num_steps: int) -> dict[str, Any]:
         wall = time.perf_counter() - t0
     top = {"schedule", "execute_model", "wait_for_results", "assemble_output", "update_from_output"}
     per_step = {k: round(v / num_steps * 1e6, 1) for k, v in sorted(totals.items())}
-    per_step["loop_and_rest"] = round((wall - sum(v for k, v in totals.items() if k in top)) / num_steps * 1e6, 1)
-    return {"wall_us_per_step": round(wall / num_steps * 1e6, 1),
-            "host_busy_us_per_step": round((wall - totals["wait_for_results"]) / num_steps * 1e6, 1),
-            "us_per_step": per_step}
+    per_step["loop_and_rest"] = round(
+        (wall - sum(v for k, v in totals.items() if k in top)) / num_steps * 1e6, 1
+    )
+    return {
+        "wall_us_per_step": round(wall / num_steps * 1e6, 1),
+        "host_busy_us_per_step": round((wall - totals["wait_for_results"]) / num_steps * 1e6, 1),
+        "us_per_step": per_step,
+    }
 
 
 def gpu_busy(core: Any, num_steps: int, trace: Path | None) -> dict[str, Any]:
@@ -129,8 +137,11 @@ def gpu_busy(core: Any, num_steps: int, trace: Path | None) -> dict[str, Any]:
         for _ in range(num_steps):
             core.step()
         torch.cuda.synchronize()
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start
+    )
     if trace is not None:
         prof.export_chrome_trace(str(trace))
     if not spans:
@@ -143,9 +154,13 @@ def gpu_busy(core: Any, num_steps: int, trace: Path | None) -> dict[str, Any]:
         end = max(end, e)
     span = end - spans[0][0]
     gaps.sort(reverse=True)
-    return {"device_span_us_per_step": round(span / num_steps, 1), "busy_fraction": round(busy / span, 4),
-            "idle_us_per_step": round((span - busy) / num_steps, 1), "num_gaps_over_20us": sum(g > 20 for g in gaps),
-            "longest_gaps_us": [round(g, 1) for g in gaps[:10]]}
+    return {
+        "device_span_us_per_step": round(span / num_steps, 1),
+        "busy_fraction": round(busy / span, 4),
+        "idle_us_per_step": round((span - busy) / num_steps, 1),
+        "num_gaps_over_20us": sum(g > 20 for g in gaps),
+        "longest_gaps_us": [round(g, 1) for g in gaps[:10]],
+    }
 
 
 def _host_us(fn: Callable[[], Any], iters: int = 300) -> float:
@@ -162,7 +177,7 @@ def _host_us(fn: Callable[[], Any], iters: int = 300) -> float:
 
 def launch_costs(core: Any) -> dict[str, float]:
     """Host microseconds per launch, back to back without a sync."""
-    from kernels.query_start_loc import prepare_query_start_loc
+    from turnout.kernels.query_start_loc import prepare_query_start_loc
 
     runner = core.runner
     n = len(core.scheduler.running)
@@ -172,9 +187,13 @@ def launch_costs(core: Any) -> dict[str, float]:
     idx = torch.arange(n, device="cuda")
     graphs = runner.graphs.decode
     size = graphs.padded_size(n)
-    return {"triton_prepare_query_start_loc": _host_us(lambda: prepare_query_start_loc(num_sched, n, qsl)),
-            "torch_index_select": _host_us(lambda: x.index_select(0, idx)),
-            "decode_graph_replay": _host_us(lambda: graphs.replay(size), iters=50)}
+    return {
+        "triton_prepare_query_start_loc": _host_us(
+            lambda: prepare_query_start_loc(num_sched, n, qsl)
+        ),
+        "torch_index_select": _host_us(lambda: x.index_select(0, idx)),
+        "decode_graph_replay": _host_us(lambda: graphs.replay(size), iters=50),
+    }
 
 
 def cprofile_top(core: Any, num_steps: int, limit: int = 25) -> list[dict[str, Any]]:
@@ -186,9 +205,15 @@ def cprofile_top(core: Any, num_steps: int, limit: int = 25) -> list[dict[str, A
     torch.cuda.synchronize()
     prof.disable()
     rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:limit]  # type: ignore[attr-defined]
-    return [{"function": f"{Path(f).name}:{line}:{name}", "calls_per_step": round(nc / num_steps, 1),
-             "tottime_us_per_step": round(tt / num_steps * 1e6, 1), "cumtime_us_per_step": round(ct / num_steps * 1e6, 1)}
-            for (f, line, name), (_cc, nc, tt, ct, _callers) in rows]
+    return [
+        {
+            "function": f"{Path(f).name}:{line}:{name}",
+            "calls_per_step": round(nc / num_steps, 1),
+            "tottime_us_per_step": round(tt / num_steps * 1e6, 1),
+            "cumtime_us_per_step": round(ct / num_steps * 1e6, 1),
+        }
+        for (f, line, name), (_cc, nc, tt, ct, _callers) in rows
+    ]
 
 
 def _positive_int(text: str) -> int:
@@ -202,27 +227,46 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description="Where a steady runner_v2 decode step's wall time goes (needs a CUDA "
-                                "device): host phases, GPU busy fraction, launch costs, cProfile.")
-    p.add_argument("--num-reqs", type=_positive_int, default=256,
-                   help="running requests in the steady decode (default 256)")
-    p.add_argument("--num-steps", type=_positive_int, default=60, help="steps timed per measurement (default 60)")
-    p.add_argument("--trace", type=Path, default=None, help="write the profiler's chrome trace here")
+    p = argparse.ArgumentParser(
+        description="Where a steady runner_v2 decode step's wall time goes (needs a CUDA "
+        "device): host phases, GPU busy fraction, launch costs, cProfile."
+    )
+    p.add_argument(
+        "--num-reqs",
+        type=_positive_int,
+        default=256,
+        help="running requests in the steady decode (default 256)",
+    )
+    p.add_argument(
+        "--num-steps",
+        type=_positive_int,
+        default=60,
+        help="steps timed per measurement (default 60)",
+    )
+    p.add_argument(
+        "--trace", type=Path, default=None, help="write the profiler's chrome trace here"
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/host_gap.py needs a CUDA device")
-    from engine.model import write_random_weights
+    from turnout.engine.model import write_random_weights
 
-    summary: dict[str, Any] = {"benchmark": "host_gap", "device": torch.cuda.get_device_name(),
-                               "torch": torch.__version__, "num_reqs": args.num_reqs}
+    summary: dict[str, Any] = {
+        "benchmark": "host_gap",
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "num_reqs": args.num_reqs,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         hf = json.loads(QWEN3_06B.read_text())["config"]
         model_dir = write_random_weights(hf, Path(tmp) / "model", dtype=torch.bfloat16, seed=0)
         core = steady_engine(model_dir, args.num_reqs)
-        for name, fn in (("phases", lambda: phases(core, args.num_steps)),
-                         ("gpu", lambda: gpu_busy(core, 20, args.trace)),
-                         ("launch_us", lambda: launch_costs(core)),
-                         ("cprofile", lambda: cprofile_top(core, args.num_steps))):
+        for name, fn in (
+            ("phases", lambda: phases(core, args.num_steps)),
+            ("gpu", lambda: gpu_busy(core, 20, args.trace)),
+            ("launch_us", lambda: launch_costs(core)),
+            ("cprofile", lambda: cprofile_top(core, args.num_steps)),
+        ):
             summary[name] = fn()
             print(name, summary[name], flush=True)
     print(json.dumps(summary), flush=True)

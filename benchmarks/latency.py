@@ -31,13 +31,15 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+if not __package__:  # run as a script: benchmarks.* from the root, after site-packages
+    sys.path.append(str(ROOT))
 
 from benchmarks.throughput import QWEN3_06B, make_prompts  # noqa: E402
-from engine.model import write_random_weights  # noqa: E402
-from engine.model_info import engine_config_for  # noqa: E402
-from engine.runner_loader import build_engine_core  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
+from turnout.engine.model import write_random_weights  # noqa: E402
+from turnout.engine.model_info import engine_config_for  # noqa: E402
+from turnout.engine.runner_loader import build_engine_core  # noqa: E402
+from turnout.engine.sampling_params import SamplingParams  # noqa: E402
 
 PROMPT_LEN, OUTPUT_LEN = 512, 128
 
@@ -57,7 +59,9 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50_ms": round(rank(0.50), 2), "p99_ms": round(rank(0.99), 2)}
 
 
-def run_engine_level(core: Any, prompts: list[list[int]], concurrency: int, tag: str) -> dict[str, Any]:
+def run_engine_level(
+    core: Any, prompts: list[list[int]], concurrency: int, tag: str
+) -> dict[str, Any]:
     """One closed-loop pass at ``concurrency``; TTFT and TPOT percentiles of its requests."""
     params = SamplingParams(max_tokens=OUTPUT_LEN, ignore_eos=True, temperature=1.0)
     pending = list(range(len(prompts)))
@@ -88,10 +92,22 @@ def run_engine_level(core: Any, prompts: list[list[int]], concurrency: int, tag:
     return {"num_requests": len(prompts), "ttft": percentiles(ttft), "tpot": percentiles(tpot)}
 
 
-def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], levels: list[int]) -> dict[str, Any]:
-    core = build_engine_core(engine_config_for(
-        model_dir, dtype="bfloat16", device="cuda", max_num_seqs=max(levels), max_num_batched_tokens=8192,
-        max_model_len=PROMPT_LEN + OUTPUT_LEN, enable_prefix_caching=False, seed=0), runner)
+def run_engine(
+    runner: str, model_dir: Path, prompts: list[list[int]], levels: list[int]
+) -> dict[str, Any]:
+    core = build_engine_core(
+        engine_config_for(
+            model_dir,
+            dtype="bfloat16",
+            device="cuda",
+            max_num_seqs=max(levels),
+            max_num_batched_tokens=8192,
+            max_model_len=PROMPT_LEN + OUTPUT_LEN,
+            enable_prefix_caching=False,
+            seed=0,
+        ),
+        runner,
+    )
     run_engine_level(core, prompts[:4], 4, "warm")
     out = {}
     for c in levels:
@@ -105,15 +121,29 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], levels: l
 def run_hf(model_dir: Path, prompts: list[list[int]], levels: list[int]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+    model = (
+        AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.bfloat16, attn_implementation="sdpa"
+        )
+        .cuda()
+        .eval()
+    )
 
     def timed(batch: list[list[int]], max_new: int) -> float:
         ids = torch.tensor(batch, device="cuda")
         torch.cuda.synchronize()
         start = time.perf_counter()
         with torch.inference_mode():
-            model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
-                           max_new_tokens=max_new, min_new_tokens=max_new, pad_token_id=0)
+            model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                max_new_tokens=max_new,
+                min_new_tokens=max_new,
+                pad_token_id=0,
+            )
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
@@ -127,7 +157,11 @@ def run_hf(model_dir: Path, prompts: list[list[int]], levels: list[int]) -> dict
             t1, full = timed(batch, 1), timed(batch, OUTPUT_LEN)
             ttft += [t1] * len(batch)
             tpot += [(full - t1) / (OUTPUT_LEN - 1)] * len(batch)
-        out[str(c)] = {"num_requests": len(chosen), "ttft": percentiles(ttft), "tpot": percentiles(tpot)}
+        out[str(c)] = {
+            "num_requests": len(chosen),
+            "ttft": percentiles(ttft),
+            "tpot": percentiles(tpot),
+        }
         print(f"  hf c={c}: {out[str(c)]}", flush=True)
     return out
 
@@ -141,16 +175,30 @@ def main() -> dict[str, Any]:
         raise SystemExit("benchmarks/latency.py needs a CUDA device")
     levels = [int(x) for x in args.levels.split(",")]
     hf_config = json.loads(QWEN3_06B.read_text())["config"]
-    prompts = make_prompts(max(requests_per_level(c) for c in levels), PROMPT_LEN, hf_config["vocab_size"], 0)
+    prompts = make_prompts(
+        max(requests_per_level(c) for c in levels), PROMPT_LEN, hf_config["vocab_size"], 0
+    )
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_random_weights(hf_config, Path(tmp) / "model", dtype=torch.bfloat16, seed=0)
+        model_dir = write_random_weights(
+            hf_config, Path(tmp) / "model", dtype=torch.bfloat16, seed=0
+        )
         for runner in args.runners.split(","):
             print(f"running {runner} ...", flush=True)
-            results[runner] = run_hf(model_dir, prompts, levels) if runner == "hf" else run_engine(runner, model_dir, prompts, levels)
+            results[runner] = (
+                run_hf(model_dir, prompts, levels)
+                if runner == "hf"
+                else run_engine(runner, model_dir, prompts, levels)
+            )
             torch.cuda.empty_cache()
-    summary = {"benchmark": "latency", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "prompt_len": PROMPT_LEN, "output_len": OUTPUT_LEN, "results": results}
+    summary = {
+        "benchmark": "latency",
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "prompt_len": PROMPT_LEN,
+        "output_len": OUTPUT_LEN,
+        "results": results,
+    }
     print(json.dumps(summary), flush=True)
     return summary
 

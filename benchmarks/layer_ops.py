@@ -38,12 +38,14 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+if not __package__:  # run as a script: benchmarks.* from the root, after site-packages
+    sys.path.append(str(ROOT))
 
 from benchmarks.throughput import QWEN3_06B, serial_attention, unfused_ops  # noqa: E402
-from kernels.gumbel_sample import gumbel_sample  # noqa: E402
-from kernels.rms_norm import rms_norm  # noqa: E402
-from kernels.silu_mul import silu_and_mul  # noqa: E402
+from turnout.kernels.gumbel_sample import gumbel_sample  # noqa: E402
+from turnout.kernels.rms_norm import rms_norm  # noqa: E402
+from turnout.kernels.silu_mul import silu_and_mul  # noqa: E402
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE, VOCAB = 1024, 16, 8, 128, 3072, 151_936
 
@@ -68,9 +70,14 @@ def torch_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch
 
 
 def _case(name: str, fused_us: float, torch_us: float, num_bytes: int) -> dict[str, Any]:
-    return {"case": name, "fused_us": round(fused_us, 2), "torch_us": round(torch_us, 2),
-            "speedup": round(torch_us / fused_us, 2), "bytes": num_bytes,
-            "fused_GBps": round(num_bytes / fused_us / 1e3, 1)}
+    return {
+        "case": name,
+        "fused_us": round(fused_us, 2),
+        "torch_us": round(torch_us, 2),
+        "speedup": round(torch_us / fused_us, 2),
+        "bytes": num_bytes,
+        "fused_GBps": round(num_bytes / fused_us / 1e3, 1),
+    }
 
 
 def kernel_cases() -> list[dict[str, Any]]:
@@ -89,12 +96,24 @@ def cases_at(tokens: int) -> list[dict[str, Any]]:
     gate_up = torch.randn(tokens, 2 * INTERMEDIATE, dtype=bf16, device=dev)
     gate, up = gate_up.chunk(2, dim=-1)
     return [
-        _case(f"add_rms_norm[{tokens}]", timed_us(lambda: rms_norm(x, w, 1e-6, residual=res)),
-              timed_us(lambda: torch_rms_norm(res + x, w)), 4 * x.numel() * 2),
-        _case(f"qk_norm[{tokens}]", timed_us(lambda: rms_norm(q, hw, 1e-6)),
-              timed_us(lambda: torch_rms_norm(q, hw)), 2 * q.numel() * 2),
-        _case(f"silu_and_mul[{tokens}]", timed_us(lambda: silu_and_mul(gate_up)),
-              timed_us(lambda: torch.nn.functional.silu(gate) * up), 3 * gate.numel() * 2),
+        _case(
+            f"add_rms_norm[{tokens}]",
+            timed_us(lambda: rms_norm(x, w, 1e-6, residual=res)),
+            timed_us(lambda: torch_rms_norm(res + x, w)),
+            4 * x.numel() * 2,
+        ),
+        _case(
+            f"qk_norm[{tokens}]",
+            timed_us(lambda: rms_norm(q, hw, 1e-6)),
+            timed_us(lambda: torch_rms_norm(q, hw)),
+            2 * q.numel() * 2,
+        ),
+        _case(
+            f"silu_and_mul[{tokens}]",
+            timed_us(lambda: silu_and_mul(gate_up)),
+            timed_us(lambda: torch.nn.functional.silu(gate) * up),
+            3 * gate.numel() * 2,
+        ),
     ]
 
 
@@ -115,29 +134,47 @@ def sampler_case(num_reqs: int = 256) -> dict[str, Any]:
     split = timed_us(lambda: gumbel_sample(logits, idx, seq_lens, tables, None, a))
     unsplit = timed_us(lambda: gumbel_sample(logits, idx, seq_lens, tables, None, b, num_splits=1))
     assert torch.equal(a, b), "split and unsplit samples differ"
-    return {"case": f"gumbel_sample[{num_reqs}x{VOCAB}]", "fused_us": round(split, 2),
-            "torch_us": round(unsplit, 2), "speedup": round(unsplit / split, 2),
-            "bytes": logits.numel() * 4, "fused_GBps": round(logits.numel() * 4 / split / 1e3, 1),
-            "note": "torch_us is the unsplit kernel (one program per request)"}
+    return {
+        "case": f"gumbel_sample[{num_reqs}x{VOCAB}]",
+        "fused_us": round(split, 2),
+        "torch_us": round(unsplit, 2),
+        "speedup": round(unsplit / split, 2),
+        "bytes": logits.numel() * 4,
+        "fused_GBps": round(logits.numel() * 4 / split / 1e3, 1),
+        "note": "torch_us is the unsplit kernel (one program per request)",
+    }
 
 
 def qwen3_engine(model_dir: Path, num_reqs: int) -> Any:
     """runner_v2 on the Qwen3-0.6B shape in bf16 (``max_num_seqs`` = ``num_reqs``, 8,192-token budget)."""
-    from engine.model_info import engine_config_for
-    from engine.runner_loader import build_engine_core
+    from turnout.engine.model_info import engine_config_for
+    from turnout.engine.runner_loader import build_engine_core
 
-    return build_engine_core(engine_config_for(
-        model_dir, dtype="bfloat16", device="cuda", max_num_seqs=num_reqs, max_num_batched_tokens=8192,
-        max_model_len=1024, enable_prefix_caching=False, seed=0), "v2")
+    return build_engine_core(
+        engine_config_for(
+            model_dir,
+            dtype="bfloat16",
+            device="cuda",
+            max_num_seqs=num_reqs,
+            max_num_batched_tokens=8192,
+            max_model_len=1024,
+            enable_prefix_caching=False,
+            seed=0,
+        ),
+        "v2",
+    )
 
 
 def add_random_requests(core: Any, first: int, count: int, gen: torch.Generator) -> None:
     """``count`` requests of 512 random prompt tokens, 400 output tokens at temperature 1."""
-    from engine.sampling_params import SamplingParams
+    from turnout.engine.sampling_params import SamplingParams
 
     for i in range(first, first + count):
-        core.add_request(f"r{i}", torch.randint(0, VOCAB, (512,), generator=gen).tolist(),
-                         SamplingParams(max_tokens=400, ignore_eos=True, temperature=1.0))
+        core.add_request(
+            f"r{i}",
+            torch.randint(0, VOCAB, (512,), generator=gen).tolist(),
+            SamplingParams(max_tokens=400, ignore_eos=True, temperature=1.0),
+        )
 
 
 def _profile_steps(core: Any, num_steps: int) -> dict[str, Any]:
@@ -156,15 +193,25 @@ def _profile_steps(core: Any, num_steps: int) -> dict[str, Any]:
             by_name[evt.name][0] += evt.device_time_total
             by_name[evt.name][1] += 1
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:14]
-    return {"step_ms_median": round(statistics.median(walls) * 1e3, 3),
-            "step_ms": [round(w * 1e3, 2) for w in walls],
-            "kernels_per_step": round(sum(c for _, c in by_name.values()) / num_steps, 1),
-            "device_ms_per_step": round(sum(t for t, _ in by_name.values()) / num_steps / 1e3, 3),
-            "top_kernels": [{"name": n[:80], "us_per_step": round(t / num_steps, 1), "calls_per_step": c / num_steps}
-                            for n, (t, c) in top]}
+    return {
+        "step_ms_median": round(statistics.median(walls) * 1e3, 3),
+        "step_ms": [round(w * 1e3, 2) for w in walls],
+        "kernels_per_step": round(sum(c for _, c in by_name.values()) / num_steps, 1),
+        "device_ms_per_step": round(sum(t for t, _ in by_name.values()) / num_steps / 1e3, 3),
+        "top_kernels": [
+            {
+                "name": n[:80],
+                "us_per_step": round(t / num_steps, 1),
+                "calls_per_step": c / num_steps,
+            }
+            for n, (t, c) in top
+        ],
+    }
 
 
-def decode_profile(model_dir: Path, fused: bool, num_reqs: int = 256, num_steps: int = 20) -> dict[str, Any]:
+def decode_profile(
+    model_dir: Path, fused: bool, num_reqs: int = 256, num_steps: int = 20
+) -> dict[str, Any]:
     """Steady decode at ``num_reqs`` running requests (512-token prompts, ~550 tokens of context)."""
     core = qwen3_engine(model_dir, num_reqs)
     add_random_requests(core, 0, num_reqs, torch.Generator().manual_seed(0))
@@ -196,17 +243,24 @@ def mixed_profile(model_dir: Path, num_steps: int = 6) -> dict[str, Any]:
 def main() -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--no-profile", action="store_true", help="kernel cases only")
-    p.add_argument("--no-host-profile", action="store_true",
-                   help="accepted for older command lines; the host's profile is benchmarks/host_gap.py")
+    p.add_argument(
+        "--no-host-profile",
+        action="store_true",
+        help="accepted for older command lines; the host's profile is benchmarks/host_gap.py",
+    )
     args = p.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("benchmarks/layer_ops.py needs a CUDA device")
-    summary: dict[str, Any] = {"benchmark": "layer_ops", "device": torch.cuda.get_device_name(),
-                               "torch": torch.__version__, "cases": kernel_cases()}
+    summary: dict[str, Any] = {
+        "benchmark": "layer_ops",
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cases": kernel_cases(),
+    }
     for case in summary["cases"]:
         print(case, flush=True)
     if not args.no_profile:
-        from engine.model import write_random_weights
+        from turnout.engine.model import write_random_weights
 
         with tempfile.TemporaryDirectory() as tmp:
             hf = json.loads(QWEN3_06B.read_text())["config"]

@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # this tree's oracle and dashboard, whatever is installed
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+if not __package__:  # run as a script: benchmarks.* from the root, after site-packages
+    sys.path.append(str(ROOT))
 PG_BASE = os.environ.get("TURNOUT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
@@ -43,8 +45,9 @@ class Conn:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def request(self, method: str, path: str, headers: dict[str, str],
-                      body: bytes = b"") -> tuple[int, bytes]:
+    async def request(
+        self, method: str, path: str, headers: dict[str, str], body: bytes = b""
+    ) -> tuple[int, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         head = f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n"
@@ -79,6 +82,7 @@ class Conn:
 
 # --- a service of a source tree on a fresh database -------------------------------------------
 
+
 @dataclass
 class Service:
     port: int
@@ -100,7 +104,7 @@ def _tree_env(tree: Path) -> dict[str, str]:
 
 
 def _turnout(tree: Path) -> list[str]:
-    return [sys.executable, "-c", "from oracle.cli import main; main()"]
+    return [sys.executable, "-c", "from turnout.oracle.cli import main; main()"]
 
 
 def create_tokens(tree: Path, url: str) -> dict[str, str]:
@@ -108,9 +112,24 @@ def create_tokens(tree: Path, url: str) -> dict[str, str]:
     database with ``tree``'s migrations)."""
     out = {}
     for role in ("viewer", "operator"):
-        done = subprocess.run([*_turnout(tree), "token", "create", "--role", role, "--name",
-                               f"bench-{role}", "--database-url", url], cwd=tree,
-                              env=_tree_env(tree), capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                *_turnout(tree),
+                "token",
+                "create",
+                "--role",
+                role,
+                "--name",
+                f"bench-{role}",
+                "--database-url",
+                url,
+            ],
+            cwd=tree,
+            env=_tree_env(tree),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         out[role] = done.stdout.strip().splitlines()[0]
     return out
 
@@ -120,10 +139,24 @@ def start_service(tree: Path, url: str, log: Path, workers: int = 1) -> Service:
     import httpx
 
     port = free_port()
-    cmd = [*_turnout(tree), "serve", "--port", str(port), "--database-url", url, "--no-demo",
-           "--workers", str(workers)]
-    proc = subprocess.Popen(cmd, cwd=tree, env=_tree_env(tree), stdout=open(log, "wb"),  # noqa: SIM115
-                            stderr=subprocess.STDOUT)
+    cmd = [
+        *_turnout(tree),
+        "serve",
+        "--port",
+        str(port),
+        "--database-url",
+        url,
+        "--no-demo",
+        "--workers",
+        str(workers),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tree,
+        env=_tree_env(tree),
+        stdout=open(log, "wb"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -173,8 +206,11 @@ class FreshDatabase:
         import psycopg
 
         with psycopg.connect(PG_BASE.replace("+psycopg", ""), autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> "
-                         "pg_backend_pid() AND query ILIKE %s", (f"%{self.schema}%",))
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> "
+                "pg_backend_pid() AND query ILIKE %s",
+                (f"%{self.schema}%",),
+            )
             conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
 
 
@@ -191,8 +227,10 @@ def fresh_database(backend: str, tmp: Path) -> FreshDatabase:
 
 # --- phases -----------------------------------------------------------------------------------
 
-async def decide_load(port: int, token: str, bodies: list[bytes], concurrency: int,
-                      warmup_s: float, seconds: float) -> dict[str, Any]:
+
+async def decide_load(
+    port: int, token: str, bodies: list[bytes], concurrency: int, warmup_s: float, seconds: float
+) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     latencies: list[float] = []
     errors = 0
@@ -204,8 +242,9 @@ async def decide_load(port: int, token: str, bodies: list[bytes], concurrency: i
         conn = Conn("127.0.0.1", port)
         n = i
         while (t0 := time.perf_counter()) < stop_at:
-            status, _ = await conn.request("POST", "/api/v1/decide", headers,
-                                           bodies[n % len(bodies)])
+            status, _ = await conn.request(
+                "POST", "/api/v1/decide", headers, bodies[n % len(bodies)]
+            )
             n += concurrency
             errors += status != 200
             if t0 >= measure_from:
@@ -213,14 +252,19 @@ async def decide_load(port: int, token: str, bodies: list[bytes], concurrency: i
         conn.close()
 
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
-    return {"requests": len(latencies), "errors": errors,
-            "req_per_s": round(len(latencies) / seconds, 1),
-            "p50_ms": round(percentile(latencies, 0.50) * 1e3, 2),
-            "p99_ms": round(percentile(latencies, 0.99) * 1e3, 2), "concurrency": concurrency}
+    return {
+        "requests": len(latencies),
+        "errors": errors,
+        "req_per_s": round(len(latencies) / seconds, 1),
+        "p50_ms": round(percentile(latencies, 0.50) * 1e3, 2),
+        "p99_ms": round(percentile(latencies, 0.99) * 1e3, 2),
+        "concurrency": concurrency,
+    }
 
 
-async def ingest(port: int, token: str, batches: list[bytes], batch: int, clients: int
-                 ) -> dict[str, Any]:
+async def ingest(
+    port: int, token: str, batches: list[bytes], batch: int, clients: int
+) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     queue = list(reversed(batches))
     errors: list[str] = []
@@ -238,13 +282,16 @@ async def ingest(port: int, token: str, batches: list[bytes], batch: int, client
     elapsed = time.perf_counter() - t0
     if errors:
         raise RuntimeError(f"{len(errors)} ingest batches refused, first: {errors[0]}")
-    return {"events": len(batches) * batch, "seconds": round(elapsed, 2),
-            "events_per_s": round(len(batches) * batch / elapsed, 1), "clients": clients,
-            "batch": batch}
+    return {
+        "events": len(batches) * batch,
+        "seconds": round(elapsed, 2),
+        "events_per_s": round(len(batches) * batch / elapsed, 1),
+        "clients": clients,
+        "batch": batch,
+    }
 
 
-async def page_latency(port: int, path: str, n: int, headers: dict[str, str]
-                       ) -> dict[str, Any]:
+async def page_latency(port: int, path: str, n: int, headers: dict[str, str]) -> dict[str, Any]:
     conn = Conn("127.0.0.1", port)
     times = []
     for i in range(n + 3):
@@ -255,16 +302,20 @@ async def page_latency(port: int, path: str, n: int, headers: dict[str, str]
         if i >= 3:  # warm-up
             times.append(time.perf_counter() - t0)
     conn.close()
-    return {"requests": n, "p50_ms": round(statistics.median(times) * 1e3, 1),
-            "p99_ms": round(percentile(times, 0.99) * 1e3, 1),
-            "max_ms": round(max(times) * 1e3, 1)}
+    return {
+        "requests": n,
+        "p50_ms": round(statistics.median(times) * 1e3, 1),
+        "p99_ms": round(percentile(times, 0.99) * 1e3, 1),
+        "max_ms": round(max(times) * 1e3, 1),
+    }
 
 
 # --- inputs -----------------------------------------------------------------------------------
 
+
 def decided_configs() -> list[tuple[Any, Any]]:
     """The recipes' ``vllm serve`` lines that parse, each with its decision (turnout pack)."""
-    from oracle import OracleError, decide, from_command, load_pack
+    from turnout.oracle import OracleError, decide, from_command, load_pack
 
     pack = load_pack("turnout")
     out = []
@@ -283,22 +334,35 @@ def decide_bodies(decided: list[tuple[Any, Any]]) -> list[bytes]:
     return [json.dumps({"config": c.to_spec()}).encode() for c, _d in decided]
 
 
-def event_batches(decided: list[tuple[Any, Any]], num_events: int, batch: int,
-                  num_deployments: int, run: str, start: dt.datetime, span: dt.timedelta
-                  ) -> list[bytes]:
+def event_batches(
+    decided: list[tuple[Any, Any]],
+    num_events: int,
+    batch: int,
+    num_deployments: int,
+    run: str,
+    start: dt.datetime,
+    span: dt.timedelta,
+) -> list[bytes]:
     """Ingest bodies of real decisions over ``num_deployments`` deployments, in time order
     from ``start`` over ``span`` (engines report as they start)."""
-    from oracle.client import event_from_decision
+    from turnout.oracle.client import event_from_decision
 
     step = span / max(num_events, 1)
     events = []
     for i in range(num_events):
         d = i % num_deployments
         config, decision = decided[d % len(decided)]
-        e = event_from_decision(decision, config, pack="turnout", deployment_id=f"dep-{d:07d}",
-                                host=f"host-{d % 500:03d}", event_id=f"{run}-{i}",
-                                at=start + i * step)
+        e = event_from_decision(
+            decision,
+            config,
+            pack="turnout",
+            deployment_id=f"dep-{d:07d}",
+            host=f"host-{d % 500:03d}",
+            event_id=f"{run}-{i}",
+            at=start + i * step,
+        )
         e["config"] = None  # engines may omit it; keeps the bodies realistic in size
         events.append(e)
-    return [json.dumps({"events": events[i:i + batch]}).encode()
-            for i in range(0, len(events), batch)]
+    return [
+        json.dumps({"events": events[i : i + batch]}).encode() for i in range(0, len(events), batch)
+    ]

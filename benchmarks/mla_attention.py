@@ -19,10 +19,15 @@ Decode cases report the latent bytes read per second. Run: ``python benchmarks/m
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import torch
 
-from kernels.mla_attention import mla_attention, num_kv_splits_for
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+
+from turnout.kernels.mla_attention import mla_attention, num_kv_splits_for  # noqa: E402
 
 HEADS, RANK, ROPE, NOPE, V_DIM, BLOCK = 16, 512, 64, 128, 128, 16
 SCALE = (NOPE + ROPE) ** -0.5
@@ -55,7 +60,9 @@ def _case(num_reqs: int, q_len: int, ctx_len: int) -> dict[str, float]:
     out = torch.empty(num_reqs * q_len, HEADS, RANK, device=dev, dtype=dt)
 
     def latent(splits: int | None = None) -> None:
-        mla_attention(query, cache, qsl, seq_lens, table, q_len, SCALE, RANK, out=out, num_kv_splits=splits)
+        mla_attention(
+            query, cache, qsl, seq_lens, table, q_len, SCALE, RANK, out=out, num_kv_splits=splits
+        )
 
     w_kv_b = torch.randn(HEADS * (NOPE + V_DIM), RANK, device=dev, dtype=dt) / RANK**0.5
     rows = cache[table.long()].flatten(1, 2)[:, :seq_len]  # [B, S, rank + rope]
@@ -73,18 +80,25 @@ def _case(num_reqs: int, q_len: int, ctx_len: int) -> dict[str, float]:
         torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=q_len > 1, scale=SCALE)
 
     t_latent, t_expanded = _timed(latent), _timed(expanded)
-    result = {"latent_us": round(t_latent, 1), "expanded_sdpa_us": round(t_expanded, 1),
-              "latent_over_expanded": round(t_latent / t_expanded, 3)}
+    result = {
+        "latent_us": round(t_latent, 1),
+        "expanded_sdpa_us": round(t_expanded, 1),
+        "latent_over_expanded": round(t_latent / t_expanded, 3),
+    }
     if q_len == 1:
         t_unsplit = _timed(lambda: latent(1))
-        result |= {"num_kv_splits": num_kv_splits_for(num_reqs, 1, query.device),
-                   "latent_unsplit_us": round(t_unsplit, 1),
-                   "split_speedup": round(t_unsplit / t_latent, 2),
-                   "latent_read_GBps": round(num_reqs * seq_len * (RANK + ROPE) * 2 / t_latent / 1e3, 1)}
+        result |= {
+            "num_kv_splits": num_kv_splits_for(num_reqs, 1, query.device),
+            "latent_unsplit_us": round(t_unsplit, 1),
+            "split_speedup": round(t_unsplit / t_latent, 2),
+            "latent_read_GBps": round(num_reqs * seq_len * (RANK + ROPE) * 2 / t_latent / 1e3, 1),
+        }
     else:
         t_expand = _timed(expand)
-        result |= {"expand_us": round(t_expand, 1),
-                   "latent_over_expand_plus_sdpa": round(t_latent / (t_expand + t_expanded), 3)}
+        result |= {
+            "expand_us": round(t_expand, 1),
+            "latent_over_expand_plus_sdpa": round(t_latent / (t_expand + t_expanded), 3),
+        }
     return result
 
 

@@ -28,10 +28,10 @@ import random
 import time
 from typing import Any
 
-from oracle import DeploymentConfig, decide, enumerate_matrix, load_pack
-from oracle.config import CONFIG_FIELD_NAMES
-from oracle.pack import Pack
-from oracle.paths import SHIPPED_PACKS
+from turnout.oracle import DeploymentConfig, decide, enumerate_matrix, load_pack
+from turnout.oracle.config import CONFIG_FIELD_NAMES
+from turnout.oracle.pack import Pack
+from turnout.oracle.paths import SHIPPED_PACKS
 
 
 def _pin_one_core() -> str:
@@ -47,12 +47,26 @@ def _fresh_configs(pack: Pack, n: int, seed: int) -> list[DeploymentConfig]:
     # A pack with runner manifests refuses the architectures no runner serves before any rule
     # runs: draw from the served ones, the traffic whose decision is worth measuring.
     served = pack._data.served
-    archs = sorted(set().union(*served.values()) & set(pack.architectures) if served
-                   else pack.architectures)
-    dims = {d: v for d, v in pack.domains.items()
-            if v and d in CONFIG_FIELD_NAMES  # fields only: not family, runner_pin, derived
-            and d not in ("architecture", "is_moe", "attention_free", "use_mla",
-                          "is_multimodal", "is_encoder_decoder", "is_hybrid", "is_diffusion")}
+    archs = sorted(
+        set().union(*served.values()) & set(pack.architectures) if served else pack.architectures
+    )
+    dims = {
+        d: v
+        for d, v in pack.domains.items()
+        if v
+        and d in CONFIG_FIELD_NAMES  # fields only: not family, runner_pin, derived
+        and d
+        not in (
+            "architecture",
+            "is_moe",
+            "attention_free",
+            "use_mla",
+            "is_multimodal",
+            "is_encoder_decoder",
+            "is_hybrid",
+            "is_diffusion",
+        )
+    }
     out = []
     for i in range(n):
         fields: dict[str, Any] = {"architecture": rng.choice(archs), "deployment_id": f"d{i}"}
@@ -88,8 +102,10 @@ def bench_warm(pack: Pack, n: int, repeats: int) -> tuple[float, float]:
         for _ in range(n):
             decide(cfg, pack=pack)
         runs.append((n, time.perf_counter() - t0))
-    copies = [DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram")
-              for _ in range(min(n, 50_000))]
+    copies = [
+        DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram")
+        for _ in range(min(n, 50_000))
+    ]
     equal_runs = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -143,14 +159,21 @@ def bench_pack(name: str, n: int, repeats: int, seed: int) -> dict[str, Any]:
     warm, warm_equal = bench_warm(pack, n, repeats)
     n_cold = max(1000, n // 10)
     cold, cold_no_memo = bench_cold(pack, n_cold, seed, repeats)
-    return {"warm_decisions_per_s": round(warm), "warm_equal_decisions_per_s": round(warm_equal),
-            "cold_decisions_per_s": round(cold), "cold_no_memo_decisions_per_s": round(cold_no_memo),
-            "n_cold": n_cold, "enumerate": bench_enumerate(name)}
+    return {
+        "warm_decisions_per_s": round(warm),
+        "warm_equal_decisions_per_s": round(warm_equal),
+        "cold_decisions_per_s": round(cold),
+        "cold_no_memo_decisions_per_s": round(cold_no_memo),
+        "n_cold": n_cold,
+        "enumerate": bench_enumerate(name),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pack", default="turnout", help="a pack, a comma list, or 'all' (every shipped pack)")
+    ap.add_argument(
+        "--pack", default="turnout", help="a pack, a comma list, or 'all' (every shipped pack)"
+    )
     ap.add_argument("--n", type=int, default=200_000, help="decisions per warm measurement")
     ap.add_argument("--repeats", type=int, default=5, help="runs per figure (best is kept)")
     ap.add_argument("--seed", type=int, default=0)
@@ -161,13 +184,19 @@ def main() -> None:
     for name in names:
         packs[name] = r = bench_pack(name, args.n, args.repeats, args.seed)
         e = r["enumerate"]
-        print(f"{name}: warm {r['warm_decisions_per_s']:>11,} /s, warm (equal configs) "
-              f"{r['warm_equal_decisions_per_s']:>9,} /s, cold {r['cold_decisions_per_s']:>9,} /s, "
-              f"cold (caches emptied) {r['cold_no_memo_decisions_per_s']:>8,} /s, "
-              f"enumerate {e['cells']:,} cells in {e['seconds']:.3f} s", flush=True)
+        print(
+            f"{name}: warm {r['warm_decisions_per_s']:>11,} /s, warm (equal configs) "
+            f"{r['warm_equal_decisions_per_s']:>9,} /s, cold {r['cold_decisions_per_s']:>9,} /s, "
+            f"cold (caches emptied) {r['cold_no_memo_decisions_per_s']:>8,} /s, "
+            f"enumerate {e['cells']:,} cells in {e['seconds']:.3f} s",
+            flush=True,
+        )
     result = {
-        "packs": packs, "python": platform.python_version(), "machine": platform.machine(),
-        "cpu": where, "calibration_sum_range_1000_us": round(_calibration_us(), 2),
+        "packs": packs,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpu": where,
+        "calibration_sum_range_1000_us": round(_calibration_us(), 2),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(result))

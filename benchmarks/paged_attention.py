@@ -25,13 +25,18 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from kernels.paged_attention import AttentionTiles, paged_attention
-from kernels.paged_attention_split import (
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+
+from turnout.kernels.paged_attention import AttentionTiles, paged_attention  # noqa: E402
+from turnout.kernels.paged_attention_split import (  # noqa: E402
     num_segments_for,
     paged_attention_split,
     split_workspace_numel,
@@ -49,11 +54,25 @@ CASES: dict[str, tuple[int, int, int]] = {  # name: (num_reqs, q_len, keys per r
 # Sweep grids (edit freely): decode tiles for the unified kernel's decode launches, prefill
 # tiles, split-KV tiles x segment counts.
 DECODE_SWEEP = [AttentionTiles(16, n, w, s) for n in (32, 64, 128) for w in (2, 4) for s in (2, 3)]
-PREFILL_SWEEP = [AttentionTiles(m, n, w, s) for m, n, w, s in (
-    (128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3),
-    (128, 128, 8, 2), (64, 32, 4, 2), (128, 64, 8, 2), (64, 64, 4, 2))]
-SPLIT_SWEEP = [(AttentionTiles(16, n, w, s), seg) for n in (64, 128)
-               for w, s in ((4, 2), (4, 3)) for seg in (16, 32)]
+PREFILL_SWEEP = [
+    AttentionTiles(m, n, w, s)
+    for m, n, w, s in (
+        (128, 64, 8, 3),
+        (128, 64, 4, 3),
+        (128, 32, 4, 3),
+        (64, 64, 4, 3),
+        (128, 128, 8, 2),
+        (64, 32, 4, 2),
+        (128, 64, 8, 2),
+        (64, 64, 4, 2),
+    )
+]
+SPLIT_SWEEP = [
+    (AttentionTiles(16, n, w, s), seg)
+    for n in (64, 128)
+    for w, s in ((4, 2), (4, 3))
+    for seg in (16, 32)
+]
 
 
 def _timed(fn: Callable[[], None], calls: int = 20, replays: int = 10) -> float:
@@ -83,15 +102,21 @@ def _inputs(num_reqs: int, q_len: int, seq_len: int) -> dict[str, Any]:
     kv_cache = torch.randn(2, num_blocks, BLOCK, KV_HEADS, HEAD_DIM, device=dev, dtype=dt)
     table = torch.randperm(num_blocks, device=dev).view(num_reqs, blocks_per_req).int()
     query = torch.randn(num_reqs * q_len, HEADS, HEAD_DIM, device=dev, dtype=dt)
-    return dict(query=query, kv_cache=kv_cache,
-                query_start_loc=torch.arange(0, num_reqs + 1, device=dev, dtype=torch.int32) * q_len,
-                seq_lens=torch.full((num_reqs,), seq_len, device=dev, dtype=torch.int32),
-                block_table=table, max_query_len=q_len, scale=1 / math.sqrt(HEAD_DIM),
-                out=torch.empty_like(query))
+    return dict(
+        query=query,
+        kv_cache=kv_cache,
+        query_start_loc=torch.arange(0, num_reqs + 1, device=dev, dtype=torch.int32) * q_len,
+        seq_lens=torch.full((num_reqs,), seq_len, device=dev, dtype=torch.int32),
+        block_table=table,
+        max_query_len=q_len,
+        scale=1 / math.sqrt(HEAD_DIM),
+        out=torch.empty_like(query),
+    )
 
 
-def _dense(b: dict[str, Any], num_reqs: int, q_len: int, seq_len: int
-           ) -> tuple[Callable[[], None], str]:
+def _dense(
+    b: dict[str, Any], num_reqs: int, q_len: int, seq_len: int
+) -> tuple[Callable[[], None], str]:
     """SDPA on the same K/V gathered once into [B, H_kv, S, D]; the backend it ran on."""
     kv, table = b["kv_cache"], b["block_table"].long()
     k = kv[0][table].flatten(1, 2)[:, :seq_len].transpose(1, 2).contiguous()
@@ -109,29 +134,33 @@ def _dense(b: dict[str, Any], num_reqs: int, q_len: int, seq_len: int
             def flash() -> None:
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
                     sdpa(q, k, v, is_causal=True, scale=b["scale"], enable_gqa=True)
+
             return flash, "flash"
         except RuntimeError:
             pass
 
     def default() -> None:
         sdpa(q, k, v, is_causal=causal, scale=b["scale"], enable_gqa=True)
+
     return default, "default"
 
 
 def _unified(b: dict[str, Any], **opts: Any) -> Callable[[], None]:
     def run() -> None:
         paged_attention(**b, **opts)
+
     return run
 
 
-def _split(b: dict[str, Any], segments: int, tiles: AttentionTiles | None = None
-           ) -> Callable[[], None]:
+def _split(
+    b: dict[str, Any], segments: int, tiles: AttentionTiles | None = None
+) -> Callable[[], None]:
     q = b["query"]
-    ws = torch.empty(split_workspace_numel(q.shape[0], HEADS, HEAD_DIM, segments),
-                     device=q.device)
+    ws = torch.empty(split_workspace_numel(q.shape[0], HEADS, HEAD_DIM, segments), device=q.device)
 
     def run() -> None:
         paged_attention_split(**b, num_segments=segments, tiles=tiles, workspace=ws)
+
     return run
 
 
@@ -149,18 +178,24 @@ def _case(name: str, sweep: bool) -> dict[str, Any]:
     dense, backend = _dense(b, num_reqs, q_len, seq_len)
     t_dense = _timed(dense)
     t_unified = _timed(_unified(b))
-    row: dict[str, Any] = {"dense_sdpa_us": round(t_dense, 1), "dense_backend": backend,
-                           "unified_us": round(t_unified, 1),
-                           "unified_over_dense": round(t_unified / t_dense, 3)}
+    row: dict[str, Any] = {
+        "dense_sdpa_us": round(t_dense, 1),
+        "dense_backend": backend,
+        "unified_us": round(t_unified, 1),
+        "unified_over_dense": round(t_unified / t_dense, 3),
+    }
     kv_bytes = 2 * num_reqs * seq_len * KV_HEADS * HEAD_DIM * 2
     if q_len == 1:
         row["unified_kv_read_GBps"] = round(kv_bytes / t_unified / 1e3, 1)
         if num_reqs < 256:
             segments = num_segments_for(num_reqs, KV_HEADS, b["query"].device)
             t_split = _timed(_split(b, segments))
-            row.update(split_us=round(t_split, 1), split_segments=segments,
-                       split_over_dense=round(t_split / t_dense, 3),
-                       split_kv_read_GBps=round(kv_bytes / t_split / 1e3, 1))
+            row.update(
+                split_us=round(t_split, 1),
+                split_segments=segments,
+                split_over_dense=round(t_split / t_dense, 3),
+                split_kv_read_GBps=round(kv_bytes / t_split / 1e3, 1),
+            )
     else:
         row["dense_speed_fraction"] = round(t_dense / t_unified, 3)  # target >= 0.8
     if sweep:
@@ -180,18 +215,24 @@ def _sweep(b: dict[str, Any], q_len: int, num_reqs: int) -> dict[str, Any]:
             for tiles, segments in SPLIT_SWEEP:
                 us = _try_time(_split(b, segments, tiles))
                 if us is not None:
-                    results.append({"kernel": "split", **tiles.__dict__,
-                                    "num_segments": segments, "us": us})
+                    results.append(
+                        {"kernel": "split", **tiles.__dict__, "num_segments": segments, "us": us}
+                    )
     else:
         for tiles in PREFILL_SWEEP:
             us = _try_time(_unified(b, prefill_tiles=tiles))
             if us is not None:
                 results.append({"kernel": "unified", **tiles.__dict__, "us": us})
     results.sort(key=lambda r: r["us"])
-    best_by_kernel = {k: next(r for r in results if r["kernel"] == k)
-                      for k in {r["kernel"] for r in results}}
-    return {"best": results[0] if results else None, "best_by_kernel": best_by_kernel,
-            "top5": results[:5], "configs_timed": len(results)}
+    best_by_kernel = {
+        k: next(r for r in results if r["kernel"] == k) for k in {r["kernel"] for r in results}
+    }
+    return {
+        "best": results[0] if results else None,
+        "best_by_kernel": best_by_kernel,
+        "top5": results[:5],
+        "configs_timed": len(results),
+    }
 
 
 def main() -> None:

@@ -44,14 +44,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+if not __package__:  # run as a script: benchmarks.* from the root, after site-packages
+    sys.path.append(str(ROOT))
 
-from engine.config import EngineConfig  # noqa: E402
-from engine.outputs import ModelRunnerOutput  # noqa: E402
-from engine.request import Request  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
-from engine.scheduler import Scheduler  # noqa: E402
-from engine.scheduler_output import SchedulerOutput  # noqa: E402
+from turnout.engine.config import EngineConfig  # noqa: E402
+from turnout.engine.outputs import ModelRunnerOutput  # noqa: E402
+from turnout.engine.request import Request  # noqa: E402
+from turnout.engine.sampling_params import SamplingParams  # noqa: E402
+from turnout.engine.scheduler import Scheduler  # noqa: E402
+from turnout.engine.scheduler_output import SchedulerOutput  # noqa: E402
 
 VOCAB = 151_936
 EOS = 151_645
@@ -102,9 +104,15 @@ class Workload:
     def config(self) -> EngineConfig:
         a = self.args
         max_model_len = a.prompt_len + 2 * a.steps + 256 if self.case == "decode" else 8192 + 512
-        return EngineConfig(model="stand-in", vocab_size=VOCAB, max_model_len=max_model_len, eos_token_ids=(EOS,),
-                            max_num_seqs=a.num_reqs, max_num_batched_tokens=a.max_num_batched_tokens,
-                            enable_prefix_caching=a.prefix_caching)
+        return EngineConfig(
+            model="stand-in",
+            vocab_size=VOCAB,
+            max_model_len=max_model_len,
+            eos_token_ids=(EOS,),
+            max_num_seqs=a.num_reqs,
+            max_num_batched_tokens=a.max_num_batched_tokens,
+            enable_prefix_caching=a.prefix_caching,
+        )
 
     def num_blocks(self, config: EngineConfig) -> int:
         # Room for every request at its longest: the cases measure scheduling, not preemption.
@@ -122,17 +130,35 @@ class Workload:
         rng = self.rng
         prompt = [rng.randrange(1, VOCAB - 1) for _ in range(prompt_len)]
         params = SamplingParams(max_tokens=max_tokens, seed=self.num_added)
-        scheduler.add_request(Request(req_id=f"r{self.num_added}", prompt_token_ids=prompt, sampling_params=params,
-                                      arrival_index=self.num_added, eos_token_ids=frozenset({EOS})))
+        scheduler.add_request(
+            Request(
+                req_id=f"r{self.num_added}",
+                prompt_token_ids=prompt,
+                sampling_params=params,
+                arrival_index=self.num_added,
+                eos_token_ids=frozenset({EOS}),
+            )
+        )
         self.num_added += 1
 
 
 def _fold(digest: Any, so: SchedulerOutput, finished: list[Request]) -> None:
     cached = so.scheduled_cached_reqs
-    digest.update(repr((sorted(so.num_scheduled_tokens.items()), [n.block_ids for n in so.scheduled_new_reqs],
-                        cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, cached.num_output_tokens,
-                        sorted(so.preempted_req_ids), sorted(so.finished_req_ids),
-                        [(r.req_id, r.status.value, r.num_output_tokens) for r in finished])).encode())
+    digest.update(
+        repr(
+            (
+                sorted(so.num_scheduled_tokens.items()),
+                [n.block_ids for n in so.scheduled_new_reqs],
+                cached.req_ids,
+                cached.new_block_ids,
+                cached.num_computed_tokens,
+                cached.num_output_tokens,
+                sorted(so.preempted_req_ids),
+                sorted(so.finished_req_ids),
+                [(r.req_id, r.status.value, r.num_output_tokens) for r in finished],
+            )
+        ).encode()
+    )
 
 
 def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -172,11 +198,19 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             wall += w3 - w2
         _fold(digest, previous[0], finished)
     if case == "decode":
-        assert num_decodes == args.steps * args.num_reqs, "the decode case must time steady decode steps only"
+        assert num_decodes == args.steps * args.num_reqs, (
+            "the decode case must time steady decode steps only"
+        )
     n = args.steps
-    return {"schedule_us": t_sched / n / 1e3, "update_us": t_update / n / 1e3,
-            "total_us": (t_sched + t_update) / n / 1e3, "wall_total_us": wall / n / 1e3,
-            "tokens_per_step": num_tokens / n, "decodes_per_step": num_decodes / n, "digest": digest.hexdigest()[:16]}
+    return {
+        "schedule_us": t_sched / n / 1e3,
+        "update_us": t_update / n / 1e3,
+        "total_us": (t_sched + t_update) / n / 1e3,
+        "wall_total_us": wall / n / 1e3,
+        "tokens_per_step": num_tokens / n,
+        "decodes_per_step": num_decodes / n,
+        "digest": digest.hexdigest()[:16],
+    }
 
 
 class TimedRunner(StandInRunner):
@@ -201,7 +235,7 @@ class TimedRunner(StandInRunner):
 def run_core_case(args: argparse.Namespace) -> dict[str, Any]:
     """The decode case through ``EngineCore.step()`` (its bookkeeping included), less the
     stand-in runner's own time."""
-    from engine.core import EngineCore
+    from turnout.engine.core import EngineCore
 
     work = Workload("decode", args)
     config = work.config()
@@ -221,14 +255,27 @@ def run_core_case(args: argparse.Namespace) -> dict[str, Any]:
             wall += w1 - w0 - runner.cpu_ns
         _fold(digest, runner.outputs.pop(0) if runner.outputs else SchedulerOutput(), finished)
     n = args.steps
-    return {"total_us": cpu / n / 1e3, "wall_total_us": wall / n / 1e3, "digest": digest.hexdigest()[:16]}
+    return {
+        "total_us": cpu / n / 1e3,
+        "wall_total_us": wall / n / 1e3,
+        "digest": digest.hexdigest()[:16],
+    }
 
 
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     digests = {r["digest"] for r in runs}
     assert len(digests) == 1, f"the seeded workload scheduled differently across repeats: {digests}"
-    keys = ("schedule_us", "update_us", "total_us", "wall_total_us", "tokens_per_step", "decodes_per_step")
-    out: dict[str, Any] = {k: round(statistics.median(r[k] for r in runs), 1) for k in keys if k in runs[0]}
+    keys = (
+        "schedule_us",
+        "update_us",
+        "total_us",
+        "wall_total_us",
+        "tokens_per_step",
+        "decodes_per_step",
+    )
+    out: dict[str, Any] = {
+        k: round(statistics.median(r[k] for r in runs), 1) for k in keys if k in runs[0]
+    }
     out["total_us_all_repeats"] = [round(r["total_us"], 1) for r in runs]
     out["digest"] = runs[0]["digest"]
     return out
@@ -237,21 +284,37 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", default="decode,mixed,decode_core")
-    p.add_argument("--num-reqs", type=int, default=256, help="max_num_seqs (and the decode case's requests)")
+    p.add_argument(
+        "--num-reqs", type=int, default=256, help="max_num_seqs (and the decode case's requests)"
+    )
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--steps", type=int, default=300, help="timed steps per repeat")
-    p.add_argument("--warmup", type=int, default=40, help="untimed steps first (the mixed case adds 300)")
+    p.add_argument(
+        "--warmup", type=int, default=40, help="untimed steps first (the mixed case adds 300)"
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--prefix-caching", action="store_true")
-    p.add_argument("--sync", action="store_true", help="synchronous loop (runner_v1) instead of async")
+    p.add_argument(
+        "--sync", action="store_true", help="synchronous loop (runner_v1) instead of async"
+    )
     args = p.parse_args()
-    summary: dict[str, Any] = {"benchmark": "scheduler_host", "python": platform.python_version(),
-                               "machine": platform.machine(), "async_scheduling": not args.sync,
-                               "prefix_caching": args.prefix_caching, "num_reqs": args.num_reqs,
-                               "steps": args.steps, "repeats": args.repeats, "cases": {}}
+    summary: dict[str, Any] = {
+        "benchmark": "scheduler_host",
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "async_scheduling": not args.sync,
+        "prefix_caching": args.prefix_caching,
+        "num_reqs": args.num_reqs,
+        "steps": args.steps,
+        "repeats": args.repeats,
+        "cases": {},
+    }
     for case in args.cases.split(","):
-        runs = [run_core_case(args) if case == "decode_core" else run_case(case, args) for _ in range(args.repeats)]
+        runs = [
+            run_core_case(args) if case == "decode_core" else run_case(case, args)
+            for _ in range(args.repeats)
+        ]
         summary["cases"][case] = summarise(runs)
         print(case, summary["cases"][case], flush=True)
     print(json.dumps(summary), flush=True)

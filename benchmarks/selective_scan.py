@@ -24,10 +24,14 @@ from __future__ import annotations
 import json
 import math
 import sys
+from pathlib import Path
 
 import torch
 
-from kernels.selective_scan import (
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+
+from turnout.kernels.selective_scan import (  # noqa: E402
     ScanBlockConfig,
     selective_scan,
     selective_scan_ref,
@@ -64,19 +68,24 @@ def _inputs(num_tokens: int, num_reqs: int, gen: torch.Generator) -> dict[str, t
         return (torch.randn(*shape, generator=gen) * scale).to(dev)
 
     return {
-        "x": randn(num_tokens, DIM).to(bf16), "dt": randn(num_tokens, DIM, scale=0.1).to(bf16),
+        "x": randn(num_tokens, DIM).to(bf16),
+        "dt": randn(num_tokens, DIM, scale=0.1).to(bf16),
         "A": -torch.arange(1, D_STATE + 1, dtype=torch.float32, device=dev).repeat(DIM, 1),
-        "B": randn(num_tokens, D_STATE).to(bf16), "C": randn(num_tokens, D_STATE).to(bf16),
-        "D": torch.ones(DIM, device=dev), "z": randn(num_tokens, DIM).to(bf16),
+        "B": randn(num_tokens, D_STATE).to(bf16),
+        "C": randn(num_tokens, D_STATE).to(bf16),
+        "D": torch.ones(DIM, device=dev),
+        "z": randn(num_tokens, DIM).to(bf16),
         "dt_bias": torch.full((DIM,), math.log(math.expm1(0.01)), device=dev),
         "ssm_state": randn(num_reqs, DIM, D_STATE, scale=0.1),
     }
 
 
 def _bandwidth(bytes_moved: int, us: float) -> dict[str, float]:
-    return {"floor_us": round(bytes_moved / PEAK_BYTES_PER_S * 1e6, 1),
-            "achieved_GBps": round(bytes_moved / us / 1e3, 1),
-            "fraction_of_peak": round(bytes_moved / (us * 1e-6) / PEAK_BYTES_PER_S, 3)}
+    return {
+        "floor_us": round(bytes_moved / PEAK_BYTES_PER_S * 1e6, 1),
+        "achieved_GBps": round(bytes_moved / us / 1e3, 1),
+        "fraction_of_peak": round(bytes_moved / (us * 1e-6) / PEAK_BYTES_PER_S, 3),
+    }
 
 
 def _bytes(num_tokens: int, num_reqs: int, state_read: bool) -> tuple[int, int]:
@@ -105,30 +114,46 @@ def prefill(num_reqs: int = 8, seq_len: int = 2048) -> dict[str, object]:
         us = _timed(lambda cfg=cfg: selective_scan(**a, **batch, block_config=cfg), iters=20)
         sweep[f"block_d={block_d},chunk={chunk},warps={warps}"] = round(us, 1)
     total, state = _bytes(t, num_reqs, state_read=False)
-    return {"kernel_us": round(kernel_us, 1), "ref_us": round(ref_us, 1),
-            "ref_over_kernel": round(ref_us / kernel_us, 1), "sweep_us": sweep,
-            "max_abs_diff_vs_ref": round((out.float() - want.float()).abs().max().item(), 4),
-            "bytes_moved": total, "state_bytes": state, **_bandwidth(total, kernel_us)}
+    return {
+        "kernel_us": round(kernel_us, 1),
+        "ref_us": round(ref_us, 1),
+        "ref_over_kernel": round(ref_us / kernel_us, 1),
+        "sweep_us": sweep,
+        "max_abs_diff_vs_ref": round((out.float() - want.float()).abs().max().item(), 4),
+        "bytes_moved": total,
+        "state_bytes": state,
+        **_bandwidth(total, kernel_us),
+    }
 
 
 def decode(num_reqs: int = 256) -> dict[str, object]:
     a = _inputs(num_reqs, num_reqs, torch.Generator().manual_seed(1))
     slots = torch.randperm(num_reqs, generator=torch.Generator().manual_seed(2)).int().cuda()
     out = selective_state_update(**{**a, "ssm_state": a["ssm_state"].clone()}, state_indices=slots)
-    want = selective_state_update_ref(**{**a, "ssm_state": a["ssm_state"].clone()}, state_indices=slots)
+    want = selective_state_update_ref(
+        **{**a, "ssm_state": a["ssm_state"].clone()}, state_indices=slots
+    )
     kernel_us = _timed(lambda: selective_state_update(**a, state_indices=slots), iters=200)
     ref_us = _timed(lambda: selective_state_update_ref(**a, state_indices=slots), iters=50)
     total, state = _bytes(num_reqs, num_reqs, state_read=True)
-    return {"kernel_us": round(kernel_us, 1), "ref_us": round(ref_us, 1),
-            "ref_over_kernel": round(ref_us / kernel_us, 1),
-            "max_abs_diff_vs_ref": round((out.float() - want.float()).abs().max().item(), 4),
-            "bytes_moved": total, "state_bytes": state, **_bandwidth(total, kernel_us)}
+    return {
+        "kernel_us": round(kernel_us, 1),
+        "ref_us": round(ref_us, 1),
+        "ref_over_kernel": round(ref_us / kernel_us, 1),
+        "max_abs_diff_vs_ref": round((out.float() - want.float()).abs().max().item(), 4),
+        "bytes_moved": total,
+        "state_bytes": state,
+        **_bandwidth(total, kernel_us),
+    }
 
 
 def main() -> int:
     if not torch.cuda.is_available():
-        print("benchmarks/selective_scan.py times Triton kernels on a CUDA GPU; "
-              "torch.cuda.is_available() is False here", file=sys.stderr)
+        print(
+            "benchmarks/selective_scan.py times Triton kernels on a CUDA GPU; "
+            "torch.cuda.is_available() is False here",
+            file=sys.stderr,
+        )
         return 2
     result = {
         "device": torch.cuda.get_device_name(),

@@ -24,7 +24,7 @@ from typing import Any
 @contextmanager
 def result_waits() -> Iterator[list[float]]:
     """Seconds each ``AsyncOutput.get_output`` waited on its event (runner_v2), in call order."""
-    import runner_v2.async_output as async_output
+    import turnout.runner_v2.async_output as async_output
 
     waits: list[float] = []
     original = async_output.AsyncOutput.get_output
@@ -64,9 +64,14 @@ def gc_time() -> Iterator[dict[str, float]]:
 
 
 def _stats(walls: list[float], waits: list[float]) -> dict[str, float]:
-    out = {"steps": len(walls), "seconds": round(sum(walls), 3), "ms_per_step": round(sum(walls) / len(walls) * 1e3, 2),
-           "p50_ms": round(statistics.median(walls) * 1e3, 2),
-           "p90_ms": round(sorted(walls)[math.ceil(0.9 * len(walls)) - 1] * 1e3, 2), "max_ms": round(max(walls) * 1e3, 2)}
+    out = {
+        "steps": len(walls),
+        "seconds": round(sum(walls), 3),
+        "ms_per_step": round(sum(walls) / len(walls) * 1e3, 2),
+        "p50_ms": round(statistics.median(walls) * 1e3, 2),
+        "p90_ms": round(sorted(walls)[math.ceil(0.9 * len(walls)) - 1] * 1e3, 2),
+        "max_ms": round(max(walls) * 1e3, 2),
+    }
     if waits:
         out["wait_ms_per_step"] = round(sum(waits) / len(waits) * 1e3, 2)
         out["host_ms_per_step"] = round((sum(walls) - sum(waits)) / len(walls) * 1e3, 2)
@@ -107,7 +112,14 @@ def drive(core: Any) -> tuple[list[Any], dict[str, Any]]:
                 in_flight = launched
                 if collected is not None:
                     wait = sum(waits[num_waits:]) if len(waits) > num_waits else None
-                    steps.append((kinds[collected], kinds[launched] if launched is not None else "none", dt, wait))
+                    steps.append(
+                        (
+                            kinds[collected],
+                            kinds[launched] if launched is not None else "none",
+                            dt,
+                            wait,
+                        )
+                    )
     finally:
         if wrapped is None:
             del runner.execute_model  # the bound method again
@@ -116,7 +128,9 @@ def drive(core: Any) -> tuple[list[Any], dict[str, Any]]:
     return done, summarize(steps, dict(gc_totals))
 
 
-def summarize(steps: list[tuple[str, str, float, float | None]], gc_totals: dict[str, float]) -> dict[str, Any]:
+def summarize(
+    steps: list[tuple[str, str, float, float | None]], gc_totals: dict[str, float]
+) -> dict[str, Any]:
     """The summary of :func:`drive` from its per-step records."""
     summary: dict[str, Any] = {}
     groups: dict[str, list[tuple[float, float | None]]] = defaultdict(list)
@@ -126,8 +140,10 @@ def summarize(steps: list[tuple[str, str, float, float | None]], gc_totals: dict
         moves[f"{collected} <- {launched}"].append((wall, wait))
     for kind, rows in groups.items():
         summary[kind] = _stats([w for w, _ in rows], [x for _, x in rows if x is not None])
-    summary["transitions"] = {k: _stats([w for w, _ in v], [x for _, x in v if x is not None])
-                              for k, v in sorted(moves.items())}
+    summary["transitions"] = {
+        k: _stats([w for w, _ in v], [x for _, x in v if x is not None])
+        for k, v in sorted(moves.items())
+    }
     summary["gc"] = {k: round(v, 4) for k, v in sorted(gc_totals.items())}
     return summary
 

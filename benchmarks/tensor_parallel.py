@@ -40,19 +40,30 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # before torch.distributed makes
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+if not __package__:  # run as a script: benchmarks.* from the root, after site-packages
+    sys.path.append(str(ROOT))
 if "--quick" in sys.argv or not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # runner_v2's kernels on the CPU
 
-from engine.model_info import engine_config_for  # noqa: E402
-from engine.runner_loader import build_engine_core  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
+from turnout.engine.model_info import engine_config_for  # noqa: E402
+from turnout.engine.runner_loader import build_engine_core  # noqa: E402
+from turnout.engine.sampling_params import SamplingParams  # noqa: E402
 
 LLAMA_8B = ROOT / "policies" / "reference" / "model_configs" / "llama-3.1-8b.json"
 #: --quick: the 8B config's structure at a tiny size (heads divisible by 2, GQA kept).
-QUICK_SHAPE = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 257, "max_position_embeddings": 512,
-               "bos_token_id": 1, "eos_token_id": 2}
+QUICK_SHAPE = {
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 257,
+    "max_position_embeddings": 512,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,18 +102,40 @@ def random_prompts(num: int, length: int, vocab_size: int, seed: int) -> list[li
 def greedy_agreement(one: list[list[int]], split: list[list[int]]) -> dict[str, Any]:
     """How many prompts' greedy tokens are equal, and the first differing position of the others
     (``None``: equal)."""
-    first = [next((i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b),
-                  None if len(x) == len(y) else min(len(x), len(y))) for x, y in zip(one, split, strict=True)]
+    first = [
+        next(
+            (i for i, (a, b) in enumerate(zip(x, y, strict=False)) if a != b),
+            None if len(x) == len(y) else min(len(x), len(y)),
+        )
+        for x, y in zip(one, split, strict=True)
+    ]
     return {"equal": sum(f is None for f in first), "of": len(first), "first_difference": first}
 
 
-def run(runner: str, model_dir: Path, tp: int, args: argparse.Namespace, prompts: list[list[int]],
-        checks: list[list[int]]) -> tuple[dict[str, Any], list[list[int]]]:
+def run(
+    runner: str,
+    model_dir: Path,
+    tp: int,
+    args: argparse.Namespace,
+    prompts: list[list[int]],
+    checks: list[list[int]],
+) -> tuple[dict[str, Any], list[list[int]]]:
     """One engine: the greedy tokens of ``checks``, then one timed pass over ``prompts``."""
-    core = build_engine_core(engine_config_for(
-        model_dir, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.prompt_len + args.output_len,
-        enable_prefix_caching=False, seed=args.seed, load_format="dummy", tensor_parallel_size=tp), runner)
+    core = build_engine_core(
+        engine_config_for(
+            model_dir,
+            dtype=args.dtype,
+            device=args.device,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.prompt_len + args.output_len,
+            enable_prefix_caching=False,
+            seed=args.seed,
+            load_format="dummy",
+            tensor_parallel_size=tp,
+        ),
+        runner,
+    )
     try:
         greedy = SamplingParams(max_tokens=args.check_len, temperature=0, ignore_eos=True)
         for i, prompt in enumerate(checks):
@@ -113,7 +146,9 @@ def run(runner: str, model_dir: Path, tp: int, args: argparse.Namespace, prompts
         for i, prompt in enumerate(prompts[: args.max_num_seqs]):
             core.add_request(f"warm{i}", prompt, warm)
         core.run_until_done()
-        params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0, seed=args.seed)
+        params = SamplingParams(
+            max_tokens=args.output_len, ignore_eos=True, temperature=1.0, seed=args.seed
+        )
         _sync(args.device)
         start = time.perf_counter()
         for i, prompt in enumerate(prompts):
@@ -127,22 +162,34 @@ def run(runner: str, model_dir: Path, tp: int, args: argparse.Namespace, prompts
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    return {"seconds": round(elapsed, 3), "output_tokens": num_out,
-            "output_tokens_per_s": round(num_out / elapsed, 1)}, tokens
+    return {
+        "seconds": round(elapsed, 3),
+        "output_tokens": num_out,
+        "output_tokens_per_s": round(num_out / elapsed, 1),
+    }, tokens
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if not args.quick and torch.cuda.device_count() < args.tp:
-        raise SystemExit(f"needs {args.tp} GPUs (this machine has {torch.cuda.device_count()}); --quick runs on CPU")
+        raise SystemExit(
+            f"needs {args.tp} GPUs (this machine has {torch.cuda.device_count()}); --quick runs on CPU"
+        )
     config = model_config(args.quick)
     prompts = random_prompts(args.num_prompts, args.prompt_len, config["vocab_size"], args.seed)
-    checks = random_prompts(args.num_check_prompts, args.prompt_len, config["vocab_size"], args.seed + 1)
+    checks = random_prompts(
+        args.num_check_prompts, args.prompt_len, config["vocab_size"], args.seed + 1
+    )
     result: dict[str, Any] = {
-        "benchmark": "tensor_parallel", "shape": "llama-3.1-8b" + (" (quick: shrunk)" if args.quick else ""),
-        "dtype": args.dtype, "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
-        "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"), "tp": args.tp,
-        "workload": {k: getattr(args, k) for k in ("num_prompts", "prompt_len", "output_len", "max_num_seqs")},
+        "benchmark": "tensor_parallel",
+        "shape": "llama-3.1-8b" + (" (quick: shrunk)" if args.quick else ""),
+        "dtype": args.dtype,
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+        "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE"),
+        "tp": args.tp,
+        "workload": {
+            k: getattr(args, k) for k in ("num_prompts", "prompt_len", "output_len", "max_num_seqs")
+        },
         "runners": {},
     }
     with tempfile.TemporaryDirectory(prefix="tp-bench-") as tmp:
@@ -152,9 +199,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             split, split_tokens = run(runner, Path(tmp), args.tp, args, prompts, checks)
             agreement = greedy_agreement(one_tokens, split_tokens)
             result["runners"][runner] = {
-                "tp1": one, f"tp{args.tp}": split,
+                "tp1": one,
+                f"tp{args.tp}": split,
                 "speedup": round(split["output_tokens_per_s"] / one["output_tokens_per_s"], 3),
-                "greedy_tokens_equal": agreement["equal"] == agreement["of"], "greedy": agreement,
+                "greedy_tokens_equal": agreement["equal"] == agreement["of"],
+                "greedy": agreement,
             }
             print(f"{runner}: {json.dumps(result['runners'][runner])}", flush=True)
     print(json.dumps(result), flush=True)

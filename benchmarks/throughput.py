@@ -48,27 +48,41 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))  # this tree's turnout, whatever is installed
+if not __package__:  # run as a script: benchmarks.* from the root, after site-packages
+    sys.path.append(str(ROOT))
 if "--quick" in sys.argv or not torch.cuda.is_available():
     # On the CPU, runner_v2's kernels run through Triton's interpreter (chosen before import).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from benchmarks.step_timing import drive  # noqa: E402
-from engine.model import write_random_weights  # noqa: E402
-from engine.model.config import ModelConfig  # noqa: E402
-from engine.model.kv_cache import kv_cache_bytes_per_block  # noqa: E402
-from engine.model_info import engine_config_for  # noqa: E402
-from engine.runner_loader import build_engine_core  # noqa: E402
-from engine.sampling_params import SamplingParams  # noqa: E402
+from turnout.engine.model import write_random_weights  # noqa: E402
+from turnout.engine.model.config import ModelConfig  # noqa: E402
+from turnout.engine.model.kv_cache import kv_cache_bytes_per_block  # noqa: E402
+from turnout.engine.model_info import engine_config_for  # noqa: E402
+from turnout.engine.runner_loader import build_engine_core  # noqa: E402
+from turnout.engine.sampling_params import SamplingParams  # noqa: E402
 
 QWEN3_06B = ROOT / "policies" / "reference" / "model_configs" / "qwen3-0.6b.json"
 #: Vendor datasheet HBM bandwidths (bytes/s) by device name; others: --bandwidth-tbps.
 SPEC_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12}
 QUICK_CONFIG: dict[str, Any] = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 512, "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "head_dim": 16, "max_position_embeddings": 256, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-    "hidden_act": "silu", "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
 }
 
 
@@ -84,34 +98,60 @@ class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
-def parse_args(argv: list[str] | None = None, *, cuda_available: bool | None = None
-               ) -> argparse.Namespace:
+def parse_args(
+    argv: list[str] | None = None, *, cuda_available: bool | None = None
+) -> argparse.Namespace:
     """The command line; exits 2 (as argparse does for a bad flag) for an unknown or repeated
     contender, and for the full workload without a CUDA device (``cuda_available``, default
     ``torch.cuda.is_available()``): on the CPU it runs for hours."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_HelpWithDefaults)
-    p.add_argument("--quick", action="store_true",
-                   help="tiny model on CPU, a few prompts (smoke run); sets the sizes below to the --quick values")
-    p.add_argument("--runners", default="v1,v2,hf",
-                   help="comma list, each once, of v1, v2, v2-unfused (v2 without its fused layer kernels), "
-                        "v2-serial (v2 with a mixed step's attention launches not overlapped), hf, "
-                        "hf-compiled (static cache + torch.compile)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=_HelpWithDefaults
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny model on CPU, a few prompts (smoke run); sets the sizes below to the --quick values",
+    )
+    p.add_argument(
+        "--runners",
+        default="v1,v2,hf",
+        help="comma list, each once, of v1, v2, v2-unfused (v2 without its fused layer kernels), "
+        "v2-serial (v2 with a mixed step's attention launches not overlapped), hf, "
+        "hf-compiled (static cache + torch.compile)",
+    )
     p.add_argument("--num-prompts", type=int, default=1024, help="prompts timed (--quick: 12)")
     p.add_argument("--prompt-len", type=int, default=512, help="tokens per prompt (--quick: 24)")
-    p.add_argument("--output-len", type=int, default=128, help="output tokens per prompt (--quick: 6)")
-    p.add_argument("--max-num-seqs", type=int, default=256,
-                   help="requests per engine step, and HF generate's batch (--quick: 4)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="tokens per engine step (--quick: 64)")
+    p.add_argument(
+        "--output-len", type=int, default=128, help="output tokens per prompt (--quick: 6)"
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=256,
+        help="requests per engine step, and HF generate's batch (--quick: 4)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=8192,
+        help="tokens per engine step (--quick: 64)",
+    )
     p.add_argument("--dtype", default="bfloat16", help="weights and activations (--quick: float32)")
-    p.add_argument("--bandwidth-tbps", type=float, default=None,
-                   help="device bandwidth for the floor, TB/s (default: the datasheet figure of an H200, H100 "
-                        "or A100, else a measured copy on the GPU; 0.02 on the CPU)")
+    p.add_argument(
+        "--bandwidth-tbps",
+        type=float,
+        default=None,
+        help="device bandwidth for the floor, TB/s (default: the datasheet figure of an H200, H100 "
+        "or A100, else a measured copy on the GPU; 0.02 on the CPU)",
+    )
     p.add_argument("--seed", type=int, default=0, help="weights and prompts")
     args = p.parse_args(argv)
     runners = args.runners.split(",")
     unknown = [r for r in runners if r not in CONTENDERS]
     if unknown:
-        p.error(f"argument --runners: invalid choice: {unknown[0]!r} (choose from {', '.join(CONTENDERS)})")
+        p.error(
+            f"argument --runners: invalid choice: {unknown[0]!r} (choose from {', '.join(CONTENDERS)})"
+        )
     twice = [r for i, r in enumerate(runners) if r in runners[:i]]
     if twice:  # results are keyed by contender: a second run would replace the first's
         p.error(f"argument --runners: {twice[0]!r} named twice")
@@ -120,9 +160,11 @@ def parse_args(argv: list[str] | None = None, *, cuda_available: bool | None = N
         args.max_num_seqs, args.max_num_batched_tokens, args.dtype = 4, 64, "float32"
     elif not (torch.cuda.is_available() if cuda_available is None else cuda_available):
         # It used to run the full workload on the CPU without a word: hours of the interpreter.
-        p.error("no CUDA device: the full workload (the Qwen3-0.6B shape over "
-                f"{args.num_prompts} prompts) would run for hours on the CPU; pass --quick for "
-                "the CPU smoke run, or run it on a GPU")
+        p.error(
+            "no CUDA device: the full workload (the Qwen3-0.6B shape over "
+            f"{args.num_prompts} prompts) would run for hours on the CPU; pass --quick for "
+            "the CPU smoke run, or run it on a GPU"
+        )
     return args
 
 
@@ -131,14 +173,23 @@ def make_prompts(num: int, length: int, vocab_size: int, seed: int) -> list[list
     return torch.randint(0, vocab_size, (num, length), generator=gen).tolist()
 
 
-def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: argparse.Namespace,
-               device: str) -> dict[str, Any]:
+def run_engine(
+    runner: str, model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, device: str
+) -> dict[str, Any]:
     """Build the engine, warm it up, time one pass over every prompt."""
-    core = build_engine_core(engine_config_for(
-        model_dir, dtype=args.dtype, device=device, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.prompt_len + args.output_len, enable_prefix_caching=False, seed=args.seed,
-    ), runner)
+    core = build_engine_core(
+        engine_config_for(
+            model_dir,
+            dtype=args.dtype,
+            device=device,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_model_len=args.prompt_len + args.output_len,
+            enable_prefix_caching=False,
+            seed=args.seed,
+        ),
+        runner,
+    )
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0)
     # The warm-up is a short pass of the timed shape: 1.5 x max_num_seqs prompts, so that its
     # steps include the wave changes (mixed steps of every request count) that compile kernel
@@ -148,8 +199,11 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
         core.add_request(f"warm{i}", prompt, warm)
     core.run_until_done()
     steps_before = core.num_steps
-    runner_v2_counts = (getattr(core.runner, "num_graph_steps", 0), getattr(core.runner, "num_eager_steps", 0),
-                        getattr(core.runner, "num_mixed_graph_steps", 0))
+    runner_v2_counts = (
+        getattr(core.runner, "num_graph_steps", 0),
+        getattr(core.runner, "num_eager_steps", 0),
+        getattr(core.runner, "num_mixed_graph_steps", 0),
+    )
     _sync(device)
     start = time.perf_counter()
     for i, prompt in enumerate(prompts):
@@ -158,9 +212,13 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
     _sync(device)
     elapsed = time.perf_counter() - start
     num_out = sum(len(r.output_token_ids) for r in done)
-    result = {"seconds": round(elapsed, 3), "output_tokens": num_out,
-              "output_tokens_per_s": round(num_out / elapsed, 1), "steps": core.num_steps - steps_before,
-              "step_time_by_kind": by_kind}
+    result = {
+        "seconds": round(elapsed, 3),
+        "output_tokens": num_out,
+        "output_tokens_per_s": round(num_out / elapsed, 1),
+        "steps": core.num_steps - steps_before,
+        "step_time_by_kind": by_kind,
+    }
     if hasattr(core.runner, "num_graph_steps"):  # runner_v2: decode steps replayed as graphs
         result["cuda_graph_steps"] = core.runner.num_graph_steps - runner_v2_counts[0]
         result["eager_steps"] = core.runner.num_eager_steps - runner_v2_counts[1]
@@ -175,8 +233,8 @@ def run_engine(runner: str, model_dir: Path, prompts: list[list[int]], args: arg
 def unfused_ops() -> Iterator[None]:
     """runner_v2 as it was before its fused kernels: RMSNorm, the residual adds and SiLU·mul as
     torch ops, and one sampler program per request (no split over the vocabulary)."""
-    import kernels.gumbel_sample as sampler
-    from engine.model.layers import set_fused_layer_ops
+    import turnout.kernels.gumbel_sample as sampler
+    from turnout.engine.model.layers import set_fused_layer_ops
 
     previous, target = set_fused_layer_ops(False), sampler.TARGET_PROGRAMS
     sampler.TARGET_PROGRAMS = 0
@@ -191,7 +249,7 @@ def unfused_ops() -> Iterator[None]:
 def serial_attention() -> Iterator[None]:
     """A mixed step's two attention launches (decodes, prompt chunks) one after the other on one
     stream, as before they overlapped; the graphs captured inside keep it."""
-    from kernels.paged_attention import set_overlapped_launches
+    from turnout.kernels.paged_attention import set_overlapped_launches
 
     previous = set_overlapped_launches(False)
     try:
@@ -205,7 +263,9 @@ def serial_attention() -> Iterator[None]:
 HF_COMPILE_MODES = ("reduce-overhead", "default")
 
 
-def run_hf_compiled(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, device: str) -> dict[str, Any]:
+def run_hf_compiled(
+    model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, device: str
+) -> dict[str, Any]:
     """HF ``generate`` with a static cache and its forward compiled (transformers' own
     ``compile_config``), the first of ``HF_COMPILE_MODES`` that runs; the others' errors are
     reported. The warm-up is a whole batch of the timed shape, so no compilation is timed."""
@@ -215,8 +275,15 @@ def run_hf_compiled(model_dir: Path, prompts: list[list[int]], args: argparse.Na
     for mode in HF_COMPILE_MODES:
         torch._dynamo.reset()
         try:
-            result = run_hf(model_dir, prompts, args, device, cache_implementation="static",
-                            compile_config=CompileConfig(mode=mode), warmup_full=True)
+            result = run_hf(
+                model_dir,
+                prompts,
+                args,
+                device,
+                cache_implementation="static",
+                compile_config=CompileConfig(mode=mode),
+                warmup_full=True,
+            )
         except Exception as exc:  # the next mode; the reason is kept
             failures[mode] = f"{type(exc).__name__}: {str(exc)[:300]}"
             _free(device)
@@ -225,32 +292,59 @@ def run_hf_compiled(model_dir: Path, prompts: list[list[int]], args: argparse.Na
     raise RuntimeError(f"no compile mode ran: {failures}")
 
 
-def run_hf(model_dir: Path, prompts: list[list[int]], args: argparse.Namespace, device: str,
-           warmup_full: bool = False, **generate_kwargs: Any) -> dict[str, Any]:
+def run_hf(
+    model_dir: Path,
+    prompts: list[list[int]],
+    args: argparse.Namespace,
+    device: str,
+    warmup_full: bool = False,
+    **generate_kwargs: Any,
+) -> dict[str, Any]:
     """HF transformers ``generate`` over the prompts in batches of ``max_num_seqs``."""
     from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation="sdpa").to(device)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype, attn_implementation="sdpa"
+    ).to(device)
     model.eval()
-    kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.output_len,
-                  min_new_tokens=args.output_len, pad_token_id=0, **generate_kwargs)
+    kwargs = dict(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=args.output_len,
+        min_new_tokens=args.output_len,
+        pad_token_id=0,
+        **generate_kwargs,
+    )
 
     def generate(batch: list[list[int]], max_new: int) -> int:
         ids = torch.tensor(batch, device=device)
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), **{**kwargs, "max_new_tokens": max_new,
-                                                                             "min_new_tokens": max_new})
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                **{**kwargs, "max_new_tokens": max_new, "min_new_tokens": max_new},
+            )
         return int(out.shape[0] * (out.shape[1] - ids.shape[1]))
 
-    generate(prompts[: min(len(prompts), args.max_num_seqs)], args.output_len if warmup_full else 4)  # warm-up
+    generate(
+        prompts[: min(len(prompts), args.max_num_seqs)], args.output_len if warmup_full else 4
+    )  # warm-up
     _sync(device)
     start = time.perf_counter()
-    num_out = sum(generate(prompts[i : i + args.max_num_seqs], args.output_len)
-                  for i in range(0, len(prompts), args.max_num_seqs))
+    num_out = sum(
+        generate(prompts[i : i + args.max_num_seqs], args.output_len)
+        for i in range(0, len(prompts), args.max_num_seqs)
+    )
     _sync(device)
     elapsed = time.perf_counter() - start
-    return {"seconds": round(elapsed, 3), "output_tokens": num_out, "output_tokens_per_s": round(num_out / elapsed, 1)}
+    return {
+        "seconds": round(elapsed, 3),
+        "output_tokens": num_out,
+        "output_tokens_per_s": round(num_out / elapsed, 1),
+    }
 
 
 def bandwidth_floor(mc: ModelConfig, args: argparse.Namespace, bandwidth: float) -> dict[str, Any]:
@@ -258,20 +352,32 @@ def bandwidth_floor(mc: ModelConfig, args: argparse.Namespace, bandwidth: float)
     ``bandwidth`` (prefill and compute ignored: a lower bound on the time)."""
     dtype = getattr(torch, args.dtype)
     elem = torch.empty((), dtype=dtype).element_size()
-    d, h, kv, i, v, layers = (mc.hidden_size, mc.num_attention_heads, mc.num_key_value_heads,
-                              mc.intermediate_size, mc.vocab_size, mc.num_hidden_layers)
+    d, h, kv, i, v, layers = (
+        mc.hidden_size,
+        mc.num_attention_heads,
+        mc.num_key_value_heads,
+        mc.intermediate_size,
+        mc.vocab_size,
+        mc.num_hidden_layers,
+    )
     per_layer = d * (h + 2 * kv) * mc.head_dim + h * mc.head_dim * d + 3 * d * i
     weight_bytes = (layers * per_layer + v * d * (1 if mc.tie_word_embeddings else 2)) * elem
     kv_per_token = kv_cache_bytes_per_block(mc, 1, dtype)
     num_batches = math.ceil(args.num_prompts / args.max_num_seqs)
     decode_steps = num_batches * args.output_len
     # Each request reads its context (prompt + tokens so far) at each of its decode steps.
-    kv_bytes = args.num_prompts * kv_per_token * sum(args.prompt_len + j for j in range(args.output_len))
+    kv_bytes = (
+        args.num_prompts * kv_per_token * sum(args.prompt_len + j for j in range(args.output_len))
+    )
     total = weight_bytes * decode_steps + kv_bytes
     seconds = total / bandwidth
-    return {"bandwidth_bytes_per_s": bandwidth, "bytes_read": total, "weight_bytes": weight_bytes,
-            "seconds": round(seconds, 4),
-            "output_tokens_per_s": round(args.num_prompts * args.output_len / seconds, 1)}
+    return {
+        "bandwidth_bytes_per_s": bandwidth,
+        "bytes_read": total,
+        "weight_bytes": weight_bytes,
+        "seconds": round(seconds, 4),
+        "output_tokens_per_s": round(args.num_prompts * args.output_len / seconds, 1),
+    }
 
 
 def device_bandwidth(args: argparse.Namespace, device: str) -> tuple[float, str]:
@@ -326,10 +432,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     prompts = make_prompts(args.num_prompts, args.prompt_len, mc.vocab_size, args.seed)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = write_random_weights(hf_config, Path(tmp) / "model", dtype=getattr(torch, args.dtype),
-                                         seed=args.seed)
+        model_dir = write_random_weights(
+            hf_config, Path(tmp) / "model", dtype=getattr(torch, args.dtype), seed=args.seed
+        )
         for runner in args.runners.split(","):
-            name = {"hf": "hf_generate", "hf-compiled": "hf_generate_compiled"}.get(runner, f"runner_{runner}")
+            name = {"hf": "hf_generate", "hf-compiled": "hf_generate_compiled"}.get(
+                runner, f"runner_{runner}"
+            )
             print(f"running {name} ...", flush=True)
             try:
                 if runner == "hf":
@@ -355,12 +464,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     speeds = {k: v["output_tokens_per_s"] for k, v in results.items() if "error" not in v}
     ratios = {f"{a}/{b}": round(speeds[a] / speeds[b], 3) for a in speeds for b in speeds if a != b}
     summary = {
-        "benchmark": "throughput", "quick": args.quick, "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "model": "tiny qwen3" if args.quick else "Qwen3-0.6B shape, random weights", "dtype": args.dtype,
-        "num_prompts": args.num_prompts, "prompt_len": args.prompt_len, "output_len": args.output_len,
-        "max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_num_batched_tokens,
-        "results": results, "ratios": ratios, "bandwidth_floor": floor,
-        "fraction_of_floor": {k: round(v / floor["output_tokens_per_s"], 3) for k, v in speeds.items()},
+        "benchmark": "throughput",
+        "quick": args.quick,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "model": "tiny qwen3" if args.quick else "Qwen3-0.6B shape, random weights",
+        "dtype": args.dtype,
+        "num_prompts": args.num_prompts,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "results": results,
+        "ratios": ratios,
+        "bandwidth_floor": floor,
+        "fraction_of_floor": {
+            k: round(v / floor["output_tokens_per_s"], 3) for k, v in speeds.items()
+        },
         "torch": torch.__version__,
     }
     print(json.dumps(summary), flush=True)

@@ -22,13 +22,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from dashboard import errors
-from dashboard.api import admin, decisions, exports, health, ramps, rollout, upgrade, webhooks
-from dashboard.invocation import turnout_here
-from dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
-from dashboard.security import SecurityHeadersMiddleware
-from dashboard.services import Services
-from dashboard.settings import Settings, get_settings
+from turnout.dashboard import errors
+from turnout.dashboard.api import (
+    admin,
+    decisions,
+    exports,
+    health,
+    ramps,
+    rollout,
+    upgrade,
+    webhooks,
+)
+from turnout.dashboard.invocation import turnout_here
+from turnout.dashboard.metrics import CONTENT_TYPE_LATEST, MetricsMiddleware
+from turnout.dashboard.security import SecurityHeadersMiddleware
+from turnout.dashboard.services import Services
+from turnout.dashboard.settings import Settings, get_settings
 
 log = logging.getLogger("turnout.service")
 STATIC = Path(__file__).resolve().parent / "static"
@@ -39,14 +48,15 @@ def prepare(services: Services, *, as_service: bool = True) -> int:
     """Idempotent start-up work: migrations, the pack's canary defaults, the demo fleet and,
     for a starting service (not a command-line tool), its approval setting.
     Returns the number of demo decisions recorded now (0 unless the database was empty)."""
-    from dashboard import demo
-    from dashboard.store import approval_setting, canaries
+    from turnout.dashboard import demo
+    from turnout.dashboard.store import approval_setting, canaries
 
     services.db.upgrade()
     with services.db.write_session() as session:
         services.db.lock_startup(session)
-        added = canaries.ensure_defaults(session=session,
-                                         defaults=services.policy.cohort_defaults())
+        added = canaries.ensure_defaults(
+            session=session, defaults=services.policy.cohort_defaults()
+        )
         if as_service:
             approval_setting.record(session=session, required=services.settings.require_approval)
         session.commit()
@@ -54,8 +64,7 @@ def prepare(services: Services, *, as_service: bool = True) -> int:
         log.info("canary defaults from pack %s: %s", services.policy.pack_name, ", ".join(added))
     num = demo.seed_if_empty(services) if services.settings.demo else 0
     if num:
-        log.info("recorded %d demo decisions (remove with `%s demo remove`)", num,
-                 turnout_here())
+        log.info("recorded %d demo decisions (remove with `%s demo remove`)", num, turnout_here())
     return num
 
 
@@ -72,8 +81,8 @@ def _finish_openapi(app: FastAPI) -> None:
     directly, so no per-route security dependency documents it), and the bodies of the routes
     that validate their raw bytes themselves (``/decide``, ``/explain``, ``/decisions``,
     ``POST /health``)."""
-    from dashboard.api.schemas import DeploymentIn, IngestIn, InvalidRequestResponse
-    from oracle.wire import HealthIngestIn
+    from turnout.dashboard.api.schemas import DeploymentIn, IngestIn, InvalidRequestResponse
+    from turnout.oracle.wire import HealthIngestIn
 
     build = app.openapi
 
@@ -88,13 +97,17 @@ def _finish_openapi(app: FastAPI) -> None:
             # Every 422 FastAPI documents refers to this name: it gets the shape the
             # service answers (``_invalid_request``).
             invalid = InvalidRequestResponse.model_json_schema(
-                ref_template="#/components/schemas/{model}")
+                ref_template="#/components/schemas/{model}"
+            )
             models.update(invalid.pop("$defs", {}))
             models["HTTPValidationError"] = invalid
             schema["components"]["securitySchemes"] = {
-                "bearer": {"type": "http", "scheme": "bearer",
-                           "description": f"a token from `{turnout_here()} token create "
-                                          "--role ...`"}}
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": f"a token from `{turnout_here()} token create --role ...`",
+                }
+            }
             schema["security"] = [{"bearer": []}]
             app.openapi_schema = schema
         return app.openapi_schema
@@ -108,7 +121,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        from dashboard import background
+        from turnout.dashboard import background
 
         await run_in_threadpool(prepare, services)
         workers = background.start(services) if services.settings.background else None
@@ -142,8 +155,9 @@ def _add_api(app: FastAPI, services: Services) -> None:
     # The hot path: the same endpoint as a plain Starlette route ahead of every other route,
     # so a decide request skips FastAPI's per-request dependency solving (the APIRoute below
     # still documents it in the OpenAPI; it is never reached).
-    app.router.routes.insert(0, _PlainRoute(f"{API_PREFIX}/decide", decisions.post_decide,
-                                            methods=["POST"]))
+    app.router.routes.insert(
+        0, _PlainRoute(f"{API_PREFIX}/decide", decisions.post_decide, methods=["POST"])
+    )
     app.include_router(decisions.router, prefix=API_PREFIX)
     app.include_router(rollout.router, prefix=API_PREFIX)
     app.include_router(ramps.router, prefix=API_PREFIX)
@@ -185,12 +199,12 @@ _SWAGGER_PAGE = f"""<!doctype html>
 def _add_pages(app: FastAPI) -> None:
     from fastapi.responses import RedirectResponse
 
-    from dashboard.pages import SignIn
-    from dashboard.pages import router as pages_router
-    from dashboard.pages_fleet import router as fleet_router
-    from dashboard.pages_health import router as health_router
-    from dashboard.pages_rollout import router as rollout_router
-    from dashboard.signin import router as signin_router
+    from turnout.dashboard.pages import SignIn
+    from turnout.dashboard.pages import router as pages_router
+    from turnout.dashboard.pages_fleet import router as fleet_router
+    from turnout.dashboard.pages_health import router as health_router
+    from turnout.dashboard.pages_rollout import router as rollout_router
+    from turnout.dashboard.signin import router as signin_router
 
     async def sign_in(_request: object, _exc: Exception) -> Response:
         return RedirectResponse("/login", status_code=303)

@@ -27,10 +27,10 @@ from urllib.parse import urlsplit
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from dashboard.store import sessions, tokens
-from dashboard.store.models import ApiToken, utcnow
-from dashboard.store.tokens import Role
-from oracle.errors import ErrorCode
+from turnout.dashboard.store import sessions, tokens
+from turnout.dashboard.store.models import ApiToken, utcnow
+from turnout.dashboard.store.tokens import Role
+from turnout.oracle.errors import ErrorCode
 
 COOKIE_NAME = "turnout_session"
 SIGN_IN_COOKIE = "turnout_sign_in"  # the sign-in form's nonce (double-submit)
@@ -54,7 +54,7 @@ class Principal:
         """``name (token N)``, the name cut so that the whole fits the 128 characters of the
         store's actor columns (a name may have 128 itself; the token id tells who)."""
         suffix = f" (token {self.token_id})"
-        return self.name[:MAX_ACTOR_CHARS - len(suffix)] + suffix
+        return self.name[: MAX_ACTOR_CHARS - len(suffix)] + suffix
 
     @classmethod
     def of(cls, row: ApiToken) -> Principal:
@@ -75,20 +75,26 @@ def expired(principal: Principal, now: dt.datetime | None = None) -> Refusal | N
     """The refusal of a token past its expiry, else None."""
     if principal.expires_at is None or (now or utcnow()) < principal.expires_at:
         return None
-    from dashboard.invocation import turnout_here
+    from turnout.dashboard.invocation import turnout_here
 
-    return Refusal(ErrorCode.TOKEN_EXPIRED,
-                   f"token {principal.prefix}… ({principal.name}) expired at "
-                   f"{principal.expires_at:%Y-%m-%d %H:%M} UTC; make a new one with "
-                   f"`{turnout_here()} token create --role {principal.role}`")
+    return Refusal(
+        ErrorCode.TOKEN_EXPIRED,
+        f"token {principal.prefix}… ({principal.name}) expired at "
+        f"{principal.expires_at:%Y-%m-%d %H:%M} UTC; make a new one with "
+        f"`{turnout_here()} token create --role {principal.role}`",
+    )
 
 
 class TokenVerifier:
     """Looks tokens up by hash, caching hits and misses for ``ttl_s`` seconds; looks page
     sessions up every time."""
 
-    def __init__(self, session_factory: sessionmaker[Session], ttl_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        session_factory: sessionmaker[Session],
+        ttl_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._sessions = session_factory
         self._ttl_s = ttl_s
         self._clock = clock
@@ -112,8 +118,9 @@ class TokenVerifier:
             return result
         with self._sessions() as session:
             row = tokens.find_token(session=session, token=token)
-            result = UNKNOWN_TOKEN if row is None or row.revoked_at is not None else (
-                Principal.of(row))
+            result = (
+                UNKNOWN_TOKEN if row is None or row.revoked_at is not None else (Principal.of(row))
+            )
         with self._lock:
             if len(self._cache) > 10_000:  # bad tokens must not grow memory without bound
                 self._cache.clear()
@@ -163,8 +170,11 @@ def csrf_token(session_id: str) -> str:
 
 
 def csrf_ok(session_id: str, submitted: str | None) -> bool:
-    return bool(session_id) and submitted is not None and hmac.compare_digest(
-        csrf_token(session_id), submitted)
+    return (
+        bool(session_id)
+        and submitted is not None
+        and hmac.compare_digest(csrf_token(session_id), submitted)
+    )
 
 
 def new_sign_in_nonce() -> str:
@@ -191,5 +201,6 @@ def flash_signature(session_id: str, message: str, error: str) -> str:
 
 
 def flash_ok(session_id: str, message: str, error: str, submitted: str) -> bool:
-    return bool(session_id) and hmac.compare_digest(flash_signature(session_id, message, error),
-                                                    submitted)
+    return bool(session_id) and hmac.compare_digest(
+        flash_signature(session_id, message, error), submitted
+    )

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 from starlette.concurrency import run_in_threadpool
 
-from dashboard.services import Services
-from dashboard.store import advance, delivery, schedule
-from dashboard.store.models import utcnow
+from turnout.dashboard.services import Services
+from turnout.dashboard.store import advance, delivery, schedule
+from turnout.dashboard.store.models import utcnow
 
 log = logging.getLogger("turnout.service")
 
@@ -32,7 +32,8 @@ class TickReport:
     @property
     def changed(self) -> bool:
         return any(f.changed for f in self.flips) or any(
-            r.outcome not in ("held", "skipped") for r in self.ramps)
+            r.outcome not in ("held", "skipped") for r in self.ramps
+        )
 
 
 def _idle(services: Services, now: dt.datetime, *, deliveries: bool) -> bool:
@@ -40,34 +41,42 @@ def _idle(services: Services, now: dt.datetime, *, deliveries: bool) -> bool:
     idle service takes no write lock every second (SQLite has one writer)."""
     from sqlalchemy import ColumnElement, exists, or_, select
 
-    from dashboard.store.models_rollout import OutboxEntry, Ramp, ScheduledFlip
-    from dashboard.store.ramps import RampState
-    from dashboard.store.webhooks import OutboxState
+    from turnout.dashboard.store.models_rollout import OutboxEntry, Ramp, ScheduledFlip
+    from turnout.dashboard.store.ramps import RampState
+    from turnout.dashboard.store.webhooks import OutboxState
 
     work: ColumnElement[bool]
     if deliveries:
-        work = exists().where(OutboxEntry.state == OutboxState.pending, OutboxEntry.next_attempt_at <= now,
-                              or_(OutboxEntry.leased_until.is_(None),
-                                  OutboxEntry.leased_until <= now))
+        work = exists().where(
+            OutboxEntry.state == OutboxState.pending,
+            OutboxEntry.next_attempt_at <= now,
+            or_(OutboxEntry.leased_until.is_(None), OutboxEntry.leased_until <= now),
+        )
     else:
-        work = or_(exists().where(Ramp.state == RampState.active),
-                   exists().where(ScheduledFlip.state == schedule.FlipState.scheduled,
-                                  ScheduledFlip.run_at <= now))
+        work = or_(
+            exists().where(Ramp.state == RampState.active),
+            exists().where(
+                ScheduledFlip.state == schedule.FlipState.scheduled, ScheduledFlip.run_at <= now
+            ),
+        )
     with services.db.read_session() as session:
         return not session.scalar(select(work))
 
 
 def tick(services: Services, now: dt.datetime) -> TickReport:
     """Apply the scheduled flips due at ``now``, then advance every active ramp."""
-    from dashboard.health_source import health_reader
+    from turnout.dashboard.health_source import health_reader
 
     if _idle(services, now, deliveries=False):
         return TickReport([], [])
     with services.db.write_session() as session:
         flips = schedule.run_scheduled(session=session, now=now)
-        ticks = advance.advance_ramps(session=session, now=now,
-                                      named=services.policy.cohort_families(),
-                                      health=health_reader())
+        ticks = advance.advance_ramps(
+            session=session,
+            now=now,
+            named=services.policy.cohort_families(),
+            health=health_reader(),
+        )
     report = TickReport(flips, ticks)
     services.metrics.count_ramp_ticks(ticks)
     if report.changed:
@@ -80,22 +89,34 @@ def tick(services: Services, now: dt.datetime) -> TickReport:
 
 def retry_policy(services: Services) -> delivery.RetryPolicy:
     s = services.settings
-    return delivery.RetryPolicy(max_attempts=s.webhook_max_attempts,
-                                backoff_s=s.webhook_backoff_s,
-                                max_backoff_s=s.webhook_max_backoff_s,
-                                lease_s=s.webhook_lease_s, timeout_s=s.webhook_timeout_s)
+    return delivery.RetryPolicy(
+        max_attempts=s.webhook_max_attempts,
+        backoff_s=s.webhook_backoff_s,
+        max_backoff_s=s.webhook_max_backoff_s,
+        lease_s=s.webhook_lease_s,
+        timeout_s=s.webhook_timeout_s,
+    )
 
 
-def deliver(services: Services, now: dt.datetime, rng: random.Random | None = None,
-            stopping: Callable[[], bool] = lambda: False) -> delivery.DeliveryReport:
+def deliver(
+    services: Services,
+    now: dt.datetime,
+    rng: random.Random | None = None,
+    stopping: Callable[[], bool] = lambda: False,
+) -> delivery.DeliveryReport:
     """Send the webhook deliveries due at ``now`` (none started once ``stopping()``)."""
     policy = retry_policy(services)
     if _idle(services, now, deliveries=True):
         return delivery.DeliveryReport()
     with services.db.write_session() as session:
-        report = delivery.deliver_due(session=session, now=now,
-                                      post=delivery.httpx_poster(policy.timeout_s),
-                                      policy=policy, rng=rng, stopping=stopping)
+        report = delivery.deliver_due(
+            session=session,
+            now=now,
+            post=delivery.httpx_poster(policy.timeout_s),
+            policy=policy,
+            rng=rng,
+            stopping=stopping,
+        )
     services.metrics.count_deliveries(report)
     return report
 
@@ -115,8 +136,7 @@ class Workers:
                 await task
 
 
-async def _loop(name: str, every_s: float, work: Callable[[], object],
-                stop: asyncio.Event) -> None:
+async def _loop(name: str, every_s: float, work: Callable[[], object], stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
             await run_in_threadpool(work)
@@ -132,11 +152,16 @@ def start(services: Services) -> Workers:
     rng = random.Random()
     s = services.settings
     workers.tasks = [
-        asyncio.create_task(_loop("ramp ticker", s.tick_s,
-                                  lambda: tick(services, utcnow()), workers.stop_event)),
-        asyncio.create_task(_loop("webhook delivery", s.webhook_poll_s,
-                                  lambda: deliver(services, utcnow(), rng,
-                                                  workers.stop_event.is_set),
-                                  workers.stop_event)),
+        asyncio.create_task(
+            _loop("ramp ticker", s.tick_s, lambda: tick(services, utcnow()), workers.stop_event)
+        ),
+        asyncio.create_task(
+            _loop(
+                "webhook delivery",
+                s.webhook_poll_s,
+                lambda: deliver(services, utcnow(), rng, workers.stop_event.is_set),
+                workers.stop_event,
+            )
+        ),
     ]
     return workers

@@ -21,8 +21,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
-from dashboard.deps import http_error
-from oracle.errors import ErrorCode
+from turnout.dashboard.deps import http_error
+from turnout.oracle.errors import ErrorCode
 
 _AT = re.compile(r" at line (\d+) column (\d+)$")
 _NOT_NUMBERS = ("NaN", "-NaN", "+NaN", "Infinity", "-Infinity", "+Infinity")
@@ -54,7 +54,7 @@ def _why(raw: bytes, reason: str) -> str:
     line, column = int(found.group(1)), int(found.group(2))
     lines = text.splitlines() or [""]
     at = lines[line - 1] if line <= len(lines) else ""
-    rest = at[max(column - 2, 0):] if at[column - 2:column - 1] in "-+" else at[column - 1:]
+    rest = at[max(column - 2, 0) :] if at[column - 2 : column - 1] in "-+" else at[column - 1 :]
     token = next((t for t in _NOT_NUMBERS if rest.startswith(t)), None)
     if token is not None:
         return f"{token} is not a JSON number{found.group(0)}"
@@ -69,17 +69,28 @@ def _why(raw: bytes, reason: str) -> str:
 
 def json_error(err: JsonBodyError) -> RequestValidationError:
     """The 422 of a body that is not JSON (the body itself is not echoed)."""
-    return RequestValidationError([{"type": "json_invalid", "loc": ("body",),
-                                    "msg": f"Invalid JSON: {err}", "ctx": {"error": str(err)}}])
+    return RequestValidationError(
+        [
+            {
+                "type": "json_invalid",
+                "loc": ("body",),
+                "msg": f"Invalid JSON: {err}",
+                "ctx": {"error": str(err)},
+            }
+        ]
+    )
 
 
 def body_validation_error(err: ValidationError) -> RequestValidationError:
     """FastAPI's 422 for a body validated from its JSON value; each error's ``loc`` starts
     with ``"body"``, as FastAPI's own."""
-    return RequestValidationError([
-        {k: v for k, v in e.items() if not (k == "input" and isinstance(v, bytes | bytearray))}
-        | {"loc": ("body", *e["loc"])}
-        for e in err.errors(include_url=False)])
+    return RequestValidationError(
+        [
+            {k: v for k, v in e.items() if not (k == "input" and isinstance(v, bytes | bytearray))}
+            | {"loc": ("body", *e["loc"])}
+            for e in err.errors(include_url=False)
+        ]
+    )
 
 
 def is_json_media_type(content_type: str | None) -> bool:
@@ -87,17 +98,20 @@ def is_json_media_type(content_type: str | None) -> bool:
     if not content_type:
         return True
     media = content_type.split(";", 1)[0].strip().lower()
-    return media == "application/json" or (media.startswith("application/")
-                                            and media.endswith("+json"))
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
 
 
 def check_media_type(request: Request, body: bytes) -> None:
     """415 for a non-empty body whose Content-Type is not JSON."""
     content_type = request.headers.get("content-type")
     if body and not is_json_media_type(content_type):
-        raise http_error(415, ErrorCode.UNSUPPORTED_MEDIA_TYPE,
-                         f"send the body as JSON (Content-Type: application/json), not "
-                         f"{content_type!r}")
+        raise http_error(
+            415,
+            ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+            f"send the body as JSON (Content-Type: application/json), not {content_type!r}",
+        )
 
 
 def parse_body(request: Request, raw: bytes) -> Any:

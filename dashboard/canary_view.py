@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dashboard.api.schemas import ImpactOut
-from dashboard.impact import impact_of_flip
-from dashboard.services import Services
-from dashboard.store import canaries as canary_store
-from dashboard.store import evidence, history
-from dashboard.store.errors import NotFound
-from dashboard.store.models import ParityEvidence
-from oracle.errors import ErrorCode
+from turnout.dashboard.api.schemas import ImpactOut
+from turnout.dashboard.impact import impact_of_flip
+from turnout.dashboard.services import Services
+from turnout.dashboard.store import canaries as canary_store
+from turnout.dashboard.store import evidence, history
+from turnout.dashboard.store.errors import NotFound
+from turnout.dashboard.store.models import ParityEvidence
+from turnout.oracle.errors import ErrorCode
 
 
 @dataclass
@@ -57,13 +57,22 @@ def cohort_rows(services: Services) -> list[CohortRow]:
         named = tuple(stage.families) if stage is not None else ()
         fleet = sorted(seen.get(c.cohort, {}).items(), key=lambda kv: (-kv[1], kv[0]))
         families = named or tuple(f for f, _n in fleet)
-        out.append(CohortRow(
-            cohort=c.cohort, label=labels.get(c.cohort, c.cohort), enabled=c.enabled,
-            percentage=c.percentage, version=c.version, updated_at=c.updated_at,
-            updated_by=c.updated_by, families=named,
-            when=dict(stage.when) if stage is not None else {}, seen=fleet,
-            evidence=[latest[f] for f in families if f in latest],
-            overridden=c.enabled and engaged))
+        out.append(
+            CohortRow(
+                cohort=c.cohort,
+                label=labels.get(c.cohort, c.cohort),
+                enabled=c.enabled,
+                percentage=c.percentage,
+                version=c.version,
+                updated_at=c.updated_at,
+                updated_by=c.updated_by,
+                families=named,
+                when=dict(stage.when) if stage is not None else {},
+                seen=fleet,
+                evidence=[latest[f] for f in families if f in latest],
+                overridden=c.enabled and engaged,
+            )
+        )
     return out
 
 
@@ -99,8 +108,7 @@ class FlipPreview:
         return self.row.failing if self.enabled else []
 
 
-def flip_preview(services: Services, cohort: str, enabled: bool, share: int | None
-                 ) -> FlipPreview:
+def flip_preview(services: Services, cohort: str, enabled: bool, share: int | None) -> FlipPreview:
     """Raises the store's NotFound for an unknown cohort (as impact_of_flip)."""
     impact = impact_of_flip(services, cohort, enabled, share if enabled else None)
     row = next((r for r in cohort_rows(services) if r.cohort == cohort), None)
@@ -108,5 +116,6 @@ def flip_preview(services: Services, cohort: str, enabled: bool, share: int | No
         raise NotFound(f"unknown cohort {cohort!r}", code=ErrorCode.UNKNOWN_COHORT)
     with services.db.read_session() as session:
         engaged = canary_store.get_kill_switch(session=session).engaged
-    return FlipPreview(row, enabled, share if share is not None else row.percentage, impact,
-                       engaged)
+    return FlipPreview(
+        row, enabled, share if share is not None else row.percentage, impact, engaged
+    )

@@ -64,8 +64,9 @@ class DecideLine:
         return shlex.join(self.words)
 
 
-def decide_line(spec: dict[str, Any], *, deployment_id: str, pack: str,
-                turnout: str = "turnout") -> DecideLine:
+def decide_line(
+    spec: dict[str, Any], *, deployment_id: str, pack: str, turnout: str = "turnout"
+) -> DecideLine:
     """The command line that rebuilds ``spec`` (a ``to_spec()`` mapping) and decides it."""
     words = [*shlex.split(turnout), "decide", "--pack", pack, "--deployment-id", deployment_id]
     missing = []
@@ -95,5 +96,8 @@ def spec_rows(spec: dict[str, Any]) -> list[tuple[str, str]]:
     """(field, value as text) for the inputs table, model facts first."""
     first = ("model", "architecture", "quantization")
     order = sorted(spec, key=lambda k: (first.index(k) if k in first else len(first), k))
-    return [(k, spec[k] if isinstance(spec[k], str) else json.dumps(spec[k]))
-            for k in order if k != "deployment_id"]
+    return [
+        (k, spec[k] if isinstance(spec[k], str) else json.dumps(spec[k]))
+        for k in order
+        if k != "deployment_id"
+    ]

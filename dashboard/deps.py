@@ -15,9 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from dashboard.auth import COOKIE_NAME, Principal, Refusal, bearer_token
-from dashboard.services import Services
-from dashboard.store.errors import (
+from turnout.dashboard.auth import COOKIE_NAME, Principal, Refusal, bearer_token
+from turnout.dashboard.services import Services
+from turnout.dashboard.store.errors import (
     Conflict,
     InvalidChange,
     NotAllowed,
@@ -25,8 +25,8 @@ from dashboard.store.errors import (
     StoreError,
     VersionConflict,
 )
-from dashboard.store.tokens import Role
-from oracle.errors import ErrorCode
+from turnout.dashboard.store.tokens import Role
+from turnout.oracle.errors import ErrorCode
 
 
 async def get_services(request: Request) -> Services:
@@ -53,8 +53,9 @@ ReadSessionDep = Annotated[Session, Depends(read_session)]
 WriteSessionDep = Annotated[Session, Depends(write_session)]
 
 
-def http_error(status: int, code: ErrorCode, message: str,
-               headers: dict[str, str] | None = None) -> HTTPException:
+def http_error(
+    status: int, code: ErrorCode, message: str, headers: dict[str, str] | None = None
+) -> HTTPException:
     return HTTPException(status, detail={"code": code, "message": message}, headers=headers)
 
 
@@ -86,12 +87,21 @@ async def known_query(request: Request) -> None:
     if not unknown:
         return
     takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
-    raise RequestValidationError([
-        {"type": "unknown_query_parameter", "loc": ("query", name),
-         "msg": "not a parameter of this route" + "".join(
-             f" (did you mean {m}?)" for m in difflib.get_close_matches(name, known, 1)
-         ) + f"; {takes}", "input": request.query_params[name]}
-        for name in unknown])
+    raise RequestValidationError(
+        [
+            {
+                "type": "unknown_query_parameter",
+                "loc": ("query", name),
+                "msg": "not a parameter of this route"
+                + "".join(
+                    f" (did you mean {m}?)" for m in difflib.get_close_matches(name, known, 1)
+                )
+                + f"; {takes}",
+                "input": request.query_params[name],
+            }
+            for name in unknown
+        ]
+    )
 
 
 def raise_store_error(err: StoreError) -> NoReturn:
@@ -145,15 +155,19 @@ async def _principal(request: Request, services: Services) -> Principal:
         # surface).
         session_id = request.cookies.get(COOKIE_NAME)
         if session_id:
-            principal = await run_in_threadpool(services.verifier.session_principal,
-                                                session_id)
+            principal = await run_in_threadpool(services.verifier.session_principal, session_id)
             if principal is None:
-                raise http_error(401, ErrorCode.BAD_TOKEN, "the page session ended or "
-                                 "expired: sign in again", _CHALLENGE)
+                raise http_error(
+                    401,
+                    ErrorCode.BAD_TOKEN,
+                    "the page session ended or expired: sign in again",
+                    _CHALLENGE,
+                )
             return principal
     if token is None:
-        raise http_error(401, ErrorCode.UNAUTHENTICATED, "send Authorization: Bearer <token>",
-                         _CHALLENGE)
+        raise http_error(
+            401, ErrorCode.UNAUTHENTICATED, "send Authorization: Bearer <token>", _CHALLENGE
+        )
     hit, result = services.verifier.cached(token)
     if not hit:
         result = await run_in_threadpool(services.verifier.authenticate, token)
@@ -168,8 +182,11 @@ async def authorize(request: Request, role: Role) -> Principal:
     scheme is documented once in the OpenAPI document."""
     principal = await _principal(request, request.app.state.services)
     if not principal.role.allows(role):
-        raise http_error(403, ErrorCode.FORBIDDEN,
-                         f"this needs the {role.value} role; the token has {principal.role}")
+        raise http_error(
+            403,
+            ErrorCode.FORBIDDEN,
+            f"this needs the {role.value} role; the token has {principal.role}",
+        )
     return principal
 
 

@@ -41,8 +41,11 @@ def echo(value: Any, depth: int = 0) -> Any:
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
-        return value if abs(value) < 10**_MAX_INT_DIGITS else (
-            f"an integer of more than {_MAX_INT_DIGITS} digits")
+        return (
+            value
+            if abs(value) < 10**_MAX_INT_DIGITS
+            else (f"an integer of more than {_MAX_INT_DIGITS} digits")
+        )
     if isinstance(value, float):
         return value if math.isfinite(value) else repr(value)
     if isinstance(value, bytes | bytearray):

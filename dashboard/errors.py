@@ -18,32 +18,50 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 
-from dashboard.echo import MAX_ECHO_CHARS, clip, echo
-from oracle.errors import ErrorCode
+from turnout.dashboard.echo import MAX_ECHO_CHARS, clip, echo
+from turnout.oracle.errors import ErrorCode
 
-__all__ = ["MAX_ECHO_CHARS", "clip", "echo", "error_body", "error_response", "http_error",
-           "invalid_request", "invalid_request_message", "unstorable"]
+__all__ = [
+    "MAX_ECHO_CHARS",
+    "clip",
+    "echo",
+    "error_body",
+    "error_response",
+    "http_error",
+    "invalid_request",
+    "invalid_request_message",
+    "unstorable",
+]
 
 MAX_MESSAGE_CHARS = 2_000  # of an error message
 MAX_LISTED_ERRORS = 5  # named in the message
 MAX_ERRORS = 20  # kept in ``errors``
 
-_PLACES = {"body": "body field", "query": "query parameter", "header": "header",
-           "path": "path parameter", "cookie": "cookie"}
+_PLACES = {
+    "body": "body field",
+    "query": "query parameter",
+    "header": "header",
+    "path": "path parameter",
+    "cookie": "cookie",
+}
 # Statuses Starlette raises with a plain text detail, and the code each gets.
-_CODES = {400: ErrorCode.INVALID_REQUEST, 404: ErrorCode.NOT_FOUND,
-          405: ErrorCode.METHOD_NOT_ALLOWED, 413: ErrorCode.BODY_TOO_LARGE,
-          415: ErrorCode.UNSUPPORTED_MEDIA_TYPE}
+_CODES = {
+    400: ErrorCode.INVALID_REQUEST,
+    404: ErrorCode.NOT_FOUND,
+    405: ErrorCode.METHOD_NOT_ALLOWED,
+    413: ErrorCode.BODY_TOO_LARGE,
+    415: ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+}
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     """``{"detail": {"code", "message", ...}}`` with the message bounded and encodable."""
-    return {"detail": {"code": str(code), "message": clip(message, MAX_MESSAGE_CHARS),
-                       **extra}}
+    return {"detail": {"code": str(code), "message": clip(message, MAX_MESSAGE_CHARS), **extra}}
 
 
-def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None,
-                   **extra: Any) -> JSONResponse:
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
     return JSONResponse(error_body(code, message, **extra), status_code=status, headers=headers)
 
 
@@ -66,8 +84,11 @@ def invalid_request_message(errors: list[dict[str, Any]], total: int | None = No
         where, msg = _where(err.get("loc", ())), str(err.get("msg", "invalid"))
         if err.get("type") == "json_invalid":  # its loc ends with a character offset
             ctx = err.get("ctx")
-            where, msg = "the body", "not valid JSON" + (
-                f" ({ctx['error']})" if isinstance(ctx, dict) and ctx.get("error") else "")
+            where, msg = (
+                "the body",
+                "not valid JSON"
+                + (f" ({ctx['error']})" if isinstance(ctx, dict) and ctx.get("error") else ""),
+            )
         parts.append(f"{where}: {msg}")
     more = (len(errors) if total is None else total) - MAX_LISTED_ERRORS
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
@@ -108,8 +129,9 @@ async def http_error(request: Request, exc: Exception) -> Response:
     detail = exc.detail
     if isinstance(detail, dict) and "code" in detail and "message" in detail:
         extra = {k: echo(v) for k, v in detail.items() if k not in ("code", "message")}
-        return error_response(exc.status_code, str(detail["code"]), str(detail["message"]),
-                              headers, **extra)
+        return error_response(
+            exc.status_code, str(detail["code"]), str(detail["message"]), headers, **extra
+        )
     code = _CODES.get(exc.status_code, ErrorCode.INVALID_REQUEST)
     message = str(detail)
     if exc.status_code == 413:  # Starlette's body limit: "Content Too Large"
@@ -124,5 +146,6 @@ async def unstorable(_request: Request, exc: Exception) -> Response:
     transaction is rolled back with its session, nothing of the request is kept."""
     orig = getattr(exc, "orig", None) or exc
     reason = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
-    return error_response(422, ErrorCode.UNSTORABLE_VALUE,
-                          f"the database refuses a value: {clip(reason)}")
+    return error_response(
+        422, ErrorCode.UNSTORABLE_VALUE, f"the database refuses a value: {clip(reason)}"
+    )

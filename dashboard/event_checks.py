@@ -18,17 +18,18 @@ from typing import Any
 
 import pydantic_core
 
-from dashboard.echo import clip
-from dashboard.policy import Policy, closest
-from dashboard.settings import Settings
-from oracle.errors import ErrorCode
-from oracle.wire import UNKNOWN_FAMILY, EventIn
+from turnout.dashboard.echo import clip
+from turnout.dashboard.policy import Policy, closest
+from turnout.dashboard.settings import Settings
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.wire import UNKNOWN_FAMILY, EventIn
 
 EARLIEST_EVENT = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
 
 
-def event_errors(events: Sequence[EventIn], policy: Policy, settings: Settings,
-                 now: dt.datetime | None = None) -> list[dict[str, Any]]:
+def event_errors(
+    events: Sequence[EventIn], policy: Policy, settings: Settings, now: dt.datetime | None = None
+) -> list[dict[str, Any]]:
     """Every finding of every event of a batch (empty: the batch may be stored)."""
     checker = _checker(policy, settings.max_clock_skew_s, settings.max_config_bytes)
     now = now or dt.datetime.now(dt.UTC)
@@ -37,8 +38,13 @@ def event_errors(events: Sequence[EventIn], policy: Policy, settings: Settings,
     found: list[dict[str, Any]] = []
     for i, e in enumerate(events):
         # the common case in one expression: a few set look-ups, no call
-        if (e.pack in packs and e.family in families and (e.stage is None or e.stage in stages)
-                and EARLIEST_EVENT <= e.at <= latest and e.config is None):
+        if (
+            e.pack in packs
+            and e.family in families
+            and (e.stage is None or e.stage in stages)
+            and EARLIEST_EVENT <= e.at <= latest
+            and e.config is None
+        ):
             continue
         found += checker.check(i, e, now)
     return found
@@ -64,12 +70,26 @@ class _Checker:
     def check(self, i: int, e: EventIn, now: dt.datetime) -> list[dict[str, Any]]:
         out = []
         if e.pack not in self.packs:
-            out.append(_error("wrong_pack", i, "pack", e.pack,
-                              f"{clip(e.pack)!r} is not the pack this service runs "
-                              f"({self.policy.pack.name!r}): report to the service of that pack"))
+            out.append(
+                _error(
+                    "wrong_pack",
+                    i,
+                    "pack",
+                    e.pack,
+                    f"{clip(e.pack)!r} is not the pack this service runs "
+                    f"({self.policy.pack.name!r}): report to the service of that pack",
+                )
+            )
         if e.family not in self.families:
-            out.append(_error(ErrorCode.UNKNOWN_FAMILY, i, "family", e.family,
-                              self.policy.unknown_family_message(e.family)))
+            out.append(
+                _error(
+                    ErrorCode.UNKNOWN_FAMILY,
+                    i,
+                    "family",
+                    e.family,
+                    self.policy.unknown_family_message(e.family),
+                )
+            )
         if e.stage is not None and e.stage not in self.stage_set:
             out.append(_error("unknown_stage", i, "stage", e.stage, self._stage_message(e.stage)))
         if not EARLIEST_EVENT <= e.at <= now + self.skew:
@@ -81,34 +101,57 @@ class _Checker:
     def _stage_message(self, stage: str) -> str:
         close = closest(stage, self.stages)
         hint = f" (did you mean {close!r}?)" if close else ""
-        return (f"unknown stage {clip(stage)!r}{hint}; the stages of pack "
-                f"{self.policy.pack.name}: {', '.join(self.stages)}")
+        return (
+            f"unknown stage {clip(stage)!r}{hint}; the stages of pack "
+            f"{self.policy.pack.name}: {', '.join(self.stages)}"
+        )
 
     def _time_error(self, i: int, at: dt.datetime, now: dt.datetime) -> dict[str, Any]:
         if at < EARLIEST_EVENT:
-            return _error("event_too_old", i, "at", at.isoformat(),
-                          f"{at.isoformat()} is before {EARLIEST_EVENT.date()}: not a "
-                          "decision time")
+            return _error(
+                "event_too_old",
+                i,
+                "at",
+                at.isoformat(),
+                f"{at.isoformat()} is before {EARLIEST_EVENT.date()}: not a decision time",
+            )
         ahead = (at - now).total_seconds()
-        return _error("event_in_future", i, "at", at.isoformat(),
-                      f"{at.isoformat()} is {ahead:.0f} s ahead of the service's clock "
-                      f"({now.isoformat(timespec='seconds')}); at most "
-                      f"{self.skew.total_seconds():.0f} s are taken "
-                      "(TURNOUT_MAX_CLOCK_SKEW_S): check the engine host's clock")
+        return _error(
+            "event_in_future",
+            i,
+            "at",
+            at.isoformat(),
+            f"{at.isoformat()} is {ahead:.0f} s ahead of the service's clock "
+            f"({now.isoformat(timespec='seconds')}); at most "
+            f"{self.skew.total_seconds():.0f} s are taken "
+            "(TURNOUT_MAX_CLOCK_SKEW_S): check the engine host's clock",
+        )
 
     def _config_errors(self, i: int, config: dict[str, Any]) -> list[dict[str, Any]]:
         text = pydantic_core.to_json(config, inf_nan_mode="null")
         if len(text) > self.max_config:
-            return [_error("config_too_large", i, "config", f"{len(text)} bytes",
-                           f"the config is {len(text)} bytes as JSON; at most "
-                           f"{self.max_config} are stored (TURNOUT_MAX_CONFIG_BYTES)")]
+            return [
+                _error(
+                    "config_too_large",
+                    i,
+                    "config",
+                    f"{len(text)} bytes",
+                    f"the config is {len(text)} bytes as JSON; at most "
+                    f"{self.max_config} are stored (TURNOUT_MAX_CONFIG_BYTES)",
+                )
+            ]
         if b"null" in text and text != pydantic_core.to_json(config, inf_nan_mode="constants"):
-            return [_error("non_finite_number", i, "config", "Infinity or NaN",
-                           "the config holds a number too large for a JSON number "
-                           "(read as Infinity)")]
+            return [
+                _error(
+                    "non_finite_number",
+                    i,
+                    "config",
+                    "Infinity or NaN",
+                    "the config holds a number too large for a JSON number (read as Infinity)",
+                )
+            ]
         return []
 
 
 def _error(kind: str, i: int, field: str, value: object, message: str) -> dict[str, Any]:
-    return {"type": str(kind), "loc": ("body", "events", i, field), "msg": message,
-            "input": value}
+    return {"type": str(kind), "loc": ("body", "events", i, field), "msg": message, "input": value}

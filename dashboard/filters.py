@@ -8,8 +8,8 @@ from typing import Annotated
 
 from fastapi import Depends, Query
 
-from dashboard.store.history import EventFilter
-from dashboard.window import TimeWindow
+from turnout.dashboard.store.history import EventFilter
+from turnout.dashboard.window import TimeWindow
 
 REASON_CODES = ("STATIC", "TARGETING_MATCH", "SPLIT", "DISABLED", "DEFAULT", "ERROR")
 
@@ -29,10 +29,15 @@ class DecisionFilters:
         return {k: v for k, v in asdict(self).items() if v}
 
     def where(self, window: TimeWindow) -> EventFilter:
-        return EventFilter(family=self.family or None, runner=self.runner or None,
-                           reason_code=self.reason_code or None, rule_id=self.rule_id or None,
-                           deployment_id=self.deployment_id or None,
-                           start=window.start, end=window.end)
+        return EventFilter(
+            family=self.family or None,
+            runner=self.runner or None,
+            reason_code=self.reason_code or None,
+            rule_id=self.rule_id or None,
+            deployment_id=self.deployment_id or None,
+            start=window.start,
+            end=window.end,
+        )
 
 
 def decision_filters(

@@ -41,21 +41,37 @@ class GateConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    evidence_max_age_s: int = Field(default=7 * DAY_S, ge=60, le=365 * DAY_S,
-                                    description="the oldest parity run that counts, seconds")
-    min_engines: int = Field(default=1, ge=1, le=1_000_000,
-                             description="engines of each runner that must have reported "
-                             "health before the health gates decide")
-    max_error_rate_ratio: float = Field(default=2.0, ge=1.0, le=1000.0,
-                                        description="V2's error rate / V1's, at most")
-    error_rate_floor: float = Field(default=0.001, ge=0.0, le=1.0,
-                                    description="V1's error rate is taken as at least this "
-                                    "fraction in the ratio")
-    max_crash_rate: float = Field(default=0.05, ge=0.0, le=1000.0,
-                                  description="V2's crashes per engine, at most (or V1's, "
-                                  "when higher)")
-    max_tpot_p99_ratio: float = Field(default=1.5, ge=1.0, le=1000.0,
-                                      description="V2's TPOT p99 / V1's, at most")
+    evidence_max_age_s: int = Field(
+        default=7 * DAY_S,
+        ge=60,
+        le=365 * DAY_S,
+        description="the oldest parity run that counts, seconds",
+    )
+    min_engines: int = Field(
+        default=1,
+        ge=1,
+        le=1_000_000,
+        description="engines of each runner that must have reported "
+        "health before the health gates decide",
+    )
+    max_error_rate_ratio: float = Field(
+        default=2.0, ge=1.0, le=1000.0, description="V2's error rate / V1's, at most"
+    )
+    error_rate_floor: float = Field(
+        default=0.001,
+        ge=0.0,
+        le=1.0,
+        description="V1's error rate is taken as at least this fraction in the ratio",
+    )
+    max_crash_rate: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1000.0,
+        description="V2's crashes per engine, at most (or V1's, when higher)",
+    )
+    max_tpot_p99_ratio: float = Field(
+        default=1.5, ge=1.0, le=1000.0, description="V2's TPOT p99 / V1's, at most"
+    )
 
 
 class RunnerHealthLike(Protocol):
@@ -95,8 +111,12 @@ class GateResult:
     figures: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"gate": self.gate, "status": self.status, "message": self.message,
-                "figures": self.figures}
+        return {
+            "gate": self.gate,
+            "status": self.status,
+            "message": self.message,
+            "figures": self.figures,
+        }
 
 
 def _pct(x: float) -> str:
@@ -112,18 +132,26 @@ def _age(seconds: float) -> str:
 
 def kill_switch_gate(engaged: bool) -> GateResult:
     if engaged:
-        return GateResult("kill_switch", "wait", "gate kill_switch: engaged (every auto "
-                          "deployment runs V1; the ramp holds)", {"engaged": True})
+        return GateResult(
+            "kill_switch",
+            "wait",
+            "gate kill_switch: engaged (every auto deployment runs V1; the ramp holds)",
+            {"engaged": True},
+        )
     return GateResult("kill_switch", "pass", "gate kill_switch: released", {"engaged": False})
 
 
-def _one_evidence(family: str, e: Evidence | None, now: dt.datetime, max_age_s: int
-                  ) -> tuple[Status, str]:
+def _one_evidence(
+    family: str, e: Evidence | None, now: dt.datetime, max_age_s: int
+) -> tuple[Status, str]:
     if e is None:
         return "wait", f"{family}: no parity run"
     age = (now - e.recorded_at).total_seconds()
-    counts = "" if e.num_tests is None else (
-        f", {(e.num_failures or 0) + (e.num_errors or 0)} failed of {e.num_tests}")
+    counts = (
+        ""
+        if e.num_tests is None
+        else (f", {(e.num_failures or 0) + (e.num_errors or 0)} failed of {e.num_tests}")
+    )
     said = f"{family} {e.result} {_age(max(age, 0))} ago ({e.suite}{counts})"
     if e.result != "pass":
         return "fail", said
@@ -132,15 +160,16 @@ def _one_evidence(family: str, e: Evidence | None, now: dt.datetime, max_age_s: 
     return "pass", said
 
 
-def evidence_gate(families: tuple[str, ...], latest: Mapping[str, Evidence],
-                  now: dt.datetime, config: GateConfig) -> GateResult:
+def evidence_gate(
+    families: tuple[str, ...], latest: Mapping[str, Evidence], now: dt.datetime, config: GateConfig
+) -> GateResult:
     """The ``parity_evidence`` gate over ``families`` (the stage's) and each one's latest
     run."""
     if not families:
-        return GateResult("parity_evidence", "pass",
-                          "gate parity_evidence: the stage has no family yet", {})
-    parts = {f: _one_evidence(f, latest.get(f), now, config.evidence_max_age_s)
-             for f in families}
+        return GateResult(
+            "parity_evidence", "pass", "gate parity_evidence: the stage has no family yet", {}
+        )
+    parts = {f: _one_evidence(f, latest.get(f), now, config.evidence_max_age_s) for f in families}
     statuses = {s for s, _m in parts.values()}
     status: Status = "fail" if "fail" in statuses else "wait" if "wait" in statuses else "pass"
     # Failing families first, then waiting ones: a message cut to fit an audit reason (a
@@ -148,57 +177,78 @@ def evidence_gate(families: tuple[str, ...], latest: Mapping[str, Evidence],
     order = {"fail": 0, "wait": 1, "pass": 2}
     ranked = sorted(parts.values(), key=lambda part: order[part[0]])
     message = "gate parity_evidence: " + "; ".join(m for _s, m in ranked)
-    return GateResult("parity_evidence", status, message,
-                      {f: s for f, (s, _m) in parts.items()})
+    return GateResult("parity_evidence", status, message, {f: s for f, (s, _m) in parts.items()})
 
 
-def _engines_gate(v1: RunnerHealthLike | None, v2: RunnerHealthLike | None,
-                  config: GateConfig) -> GateResult:
+def _engines_gate(
+    v1: RunnerHealthLike | None, v2: RunnerHealthLike | None, config: GateConfig
+) -> GateResult:
     n1, n2 = (h.num_engines if h else 0 for h in (v1, v2))
     ok = n1 >= config.min_engines and n2 >= config.min_engines
-    return GateResult("health_engines", "pass" if ok else "wait",
-                      f"gate health_engines: v2 {n2} vs v1 {n1} engines reporting "
-                      f"(min {config.min_engines})", {"v1": n1, "v2": n2})
+    return GateResult(
+        "health_engines",
+        "pass" if ok else "wait",
+        f"gate health_engines: v2 {n2} vs v1 {n1} engines reporting (min {config.min_engines})",
+        {"v1": n1, "v2": n2},
+    )
 
 
 def _error_gate(v1: RunnerHealthLike, v2: RunnerHealthLike, config: GateConfig) -> GateResult:
     limit = max(v1.error_rate, config.error_rate_floor) * config.max_error_rate_ratio
     ok = v2.error_rate <= limit
-    return GateResult("v2_error_rate", "pass" if ok else "fail",
-                      f"gate v2_error_rate: v2 {_pct(v2.error_rate)} vs v1 "
-                      f"{_pct(v1.error_rate)} (max ratio {config.max_error_rate_ratio:g})",
-                      {"v1": v1.error_rate, "v2": v2.error_rate, "limit": limit})
+    return GateResult(
+        "v2_error_rate",
+        "pass" if ok else "fail",
+        f"gate v2_error_rate: v2 {_pct(v2.error_rate)} vs v1 "
+        f"{_pct(v1.error_rate)} (max ratio {config.max_error_rate_ratio:g})",
+        {"v1": v1.error_rate, "v2": v2.error_rate, "limit": limit},
+    )
 
 
 def _crash_gate(v1: RunnerHealthLike, v2: RunnerHealthLike, config: GateConfig) -> GateResult:
     limit = max(v1.crash_rate, config.max_crash_rate)
     ok = v2.crash_rate <= limit
-    return GateResult("v2_crash_rate", "pass" if ok else "fail",
-                      f"gate v2_crash_rate: v2 {v2.crash_rate:.2f} vs v1 {v1.crash_rate:.2f} "
-                      f"crashes per engine (max {limit:.2f})",
-                      {"v1": v1.crash_rate, "v2": v2.crash_rate, "limit": limit})
+    return GateResult(
+        "v2_crash_rate",
+        "pass" if ok else "fail",
+        f"gate v2_crash_rate: v2 {v2.crash_rate:.2f} vs v1 {v1.crash_rate:.2f} "
+        f"crashes per engine (max {limit:.2f})",
+        {"v1": v1.crash_rate, "v2": v2.crash_rate, "limit": limit},
+    )
 
 
 def _tpot_gate(v1: RunnerHealthLike, v2: RunnerHealthLike, config: GateConfig) -> GateResult:
     t1, t2 = v1.tpot_p99_ms, v2.tpot_p99_ms
     if t1 is None or t2 is None:
-        return GateResult("v2_tpot_p99", "wait", "gate v2_tpot_p99: no TPOT reported by "
-                          + ("v1" if t1 is None else "v2"), {"v1": t1, "v2": t2})
+        return GateResult(
+            "v2_tpot_p99",
+            "wait",
+            "gate v2_tpot_p99: no TPOT reported by " + ("v1" if t1 is None else "v2"),
+            {"v1": t1, "v2": t2},
+        )
     ok = t2 <= t1 * config.max_tpot_p99_ratio
-    return GateResult("v2_tpot_p99", "pass" if ok else "fail",
-                      f"gate v2_tpot_p99: v2 {t2:.1f} ms vs v1 {t1:.1f} ms "
-                      f"(max ratio {config.max_tpot_p99_ratio:g})",
-                      {"v1": t1, "v2": t2, "limit": t1 * config.max_tpot_p99_ratio})
+    return GateResult(
+        "v2_tpot_p99",
+        "pass" if ok else "fail",
+        f"gate v2_tpot_p99: v2 {t2:.1f} ms vs v1 {t1:.1f} ms "
+        f"(max ratio {config.max_tpot_p99_ratio:g})",
+        {"v1": t1, "v2": t2, "limit": t1 * config.max_tpot_p99_ratio},
+    )
 
 
-def health_gates(v1: RunnerHealthLike | None, v2: RunnerHealthLike | None,
-                 config: GateConfig) -> list[GateResult]:
+def health_gates(
+    v1: RunnerHealthLike | None, v2: RunnerHealthLike | None, config: GateConfig
+) -> list[GateResult]:
     """``health_engines`` and, once it passes, the three V2-against-V1 gates."""
     engines = _engines_gate(v1, v2, config)
     if engines.status != "pass" or v1 is None or v2 is None:
         return [engines]
-    return [engines, _error_gate(v1, v2, config), _crash_gate(v1, v2, config),
-            _tpot_gate(v1, v2, config)]
+    return [
+        engines,
+        _error_gate(v1, v2, config),
+        _crash_gate(v1, v2, config),
+        _tpot_gate(v1, v2, config),
+    ]
 
 
 def outcome(results: list[GateResult]) -> Status:

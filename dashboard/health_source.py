@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from dashboard.store.advance import HealthReader
+from turnout.dashboard.store.advance import HealthReader
 
 
 def health_reader() -> HealthReader:
     """``dashboard.store.health.health_by_runner``."""
-    from dashboard.store.health import health_by_runner
+    from turnout.dashboard.store.health import health_by_runner
 
     return health_by_runner

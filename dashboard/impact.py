@@ -7,14 +7,14 @@ import dataclasses
 from functools import lru_cache
 from typing import Any
 
-from dashboard.api.schemas import ImpactOut
-from dashboard.policy import to_snapshot
-from dashboard.services import Services
-from dashboard.store import aggregates
-from dashboard.store import canaries as canary_store
-from dashboard.store.errors import NotFound
-from oracle import DeploymentConfig, OracleError, from_spec
-from oracle.errors import ErrorCode
+from turnout.dashboard.api.schemas import ImpactOut
+from turnout.dashboard.policy import to_snapshot
+from turnout.dashboard.services import Services
+from turnout.dashboard.store import aggregates
+from turnout.dashboard.store import canaries as canary_store
+from turnout.dashboard.store.errors import NotFound
+from turnout.oracle import DeploymentConfig, OracleError, from_spec
+from turnout.oracle.errors import ErrorCode
 
 
 @lru_cache(maxsize=100_000)
@@ -29,8 +29,9 @@ def spec_config(spec_json: str) -> DeploymentConfig | None:
         return None
 
 
-def impact_of_flip(services: Services, cohort: str, enabled: bool,
-                   percentage: int | None = None) -> ImpactOut:
+def impact_of_flip(
+    services: Services, cohort: str, enabled: bool, percentage: int | None = None
+) -> ImpactOut:
     """Raises NotFound for an unknown cohort."""
     import json
 
@@ -38,8 +39,9 @@ def impact_of_flip(services: Services, cohort: str, enabled: bool,
         state = canary_store.read_state(session=session)
         if cohort not in state.cohorts:
             raise NotFound(f"unknown cohort {cohort!r}", code=ErrorCode.UNKNOWN_COHORT)
-        rows = [(d.deployment_id, d.config) for d in
-                aggregates.deployments_for_impact(session=session)]
+        rows = [
+            (d.deployment_id, d.config) for d in aggregates.deployments_for_impact(session=session)
+        ]
     _e, pct, version = state.cohorts[cohort]
     flipped = dict(state.cohorts)
     flipped[cohort] = (enabled, pct if percentage is None else percentage, version + 1)
@@ -60,8 +62,15 @@ def impact_of_flip(services: Services, cohort: str, enabled: bool,
         to_v1 += after != "v2"
         if len(examples) < 20:
             examples.append(deployment_id)
-    return ImpactOut(cohort=cohort, enabled=enabled, num_considered=considered,
-                     num_changed=to_v2 + to_v1, to_v2=to_v2, to_v1=to_v1, examples=examples)
+    return ImpactOut(
+        cohort=cohort,
+        enabled=enabled,
+        num_considered=considered,
+        num_changed=to_v2 + to_v1,
+        to_v2=to_v2,
+        to_v1=to_v1,
+        examples=examples,
+    )
 
 
 def spec_with_id(spec: dict[str, Any] | None, deployment_id: str) -> dict[str, Any]:

@@ -39,9 +39,15 @@ class JUnitRun:
 
     def summary(self) -> str:
         """``3 failed, 1 errored, 2 skipped of 120 tests``."""
-        parts = [f"{n} {what}" for n, what in ((self.num_failures, "failed"),
-                                               (self.num_errors, "errored"),
-                                               (self.num_skipped, "skipped")) if n]
+        parts = [
+            f"{n} {what}"
+            for n, what in (
+                (self.num_failures, "failed"),
+                (self.num_errors, "errored"),
+                (self.num_skipped, "skipped"),
+            )
+            if n
+        ]
         return (", ".join(parts) + " of " if parts else "") + f"{self.num_tests} tests"
 
 
@@ -53,8 +59,9 @@ def parse_junit(text: bytes) -> JUnitRun:
     except ET.ParseError as err:
         raise JUnitError(f"not XML: {err}") from None
     if root.tag not in ("testsuites", "testsuite"):
-        raise JUnitError(f"the root element is <{root.tag}>, not <testsuites> or <testsuite>: "
-                         "not a JUnit report")
+        raise JUnitError(
+            f"the root element is <{root.tag}>, not <testsuites> or <testsuite>: not a JUnit report"
+        )
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     counts = {"failure": 0, "error": 0, "skipped": 0}
     failed: list[str] = []
@@ -66,8 +73,14 @@ def parse_junit(text: bytes) -> JUnitRun:
             counts[outcome] += 1
         if outcome in ("failure", "error") and len(failed) < 20:
             failed.append(f"{case.get('classname', '')}::{case.get('name', '')}")
-    return JUnitRun(num, counts["failure"], counts["error"], counts["skipped"],
-                    tuple(s.get("name", "") for s in suites), tuple(failed))
+    return JUnitRun(
+        num,
+        counts["failure"],
+        counts["error"],
+        counts["skipped"],
+        tuple(s.get("name", "") for s in suites),
+        tuple(failed),
+    )
 
 
 def read_junit(path: Path) -> JUnitRun:

@@ -9,7 +9,7 @@ import threading
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from oracle import CanarySnapshot, Pack, enumerate_matrix
+from turnout.oracle import CanarySnapshot, Pack, enumerate_matrix
 
 
 @dataclass(frozen=True)
@@ -23,16 +23,20 @@ class MatrixSummary:
 
 def summarise(pack: Pack, canaries: CanarySnapshot | None) -> MatrixSummary:
     grid: dict[str, dict[str, dict[str, Counter[str]]]] = defaultdict(
-        lambda: defaultdict(lambda: defaultdict(Counter)))
+        lambda: defaultdict(lambda: defaultdict(Counter))
+    )
     scenarios: dict[str, None] = {}
     num = 0
     for cell in enumerate_matrix(pack, canaries):
         num += 1
         scenarios.setdefault(cell.scenario.id)
         grid[cell.pin][cell.family][cell.scenario.id][cell.decision.runner or "none"] += 1
-    plain = {pin: {fam: {sc: dict(c) for sc, c in by_sc.items()}
-                   for fam, by_sc in sorted(by_fam.items())}
-             for pin, by_fam in grid.items()}
+    plain = {
+        pin: {
+            fam: {sc: dict(c) for sc, c in by_sc.items()} for fam, by_sc in sorted(by_fam.items())
+        }
+        for pin, by_fam in grid.items()
+    }
     return MatrixSummary(num, list(plain), list(scenarios), plain)
 
 

@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 if TYPE_CHECKING:
-    from dashboard.store.advance import RampTick
-    from dashboard.store.delivery import DeliveryReport
+    from turnout.dashboard.store.advance import RampTick
+    from turnout.dashboard.store.delivery import DeliveryReport
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics", "MetricsMiddleware"]
 
@@ -33,21 +33,36 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.decisions = Counter(
-            "turnout_decisions", "Decisions made by POST /decide (source=api) or reported by "
+            "turnout_decisions",
+            "Decisions made by POST /decide (source=api) or reported by "
             "engines (source=ingest), by runner and reason code",
-            ["source", "runner", "reason_code"], registry=self.registry)
+            ["source", "runner", "reason_code"],
+            registry=self.registry,
+        )
         self.request_seconds = Histogram(
-            "turnout_api_request_duration_seconds", "Service request latency",
-            ["method", "route", "status"], buckets=_BUCKETS, registry=self.registry)
+            "turnout_api_request_duration_seconds",
+            "Service request latency",
+            ["method", "route", "status"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
         self.canary_flips = Counter(
-            "turnout_canary_flips", "Successful canary flips", ["cohort"], registry=self.registry)
+            "turnout_canary_flips", "Successful canary flips", ["cohort"], registry=self.registry
+        )
         self.startup_lines = Counter(
-            "turnout_startup_lines", "vLLM start-up lines (turnout launch --report-startup) "
+            "turnout_startup_lines",
+            "vLLM start-up lines (turnout launch --report-startup) "
             "kept with their decision, by whether vLLM's runner is the decided one (agrees) or "
-            "not (differs)", ["outcome"], registry=self.registry)
+            "not (differs)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.health_reports = Counter(
-            "turnout_health_reports", "Engine health reports received, by outcome (stored or "
-            "rejected)", ["outcome"], registry=self.registry)
+            "turnout_health_reports",
+            "Engine health reports received, by outcome (stored or rejected)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self._loop_counters()
 
     def _loop_counters(self) -> None:
@@ -55,30 +70,50 @@ class Metrics:
         (every replica runs both; Prometheus sums the replicas)."""
         r = self.registry
         self.ramp_steps = Counter(
-            "turnout_ramp_steps", "Ramp steps taken: the next share applied once the step "
+            "turnout_ramp_steps",
+            "Ramp steps taken: the next share applied once the step "
             "before baked with every gate passing (the first share, applied at the start, is "
-            "not counted)", ["cohort"], registry=r)
+            "not counted)",
+            ["cohort"],
+            registry=r,
+        )
         self.ramps_completed = Counter(
-            "turnout_ramps_completed", "Ramps whose last step baked with every gate passing",
-            ["cohort"], registry=r)
+            "turnout_ramps_completed",
+            "Ramps whose last step baked with every gate passing",
+            ["cohort"],
+            registry=r,
+        )
         self.gate_failures = Counter(
-            "turnout_ramp_gate_failures", "Gates that failed a ramp, by gate (each failing gate "
-            "of a pass that paused the ramp or rolled its stage back)", ["cohort", "gate"],
-            registry=r)
+            "turnout_ramp_gate_failures",
+            "Gates that failed a ramp, by gate (each failing gate "
+            "of a pass that paused the ramp or rolled its stage back)",
+            ["cohort", "gate"],
+            registry=r,
+        )
         self.ramp_pauses = Counter(
-            "turnout_ramp_pauses", "Ramps a failing gate paused", ["cohort"], registry=r)
+            "turnout_ramp_pauses", "Ramps a failing gate paused", ["cohort"], registry=r
+        )
         self.ramp_rollbacks = Counter(
-            "turnout_ramp_rollbacks", "Stages a failing gate rolled back (the canary disabled)",
-            ["cohort"], registry=r)
+            "turnout_ramp_rollbacks",
+            "Stages a failing gate rolled back (the canary disabled)",
+            ["cohort"],
+            registry=r,
+        )
         self.webhook_deliveries = Counter(
-            "turnout_webhook_deliveries", "Webhook deliveries that ended: delivered (a 2xx) or "
-            "dead (the last attempt failed)", ["outcome"], registry=r)
+            "turnout_webhook_deliveries",
+            "Webhook deliveries that ended: delivered (a 2xx) or dead (the last attempt failed)",
+            ["outcome"],
+            registry=r,
+        )
         for outcome in ("delivered", "dead"):
             self.webhook_deliveries.labels(outcome)
         self.webhook_failed_attempts = Counter(
-            "turnout_webhook_failed_attempts", "Webhook delivery attempts without a 2xx "
+            "turnout_webhook_failed_attempts",
+            "Webhook delivery attempts without a 2xx "
             "(another status, a refused connection, a timeout), a dead delivery's last one "
-            "included", registry=r)
+            "included",
+            registry=r,
+        )
 
     def count_ramp_ticks(self, ticks: list[RampTick]) -> None:
         """Count what one pass of the ramp ticker did (after its commits)."""
@@ -91,8 +126,9 @@ class Metrics:
                 for g in t.gates:
                     if g.status == "fail":
                         self.gate_failures.labels(t.cohort, g.gate).inc()
-                (self.ramp_pauses if t.outcome == "paused" else self.ramp_rollbacks
-                 ).labels(t.cohort).inc()
+                (self.ramp_pauses if t.outcome == "paused" else self.ramp_rollbacks).labels(
+                    t.cohort
+                ).inc()
 
     def count_deliveries(self, report: DeliveryReport) -> None:
         """Count what one pass of the delivery worker did."""
@@ -100,10 +136,11 @@ class Metrics:
         self.webhook_deliveries.labels("dead").inc(len(report.dead))
         self.webhook_failed_attempts.inc(len(report.retried) + len(report.dead))
 
-    def watch_health(self, sessions: Callable[[], AbstractContextManager[Session]],
-                     window_s: float) -> None:
+    def watch_health(
+        self, sessions: Callable[[], AbstractContextManager[Session]], window_s: float
+    ) -> None:
         """Export engine health from the store at each scrape (dashboard/metrics_health.py)."""
-        from dashboard.metrics_health import HealthCollector
+        from turnout.dashboard.metrics_health import HealthCollector
 
         self.registry.register(HealthCollector(sessions, window_s))
 

@@ -19,21 +19,29 @@ from prometheus_client.registry import Collector
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from dashboard.store.health import RunnerHealth, health_by_stage
+from turnout.dashboard.store.health import RunnerHealth, health_by_stage
 
 log = logging.getLogger("turnout.service")
 
 # metric name → (help, the RunnerHealth field it shows)
 GAUGES: dict[str, tuple[str, str]] = {
     "turnout_engine_error_rate": ("Failed requests over finished requests", "error_rate"),
-    "turnout_engine_crashes": ("Engine starts after an unclean end (crashes, kills)",
-                               "num_crashes"),
-    "turnout_engine_tpot_p99_ms": ("Time per output token, p99 (request-weighted mean of the "
-                                   "engines' p99s), milliseconds", "tpot_p99_ms"),
-    "turnout_engine_ttft_p99_ms": ("Time to first token, p99 (request-weighted mean of the "
-                                   "engines' p99s), milliseconds", "ttft_p99_ms"),
-    "turnout_engine_output_tokens_per_second": ("Output tokens per second of one engine while "
-                                                "it generates", "tokens_per_s"),
+    "turnout_engine_crashes": (
+        "Engine starts after an unclean end (crashes, kills)",
+        "num_crashes",
+    ),
+    "turnout_engine_tpot_p99_ms": (
+        "Time per output token, p99 (request-weighted mean of the engines' p99s), milliseconds",
+        "tpot_p99_ms",
+    ),
+    "turnout_engine_ttft_p99_ms": (
+        "Time to first token, p99 (request-weighted mean of the engines' p99s), milliseconds",
+        "ttft_p99_ms",
+    ),
+    "turnout_engine_output_tokens_per_second": (
+        "Output tokens per second of one engine while it generates",
+        "tokens_per_s",
+    ),
     "turnout_engines_reporting": ("Distinct deployments that reported health", "num_engines"),
 }
 
@@ -41,8 +49,9 @@ GAUGES: dict[str, tuple[str, str]] = {
 class HealthCollector(Collector):
     """Collects the gauges of :data:`GAUGES` from the store at each scrape."""
 
-    def __init__(self, sessions: Callable[[], AbstractContextManager[Session]],
-                 window_s: float) -> None:
+    def __init__(
+        self, sessions: Callable[[], AbstractContextManager[Session]], window_s: float
+    ) -> None:
         self.sessions = sessions
         self.window_s = window_s
 
@@ -60,11 +69,15 @@ class HealthCollector(Collector):
         yield from families(rows, self.window_s)
 
 
-def families(rows: dict[tuple[str, str], RunnerHealth], window_s: float
-             ) -> Iterator[GaugeMetricFamily]:
+def families(
+    rows: dict[tuple[str, str], RunnerHealth], window_s: float
+) -> Iterator[GaugeMetricFamily]:
     for name, (text, field) in GAUGES.items():
-        family = GaugeMetricFamily(name, f"{text}, per rollout stage and runner, over the last "
-                                   f"{window_s:g} s", labels=["stage", "runner"])
+        family = GaugeMetricFamily(
+            name,
+            f"{text}, per rollout stage and runner, over the last {window_s:g} s",
+            labels=["stage", "runner"],
+        )
         for (stage, runner), h in sorted(rows.items()):
             value = getattr(h, field)
             if value is not None:

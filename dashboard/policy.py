@@ -16,13 +16,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dashboard.echo import clip
-from dashboard.matrix import MatrixCache, MatrixSummary
-from dashboard.store import canaries as canary_store
-from dashboard.store.canaries import CohortDefault, RolloutState
-from dashboard.store.db import Database
-from dashboard.store.errors import StoreError
-from oracle import (
+from turnout.dashboard.echo import clip
+from turnout.dashboard.matrix import MatrixCache, MatrixSummary
+from turnout.dashboard.store import canaries as canary_store
+from turnout.dashboard.store.canaries import CohortDefault, RolloutState
+from turnout.dashboard.store.db import Database
+from turnout.dashboard.store.errors import StoreError
+from turnout.oracle import (
     CanarySnapshot,
     CohortState,
     Decision,
@@ -35,8 +35,8 @@ from oracle import (
     from_spec,
     load_pack,
 )
-from oracle.errors import ErrorCode
-from oracle.sources import HintFor, release_for_pack
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.sources import HintFor, release_for_pack
 
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -55,7 +55,9 @@ def closest(name: str, choices: Iterable[str], *, fuzzy: bool = True) -> str | N
 def to_snapshot(state: RolloutState) -> CanarySnapshot:
     """The oracle's snapshot for a store state."""
     return CanarySnapshot(
-        cohorts={c: CohortState(enabled=e, percentage=p) for c, (e, p, _v) in state.cohorts.items()},
+        cohorts={
+            c: CohortState(enabled=e, percentage=p) for c, (e, p, _v) in state.cohorts.items()
+        },
         kill_switch=state.kill_switch,
     )
 
@@ -86,8 +88,10 @@ class Policy:
         self._responses: tuple[str, dict[DeploymentConfig, tuple[bytes, str, str]]] = ("", {})
 
     def cohort_defaults(self) -> list[CohortDefault]:
-        return [CohortDefault(c.id, bool(c.enabled), int(getattr(c, "percentage", 100) or 100))
-                for c in self.pack.cohorts]
+        return [
+            CohortDefault(c.id, bool(c.enabled), int(getattr(c, "percentage", 100) or 100))
+            for c in self.pack.cohorts
+        ]
 
     def cohort_families(self) -> dict[str, tuple[str, ...]]:
         """Cohort id → the families its stage names (empty for attribute-only stages)."""
@@ -123,18 +127,23 @@ class Policy:
         stages = [c.id for c in self.pack.cohorts if name in c.families]
         shown = clip(name)
         if stages:
-            return (f"{shown!r} is a family, not a cohort id: its stage is cohort {stages[0]!r} "
-                    f"({listed})")
+            return (
+                f"{shown!r} is a family, not a cohort id: its stage is cohort {stages[0]!r} "
+                f"({listed})"
+            )
         if name in self.pack.families:
-            return (f"{shown!r} is a family, not a cohort id, and no stage lists it by name: its "
-                    "deployments join a stage by their attributes (a decision's `stage` says "
-                    f"which) ({listed})")
+            return (
+                f"{shown!r} is a family, not a cohort id, and no stage lists it by name: its "
+                "deployments join a stage by their attributes (a decision's `stage` says "
+                f"which) ({listed})"
+            )
         close = closest(name, ids)
         family = closest(name, self.pack.families, fuzzy=False)
         if close is None and family is not None:
             stage = self.resolve_cohort(family)
             hint = f" (did you mean the family {family!r}?" + (
-                f" its stage is cohort {stage!r})" if stage != family else ")")
+                f" its stage is cohort {stage!r})" if stage != family else ")"
+            )
         else:
             hint = f" (did you mean {close!r}?)" if close else ""
         return f"unknown cohort {shown!r}{hint}; {listed}"
@@ -170,13 +179,15 @@ class Policy:
         # ranking counts a rule over all its decisions, so each placeholder takes the value(s)
         # the rule's own condition admits.
         labels = {r.id: r.matched_label() for r in self.pack.rules}
-        labels.update({
-            "rollout.kill_switch": "the rollout kill switch is on",
-            "rollout.no_stage": "in no rollout stage",
-            "pin.v1": f"pinned to V1 by {self.pack.env_var}=0",
-            "pin.v2": f"pinned to V2 by {self.pack.env_var}=1",
-            "ERROR": "no runner: the configuration cannot be served as asked",
-        })
+        labels.update(
+            {
+                "rollout.kill_switch": "the rollout kill switch is on",
+                "rollout.no_stage": "in no rollout stage",
+                "pin.v1": f"pinned to V1 by {self.pack.env_var}=0",
+                "pin.v2": f"pinned to V2 by {self.pack.env_var}=1",
+                "ERROR": "no runner: the configuration cannot be served as asked",
+            }
+        )
         for c in self.pack.cohorts:
             labels[f"rollout.stage_off:{c.id}"] = f"not yet enabled for V2 (stage {c.label})"
             labels[f"rollout.split_out:{c.id}"] = f"outside the canary share of stage {c.label}"
@@ -210,11 +221,15 @@ class Policy:
         """Forget the cached snapshot (after a flip made by this process)."""
         self._cached = None
 
-    def explain(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
-                ) -> Explanation:
+    def explain(
+        self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
+    ) -> Explanation:
         """The oracle's Explanation (decision + smallest changes that reach V2)."""
-        return explain(config, pack=self.pack,
-                       canaries=canaries if canaries is not None else self.snapshot().canaries)
+        return explain(
+            config,
+            pack=self.pack,
+            canaries=canaries if canaries is not None else self.snapshot().canaries,
+        )
 
     def matrix(self) -> MatrixSummary:
         """The matrix grid under the current canaries (cached per snapshot)."""
@@ -235,16 +250,24 @@ class Policy:
                 cache[1][config] = hit
         return hit
 
-    def decide(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
-               ) -> Decision:
-        return decide(config, pack=self.pack,
-                      canaries=canaries if canaries is not None else self.snapshot().canaries)
+    def decide(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None) -> Decision:
+        return decide(
+            config,
+            pack=self.pack,
+            canaries=canaries if canaries is not None else self.snapshot().canaries,
+        )
 
 
-def config_from_request(*, config: Mapping[str, Any] | None = None, command: str | None = None,
-                        argv: Sequence[str] | None = None,
-                        env: Mapping[str, str] | None = None, hint_for: HintFor = "api",
-                        release: str | None = None, offline: bool = True) -> DeploymentConfig:
+def config_from_request(
+    *,
+    config: Mapping[str, Any] | None = None,
+    command: str | None = None,
+    argv: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    hint_for: HintFor = "api",
+    release: str | None = None,
+    offline: bool = True,
+) -> DeploymentConfig:
     """A DeploymentConfig from exactly one of a spec mapping, a ``vllm serve`` command string or
     its argv (read by vLLM ``release``'s parser; None: the newest). A request never reads the
     server's files (``--config``, ``--hf-config-path`` and local model paths are refused as
@@ -260,8 +283,9 @@ def config_from_request(*, config: Mapping[str, Any] | None = None, command: str
     if command is not None:
         argv = split_command(command, env)
     assert argv is not None
-    return from_command(list(argv), env, hint_for=hint_for, release=release, offline=offline,
-                        local_files=False)
+    return from_command(
+        list(argv), env, hint_for=hint_for, release=release, offline=offline, local_files=False
+    )
 
 
 def split_command(command: str, env: dict[str, str]) -> list[str]:

@@ -9,12 +9,12 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from dashboard.auth import Principal
-from dashboard.services import Services
-from dashboard.store import approvals, ramps, schedule
-from dashboard.store import canaries as canary_store
-from dashboard.store.models_rollout import Ramp, ScheduledFlip
-from dashboard.store.tokens import Role
+from turnout.dashboard.auth import Principal
+from turnout.dashboard.services import Services
+from turnout.dashboard.store import approvals, ramps, schedule
+from turnout.dashboard.store import canaries as canary_store
+from turnout.dashboard.store.models_rollout import Ramp, ScheduledFlip
+from turnout.dashboard.store.tokens import Role
 
 
 @dataclass
@@ -67,8 +67,10 @@ def stage_ramps(services: Services) -> dict[str, RampView]:
     labels = services.policy.cohort_labels()
     with services.db.read_session() as session:
         latest = ramps.latest_per_cohort(session=session)
-    return {c: RampView(r, labels.get(c, c), ramps.next_step_at(r), r.last_gates or [])
-            for c, r in latest.items()}
+    return {
+        c: RampView(r, labels.get(c, c), ramps.next_step_at(r), r.last_gates or [])
+        for c, r in latest.items()
+    }
 
 
 def rollout_view(services: Services, user: Principal) -> RolloutView:
@@ -77,18 +79,27 @@ def rollout_view(services: Services, user: Principal) -> RolloutView:
     with services.db.read_session() as session:
         live = ramps.list_ramps(session=session, live_only=True)
         pending = approvals.list_pending(session=session)
-        flips = [f for f in schedule.list_flips(session=session, open_only=True)
-                 if f.state == schedule.FlipState.scheduled]
+        flips = [
+            f
+            for f in schedule.list_flips(session=session, open_only=True)
+            if f.state == schedule.FlipState.scheduled
+        ]
         ks = canary_store.get_kill_switch(session=session)
         reach = Reach()
         if ks.engaged:
             before, after = ramps.v2_reach(session=session, since=ks.updated_at)
-            reach = Reach(before, after,
-                          ramps.v2_engines_reporting(session=session, since=ks.updated_at))
+            reach = Reach(
+                before, after, ramps.v2_engines_reporting(session=session, since=ks.updated_at)
+            )
     return RolloutView(
-        ramps=[RampView(r, labels.get(r.cohort, r.cohort), ramps.next_step_at(r),
-                        r.last_gates or []) for r in live],
-        pending=[PendingView(p, labels.get(p.cohort, p.cohort),
-                             operator and p.requester != user.name) for p in pending],
+        ramps=[
+            RampView(r, labels.get(r.cohort, r.cohort), ramps.next_step_at(r), r.last_gates or [])
+            for r in live
+        ],
+        pending=[
+            PendingView(p, labels.get(p.cohort, p.cohort), operator and p.requester != user.name)
+            for p in pending
+        ],
         scheduled=sorted(flips, key=lambda f: (f.run_at or f.requested_at, f.id)),
-        reach=reach)
+        reach=reach,
+    )

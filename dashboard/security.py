@@ -18,14 +18,24 @@ from typing import Any
 from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from oracle.errors import ErrorCode
+from turnout.oracle.errors import ErrorCode
 
 log = logging.getLogger("turnout.service")
 
-CONTENT_SECURITY_POLICY = "; ".join([
-    "default-src 'self'", "script-src 'self'", "style-src 'self'", "img-src 'self' data:",
-    "font-src 'self'", "connect-src 'self'", "object-src 'none'", "base-uri 'none'",
-    "form-action 'self'", "frame-ancestors 'none'"])
+CONTENT_SECURITY_POLICY = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data:",
+        "font-src 'self'",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
 HEADERS: dict[str, str] = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Frame-Options": "DENY",
@@ -59,9 +69,15 @@ class SecurityHeadersMiddleware:
             if response.started:
                 raise
             log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
-            await response.send_json(500, {"detail": {
-                "code": ErrorCode.INTERNAL_ERROR.value,
-                "message": "the service failed on this request; its log says why"}})
+            await response.send_json(
+                500,
+                {
+                    "detail": {
+                        "code": ErrorCode.INTERNAL_ERROR.value,
+                        "message": "the service failed on this request; its log says why",
+                    }
+                },
+            )
 
 
 class _Response:
@@ -82,8 +98,10 @@ class _Response:
                 self._replacement = _too_large(self.scope)
                 headers = _json_headers(headers, len(self._replacement))
             present = {k.lower() for k, _v in headers}
-            message = {**message, "headers": headers + [
-                h for h in self._headers if h[0] not in present]}
+            message = {
+                **message,
+                "headers": headers + [h for h in self._headers if h[0] not in present],
+            }
         elif self._replacement is not None and message["type"] == "http.response.body":
             if message.get("more_body", False):
                 return  # the plain text is dropped; ours goes with its last part
@@ -92,15 +110,23 @@ class _Response:
 
     async def send_json(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
-        await self.send({"type": "http.response.start", "status": status,
-                         "headers": _json_headers([], len(data))})
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": _json_headers([], len(data)),
+            }
+        )
         await self.send({"type": "http.response.body", "body": data})
 
 
 def _json_headers(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
     kept = [(k, v) for k, v in headers if k.lower() not in (b"content-type", b"content-length")]
-    return [*kept, (b"content-type", b"application/json"),
-            (b"content-length", str(length).encode())]
+    return [
+        *kept,
+        (b"content-type", b"application/json"),
+        (b"content-length", str(length).encode()),
+    ]
 
 
 def _is_plain_text(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -110,5 +136,6 @@ def _is_plain_text(headers: list[tuple[bytes, bytes]]) -> bool:
 def _too_large(scope: Scope) -> bytes:
     limit = scope.get(MAX_BODY_SIZE_SCOPE_KEY)
     bound = f"{limit} bytes" if isinstance(limit, int) else "the bound of this route"
-    return json.dumps({"detail": {"code": ErrorCode.BODY_TOO_LARGE.value,
-                                  "message": f"the body exceeds {bound}"}}).encode()
+    return json.dumps(
+        {"detail": {"code": ErrorCode.BODY_TOO_LARGE.value, "message": f"the body exceeds {bound}"}}
+    ).encode()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dashboard.auth import TokenVerifier
-from dashboard.metrics import Metrics
-from dashboard.policy import Policy
-from dashboard.settings import Settings
-from dashboard.store.db import Database
+from turnout.dashboard.auth import TokenVerifier
+from turnout.dashboard.metrics import Metrics
+from turnout.dashboard.policy import Policy
+from turnout.dashboard.settings import Settings
+from turnout.dashboard.store.db import Database
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Services:
         go around the service's rule."""
         if self.settings.require_approval:
             return True
-        from dashboard.store import approval_setting
+        from turnout.dashboard.store import approval_setting
 
         with self.db.read_session() as session:
             return approval_setting.recorded(session=session)

@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from dashboard.gates import GateConfig
+from turnout.dashboard.gates import GateConfig
 
 
 def _checkout_root() -> Path | None:
@@ -82,22 +82,26 @@ class Settings(BaseSettings):
     )
 
     max_clock_skew_s: float = Field(
-        default=300.0, ge=0.0,
+        default=300.0,
+        ge=0.0,
         description="how far ahead of the service's clock a reported decision's `at` may lie "
         "(a later one is refused: it would pin the deployment's latest state until then)",
     )
     max_config_bytes: int = Field(
-        default=64 * 1024, ge=1024,
+        default=64 * 1024,
+        ge=1024,
         description="the largest `config` of a reported decision, as compact JSON, that is "
         "stored (a larger one is refused)",
     )
     session_ttl_s: float = Field(
-        default=12 * 3600.0, ge=60.0,
+        default=12 * 3600.0,
+        ge=60.0,
         description="how long a page sign-in lasts (the session ends then, or at sign-out, or "
         "when its token is revoked or expires)",
     )
     health_metrics_window_s: float = Field(
-        default=900.0, gt=0.0,
+        default=900.0,
+        gt=0.0,
         description="the engine-health gauges of /metrics aggregate the reports whose window "
         "ended this many seconds ago or later",
     )
@@ -117,31 +121,51 @@ class Settings(BaseSettings):
         description="run the ramp ticker (ramps, scheduled flips) and the webhook delivery "
         "worker in the service (every replica may: they take turns through row locks)",
     )
-    tick_s: float = Field(default=5.0, ge=0.05, le=3600.0,
-                          description="seconds between two passes of the ramp ticker")
+    tick_s: float = Field(
+        default=5.0, ge=0.05, le=3600.0, description="seconds between two passes of the ramp ticker"
+    )
     ramp_gates: GateConfig = Field(
         default_factory=GateConfig,
         description="the gate thresholds a ramp gets when its request names none (JSON; a "
         "field left out keeps GateConfig's default, e.g. "
         '{"min_engines": 3, "evidence_max_age_s": 86400})',
     )
-    webhook_poll_s: float = Field(default=1.0, ge=0.05, le=3600.0,
-                                  description="seconds between two passes of the delivery "
-                                  "worker over the outbox")
-    webhook_max_attempts: int = Field(default=8, ge=1, le=100,
-                                      description="attempts of a delivery before it is dead")
-    webhook_backoff_s: float = Field(default=5.0, ge=0.01, le=86_400.0,
-                                     description="the wait after a first failed attempt; it "
-                                     "doubles with each further one (with jitter)")
-    webhook_max_backoff_s: float = Field(default=3600.0, ge=0.01, le=7 * 86_400.0,
-                                         description="the longest wait between two attempts")
-    webhook_timeout_s: float = Field(default=5.0, gt=0.0, le=300.0,
-                                     description="how long one attempt waits for the "
-                                     "receiver's answer, in all")
-    webhook_lease_s: float = Field(default=60.0, ge=1.0, le=86_400.0,
-                                   description="how long a worker holds a delivery it took "
-                                   "before another may take it (a killed process); at "
-                                   "least twice webhook_timeout_s is used")
+    webhook_poll_s: float = Field(
+        default=1.0,
+        ge=0.05,
+        le=3600.0,
+        description="seconds between two passes of the delivery worker over the outbox",
+    )
+    webhook_max_attempts: int = Field(
+        default=8, ge=1, le=100, description="attempts of a delivery before it is dead"
+    )
+    webhook_backoff_s: float = Field(
+        default=5.0,
+        ge=0.01,
+        le=86_400.0,
+        description="the wait after a first failed attempt; it "
+        "doubles with each further one (with jitter)",
+    )
+    webhook_max_backoff_s: float = Field(
+        default=3600.0,
+        ge=0.01,
+        le=7 * 86_400.0,
+        description="the longest wait between two attempts",
+    )
+    webhook_timeout_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        le=300.0,
+        description="how long one attempt waits for the receiver's answer, in all",
+    )
+    webhook_lease_s: float = Field(
+        default=60.0,
+        ge=1.0,
+        le=86_400.0,
+        description="how long a worker holds a delivery it took "
+        "before another may take it (a killed process); at "
+        "least twice webhook_timeout_s is used",
+    )
 
     @property
     def is_sqlite(self) -> bool:

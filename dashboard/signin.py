@@ -16,7 +16,7 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from dashboard.auth import (
+from turnout.dashboard.auth import (
     COOKIE_NAME,
     SIGN_IN_COOKIE,
     UNKNOWN_TOKEN,
@@ -27,25 +27,34 @@ from dashboard.auth import (
     same_origin,
     sign_in_nonce_ok,
 )
-from dashboard.deps import MAX_BODY, ServicesDep
-from dashboard.pages import render
-from dashboard.services import Services
-from dashboard.store import sessions
-from dashboard.store.models import ApiToken
-from oracle.errors import ErrorCode
+from turnout.dashboard.deps import MAX_BODY, ServicesDep
+from turnout.dashboard.pages import render
+from turnout.dashboard.services import Services
+from turnout.dashboard.store import sessions
+from turnout.dashboard.store.models import ApiToken
+from turnout.oracle.errors import ErrorCode
 
 router = APIRouter(include_in_schema=False, max_body_size=MAX_BODY)
 SIGN_IN_FORM_TTL_S = 3600
 
 
-def _cookie(response: Response, services: Services, name: str, value: str, max_age: int,
-            path: str = "/") -> None:
-    response.set_cookie(name, value, httponly=True, samesite="strict", max_age=max_age,
-                        path=path, secure=services.settings.https)
+def _cookie(
+    response: Response, services: Services, name: str, value: str, max_age: int, path: str = "/"
+) -> None:
+    response.set_cookie(
+        name,
+        value,
+        httponly=True,
+        samesite="strict",
+        max_age=max_age,
+        path=path,
+        secure=services.settings.https,
+    )
 
 
-def _sign_in_page(request: Request, services: Services, status: int = 200,
-                  error: str = "") -> HTMLResponse:
+def _sign_in_page(
+    request: Request, services: Services, status: int = 200, error: str = ""
+) -> HTMLResponse:
     """The sign-in form with a fresh nonce, also set as its cookie (double-submit: another
     site can post the form but can neither read nor set the cookie)."""
     nonce = new_sign_in_nonce()
@@ -60,26 +69,42 @@ def login_form(request: Request, services: ServicesDep) -> HTMLResponse:
 
 
 @router.post("/login", response_model=None)
-def login(request: Request, services: ServicesDep,
-          token: Annotated[str, Form(max_length=200)] = "",
-          nonce: Annotated[str, Form(max_length=100)] = "") -> Response:
+def login(
+    request: Request,
+    services: ServicesDep,
+    token: Annotated[str, Form(max_length=200)] = "",
+    nonce: Annotated[str, Form(max_length=100)] = "",
+) -> Response:
     """Sign in: the form's nonce and origin are checked (CSRF), then the token; a session is
     started and its id (not the token) set as the cookie."""
-    if not (sign_in_nonce_ok(request.cookies.get(SIGN_IN_COOKIE), nonce)
-            and same_origin(request.headers.get("origin"), request.headers.get("host"))):
-        return _sign_in_page(request, services, 403,
-                             "The sign-in form expired or came from another site: sign in "
-                             "again from this page.")
+    if not (
+        sign_in_nonce_ok(request.cookies.get(SIGN_IN_COOKIE), nonce)
+        and same_origin(request.headers.get("origin"), request.headers.get("host"))
+    ):
+        return _sign_in_page(
+            request,
+            services,
+            403,
+            "The sign-in form expired or came from another site: sign in again from this page.",
+        )
     result = services.verifier.authenticate(token.strip()) if token.strip() else UNKNOWN_TOKEN
     if isinstance(result, Refusal):
-        why = result.message if result.code == ErrorCode.TOKEN_EXPIRED else (
-            "Unknown or revoked token.")
+        why = (
+            result.message
+            if result.code == ErrorCode.TOKEN_EXPIRED
+            else ("Unknown or revoked token.")
+        )
         return _sign_in_page(request, services, 401, why)
     session_id = _start_session(services, result)
     response = RedirectResponse("/", status_code=303)
     _cookie(response, services, COOKIE_NAME, session_id, int(services.settings.session_ttl_s))
-    response.delete_cookie(SIGN_IN_COOKIE, path="/login", httponly=True, samesite="strict",
-                           secure=services.settings.https)
+    response.delete_cookie(
+        SIGN_IN_COOKIE,
+        path="/login",
+        httponly=True,
+        samesite="strict",
+        secure=services.settings.https,
+    )
     return response
 
 
@@ -94,8 +119,9 @@ def _start_session(services: Services, principal: Principal) -> str:
 
 
 @router.post("/logout", response_model=None)
-def logout(request: Request, services: ServicesDep,
-           csrf: Annotated[str, Form(max_length=100)] = "") -> Response:
+def logout(
+    request: Request, services: ServicesDep, csrf: Annotated[str, Form(max_length=100)] = ""
+) -> Response:
     """Sign out: the session ends in the store (its cookie is refused from now on, wherever
     it was copied to) and the cookie is cleared."""
     session_id = request.cookies.get(COOKIE_NAME, "")
@@ -106,6 +132,7 @@ def logout(request: Request, services: ServicesDep,
             sessions.end_session(session=session, session_id=session_id)
             session.commit()
     response = RedirectResponse("/login", status_code=303)
-    response.delete_cookie(COOKIE_NAME, httponly=True, samesite="strict",
-                           secure=services.settings.https)
+    response.delete_cookie(
+        COOKIE_NAME, httponly=True, samesite="strict", secure=services.settings.https
+    )
     return response

@@ -14,15 +14,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from dashboard.impact import spec_config, spec_with_id
-from dashboard.policy import closest
-from dashboard.services import Services
-from dashboard.store import aggregates
-from oracle import OracleError, Pack, load_pack
-from oracle.compare import DeploymentChange, FamilySummary, by_family, count_changes, sides
-from oracle.errors import ErrorCode
-from oracle.matrix_diff import unknown_fields
-from oracle.paths import RELEASE_PACKS, SHIPPED_PACKS
+from turnout.dashboard.impact import spec_config, spec_with_id
+from turnout.dashboard.policy import closest
+from turnout.dashboard.services import Services
+from turnout.dashboard.store import aggregates
+from turnout.oracle import OracleError, Pack, load_pack
+from turnout.oracle.compare import DeploymentChange, FamilySummary, by_family, count_changes, sides
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.matrix_diff import unknown_fields
+from turnout.oracle.paths import RELEASE_PACKS, SHIPPED_PACKS
 
 MAX_EXAMPLES = 20  # deployments listed per family (the counts cover them all)
 
@@ -83,14 +83,20 @@ def resolve(name: str, what: str) -> Pack:
     if name not in SHIPPED_PACKS:
         close = closest(name, SHIPPED_PACKS)
         hint = f" (did you mean {close!r}?)" if close else ""
-        raise OracleError(f"{what}: unknown pack {name!r}{hint}; the packs: "
-                          f"{', '.join(pack_names())}", code=ErrorCode.UNKNOWN_PACK)
+        raise OracleError(
+            f"{what}: unknown pack {name!r}{hint}; the packs: {', '.join(pack_names())}",
+            code=ErrorCode.UNKNOWN_PACK,
+        )
     return load_pack(name)
 
 
-def upgrade_preview(services: Services, from_name: str | None = None,
-                    to_name: str | None = None, *, include_demo: bool = True
-                    ) -> UpgradePreview:
+def upgrade_preview(
+    services: Services,
+    from_name: str | None = None,
+    to_name: str | None = None,
+    *,
+    include_demo: bool = True,
+) -> UpgradePreview:
     """Every recorded deployment decided by both packs. Raises OracleError
     (``unknown_pack``) for a name that is not a shipped pack."""
     from_name, to_name = default_packs(from_name, to_name)
@@ -105,51 +111,82 @@ def upgrade_preview(services: Services, from_name: str | None = None,
         if row.config is None:
             no_config += 1
             continue
-        config = spec_config(json.dumps(spec_with_id(row.config, row.deployment_id),
-                                        sort_keys=True))
+        config = spec_config(
+            json.dumps(spec_with_id(row.config, row.deployment_id), sort_keys=True)
+        )
         if config is None:
             unreadable += 1
             continue
-        change = DeploymentChange(row.deployment_id, config.model,
-                                  *sides(before, after, config, canaries))
+        change = DeploymentChange(
+            row.deployment_id, config.model, *sides(before, after, config, canaries)
+        )
         decided.append((change, row.demo))
     moved = [c for c, _ in decided if c.change is not None]
     lacking = unknown_fields(before, after)
     return UpgradePreview(
-        before.name, after.name, len(rows), no_config, unreadable, len(moved),
+        before.name,
+        after.name,
+        len(rows),
+        no_config,
+        unreadable,
+        len(moved),
         count_changes(c.change for c in moved),
         {before.name: list(lacking[0]), after.name: list(lacking[1])},
-        _families(decided, {**before.families, **after.families}))
+        _families(decided, {**before.families, **after.families}),
+    )
 
 
-def _families(decided: list[tuple[DeploymentChange, bool]], labels: dict[str, str]
-              ) -> list[FamilyPreview]:
+def _families(
+    decided: list[tuple[DeploymentChange, bool]], labels: dict[str, str]
+) -> list[FamilyPreview]:
     demo = {id(c): d for c, d in decided}
     changes = [c for c, _ in decided]
     out = []
     for summary in by_family(changes):
-        moved = sorted((c for c in changes if c.family == summary.family
-                        and c.change is not None),
-                       key=lambda c: (-summary.changes.get(c.change or "", 0), c.id or ""))
-        out.append(FamilyPreview(summary, labels.get(summary.family, summary.family),
-                                 [(c, demo[id(c)]) for c in moved[:MAX_EXAMPLES]]))
+        moved = sorted(
+            (c for c in changes if c.family == summary.family and c.change is not None),
+            key=lambda c: (-summary.changes.get(c.change or "", 0), c.id or ""),
+        )
+        out.append(
+            FamilyPreview(
+                summary,
+                labels.get(summary.family, summary.family),
+                [(c, demo[id(c)]) for c in moved[:MAX_EXAMPLES]],
+            )
+        )
     return out
 
 
 def preview_json(preview: UpgradePreview) -> dict[str, Any]:
     """The ``GET /api/v1/upgrade-preview`` body (dashboard.api.schemas.UpgradePreviewOut)."""
     return {
-        "from_pack": preview.from_pack, "to_pack": preview.to_pack,
-        "num_deployments": preview.num_deployments, "num_considered": preview.num_considered,
+        "from_pack": preview.from_pack,
+        "to_pack": preview.to_pack,
+        "num_deployments": preview.num_deployments,
+        "num_considered": preview.num_considered,
         "num_without_config": preview.num_without_config,
-        "num_unreadable": preview.num_unreadable, "num_changed": preview.num_changed,
-        "changes": preview.changes, "unknown_fields": preview.unknown_fields,
-        "families": [{**f.summary.to_json(), "label": f.label,
-                      "examples": [_example(c, demo) for c, demo in f.examples]}
-                     for f in preview.families]}
+        "num_unreadable": preview.num_unreadable,
+        "num_changed": preview.num_changed,
+        "changes": preview.changes,
+        "unknown_fields": preview.unknown_fields,
+        "families": [
+            {
+                **f.summary.to_json(),
+                "label": f.label,
+                "examples": [_example(c, demo) for c, demo in f.examples],
+            }
+            for f in preview.families
+        ],
+    }
 
 
 def _example(c: DeploymentChange, demo: bool) -> dict[str, Any]:
     assert c.before is not None and c.after is not None
-    return {"deployment_id": c.id, "model": c.model, "change": c.change, "demo": demo,
-            "before": c.before.to_json(), "after": c.after.to_json()}
+    return {
+        "deployment_id": c.id,
+        "model": c.model,
+        "change": c.change,
+        "demo": demo,
+        "before": c.before.to_json(),
+        "after": c.after.to_json(),
+    }

@@ -33,16 +33,28 @@ def signature(secret: str, timestamp: int, body: bytes) -> str:
     return "sha256=" + mac.hexdigest()
 
 
-def signed_headers(*, secret: str, timestamp: int, body: bytes, kind: str,
-                   delivery_id: str) -> dict[str, str]:
+def signed_headers(
+    *, secret: str, timestamp: int, body: bytes, kind: str, delivery_id: str
+) -> dict[str, str]:
     """The headers of one delivery attempt (Content-Type included)."""
-    return {"Content-Type": "application/json", TIMESTAMP_HEADER: str(timestamp),
-            SIGNATURE_HEADER: signature(secret, timestamp, body), EVENT_HEADER: kind,
-            DELIVERY_HEADER: delivery_id}
+    return {
+        "Content-Type": "application/json",
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: signature(secret, timestamp, body),
+        EVENT_HEADER: kind,
+        DELIVERY_HEADER: delivery_id,
+    }
 
 
-def verify(*, secret: str, body: bytes, timestamp: str | None, sig: str | None, now: float,
-           tolerance_s: float = TOLERANCE_S) -> bool:
+def verify(
+    *,
+    secret: str,
+    body: bytes,
+    timestamp: str | None,
+    sig: str | None,
+    now: float,
+    tolerance_s: float = TOLERANCE_S,
+) -> bool:
     """True when ``sig`` (the ``X-Turnout-Signature`` header) signs ``body`` at ``timestamp``
     (the ``X-Turnout-Timestamp`` header) with ``secret``, and the timestamp lies within
     ``tolerance_s`` seconds of ``now`` (Unix seconds). A missing or malformed header is

@@ -75,24 +75,31 @@ def parse_time(text: str, name: str) -> dt.datetime:
     try:
         parsed = dt.datetime.fromisoformat(value)
     except ValueError:
-        raise ValueError(f"{name}: {text[:MAX_TIME_TEXT]!r} is not a time (use 2026-11-29, "
-                         "2026-11-29T10:00 in UTC, or an ISO 8601 time with its offset)") from None
+        raise ValueError(
+            f"{name}: {text[:MAX_TIME_TEXT]!r} is not a time (use 2026-11-29, "
+            "2026-11-29T10:00 in UTC, or an ISO 8601 time with its offset)"
+        ) from None
     try:
         return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
     except OverflowError:  # 0001-01-01T00:00+14:00 is before year 1 in UTC
-        raise ValueError(f"{name}: {text[:MAX_TIME_TEXT]!r} is out of range (in UTC it falls "
-                         "before year 1 or after year 9999)") from None
+        raise ValueError(
+            f"{name}: {text[:MAX_TIME_TEXT]!r} is out of range (in UTC it falls "
+            "before year 1 or after year 9999)"
+        ) from None
 
 
-def read_window(window: str = "", from_text: str = "", to_text: str = "",
-                now: dt.datetime | None = None) -> TimeWindow:
+def read_window(
+    window: str = "", from_text: str = "", to_text: str = "", now: dt.datetime | None = None
+) -> TimeWindow:
     """The window a query string asks for. ``from``/``to`` go with ``window=custom`` (or no
     ``window`` at all); beside a preset they are an error, not silently dropped. Raises
     ValueError with what is wrong."""
     key = window.strip() or (CUSTOM if from_text.strip() or to_text.strip() else "all")
     if key != CUSTOM and key not in PRESETS:
-        raise ValueError(f"window: {window[:MAX_TIME_TEXT]!r} is not a window; use "
-                         f"{', '.join(PRESETS)} or {CUSTOM} (with from and to)")
+        raise ValueError(
+            f"window: {window[:MAX_TIME_TEXT]!r} is not a window; use "
+            f"{', '.join(PRESETS)} or {CUSTOM} (with from and to)"
+        )
     if key != CUSTOM:
         if from_text.strip() or to_text.strip():
             raise ValueError(f"from/to go with window=custom, not window={key}")
@@ -102,8 +109,9 @@ def read_window(window: str = "", from_text: str = "", to_text: str = "",
     start = parse_time(from_text, "from") if from_text.strip() else None
     end = parse_time(to_text, "to") if to_text.strip() else None
     if start is not None and end is not None and start >= end:
-        raise ValueError(f"from ({start:%Y-%m-%d %H:%M} UTC) must be before to "
-                         f"({end:%Y-%m-%d %H:%M} UTC)")
+        raise ValueError(
+            f"from ({start:%Y-%m-%d %H:%M} UTC) must be before to ({end:%Y-%m-%d %H:%M} UTC)"
+        )
     return TimeWindow(CUSTOM, start, end, from_text.strip(), to_text.strip())
 
 
@@ -117,8 +125,12 @@ def page_window(
     try:
         return read_window(window, from_text, to_text)
     except ValueError as err:
-        return TimeWindow(CUSTOM if from_text or to_text else "all", from_text=from_text,
-                          to_text=to_text, error=str(err))
+        return TimeWindow(
+            CUSTOM if from_text or to_text else "all",
+            from_text=from_text,
+            to_text=to_text,
+            error=str(err),
+        )
 
 
 WindowDep = Annotated[TimeWindow, Depends(page_window)]

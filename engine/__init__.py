@@ -3,7 +3,7 @@ the runner protocol and the ``LLM`` facade. Torch is imported only under ``engin
 the runner wiring, so the scheduling core runs and tests without it.
 
 Names are exported lazily (PEP 562): ``import engine`` loads nothing else, so the ``turnout``
-command line stays fast; ``from engine import LLM`` loads the facade (oracle, then torch
+command line stays fast; ``from turnout.engine import LLM`` loads the facade (oracle, then torch
 through the model layer) on first use.
 """
 
@@ -13,30 +13,30 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "LLM": "engine.llm",
-    "EngineConfig": "engine.config",
-    "SpeculativeConfig": "engine.config",
-    "EngineCore": "engine.core",
-    "EngineConfigError": "engine.errors",
-    "EngineError": "engine.errors",
-    "InvalidRequestError": "engine.errors",
-    "UnsupportedOptionError": "engine.errors",
-    "AsyncModelRunnerOutput": "engine.outputs",
-    "CompletionOutput": "engine.outputs",
-    "EmbeddingOutput": "engine.outputs",
-    "Logprob": "engine.outputs",
-    "Logprobs": "engine.outputs",
-    "ModelRunnerOutput": "engine.outputs",
-    "PromptLogprobs": "engine.outputs",
-    "RequestOutput": "engine.outputs",
-    "Request": "engine.request",
-    "RequestStatus": "engine.request",
-    "ModelRunner": "engine.runner_protocol",
-    "SamplingParams": "engine.sampling_params",
-    "Scheduler": "engine.scheduler",
-    "CachedRequestData": "engine.scheduler_output",
-    "NewRequestData": "engine.scheduler_output",
-    "SchedulerOutput": "engine.scheduler_output",
+    "LLM": "turnout.engine.llm",
+    "EngineConfig": "turnout.engine.config",
+    "SpeculativeConfig": "turnout.engine.config",
+    "EngineCore": "turnout.engine.core",
+    "EngineConfigError": "turnout.engine.errors",
+    "EngineError": "turnout.engine.errors",
+    "InvalidRequestError": "turnout.engine.errors",
+    "UnsupportedOptionError": "turnout.engine.errors",
+    "AsyncModelRunnerOutput": "turnout.engine.outputs",
+    "CompletionOutput": "turnout.engine.outputs",
+    "EmbeddingOutput": "turnout.engine.outputs",
+    "Logprob": "turnout.engine.outputs",
+    "Logprobs": "turnout.engine.outputs",
+    "ModelRunnerOutput": "turnout.engine.outputs",
+    "PromptLogprobs": "turnout.engine.outputs",
+    "RequestOutput": "turnout.engine.outputs",
+    "Request": "turnout.engine.request",
+    "RequestStatus": "turnout.engine.request",
+    "ModelRunner": "turnout.engine.runner_protocol",
+    "SamplingParams": "turnout.engine.sampling_params",
+    "Scheduler": "turnout.engine.scheduler",
+    "CachedRequestData": "turnout.engine.scheduler_output",
+    "NewRequestData": "turnout.engine.scheduler_output",
+    "SchedulerOutput": "turnout.engine.scheduler_output",
 }
 
 

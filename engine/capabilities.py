@@ -13,8 +13,8 @@ The oracle never imports the runners (DESIGN §2), so the manifests are written 
 it through its ``pack.manifests`` key and refuses an architecture no runner serves.
 Regenerate it after a change to the model layer or a runner::
 
-    python -m engine.capabilities --write     # rewrite policies/turnout/manifests.json
-    python -m engine.capabilities --check     # exit 1 when the file and the runners differ
+    python -m turnout.engine.capabilities --write     # rewrite policies/turnout/manifests.json
+    python -m turnout.engine.capabilities --check     # exit 1 when the file and the runners differ
 
 This module imports no torch; building a manifest (:func:`live_manifests`) imports the runners
 and with them the model layer.
@@ -44,7 +44,7 @@ FEATURES: dict[str, str] = {
 RUNNER_KINDS = ("generate", "pooling")
 #: Where the generated file lives, and the command that writes it.
 MANIFESTS_FILE = Path(__file__).resolve().parents[1] / "policies" / "turnout" / "manifests.json"
-WRITE_COMMAND = "python -m engine.capabilities --write"
+WRITE_COMMAND = "python -m turnout.engine.capabilities --write"
 FORMAT_VERSION = 1
 
 
@@ -94,19 +94,32 @@ class RunnerManifest:
         if both or missing or unknown or not set(kinds) <= set(RUNNER_KINDS):
             raise ManifestError(
                 f"runner {self.runner}: features both honoured and refused {sorted(both)}, neither "
-                f"{sorted(missing)}, unknown {sorted(unknown)}; runner kinds {kinds}")
-        unserved = sorted(set(self.tensor_parallel_architectures) - set(self.architectures_for("generate")))
+                f"{sorted(missing)}, unknown {sorted(unknown)}; runner kinds {kinds}"
+            )
+        unserved = sorted(
+            set(self.tensor_parallel_architectures) - set(self.architectures_for("generate"))
+        )
         if unserved:
-            raise ManifestError(f"runner {self.runner}: tensor parallelism for architectures it does not "
-                                f"generate with: {unserved}")
+            raise ManifestError(
+                f"runner {self.runner}: tensor parallelism for architectures it does not "
+                f"generate with: {unserved}"
+            )
 
     @classmethod
-    def build(cls, runner: str, *, architectures: Mapping[str, Sequence[str]],
-              refused: Sequence[str], speculative_methods: Sequence[str] = (),
-              pooling_tasks: Sequence[str] = (), platforms: Sequence[str] = (),
-              requires_triton: bool = False, async_scheduling: bool = False,
-              cuda_graphs: bool = False,
-              tensor_parallel_architectures: Sequence[str] = ()) -> RunnerManifest:
+    def build(
+        cls,
+        runner: str,
+        *,
+        architectures: Mapping[str, Sequence[str]],
+        refused: Sequence[str],
+        speculative_methods: Sequence[str] = (),
+        pooling_tasks: Sequence[str] = (),
+        platforms: Sequence[str] = (),
+        requires_triton: bool = False,
+        async_scheduling: bool = False,
+        cuda_graphs: bool = False,
+        tensor_parallel_architectures: Sequence[str] = (),
+    ) -> RunnerManifest:
         """A manifest that honours every feature of :data:`FEATURES` but ``refused``.
 
         Raises:
@@ -117,13 +130,17 @@ class RunnerManifest:
             raise ManifestError(f"runner {runner}: refuses unknown features {unknown}")
         return cls(
             runner=runner,
-            architectures=tuple((k, tuple(sorted(architectures[k]))) for k in RUNNER_KINDS
-                                if architectures.get(k)),
+            architectures=tuple(
+                (k, tuple(sorted(architectures[k]))) for k in RUNNER_KINDS if architectures.get(k)
+            ),
             speculative_methods=tuple(sorted(speculative_methods)),
             honoured=tuple(sorted(set(FEATURES) - set(refused))),
-            refused=tuple(sorted(refused)), pooling_tasks=tuple(sorted(pooling_tasks)),
-            platforms=tuple(sorted(platforms)), requires_triton=requires_triton,
-            async_scheduling=async_scheduling, cuda_graphs=cuda_graphs,
+            refused=tuple(sorted(refused)),
+            pooling_tasks=tuple(sorted(pooling_tasks)),
+            platforms=tuple(sorted(platforms)),
+            requires_triton=requires_triton,
+            async_scheduling=async_scheduling,
+            cuda_graphs=cuda_graphs,
             tensor_parallel_architectures=tuple(sorted(tensor_parallel_architectures)),
         )
 
@@ -159,7 +176,7 @@ class RunnerManifest:
 def model_layer_architectures() -> dict[str, tuple[str, ...]]:
     """Runner kind -> the architectures ``engine.model`` loads (its config tuples: encoders and
     sequence classifiers pool, the other decoders generate). Imports the model layer (torch)."""
-    from engine.model import config
+    from turnout.engine.model import config
 
     pooling = tuple(config.POOLING_ARCHITECTURES)
     generate = tuple(a for a in config.SUPPORTED_ARCHITECTURES if a not in pooling)
@@ -169,13 +186,15 @@ def model_layer_architectures() -> dict[str, tuple[str, ...]]:
 def live_manifests() -> dict[str, RunnerManifest]:
     """Each runner's ``MANIFEST`` (the packages are imported by name, as the engine builds
     runners: engine never imports a runner statically)."""
-    from engine.runner_protocol import RUNNER_NAMES
+    from turnout.engine.runner_protocol import RUNNER_NAMES
 
     out = {}
     for name in RUNNER_NAMES:
-        manifest = importlib.import_module(f"runner_{name}").MANIFEST
+        manifest = importlib.import_module(f"turnout.runner_{name}").MANIFEST
         if not isinstance(manifest, RunnerManifest) or manifest.runner != name:
-            raise ManifestError(f"runner_{name}.MANIFEST is not the RunnerManifest of runner {name}")
+            raise ManifestError(
+                f"runner_{name}.MANIFEST is not the RunnerManifest of runner {name}"
+            )
         out[name] = manifest
     return out
 
@@ -200,13 +219,17 @@ def check_file(path: Path = MANIFESTS_FILE) -> str | None:
         return f"{path} does not exist: run `{WRITE_COMMAND}`"
     if have == want:
         return None
-    return (f"{path} differs from the runners' manifests (the model layer or a runner changed): "
-            f"run `{WRITE_COMMAND}` and commit the file")
+    return (
+        f"{path} differs from the runners' manifests (the model layer or a runner changed): "
+        f"run `{WRITE_COMMAND}` and commit the file"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.capabilities",
-                                     description="the runners' capability manifests")
+    parser = argparse.ArgumentParser(
+        prog="python -m turnout.engine.capabilities",
+        description="the runners' capability manifests",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--write", action="store_true", help=f"rewrite {MANIFESTS_FILE.name}")
     mode.add_argument("--check", action="store_true", help="exit 1 when the file is stale")
@@ -224,12 +247,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["FEATURES", "MANIFESTS_FILE", "RUNNER_KINDS", "ManifestError", "RunnerManifest",
-           "check_file", "live_manifests", "model_layer_architectures", "render"]
+__all__ = [
+    "FEATURES",
+    "MANIFESTS_FILE",
+    "RUNNER_KINDS",
+    "ManifestError",
+    "RunnerManifest",
+    "check_file",
+    "live_manifests",
+    "model_layer_architectures",
+    "render",
+]
 
 if __name__ == "__main__":
     # Run the imported module's main, so that the runners' manifests are instances of its
     # RunnerManifest (not of this __main__ copy's).
-    from engine.capabilities import main as _main
+    from turnout.engine.capabilities import main as _main
 
     raise SystemExit(_main())

@@ -22,18 +22,29 @@ EXIT_BAD_INPUT = 2
 EXIT_NO_RUNNER = 3
 # Top-level modules of the ``runners`` extra (pyproject.toml): without them the engine cannot
 # load, and the command says how to install them instead of printing a traceback.
-RUNNER_MODULES = frozenset({"torch", "triton", "numpy", "safetensors", "gguf", "tokenizers",
-                            "jinja2"})
+RUNNER_MODULES = frozenset(
+    {"torch", "triton", "numpy", "safetensors", "gguf", "tokenizers", "jinja2"}
+)
 INSTALL_RUNNERS = "make install-runners (or: pip install -e '.[runners]')"
 
-ModelOpt = Annotated[Path, typer.Option("--model", help="HF model directory or .gguf file", show_default=False)]
-RunnerOpt = Annotated[str, typer.Option("--runner", help="auto (the oracle decides), v1 or v2 (a pin)")]
+ModelOpt = Annotated[
+    Path, typer.Option("--model", help="HF model directory or .gguf file", show_default=False)
+]
+RunnerOpt = Annotated[
+    str, typer.Option("--runner", help="auto (the oracle decides), v1 or v2 (a pin)")
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="one JSON object: decision and outputs")]
 PackOpt = Annotated[str, typer.Option("--pack", help="policy pack name or folder")]
-DeviceOpt = Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when available)")]
+DeviceOpt = Annotated[
+    str | None, typer.Option("--device", help="cpu or cuda (default: cuda when available)")
+]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16")]
-MaxLenOpt = Annotated[int | None, typer.Option("--max-model-len", help="tokens per request (default: the model's)")]
-TokOpt = Annotated[Path | None, typer.Option("--tokenizer", help="read the tokenizer from here (default: --model)")]
+MaxLenOpt = Annotated[
+    int | None, typer.Option("--max-model-len", help="tokens per request (default: the model's)")
+]
+TokOpt = Annotated[
+    Path | None, typer.Option("--tokenizer", help="read the tokenizer from here (default: --model)")
+]
 
 
 def register_generate(app: typer.Typer) -> None:
@@ -58,19 +69,45 @@ def register_score(app: typer.Typer) -> None:
 
 def generate(
     model: ModelOpt,
-    prompt: Annotated[list[str] | None, typer.Option("--prompt", help="a prompt (repeatable)")] = None,
-    prompts: Annotated[Path | None, typer.Option("--prompts", help="a file with one prompt per line")] = None,
+    prompt: Annotated[
+        list[str] | None, typer.Option("--prompt", help="a prompt (repeatable)")
+    ] = None,
+    prompts: Annotated[
+        Path | None, typer.Option("--prompts", help="a file with one prompt per line")
+    ] = None,
     runner: RunnerOpt = "auto",
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="output tokens at most")] = 64,
     temperature: Annotated[float, typer.Option("--temperature", help="0 is greedy")] = 1.0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="-1: all tokens")] = -1,
     seed: Annotated[int | None, typer.Option("--seed")] = None,
-    logprobs: Annotated[int | None, typer.Option("--logprobs", help="top-k logprobs per token")] = None,
-    chat: Annotated[bool, typer.Option("--chat/--no-chat", help="apply the model's chat template (default: when it has one)")] = True,
-    speculative_config: Annotated[str | None, typer.Option("--speculative-config", help='JSON, e.g. {"method": "ngram", "num_speculative_tokens": 3}')] = None,
-    cpu_offload_gb: Annotated[float, typer.Option("--cpu-offload-gb", help="GiB of weights kept in host memory")] = 0.0,
-    tensor_parallel_size: Annotated[int, typer.Option("--tensor-parallel-size", "-tp", help="ranks to split the model over, one process each (Llama family; docs/tensor-parallel.md)")] = 1,
+    logprobs: Annotated[
+        int | None, typer.Option("--logprobs", help="top-k logprobs per token")
+    ] = None,
+    chat: Annotated[
+        bool,
+        typer.Option(
+            "--chat/--no-chat", help="apply the model's chat template (default: when it has one)"
+        ),
+    ] = True,
+    speculative_config: Annotated[
+        str | None,
+        typer.Option(
+            "--speculative-config",
+            help='JSON, e.g. {"method": "ngram", "num_speculative_tokens": 3}',
+        ),
+    ] = None,
+    cpu_offload_gb: Annotated[
+        float, typer.Option("--cpu-offload-gb", help="GiB of weights kept in host memory")
+    ] = 0.0,
+    tensor_parallel_size: Annotated[
+        int,
+        typer.Option(
+            "--tensor-parallel-size",
+            "-tp",
+            help="ranks to split the model over, one process each (Llama family; docs/tensor-parallel.md)",
+        ),
+    ] = 1,
     max_model_len: MaxLenOpt = None,
     tokenizer: TokOpt = None,
     device: DeviceOpt = None,
@@ -85,19 +122,38 @@ def generate(
     timing: dict[str, float] = {}
 
     def work() -> tuple[Any, list[dict[str, Any]]]:
-        from engine.sampling_params import SamplingParams
+        from turnout.engine.sampling_params import SamplingParams
 
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, logprobs=logprobs)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            logprobs=logprobs,
+        )
         started = time.perf_counter()
         llm = _make_llm(
-            model, runner, pack, device, tokenizer=tokenizer, max_model_len=max_model_len, dtype=dtype,
-            speculative_config=spec, cpu_offload_gb=cpu_offload_gb, tensor_parallel_size=tensor_parallel_size,
+            model,
+            runner,
+            pack,
+            device,
+            tokenizer=tokenizer,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            speculative_config=spec,
+            cpu_offload_gb=cpu_offload_gb,
+            tensor_parallel_size=tensor_parallel_size,
         )
         timing["load_s"] = time.perf_counter() - started
         _print_decision(llm, as_json)
         use_chat = chat and llm.tokenizer is not None and llm.tokenizer.chat_template is not None
         started = time.perf_counter()
-        results = llm.chat([[{"role": "user", "content": t}] for t in texts], params) if use_chat else llm.generate(texts, params)
+        results = (
+            llm.chat([[{"role": "user", "content": t}] for t in texts], params)
+            if use_chat
+            else llm.generate(texts, params)
+        )
         timing["generate_s"] = time.perf_counter() - started
         return llm, [_completion_json(text, r) for text, r in zip(texts, results, strict=True)]
 
@@ -105,22 +161,31 @@ def generate(
     _print_outputs(llm, outputs, as_json, field="text", timing=generate_timing(timing, outputs))
 
 
-def generate_timing(timing: dict[str, float], outputs: list[dict[str, Any]]) -> dict[str, float | int]:
+def generate_timing(
+    timing: dict[str, float], outputs: list[dict[str, Any]]
+) -> dict[str, float | int]:
     """Wall-clock figures of one ``turnout generate``: ``load_s`` (deciding, reading the model
     and tokenizer, sizing the KV cache), ``generate_s`` (prefill and decode of every prompt),
     ``num_output_tokens`` and ``output_tokens_per_s`` (over ``generate_s``, to four significant
     digits: two decimals lost 1 % of a slow CPU run's 0.4846 tok/s)."""
     num_tokens = sum(len(out["token_ids"]) for out in outputs)
     generate_s = timing["generate_s"]
-    return {"load_s": round(timing["load_s"], 3), "generate_s": round(generate_s, 3),
-            "num_output_tokens": num_tokens,
-            "output_tokens_per_s": float(f"{num_tokens / generate_s:.4g}") if generate_s > 0 else 0.0}
+    return {
+        "load_s": round(timing["load_s"], 3),
+        "generate_s": round(generate_s, 3),
+        "num_output_tokens": num_tokens,
+        "output_tokens_per_s": float(f"{num_tokens / generate_s:.4g}") if generate_s > 0 else 0.0,
+    }
 
 
 def embed(
     model: ModelOpt,
-    text: Annotated[list[str] | None, typer.Option("--text", help="a text to embed (repeatable)")] = None,
-    texts: Annotated[Path | None, typer.Option("--texts", help="a file with one text per line")] = None,
+    text: Annotated[
+        list[str] | None, typer.Option("--text", help="a text to embed (repeatable)")
+    ] = None,
+    texts: Annotated[
+        Path | None, typer.Option("--texts", help="a file with one text per line")
+    ] = None,
     runner: RunnerOpt = "auto",
     tokenizer: TokOpt = None,
     device: DeviceOpt = None,
@@ -135,7 +200,10 @@ def embed(
         llm = _make_llm(model, runner, pack, device, tokenizer=tokenizer, dtype=dtype)
         _print_decision(llm, as_json)
         results = llm.embed(items)
-        return llm, [{"text": t, "embedding": r.embedding, "error": r.error} for t, r in zip(items, results, strict=True)]
+        return llm, [
+            {"text": t, "embedding": r.embedding, "error": r.error}
+            for t, r in zip(items, results, strict=True)
+        ]
 
     llm, outputs = _run_guarded("embed", work)
     _print_outputs(llm, outputs, as_json, field="embedding")
@@ -143,8 +211,12 @@ def embed(
 
 def classify(
     model: ModelOpt,
-    text: Annotated[list[str] | None, typer.Option("--text", help="a text to classify (repeatable)")] = None,
-    texts: Annotated[Path | None, typer.Option("--texts", help="a file with one text per line")] = None,
+    text: Annotated[
+        list[str] | None, typer.Option("--text", help="a text to classify (repeatable)")
+    ] = None,
+    texts: Annotated[
+        Path | None, typer.Option("--texts", help="a file with one text per line")
+    ] = None,
     runner: RunnerOpt = "auto",
     max_model_len: MaxLenOpt = None,
     tokenizer: TokOpt = None,
@@ -158,12 +230,28 @@ def classify(
     items = _read_inputs(text, texts, "--text", "--texts")
 
     def work() -> tuple[Any, list[dict[str, Any]]]:
-        llm = _make_llm(model, runner, pack, device, tokenizer=tokenizer, max_model_len=max_model_len, dtype=dtype)
+        llm = _make_llm(
+            model,
+            runner,
+            pack,
+            device,
+            tokenizer=tokenizer,
+            max_model_len=max_model_len,
+            dtype=dtype,
+        )
         _print_decision(llm, as_json)
         results = llm.classify(items)  # refuses a model without a classifier first
         labels = llm.model_config.classifier.labels
-        return llm, [{"text": t, "label": _top_label(labels, r.probs), "logits": r.logits, "probs": r.probs,
-                      "error": r.error} for t, r in zip(items, results, strict=True)]
+        return llm, [
+            {
+                "text": t,
+                "label": _top_label(labels, r.probs),
+                "logits": r.logits,
+                "probs": r.probs,
+                "error": r.error,
+            }
+            for t, r in zip(items, results, strict=True)
+        ]
 
     llm, outputs = _run_guarded("classify", work)
     _print_outputs(llm, outputs, as_json, field="logits")
@@ -171,11 +259,24 @@ def classify(
 
 def score(
     model: ModelOpt,
-    query: Annotated[str, typer.Option("--query", help="the query every document is scored against", show_default=False)],
-    document: Annotated[list[str] | None, typer.Option("--document", help="a document (repeatable)")] = None,
-    documents: Annotated[Path | None, typer.Option("--documents", help="a file with one document per line")] = None,
-    rerank: Annotated[bool, typer.Option("--rerank", help="print the documents most relevant first")] = False,
-    top_n: Annotated[int | None, typer.Option("--top-n", help="with --rerank: the best N only")] = None,
+    query: Annotated[
+        str,
+        typer.Option(
+            "--query", help="the query every document is scored against", show_default=False
+        ),
+    ],
+    document: Annotated[
+        list[str] | None, typer.Option("--document", help="a document (repeatable)")
+    ] = None,
+    documents: Annotated[
+        Path | None, typer.Option("--documents", help="a file with one document per line")
+    ] = None,
+    rerank: Annotated[
+        bool, typer.Option("--rerank", help="print the documents most relevant first")
+    ] = False,
+    top_n: Annotated[
+        int | None, typer.Option("--top-n", help="with --rerank: the best N only")
+    ] = None,
     runner: RunnerOpt = "auto",
     max_model_len: MaxLenOpt = None,
     tokenizer: TokOpt = None,
@@ -192,22 +293,41 @@ def score(
         _fail(f"--top-n must be >= 1, got {top_n}")
 
     def work() -> tuple[Any, list[dict[str, Any]]]:
-        llm = _make_llm(model, runner, pack, device, tokenizer=tokenizer, max_model_len=max_model_len, dtype=dtype)
+        llm = _make_llm(
+            model,
+            runner,
+            pack,
+            device,
+            tokenizer=tokenizer,
+            max_model_len=max_model_len,
+            dtype=dtype,
+        )
         _print_decision(llm, as_json)
         if rerank:
             ranked = llm.rerank(query, items, top_n=top_n)
-            return llm, [{"index": r.index, "document": r.document, "score": r.relevance_score, "error": r.error}
-                         for r in ranked]
+            return llm, [
+                {
+                    "index": r.index,
+                    "document": r.document,
+                    "score": r.relevance_score,
+                    "error": r.error,
+                }
+                for r in ranked
+            ]
         results = llm.score(query, items)
-        return llm, [{"index": i, "document": d, "score": r.score, "error": r.error}
-                     for i, (d, r) in enumerate(zip(items, results, strict=True))]
+        return llm, [
+            {"index": i, "document": d, "score": r.score, "error": r.error}
+            for i, (d, r) in enumerate(zip(items, results, strict=True))
+        ]
 
     llm, outputs = _run_guarded("score", work)
     _print_outputs(llm, outputs, as_json, field="score")
 
 
 # ---- helpers ---------------------------------------------------------------------------
-def _read_inputs(inline: list[str] | None, path: Path | None, inline_flag: str, file_flag: str) -> list[str]:
+def _read_inputs(
+    inline: list[str] | None, path: Path | None, inline_flag: str, file_flag: str
+) -> list[str]:
     if bool(inline) == (path is not None):
         _fail(f"give {inline_flag} TEXT (repeatable) or {file_flag} FILE, exactly one of them")
     if path is None:
@@ -232,8 +352,15 @@ def _parse_json_flag(flag: str, value: str | None) -> Any:
         _fail(f"{flag}: invalid JSON at column {exc.colno}: {exc.msg}")
 
 
-def _make_llm(model: Path, runner: str, pack: str, device: str | None, tokenizer: Path | None, **engine_args: Any) -> Any:
-    from engine.llm import LLM
+def _make_llm(
+    model: Path,
+    runner: str,
+    pack: str,
+    device: str | None,
+    tokenizer: Path | None,
+    **engine_args: Any,
+) -> Any:
+    from turnout.engine.llm import LLM
 
     # The decision is printed by the command; keep the engine's log lines off the terminal.
     engine_logger = logging.getLogger("turnout.engine")
@@ -244,8 +371,8 @@ def _make_llm(model: Path, runner: str, pack: str, device: str | None, tokenizer
 
 
 def _run_guarded(command: str, work: Any) -> Any:
-    from engine.errors import EngineError, NoRunnerError
-    from oracle.errors import OracleError
+    from turnout.engine.errors import EngineError, NoRunnerError
+    from turnout.oracle.errors import OracleError
 
     try:
         llm, outputs = work()
@@ -253,8 +380,10 @@ def _run_guarded(command: str, work: Any) -> Any:
         missing = (exc.name or "").partition(".")[0]
         if missing not in RUNNER_MODULES:
             raise  # not a missing extra: a real error, with its traceback
-        _fail(f"turnout {command} needs the runners extra, and {missing} cannot be imported "
-              f"({exc}): install it with {INSTALL_RUNNERS}")
+        _fail(
+            f"turnout {command} needs the runners extra, and {missing} cannot be imported "
+            f"({exc}): install it with {INSTALL_RUNNERS}"
+        )
     except NoRunnerError as exc:
         _fail(str(exc), EXIT_NO_RUNNER)
     except (EngineError, OracleError, ValueError) as exc:  # bad flags, files, packs
@@ -274,7 +403,9 @@ def _print_decision(llm: Any, as_json: bool) -> None:
     if as_json:
         return
     d = llm.decision
-    typer.echo(f"runner: {d.runner} ({d.mode}, {d.reason_code}; pack {d.pack}, policy {d.policy_digest})")
+    typer.echo(
+        f"runner: {d.runner} ({d.mode}, {d.reason_code}; pack {d.pack}, policy {d.policy_digest})"
+    )
     for message in d.messages:
         typer.echo(f"  {message.level}: {message.message}")
 
@@ -287,13 +418,16 @@ def _top_label(labels: tuple[str, ...], probs: list[float] | None) -> str | None
 def _completion_json(prompt: str, result: Any) -> dict[str, Any]:
     completion = result.outputs[0]
     out: dict[str, Any] = {
-        "prompt": prompt, "text": completion.text, "token_ids": completion.token_ids,
+        "prompt": prompt,
+        "text": completion.text,
+        "token_ids": completion.token_ids,
         "finish_reason": completion.finish_reason,
     }
     if completion.logprobs is not None:
         lps = completion.logprobs
         out["logprobs"] = [
-            {str(tok): round(lp.logprob, 6) for tok, lp in lps.position(i).items()} for i in range(len(lps))
+            {str(tok): round(lp.logprob, 6) for tok, lp in lps.position(i).items()}
+            for i in range(len(lps))
         ]
     if result.spec_decode is not None:  # speculative decoding: drafts verified and accepted
         out["spec_decode"] = result.spec_decode.as_dict()
@@ -302,8 +436,14 @@ def _completion_json(prompt: str, result: Any) -> dict[str, Any]:
     return out
 
 
-def _print_outputs(llm: Any, outputs: list[dict[str, Any]], as_json: bool, *, field: str,
-                   timing: dict[str, float | int] | None = None) -> None:
+def _print_outputs(
+    llm: Any,
+    outputs: list[dict[str, Any]],
+    as_json: bool,
+    *,
+    field: str,
+    timing: dict[str, float | int] | None = None,
+) -> None:
     failed = sum(1 for out in outputs if out.get("error"))
     if as_json:
         body: dict[str, Any] = {"decision": llm.decision.to_json(), "outputs": outputs}
@@ -316,10 +456,15 @@ def _print_outputs(llm: Any, outputs: list[dict[str, Any]], as_json: bool, *, fi
             typer.echo(f"\n>>> {source}\nerror: {out['error']}")
         elif field == "text":
             spec = out.get("spec_decode")
-            drafts = (f", {spec['num_accepted_tokens']} of {spec['num_draft_tokens']} drafts accepted"
-                      if spec else "")
-            typer.echo(f"\n>>> {source}\n{out['text']}\n[{len(out['token_ids'])} tokens, "
-                       f"finish_reason={out['finish_reason']}{drafts}]")
+            drafts = (
+                f", {spec['num_accepted_tokens']} of {spec['num_draft_tokens']} drafts accepted"
+                if spec
+                else ""
+            )
+            typer.echo(
+                f"\n>>> {source}\n{out['text']}\n[{len(out['token_ids'])} tokens, "
+                f"finish_reason={out['finish_reason']}{drafts}]"
+            )
         elif field == "logits":
             values = ", ".join(f"{x:.4f}" for x in out["logits"])
             probs = ", ".join(f"{x:.4f}" for x in out["probs"])
@@ -331,11 +476,21 @@ def _print_outputs(llm: Any, outputs: list[dict[str, Any]], as_json: bool, *, fi
             head = ", ".join(f"{x:.4f}" for x in vec[:6])
             typer.echo(f"\n>>> {source}\n[{head}, ...] ({len(vec)} dimensions)")
     if timing and not as_json:
-        typer.echo(f"\n[load {timing['load_s']:.2f} s; generate {timing['generate_s']:.2f} s: "
-                   f"{timing['num_output_tokens']} output tokens, {timing['output_tokens_per_s']:.1f} tok/s]")
+        typer.echo(
+            f"\n[load {timing['load_s']:.2f} s; generate {timing['generate_s']:.2f} s: "
+            f"{timing['num_output_tokens']} output tokens, {timing['output_tokens_per_s']:.1f} tok/s]"
+        )
     if failed:  # the others were served; the exit code says that some were not
         raise typer.Exit(EXIT_BAD_INPUT)
 
 
-__all__ = ["classify", "embed", "generate", "register_classify", "register_embed", "register_generate",
-           "register_score", "score"]
+__all__ = [
+    "classify",
+    "embed",
+    "generate",
+    "register_classify",
+    "register_embed",
+    "register_generate",
+    "register_score",
+    "score",
+]

@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any
 
-from engine.errors import EngineConfigError
-from engine.pooling_params import POOLING_TASKS
+from turnout.engine.errors import EngineConfigError
+from turnout.engine.pooling_params import POOLING_TASKS
 
 #: Speculative methods SpeculativeConfig can express (the oracle knows more; those are refused
 #: here, before any runner is built). Which runner implements which: the runners' manifests
@@ -77,11 +77,13 @@ class SpeculativeConfig:
         if self.method == "draft_model" and (not isinstance(self.model, str) or not self.model):
             raise EngineConfigError(
                 f"speculative method 'draft_model' needs the draft model: speculative_config['model'] "
-                f"(an HF directory or .gguf file), got {self.model!r}")
+                f"(an HF directory or .gguf file), got {self.model!r}"
+            )
         if self.method != "draft_model" and self.model is not None:
             raise EngineConfigError(
                 f"speculative_config['model'] names a draft model, which method {self.method!r} does not "
-                f"use (use method 'draft_model')")
+                f"use (use method 'draft_model')"
+            )
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> SpeculativeConfig:
@@ -90,10 +92,18 @@ class SpeculativeConfig:
             raise EngineConfigError(
                 f"speculative_config must be a JSON object of vLLM's keys, got a {type(spec).__name__}"
             )
-        known = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"}
+        known = {
+            "method",
+            "model",
+            "num_speculative_tokens",
+            "prompt_lookup_min",
+            "prompt_lookup_max",
+        }
         unknown = sorted(set(spec) - known)
         if unknown:
-            raise EngineConfigError(f"unknown speculative_config keys {unknown} (known: {sorted(known)})")
+            raise EngineConfigError(
+                f"unknown speculative_config keys {unknown} (known: {sorted(known)})"
+            )
         spec = dict(spec)
         if "method" not in spec and spec.get("model") is not None:
             spec["method"] = "draft_model"  # vLLM: a draft model without a method
@@ -165,20 +175,30 @@ class EngineConfig:
     def __post_init__(self) -> None:
         self._check_types()
         if self.load_format not in ("auto", "dummy"):
-            raise EngineConfigError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+            raise EngineConfigError(
+                f"load_format must be 'auto' or 'dummy', got {self.load_format!r}"
+            )
         if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
             raise EngineConfigError(
-                f"mamba_cache_mode must be one of {', '.join(MAMBA_CACHE_MODES)}, got {self.mamba_cache_mode!r}")
+                f"mamba_cache_mode must be one of {', '.join(MAMBA_CACHE_MODES)}, got {self.mamba_cache_mode!r}"
+            )
         if MAMBA_CACHE_MODES[self.mamba_cache_mode] == "refused":
             raise EngineConfigError(
                 f"mamba_cache_mode={self.mamba_cache_mode!r} (Mamba states cached at block boundaries "
-                f"for prefix caching) is not implemented by turnout's runners: use 'none'")
+                f"for prefix caching) is not implemented by turnout's runners: use 'none'"
+            )
         if self.runner_kind not in ("generate", "pooling"):
-            raise EngineConfigError(f"runner_kind must be 'generate' or 'pooling', got {self.runner_kind!r}")
+            raise EngineConfigError(
+                f"runner_kind must be 'generate' or 'pooling', got {self.runner_kind!r}"
+            )
         if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise EngineConfigError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+            raise EngineConfigError(
+                f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}"
+            )
         if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
-            raise EngineConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+            raise EngineConfigError(
+                f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}"
+            )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise EngineConfigError(
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
@@ -197,30 +217,48 @@ class EngineConfig:
             return
         flag = f"tensor_parallel_size={tp}"
         if self.runner_kind == "pooling":
-            raise EngineConfigError(f"{flag}: tensor parallelism is not implemented for pooling models")
+            raise EngineConfigError(
+                f"{flag}: tensor parallelism is not implemented for pooling models"
+            )
         if self.cpu_offload_gb > 0:
-            raise EngineConfigError(f"{flag} with cpu_offload_gb={self.cpu_offload_gb}: offloading a "
-                                    "tensor-parallel shard is not implemented")
+            raise EngineConfigError(
+                f"{flag} with cpu_offload_gb={self.cpu_offload_gb}: offloading a "
+                "tensor-parallel shard is not implemented"
+            )
         spec = self.speculative_config
         if spec is not None and spec.method == "draft_model":
-            raise EngineConfigError(f"{flag} with speculative method 'draft_model': the draft model is "
-                                    "not sharded; use ngram / ngram_gpu, or tensor_parallel_size=1")
+            raise EngineConfigError(
+                f"{flag} with speculative method 'draft_model': the draft model is "
+                "not sharded; use ngram / ngram_gpu, or tensor_parallel_size=1"
+            )
         if self.device.startswith("cuda:") and self.device != "cuda:0":
-            raise EngineConfigError(f"{flag} on device {self.device!r}: rank r runs on cuda:r; pass "
-                                    "device 'cuda' (restrict the GPUs with CUDA_VISIBLE_DEVICES)")
+            raise EngineConfigError(
+                f"{flag} on device {self.device!r}: rank r runs on cuda:r; pass "
+                "device 'cuda' (restrict the GPUs with CUDA_VISIBLE_DEVICES)"
+            )
 
     def _check_pooling_tasks(self) -> None:
         tasks = self.pooling_tasks
         if not isinstance(tasks, tuple) or not set(tasks) <= set(POOLING_TASKS):
-            raise EngineConfigError(f"pooling_tasks must be a tuple of {', '.join(POOLING_TASKS)}, got {tasks!r}")
+            raise EngineConfigError(
+                f"pooling_tasks must be a tuple of {', '.join(POOLING_TASKS)}, got {tasks!r}"
+            )
         if (self.runner_kind == "pooling") != bool(tasks):
-            raise EngineConfigError(f"runner_kind {self.runner_kind!r} with pooling_tasks {tasks!r}: a pooling "
-                                    "model serves at least one pooling task, a generating model none")
+            raise EngineConfigError(
+                f"runner_kind {self.runner_kind!r} with pooling_tasks {tasks!r}: a pooling "
+                "model serves at least one pooling task, a generating model none"
+            )
 
     def _check_types(self) -> None:
         # Every number is checked for its type and range: nan compares false with anything (a
         # nan cpu_offload_gb would be silently no offload) and inf overflows int().
-        positive = ("vocab_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size")
+        positive = (
+            "vocab_size",
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "block_size",
+        )
         for name in positive:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
@@ -229,13 +267,21 @@ class EngineConfig:
             raise EngineConfigError(f"max_logprobs must be an int >= 0, got {self.max_logprobs!r}")
         if not _is_int(self.seed):
             raise EngineConfigError(f"seed must be an int, got {self.seed!r}")
-        if self.num_kv_blocks is not None and (not _is_int(self.num_kv_blocks) or self.num_kv_blocks < 1):
-            raise EngineConfigError(f"num_kv_blocks must be an int >= 1, got {self.num_kv_blocks!r}")
+        if self.num_kv_blocks is not None and (
+            not _is_int(self.num_kv_blocks) or self.num_kv_blocks < 1
+        ):
+            raise EngineConfigError(
+                f"num_kv_blocks must be an int >= 1, got {self.num_kv_blocks!r}"
+            )
         if not _is_finite(self.cpu_offload_gb) or self.cpu_offload_gb < 0:
-            raise EngineConfigError(f"cpu_offload_gb must be a finite number >= 0, got {self.cpu_offload_gb!r}")
+            raise EngineConfigError(
+                f"cpu_offload_gb must be a finite number >= 0, got {self.cpu_offload_gb!r}"
+            )
         memory = self.kv_cache_memory_gb
         if memory is not None and (not _is_finite(memory) or memory <= 0):
-            raise EngineConfigError(f"kv_cache_memory_gb must be a finite number > 0, got {memory!r}")
+            raise EngineConfigError(
+                f"kv_cache_memory_gb must be a finite number > 0, got {memory!r}"
+            )
         if not all(_is_int(t) and 0 <= t < self.vocab_size for t in self.eos_token_ids):
             raise EngineConfigError(
                 f"eos_token_ids must be token ids in [0, vocab_size={self.vocab_size}), got {self.eos_token_ids!r}"
@@ -250,7 +296,9 @@ class EngineConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(names - known)
         if unknown:
-            raise EngineConfigError(f"unknown engine arguments {unknown}; known: {', '.join(sorted(known))}")
+            raise EngineConfigError(
+                f"unknown engine arguments {unknown}; known: {', '.join(sorted(known))}"
+            )
 
     @property
     def max_num_blocks_per_req(self) -> int:
@@ -259,8 +307,16 @@ class EngineConfig:
 
     @property
     def num_speculative_tokens(self) -> int:
-        return 0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
+        return (
+            0 if self.speculative_config is None else self.speculative_config.num_speculative_tokens
+        )
 
 
-__all__ = ["DEVICE_TYPES", "MAMBA_CACHE_MODES", "NGRAM_METHODS", "SUPPORTED_SPECULATIVE_METHODS", "EngineConfig",
-           "SpeculativeConfig"]
+__all__ = [
+    "DEVICE_TYPES",
+    "MAMBA_CACHE_MODES",
+    "NGRAM_METHODS",
+    "SUPPORTED_SPECULATIVE_METHODS",
+    "EngineConfig",
+    "SpeculativeConfig",
+]

@@ -14,16 +14,16 @@ import operator
 import random
 from collections.abc import Sequence
 
-from engine.config import EngineConfig
-from engine.errors import EngineError, InvalidRequestError
-from engine.kv_cache_manager import cdiv
-from engine.outputs import AsyncModelRunnerOutput, ModelRunnerOutput, SpecDecodeStats
-from engine.pooling_params import PoolingParams
-from engine.request import Request
-from engine.runner_protocol import ModelRunner
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.scheduler_output import SchedulerOutput
+from turnout.engine.config import EngineConfig
+from turnout.engine.errors import EngineError, InvalidRequestError
+from turnout.engine.kv_cache_manager import cdiv
+from turnout.engine.outputs import AsyncModelRunnerOutput, ModelRunnerOutput, SpecDecodeStats
+from turnout.engine.pooling_params import PoolingParams
+from turnout.engine.request import Request
+from turnout.engine.runner_protocol import ModelRunner
+from turnout.engine.sampling_params import SamplingParams
+from turnout.engine.scheduler import Scheduler
+from turnout.engine.scheduler_output import SchedulerOutput
 
 _SEED_BITS = 63
 
@@ -53,11 +53,19 @@ class EngineCore:
         self.async_scheduling = async_scheduling
         # A runner that proposes drafts on the device (runner_v2) never returns their ids: the
         # scheduler reserves k draft positions per decode instead (docs/engine.md).
-        device_drafts = config.num_speculative_tokens if getattr(runner, "drafts_on_device", False) else 0
-        self.scheduler = Scheduler(config, num_kv_blocks, async_scheduling=async_scheduling,
-                                   num_device_drafts=device_drafts)
+        device_drafts = (
+            config.num_speculative_tokens if getattr(runner, "drafts_on_device", False) else 0
+        )
+        self.scheduler = Scheduler(
+            config,
+            num_kv_blocks,
+            async_scheduling=async_scheduling,
+            num_device_drafts=device_drafts,
+        )
         # The step launched but not yet applied (asynchronous scheduling only).
-        self._in_flight: tuple[SchedulerOutput, ModelRunnerOutput | AsyncModelRunnerOutput] | None = None
+        self._in_flight: (
+            tuple[SchedulerOutput, ModelRunnerOutput | AsyncModelRunnerOutput] | None
+        ) = None
         self._seed_rng = random.Random(config.seed)
         self._arrival = itertools.count()
         self.num_steps = 0
@@ -100,9 +108,13 @@ class EngineCore:
             if params.seed is None:
                 params = params.with_seed(self._seed_rng.getrandbits(_SEED_BITS))
         request = Request(
-            req_id=req_id, prompt_token_ids=prompt, sampling_params=params,
-            arrival_index=next(self._arrival), eos_token_ids=frozenset(self.config.eos_token_ids),
-            pooling=pooling, pooling_params=pooling_params,
+            req_id=req_id,
+            prompt_token_ids=prompt,
+            sampling_params=params,
+            arrival_index=next(self._arrival),
+            eos_token_ids=frozenset(self.config.eos_token_ids),
+            pooling=pooling,
+            pooling_params=pooling_params,
         )
         self.scheduler.add_request(request)
         return request
@@ -135,7 +147,9 @@ class EngineCore:
         # A request needing more blocks than exist would preempt itself forever. Its KV holds
         # at most its prompt, or every token but the last one sampled (that one is never
         # computed); drafts are trimmed to max_tokens / max_model_len, so they add nothing.
-        max_len = max(num_prompt, min(num_prompt + params.max_tokens, self.config.max_model_len) - 1)
+        max_len = max(
+            num_prompt, min(num_prompt + params.max_tokens, self.config.max_model_len) - 1
+        )
         needed = cdiv(max_len, self.config.block_size)
         available = self.scheduler.kv_cache_manager.num_blocks
         if needed > available:
@@ -183,7 +197,9 @@ class EngineCore:
         if scheduler_output.is_empty:
             # A step that only preempts (the oldest request preempted itself last) is progress:
             # the next one resumes it with every block free.
-            if not scheduler_output.preempted_req_ids and (self.scheduler.running or self.scheduler.waiting):
+            if not scheduler_output.preempted_req_ids and (
+                self.scheduler.running or self.scheduler.waiting
+            ):
                 raise EngineError(
                     f"no progress: {len(self.scheduler.waiting)} waiting and "
                     f"{len(self.scheduler.running)} running requests, nothing schedulable"
@@ -208,8 +224,11 @@ class EngineCore:
         if launched is not None:
             self._in_flight = (scheduler_output, launched)
         if previous is None:
-            if launched is None and not scheduler_output.preempted_req_ids and (
-                    self.scheduler.running or self.scheduler.waiting):
+            if (
+                launched is None
+                and not scheduler_output.preempted_req_ids
+                and (self.scheduler.running or self.scheduler.waiting)
+            ):
                 raise EngineError(
                     f"no progress: {len(self.scheduler.waiting)} waiting and "
                     f"{len(self.scheduler.running)} running requests, nothing schedulable"

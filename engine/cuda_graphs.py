@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from engine.model.attention_metadata import AttentionMetadata
+from turnout.engine.model.attention_metadata import AttentionMetadata
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -47,8 +47,23 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 #: Token counts of mixed-step graphs, below ``max_num_batched_tokens`` (which is always one).
-MIXED_TOKEN_SIZES: tuple[int, ...] = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192,
-                                      12288, 16384)
+MIXED_TOKEN_SIZES: tuple[int, ...] = (
+    64,
+    128,
+    256,
+    384,
+    512,
+    768,
+    1024,
+    1536,
+    2048,
+    3072,
+    4096,
+    6144,
+    8192,
+    12288,
+    16384,
+)
 #: Larger mixed steps run eagerly: a graph holds its activations in the pool for good.
 MAX_MIXED_GRAPH_TOKENS = 16384
 
@@ -93,7 +108,7 @@ class DecodeGraphs:
         Runs once, at start-up (``initialize_kv_cache``), never on the step path.
         """
         pool = None
-        side = torch.cuda.Stream()
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch.cuda.Stream.__new__ is unannotated
         for size in reversed(self.sizes):
             set_dummy_inputs(size)
             # Warm up outside the graph (Triton compiles, the allocator settles), on a side
@@ -151,40 +166,99 @@ def set_dummy_inputs(buffers: Any, size: int, query_len: int) -> None:
     buffers.input_ids[:t].zero_()
     buffers.positions[:t].zero_()
     buffers.slot_mapping[:t].fill_(-1)
-    qsl = torch.arange(size + 1, dtype=torch.int32, device=buffers.query_start_loc.device) * query_len
+    qsl = (
+        torch.arange(size + 1, dtype=torch.int32, device=buffers.query_start_loc.device) * query_len
+    )
     buffers.query_start_loc[: size + 1].copy_(qsl)
     buffers.seq_lens[:size].fill_(query_len)
     buffers.block_table[:size].zero_()
 
 
-def graph_forward(model: Any, buffers: Any, kv_caches: list[Any], size: int, query_len: int, *,
-                  max_model_len: int, block_size: int) -> torch.Tensor:  # [size * query_len, hidden]
+def graph_forward(
+    model: Any,
+    buffers: Any,
+    kv_caches: list[Any],
+    size: int,
+    query_len: int,
+    *,
+    max_model_len: int,
+    block_size: int,
+) -> torch.Tensor:  # [size * query_len, hidden]
     """The forward a graph captures: ``model`` over the buffers of ``size`` requests of
     ``query_len`` tokens (``max_seq_len = max_model_len``, so that every replay fits)."""
-    return buffers_forward(model, buffers, kv_caches, size, size * query_len, query_len,
-                           max_model_len=max_model_len, block_size=block_size)
+    return buffers_forward(
+        model,
+        buffers,
+        kv_caches,
+        size,
+        size * query_len,
+        query_len,
+        max_model_len=max_model_len,
+        block_size=block_size,
+    )
 
 
-def mixed_graph_forward(model: Any, buffers: Any, kv_caches: list[Any], num_reqs: int, num_tokens: int, *,
-                        max_model_len: int, block_size: int) -> torch.Tensor:  # [num_tokens, hidden]
+def mixed_graph_forward(
+    model: Any,
+    buffers: Any,
+    kv_caches: list[Any],
+    num_reqs: int,
+    num_tokens: int,
+    *,
+    max_model_len: int,
+    block_size: int,
+) -> torch.Tensor:  # [num_tokens, hidden]
     """The forward a mixed-step graph captures: ``num_tokens`` tokens of up to ``num_reqs``
     requests, attention launched for queries of up to ``min(num_tokens, max_model_len)``."""
-    return buffers_forward(model, buffers, kv_caches, num_reqs, num_tokens, min(num_tokens, max_model_len),
-                           max_model_len=max_model_len, block_size=block_size)
+    return buffers_forward(
+        model,
+        buffers,
+        kv_caches,
+        num_reqs,
+        num_tokens,
+        min(num_tokens, max_model_len),
+        max_model_len=max_model_len,
+        block_size=block_size,
+    )
 
 
-def buffers_forward(model: Any, buffers: Any, kv_caches: list[Any], num_reqs: int, num_tokens: int,
-                    max_query_len: int, *, max_model_len: int, block_size: int) -> torch.Tensor:
+def buffers_forward(
+    model: Any,
+    buffers: Any,
+    kv_caches: list[Any],
+    num_reqs: int,
+    num_tokens: int,
+    max_query_len: int,
+    *,
+    max_model_len: int,
+    block_size: int,
+) -> torch.Tensor:
     """``model`` over the first ``num_reqs`` requests and ``num_tokens`` tokens of the buffers,
     with ``max_seq_len = max_model_len`` so that every replay fits the captured launches."""
     md = AttentionMetadata(
-        query_start_loc=buffers.query_start_loc[: num_reqs + 1], seq_lens=buffers.seq_lens[:num_reqs],
-        block_table=buffers.block_table[:num_reqs], slot_mapping=buffers.slot_mapping[:num_tokens],
-        max_query_len=max_query_len, max_seq_len=max_model_len, num_actual_tokens=num_tokens,
+        query_start_loc=buffers.query_start_loc[: num_reqs + 1],
+        seq_lens=buffers.seq_lens[:num_reqs],
+        block_table=buffers.block_table[:num_reqs],
+        slot_mapping=buffers.slot_mapping[:num_tokens],
+        max_query_len=max_query_len,
+        max_seq_len=max_model_len,
+        num_actual_tokens=num_tokens,
         block_size=block_size,
     )
-    return model(buffers.input_ids[:num_tokens], buffers.positions[:num_tokens], kv_caches, md)
+    hidden: torch.Tensor = model(
+        buffers.input_ids[:num_tokens], buffers.positions[:num_tokens], kv_caches, md
+    )
+    return hidden
 
 
-__all__ = ["DecodeGraphs", "MixedGraphs", "buffers_forward", "capture_sizes", "graph_forward",
-           "mixed_capture_sizes", "mixed_graph_forward", "set_dummy_inputs", "set_dummy_mixed_inputs"]
+__all__ = [
+    "DecodeGraphs",
+    "MixedGraphs",
+    "buffers_forward",
+    "capture_sizes",
+    "graph_forward",
+    "mixed_capture_sizes",
+    "mixed_graph_forward",
+    "set_dummy_inputs",
+    "set_dummy_mixed_inputs",
+]

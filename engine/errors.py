@@ -59,5 +59,11 @@ class TensorParallelError(EngineError):
         super().__init__(f"tensor-parallel {who} failed: {cause}; every rank was stopped")
 
 
-__all__ = ["EngineConfigError", "EngineError", "InvalidRequestError", "NoRunnerError", "TensorParallelError",
-           "UnsupportedOptionError"]
+__all__ = [
+    "EngineConfigError",
+    "EngineError",
+    "InvalidRequestError",
+    "NoRunnerError",
+    "TensorParallelError",
+    "UnsupportedOptionError",
+]

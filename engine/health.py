@@ -52,11 +52,23 @@ class HealthRecorder:
         clock: monotonic seconds (request timings); wall: the aware UTC time (windows).
     """
 
-    def __init__(self, *, deployment_id: str, runner: str, family: str, stage: str | None,
-                 num_crashes: int = 0, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)) -> None:
-        self.about = {"deployment_id": deployment_id, "runner": runner, "family": family,
-                      "stage": stage}
+    def __init__(
+        self,
+        *,
+        deployment_id: str,
+        runner: str,
+        family: str,
+        stage: str | None,
+        num_crashes: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self.about = {
+            "deployment_id": deployment_id,
+            "runner": runner,
+            "family": family,
+            "stage": stage,
+        }
         self._clock, self._wall = clock, wall
         self._lock = threading.Lock()
         self._window_start = wall()
@@ -142,12 +154,18 @@ class HealthRecorder:
             # its last day, and its busy time no more than the day (tokens over their rate
             # must fit in the window).
             busy_s = min(busy_s, MAX_WINDOW.total_seconds())
-            report = {**self.about, "window_start": max(self._window_start, end - MAX_WINDOW),
-                      "window_end": end, "num_requests": self._num_requests,
-                      "num_errors": self._num_errors, "num_crashes": self._num_crashes,
-                      **_quantiles("ttft", self._ttft_ms), **_quantiles("tpot", self._tpot_ms),
-                      "num_output_tokens": self._num_tokens,
-                      "output_tokens_per_s": self._num_tokens / busy_s if busy_s > 0 else 0.0}
+            report = {
+                **self.about,
+                "window_start": max(self._window_start, end - MAX_WINDOW),
+                "window_end": end,
+                "num_requests": self._num_requests,
+                "num_errors": self._num_errors,
+                "num_crashes": self._num_crashes,
+                **_quantiles("ttft", self._ttft_ms),
+                **_quantiles("tpot", self._tpot_ms),
+                "num_output_tokens": self._num_tokens,
+                "output_tokens_per_s": self._num_tokens / busy_s if busy_s > 0 else 0.0,
+            }
             self._window_start, self._num_crashes = end, 0
             self._reset()
         return report
@@ -169,8 +187,9 @@ class RunMarker:
     engine of the same deployment holds the marker (no crash is told then).
     """
 
-    def __init__(self, fd: int | None, crashed: bool, path: Path,
-                 crashed_runner: str | None = None) -> None:
+    def __init__(
+        self, fd: int | None, crashed: bool, path: Path, crashed_runner: str | None = None
+    ) -> None:
         self._fd = fd
         self.crashed = crashed
         self.crashed_runner = crashed_runner
@@ -181,8 +200,7 @@ class RunMarker:
         return self._fd is not None
 
     @classmethod
-    def acquire(cls, directory: Path, deployment_id: str, runner: str | None = None
-                ) -> RunMarker:
+    def acquire(cls, directory: Path, deployment_id: str, runner: str | None = None) -> RunMarker:
         """Take the marker of ``deployment_id`` under ``directory`` (created if missing), for
         a run on ``runner`` (written down: a crash of this run is that runner's).
 
@@ -202,13 +220,16 @@ class RunMarker:
         # "running <pid> <deployment id>", whose runner is not known).
         words = os.pread(fd, 64, 0).decode("utf-8", "replace").split(" ", 3)
         crashed = words[0] == "running"
-        crashed_runner = words[2] if crashed and len(words) == 4 and words[2] in (
-            "v1", "v2") else None
+        crashed_runner = (
+            words[2] if crashed and len(words) == 4 and words[2] in ("v1", "v2") else None
+        )
         _mark(fd, f"running {os.getpid()} {runner or '-'} {deployment_id[:200]}\n")
         if crashed:
-            logger.warning("the previous run of deployment %s did not end cleanly: reporting "
-                           "a crash%s", deployment_id,
-                           f" of {crashed_runner.upper()}" if crashed_runner else "")
+            logger.warning(
+                "the previous run of deployment %s did not end cleanly: reporting a crash%s",
+                deployment_id,
+                f" of {crashed_runner.upper()}" if crashed_runner else "",
+            )
         return cls(fd, crashed, path, crashed_runner)
 
     def release(self) -> None:

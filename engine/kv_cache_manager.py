@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.block_pool import ROOT_HASH, BlockPool, KVCacheBlock, hash_block_tokens
-from engine.request import Request
+from turnout.engine.block_pool import ROOT_HASH, BlockPool, KVCacheBlock, hash_block_tokens
+from turnout.engine.request import Request
 
 
 def cdiv(a: int, b: int) -> int:
@@ -117,7 +117,11 @@ class KVCacheManager:
         """
         blocks = self.req_to_blocks.get(request.req_id)
         num_total = request.num_computed_tokens + num_new_tokens
-        if blocks is not None and not new_computed_blocks and num_total <= len(blocks) * self.block_size:
+        if (
+            blocks is not None
+            and not new_computed_blocks
+            and num_total <= len(blocks) * self.block_size
+        ):
             # The common decode step: the request's last block has room, nothing to take; a
             # block that has just filled up still enters the prefix cache.
             if self.enable_caching:
@@ -125,10 +129,16 @@ class KVCacheManager:
                 if num_full > self._num_cached_blocks.get(request.req_id, 0):
                     self._cache_full_blocks(request, num_full)
             return []
-        return self._allocate_new_blocks(request, num_new_tokens, new_computed_blocks or [], blocks or [])
+        return self._allocate_new_blocks(
+            request, num_new_tokens, new_computed_blocks or [], blocks or []
+        )
 
     def _allocate_new_blocks(
-        self, request: Request, num_new_tokens: int, computed: list[KVCacheBlock], blocks: list[KVCacheBlock]
+        self,
+        request: Request,
+        num_new_tokens: int,
+        computed: list[KVCacheBlock],
+        blocks: list[KVCacheBlock],
     ) -> list[KVCacheBlock] | None:
         num_total = request.num_computed_tokens + len(computed) * self.block_size + num_new_tokens
         num_required = max(0, cdiv(num_total, self.block_size) - len(blocks) - len(computed))

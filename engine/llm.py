@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine import llm_pooling
-from engine.config import EngineConfig
-from engine.errors import EngineConfigError, InvalidRequestError
-from engine.llm_pooling import as_batch
-from engine.model_info import engine_config_for, read_model_config
-from engine.outputs import (
+from turnout.engine import llm_pooling
+from turnout.engine.config import EngineConfig
+from turnout.engine.errors import EngineConfigError, InvalidRequestError
+from turnout.engine.llm_pooling import as_batch
+from turnout.engine.model_info import engine_config_for, read_model_config
+from turnout.engine.outputs import (
     ClassificationOutput,
     CompletionOutput,
     EmbeddingOutput,
@@ -28,11 +28,11 @@ from engine.outputs import (
     RewardOutput,
     ScoringOutput,
 )
-from engine.reporting import Reporting, client_from_env, default_environ, deployment_id_from
-from engine.request import Request, RequestStatus
-from engine.runner_loader import build_engine_core
-from engine.runner_selection import choose_runner, deployment_config
-from engine.sampling_params import SamplingParams
+from turnout.engine.reporting import Reporting, client_from_env, default_environ, deployment_id_from
+from turnout.engine.request import Request, RequestStatus
+from turnout.engine.runner_loader import build_engine_core
+from turnout.engine.runner_selection import choose_runner, deployment_config
+from turnout.engine.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
 
@@ -82,28 +82,39 @@ class LLM:
         oracle_client: Any = None,
         **engine_args: Any,
     ) -> None:
-        from oracle import load_pack
+        from turnout.oracle import load_pack
 
         model_config = read_model_config(model)
         self.model_config = model_config
         engine_args["device"] = device or _default_device()
         self.config: EngineConfig = engine_config_for(model, model_config, **engine_args)
         # Before the weights: a tokenizer that cannot be read fails fast.
-        self.tokenizer = _load_tokenizer(tokenizer if tokenizer is not None else model, explicit=tokenizer is not None)
+        self.tokenizer = _load_tokenizer(
+            tokenizer if tokenizer is not None else model, explicit=tokenizer is not None
+        )
         self.pack = load_pack(pack)
         env = default_environ(environ)
         deployment_id = deployment_id_from(env, deployment_id)
         self.deployment = deployment_config(
-            self.config, model_config.architecture, runner=runner, pack=self.pack,
-            logits_processors=logits_processors, deployment_id=deployment_id, environ=environ,
+            self.config,
+            model_config.architecture,
+            runner=runner,
+            pack=self.pack,
+            logits_processors=logits_processors,
+            deployment_id=deployment_id,
+            environ=environ,
             quantization=model_config.quantization_method,
         )
         self._live: dict[str, Request] = {}
         self._next_id = 0
         reporting = self._reporting_for(oracle_client, env, str(pack))
         try:
-            self.decision = choose_runner(self.deployment, pack=self.pack, canaries=canaries,
-                                          client=reporting.client if reporting else None)
+            self.decision = choose_runner(
+                self.deployment,
+                pack=self.pack,
+                canaries=canaries,
+                client=reporting.client if reporting else None,
+            )
             self.runner_name: str = self.decision.runner
             if reporting is not None:
                 reporting.start_health(self.decision, deployment_id or reporting.client.host)
@@ -122,9 +133,11 @@ class LLM:
             made = client_from_env(env, pack)
             return None if made is None else Reporting(made, owns_client=True)
         if client.pack.digest != self.pack.digest:
-            raise EngineConfigError(f"the oracle client runs pack {client.pack.name} "
-                                    f"({client.pack.digest}), the engine {self.pack.name} "
-                                    f"({self.pack.digest})")
+            raise EngineConfigError(
+                f"the oracle client runs pack {client.pack.name} "
+                f"({client.pack.digest}), the engine {self.pack.name} "
+                f"({self.pack.digest})"
+            )
         return Reporting(client, owns_client=False)
 
     def close(self) -> None:
@@ -157,8 +170,10 @@ class LLM:
         ``finish_reason == "error"``; the others are unaffected."""
         if self.config.runner_kind != "generate":
             tasks = self.config.pooling_tasks
-            raise EngineConfigError(f"{self.config.model} is a pooling model ({self.model_config.architecture}; "
-                                    f"tasks: {', '.join(tasks)}): it does not generate; use {tasks[0]}()")
+            raise EngineConfigError(
+                f"{self.config.model} is a pooling model ({self.model_config.architecture}; "
+                f"tasks: {', '.join(tasks)}): it does not generate; use {tasks[0]}()"
+            )
         batch = as_batch(prompts)
         params = _per_prompt(sampling_params, len(batch))
         return self._run([(p, self._encode(p, add_special_tokens=True)) for p in batch], params)
@@ -177,7 +192,7 @@ class LLM:
             ImportError: jinja2, which renders chat templates, is not installed.
         """
         conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
-        from engine.model.tokenizer import TokenizerError
+        from turnout.engine.model.tokenizer import TokenizerError
 
         tokenizer = self._tokenizer()
         if not tokenizer.chat_template:
@@ -189,8 +204,14 @@ class LLM:
             except ImportError:
                 raise  # jinja2 missing: the install's fault, not this conversation's
             except Exception as exc:  # jinja2 errors, or a TypeError from the template's own code
-                encoded.append((None, InvalidRequestError(
-                    f"conversation {i}: the chat template rejects it: {type(exc).__name__}: {exc}")))
+                encoded.append(
+                    (
+                        None,
+                        InvalidRequestError(
+                            f"conversation {i}: the chat template rejects it: {type(exc).__name__}: {exc}"
+                        ),
+                    )
+                )
                 continue
             # The rendered template already holds its special tokens.
             encoded.append((text, self._encode(text, add_special_tokens=False)))
@@ -228,8 +249,9 @@ class LLM:
         """
         return llm_pooling.score(self, query, documents)
 
-    def rerank(self, query: Prompt, documents: Prompt | Sequence[Prompt], top_n: int | None = None
-               ) -> list[RerankResult]:
+    def rerank(
+        self, query: Prompt, documents: Prompt | Sequence[Prompt], top_n: int | None = None
+    ) -> list[RerankResult]:
         """``documents`` ordered by :meth:`score`, most relevant first (ties keep their
         order), each with its ``index`` and ``relevance_score``; the best ``top_n`` (all when
         ``None``), then every document that could not be scored, with its error.
@@ -249,7 +271,11 @@ class LLM:
         return llm_pooling.reward(self, prompts)
 
     # ---- internals ---------------------------------------------------------------------
-    def _run(self, encoded: list[tuple[Prompt | None, list[int] | InvalidRequestError]], params: list[SamplingParams]) -> list[RequestOutput]:
+    def _run(
+        self,
+        encoded: list[tuple[Prompt | None, list[int] | InvalidRequestError]],
+        params: list[SamplingParams],
+    ) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}
         ids: list[str] = []
         with self._abort_all_on_failure():
@@ -272,16 +298,26 @@ class LLM:
     def _output(self, req: Request) -> RequestOutput:
         params = req.sampling_params
         assert params is not None
-        logprobs = Logprobs.concat(req.logprobs, params.logprobs) if params.logprobs is not None else None
+        logprobs = (
+            Logprobs.concat(req.logprobs, params.logprobs) if params.logprobs is not None else None
+        )
         prompt_lps = None
         if params.prompt_logprobs is not None:
             prompt_lps = Logprobs.concat(req.prompt_logprobs, params.prompt_logprobs)
         text = self.tokenizer.decode(req.output_token_ids) if self.tokenizer is not None else ""
-        completion = CompletionOutput(list(req.output_token_ids), text, req.status.finish_reason, req.stop_reason, logprobs)
+        completion = CompletionOutput(
+            list(req.output_token_ids), text, req.status.finish_reason, req.stop_reason, logprobs
+        )
         spec = req.spec_decode if self.config.speculative_config is not None else None
         return RequestOutput(
-            req.req_id, None, req.prompt_token_ids, [completion], prompt_lps,
-            num_cached_tokens=max(0, req.num_cached_tokens), num_preemptions=req.num_preemptions, error=req.error,
+            req.req_id,
+            None,
+            req.prompt_token_ids,
+            [completion],
+            prompt_lps,
+            num_cached_tokens=max(0, req.num_cached_tokens),
+            num_preemptions=req.num_preemptions,
+            error=req.error,
             spec_decode=spec,
         )
 
@@ -302,8 +338,9 @@ class LLM:
     def _recorder(self) -> Any:
         return self._reporting.recorder if self._reporting is not None else None
 
-    def _queue(self, req_id: str, tokens: list[int], params: SamplingParams | None = None,
-               **pooling: Any) -> None:
+    def _queue(
+        self, req_id: str, tokens: list[int], params: SamplingParams | None = None, **pooling: Any
+    ) -> None:
         """``core.add_request``, and the request timed when health is reported."""
         request = self.core.add_request(req_id, tokens, params, **pooling)
         if self._recorder is not None:
@@ -326,14 +363,20 @@ class LLM:
                 done.extend(finished)
         return done
 
-    def _encode(self, prompt: Prompt, *, add_special_tokens: bool) -> list[int] | InvalidRequestError:
+    def _encode(
+        self, prompt: Prompt, *, add_special_tokens: bool
+    ) -> list[int] | InvalidRequestError:
         if not isinstance(prompt, str):
             try:
                 return list(prompt)
             except TypeError:  # a batch item that is neither text nor a sequence of ids
-                return InvalidRequestError(f"a prompt is text or a list of token ids, got {prompt!r}")
+                return InvalidRequestError(
+                    f"a prompt is text or a list of token ids, got {prompt!r}"
+                )
         if self.tokenizer is None:
-            return InvalidRequestError(f"{self.config.model} has no tokenizer: pass token ids instead of text")
+            return InvalidRequestError(
+                f"{self.config.model} has no tokenizer: pass token ids instead of text"
+            )
         ids: list[int] = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         return ids
 
@@ -354,7 +397,7 @@ def _default_device() -> str:
 
 
 def _load_tokenizer(source: str | Path, *, explicit: bool) -> Any:
-    from engine.model.tokenizer import load_tokenizer
+    from turnout.engine.model.tokenizer import load_tokenizer
 
     if explicit and not Path(source).exists():
         raise FileNotFoundError(f"tokenizer {source}: no such file or directory")
@@ -366,7 +409,9 @@ def _load_tokenizer(source: str | Path, *, explicit: bool) -> Any:
         return None  # e.g. random-weight directories: prompts are token ids
 
 
-def _per_prompt(params: SamplingParams | Sequence[SamplingParams] | None, n: int) -> list[SamplingParams]:
+def _per_prompt(
+    params: SamplingParams | Sequence[SamplingParams] | None, n: int
+) -> list[SamplingParams]:
     if params is None:
         return [SamplingParams()] * n
     if isinstance(params, SamplingParams):
@@ -383,7 +428,9 @@ def _text(prompt: Prompt | None) -> str | None:
 
 def _rejected(req_id: str, prompt: Prompt | None, tokens: Any, error: str) -> RequestOutput:
     ids = list(tokens) if isinstance(tokens, list) else []
-    return RequestOutput(req_id, _text(prompt), ids, [CompletionOutput([], "", "error")], error=error)
+    return RequestOutput(
+        req_id, _text(prompt), ids, [CompletionOutput([], "", "error")], error=error
+    )
 
 
 __all__ = ["LLM"]

@@ -21,20 +21,20 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
-from engine.errors import EngineConfigError, InvalidRequestError
-from engine.outputs import (
+from turnout.engine.errors import EngineConfigError, InvalidRequestError
+from turnout.engine.outputs import (
     ClassificationOutput,
     EmbeddingOutput,
     RerankResult,
     RewardOutput,
     ScoringOutput,
 )
-from engine.pooling_params import PoolingParams
+from turnout.engine.pooling_params import PoolingParams
 
 if TYPE_CHECKING:
-    from engine.llm import LLM, Prompt
+    from turnout.engine.llm import LLM, Prompt
 
 #: What each task needs, for the error when a model does not serve it.
 TASK_MODELS = {
@@ -66,22 +66,35 @@ class Pooled(NamedTuple):
 def embed(llm: LLM, texts: Prompt | Sequence[Prompt]) -> list[EmbeddingOutput]:
     batch = checked_batch(llm, "embed", texts)
     done = run_pooling(llm, "embed", [encode_single(llm, p) for p in batch])
-    return [EmbeddingOutput(r.request_id, _text(p), r.token_ids, r.vector, r.error)
-            for p, r in zip(batch, done, strict=True)]
+    return [
+        EmbeddingOutput(r.request_id, _text(p), r.token_ids, r.vector, r.error)
+        for p, r in zip(batch, done, strict=True)
+    ]
 
 
 def classify(llm: LLM, prompts: Prompt | Sequence[Prompt]) -> list[ClassificationOutput]:
     batch = checked_batch(llm, "classify", prompts)
     done = run_pooling(llm, "classify", [encode_single(llm, p) for p in batch])
-    return [ClassificationOutput(r.request_id, _text(p), r.token_ids, r.vector,
-                                 None if r.vector is None else probabilities(r.vector), r.error)
-            for p, r in zip(batch, done, strict=True)]
+    return [
+        ClassificationOutput(
+            r.request_id,
+            _text(p),
+            r.token_ids,
+            r.vector,
+            None if r.vector is None else probabilities(r.vector),
+            r.error,
+        )
+        for p, r in zip(batch, done, strict=True)
+    ]
 
 
 def reward(llm: LLM, prompts: Prompt | Sequence[Prompt]) -> list[RewardOutput]:
     batch = checked_batch(llm, "reward", prompts)
     done = run_pooling(llm, "reward", [encode_single(llm, p) for p in batch])
-    return [RewardOutput(r.request_id, _text(p), r.token_ids, r.vector, r.error) for p, r in zip(batch, done, strict=True)]
+    return [
+        RewardOutput(r.request_id, _text(p), r.token_ids, r.vector, r.error)
+        for p, r in zip(batch, done, strict=True)
+    ]
 
 
 def score(llm: LLM, query: Prompt, documents: Prompt | Sequence[Prompt]) -> list[ScoringOutput]:
@@ -89,12 +102,22 @@ def score(llm: LLM, query: Prompt, documents: Prompt | Sequence[Prompt]) -> list
     if not docs:
         raise InvalidRequestError("score: the document list is empty: give at least one document")
     if not _is_single_prompt(query):
-        raise InvalidRequestError(f"score: the query is one text or one list of token ids, got {query!r:.80}")
+        raise InvalidRequestError(
+            f"score: the query is one text or one list of token ids, got {query!r:.80}"
+        )
     done = run_pooling(llm, "score", [encode_pair(llm, query, d, i) for i, d in enumerate(docs)])
     sigmoid = llm.model_config.classifier.score_activation == "sigmoid"
-    return [ScoringOutput(r.request_id, _text(d), r.token_ids, list(r.token_type_ids or ()),
-                          None if r.vector is None else (_sigmoid(r.vector[0]) if sigmoid else r.vector[0]), r.error)
-            for d, r in zip(docs, done, strict=True)]
+    return [
+        ScoringOutput(
+            r.request_id,
+            _text(d),
+            r.token_ids,
+            list(r.token_type_ids or ()),
+            None if r.vector is None else (_sigmoid(r.vector[0]) if sigmoid else r.vector[0]),
+            r.error,
+        )
+        for d, r in zip(docs, done, strict=True)
+    ]
 
 
 def _is_single_prompt(prompt: object) -> bool:
@@ -103,18 +126,28 @@ def _is_single_prompt(prompt: object) -> bool:
         return True
     if isinstance(prompt, Mapping) or not isinstance(prompt, Sequence):
         return False
-    return len(prompt) > 0 and all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt)
+    return len(prompt) > 0 and all(
+        isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt
+    )
 
 
-def rerank(llm: LLM, query: Prompt, documents: Prompt | Sequence[Prompt], top_n: int | None) -> list[RerankResult]:
-    if top_n is not None and (not isinstance(top_n, numbers.Integral) or isinstance(top_n, bool) or top_n < 1):
+def rerank(
+    llm: LLM, query: Prompt, documents: Prompt | Sequence[Prompt], top_n: int | None
+) -> list[RerankResult]:
+    if top_n is not None and (
+        not isinstance(top_n, numbers.Integral) or isinstance(top_n, bool) or top_n < 1
+    ):
         raise ValueError(f"rerank: top_n must be a positive int or None, got {top_n!r}")
     top_n = None if top_n is None else int(top_n)
     docs = as_batch(documents)
     scores = score(llm, query, docs)
-    ranked = sorted((i for i, s in enumerate(scores) if s.score is not None),
-                    key=lambda i: -(scores[i].score or 0.0))  # stable: ties keep document order
-    failed = [RerankResult(i, docs[i], None, s.error) for i, s in enumerate(scores) if s.score is None]
+    ranked = sorted(
+        (i for i, s in enumerate(scores) if s.score is not None),
+        key=lambda i: -(scores[i].score or 0.0),
+    )  # stable: ties keep document order
+    failed = [
+        RerankResult(i, docs[i], None, s.error) for i, s in enumerate(scores) if s.score is None
+    ]
     return [RerankResult(i, docs[i], scores[i].score) for i in ranked[:top_n]] + failed
 
 
@@ -129,10 +162,14 @@ def checked_batch(llm: LLM, task: str, prompts: Prompt | Sequence[Prompt]) -> li
     if task not in served:
         model, arch = llm.config.model, llm.model_config.architecture
         if not served:
-            raise EngineConfigError(f"{model} is not a pooling model ({arch} generates text): it does not "
-                                    f"serve the {task!r} task; use generate()")
-        raise EngineConfigError(f"{model} ({arch}) does not serve the {task!r} task, which needs "
-                                f"{TASK_MODELS[task]}; it serves: {', '.join(served)}")
+            raise EngineConfigError(
+                f"{model} is not a pooling model ({arch} generates text): it does not "
+                f"serve the {task!r} task; use generate()"
+            )
+        raise EngineConfigError(
+            f"{model} ({arch}) does not serve the {task!r} task, which needs "
+            f"{TASK_MODELS[task]}; it serves: {', '.join(served)}"
+        )
     return as_batch(prompts)
 
 
@@ -144,15 +181,26 @@ def encode_single(llm: LLM, prompt: Prompt) -> Encoded:
 def encode_pair(llm: LLM, query: Prompt, document: Prompt, index: int) -> Encoded:
     """Text as a tokenizer pair; token ids joined as given (the caller's special tokens)."""
     if isinstance(query, str) != isinstance(document, str):
-        return Encoded([], error=InvalidRequestError(
-            f"document {index}: the query and the document must both be text or both token ids"))
+        return Encoded(
+            [],
+            error=InvalidRequestError(
+                f"document {index}: the query and the document must both be text or both token ids"
+            ),
+        )
     if isinstance(query, str):
         if llm.tokenizer is None:
-            return Encoded([], error=InvalidRequestError(
-                f"{llm.config.model} has no tokenizer: pass token ids instead of text"))
+            return Encoded(
+                [],
+                error=InvalidRequestError(
+                    f"{llm.config.model} has no tokenizer: pass token ids instead of text"
+                ),
+            )
         ids, types = llm.tokenizer.encode_pair(query, document)
         return Encoded(ids, tuple(types))
-    q, d = llm._encode(query, add_special_tokens=False), llm._encode(document, add_special_tokens=False)
+    q, d = (
+        llm._encode(query, add_special_tokens=False),
+        llm._encode(document, add_special_tokens=False),
+    )
     for part in (q, d):
         if isinstance(part, InvalidRequestError):
             return Encoded([], error=part)
@@ -172,14 +220,26 @@ def run_pooling(llm: LLM, task: str, items: list[Encoded]) -> list[Pooled]:
             try:
                 if item.error is not None:
                     raise item.error
-                llm._queue(req_id, list(item.token_ids), pooling_params=PoolingParams(task, item.token_type_ids))
+                llm._queue(
+                    req_id,
+                    list(item.token_ids),
+                    pooling_params=PoolingParams(task, item.token_type_ids),
+                )
             except InvalidRequestError as exc:
-                error = f"document {index}: {exc}" if task == "score" and item.error is None else str(exc)
-                results[req_id] = Pooled(req_id, list(item.token_ids), item.token_type_ids, None, error)
+                error = (
+                    f"document {index}: {exc}"
+                    if task == "score" and item.error is None
+                    else str(exc)
+                )
+                results[req_id] = Pooled(
+                    req_id, list(item.token_ids), item.token_type_ids, None, error
+                )
         finished = llm._run_until_done()
     types = dict(zip(ids, (item.token_type_ids for item in items), strict=True))
     for req in finished:
-        results[req.req_id] = Pooled(req.req_id, req.prompt_token_ids, types[req.req_id], req.pooled_output, req.error)
+        results[req.req_id] = Pooled(
+            req.req_id, req.prompt_token_ids, types[req.req_id], req.pooled_output, req.error
+        )
     return [results[i] for i in ids]
 
 
@@ -202,15 +262,26 @@ def as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
     if isinstance(prompts, Mapping):  # iterating a dict would score its keys
-        raise InvalidRequestError(f"expected a text, a list of token ids or a list of those, got a {type(prompts).__name__}")
+        raise InvalidRequestError(
+            f"expected a text, a list of token ids or a list of those, got a {type(prompts).__name__}"
+        )
     items = list(prompts)
     if items and all(isinstance(t, numbers.Integral) for t in items):
-        return [items]  # one prompt of token ids (Python or numpy ints)
-    return items
+        return [cast("list[int]", items)]  # one prompt of token ids (Python or numpy ints)
+    return cast("list[Prompt]", items)
 
 
 def _text(prompt: Prompt | None) -> str | None:
     return prompt if isinstance(prompt, str) else None
 
 
-__all__ = ["TASK_MODELS", "as_batch", "classify", "embed", "probabilities", "rerank", "reward", "score"]
+__all__ = [
+    "TASK_MODELS",
+    "as_batch",
+    "classify",
+    "embed",
+    "probabilities",
+    "rerank",
+    "reward",
+    "score",
+]

@@ -8,8 +8,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.errors import EngineConfigError
+from turnout.engine.config import EngineConfig, SpeculativeConfig
+from turnout.engine.errors import EngineConfigError
 
 logger = logging.getLogger("turnout.engine")
 
@@ -23,10 +23,10 @@ def read_model_config(model: str | Path) -> Any:  # -> engine.model.ModelConfig
     """
     path = Path(model)
     if path.is_file() and path.suffix == ".gguf":
-        from engine.model.gguf_loader import read_gguf
+        from turnout.engine.model.gguf_loader import read_gguf
 
         return read_gguf(path)[0]  # the header only: tensors are read lazily
-    from engine.model.loader import read_hf_config
+    from turnout.engine.model.loader import read_hf_config
 
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
@@ -49,7 +49,9 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
     EngineConfig.check_field_names(set(kwargs))
     from_model = sorted({"vocab_size", "runner_kind", "pooling_tasks"} & set(kwargs))
     if from_model:
-        raise EngineConfigError(f"{', '.join(from_model)} come from the model's config; do not pass them")
+        raise EngineConfigError(
+            f"{', '.join(from_model)} come from the model's config; do not pass them"
+        )
     mc = model_config if model_config is not None else read_model_config(model)
     spec = kwargs.pop("speculative_config", None)
     if spec is not None and not isinstance(spec, SpeculativeConfig):
@@ -72,9 +74,14 @@ def engine_config_for(model: str | Path, model_config: Any = None, **kwargs: Any
     _prefix_caching_for_state(mc, kwargs)
     _check_tensor_parallel(mc, kwargs.get("tensor_parallel_size", 1))
     config = EngineConfig(
-        model=str(model), vocab_size=mc.vocab_size, max_model_len=max_len, eos_token_ids=tuple(eos),
-        runner_kind="pooling" if mc.is_pooling else "generate", pooling_tasks=mc.pooling_tasks,
-        speculative_config=spec, **kwargs,
+        model=str(model),
+        vocab_size=mc.vocab_size,
+        max_model_len=max_len,
+        eos_token_ids=tuple(eos),
+        runner_kind="pooling" if mc.is_pooling else "generate",
+        pooling_tasks=mc.pooling_tasks,
+        speculative_config=spec,
+        **kwargs,
     )
     _check_device_exists(config.device, config.tensor_parallel_size)
     return config
@@ -85,7 +92,7 @@ def _check_tensor_parallel(mc: Any, size: Any) -> None:
     # split (the layers' own rule, engine.model.parallel_layers); a bad value is refused there.
     if not isinstance(size, int) or isinstance(size, bool) or size <= 1:
         return
-    from engine.model.parallel_layers import tensor_parallel_problem
+    from turnout.engine.model.parallel_layers import tensor_parallel_problem
 
     problem = tensor_parallel_problem(mc, size)
     if problem is not None:
@@ -100,11 +107,15 @@ def _prefix_caching_for_state(mc: Any, kwargs: dict[str, Any]) -> None:
         return
     asked = kwargs.get("enable_prefix_caching")
     if asked is True:
-        logger.warning("enable_prefix_caching=True is not supported for %s: its Mamba layers keep one "
-                       "recurrent state per request (mamba_cache_mode='none'); prefix caching is off",
-                       mc.architecture)
+        logger.warning(
+            "enable_prefix_caching=True is not supported for %s: its Mamba layers keep one "
+            "recurrent state per request (mamba_cache_mode='none'); prefix caching is off",
+            mc.architecture,
+        )
     elif asked is None:
-        logger.info("prefix caching is off for %s: its Mamba layers keep per-request state", mc.architecture)
+        logger.info(
+            "prefix caching is off for %s: its Mamba layers keep per-request state", mc.architecture
+        )
     if asked is None or asked is True:
         kwargs["enable_prefix_caching"] = False
 
@@ -120,10 +131,14 @@ def _check_device_exists(device: str, tensor_parallel_size: int = 1) -> None:
     if not torch.cuda.is_available():
         raise EngineConfigError(f"device {device!r}: CUDA is not available on this machine")
     if index.isdigit() and int(index) >= torch.cuda.device_count():
-        raise EngineConfigError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+        raise EngineConfigError(
+            f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
     if tensor_parallel_size > torch.cuda.device_count():
-        raise EngineConfigError(f"tensor_parallel_size={tensor_parallel_size}: this machine has "
-                                f"{torch.cuda.device_count()} CUDA device(s), one per rank is needed")
+        raise EngineConfigError(
+            f"tensor_parallel_size={tensor_parallel_size}: this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s), one per rank is needed"
+        )
 
 
 __all__ = ["engine_config_for", "read_model_config"]

@@ -39,7 +39,11 @@ class Logprobs:
 
     def __post_init__(self) -> None:
         n = self.ranks.shape[0]
-        if self.token_ids.shape != self.logprobs.shape or self.token_ids.ndim != 2 or self.token_ids.shape[0] != n:
+        if (
+            self.token_ids.shape != self.logprobs.shape
+            or self.token_ids.ndim != 2
+            or self.token_ids.shape[0] != n
+        ):
             raise ValueError(
                 f"inconsistent shapes: token_ids {self.token_ids.shape}, "
                 f"logprobs {self.logprobs.shape}, ranks {self.ranks.shape}"
@@ -75,18 +79,24 @@ class Logprobs:
         )
 
     def slice(self, start: int, stop: int) -> Logprobs:
-        return Logprobs(self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop])
+        return Logprobs(
+            self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop]
+        )
 
     def position(self, i: int) -> dict[int, Logprob]:
         """Position ``i`` as vLLM's ``{token_id: Logprob}`` (the column-0 token included)."""
         ids, lps = self.token_ids[i].tolist(), self.logprobs[i].tolist()
-        out = {tok: Logprob(lp, rank) for rank, (tok, lp) in enumerate(zip(ids[1:], lps[1:], strict=True), 1)}
+        out = {
+            tok: Logprob(lp, rank)
+            for rank, (tok, lp) in enumerate(zip(ids[1:], lps[1:], strict=True), 1)
+        }
         out.setdefault(ids[0], Logprob(lps[0], int(self.ranks[i])))
         return out
 
     def sampled_logprobs(self) -> list[float]:
         """Logprob of each position's column-0 token."""
-        return self.logprobs[:, 0].tolist()
+        logprobs: list[float] = self.logprobs[:, 0].tolist()
+        return logprobs
 
 
 @dataclass(frozen=True)
@@ -137,9 +147,13 @@ class SpecDecodeStats:
         return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
     def as_dict(self) -> dict[str, float]:
-        return {"num_drafts": self.num_drafts, "num_draft_tokens": self.num_draft_tokens,
-                "num_accepted_tokens": self.num_accepted_tokens, "acceptance_rate": self.acceptance_rate,
-                "mean_acceptance_length": self.mean_acceptance_length}
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+        }
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.errors import InvalidRequestError
+from turnout.engine.errors import InvalidRequestError
 
 POOLING_TASKS = ("embed", "classify", "score", "reward")
 
@@ -32,7 +32,9 @@ class PoolingParams:
     task: str = "embed"
     token_type_ids: tuple[int, ...] | None = None
 
-    def verify(self, req_id: str, num_prompt_tokens: int, served: Sequence[str], model: str) -> None:
+    def verify(
+        self, req_id: str, num_prompt_tokens: int, served: Sequence[str], model: str
+    ) -> None:
         """Check the task against the ``served`` tasks and the token types against the prompt.
 
         Raises:
@@ -40,20 +42,30 @@ class PoolingParams:
                 0/1 per prompt token (naming the request).
         """
         if self.task not in POOLING_TASKS:
-            raise InvalidRequestError(f"request {req_id!r}: unknown pooling task {self.task!r}; "
-                                      f"known: {', '.join(POOLING_TASKS)}")
+            raise InvalidRequestError(
+                f"request {req_id!r}: unknown pooling task {self.task!r}; "
+                f"known: {', '.join(POOLING_TASKS)}"
+            )
         if self.task not in served:
-            raise InvalidRequestError(f"request {req_id!r}: {model} does not serve the {self.task!r} "
-                                      f"task (it serves: {', '.join(served) or 'no pooling task'})")
+            raise InvalidRequestError(
+                f"request {req_id!r}: {model} does not serve the {self.task!r} "
+                f"task (it serves: {', '.join(served) or 'no pooling task'})"
+            )
         types = self.token_type_ids
         if types is None:
             return
         if self.task != "score":
-            raise InvalidRequestError(f"request {req_id!r}: token_type_ids are for the 'score' task "
-                                      f"(pairs), not {self.task!r}")
-        if len(types) != num_prompt_tokens or any(t not in (0, 1) or isinstance(t, bool) for t in types):
-            raise InvalidRequestError(f"request {req_id!r}: token_type_ids must be one 0 or 1 per prompt "
-                                      f"token ({num_prompt_tokens}), got {len(types)} values")
+            raise InvalidRequestError(
+                f"request {req_id!r}: token_type_ids are for the 'score' task "
+                f"(pairs), not {self.task!r}"
+            )
+        if len(types) != num_prompt_tokens or any(
+            t not in (0, 1) or isinstance(t, bool) for t in types
+        ):
+            raise InvalidRequestError(
+                f"request {req_id!r}: token_type_ids must be one 0 or 1 per prompt "
+                f"token ({num_prompt_tokens}), got {len(types)} values"
+            )
 
 
 __all__ = ["POOLING_TASKS", "PoolingParams"]

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import EngineConfigError
-from engine.health import HealthRecorder, RunMarker
+from turnout.engine.errors import EngineConfigError
+from turnout.engine.health import HealthRecorder, RunMarker
 
 logger = logging.getLogger("turnout.engine")
 
@@ -56,14 +56,21 @@ def client_from_env(environ: Mapping[str, str], pack: str) -> Any:  # -> OracleC
         interval = -1.0
     # Below a second an engine would spool and send a report on nearly every loop.
     if not MIN_HEALTH_INTERVAL_S <= interval < float("inf"):
-        raise EngineConfigError(f"TURNOUT_HEALTH_INTERVAL_S must be a number of seconds >= "
-                                f"{MIN_HEALTH_INTERVAL_S:g}, got {text!r}")
-    from oracle.client import OracleClient
-    from oracle.launch_inputs import LaunchSettings
+        raise EngineConfigError(
+            f"TURNOUT_HEALTH_INTERVAL_S must be a number of seconds >= "
+            f"{MIN_HEALTH_INTERVAL_S:g}, got {text!r}"
+        )
+    from turnout.oracle.client import OracleClient
+    from turnout.oracle.launch_inputs import LaunchSettings
 
     settings = LaunchSettings.from_env(environ)
-    return OracleClient(settings.url, settings.token, cache_dir=settings.cache_dir, pack=pack,
-                        health_interval_s=interval).start()
+    return OracleClient(
+        settings.url,
+        settings.token,
+        cache_dir=settings.cache_dir,
+        pack=pack,
+        health_interval_s=interval,
+    ).start()
 
 
 @dataclass
@@ -80,24 +87,38 @@ class Reporting:
         previous run is reported for the runner that run used: in this run's first window
         when it is the same, else in a report of its own (a V1 crash is no V2 crash because
         the restart decided V2)."""
-        self.marker = RunMarker.acquire(Path(self.client.cache_dir) / "runs", deployment_id,
-                                        runner=decision.runner)
-        about = {"deployment_id": deployment_id, "family": decision.family or "unknown",
-                 "stage": decision.stage}
+        self.marker = RunMarker.acquire(
+            Path(self.client.cache_dir) / "runs", deployment_id, runner=decision.runner
+        )
+        about = {
+            "deployment_id": deployment_id,
+            "family": decision.family or "unknown",
+            "stage": decision.stage,
+        }
         crashed = self.marker.crashed
         if crashed and self.marker.crashed_runner not in (None, decision.runner):
             now = dt.datetime.now(dt.UTC)
             try:
-                self.client.report_health({
-                    **about, "runner": self.marker.crashed_runner, "num_crashes": 1,
-                    "window_start": now - dt.timedelta(milliseconds=1), "window_end": now,
-                    "num_requests": 0, "num_errors": 0})
+                self.client.report_health(
+                    {
+                        **about,
+                        "runner": self.marker.crashed_runner,
+                        "num_crashes": 1,
+                        "window_start": now - dt.timedelta(milliseconds=1),
+                        "window_end": now,
+                        "num_requests": 0,
+                        "num_errors": 0,
+                    }
+                )
             except OSError as err:  # a full disk does not stop the engine from starting
-                logger.error("the crash of the previous run (%s) is not reported: the health "
-                             "spool cannot be written (%s)", self.marker.crashed_runner, err)
+                logger.error(
+                    "the crash of the previous run (%s) is not reported: the health "
+                    "spool cannot be written (%s)",
+                    self.marker.crashed_runner,
+                    err,
+                )
             crashed = False
-        self.recorder = HealthRecorder(**about, runner=decision.runner,
-                                       num_crashes=int(crashed))
+        self.recorder = HealthRecorder(**about, runner=decision.runner, num_crashes=int(crashed))
         self.client.watch_health(self.recorder.cut)
 
     def end(self) -> None:

@@ -11,12 +11,12 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.outputs import SpecDecodeStats
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from turnout.engine.outputs import SpecDecodeStats
+from turnout.engine.pooling_params import PoolingParams
+from turnout.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from engine.outputs import Logprobs
+    from turnout.engine.outputs import Logprobs
 
 
 class RequestStatus(enum.Enum):
@@ -98,7 +98,9 @@ class Request:
         self.num_tokens: int = len(self.all_token_ids)  # prompt plus output (drafts excluded)
         self.num_output_tokens: int = len(self.output_token_ids)
         #: Output tokens at most (1 for pooling): fixed with ``sampling_params`` at construction.
-        self.max_tokens: int = 1 if self.sampling_params is None else self.sampling_params.max_tokens
+        self.max_tokens: int = (
+            1 if self.sampling_params is None else self.sampling_params.max_tokens
+        )
 
     @property
     def num_tokens_with_spec(self) -> int:

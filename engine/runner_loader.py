@@ -9,11 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.core import EngineCore
-from engine.errors import EngineConfigError
-from engine.kv_cache_manager import cdiv
-from engine.runner_protocol import RUNNER_NAMES, ModelRunner
+from turnout.engine.config import EngineConfig
+from turnout.engine.core import EngineCore
+from turnout.engine.errors import EngineConfigError
+from turnout.engine.kv_cache_manager import cdiv
+from turnout.engine.runner_protocol import RUNNER_NAMES, ModelRunner
 
 GIB = 1 << 30
 
@@ -25,8 +25,10 @@ def create_runner(name: str, config: EngineConfig) -> ModelRunner:
         EngineConfigError: an unknown runner name, or a package without the factory.
     """
     if name not in RUNNER_NAMES:
-        raise EngineConfigError(f"unknown runner {name!r}: expected one of {', '.join(RUNNER_NAMES)}")
-    module: Any = importlib.import_module(f"runner_{name}")
+        raise EngineConfigError(
+            f"unknown runner {name!r}: expected one of {', '.join(RUNNER_NAMES)}"
+        )
+    module: Any = importlib.import_module(f"turnout.runner_{name}")
     factory = getattr(module, "create_model_runner", None)
     if factory is None:
         raise EngineConfigError(f"runner_{name} does not provide create_model_runner(config)")
@@ -49,11 +51,14 @@ def determine_num_kv_blocks(config: EngineConfig, runner: ModelRunner) -> int:
         return config.num_kv_blocks
     block_bytes = runner.kv_cache_block_bytes()
     state_bytes = runner.state_cache_bytes()
-    if block_bytes == 0 and state_bytes == 0:  # an encoder keeps no KV cache; the scheduler still needs a pool
+    if (
+        block_bytes == 0 and state_bytes == 0
+    ):  # an encoder keeps no KV cache; the scheduler still needs a pool
         return 1
     max_useful = config.max_num_seqs * config.max_num_blocks_per_req
     budget = (
-        int(config.kv_cache_memory_gb * GIB) if config.kv_cache_memory_gb is not None
+        int(config.kv_cache_memory_gb * GIB)
+        if config.kv_cache_memory_gb is not None
         else runner.available_kv_cache_bytes()
     )
     if state_bytes > budget:
@@ -84,7 +89,7 @@ def build_engine_core(config: EngineConfig, runner_name: str) -> EngineCore:
     if config.tensor_parallel_size > 1:
         if runner_name not in RUNNER_NAMES:  # before any process starts
             create_runner(runner_name, config)
-        from engine.parallel.executor import TensorParallelRunner
+        from turnout.engine.parallel.executor import TensorParallelRunner
 
         runner: ModelRunner = TensorParallelRunner(runner_name, config)
     else:
@@ -106,4 +111,10 @@ def start_engine_core(config: EngineConfig, runner: ModelRunner) -> EngineCore:
     return EngineCore(config, runner, num_blocks)
 
 
-__all__ = ["RUNNER_NAMES", "build_engine_core", "create_runner", "determine_num_kv_blocks", "start_engine_core"]
+__all__ = [
+    "RUNNER_NAMES",
+    "build_engine_core",
+    "create_runner",
+    "determine_num_kv_blocks",
+    "start_engine_core",
+]

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from engine.kv_cache_manager import cdiv
-from engine.model import (
+from turnout.engine.kv_cache_manager import cdiv
+from turnout.engine.model import (
     AttentionMetadata,
     DecoderModel,
     EncoderModel,
@@ -73,14 +73,25 @@ class PoolingKVScratch:
         kv_caches: per layer, ``spec.layer_shape(num_blocks, block_size)`` in the model dtype.
     """
 
-    def __init__(self, model: DecoderModel, *, max_num_tokens: int, max_num_seqs: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: DecoderModel,
+        *,
+        max_num_tokens: int,
+        max_num_seqs: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         self.block_size = block_size
         self.num_blocks = cdiv(max_num_tokens, block_size) + max_num_seqs
-        self.kv_caches = allocate_kv_caches(model.kv_cache_spec, self.num_blocks, block_size, dtype, device)
+        self.kv_caches = allocate_kv_caches(
+            model.kv_cache_spec, self.num_blocks, block_size, dtype, device
+        )
 
-    def metadata(self, lengths: Sequence[int], device: torch.device
-                 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def metadata(
+        self, lengths: Sequence[int], device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """``positions [T] int64``, ``last [n] int64`` (each prompt's last packed row) and the
         attention metadata of one prefill of prompts of ``lengths``.
 
@@ -91,7 +102,9 @@ class PoolingKVScratch:
         lens = np.asarray(lengths, np.int64)
         blocks = -(-lens // bs)
         if int(blocks.sum()) > self.num_blocks:
-            raise ValueError(f"{int(blocks.sum())} KV blocks needed, the pooling scratch has {self.num_blocks}")
+            raise ValueError(
+                f"{int(blocks.sum())} KV blocks needed, the pooling scratch has {self.num_blocks}"
+            )
         first_block = np.concatenate([[0], np.cumsum(blocks)[:-1]])
         cu = np.concatenate([[0], np.cumsum(lens)])
         starts = np.repeat(cu[:-1], lens)
@@ -104,9 +117,13 @@ class PoolingKVScratch:
         host32 = to_device(np.concatenate([cu, lens, table.ravel()]).astype(np.int32), device)
         n, t = len(lens), int(cu[-1])
         md = AttentionMetadata(
-            query_start_loc=host32[: n + 1], seq_lens=host32[n + 1 : 2 * n + 1],
-            block_table=host32[2 * n + 1 :].view(n, width), slot_mapping=host64[t : 2 * t],
-            max_query_len=int(lens.max()), max_seq_len=int(lens.max()), num_actual_tokens=t,
+            query_start_loc=host32[: n + 1],
+            seq_lens=host32[n + 1 : 2 * n + 1],
+            block_table=host32[2 * n + 1 :].view(n, width),
+            slot_mapping=host64[t : 2 * t],
+            max_query_len=int(lens.max()),
+            max_seq_len=int(lens.max()),
+            num_actual_tokens=t,
             block_size=bs,
         )
         return host64[:t], host64[2 * t :], md

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from engine.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
-from engine.sampling_params import SamplingParams
-from engine.scheduler_output import SchedulerOutput
+from turnout.engine.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
+from turnout.engine.sampling_params import SamplingParams
+from turnout.engine.scheduler_output import SchedulerOutput
 
 #: The runner packages of this build, by name (``runner_<name>``).
 RUNNER_NAMES = ("v1", "v2")

@@ -9,8 +9,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.errors import EngineConfigError, NoRunnerError
+from turnout.engine.config import EngineConfig
+from turnout.engine.errors import EngineConfigError, NoRunnerError
 
 logger = logging.getLogger("turnout.engine")
 
@@ -46,10 +46,12 @@ def deployment_config(
     Raises:
         EngineConfigError: an unknown ``runner`` value.
     """
-    from oracle import DeploymentConfig
+    from turnout.oracle import DeploymentConfig
 
     if runner not in RUNNER_CHOICES:
-        raise EngineConfigError(f"runner must be one of {', '.join(RUNNER_CHOICES)}, got {runner!r}")
+        raise EngineConfigError(
+            f"runner must be one of {', '.join(RUNNER_CHOICES)}, got {runner!r}"
+        )
     environ = os.environ if environ is None else environ
     if runner == "auto":
         env = {pack.env_var: environ[pack.env_var]} if pack.env_var in environ else {}
@@ -76,8 +78,9 @@ def deployment_config(
     )
 
 
-def choose_runner(config: Any, *, pack: Any, canaries: Any = None, client: Any = None
-                  ) -> Any:  # -> oracle.Decision
+def choose_runner(
+    config: Any, *, pack: Any, canaries: Any = None, client: Any = None
+) -> Any:  # -> oracle.Decision
     """Decide once and log the decision's messages at their levels. With an
     ``oracle.client.OracleClient`` (and no ``canaries`` given) the client decides with the
     service's canary snapshot and spools the decision for the service.
@@ -87,8 +90,8 @@ def choose_runner(config: Any, *, pack: Any, canaries: Any = None, client: Any =
             e.g. ``Model Runner V2 does not yet support: ...``).
         EngineConfigError: the runner variable has an invalid value.
     """
-    from oracle import decide
-    from oracle.errors import ErrorCode
+    from turnout.oracle import decide
+    from turnout.oracle.errors import ErrorCode
 
     if client is not None and canaries is None:
         decision = client.decide(config, deployment_id=config.deployment_id)
@@ -99,8 +102,12 @@ def choose_runner(config: Any, *, pack: Any, canaries: Any = None, client: Any =
     for message in decision.messages:
         logger.log(logging.getLevelName(message.level), message.message)
     logger.info(
-        "runner %s (%s, %s; pack %s, policy %s)", decision.runner, decision.mode,
-        decision.reason_code, decision.pack, decision.policy_digest,
+        "runner %s (%s, %s; pack %s, policy %s)",
+        decision.runner,
+        decision.mode,
+        decision.reason_code,
+        decision.pack,
+        decision.policy_digest,
     )
     if decision.runner is None:
         if decision.error_code == ErrorCode.INVALID_ENV:

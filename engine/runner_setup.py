@@ -15,21 +15,21 @@ import logging
 
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import EngineConfigError, UnsupportedOptionError
-from engine.model import (
+from turnout.engine.config import EngineConfig
+from turnout.engine.errors import EngineConfigError, UnsupportedOptionError
+from turnout.engine.model import (
     DecoderModel,
     EncoderModel,
     LlamaForSequenceClassification,
     allocate_kv_caches,
     load_model,
 )
-from engine.model.parallel_layers import TENSOR_PARALLEL_ARCHITECTURES, TensorParallel
-from engine.model.state_cache import HybridCacheSpec, MambaState
-from engine.pooling_params import POOLING_TASKS, PoolingParams
-from engine.runner_pooling import PoolingKVScratch, pool_decoder, pool_encoder
-from engine.sampling_params import SamplingParams
-from engine.scheduler_output import SchedulerOutput
+from turnout.engine.model.parallel_layers import TENSOR_PARALLEL_ARCHITECTURES, TensorParallel
+from turnout.engine.model.state_cache import HybridCacheSpec, MambaState
+from turnout.engine.pooling_params import POOLING_TASKS, PoolingParams
+from turnout.engine.runner_pooling import PoolingKVScratch, pool_decoder, pool_encoder
+from turnout.engine.sampling_params import SamplingParams
+from turnout.engine.scheduler_output import SchedulerOutput
 
 # vLLM pooling tasks the shared pooling path serves (which model serves which: its
 # architecture, engine/model/pooling_config.py): ``embed`` (mean-pooled, L2-normalised
@@ -41,8 +41,12 @@ from engine.scheduler_output import SchedulerOutput
 logger = logging.getLogger("turnout.engine")
 
 
-def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.device,
-                      tensor_parallel: TensorParallel | None = None) -> DecoderModel | EncoderModel:
+def load_engine_model(
+    config: EngineConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    tensor_parallel: TensorParallel | None = None,
+) -> DecoderModel | EncoderModel:
     """``config.model`` loaded in ``dtype`` on ``device`` (``tensor_parallel``: this rank's
     shard); logs its quantization report (``engine.model.quantization``) on the
     ``turnout.engine`` logger.
@@ -52,15 +56,22 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
             speculative decoding for a model with Mamba layers.
         ModelConfigError, WeightLoadError: from :func:`engine.model.load_model`.
     """
-    model = load_model(config.model, dtype=dtype, device=device, seed=config.seed,
-                       load_format=config.load_format, tensor_parallel=tensor_parallel)
+    model = load_model(
+        config.model,
+        dtype=dtype,
+        device=device,
+        seed=config.seed,
+        load_format=config.load_format,
+        tensor_parallel=tensor_parallel,
+    )
     if model.config.has_inner_state and config.speculative_config is not None:
         # Scoring drafts runs them through the Mamba layers: a rejected draft would stay in the
         # request's one recurrent state (no per-token snapshot to roll back to).
         raise EngineConfigError(
             f"speculative decoding ({config.speculative_config.method!r}) is not supported for "
             f"{model.config.architecture}: its Mamba layers keep one recurrent state per request, "
-            f"which rejected draft tokens would corrupt; drop speculative_config")
+            f"which rejected draft tokens would corrupt; drop speculative_config"
+        )
     # What the weights are and how they run (FP8 W8A8 or dequantised, GGUF dequantised).
     logger.info("%s", model.quantization_report)
     if model.config.vocab_size != config.vocab_size:
@@ -70,18 +81,22 @@ def load_engine_model(config: EngineConfig, dtype: torch.dtype, device: torch.de
     return model
 
 
-def kv_block_bytes(model: DecoderModel | EncoderModel | None, block_size: int, dtype: torch.dtype) -> int:
+def kv_block_bytes(
+    model: DecoderModel | EncoderModel | None, block_size: int, dtype: torch.dtype
+) -> int:
     """Bytes one KV block of ``block_size`` slots takes over all layers, as the model's
     ``kv_cache_spec`` lays it out (keys and values per kv head, or MLA's latent rows); 0 for a
     pooling model: an encoder keeps no KV cache, a pooling decoder only a step-local one
     (:class:`~engine.runner_pooling.PoolingKVScratch`), not the engine's block pool."""
     assert model is not None, "load_model() first"
-    if model.config.is_pooling:
+    if model.config.is_pooling or isinstance(model, EncoderModel):  # every encoder pools
         return 0
     return int(model.kv_cache_spec.bytes_per_block(block_size, dtype))
 
 
-def state_cache_bytes(model: DecoderModel | EncoderModel | None, num_slots: int, dtype: torch.dtype) -> int:
+def state_cache_bytes(
+    model: DecoderModel | EncoderModel | None, num_slots: int, dtype: torch.dtype
+) -> int:
     """Bytes the per-request recurrent state of ``num_slots`` requests takes over every Mamba
     layer (``engine.model.state_cache``); 0 for models without such state."""
     assert model is not None, "load_model() first"
@@ -124,7 +139,7 @@ class RunnerBase:
         self.device = torch.device(config.device)
         self.tensor_parallel: TensorParallel | None = None
         if config.tensor_parallel_size > 1:
-            from engine.parallel.group import current_tensor_parallel, rank_device
+            from turnout.engine.parallel.group import current_tensor_parallel, rank_device
 
             self.tensor_parallel = current_tensor_parallel(config.tensor_parallel_size)
             assert self.tensor_parallel is not None
@@ -156,29 +171,41 @@ class RunnerBase:
         return state_cache_bytes(self.model, self.config.max_num_seqs, self.dtype)
 
     def available_kv_cache_bytes(self) -> int:
-        return kv_cache_budget(self.device, gpu_fraction=self.gpu_kv_fraction, cpu_bytes=self.cpu_kv_bytes)
+        return kv_cache_budget(
+            self.device, gpu_fraction=self.gpu_kv_fraction, cpu_bytes=self.cpu_kv_bytes
+        )
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         assert self.model is not None, "load_model() first"
         c = self.config
         if isinstance(self.model, LlamaForSequenceClassification):
             self.pooling_scratch = PoolingKVScratch(
-                self.model, max_num_tokens=c.max_num_batched_tokens, max_num_seqs=c.max_num_seqs,
-                block_size=c.block_size, dtype=self.dtype, device=self.device)
+                self.model,
+                max_num_tokens=c.max_num_batched_tokens,
+                max_num_seqs=c.max_num_seqs,
+                block_size=c.block_size,
+                dtype=self.dtype,
+                device=self.device,
+            )
         elif not self.is_pooling:
             assert isinstance(self.model, DecoderModel)
             spec, block_size = self.model.kv_cache_spec, c.block_size
             if isinstance(spec, HybridCacheSpec):  # one state slot per running request
-                self.kv_caches = spec.allocate(num_blocks, block_size, c.max_num_seqs,
-                                               self.dtype, self.device)
+                self.kv_caches = spec.allocate(
+                    num_blocks, block_size, c.max_num_seqs, self.dtype, self.device
+                )
                 return
-            self.kv_caches = list(allocate_kv_caches(spec, num_blocks, block_size, self.dtype, self.device))
+            self.kv_caches = list(
+                allocate_kv_caches(spec, num_blocks, block_size, self.dtype, self.device)
+            )
 
     def check_sampling_params(self, params: SamplingParams) -> None:
         """Raises UnsupportedOptionError for any generation request to a pooling model."""
         if self.is_pooling:
             tasks = ", ".join(self.config.pooling_tasks)
-            raise UnsupportedOptionError(f"{self.config.model} is a pooling model ({tasks}): it does not generate")
+            raise UnsupportedOptionError(
+                f"{self.config.model} is a pooling model ({tasks}): it does not generate"
+            )
 
     def pool_scheduled(self, so: SchedulerOutput) -> tuple[list[str], torch.Tensor]:
         """The step's requests in batch order and their pooled outputs ``[num_reqs, D] float32``
@@ -191,7 +218,9 @@ class RunnerBase:
         if isinstance(model, EncoderModel):
             types = [_token_types(new[r].pooling_params) for r in req_ids]
             return req_ids, pool_encoder(model, prompts, types, self.device)
-        assert isinstance(model, LlamaForSequenceClassification) and self.pooling_scratch is not None
+        assert (
+            isinstance(model, LlamaForSequenceClassification) and self.pooling_scratch is not None
+        )
         return req_ids, pool_decoder(model, self.pooling_scratch, prompts, self.device)
 
 
@@ -199,5 +228,12 @@ def _token_types(params: PoolingParams | None) -> tuple[int, ...] | None:
     return None if params is None else params.token_type_ids
 
 
-__all__ = ["POOLING_TASKS", "TENSOR_PARALLEL_ARCHITECTURES", "RunnerBase", "kv_block_bytes", "kv_cache_budget", "load_engine_model",
-           "state_cache_bytes"]
+__all__ = [
+    "POOLING_TASKS",
+    "TENSOR_PARALLEL_ARCHITECTURES",
+    "RunnerBase",
+    "kv_block_bytes",
+    "kv_cache_budget",
+    "load_engine_model",
+    "state_cache_bytes",
+]

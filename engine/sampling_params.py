@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from engine.errors import InvalidRequestError
+from turnout.engine.errors import InvalidRequestError
 
 #: A custom logits processor: ``fn(output_token_ids, logits) -> logits`` or
 #: ``fn(prompt_token_ids, output_token_ids, logits) -> logits`` where ``logits`` is the
@@ -102,40 +102,64 @@ class SamplingParams:
         self._check_misc()
 
     def _check_ints(self) -> None:
-        _require(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, "an int >= 1")
+        _require(
+            _is_int(self.max_tokens) and self.max_tokens >= 1,
+            "max_tokens",
+            self.max_tokens,
+            "an int >= 1",
+        )
         _require(
             _is_int(self.min_tokens) and 0 <= self.min_tokens <= min(self.max_tokens, _INT32_MAX),
-            "min_tokens", self.min_tokens, f"an int in [0, max_tokens={self.max_tokens}] and below 2**31",
+            "min_tokens",
+            self.min_tokens,
+            f"an int in [0, max_tokens={self.max_tokens}] and below 2**31",
         )
         _require(
             _is_int(self.top_k) and -1 <= self.top_k <= _INT32_MAX,
-            "top_k", self.top_k, "an int in [-1, 2**31 - 1] (-1 or 0: all tokens)",
+            "top_k",
+            self.top_k,
+            "an int in [-1, 2**31 - 1] (-1 or 0: all tokens)",
         )
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
-            _require(value is None or (_is_int(value) and value >= 0), name, value, "None or an int >= 0")
+            _require(
+                value is None or (_is_int(value) and value >= 0), name, value, "None or an int >= 0"
+            )
         _require(
             self.seed is None or (_is_int(self.seed) and _INT64_MIN <= self.seed <= _INT64_MAX),
-            "seed", self.seed, "None or a 64-bit signed int",
+            "seed",
+            self.seed,
+            "None or a 64-bit signed int",
         )
         for token_id in self.stop_token_ids:
-            _require(_is_int(token_id) and token_id >= 0, "stop_token_ids", self.stop_token_ids, "a list of token ids >= 0")
+            _require(
+                _is_int(token_id) and token_id >= 0,
+                "stop_token_ids",
+                self.stop_token_ids,
+                "a list of token ids >= 0",
+            )
 
     def _check_reals(self) -> None:
         _require(
             _is_real(self.temperature) and 0 <= self.temperature <= _F32_MAX,
-            "temperature", self.temperature, "a finite number >= 0 (at most 3.4e38, float32's largest)",
+            "temperature",
+            self.temperature,
+            "a finite number >= 0 (at most 3.4e38, float32's largest)",
         )
         _require(
             _is_f32(self.top_p) and 0 < self.top_p <= 1,
-            "top_p", self.top_p, "a number in (0, 1] (at least 1.2e-38, float32's smallest normal)",
+            "top_p",
+            self.top_p,
+            "a number in (0, 1] (at least 1.2e-38, float32's smallest normal)",
         )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _require(_is_real(value) and -2 <= value <= 2, name, value, "a number in [-2, 2]")
         _require(
             _is_f32(self.repetition_penalty) and self.repetition_penalty > 0,
-            "repetition_penalty", self.repetition_penalty, "a number > 0 within float32's normal range [1.2e-38, 3.4e38]",
+            "repetition_penalty",
+            self.repetition_penalty,
+            "a number > 0 within float32's normal range [1.2e-38, 3.4e38]",
         )
 
     def _check_misc(self) -> None:
@@ -178,7 +202,9 @@ class SamplingParams:
                 )
         bad = [t for t in self.stop_token_ids if t >= vocab_size]
         if bad:
-            raise InvalidRequestError(f"stop_token_ids {bad} are outside the vocabulary (size {vocab_size})")
+            raise InvalidRequestError(
+                f"stop_token_ids {bad} are outside the vocabulary (size {vocab_size})"
+            )
 
     def with_seed(self, seed: int) -> SamplingParams:
         """A copy with ``seed`` set (the engine seeds unseeded requests when adding them)."""
@@ -188,13 +214,17 @@ class SamplingParams:
         """The fields as a plain dict (logits processors by name), for logs and JSON."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["stop_token_ids"] = list(self.stop_token_ids)
-        out["logits_processors"] = [getattr(fn, "__name__", repr(fn)) for fn in self.logits_processors]
+        out["logits_processors"] = [
+            getattr(fn, "__name__", repr(fn)) for fn in self.logits_processors
+        ]
         return out
 
 
 def _require(ok: bool, name: str, value: object, accepted: str) -> None:
     if not ok:
-        raise InvalidRequestError(f"SamplingParams.{name}={value!r} is invalid: expected {accepted}")
+        raise InvalidRequestError(
+            f"SamplingParams.{name}={value!r} is invalid: expected {accepted}"
+        )
 
 
 __all__ = ["LogitsProcessor", "SamplingParams"]

@@ -32,12 +32,12 @@ from __future__ import annotations
 
 import bisect
 
-from engine.block_pool import KVCacheBlock
-from engine.config import EngineConfig
-from engine.kv_cache_manager import KVCacheManager
-from engine.outputs import ModelRunnerOutput, PromptLogprobs, SpecDecodeStats
-from engine.request import Request, RequestStatus
-from engine.scheduler_output import NewRequestData, SchedulerOutput
+from turnout.engine.block_pool import KVCacheBlock
+from turnout.engine.config import EngineConfig
+from turnout.engine.kv_cache_manager import KVCacheManager
+from turnout.engine.outputs import ModelRunnerOutput, PromptLogprobs, SpecDecodeStats
+from turnout.engine.request import Request, RequestStatus
+from turnout.engine.scheduler_output import NewRequestData, SchedulerOutput
 
 
 def _by_arrival(request: Request) -> int:
@@ -58,8 +58,14 @@ class Scheduler:
         num_kv_blocks: physical KV blocks the runner allocated.
     """
 
-    def __init__(self, config: EngineConfig, num_kv_blocks: int, *, async_scheduling: bool = False,
-                 num_device_drafts: int = 0) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        num_kv_blocks: int,
+        *,
+        async_scheduling: bool = False,
+        num_device_drafts: int = 0,
+    ) -> None:
         self.config = config
         self.async_scheduling = async_scheduling
         # Drafts per decode the runner proposes on the device (0: drafts come from its output).
@@ -120,7 +126,9 @@ class Scheduler:
         self._finished_req_ids = set()
         scheduled: dict[str, Request] = {}  # in the order of out.num_scheduled_tokens
         running_diffs: _Diffs = ([], [], [], [])
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens, scheduled, running_diffs)
+        budget = self._schedule_running(
+            out, self.config.max_num_batched_tokens, scheduled, running_diffs
+        )
         if not out.preempted_req_ids:
             budget = self._schedule_waiting(out, budget, scheduled)
         # Running requests' diffs come after the resumed ones (appended while binding those).
@@ -159,7 +167,12 @@ class Scheduler:
             num_computed.append(request.num_computed_tokens)
             # In flight tokens included: the runner produced them, the engine awaits them.
             num_output.append(request.num_output_tokens + request.num_output_placeholders)
-            num_drafts = request.num_computed_tokens + num_new - request.num_tokens - request.num_output_placeholders
+            num_drafts = (
+                request.num_computed_tokens
+                + num_new
+                - request.num_tokens
+                - request.num_output_placeholders
+            )
             if num_drafts > 0:
                 self._schedule_drafts(request, num_drafts, out)
             else:
@@ -188,19 +201,27 @@ class Scheduler:
         # tokens, counted from the optimistic placeholders: stay within max_tokens and
         # max_model_len even if every draft in flight is accepted.
         ahead = request.num_output_placeholders
-        room = min(request.max_tokens - request.num_output_tokens - ahead - 1,
-                   self.config.max_model_len - request.num_tokens - ahead - 1)
+        room = min(
+            request.max_tokens - request.num_output_tokens - ahead - 1,
+            self.config.max_model_len - request.num_tokens - ahead - 1,
+        )
         return max(0, min(self.num_device_drafts, room))
 
     def _schedule_drafts(self, request: Request, num_drafts: int, out: SchedulerOutput) -> None:
         # Device drafts are placeholders: their ids never reach the host.
-        drafts = [-1] * num_drafts if self.num_device_drafts else request.spec_token_ids[:num_drafts]
+        drafts = (
+            [-1] * num_drafts if self.num_device_drafts else request.spec_token_ids[:num_drafts]
+        )
         out.scheduled_spec_decode_tokens[request.req_id] = drafts
 
     def _advance(self, request: Request, num_new: int, num_drafts: int) -> None:
         request.num_computed_tokens += num_new
-        if self.async_scheduling and not request.pooling and (
-            request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders
+        if (
+            self.async_scheduling
+            and not request.pooling
+            and (
+                request.num_computed_tokens >= request.num_tokens + request.num_output_placeholders
+            )
         ):
             # This step samples a token not yet seen, and may accept every draft it verifies.
             request.num_output_placeholders += 1 + num_drafts
@@ -226,7 +247,9 @@ class Scheduler:
         bisect.insort(self.waiting, request, key=_by_arrival)
         out.preempted_req_ids.add(request.req_id)
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int, scheduled: dict[str, Request]) -> int:
+    def _schedule_waiting(
+        self, out: SchedulerOutput, budget: int, scheduled: dict[str, Request]
+    ) -> int:
         config = self.config
         while self.waiting and budget > 0 and len(self.running) < config.max_num_seqs:
             request = self.waiting[0]
@@ -256,17 +279,25 @@ class Scheduler:
         block_ids = self.kv_cache_manager.get_block_ids(request.req_id)
         if request.status == RequestStatus.PREEMPTED:
             out.scheduled_cached_reqs.append(
-                request.req_id, resumed=True, token_ids=list(request.all_token_ids),
-                new_block_ids=block_ids, num_computed_tokens=request.num_computed_tokens,
+                request.req_id,
+                resumed=True,
+                token_ids=list(request.all_token_ids),
+                new_block_ids=block_ids,
+                num_computed_tokens=request.num_computed_tokens,
                 num_output_tokens=request.num_output_tokens,
             )
         else:
-            out.scheduled_new_reqs.append(NewRequestData(
-                req_id=request.req_id, prompt_token_ids=list(request.prompt_token_ids),
-                sampling_params=request.sampling_params, block_ids=block_ids,
-                num_computed_tokens=request.num_computed_tokens, pooling=request.pooling,
-                pooling_params=request.pooling_params,
-            ))
+            out.scheduled_new_reqs.append(
+                NewRequestData(
+                    req_id=request.req_id,
+                    prompt_token_ids=list(request.prompt_token_ids),
+                    sampling_params=request.sampling_params,
+                    block_ids=block_ids,
+                    num_computed_tokens=request.num_computed_tokens,
+                    pooling=request.pooling,
+                    pooling_params=request.pooling_params,
+                )
+            )
         request.status = RequestStatus.RUNNING
         bisect.insort(self.running, request, key=_by_arrival)
 
@@ -286,7 +317,9 @@ class Scheduler:
         finished: list[Request] = []
         # The requests the step scheduled, in its order (none if it was forgotten: abort_all).
         for req_id, request in self._scheduled.pop(id(scheduler_output), {}).items():
-            if requests.get(req_id) is not request or (request.status is not _RUNNING and request.is_finished):
+            if requests.get(req_id) is not request or (
+                request.status is not _RUNNING and request.is_finished
+            ):
                 continue  # finished or aborted since it was scheduled (its id may be reused)
             # A request preempted while this step was in flight (asynchronous scheduling)
             # still takes the step's token: its resumed token list must include it.
@@ -295,7 +328,9 @@ class Scheduler:
             if self.async_scheduling and request.num_output_placeholders and generated:
                 # The step's sampled token and its drafts, accepted or not, are no longer ahead.
                 num_drafts = len(spec.get(req_id, ()))
-                request.num_output_placeholders = max(0, request.num_output_placeholders - 1 - num_drafts)
+                request.num_output_placeholders = max(
+                    0, request.num_output_placeholders - 1 - num_drafts
+                )
             if plain and not request.pooling and not request.spec_token_ids:
                 status = self._append_tokens(request, runner_output, generated)
             else:
@@ -316,9 +351,13 @@ class Scheduler:
         if ro.errors and req_id in ro.errors:
             request.error = ro.errors[req_id]
             return RequestStatus.FINISHED_ERROR
-        drafts = so.scheduled_spec_decode_tokens.get(req_id) if so.scheduled_spec_decode_tokens else None
+        drafts = (
+            so.scheduled_spec_decode_tokens.get(req_id) if so.scheduled_spec_decode_tokens else None
+        )
         if drafts and generated:
-            self._observe_drafts(request, len(drafts), ro.num_draft_tokens.get(req_id, len(drafts)), generated)
+            self._observe_drafts(
+                request, len(drafts), ro.num_draft_tokens.get(req_id, len(drafts)), generated
+            )
         if request.spec_token_ids:
             request.spec_token_ids = []
         chunk = ro.prompt_logprobs.get(req_id) if ro.prompt_logprobs else None
@@ -349,16 +388,24 @@ class Scheduler:
             if logprobs is not None:
                 request.logprobs.append(logprobs.slice(0, num_kept))
         if status is None and generated and ro.spec_token_ids:
-            request.spec_token_ids = self._trim_drafts(request, ro.spec_token_ids.get(request.req_id))
+            request.spec_token_ids = self._trim_drafts(
+                request, ro.spec_token_ids.get(request.req_id)
+            )
         return status
 
-    def _observe_drafts(self, request: Request, num_scheduled: int, num_verified: int, generated: list[int]) -> None:
+    def _observe_drafts(
+        self, request: Request, num_scheduled: int, num_verified: int, generated: list[int]
+    ) -> None:
         # The rejected drafts' positions are not computed: take them back (unless the request
         # was preempted while the step was in flight: it starts from 0 again).
         if request.status == RequestStatus.RUNNING:
             request.num_computed_tokens -= num_scheduled + 1 - len(generated)
         num_accepted = len(generated) - 1
-        for stats in (request.spec_decode, self.spec_decode_stats, self.last_step_spec_decode_stats):
+        for stats in (
+            request.spec_decode,
+            self.spec_decode_stats,
+            self.last_step_spec_decode_stats,
+        ):
             stats.observe(num_verified, num_accepted)
 
     def _trim_drafts(self, request: Request, drafts: list[int] | None) -> list[int]:
@@ -384,7 +431,9 @@ class Scheduler:
                 f"request {request.req_id}: prompt logprobs from token {chunk.start} "
                 f"arrived before tokens {have + 1}..{chunk.start - 1}"
             )
-        request.prompt_logprobs.append(chunk.logprobs.slice(have + 1 - chunk.start, len(chunk.logprobs)))
+        request.prompt_logprobs.append(
+            chunk.logprobs.slice(have + 1 - chunk.start, len(chunk.logprobs))
+        )
         request.num_prompt_logprobs = end - 1
 
     def _finish(self, request: Request, status: RequestStatus) -> None:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from turnout.engine.pooling_params import PoolingParams
+from turnout.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

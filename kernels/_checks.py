@@ -45,8 +45,10 @@ def check_flat(**tensors: torch.Tensor) -> None:
     """
     for name, t in tensors.items():
         if t.dim() != 1 or not t.is_contiguous():
-            raise ValueError(f"{name} must be a 1-D vector with unit stride (one run of "
-                             f"elements), got shape {tuple(t.shape)}, strides {t.stride()}")
+            raise ValueError(
+                f"{name} must be a 1-D vector with unit stride (one run of "
+                f"elements), got shape {tuple(t.shape)}, strides {t.stride()}"
+            )
 
 
 def check_table(name: str, table: torch.Tensor) -> None:
@@ -56,12 +58,20 @@ def check_table(name: str, table: torch.Tensor) -> None:
         ValueError: not 2-D or no unit inner stride.
     """
     if table.dim() != 2 or table.stride(1) != 1:
-        raise ValueError(f"{name} must be a 2-D table with unit inner stride, "
-                         f"got shape {tuple(table.shape)}, strides {table.stride()}")
+        raise ValueError(
+            f"{name} must be a 2-D table with unit inner stride, "
+            f"got shape {tuple(table.shape)}, strides {table.stride()}"
+        )
 
 
-def check_matrix(name: str, t: torch.Tensor, dtype: torch.dtype, dims: str,
-                 num_rows: int | None = None, num_cols: int | None = None) -> None:
+def check_matrix(
+    name: str,
+    t: torch.Tensor,
+    dtype: torch.dtype,
+    dims: str,
+    num_rows: int | None = None,
+    num_cols: int | None = None,
+) -> None:
     """A 2-D ``dtype`` tensor with a unit inner stride; ``dims`` names its dimensions in the
     message (``"[num_reqs, vocab_size]"``); ``num_rows`` / ``num_cols``, when given, are the
     sizes it must have.
@@ -70,10 +80,16 @@ def check_matrix(name: str, t: torch.Tensor, dtype: torch.dtype, dims: str,
         ValueError: any of these differs, naming the tensor.
     """
     ok = t.dtype == dtype and t.dim() == 2 and t.stride(1) == 1
-    ok = ok and (num_rows is None or t.shape[0] == num_rows) and (num_cols is None or t.shape[1] == num_cols)
+    ok = (
+        ok
+        and (num_rows is None or t.shape[0] == num_rows)
+        and (num_cols is None or t.shape[1] == num_cols)
+    )
     if not ok:
-        raise ValueError(f"{name} must be {dims} {dtype_name(dtype)} with unit inner stride, got "
-                         f"{tuple(t.shape)} {dtype_name(t.dtype)}, strides {t.stride()}")
+        raise ValueError(
+            f"{name} must be {dims} {dtype_name(dtype)} with unit inner stride, got "
+            f"{tuple(t.shape)} {dtype_name(t.dtype)}, strides {t.stride()}"
+        )
 
 
 def check_vector(name: str, t: torch.Tensor, dtype: torch.dtype, length: int) -> None:
@@ -83,8 +99,10 @@ def check_vector(name: str, t: torch.Tensor, dtype: torch.dtype, length: int) ->
         ValueError: the dtype, shape or stride differs, naming the tensor.
     """
     if t.dtype != dtype or tuple(t.shape) != (length,) or not t.is_contiguous():
-        raise ValueError(f"{name} must be [{length}] {dtype_name(dtype)} with unit stride, "
-                         f"got {tuple(t.shape)} {dtype_name(t.dtype)}, strides {t.stride()}")
+        raise ValueError(
+            f"{name} must be [{length}] {dtype_name(dtype)} with unit stride, "
+            f"got {tuple(t.shape)} {dtype_name(t.dtype)}, strides {t.stride()}"
+        )
 
 
 def check_at_least(count: int, what: str, **tensors: torch.Tensor) -> None:
@@ -120,12 +138,15 @@ def check_out_like(out_name: str, out: torch.Tensor, like_name: str, like: torch
         ValueError: the shapes differ or the output is not contiguous.
     """
     if out.shape != like.shape or not out.is_contiguous():
-        raise ValueError(f"{out_name} must be contiguous with the (padded) shape of {like_name} "
-                         f"{tuple(like.shape)}, got {tuple(out.shape)}, strides {out.stride()}")
+        raise ValueError(
+            f"{out_name} must be contiguous with the (padded) shape of {like_name} "
+            f"{tuple(like.shape)}, got {tuple(out.shape)}, strides {out.stride()}"
+        )
 
 
-def check_state_batch(query_start_loc: torch.Tensor, state_indices: torch.Tensor,
-                      has_initial_state: torch.Tensor) -> None:
+def check_state_batch(
+    query_start_loc: torch.Tensor, state_indices: torch.Tensor, has_initial_state: torch.Tensor
+) -> None:
     """The index arrays of a varlen batch over per-request states (Mamba's conv and SSM
     states): ``num_reqs = len(state_indices)``, ``query_start_loc`` int32 with one entry more,
     ``state_indices`` int32 and ``has_initial_state`` bool with one entry per request.
@@ -133,17 +154,27 @@ def check_state_batch(query_start_loc: torch.Tensor, state_indices: torch.Tensor
     Raises:
         ValueError: a dtype, shape or stride differs, naming the array.
     """
-    check_flat(state_indices=state_indices, query_start_loc=query_start_loc,
-               has_initial_state=has_initial_state)
-    check_dtypes(state_indices=(state_indices, torch.int32), query_start_loc=(query_start_loc, torch.int32),
-                 has_initial_state=(has_initial_state, torch.bool))
+    check_flat(
+        state_indices=state_indices,
+        query_start_loc=query_start_loc,
+        has_initial_state=has_initial_state,
+    )
+    check_dtypes(
+        state_indices=(state_indices, torch.int32),
+        query_start_loc=(query_start_loc, torch.int32),
+        has_initial_state=(has_initial_state, torch.bool),
+    )
     num_reqs = state_indices.shape[0]
     if query_start_loc.shape[0] != num_reqs + 1:
-        raise ValueError(f"query_start_loc must have num_reqs + 1 = {num_reqs + 1} entries "
-                         f"(num_reqs from state_indices), got {query_start_loc.shape[0]}")
+        raise ValueError(
+            f"query_start_loc must have num_reqs + 1 = {num_reqs + 1} entries "
+            f"(num_reqs from state_indices), got {query_start_loc.shape[0]}"
+        )
     if has_initial_state.shape[0] != num_reqs:
-        raise ValueError(f"has_initial_state must have num_reqs = {num_reqs} entries "
-                         f"(one per state index), got {has_initial_state.shape[0]}")
+        raise ValueError(
+            f"has_initial_state must have num_reqs = {num_reqs} entries "
+            f"(one per state index), got {has_initial_state.shape[0]}"
+        )
 
 
 def check_one_per_row(name: str, t: torch.Tensor, rows_name: str, rows: torch.Tensor) -> None:
@@ -153,8 +184,9 @@ def check_one_per_row(name: str, t: torch.Tensor, rows_name: str, rows: torch.Te
         ValueError: the lengths differ.
     """
     if t.shape[0] != rows.shape[0]:
-        raise ValueError(f"{name} must have one entry per row of {rows_name} ({rows.shape[0]}), "
-                         f"got {t.shape[0]}")
+        raise ValueError(
+            f"{name} must have one entry per row of {rows_name} ({rows.shape[0]}), got {t.shape[0]}"
+        )
 
 
 def shared_stride(what: str, *columns: torch.Tensor) -> int:
@@ -165,7 +197,9 @@ def shared_stride(what: str, *columns: torch.Tensor) -> int:
     """
     strides = {t.stride(0) for t in columns}
     if len(strides) != 1:
-        raise ValueError(f"{what} must share one stride (one packed table), got strides {sorted(strides)}")
+        raise ValueError(
+            f"{what} must share one stride (one packed table), got strides {sorted(strides)}"
+        )
     return strides.pop()
 
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels._triton import tl, triton
+from turnout.kernels._triton import tl, triton
 
 
-@triton.jit
-def _find_request(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]
+def _find_request(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr):  # type: ignore[no-untyped-def]
     """The request owning global q block ``q_block``: the last ``i`` with
     ``query_start_loc[i] // BLOCK_Q + i <= q_block`` (strictly increasing in ``i``)."""
     lo: tl.int32 = 0
@@ -28,9 +28,10 @@ def _find_request(query_start_loc_ptr, q_block, num_reqs, BLOCK_Q: tl.constexpr)
     return lo - 1
 
 
-@triton.jit
-def _key_tile_ranges(first_pos, last_pos, sliding_window, USE_WINDOW: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]
+def _key_tile_ranges(  # type: ignore[no-untyped-def]
+    first_pos, last_pos, sliding_window, USE_WINDOW: tl.constexpr, BLOCK_N: tl.constexpr
+):
     """Key tiles ``[lo, mid_lo)`` (window edge, masked), ``[mid_lo, mid_hi)`` (seen whole by
     every query at positions ``first_pos..last_pos``) and ``[mid_hi, hi)`` (diagonal, masked)."""
     hi = (last_pos + BLOCK_N) // BLOCK_N
@@ -44,10 +45,21 @@ def _key_tile_ranges(first_pos, last_pos, sliding_window, USE_WINDOW: tl.constex
     return lo, mid_lo, tl.maximum(mid_hi, mid_lo), hi
 
 
-@triton.jit
-def _load_query_tile(q_ptr, q_start, first, q_len, kv_head, q_stride_t, q_stride_h,
-                     NUM_QUERIES_PER_KV: tl.constexpr, GROUP_P: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_M: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]
+def _load_query_tile(  # type: ignore[no-untyped-def]
+    q_ptr,
+    q_start,
+    first,
+    q_len,
+    kv_head,
+    q_stride_t,
+    q_stride_h,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    GROUP_P: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
     """Rows ``(query first + r // GROUP_P, head r % GROUP_P of the kv head's group)``."""
     rows = tl.arange(0, BLOCK_M)
     tok = first + rows // GROUP_P  # query index inside the request
@@ -55,15 +67,28 @@ def _load_query_tile(q_ptr, q_start, first, q_len, kv_head, q_stride_t, q_stride
     row_mask = (tok < q_len) & (rows % GROUP_P < NUM_QUERIES_PER_KV)
     dim = tl.arange(0, HEAD_DIM_P)
     q_rows = (q_start + tok).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * q_stride_t + head[:, None] * q_stride_h + dim[None, :],
-                mask=row_mask[:, None] & (dim < HEAD_DIM)[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * q_stride_t + head[:, None] * q_stride_h + dim[None, :],
+        mask=row_mask[:, None] & (dim < HEAD_DIM)[None, :],
+        other=0.0,
+    )
     return q, tok, head, q_rows, row_mask
 
 
-@triton.jit
-def _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, kv_head,
-                       out_stride_t, out_stride_h, NUM_QUERIES_PER_KV: tl.constexpr,
-                       HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]
+def _zero_padding_rows(  # type: ignore[no-untyped-def]
+    out_ptr,
+    query_start_loc_ptr,
+    num_reqs,
+    num_tokens,
+    kv_head,
+    out_stride_t,
+    out_stride_h,
+    NUM_QUERIES_PER_KV: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+):
     """Zero rows ``query_start_loc[num_reqs]:num_tokens`` of ``out`` (a padded batch's extra
     rows, which no request owns) for the query heads of ``kv_head``."""
     total = tl.load(query_start_loc_ptr + num_reqs)
@@ -74,17 +99,39 @@ def _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, kv_he
         mask = (rows < num_tokens)[:, None] & (dim < HEAD_DIM)[None, :]
         for h in tl.static_range(NUM_QUERIES_PER_KV):
             head = kv_head * NUM_QUERIES_PER_KV + h
-            tl.store(out_ptr + rows[:, None] * out_stride_t + head * out_stride_h + dim[None, :],
-                     zeros, mask=mask)
+            tl.store(
+                out_ptr + rows[:, None] * out_stride_t + head * out_stride_h + dim[None, :],
+                zeros,
+                mask=mask,
+            )
 
 
-@triton.jit
-def _attend_tiles(acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_head_off,
-                  tile_lo, tile_hi, kv_end, sliding_window, scale_log2,
-                  cache_stride_block, cache_stride_slot,
-                  HEAD_DIM: tl.constexpr, HEAD_DIM_P: tl.constexpr,
-                  KV_BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-                  USE_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]
+def _attend_tiles(  # type: ignore[no-untyped-def]
+    acc,
+    m_i,
+    l_i,
+    q,
+    q_pos,
+    k_cache_ptr,
+    v_cache_ptr,
+    bt_row,
+    kv_head_off,
+    tile_lo,
+    tile_hi,
+    kv_end,
+    sliding_window,
+    scale_log2,
+    cache_stride_block,
+    cache_stride_slot,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P: tl.constexpr,
+    KV_BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Online-softmax update of ``(acc, m_i, l_i)`` over key tiles ``[tile_lo, tile_hi)``.
     ``MASKED`` applies ``key < kv_end``, causality and the window; unmasked tiles must lie
     wholly inside every row's allowed keys (a row's max is then finite after one tile)."""
@@ -99,8 +146,9 @@ def _attend_tiles(acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, kv_
         else:
             block = tl.load(bt_row + n // KV_BLOCK_SIZE).to(tl.int64)
             kv_mask = (n >= 0)[:, None] & dim_mask[None, :]
-        off = (block * cache_stride_block + (n % KV_BLOCK_SIZE) * cache_stride_slot
-               + kv_head_off)[:, None] + dim[None, :]
+        off = (block * cache_stride_block + (n % KV_BLOCK_SIZE) * cache_stride_slot + kv_head_off)[
+            :, None
+        ] + dim[None, :]
         if MASKED or HEAD_DIM != HEAD_DIM_P:
             k = tl.load(k_cache_ptr + off, mask=kv_mask, other=0.0)
             v = tl.load(v_cache_ptr + off, mask=kv_mask, other=0.0)
@@ -145,8 +193,12 @@ class AttentionTiles:
     def __post_init__(self) -> None:
         # Checked here, not at each launch: a key tile of 0 runs and reads no key (silently
         # wrong output), and one not a power of two fails inside Triton naming no argument.
-        for name, low, power in (("block_m", 1, True), ("block_n", 16, True), ("num_warps", 1, True),
-                                 ("num_stages", 1, False)):
+        for name, low, power in (
+            ("block_m", 1, True),
+            ("block_n", 16, True),
+            ("num_warps", 1, True),
+            ("num_stages", 1, False),
+        ):
             value = getattr(self, name)
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
             if not ok or (power and value & (value - 1)):
@@ -187,8 +239,9 @@ def default_prefill_tiles(dtype: torch.dtype, head_dim: int) -> AttentionTiles:
     return AttentionTiles(block_m=64, block_n=64, num_warps=4, num_stages=2)
 
 
-def tile_rows(tiles: AttentionTiles, group: int, max_query_len: int | None = None
-              ) -> tuple[int, int]:
+def tile_rows(
+    tiles: AttentionTiles, group: int, max_query_len: int | None = None
+) -> tuple[int, int]:
     """``(BLOCK_Q, BLOCK_M)`` of a launch with ``tiles`` for GQA groups of ``group`` heads;
     ``max_query_len`` (a bound on the step's queries per request) may shrink ``BLOCK_Q``."""
     group_p = triton.next_power_of_2(group)
@@ -201,7 +254,8 @@ def tile_rows(tiles: AttentionTiles, group: int, max_query_len: int | None = Non
 
 def head_dim_padded(head_dim: int) -> int:
     """The power-of-two head dimension of a tile (at least 16, a tensor-core tile's K)."""
-    return max(16, triton.next_power_of_2(head_dim))
+    padded: int = max(16, triton.next_power_of_2(head_dim))
+    return padded
 
 
 def dot_precision(dtype: torch.dtype) -> str:

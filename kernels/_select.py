@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import tl, triton
+from turnout.kernels._triton import tl, triton
 
 #: Radix passes and candidate thresholds per pass: 8 passes of 4 bits cover a 32-bit key.
 RADIX_PASSES = 8
@@ -28,11 +28,12 @@ def vocab_block_size(vocab_size: int, device: torch.device) -> int:
     interpreter's cost is per operation, not per element, up to ``MAX_INTERPRETER_BLOCK``."""
     if device.type == "cuda":
         return 1024
-    return min(triton.next_power_of_2(max(vocab_size, 16)), MAX_INTERPRETER_BLOCK)
+    block: int = min(triton.next_power_of_2(max(vocab_size, 16)), MAX_INTERPRETER_BLOCK)
+    return block
 
 
 @triton.jit
-def _float_key(x):
+def _float_key(x):  # type: ignore[no-untyped-def]
     # float32 -> int64 in [0, 2**32), ordered like the floats (NaN aside). -0.0 is made +0.0
     # first so that it ties with +0.0 as a float comparison would.
     x = tl.where(x == 0.0, 0.0, x)
@@ -42,14 +43,14 @@ def _float_key(x):
 
 
 @triton.jit
-def _radix_candidates(prefix, p):
+def _radix_candidates(prefix, p):  # type: ignore[no-untyped-def]
     # The 16 thresholds of pass p: prefix with digit d (0..15) in bits [28 - 4p, 32 - 4p).
     shift = tl.full([], 28, tl.int64) - 4 * p  # p: a loop index (int in the interpreter)
     return prefix + (tl.arange(0, 16).to(tl.int64) << shift), shift
 
 
 @triton.jit
-def _radix_advance(prefix, shift, ok):
+def _radix_advance(prefix, shift, ok):  # type: ignore[no-untyped-def]
     # ok: [16] bool, true for candidates still meeting the target (a prefix of the digits,
     # since counts and masses fall as the threshold rises); digit 0 always qualifies.
     d = tl.maximum(tl.sum(ok.to(tl.int64), axis=0) - 1, 0)
@@ -57,7 +58,7 @@ def _radix_advance(prefix, shift, ok):
 
 
 @triton.jit
-def _argmax_update(x, tok, best_val, best_idx):
+def _argmax_update(x, tok, best_val, best_idx):  # type: ignore[no-untyped-def]
     # Running argmax over blocks; ties go to the lowest token id (blocks come in id order and
     # a later block must be strictly larger to win).
     block_max = tl.max(x, axis=0)

@@ -22,11 +22,13 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     """The side stream of ``device`` (a CUDA device), made on first use."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _side_streams:
-        _side_streams[index] = torch.cuda.Stream(device=index)
+        _side_streams[index] = torch.cuda.Stream(device=index)  # type: ignore[no-untyped-call]  # torch.cuda.Stream.__new__ is unannotated
     return _side_streams[index]
 
 
-def run_overlapped(device: torch.device, first: Callable[[], None], second: Callable[[], None]) -> None:
+def run_overlapped(
+    device: torch.device, first: Callable[[], None], second: Callable[[], None]
+) -> None:
     """``first()`` on the current stream, ``second()`` on the side stream, both ordered after
     what is queued now and before what is queued next (see the module docstring)."""
     main = torch.cuda.current_stream(device)

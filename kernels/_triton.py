@@ -59,8 +59,8 @@ except ImportError:  # pragma: no cover
     class _LanguageStub:
         constexpr = Any
 
-    triton = _JitStub()  # type: ignore[assignment]
-    tl = _LanguageStub()  # type: ignore[assignment]
+    triton = _JitStub()
+    tl = _LanguageStub()
 
 
 class TritonUnavailableError(RuntimeError):

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels._checks import (
+from turnout.kernels._checks import (
     check_dtypes,
     check_flat,
     check_matrix,
@@ -43,7 +43,7 @@ from kernels._checks import (
     check_vector,
     dtype_name,
 )
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._triton import require_triton, tl, triton
 
 #: State index of a padding request: skipped (vLLM's ``PAD_SLOT_ID``).
 PAD_SLOT_ID = -1
@@ -55,8 +55,8 @@ _BLOCK_T, _BLOCK_D = 16, 64
 _BLOCK_D_UPDATE = 64
 
 
-@triton.jit
-def _causal_conv1d_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _causal_conv1d_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     weight_ptr,
     bias_ptr,
@@ -105,31 +105,49 @@ def _causal_conv1d_kernel(
             from_x = t_mask & (p >= 0)
             from_state = t_mask & (p < 0) & (p >= oldest)
             rows = (start + p).to(tl.int64)
-            xv = tl.load(x_ptr + rows[:, None] * x_stride_t + d[None, :],
-                         mask=from_x[:, None] & d_mask[None, :], other=0.0)
-            sv = tl.load(state_row[None, :] + (p + (WIDTH - 1))[:, None] * state_stride_k,
-                         mask=from_state[:, None] & d_mask[None, :], other=0.0)
+            xv = tl.load(
+                x_ptr + rows[:, None] * x_stride_t + d[None, :],
+                mask=from_x[:, None] & d_mask[None, :],
+                other=0.0,
+            )
+            sv = tl.load(
+                state_row[None, :] + (p + (WIDTH - 1))[:, None] * state_stride_k,
+                mask=from_state[:, None] & d_mask[None, :],
+                other=0.0,
+            )
             w = tl.load(weight_ptr + d * weight_stride_d + k, mask=d_mask, other=0.0).to(tl.float32)
             acc += w[None, :] * (xv.to(tl.float32) + sv.to(tl.float32))
         if SILU:
             acc = acc * tl.sigmoid(acc)
         out_rows = (start + t).to(tl.int64)
-        tl.store(out_ptr + out_rows[:, None] * out_stride_t + d[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=t_mask[:, None] & d_mask[None, :])
+        tl.store(
+            out_ptr + out_rows[:, None] * out_stride_t + d[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=t_mask[:, None] & d_mask[None, :],
+        )
     # New state: the last WIDTH - 1 entries of xpad, i.e. inputs p = seq_len - (WIDTH - 1) + j.
     j = tl.arange(0, STATE_P)
     p = seq_len - (WIDTH - 1) + j
     j_mask = j < WIDTH - 1
-    xv = tl.load(x_ptr + (start + p).to(tl.int64)[None, :] * x_stride_t + d[:, None],
-                 mask=d_mask[:, None] & (j_mask & (p >= 0))[None, :], other=0.0)
-    sv = tl.load(state_row[:, None] + (p + (WIDTH - 1))[None, :] * state_stride_k,
-                 mask=d_mask[:, None] & (j_mask & (p < 0) & (p >= oldest))[None, :], other=0.0)
+    xv = tl.load(
+        x_ptr + (start + p).to(tl.int64)[None, :] * x_stride_t + d[:, None],
+        mask=d_mask[:, None] & (j_mask & (p >= 0))[None, :],
+        other=0.0,
+    )
+    sv = tl.load(
+        state_row[:, None] + (p + (WIDTH - 1))[None, :] * state_stride_k,
+        mask=d_mask[:, None] & (j_mask & (p < 0) & (p >= oldest))[None, :],
+        other=0.0,
+    )
     new_state = xv.to(conv_state_ptr.dtype.element_ty) + sv
     # Entries move towards the front of the same row: every thread's reads of the old state
     # (above and in the loop) must be done before any thread overwrites one.
     tl.debug_barrier()
-    tl.store(state_row[:, None] + j[None, :] * state_stride_k, new_state,
-             mask=d_mask[:, None] & j_mask[None, :])
+    tl.store(
+        state_row[:, None] + j[None, :] * state_stride_k,
+        new_state,
+        mask=d_mask[:, None] & j_mask[None, :],
+    )
 
 
 def causal_conv1d(
@@ -158,12 +176,27 @@ def causal_conv1d(
         return out
     width = weight.shape[1]
     _causal_conv1d_kernel[(num_reqs, triton.cdiv(dim, _BLOCK_D))](
-        x, weight, bias if bias is not None else weight, conv_state, query_start_loc,
-        state_indices, has_initial_state, out,
-        x.stride(0), out.stride(0), weight.stride(0),
-        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), dim,
-        WIDTH=width, STATE_P=triton.next_power_of_2(width - 1), HAS_BIAS=bias is not None,
-        SILU=activation == "silu", BLOCK_T=_BLOCK_T, BLOCK_D=_BLOCK_D,
+        x,
+        weight,
+        bias if bias is not None else weight,
+        conv_state,
+        query_start_loc,
+        state_indices,
+        has_initial_state,
+        out,
+        x.stride(0),
+        out.stride(0),
+        weight.stride(0),
+        conv_state.stride(0),
+        conv_state.stride(1),
+        conv_state.stride(2),
+        dim,
+        WIDTH=width,
+        STATE_P=triton.next_power_of_2(width - 1),
+        HAS_BIAS=bias is not None,
+        SILU=activation == "silu",
+        BLOCK_T=_BLOCK_T,
+        BLOCK_D=_BLOCK_D,
     )
     return out
 
@@ -192,7 +225,9 @@ def causal_conv1d_ref(
     w = weight.float().unsqueeze(1)  # [dim, 1, width]
     b = bias.float() if bias is not None else None
     starts = query_start_loc.tolist()
-    for i, (slot, init) in enumerate(zip(state_indices.tolist(), has_initial_state.tolist(), strict=True)):
+    for i, (slot, init) in enumerate(
+        zip(state_indices.tolist(), has_initial_state.tolist(), strict=True)
+    ):
         start, end = starts[i], starts[i + 1]
         if slot < 0 or end <= start:
             continue
@@ -204,8 +239,8 @@ def causal_conv1d_ref(
     return out
 
 
-@triton.jit
-def _causal_conv1d_update_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _causal_conv1d_update_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     weight_ptr,
     bias_ptr,
@@ -246,10 +281,15 @@ def _causal_conv1d_update_kernel(
         acc += tl.load(bias_ptr + d, mask=d_mask, other=0.0).to(tl.float32)
     if SILU:
         acc = acc * tl.sigmoid(acc)
-    tl.store(out_ptr + req.to(tl.int64) * out_stride_t + d, acc.to(out_ptr.dtype.element_ty), mask=d_mask)
+    tl.store(
+        out_ptr + req.to(tl.int64) * out_stride_t + d, acc.to(out_ptr.dtype.element_ty), mask=d_mask
+    )
     # Shift left by one and append x: new[j] = prev[j + 1], new[WIDTH - 2] = x.
-    shifted = tl.load(state_row[:, None] + (j + 1)[None, :] * state_stride_k,
-                      mask=d_mask[:, None] & (j + 1 < WIDTH - 1)[None, :], other=0.0)
+    shifted = tl.load(
+        state_row[:, None] + (j + 1)[None, :] * state_stride_k,
+        mask=d_mask[:, None] & (j + 1 < WIDTH - 1)[None, :],
+        other=0.0,
+    )
     new_state = tl.where((j == WIDTH - 2)[None, :], x[:, None].to(shifted.dtype), shifted)
     tl.debug_barrier()  # all reads of the row before any write (entries move within it)
     tl.store(state_row[:, None] + j[None, :] * state_stride_k, new_state, mask=mask)
@@ -280,11 +320,24 @@ def causal_conv1d_update(
         return out
     width = weight.shape[1]
     _causal_conv1d_update_kernel[(num_reqs, triton.cdiv(dim, _BLOCK_D_UPDATE))](
-        x, weight, bias if bias is not None else weight, conv_state, state_indices, out,
-        x.stride(0), out.stride(0), weight.stride(0),
-        conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), dim,
-        WIDTH=width, STATE_P=triton.next_power_of_2(width - 1), HAS_BIAS=bias is not None,
-        SILU=activation == "silu", BLOCK_D=_BLOCK_D_UPDATE,
+        x,
+        weight,
+        bias if bias is not None else weight,
+        conv_state,
+        state_indices,
+        out,
+        x.stride(0),
+        out.stride(0),
+        weight.stride(0),
+        conv_state.stride(0),
+        conv_state.stride(1),
+        conv_state.stride(2),
+        dim,
+        WIDTH=width,
+        STATE_P=triton.next_power_of_2(width - 1),
+        HAS_BIAS=bias is not None,
+        SILU=activation == "silu",
+        BLOCK_D=_BLOCK_D_UPDATE,
     )
     return out
 
@@ -308,7 +361,9 @@ def causal_conv1d_update_ref(
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rows = torch.nonzero(state_indices >= 0).flatten()
     slots = state_indices[rows].long()
-    xpad = torch.cat([conv_state[slots].float(), x[rows].float().unsqueeze(2)], dim=2)  # [n, dim, width]
+    xpad = torch.cat(
+        [conv_state[slots].float(), x[rows].float().unsqueeze(2)], dim=2
+    )  # [n, dim, width]
     y = (xpad * weight.float()).sum(dim=2)
     if bias is not None:
         y = y + bias.float()
@@ -317,8 +372,14 @@ def causal_conv1d_update_ref(
     return out
 
 
-def _check_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                conv_state: torch.Tensor, state_indices: torch.Tensor, activation: str | None) -> None:
+def _check_conv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    state_indices: torch.Tensor,
+    activation: str | None,
+) -> None:
     check_flat(state_indices=state_indices)
     check_dtypes(state_indices=(state_indices, torch.int32))
     if x.dtype not in _FLOAT_DTYPES:
@@ -327,14 +388,21 @@ def _check_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     dim = x.shape[1]
     check_matrix("weight", weight, x.dtype, "[dim, width]", num_rows=dim)
     if weight.shape[1] < 2:
-        raise ValueError(f"weight must have width >= 2 (a state of width - 1 inputs), got {tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must have width >= 2 (a state of width - 1 inputs), got {tuple(weight.shape)}"
+        )
     if bias is not None:
         check_vector("bias", bias, x.dtype, dim)
     want = f"[num_slots, {dim}, {weight.shape[1] - 1}] {dtype_name(x.dtype)}"
-    if conv_state.dim() != 3 or tuple(conv_state.shape[1:]) != (dim, weight.shape[1] - 1) \
-            or conv_state.dtype != x.dtype:
-        raise ValueError(f"conv_state must be {want} (dim, width - 1), got "
-                         f"{tuple(conv_state.shape)} {dtype_name(conv_state.dtype)}")
+    if (
+        conv_state.dim() != 3
+        or tuple(conv_state.shape[1:]) != (dim, weight.shape[1] - 1)
+        or conv_state.dtype != x.dtype
+    ):
+        raise ValueError(
+            f"conv_state must be {want} (dim, width - 1), got "
+            f"{tuple(conv_state.shape)} {dtype_name(conv_state.dtype)}"
+        )
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be 'silu' or None, got {activation!r}")
 

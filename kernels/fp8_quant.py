@@ -25,16 +25,16 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import check_dtypes
+from turnout.kernels._triton import require_triton, tl, triton
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
 MIN_SCALE = 1e-12
 
 
-@triton.jit
-def _quantize_fp8_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _quantize_fp8_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     x_stride,
     q_ptr,
@@ -71,7 +71,9 @@ def _quantize_fp8_kernel(
     tl.store(scale_ptr + row * scale_stride_row + group * scale_stride_group, s)
 
 
-def _outputs(x: torch.Tensor, group_size: int, pad_rows_to: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _outputs(
+    x: torch.Tensor, group_size: int, pad_rows_to: int
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     m, k = x.shape
     m_pad = -(-m // pad_rows_to) * pad_rows_to
     q = torch.empty(m_pad, k, dtype=FP8_DTYPE, device=x.device)
@@ -83,7 +85,9 @@ def _outputs(x: torch.Tensor, group_size: int, pad_rows_to: int) -> tuple[torch.
 
 def _check(x: torch.Tensor, group_size: int | None, static_scale: torch.Tensor | None) -> int:
     if x.dim() != 2 or x.stride(1) != 1:
-        raise ValueError(f"x must be [M, K] with unit inner stride, got shape {tuple(x.shape)}, strides {x.stride()}")
+        raise ValueError(
+            f"x must be [M, K] with unit inner stride, got shape {tuple(x.shape)}, strides {x.stride()}"
+        )
     if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ValueError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
     group = x.shape[1] if group_size is None else group_size
@@ -92,7 +96,9 @@ def _check(x: torch.Tensor, group_size: int | None, static_scale: torch.Tensor |
     if static_scale is not None:
         check_dtypes(static_scale=(static_scale, torch.float32))
         if static_scale.numel() != 1 or group_size is not None:
-            raise ValueError("static_scale is one float32 scale, for per-token groups (group_size None)")
+            raise ValueError(
+                "static_scale is one float32 scale, for per-token groups (group_size None)"
+            )
     return group
 
 
@@ -116,8 +122,18 @@ def quantize_fp8(
     grid = (q.shape[0], num_groups)
     dummy = static_scale if static_scale is not None else scale
     _quantize_fp8_kernel[grid](
-        x, x.stride(0), q, q.stride(0), scale, scale.stride(0), scale.stride(1), dummy, x.shape[0],
-        GROUP_SIZE=group, BLOCK_SIZE=block, STATIC=static_scale is not None,
+        x,
+        x.stride(0),
+        q,
+        q.stride(0),
+        scale,
+        scale.stride(0),
+        scale.stride(1),
+        dummy,
+        x.shape[0],
+        GROUP_SIZE=group,
+        BLOCK_SIZE=block,
+        STATIC=static_scale is not None,
         num_warps=4 if block >= 512 else 1,
     )
     return q, scale

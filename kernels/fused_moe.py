@@ -42,9 +42,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels._checks import dtype_name
-from kernels._triton import require_triton, tl, triton
-from kernels.moe_align import max_num_tokens_padded, moe_align_block_size, moe_align_block_size_ref
+from turnout.kernels._checks import dtype_name
+from turnout.kernels._triton import require_triton, tl, triton
+from turnout.kernels.moe_align import (
+    max_num_tokens_padded,
+    moe_align_block_size,
+    moe_align_block_size_ref,
+)
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -61,8 +65,9 @@ class MoEBlockConfig:
     num_stages: int = 3
 
 
-def default_block_config(num_assignments: int, num_experts: int, dtype: torch.dtype,
-                         device: torch.device) -> MoEBlockConfig:
+def default_block_config(
+    num_assignments: int, num_experts: int, dtype: torch.dtype, device: torch.device
+) -> MoEBlockConfig:
     """Tiles for ``num_assignments = T * k`` spread over ``num_experts``.
 
     Few assignments per expert (decode): 16-row blocks, so that padding wastes little and the
@@ -86,8 +91,8 @@ def default_block_config(num_assignments: int, num_experts: int, dtype: torch.dt
     return MoEBlockConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_warps, stages)
 
 
-@triton.jit
-def _fused_moe_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _fused_moe_kernel(  # type: ignore[no-untyped-def]
     a_ptr,  # [rows, K]: hidden states (A_ROW_DIV = top_k) or the intermediate (A_ROW_DIV = 1)
     b_ptr,  # [E, N or 2N, K]: stacked expert weights, unit stride over K
     c_ptr,  # [num_assignments, N], written at row = assignment
@@ -180,7 +185,9 @@ def fused_experts(
     if num_tokens == 0:
         return torch.zeros_like(hidden)
     num_assignments = num_tokens * top_k
-    cfg = block_config or default_block_config(num_assignments, num_experts, hidden.dtype, hidden.device)
+    cfg = block_config or default_block_config(
+        num_assignments, num_experts, hidden.dtype, hidden.device
+    )
     sorted_ids, expert_ids, num_post = moe_align_block_size(topk_ids, cfg.block_m, num_experts)
     dev, dtype = hidden.device, hidden.dtype
     intermediate = torch.empty(num_assignments, inter, dtype=dtype, device=dev)
@@ -193,15 +200,37 @@ def fused_experts(
         num_m_blocks = expert_ids.shape[0]
         grid = (num_m_blocks * triton.cdiv(n, cfg.block_n),)
         _fused_moe_kernel[grid](
-            a, b, c, flat_weights, sorted_ids, expert_ids, num_post,
-            n, k, num_assignments, num_m_blocks,
-            a.stride(0), b.stride(0), b.stride(1), c.stride(0),
-            A_ROW_DIV=row_div, GATED=gated, MUL_ROUTED_WEIGHT=not gated,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            a,
+            b,
+            c,
+            flat_weights,
+            sorted_ids,
+            expert_ids,
+            num_post,
+            n,
+            k,
+            num_assignments,
+            num_m_blocks,
+            a.stride(0),
+            b.stride(0),
+            b.stride(1),
+            c.stride(0),
+            A_ROW_DIV=row_div,
+            GATED=gated,
+            MUL_ROUTED_WEIGHT=not gated,
+            BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            GROUP_M=cfg.group_m,
             DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32",
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
-    return per_assignment.view(num_tokens, top_k, hidden_size).sum(dim=1, dtype=torch.float32).to(dtype)
+    return (
+        per_assignment.view(num_tokens, top_k, hidden_size)
+        .sum(dim=1, dtype=torch.float32)
+        .to(dtype)
+    )
 
 
 def fused_experts_ref(
@@ -222,46 +251,72 @@ def fused_experts_ref(
     dtype = hidden.dtype
     flat_ids = topk_ids.reshape(-1).long()
     if flat_ids.numel() and (int(flat_ids.min()) < 0 or int(flat_ids.max()) >= num_experts):
-        raise ValueError(f"topk_ids must lie in [0, {num_experts}), got "
-                         f"[{int(flat_ids.min())}, {int(flat_ids.max())}]")
+        raise ValueError(
+            f"topk_ids must lie in [0, {num_experts}), got "
+            f"[{int(flat_ids.min())}, {int(flat_ids.max())}]"
+        )
     flat_weights = topk_weights.reshape(-1)
-    rows_out = torch.zeros(flat_ids.numel(), hidden.shape[1], dtype=torch.float32, device=hidden.device)
+    rows_out = torch.zeros(
+        flat_ids.numel(), hidden.shape[1], dtype=torch.float32, device=hidden.device
+    )
     for e in torch.unique(flat_ids).tolist():
         rows = (flat_ids == e).nonzero()[:, 0]
         x = hidden[rows // top_k].float()
-        gate, up = (x @ w13[e].float().T).split(inter, dim=-1)
+        gate, up = torch.split(x @ w13[e].float().T, inter, dim=-1)
         act = (torch.nn.functional.silu(gate) * up).to(dtype).float()
         y = (act @ w2[e].float().T) * flat_weights[rows, None]
         rows_out[rows] = y.to(dtype).float()
     return rows_out.view(num_tokens, top_k, hidden.shape[1]).sum(dim=1).to(dtype)
 
 
-def _check_experts(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                   topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> tuple[int, int, int, int]:
+def _check_experts(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+) -> tuple[int, int, int, int]:
     if hidden.dim() != 2 or hidden.dtype not in _FLOAT_DTYPES or hidden.stride(1) != 1:
-        raise ValueError(f"hidden must be [T, H] float32/float16/bfloat16 with unit inner stride, got "
-                         f"{tuple(hidden.shape)} {dtype_name(hidden.dtype)}, strides {hidden.stride()}")
+        raise ValueError(
+            f"hidden must be [T, H] float32/float16/bfloat16 with unit inner stride, got "
+            f"{tuple(hidden.shape)} {dtype_name(hidden.dtype)}, strides {hidden.stride()}"
+        )
     num_tokens, hidden_size = hidden.shape
     if w13.dim() != 3 or w13.shape[2] != hidden_size or w13.shape[1] % 2:
         raise ValueError(f"w13 must be [E, 2 * I, H={hidden_size}], got {tuple(w13.shape)}")
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     if tuple(w2.shape) != (num_experts, hidden_size, inter):
-        raise ValueError(f"w2 must be [E={num_experts}, H={hidden_size}, I={inter}], got {tuple(w2.shape)}")
+        raise ValueError(
+            f"w2 must be [E={num_experts}, H={hidden_size}, I={inter}], got {tuple(w2.shape)}"
+        )
     for name, w in (("w13", w13), ("w2", w2)):
         if w.dtype != hidden.dtype or w.stride(2) != 1:
-            raise ValueError(f"{name} must be {dtype_name(hidden.dtype)} (hidden's dtype) with unit "
-                             f"inner stride, got {dtype_name(w.dtype)}, strides {w.stride()}")
-    if topk_ids.dim() != 2 or topk_ids.shape[0] != num_tokens or topk_ids.dtype != torch.int32 \
-            or not topk_ids.is_contiguous():
-        raise ValueError(f"topk_ids must be a contiguous [T={num_tokens}, k] int32 tensor, got "
-                         f"{tuple(topk_ids.shape)} {dtype_name(topk_ids.dtype)}, strides {topk_ids.stride()}")
+            raise ValueError(
+                f"{name} must be {dtype_name(hidden.dtype)} (hidden's dtype) with unit "
+                f"inner stride, got {dtype_name(w.dtype)}, strides {w.stride()}"
+            )
+    if (
+        topk_ids.dim() != 2
+        or topk_ids.shape[0] != num_tokens
+        or topk_ids.dtype != torch.int32
+        or not topk_ids.is_contiguous()
+    ):
+        raise ValueError(
+            f"topk_ids must be a contiguous [T={num_tokens}, k] int32 tensor, got "
+            f"{tuple(topk_ids.shape)} {dtype_name(topk_ids.dtype)}, strides {topk_ids.stride()}"
+        )
     top_k = topk_ids.shape[1]
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k must be in [1, E={num_experts}], got {top_k}")
-    if tuple(topk_weights.shape) != (num_tokens, top_k) or topk_weights.dtype != torch.float32 \
-            or not topk_weights.is_contiguous():
-        raise ValueError(f"topk_weights must be a contiguous [T={num_tokens}, k={top_k}] float32 tensor, got "
-                         f"{tuple(topk_weights.shape)} {dtype_name(topk_weights.dtype)}")
+    if (
+        tuple(topk_weights.shape) != (num_tokens, top_k)
+        or topk_weights.dtype != torch.float32
+        or not topk_weights.is_contiguous()
+    ):
+        raise ValueError(
+            f"topk_weights must be a contiguous [T={num_tokens}, k={top_k}] float32 tensor, got "
+            f"{tuple(topk_weights.shape)} {dtype_name(topk_weights.dtype)}"
+        )
     devices = {t.device for t in (hidden, w13, w2, topk_weights, topk_ids)}
     if len(devices) != 1:
         raise ValueError(f"every tensor must be on one device, got {sorted(map(str, devices))}")

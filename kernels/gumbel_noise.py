@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_flat, check_matrix
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import check_dtypes, check_flat, check_matrix
+from turnout.kernels._triton import require_triton, tl, triton
 
 _MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
@@ -44,7 +44,7 @@ RESIDUAL_STREAM = 1 << 31
 
 
 @triton.jit
-def _fmix32(x):
+def _fmix32(x):  # type: ignore[no-untyped-def]
     # x: uint64 holding a 32-bit value; products stay below 2**64, masks keep 32 bits.
     x = x ^ (x >> 16)
     x = (x * 0x85EBCA6B) & 0xFFFFFFFF
@@ -55,7 +55,7 @@ def _fmix32(x):
 
 
 @triton.jit
-def _row_hash(seed, position):
+def _row_hash(seed, position):  # type: ignore[no-untyped-def]
     # seed, position: int64 scalars -> uint64 holding the 32-bit per-row hash state.
     s = seed.to(tl.uint64)
     h = _fmix32((s & 0xFFFFFFFF) ^ 0x9E3779B9)
@@ -65,7 +65,7 @@ def _row_hash(seed, position):
 
 
 @triton.jit
-def _fmix32_u32(x):
+def _fmix32_u32(x):  # type: ignore[no-untyped-def]
     # The same finaliser in native 32-bit arithmetic (x: uint32; products wrap mod 2**32, which
     # is what the masks of _fmix32 compute). Per token this is the sampler's inner loop: a
     # 64-bit multiply is several 32-bit ones on a GPU, and the 256 x 151,936 noise of one step
@@ -79,7 +79,7 @@ def _fmix32_u32(x):
 
 
 @triton.jit
-def _gumbel_from_hash(row_h, token_ids):
+def _gumbel_from_hash(row_h, token_ids):  # type: ignore[no-untyped-def]
     # row_h: uint64 from _row_hash; token_ids: int32 block -> float32 Gumbel noise block.
     h = _fmix32_u32(row_h.to(tl.uint32) ^ token_ids.to(tl.uint32))
     u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
@@ -87,15 +87,15 @@ def _gumbel_from_hash(row_h, token_ids):
 
 
 @triton.jit
-def _uniform_from_hash(row_h, token_id):
+def _uniform_from_hash(row_h, token_id):  # type: ignore[no-untyped-def]
     # row_h: uint64 from _row_hash; token_id: a scalar or block of ids (any int type) -> the
     # float32 uniform in (0, 1) that _gumbel_from_hash turns into Gumbel noise.
     h = _fmix32_u32(row_h.to(tl.uint32) ^ token_id.to(tl.uint32))
     return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
 
-@triton.jit
-def _gumbel_noise_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _gumbel_noise_kernel(  # type: ignore[no-untyped-def]
     seeds_ptr,
     positions_ptr,
     out_ptr,
@@ -203,7 +203,15 @@ def _check(seeds: torch.Tensor, positions: torch.Tensor) -> None:
     check_dtypes(seeds=(seeds, torch.int64), positions=(positions, torch.int64))
     check_flat(seeds=seeds, positions=positions)
     if seeds.shape != positions.shape:
-        raise ValueError(f"seeds {tuple(seeds.shape)} and positions {tuple(positions.shape)} must be equal 1-D")
+        raise ValueError(
+            f"seeds {tuple(seeds.shape)} and positions {tuple(positions.shape)} must be equal 1-D"
+        )
 
 
-__all__ = ["ACCEPT_DRAW", "RESIDUAL_STREAM", "gumbel_noise", "gumbel_noise_ref", "uniform_noise_ref"]
+__all__ = [
+    "ACCEPT_DRAW",
+    "RESIDUAL_STREAM",
+    "gumbel_noise",
+    "gumbel_noise_ref",
+    "uniform_noise_ref",
+]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels._checks import (
+from turnout.kernels._checks import (
     check_at_least,
     check_dtypes,
     check_flat,
@@ -26,16 +26,16 @@ from kernels._checks import (
     check_table,
     shared_stride,
 )
-from kernels._select import (
+from turnout.kernels._select import (
     _argmax_update,
     _float_key,
     _radix_advance,
     _radix_candidates,
     vocab_block_size,
 )
-from kernels._triton import require_triton, tl, triton
-from kernels.gumbel_noise import _gumbel_from_hash, _row_hash, gumbel_noise_ref
-from kernels.penalties import COUNT_MASK
+from turnout.kernels._triton import require_triton, tl, triton
+from turnout.kernels.gumbel_noise import _gumbel_from_hash, _row_hash, gumbel_noise_ref
+from turnout.kernels.penalties import COUNT_MASK
 
 _GREEDY_TEMPERATURE = 0.0  # rows with temperature < 1e-5 are stored as exactly 0 (greedy)
 
@@ -68,22 +68,41 @@ class SamplingTables:
             ValueError: a dtype or stride differs from the annotations.
         """
         cols32 = {
-            "temperature": torch.float32, "top_k": torch.int32, "top_p": torch.float32,
-            "repetition_penalty": torch.float32, "frequency_penalty": torch.float32,
-            "presence_penalty": torch.float32, "min_tokens": torch.int32,
+            "temperature": torch.float32,
+            "top_k": torch.int32,
+            "top_p": torch.float32,
+            "repetition_penalty": torch.float32,
+            "frequency_penalty": torch.float32,
+            "presence_penalty": torch.float32,
+            "min_tokens": torch.int32,
             "num_prompt_tokens": torch.int32,
         }
         check_dtypes(**{name: (getattr(self, name), dtype) for name, dtype in cols32.items()})
-        stride = shared_stride("the 32-bit parameter columns", *(getattr(self, name) for name in cols32))
-        check_dtypes(seed=(self.seed, torch.int64), stop_token_ids=(self.stop_token_ids, torch.int32))
+        stride = shared_stride(
+            "the 32-bit parameter columns", *(getattr(self, name) for name in cols32)
+        )
+        check_dtypes(
+            seed=(self.seed, torch.int64), stop_token_ids=(self.stop_token_ids, torch.int32)
+        )
         check_table("stop_token_ids", self.stop_token_ids)
         return stride
 
 
-@triton.jit
-def _processed_logits(
-    logits_row, counts_row, stop_row, tok, mask, rep, freq, pres, mask_stop, temperature,
-    HAS_COUNTS: tl.constexpr, MAX_STOP: tl.constexpr, SCALE: tl.constexpr,
+@triton.jit  # type: ignore[untyped-decorator]
+def _processed_logits(  # type: ignore[no-untyped-def]
+    logits_row,
+    counts_row,
+    stop_row,
+    tok,
+    mask,
+    rep,
+    freq,
+    pres,
+    mask_stop,
+    temperature,
+    HAS_COUNTS: tl.constexpr,
+    MAX_STOP: tl.constexpr,
+    SCALE: tl.constexpr,
 ):
     # docs/sampling.md steps 3 (penalties), 4 (min_tokens) and 6 (temperature) on one block.
     x = tl.load(logits_row + tok, mask=mask, other=float("-inf"))
@@ -102,10 +121,22 @@ def _processed_logits(
     return x
 
 
-@triton.jit
-def _kept_threshold(
-    logits_row, counts_row, stop_row, rep, freq, pres, mask_stop, temperature, top_k, top_p,
-    vocab_size, HAS_COUNTS: tl.constexpr, MAX_STOP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+@triton.jit  # type: ignore[untyped-decorator]
+def _kept_threshold(  # type: ignore[no-untyped-def]
+    logits_row,
+    counts_row,
+    stop_row,
+    rep,
+    freq,
+    pres,
+    mask_stop,
+    temperature,
+    top_k,
+    top_p,
+    vocab_size,
+    HAS_COUNTS: tl.constexpr,
+    MAX_STOP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
 ):
     # docs/sampling.md steps 7 (top-k) and 8 (top-p) on the processed logits of one row: the
     # order key at or above which a token is kept (0 keeps all). Shared with the processed
@@ -119,8 +150,21 @@ def _kept_threshold(
             for start in range(0, vocab_size, BLOCK_SIZE):
                 tok = start + offs
                 mask = tok < vocab_size
-                x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq,
-                                      pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+                x = _processed_logits(
+                    logits_row,
+                    counts_row,
+                    stop_row,
+                    tok,
+                    mask,
+                    rep,
+                    freq,
+                    pres,
+                    mask_stop,
+                    temperature,
+                    HAS_COUNTS,
+                    MAX_STOP,
+                    True,
+                )
                 ge = (_float_key(x)[:, None] >= cand[None, :]) & mask[:, None]
                 num_ge += tl.sum(ge.to(tl.int32), axis=0)
             threshold = _radix_advance(threshold, shift, num_ge >= top_k)
@@ -128,8 +172,21 @@ def _kept_threshold(
         m = tl.full([], float("-inf"), tl.float32)
         for start in range(0, vocab_size, BLOCK_SIZE):
             tok = start + offs
-            x = _processed_logits(logits_row, counts_row, stop_row, tok, tok < vocab_size, rep,
-                                  freq, pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+            x = _processed_logits(
+                logits_row,
+                counts_row,
+                stop_row,
+                tok,
+                tok < vocab_size,
+                rep,
+                freq,
+                pres,
+                mask_stop,
+                temperature,
+                HAS_COUNTS,
+                MAX_STOP,
+                True,
+            )
             m = tl.maximum(m, tl.max(x, axis=0))
         kept_from = threshold
         target = tl.full([], 0.0, tl.float32)
@@ -139,8 +196,21 @@ def _kept_threshold(
             for start in range(0, vocab_size, BLOCK_SIZE):
                 tok = start + offs
                 mask = tok < vocab_size
-                x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq,
-                                      pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+                x = _processed_logits(
+                    logits_row,
+                    counts_row,
+                    stop_row,
+                    tok,
+                    mask,
+                    rep,
+                    freq,
+                    pres,
+                    mask_stop,
+                    temperature,
+                    HAS_COUNTS,
+                    MAX_STOP,
+                    True,
+                )
                 key = _float_key(x)
                 e = tl.where(mask & (key >= kept_from), tl.exp(x - m), 0.0)
                 mass += tl.sum(tl.where(key[:, None] >= cand[None, :], e[:, None], 0.0), axis=0)
@@ -151,14 +221,38 @@ def _kept_threshold(
     return threshold
 
 
-@triton.jit(do_not_specialize=["split_len", "num_splits"])  # one variant whatever the split (see kernels/positions.py)
-def _gumbel_sample_kernel(
-    logits_ptr, logits_stride, idx_mapping_ptr, seq_lens_ptr,
-    temperature_ptr, top_k_ptr, top_p_ptr, rep_ptr, freq_ptr, pres_ptr, min_tokens_ptr,
-    num_prompt_ptr, params_stride, seed_ptr, seed_stride, stop_ptr, stop_stride,
-    counts_ptr, counts_stride, sampled_ptr, partial_val_ptr, partial_idx_ptr, vocab_size,
-    split_len, num_splits,
-    HAS_COUNTS: tl.constexpr, MAX_STOP: tl.constexpr, SPLIT: tl.constexpr,
+@triton.jit(  # type: ignore[untyped-decorator]
+    do_not_specialize=["split_len", "num_splits"]
+)  # one variant whatever the split (see kernels/positions.py)
+def _gumbel_sample_kernel(  # type: ignore[no-untyped-def]
+    logits_ptr,
+    logits_stride,
+    idx_mapping_ptr,
+    seq_lens_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    rep_ptr,
+    freq_ptr,
+    pres_ptr,
+    min_tokens_ptr,
+    num_prompt_ptr,
+    params_stride,
+    seed_ptr,
+    seed_stride,
+    stop_ptr,
+    stop_stride,
+    counts_ptr,
+    counts_stride,
+    sampled_ptr,
+    partial_val_ptr,
+    partial_idx_ptr,
+    vocab_size,
+    split_len,
+    num_splits,
+    HAS_COUNTS: tl.constexpr,
+    MAX_STOP: tl.constexpr,
+    SPLIT: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     # Grid (num_reqs, num_splits). A row without top-k/top-p (greedy or plain temperature) is
@@ -189,21 +283,60 @@ def _gumbel_sample_kernel(
     if temperature == 0.0:
         for start in range(lo, hi, BLOCK_SIZE):
             tok = start + offs
-            x = _processed_logits(logits_row, counts_row, stop_row, tok, tok < vocab_size, rep, freq,
-                                  pres, mask_stop, temperature, HAS_COUNTS, MAX_STOP, False)
+            x = _processed_logits(
+                logits_row,
+                counts_row,
+                stop_row,
+                tok,
+                tok < vocab_size,
+                rep,
+                freq,
+                pres,
+                mask_stop,
+                temperature,
+                HAS_COUNTS,
+                MAX_STOP,
+                False,
+            )
             best_val, best_idx = _argmax_update(x, tok, best_val, best_idx)
     else:
         threshold = tl.full([], 0, tl.int64)  # keys >= threshold are kept; 0 keeps all
         if split == 0:  # a row with top-k/top-p is sampled whole by split 0 alone
-            threshold = _kept_threshold(logits_row, counts_row, stop_row, rep, freq, pres, mask_stop,
-                                        temperature, top_k, top_p, vocab_size, HAS_COUNTS, MAX_STOP,
-                                        BLOCK_SIZE)
+            threshold = _kept_threshold(
+                logits_row,
+                counts_row,
+                stop_row,
+                rep,
+                freq,
+                pres,
+                mask_stop,
+                temperature,
+                top_k,
+                top_p,
+                vocab_size,
+                HAS_COUNTS,
+                MAX_STOP,
+                BLOCK_SIZE,
+            )
         row_h = _row_hash(tl.load(seed_ptr + row * seed_stride), pos.to(tl.int64))
         for start in range(lo, hi, BLOCK_SIZE):
             tok = start + offs
             mask = tok < hi
-            x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq, pres,
-                                  mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+            x = _processed_logits(
+                logits_row,
+                counts_row,
+                stop_row,
+                tok,
+                mask,
+                rep,
+                freq,
+                pres,
+                mask_stop,
+                temperature,
+                HAS_COUNTS,
+                MAX_STOP,
+                True,
+            )
             kept = mask & (_float_key(x) >= threshold)
             v = tl.where(kept, x + _gumbel_from_hash(row_h, tok), float("-inf"))
             best_val, best_idx = _argmax_update(v, tok, best_val, best_idx)
@@ -214,9 +347,12 @@ def _gumbel_sample_kernel(
         tl.store(sampled_ptr + i, best_idx)
 
 
-@triton.jit(do_not_specialize=["num_splits"])  # one variant whatever the split (see kernels/positions.py)
-def _gumbel_reduce_kernel(partial_val_ptr, partial_idx_ptr, sampled_ptr, num_splits,
-                          BLOCK_SIZE: tl.constexpr):
+@triton.jit(  # type: ignore[untyped-decorator]
+    do_not_specialize=["num_splits"]
+)  # one variant whatever the split (see kernels/positions.py)
+def _gumbel_reduce_kernel(  # type: ignore[no-untyped-def]
+    partial_val_ptr, partial_idx_ptr, sampled_ptr, num_splits, BLOCK_SIZE: tl.constexpr
+):
     # One program per request: the best of its slices; ties go to the lowest token id, as in
     # the unsplit kernel (a slice's partial is the lowest id of its own maximum).
     i = tl.program_id(0)
@@ -264,19 +400,41 @@ def gumbel_sample(
     partial_val = torch.empty((num_reqs, splits), dtype=torch.float32, device=logits.device)
     partial_idx = torch.empty((num_reqs, splits), dtype=torch.int32, device=logits.device)
     _gumbel_sample_kernel[(num_reqs, splits)](
-        logits, logits.stride(0), idx_mapping, seq_lens,
-        tables.temperature, tables.top_k, tables.top_p, tables.repetition_penalty,
-        tables.frequency_penalty, tables.presence_penalty, tables.min_tokens,
-        tables.num_prompt_tokens, params_stride, tables.seed, tables.seed.stride(0),
-        tables.stop_token_ids, tables.stop_token_ids.stride(0),
-        counts_arg, counts_arg.stride(0), sampled_out, partial_val, partial_idx, vocab_size,
-        split_len, splits,
-        HAS_COUNTS=counts is not None, MAX_STOP=tables.stop_token_ids.shape[1],
-        SPLIT=splits > 1, BLOCK_SIZE=block, enable_fp_fusion=False,
+        logits,
+        logits.stride(0),
+        idx_mapping,
+        seq_lens,
+        tables.temperature,
+        tables.top_k,
+        tables.top_p,
+        tables.repetition_penalty,
+        tables.frequency_penalty,
+        tables.presence_penalty,
+        tables.min_tokens,
+        tables.num_prompt_tokens,
+        params_stride,
+        tables.seed,
+        tables.seed.stride(0),
+        tables.stop_token_ids,
+        tables.stop_token_ids.stride(0),
+        counts_arg,
+        counts_arg.stride(0),
+        sampled_out,
+        partial_val,
+        partial_idx,
+        vocab_size,
+        split_len,
+        splits,
+        HAS_COUNTS=counts is not None,
+        MAX_STOP=tables.stop_token_ids.shape[1],
+        SPLIT=splits > 1,
+        BLOCK_SIZE=block,
+        enable_fp_fusion=False,
     )
     if splits > 1:
-        _gumbel_reduce_kernel[(num_reqs,)](partial_val, partial_idx, sampled_out, splits,
-                                           BLOCK_SIZE=triton.next_power_of_2(splits))
+        _gumbel_reduce_kernel[(num_reqs,)](
+            partial_val, partial_idx, sampled_out, splits, BLOCK_SIZE=triton.next_power_of_2(splits)
+        )
 
 
 #: Programs the split sampler aims for on a GPU (an H200 has 132 SMs: ~16 programs each).
@@ -289,7 +447,7 @@ def sample_splits(num_reqs: int, vocab_size: int, block: int) -> int:
     """Slices of the vocabulary per request: enough programs to fill the GPU
     (``TARGET_PROGRAMS``), each slice at least ``MIN_SLICE_BLOCKS`` blocks (256 requests of
     Qwen3's 151,936 ids: 8 slices of 19 blocks of 1,024)."""
-    by_work = triton.cdiv(TARGET_PROGRAMS, max(num_reqs, 1))
+    by_work: int = triton.cdiv(TARGET_PROGRAMS, max(num_reqs, 1))
     by_size = max(1, vocab_size // (MIN_SLICE_BLOCKS * block))
     return max(1, min(by_work, by_size))
 
@@ -320,11 +478,15 @@ def gumbel_sample_ref(
         x = _top_k_ref(x, int(tables.top_k[row]))
         x = _top_p_ref(x, float(tables.top_p[row]))
         seed = tables.seed[row : row + 1]
-        g = gumbel_noise_ref(seed, torch.tensor([pos], dtype=torch.int64, device=x.device), x.shape[0])[0]
+        g = gumbel_noise_ref(
+            seed, torch.tensor([pos], dtype=torch.int64, device=x.device), x.shape[0]
+        )[0]
         sampled_out[i] = int(torch.argmax(x + g))
 
 
-def _apply_penalties_ref(x: torch.Tensor, c: torch.Tensor, tables: SamplingTables, row: int) -> torch.Tensor:
+def _apply_penalties_ref(
+    x: torch.Tensor, c: torch.Tensor, tables: SamplingTables, row: int
+) -> torch.Tensor:
     count = (c & COUNT_MASK).to(torch.float32)
     rep = tables.repetition_penalty[row]
     x = torch.where(c != 0, torch.where(x > 0, x / rep, x * rep), x)
@@ -364,11 +526,21 @@ def _check(
     params_stride = tables.check()
     check_matrix("logits", logits, torch.float32, "[num_reqs, vocab_size]")
     i32 = torch.int32
-    check_dtypes(idx_mapping=(idx_mapping, i32), seq_lens=(seq_lens, i32), sampled_out=(sampled_out, i32))
+    check_dtypes(
+        idx_mapping=(idx_mapping, i32), seq_lens=(seq_lens, i32), sampled_out=(sampled_out, i32)
+    )
     check_flat(idx_mapping=idx_mapping, seq_lens=seq_lens, sampled_out=sampled_out)
-    check_at_least(logits.shape[0], "num_reqs", idx_mapping=idx_mapping, seq_lens=seq_lens, sampled_out=sampled_out)
+    check_at_least(
+        logits.shape[0],
+        "num_reqs",
+        idx_mapping=idx_mapping,
+        seq_lens=seq_lens,
+        sampled_out=sampled_out,
+    )
     if counts is not None:
-        check_matrix("counts", counts, i32, "[num_reqs, vocab_size] (the shape of logits)", *logits.shape)
+        check_matrix(
+            "counts", counts, i32, "[num_reqs, vocab_size] (the shape of logits)", *logits.shape
+        )
     return params_stride
 
 

@@ -14,15 +14,21 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_flat, check_num_reqs, check_out_like, check_table
-from kernels._padding import _fill_padding_tokens
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import (
+    check_dtypes,
+    check_flat,
+    check_num_reqs,
+    check_out_like,
+    check_table,
+)
+from turnout.kernels._padding import _fill_padding_tokens
+from turnout.kernels._triton import require_triton, tl, triton
 
 
 # The step's counts change every step: do_not_specialize keeps one compiled variant for all
 # of them (Triton would otherwise compile again for 1, multiples of 16 and the rest).
-@triton.jit(do_not_specialize=["num_reqs", "num_tokens_padded"])
-def _prepare_input_ids_kernel(
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens_padded"])  # type: ignore[untyped-decorator]
+def _prepare_input_ids_kernel(  # type: ignore[no-untyped-def]
     idx_mapping_ptr,
     query_start_loc_ptr,
     positions_ptr,
@@ -50,11 +56,15 @@ def _prepare_input_ids_kernel(
             mask = tok < end
             pos = tl.load(positions_ptr + tok, mask=mask, other=0)
             from_table = pos < prefill_len
-            ids = tl.load(token_ids_ptr + row * token_ids_stride + pos, mask=mask & from_table, other=0)
+            ids = tl.load(
+                token_ids_ptr + row * token_ids_stride + pos, mask=mask & from_table, other=0
+            )
             ids = tl.where(from_table, ids, last_sampled)
             tl.store(input_ids_ptr + tok, ids.to(tl.int64), mask=mask)
     else:
-        _fill_padding_tokens(input_ids_ptr, query_start_loc_ptr, num_reqs, num_tokens_padded, 0, BLOCK_SIZE)
+        _fill_padding_tokens(
+            input_ids_ptr, query_start_loc_ptr, num_reqs, num_tokens_padded, 0, BLOCK_SIZE
+        )
 
 
 def prepare_input_ids(
@@ -74,7 +84,16 @@ def prepare_input_ids(
         ValueError: dtypes or shapes do not match the annotations.
     """
     require_triton()
-    _check(idx_mapping, query_start_loc, positions, prefill_len, last_sampled, token_ids, num_reqs, input_ids_out)
+    _check(
+        idx_mapping,
+        query_start_loc,
+        positions,
+        prefill_len,
+        last_sampled,
+        token_ids,
+        num_reqs,
+        input_ids_out,
+    )
     _prepare_input_ids_kernel[(num_reqs + 1,)](
         idx_mapping,
         query_start_loc,
@@ -103,7 +122,16 @@ def prepare_input_ids_ref(
     input_ids_out: torch.Tensor,
 ) -> None:
     """Torch reference of :func:`prepare_input_ids` (same arguments)."""
-    _check(idx_mapping, query_start_loc, positions, prefill_len, last_sampled, token_ids, num_reqs, input_ids_out)
+    _check(
+        idx_mapping,
+        query_start_loc,
+        positions,
+        prefill_len,
+        last_sampled,
+        token_ids,
+        num_reqs,
+        input_ids_out,
+    )
     qsl = query_start_loc.to(torch.int64)
     total = int(qsl[num_reqs])
     num_sched = qsl[1 : num_reqs + 1] - qsl[:num_reqs]
@@ -126,12 +154,22 @@ def _check(
     input_ids_out: torch.Tensor,
 ) -> None:
     i32, i64 = torch.int32, torch.int64
-    check_dtypes(idx_mapping=(idx_mapping, i32), query_start_loc=(query_start_loc, i32), positions=(positions, i64),
-                 prefill_len=(prefill_len, i32), last_sampled=(last_sampled, i32), token_ids=(token_ids, i32),
-                 input_ids_out=(input_ids_out, i64))
+    check_dtypes(
+        idx_mapping=(idx_mapping, i32),
+        query_start_loc=(query_start_loc, i32),
+        positions=(positions, i64),
+        prefill_len=(prefill_len, i32),
+        last_sampled=(last_sampled, i32),
+        token_ids=(token_ids, i32),
+        input_ids_out=(input_ids_out, i64),
+    )
     check_table("token_ids", token_ids)
-    check_flat(idx_mapping=idx_mapping, query_start_loc=query_start_loc, positions=positions,
-               input_ids_out=input_ids_out)
+    check_flat(
+        idx_mapping=idx_mapping,
+        query_start_loc=query_start_loc,
+        positions=positions,
+        input_ids_out=input_ids_out,
+    )
     check_out_like("input_ids_out", input_ids_out, "positions", positions)
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
 

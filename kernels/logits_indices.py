@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes, check_flat
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import check_at_least, check_dtypes, check_flat
+from turnout.kernels._triton import require_triton, tl, triton
 
 
 # The step's counts change every step: do_not_specialize keeps one compiled variant for all
 # of them (Triton would otherwise compile again for 1, multiples of 16 and the rest).
-@triton.jit(do_not_specialize=["num_reqs"])
-def _compute_logits_indices_kernel(
+@triton.jit(do_not_specialize=["num_reqs"])  # type: ignore[untyped-decorator]
+def _compute_logits_indices_kernel(  # type: ignore[no-untyped-def]
     query_start_loc_ptr,
     logits_indices_ptr,
     num_reqs,
@@ -60,7 +60,9 @@ def compute_logits_indices_ref(
 
 
 def _check(query_start_loc: torch.Tensor, num_reqs: int, out: torch.Tensor) -> None:
-    check_dtypes(query_start_loc=(query_start_loc, torch.int32), logits_indices_out=(out, torch.int64))
+    check_dtypes(
+        query_start_loc=(query_start_loc, torch.int32), logits_indices_out=(out, torch.int64)
+    )
     check_flat(query_start_loc=query_start_loc, logits_indices_out=out)
     check_at_least(num_reqs, "num_reqs", logits_indices_out=out)
     check_at_least(num_reqs + 1, "num_reqs + 1", query_start_loc=query_start_loc)

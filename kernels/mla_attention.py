@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes, check_flat
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import check_at_least, check_dtypes, check_flat
+from turnout.kernels._triton import require_triton, tl, triton
 
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit
-def _mla_attention_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _mla_attention_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     partial_lse_ptr,  # [T, H, NUM_SPLITS] float32 (split decode only)
     q_ptr,
@@ -87,8 +87,9 @@ def _mla_attention_kernel(
     q_rows = (q_start + tok).to(tl.int64)
     q_row_ptr = q_ptr + q_rows[:, None] * q_stride_t + head[:, None] * q_stride_h
     q_lat = tl.load(q_row_ptr + c[None, :], mask=row_mask[:, None] & c_mask[None, :], other=0.0)
-    q_pe = tl.load(q_row_ptr + KV_LORA_RANK + r[None, :], mask=row_mask[:, None] & r_mask[None, :],
-                   other=0.0)
+    q_pe = tl.load(
+        q_row_ptr + KV_LORA_RANK + r[None, :], mask=row_mask[:, None] & r_mask[None, :], other=0.0
+    )
     q_pos = context_len + tok
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -107,10 +108,16 @@ def _mla_attention_kernel(
         block = tl.load(bt_row + n // KV_BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         slot_off = block * cache_stride_block + (n % KV_BLOCK_SIZE) * cache_stride_slot
         # [BLOCK_N, LORA_P]: the keys' latent part, and (the same tile) the values.
-        kv_lat = tl.load(kv_cache_ptr + slot_off[:, None] + c[None, :],
-                         mask=n_mask[:, None] & c_mask[None, :], other=0.0)
-        k_pe = tl.load(kv_cache_ptr + slot_off[None, :] + KV_LORA_RANK + r[:, None],
-                       mask=n_mask[None, :] & r_mask[:, None], other=0.0)  # [ROPE_P, BLOCK_N]
+        kv_lat = tl.load(
+            kv_cache_ptr + slot_off[:, None] + c[None, :],
+            mask=n_mask[:, None] & c_mask[None, :],
+            other=0.0,
+        )
+        k_pe = tl.load(
+            kv_cache_ptr + slot_off[None, :] + KV_LORA_RANK + r[:, None],
+            mask=n_mask[None, :] & r_mask[:, None],
+            other=0.0,
+        )  # [ROPE_P, BLOCK_N]
         s = tl.dot(q_lat, tl.trans(kv_lat), input_precision=DOT_PRECISION)
         s = tl.dot(q_pe, k_pe, acc=s, input_precision=DOT_PRECISION) * scale_log2
         allowed = n_mask[None, :] & (n[None, :] <= q_pos[:, None])
@@ -120,23 +127,30 @@ def _mla_attention_kernel(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(kv_lat.dtype), kv_lat,
-                                            input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(
+            p.to(kv_lat.dtype), kv_lat, input_precision=DOT_PRECISION
+        )
         m_i = m_new
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     if NUM_SPLITS > 1:  # normalised partial output + its log-sum-exp (base 2), merged later
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(tl.where(l_i == 0.0, 1.0, l_i)))
         part = (q_rows * NUM_HEADS + head) * NUM_SPLITS + split
         tl.store(partial_lse_ptr + part, lse, mask=row_mask)
-        tl.store(out_ptr + part[:, None] * KV_LORA_RANK + c[None, :], acc,
-                 mask=row_mask[:, None] & c_mask[None, :])
+        tl.store(
+            out_ptr + part[:, None] * KV_LORA_RANK + c[None, :],
+            acc,
+            mask=row_mask[:, None] & c_mask[None, :],
+        )
     else:
-        tl.store(out_ptr + q_rows[:, None] * out_stride_t + head[:, None] * out_stride_h + c[None, :],
-                 acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & c_mask[None, :])
+        tl.store(
+            out_ptr + q_rows[:, None] * out_stride_t + head[:, None] * out_stride_h + c[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=row_mask[:, None] & c_mask[None, :],
+        )
 
 
-@triton.jit
-def _mla_merge_splits_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _mla_merge_splits_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     partial_out_ptr,  # [T, H, NUM_SPLITS, KV_LORA_RANK] float32
     partial_lse_ptr,  # [T, H, NUM_SPLITS] float32, base 2
@@ -170,18 +184,25 @@ def _mla_merge_splits_kernel(
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         w = tl.where(lse == float("-inf"), 0.0, tl.exp2(lse - m_safe))
         alpha = tl.exp2(m - m_safe)
-        o = tl.load(partial_out_ptr + (part + splits)[:, None] * KV_LORA_RANK + c[None, :],
-                    mask=(lse != float("-inf"))[:, None] & c_mask[None, :], other=0.0)
+        o = tl.load(
+            partial_out_ptr + (part + splits)[:, None] * KV_LORA_RANK + c[None, :],
+            mask=(lse != float("-inf"))[:, None] & c_mask[None, :],
+            other=0.0,
+        )
         acc = acc * alpha + tl.sum(o * w[:, None], 0)
         total = total * alpha + tl.sum(w, 0)
         m = m_new
     merged = acc / tl.where(total == 0.0, 1.0, total)
-    tl.store(out_ptr + token.to(tl.int64) * out_stride_t + head * out_stride_h + c,
-             merged.to(out_ptr.dtype.element_ty), mask=c_mask)
+    tl.store(
+        out_ptr + token.to(tl.int64) * out_stride_t + head * out_stride_h + c,
+        merged.to(out_ptr.dtype.element_ty),
+        mask=c_mask,
+    )
 
 
-def mla_tiles(num_heads: int, max_query_len: int, dtype: torch.dtype = torch.bfloat16
-              ) -> tuple[int, int, int, int]:
+def mla_tiles(
+    num_heads: int, max_query_len: int, dtype: torch.dtype = torch.bfloat16
+) -> tuple[int, int, int, int]:
     """``(BLOCK_H, BLOCK_Q, BLOCK_M, BLOCK_N)`` of a launch: up to 16 heads of one query per
     group of tile rows (a decode tile is the heads of one token), more queries per tile for
     prefills, at least 16 rows (the smallest tensor-core tile); keys ``BLOCK_N`` at a time.
@@ -265,39 +286,80 @@ def mla_attention(
     fp32 = query.dtype == torch.float32
     lora_p = max(16, triton.next_power_of_2(kv_lora_rank))
     if splits > 1:
-        partial_out = query.new_empty((query.shape[0], num_heads, splits, kv_lora_rank), dtype=torch.float32)
+        partial_out = query.new_empty(
+            (query.shape[0], num_heads, splits, kv_lora_rank), dtype=torch.float32
+        )
         partial_lse = query.new_empty((query.shape[0], num_heads, splits), dtype=torch.float32)
     else:
         partial_out, partial_lse = out, out  # unused: the kernel writes `out` directly
     grid = (num_reqs, num_head_groups, triton.cdiv(max_query_len, block_q) * splits)
     _mla_attention_kernel[grid](
-        partial_out, partial_lse, query, kv_cache, block_table, query_start_loc, seq_lens,
-        scale * _LOG2E, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
-        NUM_SPLITS=splits, NUM_HEADS=num_heads, BLOCK_H=block_h, KV_LORA_RANK=kv_lora_rank,
-        LORA_P=lora_p, ROPE_DIM=rope_dim, ROPE_P=max(16, triton.next_power_of_2(rope_dim)),
-        KV_BLOCK_SIZE=kv_cache.shape[1], BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
+        partial_out,
+        partial_lse,
+        query,
+        kv_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale * _LOG2E,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        kv_cache.stride(0),
+        kv_cache.stride(1),
+        block_table.stride(0),
+        NUM_SPLITS=splits,
+        NUM_HEADS=num_heads,
+        BLOCK_H=block_h,
+        KV_LORA_RANK=kv_lora_rank,
+        LORA_P=lora_p,
+        ROPE_DIM=rope_dim,
+        ROPE_P=max(16, triton.next_power_of_2(rope_dim)),
+        KV_BLOCK_SIZE=kv_cache.shape[1],
+        BLOCK_Q=block_q,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
         DOT_PRECISION="ieee" if fp32 else "tf32",
-        num_warps=4 if block_m <= 16 else 8, num_stages=2,
+        num_warps=4 if block_m <= 16 else 8,
+        num_stages=2,
     )
     if splits > 1:
         _mla_merge_splits_kernel[(query.shape[0], num_heads)](
-            out, partial_out, partial_lse, query_start_loc, num_reqs, out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, NUM_SPLITS=splits, SPLIT_CHUNK=min(splits, 16),
-            KV_LORA_RANK=kv_lora_rank, LORA_P=lora_p,
+            out,
+            partial_out,
+            partial_lse,
+            query_start_loc,
+            num_reqs,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=num_heads,
+            NUM_SPLITS=splits,
+            SPLIT_CHUNK=min(splits, 16),
+            KV_LORA_RANK=kv_lora_rank,
+            LORA_P=lora_p,
         )
     return out
 
 
-def _splits(num_kv_splits: int | None, max_query_len: int, num_reqs: int, num_head_groups: int,
-            device: torch.device) -> int:
+def _splits(
+    num_kv_splits: int | None,
+    max_query_len: int,
+    num_reqs: int,
+    num_head_groups: int,
+    device: torch.device,
+) -> int:
     if num_kv_splits is None:
         return num_kv_splits_for(num_reqs, num_head_groups, device) if max_query_len == 1 else 1
     if num_kv_splits < 1 or num_kv_splits > MAX_KV_SPLITS or num_kv_splits & (num_kv_splits - 1):
-        raise ValueError(f"num_kv_splits must be a power of two in [1, {MAX_KV_SPLITS}], got {num_kv_splits}")
+        raise ValueError(
+            f"num_kv_splits must be a power of two in [1, {MAX_KV_SPLITS}], got {num_kv_splits}"
+        )
     if num_kv_splits > 1 and max_query_len != 1:
-        raise ValueError(f"num_kv_splits={num_kv_splits} splits decode batches only "
-                         f"(max_query_len {max_query_len})")
+        raise ValueError(
+            f"num_kv_splits={num_kv_splits} splits decode batches only "
+            f"(max_query_len {max_query_len})"
+        )
     return num_kv_splits
 
 
@@ -333,23 +395,39 @@ def mla_attention_ref(
         q_pos = torch.arange(seq_len - (q_end - q_start), seq_len, device=query.device)[:, None]
         allowed = torch.arange(seq_len, device=query.device)[None, :] <= q_pos
         probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
-        out[q_start:q_end] = torch.einsum("hqk,kc->qhc", probs, latent[:, :kv_lora_rank]).to(out.dtype)
+        out[q_start:q_end] = torch.einsum("hqk,kc->qhc", probs, latent[:, :kv_lora_rank]).to(
+            out.dtype
+        )
     return out
 
 
-def _check_mla(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
-               seq_lens: torch.Tensor, block_table: torch.Tensor, kv_lora_rank: int,
-               out: torch.Tensor | None) -> torch.Tensor:
+def _check_mla(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    kv_lora_rank: int,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
     if query.dim() != 3 or kv_cache.dim() != 3 or query.shape[2] != kv_cache.shape[2]:
-        raise ValueError(f"query must be [T, H, rank + rope] and kv_cache [blocks, block_size, "
-                         f"rank + rope], got {tuple(query.shape)} and {tuple(kv_cache.shape)}")
+        raise ValueError(
+            f"query must be [T, H, rank + rope] and kv_cache [blocks, block_size, "
+            f"rank + rope], got {tuple(query.shape)} and {tuple(kv_cache.shape)}"
+        )
     if not 0 < kv_lora_rank < query.shape[2]:
-        raise ValueError(f"kv_lora_rank ({kv_lora_rank}) must leave a rotary part in the "
-                         f"{query.shape[2]}-wide rows")
+        raise ValueError(
+            f"kv_lora_rank ({kv_lora_rank}) must leave a rotary part in the "
+            f"{query.shape[2]}-wide rows"
+        )
     if query.dtype != kv_cache.dtype:
         raise ValueError(f"query dtype {query.dtype} != kv_cache dtype {kv_cache.dtype}")
     i32 = torch.int32
-    check_dtypes(query_start_loc=(query_start_loc, i32), seq_lens=(seq_lens, i32), block_table=(block_table, i32))
+    check_dtypes(
+        query_start_loc=(query_start_loc, i32),
+        seq_lens=(seq_lens, i32),
+        block_table=(block_table, i32),
+    )
     check_flat(query_start_loc=query_start_loc, seq_lens=seq_lens)
     if query_start_loc.shape[0] != seq_lens.shape[0] + 1 or block_table.dim() != 2:
         raise ValueError("query_start_loc must have num_reqs + 1 entries and block_table 2 dims")
@@ -360,8 +438,10 @@ def _check_mla(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: tor
     if out is None:
         return query.new_zeros(shape)
     if tuple(out.shape) != shape or out.dtype != query.dtype or out.stride(2) != 1:
-        raise ValueError(f"out must be {shape} {query.dtype} with unit last stride, "
-                         f"got {tuple(out.shape)} {out.dtype}")
+        raise ValueError(
+            f"out must be {shape} {query.dtype} with unit last stride, "
+            f"got {tuple(out.shape)} {out.dtype}"
+        )
     return out
 
 

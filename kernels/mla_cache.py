@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_vector
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import check_vector
+from turnout.kernels._triton import require_triton, tl, triton
 
 
-@triton.jit
-def _concat_and_cache_mla_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _concat_and_cache_mla_kernel(  # type: ignore[no-untyped-def]
     kv_c_ptr,
     k_pe_ptr,
     kv_cache_ptr,
@@ -34,11 +34,17 @@ def _concat_and_cache_mla_kernel(
     t = token.to(tl.int64)
     dst = kv_cache_ptr + slot.to(tl.int64) * cache_stride_slot
     c = tl.arange(0, BLOCK_C)
-    tl.store(dst + c, tl.load(kv_c_ptr + t * kv_c_stride + c, mask=c < KV_LORA_RANK),
-             mask=c < KV_LORA_RANK)
+    tl.store(
+        dst + c,
+        tl.load(kv_c_ptr + t * kv_c_stride + c, mask=c < KV_LORA_RANK),
+        mask=c < KV_LORA_RANK,
+    )
     r = tl.arange(0, BLOCK_R)
-    tl.store(dst + KV_LORA_RANK + r, tl.load(k_pe_ptr + t * k_pe_stride + r, mask=r < ROPE_DIM),
-             mask=r < ROPE_DIM)
+    tl.store(
+        dst + KV_LORA_RANK + r,
+        tl.load(k_pe_ptr + t * k_pe_stride + r, mask=r < ROPE_DIM),
+        mask=r < ROPE_DIM,
+    )
 
 
 def concat_and_cache_mla(
@@ -59,8 +65,16 @@ def concat_and_cache_mla(
         return
     rank, rope_dim = kv_c.shape[1], k_pe.shape[1]
     _concat_and_cache_mla_kernel[(kv_c.shape[0],)](
-        kv_c, k_pe, kv_cache, slot_mapping, kv_c.stride(0), k_pe.stride(0), kv_cache.stride(1),
-        KV_LORA_RANK=rank, ROPE_DIM=rope_dim, BLOCK_C=triton.next_power_of_2(rank),
+        kv_c,
+        k_pe,
+        kv_cache,
+        slot_mapping,
+        kv_c.stride(0),
+        k_pe.stride(0),
+        kv_cache.stride(1),
+        KV_LORA_RANK=rank,
+        ROPE_DIM=rope_dim,
+        BLOCK_C=triton.next_power_of_2(rank),
         BLOCK_R=triton.next_power_of_2(rope_dim),
     )
 
@@ -79,15 +93,24 @@ def concat_and_cache_mla_ref(
     _check_latent_write(kv_c, k_pe, kv_cache, slot_mapping)
     valid = slot_mapping >= 0
     kv_cache.view(-1, kv_cache.shape[2])[slot_mapping[valid]] = torch.cat(
-        [kv_c[valid], k_pe[valid]], dim=1)
+        [kv_c[valid], k_pe[valid]], dim=1
+    )
 
 
-def _check_latent_write(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor,
-                        slot_mapping: torch.Tensor) -> None:
-    if (kv_c.dim() != 2 or k_pe.dim() != 2 or kv_cache.dim() != 3 or kv_c.shape[0] != k_pe.shape[0]
-            or kv_c.shape[1] + k_pe.shape[1] != kv_cache.shape[2]):
-        raise ValueError(f"kv_c {tuple(kv_c.shape)} and k_pe {tuple(k_pe.shape)} do not fit "
-                         f"kv_cache {tuple(kv_cache.shape)} ([T, rank] + [T, rope] -> rank + rope)")
+def _check_latent_write(
+    kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    if (
+        kv_c.dim() != 2
+        or k_pe.dim() != 2
+        or kv_cache.dim() != 3
+        or kv_c.shape[0] != k_pe.shape[0]
+        or kv_c.shape[1] + k_pe.shape[1] != kv_cache.shape[2]
+    ):
+        raise ValueError(
+            f"kv_c {tuple(kv_c.shape)} and k_pe {tuple(k_pe.shape)} do not fit "
+            f"kv_cache {tuple(kv_cache.shape)} ([T, rank] + [T, rope] -> rank + rope)"
+        )
     if kv_c.dtype != kv_cache.dtype or k_pe.dtype != kv_cache.dtype:
         raise ValueError(f"kv_c/k_pe dtype must equal kv_cache dtype {kv_cache.dtype}")
     check_vector("slot_mapping", slot_mapping, torch.int64, kv_c.shape[0])

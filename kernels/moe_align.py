@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import dtype_name
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import dtype_name
+from turnout.kernels._triton import require_triton, tl, triton
 
 
 def max_num_tokens_padded(num_assignments: int, num_experts: int, block_m: int) -> int:
@@ -22,8 +22,8 @@ def max_num_tokens_padded(num_assignments: int, num_experts: int, block_m: int) 
     return num_assignments + min(num_experts, num_assignments) * (block_m - 1)
 
 
-@triton.jit
-def _moe_align_block_size_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _moe_align_block_size_kernel(  # type: ignore[no-untyped-def]
     topk_ids_ptr,  # [num_assignments] int32 (topk_ids flattened)
     sorted_token_ids_ptr,  # [max_num_tokens_padded] int32, written
     expert_ids_ptr,  # [max_num_blocks] int32, written (-1 past the padded total)
@@ -55,8 +55,11 @@ def _moe_align_block_size_kernel(
     first_pad = starts + counts
     for j in range(0, BLOCK_M - 1):
         slot = first_pad + j
-        tl.store(sorted_token_ids_ptr + slot, tl.full([NUM_BINS], 0, tl.int32) + num_assignments,
-                 mask=slot < ends)
+        tl.store(
+            sorted_token_ids_ptr + slot,
+            tl.full([NUM_BINS], 0, tl.int32) + num_assignments,
+            mask=slot < ends,
+        )
     for b0 in range(0, max_num_blocks, BLOCKS_CHUNK):
         blk = b0 + tl.arange(0, BLOCKS_CHUNK)
         # the expert of a block: how many runs end at or before its first slot
@@ -100,10 +103,19 @@ def moe_align_block_size(
     num_bins = triton.next_power_of_2(num_experts + 1)
     cursor = torch.empty(num_bins, dtype=torch.int32, device=topk_ids.device)
     _moe_align_block_size_kernel[(1,)](
-        topk_ids, sorted_ids, expert_ids, num_post, cursor, num_assignments, expert_ids.shape[0],
-        NUM_EXPERTS=num_experts, NUM_BINS=num_bins, BLOCK_M=block_m,
+        topk_ids,
+        sorted_ids,
+        expert_ids,
+        num_post,
+        cursor,
+        num_assignments,
+        expert_ids.shape[0],
+        NUM_EXPERTS=num_experts,
+        NUM_BINS=num_bins,
+        BLOCK_M=block_m,
         CHUNK=min(1024, max(16, triton.next_power_of_2(num_assignments))),
-        BLOCKS_CHUNK=max(1, min(64, 8192 // num_bins)), num_warps=4,
+        BLOCKS_CHUNK=max(1, min(64, 8192 // num_bins)),
+        num_warps=4,
     )
     return sorted_ids, expert_ids, num_post
 
@@ -125,18 +137,24 @@ def moe_align_block_size_ref(
     sorted_ids, expert_ids, num_post = _align_outputs(topk_ids, block_m, num_experts)
     flat = topk_ids.flatten().long()
     if num_assignments and (int(flat.min()) < 0 or int(flat.max()) >= num_experts):
-        raise ValueError(f"topk_ids must lie in [0, {num_experts}), got "
-                         f"[{int(flat.min())}, {int(flat.max())}]")
+        raise ValueError(
+            f"topk_ids must lie in [0, {num_experts}), got [{int(flat.min())}, {int(flat.max())}]"
+        )
     counts = torch.bincount(flat, minlength=num_experts)
     padded = (counts + block_m - 1) // block_m * block_m
     starts = torch.cumsum(padded, 0) - padded
     order = torch.argsort(flat, stable=True)
-    rank = torch.arange(num_assignments, device=flat.device) - (torch.cumsum(counts, 0) - counts)[flat[order]]
+    rank = (
+        torch.arange(num_assignments, device=flat.device)
+        - (torch.cumsum(counts, 0) - counts)[flat[order]]
+    )
     sorted_ids.fill_(num_assignments)
     sorted_ids[starts[flat[order]] + rank] = order.to(torch.int32)
     total = int(padded.sum())
     num_post.fill_(total)
-    owners = torch.repeat_interleave(torch.arange(num_experts, device=flat.device), padded // block_m)
+    owners = torch.repeat_interleave(
+        torch.arange(num_experts, device=flat.device), padded // block_m
+    )
     expert_ids.fill_(-1)
     expert_ids[: owners.numel()] = owners.to(torch.int32)
     return sorted_ids, expert_ids, num_post
@@ -144,8 +162,10 @@ def moe_align_block_size_ref(
 
 def _check_align(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> int:
     if topk_ids.dtype != torch.int32 or topk_ids.dim() != 2 or not topk_ids.is_contiguous():
-        raise ValueError(f"topk_ids must be a contiguous [T, k] int32 tensor, got "
-                         f"{tuple(topk_ids.shape)} {dtype_name(topk_ids.dtype)}, strides {topk_ids.stride()}")
+        raise ValueError(
+            f"topk_ids must be a contiguous [T, k] int32 tensor, got "
+            f"{tuple(topk_ids.shape)} {dtype_name(topk_ids.dtype)}, strides {topk_ids.stride()}"
+        )
     if block_m < 16 or block_m & (block_m - 1):
         raise ValueError(f"block_m must be a power of two >= 16, got {block_m}")
     if num_experts <= 0:
@@ -153,13 +173,16 @@ def _check_align(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> int:
     return topk_ids.numel()
 
 
-def _align_outputs(topk_ids: torch.Tensor, block_m: int, num_experts: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _align_outputs(
+    topk_ids: torch.Tensor, block_m: int, num_experts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     max_padded = max_num_tokens_padded(topk_ids.numel(), num_experts, block_m)
     dev = topk_ids.device
-    return (torch.empty(max_padded, dtype=torch.int32, device=dev),
-            torch.empty(triton.cdiv(max_padded, block_m), dtype=torch.int32, device=dev),
-            torch.empty(1, dtype=torch.int32, device=dev))
+    return (
+        torch.empty(max_padded, dtype=torch.int32, device=dev),
+        torch.empty(triton.cdiv(max_padded, block_m), dtype=torch.int32, device=dev),
+        torch.empty(1, dtype=torch.int32, device=dev),
+    )
 
 
 __all__ = ["max_num_tokens_padded", "moe_align_block_size", "moe_align_block_size_ref"]

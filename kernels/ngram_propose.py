@@ -21,15 +21,32 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes, check_flat, check_matrix, check_table
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import (
+    check_at_least,
+    check_dtypes,
+    check_flat,
+    check_matrix,
+    check_table,
+)
+from turnout.kernels._triton import require_triton, tl, triton
 
 
-@triton.jit
-def _ngram_propose_kernel(
-    idx_mapping_ptr, num_spec_ptr, num_tokens_ptr, num_tokens_stride, token_ids_ptr, token_ids_stride,
-    drafts_ptr, drafts_stride, num_drafts_ptr, max_model_len,
-    MIN_N: tl.constexpr, MAX_N: tl.constexpr, MAX_DRAFTS: tl.constexpr, DRAFT_BLOCK: tl.constexpr,
+@triton.jit  # type: ignore[untyped-decorator]
+def _ngram_propose_kernel(  # type: ignore[no-untyped-def]
+    idx_mapping_ptr,
+    num_spec_ptr,
+    num_tokens_ptr,
+    num_tokens_stride,
+    token_ids_ptr,
+    token_ids_stride,
+    drafts_ptr,
+    drafts_stride,
+    num_drafts_ptr,
+    max_model_len,
+    MIN_N: tl.constexpr,
+    MAX_N: tl.constexpr,
+    MAX_DRAFTS: tl.constexpr,
+    DRAFT_BLOCK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     i = tl.program_id(0)
@@ -54,7 +71,9 @@ def _ngram_propose_kernel(
             if last >= 0:
                 found = last >= 0
                 cont = last + n
-    count = tl.minimum(tl.minimum(num_tokens - cont, num_spec), tl.minimum(max_model_len - num_tokens, MAX_DRAFTS))
+    count = tl.minimum(
+        tl.minimum(num_tokens - cont, num_spec), tl.minimum(max_model_len - num_tokens, MAX_DRAFTS)
+    )
     count = tl.where(found, tl.maximum(count, 0), 0)
     j = tl.arange(0, DRAFT_BLOCK)
     take = j < count
@@ -83,16 +102,35 @@ def ngram_propose(
         ValueError: dtypes, shapes or bounds do not match the annotations.
     """
     require_triton()
-    _check(idx_mapping, num_spec, num_tokens, token_ids, prompt_lookup_min, prompt_lookup_max, drafts_out,
-           num_drafts_out)
+    _check(
+        idx_mapping,
+        num_spec,
+        num_tokens,
+        token_ids,
+        prompt_lookup_min,
+        prompt_lookup_max,
+        drafts_out,
+        num_drafts_out,
+    )
     num_reqs, max_drafts = drafts_out.shape
     if num_reqs == 0:
         return
     _ngram_propose_kernel[(num_reqs,)](
-        idx_mapping, num_spec, num_tokens, num_tokens.stride(0), token_ids, token_ids.stride(0),
-        drafts_out, drafts_out.stride(0), num_drafts_out, token_ids.shape[1],
-        MIN_N=prompt_lookup_min, MAX_N=prompt_lookup_max, MAX_DRAFTS=max_drafts,
-        DRAFT_BLOCK=triton.next_power_of_2(max_drafts), BLOCK_SIZE=128,
+        idx_mapping,
+        num_spec,
+        num_tokens,
+        num_tokens.stride(0),
+        token_ids,
+        token_ids.stride(0),
+        drafts_out,
+        drafts_out.stride(0),
+        num_drafts_out,
+        token_ids.shape[1],
+        MIN_N=prompt_lookup_min,
+        MAX_N=prompt_lookup_max,
+        MAX_DRAFTS=max_drafts,
+        DRAFT_BLOCK=triton.next_power_of_2(max_drafts),
+        BLOCK_SIZE=128,
     )
 
 
@@ -107,8 +145,16 @@ def ngram_propose_ref(
     num_drafts_out: torch.Tensor,
 ) -> None:
     """Torch reference of :func:`ngram_propose` (same arguments; one request at a time)."""
-    _check(idx_mapping, num_spec, num_tokens, token_ids, prompt_lookup_min, prompt_lookup_max, drafts_out,
-           num_drafts_out)
+    _check(
+        idx_mapping,
+        num_spec,
+        num_tokens,
+        token_ids,
+        prompt_lookup_min,
+        prompt_lookup_max,
+        drafts_out,
+        num_drafts_out,
+    )
     max_model_len, max_drafts = token_ids.shape[1], drafts_out.shape[1]
     drafts_out.fill_(-1)
     for i, row in enumerate(idx_mapping.tolist()):
@@ -126,26 +172,47 @@ def ngram_propose_ref(
                 break
         count = int(proposal.shape[0])
         filled = max(0, min(want, max_drafts, max_model_len - n_tok))
-        token_ids[row, n_tok : n_tok + filled] = history[n_tok - 1]  # the scheduled cells past the drafts
+        token_ids[row, n_tok : n_tok + filled] = history[
+            n_tok - 1
+        ]  # the scheduled cells past the drafts
         token_ids[row, n_tok : n_tok + count] = proposal.clone()
         drafts_out[i, :count] = proposal
         num_drafts_out[i] = count
 
 
-def _check(idx_mapping: torch.Tensor, num_spec: torch.Tensor, num_tokens: torch.Tensor, token_ids: torch.Tensor,
-           prompt_lookup_min: int, prompt_lookup_max: int, drafts_out: torch.Tensor,
-           num_drafts_out: torch.Tensor) -> None:
+def _check(
+    idx_mapping: torch.Tensor,
+    num_spec: torch.Tensor,
+    num_tokens: torch.Tensor,
+    token_ids: torch.Tensor,
+    prompt_lookup_min: int,
+    prompt_lookup_max: int,
+    drafts_out: torch.Tensor,
+    num_drafts_out: torch.Tensor,
+) -> None:
     i32 = torch.int32
-    check_dtypes(idx_mapping=(idx_mapping, i32), num_spec=(num_spec, i32), num_tokens=(num_tokens, i32),
-                 token_ids=(token_ids, i32), num_drafts_out=(num_drafts_out, i32))
+    check_dtypes(
+        idx_mapping=(idx_mapping, i32),
+        num_spec=(num_spec, i32),
+        num_tokens=(num_tokens, i32),
+        token_ids=(token_ids, i32),
+        num_drafts_out=(num_drafts_out, i32),
+    )
     check_flat(idx_mapping=idx_mapping, num_spec=num_spec, num_drafts_out=num_drafts_out)
     check_table("token_ids", token_ids)
     check_matrix("drafts_out", drafts_out, i32, "[num_reqs, max_num_drafts]")
-    check_at_least(drafts_out.shape[0], "num_reqs", idx_mapping=idx_mapping, num_spec=num_spec,
-                   num_drafts_out=num_drafts_out)
+    check_at_least(
+        drafts_out.shape[0],
+        "num_reqs",
+        idx_mapping=idx_mapping,
+        num_spec=num_spec,
+        num_drafts_out=num_drafts_out,
+    )
     if drafts_out.shape[1] < 1 or not 1 <= prompt_lookup_min <= prompt_lookup_max:
-        raise ValueError(f"need max_num_drafts >= 1 and 1 <= prompt_lookup_min ({prompt_lookup_min}) <= "
-                         f"prompt_lookup_max ({prompt_lookup_max}), drafts_out {tuple(drafts_out.shape)}")
+        raise ValueError(
+            f"need max_num_drafts >= 1 and 1 <= prompt_lookup_min ({prompt_lookup_min}) <= "
+            f"prompt_lookup_max ({prompt_lookup_max}), drafts_out {tuple(drafts_out.shape)}"
+        )
 
 
 __all__ = ["ngram_propose", "ngram_propose_ref"]

@@ -45,11 +45,12 @@ marks padding and is skipped), vLLM's op of the same name.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes, check_flat, check_vector
-from kernels._paged_tiles import (
+from turnout.kernels._checks import check_at_least, check_dtypes, check_flat, check_vector
+from turnout.kernels._paged_tiles import (
     AttentionTiles,
     _attend_tiles,
     _find_request,
@@ -62,8 +63,8 @@ from kernels._paged_tiles import (
     head_dim_padded,
     tile_rows,
 )
-from kernels._streams import run_overlapped
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._streams import run_overlapped
+from turnout.kernels._triton import require_triton, tl, triton
 
 _LOG2E = 1.4426950408889634
 _INT32_MAX = 2**31 - 1
@@ -78,8 +79,8 @@ def set_overlapped_launches(enabled: bool) -> bool:
     return previous
 
 
-@triton.jit(do_not_specialize=["num_reqs", "num_tokens"])  # one variant whatever the batch
-def _paged_attention_kernel(
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens"])  # type: ignore[untyped-decorator]  # one variant whatever the batch
+def _paged_attention_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     q_ptr,
     k_cache_ptr,
@@ -117,9 +118,19 @@ def _paged_attention_kernel(
     kv_head = tl.program_id(1)
     if ZERO_PADDING:  # noqa: SIM102 (a constexpr test, then a runtime one: Triton keeps them apart)
         if tl.program_id(0) == 0:
-            _zero_padding_rows(out_ptr, query_start_loc_ptr, num_reqs, num_tokens, kv_head,
-                               out_stride_t, out_stride_h, NUM_QUERIES_PER_KV, HEAD_DIM,
-                               HEAD_DIM_P, 16)
+            _zero_padding_rows(
+                out_ptr,
+                query_start_loc_ptr,
+                num_reqs,
+                num_tokens,
+                kv_head,
+                out_stride_t,
+                out_stride_h,
+                NUM_QUERIES_PER_KV,
+                HEAD_DIM,
+                HEAD_DIM_P,
+                16,
+            )
     if REQUEST_PER_PROGRAM:  # every request served fits one q tile: program i is request i
         req = tl.program_id(0)
         q_start = tl.load(query_start_loc_ptr + req)
@@ -137,13 +148,25 @@ def _paged_attention_kernel(
         return  # past the request's queries, or served by the other launch
     context_len = tl.load(seq_lens_ptr + req) - q_len
     q, tok, head, q_rows, row_mask = _load_query_tile(
-        q_ptr, q_start, first, q_len, kv_head, q_stride_t, q_stride_h,
-        NUM_QUERIES_PER_KV, GROUP_P, HEAD_DIM, HEAD_DIM_P, BLOCK_M)
+        q_ptr,
+        q_start,
+        first,
+        q_len,
+        kv_head,
+        q_stride_t,
+        q_stride_h,
+        NUM_QUERIES_PER_KV,
+        GROUP_P,
+        HEAD_DIM,
+        HEAD_DIM_P,
+        BLOCK_M,
+    )
     q_pos = context_len + tok
     first_pos = context_len + first
     last_pos = context_len + tl.minimum(first + BLOCK_Q, q_len) - 1
-    lo, mid_lo, mid_hi, hi = _key_tile_ranges(first_pos, last_pos, sliding_window, USE_WINDOW,
-                                              BLOCK_N)
+    lo, mid_lo, mid_hi, hi = _key_tile_ranges(
+        first_pos, last_pos, sliding_window, USE_WINDOW, BLOCK_N
+    )
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -152,17 +175,80 @@ def _paged_attention_kernel(
     head_off = kv_head * cache_stride_head
     kv_end = last_pos + 1
     acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, head_off, lo, mid_lo, kv_end,
-        sliding_window, scale_log2, cache_stride_block, cache_stride_slot,
-        HEAD_DIM, HEAD_DIM_P, KV_BLOCK_SIZE, BLOCK_N, True, USE_WINDOW, DOT_PRECISION)
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        k_cache_ptr,
+        v_cache_ptr,
+        bt_row,
+        head_off,
+        lo,
+        mid_lo,
+        kv_end,
+        sliding_window,
+        scale_log2,
+        cache_stride_block,
+        cache_stride_slot,
+        HEAD_DIM,
+        HEAD_DIM_P,
+        KV_BLOCK_SIZE,
+        BLOCK_N,
+        True,
+        USE_WINDOW,
+        DOT_PRECISION,
+    )
     acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, head_off, mid_lo, mid_hi,
-        kv_end, sliding_window, scale_log2, cache_stride_block, cache_stride_slot,
-        HEAD_DIM, HEAD_DIM_P, KV_BLOCK_SIZE, BLOCK_N, False, USE_WINDOW, DOT_PRECISION)
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        k_cache_ptr,
+        v_cache_ptr,
+        bt_row,
+        head_off,
+        mid_lo,
+        mid_hi,
+        kv_end,
+        sliding_window,
+        scale_log2,
+        cache_stride_block,
+        cache_stride_slot,
+        HEAD_DIM,
+        HEAD_DIM_P,
+        KV_BLOCK_SIZE,
+        BLOCK_N,
+        False,
+        USE_WINDOW,
+        DOT_PRECISION,
+    )
     acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, head_off, mid_hi, hi, kv_end,
-        sliding_window, scale_log2, cache_stride_block, cache_stride_slot,
-        HEAD_DIM, HEAD_DIM_P, KV_BLOCK_SIZE, BLOCK_N, True, USE_WINDOW, DOT_PRECISION)
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        k_cache_ptr,
+        v_cache_ptr,
+        bt_row,
+        head_off,
+        mid_hi,
+        hi,
+        kv_end,
+        sliding_window,
+        scale_log2,
+        cache_stride_block,
+        cache_stride_slot,
+        HEAD_DIM,
+        HEAD_DIM_P,
+        KV_BLOCK_SIZE,
+        BLOCK_N,
+        True,
+        USE_WINDOW,
+        DOT_PRECISION,
+    )
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     dim = tl.arange(0, HEAD_DIM_P)
     tl.store(
@@ -214,14 +300,26 @@ def paged_attention(
     decode = decode_tiles or default_decode_tiles(query.dtype, head_dim)
     prefill = prefill_tiles or default_prefill_tiles(query.dtype, head_dim)
     short_q, _ = tile_rows(decode, group)
-    args = (out, query, kv_cache, query_start_loc, seq_lens, block_table, max_query_len, scale,
-            sliding_window)
+    args = (
+        out,
+        query,
+        kv_cache,
+        query_start_loc,
+        seq_lens,
+        block_table,
+        max_query_len,
+        scale,
+        sliding_window,
+    )
     # The launch serving q_len 0 (padding requests) also zeroes the padding rows when asked.
     if max_query_len <= short_q:
         _launch(*args, decode, 0, short_q, zero_padding)
     elif split_short_queries and query.is_cuda and _overlap["enabled"]:
-        run_overlapped(query.device, lambda: _launch(*args, prefill, short_q + 1, _INT32_MAX, False),
-                       lambda: _launch(*args, decode, 0, short_q, zero_padding))
+        run_overlapped(
+            query.device,
+            lambda: _launch(*args, prefill, short_q + 1, _INT32_MAX, False),
+            lambda: _launch(*args, decode, 0, short_q, zero_padding),
+        )
     elif split_short_queries:
         _launch(*args, decode, 0, short_q, zero_padding)
         _launch(*args, prefill, short_q + 1, _INT32_MAX, False)
@@ -230,10 +328,21 @@ def paged_attention(
     return out
 
 
-def _launch(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
-            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
-            max_query_len: int, scale: float, sliding_window: int | None,
-            tiles: AttentionTiles, min_q_len: int, max_q_len: int, zero_padding: bool) -> None:
+def _launch(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    sliding_window: int | None,
+    tiles: AttentionTiles,
+    min_q_len: int,
+    max_q_len: int,
+    zero_padding: bool,
+) -> None:
     num_tokens, num_heads, head_dim = query.shape
     num_reqs, num_kv_heads = seq_lens.shape[0], kv_cache.shape[3]
     group = num_heads // num_kv_heads
@@ -244,16 +353,41 @@ def _launch(out: torch.Tensor, query: torch.Tensor, kv_cache: torch.Tensor,
     key_cache, value_cache = kv_cache[0], kv_cache[1]
     grid = (num_reqs if per_request else num_tokens // block_q + num_reqs, num_kv_heads)
     _paged_attention_kernel[grid](
-        out, query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
-        scale * _LOG2E, sliding_window or 0, num_reqs, num_tokens, min_q_len, max_q_len,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
-        NUM_QUERIES_PER_KV=group, GROUP_P=triton.next_power_of_2(group), HEAD_DIM=head_dim,
-        HEAD_DIM_P=head_dim_padded(head_dim), KV_BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=tiles.block_n, REQUEST_PER_PROGRAM=per_request,
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale * _LOG2E,
+        sliding_window or 0,
+        num_reqs,
+        num_tokens,
+        min_q_len,
+        max_q_len,
+        query.stride(0),
+        query.stride(1),
+        out.stride(0),
+        out.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        block_table.stride(0),
+        NUM_QUERIES_PER_KV=group,
+        GROUP_P=triton.next_power_of_2(group),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P=head_dim_padded(head_dim),
+        KV_BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_Q=block_q,
+        BLOCK_M=block_m,
+        BLOCK_N=tiles.block_n,
+        REQUEST_PER_PROGRAM=per_request,
         ZERO_PADDING=zero_padding,
-        USE_WINDOW=bool(sliding_window), DOT_PRECISION=dot_precision(query.dtype),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        USE_WINDOW=bool(sliding_window),
+        DOT_PRECISION=dot_precision(query.dtype),
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
 
 
@@ -280,15 +414,22 @@ def paged_attention_ref(
     """
     del max_query_len, decode_tiles, prefill_tiles, split_short_queries
     out = _check_attention(query, kv_cache, query_start_loc, seq_lens, block_table, out)
-    for q_start, q_end, scores, v in _request_scores_ref(query, kv_cache, query_start_loc, seq_lens, block_table,
-                                                     scale, sliding_window):
+    for q_start, q_end, scores, v in _request_scores_ref(
+        query, kv_cache, query_start_loc, seq_lens, block_table, scale, sliding_window
+    ):
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), v).to(out.dtype)
     return out
 
 
-def _request_scores_ref(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
-                    seq_lens: torch.Tensor, block_table: torch.Tensor, scale: float,
-                    sliding_window: int | None):  # type: ignore[no-untyped-def]
+def _request_scores_ref(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scale: float,
+    sliding_window: int | None,
+) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
     """For each request with queries (the references' common part; reads lengths to the host):
     ``(q_start, q_end, scores [H, q_len, seq_len] float32 masked with -inf, v [seq_len, H, D]
     float32)``, keys and values gathered from the request's blocks, GQA heads repeated."""
@@ -299,7 +440,7 @@ def _request_scores_ref(query: torch.Tensor, kv_cache: torch.Tensor, query_start
         q_start, q_end = starts[i], starts[i + 1]
         if q_end == q_start:
             continue
-        blocks = block_table[i, :-(-seq_len // block_size)].long()
+        blocks = block_table[i, : -(-seq_len // block_size)].long()
         k = kv_cache[0, blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
         v = kv_cache[1, blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", query[q_start:q_end].float(), k) * scale
@@ -307,8 +448,9 @@ def _request_scores_ref(query: torch.Tensor, kv_cache: torch.Tensor, query_start
         yield q_start, q_end, scores.masked_fill(~allowed, float("-inf")), v
 
 
-def _causal_mask(q_len: int, seq_len: int, window: int | None, device: torch.device
-                 ) -> torch.Tensor:  # [q_len, seq_len] bool
+def _causal_mask(
+    q_len: int, seq_len: int, window: int | None, device: torch.device
+) -> torch.Tensor:  # [q_len, seq_len] bool
     q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
     k_pos = torch.arange(seq_len, device=device)[None, :]
     allowed = k_pos <= q_pos
@@ -317,19 +459,32 @@ def _causal_mask(q_len: int, seq_len: int, window: int | None, device: torch.dev
     return allowed
 
 
-def _check_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_loc: torch.Tensor,
-                     seq_lens: torch.Tensor, block_table: torch.Tensor,
-                     out: torch.Tensor | None) -> torch.Tensor:
+def _check_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    out: torch.Tensor | None,
+) -> torch.Tensor:
     if query.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
-        raise ValueError(f"query must be [T, H, D] and kv_cache [2, blocks, block_size, H_kv, D], "
-                         f"got {tuple(query.shape)} and {tuple(kv_cache.shape)}")
+        raise ValueError(
+            f"query must be [T, H, D] and kv_cache [2, blocks, block_size, H_kv, D], "
+            f"got {tuple(query.shape)} and {tuple(kv_cache.shape)}"
+        )
     if query.shape[2] != kv_cache.shape[4] or query.shape[1] % kv_cache.shape[3]:
-        raise ValueError(f"head layout of query {tuple(query.shape)} does not fit kv_cache "
-                         f"{tuple(kv_cache.shape)} (head_dim equal, heads a multiple of kv heads)")
+        raise ValueError(
+            f"head layout of query {tuple(query.shape)} does not fit kv_cache "
+            f"{tuple(kv_cache.shape)} (head_dim equal, heads a multiple of kv heads)"
+        )
     if query.dtype != kv_cache.dtype:
         raise ValueError(f"query dtype {query.dtype} != kv_cache dtype {kv_cache.dtype}")
     i32 = torch.int32
-    check_dtypes(query_start_loc=(query_start_loc, i32), seq_lens=(seq_lens, i32), block_table=(block_table, i32))
+    check_dtypes(
+        query_start_loc=(query_start_loc, i32),
+        seq_lens=(seq_lens, i32),
+        block_table=(block_table, i32),
+    )
     check_flat(query_start_loc=query_start_loc, seq_lens=seq_lens)
     if query_start_loc.shape[0] != seq_lens.shape[0] + 1 or block_table.dim() != 2:
         raise ValueError("query_start_loc must have num_reqs + 1 entries and block_table 2 dims")
@@ -343,8 +498,8 @@ def _check_attention(query: torch.Tensor, kv_cache: torch.Tensor, query_start_lo
     return out
 
 
-@triton.jit
-def _reshape_and_cache_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _reshape_and_cache_kernel(  # type: ignore[no-untyped-def]
     key_ptr,
     value_ptr,
     k_cache_ptr,
@@ -395,11 +550,21 @@ def reshape_and_cache(
         return
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     _reshape_and_cache_kernel[(num_tokens,)](
-        key, value, kv_cache[0], kv_cache[1], slot_mapping,
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        kv_cache.stride(2), kv_cache.stride(3),
-        NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
-        BLOCK_H=triton.next_power_of_2(num_kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        key,
+        value,
+        kv_cache[0],
+        kv_cache[1],
+        slot_mapping,
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=triton.next_power_of_2(num_kv_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
     )
 
 
@@ -421,12 +586,19 @@ def reshape_and_cache_ref(
     kv_cache[1].view(-1, *kv_cache.shape[3:])[slots] = value[valid]
 
 
-def _check_cache_write(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
-                       slot_mapping: torch.Tensor) -> None:
-    if key.shape != value.shape or key.dim() != 3 or tuple(key.shape[1:]) != tuple(
-            kv_cache.shape[3:]) or kv_cache.shape[0] != 2:
-        raise ValueError(f"key/value {tuple(key.shape)}/{tuple(value.shape)} do not fit kv_cache "
-                         f"{tuple(kv_cache.shape)}")
+def _check_cache_write(
+    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    if (
+        key.shape != value.shape
+        or key.dim() != 3
+        or tuple(key.shape[1:]) != tuple(kv_cache.shape[3:])
+        or kv_cache.shape[0] != 2
+    ):
+        raise ValueError(
+            f"key/value {tuple(key.shape)}/{tuple(value.shape)} do not fit kv_cache "
+            f"{tuple(kv_cache.shape)}"
+        )
     if key.dtype != kv_cache.dtype or value.dtype != kv_cache.dtype:
         raise ValueError(f"key/value dtype must equal kv_cache dtype {kv_cache.dtype}")
     check_vector("slot_mapping", slot_mapping, torch.int64, key.shape[0])

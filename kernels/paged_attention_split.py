@@ -21,9 +21,11 @@ decode steps); the launcher checks ``max_query_len`` against it.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
-from kernels._paged_tiles import (
+from turnout.kernels._paged_tiles import (
     AttentionTiles,
     _attend_tiles,
     _key_tile_ranges,
@@ -33,12 +35,12 @@ from kernels._paged_tiles import (
     head_dim_padded,
     tile_rows,
 )
-from kernels._triton import require_triton, tl, triton
-from kernels.paged_attention import _LOG2E, _check_attention, _request_scores_ref
+from turnout.kernels._triton import require_triton, tl, triton
+from turnout.kernels.paged_attention import _LOG2E, _check_attention, _request_scores_ref
 
 
-@triton.jit
-def _paged_attention_split_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _paged_attention_split_kernel(  # type: ignore[no-untyped-def]
     partial_m_ptr,  # [num_tokens, num_heads, NUM_SEGMENTS] float32
     partial_l_ptr,  # [num_tokens, num_heads, NUM_SEGMENTS] float32
     partial_acc_ptr,  # [num_tokens, num_heads, NUM_SEGMENTS, HEAD_DIM] float32
@@ -78,11 +80,23 @@ def _paged_attention_split_kernel(
     seq_len = tl.load(seq_lens_ptr + req)
     context_len = seq_len - q_len
     q, tok, head, q_rows, row_mask = _load_query_tile(
-        q_ptr, q_start, 0, q_len, kv_head, q_stride_t, q_stride_h,
-        NUM_QUERIES_PER_KV, GROUP_P, HEAD_DIM, HEAD_DIM_P, BLOCK_M)
+        q_ptr,
+        q_start,
+        0,
+        q_len,
+        kv_head,
+        q_stride_t,
+        q_stride_h,
+        NUM_QUERIES_PER_KV,
+        GROUP_P,
+        HEAD_DIM,
+        HEAD_DIM_P,
+        BLOCK_M,
+    )
     q_pos = context_len + tok
-    lo, mid_lo, mid_hi, hi = _key_tile_ranges(context_len, seq_len - 1, sliding_window,
-                                              USE_WINDOW, BLOCK_N)
+    lo, mid_lo, mid_hi, hi = _key_tile_ranges(
+        context_len, seq_len - 1, sliding_window, USE_WINDOW, BLOCK_N
+    )
     per_segment = tl.cdiv(hi - lo, NUM_SEGMENTS)
     seg_lo = lo + seg * per_segment
     seg_hi = tl.minimum(seg_lo + per_segment, hi)
@@ -93,30 +107,93 @@ def _paged_attention_split_kernel(
     bt_row = block_table_ptr + req.to(tl.int64) * block_table_stride
     head_off = kv_head * cache_stride_head
     acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
-        tl.maximum(lo, seg_lo), tl.minimum(mid_lo, seg_hi), seq_len, sliding_window, scale_log2,
-        cache_stride_block, cache_stride_slot,
-        HEAD_DIM, HEAD_DIM_P, KV_BLOCK_SIZE, BLOCK_N, True, USE_WINDOW, DOT_PRECISION)
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        k_cache_ptr,
+        v_cache_ptr,
+        bt_row,
+        head_off,
+        tl.maximum(lo, seg_lo),
+        tl.minimum(mid_lo, seg_hi),
+        seq_len,
+        sliding_window,
+        scale_log2,
+        cache_stride_block,
+        cache_stride_slot,
+        HEAD_DIM,
+        HEAD_DIM_P,
+        KV_BLOCK_SIZE,
+        BLOCK_N,
+        True,
+        USE_WINDOW,
+        DOT_PRECISION,
+    )
     acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
-        tl.maximum(mid_lo, seg_lo), tl.minimum(mid_hi, seg_hi), seq_len, sliding_window,
-        scale_log2, cache_stride_block, cache_stride_slot,
-        HEAD_DIM, HEAD_DIM_P, KV_BLOCK_SIZE, BLOCK_N, False, USE_WINDOW, DOT_PRECISION)
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        k_cache_ptr,
+        v_cache_ptr,
+        bt_row,
+        head_off,
+        tl.maximum(mid_lo, seg_lo),
+        tl.minimum(mid_hi, seg_hi),
+        seq_len,
+        sliding_window,
+        scale_log2,
+        cache_stride_block,
+        cache_stride_slot,
+        HEAD_DIM,
+        HEAD_DIM_P,
+        KV_BLOCK_SIZE,
+        BLOCK_N,
+        False,
+        USE_WINDOW,
+        DOT_PRECISION,
+    )
     acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, q_pos, k_cache_ptr, v_cache_ptr, bt_row, head_off,
-        tl.maximum(mid_hi, seg_lo), seg_hi, seq_len, sliding_window, scale_log2,
-        cache_stride_block, cache_stride_slot,
-        HEAD_DIM, HEAD_DIM_P, KV_BLOCK_SIZE, BLOCK_N, True, USE_WINDOW, DOT_PRECISION)
+        acc,
+        m_i,
+        l_i,
+        q,
+        q_pos,
+        k_cache_ptr,
+        v_cache_ptr,
+        bt_row,
+        head_off,
+        tl.maximum(mid_hi, seg_lo),
+        seg_hi,
+        seq_len,
+        sliding_window,
+        scale_log2,
+        cache_stride_block,
+        cache_stride_slot,
+        HEAD_DIM,
+        HEAD_DIM_P,
+        KV_BLOCK_SIZE,
+        BLOCK_N,
+        True,
+        USE_WINDOW,
+        DOT_PRECISION,
+    )
     part = (q_rows * NUM_HEADS + head) * NUM_SEGMENTS + seg  # [BLOCK_M] int64
     tl.store(partial_m_ptr + part, m_i, mask=row_mask)
     tl.store(partial_l_ptr + part, l_i, mask=row_mask)
     dim = tl.arange(0, HEAD_DIM_P)
-    tl.store(partial_acc_ptr + part[:, None] * HEAD_DIM + dim[None, :], acc,
-             mask=row_mask[:, None] & (dim < HEAD_DIM)[None, :])
+    tl.store(
+        partial_acc_ptr + part[:, None] * HEAD_DIM + dim[None, :],
+        acc,
+        mask=row_mask[:, None] & (dim < HEAD_DIM)[None, :],
+    )
 
 
-@triton.jit
-def _reduce_segments_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _reduce_segments_kernel(  # type: ignore[no-untyped-def]
     out_ptr,
     partial_m_ptr,
     partial_l_ptr,
@@ -150,15 +227,20 @@ def _reduce_segments_kernel(
     acc = tl.zeros([HEAD_DIM_P], dtype=tl.float32)
     for start in range(0, NUM_SEGMENTS, SEGMENT_CHUNK):
         chunk = start + tl.arange(0, SEGMENT_CHUNK)
-        m_c = tl.load(partial_m_ptr + base + chunk, mask=chunk < NUM_SEGMENTS,
-                      other=float("-inf"))
+        m_c = tl.load(partial_m_ptr + base + chunk, mask=chunk < NUM_SEGMENTS, other=float("-inf"))
         read = (m_c > float("-inf"))[:, None] & (dim < HEAD_DIM)[None, :]
-        a = tl.load(partial_acc_ptr + (base + chunk)[:, None] * HEAD_DIM + dim[None, :],
-                    mask=read, other=0.0)
+        a = tl.load(
+            partial_acc_ptr + (base + chunk)[:, None] * HEAD_DIM + dim[None, :],
+            mask=read,
+            other=0.0,
+        )
         acc += tl.sum(a * tl.exp2(m_c - m_use)[:, None], 0)
     acc = acc / tl.where(denom == 0.0, 1.0, denom)
-    tl.store(out_ptr + token.to(tl.int64) * out_stride_t + head * out_stride_h + dim,
-             acc.to(out_ptr.dtype.element_ty), mask=dim < HEAD_DIM)
+    tl.store(
+        out_ptr + token.to(tl.int64) * out_stride_t + head * out_stride_h + dim,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=dim < HEAD_DIM,
+    )
 
 
 #: Most segments :func:`num_segments_for` picks (and the reduce's per-chunk tile bound).
@@ -181,8 +263,7 @@ def num_segments_for(num_reqs: int, num_kv_heads: int, device: torch.device) -> 
     return segments
 
 
-def split_workspace_numel(num_tokens: int, num_heads: int, head_dim: int,
-                          num_segments: int) -> int:
+def split_workspace_numel(num_tokens: int, num_heads: int, head_dim: int, num_segments: int) -> int:
     """Float32 elements of the workspace of :func:`paged_attention_split`: ``m``, ``l`` and
     ``acc`` of every (token, head, segment)."""
     return num_tokens * num_heads * num_segments * (head_dim + 2)
@@ -221,29 +302,68 @@ def paged_attention_split(
     tiles = tiles or default_split_tiles(query.dtype, head_dim)
     block_q, block_m = tile_rows(tiles, group)
     if max_query_len > block_q:
-        raise ValueError(f"max_query_len={max_query_len} exceeds the {block_q} queries of one "
-                         f"split-KV tile (block_m={tiles.block_m}, {group} heads per kv head)")
-    segments = num_segments_for(num_reqs, num_kv_heads, query.device) if num_segments is None else num_segments
+        raise ValueError(
+            f"max_query_len={max_query_len} exceeds the {block_q} queries of one "
+            f"split-KV tile (block_m={tiles.block_m}, {group} heads per kv head)"
+        )
+    segments = (
+        num_segments_for(num_reqs, num_kv_heads, query.device)
+        if num_segments is None
+        else num_segments
+    )
     _check_segments(segments)
     if num_reqs == 0 or max_query_len == 0 or num_tokens == 0:
         return out
     m, l_s, acc = _workspace_views(workspace, query, segments)
     key_cache, value_cache = kv_cache[0], kv_cache[1]
     _paged_attention_split_kernel[(num_reqs, num_kv_heads, segments)](
-        m, l_s, acc, query, key_cache, value_cache, block_table, query_start_loc, seq_lens,
-        scale * _LOG2E, sliding_window or 0, query.stride(0), query.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2), block_table.stride(0),
-        NUM_HEADS=num_heads, NUM_QUERIES_PER_KV=group, GROUP_P=triton.next_power_of_2(group),
-        HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_padded(head_dim), KV_BLOCK_SIZE=kv_cache.shape[2],
-        BLOCK_M=block_m, BLOCK_N=tiles.block_n, NUM_SEGMENTS=segments,
-        USE_WINDOW=bool(sliding_window), DOT_PRECISION=dot_precision(query.dtype),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        m,
+        l_s,
+        acc,
+        query,
+        key_cache,
+        value_cache,
+        block_table,
+        query_start_loc,
+        seq_lens,
+        scale * _LOG2E,
+        sliding_window or 0,
+        query.stride(0),
+        query.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        block_table.stride(0),
+        NUM_HEADS=num_heads,
+        NUM_QUERIES_PER_KV=group,
+        GROUP_P=triton.next_power_of_2(group),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P=head_dim_padded(head_dim),
+        KV_BLOCK_SIZE=kv_cache.shape[2],
+        BLOCK_M=block_m,
+        BLOCK_N=tiles.block_n,
+        NUM_SEGMENTS=segments,
+        USE_WINDOW=bool(sliding_window),
+        DOT_PRECISION=dot_precision(query.dtype),
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
     segments_p = triton.next_power_of_2(segments)
     _reduce_segments_kernel[(num_tokens, num_heads)](
-        out, m, l_s, acc, query_start_loc, num_reqs, out.stride(0), out.stride(1),
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim, HEAD_DIM_P=head_dim_padded(head_dim),
-        NUM_SEGMENTS=segments, SEGMENTS_P=segments_p, SEGMENT_CHUNK=min(segments_p, 16),
+        out,
+        m,
+        l_s,
+        acc,
+        query_start_loc,
+        num_reqs,
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P=head_dim_padded(head_dim),
+        NUM_SEGMENTS=segments,
+        SEGMENTS_P=segments_p,
+        SEGMENT_CHUNK=min(segments_p, 16),
     )
     return out
 
@@ -254,20 +374,27 @@ def _check_segments(segments: object) -> None:
         raise ValueError(f"num_segments must be an int >= 1, got {segments!r}")
 
 
-def _workspace_views(workspace: torch.Tensor | None, query: torch.Tensor, segments: int
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _workspace_views(
+    workspace: torch.Tensor | None, query: torch.Tensor, segments: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     num_tokens, num_heads, head_dim = query.shape
     need = split_workspace_numel(num_tokens, num_heads, head_dim, segments)
     if workspace is None:
         workspace = torch.empty(need, dtype=torch.float32, device=query.device)
-    elif (workspace.dtype != torch.float32 or not workspace.is_contiguous()
-          or workspace.numel() < need or workspace.device != query.device):
-        raise ValueError(f"workspace must be a contiguous float32 tensor of >= {need} elements "
-                         f"on {query.device}, got {tuple(workspace.shape)} {workspace.dtype} "
-                         f"on {workspace.device}")
+    elif (
+        workspace.dtype != torch.float32
+        or not workspace.is_contiguous()
+        or workspace.numel() < need
+        or workspace.device != query.device
+    ):
+        raise ValueError(
+            f"workspace must be a contiguous float32 tensor of >= {need} elements "
+            f"on {query.device}, got {tuple(workspace.shape)} {workspace.dtype} "
+            f"on {workspace.device}"
+        )
     flat = workspace.view(-1)
     n = num_tokens * num_heads * segments
-    return flat[:n], flat[n:2 * n], flat[2 * n:need]
+    return flat[:n], flat[n : 2 * n], flat[2 * n : need]
 
 
 def paged_attention_split_ref(
@@ -298,18 +425,22 @@ def paged_attention_split_ref(
     out = _check_attention(query, kv_cache, query_start_loc, seq_lens, block_table, out)
     segments = 4 if num_segments is None else num_segments
     _check_segments(segments)
-    for q_start, q_end, scores, v in _request_scores_ref(query, kv_cache, query_start_loc, seq_lens, block_table,
-                                                     scale, sliding_window):
+    for q_start, q_end, scores, v in _request_scores_ref(
+        query, kv_cache, query_start_loc, seq_lens, block_table, scale, sliding_window
+    ):
         seq_len = v.shape[0]
         per = -(-seq_len // segments)
-        parts = [_segment_partial(scores[..., s:s + per], v[s:s + per])
-                 for s in range(0, seq_len, per)]
+        parts = [
+            _segment_partial(scores[..., s : s + per], v[s : s + per])
+            for s in range(0, seq_len, per)
+        ]
         out[q_start:q_end] = _merge(parts).to(out.dtype)
     return out
 
 
-def _segment_partial(scores: torch.Tensor, v: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _segment_partial(
+    scores: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m = scores.amax(-1)  # [h, q]
     p = (scores - torch.where(m.isinf(), 0.0, m)[..., None]).exp()
     return m, p.sum(-1), torch.einsum("hqk,khd->qhd", p, v)
@@ -319,9 +450,10 @@ def _merge(parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> torc
     m = torch.stack([p[0] for p in parts])  # [segments, h, q]
     top = m.amax(0)
     w = (m - torch.where(top.isinf(), 0.0, top)).exp()  # 0 for empty segments
-    num = sum(w[s].T[..., None] * parts[s][2] for s in range(len(parts)))
-    den = sum(w[s] * parts[s][1] for s in range(len(parts))).T[..., None]
-    return num / torch.where(den == 0, 1.0, den)  # type: ignore[operator]
+    # sum() starts from the int 0; parts is never empty, so both sums are tensors.
+    num = cast(torch.Tensor, sum(w[s].T[..., None] * parts[s][2] for s in range(len(parts))))
+    den = cast(torch.Tensor, sum(w[s] * parts[s][1] for s in range(len(parts)))).T[..., None]
+    return num / torch.where(den == 0, 1.0, den)
 
 
 __all__ = [

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import (
+from turnout.kernels._checks import (
     check_at_least,
     check_dtypes,
     check_flat,
@@ -24,7 +24,7 @@ from kernels._checks import (
     check_table,
     shared_stride,
 )
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._triton import require_triton, tl, triton
 
 #: Bit of a counts word that marks a token present in the prompt.
 PROMPT_BIT = 1 << 24
@@ -32,8 +32,8 @@ PROMPT_BIT = 1 << 24
 COUNT_MASK = PROMPT_BIT - 1
 
 
-@triton.jit
-def _build_penalty_counts_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _build_penalty_counts_kernel(  # type: ignore[no-untyped-def]
     idx_mapping_ptr,
     seq_lens_ptr,
     token_ids_ptr,
@@ -92,15 +92,32 @@ def build_penalty_counts(
         ValueError: dtypes, shapes or strides do not match the annotations.
     """
     require_triton()
-    stride = _check(idx_mapping, seq_lens, token_ids, num_prompt_tokens, repetition_penalty,
-                    frequency_penalty, presence_penalty, counts_out)
+    stride = _check(
+        idx_mapping,
+        seq_lens,
+        token_ids,
+        num_prompt_tokens,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
+        counts_out,
+    )
     num_reqs = idx_mapping.shape[0]
     if num_reqs == 0:
         return
     _build_penalty_counts_kernel[(num_reqs,)](
-        idx_mapping, seq_lens, token_ids, token_ids.stride(0), num_prompt_tokens,
-        repetition_penalty, frequency_penalty, presence_penalty, stride,
-        counts_out, counts_out.stride(0), BLOCK_SIZE=256,
+        idx_mapping,
+        seq_lens,
+        token_ids,
+        token_ids.stride(0),
+        num_prompt_tokens,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
+        stride,
+        counts_out,
+        counts_out.stride(0),
+        BLOCK_SIZE=256,
     )
 
 
@@ -115,11 +132,23 @@ def build_penalty_counts_ref(
     counts_out: torch.Tensor,
 ) -> None:
     """Torch reference of :func:`build_penalty_counts` (same arguments)."""
-    _check(idx_mapping, seq_lens, token_ids, num_prompt_tokens, repetition_penalty,
-           frequency_penalty, presence_penalty, counts_out)
+    _check(
+        idx_mapping,
+        seq_lens,
+        token_ids,
+        num_prompt_tokens,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
+        counts_out,
+    )
     vocab_size = counts_out.shape[1]
     for i, row in enumerate(idx_mapping.tolist()):
-        if (repetition_penalty[row] == 1) & (frequency_penalty[row] == 0) & (presence_penalty[row] == 0):
+        if (
+            (repetition_penalty[row] == 1)
+            & (frequency_penalty[row] == 0)
+            & (presence_penalty[row] == 0)
+        ):
             continue
         n_prompt, seq_len = int(num_prompt_tokens[row]), int(seq_lens[i])
         prompt = token_ids[row, :n_prompt].long()
@@ -141,15 +170,28 @@ def _check(
     counts_out: torch.Tensor,
 ) -> int:
     i32, f32 = torch.int32, torch.float32
-    check_dtypes(idx_mapping=(idx_mapping, i32), seq_lens=(seq_lens, i32), token_ids=(token_ids, i32),
-                 num_prompt_tokens=(num_prompt_tokens, i32), repetition_penalty=(repetition_penalty, f32),
-                 frequency_penalty=(frequency_penalty, f32), presence_penalty=(presence_penalty, f32),
-                 counts_out=(counts_out, i32))
+    check_dtypes(
+        idx_mapping=(idx_mapping, i32),
+        seq_lens=(seq_lens, i32),
+        token_ids=(token_ids, i32),
+        num_prompt_tokens=(num_prompt_tokens, i32),
+        repetition_penalty=(repetition_penalty, f32),
+        frequency_penalty=(frequency_penalty, f32),
+        presence_penalty=(presence_penalty, f32),
+        counts_out=(counts_out, i32),
+    )
     check_flat(idx_mapping=idx_mapping, seq_lens=seq_lens)
     check_at_least(idx_mapping.shape[0], "num_reqs", seq_lens=seq_lens)
-    stride = shared_stride("the per-row parameter columns", num_prompt_tokens, repetition_penalty,
-                           frequency_penalty, presence_penalty)
-    check_matrix("counts_out", counts_out, i32, "[num_reqs, vocab_size]", num_rows=idx_mapping.shape[0])
+    stride = shared_stride(
+        "the per-row parameter columns",
+        num_prompt_tokens,
+        repetition_penalty,
+        frequency_penalty,
+        presence_penalty,
+    )
+    check_matrix(
+        "counts_out", counts_out, i32, "[num_reqs, vocab_size]", num_rows=idx_mapping.shape[0]
+    )
     check_table("token_ids", token_ids)
     return stride
 

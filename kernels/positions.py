@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes, check_flat
-from kernels._padding import _fill_padding_tokens
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import check_at_least, check_dtypes, check_flat
+from turnout.kernels._padding import _fill_padding_tokens
+from turnout.kernels._triton import require_triton, tl, triton
 
 
 # The step's counts change every step: do_not_specialize keeps one compiled variant for all
 # of them (Triton would otherwise compile again for 1, multiples of 16 and the rest).
-@triton.jit(do_not_specialize=["num_reqs", "num_reqs_padded", "num_tokens_padded"])
-def _prepare_positions_kernel(
+@triton.jit(do_not_specialize=["num_reqs", "num_reqs_padded", "num_tokens_padded"])  # type: ignore[untyped-decorator]
+def _prepare_positions_kernel(  # type: ignore[no-untyped-def]
     idx_mapping_ptr,
     num_computed_ptr,
     num_computed_stride,
@@ -48,10 +48,14 @@ def _prepare_positions_kernel(
             tl.store(positions_ptr + tok, pos.to(tl.int64), mask=tok < end)
         tl.store(seq_lens_ptr + pid, num_computed + (end - start))
     else:
-        _fill_padding_tokens(positions_ptr, query_start_loc_ptr, num_reqs, num_tokens_padded, 0, BLOCK_SIZE)
+        _fill_padding_tokens(
+            positions_ptr, query_start_loc_ptr, num_reqs, num_tokens_padded, 0, BLOCK_SIZE
+        )
         for block_start in range(num_reqs, num_reqs_padded, BLOCK_SIZE):
             req = block_start + offs
-            tl.store(seq_lens_ptr + req, tl.zeros([BLOCK_SIZE], tl.int32), mask=req < num_reqs_padded)
+            tl.store(
+                seq_lens_ptr + req, tl.zeros([BLOCK_SIZE], tl.int32), mask=req < num_reqs_padded
+            )
 
 
 def prepare_positions(
@@ -115,14 +119,24 @@ def _check(
     seq_lens_out: torch.Tensor,
 ) -> None:
     i32 = torch.int32
-    check_dtypes(idx_mapping=(idx_mapping, i32), num_computed=(num_computed, i32),
-                 query_start_loc=(query_start_loc, i32), positions_out=(positions_out, torch.int64),
-                 seq_lens_out=(seq_lens_out, i32))
-    check_flat(idx_mapping=idx_mapping, query_start_loc=query_start_loc, positions_out=positions_out,
-               seq_lens_out=seq_lens_out)
+    check_dtypes(
+        idx_mapping=(idx_mapping, i32),
+        num_computed=(num_computed, i32),
+        query_start_loc=(query_start_loc, i32),
+        positions_out=(positions_out, torch.int64),
+        seq_lens_out=(seq_lens_out, i32),
+    )
+    check_flat(
+        idx_mapping=idx_mapping,
+        query_start_loc=query_start_loc,
+        positions_out=positions_out,
+        seq_lens_out=seq_lens_out,
+    )
     check_at_least(num_reqs, "num_reqs", idx_mapping=idx_mapping, seq_lens_out=seq_lens_out)
     if query_start_loc.shape[0] != seq_lens_out.shape[0] + 1:
-        raise ValueError("query_start_loc must have num_reqs_padded + 1 entries (seq_lens_out has num_reqs_padded)")
+        raise ValueError(
+            "query_start_loc must have num_reqs_padded + 1 entries (seq_lens_out has num_reqs_padded)"
+        )
 
 
 __all__ = ["prepare_positions", "prepare_positions_ref"]

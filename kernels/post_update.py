@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes, check_flat, check_table
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import check_at_least, check_dtypes, check_flat, check_table
+from turnout.kernels._triton import require_triton, tl, triton
 
 
 # The step's counts change every step: do_not_specialize keeps one compiled variant for all
 # of them (Triton would otherwise compile again for 1, multiples of 16 and the rest).
-@triton.jit(do_not_specialize=["num_reqs"])
-def _post_update_kernel(
+@triton.jit(do_not_specialize=["num_reqs"])  # type: ignore[untyped-decorator]
+def _post_update_kernel(  # type: ignore[no-untyped-def]
     idx_mapping_ptr,
     num_scheduled_ptr,
     seq_lens_ptr,
@@ -54,7 +54,11 @@ def _post_update_kernel(
     samples = mask & (seq_len >= num_tokens)
     # A token sampled at position max_model_len finishes its request (length cap) and has no
     # cell in the table.
-    tl.store(token_ids_ptr + row * token_ids_stride + num_tokens, sampled, mask=samples & (num_tokens < max_model_len))
+    tl.store(
+        token_ids_ptr + row * token_ids_stride + num_tokens,
+        sampled,
+        mask=samples & (num_tokens < max_model_len),
+    )
     tl.store(num_tokens_ptr + row * num_tokens_stride, num_tokens + 1, mask=samples)
     tl.store(last_sampled_ptr + row * last_sampled_stride, sampled, mask=samples)
 
@@ -77,7 +81,17 @@ def post_update(
         ValueError: dtypes or shapes do not match the annotations.
     """
     require_triton()
-    _check(idx_mapping, num_scheduled, seq_lens, sampled, num_computed, num_tokens, last_sampled, token_ids, num_reqs)
+    _check(
+        idx_mapping,
+        num_scheduled,
+        seq_lens,
+        sampled,
+        num_computed,
+        num_tokens,
+        last_sampled,
+        token_ids,
+        num_reqs,
+    )
     if num_reqs == 0:
         return
     block_size = 128
@@ -112,7 +126,17 @@ def post_update_ref(
     num_reqs: int,
 ) -> None:
     """Torch reference of :func:`post_update` (same arguments)."""
-    _check(idx_mapping, num_scheduled, seq_lens, sampled, num_computed, num_tokens, last_sampled, token_ids, num_reqs)
+    _check(
+        idx_mapping,
+        num_scheduled,
+        seq_lens,
+        sampled,
+        num_computed,
+        num_tokens,
+        last_sampled,
+        token_ids,
+        num_reqs,
+    )
     rows = idx_mapping[:num_reqs].long()
     n = num_tokens[rows]
     samples = seq_lens[:num_reqs] >= n
@@ -136,13 +160,28 @@ def _check(
     num_reqs: int,
 ) -> None:
     i32 = torch.int32
-    check_dtypes(idx_mapping=(idx_mapping, i32), num_scheduled=(num_scheduled, i32), seq_lens=(seq_lens, i32),
-                 sampled=(sampled, i32), num_computed=(num_computed, i32), num_tokens=(num_tokens, i32),
-                 last_sampled=(last_sampled, i32), token_ids=(token_ids, i32))
+    check_dtypes(
+        idx_mapping=(idx_mapping, i32),
+        num_scheduled=(num_scheduled, i32),
+        seq_lens=(seq_lens, i32),
+        sampled=(sampled, i32),
+        num_computed=(num_computed, i32),
+        num_tokens=(num_tokens, i32),
+        last_sampled=(last_sampled, i32),
+        token_ids=(token_ids, i32),
+    )
     check_table("token_ids", token_ids)
-    check_flat(idx_mapping=idx_mapping, num_scheduled=num_scheduled, seq_lens=seq_lens, sampled=sampled)
-    check_at_least(num_reqs, "num_reqs", idx_mapping=idx_mapping, num_scheduled=num_scheduled, seq_lens=seq_lens,
-                   sampled=sampled)
+    check_flat(
+        idx_mapping=idx_mapping, num_scheduled=num_scheduled, seq_lens=seq_lens, sampled=sampled
+    )
+    check_at_least(
+        num_reqs,
+        "num_reqs",
+        idx_mapping=idx_mapping,
+        num_scheduled=num_scheduled,
+        seq_lens=seq_lens,
+        sampled=sampled,
+    )
 
 
 __all__ = ["post_update", "post_update_ref"]

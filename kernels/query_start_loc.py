@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes, check_flat
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import check_at_least, check_dtypes, check_flat
+from turnout.kernels._triton import require_triton, tl, triton
 
 
 # The step's counts change every step: do_not_specialize keeps one compiled variant for all
 # of them (Triton would otherwise compile again for 1, multiples of 16 and the rest).
-@triton.jit(do_not_specialize=["num_reqs", "num_reqs_padded"])
-def _prepare_query_start_loc_kernel(
+@triton.jit(do_not_specialize=["num_reqs", "num_reqs_padded"])  # type: ignore[untyped-decorator]
+def _prepare_query_start_loc_kernel(  # type: ignore[no-untyped-def]
     num_scheduled_ptr,
     query_start_loc_ptr,
     num_reqs,
@@ -69,7 +69,9 @@ def _check(num_scheduled: torch.Tensor, num_reqs: int, out: torch.Tensor) -> int
     check_dtypes(num_scheduled=(num_scheduled, torch.int32), query_start_loc_out=(out, torch.int32))
     check_flat(num_scheduled=num_scheduled, query_start_loc_out=out)
     check_at_least(num_reqs, "num_reqs", num_scheduled=num_scheduled)
-    check_at_least(num_reqs + 1, "num_reqs + 1", query_start_loc_out=out)  # num_reqs_padded + 1 entries
+    check_at_least(
+        num_reqs + 1, "num_reqs + 1", query_start_loc_out=out
+    )  # num_reqs_padded + 1 entries
     return out.shape[0] - 1
 
 

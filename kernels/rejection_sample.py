@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes, check_flat, check_matrix
-from kernels._select import _argmax_update, vocab_block_size
-from kernels._triton import require_triton, tl, triton
-from kernels.gumbel_noise import (
+from turnout.kernels._checks import check_at_least, check_dtypes, check_flat, check_matrix
+from turnout.kernels._select import _argmax_update, vocab_block_size
+from turnout.kernels._triton import require_triton, tl, triton
+from turnout.kernels.gumbel_noise import (
     ACCEPT_DRAW,
     RESIDUAL_STREAM,
     _gumbel_from_hash,
@@ -42,9 +42,16 @@ from kernels.gumbel_noise import (
 )
 
 
-@triton.jit
-def _residual_sample(target_row, draft_row, draft_token, row_h, vocab_size,
-                     HAS_DRAFT_PROBS: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]
+def _residual_sample(  # type: ignore[no-untyped-def]
+    target_row,
+    draft_row,
+    draft_token,
+    row_h,
+    vocab_size,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
     # argmax over tokens of log(max(p - q, 0)) + Gumbel noise: a draw from norm(max(p - q, 0));
     # -inf when the residual is empty (p == q: a rejection then only comes from rounding).
     offs = tl.arange(0, BLOCK_SIZE)
@@ -59,21 +66,43 @@ def _residual_sample(target_row, draft_row, draft_token, row_h, vocab_size,
         else:
             q = tl.where(tok == draft_token, 1.0, 0.0)
         r = tl.maximum(p - q, 0.0)
-        v = tl.where(mask & (r > 0.0), tl.log(tl.where(r > 0.0, r, 1.0)) + _gumbel_from_hash(row_h, tok),
-                     float("-inf"))
+        v = tl.where(
+            mask & (r > 0.0),
+            tl.log(tl.where(r > 0.0, r, 1.0)) + _gumbel_from_hash(row_h, tok),
+            float("-inf"),
+        )
         best_val, best_idx = _argmax_update(v, tok, best_val, best_idx)
     return best_val, best_idx
 
 
-@triton.jit
-def _rejection_sample_kernel(
-    cu_num_rows_ptr, idx_mapping_ptr, num_drafts_ptr, drafts_ptr, drafts_stride,
-    target_sampled_ptr, row_positions_ptr, target_probs_ptr, target_probs_stride,
-    draft_probs_ptr, draft_probs_stride_req, draft_probs_stride_draft,
-    temperature_ptr, temperature_stride, seed_ptr, seed_stride,
-    out_ptr, out_stride, num_sampled_ptr, vocab_size,
-    MAX_DRAFTS: tl.constexpr, OUT_BLOCK: tl.constexpr, HAS_PROBS: tl.constexpr,
-    HAS_DRAFT_PROBS: tl.constexpr, ACCEPT: tl.constexpr, RESIDUAL: tl.constexpr,
+@triton.jit  # type: ignore[untyped-decorator]
+def _rejection_sample_kernel(  # type: ignore[no-untyped-def]
+    cu_num_rows_ptr,
+    idx_mapping_ptr,
+    num_drafts_ptr,
+    drafts_ptr,
+    drafts_stride,
+    target_sampled_ptr,
+    row_positions_ptr,
+    target_probs_ptr,
+    target_probs_stride,
+    draft_probs_ptr,
+    draft_probs_stride_req,
+    draft_probs_stride_draft,
+    temperature_ptr,
+    temperature_stride,
+    seed_ptr,
+    seed_stride,
+    out_ptr,
+    out_stride,
+    num_sampled_ptr,
+    vocab_size,
+    MAX_DRAFTS: tl.constexpr,
+    OUT_BLOCK: tl.constexpr,
+    HAS_PROBS: tl.constexpr,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    ACCEPT: tl.constexpr,
+    RESIDUAL: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
     i = tl.program_id(0)
@@ -108,8 +137,15 @@ def _rejection_sample_kernel(
                 if greedy:
                     final = tl.load(target_sampled_ptr + rr)
                 else:
-                    val, idx = _residual_sample(target_row, draft_row, d, _row_hash(seed, pos + RESIDUAL),
-                                                vocab_size, HAS_DRAFT_PROBS, BLOCK_SIZE)
+                    val, idx = _residual_sample(
+                        target_row,
+                        draft_row,
+                        d,
+                        _row_hash(seed, pos + RESIDUAL),
+                        vocab_size,
+                        HAS_DRAFT_PROBS,
+                        BLOCK_SIZE,
+                    )
                     final = tl.where(val > float("-inf"), idx, tl.load(target_sampled_ptr + rr))
     j = tl.arange(0, OUT_BLOCK)
     drafts = tl.load(drafts_ptr + i * drafts_stride + j, mask=j < MAX_DRAFTS, other=-1)
@@ -126,7 +162,8 @@ def rejection_sample(
     target_sampled: torch.Tensor,  # [num_rows] int32: argmax (greedy) or the sampler's draw per row
     row_positions: torch.Tensor,  # [num_rows] int32: the position each target row decides
     target_probs: torch.Tensor | None,  # [num_rows, vocab_size] float32; None: every row greedy
-    draft_probs: torch.Tensor | None,  # [num_reqs, max_num_drafts, vocab_size] float32; None: one-hot
+    draft_probs: torch.Tensor
+    | None,  # [num_reqs, max_num_drafts, vocab_size] float32; None: one-hot
     temperature: torch.Tensor,  # [max_num_seqs] float32 (any stride), 0 = greedy
     seed: torch.Tensor,  # [max_num_seqs] int64 (any stride)
     output_token_ids: torch.Tensor,  # [num_reqs, max_num_drafts + 1] int32, written
@@ -140,23 +177,57 @@ def rejection_sample(
         ValueError: dtypes, shapes or strides do not match the annotations.
     """
     require_triton()
-    _check(cu_num_rows, idx_mapping, num_drafts, draft_token_ids, target_sampled, row_positions,
-           target_probs, draft_probs, temperature, seed, output_token_ids, num_sampled)
+    _check(
+        cu_num_rows,
+        idx_mapping,
+        num_drafts,
+        draft_token_ids,
+        target_sampled,
+        row_positions,
+        target_probs,
+        draft_probs,
+        temperature,
+        seed,
+        output_token_ids,
+        num_sampled,
+    )
     num_reqs, max_drafts = draft_token_ids.shape
     if num_reqs == 0:
         return
     vocab_size = target_probs.shape[1] if target_probs is not None else 1
-    probs = target_probs if target_probs is not None else target_sampled  # never read without HAS_PROBS
+    probs = (
+        target_probs if target_probs is not None else target_sampled
+    )  # never read without HAS_PROBS
     dprobs = draft_probs if draft_probs is not None else probs
     dstride = (dprobs.stride(0), dprobs.stride(1)) if draft_probs is not None else (0, 0)
     _rejection_sample_kernel[(num_reqs,)](
-        cu_num_rows, idx_mapping, num_drafts, draft_token_ids, draft_token_ids.stride(0),
-        target_sampled, row_positions, probs, probs.stride(0), dprobs, dstride[0], dstride[1],
-        temperature, temperature.stride(0), seed, seed.stride(0),
-        output_token_ids, output_token_ids.stride(0), num_sampled, vocab_size,
-        MAX_DRAFTS=max_drafts, OUT_BLOCK=triton.next_power_of_2(max_drafts + 1),
-        HAS_PROBS=target_probs is not None, HAS_DRAFT_PROBS=draft_probs is not None,
-        ACCEPT=ACCEPT_DRAW, RESIDUAL=RESIDUAL_STREAM, BLOCK_SIZE=vocab_block_size(vocab_size, draft_token_ids.device),
+        cu_num_rows,
+        idx_mapping,
+        num_drafts,
+        draft_token_ids,
+        draft_token_ids.stride(0),
+        target_sampled,
+        row_positions,
+        probs,
+        probs.stride(0),
+        dprobs,
+        dstride[0],
+        dstride[1],
+        temperature,
+        temperature.stride(0),
+        seed,
+        seed.stride(0),
+        output_token_ids,
+        output_token_ids.stride(0),
+        num_sampled,
+        vocab_size,
+        MAX_DRAFTS=max_drafts,
+        OUT_BLOCK=triton.next_power_of_2(max_drafts + 1),
+        HAS_PROBS=target_probs is not None,
+        HAS_DRAFT_PROBS=draft_probs is not None,
+        ACCEPT=ACCEPT_DRAW,
+        RESIDUAL=RESIDUAL_STREAM,
+        BLOCK_SIZE=vocab_block_size(vocab_size, draft_token_ids.device),
     )
 
 
@@ -175,8 +246,20 @@ def rejection_sample_ref(
     num_sampled: torch.Tensor,
 ) -> None:
     """Torch reference of :func:`rejection_sample` (same arguments; one request at a time)."""
-    _check(cu_num_rows, idx_mapping, num_drafts, draft_token_ids, target_sampled, row_positions,
-           target_probs, draft_probs, temperature, seed, output_token_ids, num_sampled)
+    _check(
+        cu_num_rows,
+        idx_mapping,
+        num_drafts,
+        draft_token_ids,
+        target_sampled,
+        row_positions,
+        target_probs,
+        draft_probs,
+        temperature,
+        seed,
+        output_token_ids,
+        num_sampled,
+    )
     output_token_ids.fill_(-1)
     for i, row in enumerate(idx_mapping.tolist()):
         r0, nd = int(cu_num_rows[i]), int(num_drafts[i])
@@ -192,12 +275,23 @@ def rejection_sample_ref(
                 final = int(target_sampled[rr])
                 break
             assert target_probs is not None
-            if _accepts(target_probs[rr], None if draft_probs is None else draft_probs[i, j], d,
-                        seed[row : row + 1], int(row_positions[rr])):
+            if _accepts(
+                target_probs[rr],
+                None if draft_probs is None else draft_probs[i, j],
+                d,
+                seed[row : row + 1],
+                int(row_positions[rr]),
+            ):
                 accepted += 1
                 continue
-            final = _residual_ref(target_probs[rr], None if draft_probs is None else draft_probs[i, j], d,
-                                  seed[row : row + 1], int(row_positions[rr]), int(target_sampled[rr]))
+            final = _residual_ref(
+                target_probs[rr],
+                None if draft_probs is None else draft_probs[i, j],
+                d,
+                seed[row : row + 1],
+                int(row_positions[rr]),
+                int(target_sampled[rr]),
+            )
             break
         output_token_ids[i, :accepted] = draft_token_ids[i, :accepted]
         output_token_ids[i, accepted] = final
@@ -206,13 +300,16 @@ def rejection_sample_ref(
 
 def _accepts(p: torch.Tensor, q: torch.Tensor | None, d: int, seed: torch.Tensor, pos: int) -> bool:
     positions = torch.tensor([pos], dtype=torch.int64, device=p.device)
-    u = uniform_noise_ref(seed, positions, torch.tensor([[ACCEPT_DRAW]], dtype=torch.int64, device=p.device))
+    u = uniform_noise_ref(
+        seed, positions, torch.tensor([[ACCEPT_DRAW]], dtype=torch.int64, device=p.device)
+    )
     qd = float(q[d]) if q is not None else 1.0
     return bool(u[0, 0] * qd < p[d])
 
 
-def _residual_ref(p: torch.Tensor, q: torch.Tensor | None, d: int, seed: torch.Tensor, pos: int,
-                  fallback: int) -> int:
+def _residual_ref(
+    p: torch.Tensor, q: torch.Tensor | None, d: int, seed: torch.Tensor, pos: int, fallback: int
+) -> int:
     if q is None:
         q = torch.zeros_like(p)
         q[d] = 1.0
@@ -223,32 +320,79 @@ def _residual_ref(p: torch.Tensor, q: torch.Tensor | None, d: int, seed: torch.T
     return int(torch.argmax(v)) if bool((r > 0).any()) else fallback
 
 
-def _check(cu_num_rows: torch.Tensor, idx_mapping: torch.Tensor, num_drafts: torch.Tensor,
-           draft_token_ids: torch.Tensor, target_sampled: torch.Tensor, row_positions: torch.Tensor,
-           target_probs: torch.Tensor | None, draft_probs: torch.Tensor | None, temperature: torch.Tensor,
-           seed: torch.Tensor, output_token_ids: torch.Tensor, num_sampled: torch.Tensor) -> None:
+def _check(
+    cu_num_rows: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    num_drafts: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_sampled: torch.Tensor,
+    row_positions: torch.Tensor,
+    target_probs: torch.Tensor | None,
+    draft_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    output_token_ids: torch.Tensor,
+    num_sampled: torch.Tensor,
+) -> None:
     i32 = torch.int32
-    check_dtypes(cu_num_rows=(cu_num_rows, i32), idx_mapping=(idx_mapping, i32), num_drafts=(num_drafts, i32),
-                 target_sampled=(target_sampled, i32), row_positions=(row_positions, i32),
-                 temperature=(temperature, torch.float32), seed=(seed, torch.int64), num_sampled=(num_sampled, i32))
-    check_flat(cu_num_rows=cu_num_rows, idx_mapping=idx_mapping, num_drafts=num_drafts,
-               target_sampled=target_sampled, row_positions=row_positions, num_sampled=num_sampled)
+    check_dtypes(
+        cu_num_rows=(cu_num_rows, i32),
+        idx_mapping=(idx_mapping, i32),
+        num_drafts=(num_drafts, i32),
+        target_sampled=(target_sampled, i32),
+        row_positions=(row_positions, i32),
+        temperature=(temperature, torch.float32),
+        seed=(seed, torch.int64),
+        num_sampled=(num_sampled, i32),
+    )
+    check_flat(
+        cu_num_rows=cu_num_rows,
+        idx_mapping=idx_mapping,
+        num_drafts=num_drafts,
+        target_sampled=target_sampled,
+        row_positions=row_positions,
+        num_sampled=num_sampled,
+    )
     check_matrix("draft_token_ids", draft_token_ids, i32, "[num_reqs, max_num_drafts]")
     num_reqs, max_drafts = draft_token_ids.shape
-    check_matrix("output_token_ids", output_token_ids, i32, "[num_reqs, max_num_drafts + 1]", num_reqs,
-                 max_drafts + 1)
-    check_at_least(num_reqs, "num_reqs", idx_mapping=idx_mapping, num_drafts=num_drafts, num_sampled=num_sampled)
+    check_matrix(
+        "output_token_ids",
+        output_token_ids,
+        i32,
+        "[num_reqs, max_num_drafts + 1]",
+        num_reqs,
+        max_drafts + 1,
+    )
+    check_at_least(
+        num_reqs,
+        "num_reqs",
+        idx_mapping=idx_mapping,
+        num_drafts=num_drafts,
+        num_sampled=num_sampled,
+    )
     check_at_least(num_reqs + 1, "num_reqs + 1", cu_num_rows=cu_num_rows)
     check_at_least(target_sampled.shape[0], "num_rows", row_positions=row_positions)
     if target_probs is not None:
-        check_matrix("target_probs", target_probs, torch.float32, "[num_rows, vocab_size]", target_sampled.shape[0])
+        check_matrix(
+            "target_probs",
+            target_probs,
+            torch.float32,
+            "[num_rows, vocab_size]",
+            target_sampled.shape[0],
+        )
     if draft_probs is not None:
         if target_probs is None:
             raise ValueError("draft_probs need target_probs: only sampled rows read them")
         shape = (num_reqs, max_drafts, target_probs.shape[1])
-        if draft_probs.dtype != torch.float32 or tuple(draft_probs.shape) != shape or draft_probs.stride(2) != 1:
-            raise ValueError(f"draft_probs must be {list(shape)} float32 with unit inner stride, got "
-                             f"{tuple(draft_probs.shape)} {draft_probs.dtype}, strides {draft_probs.stride()}")
+        if (
+            draft_probs.dtype != torch.float32
+            or tuple(draft_probs.shape) != shape
+            or draft_probs.stride(2) != 1
+        ):
+            raise ValueError(
+                f"draft_probs must be {list(shape)} float32 with unit inner stride, got "
+                f"{tuple(draft_probs.shape)} {draft_probs.dtype}, strides {draft_probs.stride()}"
+            )
 
 
 __all__ = ["rejection_sample", "rejection_sample_ref"]

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import dtype_name
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import dtype_name
+from turnout.kernels._triton import require_triton, tl, triton
 
 
-@triton.jit
-def _rms_norm_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _rms_norm_kernel(  # type: ignore[no-untyped-def]
     x_ptr,
     x_stride_t,
     x_stride_h,
@@ -49,7 +49,7 @@ def _rms_norm_kernel(
     if HAS_RESIDUAL:
         # HF adds in the model dtype: round the sum before normalising it, and keep it.
         res_ptrs = residual_ptr + tok * residual_stride_t + offs
-        summed = (x.to(tl.float32) + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32))
+        summed = x.to(tl.float32) + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
         x = summed.to(x.dtype)
         tl.store(res_ptrs, x, mask=mask)
     h = x.to(tl.float32)
@@ -80,9 +80,16 @@ def rms_norm(
     if num_tokens == 0:
         return out
     _rms_norm_kernel[(num_tokens * num_heads,)](
-        x3, x3.stride(0), x3.stride(1),
-        residual if residual is not None else x3, residual.stride(0) if residual is not None else 0,
-        weight, out, num_heads, hidden, eps,
+        x3,
+        x3.stride(0),
+        x3.stride(1),
+        residual if residual is not None else x3,
+        residual.stride(0) if residual is not None else 0,
+        weight,
+        out,
+        num_heads,
+        hidden,
+        eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK_SIZE=triton.next_power_of_2(hidden),
         num_warps=_num_warps(hidden),
@@ -108,25 +115,34 @@ def rms_norm_ref(
 
 def _num_warps(hidden: int) -> int:
     # One warp per 256 elements of the row, 1..8 (a 1,024-wide row: 4 warps).
-    return max(1, min(8, triton.next_power_of_2(hidden) // 256))
+    warps: int = max(1, min(8, triton.next_power_of_2(hidden) // 256))
+    return warps
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
     if x.dim() not in (2, 3):
-        raise ValueError(f"x must be [num_tokens, hidden] or [num_tokens, num_heads, head_dim], "
-                         f"got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"x must be [num_tokens, hidden] or [num_tokens, num_heads, head_dim], "
+            f"got shape {tuple(x.shape)}"
+        )
     x3 = x.unsqueeze(1) if x.dim() == 2 else x
     if x3.shape[-1] and x3.stride(-1) != 1:
         raise ValueError(f"x must have unit stride on its last dimension, got strides {x.stride()}")
     if weight.shape != (x3.shape[-1],) or weight.dtype != x.dtype:
-        raise ValueError(f"weight must be [{x3.shape[-1]}] {dtype_name(x.dtype)}, got "
-                         f"{list(weight.shape)} {dtype_name(weight.dtype)}")
+        raise ValueError(
+            f"weight must be [{x3.shape[-1]}] {dtype_name(x.dtype)}, got "
+            f"{list(weight.shape)} {dtype_name(weight.dtype)}"
+        )
     if residual is not None:
         if x.dim() != 2 or residual.shape != x.shape or residual.dtype != x.dtype:
-            raise ValueError(f"residual must match x ([num_tokens, hidden] {dtype_name(x.dtype)}), "
-                             f"got {list(residual.shape)} {dtype_name(residual.dtype)}")
+            raise ValueError(
+                f"residual must match x ([num_tokens, hidden] {dtype_name(x.dtype)}), "
+                f"got {list(residual.shape)} {dtype_name(residual.dtype)}"
+            )
         if residual.shape[-1] and residual.stride(-1) != 1:
-            raise ValueError(f"residual must have unit stride on its last dimension, got {residual.stride()}")
+            raise ValueError(
+                f"residual must have unit stride on its last dimension, got {residual.stride()}"
+            )
     return x3
 
 

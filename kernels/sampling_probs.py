@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_at_least, check_dtypes, check_flat, check_matrix
-from kernels._select import _float_key, vocab_block_size
-from kernels._triton import require_triton, tl, triton
-from kernels.gumbel_sample import (
+from turnout.kernels._checks import check_at_least, check_dtypes, check_flat, check_matrix
+from turnout.kernels._select import _float_key, vocab_block_size
+from turnout.kernels._triton import require_triton, tl, triton
+from turnout.kernels.gumbel_sample import (
     SamplingTables,
     _apply_penalties_ref,
     _kept_threshold,
@@ -29,13 +29,31 @@ from kernels.gumbel_sample import (
 )
 
 
-@triton.jit
-def _compute_probs_kernel(
-    logits_ptr, logits_stride, idx_mapping_ptr, positions_ptr,
-    temperature_ptr, top_k_ptr, top_p_ptr, rep_ptr, freq_ptr, pres_ptr, min_tokens_ptr,
-    num_prompt_ptr, params_stride, stop_ptr, stop_stride, counts_ptr, counts_stride,
-    probs_ptr, probs_stride, vocab_size,
-    HAS_COUNTS: tl.constexpr, MAX_STOP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+@triton.jit  # type: ignore[untyped-decorator]
+def _compute_probs_kernel(  # type: ignore[no-untyped-def]
+    logits_ptr,
+    logits_stride,
+    idx_mapping_ptr,
+    positions_ptr,
+    temperature_ptr,
+    top_k_ptr,
+    top_p_ptr,
+    rep_ptr,
+    freq_ptr,
+    pres_ptr,
+    min_tokens_ptr,
+    num_prompt_ptr,
+    params_stride,
+    stop_ptr,
+    stop_stride,
+    counts_ptr,
+    counts_stride,
+    probs_ptr,
+    probs_stride,
+    vocab_size,
+    HAS_COUNTS: tl.constexpr,
+    MAX_STOP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
 ):
     i = tl.program_id(0)
     row = tl.load(idx_mapping_ptr + i).to(tl.int64)
@@ -51,33 +69,87 @@ def _compute_probs_kernel(
         counts_row = counts_ptr + i.to(tl.int64) * counts_stride
         stop_row = stop_ptr + row * stop_stride
         probs_row = probs_ptr + i.to(tl.int64) * probs_stride
-        threshold = _kept_threshold(logits_row, counts_row, stop_row, rep, freq, pres, mask_stop,
-                                    temperature, tl.load(top_k_ptr + p), tl.load(top_p_ptr + p),
-                                    vocab_size, HAS_COUNTS, MAX_STOP, BLOCK_SIZE)
+        threshold = _kept_threshold(
+            logits_row,
+            counts_row,
+            stop_row,
+            rep,
+            freq,
+            pres,
+            mask_stop,
+            temperature,
+            tl.load(top_k_ptr + p),
+            tl.load(top_p_ptr + p),
+            vocab_size,
+            HAS_COUNTS,
+            MAX_STOP,
+            BLOCK_SIZE,
+        )
         offs = tl.arange(0, BLOCK_SIZE)
         m = tl.full([], float("-inf"), tl.float32)
         for start in range(0, vocab_size, BLOCK_SIZE):
             tok = start + offs
             mask = tok < vocab_size
-            x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq, pres,
-                                  mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+            x = _processed_logits(
+                logits_row,
+                counts_row,
+                stop_row,
+                tok,
+                mask,
+                rep,
+                freq,
+                pres,
+                mask_stop,
+                temperature,
+                HAS_COUNTS,
+                MAX_STOP,
+                True,
+            )
             x = tl.where(mask & (_float_key(x) >= threshold), x, float("-inf"))
             m = tl.maximum(m, tl.max(x, axis=0))
         z = tl.full([], 0.0, tl.float32)
         for start in range(0, vocab_size, BLOCK_SIZE):
             tok = start + offs
             mask = tok < vocab_size
-            x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq, pres,
-                                  mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+            x = _processed_logits(
+                logits_row,
+                counts_row,
+                stop_row,
+                tok,
+                mask,
+                rep,
+                freq,
+                pres,
+                mask_stop,
+                temperature,
+                HAS_COUNTS,
+                MAX_STOP,
+                True,
+            )
             kept = mask & (_float_key(x) >= threshold)
             z += tl.sum(tl.where(kept, tl.exp(x - m), 0.0), axis=0)
         for start in range(0, vocab_size, BLOCK_SIZE):
             tok = start + offs
             mask = tok < vocab_size
-            x = _processed_logits(logits_row, counts_row, stop_row, tok, mask, rep, freq, pres,
-                                  mask_stop, temperature, HAS_COUNTS, MAX_STOP, True)
+            x = _processed_logits(
+                logits_row,
+                counts_row,
+                stop_row,
+                tok,
+                mask,
+                rep,
+                freq,
+                pres,
+                mask_stop,
+                temperature,
+                HAS_COUNTS,
+                MAX_STOP,
+                True,
+            )
             kept = mask & (_float_key(x) >= threshold)
-            tl.store(probs_row + tok, tl.where(kept, tl.math.div_rn(tl.exp(x - m), z), 0.0), mask=mask)
+            tl.store(
+                probs_row + tok, tl.where(kept, tl.math.div_rn(tl.exp(x - m), z), 0.0), mask=mask
+            )
 
 
 def compute_probs(
@@ -101,13 +173,30 @@ def compute_probs(
         return
     counts_arg = counts if counts is not None else logits  # never read without HAS_COUNTS
     _compute_probs_kernel[(num_rows,)](
-        logits, logits.stride(0), idx_mapping, positions,
-        tables.temperature, tables.top_k, tables.top_p, tables.repetition_penalty,
-        tables.frequency_penalty, tables.presence_penalty, tables.min_tokens,
-        tables.num_prompt_tokens, params_stride, tables.stop_token_ids, tables.stop_token_ids.stride(0),
-        counts_arg, counts_arg.stride(0), probs_out, probs_out.stride(0), vocab_size,
-        HAS_COUNTS=counts is not None, MAX_STOP=tables.stop_token_ids.shape[1],
-        BLOCK_SIZE=vocab_block_size(vocab_size, logits.device), enable_fp_fusion=False,
+        logits,
+        logits.stride(0),
+        idx_mapping,
+        positions,
+        tables.temperature,
+        tables.top_k,
+        tables.top_p,
+        tables.repetition_penalty,
+        tables.frequency_penalty,
+        tables.presence_penalty,
+        tables.min_tokens,
+        tables.num_prompt_tokens,
+        params_stride,
+        tables.stop_token_ids,
+        tables.stop_token_ids.stride(0),
+        counts_arg,
+        counts_arg.stride(0),
+        probs_out,
+        probs_out.stride(0),
+        vocab_size,
+        HAS_COUNTS=counts is not None,
+        MAX_STOP=tables.stop_token_ids.shape[1],
+        BLOCK_SIZE=vocab_block_size(vocab_size, logits.device),
+        enable_fp_fusion=False,
     )
 
 
@@ -137,17 +226,34 @@ def compute_probs_ref(
         probs_out[i] = torch.softmax(x, dim=0)
 
 
-def _check(logits: torch.Tensor, idx_mapping: torch.Tensor, positions: torch.Tensor,
-           tables: SamplingTables, counts: torch.Tensor | None, probs_out: torch.Tensor) -> int:
+def _check(
+    logits: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    positions: torch.Tensor,
+    tables: SamplingTables,
+    counts: torch.Tensor | None,
+    probs_out: torch.Tensor,
+) -> int:
     params_stride = tables.check()
     check_matrix("logits", logits, torch.float32, "[num_rows, vocab_size]")
-    check_matrix("probs_out", probs_out, torch.float32, "[num_rows, vocab_size] (the shape of logits)",
-                 *logits.shape)
+    check_matrix(
+        "probs_out",
+        probs_out,
+        torch.float32,
+        "[num_rows, vocab_size] (the shape of logits)",
+        *logits.shape,
+    )
     check_dtypes(idx_mapping=(idx_mapping, torch.int32), positions=(positions, torch.int32))
     check_flat(idx_mapping=idx_mapping, positions=positions)
     check_at_least(logits.shape[0], "num_rows", idx_mapping=idx_mapping, positions=positions)
     if counts is not None:
-        check_matrix("counts", counts, torch.int32, "[num_rows, vocab_size] (the shape of logits)", *logits.shape)
+        check_matrix(
+            "counts",
+            counts,
+            torch.int32,
+            "[num_rows, vocab_size] (the shape of logits)",
+            *logits.shape,
+        )
     return params_stride
 
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels._checks import (
+from turnout.kernels._checks import (
     check_dtypes,
     check_flat,
     check_matrix,
@@ -50,8 +50,8 @@ from kernels._checks import (
     check_vector,
     dtype_name,
 )
-from kernels._triton import require_triton, tl, triton
-from kernels.causal_conv1d import PAD_SLOT_ID
+from turnout.kernels._triton import require_triton, tl, triton
+from turnout.kernels.causal_conv1d import PAD_SLOT_ID
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _BLOCK_D_UPDATE = 64
@@ -77,7 +77,7 @@ class ScanBlockConfig:
 
 
 @triton.jit
-def _softplus(x):
+def _softplus(x):  # type: ignore[no-untyped-def]
     # torch's softplus (threshold 20): log1p(exp(x)), with log1p(u) = u * log(1 + u) / ((1 + u) - 1)
     # (Goldberg 1991) so that exp(x) below float32's epsilon is not lost against the 1.
     u = tl.exp(x)
@@ -87,12 +87,25 @@ def _softplus(x):
     return tl.where(x > 20.0, x, log1p)
 
 
-@triton.jit
-def _channel_params(A_ptr, D_ptr, dt_bias_ptr, A_stride_d, d, n, d_mask, dn_mask,
-                    HAS_D: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]
+def _channel_params(  # type: ignore[no-untyped-def]
+    A_ptr,
+    D_ptr,
+    dt_bias_ptr,
+    A_stride_d,
+    d,
+    n,
+    d_mask,
+    dn_mask,
+    HAS_D: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+):
     # Per-channel constants: A2 = A * log2(e) [BLOCK_D, D_STATE_P] (exp(delta A) is computed as
     # exp2(delta A2)), dt_bias and D [BLOCK_D] (zeros when absent).
-    A2 = tl.load(A_ptr + d[:, None] * A_stride_d + n[None, :], mask=dn_mask, other=0.0) * 1.4426950408889634
+    A2 = (
+        tl.load(A_ptr + d[:, None] * A_stride_d + n[None, :], mask=dn_mask, other=0.0)
+        * 1.4426950408889634
+    )
     dt_bias = tl.zeros(d.shape, dtype=tl.float32)
     if HAS_DT_BIAS:
         dt_bias = tl.load(dt_bias_ptr + d, mask=d_mask, other=0.0)
@@ -102,11 +115,32 @@ def _channel_params(A_ptr, D_ptr, dt_bias_ptr, A_stride_d, d, n, d_mask, dn_mask
     return A2, dt_bias, skip
 
 
-@triton.jit
-def _ssm_step(h, row, x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr,
-              x_stride_t, dt_stride_t, B_stride_t, C_stride_t, z_stride_t, out_stride_t,
-              d, n, d_mask, n_mask, A2, dt_bias, skip,
-              HAS_Z: tl.constexpr, DELTA_SOFTPLUS: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]
+def _ssm_step(  # type: ignore[no-untyped-def]
+    h,
+    row,
+    x_ptr,
+    dt_ptr,
+    B_ptr,
+    C_ptr,
+    z_ptr,
+    out_ptr,
+    x_stride_t,
+    dt_stride_t,
+    B_stride_t,
+    C_stride_t,
+    z_stride_t,
+    out_stride_t,
+    d,
+    n,
+    d_mask,
+    n_mask,
+    A2,
+    dt_bias,
+    skip,
+    HAS_Z: tl.constexpr,
+    DELTA_SOFTPLUS: tl.constexpr,
+):
     # One token (packed row `row`, int64) for BLOCK_D channels: writes y, returns the new state.
     x = tl.load(x_ptr + row * x_stride_t + d, mask=d_mask, other=0.0).to(tl.float32)
     delta = tl.load(dt_ptr + row * dt_stride_t + d, mask=d_mask, other=0.0).to(tl.float32) + dt_bias
@@ -124,14 +158,38 @@ def _ssm_step(h, row, x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr,
     return h
 
 
-@triton.jit
-def _selective_scan_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dt_bias_ptr, ssm_state_ptr,
-    query_start_loc_ptr, state_indices_ptr, has_initial_state_ptr, out_ptr,
-    x_stride_t, dt_stride_t, B_stride_t, C_stride_t, z_stride_t, out_stride_t, A_stride_d,
-    state_stride_slot, state_stride_d, dim,
-    D_STATE: tl.constexpr, D_STATE_P: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-    HAS_DT_BIAS: tl.constexpr, DELTA_SOFTPLUS: tl.constexpr, BLOCK_D: tl.constexpr,
+@triton.jit  # type: ignore[untyped-decorator]
+def _selective_scan_kernel(  # type: ignore[no-untyped-def]
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    z_ptr,
+    dt_bias_ptr,
+    ssm_state_ptr,
+    query_start_loc_ptr,
+    state_indices_ptr,
+    has_initial_state_ptr,
+    out_ptr,
+    x_stride_t,
+    dt_stride_t,
+    B_stride_t,
+    C_stride_t,
+    z_stride_t,
+    out_stride_t,
+    A_stride_d,
+    state_stride_slot,
+    state_stride_d,
+    dim,
+    D_STATE: tl.constexpr,
+    D_STATE_P: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DELTA_SOFTPLUS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     CHUNK: tl.constexpr,
 ):
     req = tl.program_id(0)
@@ -145,25 +203,75 @@ def _selective_scan_kernel(
     n = tl.arange(0, D_STATE_P)
     d_mask, n_mask = d < dim, n < D_STATE
     dn_mask = d_mask[:, None] & n_mask[None, :]
-    state = ssm_state_ptr + slot.to(tl.int64) * state_stride_slot + d[:, None] * state_stride_d + n[None, :]
+    state = (
+        ssm_state_ptr
+        + slot.to(tl.int64) * state_stride_slot
+        + d[:, None] * state_stride_d
+        + n[None, :]
+    )
     # Broadcast first: the interpreter mistypes `tensor_mask & scalar_bool`.
     stored = (tl.zeros([BLOCK_D, D_STATE_P], dtype=tl.int32) + init) != 0
     h = tl.load(state, mask=dn_mask & stored, other=0.0)  # [BLOCK_D, D_STATE_P] float32
-    A2, dt_bias, skip = _channel_params(A_ptr, D_ptr, dt_bias_ptr, A_stride_d, d, n, d_mask, dn_mask,
-                                        HAS_D, HAS_DT_BIAS)
+    A2, dt_bias, skip = _channel_params(
+        A_ptr, D_ptr, dt_bias_ptr, A_stride_d, d, n, d_mask, dn_mask, HAS_D, HAS_DT_BIAS
+    )
     first = start.to(tl.int64)
     num_full = seq_len // CHUNK * CHUNK
     for t_start in range(0, num_full, CHUNK):
         # CHUNK tokens unrolled: their loads do not depend on the state, so they are issued
         # together, ahead of the recurrence.
         for i in tl.static_range(CHUNK):
-            h = _ssm_step(h, first + t_start + i, x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr,
-                          x_stride_t, dt_stride_t, B_stride_t, C_stride_t, z_stride_t, out_stride_t,
-                          d, n, d_mask, n_mask, A2, dt_bias, skip, HAS_Z, DELTA_SOFTPLUS)
+            h = _ssm_step(
+                h,
+                first + t_start + i,
+                x_ptr,
+                dt_ptr,
+                B_ptr,
+                C_ptr,
+                z_ptr,
+                out_ptr,
+                x_stride_t,
+                dt_stride_t,
+                B_stride_t,
+                C_stride_t,
+                z_stride_t,
+                out_stride_t,
+                d,
+                n,
+                d_mask,
+                n_mask,
+                A2,
+                dt_bias,
+                skip,
+                HAS_Z,
+                DELTA_SOFTPLUS,
+            )
     for t in range(num_full, seq_len):  # the last seq_len % CHUNK tokens
-        h = _ssm_step(h, first + t, x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr,
-                      x_stride_t, dt_stride_t, B_stride_t, C_stride_t, z_stride_t, out_stride_t,
-                      d, n, d_mask, n_mask, A2, dt_bias, skip, HAS_Z, DELTA_SOFTPLUS)
+        h = _ssm_step(
+            h,
+            first + t,
+            x_ptr,
+            dt_ptr,
+            B_ptr,
+            C_ptr,
+            z_ptr,
+            out_ptr,
+            x_stride_t,
+            dt_stride_t,
+            B_stride_t,
+            C_stride_t,
+            z_stride_t,
+            out_stride_t,
+            d,
+            n,
+            d_mask,
+            n_mask,
+            A2,
+            dt_bias,
+            skip,
+            HAS_Z,
+            DELTA_SOFTPLUS,
+        )
     tl.store(state, h, mask=dn_mask)
 
 
@@ -200,13 +308,38 @@ def selective_scan(
     if num_reqs == 0 or x.shape[0] == 0:
         return out
     _selective_scan_kernel[(num_reqs, triton.cdiv(dim, cfg.block_d))](
-        x, dt, A, B, C, _or(D, A), _or(z, x), _or(dt_bias, A), ssm_state,
-        query_start_loc, state_indices, has_initial_state, out,
-        x.stride(0), dt.stride(0), B.stride(0), C.stride(0), z.stride(0) if z is not None else 0,
-        out.stride(0), A.stride(0), ssm_state.stride(0), ssm_state.stride(1), dim,
-        D_STATE=d_state, D_STATE_P=triton.next_power_of_2(d_state), HAS_D=D is not None,
-        HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DELTA_SOFTPLUS=bool(delta_softplus),
-        BLOCK_D=cfg.block_d, CHUNK=cfg.chunk, num_warps=cfg.num_warps,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        _or(D, A),
+        _or(z, x),
+        _or(dt_bias, A),
+        ssm_state,
+        query_start_loc,
+        state_indices,
+        has_initial_state,
+        out,
+        x.stride(0),
+        dt.stride(0),
+        B.stride(0),
+        C.stride(0),
+        z.stride(0) if z is not None else 0,
+        out.stride(0),
+        A.stride(0),
+        ssm_state.stride(0),
+        ssm_state.stride(1),
+        dim,
+        D_STATE=d_state,
+        D_STATE_P=triton.next_power_of_2(d_state),
+        HAS_D=D is not None,
+        HAS_Z=z is not None,
+        HAS_DT_BIAS=dt_bias is not None,
+        DELTA_SOFTPLUS=bool(delta_softplus),
+        BLOCK_D=cfg.block_d,
+        CHUNK=cfg.chunk,
+        num_warps=cfg.num_warps,
     )
     return out
 
@@ -239,7 +372,9 @@ def selective_scan_ref(
     check_state_batch(query_start_loc, state_indices, has_initial_state)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     starts = query_start_loc.tolist()
-    for i, (slot, init) in enumerate(zip(state_indices.tolist(), has_initial_state.tolist(), strict=True)):
+    for i, (slot, init) in enumerate(
+        zip(state_indices.tolist(), has_initial_state.tolist(), strict=True)
+    ):
         start, end = starts[i], starts[i + 1]
         if slot < 0 or end <= start:
             continue
@@ -256,14 +391,36 @@ def selective_scan_ref(
     return out
 
 
-@triton.jit
-def _selective_state_update_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dt_bias_ptr, ssm_state_ptr,
-    state_indices_ptr, out_ptr,
-    x_stride_t, dt_stride_t, B_stride_t, C_stride_t, z_stride_t, out_stride_t, A_stride_d,
-    state_stride_slot, state_stride_d, dim,
-    D_STATE: tl.constexpr, D_STATE_P: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-    HAS_DT_BIAS: tl.constexpr, DELTA_SOFTPLUS: tl.constexpr, BLOCK_D: tl.constexpr,
+@triton.jit  # type: ignore[untyped-decorator]
+def _selective_state_update_kernel(  # type: ignore[no-untyped-def]
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    z_ptr,
+    dt_bias_ptr,
+    ssm_state_ptr,
+    state_indices_ptr,
+    out_ptr,
+    x_stride_t,
+    dt_stride_t,
+    B_stride_t,
+    C_stride_t,
+    z_stride_t,
+    out_stride_t,
+    A_stride_d,
+    state_stride_slot,
+    state_stride_d,
+    dim,
+    D_STATE: tl.constexpr,
+    D_STATE_P: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DELTA_SOFTPLUS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     req = tl.program_id(0)
     slot = tl.load(state_indices_ptr + req)
@@ -273,13 +430,41 @@ def _selective_state_update_kernel(
     n = tl.arange(0, D_STATE_P)
     d_mask, n_mask = d < dim, n < D_STATE
     dn_mask = d_mask[:, None] & n_mask[None, :]
-    state = ssm_state_ptr + slot.to(tl.int64) * state_stride_slot + d[:, None] * state_stride_d + n[None, :]
+    state = (
+        ssm_state_ptr
+        + slot.to(tl.int64) * state_stride_slot
+        + d[:, None] * state_stride_d
+        + n[None, :]
+    )
     h = tl.load(state, mask=dn_mask, other=0.0)
-    A2, dt_bias, skip = _channel_params(A_ptr, D_ptr, dt_bias_ptr, A_stride_d, d, n, d_mask, dn_mask,
-                                        HAS_D, HAS_DT_BIAS)
-    h = _ssm_step(h, req.to(tl.int64), x_ptr, dt_ptr, B_ptr, C_ptr, z_ptr, out_ptr,
-                  x_stride_t, dt_stride_t, B_stride_t, C_stride_t, z_stride_t, out_stride_t,
-                  d, n, d_mask, n_mask, A2, dt_bias, skip, HAS_Z, DELTA_SOFTPLUS)
+    A2, dt_bias, skip = _channel_params(
+        A_ptr, D_ptr, dt_bias_ptr, A_stride_d, d, n, d_mask, dn_mask, HAS_D, HAS_DT_BIAS
+    )
+    h = _ssm_step(
+        h,
+        req.to(tl.int64),
+        x_ptr,
+        dt_ptr,
+        B_ptr,
+        C_ptr,
+        z_ptr,
+        out_ptr,
+        x_stride_t,
+        dt_stride_t,
+        B_stride_t,
+        C_stride_t,
+        z_stride_t,
+        out_stride_t,
+        d,
+        n,
+        d_mask,
+        n_mask,
+        A2,
+        dt_bias,
+        skip,
+        HAS_Z,
+        DELTA_SOFTPLUS,
+    )
     tl.store(state, h, mask=dn_mask)
 
 
@@ -311,11 +496,33 @@ def selective_state_update(
     if num_reqs == 0:
         return out
     _selective_state_update_kernel[(num_reqs, triton.cdiv(dim, _BLOCK_D_UPDATE))](
-        x, dt, A, B, C, _or(D, A), _or(z, x), _or(dt_bias, A), ssm_state, state_indices, out,
-        x.stride(0), dt.stride(0), B.stride(0), C.stride(0), z.stride(0) if z is not None else 0,
-        out.stride(0), A.stride(0), ssm_state.stride(0), ssm_state.stride(1), dim,
-        D_STATE=d_state, D_STATE_P=triton.next_power_of_2(d_state), HAS_D=D is not None,
-        HAS_Z=z is not None, HAS_DT_BIAS=dt_bias is not None, DELTA_SOFTPLUS=bool(delta_softplus),
+        x,
+        dt,
+        A,
+        B,
+        C,
+        _or(D, A),
+        _or(z, x),
+        _or(dt_bias, A),
+        ssm_state,
+        state_indices,
+        out,
+        x.stride(0),
+        dt.stride(0),
+        B.stride(0),
+        C.stride(0),
+        z.stride(0) if z is not None else 0,
+        out.stride(0),
+        A.stride(0),
+        ssm_state.stride(0),
+        ssm_state.stride(1),
+        dim,
+        D_STATE=d_state,
+        D_STATE_P=triton.next_power_of_2(d_state),
+        HAS_D=D is not None,
+        HAS_Z=z is not None,
+        HAS_DT_BIAS=dt_bias is not None,
+        DELTA_SOFTPLUS=bool(delta_softplus),
         BLOCK_D=_BLOCK_D_UPDATE,
     )
     return out
@@ -347,8 +554,9 @@ def selective_state_update_ref(
     slots = state_indices[rows].long()
     delta = _delta(dt[rows], dt_bias, delta_softplus)  # [n, dim]
     u = x[rows].float()
-    h = torch.exp(delta.unsqueeze(2) * A) * ssm_state[slots] \
-        + (delta * u).unsqueeze(2) * B[rows].float().unsqueeze(1)
+    h = torch.exp(delta.unsqueeze(2) * A) * ssm_state[slots] + (delta * u).unsqueeze(2) * B[
+        rows
+    ].float().unsqueeze(1)
     ssm_state[slots] = h
     y = (h @ C[rows].float().unsqueeze(2)).squeeze(2)
     out[rows] = _output(y, u, D, z[rows] if z is not None else None).to(out.dtype)
@@ -360,7 +568,9 @@ def _delta(dt: torch.Tensor, dt_bias: torch.Tensor | None, softplus: bool) -> to
     return F.softplus(delta) if softplus else delta
 
 
-def _output(y: torch.Tensor, u: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None) -> torch.Tensor:
+def _output(
+    y: torch.Tensor, u: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None
+) -> torch.Tensor:
     # float32: y = h . C, then + D * u and * silu(z)
     if D is not None:
         y = y + D * u
@@ -372,10 +582,18 @@ def _or(t: torch.Tensor | None, placeholder: torch.Tensor) -> torch.Tensor:
     return t if t is not None else placeholder
 
 
-def _check_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
-                dt_bias: torch.Tensor | None, ssm_state: torch.Tensor,
-                state_indices: torch.Tensor) -> None:
+def _check_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    ssm_state: torch.Tensor,
+    state_indices: torch.Tensor,
+) -> None:
     check_flat(state_indices=state_indices)
     check_dtypes(state_indices=(state_indices, torch.int32))
     if x.dtype not in _FLOAT_DTYPES:
@@ -393,11 +611,17 @@ def _check_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Ten
         check_vector("D", D, torch.float32, dim)
     if dt_bias is not None:
         check_vector("dt_bias", dt_bias, torch.float32, dim)
-    if ssm_state.dim() != 3 or tuple(ssm_state.shape[1:]) != (dim, d_state) \
-            or ssm_state.dtype != torch.float32 or ssm_state.stride(2) != 1:
-        raise ValueError(f"ssm_state must be [num_slots, {dim}, {d_state}] float32 (dim, d_state) "
-                         f"with unit inner stride, got {tuple(ssm_state.shape)} "
-                         f"{dtype_name(ssm_state.dtype)}, strides {ssm_state.stride()}")
+    if (
+        ssm_state.dim() != 3
+        or tuple(ssm_state.shape[1:]) != (dim, d_state)
+        or ssm_state.dtype != torch.float32
+        or ssm_state.stride(2) != 1
+    ):
+        raise ValueError(
+            f"ssm_state must be [num_slots, {dim}, {d_state}] float32 (dim, d_state) "
+            f"with unit inner stride, got {tuple(ssm_state.shape)} "
+            f"{dtype_name(ssm_state.dtype)}, strides {ssm_state.stride()}"
+        )
 
 
 __all__ = [

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import dtype_name
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import dtype_name
+from turnout.kernels._triton import require_triton, tl, triton
 
 
-@triton.jit
-def _silu_and_mul_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _silu_and_mul_kernel(  # type: ignore[no-untyped-def]
     gate_up_ptr,
     gate_up_stride,
     out_ptr,
@@ -57,7 +57,12 @@ def silu_and_mul(
         return out
     block = min(1024, triton.next_power_of_2(intermediate))
     _silu_and_mul_kernel[(num_tokens, triton.cdiv(intermediate, block))](
-        gate_up, gate_up.stride(0), out, intermediate, BLOCK_SIZE=block, num_warps=4,
+        gate_up,
+        gate_up.stride(0),
+        out,
+        intermediate,
+        BLOCK_SIZE=block,
+        num_warps=4,
     )
     return out
 
@@ -71,9 +76,13 @@ def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
 
 def _check(gate_up: torch.Tensor) -> None:
     if gate_up.dim() != 2 or gate_up.shape[1] % 2:
-        raise ValueError(f"gate_up must be [num_tokens, 2 * intermediate], got shape {tuple(gate_up.shape)}")
+        raise ValueError(
+            f"gate_up must be [num_tokens, 2 * intermediate], got shape {tuple(gate_up.shape)}"
+        )
     if gate_up.shape[1] and gate_up.stride(1) != 1:
-        raise ValueError(f"gate_up must have unit stride on its last dimension, got {gate_up.stride()}")
+        raise ValueError(
+            f"gate_up must have unit stride on its last dimension, got {gate_up.stride()}"
+        )
     if not gate_up.dtype.is_floating_point:
         raise ValueError(f"gate_up must be a float tensor, got {dtype_name(gate_up.dtype)}")
 

@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_flat, check_num_reqs, check_out_like, check_table
-from kernels._padding import _fill_padding_tokens
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import (
+    check_dtypes,
+    check_flat,
+    check_num_reqs,
+    check_out_like,
+    check_table,
+)
+from turnout.kernels._padding import _fill_padding_tokens
+from turnout.kernels._triton import require_triton, tl, triton
 
 
 # The step's counts change every step: do_not_specialize keeps one compiled variant for all
 # of them (Triton would otherwise compile again for 1, multiples of 16 and the rest).
-@triton.jit(do_not_specialize=["num_reqs", "num_tokens_padded"])
-def _compute_slot_mapping_kernel(
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens_padded"])  # type: ignore[untyped-decorator]
+def _compute_slot_mapping_kernel(  # type: ignore[no-untyped-def]
     idx_mapping_ptr,
     query_start_loc_ptr,
     positions_ptr,
@@ -40,11 +46,15 @@ def _compute_slot_mapping_kernel(
             tok = block_start + offs
             mask = tok < end
             pos = tl.load(positions_ptr + tok, mask=mask, other=0)
-            block_ids = tl.load(block_table_ptr + row * block_table_stride + pos // block_size, mask=mask, other=0)
+            block_ids = tl.load(
+                block_table_ptr + row * block_table_stride + pos // block_size, mask=mask, other=0
+            )
             slots = block_ids.to(tl.int64) * block_size + pos % block_size
             tl.store(slot_mapping_ptr + tok, slots, mask=mask)
     else:
-        _fill_padding_tokens(slot_mapping_ptr, query_start_loc_ptr, num_reqs, num_tokens_padded, -1, BLOCK_SIZE)
+        _fill_padding_tokens(
+            slot_mapping_ptr, query_start_loc_ptr, num_reqs, num_tokens_padded, -1, BLOCK_SIZE
+        )
 
 
 def compute_slot_mapping(
@@ -63,7 +73,9 @@ def compute_slot_mapping(
         ValueError: dtypes or shapes do not match the annotations.
     """
     require_triton()
-    _check(idx_mapping, query_start_loc, positions, block_table, block_size, num_reqs, slot_mapping_out)
+    _check(
+        idx_mapping, query_start_loc, positions, block_table, block_size, num_reqs, slot_mapping_out
+    )
     _compute_slot_mapping_kernel[(num_reqs + 1,)](
         idx_mapping,
         query_start_loc,
@@ -88,7 +100,9 @@ def compute_slot_mapping_ref(
     slot_mapping_out: torch.Tensor,
 ) -> None:
     """Torch reference of :func:`compute_slot_mapping` (same arguments)."""
-    _check(idx_mapping, query_start_loc, positions, block_table, block_size, num_reqs, slot_mapping_out)
+    _check(
+        idx_mapping, query_start_loc, positions, block_table, block_size, num_reqs, slot_mapping_out
+    )
     qsl = query_start_loc.to(torch.int64)
     total = int(qsl[num_reqs])
     rows = idx_mapping[:num_reqs].long().repeat_interleave(qsl[1 : num_reqs + 1] - qsl[:num_reqs])
@@ -108,13 +122,22 @@ def _check(
     slot_mapping_out: torch.Tensor,
 ) -> None:
     i32, i64 = torch.int32, torch.int64
-    check_dtypes(idx_mapping=(idx_mapping, i32), query_start_loc=(query_start_loc, i32), positions=(positions, i64),
-                 block_table=(block_table, i32), slot_mapping_out=(slot_mapping_out, i64))
+    check_dtypes(
+        idx_mapping=(idx_mapping, i32),
+        query_start_loc=(query_start_loc, i32),
+        positions=(positions, i64),
+        block_table=(block_table, i32),
+        slot_mapping_out=(slot_mapping_out, i64),
+    )
     check_table("block_table", block_table)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    check_flat(idx_mapping=idx_mapping, query_start_loc=query_start_loc, positions=positions,
-               slot_mapping_out=slot_mapping_out)
+    check_flat(
+        idx_mapping=idx_mapping,
+        query_start_loc=query_start_loc,
+        positions=positions,
+        slot_mapping_out=slot_mapping_out,
+    )
     check_out_like("slot_mapping_out", slot_mapping_out, "positions", positions)
     check_num_reqs(num_reqs, idx_mapping, query_start_loc)
 

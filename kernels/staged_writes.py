@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_flat
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import check_dtypes, check_flat
+from turnout.kernels._triton import require_triton, tl, triton
 
 
-@triton.jit
-def _apply_staged_writes_kernel(
+@triton.jit  # type: ignore[untyped-decorator]
+def _apply_staged_writes_kernel(  # type: ignore[no-untyped-def]
     dst_ptr,
     dst_offsets_ptr,
     cu_num_values_ptr,
@@ -80,8 +80,12 @@ def _check(
     dst: torch.Tensor, dst_offsets: torch.Tensor, cu_num_values: torch.Tensor, values: torch.Tensor
 ) -> None:
     i32 = torch.int32
-    check_dtypes(dst=(dst, i32), values=(values, i32), dst_offsets=(dst_offsets, torch.int64),
-                 cu_num_values=(cu_num_values, i32))
+    check_dtypes(
+        dst=(dst, i32),
+        values=(values, i32),
+        dst_offsets=(dst_offsets, torch.int64),
+        cu_num_values=(cu_num_values, i32),
+    )
     check_flat(dst=dst, dst_offsets=dst_offsets, cu_num_values=cu_num_values, values=values)
     if cu_num_values.shape[0] != dst_offsets.shape[0] + 1:
         raise ValueError(

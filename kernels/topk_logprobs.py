@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels._checks import check_dtypes, check_matrix, check_vector
-from kernels._select import _float_key, _radix_advance, _radix_candidates, vocab_block_size
-from kernels._triton import require_triton, tl, triton
+from turnout.kernels._checks import check_dtypes, check_matrix, check_vector
+from turnout.kernels._select import _float_key, _radix_advance, _radix_candidates, vocab_block_size
+from turnout.kernels._triton import require_triton, tl, triton
 
 
 # 1 + max_k changes per step, and so do the pointers' alignments: a step's logprob rows come in
@@ -30,13 +30,27 @@ from kernels._triton import require_triton, tl, triton
 # num_logprobs (6 rows for a 151,936-id vocabulary: 24 bytes, not 16); the outputs start one
 # word into their rows, or are empty (null) when every k of the step is 0. One variant for
 # all of them: each program loads one token and one k, and its stores are scattered anyway.
-@triton.jit(do_not_specialize=["topk_stride"],
-            do_not_specialize_on_alignment=["token_ids_ptr", "num_logprobs_ptr", "topk_ids_ptr",
-                                            "topk_logprobs_ptr"])
-def _topk_logprobs_kernel(
-    logits_ptr, logits_stride, token_ids_ptr, num_logprobs_ptr,
-    topk_ids_ptr, topk_logprobs_ptr, topk_stride, token_logprobs_ptr, token_ranks_ptr,
-    vocab_size, BLOCK_SIZE: tl.constexpr,
+@triton.jit(  # type: ignore[untyped-decorator]
+    do_not_specialize=["topk_stride"],
+    do_not_specialize_on_alignment=[
+        "token_ids_ptr",
+        "num_logprobs_ptr",
+        "topk_ids_ptr",
+        "topk_logprobs_ptr",
+    ],
+)
+def _topk_logprobs_kernel(  # type: ignore[no-untyped-def]
+    logits_ptr,
+    logits_stride,
+    token_ids_ptr,
+    num_logprobs_ptr,
+    topk_ids_ptr,
+    topk_logprobs_ptr,
+    topk_stride,
+    token_logprobs_ptr,
+    token_ranks_ptr,
+    vocab_size,
+    BLOCK_SIZE: tl.constexpr,
 ):
     i = tl.program_id(0)
     logits_row = logits_ptr + i.to(tl.int64) * logits_stride
@@ -101,8 +115,11 @@ def _topk_logprobs_kernel(
             key = _float_key(lp)
             gt = mask & (key > threshold)
             eq = mask & (key == threshold)
-            slot = tl.where(gt, seen_gt + tl.cumsum(gt.to(tl.int32), axis=0) - 1,
-                            num_gt + seen_eq + tl.cumsum(eq.to(tl.int32), axis=0) - 1)
+            slot = tl.where(
+                gt,
+                seen_gt + tl.cumsum(gt.to(tl.int32), axis=0) - 1,
+                num_gt + seen_eq + tl.cumsum(eq.to(tl.int32), axis=0) - 1,
+            )
             keep = (gt | eq) & (slot < k)
             tl.store(topk_ids_ptr + out_row + slot, tok, mask=keep)
             tl.store(topk_logprobs_ptr + out_row + slot, lp, mask=keep)
@@ -130,15 +147,31 @@ def topk_logprobs(
         ValueError: dtypes, shapes or strides do not match the annotations.
     """
     require_triton()
-    _check(logits, token_ids, num_logprobs, topk_ids_out, topk_logprobs_out, token_logprobs_out, token_ranks_out)
+    _check(
+        logits,
+        token_ids,
+        num_logprobs,
+        topk_ids_out,
+        topk_logprobs_out,
+        token_logprobs_out,
+        token_ranks_out,
+    )
     num_rows, vocab_size = logits.shape
     if num_rows == 0:
         return
     # Slots a row does not fill sort last (k varies per row).
     topk_logprobs_out.fill_(float("-inf"))
     _topk_logprobs_kernel[(num_rows,)](
-        logits, logits.stride(0), token_ids, num_logprobs, topk_ids_out, topk_logprobs_out,
-        topk_ids_out.stride(0), token_logprobs_out, token_ranks_out, vocab_size,
+        logits,
+        logits.stride(0),
+        token_ids,
+        num_logprobs,
+        topk_ids_out,
+        topk_logprobs_out,
+        topk_ids_out.stride(0),
+        token_logprobs_out,
+        token_ranks_out,
+        vocab_size,
         BLOCK_SIZE=vocab_block_size(vocab_size, logits.device),
     )
     if topk_ids_out.shape[1] > 1:
@@ -159,7 +192,15 @@ def topk_logprobs_ref(
     token_ranks_out: torch.Tensor,
 ) -> None:
     """Torch reference of :func:`topk_logprobs` (same arguments; a full log_softmax)."""
-    _check(logits, token_ids, num_logprobs, topk_ids_out, topk_logprobs_out, token_logprobs_out, token_ranks_out)
+    _check(
+        logits,
+        token_ids,
+        num_logprobs,
+        topk_ids_out,
+        topk_logprobs_out,
+        token_logprobs_out,
+        token_ranks_out,
+    )
     if logits.shape[0] == 0:
         return
     logprobs = torch.log_softmax(logits, dim=-1)
@@ -190,7 +231,10 @@ def _check(
     check_vector("num_logprobs", num_logprobs, torch.int32, n)
     check_vector("token_logprobs_out", token_logprobs_out, torch.float32, n)
     check_vector("token_ranks_out", token_ranks_out, torch.int32, n)
-    check_dtypes(topk_ids_out=(topk_ids_out, torch.int32), topk_logprobs_out=(topk_logprobs_out, torch.float32))
+    check_dtypes(
+        topk_ids_out=(topk_ids_out, torch.int32),
+        topk_logprobs_out=(topk_logprobs_out, torch.float32),
+    )
     if topk_ids_out.shape != topk_logprobs_out.shape or topk_ids_out.shape[0] != n:
         raise ValueError("topk outputs must both be [num_rows, max_k]")
     if topk_ids_out.stride() != topk_logprobs_out.stride() or topk_ids_out.stride(-1) != 1:

@@ -4,15 +4,15 @@ Decision and its explanation. Torch-free; imports only the standard library, pyd
 
 Public API (docs/oracle-api.md)::
 
-    from oracle import load_pack, DeploymentConfig, decide, from_command
+    from turnout.oracle import load_pack, DeploymentConfig, decide, from_command
     pack = load_pack("turnout")
     d = decide(DeploymentConfig(architecture="Qwen3ForCausalLM"), pack=pack)
     d = decide(from_command("vllm serve Qwen/Qwen3-8B -tp 2"), pack=pack)
     d.runner, d.messages, d.to_json()
 """
 
-from oracle.config import DeploymentConfig
-from oracle.decision import (
+from turnout.oracle.config import DeploymentConfig
+from turnout.oracle.decision import (
     CanaryOutcome,
     CanarySnapshot,
     CohortState,
@@ -20,16 +20,39 @@ from oracle.decision import (
     Message,
     Reason,
 )
-from oracle.errors import ConfigError, ErrorCode, Issue, OracleError, PackError
-from oracle.explain import Change, Explanation, Suggestion, explain
-from oracle.matrix import Cell, enumerate_matrix
-from oracle.pack import Pack, decide, load_pack
-from oracle.pack_types import Cohort, RuleInfo
-from oracle.sources import from_command, from_hf_config, from_spec, load_specs
+from turnout.oracle.errors import ConfigError, ErrorCode, Issue, OracleError, PackError
+from turnout.oracle.explain import Change, Explanation, Suggestion, explain
+from turnout.oracle.matrix import Cell, enumerate_matrix
+from turnout.oracle.pack import Pack, decide, load_pack
+from turnout.oracle.pack_types import Cohort, RuleInfo
+from turnout.oracle.sources import from_command, from_hf_config, from_spec, load_specs
 
 __all__ = [
-    "CanaryOutcome", "CanarySnapshot", "Cell", "Change", "Cohort", "CohortState", "ConfigError",
-    "Decision", "DeploymentConfig", "ErrorCode", "Explanation", "Issue", "Message", "OracleError",
-    "Pack", "PackError", "Reason", "RuleInfo", "Suggestion", "decide", "enumerate_matrix",
-    "explain", "from_command", "from_hf_config", "from_spec", "load_pack", "load_specs",
+    "CanaryOutcome",
+    "CanarySnapshot",
+    "Cell",
+    "Change",
+    "Cohort",
+    "CohortState",
+    "ConfigError",
+    "Decision",
+    "DeploymentConfig",
+    "ErrorCode",
+    "Explanation",
+    "Issue",
+    "Message",
+    "OracleError",
+    "Pack",
+    "PackError",
+    "Reason",
+    "RuleInfo",
+    "Suggestion",
+    "decide",
+    "enumerate_matrix",
+    "explain",
+    "from_command",
+    "from_hf_config",
+    "from_spec",
+    "load_pack",
+    "load_specs",
 ]

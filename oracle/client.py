@@ -18,7 +18,7 @@ An engine asks once at start-up which runner to use. The client
   ``oracle/client_health.py``): a source it watches gives one report per
   ``health_interval_s`` and a last one at the end.
 
-Usage (``from oracle import from_command``)::
+Usage (``from turnout.oracle import from_command``)::
 
     with OracleClient("http://127.0.0.1:8000", token, cache_dir=Path("~/.cache/turnout")) as c:
         decision = c.decide(from_command(argv, env), deployment_id="prod-7")
@@ -38,31 +38,48 @@ from typing import Any, Literal
 
 import httpx
 
-from oracle import CanarySnapshot, Decision, DeploymentConfig, decide, load_pack
-from oracle.client_health import HealthReports, HealthSource
-from oracle.client_http import RefusalLog, acknowledged, request_within
-from oracle.client_snapshot import (
+from turnout.oracle import CanarySnapshot, Decision, DeploymentConfig, decide, load_pack
+from turnout.oracle.client_health import HealthReports, HealthSource
+from turnout.oracle.client_http import RefusalLog, acknowledged, request_within
+from turnout.oracle.client_snapshot import (
     checked_snapshot,
     kill_switch_of_revision,
     load_last_known_good,
     save_last_known_good,
 )
-from oracle.client_spool import SendResult, Spool
-from oracle.wire import LaunchIn, SnapshotIn, decision_event
+from turnout.oracle.client_spool import SendResult, Spool
+from turnout.oracle.wire import LaunchIn, SnapshotIn, decision_event
 
 log = logging.getLogger("turnout.client")
 
 SnapshotSource = Literal["service", "disk", "defaults"]
 
 
-def event_from_decision(decision: Decision, config: DeploymentConfig, *, pack: str,
-                        deployment_id: str, host: str = "", at: datetime | None = None,
-                        event_id: str | None = None, demo: bool = False,
-                        launch: LaunchIn | None = None) -> dict[str, Any]:
+def event_from_decision(
+    decision: Decision,
+    config: DeploymentConfig,
+    *,
+    pack: str,
+    deployment_id: str,
+    host: str = "",
+    at: datetime | None = None,
+    event_id: str | None = None,
+    demo: bool = False,
+    launch: LaunchIn | None = None,
+) -> dict[str, Any]:
     """The ingest event (``POST /api/v1/decisions`` item, ``oracle.wire.EventIn``) for one
     decision, as JSON data (``launch`` only when given)."""
-    return decision_event(decision, config, pack=pack, deployment_id=deployment_id, host=host,
-                          at=at, event_id=event_id, demo=demo, launch=launch).to_json()
+    return decision_event(
+        decision,
+        config,
+        pack=pack,
+        deployment_id=deployment_id,
+        host=host,
+        at=at,
+        event_id=event_id,
+        demo=demo,
+        launch=launch,
+    ).to_json()
 
 
 def snapshot_from_json(body: Any) -> CanarySnapshot:
@@ -109,10 +126,17 @@ class OracleClient:
         self.health = HealthReports(self.cache_dir / "spool-health", host=self.host, pack=pack)
         # No keep-alive: each request opens the connection its deadline can cut
         # (oracle/client_http.py); at about one request a second that costs nothing.
-        self._http = None if url is None else httpx.Client(
-            base_url=url.rstrip("/"), timeout=httpx.Timeout(timeout_s), transport=transport,
-            limits=httpx.Limits(max_keepalive_connections=0),
-            headers={"Authorization": f"Bearer {token}"} if token else {})
+        self._http = (
+            None
+            if url is None
+            else httpx.Client(
+                base_url=url.rstrip("/"),
+                timeout=httpx.Timeout(timeout_s),
+                transport=transport,
+                limits=httpx.Limits(max_keepalive_connections=0),
+                headers={"Authorization": f"Bearer {token}"} if token else {},
+            )
+        )
         self._etag: str | None = None
         self._snapshot: CanarySnapshot | None = None
         # The kill switch of a snapshot of another revision of this pack: honoured although
@@ -171,8 +195,9 @@ class OracleClient:
             return dataclasses.replace(self._snapshot or CanarySnapshot(), kill_switch=True)
         return self._snapshot
 
-    def decide(self, config: DeploymentConfig, *, deployment_id: str | None = None,
-               report: bool = True) -> Decision:
+    def decide(
+        self, config: DeploymentConfig, *, deployment_id: str | None = None, report: bool = True
+    ) -> Decision:
         """Decide locally (never raises for an unknown architecture; no network wait beyond
         ``startup_wait_s``) and, when ``report`` and a service URL is set, spool the event for
         the service. A spool that cannot be written (a full disk) is logged as an error and the
@@ -181,26 +206,49 @@ class OracleClient:
         decision = decide(config, pack=self.pack, canaries=self.snapshot())
         if report and self._http is not None:  # no service configured: nothing to report to
             try:
-                self.report(decision, config,
-                            deployment_id=deployment_id or config.deployment_id or self.host)
+                self.report(
+                    decision,
+                    config,
+                    deployment_id=deployment_id or config.deployment_id or self.host,
+                )
             except OSError as err:  # a full disk must not stop the engine from starting
-                log.error("decision (runner %s, %s) not reported: cannot write the spool in "
-                          "%s (%s)", decision.runner, decision.reason_code, self.spool.directory,
-                          err)
+                log.error(
+                    "decision (runner %s, %s) not reported: cannot write the spool in %s (%s)",
+                    decision.runner,
+                    decision.reason_code,
+                    self.spool.directory,
+                    err,
+                )
             except ValueError as err:  # no event can say it (a deployment id too long)
-                log.error("decision (runner %s, %s) not reported: it is no event (%s)",
-                          decision.runner, decision.reason_code, err)
+                log.error(
+                    "decision (runner %s, %s) not reported: it is no event (%s)",
+                    decision.runner,
+                    decision.reason_code,
+                    err,
+                )
         return decision
 
-    def report(self, decision: Decision, config: DeploymentConfig, *,
-               deployment_id: str, launch: LaunchIn | None = None,
-               event_id: str | None = None) -> str:
+    def report(
+        self,
+        decision: Decision,
+        config: DeploymentConfig,
+        *,
+        deployment_id: str,
+        launch: LaunchIn | None = None,
+        event_id: str | None = None,
+    ) -> str:
         """Append the decision's event to the on-disk spool (durable on return); returns the
         event id. The background thread sends it. ``launch``: how ``turnout launch`` started
         vLLM with it; ``event_id``: the id to use (default: a new random one)."""
-        event = event_from_decision(decision, config, pack=self.pack_name,
-                                    deployment_id=deployment_id, host=self.host,
-                                    event_id=event_id, launch=launch)
+        event = event_from_decision(
+            decision,
+            config,
+            pack=self.pack_name,
+            deployment_id=deployment_id,
+            host=self.host,
+            event_id=event_id,
+            launch=launch,
+        )
         self.spool.append(event)
         self._wake.set()
         return str(event["event_id"])
@@ -258,8 +306,10 @@ class OracleClient:
         try:
             step()
         except Exception:
-            log.exception("turnout client background step %s failed; retrying later",
-                          getattr(step, "__name__", step))
+            log.exception(
+                "turnout client background step %s failed; retrying later",
+                getattr(step, "__name__", step),
+            )
 
     def refresh(self) -> SnapshotSource:
         """Fetch the snapshot (conditional on the ETag, within ``timeout_s`` in all); on any
@@ -271,15 +321,19 @@ class OracleClient:
         try:
             resp = self._request("GET", "/api/v1/canaries", headers=headers)
         except httpx.HTTPError as err:
-            log.warning("canary snapshot fetch failed (%s); using the %s copy", err,
-                        self.snapshot_source)
+            log.warning(
+                "canary snapshot fetch failed (%s); using the %s copy", err, self.snapshot_source
+            )
             return self.snapshot_source
         if resp.status_code == 304:
             self.snapshot_source = "service"
             return "service"
         if resp.status_code != 200:
-            log.warning("canary snapshot fetch: HTTP %d; using the %s copy", resp.status_code,
-                        self.snapshot_source)
+            log.warning(
+                "canary snapshot fetch: HTTP %d; using the %s copy",
+                resp.status_code,
+                self.snapshot_source,
+            )
             return self.snapshot_source
         body: Any = None
         try:
@@ -287,9 +341,14 @@ class OracleClient:
             snapshot = checked_snapshot(body, self.pack, self.pack_name)
         except ValueError as err:  # garbage, or another pack's snapshot
             self._foreign_kill_switch = kill_switch_of_revision(body, self.pack, self.pack_name)
-            log.warning("canary snapshot fetch: %s; using the %s copy%s", err, self.snapshot_source,
-                        " with the service's kill switch, which is engaged"
-                        if self._foreign_kill_switch else "")
+            log.warning(
+                "canary snapshot fetch: %s; using the %s copy%s",
+                err,
+                self.snapshot_source,
+                " with the service's kill switch, which is engaged"
+                if self._foreign_kill_switch
+                else "",
+            )
             return self.snapshot_source
         self._foreign_kill_switch = False
         self._snapshot = snapshot
@@ -305,7 +364,8 @@ class OracleClient:
             return 0
         sent = self.spool.drain(self._send, self.batch_size)
         return sent + self.health.spool.drain(
-            lambda batch: self.health.send(self._request, batch), self.batch_size)
+            lambda batch: self.health.send(self._request, batch), self.batch_size
+        )
 
     def _request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         assert self._http is not None
@@ -323,8 +383,12 @@ class OracleClient:
         if resp.status_code in (413, 422):
             # A batch the service will never take (an invalid event, or a batch over its
             # body bound): split it down to single events, set aside the ones it refuses.
-            log.error("the service rejected %d events (HTTP %d): %s", len(batch),
-                      resp.status_code, resp.text[:500])
+            log.error(
+                "the service rejected %d events (HTTP %d): %s",
+                len(batch),
+                resp.status_code,
+                resp.text[:500],
+            )
             return "reject"
         if resp.status_code in (401, 403):
             self._refused("decision report", resp, len(batch))

@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 
-from oracle.client_http import RefusalLog, health_rejects
-from oracle.client_spool import SendResult, Spool
-from oracle.wire import HealthReportIn
+from turnout.oracle.client_http import RefusalLog, health_rejects
+from turnout.oracle.client_spool import SendResult, Spool
+from turnout.oracle.wire import HealthReportIn
 
 log = logging.getLogger("turnout.client")
 
@@ -53,7 +53,8 @@ class HealthReports:
             OSError: the spool cannot be written.
         """
         report = HealthReportIn.model_validate(
-            {"report_id": uuid.uuid4().hex, "host": self.host, "pack": self.pack, **fields})
+            {"report_id": uuid.uuid4().hex, "host": self.host, "pack": self.pack, **fields}
+        )
         self.spool.append(report.model_dump(mode="json"))
         return report.report_id
 
@@ -98,8 +99,12 @@ class HealthReports:
             refused = health_rejects(resp, ids)
             return "retry" if refused is None else (refused or "ok")
         if resp.status_code in (413, 422):  # the batch as a whole: split it
-            log.error("the service rejected %d health reports (HTTP %d): %s", len(batch),
-                      resp.status_code, resp.text[:500])
+            log.error(
+                "the service rejected %d health reports (HTTP %d): %s",
+                len(batch),
+                resp.status_code,
+                resp.text[:500],
+            )
             return "reject"
         if resp.status_code in (401, 403):
             self._refused("health report", resp, len(batch))

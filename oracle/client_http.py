@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from oracle.wire import HealthAck, IngestAck, batch_digest
+from turnout.oracle.wire import HealthAck, IngestAck, batch_digest
 
 log = logging.getLogger("turnout.client")
 
@@ -94,8 +94,9 @@ def _deadline(deadline_s: float) -> Iterator[_Watch]:
         raise DeadlineExceeded(f"no complete answer within {deadline_s:g} s")
 
 
-def request_within(http: httpx.Client, method: str, url: str, *, deadline_s: float,
-                   **kwargs: Any) -> httpx.Response:
+def request_within(
+    http: httpx.Client, method: str, url: str, *, deadline_s: float, **kwargs: Any
+) -> httpx.Response:
     """``http.request(method, url, **kwargs)`` (the body read whole) completed within
     ``deadline_s`` seconds in all.
 
@@ -107,8 +108,9 @@ def request_within(http: httpx.Client, method: str, url: str, *, deadline_s: flo
         return http.request(method, url, extensions={"trace": watch.trace}, **kwargs)
 
 
-def status_within(http: httpx.Client, method: str, url: str, *, deadline_s: float,
-                  **kwargs: Any) -> int:
+def status_within(
+    http: httpx.Client, method: str, url: str, *, deadline_s: float, **kwargs: Any
+) -> int:
     """The HTTP status of ``http.request(method, url, **kwargs)``, its status line and
     headers received within ``deadline_s`` seconds in all; the body is not read (an answer
     whose body never ends holds nothing).
@@ -117,8 +119,10 @@ def status_within(http: httpx.Client, method: str, url: str, *, deadline_s: floa
         DeadlineExceeded: the deadline passed first (the connection is cut).
         httpx.HTTPError: any other failure of the request.
     """
-    with _deadline(deadline_s) as watch, http.stream(
-            method, url, extensions={"trace": watch.trace}, **kwargs) as resp:
+    with (
+        _deadline(deadline_s) as watch,
+        http.stream(method, url, extensions={"trace": watch.trace}, **kwargs) as resp,
+    ):
         return resp.status_code
 
 
@@ -128,17 +132,26 @@ def acknowledged(resp: httpx.Response, ids: Sequence[str]) -> bool:
     try:
         ack = IngestAck.model_validate_json(resp.content)
     except ValidationError:
-        log.warning("a 200 that is not the service's acknowledgement (%s, %d bytes: %r): "
-                    "%d events stay spooled", resp.headers.get("content-type", "no type"),
-                    len(resp.content), resp.content[:80], len(ids))
+        log.warning(
+            "a 200 that is not the service's acknowledgement (%s, %d bytes: %r): "
+            "%d events stay spooled",
+            resp.headers.get("content-type", "no type"),
+            len(resp.content),
+            resp.content[:80],
+            len(ids),
+        )
         return False
     if ack.accepted != len(ids) or ack.batch_digest != batch_digest(ids):
-        log.warning("an acknowledgement of another batch (%d accepted, digest %s; sent %d, "
-                    "digest %s): the events stay spooled", ack.accepted, ack.batch_digest,
-                    len(ids), batch_digest(ids))
+        log.warning(
+            "an acknowledgement of another batch (%d accepted, digest %s; sent %d, "
+            "digest %s): the events stay spooled",
+            ack.accepted,
+            ack.batch_digest,
+            len(ids),
+            batch_digest(ids),
+        )
         return False
     return True
-
 
 
 def health_rejects(resp: httpx.Response, ids: Sequence[str]) -> frozenset[int] | None:
@@ -147,18 +160,29 @@ def health_rejects(resp: httpx.Response, ids: Sequence[str]) -> frozenset[int] |
     try:
         ack = HealthAck.model_validate_json(resp.content)
     except ValidationError:
-        log.warning("a 200 that is not the service's acknowledgement (%s, %d bytes): %d "
-                    "health reports stay spooled", resp.headers.get("content-type", "no type"),
-                    len(resp.content), len(ids))
+        log.warning(
+            "a 200 that is not the service's acknowledgement (%s, %d bytes): %d "
+            "health reports stay spooled",
+            resp.headers.get("content-type", "no type"),
+            len(resp.content),
+            len(ids),
+        )
         return None
     refused = frozenset(r.index for r in ack.rejected)
-    if (ack.batch_digest != batch_digest(ids) or ack.accepted + len(refused) != len(ids)
-            or any(not 0 <= i < len(ids) for i in refused)):
+    if (
+        ack.batch_digest != batch_digest(ids)
+        or ack.accepted + len(refused) != len(ids)
+        or any(not 0 <= i < len(ids) for i in refused)
+    ):
         log.warning("an acknowledgement of another batch of health reports: they stay spooled")
         return None
     for r in ack.rejected:
-        log.error("the service refused health report %s: %s (%s)", ids[r.index],
-                  r.detail.message, r.detail.code)
+        log.error(
+            "the service refused health report %s: %s (%s)",
+            ids[r.index],
+            r.detail.message,
+            r.detail.code,
+        )
     return refused
 
 
@@ -188,6 +212,10 @@ class RefusalLog:
         level = logging.DEBUG if text in self._seen else logging.WARNING
         if len(self._seen) < self.MAX_SEEN:
             self._seen.add(text)
-        log.log(level, "%s deferred (%s): %d spooled, kept until the service takes the token",
-                what, text, num_spooled)
-
+        log.log(
+            level,
+            "%s deferred (%s): %d spooled, kept until the service takes the token",
+            what,
+            text,
+            num_spooled,
+        )

@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from oracle import CanarySnapshot, Pack
-from oracle.wire import SnapshotIn
+from turnout.oracle import CanarySnapshot, Pack
+from turnout.oracle.wire import SnapshotIn
 
 log = logging.getLogger("turnout.client")
 
@@ -34,8 +34,10 @@ def snapshot_mismatch(snapshot: SnapshotIn, pack: Pack, pack_name: str) -> str |
     if snapshot.pack not in (pack_name, pack.name):
         return f"it is of pack {snapshot.pack!r}, this engine runs {pack.name!r}"
     if snapshot.pack_digest is not None and snapshot.pack_digest != pack.digest:
-        return (f"it is of revision {snapshot.pack_digest} of pack {pack.name}, this engine "
-                f"runs revision {pack.digest}")
+        return (
+            f"it is of revision {snapshot.pack_digest} of pack {pack.name}, this engine "
+            f"runs revision {pack.digest}"
+        )
     seen: set[str] = set()
     for c in snapshot.cohorts:
         if c.cohort in seen:
@@ -43,8 +45,10 @@ def snapshot_mismatch(snapshot: SnapshotIn, pack: Pack, pack_name: str) -> str |
         seen.add(c.cohort)
     missing = [c.id for c in pack.cohorts if c.id not in seen]
     if missing:
-        return (f"it has no state for {len(missing)} of the {len(pack.cohorts)} stages of "
-                f"pack {pack.name} ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})")
+        return (
+            f"it has no state for {len(missing)} of the {len(pack.cohorts)} stages of "
+            f"pack {pack.name} ({', '.join(missing[:5])}{', ...' if len(missing) > 5 else ''})"
+        )
     return None
 
 
@@ -73,8 +77,9 @@ def checked_snapshot(body: Any, pack: Pack, pack_name: str) -> CanarySnapshot:
     return parsed.to_snapshot()
 
 
-def load_last_known_good(path: Path, pack: Pack, pack_name: str
-                         ) -> tuple[CanarySnapshot, str | None] | None:
+def load_last_known_good(
+    path: Path, pack: Pack, pack_name: str
+) -> tuple[CanarySnapshot, str | None] | None:
     """The snapshot and ETag kept at ``path``; None when there is none, or when it cannot be
     read or is not of ``pack`` (logged)."""
     try:

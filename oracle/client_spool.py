@@ -78,8 +78,9 @@ class Spool:
         """Events on disk not yet acknowledged (open and sealed segments)."""
         return sum(len(_read_events(p)[0]) for p in self._segments(("open-", "sealed-")))
 
-    def drain(self, send: Callable[[list[dict[str, Any]]], SendResult | bool],
-              batch_size: int) -> int:
+    def drain(
+        self, send: Callable[[list[dict[str, Any]]], SendResult | bool], batch_size: int
+    ) -> int:
         """Send what is spooled; returns the number of events acknowledged."""
         self._seal_own()
         self._seal_orphans()
@@ -91,7 +92,7 @@ class Spool:
                 events, unreadable = _read_events(path)
                 rejected: list[str] = []
                 for start in range(0, len(events), batch_size):
-                    batch = events[start:start + batch_size]
+                    batch = events[start : start + batch_size]
                     result = _send_batch(send, batch, rejected)
                     if result is None:
                         return sent  # retry later; the segment stays (resending is harmless)
@@ -109,8 +110,12 @@ class Spool:
             f.write("".join(line + "\n" for line in lines))
             f.flush()
             os.fsync(f.fileno())
-        log.error("set aside %d events of %s in %s: the service rejected them or they cannot "
-                  "be read", len(lines), path.name, aside.name)
+        log.error(
+            "set aside %d events of %s in %s: the service rejected them or they cannot be read",
+            len(lines),
+            path.name,
+            aside.name,
+        )
 
     def _segments(self, prefixes: tuple[str, ...]) -> list[Path]:
         return sorted(p for p in self.directory.glob("*.jsonl") if p.name.startswith(prefixes))
@@ -145,8 +150,11 @@ class Spool:
         return open_path.with_name(f"sealed-{uuid.uuid1().hex}-{open_path.name[5:]}")
 
 
-def _send_batch(send: Callable[[list[dict[str, Any]]], SendResult | bool],
-                batch: list[dict[str, Any]], rejected: list[str]) -> int | None:
+def _send_batch(
+    send: Callable[[list[dict[str, Any]]], SendResult | bool],
+    batch: list[dict[str, Any]],
+    rejected: list[str],
+) -> int | None:
     """Send one batch; the number of events acknowledged, or None to retry later. A batch the
     service rejects (one bad event rejects it whole) is resent event by event, so that only
     the bad events are set aside (appended to ``rejected`` as JSON lines)."""

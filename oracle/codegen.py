@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
-from oracle.compile_types import ArchInfo, CompiledRule, CompiledStage
-from oracle.conditions import Condition, dimension_expr
+from turnout.oracle.compile_types import ArchInfo, CompiledRule, CompiledStage
+from turnout.oracle.conditions import Condition, dimension_expr
 
 Evaluate = Callable[[Any, ArchInfo, str], tuple[int, int, tuple[Any, ...] | None]]
 Getter = Callable[[Any, ArchInfo, str], Any]
@@ -30,29 +30,37 @@ def _conditions_source(conds: Sequence[Condition], consts: dict[str, Any]) -> st
     return " and ".join(f"({c.source(consts, _local(c.dim))})" for c in conds)
 
 
-def _inline_source(conds: Sequence[Condition], consts: dict[str, Any],
-                   derived: AbstractSet[str]) -> str:
+def _inline_source(
+    conds: Sequence[Condition], consts: dict[str, Any], derived: AbstractSet[str]
+) -> str:
     """Conditions reading their dimensions directly (derived predicates and step tests)."""
     if not conds:
         return "True"
     return " and ".join(f"({c.source(consts, None, derived)})" for c in conds)
 
 
-def _derived_lines(derived: Mapping[str, Sequence[Sequence[Condition]]],
-                   consts: dict[str, Any]) -> list[str]:
+def _derived_lines(
+    derived: Mapping[str, Sequence[Sequence[Condition]]], consts: dict[str, Any]
+) -> list[str]:
     lines = []
     for name, alternatives in derived.items():
-        body = " or ".join(f"({_inline_source(alt, consts, frozenset())})"
-                           for alt in alternatives) or "False"
+        body = (
+            " or ".join(f"({_inline_source(alt, consts, frozenset())})" for alt in alternatives)
+            or "False"
+        )
         lines += [f"def _D_{name}(c, a, p):", f"    return {body}"]
     return lines
 
 
-def _step_lines(steps: Sequence[Sequence[Condition]], consts: dict[str, Any],
-                derived: AbstractSet[str]) -> list[str]:
+def _step_lines(
+    steps: Sequence[Sequence[Condition]], consts: dict[str, Any], derived: AbstractSet[str]
+) -> list[str]:
     lines = []
     for i, conds in enumerate(steps):
-        lines += [f"def _S_{i}(c, a, p, e):", f"    return {_inline_source(conds, consts, derived)}"]
+        lines += [
+            f"def _S_{i}(c, a, p, e):",
+            f"    return {_inline_source(conds, consts, derived)}",
+        ]
     return lines
 
 
@@ -77,16 +85,22 @@ def _stage_lines(stages: Sequence[CompiledStage], consts: dict[str, Any]) -> lis
     return lines
 
 
-def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage],
-             derived: Mapping[str, Sequence[Sequence[Condition]]] | None = None,
-             steps: Sequence[Sequence[Condition]] = ()) -> Generated:
+def generate(
+    rules: Sequence[CompiledRule],
+    stages: Sequence[CompiledStage],
+    derived: Mapping[str, Sequence[Sequence[Condition]]] | None = None,
+    steps: Sequence[Sequence[Condition]] = (),
+) -> Generated:
     """The evaluation function, getters, derived predicates and step tests of a pack, and
     their source."""
     consts: dict[str, Any] = {}
     derived = derived or {}
     names = frozenset(derived)
-    hoisted = sorted({c.dim for r in rules for c in r.conditions}
-                     | {c.dim for s in stages for c in s.conditions} | {"family"})
+    hoisted = sorted(
+        {c.dim for r in rules for c in r.conditions}
+        | {c.dim for s in stages for c in s.conditions}
+        | {"family"}
+    )
     lines = _derived_lines(derived, consts) + _step_lines(steps, consts, names)
     lines.append("def evaluate(c, a, p):")
     lines += [f"    {_local(d)} = {dimension_expr(d, names)}" for d in hoisted]
@@ -100,8 +114,9 @@ def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage],
     lines.append("    out = ()")
     for r in rules:
         if r.dims:
-            items = "".join(f"{_local(d) if d in hoisted else dimension_expr(d, names)}, "
-                            for d in r.dims)
+            items = "".join(
+                f"{_local(d) if d in hoisted else dimension_expr(d, names)}, " for d in r.dims
+            )
             lines.append(f"    if m & {1 << r.index}:")
             lines.append(f"        out += ({items})")
     lines.append("    return m, idx, out")
@@ -113,9 +128,14 @@ def generate(rules: Sequence[CompiledRule], stages: Sequence[CompiledStage],
     namespace: dict[str, Any] = dict(consts)
     exec(compile(source, "<policy pack>", "exec"), namespace)  # our own generated code
     getters = {d: namespace[f"get_{d}"] for d in all_dims}
-    return Generated(namespace["evaluate"], getters, source,
-                     {n: namespace[f"_D_{n}"] for n in derived},
-                     tuple(namespace[f"_S_{i}"] for i in range(len(steps))), namespace)
+    return Generated(
+        namespace["evaluate"],
+        getters,
+        source,
+        {n: namespace[f"_D_{n}"] for n in derived},
+        tuple(namespace[f"_S_{i}"] for i in range(len(steps))),
+        namespace,
+    )
 
 
 class Generated(NamedTuple):

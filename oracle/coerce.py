@@ -14,16 +14,16 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from oracle.errors import ConfigError, ErrorCode
-from oracle.fields import Check, FieldInfo, Kind
+from turnout.oracle.errors import ConfigError, ErrorCode
+from turnout.oracle.fields import Check, FieldInfo, Kind
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 # Bounds no real deployment comes near: a value beyond them is a mistake (or an attack on the
 # service's caches), refused with the field's name rather than carried into JSON and storage.
 MAX_INT = 2**31 - 1
-MAX_STR = 1024    # characters of a string field, list item, env name or value
-MAX_ITEMS = 64    # entries of a list field or of env
+MAX_STR = 1024  # characters of a string field, list item, env name or value
+MAX_ITEMS = 64  # entries of a list field or of env
 
 
 class FrozenMap(Mapping[str, Any]):
@@ -71,8 +71,11 @@ def suggest(name: str, options: list[str] | tuple[str, ...]) -> str:
 
 
 def _bad(info: FieldInfo, value: Any, expected: str) -> ConfigError:
-    return ConfigError(f"{info.name}: expected {expected}, got {value!r}",
-                       code=ErrorCode.BAD_VALUE, field=info.name)
+    return ConfigError(
+        f"{info.name}: expected {expected}, got {value!r}",
+        code=ErrorCode.BAD_VALUE,
+        field=info.name,
+    )
 
 
 def _to_bool(info: FieldInfo, value: Any) -> bool:
@@ -88,8 +91,11 @@ def _to_int(info: FieldInfo, value: Any) -> int:
         raise _bad(info, value, "an integer")
     if isinstance(value, int):
         out = value
-    elif isinstance(value, str) and value.strip().lstrip("+").isascii() \
-            and value.strip().lstrip("+").isdigit():
+    elif (
+        isinstance(value, str)
+        and value.strip().lstrip("+").isascii()
+        and value.strip().lstrip("+").isdigit()
+    ):
         out = int(value)  # ASCII digits only: "²".isdigit() is true, int("²") fails
     elif isinstance(value, float) and value.is_integer():
         out = int(value)
@@ -124,7 +130,10 @@ def _to_enum(info: FieldInfo, value: Any) -> str:
     if v not in info.vocab:
         raise ConfigError(
             f"{info.name}: unknown value {value!r}{suggest(v, info.vocab)}; expected one of "
-            + ", ".join(info.vocab), code=ErrorCode.BAD_VALUE, field=info.name)
+            + ", ".join(info.vocab),
+            code=ErrorCode.BAD_VALUE,
+            field=info.name,
+        )
     return v
 
 
@@ -180,7 +189,8 @@ def _json_ok(value: Any, depth: int = 0) -> bool:
     if isinstance(value, Mapping):
         return len(value) <= MAX_ITEMS and all(
             isinstance(k, str) and len(k) <= MAX_STR and _json_ok(v, depth + 1)
-            for k, v in value.items())
+            for k, v in value.items()
+        )
     if isinstance(value, list | tuple):
         return len(value) <= MAX_ITEMS and all(_json_ok(v, depth + 1) for v in value)
     if isinstance(value, float):
@@ -194,19 +204,29 @@ def _to_json(info: FieldInfo, value: Any) -> FrozenMap:
     if isinstance(value, FrozenMap):
         return value
     if isinstance(value, bool) or not isinstance(value, Mapping):
-        raise _bad(info, value, 'a JSON object such as {"kv_connector": "NixlConnector", '
-                                '"kv_role": "kv_both"}')
+        raise _bad(
+            info,
+            value,
+            'a JSON object such as {"kv_connector": "NixlConnector", "kv_role": "kv_both"}',
+        )
     if not _json_ok(value):
-        raise _bad(info, "an object", f"string keys, JSON values, at most {MAX_ITEMS} entries "
-                                      f"a level and {MAX_STR} characters a string")
+        raise _bad(
+            info,
+            "an object",
+            f"string keys, JSON values, at most {MAX_ITEMS} entries "
+            f"a level and {MAX_STR} characters a string",
+        )
     return freeze_json(value)  # type: ignore[no-any-return]
 
 
 def check_capability(info: FieldInfo, value: Any) -> str:
     """A compute capability ``major.minor`` ("9.0"); a bare integer below 20 is a major version
     (10 -> 10.0), from 20 on it is vLLM's ``to_int()`` form (90 -> 9.0, 100 -> 10.0)."""
-    text = str(value).strip() if isinstance(value, str | int | float) \
-        and not isinstance(value, bool) else ""
+    text = (
+        str(value).strip()
+        if isinstance(value, str | int | float) and not isinstance(value, bool)
+        else ""
+    )
     if text.isdigit():
         number = int(text)
         text = f"{number}.0" if number < 20 else f"{number // 10}.{number % 10}"
@@ -219,8 +239,9 @@ def check_capability(info: FieldInfo, value: Any) -> str:
 def _to_str(info: FieldInfo, value: Any) -> str:
     if isinstance(value, str):
         if len(value) > MAX_STR:
-            raise _bad(info, f"{value[:40]}... ({len(value)} characters)",
-                       f"at most {MAX_STR} characters")
+            raise _bad(
+                info, f"{value[:40]}... ({len(value)} characters)", f"at most {MAX_STR} characters"
+            )
         return value
     raise _bad(info, value, "a string")
 
@@ -242,6 +263,13 @@ def check_speculative_method(info: FieldInfo, value: Any) -> str:
 
 
 KIND_CHECKS: dict[Kind, Check] = {
-    "bool": _to_bool, "opt_bool": _to_bool, "int": _to_int, "float": _to_float,
-    "enum": _to_enum, "list": _to_list, "env": _to_env, "str": _to_str, "json": _to_json,
+    "bool": _to_bool,
+    "opt_bool": _to_bool,
+    "int": _to_int,
+    "float": _to_float,
+    "enum": _to_enum,
+    "list": _to_list,
+    "env": _to_env,
+    "str": _to_str,
+    "json": _to_json,
 }

@@ -21,9 +21,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oracle.config import DeploymentConfig
-from oracle.decision import CanarySnapshot, Decision
-from oracle.pack import Pack
+from turnout.oracle.config import DeploymentConfig
+from turnout.oracle.decision import CanarySnapshot, Decision
+from turnout.oracle.pack import Pack
 
 REFUSE = "refuse"
 ARROW = "→"
@@ -72,10 +72,16 @@ class Side:
         """``{pack, runner, reason_code, why, reasons: [{rule_id, label}], steps, error,
         error_code}`` (``steps``: ids of steps that applied under this pack only)."""
         d = self.decision
-        return {"pack": self.pack, "runner": d.runner, "reason_code": d.reason_code,
-                "why": why(d), "reasons": [{"rule_id": r.rule_id, "label": r.label}
-                                           for r in d.reasons],
-                "steps": list(self.only_steps), "error": d.error, "error_code": d.error_code}
+        return {
+            "pack": self.pack,
+            "runner": d.runner,
+            "reason_code": d.reason_code,
+            "why": why(d),
+            "reasons": [{"rule_id": r.rule_id, "label": r.label} for r in d.reasons],
+            "steps": list(self.only_steps),
+            "error": d.error,
+            "error_code": d.error_code,
+        }
 
 
 def set_steps(pack: Pack, config: DeploymentConfig) -> list[str]:
@@ -84,9 +90,12 @@ def set_steps(pack: Pack, config: DeploymentConfig) -> list[str]:
     return [s for s in pack.steps_applied(config) if kinds[s] == "set"]
 
 
-def only_steps(before: Pack, after: Pack, config: DeploymentConfig,
-               after_config: DeploymentConfig | None = None
-               ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def only_steps(
+    before: Pack,
+    after: Pack,
+    config: DeploymentConfig,
+    after_config: DeploymentConfig | None = None,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(``set`` steps that changed the config under ``before`` only, under ``after`` only), by
     id: a normalisation one release makes and the other does not (``enforce_eager`` turning
     compilation off, say) explains a change that no rule names. ``after_config``: the config
@@ -96,9 +105,15 @@ def only_steps(before: Pack, after: Pack, config: DeploymentConfig,
     return (tuple(s for s in a if s not in b), tuple(s for s in b if s not in a))
 
 
-def sides(before: Pack, after: Pack, config: DeploymentConfig,
-          canaries: CanarySnapshot | None = None, *, steps: bool = True,
-          after_config: DeploymentConfig | None = None) -> tuple[Side, Side]:
+def sides(
+    before: Pack,
+    after: Pack,
+    config: DeploymentConfig,
+    canaries: CanarySnapshot | None = None,
+    *,
+    steps: bool = True,
+    after_config: DeploymentConfig | None = None,
+) -> tuple[Side, Side]:
     """The deployment decided by both packs (``canaries`` apply to ``before`` only: a
     snapshot names one pack's cohorts; ``after`` decides with its rollout.yaml defaults).
     With ``steps``, when the runner changes and both start, each side names the ``set`` steps
@@ -136,8 +151,12 @@ class DeploymentChange:
         return self.after.decision.family or self.before.decision.family
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "model": self.model, "family": self.family,
-                               "change": self.change}
+        out: dict[str, Any] = {
+            "id": self.id,
+            "model": self.model,
+            "family": self.family,
+            "change": self.change,
+        }
         if self.before is None or self.after is None:
             return out | {"error": self.error, "error_code": self.error_code}
         return out | {"before": self.before.to_json(), "after": self.after.to_json()}
@@ -177,9 +196,14 @@ class FamilySummary:
         return sum(self.changes.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {"family": self.family, "deployments": self.deployments,
-                "changed": self.changed, "changes": self.changes,
-                "why_before": dict(self.why_before), "why_after": dict(self.why_after)}
+        return {
+            "family": self.family,
+            "deployments": self.deployments,
+            "changed": self.changed,
+            "changes": self.changes,
+            "why_before": dict(self.why_before),
+            "why_after": dict(self.why_after),
+        }
 
 
 def by_family(changes: Iterable[DeploymentChange]) -> list[FamilySummary]:
@@ -196,9 +220,14 @@ def by_family(changes: Iterable[DeploymentChange]) -> list[FamilySummary]:
             errors = top(([c.error_code or "bad_input"] for c in cs), 3)
             out.append(FamilySummary(fam, len(cs), {}, errors, errors))
             continue
-        out.append(FamilySummary(
-            fam, len(cs), count_changes(c.change for c in moved),
-            top((c.before.why() for c in moved if c.before), 3),
-            top((c.after.why() for c in moved if c.after), 3)))
+        out.append(
+            FamilySummary(
+                fam,
+                len(cs),
+                count_changes(c.change for c in moved),
+                top((c.before.why() for c in moved if c.before), 3),
+                top((c.after.why() for c in moved if c.after), 3),
+            )
+        )
     out.sort(key=lambda s: (s.family == BAD_INPUT, -s.changed, -s.deployments, s.family))
     return out

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from oracle.codegen import generate
-from oracle.compile_types import (
+from turnout.oracle.codegen import generate
+from turnout.oracle.compile_types import (
     ArchInfo,
     CompiledRule,
     CompiledStage,
@@ -26,7 +26,7 @@ from oracle.compile_types import (
     PackData,
     Template,
 )
-from oracle.conditions import (
+from turnout.oracle.conditions import (
     NOT_DIMENSIONS,
     Condition,
     ConditionParser,
@@ -34,18 +34,18 @@ from oracle.conditions import (
     known_dimension_names,
     nullable,
 )
-from oracle.config import FIELD_INFO, coerce_field
-from oracle.errors import ConfigError, Issue, PackError
-from oracle.family_table import build_arch_table
-from oracle.fields import RUNNER_PINS
-from oracle.pack_merge import (
+from turnout.oracle.config import FIELD_INFO, coerce_field
+from turnout.oracle.errors import ConfigError, Issue, PackError
+from turnout.oracle.family_table import build_arch_table
+from turnout.oracle.fields import RUNNER_PINS
+from turnout.oracle.pack_merge import (
     Located,
     MergedMatrix,
     load_matrix_chain,
     merged_messages,
     merged_meta,
 )
-from oracle.schema import (
+from turnout.oracle.schema import (
     Families,
     ManifestsFile,
     MessageSpec,
@@ -55,9 +55,9 @@ from oracle.schema import (
     RunnerManifestSpec,
     Step,
 )
-from oracle.stepgen import generate_steps
-from oracle.validate import validate_model
-from oracle.yamlpos import Positions, load_with_positions
+from turnout.oracle.stepgen import generate_steps
+from turnout.oracle.validate import validate_model
+from turnout.oracle.yamlpos import Positions, load_with_positions
 
 PACK_FILES = ("capability_matrix.yaml", "families.yaml", "rollout.yaml")
 
@@ -112,15 +112,22 @@ class _Compiler:
             self.issues += exc.issues
             return None
 
-    def check_template(self, text: str, allowed: set[str], pos: Positions,
-                       path: tuple[Any, ...]) -> None:
+    def check_template(
+        self, text: str, allowed: set[str], pos: Positions, path: tuple[Any, ...]
+    ) -> None:
         for ph in _placeholders(text):
             if ph not in allowed:
-                self.issues.append(pos.issue(path, f"unknown placeholder {{{ph}}}; expected "
-                                                   "one of: " + ", ".join(sorted(allowed))))
+                self.issues.append(
+                    pos.issue(
+                        path,
+                        f"unknown placeholder {{{ph}}}; expected "
+                        "one of: " + ", ".join(sorted(allowed)),
+                    )
+                )
 
-    def families(self, families: Families
-                 ) -> tuple[dict[str, ArchInfo], dict[str, ArchInfo], dict[str, str]]:
+    def families(
+        self, families: Families
+    ) -> tuple[dict[str, ArchInfo], dict[str, ArchInfo], dict[str, str]]:
         pos = self.pos["families.yaml"]
         archs, defaults, labels = build_arch_table(families, pos, self.issues)
         if families.families_from is None:
@@ -133,23 +140,28 @@ class _Compiler:
             self.issues += exc.issues
             return archs, defaults, labels
         if base.families_from is not None:
-            self.issues.append(inc_pos.issue(("families_from",), "families_from may not be "
-                                             "nested"))
+            self.issues.append(inc_pos.issue(("families_from",), "families_from may not be nested"))
         self.included.append(path)
         b_archs, b_defaults, b_labels = build_arch_table(base, inc_pos, self.issues)
         merged = {k: v for k, v in b_archs.items() if v.family not in defaults} | archs
         return merged, b_defaults | defaults, b_labels | labels
 
-    def domains(self, matrix: MergedMatrix, archs: Mapping[str, ArchInfo],
-                families: Mapping[str, str]) -> dict[str, tuple[Any, ...] | None]:
+    def domains(
+        self, matrix: MergedMatrix, archs: Mapping[str, ArchInfo], families: Mapping[str, str]
+    ) -> dict[str, tuple[Any, ...] | None]:
         out: dict[str, tuple[Any, ...] | None] = {}
         for dim, located in matrix.dimensions.items():
             spec, pos, path = located.item, located.pos, located.path
             kind = dimension_kind(dim)
             if kind is None:
-                self.issues.append(pos.issue(path, f"unknown dimension {dim!r}; expected one "
-                                             "of: " + ", ".join(known_dimension_names()),
-                                             prefer_key=True))
+                self.issues.append(
+                    pos.issue(
+                        path,
+                        f"unknown dimension {dim!r}; expected one "
+                        "of: " + ", ".join(known_dimension_names()),
+                        prefer_key=True,
+                    )
+                )
                 continue
             domain = spec.domain
             if dim == "family":
@@ -167,16 +179,21 @@ class _Compiler:
                 if info is not None and info.vocab is not None:
                     out[dim] = info.vocab
                 elif kind in ("int", "float", "list"):
-                    self.issues.append(pos.issue(path, f"{kind} dimension {dim!r} needs a "
-                                                       "domain (its representative values)"))
+                    self.issues.append(
+                        pos.issue(
+                            path,
+                            f"{kind} dimension {dim!r} needs a domain (its representative values)",
+                        )
+                    )
                 else:
                     out[dim] = None  # open string domain (model_type, quantization)
             else:
                 out[dim] = self._check_domain(dim, kind, domain, pos, (*path, "domain"))
         return out
 
-    def _check_domain(self, dim: str, kind: str, domain: list[Any], pos: Positions,
-                      path: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _check_domain(
+        self, dim: str, kind: str, domain: list[Any], pos: Positions, path: tuple[Any, ...]
+    ) -> tuple[Any, ...]:
         vocab = FIELD_INFO[dim].vocab if dim in FIELD_INFO else None
         values: list[Any] = []
         for i, v in enumerate(domain):
@@ -184,21 +201,27 @@ class _Compiler:
                 "int": isinstance(v, int) and not isinstance(v, bool),
                 "float": isinstance(v, int | float) and not isinstance(v, bool),
                 "list": isinstance(v, list),
-                "str": isinstance(v, str), "enum": isinstance(v, str),
+                "str": isinstance(v, str),
+                "enum": isinstance(v, str),
             }.get(kind, False)
             if not ok:
                 self.issues.append(pos.issue((*path, i), f"{dim}: {v!r} is not a {kind} value"))
             elif vocab is not None and v not in vocab:
-                self.issues.append(pos.issue((*path, i), f"unknown value {v!r} for {dim}; "
-                                             "expected one of: " + ", ".join(vocab)))
+                self.issues.append(
+                    pos.issue(
+                        (*path, i),
+                        f"unknown value {v!r} for {dim}; expected one of: " + ", ".join(vocab),
+                    )
+                )
             else:
                 values.append(tuple(v) if isinstance(v, list) else v)
         if len(set(values)) != len(values):
             self.issues.append(pos.issue(path, f"{dim}: duplicate values in domain"))
         return tuple(values)
 
-    def parser(self, domains: Mapping[str, tuple[Any, ...] | None], pos: Positions,
-               steps: bool = False) -> ConditionParser:
+    def parser(
+        self, domains: Mapping[str, tuple[Any, ...] | None], pos: Positions, steps: bool = False
+    ) -> ConditionParser:
         """One condition parser per file (issues are collected from each at the end)."""
         key = (id(pos), steps)
         if key not in self._parsers:
@@ -210,22 +233,31 @@ class _Compiler:
             self.issues += parser.issues
             parser.issues = []
 
-    def derived(self, matrix: MergedMatrix, domains: dict[str, tuple[Any, ...] | None]
-                ) -> dict[str, tuple[tuple[Condition, ...], ...]]:
+    def derived(
+        self, matrix: MergedMatrix, domains: dict[str, tuple[Any, ...] | None]
+    ) -> dict[str, tuple[tuple[Condition, ...], ...]]:
         out: dict[str, tuple[tuple[Condition, ...], ...]] = {}
         for name, located in matrix.derived.items():
             if dimension_kind(name) is not None:
-                self.issues.append(located.pos.issue(located.path, f"derived {name!r} has the "
-                                                     "name of a dimension", prefer_key=True))
+                self.issues.append(
+                    located.pos.issue(
+                        located.path,
+                        f"derived {name!r} has the name of a dimension",
+                        prefer_key=True,
+                    )
+                )
                 continue
             parser = ConditionParser(domains, located.pos)  # derived may not use derived
-            out[name] = tuple(parser.parse_when(alt, (*located.path, "any", i))
-                              for i, alt in enumerate(located.item.any))
+            out[name] = tuple(
+                parser.parse_when(alt, (*located.path, "any", i))
+                for i, alt in enumerate(located.item.any)
+            )
             self.issues += parser.issues
         return out
 
-    def steps(self, matrix: MergedMatrix, domains: dict[str, tuple[Any, ...] | None]
-              ) -> list[tuple[Located[Step], tuple[Condition, ...], dict[str, Any]]]:
+    def steps(
+        self, matrix: MergedMatrix, domains: dict[str, tuple[Any, ...] | None]
+    ) -> list[tuple[Located[Step], tuple[Condition, ...], dict[str, Any]]]:
         out: list[tuple[Located[Step], tuple[Condition, ...], dict[str, Any]]] = []
         seen: set[str] = set()
         finals = 0
@@ -238,8 +270,9 @@ class _Compiler:
             conds = self.parser(domains, pos, steps=True).parse_when(step.when, (*path, "when"))
             sets = self._check_sets(step, pos, path)
             if step.refuse is not None:
-                self.check_template(step.refuse, set(known_dimension_names()), pos,
-                                    (*path, "refuse"))
+                self.check_template(
+                    step.refuse, set(known_dimension_names()), pos, (*path, "refuse")
+                )
             out.append((located, conds, sets))
         if finals > 1:
             self.issues.append(matrix.meta_pos.issue(("steps",), "only one step may be final"))
@@ -248,9 +281,12 @@ class _Compiler:
             if located.item.final:
                 after_final = True
             elif after_final and located.item.kind != "refuse":
-                self.issues.append(located.pos.issue(
-                    (*located.path, "id"), "a step after the final one can only refuse: the "
-                    "decision is made by then"))
+                self.issues.append(
+                    located.pos.issue(
+                        (*located.path, "id"),
+                        "a step after the final one can only refuse: the decision is made by then",
+                    )
+                )
         return out
 
     def _check_sets(self, step: Step, pos: Positions, path: tuple[Any, ...]) -> dict[str, Any]:
@@ -258,8 +294,9 @@ class _Compiler:
         for name, value in (step.set or {}).items():
             p = (*path, "set", name)
             if name not in FIELD_INFO or name in NOT_DIMENSIONS:
-                self.issues.append(pos.issue(p, f"set: {name!r} is not a field a step can "
-                                             "change", prefer_key=True))
+                self.issues.append(
+                    pos.issue(p, f"set: {name!r} is not a field a step can change", prefer_key=True)
+                )
                 continue
             if value is None and not nullable(name):
                 self.issues.append(pos.issue(p, f"set: {name} is never null"))
@@ -270,8 +307,9 @@ class _Compiler:
                 self.issues.append(pos.issue(p, f"set: {exc.message}"))
         return sets
 
-    def rules(self, matrix: MergedMatrix, domains: dict[str, tuple[Any, ...] | None]
-              ) -> tuple[CompiledRule, ...]:
+    def rules(
+        self, matrix: MergedMatrix, domains: dict[str, tuple[Any, ...] | None]
+    ) -> tuple[CompiledRule, ...]:
         dims_allowed = set(known_dimension_names(self.derived_names))
         seen: dict[str, int] = {}
         out: list[CompiledRule] = []
@@ -279,13 +317,21 @@ class _Compiler:
             rule, pos, path = located.item, located.pos, located.path
             parser = self.parser(domains, pos)
             if rule.id in seen:
-                self.issues.append(pos.issue((*path, "id"), f"duplicate rule id {rule.id!r} "
-                                             f"(first is rules[{seen[rule.id]}])"))
+                self.issues.append(
+                    pos.issue(
+                        (*path, "id"),
+                        f"duplicate rule id {rule.id!r} (first is rules[{seen[rule.id]}])",
+                    )
+                )
                 continue
             seen[rule.id] = i
             conditions = parser.parse_when(rule.when, (*path, "when"))
-            texts = {"label": rule.label, "message": rule.message, "error": rule.error,
-                     "skip_message": rule.skip_message}
+            texts = {
+                "label": rule.label,
+                "message": rule.message,
+                "error": rule.error,
+                "skip_message": rule.skip_message,
+            }
             mentioned: list[str] = []
             for key, raw in texts.items():
                 text = raw.text if isinstance(raw, MessageSpec) else raw
@@ -298,33 +344,58 @@ class _Compiler:
             tested = [c.dim for c in conditions]
             mentioned = [m for m in mentioned if m not in ("v1_labels", "early_runner")]
             dims = tuple(dict.fromkeys(tested + mentioned))
-            out.append(CompiledRule(
-                index=len(out), id=rule.id, label=Template("WARNING", rule.label),
-                effect=rule.effect, runner=rule.blocks or rule.forces or rule.prefers or "",
-                severity=rule.severity, prerequisite=rule.prerequisite,
-                override_pin=rule.override_pin, conditions=conditions, dims=dims,
-                message=_template(rule.message), error=_template(rule.error),
-                skip_message=_template(rule.skip_message), reason=rule.reason,
-                reference=rule.reference,
-                origin=(pos.file, *pos.at((*path, "id"))), yields=rule.yields))
+            out.append(
+                CompiledRule(
+                    index=len(out),
+                    id=rule.id,
+                    label=Template("WARNING", rule.label),
+                    effect=rule.effect,
+                    runner=rule.blocks or rule.forces or rule.prefers or "",
+                    severity=rule.severity,
+                    prerequisite=rule.prerequisite,
+                    override_pin=rule.override_pin,
+                    conditions=conditions,
+                    dims=dims,
+                    message=_template(rule.message),
+                    error=_template(rule.error),
+                    skip_message=_template(rule.skip_message),
+                    reason=rule.reason,
+                    reference=rule.reference,
+                    origin=(pos.file, *pos.at((*path, "id"))),
+                    yields=rule.yields,
+                )
+            )
         self.collect_parser_issues()
         return tuple(out)
 
     def _check_rule_messages(self, rule: Rule, pos: Positions, path: tuple[Any, ...]) -> None:
-        wanted = {"message": rule.prerequisite or rule.prefers is not None or rule.override_pin,
-                  "error": rule.prerequisite or rule.forces is not None,
-                  "skip_message": rule.prefers is not None and rule.yields}
+        wanted = {
+            "message": rule.prerequisite or rule.prefers is not None or rule.override_pin,
+            "error": rule.prerequisite or rule.forces is not None,
+            "skip_message": rule.prefers is not None and rule.yields,
+        }
         for key, allowed in wanted.items():
             if getattr(rule, key) is not None and not allowed:
-                self.issues.append(pos.issue((*path, key), f"{key} is not used by a rule with "
-                                             f"{rule.effect}" + (" (not a prerequisite)" if
-                                                                rule.blocks else "")))
+                self.issues.append(
+                    pos.issue(
+                        (*path, key),
+                        f"{key} is not used by a rule with "
+                        f"{rule.effect}" + (" (not a prerequisite)" if rule.blocks else ""),
+                    )
+                )
         if rule.prerequisite and rule.message is None:
-            self.issues.append(pos.issue(path, "a prerequisite needs a message (auto); its error "
-                                               "(pinned) is optional"))
+            self.issues.append(
+                pos.issue(
+                    path, "a prerequisite needs a message (auto); its error (pinned) is optional"
+                )
+            )
 
-    def stages(self, rollout: Rollout, domains: dict[str, tuple[Any, ...] | None],
-               families: Mapping[str, str]) -> tuple[CompiledStage, ...]:
+    def stages(
+        self,
+        rollout: Rollout,
+        domains: dict[str, tuple[Any, ...] | None],
+        families: Mapping[str, str],
+    ) -> tuple[CompiledStage, ...]:
         pos = self.pos["rollout.yaml"]
         parser = ConditionParser(domains, pos, self.derived_names)
         seen: set[str] = set()
@@ -336,11 +407,26 @@ class _Compiler:
             seen.add(st.id)
             for j, fam in enumerate(st.families):
                 if fam not in families:
-                    self.issues.append(pos.issue((*path, "families", j), f"unknown family "
-                                                 f"{fam!r}; families.yaml has no such family"))
+                    self.issues.append(
+                        pos.issue(
+                            (*path, "families", j),
+                            f"unknown family {fam!r}; families.yaml has no such family",
+                        )
+                    )
             conds = parser.parse_when(st.when, (*path, "when"))
-            out.append(CompiledStage(i, st.id, st.label, frozenset(st.families), conds,
-                                     st.enabled, st.percentage, st.description, dict(st.when)))
+            out.append(
+                CompiledStage(
+                    i,
+                    st.id,
+                    st.label,
+                    frozenset(st.families),
+                    conds,
+                    st.enabled,
+                    st.percentage,
+                    st.description,
+                    dict(st.when),
+                )
+            )
         self.issues += parser.issues
         return tuple(out)
 
@@ -362,11 +448,14 @@ class _Compiler:
     def messages(self, matrix: MergedMatrix) -> dict[str, Template | None]:
         messages = merged_messages(matrix)
         allowed = {
-            "blocked": {"labels"}, "pinned_blocked": {"labels"}, "v1_blocked": {"labels"},
+            "blocked": {"labels"},
+            "pinned_blocked": {"labels"},
+            "v1_blocked": {"labels"},
             "stage_off": {"family", "family_label", "stage", "stage_label"},
             "split_out": {"family", "family_label", "stage", "stage_label", "percentage"},
             "no_stage": {"family", "family_label", "runner"},
-            "invalid_env": {"name", "value"}, "pinned_v1": {"name", "value"},
+            "invalid_env": {"name", "value"},
+            "pinned_v1": {"name", "value"},
         }
         out: dict[str, Template | None] = {}
         for key in type(messages).model_fields:
@@ -387,21 +476,37 @@ def _digest(folder: Path, extra: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
-def _compiled_steps(steps: list[tuple[Located[Step], tuple[Condition, ...], dict[str, Any]]],
-                    tests: tuple[Any, ...], issues: list[Issue]) -> tuple[CompiledStep, ...]:
+def _compiled_steps(
+    steps: list[tuple[Located[Step], tuple[Condition, ...], dict[str, Any]]],
+    tests: tuple[Any, ...],
+    issues: list[Issue],
+) -> tuple[CompiledStep, ...]:
     index = {loc.item.id: i for i, (loc, _, _) in enumerate(steps)}
     out = []
     for i, (loc, conds, sets) in enumerate(steps):
         unless = set()
         for j, sid in enumerate(loc.item.unless):
             if index.get(sid, i) >= i:
-                issues.append(loc.pos.issue((*loc.path, "unless", j), f"unless: {sid!r} is not "
-                                            "an earlier step"))
+                issues.append(
+                    loc.pos.issue(
+                        (*loc.path, "unless", j), f"unless: {sid!r} is not an earlier step"
+                    )
+                )
             else:
                 unless.add(index[sid])
-        out.append(CompiledStep(i, loc.item.id, loc.item.kind, conds, sets,
-                                _template(loc.item.refuse), loc.item.reference, tests[i],
-                                frozenset(unless)))
+        out.append(
+            CompiledStep(
+                i,
+                loc.item.id,
+                loc.item.kind,
+                conds,
+                sets,
+                _template(loc.item.refuse),
+                loc.item.reference,
+                tests[i],
+                frozenset(unless),
+            )
+        )
     return tuple(out)
 
 
@@ -425,23 +530,45 @@ def compile_pack(folder: Path) -> PackData:
     comp._raise()
     gen = generate(rules, stages, derived, [conds for _, conds, _ in steps])
     compiled_steps = _compiled_steps(steps, gen.step_tests, comp.issues)
-    program = (generate_steps(compiled_steps, frozenset(derived), gen.namespace)
-               if compiled_steps else None)
+    program = (
+        generate_steps(compiled_steps, frozenset(derived), gen.namespace)
+        if compiled_steps
+        else None
+    )
     manifests = comp.manifests(meta)
     comp._raise()
     return PackData(
-        name=meta.name, path=folder, description=meta.description,
-        env_var=meta.env_var or "", env_parse=meta.env_parse or "strict",
-        reference=meta.reference, messages=messages, domains=domains, rules=rules,
-        stages=stages, archs=archs, family_labels=labels, family_defaults=family_defaults,
-        kill_switch=rollout.kill_switch, default_runner=rollout.default_runner,
-        digest=_digest(folder, comp.included), evaluate=gen.evaluate, getters=gen.getters,
-        source=gen.source, warnings=[i for i in comp.issues if i.severity == "warning"],
-        steps=compiled_steps, log_once=bool(meta.log_once),
-        unknown_fields=tuple(meta.unknown_fields or ()), release=meta.release,
-        derived=gen.derived, derived_conditions=derived, step_program=program,
-        manifests=manifests, served=_served(manifests),
-        manifests_file=f"{folder.name}/{meta.manifests}" if manifests is not None else None)
+        name=meta.name,
+        path=folder,
+        description=meta.description,
+        env_var=meta.env_var or "",
+        env_parse=meta.env_parse or "strict",
+        reference=meta.reference,
+        messages=messages,
+        domains=domains,
+        rules=rules,
+        stages=stages,
+        archs=archs,
+        family_labels=labels,
+        family_defaults=family_defaults,
+        kill_switch=rollout.kill_switch,
+        default_runner=rollout.default_runner,
+        digest=_digest(folder, comp.included),
+        evaluate=gen.evaluate,
+        getters=gen.getters,
+        source=gen.source,
+        warnings=[i for i in comp.issues if i.severity == "warning"],
+        steps=compiled_steps,
+        log_once=bool(meta.log_once),
+        unknown_fields=tuple(meta.unknown_fields or ()),
+        release=meta.release,
+        derived=gen.derived,
+        derived_conditions=derived,
+        step_program=program,
+        manifests=manifests,
+        served=_served(manifests),
+        manifests_file=f"{folder.name}/{meta.manifests}" if manifests is not None else None,
+    )
 
 
 def _served(manifests: Mapping[str, RunnerManifestSpec] | None) -> dict[str, frozenset[str]] | None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oracle.conditions import Condition
-from oracle.errors import Issue
+from turnout.oracle.conditions import Condition
+from turnout.oracle.errors import Issue
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +125,8 @@ class PackData:
     derived: Mapping[str, Callable[[Any, ArchInfo, str], Any]] = field(default_factory=dict)
     # derived predicate -> its alternatives (each ANDs its conditions), for interpreters
     derived_conditions: Mapping[str, tuple[tuple[Condition, ...], ...]] = field(
-        default_factory=dict)
+        default_factory=dict
+    )
     step_program: Any = None  # oracle.stepgen.StepProgram of ``steps`` (None without steps)
     # runner -> its manifest (``pack.manifests``), and runner kind -> the architectures some
     # runner serves; None when the pack names no manifests (nothing is refused for them).

@@ -13,9 +13,9 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
-from oracle.config import DEFAULTS, FIELD_INFO
-from oracle.fields import DERIVED_DIMENSIONS, FAMILY_ATTRIBUTES
-from oracle.yamlpos import PathKey, Positions
+from turnout.oracle.config import DEFAULTS, FIELD_INFO
+from turnout.oracle.fields import DERIVED_DIMENSIONS, FAMILY_ATTRIBUTES
+from turnout.oracle.yamlpos import PathKey, Positions
 
 NOT_DIMENSIONS = {"env", "deployment_id", "model"}
 _NUMERIC_OPS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
@@ -55,8 +55,7 @@ def dimension_expr(name: str, derived: AbstractSet[str] = frozenset()) -> str:
     if name in derived:
         return f"_D_{name}(c, a, p)"
     if name in ("kv_connector", "kv_role"):
-        return (f"(c.kv_transfer_config.get({name!r}) if c.kv_transfer_config is not None "
-                "else None)")
+        return f"(c.kv_transfer_config.get({name!r}) if c.kv_transfer_config is not None else None)"
     if name == "early_runner":
         return "e"
     if name in FAMILY_ATTRIBUTES:
@@ -73,8 +72,11 @@ def dimension_expr(name: str, derived: AbstractSet[str] = frozenset()) -> str:
 
 
 def known_dimension_names(derived: AbstractSet[str] = frozenset()) -> list[str]:
-    return sorted([n for n in FIELD_INFO if n not in NOT_DIMENSIONS] + list(DERIVED_DIMENSIONS)
-                  + list(derived))
+    return sorted(
+        [n for n in FIELD_INFO if n not in NOT_DIMENSIONS]
+        + list(DERIVED_DIMENSIONS)
+        + list(derived)
+    )
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,12 @@ class Condition:
                 return False
         return True
 
-    def source(self, consts: dict[str, Any], expr: str | None = None,
-               derived: AbstractSet[str] = frozenset()) -> str:
+    def source(
+        self,
+        consts: dict[str, Any],
+        expr: str | None = None,
+        derived: AbstractSet[str] = frozenset(),
+    ) -> str:
         """The Python expression; set operands are bound as names in ``consts``.
 
         ``expr`` replaces the dimension's reading expression (a hoisted local name).
@@ -126,15 +132,26 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _cmp(op: str, value: Any, operand: Any) -> bool:
-    return bool({"gt": value > operand, "ge": value >= operand, "lt": value < operand,
-                 "le": value <= operand}[op])
+    return bool(
+        {
+            "gt": value > operand,
+            "ge": value >= operand,
+            "lt": value < operand,
+            "le": value <= operand,
+        }[op]
+    )
 
 
 class ConditionParser:
     """Parses ``when`` mappings of one file, collecting issues instead of stopping at the first."""
 
-    def __init__(self, domains: Mapping[str, tuple[Any, ...] | None], pos: Positions,
-                 derived: AbstractSet[str] = frozenset(), steps: bool = False) -> None:
+    def __init__(
+        self,
+        domains: Mapping[str, tuple[Any, ...] | None],
+        pos: Positions,
+        derived: AbstractSet[str] = frozenset(),
+        steps: bool = False,
+    ) -> None:
         self.domains = domains
         self.pos = pos
         self.derived = derived
@@ -155,16 +172,27 @@ class ConditionParser:
     def _parse_one(self, dim: str, raw: Any, path: PathKey) -> Condition | None:
         kind = dimension_kind(dim, self.derived)
         if kind is None:
-            self._fail(path, f"unknown dimension {dim!r}; expected one of: "
-                             + ", ".join(known_dimension_names(self.derived)), key=True)
+            self._fail(
+                path,
+                f"unknown dimension {dim!r}; expected one of: "
+                + ", ".join(known_dimension_names(self.derived)),
+                key=True,
+            )
             return None
         if dim == "early_runner" and not self.steps:
-            self._fail(path, "early_runner is known only to steps (after an early "
-                             "evaluation), not to rules or stages", key=True)
+            self._fail(
+                path,
+                "early_runner is known only to steps (after an early "
+                "evaluation), not to rules or stages",
+                key=True,
+            )
             return None
         if dim not in self.domains and dim not in self.derived:
-            self._fail(path, f"dimension {dim!r} is not declared under 'dimensions' in "
-                             "capability_matrix.yaml", key=True)
+            self._fail(
+                path,
+                f"dimension {dim!r} is not declared under 'dimensions' in capability_matrix.yaml",
+                key=True,
+            )
             return None
         before = len(self.issues)
         ops: list[tuple[str, Any]] | None
@@ -173,16 +201,16 @@ class ConditionParser:
         elif isinstance(raw, list) and kind != "list":
             if not raw:
                 self._fail(path, "an empty list matches nothing")
-            ops = [("in", tuple(self._value(dim, kind, v, (*path, i))
-                                for i, v in enumerate(raw)))]
+            ops = [("in", tuple(self._value(dim, kind, v, (*path, i)) for i, v in enumerate(raw)))]
         else:
             ops = [("eq", self._value(dim, kind, raw, path))]
         if ops is None or len(self.issues) > before:
             return None
         return Condition(dim, tuple(ops))
 
-    def _parse_ops(self, dim: str, kind: str, raw: Mapping[str, Any],
-                   path: PathKey) -> list[tuple[str, Any]] | None:
+    def _parse_ops(
+        self, dim: str, kind: str, raw: Mapping[str, Any], path: PathKey
+    ) -> list[tuple[str, Any]] | None:
         ops: list[tuple[str, Any]] = []
         for op, operand in raw.items():
             p = (*path, op)
@@ -196,13 +224,20 @@ class ConditionParser:
                 ops.append((op, operand))
             elif op == "not":
                 if isinstance(operand, list) and kind != "list":
-                    ops.append(("notin", tuple(self._value(dim, kind, v, (*p, i))
-                                               for i, v in enumerate(operand))))
+                    ops.append(
+                        (
+                            "notin",
+                            tuple(
+                                self._value(dim, kind, v, (*p, i)) for i, v in enumerate(operand)
+                            ),
+                        )
+                    )
                 else:
                     ops.append(("ne", self._value(dim, kind, operand, p)))
             else:
-                self._fail(p, f"unknown operator {op!r}; expected one of: gt, ge, lt, le, not",
-                           key=True)
+                self._fail(
+                    p, f"unknown operator {op!r}; expected one of: gt, ge, lt, le, not", key=True
+                )
                 return None
         return ops
 
@@ -232,8 +267,11 @@ class ConditionParser:
             self._fail(path, f"{dim} expects a string, got {v!r}")
             return _BAD
         if domain is not None and v not in domain:
-            self._fail(path, f"unknown value {v!r} for {dim}; expected one of: "
-                             + ", ".join(str(d) for d in domain))
+            self._fail(
+                path,
+                f"unknown value {v!r} for {dim}; expected one of: "
+                + ", ".join(str(d) for d in domain),
+            )
             return _BAD
         return v
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from oracle.errors import ErrorCode
+from turnout.oracle.errors import ErrorCode
 
 RunnerName = Literal["v1", "v2"]
 ReasonCode = Literal["STATIC", "TARGETING_MATCH", "SPLIT", "DISABLED", "DEFAULT", "ERROR"]
@@ -40,9 +40,14 @@ class Reason(NamedTuple):
     reference: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"rule_id": self.rule_id, "label": self.label, "severity": self.severity,
-                "effect": self.effect, "matched": {k: _plain(v) for k, v in self.matched.items()},
-                "reference": self.reference or None}
+        return {
+            "rule_id": self.rule_id,
+            "label": self.label,
+            "severity": self.severity,
+            "effect": self.effect,
+            "matched": {k: _plain(v) for k, v in self.matched.items()},
+            "reference": self.reference or None,
+        }
 
 
 class CanaryOutcome(NamedTuple):
@@ -54,8 +59,12 @@ class CanaryOutcome(NamedTuple):
     included: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {"cohort": self.cohort, "enabled": self.enabled, "percentage": self.percentage,
-                "included": self.included}
+        return {
+            "cohort": self.cohort,
+            "enabled": self.enabled,
+            "percentage": self.percentage,
+            "included": self.included,
+        }
 
 
 class Decision(NamedTuple):
@@ -110,8 +119,11 @@ class CohortState:
     percentage: int = 100
 
     def __post_init__(self) -> None:
-        if isinstance(self.percentage, bool) or not isinstance(self.percentage, int) \
-                or not 0 <= self.percentage <= 100:
+        if (
+            isinstance(self.percentage, bool)
+            or not isinstance(self.percentage, int)
+            or not 0 <= self.percentage <= 100
+        ):
             raise ValueError(f"percentage must be an integer 0..100, got {self.percentage!r}")
 
 
@@ -125,8 +137,9 @@ class CanarySnapshot:
 
     cohorts: Mapping[str, CohortState] = field(default_factory=dict)
     kill_switch: bool = False
-    _items: tuple[tuple[str, CohortState], ...] = field(init=False, repr=False, compare=False,
-                                                        default=())
+    _items: tuple[tuple[str, CohortState], ...] = field(
+        init=False, repr=False, compare=False, default=()
+    )
     digest: str = field(init=False, repr=False, compare=False, default="")
 
     def __post_init__(self) -> None:
@@ -143,13 +156,19 @@ class CanarySnapshot:
         return hash((self._items, self.kill_switch))
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, CanarySnapshot) and self._items == other._items
-                and self.kill_switch == other.kill_switch)
+        return (
+            isinstance(other, CanarySnapshot)
+            and self._items == other._items
+            and self.kill_switch == other.kill_switch
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"kill_switch": self.kill_switch,
-                "cohorts": {k: {"enabled": s.enabled, "percentage": s.percentage}
-                            for k, s in self._items}}
+        return {
+            "kill_switch": self.kill_switch,
+            "cohorts": {
+                k: {"enabled": s.enabled, "percentage": s.percentage} for k, s in self._items
+            },
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CanarySnapshot:

@@ -117,8 +117,9 @@ class ConfigError(OracleError):
     ``BAD_VALUE``, ``PLACEHOLDER_MODEL``, ...).
     """
 
-    def __init__(self, message: str, *, code: ErrorCode = ErrorCode.BAD_CONFIG,
-                 field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, code: ErrorCode = ErrorCode.BAD_CONFIG, field: str | None = None
+    ) -> None:
         super().__init__(message, code=code)
         self.field = field  # the offending DeploymentConfig field or spec key, when one is
 

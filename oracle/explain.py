@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oracle.config import FIELD_INFO, DeploymentConfig
-from oracle.decision import CanarySnapshot, CohortState, Decision
-from oracle.errors import ErrorCode
-from oracle.pack import Pack
+from turnout.oracle.config import FIELD_INFO, DeploymentConfig
+from turnout.oracle.decision import CanarySnapshot, CohortState, Decision
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.pack import Pack
 
 _OFF = ("none", False, 0, 0.0, ())
 MAX_CHANGES = 3
@@ -62,12 +62,22 @@ class Explanation:
     note: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"decision": self.decision.to_json(), "note": self.note or None,
-                "suggestions": [{"kind": s.kind, "text": str(s),
-                                 "changes": [{"dimension": c.dimension, "from": _plain(c.old),
-                                              "to": _plain(c.new)} for c in s.changes],
-                                 "reason_code": s.decision.reason_code}
-                                for s in self.suggestions]}
+        return {
+            "decision": self.decision.to_json(),
+            "note": self.note or None,
+            "suggestions": [
+                {
+                    "kind": s.kind,
+                    "text": str(s),
+                    "changes": [
+                        {"dimension": c.dimension, "from": _plain(c.old), "to": _plain(c.new)}
+                        for c in s.changes
+                    ],
+                    "reason_code": s.decision.reason_code,
+                }
+                for s in self.suggestions
+            ],
+        }
 
 
 def _plain(v: Any) -> Any:
@@ -88,8 +98,9 @@ def _alternatives(pack: Pack, dim: str, current: Any) -> list[Any]:
     return [v for v in values if v not in _OFF] + [v for v in values if v in _OFF]
 
 
-def _candidate_dims(pack: Pack, config: DeploymentConfig, decision: Decision,
-                    canaries: CanarySnapshot | None) -> list[str]:
+def _candidate_dims(
+    pack: Pack, config: DeploymentConfig, decision: Decision, canaries: CanarySnapshot | None
+) -> list[str]:
     """The changeable options the deciding rules tested, then those of rules they hide: a
     prerequisite (Triton) decides before the blockers, which show only once it is met. Pinning
     V2 names every hard rule that holds; deciding again after each single change of a known
@@ -122,30 +133,40 @@ def _reaches_v2(d: Decision) -> bool:
 Step = Callable[[DeploymentConfig, Decision], "tuple[tuple[Change, ...], Decision] | None"]
 
 
-def _config_suggestions(config: DeploymentConfig, pack: Pack, dims: Sequence[str],
-                        canaries: CanarySnapshot | None, steps: dict[str, Step]
-                        ) -> list[Suggestion]:
+def _config_suggestions(
+    config: DeploymentConfig,
+    pack: Pack,
+    dims: Sequence[str],
+    canaries: CanarySnapshot | None,
+    steps: dict[str, Step],
+) -> list[Suggestion]:
     """Config changes alone, then (where those do not suffice) with each of ``steps``; a set
     is kept only if no subset of it worked alone or with the same step."""
     found: list[Suggestion] = []
-    solved: dict[str, list[frozenset[str]]] = {"config": [],
-                                               **{f"config+{k}": [] for k in steps}}
+    solved: dict[str, list[frozenset[str]]] = {"config": [], **{f"config+{k}": [] for k in steps}}
     for size in range(1, min(MAX_CHANGES, len(dims)) + 1):
         for combo in itertools.combinations(dims, size):
             key = frozenset(combo)
             if any(s <= key for s in solved["config"]):
                 continue
-            open_steps = {k: step for k, step in steps.items()
-                          if not any(s <= key for s in solved[f"config+{k}"])}
+            open_steps = {
+                k: step
+                for k, step in steps.items()
+                if not any(s <= key for s in solved[f"config+{k}"])
+            }
             for hit in _first_working(config, pack, combo, canaries, open_steps):
                 found.append(hit)
                 solved[hit.kind].append(key)
     return found
 
 
-def _first_working(config: DeploymentConfig, pack: Pack, combo: Iterable[str],
-                   canaries: CanarySnapshot | None, steps: dict[str, Step]
-                   ) -> list[Suggestion]:
+def _first_working(
+    config: DeploymentConfig,
+    pack: Pack,
+    combo: Iterable[str],
+    canaries: CanarySnapshot | None,
+    steps: dict[str, Step],
+) -> list[Suggestion]:
     """The first values of ``combo`` that reach V2 alone (one suggestion); failing that, for
     each step the first values that reach V2 with it."""
     dims = list(combo)
@@ -153,8 +174,9 @@ def _first_working(config: DeploymentConfig, pack: Pack, combo: Iterable[str],
     with_step: dict[str, Suggestion] = {}
     for values in itertools.product(*choices):
         candidate = config.replace(**dict(zip(dims, values, strict=True)))
-        changes = tuple(Change(dim, getattr(config, dim), v)
-                        for dim, v in zip(dims, values, strict=True))
+        changes = tuple(
+            Change(dim, getattr(config, dim), v) for dim, v in zip(dims, values, strict=True)
+        )
         d = pack.decide(candidate, canaries)
         if _reaches_v2(d):
             return [Suggestion(changes, d, "config")]
@@ -170,49 +192,62 @@ def _first_working(config: DeploymentConfig, pack: Pack, combo: Iterable[str],
 def _pin_step(pack: Pack, canaries: CanarySnapshot | None, own: str | None) -> Step:
     """Pinning V2 after config changes (``own``: the deployment's own value of the runner
     variable, the change's starting point)."""
-    def step(candidate: DeploymentConfig, _d: Decision
-             ) -> tuple[tuple[Change, ...], Decision] | None:
-        d = pack.decide(candidate.replace(env={**candidate.env, **pack.pin_env("v2")}),
-                        canaries)
+
+    def step(
+        candidate: DeploymentConfig, _d: Decision
+    ) -> tuple[tuple[Change, ...], Decision] | None:
+        d = pack.decide(candidate.replace(env={**candidate.env, **pack.pin_env("v2")}), canaries)
         return ((Change(f"env:{pack.env_var}", own, "1"),), d) if _reaches_v2(d) else None
+
     return step
 
 
 def _canary_step(pack: Pack, canaries: CanarySnapshot | None) -> Step:
     """The operator's flips after config changes, when only the rollout keeps the changed
     config on V1 (its stage may differ from the deployment's: a quantization change moves it)."""
-    def step(candidate: DeploymentConfig, d: Decision
-             ) -> tuple[tuple[Change, ...], Decision] | None:
-        if d.stage is None or not d.reasons or not all(r.rule_id.startswith("rollout.")
-                                                       for r in d.reasons):
+
+    def step(
+        candidate: DeploymentConfig, d: Decision
+    ) -> tuple[tuple[Change, ...], Decision] | None:
+        if (
+            d.stage is None
+            or not d.reasons
+            or not all(r.rule_id.startswith("rollout.") for r in d.reasons)
+        ):
             return None
         hit = _canary_suggestion(candidate, pack, d.stage, canaries)
         return None if hit is None else (hit.changes, hit.decision)
+
     return step
 
 
-def _pin_suggestion(config: DeploymentConfig, pack: Pack,
-                    canaries: CanarySnapshot | None) -> list[Suggestion]:
+def _pin_suggestion(
+    config: DeploymentConfig, pack: Pack, canaries: CanarySnapshot | None
+) -> list[Suggestion]:
     """Pinning V2 with the pack's runner variable (from unset, or from a V1 pin)."""
     own = config.env.get(pack.env_var)
     if own == "1":
         return []
     d = pack.decide(config.replace(env={**config.env, **pack.pin_env("v2")}), canaries)
-    return [Suggestion((Change(f"env:{pack.env_var}", own, "1"),), d, "pin")] \
-        if _reaches_v2(d) else []
+    return (
+        [Suggestion((Change(f"env:{pack.env_var}", own, "1"),), d, "pin")] if _reaches_v2(d) else []
+    )
 
 
-def _rollout_suggestions(config: DeploymentConfig, pack: Pack, decision: Decision,
-                         canaries: CanarySnapshot | None) -> list[Suggestion]:
-    if decision.stage is None or not any(r.rule_id.startswith("rollout.")
-                                         for r in decision.reasons):
+def _rollout_suggestions(
+    config: DeploymentConfig, pack: Pack, decision: Decision, canaries: CanarySnapshot | None
+) -> list[Suggestion]:
+    if decision.stage is None or not any(
+        r.rule_id.startswith("rollout.") for r in decision.reasons
+    ):
         return []
     canary = _canary_suggestion(config, pack, decision.stage, canaries)
     return [] if canary is None else [canary]
 
 
-def _canary_suggestion(config: DeploymentConfig, pack: Pack, stage: str,
-                       canaries: CanarySnapshot | None) -> Suggestion | None:
+def _canary_suggestion(
+    config: DeploymentConfig, pack: Pack, stage: str, canaries: CanarySnapshot | None
+) -> Suggestion | None:
     """The operator's flips that take the deployment's stage to V2: releasing the kill switch
     if it is engaged, and the stage's canary on at 100% if it is not already."""
     default = next(c for c in pack.cohorts if c.id == stage)
@@ -230,19 +265,20 @@ def _canary_suggestion(config: DeploymentConfig, pack: Pack, stage: str,
     return Suggestion(tuple(changes), d, "canary") if changes and _reaches_v2(d) else None
 
 
-def _unpinned(config: DeploymentConfig, pack: Pack, decision: Decision
-              ) -> tuple[DeploymentConfig, tuple[Change, ...]]:
+def _unpinned(
+    config: DeploymentConfig, pack: Pack, decision: Decision
+) -> tuple[DeploymentConfig, tuple[Change, ...]]:
     """For a deployment pinned to V1: the config without the pin, and the change that lifts
     it (every other suggestion needs it first). Otherwise the config unchanged, no change."""
     if not (decision.mode == "pinned" and decision.runner == "v1"):
         return config, ()
     env = {k: v for k, v in config.env.items() if k != pack.env_var}
-    return config.replace(env=env), (Change(f"env:{pack.env_var}", config.env[pack.env_var],
-                                            None),)
+    return config.replace(env=env), (Change(f"env:{pack.env_var}", config.env[pack.env_var], None),)
 
 
-def explain(config: DeploymentConfig, *, pack: Pack,
-            canaries: CanarySnapshot | None = None) -> Explanation:
+def explain(
+    config: DeploymentConfig, *, pack: Pack, canaries: CanarySnapshot | None = None
+) -> Explanation:
     """The decision for ``config`` and the smallest changes that reach V2, each re-checked by
     deciding again. Pure; never raises for bad deployment facts (like :func:`decide`)."""
     decision = pack.decide(config, canaries)
@@ -251,8 +287,11 @@ def explain(config: DeploymentConfig, *, pack: Pack,
     if decision.error_code in (ErrorCode.UNKNOWN_ARCHITECTURE, ErrorCode.INVALID_ENV):
         return Explanation(decision, (), "fix the input first: " + (decision.error or ""))
     if decision.error_code == ErrorCode.ARCHITECTURE_NOT_SERVED:  # the model is not an option
-        return Explanation(decision, (), "no change of the deployment's options reaches a "
-                                         "runner: " + (decision.error or ""))
+        return Explanation(
+            decision,
+            (),
+            "no change of the deployment's options reaches a runner: " + (decision.error or ""),
+        )
     base, unpin = _unpinned(config, pack, decision)
     why = pack.decide(base, canaries) if unpin else decision
     pin = _pin_suggestion(config, pack, canaries)
@@ -267,9 +306,13 @@ def explain(config: DeploymentConfig, *, pack: Pack,
     config_only = [sg for sg in found if sg.kind == "config"]
     combined = [sg for sg in found if sg.kind != "config"]
     # A config+pin suggestion pins from the deployment's own value (0 → 1): no lifting first.
-    suggestions = [*_after(unpin, config_only), *pin, *_after(unpin, rollout),
-                   *[sg for sg in combined if sg.kind == "config+pin"],
-                   *_after(unpin, [sg for sg in combined if sg.kind == "config+canary"])]
+    suggestions = [
+        *_after(unpin, config_only),
+        *pin,
+        *_after(unpin, rollout),
+        *[sg for sg in combined if sg.kind == "config+pin"],
+        *_after(unpin, [sg for sg in combined if sg.kind == "config+canary"]),
+    ]
     note = "" if suggestions else "no change of the deployment's options reaches V2"
     return Explanation(decision, tuple(suggestions), note)
 

@@ -35,14 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle.client import OracleClient, SnapshotSource
-from oracle.config import DeploymentConfig
-from oracle.decision import CanarySnapshot, Decision
-from oracle.errors import ErrorCode, OracleError
-from oracle.launch_inputs import LaunchSettings, config_from_command, engine_args_words
-from oracle.pack import Pack, load_pack
-from oracle.vllm_install import VllmInstall, installed_vllm
-from oracle.wire import MAX_ENV_VALUE_CHARS, LaunchIn, StartupIn
+from turnout.oracle.client import OracleClient, SnapshotSource
+from turnout.oracle.config import DeploymentConfig
+from turnout.oracle.decision import CanarySnapshot, Decision
+from turnout.oracle.errors import ErrorCode, OracleError
+from turnout.oracle.launch_inputs import LaunchSettings, config_from_command, engine_args_words
+from turnout.oracle.pack import Pack, load_pack
+from turnout.oracle.vllm_install import VllmInstall, installed_vllm
+from turnout.oracle.wire import MAX_ENV_VALUE_CHARS, LaunchIn, StartupIn
 
 #: The deadline of each request launch makes to the service, in seconds (``--service-timeout``):
 #: the canary snapshot it decides with, and the decision event before vLLM is exec'ed (an event
@@ -95,22 +95,39 @@ class Launch:
     def wire(self, startup: StartupIn | None = None) -> LaunchIn:
         """The event's ``launch`` part."""
         pin = self.operator_pin  # reported as set, cut to what an event takes
-        return LaunchIn(vllm_version=self.install.version[:64], vllm_pack=self.install.pack,
-                        has_pack=self.install.has_pack, env=dict(self.env),
-                        operator_pin=None if pin is None else pin[:MAX_ENV_VALUE_CHARS],
-                        snapshot_source=self.snapshot_source, startup=startup)
+        return LaunchIn(
+            vllm_version=self.install.version[:64],
+            vllm_pack=self.install.pack,
+            has_pack=self.install.has_pack,
+            env=dict(self.env),
+            operator_pin=None if pin is None else pin[:MAX_ENV_VALUE_CHARS],
+            snapshot_source=self.snapshot_source,
+            startup=startup,
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"runner": self.runner, "env": dict(self.env), "operator_pin": self.operator_pin,
-                "snapshot_source": self.snapshot_source, "rollout_pack": self.rollout_pack,
-                "vllm": self.install.to_json(), "deployment_id": self.config.deployment_id,
-                "decision": self.decision.to_json(),
-                "vllm_decision": self.vllm_decision.to_json(), "config": self.config.to_spec()}
+        return {
+            "runner": self.runner,
+            "env": dict(self.env),
+            "operator_pin": self.operator_pin,
+            "snapshot_source": self.snapshot_source,
+            "rollout_pack": self.rollout_pack,
+            "vllm": self.install.to_json(),
+            "deployment_id": self.config.deployment_id,
+            "decision": self.decision.to_json(),
+            "vllm_decision": self.vllm_decision.to_json(),
+            "config": self.config.to_spec(),
+        }
 
 
-def plan(config: DeploymentConfig, *, install: VllmInstall, rollout_pack: Pack,
-         canaries: CanarySnapshot | None, snapshot_source: SnapshotSource = "defaults"
-         ) -> Launch:
+def plan(
+    config: DeploymentConfig,
+    *,
+    install: VllmInstall,
+    rollout_pack: Pack,
+    canaries: CanarySnapshot | None,
+    snapshot_source: SnapshotSource = "defaults",
+) -> Launch:
     """Decide one vLLM start (pure; no I/O but loading the release pack once). ``config``
     carries the operator's environment (``config.env``). Raises LaunchRefused when the
     decision starts no runner."""
@@ -123,11 +140,23 @@ def plan(config: DeploymentConfig, *, install: VllmInstall, rollout_pack: Pack,
     if pin is None and placed and own.runner == "v2" and own.reason_code == "DEFAULT":
         decision = _rollout_decision(own, roll)  # no rule decided: the rollout does
     env: dict[str, str] = {}
-    if pin is None and decision.runner is not None and (
-            decision.runner != own.runner or own.error_code is ErrorCode.UNKNOWN_ARCHITECTURE):
+    if (
+        pin is None
+        and decision.runner is not None
+        and (decision.runner != own.runner or own.error_code is ErrorCode.UNKNOWN_ARCHITECTURE)
+    ):
         env = release.pin_env(decision.runner)
-    launch = Launch(decision, own, config, install, env, pin, snapshot_source, rollout_pack.name,
-                    release.env_var)
+    launch = Launch(
+        decision,
+        own,
+        config,
+        install,
+        env,
+        pin,
+        snapshot_source,
+        rollout_pack.name,
+        release.env_var,
+    )
     if decision.runner is None:
         raise LaunchRefused(launch)
     if env:
@@ -142,8 +171,9 @@ def _rollout_decision(own: Decision, roll: Decision) -> Decision:
     # The rollout's reason to hold V1 back is said; its "Using V2 Model Runner" is vLLM's to say.
     held = roll.messages if roll.runner == "v1" else ()
     messages = own.messages + tuple(m for m in held if m not in own.messages)
-    return roll._replace(messages=messages, family=own.family or roll.family,
-                         policy_digest=digest[:16])
+    return roll._replace(
+        messages=messages, family=own.family or roll.family, policy_digest=digest[:16]
+    )
 
 
 def _check_pin(release: Pack, config: DeploymentConfig, launch: Launch) -> None:
@@ -151,10 +181,13 @@ def _check_pin(release: Pack, config: DeploymentConfig, launch: Launch) -> None:
     pinned = release.decide(config.replace(env={**config.env, **launch.env}))
     if pinned.runner != launch.runner:
         refused = launch.decision._replace(
-            runner=None, reason_code="ERROR", error_code=pinned.error_code or ErrorCode.REFUSED,
+            runner=None,
+            reason_code="ERROR",
+            error_code=pinned.error_code or ErrorCode.REFUSED,
             error=f"vLLM {launch.install.version} would not take "
-                  f"{', '.join(f'{k}={v}' for k, v in launch.env.items())}: "
-                  f"{pinned.error or f'it picks {pinned.runner}'}")
+            f"{', '.join(f'{k}={v}' for k, v in launch.env.items())}: "
+            f"{pinned.error or f'it picks {pinned.runner}'}",
+        )
         raise LaunchRefused(dataclasses.replace(launch, decision=refused))
 
 
@@ -167,50 +200,78 @@ def make_client(settings: LaunchSettings, timeout_s: float = SERVICE_TIMEOUT_S) 
     than any fetch, and a fixed 50 ms lost the race to a service that was up on a loaded host
     or a link of a few round trips, leaving the last-known-good copy to decide (a stage an
     operator had just turned off went on running V2)."""
-    return OracleClient(settings.url, settings.token, cache_dir=settings.cache_dir,
-                        pack=settings.pack, timeout_s=timeout_s,
-                        startup_wait_s=timeout_s + STARTUP_SLACK_S)
+    return OracleClient(
+        settings.url,
+        settings.token,
+        cache_dir=settings.cache_dir,
+        pack=settings.pack,
+        timeout_s=timeout_s,
+        startup_wait_s=timeout_s + STARTUP_SLACK_S,
+    )
 
 
-def decide_launch(client: OracleClient, config: DeploymentConfig, install: VllmInstall
-                  ) -> Launch:
+def decide_launch(client: OracleClient, config: DeploymentConfig, install: VllmInstall) -> Launch:
     """Start ``client`` (its background snapshot fetch) and decide with the snapshot it has
     within its start-up wait: the service's, else the last-known-good copy on disk, else the
     pack's defaults (``Launch.snapshot_source`` says which). Raises LaunchRefused."""
     client.start()
     canaries = client.snapshot()
-    return plan(config, install=install, rollout_pack=client.pack, canaries=canaries,
-                snapshot_source=client.snapshot_source)
+    return plan(
+        config,
+        install=install,
+        rollout_pack=client.pack,
+        canaries=canaries,
+        snapshot_source=client.snapshot_source,
+    )
 
 
-def report(client: OracleClient, launch: Launch, *, startup: StartupIn | None = None,
-           event_id: str | None = None) -> str | None:
+def report(
+    client: OracleClient,
+    launch: Launch,
+    *,
+    startup: StartupIn | None = None,
+    event_id: str | None = None,
+) -> str | None:
     """Spool the launch's decision event (fsynced before this returns; the client's thread
     sends it); ``startup``: what vLLM said at start-up (a follow-up event). None when no
     service is configured (nothing to report to)."""
     if not client.service_configured:
         return None
     try:
-        return client.report(launch.decision, launch.config,
-                             deployment_id=launch.config.deployment_id or client.host,
-                             launch=launch.wire(startup), event_id=event_id)
+        return client.report(
+            launch.decision,
+            launch.config,
+            deployment_id=launch.config.deployment_id or client.host,
+            launch=launch.wire(startup),
+            event_id=event_id,
+        )
     except OSError as err:  # a full disk must not stop vLLM from starting
-        log.error("decision (runner %s) not reported: cannot write the spool in %s (%s)",
-                  launch.runner, client.spool.directory, err)
+        log.error(
+            "decision (runner %s) not reported: cannot write the spool in %s (%s)",
+            launch.runner,
+            client.spool.directory,
+            err,
+        )
         return None
 
 
-def apply_rollout(model: str, engine_args: Mapping[str, Any] | None = None, *,
-                  environ: MutableMapping[str, str] | None = None,
-                  deployment_id: str | None = None, architecture: str | None = None,
-                  hf_config: str | Path | None = None, platform: str | None = None,
-                  client: OracleClient | None = None) -> Launch:
+def apply_rollout(
+    model: str,
+    engine_args: Mapping[str, Any] | None = None,
+    *,
+    environ: MutableMapping[str, str] | None = None,
+    deployment_id: str | None = None,
+    architecture: str | None = None,
+    hf_config: str | Path | None = None,
+    platform: str | None = None,
+    client: OracleClient | None = None,
+) -> Launch:
     """Decide the runner for ``vllm.LLM(model, **engine_args)`` in this process and set
     ``environ`` (default ``os.environ``) so that vLLM picks it; call it before the
     ``vllm.LLM`` is built. The decision is reported (when ``TURNOUT_URL`` names a service) and
     returned::
 
-        from oracle.launch import apply_rollout
+        from turnout.oracle.launch import apply_rollout
         launch = apply_rollout(model="Qwen/Qwen3-8B", engine_args=dict(tensor_parallel_size=2))
         llm = vllm.LLM("Qwen/Qwen3-8B", tensor_parallel_size=2)
 
@@ -223,10 +284,15 @@ def apply_rollout(model: str, engine_args: Mapping[str, Any] | None = None, *,
     settings = LaunchSettings.from_env(environ)
     words = engine_args_words(model, engine_args or {}, release=install.release)
     config, _ = config_from_command(
-        words, environ, release=install.release, architecture=architecture,
-        hf_config=hf_config, hint_for="python",
+        words,
+        environ,
+        release=install.release,
+        architecture=architecture,
+        hf_config=hf_config,
+        hint_for="python",
         deployment_id=deployment_id or settings.deployment_id,
-        overrides={"platform": platform} if platform else None)
+        overrides={"platform": platform} if platform else None,
+    )
     own_client = client is None
     client = client or make_client(settings)
     try:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle.config import DeploymentConfig
-from oracle.errors import ConfigError, ErrorCode
-from oracle.sources import ParsedCommand, command_to_fields
-from oracle.sources.command_table import load_table
-from oracle.wire import MAX_NAME_CHARS
+from turnout.oracle.config import DeploymentConfig
+from turnout.oracle.errors import ConfigError, ErrorCode
+from turnout.oracle.sources import ParsedCommand, command_to_fields
+from turnout.oracle.sources.command_table import load_table
+from turnout.oracle.wire import MAX_NAME_CHARS
 
 _ENV_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 
@@ -48,10 +48,13 @@ class LaunchSettings:
         env = os.environ if env is None else env
         xdg = env.get("XDG_CACHE_HOME", "")
         base = Path(xdg) if os.path.isabs(xdg) else Path(env.get("HOME") or Path.home()) / ".cache"
-        return cls(url=env.get("TURNOUT_URL") or None, token=env.get("TURNOUT_TOKEN") or None,
-                   pack=env.get("TURNOUT_PACK") or "turnout",
-                   cache_dir=Path(env.get("TURNOUT_CACHE_DIR") or base / "turnout"),
-                   deployment_id=env.get("TURNOUT_DEPLOYMENT_ID") or socket.gethostname())
+        return cls(
+            url=env.get("TURNOUT_URL") or None,
+            token=env.get("TURNOUT_TOKEN") or None,
+            pack=env.get("TURNOUT_PACK") or "turnout",
+            cache_dir=Path(env.get("TURNOUT_CACHE_DIR") or base / "turnout"),
+            deployment_id=env.get("TURNOUT_DEPLOYMENT_ID") or socket.gethostname(),
+        )
 
 
 def split_assignments(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
@@ -65,26 +68,40 @@ def split_assignments(argv: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     return words, env
 
 
-def config_from_command(argv: Sequence[str], env: Mapping[str, str], *, release: str,
-                        deployment_id: str, architecture: str | None = None,
-                        hf_config: str | Path | None = None, hint_for: str = "cli",
-                        overrides: Mapping[str, Any] | None = None
-                        ) -> tuple[DeploymentConfig, ParsedCommand]:
+def config_from_command(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    release: str,
+    deployment_id: str,
+    architecture: str | None = None,
+    hf_config: str | Path | None = None,
+    hint_for: str = "cli",
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[DeploymentConfig, ParsedCommand]:
     """The deployment of a ``vllm serve`` line with the environment vLLM gets, read by the
     ``vllm serve`` parser of ``release`` ("0.31"). Raises ConfigError naming the flag, value
     or model the parser refuses, in its words, or a deployment id no event takes."""
     if not 0 < len(deployment_id) <= MAX_NAME_CHARS:  # what an event takes
-        raise ConfigError(f"the deployment id is {len(deployment_id)} characters long: at "
-                          f"most {MAX_NAME_CHARS} (TURNOUT_DEPLOYMENT_ID, --deployment-id)",
-                          code=ErrorCode.BAD_VALUE, field="deployment_id")
-    parsed = command_to_fields(list(argv), env, architecture=architecture, hf_config=hf_config,
-                               hint_for=hint_for, release=release)  # type: ignore[arg-type]
+        raise ConfigError(
+            f"the deployment id is {len(deployment_id)} characters long: at "
+            f"most {MAX_NAME_CHARS} (TURNOUT_DEPLOYMENT_ID, --deployment-id)",
+            code=ErrorCode.BAD_VALUE,
+            field="deployment_id",
+        )
+    parsed = command_to_fields(
+        list(argv),
+        env,
+        architecture=architecture,
+        hf_config=hf_config,
+        hint_for=hint_for,  # type: ignore[arg-type]
+        release=release,
+    )
     fields = {**parsed.fields, "deployment_id": deployment_id, **(overrides or {})}
     return DeploymentConfig(**fields), parsed
 
 
-def engine_args_words(model: str, engine_args: Mapping[str, Any], *, release: str
-                      ) -> list[str]:
+def engine_args_words(model: str, engine_args: Mapping[str, Any], *, release: str) -> list[str]:
     """``vllm serve MODEL [flags]`` for ``vllm.LLM(model, **engine_args)``: each engine
     argument is the flag whose dest it is in ``release``'s parser (``tensor_parallel_size=2`` →
     ``--tensor-parallel-size 2``; True/False switches → ``--x`` / ``--no-x``; dicts and lists
@@ -95,12 +112,18 @@ def engine_args_words(model: str, engine_args: Mapping[str, Any], *, release: st
     for name, value in engine_args.items():
         action = table.action(name) if name not in ("model_tag", "help") else None
         if action is None or not action["option_strings"]:
-            raise ConfigError(f"{name!r} is not an engine argument of vLLM "
-                              f"{table.vllm_version} (no `vllm serve` flag has that dest)",
-                              code=ErrorCode.UNKNOWN_FLAG, field=name)
+            raise ConfigError(
+                f"{name!r} is not an engine argument of vLLM "
+                f"{table.vllm_version} (no `vllm serve` flag has that dest)",
+                code=ErrorCode.UNKNOWN_FLAG,
+                field=name,
+            )
         if name == "model":
-            raise ConfigError("give the model once, as apply_rollout(model=...)",
-                              code=ErrorCode.BAD_COMMAND, field="model")
+            raise ConfigError(
+                "give the model once, as apply_rollout(model=...)",
+                code=ErrorCode.BAD_COMMAND,
+                field="model",
+            )
         words += _flag_words(action, value)
     return words
 

@@ -37,8 +37,14 @@ STARTUP_LINES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\bLoading model from scratch\.\.\."), "v2"),
     (re.compile(r"\bStarting to load model\b"), "v1"),
 )
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,
-                     signal.SIGUSR1, signal.SIGUSR2)
+FORWARDED_SIGNALS = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _MAX_PARTIAL = 1 << 16  # a "line" longer than this (a progress bar) is looked at in pieces
 PUMP_DRAIN_S = 5.0  # after vLLM exits, how long its last output may take to come through
@@ -102,14 +108,17 @@ def _write(sink: IO[bytes], chunk: bytes) -> None:
     except OSError as err:
         with open(os.devnull, "wb") as null:
             os.dup2(null.fileno(), sink.fileno())
-        log.warning("the launcher's %s is closed (%s): vLLM's output there is dropped from "
-                    "now on", "stdout" if sink.fileno() == 1 else "stderr",
-                    err.strerror or err)
+        log.warning(
+            "the launcher's %s is closed (%s): vLLM's output there is dropped from now on",
+            "stdout" if sink.fileno() == 1 else "stderr",
+            err.strerror or err,
+        )
         sink.flush()  # what the buffer held goes to /dev/null now
 
 
-def run_child(argv: Sequence[str], env: Mapping[str, str], *, executable: Path,
-              on_startup: OnStartup) -> int:
+def run_child(
+    argv: Sequence[str], env: Mapping[str, str], *, executable: Path, on_startup: OnStartup
+) -> int:
     """Run ``argv`` (``executable`` is what runs; ``argv[0]`` stays as given) with ``env`` in
     its own process group, forward FORWARDED_SIGNALS to it, pass its output through, and
     return its exit status (128 + N when signal N ended it, as a shell reports it).
@@ -118,8 +127,14 @@ def run_child(argv: Sequence[str], env: Mapping[str, str], *, executable: Path,
         OSError: ``executable`` cannot be started (not there, not executable, not a format
             the system runs).
     """
-    proc = subprocess.Popen(list(argv), executable=str(executable), env=dict(env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0)
+    proc = subprocess.Popen(
+        list(argv),
+        executable=str(executable),
+        env=dict(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        process_group=0,
+    )
     watch = StartupWatch(on_startup)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -128,9 +143,10 @@ def run_child(argv: Sequence[str], env: Mapping[str, str], *, executable: Path,
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     assert proc.stdout is not None and proc.stderr is not None
-    pumps = [threading.Thread(target=_pump, args=(src, sink, watch), daemon=True)
-             for src, sink in ((proc.stdout, sys.stdout.buffer),
-                               (proc.stderr, sys.stderr.buffer))]
+    pumps = [
+        threading.Thread(target=_pump, args=(src, sink, watch), daemon=True)
+        for src, sink in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))
+    ]
     try:
         for t in pumps:
             t.start()

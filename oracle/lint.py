@@ -25,12 +25,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from oracle.compile_types import ArchInfo, CompiledRule, CompiledStage
-from oracle.conditions import Condition, nullable
-from oracle.errors import Issue, PackError
-from oracle.fields import FAMILY_ATTRIBUTES
-from oracle.pack import Pack, load_pack
-from oracle.yamlpos import load_with_positions
+from turnout.oracle.compile_types import ArchInfo, CompiledRule, CompiledStage
+from turnout.oracle.conditions import Condition, nullable
+from turnout.oracle.errors import Issue, PackError
+from turnout.oracle.fields import FAMILY_ATTRIBUTES
+from turnout.oracle.pack import Pack, load_pack
+from turnout.oracle.yamlpos import load_with_positions
 
 _ARCH_DIMS = ("family", "architecture")
 # Derived dimensions that are a function of one source dimension. A rule's allowed values of
@@ -68,10 +68,12 @@ class _Linter:
         file, line, col = rule.origin
         self.issues.append(Issue(file, line, col, message, severity))
 
-    def _stage_issue(self, stage: CompiledStage, message: str, severity: str,
-                     *path: Any) -> None:
-        self.issues.append(self.ro_pos.issue(("stages", stage.index, *(path or ("id",))),
-                                             message, severity=severity))
+    def _stage_issue(self, stage: CompiledStage, message: str, severity: str, *path: Any) -> None:
+        self.issues.append(
+            self.ro_pos.issue(
+                ("stages", stage.index, *(path or ("id",))), message, severity=severity
+            )
+        )
 
     def _domain(self, dim: str) -> tuple[Any, ...]:
         if dim in self.data.derived_conditions:
@@ -83,20 +85,35 @@ class _Linter:
 
     def _archs_matching(self, conds: Sequence[Condition]) -> list[ArchInfo]:
         by_dim = {c.dim: c for c in conds}
-        return [a for a in self.data.archs.values()
-                if all(by_dim[d].test(getattr(a, d)) for d in _ARCH_DIMS if d in by_dim)]
+        return [
+            a
+            for a in self.data.archs.values()
+            if all(by_dim[d].test(getattr(a, d)) for d in _ARCH_DIMS if d in by_dim)
+        ]
 
     def never_matching(self) -> None:
         for rule in self.data.rules:
             sets = self._match_set(rule)
-            empty = [c.dim for c in rule.conditions if c.dim not in _ARCH_DIMS
-                     and not sets.get(_DERIVED_FROM.get(c.dim, (c.dim,))[0], sets.get(c.dim))]
+            empty = [
+                c.dim
+                for c in rule.conditions
+                if c.dim not in _ARCH_DIMS
+                and not sets.get(_DERIVED_FROM.get(c.dim, (c.dim,))[0], sets.get(c.dim))
+            ]
             if empty:
-                self._rule_issue(rule, f"rule {rule.id!r} can never match: no value of "
-                                 f"{', '.join(empty)} satisfies its condition", "error")
+                self._rule_issue(
+                    rule,
+                    f"rule {rule.id!r} can never match: no value of "
+                    f"{', '.join(empty)} satisfies its condition",
+                    "error",
+                )
             elif not self._archs_matching(rule.conditions):
-                self._rule_issue(rule, f"rule {rule.id!r} can never match: no architecture "
-                                 "meets its family/architecture conditions", "error")
+                self._rule_issue(
+                    rule,
+                    f"rule {rule.id!r} can never match: no architecture "
+                    "meets its family/architecture conditions",
+                    "error",
+                )
 
     def _match_set(self, rule: CompiledRule) -> dict[str, frozenset[Any]]:
         """Allowed values per dimension; a derived dimension folded into its source when the
@@ -110,8 +127,7 @@ class _Linter:
                 sets[source] = frozenset(v for v in allowed if fn(v) in wanted)
         return sets
 
-    def _covers(self, outer: dict[str, frozenset[Any]], inner: dict[str, frozenset[Any]]
-                ) -> bool:
+    def _covers(self, outer: dict[str, frozenset[Any]], inner: dict[str, frozenset[Any]]) -> bool:
         """Every deployment ``inner`` matches, ``outer`` matches too."""
         for dim, allowed in outer.items():
             full = frozenset(self._domain(dim))
@@ -127,17 +143,31 @@ class _Linter:
         for a, b in itertools.combinations(rules, 2):
             if (a.effect, a.severity, a.prerequisite) != (b.effect, b.severity, b.prerequisite):
                 continue
-            a_in_b, b_in_a = self._covers(sets[b.index], sets[a.index]), \
-                self._covers(sets[a.index], sets[b.index])
+            a_in_b, b_in_a = (
+                self._covers(sets[b.index], sets[a.index]),
+                self._covers(sets[a.index], sets[b.index]),
+            )
             if a_in_b and b_in_a:
-                self._rule_issue(b, f"rule {b.id!r} duplicates {a.id!r}: both match the same "
-                                 "deployments with the same effect", "error")
+                self._rule_issue(
+                    b,
+                    f"rule {b.id!r} duplicates {a.id!r}: both match the same "
+                    "deployments with the same effect",
+                    "error",
+                )
             elif a_in_b:
-                self._rule_issue(a, f"rule {a.id!r} is shadowed by {b.id!r}: every deployment "
-                                 f"it matches, {b.id!r} matches with the same effect", "warning")
+                self._rule_issue(
+                    a,
+                    f"rule {a.id!r} is shadowed by {b.id!r}: every deployment "
+                    f"it matches, {b.id!r} matches with the same effect",
+                    "warning",
+                )
             elif b_in_a:
-                self._rule_issue(b, f"rule {b.id!r} is shadowed by {a.id!r}: every deployment "
-                                 f"it matches, {a.id!r} matches with the same effect", "warning")
+                self._rule_issue(
+                    b,
+                    f"rule {b.id!r} is shadowed by {a.id!r}: every deployment "
+                    f"it matches, {a.id!r} matches with the same effect",
+                    "warning",
+                )
 
     def stages(self) -> None:
         stages = self.data.stages
@@ -145,8 +175,12 @@ class _Linter:
             return
         # Model attributes take the architecture's own value (a config could override them,
         # but a family's deployments normally do not); deployment options take every value.
-        dims = sorted({c.dim for s in stages for c in s.conditions} - set(_ARCH_DIMS)
-                      - set(FAMILY_ATTRIBUTES) - {"pooling"})
+        dims = sorted(
+            {c.dim for s in stages for c in s.conditions}
+            - set(_ARCH_DIMS)
+            - set(FAMILY_ATTRIBUTES)
+            - {"pooling"}
+        )
         reached: dict[int, set[str]] = {s.index: set() for s in stages}
         stageless: dict[str, dict[str, Any]] = {}
         for arch in self.data.archs.values():
@@ -159,20 +193,30 @@ class _Linter:
                     stageless.setdefault(arch.family, cfg)
         for st in stages:
             if not reached[st.index]:
-                self._stage_issue(st, f"stage {st.id!r} can never be reached: its conditions "
-                                  "are unsatisfiable or earlier stages catch all of its "
-                                  "deployments", "error")
+                self._stage_issue(
+                    st,
+                    f"stage {st.id!r} can never be reached: its conditions "
+                    "are unsatisfiable or earlier stages catch all of its "
+                    "deployments",
+                    "error",
+                )
         self._families_in_two_stages(stages)
         runner = self.data.default_runner.upper()
         for fam, cfg in sorted(stageless.items()):
             example = ", ".join(f"{k}={v}" for k, v in cfg.items()) or "all of them"
-            self.issues.append(Issue(str(self.pack.path / "rollout.yaml"), 1, 1,
-                                     f"family {fam!r} has deployments in no stage ({example}); "
-                                     f"they get {runner}, the default runner", "warning"))
+            self.issues.append(
+                Issue(
+                    str(self.pack.path / "rollout.yaml"),
+                    1,
+                    1,
+                    f"family {fam!r} has deployments in no stage ({example}); "
+                    f"they get {runner}, the default runner",
+                    "warning",
+                )
+            )
 
     @staticmethod
-    def _first_stage(stages: Sequence[CompiledStage], arch: ArchInfo,
-                     cfg: dict[str, Any]) -> int:
+    def _first_stage(stages: Sequence[CompiledStage], arch: ArchInfo, cfg: dict[str, Any]) -> int:
         for st in stages:
             if st.families and arch.family not in st.families:
                 continue
@@ -185,12 +229,16 @@ class _Linter:
         for st in stages:
             for fam in sorted(st.families):
                 if fam in first:
-                    self._stage_issue(st, f"family {fam!r} is listed by stages "
-                                      f"{first[fam].id!r} and {st.id!r}: ambiguous, the first "
-                                      "matching stage wins", "warning", "families")
+                    self._stage_issue(
+                        st,
+                        f"family {fam!r} is listed by stages "
+                        f"{first[fam].id!r} and {st.id!r}: ambiguous, the first "
+                        "matching stage wins",
+                        "warning",
+                        "families",
+                    )
                 else:
                     first[fam] = st
-
 
     def manifests(self) -> None:
         """Every architecture a runner's manifest serves is one the pack can decide:
@@ -205,14 +253,24 @@ class _Linter:
                     at = ("runners", runner, "architectures", kind, i)
                     info = self.data.archs.get(arch)
                     if info is None:
-                        self.issues.append(pos.issue(at, f"architecture {arch!r} is served by "
-                                                     f"runner {runner} but not in families.yaml: "
-                                                     "its deployments get unknown_architecture"))
+                        self.issues.append(
+                            pos.issue(
+                                at,
+                                f"architecture {arch!r} is served by "
+                                f"runner {runner} but not in families.yaml: "
+                                "its deployments get unknown_architecture",
+                            )
+                        )
                     elif info.runner_kind != kind and arch not in served.get(info.runner_kind, ()):
-                        self.issues.append(pos.issue(at, f"architecture {arch!r} is served for "
-                                                     f"{kind} only, but families.yaml gives it "
-                                                     f"runner_kind {info.runner_kind}",
-                                                     severity="warning"))
+                        self.issues.append(
+                            pos.issue(
+                                at,
+                                f"architecture {arch!r} is served for "
+                                f"{kind} only, but families.yaml gives it "
+                                f"runner_kind {info.runner_kind}",
+                                severity="warning",
+                            )
+                        )
 
 
 def lint_pack(name_or_path: str | Path) -> list[Issue]:
@@ -227,5 +285,3 @@ def lint_pack(name_or_path: str | Path) -> list[Issue]:
     linter.stages()
     linter.manifests()
     return list(pack.data.warnings) + linter.issues
-
-

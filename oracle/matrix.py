@@ -14,11 +14,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from oracle.compile_types import CompiledRule
-from oracle.conditions import Condition
-from oracle.config import CONFIG_FIELD_NAMES, FIELD_INFO, DeploymentConfig
-from oracle.decision import CanarySnapshot, Decision
-from oracle.pack import Pack
+from turnout.oracle.compile_types import CompiledRule
+from turnout.oracle.conditions import Condition
+from turnout.oracle.config import CONFIG_FIELD_NAMES, FIELD_INFO, DeploymentConfig
+from turnout.oracle.decision import CanarySnapshot, Decision
+from turnout.oracle.pack import Pack
 
 PINS = ("auto", "v1", "v2")
 _BASE = DeploymentConfig()
@@ -74,8 +74,14 @@ def _witness(rule: CompiledRule, pack: Pack) -> tuple[tuple[str, Any], ...] | No
         if alternatives is not None:
             if cond.test(False):
                 continue
-            found = next((w for w in (_conditions_witness(alt, pack) for alt in alternatives)
-                          if w is not None), None)
+            found = next(
+                (
+                    w
+                    for w in (_conditions_witness(alt, pack) for alt in alternatives)
+                    if w is not None
+                ),
+                None,
+            )
             if found is None:
                 return None
             out.update(found)
@@ -126,10 +132,14 @@ def _text(v: Any) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def enumerate_matrix(pack: Pack, canaries: CanarySnapshot | None = None, *,
-                     columns: Sequence[Scenario] | None = None,
-                     architectures: Sequence[str] | None = None,
-                     pins: Sequence[str] = PINS) -> Iterator[Cell]:
+def enumerate_matrix(
+    pack: Pack,
+    canaries: CanarySnapshot | None = None,
+    *,
+    columns: Sequence[Scenario] | None = None,
+    architectures: Sequence[str] | None = None,
+    pins: Sequence[str] = PINS,
+) -> Iterator[Cell]:
     """Yield every cell (architecture x pin x scenario) with its Decision under ``pack``
     (``columns``, ``architectures`` and ``pins`` narrow the grid)."""
     cols = list(columns) if columns is not None else scenarios(pack)
@@ -152,7 +162,6 @@ def enumerate_matrix(pack: Pack, canaries: CanarySnapshot | None = None, *,
 
 
 def _frozen(env: dict[str, str]) -> Any:
-    from oracle.coerce import FrozenMap
+    from turnout.oracle.coerce import FrozenMap
 
     return FrozenMap(env)
-

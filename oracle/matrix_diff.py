@@ -24,13 +24,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from oracle.compare import Side, change_of, change_rank, count_changes, only_steps, why
-from oracle.compile_types import ArchInfo
-from oracle.conditions import Condition
-from oracle.config import DeploymentConfig
-from oracle.decision import CanarySnapshot, Decision
-from oracle.matrix import PINS, Scenario, enumerate_matrix, scenarios
-from oracle.pack import Pack
+from turnout.oracle.compare import Side, change_of, change_rank, count_changes, only_steps, why
+from turnout.oracle.compile_types import ArchInfo
+from turnout.oracle.conditions import Condition
+from turnout.oracle.config import DeploymentConfig
+from turnout.oracle.decision import CanarySnapshot, Decision
+from turnout.oracle.matrix import PINS, Scenario, enumerate_matrix, scenarios
+from turnout.oracle.pack import Pack
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,8 @@ class CellChange:
     settings: tuple[tuple[str, Any], ...] = ()  # the fields the scenario sets
     # each pack's row config (architecture and pin, before the scenario's settings)
     bases: tuple[DeploymentConfig, DeploymentConfig] | None = field(
-        default=None, repr=False, compare=False)
+        default=None, repr=False, compare=False
+    )
 
     @property
     def change(self) -> str:
@@ -59,8 +60,7 @@ class CellChange:
         if self.bases is None or not (self.before.runner and self.after.runner):
             return Side(before.name, self.before), Side(after.name, self.after)
         changes = dict(self.settings)
-        a_cfg, b_cfg = (base._trusted_replace(changes) if changes else base
-                        for base in self.bases)
+        a_cfg, b_cfg = (base._trusted_replace(changes) if changes else base for base in self.bases)
         a, b = only_steps(before, after, a_cfg, b_cfg)
         return Side(before.name, self.before, a), Side(after.name, self.after, b)
 
@@ -90,8 +90,9 @@ def unknown_fields(before: Pack, after: Pack) -> tuple[tuple[str, ...], tuple[st
     return tuple(sorted(a - b)), tuple(sorted(b - a))
 
 
-def diff_packs(before: Pack, after: Pack, canaries: CanarySnapshot | None = None, *,
-               exact: bool = True) -> MatrixDiff:
+def diff_packs(
+    before: Pack, after: Pack, canaries: CanarySnapshot | None = None, *, exact: bool = True
+) -> MatrixDiff:
     """Every cell whose runner differs from ``before`` to ``after`` (``canaries`` apply to
     ``before``; ``after`` decides with its rollout.yaml defaults).
 
@@ -110,13 +111,25 @@ def diff_packs(before: Pack, after: Pack, canaries: CanarySnapshot | None = None
     found = _changed_cells(before, after, canaries, compared, classes, exact)
     order = {s.id: i for i, s in enumerate(compared)}
     found.sort(key=lambda c: (c.architecture, PINS.index(c.pin), order[c.scenario]))
-    return MatrixDiff(before, after, len(archs) * len(PINS) * len(compared), tuple(compared),
-                      tuple(found), left_out, *unknown_fields(before, after))
+    return MatrixDiff(
+        before,
+        after,
+        len(archs) * len(PINS) * len(compared),
+        tuple(compared),
+        tuple(found),
+        left_out,
+        *unknown_fields(before, after),
+    )
 
 
-def _changed_cells(before: Pack, after: Pack, canaries: CanarySnapshot | None,
-                   compared: list[Scenario], classes: dict[str, list[str]], exact: bool
-                   ) -> list[CellChange]:
+def _changed_cells(
+    before: Pack,
+    after: Pack,
+    canaries: CanarySnapshot | None,
+    compared: list[Scenario],
+    classes: dict[str, list[str]],
+    exact: bool,
+) -> list[CellChange]:
     """The changed cells of each class's first architecture, then the same cells of the
     other members (each decided on its own when ``exact``)."""
     out: list[CellChange] = []
@@ -126,13 +139,22 @@ def _changed_cells(before: Pack, after: Pack, canaries: CanarySnapshot | None,
     for first, changes in hits.items():
         out += changes
         for arch in classes[first][1:]:
-            out += (_again(before, after, canaries, compared, arch, changes) if exact
-                    else [_moved(c, arch, before, after) for c in changes])
+            out += (
+                _again(before, after, canaries, compared, arch, changes)
+                if exact
+                else [_moved(c, arch, before, after) for c in changes]
+            )
     return out
 
 
-def _again(before: Pack, after: Pack, canaries: CanarySnapshot | None,
-           compared: list[Scenario], arch: str, changes: list[CellChange]) -> list[CellChange]:
+def _again(
+    before: Pack,
+    after: Pack,
+    canaries: CanarySnapshot | None,
+    compared: list[Scenario],
+    arch: str,
+    changes: list[CellChange],
+) -> list[CellChange]:
     """The cells of ``arch`` at the pins and scenarios of ``changes``, decided again."""
     out: list[CellChange] = []
     for pin in PINS:
@@ -145,19 +167,33 @@ def _again(before: Pack, after: Pack, canaries: CanarySnapshot | None,
 
 def _moved(c: CellChange, arch: str, before: Pack, after: Pack) -> CellChange:
     info = before.architectures.get(arch) or after.architectures.get(arch)
-    return dataclasses.replace(c, architecture=arch,
-                               family=info.family if info is not None else c.family, bases=None)
+    return dataclasses.replace(
+        c, architecture=arch, family=info.family if info is not None else c.family, bases=None
+    )
 
 
-def _pairs(before: Pack, after: Pack, canaries: CanarySnapshot | None, cols: list[Scenario],
-           archs: list[str], pins: tuple[str, ...] = PINS) -> Iterator[CellChange]:
+def _pairs(
+    before: Pack,
+    after: Pack,
+    canaries: CanarySnapshot | None,
+    cols: list[Scenario],
+    archs: list[str],
+    pins: tuple[str, ...] = PINS,
+) -> Iterator[CellChange]:
     a_cells = enumerate_matrix(before, canaries, columns=cols, architectures=archs, pins=pins)
     b_cells = enumerate_matrix(after, None, columns=cols, architectures=archs, pins=pins)
     for a, b in zip(a_cells, b_cells, strict=True):
         if a.decision.runner != b.decision.runner:
-            yield CellChange(a.architecture, a.family if a.family != "(unknown)" else b.family,
-                             a.pin, a.scenario.id, a.decision, b.decision, a.scenario.changes,
-                             (a.base, b.base))
+            yield CellChange(
+                a.architecture,
+                a.family if a.family != "(unknown)" else b.family,
+                a.pin,
+                a.scenario.id,
+                a.decision,
+                b.decision,
+                a.scenario.changes,
+                (a.base, b.base),
+            )
 
 
 def _classes(packs: tuple[Pack, ...], archs: list[str]) -> dict[str, list[str]]:
@@ -166,9 +202,14 @@ def _classes(packs: tuple[Pack, ...], archs: list[str]) -> dict[str, list[str]]:
     by_family = any(_reads_family(p) for p in packs)
     groups: dict[Any, list[str]] = {}
     for arch in archs:
-        key: Any = arch if arch in named else tuple(
-            (_attributes(p.architectures.get(arch), by_family), _served_kinds(p, arch))
-            for p in packs)
+        key: Any = (
+            arch
+            if arch in named
+            else tuple(
+                (_attributes(p.architectures.get(arch), by_family), _served_kinds(p, arch))
+                for p in packs
+            )
+        )
         groups.setdefault(key, []).append(arch)
     return {members[0]: members for members in groups.values()}
 
@@ -185,8 +226,9 @@ def _served_kinds(pack: Pack, arch: str) -> tuple[str, ...] | None:
 def _attributes(info: ArchInfo | None, by_family: bool) -> ArchInfo | None:
     if info is None:
         return None
-    return dataclasses.replace(info, architecture="", family_label="",
-                               family=info.family if by_family else "")
+    return dataclasses.replace(
+        info, architecture="", family_label="", family=info.family if by_family else ""
+    )
 
 
 def _conditions(pack: Pack) -> Iterable[Condition]:
@@ -215,15 +257,16 @@ def _named_architectures(pack: Pack) -> set[str]:
 
 
 def _reads_family(pack: Pack) -> bool:
-    return (any(s.families for s in pack.data.stages)
-            or any(c.dim == "family" for c in _conditions(pack)))
+    return any(s.families for s in pack.data.stages) or any(
+        c.dim == "family" for c in _conditions(pack)
+    )
 
 
-def diff_matrix(pack: Pack, other: Pack, canaries: CanarySnapshot | None = None
-                ) -> Iterator[CellChange]:
+def diff_matrix(
+    pack: Pack, other: Pack, canaries: CanarySnapshot | None = None
+) -> Iterator[CellChange]:
     """The changed cells of :func:`diff_packs` (kept for callers of the first version)."""
     yield from diff_packs(pack, other, canaries).changes
-
 
 
 @dataclass(frozen=True)
@@ -246,10 +289,18 @@ def group_changes(changes: Iterable[CellChange]) -> list[ChangeGroup]:
     groups: dict[tuple[str, str, str], list[CellChange]] = defaultdict(list)
     for c in changes:
         groups[(c.change, c.scenario, c.pin)].append(c)
-    out = [ChangeGroup(change, scenario, pin, len(cs), _most(c.family for c in cs),
-                       _most(" + ".join(why(c.before)) for c in cs),
-                       _most(" + ".join(why(c.after)) for c in cs))
-           for (change, scenario, pin), cs in groups.items()]
+    out = [
+        ChangeGroup(
+            change,
+            scenario,
+            pin,
+            len(cs),
+            _most(c.family for c in cs),
+            _most(" + ".join(why(c.before)) for c in cs),
+            _most(" + ".join(why(c.after)) for c in cs),
+        )
+        for (change, scenario, pin), cs in groups.items()
+    ]
     out.sort(key=lambda g: (change_rank(g.change), -g.cells, g.scenario, PINS.index(g.pin)))
     return out
 
@@ -278,8 +329,11 @@ def left_out_fields(diff: MatrixDiff) -> list[dict[str, Any]]:
     lacking = {p.name: set(p.data.unknown_fields) for p in (diff.before, diff.after)}
     out = []
     for s in diff.left_out:
-        fields = {f: [name for name, unknown in lacking.items() if f in unknown]
-                  for f, _ in s.changes if any(f in u for u in lacking.values())}
+        fields = {
+            f: [name for name, unknown in lacking.items() if f in unknown]
+            for f, _ in s.changes
+            if any(f in u for u in lacking.values())
+        }
         out.append({"scenario": s.id, "fields": fields})
     return out
 
@@ -287,18 +341,21 @@ def left_out_fields(diff: MatrixDiff) -> list[dict[str, Any]]:
 def unknown_lines(diff: MatrixDiff) -> list[str]:
     """The sentences that say which fields each release does not know, and what was left out."""
     a, b = diff.before.name, diff.after.name
-    lines = [f"fields {a} does not know (and {b} does): "
-             f"{', '.join(diff.unknown_before) or 'none'}",
-             f"fields {b} does not know (and {a} does): "
-             f"{', '.join(diff.unknown_after) or 'none'}"]
+    lines = [
+        f"fields {a} does not know (and {b} does): {', '.join(diff.unknown_before) or 'none'}",
+        f"fields {b} does not know (and {a} does): {', '.join(diff.unknown_after) or 'none'}",
+    ]
     if diff.left_out:
         parts = []
         for item in left_out_fields(diff):
-            lacks = "; ".join(f"{f}: not in {' or '.join(packs)}"
-                              for f, packs in item["fields"].items())
+            lacks = "; ".join(
+                f"{f}: not in {' or '.join(packs)}" for f, packs in item["fields"].items()
+            )
             parts.append(f"{item['scenario']} ({lacks})")
-        lines.append(f"left out, as they set a field a release refuses by name "
-                     f"(unknown_setting): {', '.join(parts)}")
+        lines.append(
+            f"left out, as they set a field a release refuses by name "
+            f"(unknown_setting): {', '.join(parts)}"
+        )
     return lines
 
 
@@ -315,5 +372,12 @@ def group_row(g: ChangeGroup) -> list[str]:
     families = ", ".join(f"{f} ({n})" for f, n in g.families[:3])
     if len(g.families) > 3:
         families += f", {len(g.families) - 3} more"
-    return [g.change, g.scenario, g.pin, str(g.cells), families,
-            _why_text(g.why_before, g.cells), _why_text(g.why_after, g.cells)]
+    return [
+        g.change,
+        g.scenario,
+        g.pin,
+        str(g.cells),
+        families,
+        _why_text(g.why_before, g.cells),
+        _why_text(g.why_after, g.cells),
+    ]

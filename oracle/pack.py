@@ -9,15 +9,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from oracle.compile import compile_pack
-from oracle.compile_types import ArchInfo, PackData
-from oracle.config import DEFAULTS, DeploymentConfig
-from oracle.decision import CanarySnapshot, Decision, Message, Reason
-from oracle.errors import ErrorCode, OracleError
-from oracle.pack_types import Cohort, RuleInfo
-from oracle.paths import POLICIES_DIR, SHIPPED_PACKS
-from oracle.policy import Evaluator, default_view
-from oracle.steps import decide_with_steps
+from turnout.oracle.compile import compile_pack
+from turnout.oracle.compile_types import ArchInfo, PackData
+from turnout.oracle.config import DEFAULTS, DeploymentConfig
+from turnout.oracle.decision import CanarySnapshot, Decision, Message, Reason
+from turnout.oracle.errors import ErrorCode, OracleError
+from turnout.oracle.pack_types import Cohort, RuleInfo
+from turnout.oracle.paths import POLICIES_DIR, SHIPPED_PACKS
+from turnout.oracle.policy import Evaluator, default_view
+from turnout.oracle.steps import decide_with_steps
 
 MAX_SNAPSHOT_CACHES = 16
 
@@ -63,14 +63,35 @@ class Pack:
     @property
     def cohorts(self) -> tuple[Cohort, ...]:
         """The rollout stages in order, with their default canary state."""
-        return tuple(Cohort(s.id, s.label, s.enabled, s.percentage, tuple(sorted(s.families)),
-                            s.when, s.description, s.index) for s in self._data.stages)
+        return tuple(
+            Cohort(
+                s.id,
+                s.label,
+                s.enabled,
+                s.percentage,
+                tuple(sorted(s.families)),
+                s.when,
+                s.description,
+                s.index,
+            )
+            for s in self._data.stages
+        )
 
     @property
     def rules(self) -> tuple[RuleInfo, ...]:
-        return tuple(RuleInfo(r.id, r.label.text, r.effect, r.severity, r.prerequisite,
-                              {c.dim: c.ops for c in r.conditions}, r.reason, r.reference)
-                     for r in self._data.rules)
+        return tuple(
+            RuleInfo(
+                r.id,
+                r.label.text,
+                r.effect,
+                r.severity,
+                r.prerequisite,
+                {c.dim: c.ops for c in r.conditions},
+                r.reason,
+                r.reference,
+            )
+            for r in self._data.rules
+        )
 
     @property
     def families(self) -> dict[str, str]:
@@ -129,9 +150,15 @@ class Pack:
             view = default_view(stages, self._data.kill_switch)
         else:
             states = canaries.cohorts
-            view = (canaries.kill_switch, *(
-                (states[s.id].enabled, states[s.id].percentage) if s.id in states
-                else (s.enabled, s.percentage) for s in stages))
+            view = (
+                canaries.kill_switch,
+                *(
+                    (states[s.id].enabled, states[s.id].percentage)
+                    if s.id in states
+                    else (s.enabled, s.percentage)
+                    for s in stages
+                ),
+            )
         with self._lock:
             # The digest describes the effective state (kill switch, then each stage's enabled
             # and percentage), not the snapshot's spelling: cohorts left out or unknown to the
@@ -161,8 +188,7 @@ class Pack:
         """Content hash of this pack together with the canary snapshot (None: the defaults)."""
         return self._view(canaries)[1]
 
-    def decide(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
-               ) -> Decision:
+    def decide(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None) -> Decision:
         """See :func:`oracle.decide`."""
         last = self._last
         if last[0] is config and last[1] is canaries:
@@ -179,8 +205,9 @@ class Pack:
         self._last = (config, canaries, d)
         return d
 
-    def decide_rollout(self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
-                       ) -> Decision:
+    def decide_rollout(
+        self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
+    ) -> Decision:
         """The rollout's answer alone (DESIGN §3.3 step 5: kill switch, the config's stage, its
         canary and sticky share), none of the pack's rules evaluated: for a deployment whose
         capabilities another pack judges (``turnout launch``). An architecture the pack does
@@ -205,8 +232,9 @@ class Pack:
         self._decide_uncached(c, None, applied)
         return [s.id for s in self._data.steps if s.index in applied]
 
-    def _decide_uncached(self, c: DeploymentConfig, canaries: CanarySnapshot | None,
-                         applied: set[int] | None = None) -> Decision:
+    def _decide_uncached(
+        self, c: DeploymentConfig, canaries: CanarySnapshot | None, applied: set[int] | None = None
+    ) -> Decision:
         view, digest = self._views[canaries]
         data = self._data
         found = data.archs.get(c.architecture) if c.family is None else None  # type: ignore[arg-type]
@@ -216,8 +244,9 @@ class Pack:
             return self._error(c, "v1", mode, a, ErrorCode.UNKNOWN_ARCHITECTURE, digest)
         unknown = self._unknown_setting(c)
         if unknown is not None:
-            return self._error(c, None, "auto", unknown, ErrorCode.UNKNOWN_SETTING, digest,
-                               a.family)
+            return self._error(
+                c, None, "auto", unknown, ErrorCode.UNKNOWN_SETTING, digest, a.family
+            )
         raw = c.env.get(data.env_var)
         pin: str | None = "auto"
         pin_error: Decision | None = None
@@ -225,8 +254,9 @@ class Pack:
             try:
                 pin = self._pin(raw)
             except OracleError as exc:
-                pin_error = self._error(c, None, "pinned", exc.message, ErrorCode.INVALID_ENV,
-                                        digest, a.family)
+                pin_error = self._error(
+                    c, None, "pinned", exc.message, ErrorCode.INVALID_ENV, digest, a.family
+                )
                 pin = None
         if pin_error is not None and not data.steps:
             return pin_error
@@ -234,13 +264,28 @@ class Pack:
             unserved = self._unserved(c.architecture, c.runner_kind or a.runner_kind)
             if unserved is not None:
                 mode = "auto" if raw is None else "pinned"
-                return self._error(c, None, mode, unserved, ErrorCode.ARCHITECTURE_NOT_SERVED,
-                                   digest, a.family, {"architecture": c.architecture,
-                                                      "runner_kind": c.runner_kind or a.runner_kind})
+                return self._error(
+                    c,
+                    None,
+                    mode,
+                    unserved,
+                    ErrorCode.ARCHITECTURE_NOT_SERVED,
+                    digest,
+                    a.family,
+                    {"architecture": c.architecture, "runner_kind": c.runner_kind or a.runner_kind},
+                )
         if data.steps:
-            d = decide_with_steps(data, self._eval, c, a, pin, pin_error,
-                                  lambda s, arch, p: self._eval.resolve(s, arch, p, view, digest),
-                                  digest, applied)
+            d = decide_with_steps(
+                data,
+                self._eval,
+                c,
+                a,
+                pin,
+                pin_error,
+                lambda s, arch, p: self._eval.resolve(s, arch, p, view, digest),
+                digest,
+                applied,
+            )
         else:
             assert pin is not None
             d = self._eval.resolve(c, a, pin, view, digest)
@@ -254,8 +299,9 @@ class Pack:
         parser refuses), as upgrade previews report a line the other release still reads."""
         _, digest = self._view(None)
         found = self._data.archs.get(c.architecture) if c.architecture is not None else None
-        return self._error(c, None, "auto", text, code, digest,
-                           found.family if found is not None else c.family)
+        return self._error(
+            c, None, "auto", text, code, digest, found.family if found is not None else c.family
+        )
 
     def _unknown_setting(self, c: DeploymentConfig) -> str | None:
         """The error for a config that sets a field the pack's release does not have."""
@@ -263,16 +309,24 @@ class Pack:
         if not names:
             return None
         release = self._data.release or self.name
-        return (f"{', '.join(names)}: not a setting of vLLM {release} (the {self.name} pack); "
-                "a later release has it")
+        return (
+            f"{', '.join(names)}: not a setting of vLLM {release} (the {self.name} pack); "
+            "a later release has it"
+        )
 
     def _foreign_env(self, c: DeploymentConfig) -> tuple[Message, ...]:
         """A warning per runner variable this pack does not read (``VLLM_USE_V2_MODEL_RUNNER=0``
         under the turnout pack pins nothing: say so rather than ignore it silently)."""
         own = self._data.env_var
-        return tuple(Message("WARNING", f"{name} is not read by the {self.name} pack (its "
-                             f"runner variable is {own}); ignoring {name}={value!r}.")
-                     for name, value in sorted(c.env.items()) if name != own)
+        return tuple(
+            Message(
+                "WARNING",
+                f"{name} is not read by the {self.name} pack (its "
+                f"runner variable is {own}); ignoring {name}={value!r}.",
+            )
+            for name, value in sorted(c.env.items())
+            if name != own
+        )
 
     def _arch(self, c: DeploymentConfig) -> ArchInfo | str:
         """The ArchInfo of the config, or the error message when there is none."""
@@ -280,16 +334,22 @@ class Pack:
         if c.family is not None:
             fam = d.family_defaults.get(c.family)
             if fam is None:
-                return (f"unknown family {c.family!r}: not in the {d.name} pack's families.yaml "
-                        f"({len(d.family_defaults)} families)")
+                return (
+                    f"unknown family {c.family!r}: not in the {d.name} pack's families.yaml "
+                    f"({len(d.family_defaults)} families)"
+                )
             return fam
         if c.architecture is None:
-            return ("no architecture given: pass --architecture ARCH or --config "
-                    "path/to/config.json (or the model's family)")
+            return (
+                "no architecture given: pass --architecture ARCH or --config "
+                "path/to/config.json (or the model's family)"
+            )
         arch = d.archs.get(c.architecture)
         if arch is None:
-            return (f"unknown architecture {c.architecture!r}: not in the {d.name} pack's "
-                    "families.yaml; pass a known --architecture, or a family override")
+            return (
+                f"unknown architecture {c.architecture!r}: not in the {d.name} pack's "
+                "families.yaml; pass a known --architecture, or a family override"
+            )
         return arch
 
     def _unserved(self, architecture: str, runner_kind: str) -> str | None:
@@ -307,11 +367,19 @@ class Pack:
         other = [k for k, archs in sorted(served.items()) if architecture in archs]
         if other:
             listed = ", ".join(sorted(served.get(runner_kind, ()))) or "none"
-            return (f"no runner of this build serves architecture {architecture!r} for "
-                    f"{runner_kind} (only for {', '.join(other)}); supported for {runner_kind}: "
-                    f"{listed}")
-        listed = "; ".join(f"{', '.join(sorted(archs))} ({kind})"
-                           for kind, archs in sorted(served.items()) if archs) or "none"
+            return (
+                f"no runner of this build serves architecture {architecture!r} for "
+                f"{runner_kind} (only for {', '.join(other)}); supported for {runner_kind}: "
+                f"{listed}"
+            )
+        listed = (
+            "; ".join(
+                f"{', '.join(sorted(archs))} ({kind})"
+                for kind, archs in sorted(served.items())
+                if archs
+            )
+            or "none"
+        )
         return f"no runner of this build serves architecture {architecture!r}; supported: {listed}"
 
     def _pin(self, raw: str | None) -> str:
@@ -329,19 +397,42 @@ class Pack:
         text = tpl.render({"name": self._data.env_var, "value": raw}) if tpl else raw
         raise OracleError(text, code=ErrorCode.INVALID_ENV)
 
-    def _error(self, c: DeploymentConfig, runner: str | None, mode: str, text: str,
-               code: ErrorCode, digest: str, family: str | None = None,
-               matched: Mapping[str, Any] | None = None) -> Decision:
+    def _error(
+        self,
+        c: DeploymentConfig,
+        runner: str | None,
+        mode: str,
+        text: str,
+        code: ErrorCode,
+        digest: str,
+        family: str | None = None,
+        matched: Mapping[str, Any] | None = None,
+    ) -> Decision:
         if matched is None:
-            matched = ({"architecture": c.architecture} if code == ErrorCode.UNKNOWN_ARCHITECTURE
-                       else {self._data.env_var: c.env.get(self._data.env_var)})
+            matched = (
+                {"architecture": c.architecture}
+                if code == ErrorCode.UNKNOWN_ARCHITECTURE
+                else {self._data.env_var: c.env.get(self._data.env_var)}
+            )
         ref = (self._data.manifests_file or "") if code == ErrorCode.ARCHITECTURE_NOT_SERVED else ""
         reason = Reason(f"error.{code}", text, "hard", "error", matched, ref)
         messages: tuple[Message, ...] = ()
         if runner == "v1":
             messages = (Message("WARNING", f"{text}; using the V1 model runner instead."),)
-        return Decision(runner, mode, family, None, None, (reason,), messages,  # type: ignore[arg-type]
-                        "ERROR", text, digest, code, self.name)
+        return Decision(
+            runner,  # type: ignore[arg-type]
+            mode,  # type: ignore[arg-type]
+            family,
+            None,
+            None,
+            (reason,),
+            messages,
+            "ERROR",
+            text,
+            digest,
+            code,
+            self.name,
+        )
 
 
 _PACKS: dict[str, Pack] = {}
@@ -356,9 +447,11 @@ def resolve_pack_dir(name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if path.is_dir():
         return path.resolve()
-    raise OracleError(f"no policy pack {text!r}: expected one of {', '.join(SHIPPED_PACKS)} or "
-                      "a folder holding capability_matrix.yaml, families.yaml and rollout.yaml",
-                      code=ErrorCode.UNKNOWN_PACK)
+    raise OracleError(
+        f"no policy pack {text!r}: expected one of {', '.join(SHIPPED_PACKS)} or "
+        "a folder holding capability_matrix.yaml, families.yaml and rollout.yaml",
+        code=ErrorCode.UNKNOWN_PACK,
+    )
 
 
 def load_pack(name_or_path: str | Path = "turnout") -> Pack:
@@ -380,8 +473,9 @@ def load_pack(name_or_path: str | Path = "turnout") -> Pack:
     return pack
 
 
-def decide(config: DeploymentConfig, *, pack: Pack,
-           canaries: CanarySnapshot | None = None) -> Decision:
+def decide(
+    config: DeploymentConfig, *, pack: Pack, canaries: CanarySnapshot | None = None
+) -> Decision:
     """The runner for ``config`` under ``pack`` and the canary snapshot (None: pack defaults).
 
     Pure and thread-safe, no I/O; cached per (config, snapshot). Never raises for bad

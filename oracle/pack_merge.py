@@ -19,11 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from oracle.errors import Issue, PackError
-from oracle.paths import POLICIES_DIR, SHIPPED_PACKS
-from oracle.schema import CapabilityMatrix, Derived, Dimension, Messages, PackMeta, Rule, Step
-from oracle.validate import validate_model
-from oracle.yamlpos import PathKey, Positions, load_with_positions
+from turnout.oracle.errors import Issue, PackError
+from turnout.oracle.paths import POLICIES_DIR, SHIPPED_PACKS
+from turnout.oracle.schema import (
+    CapabilityMatrix,
+    Derived,
+    Dimension,
+    Messages,
+    PackMeta,
+    Rule,
+    Step,
+)
+from turnout.oracle.validate import validate_model
+from turnout.oracle.yamlpos import PathKey, Positions, load_with_positions
 
 MAX_DEPTH = 8
 _T = TypeVar("_T")
@@ -63,8 +71,12 @@ def load_matrix_chain(folder: Path, issues: list[Issue]) -> MergedMatrix | None:
         path = current / "capability_matrix.yaml"
         if current in seen or len(chain) >= MAX_DEPTH:
             first = chain[0][1] if chain else Positions(str(path))
-            issues.append(first.issue(("pack", "extends"), "extends forms a cycle or a chain "
-                                      f"longer than {MAX_DEPTH} packs"))
+            issues.append(
+                first.issue(
+                    ("pack", "extends"),
+                    f"extends forms a cycle or a chain longer than {MAX_DEPTH} packs",
+                )
+            )
             return None
         seen.add(current)
         try:
@@ -84,23 +96,38 @@ def load_matrix_chain(folder: Path, issues: list[Issue]) -> MergedMatrix | None:
     return _merge(chain, issues)
 
 
-def _base_folder(matrix: CapabilityMatrix, pos: Positions, folder: Path,
-                 issues: list[Issue]) -> Path | None:
+def _base_folder(
+    matrix: CapabilityMatrix, pos: Positions, folder: Path, issues: list[Issue]
+) -> Path | None:
     name = matrix.pack.extends or ""
     candidate = POLICIES_DIR / name if name in SHIPPED_PACKS else (folder / name).resolve()
     if not (candidate / "capability_matrix.yaml").is_file():
-        issues.append(pos.issue(("pack", "extends"), f"extends {name!r}: no pack there "
-                                "(a shipped pack name or a folder relative to this pack)"))
+        issues.append(
+            pos.issue(
+                ("pack", "extends"),
+                f"extends {name!r}: no pack there "
+                "(a shipped pack name or a folder relative to this pack)",
+            )
+        )
         return None
     return candidate
 
 
-def _merge(chain: list[tuple[CapabilityMatrix, Positions, Path]],
-           issues: list[Issue]) -> MergedMatrix:
+def _merge(
+    chain: list[tuple[CapabilityMatrix, Positions, Path]], issues: list[Issue]
+) -> MergedMatrix:
     base = chain[0][0]
-    out = MergedMatrix(meta={}, messages={}, message_pos={}, dimensions={}, derived={},
-                       rules=[], steps=[], meta_pos=chain[-1][1],
-                       files=[p for _, _, p in chain])
+    out = MergedMatrix(
+        meta={},
+        messages={},
+        message_pos={},
+        dimensions={},
+        derived={},
+        rules=[],
+        steps=[],
+        meta_pos=chain[-1][1],
+        files=[p for _, _, p in chain],
+    )
     for matrix, pos, _ in chain:
         out.meta.update({k: getattr(matrix.pack, k) for k in matrix.pack.model_fields_set})
         for key in matrix.messages.model_fields_set:
@@ -110,30 +137,46 @@ def _merge(chain: list[tuple[CapabilityMatrix, Positions, Path]],
             out.dimensions[name] = Located(dim, pos, ("dimensions", name))
         for name, der in matrix.derived.items():
             out.derived[name] = Located(der, pos, ("derived", name))
-        out.rules = _merge_list(out.rules, matrix.rules, matrix.remove_rules, pos, "rules",
-                                "remove_rules", issues)
-        out.steps = _merge_list(out.steps, matrix.steps, matrix.remove_steps, pos, "steps",
-                                "remove_steps", issues)
+        out.rules = _merge_list(
+            out.rules, matrix.rules, matrix.remove_rules, pos, "rules", "remove_rules", issues
+        )
+        out.steps = _merge_list(
+            out.steps, matrix.steps, matrix.remove_steps, pos, "steps", "remove_steps", issues
+        )
     if not base.pack.extends:
         out.meta.setdefault("env_parse", "strict")
     return out
 
 
-def _merge_list(current: list[Located[Any]], new: list[Any], remove: list[str], pos: Positions,
-                key: str, remove_key: str, issues: list[Issue]) -> list[Located[Any]]:
+def _merge_list(
+    current: list[Located[Any]],
+    new: list[Any],
+    remove: list[str],
+    pos: Positions,
+    key: str,
+    remove_key: str,
+    issues: list[Issue],
+) -> list[Located[Any]]:
     items = list(current)
     ids = [x.item.id for x in items]
     for i, rid in enumerate(remove):
         if rid not in ids:
-            issues.append(pos.issue((remove_key, i), f"{remove_key}: no inherited {key[:-1]} "
-                                    f"{rid!r} to remove"))
+            issues.append(
+                pos.issue(
+                    (remove_key, i), f"{remove_key}: no inherited {key[:-1]} {rid!r} to remove"
+                )
+            )
     items = [x for x in items if x.item.id not in set(remove)]
     own: dict[str, int] = {}
     for i, entry in enumerate(new):
         located = Located(entry, pos, (key, i))
         if entry.id in own:  # twice in one file: a mistake, not an override
-            issues.append(pos.issue((key, i, "id"), f"duplicate {key[:-1]} id {entry.id!r} "
-                                    f"(first is {key}[{own[entry.id]}])"))
+            issues.append(
+                pos.issue(
+                    (key, i, "id"),
+                    f"duplicate {key[:-1]} id {entry.id!r} (first is {key}[{own[entry.id]}])",
+                )
+            )
             continue
         own[entry.id] = i
         ids = [x.item.id for x in items]
@@ -147,8 +190,12 @@ def _merge_list(current: list[Located[Any]], new: list[Any], remove: list[str], 
         if anchor is None:
             items.append(located)
         elif anchor not in ids:
-            issues.append(pos.issue((key, i, "after" if entry.after else "before"),
-                                    f"no {key[:-1]} {anchor!r} to place {entry.id!r} next to"))
+            issues.append(
+                pos.issue(
+                    (key, i, "after" if entry.after else "before"),
+                    f"no {key[:-1]} {anchor!r} to place {entry.id!r} next to",
+                )
+            )
             items.append(located)
         else:
             at = ids.index(anchor) + (1 if entry.after else 0)
@@ -160,8 +207,12 @@ def merged_meta(merged: MergedMatrix, issues: list[Issue]) -> PackMeta:
     """The pack's own description after the chain; env_var must be set somewhere in it."""
     meta = PackMeta(**{k: v for k, v in merged.meta.items()})
     if meta.env_var is None:
-        issues.append(merged.meta_pos.issue(("pack",), "the pack (or one it extends) must name "
-                                            "its runner variable: pack.env_var"))
+        issues.append(
+            merged.meta_pos.issue(
+                ("pack",),
+                "the pack (or one it extends) must name its runner variable: pack.env_var",
+            )
+        )
     return meta
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from oracle.compile_types import Template
-from oracle.decision import CanaryOutcome, Decision, Message, Reason
-from oracle.errors import ErrorCode
+from turnout.oracle.compile_types import Template
+from turnout.oracle.decision import CanaryOutcome, Decision, Message, Reason
+from turnout.oracle.errors import ErrorCode
 
 # Per matched rule: (its Reason, its rendered label, its values by dimension).
 Facts = Mapping[int, tuple[Reason, str, dict[str, Any]]]
@@ -78,6 +78,17 @@ def instantiate(plan: Plan, facts: Facts) -> Decision:
     reasons = tuple(facts[r][0] if isinstance(r, int) else r for r in plan.reasons)
     messages = tuple(Message(t.template.level, t.render(facts)) for t in plan.messages)
     error = " ".join(t.render(facts) for t in plan.error) if plan.error is not None else None
-    return Decision(plan.runner, plan.mode, plan.family, plan.stage,  # type: ignore[arg-type]
-                    plan.canary, reasons, messages, plan.reason_code,  # type: ignore[arg-type]
-                    error, plan.policy_digest, plan.error_code, plan.pack)
+    return Decision(
+        plan.runner,  # type: ignore[arg-type]
+        plan.mode,  # type: ignore[arg-type]
+        plan.family,
+        plan.stage,
+        plan.canary,
+        reasons,
+        messages,
+        plan.reason_code,  # type: ignore[arg-type]
+        error,
+        plan.policy_digest,
+        plan.error_code,
+        plan.pack,
+    )

@@ -20,10 +20,10 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from oracle.compile_types import ArchInfo, CompiledRule, CompiledStage, PackData, Template
-from oracle.decision import CanaryOutcome, Decision, Message, Reason
-from oracle.errors import ErrorCode
-from oracle.plan import Facts, Labels, Plan, Text, bits, instantiate
+from turnout.oracle.compile_types import ArchInfo, CompiledRule, CompiledStage, PackData, Template
+from turnout.oracle.decision import CanaryOutcome, Decision, Message, Reason
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.plan import Facts, Labels, Plan, Text, bits, instantiate
 
 _ROLLOUT_REF = "rollout.yaml"
 
@@ -61,8 +61,9 @@ class Evaluator:
 
     # -- entry -------------------------------------------------------------------------------
 
-    def resolve(self, c: Any, a: ArchInfo, pin: str, view: tuple[Any, ...],
-                digest: str) -> Decision:
+    def resolve(
+        self, c: Any, a: ArchInfo, pin: str, view: tuple[Any, ...], digest: str
+    ) -> Decision:
         """The Decision for config ``c`` of architecture ``a``, runner pin ``pin`` ("auto",
         "v1", "v2") and canary ``view`` (kill switch, then (enabled, percentage) per stage)."""
         pd = self.pd
@@ -100,12 +101,13 @@ class Evaluator:
         for i in bits(m):
             rule = self.pd.rules[i]
             n = len(rule.dims)
-            facts[i] = self._rule_facts(rule, values[offset:offset + n])  # type: ignore[index]
+            facts[i] = self._rule_facts(rule, values[offset : offset + n])  # type: ignore[index]
             offset += n
         return facts
 
-    def _rule_facts(self, rule: CompiledRule, vals: tuple[Any, ...]
-                    ) -> tuple[Reason, str, dict[str, Any]]:
+    def _rule_facts(
+        self, rule: CompiledRule, vals: tuple[Any, ...]
+    ) -> tuple[Reason, str, dict[str, Any]]:
         """(Reason, rendered label, values by dimension) of a matched rule; memoised."""
         key = (rule.index, vals)
         hit = self._facts.get(key)
@@ -113,8 +115,11 @@ class Evaluator:
             values = dict(zip(rule.dims, vals, strict=True))
             label = rule.label.render(values)
             tested = {cond.dim: values[cond.dim] for cond in rule.conditions}
-            hit = (Reason(rule.id, label, rule.severity, rule.effect, tested, rule.reference),
-                   label, values)
+            hit = (
+                Reason(rule.id, label, rule.severity, rule.effect, tested, rule.reference),
+                label,
+                values,
+            )
             if len(self._facts) > 100_000:
                 self._facts.clear()
             self._facts[key] = hit
@@ -145,16 +150,20 @@ class Evaluator:
 
         def say(tpl: Template | None, rule: int, extra: dict[str, Any] | None = None) -> None:
             if tpl is not None:
-                out.append(Message(tpl.level, Text(tpl, tuple((extra or {}).items()),
-                                                   rule).render(facts)))
+                out.append(
+                    Message(tpl.level, Text(tpl, tuple((extra or {}).items()), rule).render(facts))
+                )
 
         forced = m & self.m_forces
         if forced:
             for i in bits(forced):
                 if pin == "v1" and not rules[i].override_pin:
                     tpl = rules[i].error or self.msgs["v1_blocked"]
-                    text = Text(tpl, (("labels", Labels(1 << i)),), i).render(facts) \
-                        if tpl is not None else ""
+                    text = (
+                        Text(tpl, (("labels", Labels(1 << i)),), i).render(facts)
+                        if tpl is not None
+                        else ""
+                    )
                     return None, out, text
                 if pin == "v1":
                     say(rules[i].message, i)
@@ -184,8 +193,17 @@ class Evaluator:
 
     # -- resolution (once per shape) ---------------------------------------------------------
 
-    def _plan(self, a: ArchInfo, m: int, pin: str, idx: int, view: tuple[Any, ...],
-              included: bool | None, digest: str, pin_value: str | None = None) -> Plan:
+    def _plan(
+        self,
+        a: ArchInfo,
+        m: int,
+        pin: str,
+        idx: int,
+        view: tuple[Any, ...],
+        included: bool | None,
+        digest: str,
+        pin_value: str | None = None,
+    ) -> Plan:
         x = _Ctx(a, pin, self.pd.stages[idx] if idx >= 0 else None, digest)
         forced = m & self.m_forces
         b1 = m & self.m_blocks_v1
@@ -195,8 +213,11 @@ class Evaluator:
                 strict = sum(1 << i for i in bits(forced) if not self.pd.rules[i].override_pin)
                 if strict:
                     first = self.pd.rules[bits(strict)[0]]
-                    error = ((Text(first.error, (), first.index),) if first.error is not None
-                             else self._error(x, "v1_blocked", strict))
+                    error = (
+                        (Text(first.error, (), first.index),)
+                        if first.error is not None
+                        else self._error(x, "v1_blocked", strict)
+                    )
                     return self._done(x, None, "ERROR", error, ErrorCode.PIN_CONFLICT)
                 for i in bits(forced):
                     self._emit(x, self.pd.rules[i].message, rule=i)
@@ -204,8 +225,9 @@ class Evaluator:
         if pin == "v1":
             if b1:
                 x.reasons += bits(b1)
-                return self._done(x, None, "ERROR", self._error(x, "v1_blocked", b1),
-                                  ErrorCode.PIN_CONFLICT)
+                return self._done(
+                    x, None, "ERROR", self._error(x, "v1_blocked", b1), ErrorCode.PIN_CONFLICT
+                )
             value = self._pin_value("v1", pin_value)
             x.reasons.append(self._pin_reason("v1", value))
             self._emit(x, self.msgs["pinned_v1"], values={"name": self.pd.env_var, "value": value})
@@ -216,8 +238,9 @@ class Evaluator:
         return self._auto(x, m, b1, view, included)
 
     @staticmethod
-    def _emit(x: _Ctx, tpl: Template | None, rule: int = -1,
-              values: dict[str, Any] | None = None) -> None:
+    def _emit(
+        x: _Ctx, tpl: Template | None, rule: int = -1, values: dict[str, Any] | None = None
+    ) -> None:
         if tpl is not None:
             x.messages.append(Text(tpl, tuple((values or {}).items()), rule))
 
@@ -225,14 +248,31 @@ class Evaluator:
         tpl = self.msgs[message]
         return (Text(tpl, (("labels", Labels(mask)),)),) if tpl is not None else ()
 
-    def _done(self, x: _Ctx, runner: str | None, code: str,
-              error: tuple[Text, ...] | None = None, error_code: ErrorCode | None = None,
-              canary: CanaryOutcome | None = None) -> Plan:
+    def _done(
+        self,
+        x: _Ctx,
+        runner: str | None,
+        code: str,
+        error: tuple[Text, ...] | None = None,
+        error_code: ErrorCode | None = None,
+        canary: CanaryOutcome | None = None,
+    ) -> Plan:
         if runner == "v2":
             self._emit(x, self.msgs["using_v2"])
-        return Plan(runner, "auto" if x.p == "auto" else "pinned", x.a.family,
-                    x.stage.id if x.stage else None, canary, tuple(x.reasons),
-                    tuple(x.messages), code, error, x.digest, error_code, self.pd.name)
+        return Plan(
+            runner,
+            "auto" if x.p == "auto" else "pinned",
+            x.a.family,
+            x.stage.id if x.stage else None,
+            canary,
+            tuple(x.reasons),
+            tuple(x.messages),
+            code,
+            error,
+            x.digest,
+            error_code,
+            self.pd.name,
+        )
 
     @staticmethod
     def _pin_value(runner: str, raw: str | None) -> str:
@@ -241,8 +281,14 @@ class Evaluator:
         return raw if raw is not None else ("1" if runner == "v2" else "0")
 
     def _pin_reason(self, runner: str, value: str) -> Reason:
-        return Reason(f"pin.{runner}", f"pinned to {runner.upper()} by {self.pd.env_var}={value}",
-                      "hard", f"pins_{runner}", {self.pd.env_var: value}, "")
+        return Reason(
+            f"pin.{runner}",
+            f"pinned to {runner.upper()} by {self.pd.env_var}={value}",
+            "hard",
+            f"pins_{runner}",
+            {self.pd.env_var: value},
+            "",
+        )
 
     def _pinned_v2(self, x: _Ctx, m: int, code: str) -> Plan:
         """V2 chosen: its validation (vLLM's _validate_v2_model_runner). A prerequisite with an
@@ -258,8 +304,9 @@ class Evaluator:
         if not blockers:
             return self._done(x, "v2", code)
         x.reasons += bits(blockers)
-        return self._done(x, None, "ERROR", self._error(x, "pinned_blocked", blockers),
-                          ErrorCode.PIN_CONFLICT)
+        return self._done(
+            x, None, "ERROR", self._error(x, "pinned_blocked", blockers), ErrorCode.PIN_CONFLICT
+        )
 
     def _fallback_v1(self, x: _Ctx, b1: int) -> Plan:
         if not b1:
@@ -267,8 +314,7 @@ class Evaluator:
         x.reasons += bits(b1)
         return self._done(x, None, "ERROR", self._error(x, "v1_blocked", b1), ErrorCode.NO_RUNNER)
 
-    def _auto(self, x: _Ctx, m: int, b1: int, view: tuple[Any, ...],
-              included: bool | None) -> Plan:
+    def _auto(self, x: _Ctx, m: int, b1: int, view: tuple[Any, ...], included: bool | None) -> Plan:
         prefers = m & self.m_prefers
         if prefers:  # a platform default first (vLLM 0.29-0.31 check ROCm before Triton)
             stays = False
@@ -302,33 +348,68 @@ class Evaluator:
         a, stage = x.a, x.stage
         fam = {"family": a.family, "family_label": a.family_label}
         if view[0]:
-            x.reasons.append(Reason("rollout.kill_switch", "the rollout kill switch is on",
-                                    "soft", "rollout", {}, _ROLLOUT_REF))
+            x.reasons.append(
+                Reason(
+                    "rollout.kill_switch",
+                    "the rollout kill switch is on",
+                    "soft",
+                    "rollout",
+                    {},
+                    _ROLLOUT_REF,
+                )
+            )
             self._emit(x, self.msgs["kill_switch"])
             return self._done(x, "v1", "DISABLED")
         if stage is None:
             runner = self.pd.default_runner
             if runner == "v1":
-                x.reasons.append(Reason("rollout.no_stage", "in no rollout stage", "soft",
-                                        "rollout", {"family": a.family}, _ROLLOUT_REF))
+                x.reasons.append(
+                    Reason(
+                        "rollout.no_stage",
+                        "in no rollout stage",
+                        "soft",
+                        "rollout",
+                        {"family": a.family},
+                        _ROLLOUT_REF,
+                    )
+                )
                 self._emit(x, self.msgs["no_stage"], values={"runner": runner.upper(), **fam})
             return self._done(x, runner, "DEFAULT")
         enabled, pct = view[1 + stage.index]
         canary = CanaryOutcome(stage.id, enabled, pct, bool(enabled and (pct >= 100 or included)))
-        names: dict[str, Any] = {"stage": stage.id, "stage_label": stage.label, "percentage": pct, **fam}
+        names: dict[str, Any] = {
+            "stage": stage.id,
+            "stage_label": stage.label,
+            "percentage": pct,
+            **fam,
+        }
         if not enabled:
-            x.reasons.append(Reason(
-                "rollout.stage_off", f"not yet enabled for V2 (stage {stage.label})", "soft",
-                "rollout", {"family": a.family, "stage": stage.id}, _ROLLOUT_REF))
+            x.reasons.append(
+                Reason(
+                    "rollout.stage_off",
+                    f"not yet enabled for V2 (stage {stage.label})",
+                    "soft",
+                    "rollout",
+                    {"family": a.family, "stage": stage.id},
+                    _ROLLOUT_REF,
+                )
+            )
             self._emit(x, self.msgs["stage_off"], values=names)
             return self._done(x, "v1", "DISABLED", canary=canary)
         if pct >= 100:
             return self._done(x, "v2", "TARGETING_MATCH", canary=canary)
         if included:
             return self._done(x, "v2", "SPLIT", canary=canary)
-        x.reasons.append(Reason(
-            "rollout.split_out", f"not in the {pct}% share of stage {stage.label} yet", "soft",
-            "rollout", {"family": a.family, "stage": stage.id, "percentage": pct}, _ROLLOUT_REF))
+        x.reasons.append(
+            Reason(
+                "rollout.split_out",
+                f"not in the {pct}% share of stage {stage.label} yet",
+                "soft",
+                "rollout",
+                {"family": a.family, "stage": stage.id, "percentage": pct},
+                _ROLLOUT_REF,
+            )
+        )
         self._emit(x, self.msgs["split_out"], values=names)
         return self._done(x, "v1", "SPLIT", canary=canary)
 

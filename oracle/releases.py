@@ -5,8 +5,8 @@ that does to the capability matrix (the cells that change runner, per change, sc
 family: ``turnout matrix --diff``) and to the real command lines of
 policies/reference/vllm_recipes.jsonl (``turnout decide --compare``).
 
-    python -m oracle.releases --write   # rewrite docs/oracle-releases.md
-    python -m oracle.releases --check   # exit 1 when the file differs from the packs
+    python -m turnout.oracle.releases --write   # rewrite docs/oracle-releases.md
+    python -m turnout.oracle.releases --check   # exit 1 when the file differs from the packs
 
 tests/oracle/test_oracle_releases.py fails while the file is stale.
 """
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oracle.compare import Side, change_of, change_rank, count_changes, sides
-from oracle.config import DeploymentConfig
-from oracle.errors import ConfigError, Issue, PackError
-from oracle.matrix_diff import (
+from turnout.oracle.compare import Side, change_of, change_rank, count_changes, sides
+from turnout.oracle.config import DeploymentConfig
+from turnout.oracle.errors import ConfigError, Issue, PackError
+from turnout.oracle.matrix_diff import (
     GROUP_HEADER,
     MatrixDiff,
     diff_packs,
@@ -33,10 +33,10 @@ from oracle.matrix_diff import (
     group_row,
     unknown_lines,
 )
-from oracle.pack import Pack, load_pack
-from oracle.pack_merge import Located, MergedMatrix, load_matrix_chain
-from oracle.paths import POLICIES_DIR, RELEASE_PACKS
-from oracle.sources import from_command, release_for_pack
+from turnout.oracle.pack import Pack, load_pack
+from turnout.oracle.pack_merge import Located, MergedMatrix, load_matrix_chain
+from turnout.oracle.paths import POLICIES_DIR, RELEASE_PACKS
+from turnout.oracle.sources import from_command, release_for_pack
 
 DOC = POLICIES_DIR.parent / "docs" / "oracle-releases.md"
 RECIPES = POLICIES_DIR / "reference" / "vllm_recipes.jsonl"
@@ -77,8 +77,7 @@ def item_changes(old: dict[str, Any], new: dict[str, Any]) -> ItemChanges:
             keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
             if keys:
                 changed.append((key, keys))
-    return ItemChanges([k for k in new if k not in old], [k for k in old if k not in new],
-                       changed)
+    return ItemChanges([k for k in new if k not in old], [k for k in old if k not in new], changed)
 
 
 def _by_id(items: Sequence[Located[Any]]) -> dict[str, Any]:
@@ -86,9 +85,12 @@ def _by_id(items: Sequence[Located[Any]]) -> dict[str, Any]:
 
 
 def _items(m: MergedMatrix) -> dict[str, dict[str, Any]]:
-    return {"rules": _by_id(m.rules), "steps": _by_id(m.steps),
-            "derived predicates": {k: v.item for k, v in m.derived.items()},
-            "dimensions": {k: v.item for k, v in m.dimensions.items()}}
+    return {
+        "rules": _by_id(m.rules),
+        "steps": _by_id(m.steps),
+        "derived predicates": {k: v.item for k, v in m.derived.items()},
+        "dimensions": {k: v.item for k, v in m.dimensions.items()},
+    }
 
 
 def _rule_text(rule: Any) -> str:
@@ -101,8 +103,11 @@ def _step_text(step: Any) -> str:
     if step.kind == "set":
         what = f"sets `{json.dumps(step.set, sort_keys=True)}`"
     else:
-        what = {"refuse": "refuses", "evaluate": "evaluates the selection early",
-                "final": "the final selection"}[step.kind]
+        what = {
+            "refuse": "refuses",
+            "evaluate": "evaluates the selection early",
+            "final": "the final selection",
+        }[step.kind]
     return f"`{step.id}` ({what}{when})"
 
 
@@ -129,8 +134,10 @@ def _changes_section(prev: MergedMatrix, cur: MergedMatrix) -> list[str]:
         lines.append("")
         lines += [f"- added {_describe(kind, k, new[kind][k])}" for k in ch.added]
         lines += [f"- removed {_describe(kind, k, old[kind][k])}" for k in ch.removed]
-        lines += [f"- changed {_describe(kind, k, new[kind][k])}: {', '.join(keys)}"
-                  for k, keys in ch.changed]
+        lines += [
+            f"- changed {_describe(kind, k, new[kind][k])}: {', '.join(keys)}"
+            for k, keys in ch.changed
+        ]
         lines.append("")
     return lines
 
@@ -138,8 +145,11 @@ def _changes_section(prev: MergedMatrix, cur: MergedMatrix) -> list[str]:
 def _fields_section(prev: Pack, cur: Pack) -> list[str]:
     a, b = set(prev.data.unknown_fields), set(cur.data.unknown_fields)
     gained, lost = sorted(a - b), sorted(b - a)
-    lines = [f"**Fields**: new in this release: {_names(gained)}; gone from it: {_names(lost)}; "
-             f"it does not have: {_names(sorted(b))}.", ""]
+    lines = [
+        f"**Fields**: new in this release: {_names(gained)}; gone from it: {_names(lost)}; "
+        f"it does not have: {_names(sorted(b))}.",
+        "",
+    ]
     return lines
 
 
@@ -148,8 +158,11 @@ def _names(names: Sequence[str]) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(_cell(c) for c in row) + " |" for row in rows)]
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(_cell(c) for c in row) + " |" for row in rows),
+    ]
 
 
 def _counts_text(counts: dict[str, int]) -> str:
@@ -159,8 +172,11 @@ def _counts_text(counts: dict[str, int]) -> str:
 def _matrix_section(diff: MatrixDiff) -> list[str]:
     a, b = diff.before.name, diff.after.name
     counts = _changes_count(diff)
-    lines = [f"**Matrix** (`turnout matrix --diff {a} {b}`): {len(diff.changes)} of "
-             f"{diff.num_cells} cells change runner ({_counts_text(counts)}).", ""]
+    lines = [
+        f"**Matrix** (`turnout matrix --diff {a} {b}`): {len(diff.changes)} of "
+        f"{diff.num_cells} cells change runner ({_counts_text(counts)}).",
+        "",
+    ]
     lines += [f"- {line}." for line in unknown_lines(diff)]
     lines.append("")
     groups = group_changes(diff.changes)
@@ -178,19 +194,25 @@ def _changes_count(diff: MatrixDiff) -> dict[str, int]:
 
 def _family_table(diff: MatrixDiff) -> list[str]:
     per_family = family_counts(diff.changes)
-    kinds = sorted({k for c in per_family.values() for k in c},
-                   key=lambda k: (change_rank(k), k))
+    kinds = sorted({k for c in per_family.values() for k in c}, key=lambda k: (change_rank(k), k))
     labels = {**diff.before.families, **diff.after.families}
-    rows = [[labels.get(f, f), str(sum(c.values())), *(str(c.get(k, 0)) for k in kinds)]
-            for f, c in sorted(per_family.items(), key=lambda kv: (-sum(kv[1].values()),
-                                                                    kv[0]))]
-    return ["<details><summary>Cells that change runner, per family "
-            f"({len(rows)} families)</summary>", "", *_table(["family", "cells", *kinds], rows),
-            "", "</details>", ""]
+    rows = [
+        [labels.get(f, f), str(sum(c.values())), *(str(c.get(k, 0)) for k in kinds)]
+        for f, c in sorted(per_family.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+    ]
+    return [
+        f"<details><summary>Cells that change runner, per family ({len(rows)} families)</summary>",
+        "",
+        *_table(["family", "cells", *kinds], rows),
+        "",
+        "</details>",
+        "",
+    ]
 
 
-def recipe_configs(release: str | None = None
-                   ) -> list[tuple[str, str, DeploymentConfig | None, ConfigError | None]]:
+def recipe_configs(
+    release: str | None = None,
+) -> list[tuple[str, str, DeploymentConfig | None, ConfigError | None]]:
     """(id, model, config, error) of every line of policies/reference/vllm_recipes.jsonl, read
     by vLLM ``release``'s ``vllm serve`` parser (None: the newest), as ``turnout decide --pack
     vllm-<release>`` reads them: ``config`` None and ``error`` set for a line it refuses."""
@@ -206,21 +228,27 @@ def recipe_configs(release: str | None = None
     return out
 
 
-def _recipe_sides(prev: Pack, cur: Pack, a: tuple[Any, ...], b: tuple[Any, ...]
-                  ) -> tuple[Side, Side] | None:
+def _recipe_sides(
+    prev: Pack, cur: Pack, a: tuple[Any, ...], b: tuple[Any, ...]
+) -> tuple[Side, Side] | None:
     """Both packs' decisions of one recipe line, each read by its own release's parser; a
     line only one release reads is a refusal on the other side; None when neither reads it."""
     if a[2] is None and b[2] is None:
         return None
     if b[2] is None:
-        return Side(prev.name, prev.decide(a[2])), Side(cur.name, cur.refusal(a[2], b[3].message, b[3].code))
+        return Side(prev.name, prev.decide(a[2])), Side(
+            cur.name, cur.refusal(a[2], b[3].message, b[3].code)
+        )
     if a[2] is None:
-        return Side(prev.name, prev.refusal(b[2], a[3].message, a[3].code)), Side(cur.name, cur.decide(b[2]))
+        return Side(prev.name, prev.refusal(b[2], a[3].message, a[3].code)), Side(
+            cur.name, cur.decide(b[2])
+        )
     return sides(prev, cur, a[2], after_config=b[2])
 
 
-def _recipes_section(prev: Pack, cur: Pack, before: list[tuple[Any, ...]],
-                     after: list[tuple[Any, ...]]) -> list[str]:
+def _recipes_section(
+    prev: Pack, cur: Pack, before: list[tuple[Any, ...]], after: list[tuple[Any, ...]]
+) -> list[str]:
     rows, num_read = [], 0
     for a, b in zip(before, after, strict=True):
         both = _recipe_sides(prev, cur, a, b)
@@ -231,29 +259,41 @@ def _recipes_section(prev: Pack, cur: Pack, before: list[tuple[Any, ...]],
         if change is not None:
             model = a[1] if a[2] is not None else b[1]
             rows.append([a[0], model, change, " + ".join(both[0].why()), " + ".join(both[1].why())])
-    lines = [f"**Recipes** (`turnout decide --commands policies/reference/vllm_recipes.jsonl "
-             f"--pack {prev.name} --compare {cur.name}`, each line read by each release's own "
-             f"parser): {len(rows)} of the {num_read} lines that either release reads change "
-             "runner.", ""]
+    lines = [
+        f"**Recipes** (`turnout decide --commands policies/reference/vllm_recipes.jsonl "
+        f"--pack {prev.name} --compare {cur.name}`, each line read by each release's own "
+        f"parser): {len(rows)} of the {num_read} lines that either release reads change "
+        "runner.",
+        "",
+    ]
     if rows:
-        lines += [*_table(["id", "model", "change", f"why ({prev.name})", f"why ({cur.name})"],
-                          rows), ""]
+        lines += [
+            *_table(["id", "model", "change", f"why ({prev.name})", f"why ({cur.name})"], rows),
+            "",
+        ]
     return lines
 
 
 def _summary(pairs: list[tuple[Pack, Pack, MatrixDiff]], first: Pack) -> list[str]:
     rows = [[first.name, "-", str(len(first.rules)), str(len(first.data.steps)), "-", "-"]]
     for _prev, cur, diff in pairs:
-        rows.append([cur.name, diff.before.name, str(len(cur.rules)), str(len(cur.data.steps)),
-                     f"{len(diff.changes)} of {diff.num_cells}",
-                     _counts_text(_changes_count(diff))])
+        rows.append(
+            [
+                cur.name,
+                diff.before.name,
+                str(len(cur.rules)),
+                str(len(cur.data.steps)),
+                f"{len(diff.changes)} of {diff.num_cells}",
+                _counts_text(_changes_count(diff)),
+            ]
+        )
     header = ["pack", "extends", "rules", "steps", "cells that change runner", "changes"]
     return [*_table(header, rows), ""]
 
 
 HEAD = """# vLLM releases, pack by pack
 
-<!-- Generated from the packs by `python -m oracle.releases --write`; do not edit by hand.
+<!-- Generated from the packs by `python -m turnout.oracle.releases --write`; do not edit by hand.
 tests/oracle/test_oracle_releases.py fails when this file drifts from the packs. -->
 
 The packs `vllm-0.29` … `vllm-0.33` reproduce each vLLM release's own runner selection, and each
@@ -280,17 +320,26 @@ def render_releases(packs: Sequence[str] = RELEASE_PACKS) -> str:
     """The text of docs/oracle-releases.md for ``packs`` (in release order)."""
     loaded = [load_pack(name) for name in packs]
     chains = [merged(name) for name in packs]
-    pairs = [(loaded[i - 1], loaded[i], diff_packs(loaded[i - 1], loaded[i], exact=False))
-             for i in range(1, len(loaded))]
+    pairs = [
+        (loaded[i - 1], loaded[i], diff_packs(loaded[i - 1], loaded[i], exact=False))
+        for i in range(1, len(loaded))
+    ]
     lines = HEAD.splitlines() + _summary(pairs, loaded[0])
     first = loaded[0]
-    lines += [f"## vLLM {first.data.release} (`{first.name}`)", "",
-              f"The first release pack: {len(first.rules)} rules, {len(first.data.steps)} steps "
-              f"and {len(first.domains)} dimensions; the release does not have "
-              f"{_names(sorted(first.data.unknown_fields))}.", ""]
+    lines += [
+        f"## vLLM {first.data.release} (`{first.name}`)",
+        "",
+        f"The first release pack: {len(first.rules)} rules, {len(first.data.steps)} steps "
+        f"and {len(first.domains)} dimensions; the release does not have "
+        f"{_names(sorted(first.data.unknown_fields))}.",
+        "",
+    ]
     for i, (prev, cur, diff) in enumerate(pairs, start=1):
         # as --pack PREV --compare CUR: each line read by each release's own parser
-        before, after = recipe_configs(release_for_pack(prev)), recipe_configs(release_for_pack(cur))
+        before, after = (
+            recipe_configs(release_for_pack(prev)),
+            recipe_configs(release_for_pack(cur)),
+        )
         lines += [f"## vLLM {cur.data.release} (`{cur.name}`, extends `{prev.name}`)", ""]
         lines += _fields_section(prev, cur)
         lines += _changes_section(chains[i - 1], chains[i])
@@ -300,8 +349,11 @@ def render_releases(packs: Sequence[str] = RELEASE_PACKS) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m oracle.releases", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m turnout.oracle.releases",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     group = parser.add_mutually_exclusive_group(required=True)
     group.add_argument("--write", action="store_true", help=f"rewrite {DOC}")
     group.add_argument("--check", action="store_true", help="exit 1 when the file is stale")
@@ -312,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {DOC}")
         return 0
     if Path(DOC).read_text() != text:
-        print(f"{DOC} is stale: run python -m oracle.releases --write", file=sys.stderr)
+        print(f"{DOC} is stale: run python -m turnout.oracle.releases --write", file=sys.stderr)
         return 1
     return 0
 

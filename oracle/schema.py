@@ -61,23 +61,30 @@ class Messages(_Strict):
     """The pack's message shapes. ``None`` means "no line" (vLLM logs nothing there)."""
 
     using_v2: Message | None = MessageSpec(level="INFO", text="Using V2 Model Runner")
-    blocked: Message = ("Model Runner V2 does not yet support {labels}; using the V1 model "
-                        "runner instead.")
+    blocked: Message = (
+        "Model Runner V2 does not yet support {labels}; using the V1 model runner instead."
+    )
     pinned_blocked: str = "Model Runner V2 does not yet support: {labels}"
     v1_blocked: str = "Model Runner V1 does not support: {labels}"
     pinned_v1: Message | None = None
-    kill_switch: Message | None = ("Model Runner V2 is switched off by the rollout kill switch; "
-                                   "using the V1 model runner instead.")
+    kill_switch: Message | None = (
+        "Model Runner V2 is switched off by the rollout kill switch; "
+        "using the V1 model runner instead."
+    )
     stage_off: Message | None = MessageSpec(
-        level="INFO", text="Model Runner V2 is not yet enabled for {family_label} (stage "
-                           "{stage_label}); using the V1 model runner instead.")
+        level="INFO",
+        text="Model Runner V2 is not yet enabled for {family_label} (stage "
+        "{stage_label}); using the V1 model runner instead.",
+    )
     split_out: Message | None = MessageSpec(
-        level="INFO", text="Model Runner V2 is enabled for {percentage}% of stage {stage_label} and "
-                           "this deployment is not in that share yet; using the V1 model "
-                           "runner instead.")
+        level="INFO",
+        text="Model Runner V2 is enabled for {percentage}% of stage {stage_label} and "
+        "this deployment is not in that share yet; using the V1 model "
+        "runner instead.",
+    )
     no_stage: Message | None = MessageSpec(
-        level="INFO", text="{family_label} is in no rollout stage; using the {runner} model "
-                           "runner.")
+        level="INFO", text="{family_label} is in no rollout stage; using the {runner} model runner."
+    )
     invalid_env: str = "{name} must be unset, 0 or 1; got '{value}'"
 
 
@@ -131,8 +138,10 @@ class Rule(_Strict):
         if self.blocks == "v1" and self.severity != "hard":
             raise ValueError("blocks: v1 is always hard (V1 cannot serve the config)")
         if self.forces == "v1" or self.prefers == "v2":
-            raise ValueError("forces: v1 and prefers: v2 are not supported; use blocks: v2 "
-                             "(V2 cannot serve) or leave V2 as the default")
+            raise ValueError(
+                "forces: v1 and prefers: v2 are not supported; use blocks: v2 "
+                "(V2 cannot serve) or leave V2 as the default"
+            )
         if not self.when:
             raise ValueError("when must name at least one condition")
         return self

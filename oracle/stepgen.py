@@ -18,11 +18,12 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
-from oracle.compile_types import ArchInfo, CompiledStep
-from oracle.conditions import Condition
+from turnout.oracle.compile_types import ArchInfo, CompiledStep
+from turnout.oracle.conditions import Condition
 
-Before = Callable[[Any, ArchInfo, str, Callable[[Any, int], str | None]],
-                  tuple[int, int, str | None]]
+Before = Callable[
+    [Any, ArchInfo, str, Callable[[Any, int], str | None]], tuple[int, int, str | None]
+]
 After = Callable[[Any, ArchInfo, str, str | None], int]
 
 
@@ -46,8 +47,9 @@ def _guard(step: CompiledStep, consts: dict[str, Any], derived: AbstractSet[str]
     return test
 
 
-def generate_steps(steps: Sequence[CompiledStep], derived: AbstractSet[str],
-                   namespace: dict[str, Any]) -> StepProgram:
+def generate_steps(
+    steps: Sequence[CompiledStep], derived: AbstractSet[str], namespace: dict[str, Any]
+) -> StepProgram:
     """Compile ``steps`` (checked by oracle.compile) with the pack's derived predicates, which
     ``namespace`` (the rules' generated namespace) already defines."""
     consts: dict[str, Any] = {}
@@ -72,7 +74,7 @@ def generate_steps(steps: Sequence[CompiledStep], derived: AbstractSet[str],
             lines.append(f"        m |= {1 << s.index}")
     lines.append(f"    return 0, {final}, e")
     lines.append("def after(c, a, p, e):")
-    for s in steps[final + 1:]:
+    for s in steps[final + 1 :]:
         lines.append(f"    if {_test(s.conditions, consts, derived)}:  # {s.id}")
         lines.append(f"        return {s.index}")
     lines.append("    return -1")

@@ -18,20 +18,28 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from oracle.compile_types import ArchInfo, CompiledStep, PackData
-from oracle.config import CONFIG_FIELD_NAMES
-from oracle.decision import Decision, Message, Reason
-from oracle.errors import ErrorCode
-from oracle.fields import FAMILY_ATTRIBUTES
-from oracle.policy import Evaluator
+from turnout.oracle.compile_types import ArchInfo, CompiledStep, PackData
+from turnout.oracle.config import CONFIG_FIELD_NAMES
+from turnout.oracle.decision import Decision, Message, Reason
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.fields import FAMILY_ATTRIBUTES
+from turnout.oracle.policy import Evaluator
 
 # (config, arch, pin) -> Decision of the final selection, as Pack computes it without steps
 Resolve = Callable[[Any, ArchInfo, str], Decision]
 
 
-def decide_with_steps(pd: PackData, ev: Evaluator, c: Any, a: ArchInfo, pin: str | None,
-                      pin_error: Decision | None, resolve: Resolve, digest: str,
-                      applied: set[int] | None = None) -> Decision:
+def decide_with_steps(
+    pd: PackData,
+    ev: Evaluator,
+    c: Any,
+    a: ArchInfo,
+    pin: str | None,
+    pin_error: Decision | None,
+    resolve: Resolve,
+    digest: str,
+    applied: set[int] | None = None,
+) -> Decision:
     """Run ``pd.steps`` on ``c``; ``pin`` is None when the runner variable is invalid, and
     ``pin_error`` is then the decision the first evaluation gives (vLLM reads the variable
     only when it evaluates the selection). ``applied`` collects the indices of the steps
@@ -65,9 +73,16 @@ def decide_with_steps(pd: PackData, ev: Evaluator, c: Any, a: ArchInfo, pin: str
             runner, lines, error = ev.select(state, a, pin)
             said += lines
             if error is not None:
-                return _error_decision(pd, a, p, error, said, ErrorCode.PIN_CONFLICT,
-                                       Reason("select.error", error, "hard", "error", {}, ""),
-                                       digest)
+                return _error_decision(
+                    pd,
+                    a,
+                    p,
+                    error,
+                    said,
+                    ErrorCode.PIN_CONFLICT,
+                    Reason("select.error", error, "hard", "error", {}, ""),
+                    digest,
+                )
             early = runner
     if decision is None:  # no final marker: the selection ends the steps
         if pin_error is not None:
@@ -76,8 +91,16 @@ def decide_with_steps(pd: PackData, ev: Evaluator, c: Any, a: ArchInfo, pin: str
     return decision
 
 
-def _compiled(pd: PackData, ev: Evaluator, c: Any, a: ArchInfo, pin: str | None,
-              pin_error: Decision | None, resolve: Resolve, digest: str) -> Decision:
+def _compiled(
+    pd: PackData,
+    ev: Evaluator,
+    c: Any,
+    a: ArchInfo,
+    pin: str | None,
+    pin_error: Decision | None,
+    resolve: Resolve,
+    digest: str,
+) -> Decision:
     """:func:`decide_with_steps` through the pack's generated step program (same outcome)."""
     state = _state_of(c)
     said: list[Message] = []
@@ -99,9 +122,16 @@ def _compiled(pd: PackData, ev: Evaluator, c: Any, a: ArchInfo, pin: str | None,
         return _refused(pd, pd.steps[index], state, a, p, early, said, None, digest)
     if code == 2 or pin_error is not None:
         if failed:
-            return _error_decision(pd, a, p, failed[0], said, ErrorCode.PIN_CONFLICT,
-                                   Reason("select.error", failed[0], "hard", "error", {}, ""),
-                                   digest)
+            return _error_decision(
+                pd,
+                a,
+                p,
+                failed[0],
+                said,
+                ErrorCode.PIN_CONFLICT,
+                Reason("select.error", failed[0], "hard", "error", {}, ""),
+                digest,
+            )
         assert pin_error is not None
         return _with_messages(pin_error, said, pd.log_once)
     decision = _with_messages(resolve(state, a, p), said, pd.log_once)
@@ -124,8 +154,9 @@ _ALL_FIELDS = operator.attrgetter(*CONFIG_FIELD_NAMES)
 def _state_of(c: Any) -> _State:
     state = object.__new__(_State)
     values = getattr(c, "__dict__", None)  # the matrix's probes carry a __dict__
-    state.__dict__.update(values if values is not None
-                          else zip(CONFIG_FIELD_NAMES, _ALL_FIELDS(c), strict=True))
+    state.__dict__.update(
+        values if values is not None else zip(CONFIG_FIELD_NAMES, _ALL_FIELDS(c), strict=True)
+    )
     return state
 
 
@@ -161,9 +192,17 @@ def dim_value(pd: PackData, dim: str, state: Any, a: ArchInfo, p: str, early: st
     return getattr(state, dim, None)
 
 
-def _refused(pd: PackData, step: CompiledStep, state: Any, a: ArchInfo, p: str,
-             early: str | None, said: list[Message], decision: Decision | None,
-             digest: str) -> Decision:
+def _refused(
+    pd: PackData,
+    step: CompiledStep,
+    state: Any,
+    a: ArchInfo,
+    p: str,
+    early: str | None,
+    said: list[Message],
+    decision: Decision | None,
+    digest: str,
+) -> Decision:
     import string
 
     assert step.error is not None
@@ -176,9 +215,28 @@ def _refused(pd: PackData, step: CompiledStep, state: Any, a: ArchInfo, p: str,
     return _error_decision(pd, a, p, text, lines, ErrorCode.REFUSED, reason, digest)
 
 
-def _error_decision(pd: PackData, a: ArchInfo, p: str, text: str, lines: list[Message],
-                    code: ErrorCode, reason: Reason, digest: str) -> Decision:
+def _error_decision(
+    pd: PackData,
+    a: ArchInfo,
+    p: str,
+    text: str,
+    lines: list[Message],
+    code: ErrorCode,
+    reason: Reason,
+    digest: str,
+) -> Decision:
     mode = "auto" if p == "auto" else "pinned"
-    return Decision(None, mode, a.family, None, None, (reason,),  # type: ignore[arg-type]
-                    tuple(_dedupe(lines) if pd.log_once else lines), "ERROR", text,
-                    digest, code, pd.name)
+    return Decision(
+        None,
+        mode,  # type: ignore[arg-type]
+        a.family,
+        None,
+        None,
+        (reason,),
+        tuple(_dedupe(lines) if pd.log_once else lines),
+        "ERROR",
+        text,
+        digest,
+        code,
+        pd.name,
+    )

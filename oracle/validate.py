@@ -8,8 +8,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from oracle.errors import Issue, PackError
-from oracle.yamlpos import Positions
+from turnout.oracle.errors import Issue, PackError
+from turnout.oracle.yamlpos import Positions
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -53,7 +53,7 @@ def _message(root: type[BaseModel], err: Any) -> str:
     where = ".".join(str(p) for p in loc if not str(p).startswith(("function-", "json-")))
     msg = str(err["msg"])
     if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
+        msg = msg[len("Value error, ") :]
     return f"{where}: {msg}" if where else msg
 
 

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from oracle.errors import ErrorCode, OracleError
-from oracle.paths import RELEASE_PACKS
+from turnout.oracle.errors import ErrorCode, OracleError
+from turnout.oracle.paths import RELEASE_PACKS
 
 #: The pack a vLLM version without a pack of its own is decided with.
 FALLBACK_PACK = "vllm-0.31"
@@ -37,10 +37,12 @@ ASK_TIMEOUT_S = 60.0
 _VERSION = re.compile(r"^(\d+)\.(\d+)")
 _TRAMPOLINE = re.compile(r"""^'''exec' (?:"([^"]+)"|(\S+))""")  # pip's launcher for long paths
 # sys.path[0] of `python -c` is the working directory, which vLLM's own start does not have.
-_ASK = ("import sys; sys.path.pop(0)\n"
-        "import importlib.metadata as m, json\n"
-        "try:\n    v = m.version('vllm')\nexcept m.PackageNotFoundError:\n    v = None\n"
-        "print(json.dumps({'version': v, 'python': sys.executable}))\n")
+_ASK = (
+    "import sys; sys.path.pop(0)\n"
+    "import importlib.metadata as m, json\n"
+    "try:\n    v = m.version('vllm')\nexcept m.PackageNotFoundError:\n    v = None\n"
+    "print(json.dumps({'version': v, 'python': sys.executable}))\n"
+)
 
 
 class VllmNotInstalled(OracleError):
@@ -76,14 +78,20 @@ class VllmInstall:
         python = f" (Python {self.python})" if self.python else ""
         if self.has_pack:
             return f"vLLM {self.version}{where}{python}: deciding with pack {self.pack}"
-        return (f"vLLM {self.version}{where}{python} has no policy pack (packs: "
-                f"{', '.join(RELEASE_PACKS)}); deciding with {self.pack} instead")
+        return (
+            f"vLLM {self.version}{where}{python} has no policy pack (packs: "
+            f"{', '.join(RELEASE_PACKS)}); deciding with {self.pack} instead"
+        )
 
     def to_json(self) -> dict[str, object]:
-        return {"version": self.version, "version_source": self.version_source,
-                "executable": str(self.executable) if self.executable else None,
-                "python": str(self.python) if self.python else None, "pack": self.pack,
-                "has_pack": self.has_pack}
+        return {
+            "version": self.version,
+            "version_source": self.version_source,
+            "executable": str(self.executable) if self.executable else None,
+            "python": str(self.python) if self.python else None,
+            "pack": self.pack,
+            "has_pack": self.has_pack,
+        }
 
 
 def pack_for_version(version: str) -> tuple[str, bool]:
@@ -100,9 +108,10 @@ def installed_vllm() -> VllmInstall:
     try:
         version = importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
-        raise VllmNotInstalled("vLLM is not installed in this Python (no 'vllm' distribution "
-                               "for importlib.metadata); install it, or run where it is"
-                               ) from None
+        raise VllmNotInstalled(
+            "vLLM is not installed in this Python (no 'vllm' distribution "
+            "for importlib.metadata); install it, or run where it is"
+        ) from None
     pack, has_pack = pack_for_version(version)
     return VllmInstall(None, None, version, "importlib.metadata", pack, has_pack)
 
@@ -116,8 +125,10 @@ def find_vllm(command: str = "vllm", env: Mapping[str, str] | None = None) -> Vl
     executable = _which(command, env)
     python = interpreter_of(executable)
     if python is not None and not (python.is_file() and os.access(python, os.X_OK)):
-        raise VllmNotInstalled(f"{executable} cannot run: it names the interpreter {python}, "
-                               "which is not an executable file here")
+        raise VllmNotInstalled(
+            f"{executable} cannot run: it names the interpreter {python}, "
+            "which is not an executable file here"
+        )
     version, source = None, ""
     why = f"its first line names no Python interpreter ({_first_line(executable)!r})"
     if python is not None:
@@ -127,8 +138,10 @@ def find_vllm(command: str = "vllm", env: Mapping[str, str] | None = None) -> Vl
         version = dist_info_version(executable)
         source = "dist-info"
     if version is None:
-        raise VllmNotInstalled(f"{executable} is no vLLM this can launch: {why}, and no "
-                               f"vllm-*.dist-info lies beside it")
+        raise VllmNotInstalled(
+            f"{executable} is no vLLM this can launch: {why}, and no "
+            f"vllm-*.dist-info lies beside it"
+        )
     pack, has_pack = pack_for_version(version)
     return VllmInstall(executable, python, version, source, pack, has_pack)
 
@@ -141,9 +154,11 @@ def _which(command: str, env: Mapping[str, str]) -> Path:
         return path.absolute()
     found = shutil.which(command, path=env.get("PATH", os.defpath))
     if found is None:
-        raise VllmNotInstalled(f"vLLM is not installed: no {command!r} executable on PATH "
-                               "(install vLLM, activate its virtual environment, or give the "
-                               "path: turnout launch -- /path/to/venv/bin/vllm serve MODEL)")
+        raise VllmNotInstalled(
+            f"vLLM is not installed: no {command!r} executable on PATH "
+            "(install vLLM, activate its virtual environment, or give the "
+            "path: turnout launch -- /path/to/venv/bin/vllm serve MODEL)"
+        )
     return Path(found)
 
 
@@ -185,8 +200,14 @@ def interpreter_of(script: Path) -> Path | None:
 def _ask(python: Path, env: Mapping[str, str]) -> tuple[str | None, str]:
     """(version, why not) from ``python``'s importlib.metadata, run with ``env``."""
     try:
-        out = subprocess.run([str(python), "-c", _ASK], env=dict(env), capture_output=True,
-                             text=True, timeout=ASK_TIMEOUT_S, check=False)
+        out = subprocess.run(
+            [str(python), "-c", _ASK],
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            timeout=ASK_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"its Python {python} cannot be run ({exc})"
     if out.returncode != 0:

@@ -34,8 +34,8 @@ from pydantic import (
     model_validator,
 )
 
-from oracle.config import DeploymentConfig
-from oracle.decision import CanarySnapshot, CohortState, Decision, ReasonCode
+from turnout.oracle.config import DeploymentConfig
+from turnout.oracle.decision import CanarySnapshot, CohortState, Decision, ReasonCode
 
 Percentage = Annotated[StrictInt, Field(ge=0, le=100)]
 MAX_NAME_CHARS = 256  # a deployment id's length in an event or a health report
@@ -82,8 +82,10 @@ class SnapshotIn(BaseModel):
 
     pack: StrictStr | None = None
     pack_digest: StrictStr | None = Field(
-        default=None, description="the content hash of the service's pack (``Pack.digest``): "
-        "an engine uses the snapshot only with the same pack")
+        default=None,
+        description="the content hash of the service's pack (``Pack.digest``): "
+        "an engine uses the snapshot only with the same pack",
+    )
     kill_switch: SnapshotKillSwitch
     cohorts: Sequence[SnapshotCohort]
 
@@ -91,8 +93,7 @@ class SnapshotIn(BaseModel):
     def parse(cls, body: Any) -> SnapshotIn:
         """The snapshot of a decoded JSON body; ValueError saying what is wrong otherwise."""
         if not isinstance(body, Mapping):
-            raise ValueError(f"not a canary snapshot (a JSON {type(body).__name__}, not an "
-                             "object)")
+            raise ValueError(f"not a canary snapshot (a JSON {type(body).__name__}, not an object)")
         try:
             return cls.model_validate(body)
         except ValidationError as err:
@@ -102,7 +103,8 @@ class SnapshotIn(BaseModel):
         """The oracle's CanarySnapshot (every cohort, and the kill switch)."""
         return CanarySnapshot(
             cohorts={c.cohort: CohortState(c.enabled, c.percentage) for c in self.cohorts},
-            kill_switch=self.kill_switch.engaged)
+            kill_switch=self.kill_switch.engaged,
+        )
 
     def last_change(self) -> SnapshotCohort | None:
         """The cohort changed last (by ``updated_at``), when the body says."""
@@ -150,7 +152,8 @@ class OracleSnapshotIn(BaseModel):
     def to_snapshot(self) -> CanarySnapshot:
         return CanarySnapshot(
             cohorts={k: CohortState(c.enabled, c.percentage) for k, c in self.cohorts.items()},
-            kill_switch=self.kill_switch)
+            kill_switch=self.kill_switch,
+        )
 
 
 # -- decision events (POST /api/v1/decisions) --------------------------------------------------
@@ -178,14 +181,18 @@ class LaunchIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     vllm_version: str = Field(min_length=1, max_length=64)
-    vllm_pack: str = Field(min_length=1, max_length=64,
-                           description="the pack whose selection stood for vLLM's own")
-    has_pack: bool = Field(default=True, description="false: the version has no pack, "
-                           "vllm_pack stood in")
-    env: dict[EnvName, EnvValue] = Field(default_factory=dict, max_length=16,
-                                         description="the variables launch set for vLLM")
-    operator_pin: EnvValue | None = Field(default=None, description="the runner variable "
-                                          "as the operator set it, kept")
+    vllm_pack: str = Field(
+        min_length=1, max_length=64, description="the pack whose selection stood for vLLM's own"
+    )
+    has_pack: bool = Field(
+        default=True, description="false: the version has no pack, vllm_pack stood in"
+    )
+    env: dict[EnvName, EnvValue] = Field(
+        default_factory=dict, max_length=16, description="the variables launch set for vLLM"
+    )
+    operator_pin: EnvValue | None = Field(
+        default=None, description="the runner variable as the operator set it, kept"
+    )
     snapshot_source: Literal["service", "disk", "defaults"]
     startup: StartupIn | None = None
 
@@ -202,13 +209,17 @@ class EventIn(BaseModel):
     deployment_id: Name
     host: str = Field(default="", max_length=256)
     pack: str = Field(min_length=1, max_length=64)
-    family: str = Field(min_length=1, max_length=64,
-                        description=f"a family of the pack, or {UNKNOWN_FAMILY!r} when the "
-                        "oracle placed the deployment in none")
+    family: str = Field(
+        min_length=1,
+        max_length=64,
+        description=f"a family of the pack, or {UNKNOWN_FAMILY!r} when the "
+        "oracle placed the deployment in none",
+    )
     runner: Literal["v1", "v2"] | None
     mode: Literal["auto", "pinned"]
-    stage: str | None = Field(default=None, max_length=64,
-                              description="a stage (cohort id) of the pack's rollout")
+    stage: str | None = Field(
+        default=None, max_length=64, description="a stage (cohort id) of the pack's rollout"
+    )
     reason_code: ReasonCode
     rule_ids: list[str] = Field(default_factory=list, max_length=200)
     policy_digest: str = Field(default="", max_length=128)
@@ -245,19 +256,37 @@ class IngestAck(BaseModel):
     batch_digest: StrictStr
 
 
-def decision_event(decision: Decision, config: DeploymentConfig, *, pack: str,
-                   deployment_id: str, host: str = "", at: dt.datetime | None = None,
-                   event_id: str | None = None, demo: bool = False,
-                   launch: LaunchIn | None = None) -> EventIn:
+def decision_event(
+    decision: Decision,
+    config: DeploymentConfig,
+    *,
+    pack: str,
+    deployment_id: str,
+    host: str = "",
+    at: dt.datetime | None = None,
+    event_id: str | None = None,
+    demo: bool = False,
+    launch: LaunchIn | None = None,
+) -> EventIn:
     """The event that reports ``decision`` (made for ``config``) to the service; ``launch``
     when ``turnout launch`` started vLLM with it."""
     return EventIn(
-        event_id=event_id or uuid.uuid4().hex, at=at or dt.datetime.now(dt.UTC),
-        deployment_id=deployment_id, host=host, pack=pack,
-        family=decision.family or UNKNOWN_FAMILY, runner=decision.runner, mode=decision.mode,
-        stage=decision.stage, reason_code=decision.reason_code,
-        rule_ids=[r.rule_id for r in decision.reasons], policy_digest=decision.policy_digest,
-        config=config.to_spec(), demo=demo, launch=launch)
+        event_id=event_id or uuid.uuid4().hex,
+        at=at or dt.datetime.now(dt.UTC),
+        deployment_id=deployment_id,
+        host=host,
+        pack=pack,
+        family=decision.family or UNKNOWN_FAMILY,
+        runner=decision.runner,
+        mode=decision.mode,
+        stage=decision.stage,
+        reason_code=decision.reason_code,
+        rule_ids=[r.rule_id for r in decision.reasons],
+        policy_digest=decision.policy_digest,
+        config=config.to_spec(),
+        demo=demo,
+        launch=launch,
+    )
 
 
 # -- runtime health (POST /api/v1/health) ------------------------------------------------------
@@ -275,21 +304,29 @@ class HealthReportIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    report_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$",
-                           description="unique per report: resending it stores nothing twice")
+    report_id: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9._:-]+$",
+        description="unique per report: resending it stores nothing twice",
+    )
     deployment_id: Name
     host: str = Field(default="", max_length=256)
     pack: str = Field(min_length=1, max_length=64)
     runner: Literal["v1", "v2"]
     family: str = Field(min_length=1, max_length=64)
-    stage: str | None = Field(default=None, max_length=64,
-                              description="the rollout stage (cohort id) of the decision")
+    stage: str | None = Field(
+        default=None, max_length=64, description="the rollout stage (cohort id) of the decision"
+    )
     window_start: AwareDatetime
     window_end: AwareDatetime
     num_requests: Count = Field(description="requests that finished in the window")
     num_errors: Count = Field(description="of those, the ones that failed in the engine")
-    num_crashes: Count = Field(default=0, description="starts after a run of the same "
-                               "deployment that did not close cleanly (a crash, a kill)")
+    num_crashes: Count = Field(
+        default=0,
+        description="starts after a run of the same "
+        "deployment that did not close cleanly (a crash, a kill)",
+    )
     ttft_p50_ms: Millis | None = None
     ttft_p99_ms: Millis | None = None
     tpot_p50_ms: Millis | None = None
@@ -306,10 +343,15 @@ class HealthReportIn(BaseModel):
             raise ValueError("num_errors cannot exceed num_requests")
         # Output tokens over their rate is the time spent generating them: within one window,
         # at most a day (a denormal rate over many tokens would be years, beyond a float).
-        if (self.output_tokens_per_s > 0 and self.num_output_tokens  # (float rounding)
-                > self.output_tokens_per_s * MAX_HEALTH_WINDOW.total_seconds() * (1 + 1e-9)):
-            raise ValueError("num_output_tokens / output_tokens_per_s is the time spent "
-                             "generating them: at most a day in one window")
+        if (
+            self.output_tokens_per_s > 0
+            and self.num_output_tokens  # (float rounding)
+            > self.output_tokens_per_s * MAX_HEALTH_WINDOW.total_seconds() * (1 + 1e-9)
+        ):
+            raise ValueError(
+                "num_output_tokens / output_tokens_per_s is the time spent "
+                "generating them: at most a day in one window"
+            )
         for name in ("ttft", "tpot"):
             p50, p99 = getattr(self, f"{name}_p50_ms"), getattr(self, f"{name}_p99_ms")
             if (p50 is None) != (p99 is None) or (p50 is not None and p50 > p99):

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from oracle.errors import Issue, PackError
+from turnout.oracle.errors import Issue, PackError
 
 PathKey = tuple[str | int, ...]
 
@@ -43,8 +43,14 @@ class Positions:
                 return (1, 1)
             p = p[:-1]
 
-    def issue(self, path: Sequence[str | int], message: str, *, prefer_key: bool = False,
-              severity: str = "error") -> Issue:
+    def issue(
+        self,
+        path: Sequence[str | int],
+        message: str,
+        *,
+        prefer_key: bool = False,
+        severity: str = "error",
+    ) -> Issue:
         line, col = self.at(path, prefer_key=prefer_key)
         return Issue(self.file, line, col, message, severity)
 
@@ -70,10 +76,17 @@ class _Walker:
         if id(node) in self.seen:  # an alias: the composer hands back the anchored node
             self.num_aliased += 1
             if self.num_aliased > MAX_ALIASED_NODES:
-                raise PackError([Issue(self.pos.file, *_mark(node),
-                                       f"more than {MAX_ALIASED_NODES} values repeated "
-                                       "through aliases (expected a policy pack or a spec, not "
-                                       "an alias bomb)")])
+                raise PackError(
+                    [
+                        Issue(
+                            self.pos.file,
+                            *_mark(node),
+                            f"more than {MAX_ALIASED_NODES} values repeated "
+                            "through aliases (expected a policy pack or a spec, not "
+                            "an alias bomb)",
+                        )
+                    ]
+                )
         else:
             self.seen.add(id(node))
         self.pos.value[path] = _mark(node)
@@ -82,14 +95,25 @@ class _Walker:
             for key_node, value_node in node.value:
                 key = self.loader.construct_object(key_node, deep=True)
                 if not isinstance(key, str | int) or isinstance(key, bool):
-                    self.issues.append(Issue(self.pos.file, *_mark(key_node),
-                                             "mapping keys must be strings (quote yes/no/on/off)"))
+                    self.issues.append(
+                        Issue(
+                            self.pos.file,
+                            *_mark(key_node),
+                            "mapping keys must be strings (quote yes/no/on/off)",
+                        )
+                    )
                     continue
                 if key in out:
                     line, col = _mark(key_node)
                     first = self.pos.key.get((*path, key), (0, 0))[0]
-                    self.issues.append(Issue(self.pos.file, line, col,
-                                             f"duplicate key {key!r} (first at line {first})"))
+                    self.issues.append(
+                        Issue(
+                            self.pos.file,
+                            line,
+                            col,
+                            f"duplicate key {key!r} (first at line {first})",
+                        )
+                    )
                     continue
                 self.pos.key[(*path, key)] = _mark(key_node)
                 out[key] = self.build(value_node, (*path, key))
@@ -143,8 +167,9 @@ def read_lines(path: Path, name: str | None = None) -> list[str | Issue]:
 def _not_utf8(name: str, data: bytes, start: int, first_line: int) -> Issue:
     line = first_line + data.count(b"\n", 0, start)
     column = start - data.rfind(b"\n", 0, start)
-    return Issue(name, line, column, f"byte 0x{data[start]:02x} is not UTF-8 "
-                 "(expected a UTF-8 text file)")
+    return Issue(
+        name, line, column, f"byte 0x{data[start]:02x} is not UTF-8 (expected a UTF-8 text file)"
+    )
 
 
 def load_json_with_positions(text: str, name: str) -> tuple[Any, Positions]:
@@ -154,8 +179,7 @@ def load_json_with_positions(text: str, name: str) -> tuple[Any, Positions]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise PackError([Issue(name, exc.lineno, exc.colno, f"invalid JSON: {exc.msg}")]
-                        ) from None
+        raise PackError([Issue(name, exc.lineno, exc.colno, f"invalid JSON: {exc.msg}")]) from None
     # Valid JSON is YAML, except that YAML does not allow tabs as indentation; outside strings
     # a tab is whitespace (inside JSON strings tabs are escaped), so a space keeps the columns.
     try:

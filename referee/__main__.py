@@ -30,8 +30,10 @@ def _check_installed(release: str) -> None:
 
     installed = ".".join(vllm.__version__.split(".")[:2])
     if installed != release:
-        raise SystemExit(f"referee: this environment has vLLM {vllm.__version__}, not "
-                         f"{release} (use .referee/venv-{release}/bin/python)")
+        raise SystemExit(
+            f"referee: this environment has vLLM {vllm.__version__}, not "
+            f"{release} (use .referee/venv-{release}/bin/python)"
+        )
 
 
 def _golden(args: argparse.Namespace) -> int:
@@ -48,15 +50,28 @@ def _golden(args: argparse.Namespace) -> int:
         except Exception as exc:  # the harness met something it does not model: fix it
             failures.append(f"{case['id']} {json.dumps(case['config'])}: {exc!r}")
             continue
-        lines.append(json.dumps({"id": case["id"], "config": case["config"], "want": want,
-                                 "vllm_version": vllm.__version__}, sort_keys=True))
+        lines.append(
+            json.dumps(
+                {
+                    "id": case["id"],
+                    "config": case["config"],
+                    "want": want,
+                    "vllm_version": vllm.__version__,
+                },
+                sort_keys=True,
+            )
+        )
     if failures:
         print("\n".join(failures[:20]), file=sys.stderr)
-        raise SystemExit(f"referee: {len(failures)} cases the harness could not run; nothing "
-                         "written")
+        raise SystemExit(
+            f"referee: {len(failures)} cases the harness could not run; nothing written"
+        )
     out.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(json.dumps({"release": args.release, "seed": args.seed, "cases": len(lines),
-                      "out": str(out)}))
+    print(
+        json.dumps(
+            {"release": args.release, "seed": args.seed, "cases": len(lines), "out": str(out)}
+        )
+    )
     return 0
 
 
@@ -65,8 +80,10 @@ def _check(args: argparse.Namespace) -> int:
     from referee.harness import run_case
 
     t0 = time.perf_counter()
-    cases = [(c, run_case(c["config"], args.release))
-             for c in generate(args.seed, args.count, args.release)]
+    cases = [
+        (c, run_case(c["config"], args.release))
+        for c in generate(args.seed, args.count, args.release)
+    ]
     report = compare_pack(args.pack or f"vllm-{args.release}", cases)
     report.update(release=args.release, seed=args.seed, seconds=round(time.perf_counter() - t0, 1))
     for miss in report.pop("mismatches")[: args.show]:
@@ -99,8 +116,16 @@ def _flags(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(dumps(table), encoding="utf-8")
-    print(json.dumps({"release": args.release, "actions": len(table["actions"]),
-                      "configs": len(table["configs"]), "out": str(out)}))
+    print(
+        json.dumps(
+            {
+                "release": args.release,
+                "actions": len(table["actions"]),
+                "configs": len(table["configs"]),
+                "out": str(out),
+            }
+        )
+    )
     return 0
 
 
@@ -125,8 +150,11 @@ def _flags_check(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m referee", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m referee",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("golden", "check", "case", "facts"):
         p = sub.add_parser(name)
@@ -155,9 +183,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     fcheck.add_argument("--min-agreement", type=float, default=0.995)
     args = parser.parse_args(argv)
     _check_installed(args.release)
-    return {"golden": _golden, "check": _check, "case": _case,
-            "facts": _facts, "flags": _flags, "flags-recipes": _flags_recipes,
-            "flags-check": _flags_check}[args.command](args)
+    return {
+        "golden": _golden,
+        "check": _check,
+        "case": _case,
+        "facts": _facts,
+        "flags": _flags,
+        "flags-recipes": _flags_recipes,
+        "flags-check": _flags_check,
+    }[args.command](args)
 
 
 if __name__ == "__main__":

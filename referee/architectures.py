@@ -20,22 +20,48 @@ FAMILIES_YAML = Path(__file__).resolve().parent.parent / "policies" / "turnout" 
 
 SPECIAL_ARCHITECTURES = (
     # vllm/config/vllm.py ROCM_DEFAULT_MRV1_ARCHITECTURES (0.29-0.31)
-    "DeepseekV32ForCausalLM", "DeepseekV4ForCausalLM", "GlmMoeDsaForCausalLM",
+    "DeepseekV32ForCausalLM",
+    "DeepseekV4ForCausalLM",
+    "GlmMoeDsaForCausalLM",
     # DEFAULT_BREAKABLE_CUDAGRAPH_ARCHITECTURES (0.29-0.33)
-    "Dots3NoteForCausalLM", "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration",
-    "MiniMaxM3SparseForCausalLM", "Qwen4ExpForCausalLM", "DeepseekV41ForCausalLM",
-    "InklingForCausalLM", "HYV4ForCausalLM", "Glm5NextForCausalLM", "Step5ForCausalLM",
-    "AliceAIForCausalLM", "BeamForCausalLM", "MuseSpark1xForCausalLM",
+    "Dots3NoteForCausalLM",
+    "KimiLinearForCausalLM",
+    "KimiK3ForConditionalGeneration",
+    "MiniMaxM3SparseForCausalLM",
+    "Qwen4ExpForCausalLM",
+    "DeepseekV41ForCausalLM",
+    "InklingForCausalLM",
+    "HYV4ForCausalLM",
+    "Glm5NextForCausalLM",
+    "Step5ForCausalLM",
+    "AliceAIForCausalLM",
+    "BeamForCausalLM",
+    "MuseSpark1xForCausalLM",
     # models whose config hooks change the cache mode (Mamba) or that V1 refuses
-    "MambaForCausalLM", "Mamba2ForCausalLM", "JambaForCausalLM", "NemotronHForCausalLM",
+    "MambaForCausalLM",
+    "Mamba2ForCausalLM",
+    "JambaForCausalLM",
+    "NemotronHForCausalLM",
     "Step5ForConditionalGeneration",
     # plain ones, so that the special lists are not the only models with a feature
-    "LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM",
+    "LlamaForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
 
-MODEL_ATTRIBUTES = ("is_moe", "use_mla", "has_inner_state", "is_hybrid", "attention_free",
-                    "is_multimodal", "is_encoder_decoder", "is_diffusion", "runner_kind",
-                    "has_index_topk", "supports_mamba_prefix_caching")
+MODEL_ATTRIBUTES = (
+    "is_moe",
+    "use_mla",
+    "has_inner_state",
+    "is_hybrid",
+    "attention_free",
+    "is_multimodal",
+    "is_encoder_decoder",
+    "is_diffusion",
+    "runner_kind",
+    "has_index_topk",
+    "supports_mamba_prefix_caching",
+)
 
 
 @cache

@@ -13,10 +13,20 @@ from types import SimpleNamespace
 from typing import Any
 
 # spec value -> vLLM enum name
-_MODES = {"none": "NONE", "stock_torch_compile": "STOCK_TORCH_COMPILE",
-          "dynamo_trace_once": "DYNAMO_TRACE_ONCE", "vllm_compile": "VLLM_COMPILE"}
-_PLATFORMS = {"cuda": "CUDA", "rocm": "ROCM", "cpu": "CPU", "xpu": "XPU", "tpu": "TPU",
-              "unspecified": "UNSPECIFIED"}
+_MODES = {
+    "none": "NONE",
+    "stock_torch_compile": "STOCK_TORCH_COMPILE",
+    "dynamo_trace_once": "DYNAMO_TRACE_ONCE",
+    "vllm_compile": "VLLM_COMPILE",
+}
+_PLATFORMS = {
+    "cuda": "CUDA",
+    "rocm": "ROCM",
+    "cpu": "CPU",
+    "xpu": "XPU",
+    "tpu": "TPU",
+    "unspecified": "UNSPECIFIED",
+}
 # The hidden size assumed when a spec gives none: large enough that vLLM's sequence-parallel
 # threshold heuristic keeps a requested SP on (compilation/passes/fusion/sequence_parallelism.py).
 DEFAULT_HIDDEN_SIZE = 8192
@@ -28,8 +38,9 @@ def make_platform(spec: dict[str, Any]) -> Any:
     from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
 
     name = spec.get("platform", "cuda")
-    major, minor = (int(p) for p in str(spec.get("device_capability") or DEFAULT_CAPABILITY)
-                    .split("."))
+    major, minor = (
+        int(p) for p in str(spec.get("device_capability") or DEFAULT_CAPABILITY).split(".")
+    )
     static_graphs = name in ("cuda", "rocm", "xpu")  # each platform's support_static_graph_mode
 
     class SpecPlatform(Platform):
@@ -56,11 +67,23 @@ def make_platform(spec: dict[str, Any]) -> Any:
 # executor backend); the feature flags are assigned after construction, as the selection code
 # reads them, without ParallelConfig's own checks of feature combinations (which refuse a
 # config before vLLM gets to the runner selection, and are not the oracle's subject).
-_SHAPE = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
-          "prefill_context_parallel_size", "distributed_executor_backend")
-_FLAGS = ("decode_context_parallel_size", "enable_expert_parallel", "enable_eplb",
-          "enable_elastic_ep", "enable_dbo", "ubatch_size", "enable_batch_sharded_sampling",
-          "all2all_backend")
+_SHAPE = (
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "data_parallel_size",
+    "prefill_context_parallel_size",
+    "distributed_executor_backend",
+)
+_FLAGS = (
+    "decode_context_parallel_size",
+    "enable_expert_parallel",
+    "enable_eplb",
+    "enable_elastic_ep",
+    "enable_dbo",
+    "ubatch_size",
+    "enable_batch_sharded_sampling",
+    "all2all_backend",
+)
 
 
 def _parallel(spec: dict[str, Any]) -> Any:
@@ -90,8 +113,11 @@ def _compilation(spec: dict[str, Any]) -> Any:
 def _cache(spec: dict[str, Any]) -> Any:
     from vllm.config import CacheConfig
 
-    kwargs = {k: spec[k] for k in ("mamba_cache_mode", "enable_prefix_caching",
-                                   "kv_sharing_fast_prefill") if spec.get(k) is not None}
+    kwargs = {
+        k: spec[k]
+        for k in ("mamba_cache_mode", "enable_prefix_caching", "kv_sharing_fast_prefill")
+        if spec.get(k) is not None
+    }
     return CacheConfig(**kwargs)
 
 
@@ -104,22 +130,40 @@ def _model(spec: dict[str, Any], facts: dict[str, Any]) -> Any:
         hf.index_topk = 2048
     hidden = spec.get("hidden_size") or DEFAULT_HIDDEN_SIZE
     return SimpleNamespace(
-        architecture=arch, architectures=[arch], runner_type="pooling" if pooling else "generate",
-        convert_type="none", pooler_config=SimpleNamespace() if pooling else None,
-        is_hybrid=facts["is_hybrid"], has_inner_state=facts["has_inner_state"],
+        architecture=arch,
+        architectures=[arch],
+        runner_type="pooling" if pooling else "generate",
+        convert_type="none",
+        pooler_config=SimpleNamespace() if pooling else None,
+        is_hybrid=facts["is_hybrid"],
+        has_inner_state=facts["has_inner_state"],
         is_attention_free=facts["attention_free"],
-        is_multimodal_model=facts["is_multimodal"], is_encoder_decoder=facts["is_encoder_decoder"],
-        is_diffusion=facts["is_diffusion"], use_mla=facts["use_mla"], is_moe=facts["is_moe"],
+        is_multimodal_model=facts["is_multimodal"],
+        is_encoder_decoder=facts["is_encoder_decoder"],
+        is_diffusion=facts["is_diffusion"],
+        use_mla=facts["use_mla"],
+        is_moe=facts["is_moe"],
         supports_mamba_prefix_caching=facts["supports_mamba_prefix_caching"],
-        multimodal_config=SimpleNamespace(mm_encoder_only=bool(spec.get("mm_encoder_only")),
-                                          language_model_only=False)
-        if facts["is_multimodal"] or spec.get("mm_encoder_only") else None,
+        multimodal_config=SimpleNamespace(
+            mm_encoder_only=bool(spec.get("mm_encoder_only")), language_model_only=False
+        )
+        if facts["is_multimodal"] or spec.get("mm_encoder_only")
+        else None,
         enforce_eager=bool(spec.get("enforce_eager")),
         logits_processors=list(spec.get("logits_processors") or []) or None,
-        hf_config=hf, hf_text_config=hf, max_model_len=4096, dtype=_bf16(),
-        disable_cascade_attn=False, is_mm_prefix_lm=False, enable_sleep_mode=False,
-        quantization=None, return_sampling_mask=False, enable_trace_replay=False, max_logprobs=20,
-        is_submodel_config=False, get_hidden_size=lambda: hidden,
+        hf_config=hf,
+        hf_text_config=hf,
+        max_model_len=4096,
+        dtype=_bf16(),
+        disable_cascade_attn=False,
+        is_mm_prefix_lm=False,
+        enable_sleep_mode=False,
+        quantization=None,
+        return_sampling_mask=False,
+        enable_trace_replay=False,
+        max_logprobs=20,
+        is_submodel_config=False,
+        get_hidden_size=lambda: hidden,
     )
 
 
@@ -137,15 +181,19 @@ def _speculative(spec: dict[str, Any], release: str) -> Any:
         return None
     cfg = object.__new__(SpeculativeConfig)
     values = {
-        "method": method, "num_speculative_tokens": spec.get("num_speculative_tokens") or 1,
+        "method": method,
+        "num_speculative_tokens": spec.get("num_speculative_tokens") or 1,
         "parallel_drafting": bool(spec.get("parallel_drafting")),
         "enable_adaptive_verification": bool(spec.get("enable_adaptive_verification")),
         "disable_padded_drafter_batch": bool(spec.get("disable_padded_drafter_batch")),
         "use_heterogeneous_vocab": bool(spec.get("use_heterogeneous_vocab")),
         "draft_lm_head_quantization": spec.get("draft_lm_head_quantization"),
-        "draft_model_config": _draft(spec), "draft_sample_method": "greedy",
-        "tensor_parallel_size": None, "rejection_sample_method": "standard",
-        "synthetic_acceptance_rates": None, "synthetic_acceptance_length": None,
+        "draft_model_config": _draft(spec),
+        "draft_sample_method": "greedy",
+        "tensor_parallel_size": None,
+        "rejection_sample_method": "standard",
+        "synthetic_acceptance_rates": None,
+        "synthetic_acceptance_length": None,
         "dynamic_speculative_config": None,
     }
     for key, value in values.items():
@@ -159,8 +207,9 @@ def _draft(spec: dict[str, Any]) -> Any:
     if arch is None and not mixed:
         return None
     layers = ["sliding_attention", "full_attention"] if mixed else ["full_attention"]
-    return SimpleNamespace(architectures=[arch] if arch else [],
-                           hf_config=SimpleNamespace(layer_types=layers))
+    return SimpleNamespace(
+        architectures=[arch] if arch else [], hf_config=SimpleNamespace(layer_types=layers)
+    )
 
 
 def build_config(spec: dict[str, Any], facts: dict[str, Any], release: str) -> Any:
@@ -185,18 +234,26 @@ def build_config(spec: dict[str, Any], facts: dict[str, Any], release: str) -> A
         "compilation_config": _compilation(spec),
         "cache_config": _cache(spec),
         "scheduler_config": SchedulerConfig(
-            max_model_len=4096, max_num_batched_tokens=8192,
+            max_model_len=4096,
+            max_num_batched_tokens=8192,
             is_encoder_decoder=facts["is_encoder_decoder"],
-            **({"async_scheduling": spec["async_scheduling"]}
-               if spec.get("async_scheduling") is not None else {})),
-        "attention_config": AttentionConfig(**({"hisparse_config": {}}
-                                               if spec.get("hisparse") else {})),
+            **(
+                {"async_scheduling": spec["async_scheduling"]}
+                if spec.get("async_scheduling") is not None
+                else {}
+            ),
+        ),
+        "attention_config": AttentionConfig(
+            **({"hisparse_config": {}} if spec.get("hisparse") else {})
+        ),
         "lora_config": LoRAConfig() if spec.get("lora") else None,
         "watermark_config": _watermark() if spec.get("watermark") else None,
         "kv_transfer_config": KVTransferConfig(**spec["kv_transfer_config"])
-        if spec.get("kv_transfer_config") else None,
+        if spec.get("kv_transfer_config")
+        else None,
         "speculative_config": _speculative(spec, release),
-        "model_config": model, "optimization_level": _o2(),
+        "model_config": model,
+        "optimization_level": _o2(),
     }
     for key, value in parts.items():
         object.__setattr__(cfg, key, value)
@@ -212,8 +269,13 @@ def _defaults(cfg: Any, cls: Any) -> None:
         if f.name == "device_config":  # DeviceConfig() asks torch for the platform's device
             from vllm.platforms import current_platform
 
-            object.__setattr__(cfg, f.name, SimpleNamespace(
-                device_type=current_platform.device_type, device=current_platform.device_type))
+            object.__setattr__(
+                cfg,
+                f.name,
+                SimpleNamespace(
+                    device_type=current_platform.device_type, device=current_platform.device_type
+                ),
+            )
             continue
         factory = f.default_factory
         if factory is not dataclasses.MISSING:

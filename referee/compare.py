@@ -15,16 +15,18 @@ from typing import Any
 def pack_answer(pack: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
     """The pack's answer for a spec, in the golden files' ``want`` shape; a spec the oracle
     refuses to read gives ``decision: "invalid"`` with the reading error."""
-    from oracle import decide, from_spec
-    from oracle.errors import ConfigError
+    from turnout.oracle import decide, from_spec
+    from turnout.oracle.errors import ConfigError
 
     try:
         config = from_spec(spec)
     except ConfigError as exc:
         return {"decision": "invalid", "error": exc.message, "warnings": []}
     d = decide(config, pack=pack)
-    out: dict[str, Any] = {"decision": d.runner or "error",
-                           "warnings": [m.to_json() for m in d.messages]}
+    out: dict[str, Any] = {
+        "decision": d.runner or "error",
+        "warnings": [m.to_json() for m in d.messages],
+    }
     if d.runner is None:
         out["error"] = d.error
     return out
@@ -33,16 +35,20 @@ def pack_answer(pack: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
 def agree(want: Mapping[str, Any], got: Mapping[str, Any]) -> tuple[bool, bool]:
     """(same decision, same everything: decision, error text, log lines in order)."""
     same_decision = want["decision"] == got["decision"]
-    same_all = (same_decision and list(want.get("warnings", [])) == list(got.get("warnings", []))
-                and (want["decision"] != "error" or want.get("error") == got.get("error")))
+    same_all = (
+        same_decision
+        and list(want.get("warnings", [])) == list(got.get("warnings", []))
+        and (want["decision"] != "error" or want.get("error") == got.get("error"))
+    )
     return same_decision, same_all
 
 
-def compare_pack(pack_name: str, cases: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]
-                 ) -> dict[str, Any]:
+def compare_pack(
+    pack_name: str, cases: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]
+) -> dict[str, Any]:
     """Agreement of ``pack_name`` with vLLM's answers over ``(case, want)`` pairs: the shares
     that agree on the decision and on everything, counts per decision, and the mismatches."""
-    from oracle import load_pack
+    from turnout.oracle import load_pack
 
     pack = load_pack(pack_name)
     total = same_decision = same_all = 0
@@ -56,8 +62,14 @@ def compare_pack(pack_name: str, cases: Iterable[tuple[Mapping[str, Any], Mappin
         same_all += all_ok
         by_decision[want["decision"]] += 1
         if not all_ok:
-            mismatches.append({"id": case["id"], "config": case["config"], "want": want,
-                               "got": got})
-    return {"pack": pack_name, "cases": total, "by_decision": dict(by_decision),
-            "agree_decision": round(same_decision / max(total, 1), 4),
-            "agree_all": round(same_all / max(total, 1), 4), "mismatches": mismatches}
+            mismatches.append(
+                {"id": case["id"], "config": case["config"], "want": want, "got": got}
+            )
+    return {
+        "pack": pack_name,
+        "cases": total,
+        "by_decision": dict(by_decision),
+        "agree_decision": round(same_decision / max(total, 1), 4),
+        "agree_all": round(same_all / max(total, 1), 4),
+        "mismatches": mismatches,
+    }

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 
-def release_definitions(module: str, names: tuple[str, ...],
-                        namespace: dict[str, Any] | None = None) -> dict[str, Any]:
+def release_definitions(
+    module: str, names: tuple[str, ...], namespace: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """``{name: object}`` for ``names`` defined at the top level of ``module``'s file.
 
     Raises:
@@ -48,7 +49,10 @@ def _defined_name(node: ast.stmt) -> str | None:
         return node.name
     if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
         return node.target.id
-    if isinstance(node, ast.Assign) and len(node.targets) == 1 \
-            and isinstance(node.targets[0], ast.Name):
+    if (
+        isinstance(node, ast.Assign)
+        and len(node.targets) == 1
+        and isinstance(node.targets[0], ast.Name)
+    ):
         return node.targets[0].id
     return None

@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 INTERFACES = {
-    "IsHybrid": "is_hybrid", "HasInnerState": "has_inner_state",
-    "IsAttentionFree": "attention_free", "SupportsMultiModal": "is_multimodal",
-    "SupportsMambaPrefixCaching": "supports_mamba_prefix_caching", "MixtureOfExperts": "is_moe",
+    "IsHybrid": "is_hybrid",
+    "HasInnerState": "has_inner_state",
+    "IsAttentionFree": "attention_free",
+    "SupportsMultiModal": "is_multimodal",
+    "SupportsMambaPrefixCaching": "supports_mamba_prefix_caching",
+    "MixtureOfExperts": "is_moe",
 }
 _POOLING_TABLES = ("_EMBEDDING_MODELS", "_CROSS_ENCODER_MODELS")
 
@@ -61,7 +64,8 @@ def _class_bases() -> dict[str, set[str]]:
         for node in tree.body:
             if isinstance(node, ast.ClassDef):
                 bases.setdefault(node.name, set()).update(
-                    ast.unparse(b).split(".")[-1].split("[")[0] for b in node.bases)
+                    ast.unparse(b).split(".")[-1].split("[")[0] for b in node.bases
+                )
     return bases
 
 

@@ -34,7 +34,7 @@ _CLI_ARGS_DEFAULT = "vllm.entrypoints.launchers.cli_args"
 _LAMBDAS = {
     'lambda s: s.lower().replace("-", "_")': "lower_dashes_to_underscores",
     "lambda s: [ int(device_id) if device_id.isdigit() else device_id for device_id in "
-    "(part.strip() for part in s.split(\",\")) ]": "device_ids",
+    '(part.strip() for part in s.split(",")) ]': "device_ids",
 }
 # Behaviours of FlexibleArgumentParser that the oracle re-implements; their source's digest is
 # recorded so that a release that changes them shows up as a changed table.
@@ -108,14 +108,21 @@ def _jsonable(value: Any) -> Any:
 
 def _action_kind(action: argparse.Action) -> str:
     name = type(action).__name__
-    return {"_StoreAction": "store", "_StoreTrueAction": "store_true",
-            "_StoreFalseAction": "store_false", "_StoreConstAction": "store_const",
-            "_AppendAction": "append", "_HelpAction": "help", "_VersionAction": "version",
-            "_CountAction": "count"}.get(name, name)
+    return {
+        "_StoreAction": "store",
+        "_StoreTrueAction": "store_true",
+        "_StoreFalseAction": "store_false",
+        "_StoreConstAction": "store_const",
+        "_AppendAction": "append",
+        "_HelpAction": "help",
+        "_VersionAction": "version",
+        "_CountAction": "count",
+    }.get(name, name)
 
 
-def _row(action: argparse.Action, registered: dict[int, list[str]],
-         deprecated: set[int]) -> dict[str, Any]:
+def _row(
+    action: argparse.Action, registered: dict[int, list[str]], deprecated: set[int]
+) -> dict[str, Any]:
     choices = action.choices
     row: dict[str, Any] = {"option_strings": registered.get(id(action), [])}
     if list(action.option_strings) != row["option_strings"]:
@@ -149,18 +156,23 @@ def _extra(action: argparse.Action, registered: list[str]) -> dict[str, Any]:
         from vllm.entrypoints.openai.models.protocol import LoRAModulePath
 
         fields = dataclasses.fields(LoRAModulePath)
-        return {"item_fields": [f.name for f in fields],
-                "item_required": [f.name for f in fields
-                                  if f.default is dataclasses.MISSING
-                                  and f.default_factory is dataclasses.MISSING]}
+        return {
+            "item_fields": [f.name for f in fields],
+            "item_required": [
+                f.name
+                for f in fields
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            ],
+        }
     return {}
 
 
 def _deprecated(serve: argparse.ArgumentParser) -> set[int]:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    found = getattr(serve, "_deprecated", None) or getattr(FlexibleArgumentParser,
-                                                            "_deprecated", set())
+    found = getattr(serve, "_deprecated", None) or getattr(
+        FlexibleArgumentParser, "_deprecated", set()
+    )
     return {id(a) for a in found}
 
 
@@ -216,16 +228,23 @@ def flag_table() -> dict[str, Any]:
         "vllm_version": vllm.__version__,
         "python": ".".join(map(str, sys.version_info[:3])),
         "generated_by": "python -m referee flags (referee/flags.py)",
-        "parser": {"prog": serve.prog, "allow_abbrev": serve.allow_abbrev,
-                   "prefix_chars": serve.prefix_chars,
-                   "fromfile_prefix_chars": serve.fromfile_prefix_chars,
-                   "top_level_options": sorted(top._option_string_actions),
-                   "preprocess_digest": _preprocess_digest()},
+        "parser": {
+            "prog": serve.prog,
+            "allow_abbrev": serve.allow_abbrev,
+            "prefix_chars": serve.prefix_chars,
+            "fromfile_prefix_chars": serve.fromfile_prefix_chars,
+            "top_level_options": sorted(top._option_string_actions),
+            "preprocess_digest": _preprocess_digest(),
+        },
         "behaviours": behaviours(top),
         "actions": actions,
-        "json_flags": {dest: {"config": cls.__name__, "validated_by": "engine"
-                              if dest == "speculative_config" else "parser"}
-                       for dest, cls in sorted(json_flags.items())},
+        "json_flags": {
+            dest: {
+                "config": cls.__name__,
+                "validated_by": "engine" if dest == "speculative_config" else "parser",
+            }
+            for dest, cls in sorted(json_flags.items())
+        },
         "configs": configs,
         "enums": enums,
     }

@@ -57,7 +57,7 @@ def recipes(out: Path) -> dict[str, int]:
 
 
 def _values_differ(ns: Any, given: dict[str, Any]) -> list[str]:
-    from oracle.sources.command_fields import DIRECT
+    from turnout.oracle.sources.command_fields import DIRECT
 
     out = []
     for dest in sorted(set(given) & set(DIRECT)):
@@ -68,15 +68,19 @@ def _values_differ(ns: Any, given: dict[str, Any]) -> list[str]:
 
 
 def _one(top: Any, case: dict[str, Any], release: str) -> dict[str, Any]:
-    from oracle.sources.command import check_line
     from referee.flags_gen import CONFIG_FILE
+    from turnout.oracle.sources.command import check_line
 
     if case["config_file"] is not None:
         Path(CONFIG_FILE).write_text(case["config_file"], encoding="utf-8")
     want, ns = verdict(top, case["argv"])
     given, error = check_line(case["argv"], release=release)
-    row = {"id": case["id"], "argv": case["argv"], "vllm": want,
-           "oracle": {"accepted": error is None, "error": error and error.message}}
+    row = {
+        "id": case["id"],
+        "argv": case["argv"],
+        "vllm": want,
+        "oracle": {"accepted": error is None, "error": error and error.message},
+    }
     row["agree"] = want["accepted"] == (error is None)
     if row["agree"] and given is not None and ns is not None:
         row["values"] = _values_differ(ns, given)
@@ -87,9 +91,9 @@ def _one(top: Any, case: dict[str, Any], release: str) -> dict[str, Any]:
 
 def check(release: str, seed: int, count: int, show: int) -> dict[str, Any]:
     """The agreement report of ``count`` seeded lines (mismatches listed up to ``show``)."""
-    from oracle.sources.command_table import load_table
     from referee.flags import serve_parser
     from referee.flags_gen import generate
+    from turnout.oracle.sources.command_table import load_table
 
     top, _ = serve_parser()
     table = load_table(release).data
@@ -105,9 +109,15 @@ def check(release: str, seed: int, count: int, show: int) -> dict[str, Any]:
     values_ok = sum(1 for r in rows if r["agree"] and not r.get("values"))
     accepted = sum(r["vllm"]["accepted"] for r in rows)
     misses = [r for r in rows if not r["agree"] or r.get("values")]
-    return {"release": release, "seed": seed, "lines": len(rows), "vllm_accepted": accepted,
-            "vllm_refused": len(rows) - accepted, "agree": agree,
-            "agreement": round(agree / max(len(rows), 1), 4),
-            "agree_with_values": values_ok,
-            "agreement_with_values": round(values_ok / max(len(rows), 1), 4),
-            "mismatches": misses[:show]}
+    return {
+        "release": release,
+        "seed": seed,
+        "lines": len(rows),
+        "vllm_accepted": accepted,
+        "vllm_refused": len(rows) - accepted,
+        "agree": agree,
+        "agreement": round(agree / max(len(rows), 1), 4),
+        "agree_with_values": values_ok,
+        "agreement_with_values": round(values_ok / max(len(rows), 1), 4),
+        "mismatches": misses[:show],
+    }

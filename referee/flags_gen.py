@@ -18,20 +18,27 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
-from oracle.sources.command_fields import DERIVED, DIRECT
+from turnout.oracle.sources.command_fields import DERIVED, DIRECT
 
 MODELS = ("Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B-Instruct", "org/model")
 BAD_WORDS = ("two", "$MASTER_PORT", "1.5", "", "None", "16k", "-1", "auto", "true", "<N>")
-UNKNOWN_FLAGS = ("--not-a-flag", "--tensor-paralel-size", "--disable-log-requests", "--task",
-                 "--omni", "-x")
+UNKNOWN_FLAGS = (
+    "--not-a-flag",
+    "--tensor-paralel-size",
+    "--disable-log-requests",
+    "--task",
+    "--omni",
+    "-x",
+)
 CONFIG_FILE = "flags-check.yaml"
 
 
 class _Gen:
     def __init__(self, table: dict[str, Any], rng: random.Random) -> None:
         self.t, self.rng = table, rng
-        self.actions = [a for a in table["actions"] if a["option_strings"]
-                        and a["action"] != "help"]
+        self.actions = [
+            a for a in table["actions"] if a["option_strings"] and a["action"] != "help"
+        ]
         self.options = sorted(o for a in self.actions for o in a["option_strings"])
         mapped = set(DIRECT) | set(DERIVED)
         self.weights = [8 if a["dest"] in mapped else 1 for a in self.actions]
@@ -39,8 +46,11 @@ class _Gen:
     # -- spellings -------------------------------------------------------------------------
 
     def spell(self, action: dict[str, Any]) -> str:
-        opts = [o for o in action["option_strings"] if not o.startswith("--no-")
-                and not o.startswith("--disable-")] or action["option_strings"]
+        opts = [
+            o
+            for o in action["option_strings"]
+            if not o.startswith("--no-") and not o.startswith("--disable-")
+        ] or action["option_strings"]
         name = self.rng.choice(opts)
         roll = self.rng.random()
         if roll < 0.15 and name.startswith("--"):
@@ -64,8 +74,15 @@ class _Gen:
         if base == "float":
             return rng.choice(("0.5", "0.9", "2", "1e-3", "x"))
         if "json" in base or base == "union_dict_and_str":
-            return rng.choice(('{"a": 1}', '{"architectures": ["LlamaForCausalLM"]}', "{bad",
-                               "[1, 2]", '{"enable_thinking": false}'))
+            return rng.choice(
+                (
+                    '{"a": 1}',
+                    '{"architectures": ["LlamaForCausalLM"]}',
+                    "{bad",
+                    "[1, 2]",
+                    '{"enable_thinking": false}',
+                )
+            )
         return rng.choice(("foo", "bar-1", "a,b", "auto"))
 
     def descriptor_value(self, desc: dict[str, Any], depth: int = 0) -> Any:
@@ -87,8 +104,9 @@ class _Gen:
             i = rng.randrange(len(enum["names"]))
             return rng.choice((enum["names"][i], enum["names"][i].lower(), enum["values"][i]))
         if t == "list":
-            return [self.descriptor_value(desc["item"], depth + 1)
-                    for _ in range(rng.randint(0, 2))]
+            return [
+                self.descriptor_value(desc["item"], depth + 1) for _ in range(rng.randint(0, 2))
+            ]
         if t == "dict":
             return {"k": self.descriptor_value(desc["value"], depth + 1)}
         if t == "union":
@@ -114,8 +132,9 @@ class _Gen:
             out: list[str] = []
             for key, item in value.items():
                 text = item if isinstance(item, str) else json.dumps(item)
-                out += ([f"{name}.{key}={text}"] if self.rng.random() < 0.5
-                        else [f"{name}.{key}", text])
+                out += (
+                    [f"{name}.{key}={text}"] if self.rng.random() < 0.5 else [f"{name}.{key}", text]
+                )
             return out
         text = json.dumps(value)
         if self.rng.random() < 0.07:
@@ -132,8 +151,13 @@ class _Gen:
         if action["dest"] in self.t["json_flags"]:
             return self.json_flag(action, name)
         if action["nargs"] == "+":
-            return [name, *(self.scalar(action["type"] or "str", action["choices"])
-                            for _ in range(rng.randint(1, 3)))]
+            return [
+                name,
+                *(
+                    self.scalar(action["type"] or "str", action["choices"])
+                    for _ in range(rng.randint(1, 3))
+                ),
+            ]
         if action["nargs"] == "?" and rng.random() < 0.4:
             return [name]
         value = self.scalar(action["type"] or "str", action["choices"])
@@ -159,8 +183,13 @@ class _Gen:
         if rng.random() < 0.05:
             config = self.config_text()
             words += ["--config", CONFIG_FILE]
-        head = [model] if rng.random() > 0.05 else ["--model", model] if rng.random() < 0.5 \
+        head = (
+            [model]
+            if rng.random() > 0.05
+            else ["--model", model]
+            if rng.random() < 0.5
             else [model, "extra"]
+        )
         return ["vllm", "serve", *head, *words], config
 
     def config_text(self) -> str:
@@ -170,7 +199,9 @@ class _Gen:
             if action["nargs"] == 0:
                 rows.append(f"{key}: {self.rng.choice(('true', 'false'))}")
             else:
-                rows.append(f"{key}: {json.dumps(self.scalar(action['type'] or 'str', action['choices']))}")
+                rows.append(
+                    f"{key}: {json.dumps(self.scalar(action['type'] or 'str', action['choices']))}"
+                )
         return "\n".join(rows) + "\n"
 
 

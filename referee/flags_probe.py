@@ -30,8 +30,10 @@ from typing import Any
 
 OMNI_ERROR = "--omni flag requires a valid instance of vllm-omni to be installed."
 CONFIG_FILE = "serve-probe.yaml"  # the --config file of the probes, written next to the run
-CONFIG_TEXT = ("tensor-parallel-size: 4\nenable-prefix-caching: false\nenforce_eager: true\n"
-               "compilation-config:\n  mode: 3\nport: 8001\n")
+CONFIG_TEXT = (
+    "tensor-parallel-size: 4\nenable-prefix-caching: false\nenforce_eager: true\n"
+    "compilation-config:\n  mode: 3\nport: 8001\n"
+)
 # (what it shows, argv after `vllm serve`, dotted paths to read from the namespace)
 PROBES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("space form", ("m", "--tensor-parallel-size", "2"), ("tensor_parallel_size",)),
@@ -41,32 +43,56 @@ PROBES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("prefix abbreviation", ("m", "--tensor-parallel", "8"), ("tensor_parallel_size",)),
     ("ambiguous prefix", ("m", "--enable", "1"), ()),
     ("short alias prefix", ("m", "-t", "2"), ("tensor_parallel_size",)),
-    ("last one wins", ("m", "-tp", "2", "--tensor-parallel-size", "4"),
-     ("tensor_parallel_size",)),
+    ("last one wins", ("m", "-tp", "2", "--tensor-parallel-size", "4"), ("tensor_parallel_size",)),
     ("-O3", ("m", "-O3"), ("optimization_level",)),
     ("-O 3", ("m", "-O", "3"), ("optimization_level",)),
     ("-O=3", ("m", "-O=3"), ("optimization_level",)),
     ("-O alone", ("m", "-O"), ()),
-    ("dotted keys", ("m", "--speculative-config.method", "mtp",
-                     "--speculative_config.num_speculative_tokens", "2"),
-     ("speculative_config",)),
+    (
+        "dotted keys",
+        (
+            "m",
+            "--speculative-config.method",
+            "mtp",
+            "--speculative_config.num_speculative_tokens",
+            "2",
+        ),
+        ("speculative_config",),
+    ),
     ("dotted = form on a short alias", ("m", "-cc.mode=3"), ("compilation_config.mode",)),
-    ("dotted nested", ("m", "-cc.pass_config.enable_sp=true"),
-     ("compilation_config.pass_config.enable_sp",)),
-    ("dotted list items", ("m", "-cc.custom_ops+", "+rms_norm", "-cc.custom_ops+=-silu_and_mul,+quant_fp8"),
-     ("compilation_config.custom_ops",)),
-    ("dotted after JSON: the dotted value replaces it",
-     ("m", "--compilation-config", '{"cudagraph_mode": "FULL"}', "-cc.mode", "1"),
-     ("compilation_config.mode", "compilation_config.cudagraph_mode")),
-    ("dotted value not JSON", ("m", "--speculative-config.model", "org/draft"),
-     ("speculative_config",)),
-    ("dotted human-readable int", ("m", "--kv-transfer-config.kv_buffer_size", "1k"),
-     ("kv_transfer_config.kv_buffer_size",)),
+    (
+        "dotted nested",
+        ("m", "-cc.pass_config.enable_sp=true"),
+        ("compilation_config.pass_config.enable_sp",),
+    ),
+    (
+        "dotted list items",
+        ("m", "-cc.custom_ops+", "+rms_norm", "-cc.custom_ops+=-silu_and_mul,+quant_fp8"),
+        ("compilation_config.custom_ops",),
+    ),
+    (
+        "dotted after JSON: the dotted value replaces it",
+        ("m", "--compilation-config", '{"cudagraph_mode": "FULL"}', "-cc.mode", "1"),
+        ("compilation_config.mode", "compilation_config.cudagraph_mode"),
+    ),
+    (
+        "dotted value not JSON",
+        ("m", "--speculative-config.model", "org/draft"),
+        ("speculative_config",),
+    ),
+    (
+        "dotted human-readable int",
+        ("m", "--kv-transfer-config.kv_buffer_size", "1k"),
+        ("kv_transfer_config.kv_buffer_size",),
+    ),
     ("dotted flag without a value", ("m", "--speculative-config.method"), ()),
     ("negated switch", ("m", "--no-enable-prefix-caching"), ("enable_prefix_caching",)),
     ("switch given a value", ("m", "--enforce-eager=true"), ()),
-    ("--model moved to the positional", ("--model", "m", "-tp", "2"),
-     ("model_tag", "tensor_parallel_size")),
+    (
+        "--model moved to the positional",
+        ("--model", "m", "-tp", "2"),
+        ("model_tag", "tensor_parallel_size"),
+    ),
     ("--model= form", ("-tp", "2", "--model=m"), ("model_tag",)),
     ("model given twice", ("m", "--model", "other"), ()),
     ("extra positional", ("m", "other"), ()),
@@ -75,25 +101,38 @@ PROBES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("unknown key", ("m", "--compilation-config", '{"not_a_key": 1}'), ()),
     ("unknown nested key", ("m", "--compilation-config", '{"pass_config": {"nope": 1}}'), ()),
     ("wrong value type in JSON", ("m", "--kv-transfer-config", '{"kv_port": "x"}'), ()),
-    ("JSON with human-readable number", ("m", "--kv-transfer-config", '{"kv_buffer_size": 2k}'),
-     ("kv_transfer_config.kv_buffer_size",)),
+    (
+        "JSON with human-readable number",
+        ("m", "--kv-transfer-config", '{"kv_buffer_size": 2k}'),
+        ("kv_transfer_config.kv_buffer_size",),
+    ),
     ("plain JSON", ("m", "--speculative-config", '{"method": "ngram", "not_a_key": 1}'), ()),
     ("JSON null", ("m", "--kv-transfer-config", "None"), ("kv_transfer_config",)),
     ("environment variable as an int", ("m", "--port", "$MASTER_PORT"), ()),
-    ("human-readable int", ("m", "--max-num-batched-tokens", "16k"),
-     ("max_num_batched_tokens",)),
+    ("human-readable int", ("m", "--max-num-batched-tokens", "16k"), ("max_num_batched_tokens",)),
     ("human-readable int with a binary suffix", ("m", "--max-model-len", "1.5K"), ()),
     ("auto", ("m", "--max-model-len", "auto"), ("max_model_len",)),
     ("choices", ("m", "--dtype", "bf16"), ()),
     ("optional value", ("m", "--quantization", "None"), ("quantization",)),
-    ("several values", ("m", "--served-model-name", "a", "b", "--port", "8001"),
-     ("served_model_name", "port")),
+    (
+        "several values",
+        ("m", "--served-model-name", "a", "b", "--port", "8001"),
+        ("served_model_name", "port"),
+    ),
     ("negative number as a value", ("m", "--gpu-memory-utilization", "-0.5"), ()),
     ("unknown flag", ("m", "--not-a-flag", "1"), ()),
     ("--omni", ("m", "--omni"), ()),
-    ("--config file, command line wins", ("m", "--config", CONFIG_FILE, "-tp", "2"),
-     ("tensor_parallel_size", "enable_prefix_caching", "enforce_eager",
-      "compilation_config.mode", "port")),
+    (
+        "--config file, command line wins",
+        ("m", "--config", CONFIG_FILE, "-tp", "2"),
+        (
+            "tensor_parallel_size",
+            "enable_prefix_caching",
+            "enforce_eager",
+            "compilation_config.mode",
+            "port",
+        ),
+    ),
     ("--config= form", ("m", f"--config={CONFIG_FILE}"), ()),
     ("help", ("m", "--help"), ()),
 )
@@ -104,7 +143,7 @@ def _last_error(text: str) -> str:
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     for i, line in enumerate(lines):
         if ": error: " in line:
-            return "\n".join([line.split(": error: ", 1)[1], *lines[i + 1:]])
+            return "\n".join([line.split(": error: ", 1)[1], *lines[i + 1 :]])
     return "\n".join(lines[-3:])
 
 
@@ -119,15 +158,20 @@ def _startup(ns: Any) -> str | None:
     if spec is not None and not isinstance(spec, dict):
         return f"AttributeError: '{type(spec).__name__}' object has no attribute 'items'"
     spec = dict(spec or {})
-    for flag, key in (("--spec-method", "method"), ("--spec-model", "model"),
-                      ("--spec-tokens", "num_speculative_tokens")):
+    for flag, key in (
+        ("--spec-method", "method"),
+        ("--spec-model", "model"),
+        ("--spec-tokens", "num_speculative_tokens"),
+    ):
         if getattr(ns, flag[2:].replace("-", "_"), None) is not None and key in spec:
             return f"{flag} and --speculative-config['{key}'] are mutually exclusive"
     names = {f.name for f in dataclasses.fields(SpeculativeConfig) if f.init}
     unknown = [k for k in spec if k.replace("-", "_") not in names]
     if unknown:
-        return (f"1 validation error for SpeculativeConfig\n{unknown[0].replace('-', '_')}\n"
-                "  Unexpected keyword argument")
+        return (
+            f"1 validation error for SpeculativeConfig\n{unknown[0].replace('-', '_')}\n"
+            "  Unexpected keyword argument"
+        )
     return None
 
 
@@ -144,8 +188,7 @@ def verdict(top: Any, argv: list[str]) -> tuple[dict[str, Any], Any]:
         text = "help" if exc.code == 0 else _last_error(err.getvalue())
         return {"accepted": False, "stage": "parser", "error": text}, None
     except Exception as exc:  # vLLM's own rewriting raises before argparse
-        return {"accepted": False, "stage": "parser",
-                "error": f"{type(exc).__name__}: {exc}"}, None
+        return {"accepted": False, "stage": "parser", "error": f"{type(exc).__name__}: {exc}"}, None
     if getattr(ns, "subparser", None) != "serve":
         return {"accepted": False, "stage": "parser", "error": "not vllm serve"}, None
     problem = _startup(ns)
@@ -191,22 +234,33 @@ def behaviours(top: Any) -> dict[str, Any]:
                 out.append({"note": note, "argv": list(args), **got})
         finally:
             os.chdir(here)
-    return {"config_file": {"name": CONFIG_FILE, "text": CONFIG_TEXT}, "omni_error": OMNI_ERROR,
-            "probes": out}
+    return {
+        "config_file": {"name": CONFIG_FILE, "text": CONFIG_TEXT},
+        "omni_error": OMNI_ERROR,
+        "probes": out,
+    }
 
 
 def dumps(table: dict[str, Any]) -> str:
     """flags.json's text: one action, config field, enum or probe a line (diffs between
     releases read line by line)."""
+
     def block(value: Any, indent: str, depth: int) -> str:
         if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             rows = [indent + " " + json.dumps(v) for v in value]
             return "[\n" + ",\n".join(rows) + "\n" + indent + "]"
-        if depth and isinstance(value, dict) and any(
+        if (
+            depth
+            and isinstance(value, dict)
+            and any(
                 isinstance(v, dict) or (isinstance(v, list) and v and isinstance(v[0], dict))
-                for v in value.values()):
-            rows = [f"{indent} {json.dumps(k)}: {block(v, indent + ' ', depth - 1)}"
-                    for k, v in value.items()]
+                for v in value.values()
+            )
+        ):
+            rows = [
+                f"{indent} {json.dumps(k)}: {block(v, indent + ' ', depth - 1)}"
+                for k, v in value.items()
+            ]
             return "{\n" + ",\n".join(rows) + "\n" + indent + "}"
         return json.dumps(value)
 

@@ -28,10 +28,24 @@ import typing
 from typing import Any
 
 _SCALARS = {int: "int", float: "float", bool: "bool", str: "str", type(None): "none"}
-_LISTS = (list, tuple, set, frozenset, collections.abc.Sequence, collections.abc.Set,
-          collections.abc.Iterable, collections.abc.MutableSequence)
-_DICTS = (dict, collections.abc.Mapping, collections.abc.MutableMapping, collections.Counter,
-          collections.OrderedDict, collections.defaultdict)
+_LISTS = (
+    list,
+    tuple,
+    set,
+    frozenset,
+    collections.abc.Sequence,
+    collections.abc.Set,
+    collections.abc.Iterable,
+    collections.abc.MutableSequence,
+)
+_DICTS = (
+    dict,
+    collections.abc.Mapping,
+    collections.abc.MutableMapping,
+    collections.Counter,
+    collections.OrderedDict,
+    collections.defaultdict,
+)
 _BOUNDS = ("gt", "ge", "lt", "le")
 
 
@@ -75,10 +89,14 @@ def describe(tp: Any, found: Found) -> dict[str, Any]:
     if origin is typing.Literal:
         return {"t": "literal", "values": [_jsonable(a) for a in args]}
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        found.enums.setdefault(tp.__name__, {
-            "names": list(tp.__members__),
-            "values": [_jsonable(m.value) for m in tp.__members__.values()],
-            "int": issubclass(tp, int)})
+        found.enums.setdefault(
+            tp.__name__,
+            {
+                "names": list(tp.__members__),
+                "values": [_jsonable(m.value) for m in tp.__members__.values()],
+                "int": issubclass(tp, int),
+            },
+        )
         return {"t": "enum", "name": tp.__name__}
     if isinstance(tp, type) and issubclass(tp, pathlib.PurePath):
         return {"t": "path"}
@@ -122,13 +140,13 @@ def _accepts(cls: type, data: dict[str, Any]) -> bool:
     return True
 
 
-def _field(cls: type, name: str, info: Any, validators: set[str],
-           found: Found) -> dict[str, Any]:
+def _field(cls: type, name: str, info: Any, validators: set[str], found: Found) -> dict[str, Any]:
     if any(type(m).__name__ == "SkipValidation" for m in info.metadata):
         return {"type": {"t": "any", "was": "SkipValidation"}, "required": info.is_required()}
     desc = describe(info.annotation, found)
-    bounds = {b: getattr(m, b) for m in info.metadata for b in _BOUNDS
-              if getattr(m, b, None) is not None}
+    bounds = {
+        b: getattr(m, b) for m in info.metadata for b in _BOUNDS if getattr(m, b, None) is not None
+    }
     for part in desc["of"] if desc["t"] == "union" else [desc]:
         if part["t"] in ("int", "float"):  # pydantic bounds an Optional[int]'s int
             part.update(bounds)
@@ -148,8 +166,14 @@ def _field(cls: type, name: str, info: Any, validators: set[str],
 # JSON values of each kind, to find which kinds a field's own validator lets through: a kind
 # is accepted when one of its values is.
 _KIND_PROBES: dict[str, tuple[Any, ...]] = {
-    "null": (None,), "bool": (True, False), "int": (0, 1, 3), "float": (0.5,),
-    "str": ("x", "auto", "none", "all", "1"), "list": ([], ["x"]), "dict": ({},)}
+    "null": (None,),
+    "bool": (True, False),
+    "int": (0, 1, 3),
+    "float": (0.5,),
+    "str": ("x", "auto", "none", "all", "1"),
+    "list": ([], ["x"]),
+    "dict": ({},),
+}
 
 
 def _kinds(cls: type, name: str) -> list[str] | None:
@@ -157,8 +181,11 @@ def _kinds(cls: type, name: str) -> list[str] | None:
     alone, tried on the class (None: the class refuses its own defaults)."""
     if not _accepts(cls, {}):
         return None
-    return [kind for kind, values in _KIND_PROBES.items()
-            if any(_accepts(cls, {name: v}) for v in values)]
+    return [
+        kind
+        for kind, values in _KIND_PROBES.items()
+        if any(_accepts(cls, {name: v}) for v in values)
+    ]
 
 
 def _probe_validator(cls: type, name: str, desc: dict[str, Any], found: Found) -> None:
@@ -181,11 +208,18 @@ def schema(cls: type, found: Found) -> dict[str, Any]:
     """One config class: its init fields (name -> descriptor), pydantic's ``extra``."""
     validators = _validators(cls)
     init = {f.name for f in dataclasses.fields(cls) if f.init}
-    fields = {name: _field(cls, name, info, validators.get(name, set()), found)
-              for name, info in cls.__pydantic_fields__.items() if name in init}
+    fields = {
+        name: _field(cls, name, info, validators.get(name, set()), found)
+        for name, info in cls.__pydantic_fields__.items()
+        if name in init
+    }
     config = getattr(cls, "__pydantic_config__", {}) or {}
-    return {"module": cls.__module__, "fields": fields, "extra": config.get("extra", "ignore"),
-            "model_validators": sorted(cls.__pydantic_decorators__.model_validators)}
+    return {
+        "module": cls.__module__,
+        "fields": fields,
+        "extra": config.get("extra", "ignore"),
+        "model_validators": sorted(cls.__pydantic_decorators__.model_validators),
+    }
 
 
 def config_schemas(classes: dict[str, type]) -> tuple[dict[str, Any], dict[str, Any]]:

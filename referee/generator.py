@@ -38,22 +38,75 @@ FIELDS_UNTIL: dict[str, str] = {
 # theme, so that their combinations (DBO with each of its limits, a speculative method with
 # its flags, compile settings with graph modes) are not left to chance.
 THEMES: tuple[tuple[str, ...], ...] = (
-    ("enable_dbo", "ubatch_size", "lora", "speculative_method", "pipeline_parallel_size",
-     "prefill_context_parallel_size", "decode_context_parallel_size", "is_multimodal",
-     "is_encoder_decoder", "is_hybrid", "cudagraph_mode", "mm_encoder_only", "all2all_backend"),
-    ("speculative_method", "parallel_drafting", "enable_adaptive_verification",
-     "disable_padded_drafter_batch", "use_heterogeneous_vocab", "draft_lm_head_quantization",
-     "draft_architecture", "draft_mixed_attention", "async_scheduling"),
-    ("compilation_mode", "cudagraph_mode", "enforce_eager", "platform", "lora", "runner_kind",
-     "is_encoder_decoder", "prefill_context_parallel_size"),
-    ("mamba_cache_mode", "enable_prefix_caching", "is_hybrid", "supports_mamba_prefix_caching",
-     "mm_encoder_only"),
-    ("hisparse", "kv_transfer_config", "has_index_topk", "platform", "pipeline_parallel_size",
-     "decode_context_parallel_size", "cudagraph_mode"),
-    ("async_scheduling", "pipeline_parallel_size", "distributed_executor_backend",
-     "speculative_method", "platform", "enable_dbo", "all2all_backend", "runner_kind"),
-    ("enable_sequence_parallelism", "tensor_parallel_size", "hidden_size", "platform",
-     "device_capability"),
+    (
+        "enable_dbo",
+        "ubatch_size",
+        "lora",
+        "speculative_method",
+        "pipeline_parallel_size",
+        "prefill_context_parallel_size",
+        "decode_context_parallel_size",
+        "is_multimodal",
+        "is_encoder_decoder",
+        "is_hybrid",
+        "cudagraph_mode",
+        "mm_encoder_only",
+        "all2all_backend",
+    ),
+    (
+        "speculative_method",
+        "parallel_drafting",
+        "enable_adaptive_verification",
+        "disable_padded_drafter_batch",
+        "use_heterogeneous_vocab",
+        "draft_lm_head_quantization",
+        "draft_architecture",
+        "draft_mixed_attention",
+        "async_scheduling",
+    ),
+    (
+        "compilation_mode",
+        "cudagraph_mode",
+        "enforce_eager",
+        "platform",
+        "lora",
+        "runner_kind",
+        "is_encoder_decoder",
+        "prefill_context_parallel_size",
+    ),
+    (
+        "mamba_cache_mode",
+        "enable_prefix_caching",
+        "is_hybrid",
+        "supports_mamba_prefix_caching",
+        "mm_encoder_only",
+    ),
+    (
+        "hisparse",
+        "kv_transfer_config",
+        "has_index_topk",
+        "platform",
+        "pipeline_parallel_size",
+        "decode_context_parallel_size",
+        "cudagraph_mode",
+    ),
+    (
+        "async_scheduling",
+        "pipeline_parallel_size",
+        "distributed_executor_backend",
+        "speculative_method",
+        "platform",
+        "enable_dbo",
+        "all2all_backend",
+        "runner_kind",
+    ),
+    (
+        "enable_sequence_parallelism",
+        "tensor_parallel_size",
+        "hidden_size",
+        "platform",
+        "device_capability",
+    ),
 )
 
 Draw = Callable[[random.Random], Any]
@@ -72,19 +125,42 @@ DIMENSIONS: dict[str, tuple[float, Draw]] = {
     "platform": (3.0, _choice("rocm", "rocm", "cpu", "cpu", "xpu", "tpu")),
     "triton_available": (1.5, lambda r: False),
     "device_capability": (0.6, _choice("8.0", "8.9", "9.0", "10.0", "12.0")),
-    "speculative_method": (4.0, _choice(
-        "ngram", "ngram_gpu", "suffix", "medusa", "mlp_speculator", "draft_model", "eagle",
-        "eagle3", "mtp", "dflash", "dspark", "extract_hidden_states", "custom_class")),
+    "speculative_method": (
+        4.0,
+        _choice(
+            "ngram",
+            "ngram_gpu",
+            "suffix",
+            "medusa",
+            "mlp_speculator",
+            "draft_model",
+            "eagle",
+            "eagle3",
+            "mtp",
+            "dflash",
+            "dspark",
+            "extract_hidden_states",
+            "custom_class",
+        ),
+    ),
     "parallel_drafting": (1.2, _true),
     "enable_adaptive_verification": (0.8, _true),
     "mm_encoder_only": (0.6, _true),
     "disable_padded_drafter_batch": (0.6, _true),
     "use_heterogeneous_vocab": (0.6, _true),
     "draft_lm_head_quantization": (0.5, _choice("fp8", "nvfp4")),
-    "draft_architecture": (0.8, _choice("DFlash2DraftModel", "DFlash2BeamDraftModel",
-                                        "LiLiCorrDraftModel",
-                                        "Qwen3XPressModel", "DFlashQwen3XPressModel",
-                                        "ParseAuxMTPModel", "LlamaForCausalLM")),
+    "draft_architecture": (
+        0.8,
+        _choice(
+            "DFlash2DraftModel",
+            "DFlash2BeamDraftModel",
+            "LiLiCorrDraftModel",
+            "Qwen3XPressModel",
+            "DFlashQwen3XPressModel",
+            "ParseAuxMTPModel",
+            "LlamaForCausalLM",
+        ),
+    ),
     "draft_mixed_attention": (0.6, _true),
     "tensor_parallel_size": (2.0, _choice(2, 4, 8)),
     "pipeline_parallel_size": (2.5, _choice(2, 2, 4)),
@@ -100,10 +176,14 @@ DIMENSIONS: dict[str, tuple[float, Draw]] = {
     "enable_sequence_parallelism": (1.5, _true),
     "enable_dbo": (2.0, _true),
     "ubatch_size": (1.0, _choice(1, 2, 4)),
-    "compilation_mode": (2.5, _choice("none", "stock_torch_compile", "stock_torch_compile",
-                                      "dynamo_trace_once")),
-    "cudagraph_mode": (1.5, _choice("none", "piecewise", "full", "full_decode_only",
-                                    "full_and_piecewise")),
+    "compilation_mode": (
+        2.5,
+        _choice("none", "stock_torch_compile", "stock_torch_compile", "dynamo_trace_once"),
+    ),
+    "cudagraph_mode": (
+        1.5,
+        _choice("none", "piecewise", "full", "full_decode_only", "full_and_piecewise"),
+    ),
     "enforce_eager": (1.5, _true),
     "async_scheduling": (2.0, _choice(True, False)),
     "lora": (1.0, _true),
@@ -114,11 +194,16 @@ DIMENSIONS: dict[str, tuple[float, Draw]] = {
     "kv_sharing_fast_prefill": (0.8, _true),
     "logits_processors": (0.8, lambda r: ["example_pkg.procs:BanTokens"]),
     "logits_processor_plugins": (0.6, lambda r: ["example_plugin"]),
-    "kv_transfer_config": (0.8, lambda r: r.choice([
-        {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
-        {"kv_connector": "HiSparseConnector", "kv_role": "kv_both"},
-        {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_producer"},
-    ])),
+    "kv_transfer_config": (
+        0.8,
+        lambda r: r.choice(
+            [
+                {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+                {"kv_connector": "HiSparseConnector", "kv_role": "kv_both"},
+                {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_producer"},
+            ]
+        ),
+    ),
     "hidden_size": (0.8, _choice(2048, 4096, 7168, 8192, 12288)),
     "runner_kind": (0.8, _choice("pooling")),
     "is_multimodal": (0.4, _choice(True, False)),
@@ -136,8 +221,9 @@ _NUM_CHANGED = (0, 1, 1, 2, 2, 2, 3, 3, 4, 5)
 
 def _known(field: str, release: str) -> bool:
     since, until = FIELDS_SINCE.get(field), FIELDS_UNTIL.get(field)
-    return ((since is None or _version(release) >= _version(since))
-            and (until is None or _version(release) <= _version(until)))
+    return (since is None or _version(release) >= _version(since)) and (
+        until is None or _version(release) <= _version(until)
+    )
 
 
 def _version(release: str) -> tuple[int, ...]:
@@ -190,12 +276,19 @@ def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
     method = spec.get("speculative_method")
     if method is not None and rng.random() < 0.7:
         spec["num_speculative_tokens"] = rng.choice((1, 2, 3, 5))
-    spec_only = ("parallel_drafting", "enable_adaptive_verification",
-                 "disable_padded_drafter_batch", "use_heterogeneous_vocab",
-                 "draft_lm_head_quantization", "draft_architecture", "draft_mixed_attention")
+    spec_only = (
+        "parallel_drafting",
+        "enable_adaptive_verification",
+        "disable_padded_drafter_batch",
+        "use_heterogeneous_vocab",
+        "draft_lm_head_quantization",
+        "draft_architecture",
+        "draft_mixed_attention",
+    )
     if method is None and any(f in spec for f in spec_only) and rng.random() < 0.8:
-        spec["speculative_method"] = rng.choice(("eagle", "eagle3", "mtp", "dspark", "dflash",
-                                                 "draft_model"))
+        spec["speculative_method"] = rng.choice(
+            ("eagle", "eagle3", "mtp", "dspark", "dflash", "draft_model")
+        )
     if spec.get("enable_elastic_ep") and rng.random() < 0.8:
         spec["enable_eplb"] = True
         spec["enable_expert_parallel"] = True

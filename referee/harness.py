@@ -26,11 +26,22 @@ from referee.build import build_config, make_platform
 
 # Variables the harness sets per case; everything else of the process environment is left
 # alone, and these are restored after each case (vLLM's own hooks set some of them).
-_OWNED_ENV = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_BREAKABLE_CUDAGRAPH", "TORCH_COMPILE_DISABLE",
-              "VLLM_BATCH_INVARIANT", "VLLM_WORKER_MULTIPROC_METHOD", "NUMEXPR_MAX_THREADS",
-              "TORCHINDUCTOR_COMPILE_THREADS", "VLLM_DISABLE_SHARED_EXPERTS_STREAM",
-              "TORCHINDUCTOR_CPP_DYNAMIC_THREADS", "VLLM_SSM_CONV_STATE_LAYOUT",
-              "VLLM_ENABLE_V1_MULTIPROCESSING", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+_OWNED_ENV = (
+    "VLLM_USE_V2_MODEL_RUNNER",
+    "VLLM_USE_BREAKABLE_CUDAGRAPH",
+    "TORCH_COMPILE_DISABLE",
+    "VLLM_BATCH_INVARIANT",
+    "VLLM_WORKER_MULTIPROC_METHOD",
+    "NUMEXPR_MAX_THREADS",
+    "TORCHINDUCTOR_COMPILE_THREADS",
+    "VLLM_DISABLE_SHARED_EXPERTS_STREAM",
+    "TORCHINDUCTOR_CPP_DYNAMIC_THREADS",
+    "VLLM_SSM_CONV_STATE_LAYOUT",
+    "VLLM_ENABLE_V1_MULTIPROCESSING",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+)
 
 
 class Capture(logging.Handler):
@@ -96,8 +107,12 @@ def _install_capture() -> None:
 def _reset_once_caches() -> None:
     import vllm.logger as vlog
 
-    for name in ("_print_debug_once", "_print_info_once", "_print_warning_once",
-                 "_print_error_once"):
+    for name in (
+        "_print_debug_once",
+        "_print_info_once",
+        "_print_warning_once",
+        "_print_error_once",
+    ):
         fn = getattr(vlog, name, None)
         if fn is not None and hasattr(fn, "cache_clear"):
             fn.cache_clear()
@@ -152,9 +167,14 @@ def _modules_binding_platform() -> dict[Any, Any]:
 
     from vllm.platforms.interface import Platform
 
-    return {m: m.current_platform for name, m in list(sys.modules.items())
-            if name.startswith("vllm.") and name != "vllm.platforms" and m is not None
-            and isinstance(m.__dict__.get("current_platform"), Platform)}
+    return {
+        m: m.current_platform
+        for name, m in list(sys.modules.items())
+        if name.startswith("vllm.")
+        and name != "vllm.platforms"
+        and m is not None
+        and isinstance(m.__dict__.get("current_platform"), Platform)
+    }
 
 
 def error_text(exc: BaseException) -> str:
@@ -194,6 +214,9 @@ def run_case(spec: dict[str, Any], release: str) -> dict[str, Any]:
             cfg = build_config(spec, facts, release)
             runner = replay(cfg, spec, facts, release, _CAPTURE)
         except (ValueError, AssertionError, TypeError) as exc:
-            return {"decision": "error", "error": error_text(exc),
-                    "warnings": list(_CAPTURE.records)}
+            return {
+                "decision": "error",
+                "error": error_text(exc),
+                "warnings": list(_CAPTURE.records),
+            }
     return {"decision": runner, "warnings": list(_CAPTURE.records)}

@@ -35,9 +35,11 @@ def hisparse(cfg: Any, spec: dict[str, Any], release: str) -> None:
     if pc.decode_context_parallel_size > 1:
         raise ValueError("HiSparse does not support decode context parallelism.")
     if _v(release) >= (0, 32) and cfg.compilation_config.cudagraph_mode == CUDAGraphMode.FULL:
-        raise ValueError("HiSparse does not support cudagraph_mode=FULL; use "
-                         "FULL_AND_PIECEWISE (the default), which captures FULL graphs "
-                         "for decode batches.")
+        raise ValueError(
+            "HiSparse does not support cudagraph_mode=FULL; use "
+            "FULL_AND_PIECEWISE (the default), which captures FULL graphs "
+            "for decode batches."
+        )
     if not hasattr(cfg.model_config.hf_config, "index_topk"):
         raise ValueError("HiSparse is only supported for DSA models with index_topk.")
 
@@ -58,8 +60,7 @@ def sequence_parallelism(cfg: Any, spec: dict[str, Any], release: str) -> None:
         return
     if pc.sp_min_token_num is None:
         mc = cfg.model_config
-        pc.sp_min_token_num = _sp_threshold()(
-            mc.get_hidden_size(), tp, mc.dtype.itemsize)
+        pc.sp_min_token_num = _sp_threshold()(mc.get_hidden_size(), tp, mc.dtype.itemsize)
     if pc.sp_min_token_num is None:
         pc.enable_sp = pc.fuse_gemm_comms = False
 
@@ -88,11 +89,17 @@ def static_graphs(cfg: Any, spec: dict[str, Any], release: str) -> None:
         return
     if cc.cudagraph_mode.has_full_cudagraphs() and mc.pooler_config is not None:
         cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
-    elif mc.is_encoder_decoder and cc.cudagraph_mode not in (CUDAGraphMode.NONE,
-                                                             CUDAGraphMode.FULL_DECODE_ONLY):
+    elif mc.is_encoder_decoder and cc.cudagraph_mode not in (
+        CUDAGraphMode.NONE,
+        CUDAGraphMode.FULL_DECODE_ONLY,
+    ):
         cc.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-    if kv is not None and kv.is_kv_transfer_instance and cc.cudagraph_mode.has_full_cudagraphs() \
-            and _layerwise_connector(kv.kv_connector, kv.kv_connector_extra_config):
+    if (
+        kv is not None
+        and kv.is_kv_transfer_instance
+        and cc.cudagraph_mode.has_full_cudagraphs()
+        and _layerwise_connector(kv.kv_connector, kv.kv_connector_extra_config)
+    ):
         cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
     if mc.enforce_eager:
         cc.cudagraph_mode = CUDAGraphMode.NONE
@@ -106,9 +113,10 @@ def _layerwise_connector(name: str | None, extra: dict[str, Any]) -> bool:
     if name == "LMCacheConnectorV1":
         return bool(extra.get("use_layerwise", False))
     if name == "MultiConnector":
-        return any(_layerwise_connector(c.get("kv_connector"), c.get("kv_connector_extra_config",
-                                                                       {}))
-                   for c in extra.get("connectors", []))
+        return any(
+            _layerwise_connector(c.get("kv_connector"), c.get("kv_connector_extra_config", {}))
+            for c in extra.get("connectors", [])
+        )
     return False
 
 
@@ -116,9 +124,11 @@ def kv_sharing(cfg: Any, spec: dict[str, Any], release: str) -> None:
     """vllm.py:1981: KV-sharing fast prefill refuses EAGLE-style drafting."""
     sc = cfg.speculative_config
     if cfg.cache_config.kv_sharing_fast_prefill and sc is not None and sc.use_eagle():
-        raise ValueError("Fast prefill optimization for KV sharing is not compatible with "
-                         "EAGLE as EAGLE requires correct logits for all tokens while fast "
-                         "prefill gives incorrect logits for prompt tokens.")
+        raise ValueError(
+            "Fast prefill optimization for KV sharing is not compatible with "
+            "EAGLE as EAGLE requires correct logits for all tokens while fast "
+            "prefill gives incorrect logits for prompt tokens."
+        )
 
 
 def platform_hook(cfg: Any, spec: dict[str, Any], release: str) -> None:
@@ -142,8 +152,11 @@ def platform_hook(cfg: Any, spec: dict[str, Any], release: str) -> None:
         if cfg.lora_config is not None:
             cc.mode = CompilationMode.NONE
     elif platform == "rocm":
-        if _v(release) == (0, 30) and pc.prefill_context_parallel_size > 1 \
-                and pc.data_parallel_size > 1:
+        if (
+            _v(release) == (0, 30)
+            and pc.prefill_context_parallel_size > 1
+            and pc.data_parallel_size > 1
+        ):
             raise ValueError("PCP does not support data parallelism on ROCm yet.")
         if cc.cudagraph_mode.has_full_cudagraphs() and pc.prefill_context_parallel_size > 1:
             cc.cudagraph_mode = CUDAGraphMode.PIECEWISE

@@ -38,8 +38,10 @@ def _plugins(spec: dict[str, Any]) -> Iterator[None]:
 
     def entry_points(**kwargs: Any) -> Any:
         if kwargs.get("group") == "vllm.logits_processors":
-            return [md.EntryPoint(name, f"{name}:Processor", "vllm.logits_processors")
-                    for name in plugins]
+            return [
+                md.EntryPoint(name, f"{name}:Processor", "vllm.logits_processors")
+                for name in plugins
+            ]
         return real(**kwargs)
 
     md.entry_points = entry_points  # type: ignore[assignment]
@@ -62,6 +64,7 @@ def _selecting(capture: Any, spec: dict[str, Any]) -> Iterator[None]:
 
 # -- steps before the async-scheduling block ------------------------------------------------
 
+
 def model_hooks(cfg: Any, spec: dict[str, Any], release: str) -> None:
     """try_verify_and_update_config (vllm.py:2766): the Mamba hook of Mamba-family and hybrid
     models moves ``mamba_cache_mode`` with prefix caching (models/config.py MambaModelConfig)."""
@@ -69,8 +72,11 @@ def model_hooks(cfg: Any, spec: dict[str, Any], release: str) -> None:
 
     mm = cfg.model_config
     mamba_archs = ("MambaForCausalLM", "Mamba2ForCausalLM", "FalconMambaForCausalLM")
-    if mm.multimodal_config is not None and mm.multimodal_config.mm_encoder_only \
-            and cfg.cache_config.enable_prefix_caching:
+    if (
+        mm.multimodal_config is not None
+        and mm.multimodal_config.mm_encoder_only
+        and cfg.cache_config.enable_prefix_caching
+    ):
         cfg.cache_config.enable_prefix_caching = False  # vllm.py:1416
     if mm.architecture in mamba_archs or mm.is_hybrid:
         cfg.scheduler_config.enable_chunked_prefill = True
@@ -118,48 +124,68 @@ def async_scheduling(cfg: Any, spec: dict[str, Any], release: str, capture: Any)
     the default. 0.31-0.32 evaluate the selection early when PP > 1; 0.33 always does."""
     sched, spec_cfg = cfg.scheduler_config, cfg.speculative_config
     supports = _executor_supports_async(cfg)
-    rocm_ht_dbo = (spec.get("platform") == "rocm" and cfg.parallel_config.enable_dbo
-                   and cfg.parallel_config.all2all_backend == "deepep_high_throughput")
+    rocm_ht_dbo = (
+        spec.get("platform") == "rocm"
+        and cfg.parallel_config.enable_dbo
+        and cfg.parallel_config.all2all_backend == "deepep_high_throughput"
+    )
     backend = cfg.parallel_config.distributed_executor_backend
     v133 = _v(release) >= (0, 33)
     incompat = _v1_async_incompat(cfg, capture, spec) if v133 else None
     if sched.async_scheduling:
         if rocm_ht_dbo:
-            raise ValueError("Async scheduling is not compatible with ROCm DeepEP "
-                             "high-throughput DBO. Please use --no-async-scheduling or "
-                             "select a different all2all backend.")
+            raise ValueError(
+                "Async scheduling is not compatible with ROCm DeepEP "
+                "high-throughput DBO. Please use --no-async-scheduling or "
+                "select a different all2all backend."
+            )
         if v133 and incompat is not None:
-            raise ValueError("Async scheduling is not supported by the V1 model runner "
-                             f"with {incompat}.")
+            raise ValueError(
+                f"Async scheduling is not supported by the V1 model runner with {incompat}."
+            )
         if not v133 and spec_cfg is not None:
             if not _async_compatible_method(spec_cfg.method):
                 raise ValueError(_async_only_message(release))
             if spec_cfg.disable_padded_drafter_batch:
-                raise ValueError("Async scheduling is not compatible with "
-                                 "disable_padded_drafter_batch=True.")
+                raise ValueError(
+                    "Async scheduling is not compatible with disable_padded_drafter_batch=True."
+                )
         if not supports:
             raise ValueError(f"`{backend}` does not support async scheduling yet.")
         return
     if sched.async_scheduling is not None:
         return
-    if cfg.model_config.runner_type == "pooling" or (not v133 and spec_cfg is not None and not _async_compatible_method(spec_cfg.method)) or (not v133 and spec_cfg is not None and spec_cfg.disable_padded_drafter_batch) or not supports or rocm_ht_dbo:
+    if (
+        cfg.model_config.runner_type == "pooling"
+        or (not v133 and spec_cfg is not None and not _async_compatible_method(spec_cfg.method))
+        or (not v133 and spec_cfg is not None and spec_cfg.disable_padded_drafter_batch)
+        or not supports
+        or rocm_ht_dbo
+    ):
         sched.async_scheduling = False
     elif v133:
         sched.async_scheduling = incompat is None
-    elif (_v(release) >= (0, 31) and cfg.parallel_config.pipeline_parallel_size > 1
-          and not _evaluate(cfg, capture, spec)):
+    elif (
+        _v(release) >= (0, 31)
+        and cfg.parallel_config.pipeline_parallel_size > 1
+        and not _evaluate(cfg, capture, spec)
+    ):
         sched.async_scheduling = False
     else:
         sched.async_scheduling = True
 
 
 def _async_only_message(release: str) -> str:
-    kinds = "EAGLE/MTP/Draft Model/NGram GPU/DSpark/DFlash kind" if _v(release) >= (0, 31) \
+    kinds = (
+        "EAGLE/MTP/Draft Model/NGram GPU/DSpark/DFlash kind"
+        if _v(release) >= (0, 31)
         else "EAGLE/MTP/Draft Model/NGram GPU/DSpark kind"
+    )
     return f"Currently, async scheduling is only supported with {kinds} of speculative decoding"
 
 
 # -- compilation and CUDA graphs --------------------------------------------------------------
+
 
 def enforce_eager(cfg: Any, spec: dict[str, Any], release: str) -> None:
     """vllm.py:1694: enforce_eager sets mode NONE and cudagraph_mode NONE; so does
@@ -195,8 +221,11 @@ def compile_defaults(cfg: Any, spec: dict[str, Any], release: str) -> bool:
     breakable = bool(cfg._maybe_enable_breakable_cudagraph())
     cc = cfg.compilation_config
     if cc.mode is None:
-        cc.mode = (CompilationMode.VLLM_COMPILE if cfg.optimization_level > OptimizationLevel.O0
-                   else CompilationMode.NONE)
+        cc.mode = (
+            CompilationMode.VLLM_COMPILE
+            if cfg.optimization_level > OptimizationLevel.O0
+            else CompilationMode.NONE
+        )
     # _apply_optimization_level_defaults (vllm.py:1802) for the two values the selection
     # reads, taken from the release's own OPTIMIZATION_LEVEL_TO_CONFIG table; a value the user
     # set is kept, as _set_config_default does.
@@ -219,14 +248,17 @@ def piecewise(cfg: Any, spec: dict[str, Any], release: str, breakable: bool) -> 
     from vllm.config.compilation import CompilationMode, CUDAGraphMode
 
     cc = cfg.compilation_config
-    if (cc.cudagraph_mode.requires_piecewise_compilation()
-            and cc.mode != CompilationMode.VLLM_COMPILE
-            and not envs.VLLM_USE_BREAKABLE_CUDAGRAPH):
+    if (
+        cc.cudagraph_mode.requires_piecewise_compilation()
+        and cc.mode != CompilationMode.VLLM_COMPILE
+        and not envs.VLLM_USE_BREAKABLE_CUDAGRAPH
+    ):
         cc.cudagraph_mode = CUDAGraphMode.NONE
 
 
-def replay(cfg: Any, spec: dict[str, Any], facts: dict[str, Any], release: str,
-           capture: Any) -> str:
+def replay(
+    cfg: Any, spec: dict[str, Any], facts: dict[str, Any], release: str, capture: Any
+) -> str:
     """Run ``release``'s steps in order; the runner ("v1"/"v2"), or the ValueError or
     AssertionError vLLM raises on the way."""
     from referee import late

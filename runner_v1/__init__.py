@@ -11,15 +11,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
-    from runner_v1.model_runner import V1ModelRunner
+    from turnout.engine.config import EngineConfig
+    from turnout.runner_v1.model_runner import V1ModelRunner
 
 
 def __getattr__(name: str) -> Any:
     # MANIFEST (engine.capabilities.RunnerManifest) is built in the hub, which loads torch:
     # only on first use, so that ``import runner_v1`` stays light.
     if name == "MANIFEST":
-        from runner_v1.model_runner import MANIFEST
+        from turnout.runner_v1.model_runner import MANIFEST
 
         return MANIFEST
     raise AttributeError(f"module 'runner_v1' has no attribute {name!r}")
@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
 
 def create_model_runner(config: EngineConfig) -> V1ModelRunner:
     """A runner_v1 model runner for ``config`` (call ``load_model()`` next)."""
-    from runner_v1.model_runner import V1ModelRunner
+    from turnout.runner_v1.model_runner import V1ModelRunner
 
     return V1ModelRunner(config)
 

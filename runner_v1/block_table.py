@@ -51,11 +51,14 @@ class BlockTable:
     ) -> np.ndarray:  # [num_tokens] int64, block_id * block_size + offset
         """KV slot of each token."""
         block_ids = self.block_table_np[rows, positions // self.block_size].astype(np.int64)
-        return block_ids * self.block_size + positions % self.block_size
+        slots: np.ndarray = block_ids * self.block_size + positions % self.block_size
+        return slots
 
     def _check(self, num_blocks: int) -> None:
         if num_blocks > self.max_num_blocks_per_req:
-            raise ValueError(f"{num_blocks} blocks exceed the row width {self.max_num_blocks_per_req}")
+            raise ValueError(
+                f"{num_blocks} blocks exceed the row width {self.max_num_blocks_per_req}"
+            )
 
 
 __all__ = ["BlockTable"]

@@ -60,7 +60,9 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise ValueError(f"{type(model).__name__} has no layer stack to offload")
 
 
-def apply_cpu_offload(model: nn.Module, cpu_offload_gb: float, device: torch.device) -> OffloadStats:
+def apply_cpu_offload(
+    model: nn.Module, cpu_offload_gb: float, device: torch.device
+) -> OffloadStats:
     """Offload layers' weights to host memory (see the module docstring).
 
     Raises:
@@ -79,7 +81,9 @@ def apply_cpu_offload(model: nn.Module, cpu_offload_gb: float, device: torch.dev
     return stats
 
 
-def _offload_layer(prefix: str, layer: nn.Module, device: torch.device, stats: OffloadStats) -> None:
+def _offload_layer(
+    prefix: str, layer: nn.Module, device: torch.device, stats: OffloadStats
+) -> None:
     entries: list[tuple[nn.Module, str, torch.Tensor]] = []
     for name, param in list(layer.named_parameters()):
         owner = layer.get_submodule(name.rpartition(".")[0]) if "." in name else layer

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from engine.cuda_graphs import DecodeGraphs, capture_sizes, graph_forward, set_dummy_inputs
-from engine.model.attention_metadata import AttentionMetadata
+from turnout.engine.cuda_graphs import DecodeGraphs, capture_sizes, graph_forward, set_dummy_inputs
+from turnout.engine.model.attention_metadata import AttentionMetadata
 
 
 class V1DecodeGraphs:
@@ -31,8 +31,15 @@ class V1DecodeGraphs:
         device: a CUDA device.
     """
 
-    def __init__(self, *, max_num_seqs: int, max_num_blocks_per_req: int, max_model_len: int,
-                 block_size: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int,
+        max_num_blocks_per_req: int,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device,
+    ) -> None:
         def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
@@ -49,15 +56,24 @@ class V1DecodeGraphs:
         """Capture every size over the buffers (``engine.cuda_graphs.graph_forward``)."""
         self.graphs.capture(
             lambda size: set_dummy_inputs(self, size, 1),
-            lambda size: graph_forward(model, self, kv_caches, size, 1, max_model_len=self.max_model_len,
-                                       block_size=self.block_size))
+            lambda size: graph_forward(
+                model,
+                self,
+                kv_caches,
+                size,
+                1,
+                max_model_len=self.max_model_len,
+                block_size=self.block_size,
+            ),
+        )
 
     def padded_size(self, num_reqs: int) -> int | None:
         """The capture size a decode step of ``num_reqs`` requests replays at (None: eager)."""
         return self.graphs.padded_size(num_reqs)
 
-    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata,
-               size: int) -> torch.Tensor:  # [num_reqs, hidden_size]
+    def replay(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, md: AttentionMetadata, size: int
+    ) -> torch.Tensor:  # [num_reqs, hidden_size]
         """Copy a decode step's device inputs (one token per request) into the buffers, padded
         to ``size``, and replay; the real rows' hidden states (a view of the graph's output)."""
         n = md.num_reqs

@@ -91,7 +91,9 @@ class InputBatch:
         if view.req_id in self.req_id_to_row:
             raise ValueError(f"request {view.req_id} is already in the batch")
         if len(view.token_ids) > self.max_model_len:
-            raise ValueError(f"request {view.req_id} has {len(view.token_ids)} tokens > {self.max_model_len}")
+            raise ValueError(
+                f"request {view.req_id} has {len(view.token_ids)} tokens > {self.max_model_len}"
+            )
         if self._holes:
             row = heapq.heappop(self._holes)
         elif self._num_rows < self.max_num_seqs:
@@ -121,7 +123,9 @@ class InputBatch:
         self.min_tokens_np[row] = v.min_tokens
         self.ignore_eos_np[row] = v.ignore_eos
         self.num_logprobs_np[row] = _NO_LOGPROBS if v.logprobs is None else v.logprobs
-        self.num_prompt_logprobs_np[row] = _NO_LOGPROBS if v.prompt_logprobs is None else v.prompt_logprobs
+        self.num_prompt_logprobs_np[row] = (
+            _NO_LOGPROBS if v.prompt_logprobs is None else v.prompt_logprobs
+        )
         self.stop_token_ids[row] = tuple(v.stop_token_ids)
         self.logits_processors[row] = tuple(v.logits_processors)
 
@@ -168,10 +172,20 @@ class InputBatch:
 
     def _row_arrays(self) -> list[np.ndarray]:
         return [
-            self.num_tokens_np, self.num_prompt_tokens_np, self.num_computed_tokens_np,
-            self.temperature_np, self.top_p_np, self.top_k_np, self.seeds_np,
-            self.presence_penalty_np, self.frequency_penalty_np, self.repetition_penalty_np,
-            self.min_tokens_np, self.ignore_eos_np, self.num_logprobs_np, self.num_prompt_logprobs_np,
+            self.num_tokens_np,
+            self.num_prompt_tokens_np,
+            self.num_computed_tokens_np,
+            self.temperature_np,
+            self.top_p_np,
+            self.top_k_np,
+            self.seeds_np,
+            self.presence_penalty_np,
+            self.frequency_penalty_np,
+            self.repetition_penalty_np,
+            self.min_tokens_np,
+            self.ignore_eos_np,
+            self.num_logprobs_np,
+            self.num_prompt_logprobs_np,
         ]
 
     def append_token_ids(self, row: int, token_ids: Sequence[int]) -> None:

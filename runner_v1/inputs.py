@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.model.attention_metadata import AttentionMetadata
-from engine.scheduler_output import SchedulerOutput
-from runner_v1.sampler import SamplingMetadata
+from turnout.engine.model.attention_metadata import AttentionMetadata
+from turnout.engine.scheduler_output import SchedulerOutput
+from turnout.runner_v1.sampler import SamplingMetadata
 
 if TYPE_CHECKING:
-    from runner_v1.block_table import BlockTable
-    from runner_v1.input_batch import InputBatch
+    from turnout.runner_v1.block_table import BlockTable
+    from turnout.runner_v1.input_batch import InputBatch
 
 
 @dataclass
@@ -42,22 +42,33 @@ class StepInputs:
     drafts: dict[str, list[int]] = field(default_factory=dict)
 
 
-def build_step_inputs(batch: InputBatch, block_table: BlockTable, so: SchedulerOutput, device: torch.device) -> StepInputs:
+def build_step_inputs(
+    batch: InputBatch, block_table: BlockTable, so: SchedulerOutput, device: torch.device
+) -> StepInputs:
     """Inputs of one forward over the batch's rows (drafts are written into the token table)."""
     n = batch.num_reqs
     req_ids = [r for r in batch.req_ids[:n] if r is not None]
     assert len(req_ids) == n, "the batch must be condensed"
     num_sched = np.array([so.num_scheduled_tokens[r] for r in req_ids], np.int32)
-    drafts = {r: list(so.scheduled_spec_decode_tokens[r]) for r in req_ids if r in so.scheduled_spec_decode_tokens}
+    drafts = {
+        r: list(so.scheduled_spec_decode_tokens[r])
+        for r in req_ids
+        if r in so.scheduled_spec_decode_tokens
+    }
     for req_id, ids in drafts.items():
-        row, start = batch.req_id_to_row[req_id], int(batch.num_tokens_np[batch.req_id_to_row[req_id]])
+        row, start = (
+            batch.req_id_to_row[req_id],
+            int(batch.num_tokens_np[batch.req_id_to_row[req_id]]),
+        )
         batch.token_ids_np[row, start : start + len(ids)] = ids
     qsl = np.zeros(n + 1, np.int32)
     np.cumsum(num_sched, out=qsl[1:])
     total = int(qsl[-1])
     token_rows = np.repeat(np.arange(n), num_sched)
     num_computed = batch.num_computed_tokens_np[:n].copy()
-    positions = (num_computed[token_rows] + np.arange(total) - qsl[:-1][token_rows]).astype(np.int64)
+    positions = (num_computed[token_rows] + np.arange(total) - qsl[:-1][token_rows]).astype(
+        np.int64
+    )
     input_ids = batch.token_ids_np[token_rows, positions].astype(np.int64)
     slot_mapping = block_table.slot_mapping(token_rows, positions)
     seq_lens = (num_computed + num_sched).astype(np.int32)
@@ -74,14 +85,27 @@ def build_step_inputs(batch: InputBatch, block_table: BlockTable, so: SchedulerO
         block_size=block_table.block_size,
     )
     return StepInputs(
-        req_ids=req_ids, num_scheduled_np=num_sched, num_computed_np=num_computed,
-        query_start_loc_np=qsl, input_ids=torch.from_numpy(input_ids).to(device),
-        positions=torch.from_numpy(positions).to(device), attn_metadata=md,
-        logits_indices=logits_indices, sample_rows=sample_rows, sample_offsets=offsets, drafts=drafts,
+        req_ids=req_ids,
+        num_scheduled_np=num_sched,
+        num_computed_np=num_computed,
+        query_start_loc_np=qsl,
+        input_ids=torch.from_numpy(input_ids).to(device),
+        positions=torch.from_numpy(positions).to(device),
+        attn_metadata=md,
+        logits_indices=logits_indices,
+        sample_rows=sample_rows,
+        sample_offsets=offsets,
+        drafts=drafts,
     )
 
 
-def _sample_positions(batch: InputBatch, req_ids: list[str], drafts: dict[str, list[int]], qsl: np.ndarray, seq_lens: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _sample_positions(
+    batch: InputBatch,
+    req_ids: list[str],
+    drafts: dict[str, list[int]],
+    qsl: np.ndarray,
+    seq_lens: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     # A request samples when this step reaches its last known token (partial prefills do not).
     n = len(req_ids)
     num_drafts = np.array([len(drafts.get(r, ())) for r in req_ids], np.int64)
@@ -94,12 +118,15 @@ def _sample_positions(batch: InputBatch, req_ids: list[str], drafts: dict[str, l
     return logits_indices, sample_rows, offsets
 
 
-def build_sampling_metadata(batch: InputBatch, inputs: StepInputs, eos_token_ids: tuple[int, ...], device: torch.device) -> SamplingMetadata:
+def build_sampling_metadata(
+    batch: InputBatch, inputs: StepInputs, eos_token_ids: tuple[int, ...], device: torch.device
+) -> SamplingMetadata:
     """Per sampled row: the request's parameters, the position sampled and its history."""
     rows, offsets = inputs.sample_rows, inputs.sample_offsets
     outputs, prompts, masked, processors = [], [], [], []
     needs_penalties = bool(
-        (batch.presence_penalty_np[rows] != 0).any() or (batch.frequency_penalty_np[rows] != 0).any()
+        (batch.presence_penalty_np[rows] != 0).any()
+        or (batch.frequency_penalty_np[rows] != 0).any()
         or (batch.repetition_penalty_np[rows] != 1).any()
     )
     for row, j in zip(rows.tolist(), offsets.tolist(), strict=True):
@@ -127,12 +154,17 @@ def build_sampling_metadata(batch: InputBatch, inputs: StepInputs, eos_token_ids
         top_p=t(batch.top_p_np[rows], torch.float32),
         seeds=t(batch.seeds_np[rows], torch.int64),
         positions=t(batch.num_tokens_np[rows].astype(np.int64) + offsets, torch.int64),
-        output_token_ids=outputs, prompt_token_ids=prompts, masked_token_ids=masked,
-        logits_processors=processors, **penalties,
+        output_token_ids=outputs,
+        prompt_token_ids=prompts,
+        masked_token_ids=masked,
+        logits_processors=processors,
+        **penalties,
     )
 
 
-def _min_tokens_mask(batch: InputBatch, row: int, num_output: int, eos_token_ids: tuple[int, ...]) -> tuple[int, ...]:
+def _min_tokens_mask(
+    batch: InputBatch, row: int, num_output: int, eos_token_ids: tuple[int, ...]
+) -> tuple[int, ...]:
     if num_output >= int(batch.min_tokens_np[row]):
         return ()
     eos = () if batch.ignore_eos_np[row] else eos_token_ids

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from engine.outputs import Logprobs
+from turnout.engine.outputs import Logprobs
 
 #: Elements per temporary ``[rows, vocab_size]`` tensor (4 MiB of float32).
 WORKING_SET_ELEMS = 1 << 20

@@ -16,22 +16,22 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.capabilities import RunnerManifest, model_layer_architectures
-from engine.config import DEVICE_TYPES, EngineConfig
-from engine.errors import EngineConfigError
-from engine.model import DecoderModel
-from engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, PromptLogprobs
-from engine.runner_setup import POOLING_TASKS, TENSOR_PARALLEL_ARCHITECTURES, RunnerBase
-from engine.sampling_params import SamplingParams
-from engine.scheduler_output import NewRequestData, SchedulerOutput
-from runner_v1.block_table import BlockTable
-from runner_v1.cpu_offload import OffloadStats, apply_cpu_offload
-from runner_v1.decode_graphs import V1DecodeGraphs
-from runner_v1.input_batch import InputBatch, RequestView
-from runner_v1.inputs import StepInputs, build_sampling_metadata, build_step_inputs
-from runner_v1.logprobs import compute_logprobs
-from runner_v1.sampler import apply_logits_processors, apply_masks, apply_penalties, sample
-from runner_v1.spec_decode import SPECULATIVE_METHODS, accept_drafts, propose_ngram
+from turnout.engine.capabilities import RunnerManifest, model_layer_architectures
+from turnout.engine.config import DEVICE_TYPES, EngineConfig
+from turnout.engine.errors import EngineConfigError
+from turnout.engine.model import DecoderModel
+from turnout.engine.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput, PromptLogprobs
+from turnout.engine.runner_setup import POOLING_TASKS, TENSOR_PARALLEL_ARCHITECTURES, RunnerBase
+from turnout.engine.sampling_params import SamplingParams
+from turnout.engine.scheduler_output import NewRequestData, SchedulerOutput
+from turnout.runner_v1.block_table import BlockTable
+from turnout.runner_v1.cpu_offload import OffloadStats, apply_cpu_offload
+from turnout.runner_v1.decode_graphs import V1DecodeGraphs
+from turnout.runner_v1.input_batch import InputBatch, RequestView
+from turnout.runner_v1.inputs import StepInputs, build_sampling_metadata, build_step_inputs
+from turnout.runner_v1.logprobs import compute_logprobs
+from turnout.runner_v1.sampler import apply_logits_processors, apply_masks, apply_penalties, sample
+from turnout.runner_v1.spec_decode import SPECULATIVE_METHODS, accept_drafts, propose_ngram
 
 
 @dataclass
@@ -52,17 +52,23 @@ class V1ModelRunner(RunnerBase):
     (set-up and pooling from :class:`engine.runner_setup.RunnerBase`)."""
 
     gpu_kv_fraction = 0.9
-    cpu_kv_bytes = 1 << 30  # CPU KV budget when none is given (vLLM uses 4 GiB; tests share small machines)
+    cpu_kv_bytes = (
+        1 << 30
+    )  # CPU KV budget when none is given (vLLM uses 4 GiB; tests share small machines)
 
     def __init__(self, config: EngineConfig) -> None:
         spec = config.speculative_config
         if spec is not None and spec.method not in SPECULATIVE_METHODS:
             # The drafts of ngram_gpu and draft_model live on the device (runner_v2's design).
-            raise EngineConfigError(f"Model Runner V1 does not support: speculative method '{spec.method}'")
+            raise EngineConfigError(
+                f"Model Runner V1 does not support: speculative method '{spec.method}'"
+            )
         super().__init__(config)
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch(config.max_num_seqs, config.max_model_len)
-        self.block_table = BlockTable(config.max_num_seqs, config.max_num_blocks_per_req, config.block_size)
+        self.block_table = BlockTable(
+            config.max_num_seqs, config.max_num_blocks_per_req, config.block_size
+        )
         self.offload_stats = OffloadStats()
         # Mamba state slots, one per request from its admission to its finish or preemption:
         # unlike batch rows they never move, and a request left out of a step keeps its slot.
@@ -76,19 +82,31 @@ class V1ModelRunner(RunnerBase):
         super().load_model()
         if self.config.cpu_offload_gb > 0:
             assert self.model is not None
-            self.offload_stats = apply_cpu_offload(self.model, self.config.cpu_offload_gb, self.device)
+            self.offload_stats = apply_cpu_offload(
+                self.model, self.config.cpu_offload_gb, self.device
+            )
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
         super().initialize_kv_cache(num_blocks)
         c = self.config
         # Decode graphs as MRV1 captures them; not for Mamba state (its slots are not in the
         # static buffers) nor with weights offloaded to the host (copied in per forward).
-        if (self.device.type != "cuda" or c.enforce_eager or self.is_pooling or self.has_inner_state
-                or c.cpu_offload_gb > 0 or not isinstance(self.model, DecoderModel)):
+        if (
+            self.device.type != "cuda"
+            or c.enforce_eager
+            or self.is_pooling
+            or self.has_inner_state
+            or c.cpu_offload_gb > 0
+            or not isinstance(self.model, DecoderModel)
+        ):
             return
         self.decode_graphs = V1DecodeGraphs(
-            max_num_seqs=c.max_num_seqs, max_num_blocks_per_req=c.max_num_blocks_per_req,
-            max_model_len=c.max_model_len, block_size=c.block_size, device=self.device)
+            max_num_seqs=c.max_num_seqs,
+            max_num_blocks_per_req=c.max_num_blocks_per_req,
+            max_model_len=c.max_model_len,
+            block_size=c.block_size,
+            device=self.device,
+        )
         with torch.inference_mode():
             self.decode_graphs.capture(self.model, self.kv_caches)
 
@@ -126,8 +144,12 @@ class V1ModelRunner(RunnerBase):
 
     def _add_new(self, new: NewRequestData) -> CachedRequestState:
         state = CachedRequestState(
-            new.req_id, list(new.prompt_token_ids), len(new.prompt_token_ids),
-            new.sampling_params, list(new.block_ids), new.num_computed_tokens,
+            new.req_id,
+            list(new.prompt_token_ids),
+            len(new.prompt_token_ids),
+            new.sampling_params,
+            list(new.block_ids),
+            new.num_computed_tokens,
         )
         self.requests[new.req_id] = state
         self._take_state_slot(state)
@@ -156,7 +178,9 @@ class V1ModelRunner(RunnerBase):
             else:
                 state.block_ids.extend(new_blocks)
                 if len(state.token_ids) - state.num_prompt_tokens != cached.num_output_tokens[i]:
-                    raise RuntimeError(f"request {req_id}: the runner's output is out of step with the engine's")
+                    raise RuntimeError(
+                        f"request {req_id}: the runner's output is out of step with the engine's"
+                    )
             row = batch.req_id_to_row.get(req_id)
             if row is None:
                 to_add.append(state)
@@ -169,12 +193,22 @@ class V1ModelRunner(RunnerBase):
         p = state.sampling_params
         assert p is not None
         view = RequestView(
-            req_id=state.req_id, token_ids=state.token_ids, num_prompt_tokens=state.num_prompt_tokens,
-            num_computed_tokens=state.num_computed_tokens, temperature=p.temperature, top_p=p.top_p,
-            top_k=p.top_k, seed=p.seed or 0, presence_penalty=p.presence_penalty,
-            frequency_penalty=p.frequency_penalty, repetition_penalty=p.repetition_penalty,
-            min_tokens=p.min_tokens, ignore_eos=p.ignore_eos, logprobs=p.logprobs,
-            prompt_logprobs=p.prompt_logprobs, stop_token_ids=p.stop_token_ids,
+            req_id=state.req_id,
+            token_ids=state.token_ids,
+            num_prompt_tokens=state.num_prompt_tokens,
+            num_computed_tokens=state.num_computed_tokens,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k,
+            seed=p.seed or 0,
+            presence_penalty=p.presence_penalty,
+            frequency_penalty=p.frequency_penalty,
+            repetition_penalty=p.repetition_penalty,
+            min_tokens=p.min_tokens,
+            ignore_eos=p.ignore_eos,
+            logprobs=p.logprobs,
+            prompt_logprobs=p.prompt_logprobs,
+            stop_token_ids=p.stop_token_ids,
             logits_processors=p.logits_processors,
         )
         row = self.input_batch.add_request(view)
@@ -186,10 +220,17 @@ class V1ModelRunner(RunnerBase):
         md = inputs.attn_metadata
         if self.has_inner_state:
             slots = np.array([self.requests[r].state_slot for r in inputs.req_ids], np.int32)
-            md = dataclasses.replace(md, state_indices=torch.from_numpy(slots).to(self.device),
-                                     all_states_continue=bool((inputs.num_computed_np > 0).all()))
+            md = dataclasses.replace(
+                md,
+                state_indices=torch.from_numpy(slots).to(self.device),
+                all_states_continue=bool((inputs.num_computed_np > 0).all()),
+            )
         graphs = self.decode_graphs
-        size = graphs.padded_size(md.num_reqs) if graphs is not None and md.max_query_len == 1 else None
+        size = (
+            graphs.padded_size(md.num_reqs)
+            if graphs is not None and md.max_query_len == 1
+            else None
+        )
         if size is not None:
             assert graphs is not None
             hidden = graphs.replay(inputs.input_ids, inputs.positions, md, size)
@@ -197,34 +238,48 @@ class V1ModelRunner(RunnerBase):
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, md)
             self.num_eager_steps += 1
-        out = ModelRunnerOutput(req_ids=list(inputs.req_ids), sampled_token_ids=[[] for _ in inputs.req_ids])
+        out = ModelRunnerOutput(
+            req_ids=list(inputs.req_ids), sampled_token_ids=[[] for _ in inputs.req_ids]
+        )
         self._prompt_logprobs(hidden, inputs, out)
         if inputs.sample_rows.size:
             self._sample(hidden, inputs, out)
         return out
 
-    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs, out: ModelRunnerOutput) -> None:
+    def _prompt_logprobs(
+        self, hidden: torch.Tensor, inputs: StepInputs, out: ModelRunnerOutput
+    ) -> None:
         assert isinstance(self.model, DecoderModel)
         batch = self.input_batch
         for i, req_id in enumerate(inputs.req_ids):
             k = int(batch.num_prompt_logprobs_np[i])
             start = int(inputs.num_computed_np[i])
-            first, last = start, min(start + int(inputs.num_scheduled_np[i]), int(batch.num_prompt_tokens_np[i]) - 1)
+            first, last = (
+                start,
+                min(
+                    start + int(inputs.num_scheduled_np[i]), int(batch.num_prompt_tokens_np[i]) - 1
+                ),
+            )
             if k < 0 or first >= last:
                 continue
             rows = int(inputs.query_start_loc_np[i]) + np.arange(last - first)
             targets = torch.from_numpy(batch.token_ids_np[i, first + 1 : last + 1].astype(np.int64))
             rows_t = torch.from_numpy(rows).to(hidden.device)
-            lps = compute_logprobs(
-                lambda a, b, r=rows_t, m=self.model: m.compute_logits(hidden[r[a:b]]),
-                targets, k, self.config.vocab_size,
-            )
+
+            def get_logits(
+                a: int, b: int, r: torch.Tensor = rows_t, m: DecoderModel = self.model
+            ) -> torch.Tensor:
+                return m.compute_logits(hidden[r[a:b]])
+
+            lps = compute_logprobs(get_logits, targets, k, self.config.vocab_size)
             out.prompt_logprobs[req_id] = PromptLogprobs(first + 1, lps)
 
     def _sample(self, hidden: torch.Tensor, inputs: StepInputs, out: ModelRunnerOutput) -> None:
         assert isinstance(self.model, DecoderModel)
         batch = self.input_batch
-        raw = self.model.compute_logits(hidden[torch.from_numpy(inputs.logits_indices).to(hidden.device)])
+        raw = self.model.compute_logits(
+            hidden[torch.from_numpy(inputs.logits_indices).to(hidden.device)]
+        )
         md = build_sampling_metadata(batch, inputs, self.config.eos_token_ids, self.device)
         logits = raw.clone()
         errors = apply_logits_processors(logits, md)
@@ -243,13 +298,24 @@ class V1ModelRunner(RunnerBase):
             out.sampled_token_ids[i] = tokens
             self._record(i, req_id, tokens, raw, rows, out)
 
-    def _record(self, i: int, req_id: str, tokens: list[int], raw: torch.Tensor, rows: np.ndarray, out: ModelRunnerOutput) -> None:
+    def _record(
+        self,
+        i: int,
+        req_id: str,
+        tokens: list[int],
+        raw: torch.Tensor,
+        rows: np.ndarray,
+        out: ModelRunnerOutput,
+    ) -> None:
         batch = self.input_batch
         k = int(batch.num_logprobs_np[i])
         if k >= 0:
             used = torch.from_numpy(rows[: len(tokens)]).to(raw.device)
             out.logprobs[req_id] = compute_logprobs(
-                lambda a, b: raw[used[a:b]], torch.tensor(tokens, dtype=torch.int64), k, self.config.vocab_size
+                lambda a, b: raw[used[a:b]],
+                torch.tensor(tokens, dtype=torch.int64),
+                k,
+                self.config.vocab_size,
             )
         batch.append_token_ids(i, tokens)
         self.requests[req_id].token_ids.extend(tokens)
@@ -265,7 +331,8 @@ class V1ModelRunner(RunnerBase):
         for req_id in req_ids:
             self.requests.pop(req_id)  # one step: the request is done
         return ModelRunnerOutput(
-            req_ids=req_ids, sampled_token_ids=[[] for _ in req_ids],
+            req_ids=req_ids,
+            sampled_token_ids=[[] for _ in req_ids],
             pooled_outputs=dict(zip(req_ids, embeddings.cpu().numpy(), strict=True)),
         )
 
@@ -276,9 +343,14 @@ class V1ModelRunner(RunnerBase):
 #: cpu_offload_gb in cpu_offload.py); no Triton; synchronous; decode CUDA graphs on CUDA
 #: (decode_graphs.py), as MRV1; tensor parallelism for the architectures the model layer shards.
 MANIFEST = RunnerManifest.build(
-    "v1", architectures=model_layer_architectures(), refused=(),
-    speculative_methods=SPECULATIVE_METHODS, pooling_tasks=POOLING_TASKS, platforms=DEVICE_TYPES,
-    requires_triton=False, async_scheduling=getattr(V1ModelRunner, "async_scheduling", False),
+    "v1",
+    architectures=model_layer_architectures(),
+    refused=(),
+    speculative_methods=SPECULATIVE_METHODS,
+    pooling_tasks=POOLING_TASKS,
+    platforms=DEVICE_TYPES,
+    requires_triton=False,
+    async_scheduling=getattr(V1ModelRunner, "async_scheduling", False),
     cuda_graphs=True,
     tensor_parallel_architectures=TENSOR_PARALLEL_ARCHITECTURES,
 )

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kernels.gumbel_noise import gumbel_noise_ref
+from turnout.kernels.gumbel_noise import gumbel_noise_ref
 
 GREEDY_EPS = 1e-5  # docs/sampling.md step 5
 
@@ -100,7 +100,9 @@ def apply_penalties(logits: torch.Tensor, md: SamplingMetadata) -> None:
     logits -= md.presence_penalty.unsqueeze(1) * (counts > 0).to(logits.dtype)
 
 
-def _token_counts(token_ids: Sequence[Sequence[int]], num_rows: int, vocab_size: int, device: torch.device) -> torch.Tensor:
+def _token_counts(
+    token_ids: Sequence[Sequence[int]], num_rows: int, vocab_size: int, device: torch.device
+) -> torch.Tensor:
     # [num_rows, vocab_size] float32 occurrence counts; padding goes to an extra column.
     width = max((len(t) for t in token_ids), default=0)
     padded = torch.full((num_rows, max(width, 1)), vocab_size, dtype=torch.int64)
@@ -119,7 +121,9 @@ def apply_masks(logits: torch.Tensor, md: SamplingMetadata) -> None:
             logits[row, list(ids)] = float("-inf")
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """Steps 7-8 on temperature-scaled logits; returns a new tensor with dropped tokens at
     ``-inf``. Boundary ties are kept in both."""
     vocab_size = logits.shape[1]

@@ -36,7 +36,8 @@ def propose_ngram(
         matches = np.flatnonzero((windows == suffix).all(axis=1))
         if matches.size:
             start = int(matches[-1]) + n
-            return token_ids[start : start + num_speculative_tokens].tolist()
+            drafts: list[int] = token_ids[start : start + num_speculative_tokens].tolist()
+            return drafts
     return []
 
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.config import EngineConfig
-    from runner_v2.runner import V2ModelRunner
+    from turnout.engine.config import EngineConfig
+    from turnout.runner_v2.runner import V2ModelRunner
 
 
 def __getattr__(name: str) -> Any:
     # MANIFEST (engine.capabilities.RunnerManifest) is built in the hub, which loads torch and
     # the kernels: only on first use, so that ``import runner_v2`` stays light.
     if name == "MANIFEST":
-        from runner_v2.runner import MANIFEST
+        from turnout.runner_v2.runner import MANIFEST
 
         return MANIFEST
     raise AttributeError(f"module 'runner_v2' has no attribute {name!r}")
@@ -36,14 +36,14 @@ def create_model_runner(config: EngineConfig) -> V2ModelRunner:
     """
     if not config.device.startswith("cuda"):
         _use_triton_interpreter()
-    from runner_v2.runner import V2ModelRunner
+    from turnout.runner_v2.runner import V2ModelRunner
 
     return V2ModelRunner(config)
 
 
 def _use_triton_interpreter() -> None:
-    from engine.errors import EngineConfigError
-    from kernels._triton import INTERPRETED
+    from turnout.engine.errors import EngineConfigError
+    from turnout.kernels._triton import INTERPRETED
 
     if not INTERPRETED:
         # Triton chose between compiling and interpreting when it was imported.

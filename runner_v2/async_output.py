@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.outputs import Logprobs, ModelRunnerOutput, PromptLogprobs
+from turnout.engine.outputs import Logprobs, ModelRunnerOutput, PromptLogprobs
 
 
 @dataclass
@@ -52,7 +52,9 @@ class StepResults:
     logprob_reqs: tuple[np.ndarray, np.ndarray] | None = None
     logprobs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     prompt_reqs: tuple[list[str], np.ndarray, np.ndarray, np.ndarray] | None = None
-    prompt_logprobs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    prompt_logprobs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(
+        default_factory=list
+    )
     pooled: list[str] = field(default_factory=list)
     embeddings: torch.Tensor | None = None
 
@@ -81,7 +83,7 @@ class AsyncOutput:
                 pinned.copy_(t, non_blocking=True)
                 t.record_stream(copy_stream)  # the allocator must not reuse it before the copy
                 self._host.append(pinned)
-            self._event = torch.cuda.Event()
+            self._event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch.cuda.Event.__new__ is unannotated
             self._event.record(copy_stream)
 
     @staticmethod
@@ -117,7 +119,11 @@ class AsyncOutput:
         if r.logprobs and r.logprob_reqs is not None:
             ids, lps, ranks = _concat(host, len(r.logprobs))
             positions, ks = r.logprob_reqs
-            spans = r.logprob_spans if r.logprob_spans is not None else np.ones(len(positions), np.int64)
+            spans = (
+                r.logprob_spans
+                if r.logprob_spans is not None
+                else np.ones(len(positions), np.int64)
+            )
             starts = (np.cumsum(spans) - spans).tolist()
             for j, (i, k) in enumerate(zip(positions.tolist(), ks.tolist(), strict=True)):
                 a = starts[j]
@@ -126,9 +132,13 @@ class AsyncOutput:
             ids, lps, ranks = _concat(host, len(r.prompt_logprobs))
             a = 0
             req_ids, starts, counts, ks = r.prompt_reqs
-            for req_id, start, count, k in zip(req_ids, starts.tolist(), counts.tolist(), ks.tolist(), strict=True):
+            for req_id, start, count, k in zip(
+                req_ids, starts.tolist(), counts.tolist(), ks.tolist(), strict=True
+            ):
                 b = a + count
-                out.prompt_logprobs[req_id] = PromptLogprobs(start, _logprobs(ids, lps, ranks, a, b, k))
+                out.prompt_logprobs[req_id] = PromptLogprobs(
+                    start, _logprobs(ids, lps, ranks, a, b, k)
+                )
                 a = b
         if r.embeddings is not None:
             embeddings = host.pop(0)
@@ -137,12 +147,19 @@ class AsyncOutput:
         return out
 
 
-def _speculative_tokens(out: ModelRunnerOutput, r: StepResults, sampled: list[list[int]], counts: list[int],
-                        verified: list[int]) -> None:
+def _speculative_tokens(
+    out: ModelRunnerOutput,
+    r: StepResults,
+    sampled: list[list[int]],
+    counts: list[int],
+    verified: list[int],
+) -> None:
     # Each request's accepted drafts and the token after them; the drafts it verified where
     # it had some scheduled (the scheduler's acceptance counters).
     assert r.num_spec is not None
-    for i, (samples, num_spec) in enumerate(zip(r.samples.tolist(), r.num_spec.tolist(), strict=True)):
+    for i, (samples, num_spec) in enumerate(
+        zip(r.samples.tolist(), r.num_spec.tolist(), strict=True)
+    ):
         if samples:
             out.sampled_token_ids[i] = sampled[i][: counts[i]]
             if num_spec:
@@ -157,7 +174,9 @@ def _concat(host: list[np.ndarray], num_chunks: int) -> tuple[np.ndarray, np.nda
     return tuple(np.concatenate([c[j] for c in chunks]) for j in range(3))  # type: ignore[return-value]
 
 
-def _logprobs(ids: np.ndarray, lps: np.ndarray, ranks: np.ndarray, a: int, b: int, k: int) -> Logprobs:
+def _logprobs(
+    ids: np.ndarray, lps: np.ndarray, ranks: np.ndarray, a: int, b: int, k: int
+) -> Logprobs:
     # Copies: the engine keeps these for the request's life; the pinned buffer goes back to
     # the allocator's cache.
     return Logprobs(ids[a:b, : 1 + k].copy(), lps[a:b, : 1 + k].copy(), ranks[a:b].copy())

@@ -37,21 +37,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import EngineConfigError
-from engine.model import AttentionMetadata, DecoderModel, allocate_kv_caches, load_model
-from kernels.gumbel_sample import SamplingTables, gumbel_sample
-from kernels.input_ids import prepare_input_ids
-from kernels.logits_indices import compute_logits_indices
-from kernels.penalties import build_penalty_counts
-from kernels.positions import prepare_positions
-from kernels.query_start_loc import prepare_query_start_loc
-from kernels.sampling_probs import compute_probs
-from kernels.slot_mapping import compute_slot_mapping
+from turnout.engine.config import EngineConfig
+from turnout.engine.errors import EngineConfigError
+from turnout.engine.model import AttentionMetadata, DecoderModel, allocate_kv_caches, load_model
+from turnout.kernels.gumbel_sample import SamplingTables, gumbel_sample
+from turnout.kernels.input_ids import prepare_input_ids
+from turnout.kernels.logits_indices import compute_logits_indices
+from turnout.kernels.penalties import build_penalty_counts
+from turnout.kernels.positions import prepare_positions
+from turnout.kernels.query_start_loc import prepare_query_start_loc
+from turnout.kernels.sampling_probs import compute_probs
+from turnout.kernels.slot_mapping import compute_slot_mapping
 
 
-def load_draft_model(config: EngineConfig, target: DecoderModel, dtype: torch.dtype,
-                     device: torch.device) -> DecoderModel:
+def load_draft_model(
+    config: EngineConfig, target: DecoderModel, dtype: torch.dtype, device: torch.device
+) -> DecoderModel:
     """The draft of ``config.speculative_config`` (the target itself when it names the same
     model: the weights are shared, the KV cache is not).
 
@@ -64,22 +65,30 @@ def load_draft_model(config: EngineConfig, target: DecoderModel, dtype: torch.dt
     assert spec is not None and spec.model is not None
     path = Path(spec.model)
     if not path.exists():
-        raise FileNotFoundError(f"draft model {spec.model} (speculative_config['model']) does not exist")
+        raise FileNotFoundError(
+            f"draft model {spec.model} (speculative_config['model']) does not exist"
+        )
     if path.resolve() == Path(config.model).resolve():
         return target
-    draft = load_model(path, dtype=dtype, device=device, seed=config.seed, load_format=config.load_format)
+    draft = load_model(
+        path, dtype=dtype, device=device, seed=config.seed, load_format=config.load_format
+    )
     cfg = draft.config
     if not isinstance(draft, DecoderModel) or cfg.is_pooling or cfg.has_inner_state:
-        raise EngineConfigError(f"draft model {spec.model} ({cfg.architecture}) must be a decoder without "
-                                "Mamba layers: its KV cache shares the target's blocks")
+        raise EngineConfigError(
+            f"draft model {spec.model} ({cfg.architecture}) must be a decoder without "
+            "Mamba layers: its KV cache shares the target's blocks"
+        )
     if cfg.vocab_size != target.config.vocab_size:
         raise EngineConfigError(
             f"draft model {spec.model} has vocab_size {cfg.vocab_size}, the target "
-            f"{target.config.vocab_size}: speculative decoding with a draft model needs the same vocabulary")
+            f"{target.config.vocab_size}: speculative decoding with a draft model needs the same vocabulary"
+        )
     if cfg.max_position_embeddings < config.max_model_len:
         raise EngineConfigError(
             f"draft model {spec.model} reaches {cfg.max_position_embeddings} positions, fewer than "
-            f"max_model_len={config.max_model_len}")
+            f"max_model_len={config.max_model_len}"
+        )
     return draft
 
 
@@ -136,16 +145,26 @@ class DraftModelProposer:
         def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
-        self.input_ids, self.positions = zeros(2 * s, dtype=torch.int64), zeros(2 * s, dtype=torch.int64)
+        self.input_ids, self.positions = (
+            zeros(2 * s, dtype=torch.int64),
+            zeros(2 * s, dtype=torch.int64),
+        )
         self.slot_mapping = torch.full((2 * s,), -1, dtype=torch.int64, device=device)
-        self.query_start_loc, self.seq_lens = zeros(s + 1, dtype=torch.int32), zeros(s, dtype=torch.int32)
+        self.query_start_loc, self.seq_lens = (
+            zeros(s + 1, dtype=torch.int32),
+            zeros(s, dtype=torch.int32),
+        )
         self.logits_indices = zeros(s, dtype=torch.int64)
         self.block_table = zeros(s, width, dtype=torch.int32)
-        self._query_lens = {q: torch.full((s,), q, dtype=torch.int32, device=device) for q in (1, 2)}
+        self._query_lens = {
+            q: torch.full((s,), q, dtype=torch.int32, device=device) for q in (1, 2)
+        }
         self._arange = torch.arange(s, dtype=torch.int32, device=device)
         # Every draft input comes from the token table (prepare_input_ids reads the table below
         # this "prefill length"): a stride-0 column of max_model_len.
-        self._from_table = torch.full((1,), config.max_model_len, dtype=torch.int32, device=device).expand(s)
+        self._from_table = torch.full(
+            (1,), config.max_model_len, dtype=torch.int32, device=device
+        ).expand(s)
 
     # ---- set-up ------------------------------------------------------------------------
     def block_bytes(self, dtype: torch.dtype) -> int:
@@ -154,11 +173,16 @@ class DraftModelProposer:
 
     def allocate(self, num_blocks: int, dtype: torch.dtype) -> None:
         """The draft's KV caches, ``num_blocks`` blocks: the target's block ids."""
-        self.kv_caches = list(allocate_kv_caches(self.model.kv_cache_spec, num_blocks, self.config.block_size,
-                                                 dtype, self.device))
+        self.kv_caches = list(
+            allocate_kv_caches(
+                self.model.kv_cache_spec, num_blocks, self.config.block_size, dtype, self.device
+            )
+        )
 
     # ---- the step ----------------------------------------------------------------------
-    def mirror(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata) -> None:
+    def mirror(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> None:
         """The target's forward of this step, on the draft (prefill chunks; KV only)."""
         self.model(input_ids, positions, self.kv_caches, attn_metadata)
 
@@ -172,7 +196,11 @@ class DraftModelProposer:
             return None
         m, vocab, width = step.num_reqs, logits.shape[1], self.config.max_model_len
         drafts = torch.full((m, self.k), -1, dtype=torch.int32, device=self.device)
-        probs = torch.empty(m, self.k, vocab, dtype=torch.float32, device=self.device) if step.want_probs else None
+        probs = (
+            torch.empty(m, self.k, vocab, dtype=torch.float32, device=self.device)
+            if step.want_probs
+            else None
+        )
         last = base + step.num_spec  # the last position the request's scheduled tokens reach
         for j in range(step.max_spec):
             valid = step.num_spec > j  # d_{j+1} is scheduled: its position has a block and a cell
@@ -191,7 +219,9 @@ class DraftModelProposer:
         return drafts, probs
 
     # ---- internals ---------------------------------------------------------------------
-    def _forward(self, step: DraftStep, q: int, start: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    def _forward(
+        self, step: DraftStep, q: int, start: torch.Tensor, valid: torch.Tensor | None
+    ) -> torch.Tensor:
         # q tokens per request from position start[i] ([m] int32), read from the token table;
         # the draft's logits at each request's last token ([m, vocab] float32).
         m = step.num_reqs
@@ -210,7 +240,9 @@ class DraftModelProposer:
             hidden = self.model(self.input_ids[:t], self.positions[:t], self.kv_caches, md)
         return self.model.compute_logits(hidden.index_select(0, self.logits_indices[:m]))
 
-    def _prepare(self, step: DraftStep, q: int, start: torch.Tensor, size: int | None) -> AttentionMetadata:
+    def _prepare(
+        self, step: DraftStep, q: int, start: torch.Tensor, size: int | None
+    ) -> AttentionMetadata:
         m, width = step.num_reqs, self.config.max_model_len
         r_pad = size if size is not None else m
         t_pad = r_pad * q
@@ -218,30 +250,58 @@ class DraftModelProposer:
         prepare_query_start_loc(self._query_lens[q], m, qsl)
         # start is by batch position (idx_mapping 0..m-1 for it); every other kernel by row.
         prepare_positions(self._arange[:m], start, qsl, m, positions, self.seq_lens[:r_pad])
-        prepare_input_ids(step.rows, qsl, positions, self._from_table, self._from_table, step.token_ids, m,
-                          self.input_ids[:t_pad])
-        compute_slot_mapping(step.rows, qsl, positions, step.block_table, self.config.block_size, m,
-                             self.slot_mapping[:t_pad])
+        prepare_input_ids(
+            step.rows,
+            qsl,
+            positions,
+            self._from_table,
+            self._from_table,
+            step.token_ids,
+            m,
+            self.input_ids[:t_pad],
+        )
+        compute_slot_mapping(
+            step.rows,
+            qsl,
+            positions,
+            step.block_table,
+            self.config.block_size,
+            m,
+            self.slot_mapping[:t_pad],
+        )
         compute_logits_indices(qsl, m, self.logits_indices[:m])
         torch.index_select(step.block_table, 0, step.rows, out=self.block_table[:m])
         host_max = min(int(step.num_computed_np[step.rows_np].max(initial=0)) + self.k + 1, width)
         return AttentionMetadata(
-            query_start_loc=qsl, seq_lens=self.seq_lens[:r_pad], block_table=self.block_table[:r_pad],
-            slot_mapping=self.slot_mapping[:t_pad], max_query_len=q,
-            max_seq_len=width if size is not None else host_max, num_actual_tokens=m * q,
+            query_start_loc=qsl,
+            seq_lens=self.seq_lens[:r_pad],
+            block_table=self.block_table[:r_pad],
+            slot_mapping=self.slot_mapping[:t_pad],
+            max_query_len=q,
+            max_seq_len=width if size is not None else host_max,
+            num_actual_tokens=m * q,
             block_size=self.config.block_size,
         )
 
-    def _sample(self, step: DraftStep, logits: torch.Tensor, pos: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _sample(
+        self, step: DraftStep, logits: torch.Tensor, pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # The request's own sampling at the draft's position (docs/sampling.md), and q.
         m, vocab = logits.shape
         counts = None
         if step.use_penalties:
             counts = torch.zeros(m, vocab, dtype=torch.int32, device=self.device)
             t = step.tables
-            build_penalty_counts(step.rows, pos, step.token_ids, t.num_prompt_tokens, t.repetition_penalty,
-                                 t.frequency_penalty, t.presence_penalty, counts)
+            build_penalty_counts(
+                step.rows,
+                pos,
+                step.token_ids,
+                t.num_prompt_tokens,
+                t.repetition_penalty,
+                t.frequency_penalty,
+                t.presence_penalty,
+                counts,
+            )
         tokens = torch.empty(m, dtype=torch.int32, device=self.device)
         gumbel_sample(logits, step.rows, pos, step.tables, counts, tokens)
         if not step.want_probs:
@@ -251,8 +311,13 @@ class DraftModelProposer:
         return tokens, q
 
 
-def _write_tokens(token_ids: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor, tokens: torch.Tensor,
-                  valid: torch.Tensor) -> None:
+def _write_tokens(
+    token_ids: torch.Tensor,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+    tokens: torch.Tensor,
+    valid: torch.Tensor,
+) -> None:
     # token_ids[rows, positions] = tokens where valid, as one gather and one scatter on the
     # device (no host sync: the invalid entries write back what their cell holds).
     width = token_ids.shape[1]

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig
-from engine.cuda_graphs import (
+from turnout.engine.config import EngineConfig
+from turnout.engine.cuda_graphs import (
     DecodeGraphs,
     MixedGraphs,
     capture_sizes,
@@ -30,7 +30,7 @@ from engine.cuda_graphs import (
     set_dummy_inputs,
     set_dummy_mixed_inputs,
 )
-from runner_v2.input_batch import BatchPlan
+from turnout.runner_v2.input_batch import BatchPlan
 
 
 class RunnerGraphs:
@@ -76,15 +76,26 @@ class RunnerGraphs:
         with torch.inference_mode():
             for graphs, m, b, caches in todo:
                 q = graphs.query_len
-                graphs.capture(lambda size, b=b, q=q: set_dummy_inputs(b, size, q),
-                               lambda size, m=m, b=b, c=caches, q=q: graph_forward(m, b, c, size, q, **lengths))
+
+                def set_inputs(size: int, b: Any = b, q: int = q) -> None:
+                    set_dummy_inputs(b, size, q)
+
+                def forward(
+                    size: int, m: Any = m, b: Any = b, c: list[Any] = caches, q: int = q
+                ) -> torch.Tensor:
+                    return graph_forward(m, b, c, size, q, **lengths)
+
+                graphs.capture(set_inputs, forward)
             r = self.mixed.num_reqs
             if self.mixed.sizes:
-                self.mixed.capture(lambda t: set_dummy_mixed_inputs(buffers, r, t),
-                                   lambda t: mixed_graph_forward(model, buffers, kv_caches, r, t, **lengths))
+                self.mixed.capture(
+                    lambda t: set_dummy_mixed_inputs(buffers, r, t),
+                    lambda t: mixed_graph_forward(model, buffers, kv_caches, r, t, **lengths),
+                )
 
-    def choose(self, plan: BatchPlan, needs_all_hidden: bool, spec_uniform: bool | None
-               ) -> tuple[DecodeGraphs, int] | None:
+    def choose(
+        self, plan: BatchPlan, needs_all_hidden: bool, spec_uniform: bool | None
+    ) -> tuple[DecodeGraphs, int] | None:
         """The graph a step replays and its size, or None (eager).
 
         Args:

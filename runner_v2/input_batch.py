@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.model.attention_metadata import AttentionMetadata
-from kernels.input_ids import prepare_input_ids
-from kernels.logits_indices import compute_logits_indices
-from kernels.positions import prepare_positions
-from kernels.query_start_loc import prepare_query_start_loc
-from kernels.slot_mapping import compute_slot_mapping
+from turnout.engine.model.attention_metadata import AttentionMetadata
+from turnout.kernels.input_ids import prepare_input_ids
+from turnout.kernels.logits_indices import compute_logits_indices
+from turnout.kernels.positions import prepare_positions
+from turnout.kernels.query_start_loc import prepare_query_start_loc
+from turnout.kernels.slot_mapping import compute_slot_mapping
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,14 @@ class InputBuffers:
     block_table: torch.Tensor  # [max_num_seqs, max_num_blocks_per_req] int32, batch order
 
     @classmethod
-    def allocate(cls, *, max_num_seqs: int, max_num_tokens: int, max_num_blocks_per_req: int,
-                 device: torch.device) -> InputBuffers:
+    def allocate(
+        cls,
+        *,
+        max_num_seqs: int,
+        max_num_tokens: int,
+        max_num_blocks_per_req: int,
+        device: torch.device,
+    ) -> InputBuffers:
         def zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
@@ -88,22 +94,37 @@ class BatchPlan:
 
     @property
     def seq_lens_np(self) -> np.ndarray:  # [num_reqs] int32, also the sampled token's position
-        return self.num_computed_np + self.num_scheduled_np
+        seq_lens: np.ndarray = self.num_computed_np + self.num_scheduled_np
+        return seq_lens
 
     @property
     def max_query_len(self) -> int:
         return int(self.num_scheduled_np.max()) if self.num_reqs else 0
 
     @classmethod
-    def build(cls, req_ids: list[str], rows: np.ndarray, num_scheduled: np.ndarray,
-              num_computed_np: np.ndarray, num_tokens_np: np.ndarray) -> BatchPlan:
+    def build(
+        cls,
+        req_ids: list[str],
+        rows: np.ndarray,
+        num_scheduled: np.ndarray,
+        num_computed_np: np.ndarray,
+        num_tokens_np: np.ndarray,
+    ) -> BatchPlan:
         """A plan without padding; ``num_computed_np`` / ``num_tokens_np`` are per table row."""
         num_computed = num_computed_np[rows]
         qsl = np.zeros(len(req_ids) + 1, np.int32)
         np.cumsum(num_scheduled, out=qsl[1:])
         samples = num_computed + num_scheduled >= num_tokens_np[rows]
-        return cls(req_ids, rows.astype(np.int32), num_scheduled.astype(np.int32), num_computed, qsl,
-                   samples, len(req_ids), int(qsl[-1]))
+        return cls(
+            req_ids,
+            rows.astype(np.int32),
+            num_scheduled.astype(np.int32),
+            num_computed,
+            qsl,
+            samples,
+            len(req_ids),
+            int(qsl[-1]),
+        )
 
     def padded(self, size: int, query_len: int = 1) -> BatchPlan:
         """The same step padded to ``size`` requests of ``query_len`` tokens (a CUDA-graph
@@ -113,8 +134,16 @@ class BatchPlan:
     def padded_to(self, num_reqs: int, num_tokens: int) -> BatchPlan:
         """The same step padded to ``num_reqs`` requests and ``num_tokens`` tokens (a mixed
         prefill + decode step replayed from a graph of that token count)."""
-        return BatchPlan(self.req_ids, self.idx_mapping_np, self.num_scheduled_np, self.num_computed_np,
-                         self.query_start_loc_np, self.samples_np, num_reqs, num_tokens)
+        return BatchPlan(
+            self.req_ids,
+            self.idx_mapping_np,
+            self.num_scheduled_np,
+            self.num_computed_np,
+            self.query_start_loc_np,
+            self.samples_np,
+            num_reqs,
+            num_tokens,
+        )
 
 
 @dataclass(frozen=True)
@@ -156,20 +185,34 @@ def prepare_inputs(
     input_ids, slot_mapping = buffers.input_ids[:t_pad], buffers.slot_mapping[:t_pad]
     prepare_query_start_loc(num_scheduled, n, qsl)
     prepare_positions(idx_mapping, num_computed, qsl, n, positions, seq_lens)
-    prepare_input_ids(idx_mapping, qsl, positions, prefill_len, last_sampled, token_ids, n, input_ids)
+    prepare_input_ids(
+        idx_mapping, qsl, positions, prefill_len, last_sampled, token_ids, n, input_ids
+    )
     compute_slot_mapping(idx_mapping, qsl, positions, block_table, block_size, n, slot_mapping)
     compute_logits_indices(qsl, n, buffers.logits_indices[:n])
     # Attention takes the block table in batch order: gather the scheduled rows.
     torch.index_select(block_table, 0, idx_mapping, out=buffers.block_table[:n])
     padded = r_pad > n
     md = AttentionMetadata(
-        query_start_loc=qsl, seq_lens=seq_lens, block_table=buffers.block_table[:r_pad],
-        slot_mapping=slot_mapping, max_query_len=max(plan.max_query_len, 1 if padded else 0),
+        query_start_loc=qsl,
+        seq_lens=seq_lens,
+        block_table=buffers.block_table[:r_pad],
+        slot_mapping=slot_mapping,
+        max_query_len=max(plan.max_query_len, 1 if padded else 0),
         max_seq_len=max_model_len if padded else int(plan.seq_lens_np.max(initial=0)),
-        num_actual_tokens=plan.num_tokens, block_size=block_size,
+        num_actual_tokens=plan.num_tokens,
+        block_size=block_size,
     )
-    return InputBatch(plan, idx_mapping, num_scheduled, input_ids, positions, seq_lens,
-                      buffers.logits_indices[:n], md)
+    return InputBatch(
+        plan,
+        idx_mapping,
+        num_scheduled,
+        input_ids,
+        positions,
+        seq_lens,
+        buffers.logits_indices[:n],
+        md,
+    )
 
 
 __all__ = ["BatchPlan", "InputBatch", "InputBuffers", "prepare_inputs"]

@@ -15,16 +15,17 @@ from typing import Any
 
 import torch
 
-from engine.config import EngineConfig
-from engine.cuda_graphs import buffers_forward, set_dummy_mixed_inputs
-from engine.model.kv_cache import allocate_kv_caches
+from turnout.engine.config import EngineConfig
+from turnout.engine.cuda_graphs import buffers_forward, set_dummy_mixed_inputs
+from turnout.engine.model.kv_cache import allocate_kv_caches
 
 #: Fraction of the memory left after the reserve that the KV cache may take.
 KV_FRACTION_AFTER_PROFILE = 0.9
 
 
-def profile_peak_bytes(model: Any, buffers: Any, config: EngineConfig, dtype: torch.dtype,
-                       device: torch.device) -> int:
+def profile_peak_bytes(
+    model: Any, buffers: Any, config: EngineConfig, dtype: torch.dtype, device: torch.device
+) -> int:
     """Peak bytes allocated above the current level by the largest step's forward, LM head and
     logits copy (0 off CUDA, where it still runs the forward once as a check).
 
@@ -43,9 +44,16 @@ def profile_peak_bytes(model: Any, buffers: Any, config: EngineConfig, dtype: to
         before = torch.cuda.memory_allocated(device)
     with torch.inference_mode():
         set_dummy_mixed_inputs(buffers, num_reqs, num_tokens)
-        hidden = buffers_forward(model, buffers, caches, num_reqs, num_tokens,
-                                 min(num_tokens, config.max_model_len),
-                                 max_model_len=config.max_model_len, block_size=config.block_size)
+        hidden = buffers_forward(
+            model,
+            buffers,
+            caches,
+            num_reqs,
+            num_tokens,
+            min(num_tokens, config.max_model_len),
+            max_model_len=config.max_model_len,
+            block_size=config.block_size,
+        )
         logits = model.compute_logits(hidden[:num_reqs])
         scratch = logits.clone()
     if not cuda:

@@ -64,9 +64,13 @@ def plan_prompt_logprobs(
     counts = (lasts - firsts)[wanted]
     # Position j of request i: hidden row query_start_loc[i] + j, target (row, first + 1 + j).
     owner = np.repeat(wanted, counts)
-    offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    offsets = np.arange(int(counts.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(counts) - counts, counts
+    )
     return PromptLogprobsPlan(
-        req_ids=[req_ids[i] for i in wanted], starts=firsts[wanted] + 1, counts=counts,
+        req_ids=[req_ids[i] for i in wanted],
+        starts=firsts[wanted] + 1,
+        counts=counts,
         hidden_rows=query_start_loc[owner].astype(np.int64) + offsets,
         target_flat=rows[owner].astype(np.int64) * max_model_len + firsts[owner] + 1 + offsets,
         num_logprobs=ks[owner].astype(np.int32),

@@ -14,9 +14,9 @@ engine implements for no runner and refuses before any runner is built.
 
 from __future__ import annotations
 
-from engine.config import EngineConfig
-from engine.errors import EngineConfigError
-from kernels._triton import HAS_TRITON
+from turnout.engine.config import EngineConfig
+from turnout.engine.errors import EngineConfigError
+from turnout.kernels._triton import HAS_TRITON
 
 #: Rule id in the turnout pack -> its label (``{speculative_method}`` filled in).
 LABELS: dict[str, str] = {
@@ -70,10 +70,18 @@ def check_engine_config(config: EngineConfig) -> None:
 def logits_processors_message() -> str:
     """The refusal of a request with custom logits processors (rule ``custom_logits_processors``),
     naming the option."""
-    return _PINNED.format(LABELS[REFUSED_FEATURES["logits_processors"]]) + " (SamplingParams.logits_processors)"
+    return (
+        _PINNED.format(LABELS[REFUSED_FEATURES["logits_processors"]])
+        + " (SamplingParams.logits_processors)"
+    )
 
 
 __all__ = [
-    "LABELS", "REFUSED_FEATURES", "REFUSED_SPECULATIVE_METHODS", "TRITON_REQUIRED", "blockers",
-    "check_engine_config", "logits_processors_message",
+    "LABELS",
+    "REFUSED_FEATURES",
+    "REFUSED_SPECULATIVE_METHODS",
+    "TRITON_REQUIRED",
+    "blockers",
+    "check_engine_config",
+    "logits_processors_message",
 ]

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.gumbel_sample import SamplingTables, gumbel_sample
-from kernels.penalties import build_penalty_counts
-from kernels.sampling_probs import compute_probs
-from kernels.topk_logprobs import topk_logprobs
+from turnout.kernels.gumbel_sample import SamplingTables, gumbel_sample
+from turnout.kernels.penalties import build_penalty_counts
+from turnout.kernels.sampling_probs import compute_probs
+from turnout.kernels.topk_logprobs import topk_logprobs
 
 #: Elements of any vocabulary-wide temporary of the logprob paths (4 MiB of float32), as
 #: runner_v1's ``WORKING_SET_ELEMS``: logits chunks and ``[rows, 1 + k]`` results.
@@ -45,7 +45,9 @@ def sample(
     use_penalties: bool,  # a scheduled request has a penalty (known on the host)
 ) -> torch.Tensor:  # [num_reqs] int32, a fresh tensor
     """Sample one token per request (docs/sampling.md steps 3-9)."""
-    return sample_with_probs(logits, idx_mapping, seq_lens, tables, token_ids, use_penalties, False)[0]
+    return sample_with_probs(
+        logits, idx_mapping, seq_lens, tables, token_ids, use_penalties, False
+    )[0]
 
 
 def sample_with_probs(
@@ -65,9 +67,16 @@ def sample_with_probs(
     counts = None
     if use_penalties:  # skipped entirely otherwise: no [num_rows, vocab] scratch
         counts = torch.zeros(num_rows, vocab_size, dtype=torch.int32, device=logits.device)
-        build_penalty_counts(idx_mapping, positions, token_ids, tables.num_prompt_tokens,
-                             tables.repetition_penalty, tables.frequency_penalty,
-                             tables.presence_penalty, counts)
+        build_penalty_counts(
+            idx_mapping,
+            positions,
+            token_ids,
+            tables.num_prompt_tokens,
+            tables.repetition_penalty,
+            tables.frequency_penalty,
+            tables.presence_penalty,
+            counts,
+        )
     sampled = torch.empty(num_rows, dtype=torch.int32, device=logits.device)
     gumbel_sample(logits, idx_mapping, positions, tables, counts, sampled)
     probs = None
@@ -100,7 +109,9 @@ def compute_logprobs(
         ranks = torch.empty(b - a, dtype=torch.int32, device=device)
         token_lps = torch.empty(b - a, dtype=torch.float32, device=device)
         ids[:, 0] = token_ids[a:b]
-        topk_logprobs(logits, token_ids[a:b], num_logprobs[a:b], ids[:, 1:], lps[:, 1:], token_lps, ranks)
+        topk_logprobs(
+            logits, token_ids[a:b], num_logprobs[a:b], ids[:, 1:], lps[:, 1:], token_lps, ranks
+        )
         lps[:, 0] = token_lps
         chunks.append(LogprobsTensors(ids, lps, ranks))
     return chunks
@@ -122,9 +133,18 @@ def compute_prompt_logprobs(
     targets = token_ids.view(-1).index_select(0, target_flat)
     return compute_logprobs(
         lambda a, b: compute_logits(hidden.index_select(0, hidden_rows[a:b])),
-        targets, num_logprobs, max_k, vocab_size,
+        targets,
+        num_logprobs,
+        max_k,
+        vocab_size,
     )
 
 
-__all__ = ["WORKING_SET_ELEMS", "LogprobsTensors", "compute_logprobs", "compute_prompt_logprobs", "sample",
-           "sample_with_probs"]
+__all__ = [
+    "WORKING_SET_ELEMS",
+    "LogprobsTensors",
+    "compute_logprobs",
+    "compute_prompt_logprobs",
+    "sample",
+    "sample_with_probs",
+]

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.config import SpeculativeConfig
-from kernels.ngram_propose import ngram_propose
-from kernels.rejection_sample import rejection_sample
-from kernels.spec_post_update import post_update_spec
+from turnout.engine.config import SpeculativeConfig
+from turnout.kernels.ngram_propose import ngram_propose
+from turnout.kernels.rejection_sample import rejection_sample
+from turnout.kernels.spec_post_update import post_update_spec
 
 
 @dataclass(frozen=True)
@@ -78,9 +78,15 @@ class SpecStepPlan:
         return wanted, rows, cells, np.repeat(ks[wanted], per).astype(np.int32)
 
 
-def plan_spec_step(req_ids: list[str], spec_tokens: dict[str, list[int]], num_scheduled: np.ndarray,
-                   num_computed: np.ndarray, num_prompt: np.ndarray, query_start_loc: np.ndarray,
-                   k: int) -> SpecStepPlan:
+def plan_spec_step(
+    req_ids: list[str],
+    spec_tokens: dict[str, list[int]],
+    num_scheduled: np.ndarray,
+    num_computed: np.ndarray,
+    num_prompt: np.ndarray,
+    query_start_loc: np.ndarray,
+    k: int,
+) -> SpecStepPlan:
     """The step's plan from the scheduler output (``scheduled_spec_decode_tokens``) and the
     host mirrors by batch position (``num_computed`` before the step, an upper bound)."""
     num_spec = np.asarray([len(spec_tokens.get(r, ())) for r in req_ids], np.int32)
@@ -97,19 +103,35 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     # [starts[0], ..., starts[0] + counts[0] - 1, starts[1], ...] as int64
     total = int(counts.sum())
     offsets = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    return np.repeat(np.asarray(starts, np.int64), counts) + offsets
+    ranges: np.ndarray = np.repeat(np.asarray(starts, np.int64), counts) + offsets
+    return ranges
 
 
-def propose_ngram(spec: SpeculativeConfig, idx_mapping: torch.Tensor, num_spec: torch.Tensor,
-                  num_tokens: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def propose_ngram(
+    spec: SpeculativeConfig,
+    idx_mapping: torch.Tensor,
+    num_spec: torch.Tensor,
+    num_tokens: torch.Tensor,
+    token_ids: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``ngram_gpu``: drafts from each request's own tokens, written into the table
     (``kernels/ngram_propose.py``). Returns ``(drafts [n, k] int32, num_drafts [n] int32)``:
     a request whose history has no match verifies fewer drafts (possibly none) than scheduled."""
     n = idx_mapping.shape[0]
-    drafts = torch.empty(n, spec.num_speculative_tokens, dtype=torch.int32, device=idx_mapping.device)
+    drafts = torch.empty(
+        n, spec.num_speculative_tokens, dtype=torch.int32, device=idx_mapping.device
+    )
     num_drafts = torch.empty(n, dtype=torch.int32, device=idx_mapping.device)
-    ngram_propose(idx_mapping, num_spec, num_tokens, token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max,
-                  drafts, num_drafts)
+    ngram_propose(
+        idx_mapping,
+        num_spec,
+        num_tokens,
+        token_ids,
+        spec.prompt_lookup_min,
+        spec.prompt_lookup_max,
+        drafts,
+        num_drafts,
+    )
     return drafts, num_drafts
 
 
@@ -136,9 +158,16 @@ class Verification:
     draft_probs: torch.Tensor | None  # [n, k, vocab] float32 (draft model, sampled requests)
 
 
-def verify(v: Verification, target_sampled: torch.Tensor, row_positions: torch.Tensor,
-           target_probs: torch.Tensor | None, temperature: torch.Tensor, seed: torch.Tensor,
-           counters: tuple[torch.Tensor, ...], token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def verify(
+    v: Verification,
+    target_sampled: torch.Tensor,
+    row_positions: torch.Tensor,
+    target_probs: torch.Tensor | None,
+    temperature: torch.Tensor,
+    seed: torch.Tensor,
+    counters: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    token_ids: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept a prefix of each request's drafts and update the table (``counters``: the
     num_computed, num_tokens, last_sampled, num_drafts and num_accepted columns). Returns
     ``(tokens [n, k + 1] int32, num_sampled [n] int32)``: fresh tensors, read by the async copy."""
@@ -146,10 +175,31 @@ def verify(v: Verification, target_sampled: torch.Tensor, row_positions: torch.T
     tokens = torch.empty(n, k + 1, dtype=torch.int32, device=v.drafts.device)
     num_sampled = torch.empty(n, dtype=torch.int32, device=v.drafts.device)
     num_drafts = torch.minimum(v.num_drafts, v.num_spec)
-    rejection_sample(v.cu_rows, v.idx_mapping, num_drafts, v.drafts, target_sampled, row_positions, target_probs,
-                     v.draft_probs if target_probs is not None else None, temperature, seed, tokens, num_sampled)
-    post_update_spec(v.idx_mapping, v.num_scheduled, v.num_spec, v.seq_lens, tokens, num_sampled, num_drafts,
-                     *counters, token_ids)
+    rejection_sample(
+        v.cu_rows,
+        v.idx_mapping,
+        num_drafts,
+        v.drafts,
+        target_sampled,
+        row_positions,
+        target_probs,
+        v.draft_probs if target_probs is not None else None,
+        temperature,
+        seed,
+        tokens,
+        num_sampled,
+    )
+    post_update_spec(
+        v.idx_mapping,
+        v.num_scheduled,
+        v.num_spec,
+        v.seq_lens,
+        tokens,
+        num_sampled,
+        num_drafts,
+        *counters,
+        token_ids,
+    )
     return tokens, num_sampled
 
 
@@ -157,8 +207,25 @@ def upload_arrays(sp: SpecStepPlan, rows: np.ndarray, ks: np.ndarray) -> list[np
     """The host arrays of ``runner_v2.uploads.SpecUploads``, in its field order."""
     decode = np.flatnonzero(sp.decode)
     _, lp_rows, lp_cells, lp_k = sp.logprob_rows(ks)
-    return [sp.num_spec, sp.cu_rows, sp.logits_indices, sp.row_req, decode.astype(np.int64), rows[decode],
-            lp_rows, lp_cells, lp_k]
+    return [
+        sp.num_spec,
+        sp.cu_rows,
+        sp.logits_indices,
+        sp.row_req,
+        decode.astype(np.int64),
+        rows[decode],
+        lp_rows,
+        lp_cells,
+        lp_k,
+    ]
 
 
-__all__ = ["SpecStepPlan", "Verification", "by_position", "plan_spec_step", "propose_ngram", "upload_arrays", "verify"]
+__all__ = [
+    "SpecStepPlan",
+    "Verification",
+    "by_position",
+    "plan_spec_step",
+    "propose_ngram",
+    "upload_arrays",
+    "verify",
+]

@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.errors import UnsupportedOptionError
-from engine.sampling_params import SamplingParams
-from kernels.gumbel_sample import SamplingTables
-from kernels.staged_writes import apply_staged_writes
+from turnout.engine.errors import UnsupportedOptionError
+from turnout.engine.sampling_params import SamplingParams
+from turnout.kernels.gumbel_sample import SamplingTables
+from turnout.kernels.staged_writes import apply_staged_writes
 
 _GREEDY_EPS = 1e-5  # docs/sampling.md step 5
 
@@ -90,8 +90,16 @@ class RequestStates:
         device: where the tables live.
     """
 
-    def __init__(self, *, max_num_seqs: int, max_model_len: int, max_num_blocks_per_req: int,
-                 max_stop_token_ids: int, eos_token_ids: tuple[int, ...], device: torch.device) -> None:
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_num_blocks_per_req: int,
+        max_stop_token_ids: int,
+        eos_token_ids: tuple[int, ...],
+        device: torch.device,
+    ) -> None:
         s = max_num_seqs
         self.max_num_seqs, self.max_model_len = s, max_model_len
         self.max_stop_token_ids = max_stop_token_ids
@@ -101,7 +109,8 @@ class RequestStates:
         self._bases = [s * sum(widths[:i]) for i in range(len(widths))]  # offsets in the arena
         self.arena = torch.zeros(s * sum(widths), dtype=torch.int32, device=device)
         self.row_params, self.token_ids, self.block_table, self.stop_token_ids = (
-            self.arena[base : base + s * w].view(s, w) for base, w in zip(self._bases, widths, strict=True)
+            self.arena[base : base + s * w].view(s, w)
+            for base, w in zip(self._bases, widths, strict=True)
         )
         self._widths = widths
         self.free_rows = list(range(s - 1, -1, -1))  # pop() hands out the lowest row first
@@ -140,11 +149,15 @@ class RequestStates:
         self._cols_f32 = [col.view(torch.float32) for col in self._cols]
         self._seed = self.row_params[:, Col.SEED_LO : Col.SEED_HI + 1].view(torch.int64)[:, 0]
         self._tables = SamplingTables(
-            temperature=self.col_f32(Col.TEMPERATURE), top_k=self.col(Col.TOP_K),
-            top_p=self.col_f32(Col.TOP_P), repetition_penalty=self.col_f32(Col.REPETITION_PENALTY),
+            temperature=self.col_f32(Col.TEMPERATURE),
+            top_k=self.col(Col.TOP_K),
+            top_p=self.col_f32(Col.TOP_P),
+            repetition_penalty=self.col_f32(Col.REPETITION_PENALTY),
             frequency_penalty=self.col_f32(Col.FREQUENCY_PENALTY),
-            presence_penalty=self.col_f32(Col.PRESENCE_PENALTY), min_tokens=self.col(Col.MIN_TOKENS),
-            num_prompt_tokens=self.col(Col.NUM_PROMPT_TOKENS), seed=self.seed,
+            presence_penalty=self.col_f32(Col.PRESENCE_PENALTY),
+            min_tokens=self.col(Col.MIN_TOKENS),
+            num_prompt_tokens=self.col(Col.NUM_PROMPT_TOKENS),
+            seed=self.seed,
             stop_token_ids=self.stop_token_ids,
         )
 
@@ -166,8 +179,16 @@ class RequestStates:
                 f"runner_v2 masks at most {self.max_stop_token_ids}"
             )
 
-    def add_request(self, req_id: str, *, token_ids: list[int], num_prompt_tokens: int,
-                    num_computed_tokens: int, block_ids: list[int], params: SamplingParams) -> int:
+    def add_request(
+        self,
+        req_id: str,
+        *,
+        token_ids: list[int],
+        num_prompt_tokens: int,
+        num_computed_tokens: int,
+        block_ids: list[int],
+        params: SamplingParams,
+    ) -> int:
         """Bind a request (new, or resumed with its full token list) to a free row and stage
         the writes of every field of that row. Returns the row.
 
@@ -175,7 +196,9 @@ class RequestStates:
             RuntimeError: no free row, or the id is already bound (a scheduler bug).
         """
         if req_id in self.req_id_to_row or not self.free_rows:
-            raise RuntimeError(f"cannot bind {req_id!r}: bound already or no free row of {self.max_num_seqs}")
+            raise RuntimeError(
+                f"cannot bind {req_id!r}: bound already or no free row of {self.max_num_seqs}"
+            )
         row = self.free_rows.pop()
         self.req_id_to_row[req_id] = row
         self.infos[row] = RequestInfo(req_id, num_prompt_tokens, params)
@@ -192,7 +215,9 @@ class RequestStates:
         self.num_computed_np[row] = num_computed_tokens
         self.num_blocks_np[row] = len(block_ids)
         self.num_logprobs_np[row] = -1 if params.logprobs is None else params.logprobs
-        self.num_prompt_logprobs_np[row] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
+        self.num_prompt_logprobs_np[row] = (
+            -1 if params.prompt_logprobs is None else params.prompt_logprobs
+        )
         self.has_penalties_np[row] = params.has_penalties
         self.is_sampled_np[row] = params.temperature >= _GREEDY_EPS
         return row
@@ -228,8 +253,9 @@ class RequestStates:
         cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
         return offsets, cu, values
 
-    def apply_staged_writes(self, dst_offsets: torch.Tensor, cu_num_values: torch.Tensor,
-                            values: torch.Tensor) -> None:
+    def apply_staged_writes(
+        self, dst_offsets: torch.Tensor, cu_num_values: torch.Tensor, values: torch.Tensor
+    ) -> None:
         """Apply writes from :meth:`take_staged_writes`, now on the device, in one launch
         (before any kernel of the step reads the table)."""
         apply_staged_writes(self.arena, dst_offsets, cu_num_values, values)
@@ -239,7 +265,10 @@ class RequestStates:
         # Writes staged for a row that is freed before they were taken (a step that failed
         # part-way) must not reach the table with its next owner's: the writes of one launch
         # may not overlap (kernels/staged_writes.py), so which one landed would be a race.
-        spans = [(base + row * w, base + (row + 1) * w) for base, w in zip(self._bases, self._widths, strict=True)]
+        spans = [
+            (base + row * w, base + (row + 1) * w)
+            for base, w in zip(self._bases, self._widths, strict=True)
+        ]
         self._pending = [(o, v) for o, v in self._pending if not any(a <= o < b for a, b in spans)]
 
     def _stage(self, table: int, row: int, col: int, values: np.ndarray) -> None:
@@ -251,7 +280,9 @@ class RequestStates:
         return list(dict.fromkeys([*eos, *params.stop_token_ids]))
 
     @staticmethod
-    def _row_words(params: SamplingParams, num_tokens: int, num_prompt: int, num_computed: int) -> np.ndarray:
+    def _row_words(
+        params: SamplingParams, num_tokens: int, num_prompt: int, num_computed: int
+    ) -> np.ndarray:
         words = np.zeros(NUM_COLS, np.int32)
         f32 = words.view(np.float32)
         words[Col.NUM_COMPUTED_TOKENS] = num_computed
@@ -265,9 +296,13 @@ class RequestStates:
         f32[Col.FREQUENCY_PENALTY] = params.frequency_penalty
         f32[Col.PRESENCE_PENALTY] = params.presence_penalty
         words[Col.MIN_TOKENS] = params.min_tokens
-        words[Col.SEED_LO : Col.SEED_HI + 1] = np.asarray([params.seed or 0], np.int64).view(np.int32)
+        words[Col.SEED_LO : Col.SEED_HI + 1] = np.asarray([params.seed or 0], np.int64).view(
+            np.int32
+        )
         words[Col.NUM_LOGPROBS] = -1 if params.logprobs is None else params.logprobs
-        words[Col.NUM_PROMPT_LOGPROBS] = -1 if params.prompt_logprobs is None else params.prompt_logprobs
+        words[Col.NUM_PROMPT_LOGPROBS] = (
+            -1 if params.prompt_logprobs is None else params.prompt_logprobs
+        )
         words[Col.NUM_DRAFTS] = words[Col.NUM_ACCEPTED] = 0
         return words
 

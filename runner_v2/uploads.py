@@ -79,11 +79,17 @@ class StepUploads:
     spec: SpecUploads | None = None
 
 
-def upload_step(device: torch.device, *, rows: np.ndarray, num_scheduled: np.ndarray,
-                logprob_positions: np.ndarray, logprob_k: np.ndarray,
-                writes: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-                prompt: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-                spec: Sequence[np.ndarray] | None = None) -> StepUploads:
+def upload_step(
+    device: torch.device,
+    *,
+    rows: np.ndarray,
+    num_scheduled: np.ndarray,
+    logprob_positions: np.ndarray,
+    logprob_k: np.ndarray,
+    writes: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    prompt: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
+    spec: Sequence[np.ndarray] | None = None,
+) -> StepUploads:
     """The step's host arrays on ``device`` in one non-blocking copy (see the module
     docstring); ``writes``, ``prompt`` and ``spec`` are ``(offsets, cu_lens, values)``,
     ``(hidden_rows, target_flat, num_logprobs)`` and :class:`SpecUploads`' fields in order."""
@@ -94,13 +100,17 @@ def upload_step(device: torch.device, *, rows: np.ndarray, num_scheduled: np.nda
     staged = StagedWrites(next(t), next(t), next(t)) if writes is not None else None
     plan = PromptLogprobUploads(next(t), next(t), next(t)) if prompt is not None else None
     specs = SpecUploads(*(next(t) for _ in range(SPEC_FIELDS))) if spec is not None else None
-    return StepUploads(*base, writes=staged, prompt=plan, spec=specs)
+    return StepUploads(base[0], base[1], base[2], base[3], writes=staged, prompt=plan, spec=specs)
 
 
 _INT32 = np.dtype(np.int32)
 #: The dtypes :func:`to_device` packs (whole int32 words), and their torch views.
-_VIEW_DTYPES = {_INT32: torch.int32, np.dtype(np.int64): torch.int64, np.dtype(np.float32): torch.float32,
-                np.dtype(np.float64): torch.float64}
+_VIEW_DTYPES = {
+    _INT32: torch.int32,
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.float32): torch.float32,
+    np.dtype(np.float64): torch.float64,
+}
 
 
 def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
@@ -115,8 +125,12 @@ def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.
     words, spans, offset = [], [], 0
     for a in arrays:
         arr = np.ascontiguousarray(a)  # (a 0-d array comes out 1-d: its shape is taken from a)
-        if arr.dtype not in _VIEW_DTYPES:  # another dtype would come back reinterpreted as int32 words
-            raise TypeError(f"to_device takes int32, int64, float32 and float64 arrays, got {arr.dtype}")
+        if (
+            arr.dtype not in _VIEW_DTYPES
+        ):  # another dtype would come back reinterpreted as int32 words
+            raise TypeError(
+                f"to_device takes int32, int64, float32 and float64 arrays, got {arr.dtype}"
+            )
         w = arr.reshape(-1).view(np.int32)
         if offset % ALIGN_WORDS:  # every view starts 16-byte aligned (see ALIGN_WORDS)
             pad = ALIGN_WORDS - offset % ALIGN_WORDS
@@ -142,5 +156,13 @@ def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.
     return out
 
 
-__all__ = ["ALIGN_WORDS", "SPEC_FIELDS", "PromptLogprobUploads", "SpecUploads", "StagedWrites", "StepUploads", "to_device",
-           "upload_step"]
+__all__ = [
+    "ALIGN_WORDS",
+    "SPEC_FIELDS",
+    "PromptLogprobUploads",
+    "SpecUploads",
+    "StagedWrites",
+    "StepUploads",
+    "to_device",
+    "upload_step",
+]

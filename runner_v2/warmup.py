@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.kv_cache_manager import cdiv
-from engine.sampling_params import SamplingParams
-from engine.scheduler_output import NewRequestData, SchedulerOutput
-from kernels.gumbel_sample import sample_splits
+from turnout.engine.kv_cache_manager import cdiv
+from turnout.engine.sampling_params import SamplingParams
+from turnout.engine.scheduler_output import NewRequestData, SchedulerOutput
+from turnout.kernels.gumbel_sample import sample_splits
 
 #: Sampling parameters of the dummy requests: the plain path, penalties, and logprobs.
 _PLAIN = SamplingParams(max_tokens=1, temperature=1.0, seed=0)
@@ -35,7 +35,9 @@ _PENALTY = SamplingParams(max_tokens=1, temperature=1.0, repetition_penalty=1.1,
 _LOGPROBS = SamplingParams(max_tokens=1, temperature=1.0, logprobs=1, seed=0)
 
 
-def warm_up_sizes(decode_sizes: list[int], max_num_seqs: int, vocab_size: int, vocab_block: int) -> list[int]:
+def warm_up_sizes(
+    decode_sizes: list[int], max_num_seqs: int, vocab_size: int, vocab_block: int
+) -> list[int]:
     """Batch sizes whose steps reach every variant: each decode graph size, and the smallest
     batch of each power-of-two split count of the sampler (its second reduction's block)."""
     sizes = set(decode_sizes)
@@ -49,8 +51,14 @@ def warm_up_sizes(decode_sizes: list[int], max_num_seqs: int, vocab_size: int, v
     return sorted(sizes)
 
 
-def warm_up_steps(sizes: list[int], *, block_size: int, max_num_batched_tokens: int, max_model_len: int,
-                  mixed: bool) -> Iterator[SchedulerOutput]:
+def warm_up_steps(
+    sizes: list[int],
+    *,
+    block_size: int,
+    max_num_batched_tokens: int,
+    max_model_len: int,
+    mixed: bool,
+) -> Iterator[SchedulerOutput]:
     """Scheduler outputs of the warm-up, in order: for each size ``n``, ``min(n,
     max_num_batched_tokens)`` new requests of one prompt token each (a decode-shaped step),
     finished by the next step; one request with penalties; one with logprobs; when ``mixed``
@@ -63,16 +71,25 @@ def warm_up_steps(sizes: list[int], *, block_size: int, max_num_batched_tokens: 
     plans: list[list[tuple[int, SamplingParams]]] = [[(1, _PLAIN)] * n for n in sizes]
     plans += [[(1, _PENALTY)], [(1, _LOGPROBS)]]
     if mixed and max_num_batched_tokens >= 2 and max_model_len >= 2:
-        plans.append([(2, _PLAIN)] + [(1, _PLAIN)] * (min(max(sizes, default=1), max_num_batched_tokens - 1) - 1))
+        plans.append(
+            [(2, _PLAIN)]
+            + [(1, _PLAIN)] * (min(max(sizes, default=1), max_num_batched_tokens - 1) - 1)
+        )
     finished: set[str] = set()
     for k, plan in enumerate(plans):
         out = SchedulerOutput(finished_req_ids=finished)
         finished = set()
         for i, (num_tokens, params) in enumerate(plan):
             req_id = f"_warmup_{k}_{i}"
-            out.scheduled_new_reqs.append(NewRequestData(
-                req_id=req_id, prompt_token_ids=[0] * num_tokens, sampling_params=params,
-                block_ids=[0] * cdiv(num_tokens, block_size), num_computed_tokens=0))
+            out.scheduled_new_reqs.append(
+                NewRequestData(
+                    req_id=req_id,
+                    prompt_token_ids=[0] * num_tokens,
+                    sampling_params=params,
+                    block_ids=[0] * cdiv(num_tokens, block_size),
+                    num_computed_tokens=0,
+                )
+            )
             out.num_scheduled_tokens[req_id] = num_tokens
             finished.add(req_id)
         out.total_num_scheduled_tokens = sum(out.num_scheduled_tokens.values())

@@ -21,6 +21,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+# turnout imports as turnout.* from src/turnout/ (links to the package folders; no install on
+# the GPU machine), and the repository root stays off sys.path (README, "Layout").
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONSAFEPATH=1
 PY=${PYTHON:-python3}
 PART=${1:-all}
 status=0

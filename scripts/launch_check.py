@@ -77,17 +77,35 @@ class Service:
 
     def __init__(self, where: Path) -> None:
         self.db = f"sqlite:///{where / 'check.db'}"
-        self.token = self._turnout("token", "create", "--role", "admin", "--name", "check",
-                                   "--database-url", self.db).strip().splitlines()[-1]
+        self.token = (
+            self._turnout(
+                "token", "create", "--role", "admin", "--name", "check", "--database-url", self.db
+            )
+            .strip()
+            .splitlines()[-1]
+        )
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(where / "service.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "oracle.cli", "serve", "--port", str(port), "--no-demo",
-             "--database-url", self.db], cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)})
+            [
+                sys.executable,
+                "-m",
+                "turnout.oracle.cli",
+                "serve",
+                "--port",
+                str(port),
+                "--no-demo",
+                "--database-url",
+                self.db,
+            ],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        )
         for _ in range(600):
             try:
                 if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
@@ -98,19 +116,32 @@ class Service:
 
     @staticmethod
     def _turnout(*args: str) -> str:
-        return subprocess.run([sys.executable, "-m", "oracle.cli", *args], cwd=ROOT, text=True,
-                              capture_output=True, check=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+        return subprocess.run(
+            [sys.executable, "-m", "turnout.oracle.cli", *args],
+            cwd=ROOT,
+            text=True,
+            capture_output=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        ).stdout
 
     def set(self, case: Case) -> None:
         h = {"Authorization": f"Bearer {self.token}"}
         url = f"{self.url}/api/v1/canaries/qwen3-canary"
         etag = httpx.get(url, headers=h).headers["ETag"].strip('"')
-        httpx.patch(url, headers={**h, "If-Match": etag}, json={
-            "enabled": case.stage_on, "percentage": case.percentage,
-            "reason": f"launch check: {case.name}"}).raise_for_status()
-        httpx.post(f"{self.url}/api/v1/kill-switch", headers=h, json={
-            "engaged": case.kill_switch, "reason": f"launch check: {case.name}"}
+        httpx.patch(
+            url,
+            headers={**h, "If-Match": etag},
+            json={
+                "enabled": case.stage_on,
+                "percentage": case.percentage,
+                "reason": f"launch check: {case.name}",
+            },
+        ).raise_for_status()
+        httpx.post(
+            f"{self.url}/api/v1/kill-switch",
+            headers=h,
+            json={"engaged": case.kill_switch, "reason": f"launch check: {case.name}"},
         ).raise_for_status()
 
     def stop(self) -> None:
@@ -123,36 +154,70 @@ def check(venv: Path, case: Case, service: Service, cache: Path) -> dict[str, An
     """One case on one venv: turnout's plan and what vLLM's own selection makes of its env."""
     service.set(case)
     env = {k: v for k, v in os.environ.items() if k != RUNNER}  # the case's pin, or none
-    env.update({"PYTHONPATH": str(ROOT), "TURNOUT_URL": service.url,
-                "TURNOUT_TOKEN": service.token, "TURNOUT_CACHE_DIR": str(cache),
-                "TURNOUT_DEPLOYMENT_ID": "check/qwen3-8b", "HF_HUB_OFFLINE": "1", **case.env})
+    env.update(
+        {
+            "PYTHONPATH": str(ROOT / "src"),
+            "TURNOUT_URL": service.url,
+            "TURNOUT_TOKEN": service.token,
+            "TURNOUT_CACHE_DIR": str(cache),
+            "TURNOUT_DEPLOYMENT_ID": "check/qwen3-8b",
+            "HF_HUB_OFFLINE": "1",
+            **case.env,
+        }
+    )
     argv = [str(venv / "bin" / "vllm"), "serve", "Qwen/Qwen3-8B", *case.flags]
-    done = subprocess.run([sys.executable, "-m", "oracle.cli", "launch", "--dry-run", "--",
-                           *argv], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "turnout.oracle.cli", "launch", "--dry-run", "--", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"turnout launch failed ({done.returncode}):\n{done.stderr}")
     plan = json.loads(done.stdout)
     spec = {k: v for k, v in plan["config"].items() if k not in ("model", "deployment_id")}
     vllm_env = {**env, **plan["env"]}  # what the exec would hand vLLM
-    probe = subprocess.run([str(venv / "bin" / "python"), "-c", PROBE, json.dumps(spec),
-                            plan["vllm"]["pack"].removeprefix("vllm-")], cwd=ROOT,
-                           env=vllm_env, capture_output=True, text=True)
+    probe = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            PROBE,
+            json.dumps(spec),
+            plan["vllm"]["pack"].removeprefix("vllm-"),
+        ],
+        cwd=ROOT,
+        env=vllm_env,
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
         raise SystemExit(f"vLLM's selection failed:\n{probe.stderr[-3000:]}")
     got = json.loads(probe.stdout.strip().splitlines()[-1])
     d = plan["decision"]
-    return {"vllm": plan["vllm"]["version"], "case": case.name, "turnout": plan["runner"],
-            "reason_code": d["reason_code"], "source": plan["snapshot_source"],
-            "set": ", ".join(f"{k}={v}" for k, v in plan["env"].items()) or
-                   (f"kept {RUNNER}={plan['operator_pin']}" if plan["operator_pin"] else "unset"),
-            "picks": got["decision"], "agree": got["decision"] == plan["runner"],
-            "vllm_log": [w["message"] for w in got["warnings"]]}
+    return {
+        "vllm": plan["vllm"]["version"],
+        "case": case.name,
+        "turnout": plan["runner"],
+        "reason_code": d["reason_code"],
+        "source": plan["snapshot_source"],
+        "set": ", ".join(f"{k}={v}" for k, v in plan["env"].items())
+        or (f"kept {RUNNER}={plan['operator_pin']}" if plan["operator_pin"] else "unset"),
+        "picks": got["decision"],
+        "agree": got["decision"] == plan["runner"],
+        "vllm_log": [w["message"] for w in got["warnings"]],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--venv", action="append", type=Path, required=True,
-                        help="a referee venv with vLLM installed (repeatable)")
+    parser.add_argument(
+        "--venv",
+        action="append",
+        type=Path,
+        required=True,
+        help="a referee venv with vLLM installed (repeatable)",
+    )
     parser.add_argument("--markdown", action="store_true", help="the results as a table")
     args = parser.parse_args(argv)
     rows = []
@@ -166,11 +231,15 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             service.stop()
     if args.markdown:
-        print("| vLLM | case | turnout decides | VLLM_USE_V2_MODEL_RUNNER | vLLM's selection "
-              "picks | agree |\n|---|---|---|---|---|---|")
+        print(
+            "| vLLM | case | turnout decides | VLLM_USE_V2_MODEL_RUNNER | vLLM's selection "
+            "picks | agree |\n|---|---|---|---|---|---|"
+        )
         for r in rows:
-            print(f"| {r['vllm']} | {r['case']} | {r['turnout']} ({r['reason_code']}) | "
-                  f"{r['set']} | {r['picks']} | {'yes' if r['agree'] else '**no**'} |")
+            print(
+                f"| {r['vllm']} | {r['case']} | {r['turnout']} ({r['reason_code']}) | "
+                f"{r['set']} | {r['picks']} | {'yes' if r['agree'] else '**no**'} |"
+            )
     bad = [r for r in rows if not r["agree"]]
     print(f"{len(rows) - len(bad)} of {len(rows)} cases agree", file=sys.stderr)
     return 1 if bad else 0

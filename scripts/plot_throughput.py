@@ -14,9 +14,12 @@ import sys
 from pathlib import Path
 
 LABELS = {
-    "runner_v2": "runner_v2", "runner_v2-unfused": "runner_v2, unfused ops",
-    "runner_v2-serial": "runner_v2, serial attention", "runner_v1": "runner_v1",
-    "hf_generate_compiled": "HF generate, compiled", "hf_generate": "HF generate, eager",
+    "runner_v2": "runner_v2",
+    "runner_v2-unfused": "runner_v2, unfused ops",
+    "runner_v2-serial": "runner_v2, serial attention",
+    "runner_v1": "runner_v1",
+    "hf_generate_compiled": "HF generate, compiled",
+    "hf_generate": "HF generate, eager",
 }
 
 
@@ -37,7 +40,9 @@ def load_summary(path: Path) -> dict:
                 return json.loads(line)
             except json.JSONDecodeError:
                 continue
-    raise SystemExit(f"{path}: no line is a JSON object (give the last line benchmarks/throughput.py prints)")
+    raise SystemExit(
+        f"{path}: no line is a JSON object (give the last line benchmarks/throughput.py prints)"
+    )
 
 
 def drawable_results(summary: dict) -> dict:
@@ -49,10 +54,14 @@ def drawable_results(summary: dict) -> dict:
     """
     results = summary.get("results")
     if not isinstance(results, dict):
-        raise SystemExit("the summary has no 'results' object (give the last line benchmarks/throughput.py prints)")
+        raise SystemExit(
+            "the summary has no 'results' object (give the last line benchmarks/throughput.py prints)"
+        )
     ran = {k: v for k, v in results.items() if isinstance(v, dict) and "output_tokens_per_s" in v}
     if not ran:
-        errors = "; ".join(f"{k}: {v.get('error', v) if isinstance(v, dict) else v}" for k, v in results.items())
+        errors = "; ".join(
+            f"{k}: {v.get('error', v) if isinstance(v, dict) else v}" for k, v in results.items()
+        )
         raise SystemExit(f"no contender ran, nothing to draw ({errors or 'no contenders'})")
     return ran
 
@@ -74,13 +83,23 @@ def plot(summary: dict, out: Path) -> None:
     if floor:
         ax.axvline(floor, color="#b03a2e", linestyle="--", linewidth=1)
         # At the top of the axes (x in data, y in axes units): clear of the bars and the ticks.
-        ax.text(floor, 0.98, f"bandwidth floor {floor:,.0f} ", color="#b03a2e", va="top", ha="right",
-                transform=ax.get_xaxis_transform())
+        ax.text(
+            floor,
+            0.98,
+            f"bandwidth floor {floor:,.0f} ",
+            color="#b03a2e",
+            va="top",
+            ha="right",
+            transform=ax.get_xaxis_transform(),
+        )
     ax.set_xlabel("output tokens/s")
     ax.xaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
     ax.set_xlim(0, max([*speeds, floor or 0]) * 1.25)
-    ax.set_title(f"{summary.get('model', '')}, {summary.get('num_prompts')} prompts x "
-                 f"{summary.get('output_len')} tokens, {summary.get('device', '')}", fontsize=10)
+    ax.set_title(
+        f"{summary.get('model', '')}, {summary.get('num_prompts')} prompts x "
+        f"{summary.get('output_len')} tokens, {summary.get('device', '')}",
+        fontsize=10,
+    )
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

@@ -39,16 +39,31 @@ def _free_port() -> int:
 def start_service(folder: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     """(process, base URL, admin token) of a demo service on a fresh database."""
     url = f"sqlite:///{folder / 'screens.db'}"
-    env = {**os.environ, "TURNOUT_DATABASE_URL": url, "TURNOUT_LOG_LEVEL": "warning",
-           "PYTHONPATH": str(ROOT), "TURNOUT_TICK_S": "0.5"}
-    turnout = [sys.executable, "-c", "from oracle.cli import main; main()"]
+    env = {
+        **os.environ,
+        "TURNOUT_DATABASE_URL": url,
+        "TURNOUT_LOG_LEVEL": "warning",
+        "PYTHONPATH": str(ROOT / "src"),
+        "TURNOUT_TICK_S": "0.5",
+    }
+    turnout = [sys.executable, "-c", "from turnout.oracle.cli import main; main()"]
     subprocess.run([*turnout, "db", "upgrade"], env=env, check=True, capture_output=True)
-    token = subprocess.run([*turnout, "token", "create", "--role", "admin", "--name", "docs"],
-                           env=env, check=True, capture_output=True, text=True).stdout.strip()
+    token = subprocess.run(
+        [*turnout, "token", "create", "--role", "admin", "--name", "docs"],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     port = _free_port()
     log = open(folder / "serve.log", "wb")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen([*turnout, "serve", "--port", str(port), "--demo"], env=env, cwd=ROOT,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [*turnout, "serve", "--port", str(port), "--demo"],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -67,9 +82,17 @@ def record_evidence(base: str, token: str) -> None:
     """A green parity run for qwen3 and a failing one for llama (the confirm form warns)."""
     auth = {"Authorization": f"Bearer {token}"}
     for family, result in (("qwen3", "pass"), ("llama", "fail"), ("mistral", "pass")):
-        r = httpx.post(f"{base}/api/v1/evidence", headers=auth, json={
-            "family": family, "runner_pair": "v1:v2", "suite": "tests/parity greedy+seeded",
-            "result": result, "details": "screenshots.py"})
+        r = httpx.post(
+            f"{base}/api/v1/evidence",
+            headers=auth,
+            json={
+                "family": family,
+                "runner_pair": "v1:v2",
+                "suite": "tests/parity greedy+seeded",
+                "result": result,
+                "details": "screenshots.py",
+            },
+        )
         r.raise_for_status()
 
 
@@ -88,23 +111,40 @@ def record_health(base: str, token: str) -> None:
             tpot = (9.5 if runner == "v1" else 4.8) * rng.uniform(0.9, 1.15)
             num_requests = rng.randint(80, 120)
             tokens = num_requests * 128
-            reports.append({
-                "report_id": f"shot-{runner}{engine}-{w}", "deployment_id": f"prod/llama-{engine}",
-                "pack": "turnout", "runner": runner, "family": "llama", "stage": "llama-mistral-dense",
-                "window_start": start.isoformat(), "window_end": (start + dt.timedelta(minutes=10)).isoformat(),
-                "num_requests": num_requests, "num_errors": rng.randint(0, 1),
-                "num_crashes": 1 if (runner, engine, w) == ("v2", "d", 20) else 0,
-                "ttft_p50_ms": tpot * 6, "ttft_p99_ms": tpot * 14, "tpot_p50_ms": tpot,
-                "tpot_p99_ms": tpot * 1.4, "num_output_tokens": tokens,
-                "output_tokens_per_s": 1000.0 / tpot * 24})
+            reports.append(
+                {
+                    "report_id": f"shot-{runner}{engine}-{w}",
+                    "deployment_id": f"prod/llama-{engine}",
+                    "pack": "turnout",
+                    "runner": runner,
+                    "family": "llama",
+                    "stage": "llama-mistral-dense",
+                    "window_start": start.isoformat(),
+                    "window_end": (start + dt.timedelta(minutes=10)).isoformat(),
+                    "num_requests": num_requests,
+                    "num_errors": rng.randint(0, 1),
+                    "num_crashes": 1 if (runner, engine, w) == ("v2", "d", 20) else 0,
+                    "ttft_p50_ms": tpot * 6,
+                    "ttft_p99_ms": tpot * 14,
+                    "tpot_p50_ms": tpot,
+                    "tpot_p99_ms": tpot * 1.4,
+                    "num_output_tokens": tokens,
+                    "output_tokens_per_s": 1000.0 / tpot * 24,
+                }
+            )
     auth = {"Authorization": f"Bearer {token}"}
     for i in range(0, len(reports), 100):
-        httpx.post(f"{base}/api/v1/health", headers=auth, json={"reports": reports[i:i + 100]}).raise_for_status()
+        httpx.post(
+            f"{base}/api/v1/health", headers=auth, json={"reports": reports[i : i + 100]}
+        ).raise_for_status()
 
 
 def kill_switch(base: str, token: str, engaged: bool) -> None:
-    r = httpx.post(f"{base}/api/v1/kill-switch", headers={"Authorization": f"Bearer {token}"},
-                   json={"engaged": engaged, "reason": "screenshot of the engaged state"})
+    r = httpx.post(
+        f"{base}/api/v1/kill-switch",
+        headers={"Authorization": f"Bearer {token}"},
+        json={"engaged": engaged, "reason": "screenshot of the engaged state"},
+    )
     r.raise_for_status()
 
 
@@ -133,8 +173,11 @@ def _upgrade(page: Any, base: str) -> None:
 
 def _explain(page: Any, base: str) -> None:
     page.goto(base + "/explain")
-    page.fill("textarea[name=command]", "vllm serve Qwen/Qwen3-8B --speculative-config.method "
-              "ngram --speculative-config.num_speculative_tokens 3")
+    page.fill(
+        "textarea[name=command]",
+        "vllm serve Qwen/Qwen3-8B --speculative-config.method "
+        "ngram --speculative-config.num_speculative_tokens 3",
+    )
     page.click("form#explain button[type=submit]")
     page.wait_for_selector("#decision")
 
@@ -143,19 +186,40 @@ def _canaries_ramp(page: Any, base: str) -> None:
     """A ramp of llama-mistral-dense at its first step, its gates read by the ticker, with a
     webhook subscription whose receiver is down (the Webhooks page shows the retries)."""
     auth = {"Authorization": f"Bearer {TOKEN[0]}"}
-    r = httpx.post(f"{base}/api/v1/webhooks", headers=auth, json={
-        "url": f"http://127.0.0.1:{_free_port()}/turnout", "kinds": ["ramp_step", "gate_failure"],
-        "description": "on-call channel (down)"})
+    r = httpx.post(
+        f"{base}/api/v1/webhooks",
+        headers=auth,
+        json={
+            "url": f"http://127.0.0.1:{_free_port()}/turnout",
+            "kinds": ["ramp_step", "gate_failure"],
+            "description": "on-call channel (down)",
+        },
+    )
     r.raise_for_status()
-    r = httpx.post(f"{base}/api/v1/evidence", headers=auth, json={  # llama fixed since
-        "family": "llama", "suite": "tests/parity greedy+seeded", "result": "pass",
-        "num_tests": 412, "num_failures": 0, "num_errors": 0, "num_skipped": 6})
+    r = httpx.post(
+        f"{base}/api/v1/evidence",
+        headers=auth,
+        json={  # llama fixed since
+            "family": "llama",
+            "suite": "tests/parity greedy+seeded",
+            "result": "pass",
+            "num_tests": 412,
+            "num_failures": 0,
+            "num_errors": 0,
+            "num_skipped": 6,
+        },
+    )
     r.raise_for_status()
     cohort = f"{base}/api/v1/canaries/llama-mistral-dense"
-    r = httpx.post(cohort + "/ramp", headers={**auth, "If-Match": httpx.get(
-        cohort, headers=auth).headers["ETag"]}, json={
-        "steps": [{"percentage": p, "bake_s": 1800} for p in (10, 25, 50, 100)],
-        "on_failure": "rollback", "reason": "parity suite green on H200"})
+    r = httpx.post(
+        cohort + "/ramp",
+        headers={**auth, "If-Match": httpx.get(cohort, headers=auth).headers["ETag"]},
+        json={
+            "steps": [{"percentage": p, "bake_s": 1800} for p in (10, 25, 50, 100)],
+            "on_failure": "rollback",
+            "reason": "parity suite green on H200",
+        },
+    )
     r.raise_for_status()
     for _ in range(100):
         page.goto(base + "/canaries")
@@ -235,8 +299,11 @@ def shoot(base: str, token: str, out: Path, only: set[str] | None) -> list[Path]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "images")
-    parser.add_argument("--only", default="", help="comma-separated names: "
-                        + ", ".join([*SHOTS, "canaries-kill-switch"]))
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated names: " + ", ".join([*SHOTS, "canaries-kill-switch"]),
+    )
     args = parser.parse_args()
     if not Path(CHROMIUM).exists():
         raise SystemExit(f"{CHROMIUM} is missing: run scripts/ensure-chromium.sh")

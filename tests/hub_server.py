@@ -38,8 +38,9 @@ class Repo:
     def add_commit(self, name: str, configs: Mapping[str, Any], *refs: str) -> str:
         """A commit holding config.json = ``configs`` (other files: ``{name: bytes}``)."""
         commit = commit_of(name)
-        self.files[commit] = {k: v if isinstance(v, bytes) else json.dumps(v).encode()
-                              for k, v in configs.items()}
+        self.files[commit] = {
+            k: v if isinstance(v, bytes) else json.dumps(v).encode() for k, v in configs.items()
+        }
         for ref in refs:
             self.refs[ref] = commit
         return commit
@@ -92,8 +93,9 @@ def start_hub(repos: dict[str, Repo]) -> HubServer:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
     server = HubServer(repos, httpd)
-    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02},
-                     daemon=True).start()
+    threading.Thread(
+        target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    ).start()
     return server
 
 
@@ -116,25 +118,35 @@ def _route(repos: dict[str, Repo], path: str, headers: Mapping[str, str]) -> Ans
     if repo is None:
         return _error(404 if auth else 401, "RepoNotFound", "Repository not found")
     if repo.gated_token is not None and auth != f"Bearer {repo.gated_token}":
-        return _error(403 if auth else 401, "GatedRepo",
-                      f"Access to model {repo_id} is restricted and you are not in the "
-                      "authorized list.")
+        return _error(
+            403 if auth else 401,
+            "GatedRepo",
+            f"Access to model {repo_id} is restricted and you are not in the authorized list.",
+        )
     commit = repo.refs.get(revision, revision if revision in repo.files else None)
     if commit is None:
         return _error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
     content = repo.files[commit].get(filename)
     if content is None:
-        return _error(404, "EntryNotFound", f"{filename} does not exist on \"{revision}\"",
-                      extra={"X-Repo-Commit": commit})
+        return _error(
+            404,
+            "EntryNotFound",
+            f'{filename} does not exist on "{revision}"',
+            extra={"X-Repo-Commit": commit},
+        )
     meta = {"X-Repo-Commit": commit, "ETag": f'"{_blob_id(content)}"'}
     if revision != commit and not cached:
-        return 307, {**meta, "Location": f"/api/resolve-cache/models/{repo_id}/{commit}/"
-                                         f"{filename}"}, b""
+        return (
+            307,
+            {**meta, "Location": f"/api/resolve-cache/models/{repo_id}/{commit}/{filename}"},
+            b"",
+        )
     return 200, {**meta, "Content-Type": "application/json"}, content
 
 
-def _error(status: int, code: str, message: str, body: bytes = b"",
-           extra: Mapping[str, str] | None = None) -> Answer:
+def _error(
+    status: int, code: str, message: str, body: bytes = b"", extra: Mapping[str, str] | None = None
+) -> Answer:
     headers = {"X-Error-Message": message, **(extra or {})}
     if code:
         headers["X-Error-Code"] = code

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query
 from sqlalchemy import text
 
-from dashboard.api.schemas import (
+from turnout.dashboard.api.schemas import (
     ErrorResponse,
     EvidenceIn,
     EvidenceOut,
@@ -16,8 +16,8 @@ from dashboard.api.schemas import (
     TokenIn,
     TokenOut,
 )
-from dashboard.bodies import JsonRoute
-from dashboard.deps import (
+from turnout.dashboard.bodies import JsonRoute
+from turnout.dashboard.deps import (
     ERROR_RESPONSES,
     MAX_BODY,
     MAX_ID,
@@ -31,22 +31,33 @@ from dashboard.deps import (
     known_query,
     raise_store_error,
 )
-from dashboard.invocation import turnout_here
-from dashboard.store import evidence, tokens
-from dashboard.store.errors import StoreError
-from dashboard.store.models import ApiToken
-from dashboard.store.tokens import Role
-from oracle.errors import ErrorCode
+from turnout.dashboard.invocation import turnout_here
+from turnout.dashboard.store import evidence, tokens
+from turnout.dashboard.store.errors import StoreError
+from turnout.dashboard.store.models import ApiToken
+from turnout.dashboard.store.tokens import Role
+from turnout.oracle.errors import ErrorCode
 
-router = APIRouter(responses=ERROR_RESPONSES,
-                   max_body_size=MAX_BODY, route_class=JsonRoute, strict_content_type=False,
-                   dependencies=[Depends(known_query)])
+router = APIRouter(
+    responses=ERROR_RESPONSES,
+    max_body_size=MAX_BODY,
+    route_class=JsonRoute,
+    strict_content_type=False,
+    dependencies=[Depends(known_query)],
+)
 
 
 def _token_out(row: ApiToken) -> TokenOut:
-    return TokenOut(id=row.id, name=row.name, role=row.role, prefix=row.prefix,
-                    created_at=row.created_at, created_by=row.created_by,
-                    revoked=row.revoked_at is not None, expires_at=row.expires_at)
+    return TokenOut(
+        id=row.id,
+        name=row.name,
+        role=row.role,
+        prefix=row.prefix,
+        created_at=row.created_at,
+        created_by=row.created_by,
+        revoked=row.revoked_at is not None,
+        expires_at=row.expires_at,
+    )
 
 
 @router.get("/tokens", response_model=list[TokenOut], tags=["tokens"])
@@ -62,27 +73,45 @@ def post_token(body: TokenIn, session: WriteSessionDep, who: AdminDep) -> TokenC
     ``expires_in`` (``30d``) that is not a duration a 422 ``invalid_change``."""
     try:
         lifetime = tokens.parse_duration(body.expires_in) if body.expires_in else None
-        row, token = tokens.create_token(session=session, name=body.name, role=Role(body.role),
-                                         actor=who.actor, expires_in=lifetime)
+        row, token = tokens.create_token(
+            session=session,
+            name=body.name,
+            role=Role(body.role),
+            actor=who.actor,
+            expires_in=lifetime,
+        )
     except StoreError as err:
         raise_store_error(err)
     session.commit()
     return TokenCreated(**_token_out(row).model_dump(), token=token)
 
 
-@router.post("/tokens/{token_id}/revoke", response_model=TokenOut, tags=["tokens"],
-             responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}})
-def revoke_token(token_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: RevokeIn,
-                 services: ServicesDep, session: WriteSessionDep, who: AdminDep) -> TokenOut:
+@router.post(
+    "/tokens/{token_id}/revoke",
+    response_model=TokenOut,
+    tags=["tokens"],
+    responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse}},
+)
+def revoke_token(
+    token_id: Annotated[int, Path(ge=1, le=MAX_ID)],
+    body: RevokeIn,
+    services: ServicesDep,
+    session: WriteSessionDep,
+    who: AdminDep,
+) -> TokenOut:
     """Revoke a token (admin); every process stops accepting it within the token cache TTL.
     A token cannot revoke itself (409): that would lock its holder out by accident."""
     if token_id == who.token_id:
-        raise http_error(409, ErrorCode.SELF_REVOKE,
-                         "this is the token making the call; revoke it "
-                         f"with another admin token or `{turnout_here()} token revoke`")
+        raise http_error(
+            409,
+            ErrorCode.SELF_REVOKE,
+            "this is the token making the call; revoke it "
+            f"with another admin token or `{turnout_here()} token revoke`",
+        )
     try:
-        row = tokens.revoke_token(session=session, token_id=token_id, actor=who.actor,
-                                  reason=body.reason)
+        row = tokens.revoke_token(
+            session=session, token_id=token_id, actor=who.actor, reason=body.reason
+        )
         session.commit()
     except StoreError as err:
         raise_store_error(err)
@@ -91,29 +120,46 @@ def revoke_token(token_id: Annotated[int, Path(ge=1, le=MAX_ID)], body: RevokeIn
 
 
 @router.get("/evidence", response_model=list[EvidenceOut], tags=["evidence"])
-def get_evidence(session: ReadSessionDep, _who: ViewerDep,
-                 family: Annotated[str | None, Query(max_length=64)] = None,
-                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[EvidenceOut]:
+def get_evidence(
+    session: ReadSessionDep,
+    _who: ViewerDep,
+    family: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> list[EvidenceOut]:
     """Parity-suite results per family, newest first."""
     rows = evidence.list_evidence(session=session, family=family, limit=limit)
     return [EvidenceOut.model_validate(r, from_attributes=True) for r in rows]
 
 
-@router.post("/evidence", response_model=EvidenceOut, status_code=201, tags=["evidence"],
-             responses={422: {"model": ErrorResponse}})
-def post_evidence(body: EvidenceIn, services: ServicesDep, session: WriteSessionDep,
-                  who: OperatorDep) -> EvidenceOut:
+@router.post(
+    "/evidence",
+    response_model=EvidenceOut,
+    status_code=201,
+    tags=["evidence"],
+    responses={422: {"model": ErrorResponse}},
+)
+def post_evidence(
+    body: EvidenceIn, services: ServicesDep, session: WriteSessionDep, who: OperatorDep
+) -> EvidenceOut:
     """Record a parity-suite result for a family of the pack (operator); another name (a
     cohort id, a family in another case) is a 422 ``unknown_family`` that names the closest
     family, and nothing is stored."""
     if body.family not in services.policy.pack.families:
-        raise http_error(422, ErrorCode.UNKNOWN_FAMILY,
-                         services.policy.unknown_family_message(body.family))
-    row = evidence.record_evidence(session=session, family=body.family,
-                                   runner_pair=body.runner_pair, suite=body.suite,
-                                   result=body.result, details=body.details, actor=who.actor,
-                                   counts=evidence.Counts(body.num_tests, body.num_failures,
-                                                          body.num_errors, body.num_skipped))
+        raise http_error(
+            422, ErrorCode.UNKNOWN_FAMILY, services.policy.unknown_family_message(body.family)
+        )
+    row = evidence.record_evidence(
+        session=session,
+        family=body.family,
+        runner_pair=body.runner_pair,
+        suite=body.suite,
+        result=body.result,
+        details=body.details,
+        actor=who.actor,
+        counts=evidence.Counts(
+            body.num_tests, body.num_failures, body.num_errors, body.num_skipped
+        ),
+    )
     session.commit()
     return EvidenceOut.model_validate(row, from_attributes=True)
 
@@ -125,5 +171,8 @@ health_router = APIRouter(tags=["health"])
 def healthz(session: ReadSessionDep, services: ServicesDep) -> dict[str, str]:
     """Liveness and database reachability (no token needed)."""
     session.execute(text("SELECT 1"))
-    return {"status": "ok", "pack": services.policy.pack_name,
-            "database": services.db.engine.dialect.name}
+    return {
+        "status": "ok",
+        "pack": services.policy.pack_name,
+        "database": services.db.engine.dialect.name,
+    }

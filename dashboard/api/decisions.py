@@ -12,8 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from dashboard import fallbacks as fallback_view
-from dashboard.api.schemas import (
+from turnout.dashboard import fallbacks as fallback_view
+from turnout.dashboard.api.schemas import (
     DeploymentIn,
     ErrorResponse,
     EventIn,
@@ -27,7 +27,7 @@ from dashboard.api.schemas import (
     RankedReason,
     Window,
 )
-from dashboard.bodies import (
+from turnout.dashboard.bodies import (
     JsonBodyError,
     JsonRoute,
     body_validation_error,
@@ -36,7 +36,7 @@ from dashboard.bodies import (
     parse_body,
     read_json,
 )
-from dashboard.deps import (
+from turnout.dashboard.deps import (
     ERROR_RESPONSES,
     MAX_BODY,
     MAX_INGEST_BODY,
@@ -49,19 +49,24 @@ from dashboard.deps import (
     http_error,
     known_query,
 )
-from dashboard.event_checks import event_errors
-from dashboard.policy import Snapshot, config_from_request
-from dashboard.services import Services
-from dashboard.store import aggregates, events, launches
-from dashboard.store.latest_counts import reason_kind
-from dashboard.store.tokens import Role
-from oracle import DeploymentConfig, OracleError
-from oracle.errors import ErrorCode
-from oracle.wire import batch_digest
+from turnout.dashboard.event_checks import event_errors
+from turnout.dashboard.policy import Snapshot, config_from_request
+from turnout.dashboard.services import Services
+from turnout.dashboard.store import aggregates, events, launches
+from turnout.dashboard.store.latest_counts import reason_kind
+from turnout.dashboard.store.tokens import Role
+from turnout.oracle import DeploymentConfig, OracleError
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.wire import batch_digest
 
-router = APIRouter(tags=["decisions"], responses=ERROR_RESPONSES,
-                   max_body_size=MAX_BODY, route_class=JsonRoute, strict_content_type=False,
-                   dependencies=[Depends(known_query)])
+router = APIRouter(
+    tags=["decisions"],
+    responses=ERROR_RESPONSES,
+    max_body_size=MAX_BODY,
+    route_class=JsonRoute,
+    strict_content_type=False,
+    dependencies=[Depends(known_query)],
+)
 
 
 async def current_snapshot(services: Services) -> Snapshot:
@@ -74,8 +79,12 @@ _DEPLOYMENT_BODY = TypeAdapter(DeploymentIn)
 
 
 def _body_ref(name: str) -> dict[str, object]:
-    return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},
+        }
+    }
 
 
 _CACHED_BODY = 4096  # larger bodies are parsed every time, never kept as cache keys
@@ -85,8 +94,9 @@ _BODY_CONFIGS: dict[tuple[str | None, bool, bytes], DeploymentConfig] = {}
 _MAX_BODY_CONFIGS = 4096
 
 
-async def _config_from_bytes(raw: bytes, release: str | None, offline: bool = True
-                            ) -> DeploymentConfig:
+async def _config_from_bytes(
+    raw: bytes, release: str | None, offline: bool = True
+) -> DeploymentConfig:
     """Validating the body and building the config costs more than deciding: fleets send the
     same few bodies again and again, so the parsed config (a frozen value) is kept per body
     (small bodies only: 4,096 cached megabyte bodies would be gigabytes). Errors are raised,
@@ -113,17 +123,28 @@ def _parse_config(raw: bytes, release: str | None, offline: bool) -> DeploymentC
     except ValidationError as err:
         raise body_validation_error(err) from err
     try:
-        return config_from_request(config=body.config, command=body.command, argv=body.argv,
-                                   env=body.env, release=release, offline=offline)
+        return config_from_request(
+            config=body.config,
+            command=body.command,
+            argv=body.argv,
+            env=body.env,
+            release=release,
+            offline=offline,
+        )
     except OracleError as err:
         raise http_error(422, err.code, str(err)) from err
     except ValueError as err:
         raise http_error(422, ErrorCode.BAD_COMMAND, str(err)) from err
 
 
-@router.post("/decide", openapi_extra=_body_ref("DeploymentIn"),
-             responses={200: {"description": "the Decision (docs/oracle-api.md, JSON)"},
-                        422: {"model": ErrorResponse}})
+@router.post(
+    "/decide",
+    openapi_extra=_body_ref("DeploymentIn"),
+    responses={
+        200: {"description": "the Decision (docs/oracle-api.md, JSON)"},
+        422: {"model": ErrorResponse},
+    },
+)
 async def post_decide(request: Request) -> Response:
     """The runner decision for one deployment under the service's current canaries (viewer)."""
     # The hot path: no FastAPI dependencies (solving them cost more than deciding).
@@ -131,22 +152,27 @@ async def post_decide(request: Request) -> Response:
     services: Services = request.app.state.services
     raw = await bounded_body(request)
     check_media_type(request, raw)
-    config = await _config_from_bytes(raw, services.policy.release,
-                                      not services.settings.hub_online)
+    config = await _config_from_bytes(
+        raw, services.policy.release, not services.settings.hub_online
+    )
     snap = await current_snapshot(services)
     body, runner, reason_code = services.policy.decision_json(config, snap)
     services.metrics.decisions.labels("api", runner, reason_code).inc()
     return Response(body, media_type="application/json")
 
 
-@router.post("/explain", openapi_extra=_body_ref("DeploymentIn"),
-             responses={200: {"description": "the Explanation"}, 422: {"model": ErrorResponse}})
+@router.post(
+    "/explain",
+    openapi_extra=_body_ref("DeploymentIn"),
+    responses={200: {"description": "the Explanation"}, 422: {"model": ErrorResponse}},
+)
 async def post_explain(request: Request, services: ServicesDep, _who: ViewerDep) -> Response:
     """The decision plus the smallest config changes that would reach V2 (each re-checked)."""
     raw = await request.body()
     check_media_type(request, raw)
-    config = await _config_from_bytes(raw, services.policy.release,
-                                      not services.settings.hub_online)
+    config = await _config_from_bytes(
+        raw, services.policy.release, not services.settings.hub_online
+    )
     snap = await current_snapshot(services)
     explanation = await run_in_threadpool(services.policy.explain, config, snap.canaries)
     return Response(json.dumps(explanation.to_json()), media_type="application/json")
@@ -157,18 +183,25 @@ async def get_matrix(services: ServicesDep, _who: ViewerDep) -> MatrixOut:
     """Every cell of the pack's closed domains decided under the current canaries, summarised
     as family x dimension value → cells per runner (cached per canary snapshot)."""
     summary = await run_in_threadpool(services.policy.matrix)
-    return MatrixOut(num_cells=summary.num_cells, pins=summary.pins,
-                     scenarios=summary.scenarios, grid=summary.grid)
+    return MatrixOut(
+        num_cells=summary.num_cells,
+        pins=summary.pins,
+        scenarios=summary.scenarios,
+        grid=summary.grid,
+    )
 
 
 _INGEST_BODY = TypeAdapter(IngestIn)
 
 
-@router.post("/decisions", response_model=IngestOut,
-             responses={422: {"model": ErrorResponse}},
-             openapi_extra=_body_ref("IngestIn"), max_body_size=MAX_INGEST_BODY)
-async def post_decisions(request: Request, services: ServicesDep, _who: OperatorDep
-                         ) -> IngestOut:
+@router.post(
+    "/decisions",
+    response_model=IngestOut,
+    responses={422: {"model": ErrorResponse}},
+    openapi_extra=_body_ref("IngestIn"),
+    max_body_size=MAX_INGEST_BODY,
+)
+async def post_decisions(request: Request, services: ServicesDep, _who: OperatorDep) -> IngestOut:
     """Batched ingest from engines, idempotent by ``event_id``; a bad event rejects the batch
     whole (422 naming the event, the field and the value; nothing stored): one of another
     pack, a family or stage its pack does not have, a config over the size bound, a time more
@@ -181,14 +214,18 @@ async def post_decisions(request: Request, services: ServicesDep, _who: Operator
     records = body.events  # EventIn has what ingest reads (EventLike)
     stored = await run_in_threadpool(_ingest, services, records)
     # A follow-up (vLLM's start-up line) is no decision: it is counted by what it says.
-    counts = Counter((e.runner or "none", e.reason_code) for e in body.events
-                     if launches.follows(e) is None)
+    counts = Counter(
+        (e.runner or "none", e.reason_code) for e in body.events if launches.follows(e) is None
+    )
     for (runner, code), n in counts.items():
         services.metrics.decisions.labels("ingest", runner, code).inc(n)
     for a in stored.attached:
         services.metrics.startup_lines.labels("agrees" if a.agrees else "differs").inc()
-    return IngestOut(accepted=len(records), inserted=stored.inserted,
-                     batch_digest=batch_digest([e.event_id for e in records]))
+    return IngestOut(
+        accepted=len(records),
+        inserted=stored.inserted,
+        batch_digest=batch_digest([e.event_id for e in records]),
+    )
 
 
 def _ingest_body(request: Request, raw: bytes) -> IngestIn:
@@ -215,7 +252,8 @@ def _ingest(services: Services, records: list[EventIn]) -> events.Ingested:
 
 @router.get("/decisions", response_model=list[EventOut])
 def get_decisions(
-    session: ReadSessionDep, _who: ViewerDep,
+    session: ReadSessionDep,
+    _who: ViewerDep,
     family: Annotated[str | None, Query(max_length=64)] = None,
     runner: Annotated[str | None, Query(pattern="^(v1|v2|none)$")] = None,
     reason_code: Annotated[str | None, Query(max_length=32)] = None,
@@ -224,16 +262,23 @@ def get_decisions(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> list[EventOut]:
     """Recorded decisions, newest first, filtered."""
-    rows = events.list_events(session=session, limit=limit, family=family, runner=runner,
-                              reason_code=reason_code, rule_id=rule_id,
-                              deployment_id=deployment_id)
+    rows = events.list_events(
+        session=session,
+        limit=limit,
+        family=family,
+        runner=runner,
+        reason_code=reason_code,
+        rule_id=rule_id,
+        deployment_id=deployment_id,
+    )
     return [EventOut.of(r) for r in rows]
 
 
-@router.get("/fallbacks", response_model=FallbacksOut,
-            responses={422: {"model": ErrorResponse}})
+@router.get("/fallbacks", response_model=FallbacksOut, responses={422: {"model": ErrorResponse}})
 def get_fallbacks(
-    services: ServicesDep, session: ReadSessionDep, _who: ViewerDep,
+    services: ServicesDep,
+    session: ReadSessionDep,
+    _who: ViewerDep,
     window: Window = "all",
     family: Annotated[str | None, Query(max_length=64)] = None,
     stage: Annotated[str | None, Query(max_length=64)] = None,
@@ -250,20 +295,36 @@ def get_fallbacks(
     except fallback_view.BadFilter as err:
         code = ErrorCode.UNKNOWN_FAMILY if err.field == "family" else ErrorCode.UNKNOWN_COHORT
         raise http_error(422, code, str(err)) from err
-    fleet = aggregates.FleetFilter(family=family, stage=stage, pack=pack,
-                                   include_demo=include_demo)
+    fleet = aggregates.FleetFilter(family=family, stage=stage, pack=pack, include_demo=include_demo)
     view = fallback_view.build(services, session, window=window, fleet=fleet)
     r, labels, enabled = view.report, view.labels, view.enabled
     return FallbacksOut(
-        window=window, since=r.since, family=family, stage=stage, pack=pack,
-        num_deployments=r.num_deployments, num_fallbacks=r.num_fallbacks,
+        window=window,
+        since=r.since,
+        family=family,
+        stage=stage,
+        pack=pack,
+        num_deployments=r.num_deployments,
+        num_fallbacks=r.num_fallbacks,
         by_kind={k: r.by_kind.get(k, 0) for k in aggregates.KINDS},
-        ranked=[RankedReason(key=k, label=labels.get(k, k), kind=reason_kind(k),
-                             deployments=n,
-                             stage_enabled_since=enabled[k].since if k in enabled else None)
-                for k, n in r.ranked],
+        ranked=[
+            RankedReason(
+                key=k,
+                label=labels.get(k, k),
+                kind=reason_kind(k),
+                deployments=n,
+                stage_enabled_since=enabled[k].since if k in enabled else None,
+            )
+            for k, n in r.ranked
+        ],
         by_family={f: dict(c) for f, c in r.by_family.items()},
-        families={f: FamilyFallbacks(deployments=c.deployments, fallbacks=c.fallbacks,
-                                     by_kind={k: c.by_kind.get(k, 0) for k in aggregates.KINDS})
-                  for f, c in r.families.items()},
-        over_time=FallbacksOverTime(bin_s=r.bin_s, bins=r.bins, by_reason=r.over_time))
+        families={
+            f: FamilyFallbacks(
+                deployments=c.deployments,
+                fallbacks=c.fallbacks,
+                by_kind={k: c.by_kind.get(k, 0) for k in aggregates.KINDS},
+            )
+            for f, c in r.families.items()
+        },
+        over_time=FallbacksOverTime(bin_s=r.bin_s, bins=r.bins, by_reason=r.over_time),
+    )

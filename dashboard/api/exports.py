@@ -12,19 +12,33 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from dashboard.deps import ERROR_RESPONSES, ServicesDep, ViewerDep, http_error, known_query
-from dashboard.filters import FiltersDep
-from dashboard.services import Services
-from dashboard.store import history
-from dashboard.store.history import Cursor, EventFilter
-from dashboard.window import WindowDep
-from oracle.errors import ErrorCode
+from turnout.dashboard.deps import ERROR_RESPONSES, ServicesDep, ViewerDep, http_error, known_query
+from turnout.dashboard.filters import FiltersDep
+from turnout.dashboard.services import Services
+from turnout.dashboard.store import history
+from turnout.dashboard.store.history import Cursor, EventFilter
+from turnout.dashboard.window import WindowDep
+from turnout.oracle.errors import ErrorCode
 
-router = APIRouter(tags=["decisions"], responses=ERROR_RESPONSES,
-                   dependencies=[Depends(known_query)])
+router = APIRouter(
+    tags=["decisions"], responses=ERROR_RESPONSES, dependencies=[Depends(known_query)]
+)
 
-COLUMNS = ("at", "event_id", "deployment_id", "host", "pack", "family", "runner", "mode",
-           "stage", "reason_code", "rule_ids", "policy_digest", "demo")
+COLUMNS = (
+    "at",
+    "event_id",
+    "deployment_id",
+    "host",
+    "pack",
+    "family",
+    "runner",
+    "mode",
+    "stage",
+    "reason_code",
+    "rule_ids",
+    "policy_digest",
+    "demo",
+)
 # A cell a spreadsheet would run as a formula (OWASP "CSV injection") gets a leading quote.
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 BATCH = 1000
@@ -50,12 +64,12 @@ def _write(rows: list[list[str]]) -> str:
     return buf.getvalue()
 
 
-def _batch(services: Services, where: EventFilter, after: Cursor | None
-           ) -> tuple[str, Cursor | None]:
+def _batch(
+    services: Services, where: EventFilter, after: Cursor | None
+) -> tuple[str, Cursor | None]:
     """The CSV lines of the next batch, and where the one after it starts (None: done)."""
     with services.db.read_session() as session:
-        rows = history.events_after(session=session, where=where, after=after,
-                                    limit=BATCH)
+        rows = history.events_after(session=session, where=where, after=after, limit=BATCH)
         text = _write([[cell(getattr(e, c)) for c in COLUMNS] for e in rows])
     return text, Cursor.of(rows[-1]) if len(rows) == BATCH else None
 
@@ -73,16 +87,23 @@ async def csv_lines(services: Services, where: EventFilter) -> AsyncIterator[str
             return
 
 
-@router.get("/decisions.csv", response_class=StreamingResponse,
-            responses={200: {"content": {"text/csv": {}},
-                             "description": "header line, then one line per decision"}})
-def get_decisions_csv(services: ServicesDep, _who: ViewerDep, filters: FiltersDep,
-                      window: WindowDep) -> StreamingResponse:
+@router.get(
+    "/decisions.csv",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": {"text/csv": {}}, "description": "header line, then one line per decision"}
+    },
+)
+def get_decisions_csv(
+    services: ServicesDep, _who: ViewerDep, filters: FiltersDep, window: WindowDep
+) -> StreamingResponse:
     """The recorded decisions the Decisions page lists for the same filters (``family``,
     ``runner``, ``reason_code``, ``rule_id``, ``deployment_id``) and time window (``window``:
     1h, 24h, 7d, all, or custom with ``from``/``to``), newest first, as CSV (viewer)."""
     if window.error:
         raise http_error(422, ErrorCode.INVALID_REQUEST, window.error)
     return StreamingResponse(
-        csv_lines(services, filters.where(window)), media_type="text/csv; charset=utf-8",
-        headers={"Content-Disposition": 'attachment; filename="decisions.csv"'})
+        csv_lines(services, filters.where(window)),
+        media_type="text/csv; charset=utf-8",
+        headers={"Content-Disposition": 'attachment; filename="decisions.csv"'},
+    )

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
-from dashboard.api.schemas import (
+from turnout.dashboard.api.schemas import (
     AuditOut,
     CanariesOut,
     CanaryFlipOut,
@@ -21,9 +21,9 @@ from dashboard.api.schemas import (
     KillSwitchOut,
     KillSwitchSetOut,
 )
-from dashboard.api.schemas_rollout import KillSwitchReachOut, ScheduledFlipOut
-from dashboard.bodies import JsonRoute
-from dashboard.deps import (
+from turnout.dashboard.api.schemas_rollout import KillSwitchReachOut, ScheduledFlipOut
+from turnout.dashboard.bodies import JsonRoute
+from turnout.dashboard.deps import (
     ERROR_RESPONSES,
     MAX_BODY,
     MAX_ID,
@@ -36,46 +36,70 @@ from dashboard.deps import (
     known_query,
     raise_store_error,
 )
-from dashboard.impact import impact_of_flip
-from dashboard.services import Services
-from dashboard.store import audit, ramps, schedule
-from dashboard.store import canaries as canary_store
-from dashboard.store.errors import NotFound, StoreError
-from dashboard.store.models import Canary
-from dashboard.store.models_rollout import ScheduledFlip
-from oracle.errors import ErrorCode
+from turnout.dashboard.impact import impact_of_flip
+from turnout.dashboard.services import Services
+from turnout.dashboard.store import audit, ramps, schedule
+from turnout.dashboard.store import canaries as canary_store
+from turnout.dashboard.store.errors import NotFound, StoreError
+from turnout.dashboard.store.models import Canary
+from turnout.dashboard.store.models_rollout import ScheduledFlip
+from turnout.oracle.errors import ErrorCode
 
-router = APIRouter(tags=["rollout"], responses=ERROR_RESPONSES,
-                   max_body_size=MAX_BODY, route_class=JsonRoute, strict_content_type=False,
-                   dependencies=[Depends(known_query)])
+router = APIRouter(
+    tags=["rollout"],
+    responses=ERROR_RESPONSES,
+    max_body_size=MAX_BODY,
+    route_class=JsonRoute,
+    strict_content_type=False,
+    dependencies=[Depends(known_query)],
+)
 
 
 def _cohort_out(services: Services, canary: Canary) -> CohortOut:
     labels = services.policy.cohort_labels()
     return CohortOut(
-        cohort=canary.cohort, label=labels.get(canary.cohort, canary.cohort),
+        cohort=canary.cohort,
+        label=labels.get(canary.cohort, canary.cohort),
         position=services.policy.rollout_position(canary.cohort),
-        enabled=canary.enabled, percentage=canary.percentage, version=canary.version,
-        updated_at=canary.updated_at, updated_by=canary.updated_by)
+        enabled=canary.enabled,
+        percentage=canary.percentage,
+        version=canary.version,
+        updated_at=canary.updated_at,
+        updated_by=canary.updated_by,
+    )
 
 
 def read_canaries(services: Services, session: Session) -> tuple[CanariesOut, str]:
     state = canary_store.read_state(session=session)
     ks = canary_store.get_kill_switch(session=session)
-    rows = sorted((_cohort_out(services, c) for c in canary_store.list_canaries(session=session)),
-                  key=lambda c: (c.position, c.cohort))
+    rows = sorted(
+        (_cohort_out(services, c) for c in canary_store.list_canaries(session=session)),
+        key=lambda c: (c.position, c.cohort),
+    )
     body = CanariesOut(
-        pack=services.policy.pack_name, pack_digest=services.policy.pack.digest,
-        kill_switch=KillSwitchOut(engaged=ks.engaged, version=ks.version,
-                                  updated_at=ks.updated_at, updated_by=ks.updated_by),
-        cohorts=rows)
+        pack=services.policy.pack_name,
+        pack_digest=services.policy.pack.digest,
+        kill_switch=KillSwitchOut(
+            engaged=ks.engaged,
+            version=ks.version,
+            updated_at=ks.updated_at,
+            updated_by=ks.updated_by,
+        ),
+        cohorts=rows,
+    )
     return body, state.etag
 
 
-@router.get("/canaries", response_model=CanariesOut,
-            responses={304: {"description": "If-None-Match matched the current ETag"}})
+@router.get(
+    "/canaries",
+    response_model=CanariesOut,
+    responses={304: {"description": "If-None-Match matched the current ETag"}},
+)
 def get_canaries(
-    services: ServicesDep, session: ReadSessionDep, _who: ViewerDep, response: Response,
+    services: ServicesDep,
+    session: ReadSessionDep,
+    _who: ViewerDep,
+    response: Response,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> CanariesOut | Response:
     """The canary snapshot (every cohort and the kill switch), with a strong ETag."""
@@ -86,10 +110,12 @@ def get_canaries(
     return body
 
 
-@router.get("/canaries/{cohort}", response_model=CohortOut,
-            responses={404: {"model": ErrorResponse}})
-def get_canary(cohort: str, services: ServicesDep, session: ReadSessionDep, _who: ViewerDep,
-               response: Response) -> CohortOut:
+@router.get(
+    "/canaries/{cohort}", response_model=CohortOut, responses={404: {"model": ErrorResponse}}
+)
+def get_canary(
+    cohort: str, services: ServicesDep, session: ReadSessionDep, _who: ViewerDep, response: Response
+) -> CohortOut:
     """One cohort; its ETag is the version to send back in If-Match."""
     try:
         canary = canary_store.get_canary(session=session, cohort=cohort)
@@ -121,14 +147,23 @@ def parse_if_match(if_match: str | None, what: str = "the cohort's version (its 
     return int(digits) if len(digits) <= len(str(MAX_ID)) else MAX_ID + 1
 
 
-@router.patch("/canaries/{cohort}", response_model=CanaryFlipOut,
-              responses={404: {"model": ErrorResponse}, 409: {"model": ErrorResponse},
-                         428: {"model": ErrorResponse},
-                         202: {"model": ScheduledFlipOut,
-                               "description": "waiting for another operator's approval"}})
+@router.patch(
+    "/canaries/{cohort}",
+    response_model=CanaryFlipOut,
+    responses={
+        404: {"model": ErrorResponse},
+        409: {"model": ErrorResponse},
+        428: {"model": ErrorResponse},
+        202: {"model": ScheduledFlipOut, "description": "waiting for another operator's approval"},
+    },
+)
 def patch_canary(
-    cohort: str, body: CanaryPatch, services: ServicesDep, session: WriteSessionDep,
-    who: OperatorDep, response: Response,
+    cohort: str,
+    body: CanaryPatch,
+    services: ServicesDep,
+    session: WriteSessionDep,
+    who: OperatorDep,
+    response: Response,
     if_match: Annotated[str | None, Header()] = None,
 ) -> CanaryFlipOut | JSONResponse:
     """Flip a cohort's canary (operator). ``If-Match`` must carry the version read; a stale one
@@ -139,14 +174,21 @@ def patch_canary(
     version = parse_if_match(if_match)
     try:
         flip = schedule.flip_or_request(
-            session=session, cohort=cohort, enabled=body.enabled, percentage=body.percentage,
-            reason=body.reason, actor=who.actor, requester=who.name, if_version=version,
-            require_approval=services.require_approval())
+            session=session,
+            cohort=cohort,
+            enabled=body.enabled,
+            percentage=body.percentage,
+            reason=body.reason,
+            actor=who.actor,
+            requester=who.name,
+            if_version=version,
+            require_approval=services.require_approval(),
+        )
         session.commit()
     except StoreError as err:
         raise_cohort_error(services, cohort, err)
     if isinstance(flip, ScheduledFlip):  # waits for another operator
-        from dashboard.api.ramps import flip_out
+        from turnout.dashboard.api.ramps import flip_out
 
         return JSONResponse(flip_out(flip).model_dump(mode="json"), status_code=202)
     if flip.changed:
@@ -162,38 +204,50 @@ def get_kill_switch(session: ReadSessionDep, _who: ViewerDep) -> KillSwitchReach
     decision, made before it was engaged, is V2 (until they restart), those pinned to V2
     since, and the engines whose latest health report since then says V2."""
     ks = canary_store.get_kill_switch(session=session)
-    before, after = ramps.v2_reach(session=session, since=ks.updated_at) if ks.engaged \
-        else (0, 0)
-    engines = ramps.v2_engines_reporting(session=session, since=ks.updated_at) if ks.engaged \
-        else 0
-    return KillSwitchReachOut(engaged=ks.engaged, version=ks.version, updated_at=ks.updated_at,
-                              updated_by=ks.updated_by, v2_decided_before=before,
-                              v2_decided_after=after, v2_engines_reporting=engines)
+    before, after = ramps.v2_reach(session=session, since=ks.updated_at) if ks.engaged else (0, 0)
+    engines = ramps.v2_engines_reporting(session=session, since=ks.updated_at) if ks.engaged else 0
+    return KillSwitchReachOut(
+        engaged=ks.engaged,
+        version=ks.version,
+        updated_at=ks.updated_at,
+        updated_by=ks.updated_by,
+        v2_decided_before=before,
+        v2_decided_after=after,
+        v2_engines_reporting=engines,
+    )
 
 
 @router.post("/kill-switch", response_model=KillSwitchSetOut)
-def post_kill_switch(body: KillSwitchIn, services: ServicesDep, session: WriteSessionDep,
-                     who: OperatorDep) -> KillSwitchSetOut:
+def post_kill_switch(
+    body: KillSwitchIn, services: ServicesDep, session: WriteSessionDep, who: OperatorDep
+) -> KillSwitchSetOut:
     """Engage or release the global kill switch (operator, with a reason): engaged sends
     every auto deployment to V1. No If-Match: an emergency stop must not need a read first.
     Asking for the state it already has is a 200 with ``changed: false``: same version, no
     audit entry."""
     try:
-        result = canary_store.set_kill_switch(session=session, engaged=body.engaged,
-                                              reason=body.reason, actor=who.actor)
+        result = canary_store.set_kill_switch(
+            session=session, engaged=body.engaged, reason=body.reason, actor=who.actor
+        )
         session.commit()
     except StoreError as err:
         raise_store_error(err)
     if result.changed:
         services.policy.invalidate()
     ks = result.kill_switch
-    return KillSwitchSetOut(engaged=ks.engaged, version=ks.version, updated_at=ks.updated_at,
-                            updated_by=ks.updated_by, changed=result.changed)
+    return KillSwitchSetOut(
+        engaged=ks.engaged,
+        version=ks.version,
+        updated_at=ks.updated_at,
+        updated_by=ks.updated_by,
+        changed=result.changed,
+    )
 
 
 @router.get("/audit", response_model=list[AuditOut])
 def get_audit(
-    session: ReadSessionDep, _who: ViewerDep,
+    session: ReadSessionDep,
+    _who: ViewerDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     before_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     target: Annotated[str | None, Query(max_length=128)] = None,
@@ -205,7 +259,8 @@ def get_audit(
 
 @router.get("/impact", response_model=ImpactOut, responses={404: {"model": ErrorResponse}})
 async def get_impact(
-    services: ServicesDep, _who: ViewerDep,
+    services: ServicesDep,
+    _who: ViewerDep,
     cohort: Annotated[str, Query(min_length=1, max_length=64)],
     enabled: bool,
     percentage: Annotated[int | None, Query(ge=0, le=100)] = None,
@@ -215,8 +270,7 @@ async def get_impact(
     return await run_in_threadpool(_impact, services, cohort, enabled, percentage)
 
 
-def _impact(services: Services, cohort: str, enabled: bool, percentage: int | None
-            ) -> ImpactOut:
+def _impact(services: Services, cohort: str, enabled: bool, percentage: int | None) -> ImpactOut:
     try:
         return impact_of_flip(services, cohort, enabled, percentage)
     except StoreError as err:

@@ -10,11 +10,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dashboard.store.audit import MAX_REASON_CHARS
-from dashboard.store.latest_counts import Kind
-from dashboard.store.launches import LaunchRecord
-from dashboard.store.models import DecisionEvent
-from oracle.wire import (
+from turnout.dashboard.store.audit import MAX_REASON_CHARS
+from turnout.dashboard.store.latest_counts import Kind
+from turnout.dashboard.store.launches import LaunchRecord
+from turnout.dashboard.store.models import DecisionEvent
+from turnout.oracle.wire import (
     CanariesOut,
     CohortOut,
     DeploymentIn,
@@ -40,7 +40,8 @@ class InvalidRequestBody(BaseModel):
     message: str = Field(description="each wrong field (where, what is wrong), one sentence")
     errors: list[dict[str, Any]] = Field(
         description="the validator's errors: type, loc (body / query / header / path, then "
-        "the field), msg, and input where it is small")
+        "the field), msg, and input where it is small"
+    )
 
 
 class InvalidRequestResponse(BaseModel):
@@ -51,13 +52,17 @@ class InvalidRequestResponse(BaseModel):
 
 
 class CanaryFlipOut(CohortOut):
-    changed: bool = Field(description="false when the cohort already had the state asked for: "
-                          "its version stays and no audit entry is written")
+    changed: bool = Field(
+        description="false when the cohort already had the state asked for: "
+        "its version stays and no audit entry is written"
+    )
 
 
 class KillSwitchSetOut(KillSwitchOut):
-    changed: bool = Field(description="false when the kill switch was already in the state "
-                          "asked for: its version stays and no audit entry is written")
+    changed: bool = Field(
+        description="false when the kill switch was already in the state "
+        "asked for: its version stays and no audit entry is written"
+    )
 
 
 class CanaryPatch(BaseModel):
@@ -88,14 +93,20 @@ class AuditOut(BaseModel):
 
 
 class IngestOut(BaseModel):
-    accepted: int = Field(description="events now stored (new ones, resent duplicates, and "
-                          "follow-ups whose start-up line is kept with their decision)")
-    inserted: int = Field(description="decisions that were new (a follow-up carrying vLLM's "
-                          "start-up line to a stored decision is none)")
-    batch_digest: str = Field(description="SHA-256 (hex) of the JSON list of the batch's event "
-                              "ids in the order sent (`oracle.wire.batch_digest`): engines "
-                              "take an answer as the acknowledgement of their batch only "
-                              "when it matches")
+    accepted: int = Field(
+        description="events now stored (new ones, resent duplicates, and "
+        "follow-ups whose start-up line is kept with their decision)"
+    )
+    inserted: int = Field(
+        description="decisions that were new (a follow-up carrying vLLM's "
+        "start-up line to a stored decision is none)"
+    )
+    batch_digest: str = Field(
+        description="SHA-256 (hex) of the JSON list of the batch's event "
+        "ids in the order sent (`oracle.wire.batch_digest`): engines "
+        "take an answer as the acknowledgement of their batch only "
+        "when it matches"
+    )
 
 
 class StartupOut(BaseModel):
@@ -105,8 +116,10 @@ class StartupOut(BaseModel):
     line: str = Field(description="vLLM's log line, as printed")
     at: dt.datetime = Field(description="when it was reported (the follow-up event's time)")
     event_id: str = Field(description="the event that reported it (`<decision id>.startup`)")
-    agrees: bool = Field(description="vLLM's runner is the decision's; false: vLLM runs "
-                         "another runner than turnout decided")
+    agrees: bool = Field(
+        description="vLLM's runner is the decision's; false: vLLM runs "
+        "another runner than turnout decided"
+    )
 
 
 class LaunchOut(BaseModel):
@@ -117,22 +130,36 @@ class LaunchOut(BaseModel):
     has_pack: bool
     env: dict[str, str] = Field(description="the variables launch set for vLLM")
     operator_pin: str | None = Field(description="the runner variable as the operator set it")
-    snapshot_source: str = Field(description="service, disk or defaults: where the canaries "
-                                 "came from")
-    startup: StartupOut | None = Field(description="vLLM's start-up line; null until its "
-                                       "follow-up event arrives (exec mode reports none)")
+    snapshot_source: str = Field(
+        description="service, disk or defaults: where the canaries came from"
+    )
+    startup: StartupOut | None = Field(
+        description="vLLM's start-up line; null until its "
+        "follow-up event arrives (exec mode reports none)"
+    )
 
     @classmethod
     def of(cls, record: LaunchRecord | None) -> LaunchOut | None:
         if record is None:
             return None
         s = record.startup
-        return cls(vllm_version=record.vllm_version, vllm_pack=record.vllm_pack,
-                   has_pack=record.has_pack, env=record.env, operator_pin=record.operator_pin,
-                   snapshot_source=record.snapshot_source,
-                   startup=None if s is None else StartupOut(
-                       runner=s["runner"], line=s["line"], at=s["at"], event_id=s["event_id"],
-                       agrees=bool(record.agrees)))
+        return cls(
+            vllm_version=record.vllm_version,
+            vllm_pack=record.vllm_pack,
+            has_pack=record.has_pack,
+            env=record.env,
+            operator_pin=record.operator_pin,
+            snapshot_source=record.snapshot_source,
+            startup=None
+            if s is None
+            else StartupOut(
+                runner=s["runner"],
+                line=s["line"],
+                at=s["at"],
+                event_id=s["event_id"],
+                agrees=bool(record.agrees),
+            ),
+        )
 
 
 class EventOut(BaseModel):
@@ -149,16 +176,30 @@ class EventOut(BaseModel):
     rule_ids: list[str]
     policy_digest: str
     demo: bool
-    launch: LaunchOut | None = Field(default=None, description="how `turnout launch` started "
-                                     "vLLM with this decision (null: an engine's own decision)")
+    launch: LaunchOut | None = Field(
+        default=None,
+        description="how `turnout launch` started "
+        "vLLM with this decision (null: an engine's own decision)",
+    )
 
     @classmethod
     def of(cls, row: DecisionEvent) -> EventOut:
-        return cls(event_id=row.event_id, at=row.at, deployment_id=row.deployment_id,
-                   host=row.host, pack=row.pack, family=row.family, runner=row.runner,
-                   mode=row.mode, stage=row.stage, reason_code=row.reason_code,
-                   rule_ids=row.rule_ids, policy_digest=row.policy_digest, demo=row.demo,
-                   launch=LaunchOut.of(LaunchRecord.of(row)))
+        return cls(
+            event_id=row.event_id,
+            at=row.at,
+            deployment_id=row.deployment_id,
+            host=row.host,
+            pack=row.pack,
+            family=row.family,
+            runner=row.runner,
+            mode=row.mode,
+            stage=row.stage,
+            reason_code=row.reason_code,
+            rule_ids=row.rule_ids,
+            policy_digest=row.policy_digest,
+            demo=row.demo,
+            launch=LaunchOut.of(LaunchRecord.of(row)),
+        )
 
 
 Window = Literal["1h", "24h", "7d", "all"]
@@ -168,15 +209,20 @@ ReasonKind = Kind
 class RankedReason(BaseModel):
     key: str
     label: str
-    kind: ReasonKind = Field(description="blocked: a rule of the pack V2 does not serve yet "
-                             "(a real incompatibility); waiting: its rollout stage is off or "
-                             "it is outside the canary share; held: the kill switch or a V1 pin")
-    deployments: int = Field(description="deployments whose latest decision (in the window) "
-                             "carries this reason")
+    kind: ReasonKind = Field(
+        description="blocked: a rule of the pack V2 does not serve yet "
+        "(a real incompatibility); waiting: its rollout stage is off or "
+        "it is outside the canary share; held: the kill switch or a V1 pin"
+    )
+    deployments: int = Field(
+        description="deployments whose latest decision (in the window) carries this reason"
+    )
     stage_enabled_since: dt.datetime | None = Field(
-        default=None, description="for a stage's not-yet-enabled reason whose stage is on "
+        default=None,
+        description="for a stage's not-yet-enabled reason whose stage is on "
         "now: when it was turned on. These deployments' latest decisions predate the flip; "
-        "they decide again at their next start and report")
+        "they decide again at their next start and report",
+    )
 
 
 class FamilyFallbacks(BaseModel):
@@ -190,24 +236,28 @@ class FallbacksOverTime(BaseModel):
     bins: list[dt.datetime] = Field(description="the start of each bin, UTC, oldest first")
     by_reason: dict[str, list[int]] = Field(
         description="reason key → per bin, the deployments whose latest decision falls in it: "
-        "the deployments `ranked` counts, so each list adds up to its reason's count")
+        "the deployments `ranked` counts, so each list adds up to its reason's count"
+    )
 
 
 class FallbacksOut(BaseModel):
     window: Window
-    since: dt.datetime | None = Field(description="the window's start (now minus the window, "
-                                      "down to a 5-minute boundary); null for all")
+    since: dt.datetime | None = Field(
+        description="the window's start (now minus the window, "
+        "down to a 5-minute boundary); null for all"
+    )
     family: str | None
     stage: str | None
     pack: str | None
-    num_deployments: int = Field(description="deployments whose latest decision is in the "
-                                 "window (and the filters)")
+    num_deployments: int = Field(
+        description="deployments whose latest decision is in the window (and the filters)"
+    )
     num_fallbacks: int = Field(description="of them, those not on V2")
-    by_kind: dict[ReasonKind, int] = Field(description="fallbacks by the kind of what holds "
-                                           "them back (a deployment counts once)")
+    by_kind: dict[ReasonKind, int] = Field(
+        description="fallbacks by the kind of what holds them back (a deployment counts once)"
+    )
     ranked: list[RankedReason]
-    by_family: dict[str, dict[str, int]] = Field(description="family → reason key → "
-                                                 "deployments")
+    by_family: dict[str, dict[str, int]] = Field(description="family → reason key → deployments")
     families: dict[str, FamilyFallbacks]
     over_time: FallbacksOverTime
 
@@ -228,14 +278,19 @@ MAX_EVIDENCE_DETAILS = 10_000
 class EvidenceIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    family: str = Field(min_length=1, max_length=64, examples=["qwen3"],
-                        description="a family of the pack (families.yaml), as decisions name it")
+    family: str = Field(
+        min_length=1,
+        max_length=64,
+        examples=["qwen3"],
+        description="a family of the pack (families.yaml), as decisions name it",
+    )
     runner_pair: str = Field(default="v1:v2", pattern=r"^v[12]:v[12]$")
     suite: str = Field(min_length=1, max_length=128)
     result: Literal["pass", "fail"]
     details: str = Field(default="", max_length=MAX_EVIDENCE_DETAILS)
-    num_tests: int | None = Field(default=None, ge=0, le=10**9,
-                                  description="tests run (a JUnit report's count)")
+    num_tests: int | None = Field(
+        default=None, ge=0, le=10**9, description="tests run (a JUnit report's count)"
+    )
     num_failures: int | None = Field(default=None, ge=0, le=10**9)
     num_errors: int | None = Field(default=None, ge=0, le=10**9)
     num_skipped: int | None = Field(default=None, ge=0, le=10**9)
@@ -253,9 +308,12 @@ class TokenIn(BaseModel):
     name: str = Field(min_length=1, max_length=128, pattern=r"\S")
     role: Literal["viewer", "operator", "admin"]
     expires_in: str | None = Field(
-        default=None, max_length=16, examples=["30d", "12h"],
+        default=None,
+        max_length=16,
+        examples=["30d", "12h"],
         description="lifetime (a number and s, m, h, d or w; at most 3660d); none: the token "
-        "never expires")
+        "never expires",
+    )
 
 
 class TokenOut(BaseModel):
@@ -266,8 +324,7 @@ class TokenOut(BaseModel):
     created_at: dt.datetime
     created_by: str
     revoked: bool
-    expires_at: dt.datetime | None = Field(description="when it stops being accepted "
-                                           "(null: never)")
+    expires_at: dt.datetime | None = Field(description="when it stops being accepted (null: never)")
 
 
 class TokenCreated(TokenOut):
@@ -285,18 +342,23 @@ class MatrixOut(BaseModel):
     pins: list[str] = Field(description="runner pins of the grid: auto, v1, v2")
     scenarios: list[str] = Field(description="column ids, the oracle's order")
     grid: dict[str, dict[str, dict[str, dict[str, int]]]] = Field(
-        description="pin → family → scenario → runner (v1, v2, none) → cells")
+        description="pin → family → scenario → runner (v1, v2, none) → cells"
+    )
 
 
 class UpgradeSideOut(BaseModel):
     pack: str
     runner: str | None = Field(description="v1, v2, or null: the engine would not start")
     reason_code: str
-    why: list[str] = Field(description="reason ids (rules, step.<id> refusals, pins, "
-                           "error.<code>), or the reason code when none")
+    why: list[str] = Field(
+        description="reason ids (rules, step.<id> refusals, pins, "
+        "error.<code>), or the reason code when none"
+    )
     reasons: list[dict[str, str]] = Field(description="{rule_id, label} of each reason")
-    steps: list[str] = Field(description="ids of the normalising steps that applied under "
-                             "this pack only (when the runner changes and both start)")
+    steps: list[str] = Field(
+        description="ids of the normalising steps that applied under "
+        "this pack only (when the runner changes and both start)"
+    )
     error: str | None
     error_code: str | None
 
@@ -316,11 +378,14 @@ class UpgradeFamilyOut(BaseModel):
     deployments: int
     changed: int
     changes: dict[str, int] = Field(description="change (v1→v2, v2→refuse, …) → deployments")
-    why_before: dict[str, int] = Field(description="the most common reason ids of the "
-                                       "changed deployments under from_pack → deployments")
+    why_before: dict[str, int] = Field(
+        description="the most common reason ids of the "
+        "changed deployments under from_pack → deployments"
+    )
     why_after: dict[str, int]
-    examples: list[UpgradeExampleOut] = Field(description="up to 20 deployments that would "
-                                              "switch, most common change first")
+    examples: list[UpgradeExampleOut] = Field(
+        description="up to 20 deployments that would switch, most common change first"
+    )
 
 
 class UpgradePreviewOut(BaseModel):
@@ -334,9 +399,11 @@ class UpgradePreviewOut(BaseModel):
     changes: dict[str, int]
     unknown_fields: dict[str, list[str]] = Field(
         description="pack → fields its release does not have and the other pack's does (a "
-        "deployment that sets one is refused by name: unknown_setting)")
-    families: list[UpgradeFamilyOut] = Field(description="most changed first; unreadable "
-                                             "configs are not a family here")
+        "deployment that sets one is refused by name: unknown_setting)"
+    )
+    families: list[UpgradeFamilyOut] = Field(
+        description="most changed first; unreadable configs are not a family here"
+    )
 
 
 class RunnerHealthOut(BaseModel):
@@ -350,18 +417,22 @@ class RunnerHealthOut(BaseModel):
     num_crashes: int
     error_rate: float = Field(description="num_errors / max(num_requests, 1)")
     crash_rate: float = Field(description="num_crashes / max(num_engines, 1)")
-    ttft_p99_ms: float | None = Field(description="request-weighted mean of the reported "
-                                      "p99s (None: no request finished)")
+    ttft_p99_ms: float | None = Field(
+        description="request-weighted mean of the reported p99s (None: no request finished)"
+    )
     tpot_p99_ms: float | None
-    tokens_per_s: float = Field(description="output tokens over the seconds spent "
-                                "generating them (one engine's rate while it works)")
+    tokens_per_s: float = Field(
+        description="output tokens over the seconds spent "
+        "generating them (one engine's rate while it works)"
+    )
 
 
 class HealthOverTime(BaseModel):
     bucket_s: int
     buckets: list[dt.datetime] = Field(description="each bucket's start")
     by_runner: dict[str, list[RunnerHealthOut | None]] = Field(
-        description="runner → its health per bucket (null: no report ended in it)")
+        description="runner → its health per bucket (null: no report ended in it)"
+    )
 
 
 class HealthOut(BaseModel):
@@ -372,5 +443,6 @@ class HealthOut(BaseModel):
     since: dt.datetime
     until: dt.datetime
     by_runner: dict[str, RunnerHealthOut] = Field(
-        description="runner → its health over the range (runners without reports absent)")
+        description="runner → its health over the range (runners without reports absent)"
+    )
     over_time: HealthOverTime

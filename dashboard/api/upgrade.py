@@ -7,26 +7,45 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from starlette.concurrency import run_in_threadpool
 
-from dashboard.api.schemas import ErrorResponse, UpgradePreviewOut
-from dashboard.bodies import JsonRoute
-from dashboard.deps import ERROR_RESPONSES, ServicesDep, ViewerDep, http_error, known_query
-from dashboard.services import Services
-from dashboard.upgrade import preview_json, upgrade_preview
-from oracle import OracleError
+from turnout.dashboard.api.schemas import ErrorResponse, UpgradePreviewOut
+from turnout.dashboard.bodies import JsonRoute
+from turnout.dashboard.deps import ERROR_RESPONSES, ServicesDep, ViewerDep, http_error, known_query
+from turnout.dashboard.services import Services
+from turnout.dashboard.upgrade import preview_json, upgrade_preview
+from turnout.oracle import OracleError
 
-router = APIRouter(tags=["upgrade"], responses=ERROR_RESPONSES, route_class=JsonRoute,
-                   dependencies=[Depends(known_query)])
+router = APIRouter(
+    tags=["upgrade"],
+    responses=ERROR_RESPONSES,
+    route_class=JsonRoute,
+    dependencies=[Depends(known_query)],
+)
 
-@router.get("/upgrade-preview", response_model=UpgradePreviewOut,
-            responses={422: {"model": ErrorResponse}})
+
+@router.get(
+    "/upgrade-preview", response_model=UpgradePreviewOut, responses={422: {"model": ErrorResponse}}
+)
 async def get_upgrade_preview(
-    services: ServicesDep, _who: ViewerDep,
-    from_pack: Annotated[str | None, Query(
-        alias="from", min_length=1, max_length=64,
-        description="the pack the fleet runs now (default: the release before `to`)")] = None,
-    to_pack: Annotated[str | None, Query(
-        alias="to", min_length=1, max_length=64,
-        description="the pack to preview (default: the newest vLLM release)")] = None,
+    services: ServicesDep,
+    _who: ViewerDep,
+    from_pack: Annotated[
+        str | None,
+        Query(
+            alias="from",
+            min_length=1,
+            max_length=64,
+            description="the pack the fleet runs now (default: the release before `to`)",
+        ),
+    ] = None,
+    to_pack: Annotated[
+        str | None,
+        Query(
+            alias="to",
+            min_length=1,
+            max_length=64,
+            description="the pack to preview (default: the newest vLLM release)",
+        ),
+    ] = None,
     include_demo: bool = True,
 ) -> UpgradePreviewOut:
     """Every recorded deployment with its reported config decided by both packs: per family,
@@ -36,10 +55,12 @@ async def get_upgrade_preview(
     return UpgradePreviewOut.model_validate(body)
 
 
-def _preview(services: Services, from_pack: str | None, to_pack: str | None,
-             include_demo: bool) -> dict[str, object]:
+def _preview(
+    services: Services, from_pack: str | None, to_pack: str | None, include_demo: bool
+) -> dict[str, object]:
     try:
-        return preview_json(upgrade_preview(services, from_pack, to_pack,
-                                            include_demo=include_demo))
+        return preview_json(
+            upgrade_preview(services, from_pack, to_pack, include_demo=include_demo)
+        )
     except OracleError as err:
         raise http_error(422, err.code, err.message) from err

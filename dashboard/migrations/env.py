@@ -6,7 +6,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from dashboard.store.models import Base
+from turnout.dashboard.store.models import Base
 
 target_metadata = Base.metadata
 
@@ -28,7 +28,7 @@ def run_online() -> None:
         return
     url = context.config.get_main_option("sqlalchemy.url")
     if not url:
-        from dashboard.settings import get_settings
+        from turnout.dashboard.settings import get_settings
 
         url = get_settings().database_url
     engine = create_engine(url)

@@ -20,8 +20,8 @@ from typing import Any, Literal, NamedTuple
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
-from dashboard.store.latest_counts import BUCKETS, KINDS, reason_keys, reason_kind
-from dashboard.store.models import DailyDecisions, Deployment, LatestCounts
+from turnout.dashboard.store.latest_counts import BUCKETS, KINDS, reason_keys, reason_kind
+from turnout.dashboard.store.models import DailyDecisions, Deployment, LatestCounts
 
 __all__ = ["KINDS", "WINDOWS", "reason_keys", "reason_kind"]
 
@@ -29,8 +29,11 @@ Window = Literal["1h", "24h", "7d", "all"]
 # window → (its span in seconds, None: everything; the time chart's bin in seconds; the
 # boundary its start is rounded down to, seconds)
 WINDOWS: dict[str, tuple[int | None, int, int]] = {
-    "1h": (3600, 300, 300), "24h": (86400, 3600, 300), "7d": (7 * 86400, 6 * 3600, 3600),
-    "all": (None, 86400, 86400)}
+    "1h": (3600, 300, 300),
+    "24h": (86400, 3600, 300),
+    "7d": (7 * 86400, 6 * 3600, 3600),
+    "all": (None, 86400, 86400),
+}
 
 
 @dataclass(frozen=True)
@@ -46,8 +49,11 @@ class EnabledSince:
 
 def stages_enabled_since(canaries: list[Any]) -> dict[str, EnabledSince]:
     """``rollout.stage_off:<cohort>`` → :class:`EnabledSince` for every enabled canary."""
-    return {f"rollout.stage_off:{c.cohort}": EnabledSince(c.cohort, c.updated_at, c.percentage)
-            for c in canaries if c.enabled}
+    return {
+        f"rollout.stage_off:{c.cohort}": EnabledSince(c.cohort, c.updated_at, c.percentage)
+        for c in canaries
+        if c.enabled
+    }
 
 
 @dataclass(frozen=True)
@@ -116,8 +122,9 @@ def segments(start: int | None, bin_s: int) -> list[tuple[int, int | None, int |
     return out
 
 
-def _where(segment: tuple[int, int | None, int | None], f: FleetFilter
-           ) -> list[ColumnElement[bool]]:
+def _where(
+    segment: tuple[int, int | None, int | None], f: FleetFilter
+) -> list[ColumnElement[bool]]:
     t = LatestCounts
     size, lo, hi = segment
     where = [t.bucket_s == size, t.num_deployments != 0]
@@ -133,8 +140,14 @@ def _where(segment: tuple[int, int | None, int | None], f: FleetFilter
     return where
 
 
-def fallbacks(*, session: Session, window: str = "all", fleet: FleetFilter | None = None,
-              include_demo: bool = True, now: dt.datetime | None = None) -> FallbackReport:
+def fallbacks(
+    *,
+    session: Session,
+    window: str = "all",
+    fleet: FleetFilter | None = None,
+    include_demo: bool = True,
+    now: dt.datetime | None = None,
+) -> FallbackReport:
     """Deployments whose latest decision falls in ``window`` (``WINDOWS``), those not on V2
     ranked by what sent them back, by family and by time bin. Reads ``latest_counts`` only.
 
@@ -144,13 +157,20 @@ def fallbacks(*, session: Session, window: str = "all", fleet: FleetFilter | Non
     start = window_start(window, now)
     bin_s = WINDOWS[window][1]
     segs = segments(start, bin_s)
-    report = FallbackReport(window=window, bin_s=bin_s, since=None if start is None else
-                            dt.datetime.fromtimestamp(start, dt.UTC))
+    report = FallbackReport(
+        window=window,
+        bin_s=bin_s,
+        since=None if start is None else dt.datetime.fromtimestamp(start, dt.UTC),
+    )
     t = LatestCounts
-    totals = select(t.reason, t.kind, t.family, t.runner, func.sum(t.num_deployments)
-                    ).group_by(t.reason, t.kind, t.family, t.runner)
-    timed = select(t.bucket, t.reason, func.sum(t.num_deployments)).where(
-        t.reason != "").group_by(t.bucket, t.reason)
+    totals = select(t.reason, t.kind, t.family, t.runner, func.sum(t.num_deployments)).group_by(
+        t.reason, t.kind, t.family, t.runner
+    )
+    timed = (
+        select(t.bucket, t.reason, func.sum(t.num_deployments))
+        .where(t.reason != "")
+        .group_by(t.bucket, t.reason)
+    )
     ranked: Counter[str] = Counter()
     by_family: dict[str, Counter[str]] = defaultdict(Counter)
     families: dict[str, FamilyCounts] = defaultdict(FamilyCounts)
@@ -179,8 +199,9 @@ def fallbacks(*, session: Session, window: str = "all", fleet: FleetFilter | Non
     return report
 
 
-def _fill_bins(report: FallbackReport, per_bin: dict[str, Counter[int]], start: int | None,
-               now: dt.datetime) -> None:
+def _fill_bins(
+    report: FallbackReport, per_bin: dict[str, Counter[int]], start: int | None, now: dt.datetime
+) -> None:
     """Every bin from the window's start (or the first with data) to now (or the last with
     data: an event may be dated a little ahead), each reason's count per bin (0 when none)."""
     b = report.bin_s
@@ -190,8 +211,11 @@ def _fill_bins(report: FallbackReport, per_bin: dict[str, Counter[int]], start: 
     last = max([now_bin, *seen])
     keys = range(first, last + b, b)
     report.bins = [dt.datetime.fromtimestamp(k, dt.UTC) for k in keys]
-    report.over_time = {reason: [per_bin[reason].get(k, 0) for k in keys]
-                        for reason, _n in report.ranked if reason in per_bin}
+    report.over_time = {
+        reason: [per_bin[reason].get(k, 0) for k in keys]
+        for reason, _n in report.ranked
+        if reason in per_bin
+    }
 
 
 @dataclass
@@ -201,13 +225,17 @@ class Overview:
     by_day: dict[str, dict[str, int]]  # day iso → runner → events
 
 
-def overview(*, session: Session, include_demo: bool = True, days: int = 30,
-             today: dt.date | None = None) -> Overview:
+def overview(
+    *, session: Session, include_demo: bool = True, days: int = 30, today: dt.date | None = None
+) -> Overview:
     """Every deployment by the stage and runner of its latest decision (from the day buckets
     of ``latest_counts``, which count each deployment once), and events per day and runner."""
     t = LatestCounts
-    stmt = select(t.stage, t.runner, func.sum(t.num_deployments)).where(
-        t.bucket_s == BUCKETS[-1], t.reason == "").group_by(t.stage, t.runner)
+    stmt = (
+        select(t.stage, t.runner, func.sum(t.num_deployments))
+        .where(t.bucket_s == BUCKETS[-1], t.reason == "")
+        .group_by(t.stage, t.runner)
+    )
     if not include_demo:
         stmt = stmt.where(t.demo.is_(False))
     by_runner: Counter[str] = Counter()
@@ -218,9 +246,11 @@ def overview(*, session: Session, include_demo: bool = True, days: int = 30,
         by_runner[runner or "none"] += int(n)
         by_stage[stage or "-"][runner or "none"] = int(n)
     since = (today or dt.datetime.now(dt.UTC).date()) - dt.timedelta(days=days - 1)
-    day_stmt = select(DailyDecisions.day, DailyDecisions.runner,
-                      func.sum(DailyDecisions.num_events)).where(
-        DailyDecisions.day >= since).group_by(DailyDecisions.day, DailyDecisions.runner)
+    day_stmt = (
+        select(DailyDecisions.day, DailyDecisions.runner, func.sum(DailyDecisions.num_events))
+        .where(DailyDecisions.day >= since)
+        .group_by(DailyDecisions.day, DailyDecisions.runner)
+    )
     if not include_demo:
         day_stmt = day_stmt.where(DailyDecisions.demo.is_(False))
     by_day: dict[str, dict[str, int]] = defaultdict(dict)
@@ -250,12 +280,20 @@ class RecordedDeployment(NamedTuple):
     demo: bool
 
 
-def recorded_deployments(*, session: Session, include_demo: bool = True
-                         ) -> list[RecordedDeployment]:
+def recorded_deployments(
+    *, session: Session, include_demo: bool = True
+) -> list[RecordedDeployment]:
     """Every deployment's latest decision with its config, by deployment id (the upgrade
     preview decides each again under two packs)."""
-    stmt = select(Deployment.deployment_id, Deployment.pack, Deployment.family,
-                  Deployment.runner, Deployment.config, Deployment.demo
-                  ).order_by(Deployment.deployment_id)
-    return [RecordedDeployment(*row) for row in session.execute(
-        _demo_filter(stmt, Deployment, include_demo))]
+    stmt = select(
+        Deployment.deployment_id,
+        Deployment.pack,
+        Deployment.family,
+        Deployment.runner,
+        Deployment.config,
+        Deployment.demo,
+    ).order_by(Deployment.deployment_id)
+    return [
+        RecordedDeployment(*row)
+        for row in session.execute(_demo_filter(stmt, Deployment, include_demo))
+    ]

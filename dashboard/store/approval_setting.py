@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from dashboard.store.models import ServiceMeta
+from turnout.dashboard.store.models import ServiceMeta
 
 KEY = "require_approval"
 

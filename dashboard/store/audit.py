@@ -13,9 +13,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dashboard.store.errors import InvalidChange
-from dashboard.store.models import AuditEntry, utcnow
-from oracle.errors import ErrorCode
+from turnout.dashboard.store.errors import InvalidChange
+from turnout.dashboard.store.models import AuditEntry, utcnow
+from turnout.oracle.errors import ErrorCode
 
 #: The longest reason a change may carry, in characters (the API, the pages and the CLI alike).
 MAX_REASON_CHARS = 2_000
@@ -40,8 +40,13 @@ def record(
     """
     require_reason(reason)
     entry = AuditEntry(
-        at=at or utcnow(), actor=actor, action=action, target=target, reason=reason.strip(),
-        before=before, after=after,
+        at=at or utcnow(),
+        actor=actor,
+        action=action,
+        target=target,
+        reason=reason.strip(),
+        before=before,
+        after=after,
     )
     session.add(entry)
     session.flush()
@@ -57,11 +62,15 @@ def require_reason(reason: str) -> None:
             characters); ``code=ErrorCode.REASON_TOO_LONG`` beyond :data:`MAX_REASON_CHARS`.
     """
     if not any(not ch.isspace() and unicodedata.category(ch)[0] not in "CZ" for ch in reason):
-        raise InvalidChange("a reason is required for every change (it has no visible text)",
-                            code=ErrorCode.REASON_REQUIRED)
+        raise InvalidChange(
+            "a reason is required for every change (it has no visible text)",
+            code=ErrorCode.REASON_REQUIRED,
+        )
     if len(reason) > MAX_REASON_CHARS:
-        raise InvalidChange(f"the reason is {len(reason):,} characters; at most "
-                            f"{MAX_REASON_CHARS:,} are kept", code=ErrorCode.REASON_TOO_LONG)
+        raise InvalidChange(
+            f"the reason is {len(reason):,} characters; at most {MAX_REASON_CHARS:,} are kept",
+            code=ErrorCode.REASON_TOO_LONG,
+        )
 
 
 def clip_reason(text: str, where: str = "") -> str:

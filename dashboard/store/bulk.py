@@ -28,8 +28,8 @@ from sqlalchemy import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dashboard.store.errors import StoreError
-from dashboard.store.events import (
+from turnout.dashboard.store.errors import StoreError
+from turnout.dashboard.store.events import (
     DailyKey,
     EventLike,
     advance_deployments,
@@ -37,11 +37,25 @@ from dashboard.store.events import (
     latest_per_deployment,
     write_daily,
 )
-from dashboard.store.latest_counts import prune_hourly
-from dashboard.store.launches import follows, launch_json
+from turnout.dashboard.store.latest_counts import prune_hourly
+from turnout.dashboard.store.launches import follows, launch_json
 
-_COLUMNS = ("event_id", "at", "deployment_id", "host", "pack", "family", "runner", "mode",
-            "stage", "reason_code", "rule_ids", "policy_digest", "demo", "launch")
+_COLUMNS = (
+    "event_id",
+    "at",
+    "deployment_id",
+    "host",
+    "pack",
+    "family",
+    "runner",
+    "mode",
+    "stage",
+    "reason_code",
+    "rule_ids",
+    "policy_digest",
+    "demo",
+    "launch",
+)
 _ADVANCE_CHUNK = 5000  # deployments per advance (bounded statements and memory)
 
 
@@ -54,8 +68,13 @@ class FollowUpEvent(StoreError):
     to load; batched ingest attaches it to its decision."""
 
 
-def bulk_ingest(*, session: Session, events: Iterable[EventLike],
-                now: dt.datetime | None = None, chunk: int = 50_000) -> int:
+def bulk_ingest(
+    *,
+    session: Session,
+    events: Iterable[EventLike],
+    now: dt.datetime | None = None,
+    chunk: int = 50_000,
+) -> int:
     """Store ``events`` (any number: read ``chunk`` at a time) in the caller's transaction;
     returns how many. ``now``: as for ``events.ingest``.
 
@@ -83,8 +102,7 @@ def bulk_ingest(*, session: Session, events: Iterable[EventLike],
         total += len(part)
     ids = sorted(latest)
     for start in range(0, len(ids), _ADVANCE_CHUNK):
-        advance_deployments(session, [latest[d] for d in ids[start:start + _ADVANCE_CHUNK]],
-                            now)
+        advance_deployments(session, [latest[d] for d in ids[start : start + _ADVANCE_CHUNK]], now)
     write_daily(session, counts)
     prune_hourly(session.connection(), now)
     return total
@@ -93,8 +111,10 @@ def bulk_ingest(*, session: Session, events: Iterable[EventLike],
 def _refuse_follow_ups(part: list[EventLike]) -> None:
     for e in part:
         if follows(e) is not None:
-            raise FollowUpEvent(f"bulk load: {e.event_id} is a follow-up event (vLLM's start-up "
-                                "line), not a decision: send it through ingest")
+            raise FollowUpEvent(
+                f"bulk load: {e.event_id} is a follow-up event (vLLM's start-up "
+                "line), not a decision: send it through ingest"
+            )
 
 
 def _chunks(events: Iterable[EventLike], size: int) -> Iterator[list[EventLike]]:
@@ -110,15 +130,31 @@ def _rules_json(rule_ids: tuple[str, ...]) -> str:
 
 def _insert(conn: Connection, events: list[EventLike]) -> None:
     if conn.dialect.name == "sqlite":
-        from dashboard.store.ingest_sqlite import insert_events_sqlite
+        from turnout.dashboard.store.ingest_sqlite import insert_events_sqlite
 
         insert_events_sqlite(conn, events)
         return
     raw: Any = conn.connection.driver_connection  # psycopg's connection, in this transaction
-    with raw.cursor() as cur, cur.copy(
-            f"COPY decision_events ({', '.join(_COLUMNS)}) FROM STDIN") as copy:
+    with (
+        raw.cursor() as cur,
+        cur.copy(f"COPY decision_events ({', '.join(_COLUMNS)}) FROM STDIN") as copy,
+    ):
         for e in events:
-            copy.write_row((e.event_id, e.at, e.deployment_id, e.host, e.pack, e.family,
-                            e.runner, e.mode, e.stage, e.reason_code,
-                            _rules_json(tuple(e.rule_ids)), e.policy_digest, e.demo,
-                            launch_json(e)))
+            copy.write_row(
+                (
+                    e.event_id,
+                    e.at,
+                    e.deployment_id,
+                    e.host,
+                    e.pack,
+                    e.family,
+                    e.runner,
+                    e.mode,
+                    e.stage,
+                    e.reason_code,
+                    _rules_json(tuple(e.rule_ids)),
+                    e.policy_digest,
+                    e.demo,
+                    launch_json(e),
+                )
+            )

@@ -19,10 +19,10 @@ from typing import Any, TypeVar
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from dashboard.store import audit, webhooks
-from dashboard.store.errors import InvalidChange, NotFound, VersionConflict
-from dashboard.store.models import Canary, KillSwitch, utcnow
-from oracle.errors import ErrorCode
+from turnout.dashboard.store import audit, webhooks
+from turnout.dashboard.store.errors import InvalidChange, NotFound, VersionConflict
+from turnout.dashboard.store.models import Canary, KillSwitch, utcnow
+from turnout.oracle.errors import ErrorCode
 
 KILL_SWITCH_ID = 1
 Row = TypeVar("Row")
@@ -64,12 +64,27 @@ def ensure_defaults(*, session: Session, defaults: Iterable[CohortDefault]) -> l
     for d in defaults:
         if d.cohort in existing:
             continue
-        session.add(Canary(cohort=d.cohort, enabled=d.enabled, percentage=d.percentage,
-                           version=1, updated_at=utcnow(), updated_by="pack defaults"))
+        session.add(
+            Canary(
+                cohort=d.cohort,
+                enabled=d.enabled,
+                percentage=d.percentage,
+                version=1,
+                updated_at=utcnow(),
+                updated_by="pack defaults",
+            )
+        )
         added.append(d.cohort)
     if session.get(KillSwitch, KILL_SWITCH_ID) is None:
-        session.add(KillSwitch(id=KILL_SWITCH_ID, engaged=False, version=1, updated_at=utcnow(),
-                               updated_by="pack defaults"))
+        session.add(
+            KillSwitch(
+                id=KILL_SWITCH_ID,
+                engaged=False,
+                version=1,
+                updated_at=utcnow(),
+                updated_by="pack defaults",
+            )
+        )
     session.flush()
     return added
 
@@ -81,8 +96,11 @@ def list_canaries(*, session: Session) -> list[Canary]:
 def get_canary(*, session: Session, cohort: str, for_update: bool = False) -> Canary:
     """One cohort's row; ``for_update`` locks it until the transaction ends (read the version
     a flip in the same transaction will name). Raises NotFound for an unknown cohort."""
-    canary = (locked(session, select(Canary).where(Canary.cohort == cohort)) if for_update
-              else session.get(Canary, cohort))
+    canary = (
+        locked(session, select(Canary).where(Canary.cohort == cohort))
+        if for_update
+        else session.get(Canary, cohort)
+    )
     if canary is None:
         raise NotFound(f"unknown cohort {cohort!r}", code=ErrorCode.UNKNOWN_COHORT)
     return canary
@@ -93,7 +111,8 @@ def locked(session: Session, stmt: Select[Row]) -> Row | None:
     session holds it already: PostgreSQL reads committed rows, and a copy loaded earlier in the
     transaction may predate a change another writer committed since."""
     return session.scalars(
-        stmt.with_for_update().execution_options(populate_existing=True)).one_or_none()
+        stmt.with_for_update().execution_options(populate_existing=True)
+    ).one_or_none()
 
 
 def get_kill_switch(*, session: Session) -> KillSwitch:
@@ -104,8 +123,9 @@ def get_kill_switch(*, session: Session) -> KillSwitch:
 
 
 def read_state(*, session: Session) -> RolloutState:
-    rows = session.execute(select(Canary.cohort, Canary.enabled, Canary.percentage,
-                                  Canary.version)).all()
+    rows = session.execute(
+        select(Canary.cohort, Canary.enabled, Canary.percentage, Canary.version)
+    ).all()
     ks = session.get(KillSwitch, KILL_SWITCH_ID)
     return RolloutState(
         cohorts={r.cohort: (bool(r.enabled), int(r.percentage), int(r.version)) for r in rows},
@@ -115,8 +135,7 @@ def read_state(*, session: Session) -> RolloutState:
 
 
 def canary_json(canary: Canary) -> dict[str, Any]:
-    return {"enabled": canary.enabled, "percentage": canary.percentage,
-            "version": canary.version}
+    return {"enabled": canary.enabled, "percentage": canary.percentage, "version": canary.version}
 
 
 @dataclass(frozen=True)
@@ -152,33 +171,49 @@ def flip_canary(
     """
     audit.require_reason(reason)
     if percentage is not None and not 0 <= percentage <= 100:
-        raise InvalidChange(f"percentage {percentage} is outside 0..100",
-                            code=ErrorCode.BAD_PERCENTAGE)
+        raise InvalidChange(
+            f"percentage {percentage} is outside 0..100", code=ErrorCode.BAD_PERCENTAGE
+        )
     canary = locked(session, select(Canary).where(Canary.cohort == cohort))
     if canary is None:
         raise NotFound(f"unknown cohort {cohort!r}", code=ErrorCode.UNKNOWN_COHORT)
     if canary.version != if_version:
         raise VersionConflict(
             f"cohort {cohort!r} is at version {canary.version}, not {if_version}: "
-            "re-read it and decide again", current_version=canary.version)
+            "re-read it and decide again",
+            current_version=canary.version,
+        )
     if canary.enabled == enabled and percentage in (None, canary.percentage):
         return Flip(canary, changed=False)
     now = utcnow()
     before = set_state(canary, enabled=enabled, percentage=percentage, actor=actor, at=now)
-    entry = audit.record(session=session, actor=actor, action="canary.flip",
-                         target=f"cohort:{cohort}", reason=reason, before=before,
-                         after=canary_json(canary), at=now)
+    entry = audit.record(
+        session=session,
+        actor=actor,
+        action="canary.flip",
+        target=f"cohort:{cohort}",
+        reason=reason,
+        before=before,
+        after=canary_json(canary),
+        at=now,
+    )
     webhooks.enqueue(session=session, kind=kind, entry=entry, extra={"cohort": cohort})
     # A flip by hand takes the cohort from its ramp (function-level: ramps imports this module).
-    from dashboard.store import ramps
+    from turnout.dashboard.store import ramps
 
-    ramps.supersede(session=session, cohort=cohort, actor=actor, now=now,
-                    why=f"superseded by a flip ({reason.strip()})")
+    ramps.supersede(
+        session=session,
+        cohort=cohort,
+        actor=actor,
+        now=now,
+        why=f"superseded by a flip ({reason.strip()})",
+    )
     return Flip(canary, changed=True)
 
 
-def set_state(canary: Canary, *, enabled: bool, percentage: int | None, actor: str,
-              at: dt.datetime) -> dict[str, Any]:
+def set_state(
+    canary: Canary, *, enabled: bool, percentage: int | None, actor: str, at: dt.datetime
+) -> dict[str, Any]:
     """Change a locked cohort row (``percentage`` None keeps it) and bump its version; the
     caller audits. Returns the row's state before, as :func:`canary_json`."""
     before = canary_json(canary)
@@ -217,8 +252,10 @@ def set_kill_switch(
     if ks is None:
         raise NotFound("the kill switch row is missing: start the service once")
     if if_version is not None and ks.version != if_version:
-        raise VersionConflict(f"the kill switch is at version {ks.version}, not {if_version}",
-                              current_version=ks.version)
+        raise VersionConflict(
+            f"the kill switch is at version {ks.version}, not {if_version}",
+            current_version=ks.version,
+        )
     if ks.engaged == engaged:
         return KillSwitchSet(ks, changed=False)
     before = {"engaged": ks.engaged, "version": ks.version}
@@ -226,8 +263,15 @@ def set_kill_switch(
     ks.version += 1
     ks.updated_at = utcnow()
     ks.updated_by = actor
-    entry = audit.record(session=session, actor=actor, action="kill_switch.set",
-                         target="kill-switch", reason=reason, before=before,
-                         after={"engaged": engaged, "version": ks.version}, at=ks.updated_at)
+    entry = audit.record(
+        session=session,
+        actor=actor,
+        action="kill_switch.set",
+        target="kill-switch",
+        reason=reason,
+        before=before,
+        after={"engaged": engaged, "version": ks.version},
+        at=ks.updated_at,
+    )
     webhooks.enqueue(session=session, kind=webhooks.Kind.kill_switch, entry=entry)
     return KillSwitchSet(ks, changed=True)

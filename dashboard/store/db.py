@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from dashboard.store.errors import DatabaseUnavailable
+from turnout.dashboard.store.errors import DatabaseUnavailable
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 # Serialises concurrent upgrades of one PostgreSQL database by several replicas.
@@ -48,7 +48,8 @@ class Database:
         except ArgumentError as err:  # NoSuchModuleError (an unknown dialect) included
             raise DatabaseUnavailable(
                 f"{_safe(url)!r} is not a database URL: use sqlite:///path/to/file.db or "
-                "postgresql+psycopg://user@host/db") from err
+                "postgresql+psycopg://user@host/db"
+            ) from err
         if self.is_sqlite:
             _install_sqlite_hooks(self.engine, sqlite_synchronous)
             writer: Engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
@@ -70,7 +71,8 @@ class Database:
         except OperationalError as err:
             reason = str(err.orig or err).strip().splitlines()[0]
             raise DatabaseUnavailable(
-                f"cannot connect to the database {_safe(self.url)}: {reason}") from err
+                f"cannot connect to the database {_safe(self.url)}: {reason}"
+            ) from err
 
     def upgrade(self) -> None:
         """Apply every pending Alembic migration (idempotent; safe with several replicas)."""
@@ -113,7 +115,8 @@ def _make_parent(path: Path) -> None:
     except OSError as err:  # a file in the way, no permission, a read-only file system
         raise DatabaseUnavailable(
             f"cannot create the directory of the SQLite database {path.parent}: "
-            f"{err.strerror or err}") from err
+            f"{err.strerror or err}"
+        ) from err
 
 
 def alembic_config(url: str) -> Config:

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from dashboard.store.models_rollout import OutboxEntry, Webhook
-from dashboard.store.webhooks import OutboxState
-from dashboard.webhook_signing import signed_headers
+from turnout.dashboard.store.models_rollout import OutboxEntry, Webhook
+from turnout.dashboard.store.webhooks import OutboxState
+from turnout.dashboard.webhook_signing import signed_headers
 
 #: ``(url, body, headers) -> HTTP status``; raises for a transport failure (refused, timeout).
 Poster = Callable[[str, bytes, dict[str, str]], int]
@@ -66,13 +66,17 @@ def httpx_poster(timeout_s: float) -> Poster:
     3xx is a failure."""
     import httpx
 
-    from oracle.client_http import status_within
+    from turnout.oracle.client_http import status_within
 
     def post(url: str, body: bytes, headers: dict[str, str]) -> int:
-        with httpx.Client(timeout=timeout_s, follow_redirects=False,
-                          limits=httpx.Limits(max_keepalive_connections=0)) as http:
-            return status_within(http, "POST", url, deadline_s=timeout_s, content=body,
-                                 headers=headers)
+        with httpx.Client(
+            timeout=timeout_s,
+            follow_redirects=False,
+            limits=httpx.Limits(max_keepalive_connections=0),
+        ) as http:
+            return status_within(
+                http, "POST", url, deadline_s=timeout_s, content=body, headers=headers
+            )
 
     return post
 
@@ -96,16 +100,27 @@ class _Claimed:
     lease: dt.datetime
 
 
-def _claim(session: Session, now: dt.datetime, policy: RetryPolicy, limit: int,
-           due: dt.datetime | None = None) -> list[_Claimed]:
+def _claim(
+    session: Session,
+    now: dt.datetime,
+    policy: RetryPolicy,
+    limit: int,
+    due: dt.datetime | None = None,
+) -> list[_Claimed]:
     """Up to ``limit`` entries due at ``due`` (default ``now``) and not leased at ``now``,
     leased from ``now`` for ``lease_s`` (at least twice the attempt's timeout, so that an
     attempt ends within its lease); commits."""
     due = due or now
-    stmt = (select(OutboxEntry).where(
-        OutboxEntry.state == OutboxState.pending, OutboxEntry.next_attempt_at <= due,
-        or_(OutboxEntry.leased_until.is_(None), OutboxEntry.leased_until <= now))
-        .order_by(OutboxEntry.id).limit(limit))
+    stmt = (
+        select(OutboxEntry)
+        .where(
+            OutboxEntry.state == OutboxState.pending,
+            OutboxEntry.next_attempt_at <= due,
+            or_(OutboxEntry.leased_until.is_(None), OutboxEntry.leased_until <= now),
+        )
+        .order_by(OutboxEntry.id)
+        .limit(limit)
+    )
     if session.get_bind().dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True)
     rows = list(session.scalars(stmt))
@@ -115,17 +130,22 @@ def _claim(session: Session, now: dt.datetime, policy: RetryPolicy, limit: int,
         row.leased_until = lease
         hook = session.get(Webhook, row.webhook_id)
         assert hook is not None  # a foreign key
-        out.append(_Claimed(row.id, row.delivery_id, row.kind, body_of(row), hook.url,
-                            hook.secret, lease))
+        out.append(
+            _Claimed(row.id, row.delivery_id, row.kind, body_of(row), hook.url, hook.secret, lease)
+        )
     session.commit()
     return out
 
 
 def _attempt(post: Poster, claimed: _Claimed, now: dt.datetime) -> tuple[int | None, str | None]:
     """(status, error) of one attempt; error None for a 2xx."""
-    headers = signed_headers(secret=claimed.secret, timestamp=int(now.timestamp()),
-                             body=claimed.body, kind=claimed.kind,
-                             delivery_id=claimed.delivery_id)
+    headers = signed_headers(
+        secret=claimed.secret,
+        timestamp=int(now.timestamp()),
+        body=claimed.body,
+        kind=claimed.kind,
+        delivery_id=claimed.delivery_id,
+    )
     try:
         status = post(claimed.url, claimed.body, headers)
     except Exception as err:  # any transport failure is the receiver's, and retried
@@ -133,11 +153,21 @@ def _attempt(post: Poster, claimed: _Claimed, now: dt.datetime) -> tuple[int | N
     return status, None if 200 <= status < 300 else f"HTTP {status}"
 
 
-def _record(session: Session, claimed: _Claimed, outcome: tuple[int | None, str | None],
-            now: dt.datetime, policy: RetryPolicy, rng: random.Random,
-            report: DeliveryReport) -> None:
-    row = session.scalars(select(OutboxEntry).where(OutboxEntry.id == claimed.entry_id)
-                          .with_for_update().execution_options(populate_existing=True)).one()
+def _record(
+    session: Session,
+    claimed: _Claimed,
+    outcome: tuple[int | None, str | None],
+    now: dt.datetime,
+    policy: RetryPolicy,
+    rng: random.Random,
+    report: DeliveryReport,
+) -> None:
+    row = session.scalars(
+        select(OutboxEntry)
+        .where(OutboxEntry.id == claimed.entry_id)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    ).one()
     if row.state != OutboxState.pending or row.leased_until != claimed.lease:
         session.rollback()  # another worker took it after our lease ended, or an admin acted
         return
@@ -157,10 +187,16 @@ def _record(session: Session, claimed: _Claimed, outcome: tuple[int | None, str 
     session.commit()
 
 
-def deliver_due(*, session: Session, now: dt.datetime, post: Poster,
-                policy: RetryPolicy | None = None, rng: random.Random | None = None,
-                limit: int = 50, stopping: Callable[[], bool] = lambda: False
-                ) -> DeliveryReport:
+def deliver_due(
+    *,
+    session: Session,
+    now: dt.datetime,
+    post: Poster,
+    policy: RetryPolicy | None = None,
+    rng: random.Random | None = None,
+    limit: int = 50,
+    stopping: Callable[[], bool] = lambda: False,
+) -> DeliveryReport:
     """Send every delivery due at ``now`` (at most ``limit``), oldest first, and record each
     outcome; commits (``session`` is a write session with no transaction open).
 
@@ -182,6 +218,13 @@ def deliver_due(*, session: Session, now: dt.datetime, post: Poster,
         if not claimed:
             break
         outcome = _attempt(post, claimed[0], at)
-        _record(session, claimed[0], outcome,
-                now + dt.timedelta(seconds=time.monotonic() - started), policy, rng, report)
+        _record(
+            session,
+            claimed[0],
+            outcome,
+            now + dt.timedelta(seconds=time.monotonic() - started),
+            policy,
+            rng,
+            report,
+        )
     return report

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oracle.errors import ErrorCode
+from turnout.oracle.errors import ErrorCode
 
 
 class StoreError(Exception):

@@ -21,14 +21,14 @@ from typing import Any, Protocol
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from dashboard.store import latest_counts, launches
-from dashboard.store.models import (
+from turnout.dashboard.store import latest_counts, launches
+from turnout.dashboard.store.models import (
     DailyDecisions,
     DecisionEvent,
     Deployment,
     LatestCounts,
 )
-from oracle.wire import LaunchIn
+from turnout.oracle.wire import LaunchIn
 
 
 class EventLike(Protocol):
@@ -96,8 +96,7 @@ class Ingested:
     attached: list[launches.Attached] = field(default_factory=list)
 
 
-def ingest(*, session: Session, events: Sequence[EventLike],
-           now: dt.datetime | None = None) -> int:
+def ingest(*, session: Session, events: Sequence[EventLike], now: dt.datetime | None = None) -> int:
     """Store a batch in the caller's transaction; returns how many decisions were new (not
     duplicates, not follow-ups that carry a start-up line to a stored decision).
 
@@ -107,8 +106,9 @@ def ingest(*, session: Session, events: Sequence[EventLike],
     return ingest_batch(session=session, events=events, now=now).inserted
 
 
-def ingest_batch(*, session: Session, events: Sequence[EventLike],
-                 now: dt.datetime | None = None) -> Ingested:
+def ingest_batch(
+    *, session: Session, events: Sequence[EventLike], now: dt.datetime | None = None
+) -> Ingested:
     """:func:`ingest`, saying which start-up lines it attached."""
     decisions, lines = launches.split(events)
     first: dict[str, EventLike] = {}
@@ -119,11 +119,11 @@ def ingest_batch(*, session: Session, events: Sequence[EventLike],
         return Ingested(0)
     now = now or dt.datetime.now(dt.UTC)
     if session.get_bind().dialect.name == "sqlite":
-        from dashboard.store.ingest_sqlite import ingest_sqlite
+        from turnout.dashboard.store.ingest_sqlite import ingest_sqlite
 
         inserted = ingest_sqlite(session, unique, now)
     else:
-        from dashboard.store.ingest_pg import insert_events_pg
+        from turnout.dashboard.store.ingest_pg import insert_events_pg
 
         ids = insert_events_pg(session.connection(), unique)
         fresh = [e for e in unique if e.event_id in ids]
@@ -136,8 +136,9 @@ def ingest_batch(*, session: Session, events: Sequence[EventLike],
     return Ingested(inserted, attached)
 
 
-def latest_per_deployment(events: Iterable[EventLike],
-                          into: dict[str, EventLike] | None = None) -> dict[str, EventLike]:
+def latest_per_deployment(
+    events: Iterable[EventLike], into: dict[str, EventLike] | None = None
+) -> dict[str, EventLike]:
     """Deployment id → its latest event: the greatest ``(at, event_id)`` (ties of time are
     broken by event id, the same order the stored rows are compared in)."""
     latest = {} if into is None else into
@@ -148,18 +149,17 @@ def latest_per_deployment(events: Iterable[EventLike],
     return latest
 
 
-def advance_deployments(session: Session, events: Sequence[EventLike],
-                        now: dt.datetime) -> None:
+def advance_deployments(session: Session, events: Sequence[EventLike], now: dt.datetime) -> None:
     """Move each deployment's latest decision forward to the newest of ``events`` where it is
     newer than the stored one (out-of-order delivery never moves it back), and its counts in
     ``latest_counts`` with it."""
     latest = list(latest_per_deployment(events).values())
     if session.get_bind().dialect.name == "sqlite":
-        from dashboard.store.ingest_sqlite import advance_sqlite
+        from turnout.dashboard.store.ingest_sqlite import advance_sqlite
 
         advance_sqlite(session.connection(), latest, now)
         return
-    from dashboard.store.ingest_pg import advance_pg
+    from turnout.dashboard.store.ingest_pg import advance_pg
 
     advance_pg(session.connection(), latest, now)
 
@@ -167,8 +167,9 @@ def advance_deployments(session: Session, events: Sequence[EventLike],
 DailyKey = tuple[dt.date, str, str, str, bool]
 
 
-def daily_counts(events: Iterable[EventLike], into: Counter[DailyKey] | None = None
-                 ) -> Counter[DailyKey]:
+def daily_counts(
+    events: Iterable[EventLike], into: Counter[DailyKey] | None = None
+) -> Counter[DailyKey]:
     """Events per (UTC day, family, runner, reason code, demo): the daily roll-up's
     increments."""
     decisions = into if into is not None else Counter()
@@ -186,11 +187,11 @@ def add_daily(session: Session, events: Iterable[EventLike]) -> None:
 def write_daily(session: Session, decisions: Counter[DailyKey]) -> None:
     """Add to the daily roll-up (an upsert per key, in key order)."""
     if session.get_bind().dialect.name == "sqlite":
-        from dashboard.store.ingest_sqlite import write_daily_sqlite
+        from turnout.dashboard.store.ingest_sqlite import write_daily_sqlite
 
         write_daily_sqlite(session.connection(), decisions)
         return
-    from dashboard.store.ingest_pg import write_daily_pg
+    from turnout.dashboard.store.ingest_pg import write_daily_pg
 
     write_daily_pg(session.connection(), decisions)
 
@@ -223,8 +224,9 @@ def list_events(
     deployment_id: str | None = None,
 ) -> list[DecisionEvent]:
     """Newest first, filtered; ``runner="none"`` selects decisions without a runner (errors)."""
-    stmt = select(DecisionEvent).order_by(DecisionEvent.at.desc(),
-                                          DecisionEvent.event_id).limit(limit)
+    stmt = (
+        select(DecisionEvent).order_by(DecisionEvent.at.desc(), DecisionEvent.event_id).limit(limit)
+    )
     if family:
         stmt = stmt.where(DecisionEvent.family == family)
     if runner == "none":
@@ -241,6 +243,7 @@ def list_events(
         if stage:
             stmt = stmt.where(DecisionEvent.stage == stage)
         scan = session.scalars(stmt.limit(limit * 50))
-        return [e for e in scan if rule in e.rule_ids
-                or (not e.rule_ids and e.reason_code == rule)][:limit]
+        return [
+            e for e in scan if rule in e.rule_ids or (not e.rule_ids and e.reason_code == rule)
+        ][:limit]
     return list(session.scalars(stmt))

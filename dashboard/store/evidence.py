@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dashboard.store.models import ParityEvidence, utcnow
+from turnout.dashboard.store.models import ParityEvidence, utcnow
 
 
 @dataclass(frozen=True)
@@ -20,20 +20,38 @@ class Counts:
     num_skipped: int | None = None
 
 
-def record_evidence(*, session: Session, family: str, runner_pair: str, suite: str,
-                    result: str, details: str, actor: str,
-                    counts: Counts = Counts()) -> ParityEvidence:
-    row = ParityEvidence(family=family, runner_pair=runner_pair, suite=suite, result=result,
-                         details=details, recorded_at=utcnow(), recorded_by=actor,
-                         num_tests=counts.num_tests, num_failures=counts.num_failures,
-                         num_errors=counts.num_errors, num_skipped=counts.num_skipped)
+def record_evidence(
+    *,
+    session: Session,
+    family: str,
+    runner_pair: str,
+    suite: str,
+    result: str,
+    details: str,
+    actor: str,
+    counts: Counts = Counts(),
+) -> ParityEvidence:
+    row = ParityEvidence(
+        family=family,
+        runner_pair=runner_pair,
+        suite=suite,
+        result=result,
+        details=details,
+        recorded_at=utcnow(),
+        recorded_by=actor,
+        num_tests=counts.num_tests,
+        num_failures=counts.num_failures,
+        num_errors=counts.num_errors,
+        num_skipped=counts.num_skipped,
+    )
     session.add(row)
     session.flush()
     return row
 
 
-def list_evidence(*, session: Session, family: str | None = None,
-                  limit: int = 100) -> list[ParityEvidence]:
+def list_evidence(
+    *, session: Session, family: str | None = None, limit: int = 100
+) -> list[ParityEvidence]:
     stmt = select(ParityEvidence).order_by(ParityEvidence.id.desc()).limit(limit)
     if family:
         stmt = stmt.where(ParityEvidence.family == family)

@@ -19,7 +19,7 @@ from sqlalchemy import and_, exists, func, or_, select, type_coerce
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
-from dashboard.store.models import DecisionEvent, Deployment
+from turnout.dashboard.store.models import DecisionEvent, Deployment
 
 MAX_PAGE_SIZE = 500
 _CURSOR_SEP = "~"  # not in an event id (``[A-Za-z0-9._:-]``) nor in an ISO time
@@ -89,8 +89,11 @@ def _has_rule(session: Session, rule: str) -> Any:
 
 
 def _no_rules(session: Session) -> Any:
-    length = (func.jsonb_array_length if session.get_bind().dialect.name == "postgresql"
-              else func.json_array_length)
+    length = (
+        func.jsonb_array_length
+        if session.get_bind().dialect.name == "postgresql"
+        else func.json_array_length
+    )
     return length(DecisionEvent.rule_ids) == 0
 
 
@@ -114,20 +117,26 @@ def _where(session: Session, f: EventFilter) -> list[Any]:
         rule, _, stage = f.rule_id.partition(":")
         if stage:
             out.append(DecisionEvent.stage == stage)
-        out.append(or_(_has_rule(session, rule),
-                       and_(_no_rules(session), DecisionEvent.reason_code == rule)))
+        out.append(
+            or_(
+                _has_rule(session, rule),
+                and_(_no_rules(session), DecisionEvent.reason_code == rule),
+            )
+        )
     return out
 
 
 def _newer_than(c: Cursor) -> Any:
     """Events before ``c`` in the order (newest first, then by event id)."""
-    return or_(DecisionEvent.at > c.at,
-               and_(DecisionEvent.at == c.at, DecisionEvent.event_id < c.event_id))
+    return or_(
+        DecisionEvent.at > c.at, and_(DecisionEvent.at == c.at, DecisionEvent.event_id < c.event_id)
+    )
 
 
 def _older_than(c: Cursor) -> Any:
-    return or_(DecisionEvent.at < c.at,
-               and_(DecisionEvent.at == c.at, DecisionEvent.event_id > c.event_id))
+    return or_(
+        DecisionEvent.at < c.at, and_(DecisionEvent.at == c.at, DecisionEvent.event_id > c.event_id)
+    )
 
 
 def count_events(*, session: Session, where: EventFilter) -> int:
@@ -136,8 +145,14 @@ def count_events(*, session: Session, where: EventFilter) -> int:
     return int(session.scalar(stmt) or 0)
 
 
-def page_events(*, session: Session, where: EventFilter, size: int = 50,
-                after: Cursor | None = None, before: Cursor | None = None) -> EventPage:
+def page_events(
+    *,
+    session: Session,
+    where: EventFilter,
+    size: int = 50,
+    after: Cursor | None = None,
+    before: Cursor | None = None,
+) -> EventPage:
     """The ``size`` events that follow ``after`` (older), or precede ``before`` (newer), or
     the newest ones. Raises ValueError for a size outside 1..MAX_PAGE_SIZE or both cursors."""
     if not 1 <= size <= MAX_PAGE_SIZE:
@@ -147,8 +162,12 @@ def page_events(*, session: Session, where: EventFilter, size: int = 50,
     conds = _where(session, where)
     newest_first = (DecisionEvent.at.desc(), DecisionEvent.event_id.asc())
     if before is not None:
-        stmt = select(DecisionEvent).where(*conds, _newer_than(before)).order_by(
-            DecisionEvent.at.asc(), DecisionEvent.event_id.desc()).limit(size + 1)
+        stmt = (
+            select(DecisionEvent)
+            .where(*conds, _newer_than(before))
+            .order_by(DecisionEvent.at.asc(), DecisionEvent.event_id.desc())
+            .limit(size + 1)
+        )
         rows = list(session.scalars(stmt))
         more_newer = len(rows) > size
         rows = rows[:size][::-1]
@@ -164,21 +183,33 @@ def page_events(*, session: Session, where: EventFilter, size: int = 50,
     total = count_events(session=session, where=where)
     first = 1
     if rows and (after is not None or before is not None):
-        ahead = select(func.count()).select_from(DecisionEvent).where(
-            *conds, _newer_than(Cursor.of(rows[0])))
+        ahead = (
+            select(func.count())
+            .select_from(DecisionEvent)
+            .where(*conds, _newer_than(Cursor.of(rows[0])))
+        )
         first = int(session.scalar(ahead) or 0) + 1
         more_newer = first > 1
-    return EventPage(rows, total, first if rows else 0,
-                     Cursor.of(rows[0]) if rows and more_newer else None,
-                     Cursor.of(rows[-1]) if rows and more_older else None)
+    return EventPage(
+        rows,
+        total,
+        first if rows else 0,
+        Cursor.of(rows[0]) if rows and more_newer else None,
+        Cursor.of(rows[-1]) if rows and more_older else None,
+    )
 
 
-def events_after(*, session: Session, where: EventFilter, after: Cursor | None,
-                 limit: int = 1000) -> list[DecisionEvent]:
+def events_after(
+    *, session: Session, where: EventFilter, after: Cursor | None, limit: int = 1000
+) -> list[DecisionEvent]:
     """The next ``limit`` matching events after ``after`` (from the newest when None): an
     export walks the whole filter with these, one short read at a time."""
-    stmt = select(DecisionEvent).where(*_where(session, where)).order_by(
-        DecisionEvent.at.desc(), DecisionEvent.event_id.asc()).limit(limit)
+    stmt = (
+        select(DecisionEvent)
+        .where(*_where(session, where))
+        .order_by(DecisionEvent.at.desc(), DecisionEvent.event_id.asc())
+        .limit(limit)
+    )
     if after is not None:
         stmt = stmt.where(_older_than(after))
     return list(session.scalars(stmt))
@@ -197,8 +228,11 @@ def get_event(*, session: Session, event_id: str) -> DecisionEvent | None:
 def families_by_stage(*, session: Session) -> dict[str, Counter[str]]:
     """Stage → family → deployments whose latest decision fell in that stage (what a cohort
     holds in the fleet, for stages that name attributes rather than families)."""
-    stmt = select(Deployment.stage, Deployment.family, func.count()).where(
-        Deployment.stage.is_not(None)).group_by(Deployment.stage, Deployment.family)
+    stmt = (
+        select(Deployment.stage, Deployment.family, func.count())
+        .where(Deployment.stage.is_not(None))
+        .group_by(Deployment.stage, Deployment.family)
+    )
     out: dict[str, Counter[str]] = defaultdict(Counter)
     for stage, family, n in session.execute(stmt):
         out[str(stage)][family] += int(n)

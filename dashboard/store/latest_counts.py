@@ -25,7 +25,7 @@ from typing import Any, Literal, NamedTuple
 
 from sqlalchemy import Connection, delete, select
 
-from dashboard.store.models import Deployment, LatestCounts
+from turnout.dashboard.store.models import Deployment, LatestCounts
 
 # Bucket sizes, seconds, each a multiple of the one before: 5 minutes, an hour, 6 hours, a day.
 BUCKETS = (300, 3600, 21600, 86400)
@@ -34,16 +34,29 @@ BUCKETS = (300, 3600, 21600, 86400)
 # first hours of the 7-day one, 6-hour ones for the 7-day window (a sixth of the rows hourly
 # buckets would take: the 7-day window is the largest read); a day of slack on top. In a fleet
 # whose deployments report every few days, a move then rarely touches a fine bucket.
-RETENTION_S: dict[int, int | None] = {300: 2 * 86400, 3600: 9 * 86400, 21600: 9 * 86400,
-                                      86400: None}
+RETENTION_S: dict[int, int | None] = {
+    300: 2 * 86400,
+    3600: 9 * 86400,
+    21600: 9 * 86400,
+    86400: None,
+}
 # Rows are deleted a day after ingest stops writing them, so that a pruning transaction and
 # an ingest whose clock is a little behind never touch the same row.
 _PRUNE_MARGIN_S = 86400
 
 Kind = Literal["blocked", "waiting", "held"]
 KINDS: tuple[Kind, ...] = ("blocked", "waiting", "held")
-_WAITING = frozenset({"rollout.stage_off", "rollout.split_out", "rollout.no_stage",
-                      "DISABLED", "DEFAULT", "SPLIT", "TARGETING_MATCH"})
+_WAITING = frozenset(
+    {
+        "rollout.stage_off",
+        "rollout.split_out",
+        "rollout.no_stage",
+        "DISABLED",
+        "DEFAULT",
+        "SPLIT",
+        "TARGETING_MATCH",
+    }
+)
 _HELD = frozenset({"rollout.kill_switch", "pin.v1", "STATIC"})
 _PER_STAGE = ("rollout.stage_off", "rollout.split_out")
 
@@ -86,11 +99,22 @@ class State(NamedTuple):
 
 def state_of(e: Any) -> State:
     """The :class:`State` of an event (``events.EventLike``) or a ``deployments`` row."""
-    return State(int(e.at.timestamp() // 1), e.event_id, e.pack, e.family, e.stage, e.runner,
-                 e.reason_code, tuple(e.rule_ids), bool(e.demo))
+    return State(
+        int(e.at.timestamp() // 1),
+        e.event_id,
+        e.pack,
+        e.family,
+        e.stage,
+        e.runner,
+        e.reason_code,
+        tuple(e.rule_ids),
+        bool(e.demo),
+    )
 
 
-Suffix = tuple[str, str, str, str, str, str, bool]  # reason, kind, family, stage, pack, runner, demo
+Suffix = tuple[
+    str, str, str, str, str, str, bool
+]  # reason, kind, family, stage, pack, runner, demo
 Key = tuple[int, int, str, str, str, str, str, str, bool]  # (bucket size, bucket, *Suffix)
 
 
@@ -99,8 +123,15 @@ def _suffixes(s: State) -> tuple[Suffix, ...]:
 
 
 @lru_cache(maxsize=16384)
-def suffixes_of(runner: str | None, rule_ids: tuple[str, ...], reason_code: str,
-                stage: str | None, family: str, pack: str, demo: bool) -> tuple[Suffix, ...]:
+def suffixes_of(
+    runner: str | None,
+    rule_ids: tuple[str, ...],
+    reason_code: str,
+    stage: str | None,
+    family: str,
+    pack: str,
+    demo: bool,
+) -> tuple[Suffix, ...]:
     """The keys of a decision but its bucket; a fleet has few distinct decisions, each is
     worked out once (equal decisions get the same tuple object)."""
     rest = (family, stage or "", pack, runner or "", bool(demo))
@@ -117,8 +148,9 @@ def _horizons(now_s: int) -> list[tuple[int, int | None]]:
     return [(size, None if keep is None else now_s - keep) for size, keep in RETENTION_S.items()]
 
 
-def _add(counts: dict[Key, int], size: int, bucket: int, suffixes: tuple[Suffix, ...],
-         sign: int) -> None:
+def _add(
+    counts: dict[Key, int], size: int, bucket: int, suffixes: tuple[Suffix, ...], sign: int
+) -> None:
     for suffix in suffixes:
         key = (size, bucket, *suffix)
         counts[key] = counts.get(key, 0) + sign
@@ -129,8 +161,12 @@ Move = tuple[int, tuple[Suffix, ...] | None, int, tuple[Suffix, ...]]
 
 
 def move(old: State | None, new: State) -> Move:
-    return (0 if old is None else old.t, None if old is None else _suffixes(old),
-            new.t, _suffixes(new))
+    return (
+        0 if old is None else old.t,
+        None if old is None else _suffixes(old),
+        new.t,
+        _suffixes(new),
+    )
 
 
 def count_moves(moves: Iterable[Move], now: dt.datetime) -> dict[Key, int]:
@@ -160,13 +196,24 @@ def add_state(counts: dict[Key, int], state: State, sign: int, now_s: int) -> No
             _add(counts, size, bucket, _suffixes(state), sign)
 
 
-_COLUMNS = ("bucket_s", "bucket", "reason", "kind", "family", "stage", "pack", "runner",
-            "demo", "num_deployments")
+_COLUMNS = (
+    "bucket_s",
+    "bucket",
+    "reason",
+    "kind",
+    "family",
+    "stage",
+    "pack",
+    "runner",
+    "demo",
+    "num_deployments",
+)
 _SQLITE_UPSERT = (
     f"INSERT INTO latest_counts ({', '.join(_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _COLUMNS)}) "
     f"ON CONFLICT ({', '.join(_COLUMNS[:-1])}) DO UPDATE SET "
-    "num_deployments = latest_counts.num_deployments + excluded.num_deployments")
+    "num_deployments = latest_counts.num_deployments + excluded.num_deployments"
+)
 
 
 def apply_moves(conn: Connection, moves: Iterable[Move], now: dt.datetime) -> int:
@@ -200,7 +247,7 @@ def write_counts(conn: Connection, counts: dict[Key, int]) -> None:
     if conn.dialect.name == "sqlite":
         conn.exec_driver_sql(_SQLITE_UPSERT, [(*k[:8], int(k[8]), n) for k, n in ordered])
         return
-    from dashboard.store.ingest_pg import write_counts_pg
+    from turnout.dashboard.store.ingest_pg import write_counts_pg
 
     write_counts_pg(conn, ordered)
 
@@ -211,13 +258,16 @@ def prune(conn: Connection, now: dt.datetime) -> None:
     now_s = int(now.timestamp())
     for size, keep in RETENTION_S.items():
         if keep is not None:
-            conn.execute(delete(LatestCounts).where(
-                LatestCounts.bucket_s == size,
-                LatestCounts.bucket < now_s - keep - _PRUNE_MARGIN_S))
+            conn.execute(
+                delete(LatestCounts).where(
+                    LatestCounts.bucket_s == size,
+                    LatestCounts.bucket < now_s - keep - _PRUNE_MARGIN_S,
+                )
+            )
     if conn.dialect.name == "sqlite":  # the write transaction excludes every other writer
         conn.execute(delete(LatestCounts).where(LatestCounts.num_deployments == 0))
         return
-    from dashboard.store.ingest_pg import DELETE_ZEROS
+    from turnout.dashboard.store.ingest_pg import DELETE_ZEROS
 
     conn.exec_driver_sql(DELETE_ZEROS)
 
@@ -230,8 +280,9 @@ def rebuild(conn: Connection, now: dt.datetime | None = None, chunk: int = 20_00
     conn.execute(delete(LatestCounts))
     _pruned.pop(conn.engine.url, None)
     d = Deployment.__table__.c
-    stmt = select(d.at, d.event_id, d.pack, d.family, d.stage, d.runner, d.reason_code,
-                  d.rule_ids, d.demo).order_by(d.deployment_id)
+    stmt = select(
+        d.at, d.event_id, d.pack, d.family, d.stage, d.runner, d.reason_code, d.rule_ids, d.demo
+    ).order_by(d.deployment_id)
     counts: dict[Key, int] = {}
     num = 0
     for row in conn.execute(stmt):
@@ -239,7 +290,7 @@ def rebuild(conn: Connection, now: dt.datetime | None = None, chunk: int = 20_00
         num += 1
     items = sorted(counts.items())
     for start in range(0, len(items), chunk):
-        write_counts(conn, dict(items[start:start + chunk]))
+        write_counts(conn, dict(items[start : start + chunk]))
     return num
 
 
@@ -247,5 +298,7 @@ def nonzero_rows(conn: Connection) -> dict[Key, int]:
     """Every stored count that is not zero, by key (what tests compare)."""
     t = LatestCounts.__table__.c
     stmt = select(*(t[c] for c in _COLUMNS)).where(t.num_deployments != 0)
-    return {(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8])): int(r[9])
-            for r in conn.execute(stmt)}
+    return {
+        (r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8])): int(r[9])
+        for r in conn.execute(stmt)
+    }

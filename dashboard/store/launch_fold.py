@@ -20,14 +20,25 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, select, update
 
-from dashboard.store import latest_counts
-from dashboard.store.launches import FOLLOW_UP_SUFFIX
-from dashboard.store.models import DailyDecisions, DecisionEvent, Deployment
+from turnout.dashboard.store import latest_counts
+from turnout.dashboard.store.launches import FOLLOW_UP_SUFFIX
+from turnout.dashboard.store.models import DailyDecisions, DecisionEvent, Deployment
 
 _CHUNK = 500
 _SAME = ("deployment_id", "pack", "family", "stage", "runner", "mode", "reason_code", "demo")
-_LATEST = ("event_id", "at", "host", "pack", "family", "runner", "mode", "stage",
-           "reason_code", "rule_ids", "demo")
+_LATEST = (
+    "event_id",
+    "at",
+    "host",
+    "pack",
+    "family",
+    "runner",
+    "mode",
+    "stage",
+    "reason_code",
+    "rule_ids",
+    "demo",
+)
 
 
 def _events() -> Any:
@@ -36,7 +47,7 @@ def _events() -> Any:
 
 def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
     for start in range(0, len(items), _CHUNK):
-        yield items[start:start + _CHUNK]
+        yield items[start : start + _CHUNK]
 
 
 def _rows(conn: Connection, column: str, values: Sequence[str]) -> list[Any]:
@@ -53,15 +64,19 @@ def fold_follow_ups(conn: Connection, now: dt.datetime | None = None) -> int:
     """Fold every stored follow-up event into its decision (see the module's docstring), in
     the caller's transaction; returns how many rows were folded."""
     e = _events()
-    found = conn.execute(select(e.event_id).where(
-        e.event_id.like(f"%{FOLLOW_UP_SUFFIX}"))).scalars().all()
+    found = (
+        conn.execute(select(e.event_id).where(e.event_id.like(f"%{FOLLOW_UP_SUFFIX}")))
+        .scalars()
+        .all()
+    )
     ids = sorted(i for i in found if i.endswith(FOLLOW_UP_SUFFIX))  # LIKE ignores case
     if not ids:
         return 0
     follow_ups = _rows(conn, "event_id", ids)
-    bases = {r.event_id: r for r in _rows(
-        conn, "event_id", [i[:-len(FOLLOW_UP_SUFFIX)] for i in ids])}
-    folded = [f for f in follow_ups if _same(f, bases.get(f.event_id[:-len(FOLLOW_UP_SUFFIX)]))]
+    bases = {
+        r.event_id: r for r in _rows(conn, "event_id", [i[: -len(FOLLOW_UP_SUFFIX)] for i in ids])
+    }
+    folded = [f for f in follow_ups if _same(f, bases.get(f.event_id[: -len(FOLLOW_UP_SUFFIX)]))]
     if not folded:
         return 0
     gone = sorted(f.event_id for f in folded)
@@ -80,12 +95,22 @@ def _same(follow_up: Any, base: Any | None) -> bool:
 def _uncount_daily(conn: Connection, folded: Sequence[Any]) -> None:
     """Take the folded rows off ``daily_decisions`` (a row down to zero goes)."""
     d = DailyDecisions.__table__.c
-    keys = Counter((f.at.astimezone(dt.UTC).date(), f.family, f.runner or "", f.reason_code,
-                    bool(f.demo)) for f in folded)
+    keys = Counter(
+        (f.at.astimezone(dt.UTC).date(), f.family, f.runner or "", f.reason_code, bool(f.demo))
+        for f in folded
+    )
     for (day, family, runner, code, demo), n in sorted(keys.items()):
-        conn.execute(update(DailyDecisions).where(
-            d.day == day, d.family == family, d.runner == runner, d.reason_code == code,
-            d.demo == demo).values(num_events=d.num_events - n))
+        conn.execute(
+            update(DailyDecisions)
+            .where(
+                d.day == day,
+                d.family == family,
+                d.runner == runner,
+                d.reason_code == code,
+                d.demo == demo,
+            )
+            .values(num_events=d.num_events - n)
+        )
     conn.execute(delete(DailyDecisions).where(d.num_events <= 0))
 
 
@@ -95,14 +120,18 @@ def _repoint(conn: Connection, gone: set[str]) -> int:
     dep = Deployment.__table__.c
     moved: list[str] = []
     for chunk in _chunks(sorted(gone)):
-        moved += conn.execute(select(dep.deployment_id).where(dep.event_id.in_(chunk))
-                              ).scalars().all()
+        moved += (
+            conn.execute(select(dep.deployment_id).where(dep.event_id.in_(chunk))).scalars().all()
+        )
     latest: dict[str, Any] = {}
     for r in _rows(conn, "deployment_id", sorted(moved)):
         cur = latest.get(r.deployment_id)
         if cur is None or (r.at, r.event_id) > (cur.at, cur.event_id):
             latest[r.deployment_id] = r
     for deployment_id, r in sorted(latest.items()):
-        conn.execute(update(Deployment).where(dep.deployment_id == deployment_id)
-                     .values({c: getattr(r, c) for c in _LATEST}))
+        conn.execute(
+            update(Deployment)
+            .where(dep.deployment_id == deployment_id)
+            .values({c: getattr(r, c) for c in _LATEST})
+        )
     return len(latest)

@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, bindparam, func, update
 
-from dashboard.store.models import DecisionEvent, JSONType
+from turnout.dashboard.store.models import DecisionEvent, JSONType
 
 if TYPE_CHECKING:
-    from dashboard.store.events import EventLike
+    from turnout.dashboard.store.events import EventLike
 
 FOLLOW_UP_SUFFIX = ".startup"
 
@@ -43,15 +43,16 @@ def follows(e: EventLike) -> str | None:
         return None
     if not e.event_id.endswith(FOLLOW_UP_SUFFIX):
         return None
-    return e.event_id[:-len(FOLLOW_UP_SUFFIX)] or None
+    return e.event_id[: -len(FOLLOW_UP_SUFFIX)] or None
 
 
 def launch_json(e: EventLike) -> str | None:
     """The event's ``launch`` part as stored (compact JSON, without ``startup``), or None."""
     if e.launch is None:
         return None
-    return json.dumps(e.launch.model_dump(mode="json", exclude={"startup"}),
-                      separators=(",", ":"), sort_keys=True)
+    return json.dumps(
+        e.launch.model_dump(mode="json", exclude={"startup"}), separators=(",", ":"), sort_keys=True
+    )
 
 
 @dataclass(frozen=True)
@@ -67,26 +68,49 @@ class StartupLine:
     launch: dict[str, Any] | None  # its launch part (sets a row's missing one)
 
     def to_json(self) -> dict[str, Any]:
-        return {"runner": self.runner, "line": self.line, "at": self.at.isoformat(),
-                "event_id": self.reported_as}
+        return {
+            "runner": self.runner,
+            "line": self.line,
+            "at": self.at.isoformat(),
+            "event_id": self.reported_as,
+        }
 
 
 def _line_of(e: EventLike, event_id: str) -> StartupLine:
     assert e.launch is not None and e.launch.startup is not None
     part = e.launch.model_dump(mode="json", exclude={"startup"})
-    return StartupLine(event_id, e.deployment_id, e.launch.startup.runner,
-                       e.launch.startup.line, e.at.astimezone(dt.UTC), e.event_id, part)
+    return StartupLine(
+        event_id,
+        e.deployment_id,
+        e.launch.startup.runner,
+        e.launch.startup.line,
+        e.at.astimezone(dt.UTC),
+        e.event_id,
+        part,
+    )
 
 
 def stand_in(e: EventLike, event_id: str) -> EventLike:
     """A follow-up as the decision event it follows (its id, the rest as reported)."""
-    from dashboard.store.events import EventRecord
+    from turnout.dashboard.store.events import EventRecord
 
-    return EventRecord(event_id=event_id, at=e.at, deployment_id=e.deployment_id, pack=e.pack,
-                       family=e.family, runner=e.runner, mode=e.mode,
-                       reason_code=e.reason_code, host=e.host, stage=e.stage,
-                       rule_ids=tuple(e.rule_ids), policy_digest=e.policy_digest,
-                       config=e.config, demo=e.demo, launch=e.launch)
+    return EventRecord(
+        event_id=event_id,
+        at=e.at,
+        deployment_id=e.deployment_id,
+        pack=e.pack,
+        family=e.family,
+        runner=e.runner,
+        mode=e.mode,
+        reason_code=e.reason_code,
+        host=e.host,
+        stage=e.stage,
+        rule_ids=tuple(e.rule_ids),
+        policy_digest=e.policy_digest,
+        config=e.config,
+        demo=e.demo,
+        launch=e.launch,
+    )
 
 
 def split(events: Sequence[EventLike]) -> tuple[list[EventLike], list[StartupLine]]:
@@ -127,17 +151,30 @@ def attach(conn: Connection, lines: Sequence[StartupLine]) -> list[Attached]:
     the line's event where it has none. The rows exist: the batch stored its stand-ins
     first."""
     t = DecisionEvent
-    stmt = (update(t)
-            .where(t.event_id == bindparam("b_event_id"), t.startup.is_(None),
-                   t.deployment_id == bindparam("b_deployment_id"))
-            .values(startup=bindparam("b_startup", type_=JSONType),
-                    launch=func.coalesce(t.launch, bindparam("b_launch", type_=JSONType)))
-            .returning(t.runner))
+    stmt = (
+        update(t)
+        .where(
+            t.event_id == bindparam("b_event_id"),
+            t.startup.is_(None),
+            t.deployment_id == bindparam("b_deployment_id"),
+        )
+        .values(
+            startup=bindparam("b_startup", type_=JSONType),
+            launch=func.coalesce(t.launch, bindparam("b_launch", type_=JSONType)),
+        )
+        .returning(t.runner)
+    )
     out = []
     for line in sorted(lines, key=lambda x: (x.event_id, x.reported_as)):
-        row = conn.execute(stmt, {"b_event_id": line.event_id, "b_startup": line.to_json(),
-                                  "b_launch": line.launch,
-                                  "b_deployment_id": line.deployment_id}).first()
+        row = conn.execute(
+            stmt,
+            {
+                "b_event_id": line.event_id,
+                "b_startup": line.to_json(),
+                "b_launch": line.launch,
+                "b_deployment_id": line.deployment_id,
+            },
+        ).first()
         if row is not None:
             out.append(Attached(line, row[0]))
     return out
@@ -171,7 +208,13 @@ class LaunchRecord:
         if row is None or row.launch is None:
             return None
         part = row.launch
-        return cls(str(part.get("vllm_version", "")), str(part.get("vllm_pack", "")),
-                   bool(part.get("has_pack", True)), dict(part.get("env") or {}),
-                   part.get("operator_pin"), str(part.get("snapshot_source", "")),
-                   row.runner, row.startup)
+        return cls(
+            str(part.get("vllm_version", "")),
+            str(part.get("vllm_pack", "")),
+            bool(part.get("has_pack", True)),
+            dict(part.get("env") or {}),
+            part.get("operator_pin"),
+            str(part.get("snapshot_source", "")),
+            row.runner,
+            row.startup,
+        )

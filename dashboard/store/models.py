@@ -59,7 +59,9 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
 
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar[dict[Any, Any]] = {
-        dt.datetime: UTCDateTime(), dict[str, Any]: JSONType}
+        dt.datetime: UTCDateTime(),
+        dict[str, Any]: JSONType,
+    }
 
 
 class Canary(Base):
@@ -198,8 +200,10 @@ class EngineHealth(Base):
     __tablename__ = "engine_health"
     # What the aggregates read: one stage's reports in a time range, and every stage's in a
     # recent range (/metrics, the page's choice of stage).
-    __table_args__ = (Index("ix_engine_health_stage_end_s", "stage", "end_s"),
-                      Index("ix_engine_health_end_s", "end_s"))
+    __table_args__ = (
+        Index("ix_engine_health_stage_end_s", "stage", "end_s"),
+        Index("ix_engine_health_end_s", "end_s"),
+    )
 
     report_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     deployment_id: Mapped[str] = mapped_column(String(256))
@@ -287,4 +291,4 @@ class ServiceMeta(Base):
 
 
 # The closed-loop tables share this metadata (the migrations and their check read it).
-from dashboard.store import models_rollout as _models_rollout  # noqa: E402, F401
+from turnout.dashboard.store import models_rollout as _models_rollout  # noqa: E402, F401

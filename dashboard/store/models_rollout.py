@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from dashboard.store.models import Base, JSONType
+from turnout.dashboard.store.models import Base, JSONType
 
 
 class Ramp(Base):

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from sqlalchemy import delete, or_, select
 from sqlalchemy.orm import Session
 
-from dashboard.store.models import ApiToken, PageSession, utcnow
-from dashboard.store.tokens import is_expired
+from turnout.dashboard.store.models import ApiToken, PageSession, utcnow
+from turnout.dashboard.store.tokens import is_expired
 
 SESSION_PREFIX = "ses_"
 
@@ -33,19 +33,25 @@ class LiveSession:
     token: ApiToken
 
 
-def start_session(*, session: Session, token: ApiToken, ttl: dt.timedelta) -> tuple[str, PageSession]:
+def start_session(
+    *, session: Session, token: ApiToken, ttl: dt.timedelta
+) -> tuple[str, PageSession]:
     """A new session for ``token``, ending ``ttl`` from now (or at the token's own expiry,
     whichever is first); returns its id (the cookie's value, never stored) and its row.
     Sessions that ended or expired are deleted on the way (the table stays small)."""
     now = utcnow()
-    session.execute(delete(PageSession).where(
-        or_(PageSession.expires_at <= now, PageSession.ended_at.is_not(None))))
+    session.execute(
+        delete(PageSession).where(
+            or_(PageSession.expires_at <= now, PageSession.ended_at.is_not(None))
+        )
+    )
     session_id = SESSION_PREFIX + secrets.token_urlsafe(32)
     ends = now + ttl
     if token.expires_at is not None:
         ends = min(ends, token.expires_at)
-    row = PageSession(id_hash=hash_session_id(session_id), token_id=token.id, created_at=now,
-                      expires_at=ends)
+    row = PageSession(
+        id_hash=hash_session_id(session_id), token_id=token.id, created_at=now, expires_at=ends
+    )
     session.add(row)
     session.flush()
     return session_id, row
@@ -55,8 +61,10 @@ def find_session(*, session: Session, session_id: str) -> LiveSession | None:
     """The live session of ``session_id`` (None: unknown, ended, expired, or its token
     revoked or expired)."""
     found = session.execute(
-        select(PageSession, ApiToken).join(ApiToken, ApiToken.id == PageSession.token_id)
-        .where(PageSession.id_hash == hash_session_id(session_id))).first()
+        select(PageSession, ApiToken)
+        .join(ApiToken, ApiToken.id == PageSession.token_id)
+        .where(PageSession.id_hash == hash_session_id(session_id))
+    ).first()
     if found is None:
         return None
     row, token = found

@@ -12,10 +12,10 @@ from enum import StrEnum
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from dashboard.store import audit
-from dashboard.store.errors import InvalidChange, NotFound
-from dashboard.store.models import ApiToken, utcnow
-from oracle.errors import ErrorCode
+from turnout.dashboard.store import audit
+from turnout.dashboard.store.errors import InvalidChange, NotFound
+from turnout.dashboard.store.models import ApiToken, utcnow
+from turnout.oracle.errors import ErrorCode
 
 TOKEN_PREFIX = "tok_"
 
@@ -48,8 +48,7 @@ MAX_LIFETIME = dt.timedelta(days=3660)
 DURATION_HELP = "a number and a unit: s, m, h, d or w (30d, 12h, 90m), at most 3660d"
 
 
-def read_duration(text: str, help_text: str = DURATION_HELP.rsplit(",", 1)[0]
-                  ) -> dt.timedelta:
+def read_duration(text: str, help_text: str = DURATION_HELP.rsplit(",", 1)[0]) -> dt.timedelta:
     """``"30d"`` → 30 days, ``"0s"`` → 0 (a number and a unit; what a span may be is its
     user's to check). Raises InvalidChange (``invalid_change``) for anything else."""
     found = _DURATION.match(text)
@@ -67,32 +66,50 @@ def parse_duration(text: str) -> dt.timedelta:
     return span
 
 
-def create_token(*, session: Session, name: str, role: Role, actor: str,
-                 expires_in: dt.timedelta | None = None) -> tuple[ApiToken, str]:
+def create_token(
+    *, session: Session, name: str, role: Role, actor: str, expires_in: dt.timedelta | None = None
+) -> tuple[ApiToken, str]:
     """Make a token (expiring ``expires_in`` from now; None: never); returns the row and the
     token itself (the only time it exists in clear)."""
     if not name.strip():
-        raise InvalidChange("a token needs a name (who or what uses it)",
-                            code=ErrorCode.NAME_REQUIRED)
+        raise InvalidChange(
+            "a token needs a name (who or what uses it)", code=ErrorCode.NAME_REQUIRED
+        )
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     now = utcnow()
-    row = ApiToken(name=name.strip(), role=role.value, token_hash=hash_token(token),
-                   prefix=token[: len(TOKEN_PREFIX) + 6], created_at=now, created_by=actor,
-                   expires_at=now + expires_in if expires_in is not None else None)
+    row = ApiToken(
+        name=name.strip(),
+        role=role.value,
+        token_hash=hash_token(token),
+        prefix=token[: len(TOKEN_PREFIX) + 6],
+        created_at=now,
+        created_by=actor,
+        expires_at=now + expires_in if expires_in is not None else None,
+    )
     session.add(row)
     session.flush()
     expiry = f", expires {row.expires_at:%Y-%m-%d %H:%M} UTC" if row.expires_at else ""
-    audit.record(session=session, actor=actor, action="token.create", target=f"token:{row.id}",
-                 reason=f"token {row.name!r} for role {role.value}{expiry}", before=None,
-                 after={"id": row.id, "name": row.name, "role": row.role, "prefix": row.prefix,
-                        "expires_at": row.expires_at.isoformat() if row.expires_at else None})
+    audit.record(
+        session=session,
+        actor=actor,
+        action="token.create",
+        target=f"token:{row.id}",
+        reason=f"token {row.name!r} for role {role.value}{expiry}",
+        before=None,
+        after={
+            "id": row.id,
+            "name": row.name,
+            "role": row.role,
+            "prefix": row.prefix,
+            "expires_at": row.expires_at.isoformat() if row.expires_at else None,
+        },
+    )
     return row, token
 
 
 def find_token(*, session: Session, token: str) -> ApiToken | None:
     """The row of ``token`` whatever its state (revoked, expired), or None."""
-    return session.scalars(
-        select(ApiToken).where(ApiToken.token_hash == hash_token(token))).first()
+    return session.scalars(select(ApiToken).where(ApiToken.token_hash == hash_token(token))).first()
 
 
 def is_expired(row: ApiToken, now: dt.datetime | None = None) -> bool:
@@ -119,14 +136,23 @@ def revoke_token(*, session: Session, token_id: int, actor: str, reason: str) ->
         raise NotFound(f"no token with id {token_id}", code=ErrorCode.UNKNOWN_TOKEN)
     if row.revoked_at is None:
         row.revoked_at = utcnow()
-        audit.record(session=session, actor=actor, action="token.revoke",
-                     target=f"token:{row.id}", reason=reason,
-                     before={"revoked": False}, after={"revoked": True})
+        audit.record(
+            session=session,
+            actor=actor,
+            action="token.revoke",
+            target=f"token:{row.id}",
+            reason=reason,
+            before={"revoked": False},
+            after={"revoked": True},
+        )
     return row
 
 
 def count_tokens(*, session: Session) -> int:
     """Live tokens: neither revoked nor expired."""
-    live = select(ApiToken.id).where(ApiToken.revoked_at.is_(None)).where(
-        or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > utcnow()))
+    live = (
+        select(ApiToken.id)
+        .where(ApiToken.revoked_at.is_(None))
+        .where(or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > utcnow()))
+    )
     return len(list(session.scalars(live)))

@@ -19,11 +19,11 @@ from urllib.parse import urlsplit
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from dashboard.store import audit
-from dashboard.store.errors import Conflict, InvalidChange, NotFound
-from dashboard.store.models import AuditEntry, utcnow
-from dashboard.store.models_rollout import OutboxEntry, Webhook
-from oracle.errors import ErrorCode
+from turnout.dashboard.store import audit
+from turnout.dashboard.store.errors import Conflict, InvalidChange, NotFound
+from turnout.dashboard.store.models import AuditEntry, utcnow
+from turnout.dashboard.store.models_rollout import OutboxEntry, Webhook
+from turnout.oracle.errors import ErrorCode
 
 SECRET_PREFIX = "whsec_"
 MAX_URL_CHARS = 2048
@@ -57,8 +57,9 @@ def parse_kinds(kinds: list[str]) -> list[str]:
     names = [k.value for k in Kind]
     unknown = sorted(set(kinds) - set(names))
     if unknown:
-        raise InvalidChange(f"unknown event kind(s) {', '.join(map(repr, unknown))}: use "
-                            f"{', '.join(names)}")
+        raise InvalidChange(
+            f"unknown event kind(s) {', '.join(map(repr, unknown))}: use {', '.join(names)}"
+        )
     if not kinds:
         raise InvalidChange(f"a subscription needs at least one kind ({', '.join(names)})")
     return [n for n in names if n in kinds]
@@ -70,21 +71,31 @@ def check_url(url: str) -> str:
     url = url.strip()
     shown = repr(url[:200])
     if any(c.isspace() or unicodedata.category(c) == "Cc" for c in url):
-        raise InvalidChange(f"the webhook URL {shown} holds a space or control character "
-                            "(percent-encode it)")
+        raise InvalidChange(
+            f"the webhook URL {shown} holds a space or control character (percent-encode it)"
+        )
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - parsed on access: out of range or not a number raises
     except ValueError as err:  # "Invalid IPv6 URL", "Port out of range 0-65535", ...
         raise InvalidChange(f"the webhook URL {shown} does not parse: {err}") from err
     if parts.scheme not in ("http", "https") or not parts.hostname or len(url) > MAX_URL_CHARS:
-        raise InvalidChange(f"the webhook URL {shown} is not an http:// or https:// URL "
-                            f"with a host (at most {MAX_URL_CHARS} characters)")
+        raise InvalidChange(
+            f"the webhook URL {shown} is not an http:// or https:// URL "
+            f"with a host (at most {MAX_URL_CHARS} characters)"
+        )
     return url
 
 
-def add_webhook(*, session: Session, url: str, kinds: list[str], actor: str,
-                secret: str | None = None, description: str = "") -> tuple[Webhook, str]:
+def add_webhook(
+    *,
+    session: Session,
+    url: str,
+    kinds: list[str],
+    actor: str,
+    secret: str | None = None,
+    description: str = "",
+) -> tuple[Webhook, str]:
     """Subscribe ``url`` to ``kinds``; returns the row and its secret (made here when None:
     ``whsec_`` and 32 random bytes, URL-safe base64). Audited as ``webhook.add``.
 
@@ -95,18 +106,34 @@ def add_webhook(*, session: Session, url: str, kinds: list[str], actor: str,
     url, kinds = check_url(url), parse_kinds(kinds)
     secret = secret if secret is not None else SECRET_PREFIX + secrets.token_urlsafe(32)
     if not MIN_SECRET_CHARS <= len(secret) <= MAX_SECRET_CHARS:
-        raise InvalidChange(f"a webhook secret has {MIN_SECRET_CHARS} to {MAX_SECRET_CHARS} "
-                            f"characters, not {len(secret)}")
+        raise InvalidChange(
+            f"a webhook secret has {MIN_SECRET_CHARS} to {MAX_SECRET_CHARS} "
+            f"characters, not {len(secret)}"
+        )
     if len(description.strip()) > MAX_DESCRIPTION_CHARS:
-        raise InvalidChange(f"a webhook description has at most {MAX_DESCRIPTION_CHARS} "
-                            f"characters, not {len(description.strip())}")
-    row = Webhook(url=url, secret=secret, kinds=kinds, description=description.strip(),
-                  created_at=utcnow(), created_by=actor)
+        raise InvalidChange(
+            f"a webhook description has at most {MAX_DESCRIPTION_CHARS} "
+            f"characters, not {len(description.strip())}"
+        )
+    row = Webhook(
+        url=url,
+        secret=secret,
+        kinds=kinds,
+        description=description.strip(),
+        created_at=utcnow(),
+        created_by=actor,
+    )
     session.add(row)
     session.flush()
-    audit.record(session=session, actor=actor, action="webhook.add", target=f"webhook:{row.id}",
-                 reason=audit.clip_reason(f"deliver {', '.join(kinds)} to {url}"), before=None,
-                 after={"url": url, "kinds": kinds, "description": row.description})
+    audit.record(
+        session=session,
+        actor=actor,
+        action="webhook.add",
+        target=f"webhook:{row.id}",
+        reason=audit.clip_reason(f"deliver {', '.join(kinds)} to {url}"),
+        before=None,
+        after={"url": url, "kinds": kinds, "description": row.description},
+    )
     return row, secret
 
 
@@ -131,42 +158,67 @@ def remove_webhook(*, session: Session, webhook_id: int, actor: str, reason: str
     if row.removed_at is not None:
         return row
     row.removed_at = utcnow()
-    session.execute(update(OutboxEntry).where(
-        OutboxEntry.webhook_id == webhook_id, OutboxEntry.state == OutboxState.pending
-    ).values(state=OutboxState.dead, last_error="the subscription was removed"))
-    audit.record(session=session, actor=actor, action="webhook.remove",
-                 target=f"webhook:{row.id}", reason=reason, before={"url": row.url},
-                 after=None)
+    session.execute(
+        update(OutboxEntry)
+        .where(OutboxEntry.webhook_id == webhook_id, OutboxEntry.state == OutboxState.pending)
+        .values(state=OutboxState.dead, last_error="the subscription was removed")
+    )
+    audit.record(
+        session=session,
+        actor=actor,
+        action="webhook.remove",
+        target=f"webhook:{row.id}",
+        reason=reason,
+        before={"url": row.url},
+        after=None,
+    )
     return row
 
 
 def payload_of(kind: Kind, entry: AuditEntry, extra: dict[str, Any] | None) -> dict[str, Any]:
     """The JSON body of a notification: its kind, the audit entry it comes from, ``extra``."""
-    return {"kind": kind.value, "action": entry.action, "at": entry.at.isoformat(),
-            "actor": entry.actor, "target": entry.target, "reason": entry.reason,
-            "before": entry.before, "after": entry.after, "audit_id": entry.id,
-            **(extra or {})}
+    return {
+        "kind": kind.value,
+        "action": entry.action,
+        "at": entry.at.isoformat(),
+        "actor": entry.actor,
+        "target": entry.target,
+        "reason": entry.reason,
+        "before": entry.before,
+        "after": entry.after,
+        "audit_id": entry.id,
+        **(extra or {}),
+    }
 
 
-def enqueue(*, session: Session, kind: Kind, entry: AuditEntry,
-            extra: dict[str, Any] | None = None) -> int:
+def enqueue(
+    *, session: Session, kind: Kind, entry: AuditEntry, extra: dict[str, Any] | None = None
+) -> int:
     """One pending delivery per live subscription of ``kind``, in the caller's transaction,
     due at once. Returns how many were written."""
     hooks = [w for w in list_webhooks(session=session) if kind.value in w.kinds]
     for hook in hooks:
         delivery_id = uuid.uuid4().hex
-        session.add(OutboxEntry(
-            webhook_id=hook.id, delivery_id=delivery_id, kind=kind.value,
-            payload={"delivery_id": delivery_id, **payload_of(kind, entry, extra)},
-            state=OutboxState.pending.value, num_attempts=0, created_at=entry.at,
-            next_attempt_at=entry.at))
+        session.add(
+            OutboxEntry(
+                webhook_id=hook.id,
+                delivery_id=delivery_id,
+                kind=kind.value,
+                payload={"delivery_id": delivery_id, **payload_of(kind, entry, extra)},
+                state=OutboxState.pending.value,
+                num_attempts=0,
+                created_at=entry.at,
+                next_attempt_at=entry.at,
+            )
+        )
     if hooks:
         session.flush()
     return len(hooks)
 
 
-def list_outbox(*, session: Session, state: str | None = None, limit: int = 100,
-                webhook_id: int | None = None) -> list[OutboxEntry]:
+def list_outbox(
+    *, session: Session, state: str | None = None, limit: int = 100, webhook_id: int | None = None
+) -> list[OutboxEntry]:
     """Newest first."""
     stmt = select(OutboxEntry).order_by(OutboxEntry.id.desc()).limit(limit)
     if state is not None:
@@ -180,13 +232,15 @@ def outbox_counts(*, session: Session) -> dict[str, int]:
     """State → entries (every state, zero included)."""
     out = {s.value: 0 for s in OutboxState}
     for state, n in session.execute(
-            select(OutboxEntry.state, func.count()).group_by(OutboxEntry.state)):
+        select(OutboxEntry.state, func.count()).group_by(OutboxEntry.state)
+    ):
         out[str(state)] = int(n)
     return out
 
 
-def retry_dead(*, session: Session, entry_id: int, actor: str, now: dt.datetime | None = None
-               ) -> OutboxEntry:
+def retry_dead(
+    *, session: Session, entry_id: int, actor: str, now: dt.datetime | None = None
+) -> OutboxEntry:
     """Send a dead delivery back to the queue, due now, with its attempts counted afresh.
 
     Raises:
@@ -197,15 +251,23 @@ def retry_dead(*, session: Session, entry_id: int, actor: str, now: dt.datetime 
         raise NotFound(f"no outbox entry {entry_id}", code=ErrorCode.NOT_FOUND)
     hook = session.get(Webhook, row.webhook_id)
     if row.state != OutboxState.dead or hook is None or hook.removed_at is not None:
-        raise Conflict(f"outbox entry {entry_id} is {row.state}"
-                       + ("" if row.state != OutboxState.dead else
-                          " and its subscription was removed") + ": nothing to retry")
+        raise Conflict(
+            f"outbox entry {entry_id} is {row.state}"
+            + ("" if row.state != OutboxState.dead else " and its subscription was removed")
+            + ": nothing to retry"
+        )
     now = now or utcnow()
     before = {"state": row.state, "num_attempts": row.num_attempts}
     row.state, row.num_attempts, row.next_attempt_at = OutboxState.pending.value, 0, now
     row.leased_until = None
-    audit.record(session=session, actor=actor, action="webhook.retry",
-                 target=f"webhook:{row.webhook_id}",
-                 reason=f"retry delivery {row.delivery_id} ({row.kind})", before=before,
-                 after={"state": row.state, "num_attempts": 0}, at=now)
+    audit.record(
+        session=session,
+        actor=actor,
+        action="webhook.retry",
+        target=f"webhook:{row.webhook_id}",
+        reason=f"retry delivery {row.delivery_id} ({row.kind})",
+        before=before,
+        after={"state": row.state, "num_attempts": 0},
+        at=now,
+    )
     return row

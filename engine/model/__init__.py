@@ -5,11 +5,11 @@ encoder (embeddings, sequence classification), the Llama body with a sequence-cl
 head (reward models), attention over paged KV caches, and weight loading (HF safetensors
 directories, FP8 checkpoints, GGUF). See docs/model-layer.md for the interface."""
 
-from engine.model.attention_metadata import AttentionMetadata
-from engine.model.bert import BertForSequenceClassification, EncoderModel
-from engine.model.config import ModelConfig, ModelConfigError, RopeScaling
-from engine.model.deepseek_v2 import DeepseekV2ForCausalLM
-from engine.model.kv_cache import (
+from turnout.engine.model.attention_metadata import AttentionMetadata
+from turnout.engine.model.bert import BertForSequenceClassification, EncoderModel
+from turnout.engine.model.config import ModelConfig, ModelConfigError, RopeScaling
+from turnout.engine.model.deepseek_v2 import DeepseekV2ForCausalLM
+from turnout.engine.model.kv_cache import (
     FullAttentionSpec,
     KVCacheSpec,
     MLAAttentionSpec,
@@ -17,13 +17,13 @@ from engine.model.kv_cache import (
     kv_cache_bytes_per_block,
     kv_cache_spec,
 )
-from engine.model.llama import DecoderModel
-from engine.model.loader import load_model
-from engine.model.moe import MoEConfig, SparseMoeBlock, select_experts
-from engine.model.random_weights import write_random_weights
-from engine.model.sequence_classification import LlamaForSequenceClassification
-from engine.model.tokenizer import Tokenizer, TokenizerError, load_tokenizer
-from engine.model.weights import WeightLoadError
+from turnout.engine.model.llama import DecoderModel
+from turnout.engine.model.loader import load_model
+from turnout.engine.model.moe import MoEConfig, SparseMoeBlock, select_experts
+from turnout.engine.model.random_weights import write_random_weights
+from turnout.engine.model.sequence_classification import LlamaForSequenceClassification
+from turnout.engine.model.tokenizer import Tokenizer, TokenizerError, load_tokenizer
+from turnout.engine.model.weights import WeightLoadError
 
 __all__ = [
     "AttentionMetadata",

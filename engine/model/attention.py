@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.attention_metadata import AttentionMetadata
-from kernels import mla_attention as mla
-from kernels import mla_cache
-from kernels import paged_attention as pa
-from kernels import paged_attention_split as pa_split
-from kernels._triton import HAS_TRITON
+from turnout.engine.model.attention_metadata import AttentionMetadata
+from turnout.kernels import mla_attention as mla
+from turnout.kernels import mla_cache
+from turnout.kernels import paged_attention as pa
+from turnout.kernels import paged_attention_split as pa_split
+from turnout.kernels._triton import HAS_TRITON
 
 ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "triton", "torch")
 
@@ -63,8 +63,16 @@ def paged_attention_forward(
     if _use_triton(backend, query.device):
         if not kv_written:
             pa.reshape_and_cache(key, value, kv_cache, md.slot_mapping)
-        args = (query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table, md.max_query_len,
-                scale, sliding_window)
+        args = (
+            query,
+            kv_cache,
+            md.query_start_loc,
+            md.seq_lens,
+            md.block_table,
+            md.max_query_len,
+            scale,
+            sliding_window,
+        )
         if use_split_kv(md.max_query_len, md.seq_lens.shape[0], kv_cache.shape[3]):
             out = torch.zeros_like(query)  # padding rows stay zero (never NaN garbage)
             pa_split.paged_attention_split(*args, out=out)
@@ -74,8 +82,17 @@ def paged_attention_forward(
         out = torch.zeros_like(query)  # padding rows stay zero (never NaN garbage)
         if not kv_written:
             pa.reshape_and_cache_ref(key, value, kv_cache, md.slot_mapping)
-        pa.paged_attention_ref(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,
-                               md.max_query_len, scale, sliding_window, out=out)
+        pa.paged_attention_ref(
+            query,
+            kv_cache,
+            md.query_start_loc,
+            md.seq_lens,
+            md.block_table,
+            md.max_query_len,
+            scale,
+            sliding_window,
+            out=out,
+        )
     return out
 
 
@@ -102,10 +119,28 @@ def mla_attention_forward(
     out = query.new_zeros(query.shape[0], query.shape[1], rank)  # padding rows stay zero
     if _use_triton(backend, query.device):
         mla_cache.concat_and_cache_mla(kv_c, k_pe, kv_cache, md.slot_mapping)
-        mla.mla_attention(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,
-                          md.max_query_len, scale, rank, out=out)
+        mla.mla_attention(
+            query,
+            kv_cache,
+            md.query_start_loc,
+            md.seq_lens,
+            md.block_table,
+            md.max_query_len,
+            scale,
+            rank,
+            out=out,
+        )
     else:
         mla_cache.concat_and_cache_mla_ref(kv_c, k_pe, kv_cache, md.slot_mapping)
-        mla.mla_attention_ref(query, kv_cache, md.query_start_loc, md.seq_lens, md.block_table,
-                              md.max_query_len, scale, rank, out=out)
+        mla.mla_attention_ref(
+            query,
+            kv_cache,
+            md.query_start_loc,
+            md.seq_lens,
+            md.block_table,
+            md.max_query_len,
+            scale,
+            rank,
+            out=out,
+        )
     return out

@@ -10,11 +10,16 @@ dense masked attention over ``[B, L]`` batches rather than the paged path.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.config import ModelConfig
+from turnout.engine.model.config import ModelConfig
+
+if TYPE_CHECKING:
+    from turnout.engine.model.quantization import QuantizationReport
 
 
 class BertEmbeddings(nn.Module):
@@ -25,15 +30,21 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor,  # [B, L] int64
-                token_type_ids: torch.Tensor | None = None,  # [B, L] int64; None: all 0
-                ) -> torch.Tensor:  # [B, L, H]
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, L] int64
+        token_type_ids: torch.Tensor | None = None,  # [B, L] int64; None: all 0
+    ) -> torch.Tensor:  # [B, L, H]
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         # No token types: all 0, as HF defaults for a single sentence.
-        types = (self.token_type_embeddings.weight[0] if token_type_ids is None
-                 else self.token_type_embeddings(token_type_ids))
+        types = (
+            self.token_type_embeddings.weight[0]
+            if token_type_ids is None
+            else self.token_type_embeddings(token_type_ids)
+        )
         h = self.word_embeddings(input_ids) + types + self.position_embeddings(positions)[None]
-        return self.LayerNorm(h)
+        normed: torch.Tensor = self.LayerNorm(h)
+        return normed
 
 
 class BertSelfAttention(nn.Module):
@@ -50,8 +61,9 @@ class BertSelfAttention(nn.Module):
         def heads(x: torch.Tensor) -> torch.Tensor:  # [B, L, H] -> [B, heads, L, head_dim]
             return x.view(b, seq, self.num_heads, self.head_dim).transpose(1, 2)
 
-        out = F.scaled_dot_product_attention(heads(self.query(h)), heads(self.key(h)),
-                                             heads(self.value(h)), attn_mask=mask)
+        out = F.scaled_dot_product_attention(
+            heads(self.query(h)), heads(self.key(h)), heads(self.value(h)), attn_mask=mask
+        )
         return out.transpose(1, 2).reshape(b, seq, -1)
 
 
@@ -64,7 +76,8 @@ class BertDenseNorm(nn.Module):
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dense(x) + residual)
+        normed: torch.Tensor = self.LayerNorm(self.dense(x) + residual)
+        return normed
 
 
 class BertAttention(nn.Module):
@@ -89,7 +102,8 @@ class BertLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.attention.output(self.attention.self(h, mask), h)
-        return self.output(F.gelu(self.intermediate.dense(h)), h)  # exact (erf) GELU
+        out: torch.Tensor = self.output(F.gelu(self.intermediate.dense(h)), h)  # exact (erf) GELU
+        return out
 
 
 class BertEncoder(nn.Module):
@@ -100,6 +114,9 @@ class BertEncoder(nn.Module):
 
 class EncoderModel(nn.Module):
     """``BertModel`` with mean pooling and L2 normalisation."""
+
+    #: What the weights are and how they run (set by ``engine.model.load_model``).
+    quantization_report: QuantizationReport
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -122,13 +139,17 @@ class EncoderModel(nn.Module):
         """
         shapes = [t.shape for t in (input_ids, attention_mask, token_type_ids) if t is not None]
         if len(set(shapes)) != 1 or input_ids.dim() != 2:
-            raise ValueError(f"input_ids, attention_mask and token_type_ids must be equal [B, L], "
-                             f"got {[tuple(x) for x in shapes]}")
+            raise ValueError(
+                f"input_ids, attention_mask and token_type_ids must be equal [B, L], "
+                f"got {[tuple(x) for x in shapes]}"
+            )
         if input_ids.shape[1] > self.config.max_position_embeddings:
-            raise ValueError(f"sequence length {input_ids.shape[1]} exceeds "
-                             f"max_position_embeddings {self.config.max_position_embeddings}")
+            raise ValueError(
+                f"sequence length {input_ids.shape[1]} exceeds "
+                f"max_position_embeddings {self.config.max_position_embeddings}"
+            )
         keep = attention_mask.bool()[:, None, None, :]  # [B, 1, 1, L]: keys a query may see
-        h = self.embeddings(input_ids, token_type_ids)
+        h: torch.Tensor = self.embeddings(input_ids, token_type_ids)
         for layer in self.encoder.layer:
             h = layer(h, keep)
         return h
@@ -191,4 +212,5 @@ class BertForSequenceClassification(EncoderModel):
     ) -> torch.Tensor:  # [B, num_labels] float32 logits
         """Classification logits (HF ``logits``) of each sequence or pair."""
         h = self.forward(input_ids, attention_mask, token_type_ids)
-        return self.classifier(self.pooler(h)).float()
+        logits: torch.Tensor = self.classifier(self.pooler(h))
+        return logits.float()

@@ -22,20 +22,20 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # family- and format-specific parts live in their own modules
-    from engine.model.deepseek_v2_config import MLAConfig
-    from engine.model.fp8_config import Fp8Config
-    from engine.model.gguf_loader import GGUFQuantization
-    from engine.model.opt import OPTConfig
+    from turnout.engine.model.deepseek_v2_config import MLAConfig
+    from turnout.engine.model.fp8_config import Fp8Config
+    from turnout.engine.model.gguf_loader import GGUFQuantization
+    from turnout.engine.model.opt import OPTConfig
 
-from engine.model.granite_config import GRANITE_ARCHITECTURES, GraniteMultipliers
-from engine.model.mamba_config import (
+from turnout.engine.model.granite_config import GRANITE_ARCHITECTURES, GraniteMultipliers
+from turnout.engine.model.mamba_config import (
     DEFAULT_MAX_MODEL_LEN,
     MAMBA_ARCHITECTURES,
     MambaConfig,
     mamba_model_config,
 )
-from engine.model.moe_config import MOE_FAMILIES, MoEConfig
-from engine.model.pooling_config import (
+from turnout.engine.model.moe_config import MOE_FAMILIES, MoEConfig
+from turnout.engine.model.pooling_config import (
     EMBEDDING_ARCHITECTURES,
     POOLING_DECODER_ARCHITECTURES,
     SEQUENCE_CLASSIFICATION_ARCHITECTURES,
@@ -83,7 +83,12 @@ _MODEL_TYPES = {
 _QWEN2_ATTENTION = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM")
 _MOE_DECODERS = ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "GraniteMoeForCausalLM")
 _QK_NORM = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
-_QWEN_SLIDING = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+_QWEN_SLIDING = (
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+)
 # RoPE types with an implementation in engine.model.layers (HF `rope_type` names).
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -203,13 +208,13 @@ class ModelConfig:
         if arch in ENCODER_ARCHITECTURES:
             config = _bert_config(arch, d)
         elif arch == "OPTForCausalLM":
-            from engine.model.opt import opt_model_config
+            from turnout.engine.model.opt import opt_model_config
 
             config = opt_model_config(arch, d)
         elif arch in MAMBA_ARCHITECTURES:
             config = _mamba_config(arch, d)
         elif arch == "DeepseekV2ForCausalLM":  # its attention fields are read in their own module
-            from engine.model.deepseek_v2_config import read_mla_config
+            from turnout.engine.model.deepseek_v2_config import read_mla_config
 
             mla, flat = read_mla_config(d)
             config = replace(_decoder_config(arch, flat), mla=mla)
@@ -219,9 +224,11 @@ class ModelConfig:
             config = replace(config, classifier=ClassifierConfig.from_hf_dict(d))
         if d.get("quantization_config") is None:
             return config
-        from engine.model.fp8_config import parse_quantization_config
+        from turnout.engine.model.fp8_config import parse_quantization_config
 
-        return replace(config, quantization=parse_quantization_config(config, d["quantization_config"]))
+        return replace(
+            config, quantization=parse_quantization_config(config, d["quantization_config"])
+        )
 
     @property
     def quantization_method(self) -> str:
@@ -231,9 +238,22 @@ class ModelConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """An HF ``config.json`` mapping (legacy RoPE spelling, which every version reads)."""
-        d = {k: v for k, v in asdict(self).items()
-             if k not in ("architecture", "extra", "opt", "quantization", "moe", "granite", "mla",
-                          "mamba", "classifier")}
+        d = {
+            k: v
+            for k, v in asdict(self).items()
+            if k
+            not in (
+                "architecture",
+                "extra",
+                "opt",
+                "quantization",
+                "moe",
+                "granite",
+                "mla",
+                "mamba",
+                "classifier",
+            )
+        }
         d = {**dict(self.extra), **d}
         if self.opt is not None:
             d |= self.opt.to_hf_fields(self)
@@ -243,16 +263,24 @@ class ModelConfig:
             if nested is not None:
                 d |= nested.to_hf_dict()
         d["architectures"] = [self.architecture]
-        d["eos_token_id"] = list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else (
-            self.eos_token_id)
+        d["eos_token_id"] = (
+            list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else (self.eos_token_id)
+        )
         d.pop("eos_token_ids")
         d["rope_scaling"] = asdict(self.rope_scaling) if self.rope_scaling else None
         if self.mla is not None:
             d.update(self.mla.to_hf_dict())
         if self.is_encoder:
             d["layer_norm_eps"] = self.layer_norm_eps
-            for key in ("rms_norm_eps", "rope_theta", "rope_scaling", "head_dim", "sliding_window",
-                        "num_key_value_heads", "tie_word_embeddings"):
+            for key in (
+                "rms_norm_eps",
+                "rope_theta",
+                "rope_scaling",
+                "head_dim",
+                "sliding_window",
+                "num_key_value_heads",
+                "tie_word_embeddings",
+            ):
                 d.pop(key, None)
         return d
 
@@ -285,7 +313,9 @@ def _eos(d: Mapping[str, Any]) -> tuple[int, ...]:
         return ()
     ids = list(eos) if isinstance(eos, list | tuple) else [eos]
     if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in ids):
-        raise ModelConfigError(f"config field `eos_token_id` must be a token id or a list of them, got {eos!r}")
+        raise ModelConfigError(
+            f"config field `eos_token_id` must be a token id or a list of them, got {eos!r}"
+        )
     return tuple(ids)
 
 
@@ -307,8 +337,13 @@ def _common(arch: str, d: Mapping[str, Any]) -> dict[str, Any]:
         eos_token_ids=eos,
         pad_token_id=d.get("pad_token_id"),
         torch_dtype=d.get("torch_dtype") or d.get("dtype"),
-        extra=tuple(sorted((k, v) for k, v in d.items()
-                           if k not in known and k != "architectures" and _hashable(v))),
+        extra=tuple(
+            sorted(
+                (k, v)
+                for k, v in d.items()
+                if k not in known and k != "architectures" and _hashable(v)
+            )
+        ),
     )
 
 
@@ -319,13 +354,17 @@ def _hashable(v: Any) -> bool:
 def _decoder_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
     common = _common(arch, d)
     num_heads = common["num_attention_heads"]
-    num_kv_heads = _req(d, "num_key_value_heads") if d.get("num_key_value_heads") is not None else num_heads
+    num_kv_heads = (
+        _req(d, "num_key_value_heads") if d.get("num_key_value_heads") is not None else num_heads
+    )
     if num_heads % num_kv_heads:
         raise ModelConfigError(
             f"num_attention_heads ({num_heads}) must be a multiple of num_key_value_heads "
             f"({num_kv_heads})"
         )
-    head_dim = _req(d, "head_dim") if d.get("head_dim") is not None else common["hidden_size"] // num_heads
+    head_dim = (
+        _req(d, "head_dim") if d.get("head_dim") is not None else common["hidden_size"] // num_heads
+    )
     if common["hidden_act"] != "silu":
         raise ModelConfigError(f"hidden_act {common['hidden_act']!r}: decoders support 'silu'")
     rope_theta, rope_scaling = _rope(d)
@@ -341,8 +380,11 @@ def _decoder_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
         attention_bias=bool(d.get("attention_bias", False)),
         mlp_bias=bool(d.get("mlp_bias", False)),
         sliding_window=_sliding_window(arch, d),
-        moe=MoEConfig.from_hf_dict(d, architecture=arch, num_hidden_layers=common["num_hidden_layers"])
-        if arch in MOE_FAMILIES else None,
+        moe=MoEConfig.from_hf_dict(
+            d, architecture=arch, num_hidden_layers=common["num_hidden_layers"]
+        )
+        if arch in MOE_FAMILIES
+        else None,
         granite=GraniteMultipliers.from_hf_dict(d) if arch in GRANITE_ARCHITECTURES else None,
     )
 
@@ -362,11 +404,15 @@ def _check_moe_fields(arch: str, d: Mapping[str, Any]) -> None:
     # transformers 5 made Qwen2-MoE's q/k/v bias a config key (`qkv_bias`, default true);
     # every released checkpoint has the biases.
     if arch == "Qwen2MoeForCausalLM" and d.get("qkv_bias", True) is not True:
-        raise ModelConfigError("qkv_bias must be true for Qwen2MoeForCausalLM (q/k/v biases); "
-                               f"got {d.get('qkv_bias')!r}")
+        raise ModelConfigError(
+            "qkv_bias must be true for Qwen2MoeForCausalLM (q/k/v biases); "
+            f"got {d.get('qkv_bias')!r}"
+        )
     # Their MLPs and experts have no biases in transformers, whatever the key says.
     if arch in _MOE_DECODERS and d.get("mlp_bias"):
-        raise ModelConfigError(f"mlp_bias is not supported for {arch}: its MLPs and experts have no bias")
+        raise ModelConfigError(
+            f"mlp_bias is not supported for {arch}: its MLPs and experts have no bias"
+        )
 
 
 def _sliding_window(arch: str, d: Mapping[str, Any]) -> int | None:
@@ -409,8 +455,11 @@ def _rope(d: Mapping[str, Any]) -> tuple[float, RopeScaling | None]:
         factor=float(scaling.get("factor", 1.0)),
         low_freq_factor=float(scaling.get("low_freq_factor", defaults.low_freq_factor)),
         high_freq_factor=float(scaling.get("high_freq_factor", defaults.high_freq_factor)),
-        original_max_position_embeddings=int(scaling.get(
-            "original_max_position_embeddings", defaults.original_max_position_embeddings)),
+        original_max_position_embeddings=int(
+            scaling.get(
+                "original_max_position_embeddings", defaults.original_max_position_embeddings
+            )
+        ),
     )
 
 

@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-from engine.model.deepseek_v2_config import YarnScaling
+from turnout.engine.model.deepseek_v2_config import YarnScaling
 
 
 def yarn_inv_freq(dim: int, theta: float, yarn: YarnScaling | None) -> torch.Tensor:
@@ -39,8 +39,11 @@ def yarn_inv_freq(dim: int, theta: float, yarn: YarnScaling | None) -> torch.Ten
 
 def _correction_range(yarn: YarnScaling, dim: int, theta: float) -> tuple[float, float]:
     def dim_of(num_rotations: float) -> float:
-        return (dim * math.log(yarn.original_max_position_embeddings / (num_rotations * 2 * math.pi))
-                / (2 * math.log(theta)))
+        return (
+            dim
+            * math.log(yarn.original_max_position_embeddings / (num_rotations * 2 * math.pi))
+            / (2 * math.log(theta))
+        )
 
     low, high = dim_of(yarn.beta_fast), dim_of(yarn.beta_slow)
     if yarn.truncate:
@@ -59,9 +62,16 @@ class DeepseekRotaryEmbedding(nn.Module):
     cos_cache: torch.Tensor
     sin_cache: torch.Tensor
 
-    def __init__(self, rope_dim: int, theta: float, yarn: YarnScaling | None, max_positions: int) -> None:
+    def __init__(
+        self, rope_dim: int, theta: float, yarn: YarnScaling | None, max_positions: int
+    ) -> None:
         super().__init__()
-        self.rope_dim, self.theta, self.yarn, self.max_positions = rope_dim, theta, yarn, max_positions
+        self.rope_dim, self.theta, self.yarn, self.max_positions = (
+            rope_dim,
+            theta,
+            yarn,
+            max_positions,
+        )
         self.register_buffer("cos_cache", torch.empty(0), persistent=False)
         self.register_buffer("sin_cache", torch.empty(0), persistent=False)
         if self.cos_cache.device.type != "meta":  # under a meta context the loader builds it
@@ -88,7 +98,7 @@ class DeepseekRotaryEmbedding(nn.Module):
 
 def _rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     # (x0 + i x1) * (cos + i sin), in float32 as transformers' complex product.
-    pairs = x.float().unflatten(-1, (-1, 2))
+    pairs = torch.unflatten(x.float(), -1, (-1, 2))
     x0, x1 = pairs[..., 0], pairs[..., 1]
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return out.flatten(-2).to(x.dtype)

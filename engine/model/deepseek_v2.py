@@ -15,14 +15,14 @@ from typing import ClassVar
 
 from torch import nn
 
-from engine.model.config import ModelConfig
-from engine.model.deepseek_rope import DeepseekRotaryEmbedding
-from engine.model.kv_cache import KVCacheSpec, MLAAttentionSpec
-from engine.model.layers import GatedMLP, RMSNorm
-from engine.model.llama import DecoderModel, PreNormDecoderLayer
-from engine.model.mla import MLAAttention, mla_of
-from engine.model.moe import SparseMoeBlock
-from engine.model.moe_weights import moe_weight_shapes
+from turnout.engine.model.config import ModelConfig
+from turnout.engine.model.deepseek_rope import DeepseekRotaryEmbedding
+from turnout.engine.model.kv_cache import KVCacheSpec, MLAAttentionSpec
+from turnout.engine.model.layers import GatedMLP, RMSNorm
+from turnout.engine.model.llama import DecoderModel, PreNormDecoderLayer
+from turnout.engine.model.mla import MLAAttention, mla_of
+from turnout.engine.model.moe import SparseMoeBlock
+from turnout.engine.model.moe_weights import moe_weight_shapes
 
 FUSED_PARAMS: dict[str, tuple[str, ...]] = {"gate_up_proj": ("gate_proj", "up_proj")}
 
@@ -54,11 +54,16 @@ class DeepseekV2Body(nn.Module):
         super().__init__()
         mla = mla_of(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DeepseekV2DecoderLayer(config, i, backend)
-                                    for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DeepseekV2DecoderLayer(config, i, backend) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = DeepseekRotaryEmbedding(mla.qk_rope_head_dim, config.rope_theta,
-                                                  mla.rope_scaling, config.max_position_embeddings)
+        self.rotary_emb = DeepseekRotaryEmbedding(
+            mla.qk_rope_head_dim,
+            config.rope_theta,
+            mla.rope_scaling,
+            config.max_position_embeddings,
+        )
 
 
 class DeepseekV2ForCausalLM(DecoderModel):
@@ -79,19 +84,27 @@ class DeepseekV2ForCausalLM(DecoderModel):
     def kv_cache_spec_for(cls, config: ModelConfig) -> KVCacheSpec:
         """One latent row per token and layer: ``kv_lora_rank + qk_rope_head_dim`` values."""
         mla = mla_of(config)
-        return MLAAttentionSpec(num_layers=config.num_hidden_layers,
-                                kv_lora_rank=mla.kv_lora_rank, qk_rope_head_dim=mla.qk_rope_head_dim)
+        return MLAAttentionSpec(
+            num_layers=config.num_hidden_layers,
+            kv_lora_rank=mla.kv_lora_rank,
+            qk_rope_head_dim=mla.qk_rope_head_dim,
+        )
 
     @classmethod
     def hf_weight_shapes(cls, config: ModelConfig) -> dict[str, tuple[int, ...]]:
         h = config.hidden_size
-        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h),
-                                              "model.norm.weight": (h,)}
+        shapes: dict[str, tuple[int, ...]] = {
+            "model.embed_tokens.weight": (config.vocab_size, h),
+            "model.norm.weight": (h,),
+        }
         if not config.tie_word_embeddings:
             shapes["lm_head.weight"] = (config.vocab_size, h)
         for n in range(config.num_hidden_layers):
             p = f"model.layers.{n}."
-            layer = {"input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
+            layer: dict[str, tuple[int, ...]] = {
+                "input_layernorm.weight": (h,),
+                "post_attention_layernorm.weight": (h,),
+            }
             layer |= {f"self_attn.{k}": v for k, v in _attention_shapes(config).items()}
             layer |= {f"mlp.{k}": v for k, v in _feed_forward_shapes(config, n).items()}
             shapes |= {p + k: v for k, v in layer.items()}
@@ -104,8 +117,11 @@ def _attention_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     if mla.q_lora_rank is None:
         shapes["q_proj.weight"] = (heads * mla.qk_head_dim, h)
     else:
-        shapes |= {"q_a_proj.weight": (mla.q_lora_rank, h), "q_a_layernorm.weight": (mla.q_lora_rank,),
-                   "q_b_proj.weight": (heads * mla.qk_head_dim, mla.q_lora_rank)}
+        shapes |= {
+            "q_a_proj.weight": (mla.q_lora_rank, h),
+            "q_a_layernorm.weight": (mla.q_lora_rank,),
+            "q_b_proj.weight": (heads * mla.qk_head_dim, mla.q_lora_rank),
+        }
     shapes |= {
         "kv_a_proj_with_mqa.weight": (mla.latent_dim, h),
         "kv_a_layernorm.weight": (mla.kv_lora_rank,),
@@ -123,7 +139,11 @@ def _feed_forward_shapes(c: ModelConfig, layer_idx: int) -> dict[str, tuple[int,
     if is_moe_layer(c, layer_idx):  # engine.model.moe_weights names those
         return {}
     h, i = c.hidden_size, c.intermediate_size
-    shapes = {"gate_proj.weight": (i, h), "up_proj.weight": (i, h), "down_proj.weight": (h, i)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "gate_proj.weight": (i, h),
+        "up_proj.weight": (i, h),
+        "down_proj.weight": (h, i),
+    }
     if c.mlp_bias:
         shapes |= {"gate_proj.bias": (i,), "up_proj.bias": (i,), "down_proj.bias": (h,)}
     return shapes

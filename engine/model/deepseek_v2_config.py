@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.model.config import ModelConfigError
+from turnout.engine.model.config import ModelConfigError
 
 #: Architectures whose attention is MLA, with their ``model_type``.
 MLA_ARCHITECTURES = {"DeepseekV2ForCausalLM": "deepseek_v2"}
@@ -51,7 +51,9 @@ class YarnScaling:
         if self.attention_factor is not None:
             return self.attention_factor
         if self.mscale and self.mscale_all_dim:
-            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(
+                self.factor, self.mscale_all_dim
+            )
         return yarn_mscale(self.factor)
 
     @property
@@ -64,10 +66,14 @@ class YarnScaling:
 
     def to_hf_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
-            "rope_type": "yarn", "factor": self.factor,
+            "rope_type": "yarn",
+            "factor": self.factor,
             "original_max_position_embeddings": self.original_max_position_embeddings,
-            "beta_fast": self.beta_fast, "beta_slow": self.beta_slow, "mscale": self.mscale,
-            "mscale_all_dim": self.mscale_all_dim, "truncate": self.truncate,
+            "beta_fast": self.beta_fast,
+            "beta_slow": self.beta_slow,
+            "mscale": self.mscale,
+            "mscale_all_dim": self.mscale_all_dim,
+            "truncate": self.truncate,
         }
         if self.attention_factor is not None:
             d["attention_factor"] = self.attention_factor
@@ -110,13 +116,16 @@ class MLAConfig:
     def softmax_scale(self) -> float:
         """``qk_head_dim ** -0.5``, times YaRN's ``mscale(factor, mscale_all_dim) ** 2``."""
         factor = self.rope_scaling.softmax_scale_factor if self.rope_scaling else 1.0
-        return self.qk_head_dim**-0.5 * factor
+        scale: float = self.qk_head_dim**-0.5 * factor
+        return scale
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The ``config.json`` fields of this block (legacy ``rope_scaling`` spelling)."""
         return {
-            "kv_lora_rank": self.kv_lora_rank, "q_lora_rank": self.q_lora_rank,
-            "qk_nope_head_dim": self.qk_nope_head_dim, "qk_rope_head_dim": self.qk_rope_head_dim,
+            "kv_lora_rank": self.kv_lora_rank,
+            "q_lora_rank": self.q_lora_rank,
+            "qk_nope_head_dim": self.qk_nope_head_dim,
+            "qk_rope_head_dim": self.qk_rope_head_dim,
             "v_head_dim": self.v_head_dim,
             "rope_scaling": self.rope_scaling.to_hf_dict() if self.rope_scaling else None,
         }
@@ -141,12 +150,18 @@ def read_mla_config(d: Mapping[str, Any]) -> tuple[MLAConfig, dict[str, Any]]:
         rope_scaling=_yarn(d),
     )
     if d.get("quantization_config") is not None:
-        raise ModelConfigError("quantization_config is not supported for DeepseekV2ForCausalLM: its "
-                               "latent attention absorbs kv_b_proj's weights as dense matrices")
+        raise ModelConfigError(
+            "quantization_config is not supported for DeepseekV2ForCausalLM: its "
+            "latent attention absorbs kv_b_proj's weights as dense matrices"
+        )
     if d.get("sliding_window"):
-        raise ModelConfigError("sliding_window is not supported with multi-head latent attention; remove it")
+        raise ModelConfigError(
+            "sliding_window is not supported with multi-head latent attention; remove it"
+        )
     if mla.qk_rope_head_dim % 2:
-        raise ModelConfigError(f"qk_rope_head_dim must be even (rotary pairs), got {mla.qk_rope_head_dim}")
+        raise ModelConfigError(
+            f"qk_rope_head_dim must be even (rotary pairs), got {mla.qk_rope_head_dim}"
+        )
     flat = {k: v for k, v in d.items() if k not in ("rope_scaling", "rope_parameters")}
     flat["rope_theta"] = _theta(d)
     flat["head_dim"] = mla.qk_rope_head_dim  # as transformers' DeepseekV2Config sets it
@@ -172,8 +187,11 @@ def _rope_mapping(d: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def _theta(d: Mapping[str, Any]) -> float:
     params = d.get("rope_parameters")
-    theta = params.get("rope_theta", d.get("rope_theta", 10000.0)) if isinstance(params, Mapping) else d.get(
-        "rope_theta", 10000.0)
+    theta = (
+        params.get("rope_theta", d.get("rope_theta", 10000.0))
+        if isinstance(params, Mapping)
+        else d.get("rope_theta", 10000.0)
+    )
     return float(theta)
 
 
@@ -185,8 +203,10 @@ def _yarn(d: Mapping[str, Any]) -> YarnScaling | None:
     if rope_type == "default":
         return None
     if rope_type != "yarn":
-        raise ModelConfigError(f"rope_scaling type {rope_type!r} is not implemented for "
-                               "DeepseekV2ForCausalLM; supported: default, yarn")
+        raise ModelConfigError(
+            f"rope_scaling type {rope_type!r} is not implemented for "
+            "DeepseekV2ForCausalLM; supported: default, yarn"
+        )
     if "original_max_position_embeddings" not in scaling:
         raise ModelConfigError("yarn rope_scaling needs `original_max_position_embeddings`")
     original = int(scaling["original_max_position_embeddings"])
@@ -195,8 +215,10 @@ def _yarn(d: Mapping[str, Any]) -> YarnScaling | None:
         factor = _positive(d, "max_position_embeddings") / original
     attention_factor = scaling.get("attention_factor")
     return YarnScaling(
-        factor=float(factor), original_max_position_embeddings=original,
-        beta_fast=float(scaling.get("beta_fast") or 32), beta_slow=float(scaling.get("beta_slow") or 1),
+        factor=float(factor),
+        original_max_position_embeddings=original,
+        beta_fast=float(scaling.get("beta_fast") or 32),
+        beta_slow=float(scaling.get("beta_slow") or 1),
         mscale=float(scaling.get("mscale") or 0.0),
         mscale_all_dim=float(scaling.get("mscale_all_dim") or 0.0),
         attention_factor=None if attention_factor is None else float(attention_factor),

@@ -37,10 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.fp8_config import Fp8Config, Fp8Scheme
-from engine.model.weights import WeightLoadError, WeightSource
-from kernels._triton import HAS_TRITON
-from kernels.fp8_quant import FP8_DTYPE, quantize_fp8, quantize_fp8_ref
+from turnout.engine.model.fp8_config import Fp8Config, Fp8Scheme
+from turnout.engine.model.weights import WeightLoadError, WeightSource
+from turnout.kernels._triton import HAS_TRITON
+from turnout.kernels.fp8_quant import FP8_DTYPE, quantize_fp8, quantize_fp8_ref
 
 EXECUTIONS = ("scaled_mm", "reference")
 
@@ -63,19 +63,30 @@ def fp8_linear(
         ValueError: wrong dtypes, shapes, or ``K``/``N`` not multiples of 16 (cuBLASLt's FP8
             layout rule).
     """
-    if x.dtype != torch.bfloat16 or weight.dtype != FP8_DTYPE or weight_scale.dtype != torch.float32:
-        raise ValueError(f"fp8_linear: x bfloat16, weight float8_e4m3fn, weight_scale float32; got "
-                         f"{x.dtype}, {weight.dtype}, {weight_scale.dtype}")
+    if (
+        x.dtype != torch.bfloat16
+        or weight.dtype != FP8_DTYPE
+        or weight_scale.dtype != torch.float32
+    ):
+        raise ValueError(
+            f"fp8_linear: x bfloat16, weight float8_e4m3fn, weight_scale float32; got "
+            f"{x.dtype}, {weight.dtype}, {weight_scale.dtype}"
+        )
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"fp8_linear: x [M, K] and weight [N, K]; got {tuple(x.shape)}, {tuple(weight.shape)}")
+        raise ValueError(
+            f"fp8_linear: x [M, K] and weight [N, K]; got {tuple(x.shape)}, {tuple(weight.shape)}"
+        )
     if weight.shape[0] % 16 or weight.shape[1] % 16 or weight_scale.shape != (weight.shape[0],):
-        raise ValueError(f"fp8_linear: N and K must be multiples of 16 and weight_scale [N]; got "
-                         f"weight {tuple(weight.shape)}, weight_scale {tuple(weight_scale.shape)}")
+        raise ValueError(
+            f"fp8_linear: N and K must be multiples of 16 and weight_scale [N]; got "
+            f"weight {tuple(weight.shape)}, weight_scale {tuple(weight_scale.shape)}"
+        )
     if not weight.is_contiguous():
         raise ValueError("fp8_linear: weight must be contiguous (its transpose is column-major)")
     xq, scale_a = _quantize(x, static_scale=input_scale)  # [M, K] fp8, [M, 1] float32
-    return torch._scaled_mm(xq, weight.t(), scale_a=scale_a, scale_b=weight_scale.view(1, -1),
-                            out_dtype=torch.bfloat16)
+    return torch._scaled_mm(
+        xq, weight.t(), scale_a=scale_a, scale_b=weight_scale.view(1, -1), out_dtype=torch.bfloat16
+    )
 
 
 def fp8_block_linear(
@@ -90,26 +101,50 @@ def fp8_block_linear(
     Raises:
         ValueError: wrong dtypes, or shapes that are not whole 128 blocks.
     """
-    if x.dtype != torch.bfloat16 or weight.dtype != FP8_DTYPE or weight_scale.dtype != torch.float32:
-        raise ValueError(f"fp8_block_linear: x bfloat16, weight float8_e4m3fn, weight_scale float32; got "
-                         f"{x.dtype}, {weight.dtype}, {weight_scale.dtype}")
+    if (
+        x.dtype != torch.bfloat16
+        or weight.dtype != FP8_DTYPE
+        or weight_scale.dtype != torch.float32
+    ):
+        raise ValueError(
+            f"fp8_block_linear: x bfloat16, weight float8_e4m3fn, weight_scale float32; got "
+            f"{x.dtype}, {weight.dtype}, {weight_scale.dtype}"
+        )
     n, k = weight.shape
-    if (x.dim() != 2 or x.shape[1] != k or n % 128 or k % 128
-            or weight_scale.shape != (n // 128, k // 128) or not weight_scale.is_contiguous()):
-        raise ValueError(f"fp8_block_linear: x [M, K], weight [N, K] with N, K multiples of 128, "
-                         f"weight_scale [N/128, K/128] contiguous; got {tuple(x.shape)}, "
-                         f"{tuple(weight.shape)}, {tuple(weight_scale.shape)}")
+    if (
+        x.dim() != 2
+        or x.shape[1] != k
+        or n % 128
+        or k % 128
+        or weight_scale.shape != (n // 128, k // 128)
+        or not weight_scale.is_contiguous()
+    ):
+        raise ValueError(
+            f"fp8_block_linear: x [M, K], weight [N, K] with N, K multiples of 128, "
+            f"weight_scale [N/128, K/128] contiguous; got {tuple(x.shape)}, "
+            f"{tuple(weight.shape)}, {tuple(weight_scale.shape)}"
+        )
     # cuBLASLt wants the (outer-dim-major) tile scales' columns 16-byte aligned: rows padded to 4.
     xq, scale_a = _quantize(x, group_size=128, pad_rows_to=4)
-    recipe = F.ScalingType  # type: ignore[attr-defined]
+    recipe = F.ScalingType
     # The weight's transpose is [K, N] column-major; its scales read as [K/128, N/128].
-    out = F.scaled_mm(xq, weight.t(), scale_a, recipe.BlockWise1x128, weight_scale.t(),  # type: ignore[attr-defined]
-                      recipe.BlockWise128x128, output_dtype=torch.bfloat16)
+    out = F.scaled_mm(
+        xq,
+        weight.t(),
+        scale_a,
+        recipe.BlockWise1x128,
+        weight_scale.t(),
+        recipe.BlockWise128x128,
+        output_dtype=torch.bfloat16,
+    )
     return out[: x.shape[0]]
 
 
-def dequantize_fp8(weight: torch.Tensor, weight_scale: torch.Tensor,  # [N, K] fp8; see below
-                   block_size: tuple[int, int] | None = None) -> torch.Tensor:  # [N, K] float32
+def dequantize_fp8(
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,  # [N, K] fp8; see below
+    block_size: tuple[int, int] | None = None,
+) -> torch.Tensor:  # [N, K] float32
     """``weight.float() * scale``; ``weight_scale`` is ``[N]`` (per row) or, with
     ``block_size = (bn, bk)``, ``[ceil(N / bn), ceil(K / bk)]`` (per block)."""
     w = weight.float()
@@ -121,9 +156,13 @@ def dequantize_fp8(weight: torch.Tensor, weight_scale: torch.Tensor,  # [N, K] f
     return w * full
 
 
-def fp8_linear_ref(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,  # [M, K], ...
-                   bias: torch.Tensor | None = None,
-                   block_size: tuple[int, int] | None = None) -> torch.Tensor:  # [M, N], x.dtype
+def fp8_linear_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,  # [M, K], ...
+    bias: torch.Tensor | None = None,
+    block_size: tuple[int, int] | None = None,
+) -> torch.Tensor:  # [M, N], x.dtype
     """The dequantising reference: ``F.linear(x, dequant(weight).to(x.dtype), bias)``."""
     return F.linear(x, dequantize_fp8(weight, weight_scale, block_size).to(x.dtype), bias)
 
@@ -133,6 +172,12 @@ class Fp8Linear(nn.Module):
 
     ``execution`` is ``"scaled_mm"`` or ``"reference"``; :func:`choose_fp8_execution` sets it.
     """
+
+    # Registered as parameters (None until the loader fills them) in __init__.
+    weight: torch.Tensor | None
+    weight_scale: torch.Tensor | None
+    input_scale: torch.Tensor | None
+    bias: torch.Tensor | None
 
     def __init__(self, in_features: int, out_features: int, scheme: Fp8Scheme) -> None:
         super().__init__()
@@ -165,8 +210,9 @@ class Fp8Execution:
     reason: str = ""
 
 
-def choose_fp8_execution(scheme: Fp8Scheme, shape: tuple[int, int], *, dtype: torch.dtype,
-                         device: torch.device) -> Fp8Execution:
+def choose_fp8_execution(
+    scheme: Fp8Scheme, shape: tuple[int, int], *, dtype: torch.dtype, device: torch.device
+) -> Fp8Execution:
     """``scaled_mm`` where the hardware and the layer allow W8A8, else ``reference`` with why."""
     if device.type != "cuda":
         return Fp8Execution("reference", f"{device.type}: no FP8 matmul")
@@ -178,8 +224,10 @@ def choose_fp8_execution(scheme: Fp8Scheme, shape: tuple[int, int], *, dtype: to
         return Fp8Execution("reference", "weight-only scheme (activations stay dense)")
     if scheme.weight_strategy == "block":
         if scheme.weight_block_size != (128, 128) or not hasattr(F, "scaled_mm"):
-            return Fp8Execution("reference", f"{scheme.weight_block_size} blocks (the block-scaled "
-                                             "FP8 GEMM takes 128x128)")
+            return Fp8Execution(
+                "reference",
+                f"{scheme.weight_block_size} blocks (the block-scaled FP8 GEMM takes 128x128)",
+            )
         if shape[0] % 128 or shape[1] % 128:
             return Fp8Execution("reference", f"shape {shape} not whole 128x128 blocks")
         return Fp8Execution("scaled_mm")
@@ -188,9 +236,15 @@ def choose_fp8_execution(scheme: Fp8Scheme, shape: tuple[int, int], *, dtype: to
     return Fp8Execution("scaled_mm")
 
 
-def load_fp8_linears(model: nn.Module, config: Fp8Config, source: WeightSource, *,
-                     dtype: torch.dtype, device: torch.device | str,
-                     fused: Mapping[str, tuple[str, ...]]) -> WeightSource:
+def load_fp8_linears(
+    model: nn.Module,
+    config: Fp8Config,
+    source: WeightSource,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    fused: Mapping[str, tuple[str, ...]],
+) -> WeightSource:
     """Replace every linear layer the checkpoint quantises by an :class:`Fp8Linear` holding its
     FP8 weight and scales on ``device``; return the rest of ``source`` (biases included) for
     :func:`engine.model.weights.assign_weights`.
@@ -209,14 +263,17 @@ def load_fp8_linears(model: nn.Module, config: Fp8Config, source: WeightSource, 
         if schemes == {None}:
             continue
         if len(schemes) > 1:
-            raise WeightLoadError(f"{', '.join(parts)}: fused into {name}, but their FP8 schemes differ")
+            raise WeightLoadError(
+                f"{', '.join(parts)}: fused into {name}, but their FP8 schemes differ"
+            )
         scheme = schemes.pop()
         assert scheme is not None
         layer = Fp8Linear(module.in_features, module.out_features, scheme)
         layer.bias = module.bias  # a meta parameter: assign_weights fills it at the model dtype
         _fill(layer, parts, config, rest, dev)
-        decision = choose_fp8_execution(scheme, (module.out_features, module.in_features),
-                                        dtype=dtype, device=dev)
+        decision = choose_fp8_execution(
+            scheme, (module.out_features, module.in_features), dtype=dtype, device=dev
+        )
         layer.execution = decision.execution
         layer.reference_reason = decision.reason
         _replace(model, name, layer)
@@ -239,49 +296,74 @@ def _take(rest: dict[str, Callable[[], torch.Tensor]], name: str) -> torch.Tenso
     return rest.pop(name)()
 
 
-def _fill(layer: Fp8Linear, parts: list[str], config: Fp8Config,
-          rest: dict[str, Callable[[], torch.Tensor]], device: torch.device) -> None:
+def _fill(
+    layer: Fp8Linear,
+    parts: list[str],
+    config: Fp8Config,
+    rest: dict[str, Callable[[], torch.Tensor]],
+    device: torch.device,
+) -> None:
     weights, scales, input_scales = [], [], []
     for i, part in enumerate(parts):
         w = _take(rest, f"{part}.weight")
         if w.dtype != FP8_DTYPE or w.dim() != 2 or w.shape[1] != layer.in_features:
-            raise WeightLoadError(f"{part}.weight: expected float8_e4m3fn [out, {layer.in_features}], "
-                                  f"got {w.dtype} {tuple(w.shape)}")
+            raise WeightLoadError(
+                f"{part}.weight: expected float8_e4m3fn [out, {layer.in_features}], "
+                f"got {w.dtype} {tuple(w.shape)}"
+            )
         s = _take(rest, f"{part}.{config.scale_name}").float()
-        scales.append(_row_or_block_scale(s, w.shape, layer.scheme, f"{part}.{config.scale_name}",
-                                          last=i == len(parts) - 1))
+        scales.append(
+            _row_or_block_scale(
+                s, w.shape, layer.scheme, f"{part}.{config.scale_name}", last=i == len(parts) - 1
+            )
+        )
         weights.append(w)
         if layer.scheme.activation == "static":
             input_scales.append(_take(rest, f"{part}.input_scale").float().reshape(()))
     weight = torch.cat(weights).contiguous() if len(weights) > 1 else weights[0].contiguous()
     if weight.shape[0] != layer.out_features:
-        raise WeightLoadError(f"{', '.join(parts)}: {weight.shape[0]} rows, the layer has {layer.out_features}")
+        raise WeightLoadError(
+            f"{', '.join(parts)}: {weight.shape[0]} rows, the layer has {layer.out_features}"
+        )
     layer.weight = nn.Parameter(weight.to(device), requires_grad=False)
-    layer.weight_scale = nn.Parameter(torch.cat(scales).contiguous().to(device), requires_grad=False)
+    layer.weight_scale = nn.Parameter(
+        torch.cat(scales).contiguous().to(device), requires_grad=False
+    )
     if input_scales:
-        layer.input_scale = nn.Parameter(torch.stack(input_scales).max().to(device), requires_grad=False)
+        layer.input_scale = nn.Parameter(
+            torch.stack(input_scales).max().to(device), requires_grad=False
+        )
 
 
-def _row_or_block_scale(s: torch.Tensor, shape: torch.Size, scheme: Fp8Scheme, name: str, *,
-                        last: bool) -> torch.Tensor:
+def _row_or_block_scale(
+    s: torch.Tensor, shape: torch.Size, scheme: Fp8Scheme, name: str, *, last: bool
+) -> torch.Tensor:
     rows, cols = int(shape[0]), int(shape[1])
     if scheme.weight_strategy == "tensor":
         if s.numel() != 1:
-            raise WeightLoadError(f"{name}: a per-tensor scale has one element, got shape {tuple(s.shape)}")
+            raise WeightLoadError(
+                f"{name}: a per-tensor scale has one element, got shape {tuple(s.shape)}"
+            )
         return s.reshape(1).expand(rows).clone()
     if scheme.weight_strategy == "channel":
         if s.numel() != rows or s.dim() not in (1, 2) or (s.dim() == 2 and s.shape[1] != 1):
-            raise WeightLoadError(f"{name}: per-channel scales are [{rows}, 1], got {tuple(s.shape)}")
+            raise WeightLoadError(
+                f"{name}: per-channel scales are [{rows}, 1], got {tuple(s.shape)}"
+            )
         return s.reshape(rows)
     assert scheme.weight_block_size is not None
     bn, bk = scheme.weight_block_size
     want = (-(-rows // bn), -(-cols // bk))
     if tuple(s.shape) != want:
-        raise WeightLoadError(f"{name}: block scales for {rows}x{cols} in {bn}x{bk} blocks are "
-                              f"{list(want)}, got {list(s.shape)}")
+        raise WeightLoadError(
+            f"{name}: block scales for {rows}x{cols} in {bn}x{bk} blocks are "
+            f"{list(want)}, got {list(s.shape)}"
+        )
     if rows % bn and not last:
-        raise WeightLoadError(f"{name}: {rows} rows are not a multiple of block_n {bn}, so the "
-                              "fused projection's blocks would not line up")
+        raise WeightLoadError(
+            f"{name}: {rows} rows are not a multiple of block_n {bn}, so the "
+            "fused projection's blocks would not line up"
+        )
     return s
 
 

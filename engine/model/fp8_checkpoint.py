@@ -13,6 +13,7 @@ and block scales as ``weight_scale_inv``; compressed-tensors stores ``[1]`` per 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -21,14 +22,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.model.config import ModelConfig
-from engine.model.fp8 import dequantize_fp8
-from engine.model.fp8_config import Fp8Config, Fp8Scheme
-from kernels.fp8_quant import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from turnout.engine.model.config import ModelConfig
+from turnout.engine.model.fp8 import dequantize_fp8
+from turnout.engine.model.fp8_config import Fp8Config, Fp8Scheme
+from turnout.kernels.fp8_quant import FP8_DTYPE, FP8_MAX, MIN_SCALE
 
 
-def quantize_fp8_weight(weight: torch.Tensor, scheme: Fp8Scheme  # [N, K] float
-                        ) -> tuple[torch.Tensor, torch.Tensor]:  # [N, K] fp8, scale float32
+def quantize_fp8_weight(
+    weight: torch.Tensor,
+    scheme: Fp8Scheme,  # [N, K] float
+) -> tuple[torch.Tensor, torch.Tensor]:  # [N, K] fp8, scale float32
     """``(q, scale)`` of ``weight`` by the rule above; ``scale`` is ``[]`` (tensor), ``[N, 1]``
     (channel) or ``[ceil(N/bn), ceil(K/bk)]`` (block)."""
     w = weight.float()
@@ -53,16 +56,21 @@ def quantize_fp8_weight(weight: torch.Tensor, scheme: Fp8Scheme  # [N, K] float
 def linear_weight_names(config: ModelConfig, names: Iterable[str]) -> list[str]:
     """HF module names of the linear layers among tensor ``names`` (2-D ``*.weight`` that are
     not embeddings), e.g. ``model.layers.0.self_attn.q_proj``."""
-    from engine.model.weights import hf_weight_shapes
+    from turnout.engine.model.weights import hf_weight_shapes
 
     shapes = hf_weight_shapes(config)
-    return [n.removesuffix(".weight") for n in names
-            if n.endswith(".weight") and len(shapes.get(n, ())) == 2 and "embed" not in n]
+    return [
+        n.removesuffix(".weight")
+        for n in names
+        if n.endswith(".weight") and len(shapes.get(n, ())) == 2 and "embed" not in n
+    ]
 
 
-def quantize_tensors(tensors: Mapping[str, Callable[[], torch.Tensor]], config: ModelConfig,
-                     input_amax: Mapping[str, float] | None = None
-                     ) -> dict[str, Callable[[], torch.Tensor]]:
+def quantize_tensors(
+    tensors: Mapping[str, Callable[[], torch.Tensor]],
+    config: ModelConfig,
+    input_amax: Mapping[str, float] | None = None,
+) -> dict[str, Callable[[], torch.Tensor]]:
     """The FP8 checkpoint of dense HF-named ``tensors`` (lazy, like a weight source) under
     ``config.quantization``: layers it quantises get ``weight`` (fp8) and their scales; the
     rest is unchanged.
@@ -79,15 +87,23 @@ def quantize_tensors(tensors: Mapping[str, Callable[[], torch.Tensor]], config: 
         if scheme is None or (module == "lm_head" and config.tie_word_embeddings):
             continue
         get = out[module + ".weight"]
-        out[module + ".weight"] = lambda g=get, s=scheme: quantize_fp8_weight(g(), s)[0]
-        out[f"{module}.{q.scale_name}"] = lambda g=get, s=scheme: _stored_scale(
-            quantize_fp8_weight(g(), s)[1], s, q.method)
+
+        def weight(g: Callable[[], torch.Tensor] = get, s: Fp8Scheme = scheme) -> torch.Tensor:
+            return quantize_fp8_weight(g(), s)[0]
+
+        def scale(g: Callable[[], torch.Tensor] = get, s: Fp8Scheme = scheme) -> torch.Tensor:
+            return _stored_scale(quantize_fp8_weight(g(), s)[1], s, q.method)
+
+        out[module + ".weight"] = weight
+        out[f"{module}.{q.scale_name}"] = scale
         if scheme.activation == "static":
             if input_amax is None or module not in input_amax:
-                raise ValueError(f"{module}: a static scheme needs its calibration amax (input_amax)")
+                raise ValueError(
+                    f"{module}: a static scheme needs its calibration amax (input_amax)"
+                )
             value = max(float(input_amax[module]) / FP8_MAX, MIN_SCALE)
             shape = () if q.method == "fp8" else (1,)
-            out[module + ".input_scale"] = lambda v=value, sh=shape: torch.full(sh, v)
+            out[module + ".input_scale"] = functools.partial(torch.full, shape, value)
     return out
 
 
@@ -97,9 +113,12 @@ def _stored_scale(scale: torch.Tensor, scheme: Fp8Scheme, method: str) -> torch.
     return scale.contiguous()
 
 
-def write_fp8_checkpoint(src_dir: str | Path, out_dir: str | Path,
-                         quantization_config: Mapping[str, Any],
-                         input_amax: Mapping[str, float] | None = None) -> Path:
+def write_fp8_checkpoint(
+    src_dir: str | Path,
+    out_dir: str | Path,
+    quantization_config: Mapping[str, Any],
+    input_amax: Mapping[str, float] | None = None,
+) -> Path:
     """Quantise the dense HF directory ``src_dir`` into ``out_dir`` (``config.json`` with
     ``quantization_config`` added, one ``model.safetensors``; other files are not copied).
 
@@ -109,7 +128,7 @@ def write_fp8_checkpoint(src_dir: str | Path, out_dir: str | Path,
     """
     from safetensors.torch import save_file
 
-    from engine.model.loader import safetensors_source
+    from turnout.engine.model.loader import safetensors_source
 
     src, out = Path(src_dir), Path(out_dir)
     hf = json.loads((src / "config.json").read_text())
@@ -117,20 +136,24 @@ def write_fp8_checkpoint(src_dir: str | Path, out_dir: str | Path,
     config = ModelConfig.from_hf_dict(hf)
     source = quantize_tensors(safetensors_source(src), config, input_amax)
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: get().contiguous() for k, get in source.items()}, str(out / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: get().contiguous() for k, get in source.items()},
+        str(out / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
     return out
 
 
-def dequantize_checkpoint(src_dir: str | Path, out_dir: str | Path, *,
-                          dtype: torch.dtype = torch.float32) -> Path:
+def dequantize_checkpoint(
+    src_dir: str | Path, out_dir: str | Path, *, dtype: torch.dtype = torch.float32
+) -> Path:
     """The dense copy of the FP8 directory ``src_dir``: every FP8 weight replaced by
     ``weight.float() * scale`` at ``dtype``, scales dropped, ``quantization_config`` removed;
     HF transformers loads it as an ordinary checkpoint (the parity reference)."""
     from safetensors.torch import save_file
 
-    from engine.model.loader import read_hf_config, safetensors_source
+    from turnout.engine.model.loader import read_hf_config, safetensors_source
 
     src, out = Path(src_dir), Path(out_dir)
     config = read_hf_config(src)
@@ -161,8 +184,9 @@ def dequantize_checkpoint(src_dir: str | Path, out_dir: str | Path, *,
     return out
 
 
-def calibrate_input_amax(model: nn.Module, batches: Iterable[Any],
-                         forward: Callable[[nn.Module, Any], Any] | None = None) -> dict[str, float]:
+def calibrate_input_amax(
+    model: nn.Module, batches: Iterable[Any], forward: Callable[[nn.Module, Any], Any] | None = None
+) -> dict[str, float]:
     """``amax(|x|)`` of the input of every ``nn.Linear`` of ``model`` over ``batches`` (its
     module names as keys: an HF transformers model gives HF names). ``forward(model, batch)``
     runs one batch (default ``model(batch)``)."""
@@ -170,8 +194,10 @@ def calibrate_input_amax(model: nn.Module, batches: Iterable[Any],
     hooks = []
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear):
+
             def hook(_m: nn.Module, args: tuple[torch.Tensor, ...], n: str = name) -> None:
                 amax[n] = max(amax.get(n, 0.0), float(args[0].detach().abs().amax()))
+
             hooks.append(module.register_forward_pre_hook(hook))
     try:
         with torch.no_grad():
@@ -183,5 +209,11 @@ def calibrate_input_amax(model: nn.Module, batches: Iterable[Any],
     return amax
 
 
-__all__ = ["calibrate_input_amax", "dequantize_checkpoint", "linear_weight_names",
-           "quantize_fp8_weight", "quantize_tensors", "write_fp8_checkpoint"]
+__all__ = [
+    "calibrate_input_amax",
+    "dequantize_checkpoint",
+    "linear_weight_names",
+    "quantize_fp8_weight",
+    "quantize_tensors",
+    "write_fp8_checkpoint",
+]

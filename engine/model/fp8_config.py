@@ -32,10 +32,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.model.config import ModelConfigError
+from turnout.engine.model.config import ModelConfigError
 
 if TYPE_CHECKING:
-    from engine.model.config import ModelConfig
+    from turnout.engine.model.config import ModelConfig
 
 FP8_METHODS = ("fp8", "compressed-tensors")
 WEIGHT_STRATEGIES = ("tensor", "channel", "block")
@@ -53,10 +53,16 @@ class Fp8Scheme:
     weight_block_size: tuple[int, int] | None = None  # (block_n, block_k) for "block"
 
     def describe(self) -> str:
-        weights = (f"{self.weight_block_size[0]}x{self.weight_block_size[1]} block"
-                   if self.weight_block_size else f"per-{self.weight_strategy}")
-        acts = {"dynamic": "dynamic activations", "static": "static per-tensor input scales",
-                "none": "weight-only"}[self.activation]
+        weights = (
+            f"{self.weight_block_size[0]}x{self.weight_block_size[1]} block"
+            if self.weight_block_size
+            else f"per-{self.weight_strategy}"
+        )
+        acts = {
+            "dynamic": "dynamic activations",
+            "static": "static per-tensor input scales",
+            "none": "weight-only",
+        }[self.activation]
         return f"{weights} weight scales, {acts}"
 
 
@@ -121,16 +127,22 @@ def parse_quantization_config(config: ModelConfig, qc: Any) -> Fp8Config:
     if method not in FP8_METHODS:
         raise ModelConfigError(
             f"quantization_config.quant_method {qc.get('quant_method')!r} is not supported; "
-            f"supported: FP8 checkpoints ({', '.join(FP8_METHODS)})")
+            f"supported: FP8 checkpoints ({', '.join(FP8_METHODS)})"
+        )
     if config.is_pooling:
-        raise ModelConfigError(f"{config.architecture}: FP8 weights are supported for generating "
-                               "decoders only")
+        raise ModelConfigError(
+            f"{config.architecture}: FP8 weights are supported for generating decoders only"
+        )
     if config.has_inner_state:  # the Mamba mixer's projections have no FP8 path
-        raise ModelConfigError(f"{config.architecture}: FP8 weights are not supported for models with "
-                               "Mamba layers; use an unquantised checkpoint")
+        raise ModelConfigError(
+            f"{config.architecture}: FP8 weights are not supported for models with "
+            "Mamba layers; use an unquantised checkpoint"
+        )
     if config.moe is not None:  # the fused MoE kernel takes bf16/fp16/fp32 experts
-        raise ModelConfigError(f"{config.architecture}: FP8 weights are not supported for mixture-of-"
-                               "experts models; use an unquantised checkpoint")
+        raise ModelConfigError(
+            f"{config.architecture}: FP8 weights are not supported for mixture-of-"
+            "experts models; use an unquantised checkpoint"
+        )
     import json
 
     raw = json.dumps(qc, sort_keys=True, default=str)
@@ -142,20 +154,31 @@ def parse_quantization_config(config: ModelConfig, qc: Any) -> Fp8Config:
 def _vllm_fp8(qc: Mapping[str, Any], raw: str) -> Fp8Config:
     scheme = str(qc.get("activation_scheme", "dynamic"))  # HF's FineGrainedFP8 default
     if scheme not in ("dynamic", "static"):
-        raise ModelConfigError(f"quantization_config.activation_scheme {scheme!r}: expected dynamic or static")
+        raise ModelConfigError(
+            f"quantization_config.activation_scheme {scheme!r}: expected dynamic or static"
+        )
     fmt = qc.get("fmt", "e4m3")
     if fmt != "e4m3":
-        raise ModelConfigError(f"quantization_config.fmt {fmt!r}: only float8 e4m3 weights are supported")
+        raise ModelConfigError(
+            f"quantization_config.fmt {fmt!r}: only float8 e4m3 weights are supported"
+        )
     block = qc.get("weight_block_size")
     if block is not None:
         block = _block(block, "quantization_config.weight_block_size")
         if scheme != "dynamic":
-            raise ModelConfigError("quantization_config: block-wise FP8 (weight_block_size) supports "
-                                   "activation_scheme 'dynamic' only (as vLLM)")
+            raise ModelConfigError(
+                "quantization_config: block-wise FP8 (weight_block_size) supports "
+                "activation_scheme 'dynamic' only (as vLLM)"
+            )
     ignore = [*(qc.get("ignored_layers") or ()), *(qc.get("modules_to_not_convert") or ())]
     weights = Fp8Scheme("block" if block else "tensor", scheme, block)
-    return Fp8Config("fp8", (Fp8Group(("Linear",), weights),), tuple(str(i) for i in ignore),
-                     scale_name="weight_scale_inv" if block else "weight_scale", raw=raw)
+    return Fp8Config(
+        "fp8",
+        (Fp8Group(("Linear",), weights),),
+        tuple(str(i) for i in ignore),
+        scale_name="weight_scale_inv" if block else "weight_scale",
+        raw=raw,
+    )
 
 
 _CT_FORMATS = ("float-quantized", "naive-quantized")
@@ -165,12 +188,16 @@ _CT_REFUSED_KEYS = ("kv_cache_scheme", "sparsity_config", "transform_config")
 def _compressed_tensors(qc: Mapping[str, Any], raw: str) -> Fp8Config:
     fmt = qc.get("format")
     if fmt not in _CT_FORMATS:
-        raise ModelConfigError(f"compressed-tensors format {fmt!r} is not supported; "
-                               f"supported: {', '.join(_CT_FORMATS)} (FP8)")
+        raise ModelConfigError(
+            f"compressed-tensors format {fmt!r} is not supported; "
+            f"supported: {', '.join(_CT_FORMATS)} (FP8)"
+        )
     status = qc.get("quantization_status", "compressed")
     if status != "compressed":
-        raise ModelConfigError(f"compressed-tensors quantization_status {status!r}: only "
-                               "'compressed' checkpoints (FP8 tensors stored) are supported")
+        raise ModelConfigError(
+            f"compressed-tensors quantization_status {status!r}: only "
+            "'compressed' checkpoints (FP8 tensors stored) are supported"
+        )
     for key in _CT_REFUSED_KEYS:
         if qc.get(key):
             raise ModelConfigError(f"compressed-tensors {key} is not supported")
@@ -195,26 +222,37 @@ def _ct_group(name: str, g: Any) -> Fp8Group:
         raise ModelConfigError(f"{where}.targets must be a non-empty list")
     for t in targets:
         if not (t == "Linear" or str(t).startswith("re:") or "." in str(t) or t == "lm_head"):
-            raise ModelConfigError(f"{where}.targets: {t!r} is not supported (Linear, a module name, or re:<regex>)")
+            raise ModelConfigError(
+                f"{where}.targets: {t!r} is not supported (Linear, a module name, or re:<regex>)"
+            )
     weights = _ct_args(g.get("weights"), f"{where}.weights")
     strategy = weights["strategy"]
     if strategy not in WEIGHT_STRATEGIES:
-        raise ModelConfigError(f"{where}.weights.strategy {strategy!r} is not supported; "
-                               f"supported: {', '.join(WEIGHT_STRATEGIES)}")
+        raise ModelConfigError(
+            f"{where}.weights.strategy {strategy!r} is not supported; "
+            f"supported: {', '.join(WEIGHT_STRATEGIES)}"
+        )
     if weights.get("dynamic"):
         raise ModelConfigError(f"{where}.weights.dynamic: weights must be stored quantised")
-    block = (_block(weights.get("block_structure"), f"{where}.weights.block_structure")
-             if strategy == "block" else None)
+    block = (
+        _block(weights.get("block_structure"), f"{where}.weights.block_structure")
+        if strategy == "block"
+        else None
+    )
     acts = g.get("input_activations")
     activation = "none"
     if acts:
         acts = _ct_args(acts, f"{where}.input_activations")
         activation = "dynamic" if acts.get("dynamic") is True else "static"
         if acts.get("dynamic") not in (True, False, None):
-            raise ModelConfigError(f"{where}.input_activations.dynamic {acts.get('dynamic')!r} is not supported")
+            raise ModelConfigError(
+                f"{where}.input_activations.dynamic {acts.get('dynamic')!r} is not supported"
+            )
         if activation == "static" and (acts.get("strategy") != "tensor" or block):
-            raise ModelConfigError(f"{where}.input_activations: static activation scales are "
-                                   "supported per tensor, with tensor or channel weight scales")
+            raise ModelConfigError(
+                f"{where}.input_activations: static activation scales are "
+                "supported per tensor, with tensor or channel weight scales"
+            )
     return Fp8Group(tuple(str(t) for t in targets), Fp8Scheme(strategy, activation, block))
 
 
@@ -222,17 +260,24 @@ def _ct_args(args: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(args, Mapping):
         raise ModelConfigError(f"{where} must be an object")
     if args.get("num_bits") != 8 or args.get("type") != "float":
-        raise ModelConfigError(f"{where}: only 8-bit float (FP8 e4m3) quantization is supported, "
-                               f"got num_bits={args.get('num_bits')!r} type={args.get('type')!r}")
+        raise ModelConfigError(
+            f"{where}: only 8-bit float (FP8 e4m3) quantization is supported, "
+            f"got num_bits={args.get('num_bits')!r} type={args.get('type')!r}"
+        )
     if args.get("symmetric") is False:
         raise ModelConfigError(f"{where}.symmetric: asymmetric FP8 scales are not supported")
     return args
 
 
 def _block(value: Any, where: str) -> tuple[int, int]:
-    if (not isinstance(value, Sequence) or len(value) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
-        raise ModelConfigError(f"{where} must be two positive integers [block_n, block_k], got {value!r}")
+    if (
+        not isinstance(value, Sequence)
+        or len(value) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    ):
+        raise ModelConfigError(
+            f"{where} must be two positive integers [block_n, block_k], got {value!r}"
+        )
     return int(value[0]), int(value[1])
 
 

@@ -19,20 +19,32 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.model.config import ModelConfig, ModelConfigError
-from engine.model.weights import WeightLoadError, WeightSource
+from turnout.engine.model.config import ModelConfig, ModelConfigError
+from turnout.engine.model.weights import WeightLoadError, WeightSource
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                  "qwen3": "Qwen3ForCausalLM"}
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 _PERMUTED_QK = {"llama"}
 
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight",
-                 "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
 
@@ -102,8 +114,9 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, WeightSource]:
     """
     reader, meta = open_gguf(path)
     arch = meta.get("general.architecture")
-    config = config_from_gguf(meta, has_output=any(t.name == "output.weight"
-                                                   for t in reader.tensors))
+    config = config_from_gguf(
+        meta, has_output=any(t.name == "output.weight" for t in reader.tensors)
+    )
     config = replace(config, quantization=gguf_quantization(reader, meta))
     source: dict[str, Callable[[], torch.Tensor]] = {}
     for tensor in reader.tensors:
@@ -111,7 +124,7 @@ def read_gguf(path: str | Path) -> tuple[ModelConfig, WeightSource]:
         heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
         part = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else ""
         num_heads = heads.get(part) if arch in _PERMUTED_QK else None
-        source[hf_name] = lambda t=tensor, h=num_heads: _dequantize(t, h)
+        source[hf_name] = functools.partial(_dequantize, tensor, num_heads)
     return config, source
 
 
@@ -144,7 +157,9 @@ def gguf_quantization(reader: Any, meta: dict[str, Any]) -> GGUFQuantization:
     except ValueError:  # a type newer than the installed gguf package
         file_type = f"file type {code}"
     counts = Counter(t.tensor_type.name for t in reader.tensors)
-    return GGUFQuantization(file_type, tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))))
+    return GGUFQuantization(
+        file_type, tuple(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+    )
 
 
 def config_from_gguf(meta: dict[str, Any], *, has_output: bool) -> ModelConfig:
@@ -155,8 +170,9 @@ def config_from_gguf(meta: dict[str, Any], *, has_output: bool) -> ModelConfig:
     """
     arch = meta.get("general.architecture")
     if arch not in _ARCHITECTURES:
-        raise ModelConfigError(f"GGUF architecture {arch!r} is not supported; supported: "
-                               f"{', '.join(_ARCHITECTURES)}")
+        raise ModelConfigError(
+            f"GGUF architecture {arch!r} is not supported; supported: {', '.join(_ARCHITECTURES)}"
+        )
 
     def key(name: str, default: Any = None) -> Any:
         value = meta.get(f"{arch}.{name}", default)
@@ -173,15 +189,21 @@ def config_from_gguf(meta: dict[str, Any], *, has_output: bool) -> ModelConfig:
     heads = key("attention.head_count")
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens") or ())
     hf = {
-        "architectures": [_ARCHITECTURES[arch]], "model_type": arch, "vocab_size": vocab,
-        "hidden_size": key("embedding_length"), "intermediate_size": key("feed_forward_length"),
-        "num_hidden_layers": key("block_count"), "num_attention_heads": heads,
+        "architectures": [_ARCHITECTURES[arch]],
+        "model_type": arch,
+        "vocab_size": vocab,
+        "hidden_size": key("embedding_length"),
+        "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"),
+        "num_attention_heads": heads,
         "num_key_value_heads": key("attention.head_count_kv", heads),
         "head_dim": meta.get(f"{arch}.attention.key_length") or key("embedding_length") // heads,
         "max_position_embeddings": key("context_length"),
         "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
-        "rope_theta": key("rope.freq_base", 10000.0), "rope_scaling": rope_scaling,
-        "tie_word_embeddings": not has_output, "hidden_act": "silu",
+        "rope_theta": key("rope.freq_base", 10000.0),
+        "rope_scaling": rope_scaling,
+        "tie_word_embeddings": not has_output,
+        "hidden_act": "silu",
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
         "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
@@ -201,8 +223,10 @@ def hf_tensor_name(gguf_name: str) -> str:
     parts = gguf_name.split(".")
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
-    raise WeightLoadError(f"GGUF tensor {gguf_name!r} has no counterpart in the model layer "
-                          "(Llama 3 rope_freqs and other extras are not supported)")
+    raise WeightLoadError(
+        f"GGUF tensor {gguf_name!r} has no counterpart in the model layer "
+        "(Llama 3 rope_freqs and other extras are not supported)"
+    )
 
 
 def _dequantize(tensor: Any, permuted_heads: int | None) -> torch.Tensor:
@@ -210,7 +234,7 @@ def _dequantize(tensor: Any, permuted_heads: int | None) -> torch.Tensor:
 
     array = dequantize(tensor.data, tensor.tensor_type)
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # ggml lists dims inner-first
-    weight = torch.from_numpy(np.require(array, np.float32, ['C', 'W'])).reshape(shape)
+    weight = torch.from_numpy(np.require(array, np.float32, ["C", "W"])).reshape(shape)
     return unpermute_qk(weight, permuted_heads) if permuted_heads else weight
 
 
@@ -222,5 +246,8 @@ def unpermute_qk(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     ``weight``: ``[num_heads * head_dim, ...]`` (a weight matrix or a bias).
     """
     rows = weight.shape[0]
-    return (weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
-            .transpose(1, 2).reshape(weight.shape))
+    return (
+        weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+        .transpose(1, 2)
+        .reshape(weight.shape)
+    )

@@ -35,11 +35,18 @@ class GraniteMultipliers:
         values = {}
         for key, default in asdict(cls()).items():
             value = d.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not (
-                    math.isfinite(value) and value > 0):
-                from engine.model.config import ModelConfigError  # config imports this module
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (math.isfinite(value) and value > 0)
+            ):
+                from turnout.engine.model.config import (
+                    ModelConfigError,  # config imports this module
+                )
 
-                raise ModelConfigError(f"config field `{key}` must be a positive number, got {value!r}")
+                raise ModelConfigError(
+                    f"config field `{key}` must be a positive number, got {value!r}"
+                )
             values[key] = float(value)
         return cls(**values)
 

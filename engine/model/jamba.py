@@ -34,16 +34,16 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from engine.model.attention import paged_attention_forward
-from engine.model.attention_metadata import AttentionMetadata
-from engine.model.config import ModelConfig
-from engine.model.kv_cache import FullAttentionSpec
-from engine.model.layers import GatedMLP, RMSNorm
-from engine.model.llama import FUSED_PARAMS, DecoderModel
-from engine.model.mamba import MambaMixer, mixer_weight_shapes
-from engine.model.moe import SparseMoeBlock
-from engine.model.moe_weights import moe_weight_shapes
-from engine.model.state_cache import HybridCacheSpec, MambaState, MambaStepInputs
+from turnout.engine.model.attention import paged_attention_forward
+from turnout.engine.model.attention_metadata import AttentionMetadata
+from turnout.engine.model.config import ModelConfig
+from turnout.engine.model.kv_cache import FullAttentionSpec
+from turnout.engine.model.layers import GatedMLP, RMSNorm
+from turnout.engine.model.llama import FUSED_PARAMS, DecoderModel
+from turnout.engine.model.mamba import MambaMixer, mixer_weight_shapes
+from turnout.engine.model.moe import SparseMoeBlock
+from turnout.engine.model.moe_weights import moe_weight_shapes
+from turnout.engine.model.state_cache import HybridCacheSpec, MambaState, MambaStepInputs
 
 
 class JambaAttention(nn.Module):
@@ -54,21 +54,30 @@ class JambaAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim, self.backend = config.head_dim, backend
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_size, self.kv_size = (
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
         self.scale = self.head_dim**-0.5
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
 
-    def forward(self, hidden: torch.Tensor, kv_cache: torch.Tensor,
-                attn_metadata: AttentionMetadata) -> torch.Tensor:  # [T, H] -> [T, H]
+    def forward(
+        self, hidden: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:  # [T, H] -> [T, H]
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         out = paged_attention_forward(
             q.view(num_tokens, self.num_heads, self.head_dim),
             k.view(num_tokens, self.num_kv_heads, self.head_dim),
             v.view(num_tokens, self.num_kv_heads, self.head_dim),
-            kv_cache, attn_metadata, scale=self.scale, backend=self.backend)
-        return self.o_proj(out.view(num_tokens, self.q_size))
+            kv_cache,
+            attn_metadata,
+            scale=self.scale,
+            backend=self.backend,
+        )
+        projected: torch.Tensor = self.o_proj(out.view(num_tokens, self.q_size))
+        return projected
 
 
 def _feed_forward(config: ModelConfig, layer: int, backend: str) -> GatedMLP | SparseMoeBlock:
@@ -94,8 +103,13 @@ class JambaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, hidden: torch.Tensor, cache: torch.Tensor | MambaState,
-                attn_metadata: AttentionMetadata, step: MambaStepInputs | None) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cache: torch.Tensor | MambaState,
+        attn_metadata: AttentionMetadata,
+        step: MambaStepInputs | None,
+    ) -> torch.Tensor:
         normed = self.input_layernorm(hidden)
         if self.is_attention:
             assert isinstance(cache, torch.Tensor)
@@ -104,7 +118,8 @@ class JambaDecoderLayer(nn.Module):
             assert isinstance(cache, MambaState) and step is not None
             mixed = self.mamba(normed, cache, step)
         hidden = hidden + mixed
-        return hidden + self.feed_forward(self.pre_ff_layernorm(hidden))
+        ff: torch.Tensor = self.feed_forward(self.pre_ff_layernorm(hidden))
+        return hidden + ff
 
 
 class JambaBody(nn.Module):
@@ -113,8 +128,9 @@ class JambaBody(nn.Module):
     def __init__(self, config: ModelConfig, backend: str) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(JambaDecoderLayer(config, i, backend)
-                                    for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            JambaDecoderLayer(config, i, backend) for i in range(config.num_hidden_layers)
+        )
         self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
@@ -142,22 +158,37 @@ class JambaForCausalLM(DecoderModel):
     def hf_weight_shapes(cls, config: ModelConfig) -> dict[str, tuple[int, ...]]:
         m, h, i = config.mamba, config.hidden_size, config.intermediate_size
         assert m is not None
-        q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
-        shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, h),
-                                              "model.final_layernorm.weight": (h,)}
+        q, kv = (
+            config.num_attention_heads * config.head_dim,
+            config.num_key_value_heads * config.head_dim,
+        )
+        shapes: dict[str, tuple[int, ...]] = {
+            "model.embed_tokens.weight": (config.vocab_size, h),
+            "model.final_layernorm.weight": (h,),
+        }
         if not config.tie_word_embeddings:
             shapes["lm_head.weight"] = (config.vocab_size, h)
         for n in range(config.num_hidden_layers):
             p = f"model.layers.{n}."
-            layer: dict[str, tuple[int, ...]] = {"input_layernorm.weight": (h,), "pre_ff_layernorm.weight": (h,)}
+            layer: dict[str, tuple[int, ...]] = {
+                "input_layernorm.weight": (h,),
+                "pre_ff_layernorm.weight": (h,),
+            }
             if m.is_attention_layer(n):
-                layer |= {"self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h),
-                          "self_attn.v_proj.weight": (kv, h), "self_attn.o_proj.weight": (h, q)}
+                layer |= {
+                    "self_attn.q_proj.weight": (q, h),
+                    "self_attn.k_proj.weight": (kv, h),
+                    "self_attn.v_proj.weight": (kv, h),
+                    "self_attn.o_proj.weight": (h, q),
+                }
             else:
                 layer |= {f"mamba.{k}": s for k, s in mixer_weight_shapes(h, m).items()}
             if config.moe is None or not config.moe.is_moe_layer(n):  # a dense MLP
-                layer |= {"feed_forward.gate_proj.weight": (i, h), "feed_forward.up_proj.weight": (i, h),
-                          "feed_forward.down_proj.weight": (h, i)}
+                layer |= {
+                    "feed_forward.gate_proj.weight": (i, h),
+                    "feed_forward.up_proj.weight": (i, h),
+                    "feed_forward.down_proj.weight": (h, i),
+                }
             shapes |= {p + k: s for k, s in layer.items()}
         return shapes | moe_weight_shapes(config)
 
@@ -166,14 +197,27 @@ class JambaForCausalLM(DecoderModel):
         m = config.mamba
         assert m is not None
         kinds = m.layer_kinds(config.num_hidden_layers)
-        attention = FullAttentionSpec(num_layers=kinds.count("attention"),
-                                      num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim)
-        return HybridCacheSpec(num_layers=config.num_hidden_layers, layer_kinds=kinds, attention=attention,
-                               d_inner=m.d_inner, d_conv=m.d_conv, d_state=m.d_state)
+        attention = FullAttentionSpec(
+            num_layers=kinds.count("attention"),
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+        )
+        return HybridCacheSpec(
+            num_layers=config.num_hidden_layers,
+            layer_kinds=kinds,
+            attention=attention,
+            d_inner=m.d_inner,
+            d_conv=m.d_conv,
+            d_state=m.d_state,
+        )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[torch.Tensor | MambaState],  # type: ignore[override]
-                attn_metadata: AttentionMetadata) -> torch.Tensor:  # [T, hidden_size]
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor | MambaState],  # type: ignore[override]
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden_size]
         """Run every layer over the step's packed tokens: attention layers read and write
         their paged caches, Mamba layers each request's state slot.
 
@@ -188,7 +232,8 @@ class JambaForCausalLM(DecoderModel):
         hidden = self.model.embed_tokens(input_ids)
         for layer, cache in zip(layers, kv_caches, strict=True):
             hidden = layer(hidden, cache, attn_metadata, step)
-        return self.model.final_layernorm(hidden)
+        out: torch.Tensor = self.model.final_layernorm(hidden)
+        return out
 
     def _check_caches(self, kv_caches: list[torch.Tensor | MambaState]) -> None:
         layers = self.model.layers
@@ -197,8 +242,10 @@ class JambaForCausalLM(DecoderModel):
         for n, (layer, cache) in enumerate(zip(layers, kv_caches, strict=True)):
             want = torch.Tensor if layer.is_attention else MambaState
             if not isinstance(cache, want):
-                raise ValueError(f"layer {n} is {'an attention' if layer.is_attention else 'a Mamba'} layer: "
-                                 f"its cache must be a {want.__name__}, got {type(cache).__name__}")
+                raise ValueError(
+                    f"layer {n} is {'an attention' if layer.is_attention else 'a Mamba'} layer: "
+                    f"its cache must be a {want.__name__}, got {type(cache).__name__}"
+                )
 
 
 __all__ = ["JambaAttention", "JambaDecoderLayer", "JambaForCausalLM"]

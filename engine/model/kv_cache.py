@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.model.config import ModelConfig
+from turnout.engine.model.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def kv_cache_spec(config: ModelConfig) -> KVCacheSpec:
     """
     if config.is_encoder:
         raise ValueError(f"{config.architecture} is an encoder: it keeps no KV cache")
-    from engine.model.registry import decoder_class  # the model classes import this module
+    from turnout.engine.model.registry import decoder_class  # the model classes import this module
 
     return decoder_class(config).kv_cache_spec_for(config)
 
@@ -89,7 +89,9 @@ def _spec(spec: KVCacheSpec | ModelConfig) -> KVCacheSpec:
     return spec if isinstance(spec, KVCacheSpec) else kv_cache_spec(spec)
 
 
-def kv_cache_bytes_per_block(spec: KVCacheSpec | ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+def kv_cache_bytes_per_block(
+    spec: KVCacheSpec | ModelConfig, block_size: int, dtype: torch.dtype
+) -> int:
     """Bytes one KV block takes over all layers, to size ``num_blocks`` (a config is resolved
     to its model's spec)."""
     return _spec(spec).bytes_per_block(block_size, dtype)

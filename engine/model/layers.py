@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.config import ModelConfig, RopeScaling
+from turnout.engine.model.config import ModelConfig, RopeScaling
 
 _fused_layer_ops = True
 
@@ -31,7 +31,7 @@ def set_fused_layer_ops(enabled: bool) -> bool:
 def _fused(x: torch.Tensor) -> bool:
     if not (_fused_layer_ops and x.is_cuda):
         return False
-    from kernels._triton import HAS_TRITON
+    from turnout.kernels._triton import HAS_TRITON
 
     return HAS_TRITON
 
@@ -51,7 +51,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., hidden] -> same
         if self.fused and _fused(x) and x.dim() in (2, 3) and x.stride(-1) == 1:
-            from kernels.rms_norm import rms_norm
+            from turnout.kernels.rms_norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
@@ -68,7 +68,7 @@ class RMSNorm(nn.Module):
         model dtype). On CUDA one kernel does both and the returned sum is ``residual``,
         updated in place; on the CPU it is a new tensor."""
         if self.fused and _fused(x) and x.stride(-1) == 1 and residual.stride(-1) == 1:
-            from kernels.rms_norm import rms_norm
+            from turnout.kernels.rms_norm import rms_norm
 
             return rms_norm(x, self.weight, self.eps, residual=residual), residual
         summed = residual + x
@@ -159,18 +159,35 @@ class RotaryEmbedding(nn.Module):
         attention must not write them again); elsewhere the torch ops of :meth:`forward`."""
         num_tokens, d = qkv.shape[0], self.head_dim
         if _fused(qkv) and qkv.stride(-1) == 1 and d & (d - 1) == 0:
-            from kernels.rotary import qk_norm_rope
+            from turnout.kernels.rotary import qk_norm_rope
 
-            weights = (q_norm.weight, k_norm.weight) if q_norm is not None and k_norm is not None else (None, None)
+            weights: tuple[torch.Tensor | None, torch.Tensor | None] = (
+                (q_norm.weight, k_norm.weight)
+                if q_norm is not None and k_norm is not None
+                else (None, None)
+            )
             eps = q_norm.eps if q_norm is not None else 1e-6
             write = kv_cache is not None and slot_mapping is not None and kv_cache.numel() > 0
-            qk_norm_rope(qkv, positions, self.cos_cache, self.sin_cache, num_heads, num_kv_heads,
-                         *weights, eps=eps, kv_cache=kv_cache if write else None,
-                         slot_mapping=slot_mapping if write else None)
-            q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
-            return (q.view(num_tokens, num_heads, d), k.view(num_tokens, num_kv_heads, d),
-                    v.view(num_tokens, num_kv_heads, d), write)
-        q, k, v = qkv.split([num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+            qk_norm_rope(
+                qkv,
+                positions,
+                self.cos_cache,
+                self.sin_cache,
+                num_heads,
+                num_kv_heads,
+                *weights,
+                eps=eps,
+                kv_cache=kv_cache if write else None,
+                slot_mapping=slot_mapping if write else None,
+            )
+            q, k, v = torch.split(qkv, [num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
+            return (
+                q.view(num_tokens, num_heads, d),
+                k.view(num_tokens, num_kv_heads, d),
+                v.view(num_tokens, num_kv_heads, d),
+                write,
+            )
+        q, k, v = torch.split(qkv, [num_heads * d, num_kv_heads * d, num_kv_heads * d], dim=-1)
         q, k = q.view(num_tokens, num_heads, d), k.view(num_tokens, num_kv_heads, d)
         if q_norm is not None and k_norm is not None:
             q, k = q_norm(q), k_norm(k)
@@ -198,8 +215,10 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
         gate_up = self.gate_up_proj(x)
         if _fused(gate_up) and gate_up.dim() == 2:
-            from kernels.silu_mul import silu_and_mul
+            from turnout.kernels.silu_mul import silu_and_mul
 
-            return self.down_proj(silu_and_mul(gate_up))
+            fused_out: torch.Tensor = self.down_proj(silu_and_mul(gate_up))
+            return fused_out
         gate, up = gate_up.chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        out: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        return out

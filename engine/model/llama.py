@@ -12,18 +12,22 @@ Parameter names are HF's except two fused projections, filled from HF's pieces o
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
-from engine.model.attention import paged_attention_forward
-from engine.model.attention_metadata import AttentionMetadata
-from engine.model.config import ModelConfig
-from engine.model.kv_cache import FullAttentionSpec, KVCacheSpec
-from engine.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
-from engine.model.moe import SparseMoeBlock
-from engine.model.weights import decoder_weight_shapes
+from turnout.engine.model.attention import paged_attention_forward
+from turnout.engine.model.attention_metadata import AttentionMetadata
+from turnout.engine.model.config import ModelConfig
+from turnout.engine.model.kv_cache import FullAttentionSpec, KVCacheSpec
+from turnout.engine.model.layers import GatedMLP, RMSNorm, RotaryEmbedding
+from turnout.engine.model.moe import SparseMoeBlock
+from turnout.engine.model.weights import decoder_weight_shapes
+
+if TYPE_CHECKING:
+    from turnout.engine.model.parallel_layers import TensorParallel
+    from turnout.engine.model.quantization import QuantizationReport
 
 # fused parameter name part -> the HF name parts concatenated (dim 0) into it, in order
 FUSED_PARAMS: dict[str, tuple[str, ...]] = {
@@ -44,22 +48,45 @@ class DecoderAttention(nn.Module):
         self.scale = config.granite.attention_multiplier if config.granite else self.head_dim**-0.5
         self.sliding_window = config.sliding_window
         self.backend = backend
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size,
-                                  bias=config.qkv_bias)
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
+        )
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.has_qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.has_qk_norm else None
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, rotary: RotaryEmbedding,
-                kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        rotary: RotaryEmbedding,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q, k, v, kv_written = rotary.forward_qkv(
-            positions, self.qkv_proj(hidden), self.num_heads, self.num_kv_heads, self.q_norm, self.k_norm,
-            kv_cache if self.backend != "torch" else None, attn_metadata.slot_mapping)
-        out = paged_attention_forward(q, k, v, kv_cache, attn_metadata, scale=self.scale,
-                                      sliding_window=self.sliding_window, backend=self.backend,
-                                      kv_written=kv_written)
-        return self.o_proj(out.view(num_tokens, self.q_size))
+            positions,
+            self.qkv_proj(hidden),
+            self.num_heads,
+            self.num_kv_heads,
+            self.q_norm,
+            self.k_norm,
+            kv_cache if self.backend != "torch" else None,
+            attn_metadata.slot_mapping,
+        )
+        out = paged_attention_forward(
+            q,
+            k,
+            v,
+            kv_cache,
+            attn_metadata,
+            scale=self.scale,
+            sliding_window=self.sliding_window,
+            backend=self.backend,
+            kv_written=kv_written,
+        )
+        projected: torch.Tensor = self.o_proj(out.view(num_tokens, self.q_size))
+        return projected
 
 
 class PreNormDecoderLayer(nn.Module):
@@ -80,7 +107,8 @@ class PreNormDecoderLayer(nn.Module):
         rotary: nn.Module,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
-        residual: torch.Tensor | None = None,  # [T, hidden]: the stream before that add (None: first)
+        residual: torch.Tensor
+        | None = None,  # [T, hidden]: the stream before that add (None: first)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # (this layer's scaled MLP output, the stream)
         """The layer with each residual add fused into the RMSNorm after it (vLLM's
         ``fused_add_rms_norm`` layout): the stream passes from layer to layer unsummed, so the
@@ -106,7 +134,8 @@ class DecoderLayer(PreNormDecoderLayer):
         self.mlp: GatedMLP | SparseMoeBlock = (
             SparseMoeBlock(config.hidden_size, config.moe, backend)
             if config.moe is not None and config.moe.is_moe_layer(layer_idx)
-            else GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias))
+            else GatedMLP(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.residual_multiplier = config.granite.residual_multiplier if config.granite else None
@@ -118,8 +147,9 @@ class DecoderBody(nn.Module):
     def __init__(self, config: ModelConfig, backend: str) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, backend, i)
-                                    for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, backend, i) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
 
@@ -143,6 +173,17 @@ class DecoderModel(nn.Module):
     #: counts), never by the step's own query lengths.
     MIXED_STEP_GRAPHS: ClassVar[bool] = True
 
+    #: HF's ``model.`` prefix (:meth:`build_body`): each architecture's own modules, read by
+    #: name (``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``) and replaced by
+    #: ``engine.model.parallel_layers`` in a tensor-parallel shard.
+    model: Any
+    #: The LM head: an ``nn.Linear``, or ``ParallelLMHead`` in a tensor-parallel shard.
+    lm_head: nn.Module
+    #: What the weights are and how they run (set by ``engine.model.load_model``).
+    quantization_report: QuantizationReport
+    #: This rank's group when the model is a tensor-parallel shard (set by ``shard_decoder``).
+    tensor_parallel: TensorParallel
+
     def __init__(self, config: ModelConfig, attn_backend: str = "auto") -> None:
         super().__init__()
         if config.is_encoder:
@@ -165,8 +206,11 @@ class DecoderModel(nn.Module):
     @classmethod
     def kv_cache_spec_for(cls, config: ModelConfig) -> KVCacheSpec:
         """What each layer keeps per token in the paged cache: keys and values per kv head."""
-        return FullAttentionSpec(num_layers=config.num_hidden_layers,
-                                 num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim)
+        return FullAttentionSpec(
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+        )
 
     #: A tensor-parallel rank's share of the KV heads (set by ``engine.model.parallel_layers``).
     local_kv_cache_spec: KVCacheSpec | None = None
@@ -205,15 +249,20 @@ class DecoderModel(nn.Module):
         residual: torch.Tensor | None = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
             hidden, residual = layer(positions, hidden, rotary, kv_cache, attn_metadata, residual)
+        out: torch.Tensor
         if residual is None:  # no layers
-            return self.model.norm(hidden)
-        return self.model.norm.add_forward(hidden, residual)[0]
+            out = self.model.norm(hidden)
+        else:
+            out = self.model.norm.add_forward(hidden, residual)[0]
+        return out
 
-    def compute_logits(self, hidden: torch.Tensor  # [N, hidden_size]
-                       ) -> torch.Tensor:  # [N, vocab_size] float32
+    def compute_logits(
+        self,
+        hidden: torch.Tensor,  # [N, hidden_size]
+    ) -> torch.Tensor:  # [N, vocab_size] float32
         """LM-head logits of the selected hidden states, in float32 (GraniteMoe's divided by
         ``logits_scaling`` in the model dtype first, as transformers)."""
-        logits = self.lm_head(hidden)
+        logits: torch.Tensor = self.lm_head(hidden)
         if self.config.granite is not None:
             logits = logits / self.config.granite.logits_scaling
         return logits.float()

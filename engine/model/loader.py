@@ -11,18 +11,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.model.attention import ATTENTION_BACKENDS
-from engine.model.bert import BertForSequenceClassification, EncoderModel
-from engine.model.config import ModelConfig, ModelConfigError
-from engine.model.fp8 import load_fp8_linears
-from engine.model.fp8_config import Fp8Config
-from engine.model.llama import DecoderModel
-from engine.model.moe_weights import moe_weight_recipes
-from engine.model.opt import opt_weight_names
-from engine.model.parallel_layers import TensorParallel, shard_decoder, weight_sharder
-from engine.model.quantization import quantization_report
-from engine.model.registry import decoder_class
-from engine.model.weights import WeightLoadError, WeightSource, assign_weights, random_source
+from turnout.engine.model.attention import ATTENTION_BACKENDS
+from turnout.engine.model.bert import BertForSequenceClassification, EncoderModel
+from turnout.engine.model.config import ModelConfig, ModelConfigError
+from turnout.engine.model.fp8 import load_fp8_linears
+from turnout.engine.model.fp8_config import Fp8Config
+from turnout.engine.model.llama import DecoderModel
+from turnout.engine.model.moe_weights import moe_weight_recipes
+from turnout.engine.model.opt import opt_weight_names
+from turnout.engine.model.parallel_layers import TensorParallel, shard_decoder, weight_sharder
+from turnout.engine.model.quantization import quantization_report
+from turnout.engine.model.registry import decoder_class
+from turnout.engine.model.weights import (
+    WeightLoadError,
+    WeightSource,
+    assign_weights,
+    random_source,
+)
 
 #: How weights are obtained (vLLM's ``--load-format`` values this engine serves).
 LOAD_FORMATS: tuple[str, ...] = ("auto", "dummy")
@@ -74,35 +79,58 @@ def load_model(
         if not path.is_dir():
             raise FileNotFoundError(f"load_format='dummy' needs an HF model directory, got {path}")
         source = read_hf_config(path)
-        return _random_model(source, seed, torch.device(device).type, dtype, device, attn_backend, tp)
+        return _random_model(
+            source, seed, torch.device(device).type, dtype, device, attn_backend, tp
+        )
     if isinstance(source, ModelConfig):
         return _random_model(source, seed, "cpu", dtype, device, attn_backend, tp)
     path = Path(source)
     if not path.exists():
         raise FileNotFoundError(f"model path {path} does not exist")
     if path.is_file() and path.suffix == ".gguf":
-        from engine.model.gguf_loader import read_gguf  # the gguf package is needed only here
+        from turnout.engine.model.gguf_loader import (
+            read_gguf,  # the gguf package is needed only here
+        )
 
         config, weights = read_gguf(path)
-        return build_model(config, weights, dtype=dtype, device=device, attn_backend=attn_backend,
-                           tensor_parallel=tp)
+        return build_model(
+            config,
+            weights,
+            dtype=dtype,
+            device=device,
+            attn_backend=attn_backend,
+            tensor_parallel=tp,
+        )
     if path.is_dir():
         config = read_hf_config(path)
-        return build_model(config, safetensors_source(path), dtype=dtype, device=device,
-                           attn_backend=attn_backend, tensor_parallel=tp)
+        return build_model(
+            config,
+            safetensors_source(path),
+            dtype=dtype,
+            device=device,
+            attn_backend=attn_backend,
+            tensor_parallel=tp,
+        )
     raise FileNotFoundError(f"{path} is neither an HF model directory nor a .gguf file")
 
 
-def _random_model(config: ModelConfig, seed: int, draw_on: str, dtype: torch.dtype,
-                  device: torch.device | str, attn_backend: str,
-                  tp: TensorParallel | None) -> DecoderModel | EncoderModel:
+def _random_model(
+    config: ModelConfig,
+    seed: int,
+    draw_on: str,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    attn_backend: str,
+    tp: TensorParallel | None,
+) -> DecoderModel | EncoderModel:
     weights = random_source(config, seed, draw_on)
     if isinstance(config.quantization, Fp8Config):  # quantised by the format's own rule
-        from engine.model.fp8_checkpoint import quantize_tensors
+        from turnout.engine.model.fp8_checkpoint import quantize_tensors
 
         weights = quantize_tensors(weights, config)
-    return build_model(config, weights, dtype=dtype, device=device, attn_backend=attn_backend,
-                       tensor_parallel=tp)
+    return build_model(
+        config, weights, dtype=dtype, device=device, attn_backend=attn_backend, tensor_parallel=tp
+    )
 
 
 def read_hf_config(model_dir: Path) -> ModelConfig:
@@ -149,17 +177,25 @@ def safetensors_source(model_dir: Path) -> WeightSource:
         try:  # the header is parsed and checked against the file size here
             handle = safe_open(str(file), framework="pt", device="cpu")
         except Exception as exc:  # SafetensorError is not a ValueError
-            raise WeightLoadError(f"{file}: not a readable safetensors file (truncated or corrupt): {exc}") from exc
-        for name in handle.keys():  # noqa: SIM118 - safe_open is not a Mapping
+            raise WeightLoadError(
+                f"{file}: not a readable safetensors file (truncated or corrupt): {exc}"
+            ) from exc
+        for name in handle.keys():  # type: ignore[no-untyped-call]  # noqa: SIM118 - safe_open is not a Mapping; safetensors' stub leaves keys() unannotated
             if name in source:
                 raise WeightLoadError(f"tensor {name} appears in two files of {model_dir}")
             source[name] = lambda h=handle, n=name: h.get_tensor(n)
     return source  # type: ignore[return-value]
 
 
-def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtype,
-                device: torch.device | str, attn_backend: str = "auto",
-                tensor_parallel: TensorParallel | None = None) -> DecoderModel | EncoderModel:
+def build_model(
+    config: ModelConfig,
+    weights: WeightSource,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    attn_backend: str = "auto",
+    tensor_parallel: TensorParallel | None = None,
+) -> DecoderModel | EncoderModel:
     """Build ``config``'s model on the meta device (``tensor_parallel``: this rank's shard of
     it), assign ``weights``, build buffers."""
     tp = tensor_parallel if tensor_parallel is not None and tensor_parallel.size > 1 else None
@@ -167,7 +203,9 @@ def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtyp
         model = _new_model(config, attn_backend)
         if tp is not None:
             if type(model) is not DecoderModel:
-                raise ValueError(f"tensor_parallel_size={tp.size}: {config.architecture} is not sharded")
+                raise ValueError(
+                    f"tensor_parallel_size={tp.size}: {config.architecture} is not sharded"
+                )
             shard_decoder(model, tp)
     if isinstance(model, DecoderModel):
         if config.opt is not None:
@@ -175,18 +213,31 @@ def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtyp
         if config.tie_word_embeddings:  # some tied checkpoints also store the shared head
             weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
         if isinstance(config.quantization, Fp8Config):
-            weights = load_fp8_linears(model, config.quantization, weights, dtype=dtype,
-                                       device=device, fused=model.fused_params)
-        assign_weights(model, weights, dtype=dtype, device=device, fused=model.fused_params,
-                       recipes=moe_weight_recipes(config),
-                       shard=weight_sharder(model) if tp is not None else None)
+            weights = load_fp8_linears(
+                model,
+                config.quantization,
+                weights,
+                dtype=dtype,
+                device=device,
+                fused=model.fused_params,
+            )
+        assign_weights(
+            model,
+            weights,
+            dtype=dtype,
+            device=device,
+            fused=model.fused_params,
+            recipes=moe_weight_recipes(config),
+            shard=weight_sharder(model) if tp is not None else None,
+        )
         model.tie_weights()
         rotary = getattr(model.model, "rotary_emb", None)  # OPT has learned positions
         if rotary is not None:
             rotary.build_cache(device)
     else:
-        assign_weights(model, weights, dtype=dtype, device=device, fused={},
-                       prefix_aliases=("bert.",))
+        assign_weights(
+            model, weights, dtype=dtype, device=device, fused={}, prefix_aliases=("bert.",)
+        )
     _check_materialised(model)
     model.quantization_report = quantization_report(model, config, dtype=dtype, device=device)
     return model.eval()
@@ -194,7 +245,11 @@ def build_model(config: ModelConfig, weights: WeightSource, *, dtype: torch.dtyp
 
 def _new_model(config: ModelConfig, attn_backend: str) -> DecoderModel | EncoderModel:
     if config.is_encoder:
-        return EncoderModel(config) if config.classifier is None else BertForSequenceClassification(config)
+        return (
+            EncoderModel(config)
+            if config.classifier is None
+            else BertForSequenceClassification(config)
+        )
     return decoder_class(config)(config, attn_backend)
 
 

@@ -20,16 +20,16 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from engine.model.attention_metadata import AttentionMetadata
-from engine.model.config import ModelConfig
-from engine.model.kv_cache import FullAttentionSpec
-from engine.model.layers import RMSNorm
-from engine.model.llama import DecoderModel
-from engine.model.mamba_config import MambaConfig
-from engine.model.state_cache import HybridCacheSpec, MambaState, MambaStepInputs
-from kernels import causal_conv1d as conv
-from kernels import selective_scan as scan
-from kernels._triton import HAS_TRITON
+from turnout.engine.model.attention_metadata import AttentionMetadata
+from turnout.engine.model.config import ModelConfig
+from turnout.engine.model.kv_cache import FullAttentionSpec
+from turnout.engine.model.layers import RMSNorm
+from turnout.engine.model.llama import DecoderModel
+from turnout.engine.model.mamba_config import MambaConfig
+from turnout.engine.model.state_cache import HybridCacheSpec, MambaState, MambaStepInputs
+from turnout.kernels import causal_conv1d as conv
+from turnout.kernels import selective_scan as scan
+from turnout.kernels._triton import HAS_TRITON
 
 
 def _use_triton(backend: str, device: torch.device) -> bool:
@@ -63,7 +63,9 @@ class MambaMixer(nn.Module):
             self.b_layernorm = RMSNorm(m.d_state, eps)
             self.c_layernorm = RMSNorm(m.d_state, eps)
 
-    def forward(self, hidden: torch.Tensor, state: MambaState, step: MambaStepInputs) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, state: MambaState, step: MambaStepInputs
+    ) -> torch.Tensor:
         m = self.m
         x, z = self.in_proj(hidden).chunk(2, dim=-1)
         x = self._conv(x.contiguous(), state, step)
@@ -72,8 +74,11 @@ class MambaMixer(nn.Module):
             dt, b, c = self.dt_layernorm(dt), self.b_layernorm(b), self.c_layernorm(c)
         dt = dt @ self.dt_proj.weight.t()  # the bias is added in the scan, before softplus
         a = -torch.exp(self.A_log.float())
-        y = self._scan(x, dt.contiguous(), a, b.contiguous(), c.contiguous(), z.contiguous(), state, step)
-        return self.out_proj(y)
+        y = self._scan(
+            x, dt.contiguous(), a, b.contiguous(), c.contiguous(), z.contiguous(), state, step
+        )
+        out: torch.Tensor = self.out_proj(y)
+        return out
 
     def _conv(self, x: torch.Tensor, state: MambaState, step: MambaStepInputs) -> torch.Tensor:
         weight, triton = self.conv1d.weight.squeeze(1), _use_triton(self.backend, x.device)
@@ -81,18 +86,52 @@ class MambaMixer(nn.Module):
             update = conv.causal_conv1d_update if triton else conv.causal_conv1d_update_ref
             return update(x, weight, self.conv1d.bias, state.conv, step.state_indices, "silu")
         run = conv.causal_conv1d if triton else conv.causal_conv1d_ref
-        return run(x, weight, self.conv1d.bias, state.conv, step.query_start_loc, step.state_indices,
-                   step.has_initial_state, "silu")
+        return run(
+            x,
+            weight,
+            self.conv1d.bias,
+            state.conv,
+            step.query_start_loc,
+            step.state_indices,
+            step.has_initial_state,
+            "silu",
+        )
 
-    def _scan(self, x: torch.Tensor, dt: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-              z: torch.Tensor, state: MambaState, step: MambaStepInputs) -> torch.Tensor:
-        triton, d, dt_bias = _use_triton(self.backend, x.device), self.D.float(), self.dt_proj.bias.float()
+    def _scan(
+        self,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        c: torch.Tensor,
+        z: torch.Tensor,
+        state: MambaState,
+        step: MambaStepInputs,
+    ) -> torch.Tensor:
+        triton, d, dt_bias = (
+            _use_triton(self.backend, x.device),
+            self.D.float(),
+            self.dt_proj.bias.float(),
+        )
         if step.is_decode:
             update = scan.selective_state_update if triton else scan.selective_state_update_ref
             return update(x, dt, a, b, c, d, z, dt_bias, state.ssm, step.state_indices, True)
         run = scan.selective_scan if triton else scan.selective_scan_ref
-        return run(x, dt, a, b, c, d, z, dt_bias, state.ssm, step.query_start_loc, step.state_indices,
-                   step.has_initial_state, True)
+        return run(
+            x,
+            dt,
+            a,
+            b,
+            c,
+            d,
+            z,
+            dt_bias,
+            state.ssm,
+            step.query_start_loc,
+            step.state_indices,
+            step.has_initial_state,
+            True,
+        )
 
 
 class MambaBlock(nn.Module):
@@ -109,8 +148,10 @@ class MambaBlock(nn.Module):
         self.mixer = MambaMixer(config.hidden_size, config.mamba, config.rms_norm_eps, backend)
         self.residual_in_fp32 = config.mamba.residual_in_fp32
 
-    def forward(self, hidden: torch.Tensor, state: MambaState, step: MambaStepInputs) -> torch.Tensor:
-        out = self.mixer(self.norm(hidden.to(self.norm.weight.dtype)), state, step)
+    def forward(
+        self, hidden: torch.Tensor, state: MambaState, step: MambaStepInputs
+    ) -> torch.Tensor:
+        out: torch.Tensor = self.mixer(self.norm(hidden.to(self.norm.weight.dtype)), state, step)
         residual = hidden.float() if self.residual_in_fp32 else hidden
         return residual + out
 
@@ -121,7 +162,9 @@ class MambaBody(nn.Module):
     def __init__(self, config: ModelConfig, backend: str) -> None:
         super().__init__()
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(MambaBlock(config, backend) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            MambaBlock(config, backend) for _ in range(config.num_hidden_layers)
+        )
         self.norm_f = RMSNorm(config.hidden_size, config.rms_norm_eps, fused=False)
 
 
@@ -135,6 +178,7 @@ class MambaForCausalLM(DecoderModel):
     """
 
     fused_params: ClassVar[dict[str, tuple[str, ...]]] = {}
+    lm_head: nn.Linear  # never sharded (parallel_layers covers the Llama family only)
 
     def __init__(self, config: ModelConfig, attn_backend: str = "auto") -> None:
         nn.Module.__init__(self)
@@ -146,7 +190,7 @@ class MambaForCausalLM(DecoderModel):
         self.tie_weights()
 
     @property
-    def model(self) -> nn.Module:  # type: ignore[override]
+    def model(self) -> nn.Module:
         """The body (``backbone``), under the name the other decoders use."""
         return self.backbone
 
@@ -154,31 +198,43 @@ class MambaForCausalLM(DecoderModel):
     def hf_weight_shapes(cls, config: ModelConfig) -> dict[str, tuple[int, ...]]:
         m, h = config.mamba, config.hidden_size
         assert m is not None
-        shapes: dict[str, tuple[int, ...]] = {"backbone.embeddings.weight": (config.vocab_size, h),
-                                              "backbone.norm_f.weight": (h,)}
+        shapes: dict[str, tuple[int, ...]] = {
+            "backbone.embeddings.weight": (config.vocab_size, h),
+            "backbone.norm_f.weight": (h,),
+        }
         if not config.tie_word_embeddings:
             shapes["lm_head.weight"] = (config.vocab_size, h)
         for n in range(config.num_hidden_layers):
             shapes[f"backbone.layers.{n}.norm.weight"] = (h,)
-            shapes |= {f"backbone.layers.{n}.mixer.{k}": s for k, s in mixer_weight_shapes(h, m).items()}
+            shapes |= {
+                f"backbone.layers.{n}.mixer.{k}": s for k, s in mixer_weight_shapes(h, m).items()
+            }
         return shapes
 
     @classmethod
     def kv_cache_spec_for(cls, config: ModelConfig) -> HybridCacheSpec:
         m = config.mamba
         assert m is not None
-        return HybridCacheSpec(num_layers=config.num_hidden_layers,
-                               layer_kinds=m.layer_kinds(config.num_hidden_layers),
-                               attention=FullAttentionSpec(num_layers=0, num_kv_heads=1, head_dim=1),
-                               d_inner=m.d_inner, d_conv=m.d_conv, d_state=m.d_state)
+        return HybridCacheSpec(
+            num_layers=config.num_hidden_layers,
+            layer_kinds=m.layer_kinds(config.num_hidden_layers),
+            attention=FullAttentionSpec(num_layers=0, num_kv_heads=1, head_dim=1),
+            d_inner=m.d_inner,
+            d_conv=m.d_conv,
+            d_state=m.d_state,
+        )
 
     def tie_weights(self) -> None:
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.backbone.embeddings.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[torch.Tensor | MambaState],  # type: ignore[override]
-                attn_metadata: AttentionMetadata) -> torch.Tensor:  # [T, hidden_size]
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor | MambaState],  # type: ignore[override]
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, hidden_size]
         """Run every layer over the step's packed tokens, updating each request's state slot.
 
         Raises:
@@ -186,34 +242,45 @@ class MambaForCausalLM(DecoderModel):
         """
         layers = self.backbone.layers
         if len(kv_caches) != len(layers) or not all(isinstance(c, MambaState) for c in kv_caches):
-            raise ValueError(f"expected {len(layers)} Mamba state caches, got {len(kv_caches)} caches")
+            raise ValueError(
+                f"expected {len(layers)} Mamba state caches, got {len(kv_caches)} caches"
+            )
         step = MambaStepInputs.of(attn_metadata, positions)
         hidden = self.backbone.embeddings(input_ids)
         for layer, state in zip(layers, kv_caches, strict=True):
             hidden = layer(hidden, state, step)
-        return self.backbone.norm_f(hidden)
+        out: torch.Tensor = self.backbone.norm_f(hidden)
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, vocab_size] float32
         """LM-head logits in float32 (the float32 residual stream cast to the head's dtype first,
         as transformers does)."""
-        return self.lm_head(hidden.to(self.lm_head.weight.dtype)).float()
+        logits: torch.Tensor = self.lm_head(hidden.to(self.lm_head.weight.dtype))
+        return logits.float()
 
 
 def mixer_weight_shapes(hidden_size: int, m: MambaConfig) -> dict[str, tuple[int, ...]]:
     """HF names (under the mixer's prefix) and shapes of one Mamba mixer's tensors."""
     shapes: dict[str, tuple[int, ...]] = {
-        "A_log": (m.d_inner, m.d_state), "D": (m.d_inner,),
-        "conv1d.weight": (m.d_inner, 1, m.d_conv), "in_proj.weight": (2 * m.d_inner, hidden_size),
-        "x_proj.weight": (m.dt_rank + 2 * m.d_state, m.d_inner), "dt_proj.weight": (m.d_inner, m.dt_rank),
-        "dt_proj.bias": (m.d_inner,), "out_proj.weight": (hidden_size, m.d_inner),
+        "A_log": (m.d_inner, m.d_state),
+        "D": (m.d_inner,),
+        "conv1d.weight": (m.d_inner, 1, m.d_conv),
+        "in_proj.weight": (2 * m.d_inner, hidden_size),
+        "x_proj.weight": (m.dt_rank + 2 * m.d_state, m.d_inner),
+        "dt_proj.weight": (m.d_inner, m.dt_rank),
+        "dt_proj.bias": (m.d_inner,),
+        "out_proj.weight": (hidden_size, m.d_inner),
     }
     if m.conv_bias:
         shapes["conv1d.bias"] = (m.d_inner,)
     if m.proj_bias:
         shapes |= {"in_proj.bias": (2 * m.d_inner,), "out_proj.bias": (hidden_size,)}
     if m.inner_layernorms:
-        shapes |= {"dt_layernorm.weight": (m.dt_rank,), "b_layernorm.weight": (m.d_state,),
-                   "c_layernorm.weight": (m.d_state,)}
+        shapes |= {
+            "dt_layernorm.weight": (m.dt_rank,),
+            "b_layernorm.weight": (m.d_state,),
+            "c_layernorm.weight": (m.d_state,),
+        }
     return shapes
 
 

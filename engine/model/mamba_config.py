@@ -57,11 +57,13 @@ class MambaConfig:
 
     def layer_kinds(self, num_layers: int) -> tuple[str, ...]:
         """``"attention"`` or ``"mamba"`` for each layer."""
-        return tuple("attention" if self.is_attention_layer(i) else "mamba" for i in range(num_layers))
+        return tuple(
+            "attention" if self.is_attention_layer(i) else "mamba" for i in range(num_layers)
+        )
 
 
 def _positive(d: Mapping[str, Any], key: str, default: int | None = None, *, least: int = 1) -> int:
-    from engine.model.config import ModelConfigError
+    from turnout.engine.model.config import ModelConfigError
 
     value = d.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -86,59 +88,90 @@ def mamba_model_config(arch: str, d: Mapping[str, Any], common: dict[str, Any]) 
             ``mamba_inner_layernorms: false`` or a ``sliding_window`` (neither is part of
             transformers' Jamba), or an invalid MoE field (``engine.model.moe_config``).
     """
-    from engine.model.config import ModelConfigError
+    from turnout.engine.model.config import ModelConfigError
 
     if common.get("hidden_act", "silu") != "silu":
         raise ModelConfigError(f"hidden_act {common['hidden_act']!r}: {arch} supports 'silu'")
     h = common["hidden_size"]
     if arch == "MambaForCausalLM":
         mamba = MambaConfig(
-            d_inner=_positive(d, "intermediate_size"), d_state=_positive(d, "state_size", 16),
-            d_conv=_positive(d, "conv_kernel", 4, least=2), dt_rank=_dt_rank(d, "time_step_rank", h),
-            proj_bias=bool(d.get("use_bias", False)), conv_bias=bool(d.get("use_conv_bias", True)),
-            residual_in_fp32=bool(d.get("residual_in_fp32", True)))
-        return dict(num_key_value_heads=1, head_dim=1,
-                    rms_norm_eps=float(d.get("layer_norm_epsilon", 1e-5)),
-                    tie_word_embeddings=bool(d.get("tie_word_embeddings", True)), mamba=mamba)
+            d_inner=_positive(d, "intermediate_size"),
+            d_state=_positive(d, "state_size", 16),
+            d_conv=_positive(d, "conv_kernel", 4, least=2),
+            dt_rank=_dt_rank(d, "time_step_rank", h),
+            proj_bias=bool(d.get("use_bias", False)),
+            conv_bias=bool(d.get("use_conv_bias", True)),
+            residual_in_fp32=bool(d.get("residual_in_fp32", True)),
+        )
+        return dict(
+            num_key_value_heads=1,
+            head_dim=1,
+            rms_norm_eps=float(d.get("layer_norm_epsilon", 1e-5)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", True)),
+            mamba=mamba,
+        )
     mamba = MambaConfig(
-        d_inner=_positive(d, "mamba_expand", 2) * h, d_state=_positive(d, "mamba_d_state", 16),
-        d_conv=_positive(d, "mamba_d_conv", 4, least=2), dt_rank=_dt_rank(d, "mamba_dt_rank", h),
-        proj_bias=bool(d.get("mamba_proj_bias", False)), conv_bias=bool(d.get("mamba_conv_bias", True)),
-        residual_in_fp32=False, inner_layernorms=True,
+        d_inner=_positive(d, "mamba_expand", 2) * h,
+        d_state=_positive(d, "mamba_d_state", 16),
+        d_conv=_positive(d, "mamba_d_conv", 4, least=2),
+        dt_rank=_dt_rank(d, "mamba_dt_rank", h),
+        proj_bias=bool(d.get("mamba_proj_bias", False)),
+        conv_bias=bool(d.get("mamba_conv_bias", True)),
+        residual_in_fp32=False,
+        inner_layernorms=True,
         attn_layer_period=_positive(d, "attn_layer_period", 8),
-        attn_layer_offset=int(d.get("attn_layer_offset", 4)))
+        attn_layer_offset=int(d.get("attn_layer_offset", 4)),
+    )
     if not 0 <= mamba.attn_layer_offset < mamba.attn_layer_period:
         raise ModelConfigError(
             f"attn_layer_offset ({mamba.attn_layer_offset}) must be in [0, attn_layer_period="
-            f"{mamba.attn_layer_period})")
-    if d.get("mamba_inner_layernorms", True) is not True:  # an early config key; transformers 5 always has them
-        raise ModelConfigError("mamba_inner_layernorms must be true: JambaForCausalLM's Mamba layers "
-                               "normalise dt, B and C (dt_layernorm, b_layernorm, c_layernorm)")
-    return dict(rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), mamba=mamba,
-                **_jamba_attention_and_moe(arch, d, common))
+            f"{mamba.attn_layer_period})"
+        )
+    if (
+        d.get("mamba_inner_layernorms", True) is not True
+    ):  # an early config key; transformers 5 always has them
+        raise ModelConfigError(
+            "mamba_inner_layernorms must be true: JambaForCausalLM's Mamba layers "
+            "normalise dt, B and C (dt_layernorm, b_layernorm, c_layernorm)"
+        )
+    return dict(
+        rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        mamba=mamba,
+        **_jamba_attention_and_moe(arch, d, common),
+    )
 
 
-def _jamba_attention_and_moe(arch: str, d: Mapping[str, Any], common: dict[str, Any]) -> dict[str, Any]:
+def _jamba_attention_and_moe(
+    arch: str, d: Mapping[str, Any], common: dict[str, Any]
+) -> dict[str, Any]:
     # Jamba's attention layers: LlamaAttention's projections without RoPE or biases, head_dim
     # hidden_size // num_attention_heads unless the config names one; MoE by expert period.
-    from engine.model.config import ModelConfigError
-    from engine.model.moe_config import MoEConfig, jamba_num_experts
+    from turnout.engine.model.config import ModelConfigError
+    from turnout.engine.model.moe_config import MoEConfig, jamba_num_experts
 
     heads = common["num_attention_heads"]
     kv_heads = d.get("num_key_value_heads")
     kv_heads = heads if kv_heads is None else _positive(d, "num_key_value_heads")
     if heads % kv_heads:
         raise ModelConfigError(
-            f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
-    head_dim = _positive(d, "head_dim") if d.get("head_dim") is not None else common["hidden_size"] // heads
+            f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
+        )
+    head_dim = (
+        _positive(d, "head_dim")
+        if d.get("head_dim") is not None
+        else common["hidden_size"] // heads
+    )
     if d.get("sliding_window") is not None:
         raise ModelConfigError(
             f"sliding_window={d['sliding_window']!r}: Jamba's attention layers attend to the whole "
-            f"sequence (transformers' JambaAttention has no window); set it to null")
+            f"sequence (transformers' JambaAttention has no window); set it to null"
+        )
     moe = None  # one expert: every feed-forward is a dense MLP (transformers' layers_num_experts)
     if jamba_num_experts(d) > 1:
-        moe = MoEConfig.from_hf_dict(d, architecture=arch, num_hidden_layers=common["num_hidden_layers"])
+        moe = MoEConfig.from_hf_dict(
+            d, architecture=arch, num_hidden_layers=common["num_hidden_layers"]
+        )
     return dict(num_key_value_heads=kv_heads, head_dim=head_dim, moe=moe)
 
 

@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.layers import GatedMLP
-from engine.model.moe_config import MOE_FAMILIES, SCORING_FUNCS, TOPK_METHODS, MoEConfig
-from kernels import fused_moe as fm
-from kernels._triton import HAS_TRITON
+from turnout.engine.model.layers import GatedMLP
+from turnout.engine.model.moe_config import MOE_FAMILIES, SCORING_FUNCS, TOPK_METHODS, MoEConfig
+from turnout.kernels import fused_moe as fm
+from turnout.kernels._triton import HAS_TRITON
 
 MOE_BACKENDS: tuple[str, ...] = ("auto", "triton", "torch")
 
@@ -58,13 +58,19 @@ def select_experts(
             groups that do not divide the experts (named in the message).
     """
     if router_logits.dim() != 2 or not router_logits.is_floating_point():
-        raise ValueError(f"router_logits must be a [T, E] float tensor, got "
-                         f"{tuple(router_logits.shape)} {router_logits.dtype}")
+        raise ValueError(
+            f"router_logits must be a [T, E] float tensor, got "
+            f"{tuple(router_logits.shape)} {router_logits.dtype}"
+        )
     num_experts = router_logits.shape[1]
     if scoring not in SCORING_FUNCS:
-        raise ValueError(f"scoring {scoring!r} is not implemented; supported: {', '.join(SCORING_FUNCS)}")
+        raise ValueError(
+            f"scoring {scoring!r} is not implemented; supported: {', '.join(SCORING_FUNCS)}"
+        )
     if topk_method not in TOPK_METHODS:
-        raise ValueError(f"topk_method {topk_method!r} is not implemented; supported: {', '.join(TOPK_METHODS)}")
+        raise ValueError(
+            f"topk_method {topk_method!r} is not implemented; supported: {', '.join(TOPK_METHODS)}"
+        )
     if not 0 < top_k <= num_experts:
         raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
     scores = router_logits.float().softmax(dim=-1)
@@ -78,15 +84,20 @@ def select_experts(
     return topk_weights.contiguous(), topk_ids.to(torch.int32)
 
 
-def _keep_top_groups(scores: torch.Tensor, top_k: int, n_group: int | None,
-                     topk_group: int | None) -> torch.Tensor:
+def _keep_top_groups(
+    scores: torch.Tensor, top_k: int, n_group: int | None, topk_group: int | None
+) -> torch.Tensor:
     num_tokens, num_experts = scores.shape
     if not n_group or not topk_group or num_experts % n_group or not 0 < topk_group <= n_group:
-        raise ValueError(f"group_limited_greedy needs n_group dividing the {num_experts} experts and "
-                         f"topk_group in [1, n_group], got n_group={n_group}, topk_group={topk_group}")
+        raise ValueError(
+            f"group_limited_greedy needs n_group dividing the {num_experts} experts and "
+            f"topk_group in [1, n_group], got n_group={n_group}, topk_group={topk_group}"
+        )
     per_group = num_experts // n_group
     if top_k > topk_group * per_group:
-        raise ValueError(f"top_k ({top_k}) exceeds the {topk_group * per_group} experts of {topk_group} groups")
+        raise ValueError(
+            f"top_k ({top_k}) exceeds the {topk_group * per_group} experts of {topk_group} groups"
+        )
     grouped = scores.view(num_tokens, n_group, per_group)
     best_groups = grouped.max(dim=-1).values.topk(topk_group, dim=-1).indices  # [T, topk_group]
     keep = torch.zeros(num_tokens, n_group, dtype=torch.bool, device=scores.device)
@@ -100,10 +111,12 @@ class FusedExperts(nn.Module):
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
-        self.w13 = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size),
-                                requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size),
-                               requires_grad=False)
+        self.w13 = nn.Parameter(
+            torch.empty(num_experts, 2 * intermediate_size, hidden_size), requires_grad=False
+        )
+        self.w2 = nn.Parameter(
+            torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False
+        )
 
 
 class SparseMoeBlock(nn.Module):
@@ -128,17 +141,26 @@ class SparseMoeBlock(nn.Module):
         self.backend = backend
         self.gate = nn.Linear(hidden_size, moe.num_experts, bias=False)
         self.experts = FusedExperts(moe.num_experts, hidden_size, moe.moe_intermediate_size)
-        self.shared_expert = (GatedMLP(hidden_size, moe.shared_expert_intermediate_size)
-                              if moe.shared_expert_intermediate_size else None)
-        self.shared_expert_gate = (nn.Linear(hidden_size, 1, bias=False)
-                                   if moe.shared_expert_gate else None)
+        self.shared_expert = (
+            GatedMLP(hidden_size, moe.shared_expert_intermediate_size)
+            if moe.shared_expert_intermediate_size
+            else None
+        )
+        self.shared_expert_gate = (
+            nn.Linear(hidden_size, 1, bias=False) if moe.shared_expert_gate else None
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H], hidden's dtype
         topk_weights, topk_ids = select_experts(
-            self.router_logits(hidden), top_k=self.moe.num_experts_per_tok,
-            renormalize=self.moe.renormalize, scoring=self.moe.scoring_func,
-            topk_method=self.moe.topk_method, n_group=self.moe.n_group,
-            topk_group=self.moe.topk_group, routed_scaling_factor=self.moe.routing_scale)
+            self.router_logits(hidden),
+            top_k=self.moe.num_experts_per_tok,
+            renormalize=self.moe.renormalize,
+            scoring=self.moe.scoring_func,
+            topk_method=self.moe.topk_method,
+            n_group=self.moe.n_group,
+            topk_group=self.moe.topk_group,
+            routed_scaling_factor=self.moe.routing_scale,
+        )
         experts = fm.fused_experts if self._use_triton(hidden.device) else fm.fused_experts_ref
         out = experts(hidden, self.experts.w13, self.experts.w2, topk_weights, topk_ids)
         if self.shared_expert is not None:
@@ -153,7 +175,8 @@ class SparseMoeBlock(nn.Module):
         computes there (DeepSeek)."""
         if self.moe.router_in_float32:
             return F.linear(hidden.float(), self.gate.weight.float())
-        return self.gate(hidden)
+        logits: torch.Tensor = self.gate(hidden)
+        return logits
 
     def _use_triton(self, device: torch.device) -> bool:
         if self.backend == "auto":
@@ -161,4 +184,11 @@ class SparseMoeBlock(nn.Module):
         return self.backend == "triton"
 
 
-__all__ = ["MOE_BACKENDS", "MOE_FAMILIES", "FusedExperts", "MoEConfig", "SparseMoeBlock", "select_experts"]
+__all__ = [
+    "MOE_BACKENDS",
+    "MOE_FAMILIES",
+    "FusedExperts",
+    "MoEConfig",
+    "SparseMoeBlock",
+    "select_experts",
+]

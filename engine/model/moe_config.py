@@ -78,9 +78,13 @@ class MoEConfig:
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether decoder layer ``layer`` (0-based) has the sparse block (else a dense MLP)."""
-        return (layer not in self.mlp_only_layers and (layer + 1) % self.decoder_sparse_step == 0
-                and layer >= self.first_k_dense_replace and layer % self.moe_layer_freq == 0
-                and layer % self.expert_layer_period == self.expert_layer_offset)
+        return (
+            layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+            and layer >= self.first_k_dense_replace
+            and layer % self.moe_layer_freq == 0
+            and layer % self.expert_layer_period == self.expert_layer_offset
+        )
 
     @property
     def renormalize(self) -> bool:
@@ -103,8 +107,9 @@ class MoEConfig:
         return 1.0
 
     @classmethod
-    def from_hf_dict(cls, d: Mapping[str, Any], *, architecture: str,
-                     num_hidden_layers: int) -> MoEConfig:
+    def from_hf_dict(
+        cls, d: Mapping[str, Any], *, architecture: str, num_hidden_layers: int
+    ) -> MoEConfig:
         """The MoE facts of ``architecture``'s config ``d`` (see the module docstring).
 
         Raises:
@@ -113,10 +118,16 @@ class MoEConfig:
         """
         family = MOE_FAMILIES.get(architecture)
         if family is None:
-            raise _error(f"{architecture} has no mixture of experts; MoE families: "
-                         f"{', '.join(MOE_FAMILIES)}")
-        parse = {"qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe, "granitemoe": _granite_moe,
-                 "deepseek_v2": _deepseek_v2_moe, "jamba": _jamba_moe}[family]
+            raise _error(
+                f"{architecture} has no mixture of experts; MoE families: {', '.join(MOE_FAMILIES)}"
+            )
+        parse = {
+            "qwen2_moe": _qwen_moe,
+            "qwen3_moe": _qwen_moe,
+            "granitemoe": _granite_moe,
+            "deepseek_v2": _deepseek_v2_moe,
+            "jamba": _jamba_moe,
+        }[family]
         config = cls(family=family, **parse(family, d))
         config._check(num_hidden_layers)
         return config
@@ -124,47 +135,73 @@ class MoEConfig:
     def to_hf_dict(self) -> dict[str, Any]:
         """The family's HF keys of these facts (``from_hf_dict`` reads them back)."""
         if self.family == "granitemoe":
-            return {"num_local_experts": self.num_experts,
-                    "num_experts_per_tok": self.num_experts_per_tok}
+            return {
+                "num_local_experts": self.num_experts,
+                "num_experts_per_tok": self.num_experts_per_tok,
+            }
         if self.family == "jamba":
-            return {"num_experts": self.num_experts, "num_experts_per_tok": self.num_experts_per_tok,
-                    "expert_layer_period": self.expert_layer_period,
-                    "expert_layer_offset": self.expert_layer_offset}
-        common = {"num_experts_per_tok": self.num_experts_per_tok,
-                  "moe_intermediate_size": self.moe_intermediate_size,
-                  "norm_topk_prob": self.norm_topk_prob}
+            return {
+                "num_experts": self.num_experts,
+                "num_experts_per_tok": self.num_experts_per_tok,
+                "expert_layer_period": self.expert_layer_period,
+                "expert_layer_offset": self.expert_layer_offset,
+            }
+        common = {
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "norm_topk_prob": self.norm_topk_prob,
+        }
         if self.family == "deepseek_v2":
-            return {**common, "n_routed_experts": self.num_experts,
-                    "n_shared_experts": self.n_shared_experts, "scoring_func": self.scoring_func,
-                    "topk_method": self.topk_method, "n_group": self.n_group,
-                    "topk_group": self.topk_group, "routed_scaling_factor": self.routed_scaling_factor,
-                    "first_k_dense_replace": self.first_k_dense_replace,
-                    "moe_layer_freq": self.moe_layer_freq}
-        out = {**common, "num_experts": self.num_experts,
-               "decoder_sparse_step": self.decoder_sparse_step,
-               "mlp_only_layers": list(self.mlp_only_layers)}
+            return {
+                **common,
+                "n_routed_experts": self.num_experts,
+                "n_shared_experts": self.n_shared_experts,
+                "scoring_func": self.scoring_func,
+                "topk_method": self.topk_method,
+                "n_group": self.n_group,
+                "topk_group": self.topk_group,
+                "routed_scaling_factor": self.routed_scaling_factor,
+                "first_k_dense_replace": self.first_k_dense_replace,
+                "moe_layer_freq": self.moe_layer_freq,
+            }
+        out = {
+            **common,
+            "num_experts": self.num_experts,
+            "decoder_sparse_step": self.decoder_sparse_step,
+            "mlp_only_layers": list(self.mlp_only_layers),
+        }
         if self.family == "qwen2_moe":
             out["shared_expert_intermediate_size"] = self.shared_expert_intermediate_size
         return out
 
     def _check(self, num_hidden_layers: int) -> None:
         if self.num_experts_per_tok > self.num_experts:
-            raise _error(f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds the "
-                         f"{self.num_experts} experts")
+            raise _error(
+                f"num_experts_per_tok ({self.num_experts_per_tok}) exceeds the "
+                f"{self.num_experts} experts"
+            )
         bad = [i for i in self.mlp_only_layers if not 0 <= i < num_hidden_layers]
         if bad:
-            raise _error(f"mlp_only_layers {bad} are not layers of a {num_hidden_layers}-layer model")
+            raise _error(
+                f"mlp_only_layers {bad} are not layers of a {num_hidden_layers}-layer model"
+            )
         if self.scoring_func not in SCORING_FUNCS:
-            raise _error(f"scoring_func {self.scoring_func!r} is not implemented; supported: "
-                         f"{', '.join(SCORING_FUNCS)}")
+            raise _error(
+                f"scoring_func {self.scoring_func!r} is not implemented; supported: "
+                f"{', '.join(SCORING_FUNCS)}"
+            )
         if self.topk_method not in TOPK_METHODS:
-            raise _error(f"topk_method {self.topk_method!r} is not implemented; supported: "
-                         f"{', '.join(TOPK_METHODS)}")
+            raise _error(
+                f"topk_method {self.topk_method!r} is not implemented; supported: "
+                f"{', '.join(TOPK_METHODS)}"
+            )
         if self.topk_method == "group_limited_greedy":
             _check_groups(self.num_experts, self.num_experts_per_tok, self.n_group, self.topk_group)
 
 
-def _check_groups(num_experts: int, top_k: int, n_group: int | None, topk_group: int | None) -> None:
+def _check_groups(
+    num_experts: int, top_k: int, n_group: int | None, topk_group: int | None
+) -> None:
     if not n_group or not topk_group:
         raise _error("topk_method 'group_limited_greedy' needs n_group and topk_group")
     if num_experts % n_group:
@@ -172,13 +209,17 @@ def _check_groups(num_experts: int, top_k: int, n_group: int | None, topk_group:
     if not 0 < topk_group <= n_group:
         raise _error(f"topk_group ({topk_group}) must be in [1, n_group={n_group}]")
     if top_k > topk_group * (num_experts // n_group):
-        raise _error(f"num_experts_per_tok ({top_k}) exceeds the experts of {topk_group} groups "
-                     f"of {num_experts // n_group}")
+        raise _error(
+            f"num_experts_per_tok ({top_k}) exceeds the experts of {topk_group} groups "
+            f"of {num_experts // n_group}"
+        )
 
 
 def _qwen_moe(family: str, d: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = dict(
-        num_experts=_positive_aliased(d, "num_experts", "num_local_experts" if family == "qwen3_moe" else None),
+        num_experts=_positive_aliased(
+            d, "num_experts", "num_local_experts" if family == "qwen3_moe" else None
+        ),
         num_experts_per_tok=_positive(d, "num_experts_per_tok"),
         moe_intermediate_size=_positive(d, "moe_intermediate_size"),
         norm_topk_prob=_flag(d, "norm_topk_prob", False),
@@ -186,8 +227,11 @@ def _qwen_moe(family: str, d: Mapping[str, Any]) -> dict[str, Any]:
         mlp_only_layers=_layer_list(d, "mlp_only_layers"),
     )
     if family == "qwen2_moe":
-        out |= dict(n_shared_experts=1, shared_expert_gate=True,
-                    shared_expert_intermediate_size=_positive(d, "shared_expert_intermediate_size"))
+        out |= dict(
+            n_shared_experts=1,
+            shared_expert_gate=True,
+            shared_expert_intermediate_size=_positive(d, "shared_expert_intermediate_size"),
+        )
     return out
 
 
@@ -204,7 +248,9 @@ def _jamba_moe(family: str, d: Mapping[str, Any]) -> dict[str, Any]:
     period = _positive(d, "expert_layer_period", 2)
     offset = _non_negative(d, "expert_layer_offset", 1)
     if offset >= period:
-        raise _error(f"expert_layer_offset ({offset}) must be smaller than expert_layer_period ({period})")
+        raise _error(
+            f"expert_layer_offset ({offset}) must be smaller than expert_layer_period ({period})"
+        )
     return dict(
         num_experts=jamba_num_experts(d),
         num_experts_per_tok=_positive(d, "num_experts_per_tok", 2),
@@ -229,11 +275,15 @@ def jamba_num_experts(d: Mapping[str, Any]) -> int:
 def _deepseek_v2_moe(family: str, d: Mapping[str, Any]) -> dict[str, Any]:
     inter = _positive(d, "moe_intermediate_size")
     if d.get("mlp_bias"):  # transformers gives DeepSeek's shared experts mlp_bias; ours have none
-        raise _error("mlp_bias is not supported for DeepSeek-V2's MoE block (shared experts without bias)")
+        raise _error(
+            "mlp_bias is not supported for DeepSeek-V2's MoE block (shared experts without bias)"
+        )
     n_shared = _non_negative(d, "n_shared_experts", 0)
     scale = d.get("routed_scaling_factor", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, int | float) or not scale > 0:
-        raise _error(f"config field `routed_scaling_factor` must be a positive number, got {scale!r}")
+        raise _error(
+            f"config field `routed_scaling_factor` must be a positive number, got {scale!r}"
+        )
     return dict(
         num_experts=_positive_aliased(d, "n_routed_experts", "num_experts"),
         num_experts_per_tok=_positive(d, "num_experts_per_tok"),
@@ -302,14 +352,15 @@ def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
 def _layer_list(d: Mapping[str, Any], key: str) -> tuple[int, ...]:
     value = d.get(key) or []
     if not isinstance(value, list | tuple) or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in value):
+        isinstance(i, int) and not isinstance(i, bool) for i in value
+    ):
         raise _error(f"config field `{key}` must be a list of layer indices, got {value!r}")
     return tuple(sorted(set(value)))
 
 
 def _error(message: str) -> ValueError:
     # engine.model.config imports this module: its error class is looked up when raised.
-    from engine.model.config import ModelConfigError
+    from turnout.engine.model.config import ModelConfigError
 
     return ModelConfigError(message)
 

@@ -22,7 +22,7 @@ expert's tensor at a time passes through the host).
 
 from __future__ import annotations
 
-from engine.model.config import ModelConfig
+from turnout.engine.model.config import ModelConfig
 
 Index = tuple[int | slice, ...]
 #: our parameter name -> the pieces it is assembled from: (index into it, HF name, HF shape)
@@ -49,21 +49,32 @@ def moe_layer_recipes(c: ModelConfig, layer: int) -> dict[str, Recipe]:
     router = hf + ("router.weight" if moe.family == "jamba" else "gate.weight")
     recipes: dict[str, Recipe] = {
         ours + "gate.weight": [((), router, (e_num, h))],
-        ours + "experts.w13": [piece for e in range(e_num) for piece in (
-            ((e, slice(0, i)), f"{hf}experts.{e}.gate_proj.weight", (i, h)),
-            ((e, slice(i, 2 * i)), f"{hf}experts.{e}.up_proj.weight", (i, h)))],
-        ours + "experts.w2": [((e,), f"{hf}experts.{e}.down_proj.weight", (h, i))
-                              for e in range(e_num)],
+        ours + "experts.w13": [
+            piece
+            for e in range(e_num)
+            for piece in (
+                ((e, slice(0, i)), f"{hf}experts.{e}.gate_proj.weight", (i, h)),
+                ((e, slice(i, 2 * i)), f"{hf}experts.{e}.up_proj.weight", (i, h)),
+            )
+        ],
+        ours + "experts.w2": [
+            ((e,), f"{hf}experts.{e}.down_proj.weight", (h, i)) for e in range(e_num)
+        ],
     }
     s = moe.shared_expert_intermediate_size
     if s:
         shared = hf + ("shared_experts." if moe.family == "deepseek_v2" else "shared_expert.")
         recipes[ours + "shared_expert.gate_up_proj.weight"] = [
             ((slice(0, s),), shared + "gate_proj.weight", (s, h)),
-            ((slice(s, 2 * s),), shared + "up_proj.weight", (s, h))]
-        recipes[ours + "shared_expert.down_proj.weight"] = [((), shared + "down_proj.weight", (h, s))]
+            ((slice(s, 2 * s),), shared + "up_proj.weight", (s, h)),
+        ]
+        recipes[ours + "shared_expert.down_proj.weight"] = [
+            ((), shared + "down_proj.weight", (h, s))
+        ]
     if moe.shared_expert_gate:
-        recipes[ours + "shared_expert_gate.weight"] = [((), hf + "shared_expert_gate.weight", (1, h))]
+        recipes[ours + "shared_expert_gate.weight"] = [
+            ((), hf + "shared_expert_gate.weight", (1, h))
+        ]
     return recipes
 
 

@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.attention import paged_attention_forward
-from engine.model.attention_metadata import AttentionMetadata
-from engine.model.config import ModelConfig, ModelConfigError, _common, _req
-from engine.model.llama import DecoderModel
+from turnout.engine.model.attention import paged_attention_forward
+from turnout.engine.model.attention_metadata import AttentionMetadata
+from turnout.engine.model.config import ModelConfig, ModelConfigError, _common, _req
+from turnout.engine.model.llama import DecoderModel
 
 #: metaseq/HF OPT look positions up at ``position + POSITION_OFFSET``.
 POSITION_OFFSET = 2
@@ -64,12 +64,15 @@ class OPTConfig:
 
     def to_hf_fields(self, config: ModelConfig) -> dict[str, Any]:
         """The HF ``config.json`` keys of these fields (for :meth:`ModelConfig.to_hf_dict`)."""
-        return {"word_embed_proj_dim": self.word_embed_proj_dim,
-                "do_layer_norm_before": self.do_layer_norm_before,
-                "_remove_final_layer_norm": self.remove_final_layer_norm,
-                "layer_norm_elementwise_affine": self.layer_norm_elementwise_affine,
-                "enable_bias": self.enable_bias, "ffn_dim": config.intermediate_size,
-                "activation_function": config.hidden_act}
+        return {
+            "word_embed_proj_dim": self.word_embed_proj_dim,
+            "do_layer_norm_before": self.do_layer_norm_before,
+            "_remove_final_layer_norm": self.remove_final_layer_norm,
+            "layer_norm_elementwise_affine": self.layer_norm_elementwise_affine,
+            "enable_bias": self.enable_bias,
+            "ffn_dim": config.intermediate_size,
+            "activation_function": config.hidden_act,
+        }
 
 
 def opt_model_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
@@ -86,16 +89,28 @@ def opt_model_config(arch: str, d: Mapping[str, Any]) -> ModelConfig:
     common = _common(arch, {**d, "intermediate_size": _req(d, "ffn_dim"), "hidden_act": act})
     hidden, heads = common["hidden_size"], common["num_attention_heads"]
     if hidden % heads:
-        raise ModelConfigError(f"hidden_size ({hidden}) must be a multiple of num_attention_heads ({heads})")
+        raise ModelConfigError(
+            f"hidden_size ({hidden}) must be a multiple of num_attention_heads ({heads})"
+        )
     proj = _req(d, "word_embed_proj_dim") if d.get("word_embed_proj_dim") is not None else hidden
     bias = bool(d.get("enable_bias", True))
-    opt = OPTConfig(word_embed_proj_dim=proj, do_layer_norm_before=bool(d.get("do_layer_norm_before", True)),
-                    remove_final_layer_norm=bool(d.get("_remove_final_layer_norm", False)),
-                    layer_norm_elementwise_affine=bool(d.get("layer_norm_elementwise_affine", True)),
-                    enable_bias=bias)
-    return ModelConfig(**common, num_key_value_heads=heads, head_dim=hidden // heads,
-                       tie_word_embeddings=bool(d.get("tie_word_embeddings", True)),
-                       attention_bias=bias, mlp_bias=bias, layer_norm_eps=LAYER_NORM_EPS, opt=opt)
+    opt = OPTConfig(
+        word_embed_proj_dim=proj,
+        do_layer_norm_before=bool(d.get("do_layer_norm_before", True)),
+        remove_final_layer_norm=bool(d.get("_remove_final_layer_norm", False)),
+        layer_norm_elementwise_affine=bool(d.get("layer_norm_elementwise_affine", True)),
+        enable_bias=bias,
+    )
+    return ModelConfig(
+        **common,
+        num_key_value_heads=heads,
+        head_dim=hidden // heads,
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", True)),
+        attention_bias=bias,
+        mlp_bias=bias,
+        layer_norm_eps=LAYER_NORM_EPS,
+        opt=opt,
+    )
 
 
 def opt_weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -116,9 +131,14 @@ def opt_weight_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (c.vocab_size, proj)
     for n in range(c.num_hidden_layers):
         lp = f"{p}layers.{n}."
-        for name, out_f, in_f in (("self_attn.q_proj", h, h), ("self_attn.k_proj", h, h),
-                                  ("self_attn.v_proj", h, h), ("self_attn.out_proj", h, h),
-                                  ("fc1", i, h), ("fc2", h, i)):
+        for name, out_f, in_f in (
+            ("self_attn.q_proj", h, h),
+            ("self_attn.k_proj", h, h),
+            ("self_attn.v_proj", h, h),
+            ("self_attn.out_proj", h, h),
+            ("fc1", i, h),
+            ("fc2", h, i),
+        ):
             shapes[f"{lp}{name}.weight"] = (out_f, in_f)
             if o.enable_bias:
                 shapes[f"{lp}{name}.bias"] = (out_f,)
@@ -143,16 +163,25 @@ class OPTAttention(nn.Module):
         self.qkv_proj = nn.Linear(h, 3 * h, bias=config.attention_bias)
         self.out_proj = nn.Linear(h, h, bias=config.attention_bias)
 
-    def forward(self, hidden: torch.Tensor, kv_cache: torch.Tensor,
-                attn_metadata: AttentionMetadata) -> torch.Tensor:  # [T, h] -> [T, h]
+    def forward(
+        self, hidden: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:  # [T, h] -> [T, h]
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).chunk(3, dim=-1)
         shape = (num_tokens, self.num_heads, self.head_dim)
         # HF scales the projected queries and attends with scale 1 (modeling_opt.py).
         q = (q * self.scaling).reshape(shape)
-        out = paged_attention_forward(q, k.reshape(shape), v.reshape(shape), kv_cache, attn_metadata,
-                                      scale=1.0, backend=self.backend)
-        return self.out_proj(out.view(num_tokens, -1))
+        out = paged_attention_forward(
+            q,
+            k.reshape(shape),
+            v.reshape(shape),
+            kv_cache,
+            attn_metadata,
+            scale=1.0,
+            backend=self.backend,
+        )
+        projected: torch.Tensor = self.out_proj(out.view(num_tokens, -1))
+        return projected
 
 
 class OPTDecoderLayer(nn.Module):
@@ -167,8 +196,9 @@ class OPTDecoderLayer(nn.Module):
         self.fc2 = nn.Linear(config.intermediate_size, h, bias=config.mlp_bias)
         self.final_layer_norm = nn.LayerNorm(h, eps=LAYER_NORM_EPS, elementwise_affine=affine)
 
-    def forward(self, hidden: torch.Tensor, kv_cache: torch.Tensor,
-                attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata
+    ) -> torch.Tensor:
         x = self.self_attn_layer_norm(hidden) if self.pre_ln else hidden
         hidden = hidden + self.self_attn(x, kv_cache, attn_metadata)
         if not self.pre_ln:
@@ -190,11 +220,14 @@ class OPTDecoder(nn.Module):
         self.embed_positions = nn.Embedding(config.max_position_embeddings + POSITION_OFFSET, h)
         self.project_in = nn.Linear(proj, h, bias=False) if proj != h else None
         self.project_out = nn.Linear(h, proj, bias=False) if proj != h else None
-        self.final_layer_norm = (nn.LayerNorm(h, eps=LAYER_NORM_EPS,
-                                              elementwise_affine=o.layer_norm_elementwise_affine)
-                                 if o.has_final_layer_norm else None)
-        self.layers = nn.ModuleList(OPTDecoderLayer(config, backend)
-                                    for _ in range(config.num_hidden_layers))
+        self.final_layer_norm = (
+            nn.LayerNorm(h, eps=LAYER_NORM_EPS, elementwise_affine=o.layer_norm_elementwise_affine)
+            if o.has_final_layer_norm
+            else None
+        )
+        self.layers = nn.ModuleList(
+            OPTDecoderLayer(config, backend) for _ in range(config.num_hidden_layers)
+        )
 
 
 class _OPTBody(nn.Module):
@@ -243,7 +276,7 @@ class OPTDecoderModel(DecoderModel):
         dec = self.model.decoder
         if len(kv_caches) != len(dec.layers):
             raise ValueError(f"expected {len(dec.layers)} KV caches, got {len(kv_caches)}")
-        hidden = dec.embed_tokens(input_ids)
+        hidden: torch.Tensor = dec.embed_tokens(input_ids)
         if dec.project_in is not None:
             hidden = dec.project_in(hidden)
         hidden = hidden + dec.embed_positions(positions + POSITION_OFFSET)
@@ -251,4 +284,6 @@ class OPTDecoderModel(DecoderModel):
             hidden = layer(hidden, kv_cache, attn_metadata)
         if dec.final_layer_norm is not None:
             hidden = dec.final_layer_norm(hidden)
-        return dec.project_out(hidden) if dec.project_out is not None else hidden
+        if dec.project_out is not None:
+            hidden = dec.project_out(hidden)
+        return hidden

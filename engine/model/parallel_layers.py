@@ -27,23 +27,31 @@ CPU, NCCL on CUDA, where they are captured into CUDA graphs like any kernel).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model.config import ModelConfig
-from engine.model.kv_cache import FullAttentionSpec
+from turnout.engine.model.config import ModelConfig
+from turnout.engine.model.kv_cache import FullAttentionSpec
+
+if TYPE_CHECKING:
+    from turnout.engine.model.llama import DecoderModel
 
 # torch >= 2.13 names it all_gather_single (all_gather_into_tensor is deprecated there).
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 #: Architectures whose model the layers below shard: the Llama family with plain attention.
-TENSOR_PARALLEL_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                 "Qwen3ForCausalLM")
+TENSOR_PARALLEL_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
 
 
 @dataclass(frozen=True)
@@ -79,19 +87,30 @@ def tensor_parallel_problem(config: ModelConfig, size: int) -> str | None:
     if size == 1:
         return None
     flag = f"tensor_parallel_size={size}"
-    if config.architecture not in TENSOR_PARALLEL_ARCHITECTURES or config.quantization_method not in ("none", "gguf"):
-        what = (f"{config.architecture} (model_type {config.model_type or '?'})"
-                if config.architecture not in TENSOR_PARALLEL_ARCHITECTURES
-                else f"{config.quantization_method} weights of {config.architecture}")
-        return (f"{flag}: tensor parallelism is not implemented for {what}; it serves the Llama "
-                f"family with plain attention ({', '.join(TENSOR_PARALLEL_ARCHITECTURES)}), "
-                f"unquantised or GGUF: use tensor_parallel_size=1")
+    if (
+        config.architecture not in TENSOR_PARALLEL_ARCHITECTURES
+        or config.quantization_method not in ("none", "gguf")
+    ):
+        what = (
+            f"{config.architecture} (model_type {config.model_type or '?'})"
+            if config.architecture not in TENSOR_PARALLEL_ARCHITECTURES
+            else f"{config.quantization_method} weights of {config.architecture}"
+        )
+        return (
+            f"{flag}: tensor parallelism is not implemented for {what}; it serves the Llama "
+            f"family with plain attention ({', '.join(TENSOR_PARALLEL_ARCHITECTURES)}), "
+            f"unquantised or GGUF: use tensor_parallel_size=1"
+        )
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     if heads % size:
-        return f"{flag}: num_attention_heads ({heads}) of {config.architecture} is not divisible by it"
+        return (
+            f"{flag}: num_attention_heads ({heads}) of {config.architecture} is not divisible by it"
+        )
     if kv % size and (size < kv or size % kv):
-        return (f"{flag}: num_key_value_heads ({kv}) of {config.architecture} is neither divisible "
-                f"by it nor a divisor of it (KV heads are split, or replicated when the ranks outnumber them)")
+        return (
+            f"{flag}: num_key_value_heads ({kv}) of {config.architecture} is neither divisible "
+            f"by it nor a divisor of it (KV heads are split, or replicated when the ranks outnumber them)"
+        )
     if config.intermediate_size % size:
         return f"{flag}: intermediate_size ({config.intermediate_size}) of {config.architecture} is not divisible by it"
     return None
@@ -177,7 +196,7 @@ class VocabParallelEmbedding(nn.Module):
         out = tensor.new_zeros((self.rows, tensor.shape[1]))
         end = min(self.start + self.rows, self.vocab_size)
         if end > self.start:
-            out[: end - self.start] = tensor[self.start:end]
+            out[: end - self.start] = tensor[self.start : end]
         return out
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, hidden]
@@ -196,7 +215,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         return self.tp.all_gather_last_dim(local)[:, : self.vocab_size]
 
 
-def shard_decoder(model: nn.Module, tp: TensorParallel) -> None:
+def shard_decoder(model: DecoderModel, tp: TensorParallel) -> None:
     """Make ``model`` (a Llama-family ``DecoderModel`` built on the meta device, weights not yet
     assigned) rank ``tp.rank``'s shard; the loader then fills it through
     :func:`weight_sharder`.
@@ -218,18 +237,24 @@ def shard_decoder(model: nn.Module, tp: TensorParallel) -> None:
         attn.num_heads, attn.num_kv_heads = heads.q_count, heads.kv_count
         attn.q_size, attn.kv_size = heads.q_count * d, heads.kv_count * d
         kv_piece = (heads.kv_start * d, heads.kv_count * d)
-        attn.qkv_proj = ColumnParallelLinear(c.hidden_size, [(heads.q_start * d, attn.q_size), kv_piece, kv_piece],
-                                             bias=c.qkv_bias)
+        attn.qkv_proj = ColumnParallelLinear(
+            c.hidden_size, [(heads.q_start * d, attn.q_size), kv_piece, kv_piece], bias=c.qkv_bias
+        )
         attn.o_proj = RowParallelLinear(c.num_attention_heads * d, c.hidden_size, c.o_proj_bias, tp)
-        mlp.gate_up_proj = ColumnParallelLinear(c.hidden_size, [(tp.rank * i, i)] * 2, bias=c.mlp_bias)
+        mlp.gate_up_proj = ColumnParallelLinear(
+            c.hidden_size, [(tp.rank * i, i)] * 2, bias=c.mlp_bias
+        )
         mlp.down_proj = RowParallelLinear(c.intermediate_size, c.hidden_size, c.mlp_bias, tp)
-    model.local_kv_cache_spec = FullAttentionSpec(num_layers=c.num_hidden_layers, num_kv_heads=heads.kv_count,
-                                                  head_dim=d)
+    model.local_kv_cache_spec = FullAttentionSpec(
+        num_layers=c.num_hidden_layers, num_kv_heads=heads.kv_count, head_dim=d
+    )
     model.tensor_parallel = tp
     model.tie_weights()
 
 
-def weight_sharder(model: nn.Module):  # -> (pname, piece index, tensor) -> tensor
+def weight_sharder(
+    model: nn.Module,
+) -> Callable[[str, int, torch.Tensor], torch.Tensor]:  # (pname, piece index, tensor) -> tensor
     """The loader's hook (``assign_weights(shard=...)``): each HF piece of a parameter cut to
     this rank's part by the parameter's module; the other parameters (norms) are whole."""
 
@@ -237,11 +262,22 @@ def weight_sharder(model: nn.Module):  # -> (pname, piece index, tensor) -> tens
         module_name, _, leaf = pname.rpartition(".")
         module = model.get_submodule(module_name)
         cut = getattr(module, "shard_weight", None)
-        return tensor if cut is None else cut(leaf, piece, tensor)
+        if cut is None:
+            return tensor
+        piece_tensor: torch.Tensor = cut(leaf, piece, tensor)
+        return piece_tensor
 
     return shard
 
 
-__all__ = ["TENSOR_PARALLEL_ARCHITECTURES", "ColumnParallelLinear", "ParallelLMHead", "RowParallelLinear",
-           "TensorParallel", "VocabParallelEmbedding", "shard_decoder", "tensor_parallel_problem",
-           "weight_sharder"]
+__all__ = [
+    "TENSOR_PARALLEL_ARCHITECTURES",
+    "ColumnParallelLinear",
+    "ParallelLMHead",
+    "RowParallelLinear",
+    "TensorParallel",
+    "VocabParallelEmbedding",
+    "shard_decoder",
+    "tensor_parallel_problem",
+    "weight_sharder",
+]

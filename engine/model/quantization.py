@@ -13,13 +13,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.model.config import ModelConfig
-from engine.model.fp8 import Fp8Linear
-from engine.model.fp8_config import Fp8Config
+from turnout.engine.model.config import ModelConfig
+from turnout.engine.model.fp8 import Fp8Linear
+from turnout.engine.model.fp8_config import Fp8Config
 
 #: Said in the log and the docs: GGUF tensors are always dequantised when loaded.
-GGUF_EXECUTION = ("dequantised to {dtype} on load; turnout has no GGUF kernel, so GGUF "
-                  "weights run unquantised on every device, GPU included")
+GGUF_EXECUTION = (
+    "dequantised to {dtype} on load; turnout has no GGUF kernel, so GGUF "
+    "weights run unquantised on every device, GPU included"
+)
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,9 @@ class QuantizationReport:
         return f"weights: {self.method} ({self.detail}): {self.execution}"
 
 
-def quantization_report(model: nn.Module, config: ModelConfig, *, dtype: torch.dtype,
-                        device: torch.device | str) -> QuantizationReport:
+def quantization_report(
+    model: nn.Module, config: ModelConfig, *, dtype: torch.dtype, device: torch.device | str
+) -> QuantizationReport:
     """The report of a model :func:`engine.model.load_model` has just built."""
     dtype_name = str(dtype).removeprefix("torch.")
     q = config.quantization
@@ -54,12 +57,20 @@ def _fp8_report(model: nn.Module, q: Fp8Config, dtype_name: str) -> Quantization
     ways: Counter[str] = Counter()
     for m in layers:
         if m.execution == "scaled_mm" and m.block_size is not None:
-            ways["W8A8 through F.scaled_mm (dynamic 1x128 activation scales, 128x128 weight blocks)"] += 1
+            ways[
+                "W8A8 through F.scaled_mm (dynamic 1x128 activation scales, 128x128 weight blocks)"
+            ] += 1
         elif m.execution == "scaled_mm":
-            acts = "static input scales" if m.input_scale is not None else "dynamic per-token activation scales"
+            acts = (
+                "static input scales"
+                if m.input_scale is not None
+                else "dynamic per-token activation scales"
+            )
             ways[f"W8A8 through torch._scaled_mm ({acts})"] += 1
         else:
-            ways[f"float8_e4m3fn weights dequantised to {dtype_name} per matmul ({m.reference_reason})"] += 1
+            ways[
+                f"float8_e4m3fn weights dequantised to {dtype_name} per matmul ({m.reference_reason})"
+            ] += 1
     execution = "; ".join(f"{n} layers: {way}" for way, n in ways.items()) or "no FP8 layer"
     return QuantizationReport(q.method, detail, execution)
 

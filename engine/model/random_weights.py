@@ -4,14 +4,14 @@ supported config (benchmarks and GPU tests on real shapes without downloading we
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from engine.model.config import ModelConfig
-from engine.model.weights import hf_weight_shapes, random_tensor
+from turnout.engine.model.config import ModelConfig
+from turnout.engine.model.weights import hf_weight_shapes, random_tensor
 
 
 def write_random_weights(
@@ -40,12 +40,17 @@ def write_random_weights(
     config = ModelConfig.from_hf_dict(hf_config)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {name: random_tensor(name, shape, seed).to(dtype)
-               for name, shape in hf_weight_shapes(config).items()}
+    tensors = {
+        name: random_tensor(name, shape, seed).to(dtype)
+        for name, shape in hf_weight_shapes(config).items()
+    }
     if config.quantization is not None:  # an FP8 quantization_config: quantise the dense draw
-        from engine.model.fp8_checkpoint import quantize_tensors
+        from turnout.engine.model.fp8_checkpoint import quantize_tensors
 
-        lazy = quantize_tensors({k: (lambda t=t: t) for k, t in tensors.items()}, config)
+        def thunk(t: torch.Tensor) -> Callable[[], torch.Tensor]:
+            return lambda: t
+
+        lazy = quantize_tensors({k: thunk(t) for k, t in tensors.items()}, config)
         tensors = {k: get() for k, get in lazy.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     dtype_name = str(dtype).removeprefix("torch.")

@@ -4,13 +4,13 @@ of its paged KV cache (``DecoderModel``'s class methods)."""
 
 from __future__ import annotations
 
-from engine.model.config import ModelConfig
-from engine.model.deepseek_v2 import DeepseekV2ForCausalLM
-from engine.model.jamba import JambaForCausalLM
-from engine.model.llama import DecoderModel
-from engine.model.mamba import MambaForCausalLM
-from engine.model.opt import OPTDecoderModel
-from engine.model.sequence_classification import LlamaForSequenceClassification
+from turnout.engine.model.config import ModelConfig
+from turnout.engine.model.deepseek_v2 import DeepseekV2ForCausalLM
+from turnout.engine.model.jamba import JambaForCausalLM
+from turnout.engine.model.llama import DecoderModel
+from turnout.engine.model.mamba import MambaForCausalLM
+from turnout.engine.model.opt import OPTDecoderModel
+from turnout.engine.model.sequence_classification import LlamaForSequenceClassification
 
 #: architecture -> its class; the Llama family (Llama, Mistral, Qwen2, Qwen3 and their MoE
 #: relatives) is DecoderModel.

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.model.config import ModelConfig
-from engine.model.llama import DecoderModel
-from engine.model.weights import decoder_weight_shapes
+from turnout.engine.model.config import ModelConfig
+from turnout.engine.model.llama import DecoderModel
+from turnout.engine.model.weights import decoder_weight_shapes
 
 
 class LlamaForSequenceClassification(DecoderModel):
@@ -44,10 +44,13 @@ class LlamaForSequenceClassification(DecoderModel):
         """Raises ValueError: a classifier has no LM head (use :meth:`pool`)."""
         raise ValueError(f"{self.config.architecture} has no LM head: it does not generate")
 
-    def pool(self, hidden: torch.Tensor  # [N, hidden_size], one selected token per sequence
-             ) -> torch.Tensor:  # [N, num_labels] float32
+    def pool(
+        self,
+        hidden: torch.Tensor,  # [N, hidden_size], one selected token per sequence
+    ) -> torch.Tensor:  # [N, num_labels] float32
         """The head's logits (HF ``logits``) of the selected hidden states."""
-        return self.score(hidden).float()
+        logits: torch.Tensor = self.score(hidden)
+        return logits.float()
 
 
 __all__ = ["LlamaForSequenceClassification"]

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.model.attention_metadata import AttentionMetadata
-from engine.model.kv_cache import FullAttentionSpec, KVCacheSpec
+from turnout.engine.model.attention_metadata import AttentionMetadata
+from turnout.engine.model.kv_cache import FullAttentionSpec, KVCacheSpec
 
 
 @dataclass
@@ -73,8 +73,14 @@ class HybridCacheSpec(KVCacheSpec):
     def layer_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         return self.attention.layer_shape(num_blocks, block_size)
 
-    def allocate(self, num_blocks: int, block_size: int, num_slots: int, dtype: torch.dtype,
-                 device: torch.device | str) -> list[torch.Tensor | MambaState]:
+    def allocate(
+        self,
+        num_blocks: int,
+        block_size: int,
+        num_slots: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> list[torch.Tensor | MambaState]:
         """Zeroed caches of every layer, in layer order.
 
         Raises:
@@ -85,11 +91,26 @@ class HybridCacheSpec(KVCacheSpec):
         caches: list[torch.Tensor | MambaState] = []
         for kind in self.layer_kinds:
             if kind == "attention":
-                caches.append(torch.zeros(self.layer_shape(num_blocks, block_size), dtype=dtype, device=device))
+                caches.append(
+                    torch.zeros(
+                        self.layer_shape(num_blocks, block_size), dtype=dtype, device=device
+                    )
+                )
             else:
-                caches.append(MambaState(
-                    conv=torch.zeros(num_slots, self.d_inner, self.d_conv - 1, dtype=dtype, device=device),
-                    ssm=torch.zeros(num_slots, self.d_inner, self.d_state, dtype=torch.float32, device=device)))
+                caches.append(
+                    MambaState(
+                        conv=torch.zeros(
+                            num_slots, self.d_inner, self.d_conv - 1, dtype=dtype, device=device
+                        ),
+                        ssm=torch.zeros(
+                            num_slots,
+                            self.d_inner,
+                            self.d_state,
+                            dtype=torch.float32,
+                            device=device,
+                        ),
+                    )
+                )
         return caches
 
 
@@ -122,9 +143,12 @@ class MambaStepInputs:
         if md.state_indices is None:
             raise ValueError("a model with Mamba layers needs AttentionMetadata.state_indices")
         starts = md.query_start_loc[:-1].long()
-        return cls(query_start_loc=md.query_start_loc, state_indices=md.state_indices,
-                   has_initial_state=positions.index_select(0, starts) > 0,
-                   is_decode=md.max_query_len == 1 and md.all_states_continue)
+        return cls(
+            query_start_loc=md.query_start_loc,
+            state_indices=md.state_indices,
+            has_initial_state=positions.index_select(0, starts) > 0,
+            is_decode=md.max_query_len == 1 and md.all_states_continue,
+        )
 
 
 __all__ = ["HybridCacheSpec", "MambaState", "MambaStepInputs"]

@@ -12,15 +12,23 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 # Split patterns of byte-level BPE vocabularies, from the models' own tokenizer.json files.
-_LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                   r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_SPLIT_PATTERNS = {"llama3": _LLAMA3_PATTERN, "llama-bpe": _LLAMA3_PATTERN,
-                   "qwen2": _QWEN2_PATTERN, "deepseek-r1-qwen": _QWEN2_PATTERN}
+_LLAMA3_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLIT_PATTERNS = {
+    "llama3": _LLAMA3_PATTERN,
+    "llama-bpe": _LLAMA3_PATTERN,
+    "qwen2": _QWEN2_PATTERN,
+    "deepseek-r1-qwen": _QWEN2_PATTERN,
+}
 _DIGITS_THEN_GPT2 = ("smollm", "starcoder", "refact", "codeshell")  # llama.cpp groups these
 _GPT2 = ("default", "gpt2", "")
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
@@ -39,8 +47,14 @@ class Tokenizer:
         chat_template: the jinja2 source, or ``None``.
     """
 
-    def __init__(self, backend: Any, *, bos_token: str | None, eos_token: str | None,
-                 chat_template: str | None) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        bos_token: str | None,
+        eos_token: str | None,
+        chat_template: str | None,
+    ) -> None:
         self._backend = backend
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -69,8 +83,12 @@ class Tokenizer:
         """Text of ``ids`` (special tokens dropped unless ``skip_special_tokens=False``)."""
         return str(self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
-                            add_generation_prompt: bool = True, **kwargs: Any) -> str:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> str:
         """Render ``messages`` (``[{"role": ..., "content": ...}]``) with the chat template.
 
         Raises:
@@ -79,9 +97,14 @@ class Tokenizer:
         """
         if not self.chat_template:
             raise TokenizerError("this model has no chat template; encode the prompt directly")
-        return _render(self.chat_template, messages=list(messages),
-                       add_generation_prompt=add_generation_prompt, bos_token=self.bos_token or "",
-                       eos_token=self.eos_token or "", **kwargs)
+        return _render(
+            self.chat_template,
+            messages=list(messages),
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "",
+            eos_token=self.eos_token or "",
+            **kwargs,
+        )
 
 
 def _render(template: str, **context: Any) -> str:
@@ -91,10 +114,12 @@ def _render(template: str, **context: Any) -> str:
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False,
-                                                                   indent=indent)
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(
+        x, ensure_ascii=False, indent=indent
+    )
     env.globals["raise_exception"] = raise_exception
     return env.from_string(template).render(**context)
 
@@ -122,23 +147,33 @@ def _from_hf_dir(path: Path) -> Tokenizer:
     try:
         backend = Backend.from_file(str(path / "tokenizer.json"))
     except Exception as exc:  # the tokenizers package raises a bare Exception
-        raise TokenizerError(f"{path / 'tokenizer.json'}: not a readable tokenizer file: {exc}") from exc
+        raise TokenizerError(
+            f"{path / 'tokenizer.json'}: not a readable tokenizer file: {exc}"
+        ) from exc
     backend.no_padding()  # the file may fix a padded length (MiniLM: 128); callers pad
     backend.no_truncation()
     config_path = path / "tokenizer_config.json"
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        config = (
+            json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        )
     except (ValueError, UnicodeDecodeError) as exc:
         raise TokenizerError(f"{config_path}: not a readable JSON file: {exc}") from exc
     if not isinstance(config, dict):
-        raise TokenizerError(f"{config_path}: expected a JSON object, got a {type(config).__name__}")
+        raise TokenizerError(
+            f"{config_path}: expected a JSON object, got a {type(config).__name__}"
+        )
     template = config.get("chat_template")
     if isinstance(template, list):  # named templates: [{"name": ..., "template": ...}]
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
     if template is None and (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text()
-    return Tokenizer(backend, bos_token=_token(config.get("bos_token")),
-                     eos_token=_token(config.get("eos_token")), chat_template=template)
+    return Tokenizer(
+        backend,
+        bos_token=_token(config.get("bos_token")),
+        eos_token=_token(config.get("eos_token")),
+        chat_template=template,
+    )
 
 
 def _token(value: Any) -> str | None:
@@ -146,16 +181,22 @@ def _token(value: Any) -> str | None:
 
 
 def _from_gguf(path: Path) -> Tokenizer:
-    from engine.model.gguf_loader import open_gguf
+    from turnout.engine.model.gguf_loader import open_gguf
 
     _, meta = open_gguf(path)
     kind = meta.get("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise TokenizerError(f"{path.name}: GGUF tokenizer model {kind!r} is not supported "
-                             "(byte-level BPE 'gpt2' is); use the model's tokenizer.json")
+        raise TokenizerError(
+            f"{path.name}: GGUF tokenizer model {kind!r} is not supported "
+            "(byte-level BPE 'gpt2' is); use the model's tokenizer.json"
+        )
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    backend = _byte_level_bpe(tokens, meta.get("tokenizer.ggml.merges") or [],
-                              str(meta.get("tokenizer.ggml.pre") or ""), path.name)
+    backend = _byte_level_bpe(
+        tokens,
+        meta.get("tokenizer.ggml.merges") or [],
+        str(meta.get("tokenizer.ggml.pre") or ""),
+        path.name,
+    )
     types = meta.get("tokenizer.ggml.token_type") or []
     _add_special_tokens(backend, tokens, types)
 
@@ -168,10 +209,15 @@ def _from_gguf(path: Path) -> Tokenizer:
         from tokenizers.processors import TemplateProcessing
 
         bos_id = tokens.index(bos)
-        backend.post_processor = TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
-                                                    special_tokens=[(bos, bos_id)])
-    return Tokenizer(backend, bos_token=bos, eos_token=token("eos"),
-                     chat_template=meta.get("tokenizer.chat_template"))
+        backend.post_processor = TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, bos_id)]
+        )
+    return Tokenizer(
+        backend,
+        bos_token=bos,
+        eos_token=token("eos"),
+        chat_template=meta.get("tokenizer.chat_template"),
+    )
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str, name: str) -> Any:
@@ -180,14 +226,16 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str, name: str) -
     from tokenizers.models import BPE
 
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    pairs = cast("list[tuple[str, str]]", [tuple(m.split(" ", 1)) for m in merges])
     backend = Backend(BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in _DIGITS_THEN_GPT2:
         steps = [pre_tokenizers.Digits(individual_digits=True), byte_level]
     elif pre in _SPLIT_PATTERNS:
-        steps = [pre_tokenizers.Split(Regex(_SPLIT_PATTERNS[pre]), behavior="isolated"),
-                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        steps = [
+            pre_tokenizers.Split(Regex(_SPLIT_PATTERNS[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     elif pre in _GPT2:
         steps = [byte_level]
     else:
@@ -200,10 +248,16 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str, name: str) -
 def _add_special_tokens(backend: Any, tokens: list[str], types: list[int]) -> None:
     from tokenizers import AddedToken
 
-    control = [AddedToken(t, special=True, normalized=False)
-               for t, kind in zip(tokens, types, strict=False) if kind == _CONTROL]
-    user = [AddedToken(t, special=False, normalized=False)
-            for t, kind in zip(tokens, types, strict=False) if kind == _USER_DEFINED]
+    control = [
+        AddedToken(t, special=True, normalized=False)
+        for t, kind in zip(tokens, types, strict=False)
+        if kind == _CONTROL
+    ]
+    user = [
+        AddedToken(t, special=False, normalized=False)
+        for t, kind in zip(tokens, types, strict=False)
+        if kind == _USER_DEFINED
+    ]
     if control:
         backend.add_special_tokens(control)
     if user:

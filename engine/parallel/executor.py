@@ -36,12 +36,12 @@ from typing import Any, NoReturn
 
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import EngineError, TensorParallelError, UnsupportedOptionError
-from engine.parallel import group as pg
-from engine.parallel.worker import ERROR, READY, worker_main
-from engine.runner_protocol import ModelRunner
-from engine.sampling_params import SamplingParams
+from turnout.engine.config import EngineConfig
+from turnout.engine.errors import EngineError, TensorParallelError, UnsupportedOptionError
+from turnout.engine.parallel import group as pg
+from turnout.engine.parallel.worker import ERROR, READY, worker_main
+from turnout.engine.runner_protocol import ModelRunner
+from turnout.engine.sampling_params import SamplingParams
 
 logger = logging.getLogger("turnout.engine")
 
@@ -124,9 +124,12 @@ class _Ranks:
                 elif message is not None and message[0] == ERROR:
                     raise TensorParallelError(rank, message[2])
                 elif self.procs[rank].exitcode is not None:
-                    raise TensorParallelError(rank, f"{_exit_cause(self.procs[rank].exitcode)} while starting "
-                                                    f"(its stderr says why; a script that builds the engine "
-                                                    f"must do so under `if __name__ == \"__main__\":`)")
+                    raise TensorParallelError(
+                        rank,
+                        f"{_exit_cause(self.procs[rank].exitcode)} while starting "
+                        f"(its stderr says why; a script that builds the engine "
+                        f'must do so under `if __name__ == "__main__":`)',
+                    )
             if waiting and time.monotonic() > deadline:
                 raise TensorParallelError(min(waiting), f"did not start within {timeout_s:g} s")
             time.sleep(0.02)
@@ -149,8 +152,12 @@ class _Ranks:
         self.stop.set()
         if self.threads_before is not None:
             torch.set_num_threads(self.threads_before)
-        healthy = graceful and self.failure is None and self.groups is not None and all(
-            p.exitcode is None for p in self.procs.values())
+        healthy = (
+            graceful
+            and self.failure is None
+            and self.groups is not None
+            and all(p.exitcode is None for p in self.procs.values())
+        )
         if healthy:
             try:
                 pg.broadcast_command(self.groups.control, ("shutdown",))  # type: ignore[union-attr]
@@ -190,9 +197,15 @@ class TensorParallelRunner:
     Attributes other than the protocol's are rank 0's runner's (``runner``).
     """
 
-    def __init__(self, runner_name: str, config: EngineConfig, *, timeout_s: float | None = None,
-                 worker_init: Callable[[int], None] | None = None) -> None:
-        from engine.runner_loader import create_runner
+    def __init__(
+        self,
+        runner_name: str,
+        config: EngineConfig,
+        *,
+        timeout_s: float | None = None,
+        worker_init: Callable[[int], None] | None = None,
+    ) -> None:
+        from turnout.engine.runner_loader import create_runner
 
         size = config.tensor_parallel_size
         timeout_s = timeout_from_env() if timeout_s is None else timeout_s
@@ -201,7 +214,9 @@ class TensorParallelRunner:
         self._ranks = ranks = _Ranks()
         self._end = weakref.finalize(self, ranks.shutdown)
         # On CPU every rank computes on the same cores: each gets an equal share of the threads.
-        threads = None if config.device.startswith("cuda") else max(1, torch.get_num_threads() // size)
+        threads = (
+            None if config.device.startswith("cuda") else max(1, torch.get_num_threads() // size)
+        )
         try:
             store = pg.start_store(size, timeout_s)
             self._spawn(runner_name, config, store.port, timeout_s, threads, worker_init)
@@ -216,15 +231,36 @@ class TensorParallelRunner:
             ranks.shutdown(graceful=False)
             raise
 
-    def _spawn(self, runner_name: str, config: EngineConfig, port: int, timeout_s: float, threads: int | None,
-               worker_init: Callable[[int], None] | None) -> None:
+    def _spawn(
+        self,
+        runner_name: str,
+        config: EngineConfig,
+        port: int,
+        timeout_s: float,
+        threads: int | None,
+        worker_init: Callable[[int], None] | None,
+    ) -> None:
         ctx = mp.get_context("spawn")
         size = config.tensor_parallel_size
         for rank in range(1, size):
             receive, send = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=worker_main, name=f"turnout-tp-rank{rank}", daemon=True,
-                               args=(rank, size, port, config, runner_name, send, os.getpid(), timeout_s,
-                                     threads, worker_init))
+            proc = ctx.Process(
+                target=worker_main,
+                name=f"turnout-tp-rank{rank}",
+                daemon=True,
+                args=(
+                    rank,
+                    size,
+                    port,
+                    config,
+                    runner_name,
+                    send,
+                    os.getpid(),
+                    timeout_s,
+                    threads,
+                    worker_init,
+                ),
+            )
             proc.start()
             send.close()
             self._ranks.procs[rank], self._ranks.conns[rank] = proc, receive
@@ -259,7 +295,8 @@ class TensorParallelRunner:
                 modules = _pickle_recording_modules(params.logits_processors)
             except Exception as exc:
                 raise UnsupportedOptionError(
-                    f"{flag} must be picklable (every rank runs them on the same logits): {exc}") from None
+                    f"{flag} must be picklable (every rank runs them on the same logits): {exc}"
+                ) from None
             # Pickled by reference to a module the workers cannot import (a notebook's or
             # `python -c`'s __main__, a module made at run time), they would fail to unpickle
             # the step there and stop every rank: refused here, alone.
@@ -267,7 +304,8 @@ class TensorParallelRunner:
             if missing:
                 raise UnsupportedOptionError(
                     f"{flag} must be importable by the worker processes (spawned: they import what the "
-                    f"pickle names), but they refer to {', '.join(missing)}; define them in a module file") from None
+                    f"pickle names), but they refer to {', '.join(missing)}; define them in a module file"
+                ) from None
 
     def execute_model(self, scheduler_output: Any) -> Any:
         output = self._call("execute_model", scheduler_output)
@@ -367,8 +405,10 @@ def _modules_workers_cannot_import(modules: set[str]) -> list[str]:
     for name in sorted(modules):
         module = sys.modules.get(name)
         if name == "__main__":
-            if module is None or (getattr(module, "__spec__", None) is None
-                                  and not os.path.isfile(getattr(module, "__file__", None) or "")):
+            if module is None or (
+                getattr(module, "__spec__", None) is None
+                and not os.path.isfile(getattr(module, "__file__", None) or "")
+            ):
                 missing.append("__main__ (an interactive session's)")
         elif module is None or getattr(module, "__spec__", None) is None:
             missing.append(name)
@@ -400,4 +440,10 @@ def _exit_cause(code: int) -> str:
     return f"its process exited with status {code}"
 
 
-__all__ = ["FAILURE_GRACE_S", "TIMEOUT_ENV", "WATCHDOG_INTERVAL_S", "TensorParallelRunner", "timeout_from_env"]
+__all__ = [
+    "FAILURE_GRACE_S",
+    "TIMEOUT_ENV",
+    "WATCHDOG_INTERVAL_S",
+    "TensorParallelRunner",
+    "timeout_from_env",
+]

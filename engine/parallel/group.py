@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from engine.errors import EngineConfigError
-from engine.model.parallel_layers import TensorParallel
+from turnout.engine.errors import EngineConfigError
+from turnout.engine.model.parallel_layers import TensorParallel
 
 logger = logging.getLogger("turnout.engine")
 
@@ -48,13 +48,21 @@ def rank_device(device: str, rank: int) -> str:
 
 def start_store(size: int, timeout_s: float) -> Any:  # -> dist.TCPStore
     """Rank 0's store, listening on 127.0.0.1 on a port of the kernel's choice (``.port``)."""
-    return dist.TCPStore("127.0.0.1", 0, size, is_master=True, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
+    return dist.TCPStore(  # type: ignore[attr-defined]  # torch.distributed re-exports it implicitly
+        "127.0.0.1",
+        0,
+        size,
+        is_master=True,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
 
 
 def connect_store(port: int, size: int, timeout_s: float) -> Any:  # -> dist.TCPStore
     """A worker's client of rank 0's store."""
-    return dist.TCPStore("127.0.0.1", port, size, is_master=False, timeout=timedelta(seconds=timeout_s))
+    return dist.TCPStore(  # type: ignore[attr-defined]  # torch.distributed re-exports it implicitly
+        "127.0.0.1", port, size, is_master=False, timeout=timedelta(seconds=timeout_s)
+    )
 
 
 @dataclass
@@ -73,7 +81,8 @@ def check_no_group(size: int) -> None:
     if dist.is_initialized():
         raise EngineConfigError(
             f"tensor_parallel_size={size}: this process already holds a torch.distributed group (another "
-            "tensor-parallel engine runs in it); shut that engine down first (LLM.shutdown())")
+            "tensor-parallel engine runs in it); shut that engine down first (LLM.shutdown())"
+        )
 
 
 def prepare_device(rank: int, device: str) -> str:
@@ -98,8 +107,9 @@ def init_groups(store: Any, rank: int, size: int, device: str, timeout_s: float)
     """
     check_no_group(size)
     backend = prepare_device(rank, device)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=size, timeout=timedelta(seconds=timeout_s)
+    )
     control = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     return Groups(TensorParallel(rank, size), control, backend)
 
@@ -117,7 +127,8 @@ def current_tensor_parallel(size: int) -> TensorParallel | None:
     if not dist.is_initialized() or dist.get_world_size() != size:
         raise EngineConfigError(
             f"tensor_parallel_size={size}: a runner of one rank needs the group of all {size}; build "
-            "the engine with engine.runner_loader.build_engine_core (or LLM), which starts them")
+            "the engine with engine.runner_loader.build_engine_core (or LLM), which starts them"
+        )
     return TensorParallel(dist.get_rank(), size)
 
 

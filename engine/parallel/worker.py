@@ -32,9 +32,18 @@ from typing import Any
 READY, ERROR = "ready", "error"
 
 
-def worker_main(rank: int, size: int, port: int, config: Any, runner_name: str, conn: Any,
-                parent_pid: int, timeout_s: float, num_threads: int | None,
-                worker_init: Callable[[int], None] | None = None) -> None:
+def worker_main(
+    rank: int,
+    size: int,
+    port: int,
+    config: Any,
+    runner_name: str,
+    conn: Any,
+    parent_pid: int,
+    timeout_s: float,
+    num_threads: int | None,
+    worker_init: Callable[[int], None] | None = None,
+) -> None:
     """Run rank ``rank`` until rank 0 says ``shutdown`` (or fails); never returns normally: the
     process leaves through ``os._exit`` (no interpreter teardown racing the groups' threads)."""
     _watch_parent(parent_pid)
@@ -53,7 +62,7 @@ def worker_main(rank: int, size: int, port: int, config: Any, runner_name: str, 
             conn.send((ERROR, rank, _describe(exc)))
     finally:
         try:
-            from engine.parallel.group import destroy_groups
+            from turnout.engine.parallel.group import destroy_groups
 
             destroy_groups()
         except Exception:
@@ -61,16 +70,17 @@ def worker_main(rank: int, size: int, port: int, config: Any, runner_name: str, 
         os._exit(code)
 
 
-def _serve(rank: int, size: int, port: int, config: Any, runner_name: str, timeout_s: float,
-           conn: Any) -> None:
-    from engine.parallel.group import (
+def _serve(
+    rank: int, size: int, port: int, config: Any, runner_name: str, timeout_s: float, conn: Any
+) -> None:
+    from turnout.engine.parallel.group import (
         connect_store,
         init_groups,
         min_over_ranks,
         prepare_device,
         receive_command,
     )
-    from engine.runner_loader import create_runner
+    from turnout.engine.runner_loader import create_runner
 
     store = connect_store(port, size, timeout_s)
     prepare_device(rank, config.device)

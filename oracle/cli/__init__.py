@@ -53,9 +53,9 @@ def _root() -> None:
 
 
 def _register_oracle_commands() -> None:
-    from oracle.cli.decide_cmd import decide
-    from oracle.cli.launch import launch
-    from oracle.cli.pack_cmds import explain, lint, matrix
+    from turnout.oracle.cli.decide_cmd import decide
+    from turnout.oracle.cli.launch import launch
+    from turnout.oracle.cli.pack_cmds import explain, lint, matrix
 
     app.command(name="decide")(decide)
     # Everything from the vllm command on is vLLM's, with or without `--` (a vLLM flag such as

@@ -1,5 +1,5 @@
-"""``python -m oracle.cli`` runs the ``turnout`` command."""
+"""``python -m turnout.oracle.cli`` runs the ``turnout`` command."""
 
-from oracle.cli import main
+from turnout.oracle.cli import main
 
 main()

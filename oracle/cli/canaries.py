@@ -21,15 +21,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from oracle.decision import CanarySnapshot
-from oracle.errors import ConfigError, ErrorCode
-from oracle.pack import Pack
-from oracle.wire import OracleSnapshotIn, SnapshotIn, error_text
-from oracle.yamlpos import read_text
+from turnout.oracle.decision import CanarySnapshot
+from turnout.oracle.errors import ConfigError, ErrorCode
+from turnout.oracle.pack import Pack
+from turnout.oracle.wire import OracleSnapshotIn, SnapshotIn, error_text
+from turnout.oracle.yamlpos import read_text
 
-SHAPES = ('the body of GET /api/v1/canaries ({"pack", "kill_switch": {"engaged"}, "cohorts": '
-          '[{"cohort", "enabled", "percentage"}]}) or {"kill_switch": true|false, "cohorts": '
-          '{COHORT: {"enabled": true|false, "percentage": 0..100}}}')
+SHAPES = (
+    'the body of GET /api/v1/canaries ({"pack", "kill_switch": {"engaged"}, "cohorts": '
+    '[{"cohort", "enabled", "percentage"}]}) or {"kill_switch": true|false, "cohorts": '
+    '{COHORT: {"enabled": true|false, "percentage": 0..100}}}'
+)
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,11 @@ class Canaries:
 
 
 def default_canaries(pack: Pack) -> Canaries:
-    return Canaries(None, f"rollout.yaml defaults of pack {pack.name} (pass --canaries FILE, "
-                          "e.g. the service's GET /api/v1/canaries, to decide with the live ones)")
+    return Canaries(
+        None,
+        f"rollout.yaml defaults of pack {pack.name} (pass --canaries FILE, "
+        "e.g. the service's GET /api/v1/canaries, to decide with the live ones)",
+    )
 
 
 def load_canaries(path: Path | None, pack: Pack) -> Canaries:
@@ -55,11 +60,13 @@ def load_canaries(path: Path | None, pack: Pack) -> Canaries:
     try:
         data = json.loads(read_text(path))
     except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}",
-                          code=ErrorCode.FILE_NOT_FOUND) from None
+        raise ConfigError(
+            f"cannot read {path}: {exc.strerror or exc}", code=ErrorCode.FILE_NOT_FOUND
+        ) from None
     except ValueError as exc:
-        raise ConfigError(f"{path}: not JSON ({exc}); expected {SHAPES}", code=ErrorCode.BAD_SPEC
-                          ) from None
+        raise ConfigError(
+            f"{path}: not JSON ({exc}); expected {SHAPES}", code=ErrorCode.BAD_SPEC
+        ) from None
     if not isinstance(data, dict):
         raise _not_a_snapshot(path, f"a JSON {type(data).__name__}, not an object")
     if isinstance(data.get("cohorts"), list) or isinstance(data.get("kill_switch"), dict):
@@ -68,15 +75,19 @@ def load_canaries(path: Path | None, pack: Pack) -> Canaries:
 
 
 def _not_a_snapshot(path: Path, why: str) -> ConfigError:
-    return ConfigError(f"{path}: not a canary snapshot: {why}; expected {SHAPES}",
-                       code=ErrorCode.BAD_SPEC)
+    return ConfigError(
+        f"{path}: not a canary snapshot: {why}; expected {SHAPES}", code=ErrorCode.BAD_SPEC
+    )
 
 
 def _from_service(path: Path, body: dict[str, Any], pack: Pack) -> Canaries:
     if "pack" in body and body["pack"] != pack.name:
-        raise ConfigError(f"{path}: the snapshot is of pack {body['pack']!r}, the decision uses "
-                          f"pack {pack.name!r}; pass --pack {body['pack']} or the snapshot of "
-                          f"a service running {pack.name!r}", code=ErrorCode.BAD_SPEC)
+        raise ConfigError(
+            f"{path}: the snapshot is of pack {body['pack']!r}, the decision uses "
+            f"pack {pack.name!r}; pass --pack {body['pack']} or the snapshot of "
+            f"a service running {pack.name!r}",
+            code=ErrorCode.BAD_SPEC,
+        )
     try:
         parsed = SnapshotIn.model_validate(body)
     except ValidationError as exc:
@@ -85,10 +96,14 @@ def _from_service(path: Path, body: dict[str, Any], pack: Pack) -> Canaries:
     latest = parsed.last_change()
     change = ""
     if latest is not None:
-        change = (f", last change {latest.cohort} v{latest.version or '?'} at "
-                  f"{_when(latest.updated_at)} by {latest.updated_by or '?'}")
-    return Canaries(snapshot, f"{path} (service snapshot of pack {pack.name}"
-                              f"{change}; {_summary(snapshot, pack)})")
+        change = (
+            f", last change {latest.cohort} v{latest.version or '?'} at "
+            f"{_when(latest.updated_at)} by {latest.updated_by or '?'}"
+        )
+    return Canaries(
+        snapshot,
+        f"{path} (service snapshot of pack {pack.name}{change}; {_summary(snapshot, pack)})",
+    )
 
 
 def _when(at: dt.datetime | None) -> str:
@@ -109,8 +124,10 @@ def _summary(snapshot: CanarySnapshot, pack: Pack) -> str:
     known = [c.id for c in pack.cohorts]  # rollout order
     states = [(k, snapshot.cohorts[k]) for k in known if k in snapshot.cohorts]
     on = [k if s.percentage == 100 else f"{k} {s.percentage}%" for k, s in states if s.enabled]
-    text = (f"kill switch {'ENGAGED' if snapshot.kill_switch else 'off'}; stages on: "
-            f"{', '.join(on) or 'none'}")
+    text = (
+        f"kill switch {'ENGAGED' if snapshot.kill_switch else 'off'}; stages on: "
+        f"{', '.join(on) or 'none'}"
+    )
     stale = sorted(set(snapshot.cohorts) - set(known))
     if stale:
         text += f"; not in pack {pack.name}, not used: {', '.join(stale)}"

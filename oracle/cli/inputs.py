@@ -13,11 +13,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from oracle.config import DeploymentConfig
-from oracle.errors import ConfigError, ErrorCode, Issue
-from oracle.sources import command_to_fields, from_hf_config, load_specs
-from oracle.wire import CommandsFileLine
-from oracle.yamlpos import read_lines
+from turnout.oracle.config import DeploymentConfig
+from turnout.oracle.errors import ConfigError, ErrorCode, Issue
+from turnout.oracle.sources import command_to_fields, from_hf_config, load_specs
+from turnout.oracle.wire import CommandsFileLine
+from turnout.oracle.yamlpos import read_lines
 
 _ENV_WORD = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _SCALARS = {"true": True, "false": False, "none": None, "null": None}
@@ -31,8 +31,11 @@ def parse_json_value(text: str, *, flag: str) -> Any:
         try:
             return json.loads(stripped)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{flag}: invalid JSON value ({exc.msg} at column {exc.colno}): "
-                              f"{text!r}", code=ErrorCode.BAD_VALUE, field=flag) from None
+            raise ConfigError(
+                f"{flag}: invalid JSON value ({exc.msg} at column {exc.colno}): {text!r}",
+                code=ErrorCode.BAD_VALUE,
+                field=flag,
+            ) from None
     if stripped.lower() in _SCALARS:
         return _SCALARS[stripped.lower()]
     for convert in (int, float):
@@ -76,8 +79,9 @@ class Overrides:
         for item in self.sets:
             key, eq, value = item.partition("=")
             if not eq or not key:
-                raise ConfigError(f"--set expects FIELD=VALUE, got {item!r}",
-                                  code=ErrorCode.BAD_VALUE)
+                raise ConfigError(
+                    f"--set expects FIELD=VALUE, got {item!r}", code=ErrorCode.BAD_VALUE
+                )
             out[key.strip()] = parse_json_value(value, flag=f"--set {key}")
         return out
 
@@ -86,14 +90,16 @@ class Overrides:
         for item in self.env:
             key, eq, value = item.partition("=")
             if not eq or not key:
-                raise ConfigError(f"--env expects NAME=VALUE, got {item!r}",
-                                  code=ErrorCode.BAD_VALUE)
+                raise ConfigError(
+                    f"--env expects NAME=VALUE, got {item!r}", code=ErrorCode.BAD_VALUE
+                )
             out[key] = value
         return out
 
 
-def _with(config: DeploymentConfig, fields: dict[str, Any], env: dict[str, str]
-          ) -> DeploymentConfig:
+def _with(
+    config: DeploymentConfig, fields: dict[str, Any], env: dict[str, str]
+) -> DeploymentConfig:
     if env:
         fields = fields | {"env": {**config.env, **env}}
     return config.replace(**fields) if fields else config
@@ -102,12 +108,19 @@ def _with(config: DeploymentConfig, fields: dict[str, Any], env: dict[str, str]
 def from_command_line(argv: list[str], ov: Overrides) -> Item:
     """The deployment of one ``vllm serve`` command line."""
     try:
-        parsed = command_to_fields(argv, ov.env_map(), architecture=ov.architecture,
-                                   hf_config=ov.hf_config, hint_for="cli", release=ov.release)
+        parsed = command_to_fields(
+            argv,
+            ov.env_map(),
+            architecture=ov.architecture,
+            hf_config=ov.hf_config,
+            hint_for="cli",
+            release=ov.release,
+        )
         cfg = DeploymentConfig(**parsed.fields)
         source = parsed.model_source.describe() if parsed.model_source else None
-        return Item(ov.deployment_id, _with(cfg, ov.fields(), {}), model=cfg.model,
-                    model_source=source)
+        return Item(
+            ov.deployment_id, _with(cfg, ov.fields(), {}), model=cfg.model, model_source=source
+        )
     except ConfigError as exc:
         return Item(ov.deployment_id, None, exc.message, exc.code)
 
@@ -149,13 +162,15 @@ def from_commands_file(path: Path, ov: Overrides) -> list[Item]:
     try:
         lines = read_lines(path)
     except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}",
-                          code=ErrorCode.FILE_NOT_FOUND) from None
+        raise ConfigError(
+            f"cannot read {path}: {exc.strerror or exc}", code=ErrorCode.FILE_NOT_FOUND
+        ) from None
     items = []
     for n, line in _logical_lines(lines):
         if isinstance(line, Issue):
-            items.append(Item(None, None, f"{path}:{n}:{line.column}: {line.message}",
-                              ErrorCode.BAD_SPEC))
+            items.append(
+                Item(None, None, f"{path}:{n}:{line.column}: {line.message}", ErrorCode.BAD_SPEC)
+            )
             continue
         text = line.strip()
         if not text or text.startswith("#"):
@@ -170,17 +185,27 @@ def from_commands_file(path: Path, ov: Overrides) -> list[Item]:
         except (ValueError, RecursionError) as exc:
             if isinstance(exc, RecursionError):
                 exc = ValueError("a JSON value nested too deeply to read")
-            rid = str(row["id"]) if isinstance(row, dict) and _is_id(row.get("id")) else (
-                None if text.startswith("{") else f"{path.name}:{n}")
+            rid = (
+                str(row["id"])
+                if isinstance(row, dict) and _is_id(row.get("id"))
+                else (None if text.startswith("{") else f"{path.name}:{n}")
+            )
             items.append(Item(rid, None, f"{path}:{n}: {exc}", ErrorCode.BAD_SPEC))
             continue
         rid = str(row["id"]) if "id" in row else f"{path.name}:{n}"
-        line_ov = Overrides(ov.architecture, ov.hf_config, ov.platform, ov.deployment_id or rid,
-                            tuple(f"{k}={v}" for k, v in env.items()) + ov.env, ov.sets,
-                            ov.release)
+        line_ov = Overrides(
+            ov.architecture,
+            ov.hf_config,
+            ov.platform,
+            ov.deployment_id or rid,
+            tuple(f"{k}={v}" for k, v in env.items()) + ov.env,
+            ov.sets,
+            ov.release,
+        )
         item = from_command_line(argv, line_ov)
-        items.append(Item(rid, item.config, item.error, item.error_code,
-                          item.model or _model_of(argv)))
+        items.append(
+            Item(rid, item.config, item.error, item.error_code, item.model or _model_of(argv))
+        )
     return items
 
 
@@ -234,8 +259,10 @@ def _command_row(row: Any) -> tuple[list[str], dict[str, str]]:
     except ValidationError as exc:
         raise ValueError(_first_error(exc)) from None
     if line.argv is None:
-        raise ValueError("expected an argv list (a `command` or `config` line belongs to "
-                         "POST /api/v1/decide; here give argv, or the command as a shell line)")
+        raise ValueError(
+            "expected an argv list (a `command` or `config` line belongs to "
+            "POST /api/v1/decide; here give argv, or the command as a shell line)"
+        )
     return line.argv, line.env
 
 

@@ -15,31 +15,64 @@ from typing import Annotated
 
 import typer
 
-from oracle.cli.decide_cmd import ArchOpt, Argv, HfOpt, IdOpt, PlatOpt, SetOpt
+from turnout.oracle.cli.decide_cmd import ArchOpt, Argv, HfOpt, IdOpt, PlatOpt, SetOpt
 
-ReportOpt = Annotated[bool, typer.Option(
-    "--report-startup", help="run vLLM as a child (output passed through, signals forwarded) "
-                             "and report the line where it names its model runner")]
-TimeoutOpt = Annotated[float | None, typer.Option(
-    "--service-timeout", min=0.01, max=600.0, metavar="SECONDS",
-    help="how long each request to the service may take: the canary snapshot (the decision "
-         "waits for it) and the decision event before vLLM starts [default: 0.5]")]
-DryOpt = Annotated[bool, typer.Option(
-    "--dry-run", help="decide and print the plan as JSON (argv, the variables set, the "
-                      "decision); start and report nothing")]
+ReportOpt = Annotated[
+    bool,
+    typer.Option(
+        "--report-startup",
+        help="run vLLM as a child (output passed through, signals forwarded) "
+        "and report the line where it names its model runner",
+    ),
+]
+TimeoutOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--service-timeout",
+        min=0.01,
+        max=600.0,
+        metavar="SECONDS",
+        help="how long each request to the service may take: the canary snapshot (the decision "
+        "waits for it) and the decision event before vLLM starts [default: 0.5]",
+    ),
+]
+DryOpt = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="decide and print the plan as JSON (argv, the variables set, the "
+        "decision); start and report nothing",
+    ),
+]
 
 
-def launch(argv: Argv = None, deployment_id: IdOpt = None, architecture: ArchOpt = None,
-           hf_config: HfOpt = None, platform: PlatOpt = None, sets: SetOpt = None,
-           report_startup: ReportOpt = False, service_timeout: TimeoutOpt = None,
-           dry_run: DryOpt = False) -> None:
+def launch(
+    argv: Argv = None,
+    deployment_id: IdOpt = None,
+    architecture: ArchOpt = None,
+    hf_config: HfOpt = None,
+    platform: PlatOpt = None,
+    sets: SetOpt = None,
+    report_startup: ReportOpt = False,
+    service_timeout: TimeoutOpt = None,
+    dry_run: DryOpt = False,
+) -> None:
     """Start vLLM with the runner the rollout gives it: sets VLLM_USE_V2_MODEL_RUNNER where
     the rollout says so (an operator's own setting is kept), reports the decision, then
     exec's `vllm serve` with the exact argv. Service: TURNOUT_URL, TURNOUT_TOKEN, TURNOUT_PACK;
     TURNOUT_CACHE_DIR, TURNOUT_DEPLOYMENT_ID."""
     # The client (httpx) and the launcher load only when this command runs: `turnout decide`
     # stays as light as it was.
-    from oracle.cli.launch_run import run
+    from turnout.oracle.cli.launch_run import run
 
-    run(argv or [], deployment_id, architecture, hf_config, platform, sets, report_startup,
-        dry_run, service_timeout)
+    run(
+        argv or [],
+        deployment_id,
+        architecture,
+        hf_config,
+        platform,
+        sets,
+        report_startup,
+        dry_run,
+        service_timeout,
+    )

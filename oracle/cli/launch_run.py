@@ -11,11 +11,11 @@ from typing import NoReturn
 
 import typer
 
-from oracle.cli.inputs import Overrides
-from oracle.cli.render import EXIT_BAD_INPUT, EXIT_PIN
-from oracle.client import OracleClient
-from oracle.errors import ErrorCode, OracleError
-from oracle.launch import (
+from turnout.oracle.cli.inputs import Overrides
+from turnout.oracle.cli.render import EXIT_BAD_INPUT, EXIT_PIN
+from turnout.oracle.client import OracleClient
+from turnout.oracle.errors import ErrorCode, OracleError
+from turnout.oracle.launch import (
     SERVICE_TIMEOUT_S,
     Launch,
     LaunchRefused,
@@ -23,28 +23,40 @@ from oracle.launch import (
     make_client,
     report,
 )
-from oracle.launch_inputs import LaunchSettings, config_from_command, split_assignments
-from oracle.launch_startup import run_child
-from oracle.vllm_install import find_vllm
-from oracle.wire import StartupIn
+from turnout.oracle.launch_inputs import LaunchSettings, config_from_command, split_assignments
+from turnout.oracle.launch_startup import run_child
+from turnout.oracle.vllm_install import find_vllm
+from turnout.oracle.wire import StartupIn
 
 log = logging.getLogger("turnout.launch")
-SOURCES = {"service": "the service's canary snapshot",
-           "disk": "the last-known-good canary snapshot on disk (the service did not answer "
-                   "in time)",
-           "defaults": "the rollout.yaml defaults of the pack (no service snapshot, none on "
-                       "disk)"}
+SOURCES = {
+    "service": "the service's canary snapshot",
+    "disk": "the last-known-good canary snapshot on disk (the service did not answer in time)",
+    "defaults": "the rollout.yaml defaults of the pack (no service snapshot, none on disk)",
+}
 
 
-def run(argv: list[str], deployment_id: str | None, architecture: str | None,
-        hf_config: Path | None, platform: str | None, sets: list[str] | None,
-        report_startup: bool, dry_run: bool, service_timeout: float | None = None) -> None:
+def run(
+    argv: list[str],
+    deployment_id: str | None,
+    architecture: str | None,
+    hf_config: Path | None,
+    platform: str | None,
+    sets: list[str] | None,
+    report_startup: bool,
+    dry_run: bool,
+    service_timeout: float | None = None,
+) -> None:
     """See :func:`oracle.cli.launch.launch`."""
     _logging()
     words, assigned = split_assignments(argv)
     if not words:
-        _fail(OracleError("nothing to launch: turnout launch -- vllm serve MODEL [flags]",
-                          code=ErrorCode.BAD_USAGE))
+        _fail(
+            OracleError(
+                "nothing to launch: turnout launch -- vllm serve MODEL [flags]",
+                code=ErrorCode.BAD_USAGE,
+            )
+        )
     env = {**os.environ, **assigned}
     ov = Overrides(architecture, hf_config, platform, deployment_id, (), tuple(sets or ()))
     try:
@@ -53,17 +65,26 @@ def run(argv: list[str], deployment_id: str | None, architecture: str | None,
         settings = LaunchSettings.from_env(env)
         fields = {k: v for k, v in ov.fields().items() if k != "deployment_id"}
         config, _ = config_from_command(
-            words, env, release=install.release, architecture=architecture,
-            hf_config=hf_config, deployment_id=deployment_id or settings.deployment_id,
-            overrides=fields)
+            words,
+            env,
+            release=install.release,
+            architecture=architecture,
+            hf_config=hf_config,
+            deployment_id=deployment_id or settings.deployment_id,
+            overrides=fields,
+        )
     except OracleError as exc:
         _fail(exc)
     try:
         client = make_client(settings, service_timeout or SERVICE_TIMEOUT_S)
     except OSError as exc:  # the cache dir cannot be made (a file in the way, no permission)
-        _fail(OracleError(f"TURNOUT_CACHE_DIR {settings.cache_dir}: cannot be used "
-                          f"({exc.strerror or exc}); point it at a writable directory",
-                          code=ErrorCode.BAD_USAGE))
+        _fail(
+            OracleError(
+                f"TURNOUT_CACHE_DIR {settings.cache_dir}: cannot be used "
+                f"({exc.strerror or exc}); point it at a writable directory",
+                code=ErrorCode.BAD_USAGE,
+            )
+        )
     try:
         planned = decide_launch(client, config, install)
     except LaunchRefused as exc:
@@ -106,16 +127,14 @@ def _say(planned: Launch) -> None:
         how = ", ".join(f"{k}={v}" for k, v in planned.env.items()) + " set"
     else:
         how = f"{name} left unset: vLLM's own selection picks {_upper(d.runner)}"
-    log.info("runner %s (%s, stage %s): %s", _upper(d.runner), d.reason_code, d.stage or "-",
-             how)
+    log.info("runner %s (%s, stage %s): %s", _upper(d.runner), d.reason_code, d.stage or "-", how)
 
 
 def _upper(runner: str | None) -> str:
     return runner.upper() if runner else "none"
 
 
-def _refused(client: OracleClient, exc: LaunchRefused, dry_run: bool, words: list[str]
-             ) -> NoReturn:
+def _refused(client: OracleClient, exc: LaunchRefused, dry_run: bool, words: list[str]) -> NoReturn:
     for m in exc.launch.decision.messages:
         log.warning("%s", m.message)
     log.error("not starting vLLM (%s): %s", exc.code, exc.message)
@@ -142,15 +161,23 @@ def _delivered(client: OracleClient, event_id: str | None) -> None:
     if event_id is None:
         log.info("no service configured (TURNOUT_URL): the decision is not reported")
     elif client.spool.pending():
-        log.warning("decision event %s spooled in %s: the service has not acknowledged it "
-                    "yet; the next turnout client on that directory sends it", event_id,
-                    client.spool.directory)
+        log.warning(
+            "decision event %s spooled in %s: the service has not acknowledged it "
+            "yet; the next turnout client on that directory sends it",
+            event_id,
+            client.spool.directory,
+        )
     else:
         log.info("decision event %s reported", event_id)
 
 
-def _exec(client: OracleClient, planned: Launch, words: list[str], env: dict[str, str],
-          event_id: str | None) -> NoReturn:
+def _exec(
+    client: OracleClient,
+    planned: Launch,
+    words: list[str],
+    env: dict[str, str],
+    event_id: str | None,
+) -> NoReturn:
     """Report (each request within the client's deadline, the thread joined at most a second
     later), then become vLLM."""
     client.close(flush_timeout_s=client.timeout_s)
@@ -172,23 +199,36 @@ def _cannot_start(executable: str, exc: OSError) -> int:
     return 127 if isinstance(exc, FileNotFoundError) else 126
 
 
-def _run_child(client: OracleClient, planned: Launch, words: list[str], env: dict[str, str],
-               event_id: str | None) -> int:
+def _run_child(
+    client: OracleClient,
+    planned: Launch,
+    words: list[str],
+    env: dict[str, str],
+    event_id: str | None,
+) -> int:
     """vLLM as a child; its start-up line is reported as a follow-up event
     (``<event id>.startup``) once it says which runner it uses."""
+
     def on_startup(runner: str, line: str) -> None:
         same = runner == planned.runner
         (log.info if same else log.warning)(
-            "vLLM says it uses %s (%s): %s", runner.upper(),
-            "as decided" if same else f"turnout decided {_upper(planned.runner)}", line)
-        report(client, planned, startup=StartupIn.model_validate({"runner": runner,
-                                                                  "line": line[:2000]}),
-               event_id=f"{event_id}.startup" if event_id else None)
+            "vLLM says it uses %s (%s): %s",
+            runner.upper(),
+            "as decided" if same else f"turnout decided {_upper(planned.runner)}",
+            line,
+        )
+        report(
+            client,
+            planned,
+            startup=StartupIn.model_validate({"runner": runner, "line": line[:2000]}),
+            event_id=f"{event_id}.startup" if event_id else None,
+        )
 
     log.info("starting %s %s (--report-startup)", _executable(planned), " ".join(words[1:]))
     try:
-        status = run_child(words, planned.environ(env), executable=_executable(planned),
-                           on_startup=on_startup)
+        status = run_child(
+            words, planned.environ(env), executable=_executable(planned), on_startup=on_startup
+        )
     except OSError as exc:
         status = _cannot_start(str(_executable(planned)), exc)
     client.close(flush_timeout_s=2.0)

@@ -12,12 +12,12 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from oracle.cli.canaries import Canaries
-from oracle.cli.console import folding_table
-from oracle.cli.inputs import Item
-from oracle.decision import Decision
-from oracle.errors import ErrorCode, OracleError
-from oracle.pack import Pack
+from turnout.oracle.cli.canaries import Canaries
+from turnout.oracle.cli.console import folding_table
+from turnout.oracle.cli.inputs import Item
+from turnout.oracle.decision import Decision
+from turnout.oracle.errors import ErrorCode, OracleError
+from turnout.oracle.pack import Pack
 
 EXIT_OK, EXIT_BAD_INPUT, EXIT_PIN = 0, 2, 3
 _BAD_INPUT_CODES = {ErrorCode.INVALID_ENV, ErrorCode.UNKNOWN_ARCHITECTURE}
@@ -40,19 +40,40 @@ def result_json(item: Item, d: Decision | None, pack: Pack, digest: str) -> dict
     if d is not None:
         out = d.to_json()
     else:
-        out = {"runner": None, "mode": None, "family": None, "stage": None, "canary": None,
-               "reasons": [], "messages": [], "reason_code": "ERROR", "error": item.error,
-               "error_code": item.error_code, "policy_digest": digest, "pack": pack.name}
+        out = {
+            "runner": None,
+            "mode": None,
+            "family": None,
+            "stage": None,
+            "canary": None,
+            "reasons": [],
+            "messages": [],
+            "reason_code": "ERROR",
+            "error": item.error,
+            "error_code": item.error_code,
+            "policy_digest": digest,
+            "pack": pack.name,
+        }
     return {"id": item.id, **out} if item.id is not None else out
 
 
 def input_error_json(exc: OracleError, pack: Pack | None) -> dict[str, Any]:
     """The contract object for input that could not be read at all (a spec file that is not
     YAML, an unknown pack, a bad canary snapshot): no decision, ``error`` says why."""
-    return {"runner": None, "mode": None, "family": None, "stage": None, "canary": None,
-            "reasons": [], "messages": [], "reason_code": "ERROR", "error": exc.message,
-            "error_code": exc.code, "policy_digest": pack.policy_digest() if pack else None,
-            "pack": pack.name if pack else None}
+    return {
+        "runner": None,
+        "mode": None,
+        "family": None,
+        "stage": None,
+        "canary": None,
+        "reasons": [],
+        "messages": [],
+        "reason_code": "ERROR",
+        "error": exc.message,
+        "error_code": exc.code,
+        "policy_digest": pack.policy_digest() if pack else None,
+        "pack": pack.name if pack else None,
+    }
 
 
 def print_json(results: Sequence[tuple[Item, Decision | None]], pack: Pack, digest: str) -> None:
@@ -71,12 +92,15 @@ def _runner_text(d: Decision | None) -> str:
 
 def print_one(console: Console, item: Item, d: Decision | None) -> None:
     if d is None:
-        console.print(f"[red]error[/] ({item.error_code}): {escape(item.error or '')}",
-                      highlight=False)
+        console.print(
+            f"[red]error[/] ({item.error_code}): {escape(item.error or '')}", highlight=False
+        )
         return
-    console.print(f"runner {_runner_text(d)}  mode {d.mode}  reason {d.reason_code}  "
-                  f"family {escape(d.family or '-')}  stage {escape(d.stage or '-')}  "
-                  f"pack {escape(d.pack)}")
+    console.print(
+        f"runner {_runner_text(d)}  mode {d.mode}  reason {d.reason_code}  "
+        f"family {escape(d.family or '-')}  stage {escape(d.stage or '-')}  "
+        f"pack {escape(d.pack)}"
+    )
     lines = [(Text(f"  {m.level}"), Text(m.message)) for m in d.messages]
     if d.error:
         lines.append((Text("  error", style="red"), Text(f"({d.error_code}): {d.error}")))
@@ -85,8 +109,9 @@ def print_one(console: Console, item: Item, d: Decision | None) -> None:
     if d.reasons:
         console.print(_reasons_table(console, d))
     if item.model_source:
-        console.print(hanging([(Text("  model config", style="dim"),
-                                Text(item.model_source, style="dim"))]))
+        console.print(
+            hanging([(Text("  model config", style="dim"), Text(item.model_source, style="dim"))])
+        )
     console.print(f"  policy digest {d.policy_digest}", style="dim")
 
 
@@ -102,8 +127,10 @@ def hanging(lines: Sequence[tuple[Text, Text]]) -> Table:
 
 
 def _reasons_table(console: Console, d: Decision) -> Table:
-    rows = [(r.rule_id, r.label, r.severity,
-             ", ".join(f"{k}={v!r}" for k, v in r.matched.items())) for r in d.reasons]
+    rows = [
+        (r.rule_id, r.label, r.severity, ", ".join(f"{k}={v!r}" for k, v in r.matched.items()))
+        for r in d.reasons
+    ]
     table = folding_table("rule", "label", "severity", "matched", box=None, pad_edge=False)
     # Keep rule ids and matched values whole on their line when the terminal has room for
     # them: an 80-column terminal folded 'ngram' and left its closing quote alone on the next
@@ -134,14 +161,18 @@ def print_many(console: Console, results: Sequence[tuple[Item, Decision | None]]
     table = folding_table("id", "model", "family", "runner", "reason", "top reason")
     for item, d in results:
         top = (d.reasons[0].label if d and d.reasons else "") if d else (item.error or "")
-        table.add_row(escape(item.id or "-"), escape(item.model or "-"),
-                      escape(d.family or "-" if d else "-"), _runner_text(d),
-                      escape(d.reason_code if d else item.error_code or ""), escape(top))
+        table.add_row(
+            escape(item.id or "-"),
+            escape(item.model or "-"),
+            escape(d.family or "-" if d else "-"),
+            _runner_text(d),
+            escape(d.reason_code if d else item.error_code or ""),
+            escape(top),
+        )
     console.print(table)
 
 
-def summary_rows(results: Sequence[tuple[Item, Decision | None]], pack: Pack
-                 ) -> list[list[str]]:
+def summary_rows(results: Sequence[tuple[Item, Decision | None]], pack: Pack) -> list[list[str]]:
     """Per family: deployments, V2, V1, no runner, top reasons (rule id x count, the three
     most common). The "(bad input)" row names every error code with its count: its lines are
     the ones to fix, and a few codes (unknown_model, unknown_flag, placeholder_model, ...) say
@@ -161,19 +192,25 @@ def summary_rows(results: Sequence[tuple[Item, Decision | None]], pack: Pack
         decided = [d for d in ds if d is not None]
         reasons: Counter[str] = Counter(r.rule_id for d in decided for r in d.reasons)
         top, num_top = (errors, None) if fam == "(bad input)" else (reasons, 3)
-        rows.append([labels.get(fam, fam), str(len(ds)),
-                     str(sum(d.runner == "v2" for d in decided)),
-                     str(sum(d.runner == "v1" for d in decided)),
-                     str(sum(d.runner is None for d in decided)),
-                     ", ".join(f"{k} ({n})" for k, n in top.most_common(num_top))])
+        rows.append(
+            [
+                labels.get(fam, fam),
+                str(len(ds)),
+                str(sum(d.runner == "v2" for d in decided)),
+                str(sum(d.runner == "v1" for d in decided)),
+                str(sum(d.runner is None for d in decided)),
+                ", ".join(f"{k} ({n})" for k, n in top.most_common(num_top)),
+            ]
+        )
     return rows
 
 
 SUMMARY_HEADER = ["family", "deployments", "V2", "V1", "no runner", "top reasons"]
 
 
-def print_summary(console: Console, results: Sequence[tuple[Item, Decision | None]],
-                  pack: Pack, markdown: bool) -> None:
+def print_summary(
+    console: Console, results: Sequence[tuple[Item, Decision | None]], pack: Pack, markdown: bool
+) -> None:
     rows = summary_rows(results, pack)
     if markdown:
         print("| " + " | ".join(SUMMARY_HEADER) + " |")
@@ -181,8 +218,9 @@ def print_summary(console: Console, results: Sequence[tuple[Item, Decision | Non
         for row in rows:
             print("| " + " | ".join(row) + " |")
         return
-    table = folding_table(*SUMMARY_HEADER,
-                          title=escape(f"{len(results)} deployments, pack {pack.name}"))
+    table = folding_table(
+        *SUMMARY_HEADER, title=escape(f"{len(results)} deployments, pack {pack.name}")
+    )
     for row in rows:
         table.add_row(*(escape(cell) for cell in row))
     console.print(table)

@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from oracle.sources.command_types import ArgumentTypeError, human_readable_int
+from turnout.oracle.sources.command_types import ArgumentTypeError, human_readable_int
 
 # The digests (flags.json ``parser.preprocess_digest``) of the versions of vLLM's rewriting this
 # module re-implements: 0.29-0.30, and 0.31-0.33 (which only added ``snapshot create`` to the
@@ -65,18 +65,26 @@ def _move_model(args: list[str]) -> list[str]:
 
 
 def _check_served_name(args: list[str]) -> None:
-    if (len(args) > 1 and args[1].startswith("-") and not any(_CONFIG.match(a) for a in args)
-            and any(_SERVED.match(a) for a in args)):
-        raise RewriteError("ValueError", "`model` should be provided as the first positional "
-                           "argument when using `vllm serve`. i.e. `vllm serve <model> "
-                           "--<arg> <value>`.")
+    if (
+        len(args) > 1
+        and args[1].startswith("-")
+        and not any(_CONFIG.match(a) for a in args)
+        and any(_SERVED.match(a) for a in args)
+    ):
+        raise RewriteError(
+            "ValueError",
+            "`model` should be provided as the first positional "
+            "argument when using `vllm serve`. i.e. `vllm serve <model> "
+            "--<arg> <value>`.",
+        )
 
 
 def config_file_args(data: Any, top_level_options: frozenset[str]) -> list[str]:
     """``load_config_file``'s words for a YAML document already loaded."""
     if not hasattr(data, "items"):
-        raise RewriteError("AttributeError", f"'{type(data).__name__}' object has no "
-                           "attribute 'items'")
+        raise RewriteError(
+            "AttributeError", f"'{type(data).__name__}' object has no attribute 'items'"
+        )
     out: list[str] = []
     for key, value in data.items():
         if isinstance(value, bool):
@@ -94,27 +102,33 @@ def config_file_args(data: Any, top_level_options: frozenset[str]) -> list[str]:
     return out
 
 
-def _pull_config(args: list[str], load: Callable[[str], Any],
-                 top_level_options: frozenset[str]) -> list[str]:
+def _pull_config(
+    args: list[str], load: Callable[[str], Any], top_level_options: frozenset[str]
+) -> list[str]:
     if args.count("--config") > 1:
         raise RewriteError("AssertionError", "More than one config file specified!")
     index = args.index("--config")
     if index == len(args) - 1:
-        raise RewriteError("ValueError", "No config file specified! Please check your "
-                           "command-line arguments.")
+        raise RewriteError(
+            "ValueError", "No config file specified! Please check your command-line arguments."
+        )
     path = args[index + 1]
     extension = path.split(".")[-1]
     if extension not in ("yaml", "yml"):
-        raise RewriteError("ValueError", f"Config file must be of a yaml/yml type. "
-                           f"{extension} supplied")
+        raise RewriteError(
+            "ValueError", f"Config file must be of a yaml/yml type. {extension} supplied"
+        )
     config = config_file_args(load(path), top_level_options)
     model_in_cli = len(args) > 1 and not args[1].startswith("-")
     if not model_in_cli and "--model" not in config:
-        raise RewriteError("ValueError", "No model specified! Please specify model either as "
-                           "a positional argument or in a config file.")
+        raise RewriteError(
+            "ValueError",
+            "No model specified! Please specify model either as "
+            "a positional argument or in a config file.",
+        )
     if model_in_cli:
-        return args[:2] + config + args[2:index] + args[index + 2:]
-    return args[:1] + config + args[1:index] + args[index + 2:]
+        return args[:2] + config + args[2:index] + args[index + 2 :]
+    return args[:1] + config + args[1:index] + args[index + 2 :]
 
 
 def _names(args: list[str]) -> list[str]:
@@ -124,8 +138,10 @@ def _names(args: list[str]) -> list[str]:
             out.append("--help")
         elif arg.startswith("--"):
             key, eq, value = arg.partition("=")
-            out.append(_NAME.sub(lambda m: m.group(0).replace("_", "-"), key, count=1)
-                       + (f"={value}" if eq else ""))
+            out.append(
+                _NAME.sub(lambda m: m.group(0).replace("_", "-"), key, count=1)
+                + (f"={value}" if eq else "")
+            )
         elif arg.startswith("-O") and arg != "-O":
             out += ["--optimization-level", arg[3:] if arg[2] == "=" else arg[2:]]
         elif arg == "-O" and i + 1 < len(args) and args[i + 1] in {"0", "1", "2", "3"}:
@@ -185,8 +201,9 @@ def _collect_dotted(args: list[str]) -> list[str]:
     return out
 
 
-def rewrite(args: list[str], load: Callable[[str], Any],
-            top_level_options: frozenset[str]) -> list[str]:
+def rewrite(
+    args: list[str], load: Callable[[str], Any], top_level_options: frozenset[str]
+) -> list[str]:
     """The words argparse receives for ``args`` (the words after ``vllm``, from ``serve``).
 
     ``load(path)`` returns a ``--config`` file's YAML document (``yaml.safe_load``, as vLLM

@@ -23,10 +23,16 @@ from typing import Annotated, Any, Literal, Union
 import pydantic
 from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
-from oracle.sources.command_types import ArgumentTypeError, TypeFn, expand_json_numbers
+from turnout.oracle.sources.command_types import ArgumentTypeError, TypeFn, expand_json_numbers
 
-_SCALARS: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str,
-                            "none": type(None), "any": Any}
+_SCALARS: dict[str, Any] = {
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "str": str,
+    "none": type(None),
+    "any": Any,
+}
 _BOUNDS = ("gt", "ge", "lt", "le")
 
 
@@ -35,8 +41,10 @@ def _names_ci(members: type[enum.Enum]) -> BeforeValidator:
         if isinstance(value, str):
             name = value.upper()
             if name not in members.__members__:
-                raise ValueError(f"Invalid {members.__name__}: {value}. Valid names are: "
-                                 f"{', '.join(members.__members__)}")
+                raise ValueError(
+                    f"Invalid {members.__name__}: {value}. Valid names are: "
+                    f"{', '.join(members.__members__)}"
+                )
             return members[name]
         return value
 
@@ -44,8 +52,14 @@ def _names_ci(members: type[enum.Enum]) -> BeforeValidator:
 
 
 _KINDS: tuple[tuple[str, type | tuple[type, ...]], ...] = (
-    ("bool", bool), ("int", int), ("float", float), ("str", str), ("list", list),
-    ("dict", dict), ("null", type(None)))
+    ("bool", bool),
+    ("int", int),
+    ("float", float),
+    ("str", str),
+    ("list", list),
+    ("dict", dict),
+    ("null", type(None)),
+)
 
 
 def _kind_of(value: Any) -> str:
@@ -55,10 +69,12 @@ def _kind_of(value: Any) -> str:
 def _only_kinds(kinds: frozenset[str]) -> BeforeValidator:
     """The JSON kinds a field's own validator was seen to let through (the table's
     ``accepts``): any other kind is refused."""
+
     def check(value: Any) -> Any:
         if _kind_of(value) not in kinds:
-            raise ValueError(f"a {_kind_of(value)} is not accepted here (accepted: "
-                             f"{', '.join(sorted(kinds))})")
+            raise ValueError(
+                f"a {_kind_of(value)} is not accepted here (accepted: {', '.join(sorted(kinds))})"
+            )
         return value
 
     return BeforeValidator(check)
@@ -83,8 +99,7 @@ class ConfigValidators:
             spec = self._enums[name]
             values = [tuple(v) if isinstance(v, list) else v for v in spec["values"]]
             factory: Any = enum.IntEnum if spec["int"] else enum.Enum  # the functional API
-            self._enum_classes[name] = factory(name, list(zip(spec["names"], values,
-                                                                strict=True)))
+            self._enum_classes[name] = factory(name, list(zip(spec["names"], values, strict=True)))
         return self._enum_classes[name]
 
     def annotation(self, desc: dict[str, Any], validator: str | None = None) -> Any:
@@ -110,8 +125,7 @@ class ConfigValidators:
         if t == "dict":
             return dict[str, self.annotation(desc["value"], validator)]  # type: ignore[misc]
         if t == "union":
-            return Union.__getitem__(tuple(self.annotation(d, validator)
-                                           for d in desc["of"]))
+            return Union.__getitem__(tuple(self.annotation(d, validator) for d in desc["of"]))
         if t == "config":
             return self.config_class(desc["name"])
         return Any
@@ -145,11 +159,13 @@ class ConfigValidators:
         fields: list[Any] = []
         for fname, fspec in spec["fields"].items():
             ann = self._field_type(fspec)
-            fields.append((fname, ann) if fspec["required"] else
-                          (fname, ann, dataclasses.field(default=None)))
+            fields.append(
+                (fname, ann) if fspec["required"] else (fname, ann, dataclasses.field(default=None))
+            )
         plain = dataclasses.make_dataclass(name, fields, kw_only=True)
         cls = pydantic.dataclasses.dataclass(
-            plain, config=ConfigDict(extra=spec["extra"], arbitrary_types_allowed=True))
+            plain, config=ConfigDict(extra=spec["extra"], arbitrary_types_allowed=True)
+        )
         self._classes[name] = cls
         return cls
 
@@ -162,6 +178,7 @@ class ConfigValidators:
     def parse_type(self, name: str) -> TypeFn:
         """vLLM's ``parse_dataclass`` for config ``name``; returns the JSON value as given
         (a dict) once the class accepts it."""
+
         def parse_dataclass(val: str) -> Any:
             try:
                 val = expand_json_numbers(val)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from oracle.errors import ConfigError, ErrorCode
-from oracle.sources.command_table import FlagTable
+from turnout.oracle.errors import ConfigError, ErrorCode
+from turnout.oracle.sources.command_table import FlagTable
 
 # dest -> DeploymentConfig field, value as the parser gave it
 DIRECT: dict[str, str] = {
@@ -26,28 +26,56 @@ DIRECT: dict[str, str] = {
     "decode_context_parallel_size": "decode_context_parallel_size",
     "enable_expert_parallel": "enable_expert_parallel",
     "distributed_executor_backend": "distributed_executor_backend",
-    "enable_dbo": "enable_dbo", "ubatch_size": "ubatch_size",
-    "enable_elastic_ep": "enable_elastic_ep", "enable_eplb": "enable_eplb",
+    "enable_dbo": "enable_dbo",
+    "ubatch_size": "ubatch_size",
+    "enable_elastic_ep": "enable_elastic_ep",
+    "enable_eplb": "enable_eplb",
     "enable_batch_sharded_sampling": "enable_batch_sharded_sampling",
-    "all2all_backend": "all2all_backend", "enforce_eager": "enforce_eager",
+    "all2all_backend": "all2all_backend",
+    "enforce_eager": "enforce_eager",
     "logits_processors": "logits_processors",
     "kv_sharing_fast_prefill": "kv_sharing_fast_prefill",
-    "mamba_cache_mode": "mamba_cache_mode", "cpu_offload_gb": "cpu_offload_gb",
-    "async_scheduling": "async_scheduling", "enable_prefix_caching": "enable_prefix_caching",
-    "enable_lora": "lora", "quantization": "quantization", "mm_encoder_only": "mm_encoder_only",
+    "mamba_cache_mode": "mamba_cache_mode",
+    "cpu_offload_gb": "cpu_offload_gb",
+    "async_scheduling": "async_scheduling",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "enable_lora": "lora",
+    "quantization": "quantization",
+    "mm_encoder_only": "mm_encoder_only",
 }
 # dest -> where command.py finds the model's config.json (oracle/sources/hub.py), not a field
 MODEL_SOURCE: dict[str, str] = {"revision": "_revision", "hf_config_path": "_hf_config_path"}
 # handled by to_fields (JSON values, derived fields); model_tag is the model
-DERIVED = ("model_tag", "speculative_config", "spec_method", "spec_model", "spec_tokens",
-           "compilation_config", "kv_transfer_config", "attention_config", "watermark_config",
-           "hf_overrides", "runner", "convert", "attention_backend")
+DERIVED = (
+    "model_tag",
+    "speculative_config",
+    "spec_method",
+    "spec_model",
+    "spec_tokens",
+    "compilation_config",
+    "kv_transfer_config",
+    "attention_config",
+    "watermark_config",
+    "hf_overrides",
+    "runner",
+    "convert",
+    "attention_backend",
+)
 SPECULATIVE_DESTS = ("speculative_config", "spec_method", "spec_model", "spec_tokens")
-SPECULATIVE_FIELDS = ("num_speculative_tokens", "parallel_drafting",
-                      "enable_adaptive_verification", "disable_padded_drafter_batch",
-                      "use_heterogeneous_vocab", "draft_lm_head_quantization")
-COMPILATION_MODE_NUMBERS = {0: "none", 1: "stock_torch_compile", 2: "dynamo_trace_once",
-                            3: "vllm_compile"}
+SPECULATIVE_FIELDS = (
+    "num_speculative_tokens",
+    "parallel_drafting",
+    "enable_adaptive_verification",
+    "disable_padded_drafter_batch",
+    "use_heterogeneous_vocab",
+    "draft_lm_head_quantization",
+)
+COMPILATION_MODE_NUMBERS = {
+    0: "none",
+    1: "stock_torch_compile",
+    2: "dynamo_trace_once",
+    3: "vllm_compile",
+}
 
 
 def _bad(flag: str, message: str) -> ConfigError:
@@ -59,12 +87,18 @@ def speculative(given: dict[str, Any], table: FlagTable) -> dict[str, Any]:
     it at start-up (``EngineArgs.create_speculative_config``: ``SpeculativeConfig(**d)``)."""
     spec = given.get("speculative_config")
     if spec is not None and not isinstance(spec, dict):
-        raise _bad("--speculative-config", f"a JSON object is needed, not a "
-                   f"{type(spec).__name__} (vLLM {table.release} fails on it when the engine "
-                   "builds SpeculativeConfig)")
+        raise _bad(
+            "--speculative-config",
+            f"a JSON object is needed, not a "
+            f"{type(spec).__name__} (vLLM {table.release} fails on it when the engine "
+            "builds SpeculativeConfig)",
+        )
     spec = dict(spec or {})
-    for flag, key in (("--spec-method", "method"), ("--spec-model", "model"),
-                      ("--spec-tokens", "num_speculative_tokens")):
+    for flag, key in (
+        ("--spec-method", "method"),
+        ("--spec-model", "model"),
+        ("--spec-tokens", "num_speculative_tokens"),
+    ):
         value = given.get(flag[2:].replace("-", "_"))
         if value is None:
             continue
@@ -75,9 +109,12 @@ def speculative(given: dict[str, Any], table: FlagTable) -> dict[str, Any]:
     known = table.config_fields("SpeculativeConfig")
     unknown = [k for k in spec if k not in known]
     if unknown:
-        raise _bad("--speculative-config", f"1 validation error for SpeculativeConfig; "
-                   f"{unknown[0]}: Unexpected keyword argument (vLLM {table.release} refuses it "
-                   "when the engine builds SpeculativeConfig)")
+        raise _bad(
+            "--speculative-config",
+            f"1 validation error for SpeculativeConfig; "
+            f"{unknown[0]}: Unexpected keyword argument (vLLM {table.release} refuses it "
+            "when the engine builds SpeculativeConfig)",
+        )
     return spec
 
 
@@ -86,10 +123,19 @@ def _method(spec: dict[str, Any]) -> str:
     if method is None and isinstance(model, str):
         # vLLM's SpeculativeConfig infers the method from the draft model's name.
         low = model.lower()
-        method = ("eagle3" if "eagle3" in low else "eagle" if "eagle" in low else
-                  "medusa" if "medusa" in low else
-                  "mlp_speculator" if "speculator" in low else
-                  "ngram" if low == "[ngram]" else "draft_model")
+        method = (
+            "eagle3"
+            if "eagle3" in low
+            else "eagle"
+            if "eagle" in low
+            else "medusa"
+            if "medusa" in low
+            else "mlp_speculator"
+            if "speculator" in low
+            else "ngram"
+            if low == "[ngram]"
+            else "draft_model"
+        )
     if method is None:
         raise _bad("--speculative-config", "needs a method (or a draft model)")
     return str(method)
@@ -126,8 +172,9 @@ def cudagraph_mode(value: Any, table: FlagTable) -> str:
     return json.dumps(value)
 
 
-def _fold_compilation(cfg: dict[str, Any], fields: dict[str, Any], ignored: list[str],
-                      table: FlagTable) -> None:
+def _fold_compilation(
+    cfg: dict[str, Any], fields: dict[str, Any], ignored: list[str], table: FlagTable
+) -> None:
     for key, value in cfg.items():
         if key in ("mode", "level") and value is not None:
             fields["compilation_mode"] = compilation_mode(value, table)
@@ -151,8 +198,9 @@ def _runner_kind(given: dict[str, Any], fields: dict[str, Any]) -> None:
         fields["runner_kind"] = "pooling"  # embed, classify (reward in older releases)
 
 
-def _fold_json(given: dict[str, Any], fields: dict[str, Any], ignored: list[str],
-               table: FlagTable) -> None:
+def _fold_json(
+    given: dict[str, Any], fields: dict[str, Any], ignored: list[str], table: FlagTable
+) -> None:
     if isinstance(given.get("compilation_config"), dict):
         _fold_compilation(given["compilation_config"], fields, ignored, table)
     if given.get("kv_transfer_config") is not None:
@@ -169,15 +217,21 @@ def _fold_json(given: dict[str, Any], fields: dict[str, Any], ignored: list[str]
     overrides = given.get("hf_overrides")
     if overrides is not None and not isinstance(overrides, dict):
         # vLLM's ModelConfig takes a dict (or a callable from Python): the engine would not start
-        raise ConfigError(f"--hf-overrides: expected a JSON object, got {overrides!r}",
-                          code=ErrorCode.BAD_FLAG_VALUE, field="--hf-overrides")
+        raise ConfigError(
+            f"--hf-overrides: expected a JSON object, got {overrides!r}",
+            code=ErrorCode.BAD_FLAG_VALUE,
+            field="--hf-overrides",
+        )
     if isinstance(overrides, dict):
         if "architectures" in overrides:
             archs = overrides["architectures"]
             if not (isinstance(archs, list) and archs and all(isinstance(a, str) for a in archs)):
-                raise ConfigError("--hf-overrides: architectures must be a non-empty list of "
-                                  f"architecture names, got {archs!r}",
-                                  code=ErrorCode.BAD_FLAG_VALUE, field="--hf-overrides")
+                raise ConfigError(
+                    "--hf-overrides: architectures must be a non-empty list of "
+                    f"architecture names, got {archs!r}",
+                    code=ErrorCode.BAD_FLAG_VALUE,
+                    field="--hf-overrides",
+                )
             fields["architecture"] = archs[0]
         ignored += [f"--hf-overrides.{k}" for k in overrides if k != "architectures"]
 
@@ -189,8 +243,11 @@ def to_fields(given: dict[str, Any], table: FlagTable) -> tuple[dict[str, Any], 
     for dest, value in given.items():
         if dest in DIRECT:
             if value is not None:
-                fields[DIRECT[dest]] = tuple(v for v in value if v is not None) \
-                    if dest == "logits_processors" else value
+                fields[DIRECT[dest]] = (
+                    tuple(v for v in value if v is not None)
+                    if dest == "logits_processors"
+                    else value
+                )
         elif dest in MODEL_SOURCE:
             if value is not None:
                 fields[MODEL_SOURCE[dest]] = value
@@ -213,6 +270,5 @@ def describe(dest: str, value: Any, table: FlagTable) -> str:
     if isinstance(value, bool) and row and row["nargs"] == 0:
         return name if value else next((o for o in row.get("negative", ()) if o), name)
     if isinstance(value, list):
-        return " ".join([name, *(json.dumps(v) if isinstance(v, dict) else str(v)
-                                 for v in value)])
+        return " ".join([name, *(json.dumps(v) if isinstance(v, dict) else str(v) for v in value)])
     return f"{name} {json.dumps(value) if isinstance(value, dict) else value}"

@@ -21,15 +21,17 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, NoReturn
 
-from oracle.sources.command_argv import RewriteError, rewrite
-from oracle.sources.command_configs import ConfigValidators
-from oracle.sources.command_table import FlagTable, load_table
-from oracle.sources.command_types import ArgumentTypeError, TypeFn, make_type
+from turnout.oracle.sources.command_argv import RewriteError, rewrite
+from turnout.oracle.sources.command_configs import ConfigValidators
+from turnout.oracle.sources.command_table import FlagTable, load_table
+from turnout.oracle.sources.command_types import ArgumentTypeError, TypeFn, make_type
 
 PLACEHOLDER = re.compile(r"^<[^>]*>$|<[^<>\s]+>|\$\{?[A-Za-z_][A-Za-z0-9_]*\}?|^(/)?path/to/")
-TASK_HINT = ("\n\nHint: --task is not a vllm serve option. For embedding, reranking, or reward "
-             "models, use --runner pooling. To adapt a generative model for pooling, also use "
-             "--convert embed, --convert classify, or --convert reward.")
+TASK_HINT = (
+    "\n\nHint: --task is not a vllm serve option. For embedding, reranking, or reward "
+    "models, use --runner pooling. To adapt a generative model for pooling, also use "
+    "--convert embed, --convert classify, or --convert reward."
+)
 
 
 def is_placeholder(value: str) -> bool:
@@ -63,8 +65,9 @@ class PlaceholderValue(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        raise ParseRefusal(message, unknown=message.startswith(("unrecognized arguments:",
-                                                                 "ambiguous option:")))
+        raise ParseRefusal(
+            message, unknown=message.startswith(("unrecognized arguments:", "ambiguous option:"))
+        )
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         raise ParseRefusal("-h/--help prints the help and exits: not a deployment")
@@ -73,8 +76,12 @@ class _Parser(argparse.ArgumentParser):
         pass
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:
-        if (action.choices is not None and value not in action.choices
-                and isinstance(value, str) and is_placeholder(value)):
+        if (
+            action.choices is not None
+            and value not in action.choices
+            and isinstance(value, str)
+            and is_placeholder(value)
+        ):
             raise _placeholder(action, value)
         super()._check_value(action, value)
 
@@ -88,6 +95,7 @@ def _placeholder(action: argparse.Action, value: str) -> PlaceholderValue:
 
 def _guard(fn: TypeFn, action_ref: list[argparse.Action]) -> TypeFn:
     """``fn`` with its ``__name__``; a placeholder it refuses raises PlaceholderValue."""
+
     def guarded(val: str) -> Any:
         try:
             return fn(val)
@@ -104,13 +112,19 @@ class _Switch(argparse.Action):
     """vLLM's ``BooleanOptionalAction`` / 0.33's ``EnableDisableAction``: false for the
     negative spellings the table lists."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str, negative: Sequence[str] = (),
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, option_strings: Sequence[str], dest: str, negative: Sequence[str] = (), **kwargs: Any
+    ) -> None:
         super().__init__(option_strings, dest, nargs=0, **kwargs)
         self.negative = frozenset(negative)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         setattr(namespace, self.dest, option_string not in self.negative)
 
 
@@ -118,14 +132,24 @@ class _LoRAModules(argparse.Action):
     """vLLM's ``LoRAParserAction``: ``name=path`` items, or JSON objects of LoRAModulePath's
     fields."""
 
-    def __init__(self, option_strings: Sequence[str], dest: str,
-                 item_fields: Sequence[str] = (), item_required: Sequence[str] = (),
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str,
+        item_fields: Sequence[str] = (),
+        item_required: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> None:
         super().__init__(option_strings, dest, **kwargs)
         self.item_fields, self.item_required = set(item_fields), list(item_required)
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         import json
 
         out = []
@@ -140,26 +164,37 @@ class _LoRAModules(argparse.Action):
             except json.JSONDecodeError:
                 parser.error(f"Invalid JSON format for --lora-modules: {item}")
             if not isinstance(entry, dict):
-                parser.error(f"Invalid fields for --lora-modules: {item} - argument after ** "
-                             f"must be a mapping, not {type(entry).__name__}")
+                parser.error(
+                    f"Invalid fields for --lora-modules: {item} - argument after ** "
+                    f"must be a mapping, not {type(entry).__name__}"
+                )
             extra = [k for k in entry if k not in self.item_fields]
             missing = [k for k in self.item_required if k not in entry]
             if extra or missing:
-                why = (f"unexpected keyword argument '{extra[0]}'" if extra else
-                       f"missing required argument '{missing[0]}'")
+                why = (
+                    f"unexpected keyword argument '{extra[0]}'"
+                    if extra
+                    else f"missing required argument '{missing[0]}'"
+                )
                 parser.error(f"Invalid fields for --lora-modules: {item} - {why}")
             out.append(entry)
         setattr(namespace, self.dest, out)
 
 
 _PLAIN = {"store", "append", "store_const", "store_true", "store_false", "count"}
-_KEYS = {"store": ("type", "nargs", "const", "choices", "metavar"),
-         "append": ("type", "nargs", "const", "choices", "metavar"),
-         "store_const": ("const",), "store_true": (), "store_false": (), "count": ()}
+_KEYS = {
+    "store": ("type", "nargs", "const", "choices", "metavar"),
+    "append": ("type", "nargs", "const", "choices", "metavar"),
+    "store_const": ("const",),
+    "store_true": (),
+    "store_false": (),
+    "count": (),
+}
 
 
-def _add(parser: _Parser, row: dict[str, Any], type_of: Callable[[str | None], TypeFn | None]
-         ) -> None:
+def _add(
+    parser: _Parser, row: dict[str, Any], type_of: Callable[[str | None], TypeFn | None]
+) -> None:
     kind, opts = row["action"], row["option_strings"] or [row["dest"]]
     kwargs: dict[str, Any] = {"default": argparse.SUPPRESS}
     if row["option_strings"]:
@@ -170,20 +205,29 @@ def _add(parser: _Parser, row: dict[str, Any], type_of: Callable[[str | None], T
     if kind == "help":
         action = parser.add_argument(*opts, action="help")
     elif kind in ("BooleanOptionalAction", "EnableDisableAction"):
-        action = parser.add_argument(*opts, action=_Switch, negative=row.get("negative", ()),
-                                     **kwargs)
+        action = parser.add_argument(
+            *opts, action=_Switch, negative=row.get("negative", ()), **kwargs
+        )
     elif kind == "LoRAParserAction":
-        action = parser.add_argument(*opts, action=_LoRAModules, nargs=row["nargs"],
-                                     item_fields=row["item_fields"],
-                                     item_required=row["item_required"], **typed, **kwargs)
+        action = parser.add_argument(
+            *opts,
+            action=_LoRAModules,
+            nargs=row["nargs"],
+            item_fields=row["item_fields"],
+            item_required=row["item_required"],
+            **typed,
+            **kwargs,
+        )
     elif kind in _PLAIN or kind.startswith("Deprecated"):  # a deprecation warning: a store
         kind = "store" if kind.startswith("Deprecated") else kind
         given = row | typed
         extra = {k: given[k] for k in _KEYS[kind] if given[k] is not None}
         action = parser.add_argument(*opts, action=kind, **extra, **kwargs)
     else:
-        raise ValueError(f"flags.json names an argparse action the oracle does not implement: "
-                         f"{kind!r} ({opts[0]})")
+        raise ValueError(
+            f"flags.json names an argparse action the oracle does not implement: "
+            f"{kind!r} ({opts[0]})"
+        )
     ref.append(action)
     if "shown_as" in row:
         action.option_strings = list(row["shown_as"])
@@ -210,8 +254,9 @@ class ServeParser:
         try:
             namespace, extras = self.parser.parse_known_args(args)
         except ParseRefusal as exc:
-            raise ParseRefusal(exc.message + self._hint(words, exc.message), unknown=exc.unknown
-                               ) from None
+            raise ParseRefusal(
+                exc.message + self._hint(words, exc.message), unknown=exc.unknown
+            ) from None
         if extras:
             message = f"unrecognized arguments: {' '.join(extras)}"
             raise ParseRefusal(message + self._hint(words, message), unknown=True)
@@ -220,8 +265,11 @@ class ServeParser:
     @staticmethod
     def _hint(words: list[str], message: str) -> str:
         task = any(re.match(r"^--task(=.+|$)", w) for w in words)
-        if task and message.startswith("unrecognized arguments:") and re.search(
-                r"(^|\s)--task(=|\s|$)", message):
+        if (
+            task
+            and message.startswith("unrecognized arguments:")
+            and re.search(r"(^|\s)--task(=|\s|$)", message)
+        ):
             return TASK_HINT
         return ""
 
@@ -231,8 +279,12 @@ def serve_parser(release: str | None = None) -> ServeParser:
     """The parser of ``release`` (None: the newest table), built once."""
     table = load_table(release)
     settings = table.data["parser"]
-    parser = _Parser(prog=settings["prog"], allow_abbrev=settings["allow_abbrev"],
-                     prefix_chars=settings["prefix_chars"], add_help=False)
+    parser = _Parser(
+        prog=settings["prog"],
+        allow_abbrev=settings["allow_abbrev"],
+        prefix_chars=settings["prefix_chars"],
+        add_help=False,
+    )
     configs = ConfigValidators(table.configs, table.enums)
     for row in table.actions:
         _add(parser, row, lambda name: make_type(name, configs.parse_type))

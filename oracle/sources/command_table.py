@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from oracle.errors import ConfigError, ErrorCode
-from oracle.paths import POLICIES_DIR
+from turnout.oracle.errors import ConfigError, ErrorCode
+from turnout.oracle.paths import POLICIES_DIR
 
 REFERENCE_DIR = POLICIES_DIR / "reference"
 
@@ -67,8 +67,7 @@ def _version_key(release: str) -> tuple[int, ...]:
 @cache
 def available_releases() -> tuple[str, ...]:
     """The releases that have a flags.json, oldest first."""
-    found = [p.parent.name.removeprefix("vllm-")
-             for p in REFERENCE_DIR.glob("vllm-*/flags.json")]
+    found = [p.parent.name.removeprefix("vllm-") for p in REFERENCE_DIR.glob("vllm-*/flags.json")]
     return tuple(sorted(found, key=_version_key))
 
 
@@ -83,9 +82,12 @@ def load_table(release: str | None = None) -> FlagTable:
     name = release or newest_release()
     path = REFERENCE_DIR / f"vllm-{name}" / "flags.json"
     if not path.is_file():
-        raise ConfigError(f"no vllm serve flag table for vLLM {name!r} (known: "
-                          f"{', '.join(available_releases())}; `make referee` writes them)",
-                          code=ErrorCode.BAD_VALUE, field="release")
+        raise ConfigError(
+            f"no vllm serve flag table for vLLM {name!r} (known: "
+            f"{', '.join(available_releases())}; `make referee` writes them)",
+            code=ErrorCode.BAD_VALUE,
+            field="release",
+        )
     data = json.loads(path.read_text(encoding="utf-8"))
     return FlagTable(data["release"], data["vllm_version"], data)
 

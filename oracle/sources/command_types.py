@@ -45,7 +45,8 @@ def human_readable_int(value: str) -> int:
         except ValueError:
             raise ArgumentTypeError(
                 f"Decimals are not allowed with binary suffixes like {suffix}. Did you mean to "
-                f"use {number}{suffix.lower()} instead?") from None
+                f"use {number}{suffix.lower()} instead?"
+            ) from None
     return int(value)
 
 
@@ -88,8 +89,12 @@ def parse_reasoning_parser(val: str) -> str:
 
 
 _lower_dashes.__name__ = _device_ids.__name__ = "<lambda>"
-_REPR = {"int": "<class 'int'>", "float": "<class 'float'>", "str": "<class 'str'>",
-         "json": "<function loads>"}
+_REPR = {
+    "int": "<class 'int'>",
+    "float": "<class 'float'>",
+    "str": "<class 'str'>",
+    "json": "<function loads>",
+}
 
 
 def parse_type(fn: TypeFn, name: str) -> TypeFn:
@@ -97,8 +102,9 @@ def parse_type(fn: TypeFn, name: str) -> TypeFn:
         try:
             return fn(val)
         except ValueError:
-            raise ArgumentTypeError(f"Value {val} cannot be converted to "
-                                    f"{_REPR.get(name, f'<function {name}>')}.") from None
+            raise ArgumentTypeError(
+                f"Value {val} cannot be converted to {_REPR.get(name, f'<function {name}>')}."
+            ) from None
 
     return _parse_type
 
@@ -113,11 +119,16 @@ def optional_type(fn: TypeFn, name: str) -> TypeFn:
 
 
 _BASE: dict[str, TypeFn] = {
-    "int": int, "float": float, "str": str, "json": loads,
+    "int": int,
+    "float": float,
+    "str": str,
+    "json": loads,
     "human_readable_int": human_readable_int,
     "human_readable_int_or_auto": human_readable_int_or_auto,
-    "union_dict_and_str": union_dict_and_str, "lower_dashes_to_underscores": _lower_dashes,
-    "device_ids": _device_ids, "reasoning_parser": parse_reasoning_parser,
+    "union_dict_and_str": union_dict_and_str,
+    "lower_dashes_to_underscores": _lower_dashes,
+    "device_ids": _device_ids,
+    "reasoning_parser": parse_reasoning_parser,
 }
 
 
@@ -131,8 +142,10 @@ def make_type(name: str | None, dataclass_type: Callable[[str], TypeFn]) -> Type
         return _BASE[name]
     wrapped = re.fullmatch(r"(optional|parse_type|dataclass)\((.+)\)", name)
     if wrapped is None:
-        raise ValueError(f"flags.json names an argparse type the oracle does not implement: "
-                         f"{name!r} (add it to oracle/sources/command_types.py)")
+        raise ValueError(
+            f"flags.json names an argparse type the oracle does not implement: "
+            f"{name!r} (add it to oracle/sources/command_types.py)"
+        )
     kind, inner = wrapped.groups()
     if kind == "dataclass":
         return dataclass_type(inner)

@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from oracle.config import DeploymentConfig
-from oracle.errors import ConfigError, ErrorCode, PackError
-from oracle.yamlpos import read_text
+from turnout.oracle.config import DeploymentConfig
+from turnout.oracle.errors import ConfigError, ErrorCode, PackError
+from turnout.oracle.yamlpos import read_text
 
 # HF config keys that count routed experts, per model family (transformers configuration_*.py).
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
@@ -29,11 +29,18 @@ _ATTENTION_LAYERS = {"attention", "full_attention", "sliding_attention", "hybrid
 _ATTENTION_FREE_TYPES = {"mamba", "mamba2", "falcon_mamba"}
 # vLLM's ModelOpt configs rename quant_method "modelopt" by quant_algo
 # (vllm/model_executor/layers/quantization/modelopt.py, override_quantization_method).
-_MODELOPT_ALGOS = (("MXFP8", "modelopt_mxfp8"), ("MIXED_PRECISION", "modelopt_mixed"),
-                   ("FP4", "modelopt_fp4"), ("FP8", "modelopt"))
+_MODELOPT_ALGOS = (
+    ("MXFP8", "modelopt_mxfp8"),
+    ("MIXED_PRECISION", "modelopt_mixed"),
+    ("FP4", "modelopt_fp4"),
+    ("FP8", "modelopt"),
+)
 # quant_method values normalised to vLLM's --quantization names.
-_QUANT_ALIASES = {"compressed_tensors": "compressed-tensors", "bitsandbytes": "bitsandbytes",
-                  "modelopt": "modelopt"}
+_QUANT_ALIASES = {
+    "compressed_tensors": "compressed-tensors",
+    "bitsandbytes": "bitsandbytes",
+    "modelopt": "modelopt",
+}
 
 
 def read_hf_config(path: str | Path) -> dict[str, Any]:
@@ -46,11 +53,13 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     except PackError as exc:
         raise ConfigError(str(exc.issues[0]), code=ErrorCode.BAD_SPEC) from None
     except OSError as exc:
-        raise ConfigError(f"cannot read HF config {p}: {exc.strerror or exc}",
-                          code=ErrorCode.FILE_NOT_FOUND) from None
+        raise ConfigError(
+            f"cannot read HF config {p}: {exc.strerror or exc}", code=ErrorCode.FILE_NOT_FOUND
+        ) from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{p}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}",
-                          code=ErrorCode.BAD_SPEC) from None
+        raise ConfigError(
+            f"{p}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}", code=ErrorCode.BAD_SPEC
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object", code=ErrorCode.BAD_SPEC)
     return data
@@ -101,8 +110,12 @@ def _state_layers(data: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str,
     model_type = text.get("model_type") or data.get("model_type")
     if model_type in _ATTENTION_FREE_TYPES:
         return {"has_inner_state": True, "attention_free": True}
-    layers = data.get("layer_types") or text.get("layer_types") or \
-        data.get("layers_block_type") or text.get("layers_block_type")
+    layers = (
+        data.get("layer_types")
+        or text.get("layer_types")
+        or data.get("layers_block_type")
+        or text.get("layers_block_type")
+    )
     kinds = set(map(str, layers)) if isinstance(layers, list) else set()
     pattern = data.get("hybrid_override_pattern") or text.get("hybrid_override_pattern")
     if isinstance(pattern, str):  # NemotronH: M = Mamba-2, * = attention, - = MLP
@@ -123,8 +136,11 @@ def hf_config_to_fields(source: str | Path | Mapping[str, Any]) -> dict[str, Any
     data = _unwrap(source if isinstance(source, Mapping) else read_hf_config(source))
     archs = data.get("architectures")
     if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
-        raise ConfigError("the HF config has no 'architectures' list; pass --architecture",
-                          code=ErrorCode.BAD_SPEC, field="architectures")
+        raise ConfigError(
+            "the HF config has no 'architectures' list; pass --architecture",
+            code=ErrorCode.BAD_SPEC,
+            field="architectures",
+        )
     raw_text = data.get("text_config")
     text: Mapping[str, Any] = raw_text if isinstance(raw_text, Mapping) else {}
     fields: dict[str, Any] = {"architecture": archs[0]}
@@ -149,8 +165,9 @@ def hf_config_to_fields(source: str | Path | Mapping[str, Any]) -> dict[str, Any
     return fields
 
 
-def from_hf_config(path_or_mapping: str | Path | Mapping[str, Any],
-                   **overrides: Any) -> DeploymentConfig:
+def from_hf_config(
+    path_or_mapping: str | Path | Mapping[str, Any], **overrides: Any
+) -> DeploymentConfig:
     """A DeploymentConfig from a local HF ``config.json`` (a file, its directory, or the parsed
     mapping).
 

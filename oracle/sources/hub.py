@@ -28,10 +28,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from oracle.errors import ConfigError, ErrorCode
-from oracle.schema import KnownModel
-from oracle.sources.hf_config import hf_config_to_fields, read_hf_config
-from oracle.sources.known_models import candidate_architectures, lookup_model
+from turnout.oracle.errors import ConfigError, ErrorCode
+from turnout.oracle.schema import KnownModel
+from turnout.oracle.sources.hf_config import hf_config_to_fields, read_hf_config
+from turnout.oracle.sources.known_models import candidate_architectures, lookup_model
 
 CONFIG_NAME = "config.json"
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -44,8 +44,12 @@ _TRUE = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's ENV_VARS_TRUE_VALUES
 _HTTP_CLIENTS = {"httpx", "httpx2", "httpcore", "httpcore2", "requests", "urllib3"}
 DEFAULT_HINT = "pass architecture=ARCH or hf_config=path/to/config.json"
 Source = Literal["local", "hf_cache", "hub", "known_models"]
-SOURCE_TEXT: dict[str, str] = {"local": "a local directory", "hf_cache": "the HF cache",
-                               "hub": "the hub", "known_models": "policies/known_models.yaml"}
+SOURCE_TEXT: dict[str, str] = {
+    "local": "a local directory",
+    "hf_cache": "the HF cache",
+    "hub": "the hub",
+    "known_models": "policies/known_models.yaml",
+}
 Refusal = Literal["gated", "not_found", "no_config", "unreachable", "error"]
 
 
@@ -68,13 +72,20 @@ class HubSettings:
             if why is None and env.get(name, "").strip().upper() in _TRUE:
                 why = f"{name}={env[name]}"
         home = env.get("HF_HOME") or os.path.join(
-            env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface")
-        cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or \
-            os.path.join(home, "hub")
+            env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"), "huggingface"
+        )
+        cache = (
+            env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+        )
         token = env.get("HF_TOKEN") or env.get("HUGGING_FACE_HUB_TOKEN") or None
         endpoint = (env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-        return cls(endpoint, os.path.expanduser(os.path.expandvars(cache)), token, why,
-                   _timeout(env.get("HF_HUB_ETAG_TIMEOUT")))
+        return cls(
+            endpoint,
+            os.path.expanduser(os.path.expandvars(cache)),
+            token,
+            why,
+            _timeout(env.get("HF_HUB_ETAG_TIMEOUT")),
+        )
 
 
 def _timeout(raw: str | None) -> float:
@@ -85,8 +96,11 @@ def _timeout(raw: str | None) -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise ConfigError(f"HF_HUB_ETAG_TIMEOUT: expected a positive number of seconds, got "
-                          f"{raw!r}", code=ErrorCode.BAD_VALUE, field="HF_HUB_ETAG_TIMEOUT")
+        raise ConfigError(
+            f"HF_HUB_ETAG_TIMEOUT: expected a positive number of seconds, got {raw!r}",
+            code=ErrorCode.BAD_VALUE,
+            field="HF_HUB_ETAG_TIMEOUT",
+        )
     return value
 
 
@@ -114,8 +128,7 @@ class ModelConfigSource:
         if self.config is not None:
             return hf_config_to_fields(self.config)
         assert self.known is not None
-        out: dict[str, Any] = {"architecture": self.known.architecture,
-                               **self.known.attributes}
+        out: dict[str, Any] = {"architecture": self.known.architecture, **self.known.attributes}
         if self.known.quantization != "none":
             out["quantization"] = self.known.quantization
         return out
@@ -129,11 +142,17 @@ class ModelConfigSource:
         return f"{self.model}{at} from {SOURCE_TEXT[self.source]}{commit}{where}{why}"
 
 
-def resolve_model_config(model_id: str, revision: str | None = None, *,
-                         base_dir: str | Path | None = None,
-                         env: Mapping[str, str] | None = None, offline: bool = False,
-                         hint: str = DEFAULT_HINT, what: str = "model",
-                         local_files: bool = True) -> ModelConfigSource:
+def resolve_model_config(
+    model_id: str,
+    revision: str | None = None,
+    *,
+    base_dir: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    offline: bool = False,
+    hint: str = DEFAULT_HINT,
+    what: str = "model",
+    local_files: bool = True,
+) -> ModelConfigSource:
     """The config.json of ``model_id`` (a local path or a hub repo id) at ``revision``, or its
     known_models.yaml entry, with where it came from (see the module docstring for the order).
 
@@ -149,9 +168,12 @@ def resolve_model_config(model_id: str, revision: str | None = None, *,
     """
     notes: list[str] = []
     if not local_files and _is_path_like(model_id):
-        raise ConfigError(f"{what} {model_id!r} is a local path: the service reads no file a "
-                          "request names; give a hub repo id (org/name) or a config",
-                          code=ErrorCode.LOCAL_FILE, field=what)
+        raise ConfigError(
+            f"{what} {model_id!r} is a local path: the service reads no file a "
+            "request names; give a hub repo id (org/name) or a config",
+            code=ErrorCode.LOCAL_FILE,
+            field=what,
+        )
     local = _local_config(model_id, base_dir) if local_files else None
     if local is not None:
         return ModelConfigSource(model_id, "local", read_hf_config(local), str(local), revision)
@@ -166,8 +188,9 @@ def resolve_model_config(model_id: str, revision: str | None = None, *,
             return found
     known = lookup_model(model_id)
     if known is not None:
-        return ModelConfigSource(model_id, "known_models", revision=revision, known=known,
-                                 notes=tuple(notes))
+        return ModelConfigSource(
+            model_id, "known_models", revision=revision, known=known, notes=tuple(notes)
+        )
     raise _unresolved(model_id, notes, refusal, hint, what)
 
 
@@ -201,8 +224,11 @@ def _path(model_id: str, base_dir: str | Path | None) -> Path | None:
 
 def _is_path_like(model_id: str) -> bool:
     """Spelled as a path (absolute, ./ ../ ~, more than one '/', a .json file), not ``org/name``."""
-    return (model_id.startswith(("/", "./", "../", "~")) or model_id.count("/") > 1
-            or model_id.endswith(".json"))
+    return (
+        model_id.startswith(("/", "./", "../", "~"))
+        or model_id.count("/") > 1
+        or model_id.endswith(".json")
+    )
 
 
 def _looks_like_path(model_id: str, base_dir: str | Path | None) -> bool:
@@ -234,8 +260,9 @@ def _import_hub() -> ModuleType | None:
     return huggingface_hub
 
 
-def _from_hf(repo_id: str, revision: str | None, settings: HubSettings, notes: list[str],
-             what: str) -> tuple[ModelConfigSource | None, Refusal | None]:
+def _from_hf(
+    repo_id: str, revision: str | None, settings: HubSettings, notes: list[str], what: str
+) -> tuple[ModelConfigSource | None, Refusal | None]:
     hub = _import_hub()
     if hub is None:
         notes.append("the HF cache and the hub were not read: huggingface_hub is not installed")
@@ -246,11 +273,19 @@ def _from_hf(repo_id: str, revision: str | None, settings: HubSettings, notes: l
         notes.append(f"{repo_id!r} is not a hub repo id (org/name)")
         return None, None
     at = revision or "main"
-    cached = hub.try_to_load_from_cache(repo_id, CONFIG_NAME, cache_dir=settings.cache_dir,
-                                        revision=at)
+    cached = hub.try_to_load_from_cache(
+        repo_id, CONFIG_NAME, cache_dir=settings.cache_dir, revision=at
+    )
     if isinstance(cached, str):
-        return ModelConfigSource(repo_id, "hf_cache", read_hf_config(cached), cached, revision,
-                                 Path(cached).parent.name, notes=tuple(notes)), None
+        return ModelConfigSource(
+            repo_id,
+            "hf_cache",
+            read_hf_config(cached),
+            cached,
+            revision,
+            Path(cached).parent.name,
+            notes=tuple(notes),
+        ), None
     notes.append(f"not in the HF cache {settings.cache_dir} at revision {at}")
     if settings.offline:
         notes.append(f"the hub was not asked ({settings.offline})")
@@ -266,21 +301,35 @@ def _from_hf(repo_id: str, revision: str | None, settings: HubSettings, notes: l
         _remember(kind, text, repo_id, revision, settings)
         notes.append(text)
         return None, kind
-    return ModelConfigSource(repo_id, "hub", read_hf_config(path), path, revision, commit,
-                             notes=tuple(notes)), None
+    return ModelConfigSource(
+        repo_id, "hub", read_hf_config(path), path, revision, commit, notes=tuple(notes)
+    ), None
 
 
-def _download(hub: ModuleType, repo_id: str, revision: str | None, settings: HubSettings
-              ) -> tuple[str, str | None]:
+def _download(
+    hub: ModuleType, repo_id: str, revision: str | None, settings: HubSettings
+) -> tuple[str, str | None]:
     """(cached path, commit). A HEAD first, without retries and with the short timeout:
     hf_hub_download alone retries a hub that is down for tens of seconds."""
     url = hub.hf_hub_url(repo_id, CONFIG_NAME, revision=revision, endpoint=settings.endpoint)
-    meta = hub.get_hf_file_metadata(url, token=settings.token, timeout=settings.timeout_s,
-                                    library_name="turnout", endpoint=settings.endpoint)
-    path = hub.hf_hub_download(repo_id, CONFIG_NAME, revision=revision,
-                               cache_dir=settings.cache_dir, token=settings.token,
-                               endpoint=settings.endpoint, etag_timeout=settings.timeout_s,
-                               library_name="turnout", tqdm_class=_silent_tqdm(hub))
+    meta = hub.get_hf_file_metadata(
+        url,
+        token=settings.token,
+        timeout=settings.timeout_s,
+        library_name="turnout",
+        endpoint=settings.endpoint,
+    )
+    path = hub.hf_hub_download(
+        repo_id,
+        CONFIG_NAME,
+        revision=revision,
+        cache_dir=settings.cache_dir,
+        token=settings.token,
+        endpoint=settings.endpoint,
+        etag_timeout=settings.timeout_s,
+        library_name="turnout",
+        tqdm_class=_silent_tqdm(hub),
+    )
     return str(path), meta.commit_hash
 
 
@@ -296,19 +345,30 @@ def _silent_tqdm(hub: ModuleType) -> type:
     return Silent
 
 
-def _classify(hub: ModuleType, exc: Exception, repo_id: str, revision: str | None,
-              settings: HubSettings, what: str) -> tuple[Refusal, str]:
+def _classify(
+    hub: ModuleType,
+    exc: Exception,
+    repo_id: str,
+    revision: str | None,
+    settings: HubSettings,
+    what: str,
+) -> tuple[Refusal, str]:
     """What a failed hub lookup means; raises ConfigError for a revision that does not exist."""
     errors, where = hub.errors, f"the hub {settings.endpoint}"
     at = revision or "main"
     if isinstance(exc, errors.RevisionNotFoundError):
-        raise ConfigError(f"{what} {repo_id!r}: {where} has no revision {at!r} of it; pass "
-                          "--revision with one of its branches, tags or commits",
-                          code=ErrorCode.REVISION_NOT_FOUND, field="revision") from None
+        raise ConfigError(
+            f"{what} {repo_id!r}: {where} has no revision {at!r} of it; pass "
+            "--revision with one of its branches, tags or commits",
+            code=ErrorCode.REVISION_NOT_FOUND,
+            field="revision",
+        ) from None
     if isinstance(exc, errors.GatedRepoError):
         token = "HF_TOKEN gives no access to it" if settings.token else "HF_TOKEN is not set"
-        return "gated", (f"{where} refuses it: a gated model, and {token} (ask for access on "
-                         "the model's page, then set HF_TOKEN)")
+        return "gated", (
+            f"{where} refuses it: a gated model, and {token} (ask for access on "
+            "the model's page, then set HF_TOKEN)"
+        )
     if isinstance(exc, errors.RepositoryNotFoundError):
         return "not_found", f"{where} has no such model (or it is private to other tokens)"
     if isinstance(exc, errors.LocalEntryNotFoundError):  # hf_hub_download lost the hub
@@ -319,17 +379,27 @@ def _classify(hub: ModuleType, exc: Exception, repo_id: str, revision: str | Non
     if isinstance(exc, errors.OfflineModeIsEnabled):
         return "unreachable", f"the hub was not asked ({exc})"
     status = getattr(getattr(exc, "response", None), "status_code", None)
-    if isinstance(exc, errors.HfHubHTTPError) and isinstance(status, int) and status < 500 \
-            and status != 429:
+    if (
+        isinstance(exc, errors.HfHubHTTPError)
+        and isinstance(status, int)
+        and status < 500
+        and status != 429
+    ):
         return "error", f"{where} answered HTTP {status} ({_first_line(exc)})"
     if status is not None:
         return "unreachable", f"{where} is unavailable (HTTP {status}: {_first_line(exc)})"
-    if isinstance(exc, ConnectionError | TimeoutError) or \
-            type(exc).__module__.partition(".")[0] in _HTTP_CLIENTS:
-        return "unreachable", f"{where} could not be reached ({type(exc).__name__}: " \
-                              f"{_first_line(exc)})"
-    return "error", f"reading config.json from {where} failed ({type(exc).__name__}: " \
-                    f"{_first_line(exc)})"  # a full or read-only cache, ...: not the network
+    if (
+        isinstance(exc, ConnectionError | TimeoutError)
+        or type(exc).__module__.partition(".")[0] in _HTTP_CLIENTS
+    ):
+        return (
+            "unreachable",
+            f"{where} could not be reached ({type(exc).__name__}: {_first_line(exc)})",
+        )
+    return (
+        "error",
+        f"reading config.json from {where} failed ({type(exc).__name__}: {_first_line(exc)})",
+    )  # a full or read-only cache, ...: not the network
 
 
 def _first_line(exc: Exception) -> str:
@@ -337,14 +407,14 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0][:200]
 
 
-def _key(repo_id: str, revision: str | None, s: HubSettings
-         ) -> tuple[str, str, str | None, str | None]:
+def _key(
+    repo_id: str, revision: str | None, s: HubSettings
+) -> tuple[str, str, str | None, str | None]:
     token = hashlib.sha256(s.token.encode()).hexdigest() if s.token else None  # not kept as is
     return (s.endpoint, repo_id, revision, token)
 
 
-def _remembered(repo_id: str, revision: str | None, s: HubSettings
-                ) -> tuple[Refusal, str] | None:
+def _remembered(repo_id: str, revision: str | None, s: HubSettings) -> tuple[Refusal, str] | None:
     now = time.monotonic()
     with _LOCK:
         down = _UNREACHABLE.get(s.endpoint)
@@ -356,8 +426,7 @@ def _remembered(repo_id: str, revision: str | None, s: HubSettings
     return None
 
 
-def _remember(kind: Refusal, text: str, repo_id: str, revision: str | None,
-              s: HubSettings) -> None:
+def _remember(kind: Refusal, text: str, repo_id: str, revision: str | None, s: HubSettings) -> None:
     now = time.monotonic()
     with _LOCK:
         if kind == "unreachable":
@@ -370,19 +439,30 @@ def _remember(kind: Refusal, text: str, repo_id: str, revision: str | None,
 
 # -- the error when nothing knows the model --------------------------------------------------
 
-def _unresolved(model_id: str, notes: list[str], refusal: Refusal | None, hint: str,
-                what: str) -> ConfigError:
+
+def _unresolved(
+    model_id: str, notes: list[str], refusal: Refusal | None, hint: str, what: str
+) -> ConfigError:
     trail = "; ".join(notes)
     field = "model" if what == "model" else what.lstrip("-").replace("-", "_")
     if refusal == "gated":
-        return ConfigError(f"{what} {model_id!r} is gated and not in "
-                           f"policies/known_models.yaml ({trail}); or {hint}",
-                           code=ErrorCode.GATED_MODEL, field=field)
+        return ConfigError(
+            f"{what} {model_id!r} is gated and not in "
+            f"policies/known_models.yaml ({trail}); or {hint}",
+            code=ErrorCode.GATED_MODEL,
+            field=field,
+        )
     candidates = candidate_architectures(model_id)
     guess = ""
     if candidates:
-        guess = "; by its name it may be " + ", ".join(
-            f"{arch} ({label})" for arch, label in candidates) + " (check the model's config.json)"
-    return ConfigError(f"{what} {model_id!r} is not in policies/known_models.yaml and its "
-                       f"config.json was not found ({trail}){guess}; {hint}",
-                       code=ErrorCode.UNKNOWN_MODEL, field=field)
+        guess = (
+            "; by its name it may be "
+            + ", ".join(f"{arch} ({label})" for arch, label in candidates)
+            + " (check the model's config.json)"
+        )
+    return ConfigError(
+        f"{what} {model_id!r} is not in policies/known_models.yaml and its "
+        f"config.json was not found ({trail}){guess}; {hint}",
+        code=ErrorCode.UNKNOWN_MODEL,
+        field=field,
+    )

@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from oracle.errors import Issue, PackError
-from oracle.fields import FAMILY_ATTRIBUTES, RUNNER_KINDS
-from oracle.pack import load_pack
-from oracle.schema import KnownModel, KnownModels
-from oracle.validate import validate_model
-from oracle.yamlpos import load_with_positions
+from turnout.oracle.errors import Issue, PackError
+from turnout.oracle.fields import FAMILY_ATTRIBUTES, RUNNER_KINDS
+from turnout.oracle.pack import load_pack
+from turnout.oracle.schema import KnownModel, KnownModels
+from turnout.oracle.validate import validate_model
+from turnout.oracle.yamlpos import load_with_positions
 
 KNOWN_MODELS_PATH = Path(__file__).resolve().parents[2] / "policies" / "known_models.yaml"
 
@@ -29,8 +29,13 @@ def load_known_models(path: Path = KNOWN_MODELS_PATH) -> dict[str, KnownModel]:
             where = ("models", model_id, "attributes", key)
             ok = value in RUNNER_KINDS if key == "runner_kind" else isinstance(value, bool)
             if key not in FAMILY_ATTRIBUTES or not ok:
-                issues.append(pos.issue(where, f"bad attribute {key}: {value!r} (expected one "
-                                               f"of {', '.join(FAMILY_ATTRIBUTES)})"))
+                issues.append(
+                    pos.issue(
+                        where,
+                        f"bad attribute {key}: {value!r} (expected one "
+                        f"of {', '.join(FAMILY_ATTRIBUTES)})",
+                    )
+                )
     if issues:
         raise PackError(issues)
     return models
@@ -47,15 +52,48 @@ def lookup_model(model_id: str) -> KnownModel | None:
 
 
 def known_model_fields(entry: KnownModel) -> dict[str, Any]:
-    return {"architecture": entry.architecture, "quantization": entry.quantization,
-            **entry.attributes}
+    return {
+        "architecture": entry.architecture,
+        "quantization": entry.quantization,
+        **entry.attributes,
+    }
 
 
 # Words of architecture names, and sizes and variants of model ids, that say nothing of a family.
-_STOP_WORDS = frozenset({"for", "causal", "lm", "conditional", "generation", "model", "it",
-                         "instruct", "chat", "base", "hf", "and", "the", "other", "misc",
-                         "large", "small", "medium", "mini", "thinking", "reasoning", "preview",
-                         "prev", "fp", "awq", "gptq", "int", "bf", "nvfp", "mxfp"})
+_STOP_WORDS = frozenset(
+    {
+        "for",
+        "causal",
+        "lm",
+        "conditional",
+        "generation",
+        "model",
+        "it",
+        "instruct",
+        "chat",
+        "base",
+        "hf",
+        "and",
+        "the",
+        "other",
+        "misc",
+        "large",
+        "small",
+        "medium",
+        "mini",
+        "thinking",
+        "reasoning",
+        "preview",
+        "prev",
+        "fp",
+        "awq",
+        "gptq",
+        "int",
+        "bf",
+        "nvfp",
+        "mxfp",
+    }
+)
 MAX_CANDIDATES = 4
 
 

@@ -13,12 +13,19 @@ from service_helpers import LiveService
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 #: Mark a module's tests: they need chromium (scripts/ensure-chromium.sh installs it).
-needs_chromium = pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                                    reason="chromium is not installed (scripts/ensure-chromium.sh)")
+needs_chromium = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="chromium is not installed (scripts/ensure-chromium.sh)"
+)
 
 
-def signed_in(browser: Any, svc: LiveService, token: str, *, from_root: bool = False,
-              http_errors: bool = False) -> tuple[Any, list[str]]:
+def signed_in(
+    browser: Any,
+    svc: LiveService,
+    token: str,
+    *,
+    from_root: bool = False,
+    http_errors: bool = False,
+) -> tuple[Any, list[str]]:
     """A 1280x900 page signed in with ``token`` and the problems it records.
 
     ``from_root``: open ``/`` first and check it redirects to the sign-in form;
@@ -27,12 +34,16 @@ def signed_in(browser: Any, svc: LiveService, token: str, *, from_root: bool = F
     context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
     page = context.new_page()
     problems: list[str] = []
-    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-            if m.type == "error" else None)
+    page.on(
+        "console",
+        lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+    )
     page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
     if http_errors:
-        page.on("response", lambda r: problems.append(f"HTTP {r.status} {r.url}")
-                if r.status >= 400 else None)
+        page.on(
+            "response",
+            lambda r: problems.append(f"HTTP {r.status} {r.url}") if r.status >= 400 else None,
+        )
     if from_root:
         page.goto(svc.url + "/")
         assert page.url.endswith("/login")

@@ -13,8 +13,7 @@ import browser_helpers
 import pytest
 from service_helpers import Api, LiveService, role_tokens
 
-PG_BASE = os.environ.get("TURNOUT_TEST_PG_URL",
-                         "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+PG_BASE = os.environ.get("TURNOUT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 def _pg_available() -> str | None:
@@ -54,7 +53,9 @@ def pg_schema_url() -> Iterator[str]:
             # Close connections a test left behind (a killed service process), then drop.
             conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                "WHERE pid <> pg_backend_pid() AND query ILIKE %s", (f"%{schema}%",))
+                "WHERE pid <> pg_backend_pid() AND query ILIKE %s",
+                (f"%{schema}%",),
+            )
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
@@ -80,9 +81,9 @@ def api(db_url: str) -> Iterator[Api]:
     """The app in-process on a fresh database of each backend, with a token per role."""
     from fastapi.testclient import TestClient
 
-    from dashboard.app import create_app
-    from dashboard.services import Services
-    from dashboard.settings import Settings
+    from turnout.dashboard.app import create_app
+    from turnout.dashboard.services import Services
+    from turnout.dashboard.settings import Settings
 
     services = Services.build(Settings(database_url=db_url, demo=False, snapshot_ttl_s=0))
     app = create_app(services=services)

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from oracle import decide, from_spec, load_pack
-from oracle.wire import batch_digest
+from turnout.oracle import decide, from_spec, load_pack
+from turnout.oracle.wire import batch_digest
 
 PACK = load_pack("turnout")
 LLAMA = from_spec({"architecture": "LlamaForCausalLM"})
@@ -23,24 +23,40 @@ STAGE = decide(LLAMA, pack=PACK).stage
 def canaries(enabled: Any, engaged: Any = False, **over: Any) -> dict[str, Any]:
     """A GET /api/v1/canaries body of the turnout pack: the Llama stage's ``enabled`` as given,
     every other stage at its default; ``over`` replaces top-level fields."""
-    def cohort(cid: str, on: Any) -> dict[str, Any]:
-        return {"cohort": cid, "label": "x", "position": 0, "enabled": on, "percentage": 100,
-                "version": 1, "updated_at": "2026-11-30T00:00:00Z", "updated_by": "t"}
 
-    return {"pack": "turnout", "pack_digest": PACK.digest,
-            "kill_switch": {"engaged": engaged, "version": 1,
-                            "updated_at": "2026-11-30T00:00:00Z", "updated_by": "t"},
-            "cohorts": [cohort(c.id, enabled if c.id == STAGE else c.enabled)
-                        for c in PACK.cohorts], **over}
+    def cohort(cid: str, on: Any) -> dict[str, Any]:
+        return {
+            "cohort": cid,
+            "label": "x",
+            "position": 0,
+            "enabled": on,
+            "percentage": 100,
+            "version": 1,
+            "updated_at": "2026-11-30T00:00:00Z",
+            "updated_by": "t",
+        }
+
+    return {
+        "pack": "turnout",
+        "pack_digest": PACK.digest,
+        "kill_switch": {
+            "engaged": engaged,
+            "version": 1,
+            "updated_at": "2026-11-30T00:00:00Z",
+            "updated_by": "t",
+        },
+        "cohorts": [cohort(c.id, enabled if c.id == STAGE else c.enabled) for c in PACK.cohorts],
+        **over,
+    }
 
 
 class FakeService(ThreadingHTTPServer):
     """Answers GET /api/v1/canaries with ``canaries``, POST /api/v1/health as the service does
-(storing into ``health``), and POST /api/v1/decisions per event:
-    the service's acknowledgement when every event is valid, 422 otherwise;
-    ``ingest_status`` (with a JSON error body) or ``ingest_answer`` (status, body, type)
-    instead when set. ``drip_s``: the first ``drip_bytes`` of every answer are sent a byte at
-    a time, ``drip_s`` apart; ``cut_off`` counts the answers the client hung up on."""
+    (storing into ``health``), and POST /api/v1/decisions per event:
+        the service's acknowledgement when every event is valid, 422 otherwise;
+        ``ingest_status`` (with a JSON error body) or ``ingest_answer`` (status, body, type)
+        instead when set. ``drip_s``: the first ``drip_bytes`` of every answer are sent a byte at
+        a time, ``drip_s`` apart; ``cut_off`` counts the answers the client hung up on."""
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -67,14 +83,15 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _answer(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        head = (f"HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+        head = (
+            f"HTTP/1.1 {status} X\r\nContent-Type: {content_type}\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
         data = head + body
         try:
             sent = 0
-            while self.server.drip_s is not None and sent < min(self.server.drip_bytes,
-                                                                len(data)):
-                self.wfile.write(data[sent:sent + 1])
+            while self.server.drip_s is not None and sent < min(self.server.drip_bytes, len(data)):
+                self.wfile.write(data[sent : sent + 1])
                 self.wfile.flush()
                 sent += 1
                 time.sleep(self.server.drip_s or 0)
@@ -103,20 +120,33 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(422, b'{"detail": {"code": "invalid", "message": "bad"}}')
         for e in events:
             self.server.stored[e["event_id"]] = e
-        ack = {"accepted": len(events), "inserted": len(events),
-               "batch_digest": batch_digest([e["event_id"] for e in events])}
+        ack = {
+            "accepted": len(events),
+            "inserted": len(events),
+            "batch_digest": batch_digest([e["event_id"] for e in events]),
+        }
         self._answer(200, json.dumps(ack).encode())
 
     def _health(self, reports: list[dict[str, Any]]) -> None:
         """Stores every report but those of stage ``refuse-me``, which it refuses alone."""
-        refused = [{"index": i, "report_id": r["report_id"],
-                    "detail": {"code": "unknown_stage", "message": "bad"}}
-                   for i, r in enumerate(reports) if r.get("stage") == "refuse-me"]
+        refused = [
+            {
+                "index": i,
+                "report_id": r["report_id"],
+                "detail": {"code": "unknown_stage", "message": "bad"},
+            }
+            for i, r in enumerate(reports)
+            if r.get("stage") == "refuse-me"
+        ]
         for r in reports:
             if r.get("stage") != "refuse-me":
                 self.server.health[r["report_id"]] = r
-        ack = {"accepted": len(reports) - len(refused), "inserted": 0, "rejected": refused,
-               "batch_digest": batch_digest([r["report_id"] for r in reports])}
+        ack = {
+            "accepted": len(reports) - len(refused),
+            "inserted": 0,
+            "rejected": refused,
+            "batch_digest": batch_digest([r["report_id"] for r in reports]),
+        }
         self._answer(200, json.dumps(ack).encode())
 
 

@@ -17,30 +17,49 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from oracle import Decision, DeploymentConfig
-from oracle.client import OracleClient
+from turnout.oracle import Decision, DeploymentConfig
+from turnout.oracle.client import OracleClient
 
 LIFE_WINDOWS = 4  # health windows per engine life, before it restarts and decides again
 WINDOW_S = 0.25
 
 
-def _fields(deployment: str, decision: Decision, start: dt.datetime, end: dt.datetime,
-            crashing: bool) -> dict[str, Any]:
-    return {"deployment_id": deployment, "runner": decision.runner, "family": decision.family,
-            "stage": decision.stage, "window_start": start.isoformat(),
-            "window_end": end.isoformat(), "num_requests": 50, "num_errors": 0,
-            "num_crashes": 1 if crashing else 0, "ttft_p50_ms": 40.0, "ttft_p99_ms": 90.0,
-            "tpot_p50_ms": 10.0, "tpot_p99_ms": 20.0, "num_output_tokens": 5000,
-            "output_tokens_per_s": 400.0}
+def _fields(
+    deployment: str, decision: Decision, start: dt.datetime, end: dt.datetime, crashing: bool
+) -> dict[str, Any]:
+    return {
+        "deployment_id": deployment,
+        "runner": decision.runner,
+        "family": decision.family,
+        "stage": decision.stage,
+        "window_start": start.isoformat(),
+        "window_end": end.isoformat(),
+        "num_requests": 50,
+        "num_errors": 0,
+        "num_crashes": 1 if crashing else 0,
+        "ttft_p50_ms": 40.0,
+        "ttft_p99_ms": 90.0,
+        "tpot_p50_ms": 10.0,
+        "tpot_p99_ms": 20.0,
+        "num_output_tokens": 5000,
+        "output_tokens_per_s": 400.0,
+    }
 
 
 def main() -> None:
     url, token, deployment, cache, mode_file, ids_file = sys.argv[1:7]
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    client = OracleClient(url, token, cache_dir=Path(cache), timeout_s=1.0, startup_wait_s=1.0,
-                          refresh_interval_s=0.2, flush_interval_s=0.1,
-                          health_interval_s=3600).start()
+    client = OracleClient(
+        url,
+        token,
+        cache_dir=Path(cache),
+        timeout_s=1.0,
+        startup_wait_s=1.0,
+        refresh_interval_s=0.2,
+        flush_interval_s=0.1,
+        health_interval_s=3600,
+    ).start()
     config = DeploymentConfig(architecture="LlamaForCausalLM", deployment_id=deployment)
     with Path(ids_file).open("a") as ids:
         while not stop.is_set():
@@ -51,8 +70,9 @@ def main() -> None:
                 if stop.wait(WINDOW_S):
                     break
                 end = dt.datetime.now(dt.UTC)
-                crashing = (decision.runner == "v2"
-                            and Path(mode_file).read_text().strip() == "crash")
+                crashing = (
+                    decision.runner == "v2" and Path(mode_file).read_text().strip() == "crash"
+                )
                 rid = client.report_health(_fields(deployment, decision, start, end, crashing))
                 ids.write(f"health {rid}\n")
                 ids.flush()

@@ -8,27 +8,41 @@ import random
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from dashboard.store.aggregates import WINDOWS, FleetFilter
-from dashboard.store.events import EventRecord
-from dashboard.store.latest_counts import reason_keys, reason_kind
+from turnout.dashboard.store.aggregates import WINDOWS, FleetFilter
+from turnout.dashboard.store.events import EventRecord
+from turnout.dashboard.store.latest_counts import reason_keys, reason_kind
 
-FAMILIES = {"qwen3": "qwen3-canary", "llama": "llama-mistral", "mistral": "llama-mistral",
-            "deepseek_v2": "moe", "granitemoe": None}
+FAMILIES = {
+    "qwen3": "qwen3-canary",
+    "llama": "llama-mistral",
+    "mistral": "llama-mistral",
+    "deepseek_v2": "moe",
+    "granitemoe": None,
+}
 PACKS = ("turnout", "vllm-0.31")
 # (runner, reason code, rule ids): the shapes of real decisions.
 DECISIONS: list[tuple[str | None, str, tuple[str, ...]]] = [
-    ("v2", "TARGETING_MATCH", ()), ("v2", "SPLIT", ()), ("v2", "TARGETING_MATCH", ("mamba",)),
-    ("v1", "TARGETING_MATCH", ("spec_ngram",)), ("v1", "TARGETING_MATCH", ("dbo", "cpu_offload")),
-    ("v1", "TARGETING_MATCH", ("cpu_offload",)), ("v1", "DISABLED", ("rollout.stage_off",)),
-    ("v1", "DISABLED", ("rollout.stage_off",)), ("v1", "SPLIT", ("rollout.split_out",)),
-    ("v1", "DISABLED", ("rollout.kill_switch",)), ("v1", "STATIC", ("pin.v1",)),
-    ("v1", "DEFAULT", ("rollout.no_stage",)), (None, "ERROR", ("spec_ngram", "dbo")),
-    (None, "ERROR", ()), ("v1", "STATIC", ()),
+    ("v2", "TARGETING_MATCH", ()),
+    ("v2", "SPLIT", ()),
+    ("v2", "TARGETING_MATCH", ("mamba",)),
+    ("v1", "TARGETING_MATCH", ("spec_ngram",)),
+    ("v1", "TARGETING_MATCH", ("dbo", "cpu_offload")),
+    ("v1", "TARGETING_MATCH", ("cpu_offload",)),
+    ("v1", "DISABLED", ("rollout.stage_off",)),
+    ("v1", "DISABLED", ("rollout.stage_off",)),
+    ("v1", "SPLIT", ("rollout.split_out",)),
+    ("v1", "DISABLED", ("rollout.kill_switch",)),
+    ("v1", "STATIC", ("pin.v1",)),
+    ("v1", "DEFAULT", ("rollout.no_stage",)),
+    (None, "ERROR", ("spec_ngram", "dbo")),
+    (None, "ERROR", ()),
+    ("v1", "STATIC", ()),
 ]
 
 
-def generate(seed: int, *, num_events: int, num_deployments: int, now: dt.datetime,
-             days: float = 12.0) -> list[EventRecord]:
+def generate(
+    seed: int, *, num_events: int, num_deployments: int, now: dt.datetime, days: float = 12.0
+) -> list[EventRecord]:
     """Events of ``num_deployments`` deployments over the ``days`` before ``now`` (a few an
     hour ahead), on a 7-minute grid so that equal times (broken by event id) occur."""
     rng = random.Random(seed)
@@ -41,11 +55,23 @@ def generate(seed: int, *, num_events: int, num_deployments: int, now: dt.dateti
         at = now - dt.timedelta(minutes=7 * rng.randrange(-8, steps))
         if rng.random() < 0.2:  # another zone: the same instant, stored as UTC
             at = at.astimezone(dt.timezone(dt.timedelta(hours=-5)))
-        out.append(EventRecord(
-            event_id=f"ev-{rng.getrandbits(40):010x}-{i}", at=at, deployment_id=f"dep-{d:04d}",
-            pack=PACKS[d % 7 == 0], family=family, runner=runner, mode="auto",
-            reason_code=code, rule_ids=rules, stage=FAMILIES[family], host=f"h{d % 5}",
-            config={"n": d} if rng.random() < 0.5 else None, demo=d % 11 == 0))
+        out.append(
+            EventRecord(
+                event_id=f"ev-{rng.getrandbits(40):010x}-{i}",
+                at=at,
+                deployment_id=f"dep-{d:04d}",
+                pack=PACKS[d % 7 == 0],
+                family=family,
+                runner=runner,
+                mode="auto",
+                reason_code=code,
+                rule_ids=rules,
+                stage=FAMILIES[family],
+                host=f"h{d % 5}",
+                config={"n": d} if rng.random() < 0.5 else None,
+                demo=d % 11 == 0,
+            )
+        )
     return out
 
 
@@ -53,7 +79,7 @@ def follow_ups(events: list[EventRecord], seed: int, share: float = 0.4) -> list
     """What ``turnout launch --report-startup`` sends after a share of ``events`` (those with
     a runner: vLLM started): ``<id>.startup``, the same decision 1 to 900 s later, with vLLM's
     line (naming the decided runner, or now and then the other one)."""
-    from oracle.wire import LaunchIn, StartupIn
+    from turnout.oracle.wire import LaunchIn, StartupIn
 
     rng = random.Random(seed)
     out = []
@@ -61,17 +87,30 @@ def follow_ups(events: list[EventRecord], seed: int, share: float = 0.4) -> list
         if e.runner is None or rng.random() >= share:
             continue
         said = e.runner if rng.random() < 0.8 else {"v1": "v2", "v2": "v1"}[e.runner]
-        launch = LaunchIn.model_validate({
-            "vllm_version": "0.31.0", "vllm_pack": "vllm-0.31", "snapshot_source": "service",
-            "startup": StartupIn.model_validate({"runner": said, "line": f"vLLM says {said}"})})
-        out.append(EventRecord(**{**e.__dict__, "event_id": f"{e.event_id}.startup",
-                                  "at": e.at + dt.timedelta(seconds=rng.randint(1, 900)),
-                                  "launch": launch}))
+        launch = LaunchIn.model_validate(
+            {
+                "vllm_version": "0.31.0",
+                "vllm_pack": "vllm-0.31",
+                "snapshot_source": "service",
+                "startup": StartupIn.model_validate({"runner": said, "line": f"vLLM says {said}"}),
+            }
+        )
+        out.append(
+            EventRecord(
+                **{
+                    **e.__dict__,
+                    "event_id": f"{e.event_id}.startup",
+                    "at": e.at + dt.timedelta(seconds=rng.randint(1, 900)),
+                    "launch": launch,
+                }
+            )
+        )
     return out
 
 
-def with_follow_ups(parts: list[list[EventRecord]], extra: list[EventRecord], seed: int
-                    ) -> list[list[EventRecord]]:
+def with_follow_ups(
+    parts: list[list[EventRecord]], extra: list[EventRecord], seed: int
+) -> list[list[EventRecord]]:
     """``parts`` with each follow-up of ``extra`` added to the batch of its decision or one of
     the three after it (a client spools the follow-up after its decision)."""
     rng = random.Random(seed)
@@ -86,8 +125,9 @@ def with_follow_ups(parts: list[list[EventRecord]], extra: list[EventRecord], se
     return out
 
 
-def batches(events: list[EventRecord], seed: int, *, max_batch: int = 40,
-            resend: float = 0.1) -> list[list[EventRecord]]:
+def batches(
+    events: list[EventRecord], seed: int, *, max_batch: int = 40, resend: float = 0.1
+) -> list[list[EventRecord]]:
     """The events shuffled (out of order) into batches of 1..``max_batch``, some resent."""
     rng = random.Random(seed)
     order = events[:]
@@ -96,7 +136,7 @@ def batches(events: list[EventRecord], seed: int, *, max_batch: int = 40,
     i = 0
     while i < len(order):
         n = rng.randint(1, max_batch)
-        out.append(order[i:i + n])
+        out.append(order[i : i + n])
         i += n
         if out and rng.random() < resend:
             out.append(rng.choice(out)[:])  # a resend after a lost acknowledgement
@@ -124,8 +164,7 @@ def latest(events: list[EventRecord]) -> dict[str, EventRecord]:
     return out
 
 
-def expected(events: list[EventRecord], window: str, f: FleetFilter, now: dt.datetime
-             ) -> Expected:
+def expected(events: list[EventRecord], window: str, f: FleetFilter, now: dt.datetime) -> Expected:
     """The report recomputed from raw events: each deployment's latest decision (greatest
     (time, event id)), kept when in the window and the filter."""
     span, bin_s, _align = WINDOWS[window]
@@ -142,9 +181,13 @@ def expected(events: list[EventRecord], window: str, f: FleetFilter, now: dt.dat
     over: dict[str, Counter[int]] = defaultdict(Counter)
     for e in latest(events).values():
         ts = int(e.at.timestamp())
-        if (start is not None and ts < start) or (f.family and e.family != f.family) or (
-                f.stage and e.stage != f.stage) or (f.pack and e.pack != f.pack) or (
-                not f.include_demo and e.demo):
+        if (
+            (start is not None and ts < start)
+            or (f.family and e.family != f.family)
+            or (f.stage and e.stage != f.stage)
+            or (f.pack and e.pack != f.pack)
+            or (not f.include_demo and e.demo)
+        ):
             continue
         want.num_deployments += 1
         fam_all[e.family] += 1

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
 
-    from dashboard.services import Services
-    from dashboard.store.db import Database
+    from turnout.dashboard.services import Services
+    from turnout.dashboard.store.db import Database
 
 
 def free_port() -> int:
@@ -30,20 +30,21 @@ def free_port() -> int:
 
 def role_tokens(db: Database) -> dict[str, str]:
     """One token per role, each named after its role; returns role → token."""
-    from dashboard.store import tokens
+    from turnout.dashboard.store import tokens
 
     out = {}
     with db.write_session() as s:
         for role in tokens.Role:
-            _row, out[role.value] = tokens.create_token(session=s, name=role.value, role=role,
-                                                        actor="tests")
+            _row, out[role.value] = tokens.create_token(
+                session=s, name=role.value, role=role, actor="tests"
+            )
         s.commit()
     return out
 
 
 def make_tokens(url: str) -> dict[str, str]:
     """Migrate ``url`` and create one token per role; returns role → token."""
-    from dashboard.store.db import Database
+    from turnout.dashboard.store.db import Database
 
     db = Database(url)
     db.upgrade()
@@ -73,16 +74,32 @@ class LiveService:
                 self.kill()
 
 
-def start_service(db_url: str, log: Path, *, demo: bool = False,
-                  env: dict[str, str] | None = None, args: tuple[str, ...] = (),
-                  port: int | None = None) -> LiveService:
+def start_service(
+    db_url: str,
+    log: Path,
+    *,
+    demo: bool = False,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    port: int | None = None,
+) -> LiveService:
     """``turnout serve`` in a subprocess on ``port`` (default: a free one); returns once
     /healthz answers (its log is appended to: a restart keeps the first run's)."""
     import httpx
 
     port = port or free_port()
-    cmd = [sys.executable, "-c", "from oracle.cli import main; main()", "serve",
-           "--port", str(port), "--database-url", db_url, "--demo" if demo else "--no-demo", *args]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from turnout.oracle.cli import main; main()",
+        "serve",
+        "--port",
+        str(port),
+        "--database-url",
+        db_url,
+        "--demo" if demo else "--no-demo",
+        *args,
+    ]
     full_env = {**os.environ, "TURNOUT_LOG_LEVEL": "warning", **(env or {})}
     out = open(log, "ab")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=full_env)
@@ -104,13 +121,14 @@ def start_service(db_url: str, log: Path, *, demo: bool = False,
 def sign_in(client: TestClient, token: str) -> str:
     """Sign ``client`` in to the pages with ``token`` through the sign-in form (its nonce
     included); returns the CSRF field value of the session it got."""
-    from dashboard.auth import COOKIE_NAME, csrf_token
+    from turnout.dashboard.auth import COOKIE_NAME, csrf_token
 
     form = client.get("/login")
     found = re.search(r'name="nonce" value="([^"]+)"', form.text)
     assert found is not None, form.text
-    r = client.post("/login", data={"token": token, "nonce": found.group(1)},
-                    follow_redirects=False)
+    r = client.post(
+        "/login", data={"token": token, "nonce": found.group(1)}, follow_redirects=False
+    )
     assert r.status_code == 303, r.text
     return csrf_token(client.cookies[COOKIE_NAME])
 
@@ -135,14 +153,30 @@ class Api:
 def api_events(n: int, **over: object) -> list[dict[str, object]]:
     """``n`` ingest events (POST /api/v1/decisions items) with ``over`` applied to each."""
     at = dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC).isoformat()
-    return [{"event_id": uuid.uuid4().hex, "at": at, "deployment_id": f"d{i}", "host": "h",
-             "pack": "turnout", "family": "qwen3", "runner": "v1", "mode": "auto",
-             "reason_code": "STATIC", "rule_ids": ["spec_ngram"], **over} for i in range(n)]
+    return [
+        {
+            "event_id": uuid.uuid4().hex,
+            "at": at,
+            "deployment_id": f"d{i}",
+            "host": "h",
+            "pack": "turnout",
+            "family": "qwen3",
+            "runner": "v1",
+            "mode": "auto",
+            "reason_code": "STATIC",
+            "rule_ids": ["spec_ngram"],
+            **over,
+        }
+        for i in range(n)
+    ]
 
 
 def ack(events: list[dict[str, object]], inserted: int) -> dict[str, object]:
     """The service's answer to ``POST /api/v1/decisions`` of ``events``."""
-    from oracle.wire import batch_digest
+    from turnout.oracle.wire import batch_digest
 
-    return {"accepted": len(events), "inserted": inserted,
-            "batch_digest": batch_digest([str(e["event_id"]) for e in events])}
+    return {
+        "accepted": len(events),
+        "inserted": inserted,
+        "batch_digest": batch_digest([str(e["event_id"]) for e in events]),
+    }

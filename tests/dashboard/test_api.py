@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from service_helpers import Api, ack, api_events
 
-from oracle import (
+from turnout.oracle import (
     CanarySnapshot,
     CohortState,
     decide,
@@ -15,7 +15,7 @@ from oracle import (
     from_spec,
     load_pack,
 )
-from oracle.errors import ErrorCode
+from turnout.oracle.errors import ErrorCode
 
 QWEN3 = {"architecture": "Qwen3ForCausalLM"}
 
@@ -24,8 +24,11 @@ def defaults(pack_name: str = "turnout") -> CanarySnapshot:
     """The pack's default canary state as an explicit snapshot (what a fresh store holds)."""
     pack = load_pack(pack_name)
     return CanarySnapshot(
-        cohorts={c.id: CohortState(enabled=c.enabled, percentage=c.percentage)
-                 for c in pack.cohorts}, kill_switch=pack.kill_switch)
+        cohorts={
+            c.id: CohortState(enabled=c.enabled, percentage=c.percentage) for c in pack.cohorts
+        },
+        kill_switch=pack.kill_switch,
+    )
 
 
 def _first_cohort(api: Api) -> dict[str, object]:
@@ -58,19 +61,25 @@ def test_patch_needs_if_match_and_a_current_version(api: Api) -> None:
     r = api.client.patch(url, json=body, headers={**api.h("operator"), "If-Match": f'"{version}"'})
     assert r.status_code == 200 and r.json()["version"] == version + 1
     assert r.headers["ETag"] == f'"{version + 1}"'
-    stale = api.client.patch(url, json=body,
-                             headers={**api.h("operator"), "If-Match": f'"{version}"'})
+    stale = api.client.patch(
+        url, json=body, headers={**api.h("operator"), "If-Match": f'"{version}"'}
+    )
     assert stale.status_code == 409
     assert stale.json()["detail"]["code"] == ErrorCode.VERSION_CONFLICT
-    no_reason = api.client.patch(url, json={"enabled": True, "reason": " "},
-                                 headers={**api.h("operator"), "If-Match": str(version + 1)})
+    no_reason = api.client.patch(
+        url,
+        json={"enabled": True, "reason": " "},
+        headers={**api.h("operator"), "If-Match": str(version + 1)},
+    )
     assert no_reason.status_code == 422
-    unknown = api.client.patch("/api/v1/canaries/nope", json=body,
-                               headers={**api.h("operator"), "If-Match": "1"})
+    unknown = api.client.patch(
+        "/api/v1/canaries/nope", json=body, headers={**api.h("operator"), "If-Match": "1"}
+    )
     assert unknown.status_code == 404
     audit = api.client.get("/api/v1/audit", headers=api.h("viewer")).json()
     assert [(a["action"], a["reason"]) for a in audit if a["action"] == "canary.flip"] == [
-        ("canary.flip", "parity green on H200")]
+        ("canary.flip", "parity green on H200")
+    ]
     assert audit[0]["actor"].startswith("operator")
 
 
@@ -85,8 +94,10 @@ def test_patch_to_the_current_state_changes_nothing(api: Api) -> None:
     url = f"/api/v1/canaries/{name}"
     etag = api.client.get("/api/v1/canaries", headers=api.h("viewer")).headers["ETag"]
     op = {**api.h("operator"), "If-Match": str(version)}
-    for body in ({"enabled": True, "reason": "again"},
-                 {"enabled": True, "percentage": cohort["percentage"], "reason": "again"}):
+    for body in (
+        {"enabled": True, "reason": "again"},
+        {"enabled": True, "percentage": cohort["percentage"], "reason": "again"},
+    ):
         r = api.client.patch(url, json=body, headers=op)
         assert r.status_code == 200, r.text
         out = r.json()
@@ -106,17 +117,20 @@ def test_patch_to_the_current_state_changes_nothing(api: Api) -> None:
 def test_kill_switch_set_to_its_current_state_changes_nothing(api: Api) -> None:
     # Two operators engaging it in one incident: the second is told, not audited twice.
     url, admin = "/api/v1/kill-switch", api.h("admin")
-    released = api.client.post(url, json={"engaged": False, "reason": "not engaged"},
-                               headers=admin)
+    released = api.client.post(url, json={"engaged": False, "reason": "not engaged"}, headers=admin)
     assert released.status_code == 200, released.text
     assert (released.json()["changed"], released.json()["version"]) == (False, 1)
     etag = api.client.get("/api/v1/canaries", headers=api.h("viewer")).headers["ETag"]
     first = api.client.post(url, json={"engaged": True, "reason": "incident 7"}, headers=admin)
-    second = api.client.post(url, json={"engaged": True, "reason": "incident 7, me too"},
-                             headers=admin)
+    second = api.client.post(
+        url, json={"engaged": True, "reason": "incident 7, me too"}, headers=admin
+    )
     assert (first.json()["changed"], first.json()["version"]) == (True, 2)
     assert (second.json()["changed"], second.json()["engaged"], second.json()["version"]) == (
-        False, True, 2)
+        False,
+        True,
+        2,
+    )
     audit = api.client.get("/api/v1/audit", headers=api.h("viewer")).json()
     assert [a["reason"] for a in audit if a["action"] == "kill_switch.set"] == ["incident 7"]
     state = api.client.get("/api/v1/canaries", headers=api.h("viewer"))
@@ -128,9 +142,17 @@ def test_page_flip_to_the_current_state_says_nothing_changed(api: Api) -> None:
     cohort = _first_cohort(api)
     csrf = api.sign_in("operator")
     try:
-        r = api.client.post(f"/canaries/{cohort['cohort']}", follow_redirects=False,
-                            data={"enabled": "true", "version": cohort["version"],
-                                  "percentage": "100", "reason": "again", "csrf": csrf})
+        r = api.client.post(
+            f"/canaries/{cohort['cohort']}",
+            follow_redirects=False,
+            data={
+                "enabled": "true",
+                "version": cohort["version"],
+                "percentage": "100",
+                "reason": "again",
+                "csrf": csrf,
+            },
+        )
         assert r.status_code == 303
         page = api.client.get(r.headers["location"]).text
     finally:
@@ -143,8 +165,11 @@ def test_page_flip_to_the_current_state_says_nothing_changed(api: Api) -> None:
 def test_page_kill_switch_to_its_current_state_says_nothing_changed(api: Api) -> None:
     csrf = api.sign_in("admin")
     try:
-        r = api.client.post("/kill-switch", follow_redirects=False,
-                            data={"engaged": "false", "reason": "already off", "csrf": csrf})
+        r = api.client.post(
+            "/kill-switch",
+            follow_redirects=False,
+            data={"engaged": "false", "reason": "already off", "csrf": csrf},
+        )
         assert r.status_code == 303
         page = api.client.get(r.headers["location"]).text
     finally:
@@ -159,11 +184,17 @@ def test_every_listed_cohort_id_is_accepted_by_patch_and_impact(api: Api) -> Non
     for c in listed:
         url = f"/api/v1/canaries/{c['cohort']}"
         assert api.client.get(url, headers=api.h("viewer")).status_code == 200
-        r = api.client.patch(url, json={"enabled": c["enabled"], "reason": "same"},
-                             headers={**api.h("operator"), "If-Match": str(c["version"])})
+        r = api.client.patch(
+            url,
+            json={"enabled": c["enabled"], "reason": "same"},
+            headers={**api.h("operator"), "If-Match": str(c["version"])},
+        )
         assert r.status_code == 200 and r.json()["changed"] is False, r.text
-        r = api.client.get("/api/v1/impact", params={"cohort": c["cohort"], "enabled": "true"},
-                           headers=api.h("viewer"))
+        r = api.client.get(
+            "/api/v1/impact",
+            params={"cohort": c["cohort"], "enabled": "true"},
+            headers=api.h("viewer"),
+        )
         assert r.status_code == 200 and r.json()["cohort"] == c["cohort"], r.text
 
 
@@ -171,10 +202,14 @@ def _not_found(api: Api, name: str) -> list[str]:
     """The 404 messages of GET/PATCH /canaries/{name} and GET /impact?cohort={name}."""
     answers = [
         api.client.get(f"/api/v1/canaries/{name}", headers=api.h("viewer")),
-        api.client.patch(f"/api/v1/canaries/{name}", json={"enabled": True, "reason": "x"},
-                         headers={**api.h("operator"), "If-Match": "1"}),
-        api.client.get("/api/v1/impact", params={"cohort": name, "enabled": "true"},
-                       headers=api.h("viewer")),
+        api.client.patch(
+            f"/api/v1/canaries/{name}",
+            json={"enabled": True, "reason": "x"},
+            headers={**api.h("operator"), "If-Match": "1"},
+        ),
+        api.client.get(
+            "/api/v1/impact", params={"cohort": name, "enabled": "true"}, headers=api.h("viewer")
+        ),
     ]
     assert [r.status_code for r in answers] == [404] * 3, [r.text for r in answers]
     assert {r.json()["detail"]["code"] for r in answers} == {ErrorCode.UNKNOWN_COHORT}
@@ -187,14 +222,18 @@ def test_a_family_name_or_wrong_cohort_id_gets_a_404_that_says_what_exists(api: 
     ids = [c.id for c in load_pack("turnout").cohorts]
     listed = "cohorts: " + ", ".join(ids)
     assert _not_found(api, "qwen3")[0] == (
-        f"'qwen3' is a family, not a cohort id: its stage is cohort 'qwen3-canary' ({listed})")
+        f"'qwen3' is a family, not a cohort id: its stage is cohort 'qwen3-canary' ({listed})"
+    )
     assert _not_found(api, "llama")[0].startswith(
-        "'llama' is a family, not a cohort id: its stage is cohort 'llama-mistral-dense'")
+        "'llama' is a family, not a cohort id: its stage is cohort 'llama-mistral-dense'"
+    )
     assert _not_found(api, "gemma")[0] == (
         "'gemma' is a family, not a cohort id, and no stage lists it by name: its deployments "
-        f"join a stage by their attributes (a decision's `stage` says which) ({listed})")
+        f"join a stage by their attributes (a decision's `stage` says which) ({listed})"
+    )
     assert _not_found(api, "qwen3-canery")[0] == (
-        f"unknown cohort 'qwen3-canery' (did you mean 'qwen3-canary'?); {listed}")
+        f"unknown cohort 'qwen3-canery' (did you mean 'qwen3-canary'?); {listed}"
+    )
     assert _not_found(api, "zzz")[0] == f"unknown cohort 'zzz'; {listed}"
 
 
@@ -208,8 +247,9 @@ def test_decide_uses_the_store_canaries_and_matches_the_oracle(api: Api) -> None
     # without a snapshot (canaries=None) report for the same state.
     assert r.json()["policy_digest"] == decide(config, pack=pack).policy_digest
     # Engage the kill switch: the same deployment must now be decided with it.
-    api.client.post("/api/v1/kill-switch", json={"engaged": True, "reason": "incident"},
-                    headers=api.h("admin"))
+    api.client.post(
+        "/api/v1/kill-switch", json={"engaged": True, "reason": "incident"}, headers=api.h("admin")
+    )
     snap = api.services.policy.snapshot().canaries
     r = api.client.post("/api/v1/decide", json={"config": QWEN3}, headers=api.h("viewer"))
     assert snap.kill_switch is True
@@ -217,41 +257,59 @@ def test_decide_uses_the_store_canaries_and_matches_the_oracle(api: Api) -> None
     assert r.json()["runner"] in ("v1", None)
     # /decide is served by a plain route ahead of FastAPI's: still authorized and measured.
     assert api.client.post("/api/v1/decide", json={"config": QWEN3}).status_code == 401
-    assert api.client.post("/api/v1/decide", json={"config": QWEN3},
-                           headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert (
+        api.client.post(
+            "/api/v1/decide", json={"config": QWEN3}, headers={"Authorization": "Bearer nope"}
+        ).status_code
+        == 401
+    )
     metrics = api.client.get("/metrics").text
     assert 'route="/api/v1/decide",status="200"} 2.0' in metrics
-    assert 'turnout_decisions_total{reason_code="DISABLED",runner="v1",source="api"} 1.0' \
-        in metrics
+    assert 'turnout_decisions_total{reason_code="DISABLED",runner="v1",source="api"} 1.0' in metrics
 
 
 def test_decide_from_a_command_line_and_bad_input(api: Api) -> None:
     cmd = "VLLM_LOGGING_LEVEL=INFO vllm serve Qwen/Qwen3-8B \\\n  --tensor-parallel-size 2"
     r = api.client.post("/api/v1/decide", json={"command": cmd}, headers=api.h("viewer"))
     assert r.status_code == 200, r.text
-    want = decide(from_command(
-        ["vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2"],
-        {"VLLM_LOGGING_LEVEL": "INFO"}), pack=load_pack("turnout"), canaries=defaults())
+    want = decide(
+        from_command(
+            ["vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2"],
+            {"VLLM_LOGGING_LEVEL": "INFO"},
+        ),
+        pack=load_pack("turnout"),
+        canaries=defaults(),
+    )
     assert r.json() == want.to_json()
-    bad = api.client.post("/api/v1/decide", json={"command": "vllm serve <checkpoint>"},
-                          headers=api.h("viewer"))
+    bad = api.client.post(
+        "/api/v1/decide", json={"command": "vllm serve <checkpoint>"}, headers=api.h("viewer")
+    )
     assert bad.status_code == 422 and bad.json()["detail"]["message"]
-    both = api.client.post("/api/v1/decide", json={"config": QWEN3, "command": "x"},
-                           headers=api.h("viewer"))
+    both = api.client.post(
+        "/api/v1/decide", json={"config": QWEN3, "command": "x"}, headers=api.h("viewer")
+    )
     assert both.status_code == 422
 
 
 def test_decide_refuses_an_architecture_no_runner_serves(api: Api) -> None:
     # The turnout pack's manifests: no runner of this build loads Mamba. A decision, not bad
     # input: 200 with runner null and the stable error code.
-    r = api.client.post("/api/v1/decide", json={"config": {"architecture": "Mamba2ForCausalLM"}},
-                        headers=api.h("viewer"))
+    r = api.client.post(
+        "/api/v1/decide",
+        json={"config": {"architecture": "Mamba2ForCausalLM"}},
+        headers=api.h("viewer"),
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["runner"] is None and body["error_code"] == "architecture_not_served"
-    assert body["error"].startswith("no runner of this build serves architecture 'Mamba2ForCausalLM'")
-    want = decide(from_spec({"architecture": "Mamba2ForCausalLM"}), pack=load_pack("turnout"),
-                  canaries=defaults())
+    assert body["error"].startswith(
+        "no runner of this build serves architecture 'Mamba2ForCausalLM'"
+    )
+    want = decide(
+        from_spec({"architecture": "Mamba2ForCausalLM"}),
+        pack=load_pack("turnout"),
+        canaries=defaults(),
+    )
     assert body == want.to_json()
 
 
@@ -264,8 +322,9 @@ def test_explain_answers_with_changes_that_reach_v2(api: Api) -> None:
     assert body == explain(config, pack=load_pack("turnout"), canaries=defaults()).to_json()
     assert body["decision"]["runner"] == "v1"
     assert body["suggestions"] and all(s["changes"] for s in body["suggestions"])
-    assert any(c["dimension"] == "speculative_method" for s in body["suggestions"]
-               for c in s["changes"])
+    assert any(
+        c["dimension"] == "speculative_method" for s in body["suggestions"] for c in s["changes"]
+    )
 
 
 def test_explain_combined_suggestion_applied_through_the_service_reaches_v2(api: Api) -> None:
@@ -275,18 +334,20 @@ def test_explain_combined_suggestion_applied_through_the_service_reaches_v2(api:
     body = r.json()
     assert body["note"] is None
     combined = next(s for s in body["suggestions"] if s["kind"] == "config+canary")
-    assert combined["text"] == ("cpu_offload_gb 4.0 → 0; "
-                                "canary:llama-mistral-dense off → on 100%")
+    assert combined["text"] == ("cpu_offload_gb 4.0 → 0; canary:llama-mistral-dense off → on 100%")
     # Apply it: the canary flip through the API, the config change in the deployment.
     changed = dict(spec)
     for change in combined["changes"]:
         if change["dimension"].startswith("canary:"):
             stage = change["dimension"].removeprefix("canary:")
-            version = api.client.get(f"/api/v1/canaries/{stage}",
-                                     headers=api.h("viewer")).json()["version"]
-            flip = api.client.patch(f"/api/v1/canaries/{stage}",
-                                    json={"enabled": True, "percentage": 100, "reason": "x"},
-                                    headers={**api.h("operator"), "If-Match": str(version)})
+            version = api.client.get(f"/api/v1/canaries/{stage}", headers=api.h("viewer")).json()[
+                "version"
+            ]
+            flip = api.client.patch(
+                f"/api/v1/canaries/{stage}",
+                json={"enabled": True, "percentage": 100, "reason": "x"},
+                headers={**api.h("operator"), "If-Match": str(version)},
+            )
             assert flip.status_code == 200, flip.text
         else:
             changed[change["dimension"]] = change["to"]
@@ -303,8 +364,11 @@ def test_matrix_summarises_every_cell_of_the_oracle(api: Api) -> None:
     cells = list(enumerate_matrix(load_pack("turnout"), defaults()))
     assert body["num_cells"] == len(cells)
     assert sorted(body["pins"]) == sorted({c.pin for c in cells})
-    want = sum(1 for c in cells if (c.pin, c.family, c.scenario.id, c.decision.runner)
-               == ("auto", "qwen3", "default", "v2"))
+    want = sum(
+        1
+        for c in cells
+        if (c.pin, c.family, c.scenario.id, c.decision.runner) == ("auto", "qwen3", "default", "v2")
+    )
     assert want > 0 and body["grid"]["auto"]["qwen3"]["default"]["v2"] == want
 
 
@@ -318,18 +382,23 @@ def test_ingest_is_idempotent_and_feeds_fallbacks_and_metrics(api: Api) -> None:
     assert fb["num_deployments"] == 30 and fb["num_fallbacks"] == 30
     assert fb["ranked"][0]["key"] == "spec_ngram" and fb["ranked"][0]["deployments"] == 30
     assert fb["by_family"] == {"qwen3": {"spec_ngram": 30}}
-    rows = api.client.get("/api/v1/decisions?family=qwen3&runner=v1&limit=5",
-                          headers=api.h("viewer")).json()
+    rows = api.client.get(
+        "/api/v1/decisions?family=qwen3&runner=v1&limit=5", headers=api.h("viewer")
+    ).json()
     assert len(rows) == 5 and all(e["runner"] == "v1" for e in rows)
     metrics = api.client.get("/metrics").text
-    assert 'turnout_decisions_total{reason_code="STATIC",runner="v1",source="ingest"} 60.0' \
+    assert (
+        'turnout_decisions_total{reason_code="STATIC",runner="v1",source="ingest"} 60.0' in metrics
+    )
+    assert (
+        'turnout_api_request_duration_seconds_count{method="POST",route="/api/v1/decisions"'
         in metrics
-    assert 'turnout_api_request_duration_seconds_count{method="POST",route="/api/v1/decisions"' \
-        in metrics
+    )
 
 
-@pytest.mark.parametrize("at", ["2026-11-29T10:00:00", "0997-09-07T04:16:00+00:00",
-                                "2999-01-01T00:00:00Z"])
+@pytest.mark.parametrize(
+    "at", ["2026-11-29T10:00:00", "0997-09-07T04:16:00+00:00", "2999-01-01T00:00:00Z"]
+)
 def test_ingest_rejects_a_bad_batch_whole(api: Api, at: str) -> None:
     batch = api_events(3)
     batch[1]["at"] = at  # no timezone / implausible times
@@ -345,19 +414,26 @@ def test_impact_counts_recorded_deployments_that_would_switch(api: Api) -> None:
     config = from_spec(QWEN3)
     cohort = decide(config, pack=pack).stage
     assert cohort is not None
-    events = api_events(5, config=config.to_spec(), rule_ids=[], reason_code="DISABLED",
-                     stage=cohort)
+    events = api_events(
+        5, config=config.to_spec(), rule_ids=[], reason_code="DISABLED", stage=cohort
+    )
     api.client.post("/api/v1/decisions", json={"events": events}, headers=api.h("operator"))
-    enabled = {c["cohort"]: c["enabled"] for c in
-               api.client.get("/api/v1/canaries", headers=api.h("viewer")).json()["cohorts"]}
-    r = api.client.get(f"/api/v1/impact?cohort={cohort}&enabled={str(not enabled[cohort]).lower()}",
-                       headers=api.h("viewer"))
+    enabled = {
+        c["cohort"]: c["enabled"]
+        for c in api.client.get("/api/v1/canaries", headers=api.h("viewer")).json()["cohorts"]
+    }
+    r = api.client.get(
+        f"/api/v1/impact?cohort={cohort}&enabled={str(not enabled[cohort]).lower()}",
+        headers=api.h("viewer"),
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["num_considered"] == 5 and body["num_changed"] == 5
     assert (body["to_v2"], body["to_v1"]) == ((5, 0) if not enabled[cohort] else (0, 5))
-    same = api.client.get(f"/api/v1/impact?cohort={cohort}&enabled={str(enabled[cohort]).lower()}",
-                          headers=api.h("viewer")).json()
+    same = api.client.get(
+        f"/api/v1/impact?cohort={cohort}&enabled={str(enabled[cohort]).lower()}",
+        headers=api.h("viewer"),
+    ).json()
     assert same["num_changed"] == 0
 
 
@@ -372,26 +448,30 @@ def test_health_openapi_and_reads_need_a_token(api: Api) -> None:
 
 
 def test_tokens_api_creates_shows_once_and_revokes(api: Api) -> None:
-    r = api.client.post("/api/v1/tokens", json={"name": "engine fleet", "role": "operator"},
-                        headers=api.h("admin"))
+    r = api.client.post(
+        "/api/v1/tokens", json={"name": "engine fleet", "role": "operator"}, headers=api.h("admin")
+    )
     assert r.status_code == 201
     created = r.json()
     listed = api.client.get("/api/v1/tokens", headers=api.h("admin")).json()
     assert all("token" not in t for t in listed)
     new = {"Authorization": f"Bearer {created['token']}"}
     assert api.client.get("/api/v1/canaries", headers=new).status_code == 200
-    r = api.client.post(f"/api/v1/tokens/{created['id']}/revoke", json={"reason": "rotated"},
-                        headers=api.h("admin"))
+    r = api.client.post(
+        f"/api/v1/tokens/{created['id']}/revoke", json={"reason": "rotated"}, headers=api.h("admin")
+    )
     assert r.status_code == 200 and r.json()["revoked"] is True
     assert api.client.get("/api/v1/canaries", headers=new).status_code == 401
     # Found by schemathesis: an id past 64 bits was a driver overflow (500), now a 422.
-    r = api.client.post(f"/api/v1/tokens/{2**64}/revoke", json={"reason": "x"},
-                        headers=api.h("admin"))
+    r = api.client.post(
+        f"/api/v1/tokens/{2**64}/revoke", json={"reason": "x"}, headers=api.h("admin")
+    )
     assert r.status_code == 422
     me = api.client.get("/api/v1/tokens", headers=api.h("admin")).json()
     admin_id = next(t["id"] for t in me if t["role"] == "admin" and t["name"] == "admin")
-    r = api.client.post(f"/api/v1/tokens/{admin_id}/revoke", json={"reason": "oops"},
-                        headers=api.h("admin"))
+    r = api.client.post(
+        f"/api/v1/tokens/{admin_id}/revoke", json={"reason": "oops"}, headers=api.h("admin")
+    )
     assert r.status_code == 409 and r.json()["detail"]["code"] == ErrorCode.SELF_REVOKE
 
 
@@ -400,8 +480,11 @@ def test_parity_evidence_is_recorded_listed_and_shown_with_its_stage(api: Api) -
     stage = next(c for c in pack.cohorts if c.families)
     family = stage.families[0]
     for result in ("fail", "pass"):
-        r = api.client.post("/api/v1/evidence", headers=api.h("operator"), json={
-            "family": family, "suite": "tests/parity", "result": result})
+        r = api.client.post(
+            "/api/v1/evidence",
+            headers=api.h("operator"),
+            json={"family": family, "suite": "tests/parity", "result": result},
+        )
         assert r.status_code == 201 and r.json()["recorded_by"].startswith("operator")
     listed = api.client.get(f"/api/v1/evidence?family={family}", headers=api.h("viewer")).json()
     assert [e["result"] for e in listed] == ["pass", "fail"]  # newest first
@@ -410,5 +493,5 @@ def test_parity_evidence_is_recorded_listed_and_shown_with_its_stage(api: Api) -
         page = api.client.get("/canaries").text
     finally:
         api.client.cookies.clear()
-    row = page[page.index(f'id="cohort-{stage.id}"'):]
-    assert f"{family} pass" in row[:row.index("</tr>")]
+    row = page[page.index(f'id="cohort-{stage.id}"') :]
+    assert f"{family} pass" in row[: row.index("</tr>")]

@@ -12,8 +12,8 @@ import pytest
 from hub_server import HubServer, Repo, start_hub
 from service_helpers import Api
 
-from oracle.errors import ErrorCode
-from oracle.sources.hub import forget_hub_failures
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.sources.hub import forget_hub_failures
 
 CONFIGS = Path(__file__).resolve().parents[2] / "policies" / "reference" / "model_configs"
 
@@ -54,19 +54,23 @@ def test_gated_and_missing_revisions_have_their_codes(api: Api, hub: HubServer) 
     assert "has no revision 'nope'" in body["detail"]["message"]  # type: ignore[index]
 
 
-def test_the_service_stays_off_the_hub_unless_told(api: Api, hub: HubServer,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_service_stays_off_the_hub_unless_told(
+    api: Api, hub: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(api.services.settings, "hub_online", False)  # the default
     status, body = _decide(api, "vllm serve acme/moe-from-hub --revision v2")
     assert status == 422 and body["detail"]["code"] == ErrorCode.UNKNOWN_MODEL, body  # type: ignore[index]
 
 
-@pytest.mark.parametrize("command", [
-    "vllm serve Qwen/Qwen3-8B --config {secret}",
-    "vllm serve Qwen/Qwen3-8B --hf-config-path {json}",
-    "vllm serve {json}",
-    "vllm serve {dir}",
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "vllm serve Qwen/Qwen3-8B --config {secret}",
+        "vllm serve Qwen/Qwen3-8B --hf-config-path {json}",
+        "vllm serve {json}",
+        "vllm serve {dir}",
+    ],
+)
 def test_a_request_never_reads_the_servers_files(api: Api, tmp_path: Path, command: str) -> None:
     # A --config file's keys became flags, and a refusal echoed them (a password in an error).
     secret = tmp_path / "secrets.yaml"

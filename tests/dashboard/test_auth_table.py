@@ -16,11 +16,11 @@ import pytest
 from fastapi.testclient import TestClient
 from service_helpers import role_tokens, sign_in
 
-from dashboard.app import create_app
-from dashboard.auth import COOKIE_NAME
-from dashboard.services import Services
-from dashboard.settings import Settings
-from oracle.errors import ErrorCode
+from turnout.dashboard.app import create_app
+from turnout.dashboard.auth import COOKIE_NAME
+from turnout.dashboard.services import Services
+from turnout.dashboard.settings import Settings
+from turnout.oracle.errors import ErrorCode
 
 IDENTITIES = ["none", "bad", "viewer", "operator", "admin"]
 RANK = {"viewer": 0, "operator": 1, "admin": 2}
@@ -42,8 +42,11 @@ class Ctx:
 @pytest.fixture(scope="module")
 def ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctx]:
     path = tmp_path_factory.mktemp("auth") / "auth.db"
-    services = Services.build(Settings(database_url=f"sqlite:///{path}", demo=False,
-                                       snapshot_ttl_s=0, token_cache_ttl_s=0))
+    services = Services.build(
+        Settings(
+            database_url=f"sqlite:///{path}", demo=False, snapshot_ttl_s=0, token_cache_ttl_s=0
+        )
+    )
     with TestClient(create_app(services=services)) as client:
         made = role_tokens(services.db)
         made["bad"] = "tok_" + "x" * 43
@@ -51,8 +54,9 @@ def ctx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ctx]:
 
 
 def _first(c: Ctx) -> dict[str, Any]:
-    body = c.client.get("/api/v1/canaries",
-                        headers={"Authorization": f"Bearer {c.tokens['viewer']}"}).json()
+    body = c.client.get(
+        "/api/v1/canaries", headers={"Authorization": f"Bearer {c.tokens['viewer']}"}
+    ).json()
     return dict(body["cohorts"][0])
 
 
@@ -69,28 +73,47 @@ def _toggled(c: Ctx) -> str:
 
 def _kill_toggled(c: Ctx) -> bool:
     """The kill switch's opposite state (setting the state it has is no change either)."""
-    body = c.client.get("/api/v1/canaries",
-                        headers={"Authorization": f"Bearer {c.tokens['viewer']}"}).json()
+    body = c.client.get(
+        "/api/v1/canaries", headers={"Authorization": f"Bearer {c.tokens['viewer']}"}
+    ).json()
     return not body["kill_switch"]["engaged"]
 
 
 def _event() -> dict[str, Any]:
-    return {"event_id": uuid.uuid4().hex, "at": dt.datetime.now(dt.UTC).isoformat(),
-            "deployment_id": "d", "pack": "turnout", "family": "qwen3", "runner": "v2",
-            "mode": "auto", "reason_code": "DEFAULT"}
+    return {
+        "event_id": uuid.uuid4().hex,
+        "at": dt.datetime.now(dt.UTC).isoformat(),
+        "deployment_id": "d",
+        "pack": "turnout",
+        "family": "qwen3",
+        "runner": "v2",
+        "mode": "auto",
+        "reason_code": "DEFAULT",
+    }
 
 
 def _health_report() -> dict[str, Any]:
     end = dt.datetime.now(dt.UTC)
-    return {"report_id": uuid.uuid4().hex, "deployment_id": "d", "pack": "turnout",
-            "runner": "v2", "family": "qwen3", "stage": "qwen3-canary",
-            "window_start": (end - dt.timedelta(minutes=1)).isoformat(),
-            "window_end": end.isoformat(), "num_requests": 0, "num_errors": 0}
+    return {
+        "report_id": uuid.uuid4().hex,
+        "deployment_id": "d",
+        "pack": "turnout",
+        "runner": "v2",
+        "family": "qwen3",
+        "stage": "qwen3-canary",
+        "window_start": (end - dt.timedelta(minutes=1)).isoformat(),
+        "window_end": end.isoformat(),
+        "num_requests": 0,
+        "num_errors": 0,
+    }
 
 
 def _throwaway_token_id(c: Ctx) -> int:
-    r = c.client.post("/api/v1/tokens", json={"name": "throwaway", "role": "viewer"},
-                      headers={"Authorization": f"Bearer {c.tokens['admin']}"})
+    r = c.client.post(
+        "/api/v1/tokens",
+        json={"name": "throwaway", "role": "viewer"},
+        headers={"Authorization": f"Bearer {c.tokens['admin']}"},
+    )
     return int(r.json()["id"])
 
 
@@ -100,8 +123,11 @@ Call = Callable[[Ctx, dict[str, str]], Any]
 
 def _patch(c: Ctx, h: dict[str, str]) -> Any:
     cohort, version = _cohort(c)
-    return c.client.patch(f"/api/v1/canaries/{cohort}", headers={**h, "If-Match": str(version)},
-                          json={"enabled": _toggled(c) == "true", "reason": "auth table"})
+    return c.client.patch(
+        f"/api/v1/canaries/{cohort}",
+        headers={**h, "If-Match": str(version)},
+        json={"enabled": _toggled(c) == "true", "reason": "auth table"},
+    )
 
 
 def _marked(c: Ctx, send: Callable[[], Any]) -> Any:
@@ -120,13 +146,18 @@ def _version_of(c: Ctx, cohort: str) -> str:
 
 def _live_ramp(c: Ctx, cohort: str, *, paused: bool = False) -> dict[str, Any]:
     """A live ramp of ``cohort`` (made by the admin when there is none; paused when asked)."""
-    from dashboard.store import ramps
-    from dashboard.store.models import utcnow
+    from turnout.dashboard.store import ramps
+    from turnout.dashboard.store.models import utcnow
 
     live = c.client.get(f"/api/v1/ramps?cohort={cohort}&live=true", headers=_admin(c)).json()
     if not live:
-        live = [c.client.post(f"/api/v1/canaries/{cohort}/ramp", json=RAMP_BODY,
-                              headers={**_admin(c), "If-Match": _version_of(c, cohort)}).json()]
+        live = [
+            c.client.post(
+                f"/api/v1/canaries/{cohort}/ramp",
+                json=RAMP_BODY,
+                headers={**_admin(c), "If-Match": _version_of(c, cohort)},
+            ).json()
+        ]
     if paused and live[0]["state"] == "active":
         with c.services.db.write_session() as s:
             canary, ramp = ramps.lock(s, live[0]["id"])
@@ -138,19 +169,33 @@ def _live_ramp(c: Ctx, cohort: str, *, paused: bool = False) -> dict[str, Any]:
 def _ramp_start(c: Ctx, h: dict[str, str]) -> Any:
     live = c.client.get("/api/v1/ramps?cohort=pooling&live=true", headers=_admin(c)).json()
     for ramp in live:
-        c.client.post(f"/api/v1/ramps/{ramp['id']}/cancel", json={"reason": "setup"},
-                      headers={**_admin(c), "If-Match": str(ramp["version"])})
-    return _marked(c, lambda: c.client.post(
-        "/api/v1/canaries/pooling/ramp", json=RAMP_BODY,
-        headers={**h, "If-Match": _version_of(c, "pooling")}))
+        c.client.post(
+            f"/api/v1/ramps/{ramp['id']}/cancel",
+            json={"reason": "setup"},
+            headers={**_admin(c), "If-Match": str(ramp["version"])},
+        )
+    return _marked(
+        c,
+        lambda: c.client.post(
+            "/api/v1/canaries/pooling/ramp",
+            json=RAMP_BODY,
+            headers={**h, "If-Match": _version_of(c, "pooling")},
+        ),
+    )
 
 
 def _ramp_change(what: str, paused: bool) -> Call:
     def call(c: Ctx, h: dict[str, str]) -> Any:
         ramp = _live_ramp(c, "attention-free", paused=paused)
-        return _marked(c, lambda: c.client.post(
-            f"/api/v1/ramps/{ramp['id']}/{what}", json={"reason": "auth table"},
-            headers={**h, "If-Match": str(ramp["version"])}))
+        return _marked(
+            c,
+            lambda: c.client.post(
+                f"/api/v1/ramps/{ramp['id']}/{what}",
+                json={"reason": "auth table"},
+                headers={**h, "If-Match": str(ramp["version"])},
+            ),
+        )
+
     return call
 
 
@@ -159,62 +204,94 @@ def _soon() -> str:
 
 
 def _schedule(c: Ctx, h: dict[str, str]) -> Any:
-    return c.client.post("/api/v1/scheduled-flips", headers=h, json={
-        "cohort": "pooling", "enabled": False, "run_at": _soon(), "reason": "auth table"})
+    return c.client.post(
+        "/api/v1/scheduled-flips",
+        headers=h,
+        json={"cohort": "pooling", "enabled": False, "run_at": _soon(), "reason": "auth table"},
+    )
 
 
 def _schedule_cancel(c: Ctx, h: dict[str, str]) -> Any:
     flip = _schedule(c, _admin(c)).json()
-    return _marked(c, lambda: c.client.post(
-        f"/api/v1/scheduled-flips/{flip['id']}/cancel", json={"reason": "auth table"},
-        headers={**h, "If-Match": str(flip["version"])}))
+    return _marked(
+        c,
+        lambda: c.client.post(
+            f"/api/v1/scheduled-flips/{flip['id']}/cancel",
+            json={"reason": "auth table"},
+            headers={**h, "If-Match": str(flip["version"])},
+        ),
+    )
 
 
 def _decision(what: str) -> Call:
     def call(c: Ctx, h: dict[str, str]) -> Any:
-        from dashboard.store import schedule
+        from turnout.dashboard.store import schedule
 
         with c.services.db.write_session() as s:  # a request by someone else
             flip = schedule.request_flip(
-                session=s, cohort="quantized", enabled=True, percentage=None, reason="r",
-                actor="carol", requester="carol",
-                run_at=dt.datetime.now(dt.UTC) + dt.timedelta(days=1), if_version=None,
-                needs_approval=True)
+                session=s,
+                cohort="quantized",
+                enabled=True,
+                percentage=None,
+                reason="r",
+                actor="carol",
+                requester="carol",
+                run_at=dt.datetime.now(dt.UTC) + dt.timedelta(days=1),
+                if_version=None,
+                needs_approval=True,
+            )
             s.commit()
-        return _marked(c, lambda: c.client.post(
-            f"/api/v1/approvals/flip/{flip.id}/{what}", json={"reason": "auth table"},
-            headers=h))
+        return _marked(
+            c,
+            lambda: c.client.post(
+                f"/api/v1/approvals/flip/{flip.id}/{what}", json={"reason": "auth table"}, headers=h
+            ),
+        )
+
     return call
 
 
 def _webhook(c: Ctx, h: dict[str, str]) -> Any:
-    return c.client.post("/api/v1/webhooks", headers=h,
-                         json={"url": "http://127.0.0.1:9/x", "kinds": ["flip"]})
+    return c.client.post(
+        "/api/v1/webhooks", headers=h, json={"url": "http://127.0.0.1:9/x", "kinds": ["flip"]}
+    )
 
 
 def _webhook_remove(c: Ctx, h: dict[str, str]) -> Any:
     hook = _webhook(c, _admin(c)).json()
-    return _marked(c, lambda: c.client.post(f"/api/v1/webhooks/{hook['id']}/remove",
-                                            json={"reason": "auth table"}, headers=h))
+    return _marked(
+        c,
+        lambda: c.client.post(
+            f"/api/v1/webhooks/{hook['id']}/remove", json={"reason": "auth table"}, headers=h
+        ),
+    )
 
 
 def _retry(c: Ctx, h: dict[str, str]) -> Any:
-    from dashboard.store.models import utcnow
-    from dashboard.store.models_rollout import OutboxEntry
+    from turnout.dashboard.store.models import utcnow
+    from turnout.dashboard.store.models_rollout import OutboxEntry
 
     hook = _webhook(c, _admin(c)).json()
     with c.services.db.write_session() as s:  # a dead delivery of a live subscription
-        entry = OutboxEntry(webhook_id=hook["id"], delivery_id=uuid.uuid4().hex, kind="flip",
-                            payload={}, state="dead", num_attempts=8, created_at=utcnow(),
-                            next_attempt_at=utcnow())
+        entry = OutboxEntry(
+            webhook_id=hook["id"],
+            delivery_id=uuid.uuid4().hex,
+            kind="flip",
+            payload={},
+            state="dead",
+            num_attempts=8,
+            created_at=utcnow(),
+            next_attempt_at=utcnow(),
+        )
         s.add(entry)
         s.commit()
-    return _marked(c, lambda: c.client.post(f"/api/v1/webhooks/outbox/{entry.id}/retry",
-                                            headers=h))
+    return _marked(c, lambda: c.client.post(f"/api/v1/webhooks/outbox/{entry.id}/retry", headers=h))
 
 
-RAMP_BODY = {"steps": [{"percentage": 10, "bake_s": 60}, {"percentage": 100, "bake_s": 60}],
-             "reason": "auth table"}
+RAMP_BODY = {
+    "steps": [{"percentage": 10, "bake_s": 60}, {"percentage": 100, "bake_s": 60}],
+    "reason": "auth table",
+}
 
 API: dict[str, tuple[str, int, Call]] = {
     "POST /canaries/{cohort}/ramp": ("operator", 201, _ramp_start),
@@ -228,20 +305,52 @@ API: dict[str, tuple[str, int, Call]] = {
     "POST /webhooks/{id}/remove": ("admin", 200, _webhook_remove),
     "POST /webhooks/outbox/{id}/retry": ("admin", 200, _retry),
     "PATCH /canaries/{cohort}": ("operator", 200, _patch),
-    "POST /kill-switch": ("operator", 200, lambda c, h: c.client.post(
-        "/api/v1/kill-switch", headers=h, json={"engaged": _kill_toggled(c), "reason": "auth table"})),
-    "POST /decisions": ("operator", 200, lambda c, h: c.client.post(
-        "/api/v1/decisions", headers=h, json={"events": [_event()]})),
-    "POST /health": ("operator", 200, lambda c, h: c.client.post(
-        "/api/v1/health", headers=h, json={"reports": [_health_report()]})),
-    "POST /evidence": ("operator", 201, lambda c, h: c.client.post(
-        "/api/v1/evidence", headers=h,
-        json={"family": "qwen3", "suite": "tests/parity", "result": "pass"})),
-    "POST /tokens": ("admin", 201, lambda c, h: c.client.post(
-        "/api/v1/tokens", headers=h, json={"name": "n", "role": "viewer"})),
-    "POST /tokens/{id}/revoke": ("admin", 200, lambda c, h: c.client.post(
-        f"/api/v1/tokens/{_throwaway_token_id(c)}/revoke", headers=h,
-        json={"reason": "auth table"})),
+    "POST /kill-switch": (
+        "operator",
+        200,
+        lambda c, h: c.client.post(
+            "/api/v1/kill-switch",
+            headers=h,
+            json={"engaged": _kill_toggled(c), "reason": "auth table"},
+        ),
+    ),
+    "POST /decisions": (
+        "operator",
+        200,
+        lambda c, h: c.client.post("/api/v1/decisions", headers=h, json={"events": [_event()]}),
+    ),
+    "POST /health": (
+        "operator",
+        200,
+        lambda c, h: c.client.post(
+            "/api/v1/health", headers=h, json={"reports": [_health_report()]}
+        ),
+    ),
+    "POST /evidence": (
+        "operator",
+        201,
+        lambda c, h: c.client.post(
+            "/api/v1/evidence",
+            headers=h,
+            json={"family": "qwen3", "suite": "tests/parity", "result": "pass"},
+        ),
+    ),
+    "POST /tokens": (
+        "admin",
+        201,
+        lambda c, h: c.client.post(
+            "/api/v1/tokens", headers=h, json={"name": "n", "role": "viewer"}
+        ),
+    ),
+    "POST /tokens/{id}/revoke": (
+        "admin",
+        200,
+        lambda c, h: c.client.post(
+            f"/api/v1/tokens/{_throwaway_token_id(c)}/revoke",
+            headers=h,
+            json={"reason": "auth table"},
+        ),
+    ),
 }
 
 
@@ -250,8 +359,11 @@ def _headers(c: Ctx, who: str) -> dict[str, str]:
 
 
 def _audit_len(c: Ctx) -> int:
-    return len(c.client.get("/api/v1/audit?limit=1000",
-                            headers={"Authorization": f"Bearer {c.tokens['viewer']}"}).json())
+    return len(
+        c.client.get(
+            "/api/v1/audit?limit=1000", headers={"Authorization": f"Bearer {c.tokens['viewer']}"}
+        ).json()
+    )
 
 
 @pytest.mark.parametrize("who", IDENTITIES)
@@ -265,8 +377,11 @@ def test_api_mutations(ctx: Ctx, endpoint: str, who: str) -> None:
     before = before if ctx.mark is None else ctx.mark
     assert r.status_code == want, r.text
     if want in (401, 403):
-        assert r.json()["detail"]["code"] in (ErrorCode.UNAUTHENTICATED, ErrorCode.BAD_TOKEN,
-                                              ErrorCode.FORBIDDEN)
+        assert r.json()["detail"]["code"] in (
+            ErrorCode.UNAUTHENTICATED,
+            ErrorCode.BAD_TOKEN,
+            ErrorCode.FORBIDDEN,
+        )
         # revoke's setup creates one token (audited) before the refused call
         assert _audit_len(ctx) - before == (1 if "revoke" in endpoint else 0)
 
@@ -275,8 +390,11 @@ def test_api_mutations_ignore_the_page_cookie(ctx: Ctx) -> None:
     cohort, version = _cohort(ctx)
     sign_in(ctx.client, ctx.tokens["admin"])
     try:
-        r = ctx.client.patch(f"/api/v1/canaries/{cohort}", headers={"If-Match": str(version)},
-                             json={"enabled": True, "reason": "cookie only"})
+        r = ctx.client.patch(
+            f"/api/v1/canaries/{cohort}",
+            headers={"If-Match": str(version)},
+            json={"enabled": True, "reason": "cookie only"},
+        )
     finally:
         ctx.client.cookies.clear()
     assert r.status_code == 401
@@ -296,11 +414,17 @@ def _page_post(c: Ctx, who: str, path: str, data: dict[str, Any]) -> Any:
 
 def _page_ramp(c: Ctx) -> tuple[str, dict[str, Any]]:
     for ramp in c.client.get("/api/v1/ramps?cohort=pooling&live=true", headers=_admin(c)).json():
-        c.client.post(f"/api/v1/ramps/{ramp['id']}/cancel", json={"reason": "setup"},
-                      headers={**_admin(c), "If-Match": str(ramp["version"])})
-    return "/canaries/pooling/ramp", {"version": _version_of(c, "pooling").strip('"'),
-                                      "steps": "10,100", "bake_min": "5",
-                                      "reason": "page auth table"}
+        c.client.post(
+            f"/api/v1/ramps/{ramp['id']}/cancel",
+            json={"reason": "setup"},
+            headers={**_admin(c), "If-Match": str(ramp["version"])},
+        )
+    return "/canaries/pooling/ramp", {
+        "version": _version_of(c, "pooling").strip('"'),
+        "steps": "10,100",
+        "bake_min": "5",
+        "reason": "page auth table",
+    }
 
 
 def _page_ramp_cancel(c: Ctx) -> tuple[str, dict[str, Any]]:
@@ -310,23 +434,33 @@ def _page_ramp_cancel(c: Ctx) -> tuple[str, dict[str, Any]]:
 
 def _page_decision(what: str) -> Callable[[Ctx], tuple[str, dict[str, Any]]]:
     def make(c: Ctx) -> tuple[str, dict[str, Any]]:
-        from dashboard.store import schedule
+        from turnout.dashboard.store import schedule
 
         with c.services.db.write_session() as s:  # a request by someone else
             flip = schedule.request_flip(
-                session=s, cohort="quantized", enabled=True, percentage=None, reason="r",
-                actor="carol", requester="carol",
-                run_at=dt.datetime.now(dt.UTC) + dt.timedelta(days=1), if_version=None,
-                needs_approval=True)
+                session=s,
+                cohort="quantized",
+                enabled=True,
+                percentage=None,
+                reason="r",
+                actor="carol",
+                requester="carol",
+                run_at=dt.datetime.now(dt.UTC) + dt.timedelta(days=1),
+                if_version=None,
+                needs_approval=True,
+            )
             s.commit()
         return f"/approvals/flip/{flip.id}/{what}", {"reason": "page auth table"}
+
     return make
 
 
 def _page_schedule_cancel(c: Ctx) -> tuple[str, dict[str, Any]]:
     flip = _schedule(c, _admin(c)).json()
-    return f"/scheduled-flips/{flip['id']}/cancel", {"version": flip["version"],
-                                                     "reason": "page auth"}
+    return f"/scheduled-flips/{flip['id']}/cancel", {
+        "version": flip["version"],
+        "reason": "page auth",
+    }
 
 
 def _page_webhook_remove(c: Ctx) -> tuple[str, dict[str, Any]]:
@@ -337,7 +471,7 @@ def _page_webhook_remove(c: Ctx) -> tuple[str, dict[str, Any]]:
 def _page_retry(c: Ctx) -> tuple[str, dict[str, Any]]:
     r = _retry(c, {})  # the setup of the API's retry, answered 401: a dead delivery is left
     assert r.status_code == 401
-    from dashboard.store import webhooks
+    from turnout.dashboard.store import webhooks
 
     with c.services.db.read_session() as s:
         return f"/webhooks/outbox/{webhooks.list_outbox(session=s, state='dead')[0].id}/retry", {}
@@ -347,22 +481,45 @@ CANARIES, WEBHOOKS = "/canaries?message=", "/webhooks?message="
 # name → (minimum role, make(ctx) -> (path, form data), where success redirects; None: the
 # answer is a page of its own, 200)
 PAGES: dict[str, tuple[str, Callable[[Ctx], tuple[str, dict[str, Any]]], str | None]] = {
-    "page flip": ("operator", lambda c: (f"/canaries/{_cohort(c)[0]}",
-                                         {"enabled": _toggled(c), "version": _cohort(c)[1],
-                                          "reason": "page auth table"}), CANARIES),
-    "page kill switch": ("operator", lambda c: ("/kill-switch",
-                                                {"engaged": str(_kill_toggled(c)).lower(),
-                                                 "reason": "page auth"}), CANARIES),
+    "page flip": (
+        "operator",
+        lambda c: (
+            f"/canaries/{_cohort(c)[0]}",
+            {"enabled": _toggled(c), "version": _cohort(c)[1], "reason": "page auth table"},
+        ),
+        CANARIES,
+    ),
+    "page kill switch": (
+        "operator",
+        lambda c: (
+            "/kill-switch",
+            {"engaged": str(_kill_toggled(c)).lower(), "reason": "page auth"},
+        ),
+        CANARIES,
+    ),
     "page ramp start": ("operator", _page_ramp, CANARIES),
     "page ramp cancel": ("operator", _page_ramp_cancel, CANARIES),
     "page approve": ("operator", _page_decision("approve"), CANARIES),
     "page reject": ("operator", _page_decision("reject"), CANARIES),
-    "page schedule": ("operator", lambda c: ("/scheduled-flips", {
-        "cohort": "pooling", "enabled": "false", "run_at": _soon()[:16],
-        "reason": "page auth"}), CANARIES),
+    "page schedule": (
+        "operator",
+        lambda c: (
+            "/scheduled-flips",
+            {
+                "cohort": "pooling",
+                "enabled": "false",
+                "run_at": _soon()[:16],
+                "reason": "page auth",
+            },
+        ),
+        CANARIES,
+    ),
     "page schedule cancel": ("operator", _page_schedule_cancel, CANARIES),
-    "page webhook add": ("admin", lambda c: ("/webhooks", {
-        "url": "http://127.0.0.1:9/p", "kinds": "flip"}), None),
+    "page webhook add": (
+        "admin",
+        lambda c: ("/webhooks", {"url": "http://127.0.0.1:9/p", "kinds": "flip"}),
+        None,
+    ),
     "page webhook remove": ("admin", _page_webhook_remove, WEBHOOKS),
     "page delivery retry": ("admin", _page_retry, WEBHOOKS),
 }
@@ -394,8 +551,11 @@ def test_page_form_without_csrf_is_refused(ctx: Ctx) -> None:
     cohort, version = _cohort(ctx)
     sign_in(ctx.client, ctx.tokens["admin"])
     try:
-        r = ctx.client.post(f"/canaries/{cohort}", follow_redirects=False,
-                            data={"enabled": "true", "version": version, "reason": "x"})
+        r = ctx.client.post(
+            f"/canaries/{cohort}",
+            follow_redirects=False,
+            data={"enabled": "true", "version": version, "reason": "x"},
+        )
     finally:
         ctx.client.cookies.clear()
     assert r.status_code == 403
@@ -404,8 +564,12 @@ def test_page_form_without_csrf_is_refused(ctx: Ctx) -> None:
 def test_page_flip_with_a_stale_version_changes_nothing_and_says_why(ctx: Ctx) -> None:
     cohort, version = _cohort(ctx)
     before = _audit_len(ctx)
-    r = _page_post(ctx, "operator", f"/canaries/{cohort}",
-                   {"enabled": "true", "version": version - 1 or 999, "reason": "stale"})
+    r = _page_post(
+        ctx,
+        "operator",
+        f"/canaries/{cohort}",
+        {"enabled": "true", "version": version - 1 or 999, "reason": "stale"},
+    )
     assert r.status_code == 303 and "error=" in r.headers["location"]
     assert "version" in r.headers["location"]
     assert _audit_len(ctx) == before and _cohort(ctx) == (cohort, version)

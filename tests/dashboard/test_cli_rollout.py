@@ -14,11 +14,11 @@ import typer
 from service_helpers import LiveService, make_tokens, start_service
 from typer.testing import CliRunner
 
-from dashboard import cli
-from dashboard.junit import JUnitError, parse_junit
-from dashboard.services import Services
-from dashboard.settings import Settings
-from dashboard.store import audit, canaries, webhooks
+from turnout.dashboard import cli
+from turnout.dashboard.junit import JUnitError, parse_junit
+from turnout.dashboard.services import Services
+from turnout.dashboard.settings import Settings
+from turnout.dashboard.store import audit, canaries, webhooks
 
 Run = Callable[..., tuple[int, str]]
 
@@ -42,8 +42,20 @@ def _services(run: Run) -> Services:
 
 
 def test_a_ramp_from_the_command_line(run: Run) -> None:
-    code, out = run("canary", "ramp", "start", "llama", "--steps", "10,25:1h,50,100",
-                    "--bake", "30m", "--min-engines", "2", "--reason", "parity green")
+    code, out = run(
+        "canary",
+        "ramp",
+        "start",
+        "llama",
+        "--steps",
+        "10,25:1h,50,100",
+        "--bake",
+        "30m",
+        "--min-engines",
+        "2",
+        "--reason",
+        "parity green",
+    )
     assert code == 0, out
     assert "llama: the family's first rollout stage is llama-mistral-dense" in out
     assert "(10% → 25% → 50% → 100%): active at 10% (step 1/4), next step" in out
@@ -62,28 +74,41 @@ def test_a_ramp_from_the_command_line(run: Run) -> None:
 
 
 def test_a_paused_ramp_says_it_waits_for_a_resume(run: Run) -> None:
-    from dashboard.store import ramps
+    from turnout.dashboard.store import ramps
 
     assert run("canary", "ramp", "start", "llama", "--steps", "10,100", "--reason", "go")[0] == 0
     with _services(run).db.write_session() as s:
         canary, ramp = ramps.lock(s, 1)
-        ramps.fail(session=s, canary=canary, ramp=ramp, now=dt.datetime.now(dt.UTC), gates=[],
-                   why="gate v2_error_rate: v2 5.0% vs v1 0.0% (max ratio 2)")
+        ramps.fail(
+            session=s,
+            canary=canary,
+            ramp=ramp,
+            now=dt.datetime.now(dt.UTC),
+            gates=[],
+            why="gate v2_error_rate: v2 5.0% vs v1 0.0% (max ratio 2)",
+        )
         s.commit()
     code, out = run("canary", "ramp", "status")
-    assert code == 0 and "paused at 10% (step 1/2); stays there until resumed (turnout canary " \
-        "ramp resume llama-mistral-dense --reason …)" in out, out
+    assert (
+        code == 0
+        and "paused at 10% (step 1/2); stays there until resumed (turnout canary "
+        "ramp resume llama-mistral-dense --reason …)"
+        in out
+    ), out
     assert "next step" not in out
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (("--steps", "10,5"), "does not rise above"),
-    (("--steps", "ten"), "is not a share"),
-    (("--steps", "10:forever"), "--steps '10:forever'"),
-    (("--steps", "10", "--bake", "soon"), "--bake"),
-    (("--steps", "10", "--on-failure", "panic"), "use pause or rollback"),
-    (("--steps", "10", "--evidence-max-age", "1s"), "gates: evidence_max_age_s"),
-])
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--steps", "10,5"), "does not rise above"),
+        (("--steps", "ten"), "is not a share"),
+        (("--steps", "10:forever"), "--steps '10:forever'"),
+        (("--steps", "10", "--bake", "soon"), "--bake"),
+        (("--steps", "10", "--on-failure", "panic"), "use pause or rollback"),
+        (("--steps", "10", "--evidence-max-age", "1s"), "gates: evidence_max_age_s"),
+    ],
+)
 def test_a_bad_ramp_is_bad_input(run: Run, args: tuple[str, ...], says: str) -> None:
     code, out = run("canary", "ramp", "start", "qwen3-canary", *args, "--reason", "r")
     assert code == 2 and says in out, out
@@ -105,10 +130,16 @@ def test_approvals_need_another_user(run: Run, monkeypatch: pytest.MonkeyPatch) 
         assert canaries.read_state(session=s).cohorts["quantized"][:2] == (True, 10)
     code, out = run("canary", "ramp", "start", "pooling", "--steps", "50,100", "--reason", "r")
     assert code == 0 and "waiting for another operator (turnout approvals approve ramp 1" in out
-    code, out = run("canary", "schedule", "pooling", "--in", "2h", "--percentage", "25",
-                    "--reason", "later")
-    assert code == 0 and "pooling enable 25% at" in out and "(pending_approval; waiting for " \
-        "another operator (turnout approvals approve flip 2 --reason …))" in out, out
+    code, out = run(
+        "canary", "schedule", "pooling", "--in", "2h", "--percentage", "25", "--reason", "later"
+    )
+    assert (
+        code == 0
+        and "pooling enable 25% at" in out
+        and "(pending_approval; waiting for "
+        "another operator (turnout approvals approve flip 2 --reason …))"
+        in out
+    ), out
     code, out = run("approvals", "reject", "ramp", "1", "--reason", "withdrawn")
     assert code == 0 and "ramp 1: rejected" in out
     assert run("approvals", "approve", "rampx", "1", "--reason", "r")[0] == 2
@@ -117,14 +148,27 @@ def test_approvals_need_another_user(run: Run, monkeypatch: pytest.MonkeyPatch) 
 def test_bake_times_of_zero_and_their_errors_speak_of_bake_times(run: Run) -> None:
     """A bake of 0 is a bake time the API takes (0..30 days): the command refused it, saying
     "a token lives more than 0 s and at most 3660 days"."""
-    code, out = run("canary", "ramp", "start", "qwen3-canary", "--steps", "10:0s,50",
-                    "--bake", "0m", "--reason", "r")
+    code, out = run(
+        "canary",
+        "ramp",
+        "start",
+        "qwen3-canary",
+        "--steps",
+        "10:0s,50",
+        "--bake",
+        "0m",
+        "--reason",
+        "r",
+    )
     assert code == 0 and "(10% → 50%): active at 10% (step 1/2)" in out, out
-    for args, says in [(("--bake", "31d"), "bake_s 2678400 is not in 0..2592000"),
-                       (("--bake", "soon"), "--bake 'soon' is not a duration: a number and a "
-                                            "unit: s, m, h, d or w (30d, 12h, 90m)")]:
-        code, out = run("canary", "ramp", "start", "llama", "--steps", "10", *args,
-                        "--reason", "r")
+    for args, says in [
+        (("--bake", "31d"), "bake_s 2678400 is not in 0..2592000"),
+        (
+            ("--bake", "soon"),
+            "--bake 'soon' is not a duration: a number and a unit: s, m, h, d or w (30d, 12h, 90m)",
+        ),
+    ]:
+        code, out = run("canary", "ramp", "start", "llama", "--steps", "10", *args, "--reason", "r")
         assert code in (1, 2) and says in out and "token" not in out, out
     code, out = run("canary", "schedule", "pooling", "--in", "0s", "--reason", "now?")
     assert code == 2 and "--in '0s': a flip is scheduled more than 0 s ahead" in out, out
@@ -133,10 +177,12 @@ def test_bake_times_of_zero_and_their_errors_speak_of_bake_times(run: Run) -> No
 
 def test_a_scheduled_flip_from_the_command_line(run: Run) -> None:
     when = (dt.datetime.now(dt.UTC) + dt.timedelta(days=2)).strftime("%Y-%m-%dT%H:%M")
-    code, out = run("canary", "schedule", "qwen3", "--disable", "--at", when + "Z",
-                    "--reason", "freeze")
-    assert code == 0 and f"qwen3-canary disable at {when.replace('T', ' ')} UTC (scheduled)" \
-        in out, out
+    code, out = run(
+        "canary", "schedule", "qwen3", "--disable", "--at", when + "Z", "--reason", "freeze"
+    )
+    assert (
+        code == 0 and f"qwen3-canary disable at {when.replace('T', ' ')} UTC (scheduled)" in out
+    ), out
     code, out = run("canary", "schedule", "qwen3", "--at", "tomorrow", "--reason", "x")
     assert code == 2 and "is not a time" in out
     code, out = run("canary", "schedule", "pooling", "--in", "3h", "--reason", "later")
@@ -145,8 +191,17 @@ def test_a_scheduled_flip_from_the_command_line(run: Run) -> None:
 
 
 def test_webhooks_from_the_command_line(run: Run) -> None:
-    code, out = run("webhook", "add", "https://hooks.example.com/t", "-k", "flip", "-k",
-                    "gate_failure", "--description", "on-call")
+    code, out = run(
+        "webhook",
+        "add",
+        "https://hooks.example.com/t",
+        "-k",
+        "flip",
+        "-k",
+        "gate_failure",
+        "--description",
+        "on-call",
+    )
     assert code == 0 and out.splitlines()[0].startswith("whsec_")
     code, out = run("webhook", "add", "ftp://x", "-k", "flip")
     assert code == 2 and "not an http" in out
@@ -183,8 +238,10 @@ def test_junit_counts_come_from_the_test_cases() -> None:
     assert (ok.result, ok.num_tests, ok.num_skipped, ok.suites) == ("pass", 3, 1, ("pytest",))
     bad = parse_junit(FAILING)  # its tests="99" failures="0" are wrong: the cases count
     assert (bad.result, bad.num_tests, bad.num_failures, bad.num_errors) == ("fail", 3, 1, 1)
-    assert bad.failed == ("tests.parity.test_greedy::test_llama[v2]",
-                          "tests.parity.test_logprobs::test_prompt")
+    assert bad.failed == (
+        "tests.parity.test_greedy::test_llama[v2]",
+        "tests.parity.test_logprobs::test_prompt",
+    )
     assert bad.summary() == "1 failed, 1 errored of 3 tests"
     assert parse_junit(b"<testsuites/>").result == "fail"  # nothing ran
     for text, says in [(b"<html>", "not XML"), (b"<report/>", "not a JUnit report")]:
@@ -192,14 +249,31 @@ def test_junit_counts_come_from_the_test_cases() -> None:
             parse_junit(text)
 
 
-def _push(svc: LiveService, token: str, report: Path, family: str = "qwen3"
-          ) -> subprocess.CompletedProcess[str]:
+def _push(
+    svc: LiveService, token: str, report: Path, family: str = "qwen3"
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from oracle.cli import main; main()", "evidence", "push",
-         "--family", family, "--junit", str(report), "--url", svc.url],
-        env={"TURNOUT_TOKEN": token, "PATH": "/usr/bin:/bin",
-             "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-        capture_output=True, text=True)
+        [
+            sys.executable,
+            "-c",
+            "from turnout.oracle.cli import main; main()",
+            "evidence",
+            "push",
+            "--family",
+            family,
+            "--junit",
+            str(report),
+            "--url",
+            svc.url,
+        ],
+        env={
+            "TURNOUT_TOKEN": token,
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src"),
+        },
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_evidence_push_sends_a_junit_report(tmp_path: Path, live: list[LiveService]) -> None:
@@ -217,14 +291,19 @@ def test_evidence_push_sends_a_junit_report(tmp_path: Path, live: list[LiveServi
     assert "qwen3: pass (1 skipped of 3 tests) recorded as evidence 1" in done.stdout
     done = _push(svc, token, tmp_path / "bad.xml", "llama")
     assert done.returncode == 0 and "llama: fail (1 failed, 1 errored of 3 tests)" in done.stdout
-    rows = httpx.get(svc.url + "/api/v1/evidence",
-                     headers={"Authorization": f"Bearer {token}"}).json()
+    rows = httpx.get(
+        svc.url + "/api/v1/evidence", headers={"Authorization": f"Bearer {token}"}
+    ).json()
     assert [(r["family"], r["result"], r["num_failures"], r["suite"]) for r in rows] == [
-        ("llama", "fail", 1, "parity"), ("qwen3", "pass", 0, "pytest")]
+        ("llama", "fail", 1, "parity"),
+        ("qwen3", "pass", 0, "pytest"),
+    ]
     assert "tests.parity.test_greedy::test_llama[v2]" in rows[0]["details"]
     for report, family, code, says in [
-            ("junk.xml", "qwen3", 2, "not XML"), ("missing.xml", "qwen3", 2, "No such file"),
-            ("ok.xml", "Qwen3", 2, "did you mean 'qwen3'")]:
+        ("junk.xml", "qwen3", 2, "not XML"),
+        ("missing.xml", "qwen3", 2, "No such file"),
+        ("ok.xml", "Qwen3", 2, "did you mean 'qwen3'"),
+    ]:
         done = _push(svc, token, tmp_path / report, family)
         assert done.returncode == code and says in done.stderr, done.stderr
     done = _push(svc, "tok_" + "x" * 43, tmp_path / "ok.xml")
@@ -232,28 +311,37 @@ def test_evidence_push_sends_a_junit_report(tmp_path: Path, live: list[LiveServi
     # A red run whose failed cases have long ids (parametrized tests): the details listed
     # twenty names whole, over the 10,000 characters evidence keeps, and the service refused
     # the push: the red run was never recorded and the evidence gate kept the green one.
-    cases = "".join(f'<testcase classname="parity" name="test_long[{i}-{"p" * 900}]">'
-                    "<failure/></testcase>" for i in range(25))
+    cases = "".join(
+        f'<testcase classname="parity" name="test_long[{i}-{"p" * 900}]"><failure/></testcase>'
+        for i in range(25)
+    )
     (tmp_path / "long.xml").write_text(f'<testsuite name="parity">{cases}</testsuite>')
     done = _push(svc, token, tmp_path / "long.xml", "qwen3")
     assert done.returncode == 0, done.stderr
     assert "qwen3: fail (25 failed of 25 tests)" in done.stdout
-    latest = httpx.get(svc.url + "/api/v1/evidence?family=qwen3",
-                       headers={"Authorization": f"Bearer {token}"}).json()[0]
+    latest = httpx.get(
+        svc.url + "/api/v1/evidence?family=qwen3", headers={"Authorization": f"Bearer {token}"}
+    ).json()[0]
     assert latest["result"] == "fail" and "parity::test_long[0-ppp" in latest["details"]
     assert len(latest["details"]) <= 10_000
 
 
 def test_a_shell_without_the_setting_follows_the_service_that_requires_approval(
-        run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # TURNOUT_REQUIRE_APPROVAL was read by each process alone: an operator's shell without it
     # enabled a stage at once that the service held for a second operator.
-    from dashboard.app import prepare
+    from turnout.dashboard.app import prepare
 
     monkeypatch.delenv("TURNOUT_REQUIRE_APPROVAL", raising=False)
     monkeypatch.setenv("LOGNAME", "alice")
-    service = Services.build(Settings(database_url=run.url, demo=False,  # type: ignore[attr-defined]
-                                      require_approval=True))
+    service = Services.build(
+        Settings(
+            database_url=run.url,
+            demo=False,  # type: ignore[attr-defined]
+            require_approval=True,
+        )
+    )
     prepare(service)  # the service starts and records its setting
     code, out = run("canary", "enable", "quantized", "--percentage", "10", "--reason", "go")
     assert code == 0 and "waiting for another operator's approval" in out, out

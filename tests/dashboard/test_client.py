@@ -19,8 +19,8 @@ import httpx
 import pytest
 from service_helpers import LiveService, free_port, make_tokens, start_service
 
-from oracle import decide, from_spec, load_pack
-from oracle.client import OracleClient, snapshot_from_json
+from turnout.oracle import decide, from_spec, load_pack
+from turnout.oracle.client import OracleClient, snapshot_from_json
 
 QWEN3 = from_spec({"architecture": "Qwen3ForCausalLM"})
 
@@ -42,9 +42,11 @@ def _flip_first_cohort(svc: LiveService, tokens: dict[str, str]) -> str:
     body = httpx.get(f"{svc.url}/api/v1/canaries", headers=_h(tokens["viewer"])).json()
     stage = decide(QWEN3, pack=load_pack("turnout")).stage
     cohort = next(c for c in body["cohorts"] if c["cohort"] == stage)
-    r = httpx.patch(f"{svc.url}/api/v1/canaries/{stage}",
-                    headers={**_h(tokens["operator"]), "If-Match": str(cohort["version"])},
-                    json={"enabled": not cohort["enabled"], "reason": "client test"})
+    r = httpx.patch(
+        f"{svc.url}/api/v1/canaries/{stage}",
+        headers={**_h(tokens["operator"]), "If-Match": str(cohort["version"])},
+        json={"enabled": not cohort["enabled"], "reason": "client test"},
+    )
     r.raise_for_status()
     return str(stage)
 
@@ -63,12 +65,18 @@ def test_decides_with_the_service_snapshot_and_reports(service: tuple, tmp_path:
     want = decide(QWEN3, pack=load_pack("turnout"), canaries=snapshot_from_json(served))
     assert decision.to_json() == want.to_json()
     assert decision.to_json() != decide(QWEN3, pack=load_pack("turnout")).to_json()
-    rows = httpx.get(f"{svc.url}/api/v1/decisions?deployment_id=prod/qwen3-8b",
-                     headers=_h(tokens["viewer"])).json()
+    rows = httpx.get(
+        f"{svc.url}/api/v1/decisions?deployment_id=prod/qwen3-8b", headers=_h(tokens["viewer"])
+    ).json()
     assert len(rows) == 1
     row = rows[0]
     assert (row["host"], row["runner"], row["reason_code"], row["family"], row["stage"]) == (
-        "gpu-7", want.runner, want.reason_code, want.family, want.stage)
+        "gpu-7",
+        want.runner,
+        want.reason_code,
+        want.family,
+        want.stage,
+    )
     assert row["rule_ids"] == [r.rule_id for r in want.reasons]
     lkg = json.loads((tmp_path / "c" / "snapshot-turnout.json").read_text())
     assert lkg["body"]["cohorts"] == served["cohorts"]
@@ -87,8 +95,7 @@ def test_refresh_is_conditional_on_the_etag(service: tuple, tmp_path: Path) -> N
     assert seen == [200, 304, 200]
 
 
-def test_service_down_decides_from_disk_and_keeps_events(service: tuple,
-                                                         tmp_path: Path) -> None:
+def test_service_down_decides_from_disk_and_keeps_events(service: tuple, tmp_path: Path) -> None:
     svc, tokens = service
     stage = _flip_first_cohort(svc, tokens)
     cache = tmp_path / "c"
@@ -106,8 +113,9 @@ def test_service_down_decides_from_disk_and_keeps_events(service: tuple,
     client = OracleClient(svc.url, tokens["operator"], cache_dir=cache)
     assert client.flush() == 1 and client.spool.pending() == 0
     client.close()
-    rows = httpx.get(f"{svc.url}/api/v1/decisions?deployment_id=offline/1",
-                     headers=_h(tokens["viewer"])).json()
+    rows = httpx.get(
+        f"{svc.url}/api/v1/decisions?deployment_id=offline/1", headers=_h(tokens["viewer"])
+    ).json()
     assert len(rows) == 1
 
 
@@ -117,8 +125,9 @@ def test_no_service_no_disk_copy_uses_pack_defaults(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen(8)
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        client = OracleClient(url, "tok_x", cache_dir=tmp_path / "c", timeout_s=2.0,
-                              startup_wait_s=0.05).start()
+        client = OracleClient(
+            url, "tok_x", cache_dir=tmp_path / "c", timeout_s=2.0, startup_wait_s=0.05
+        ).start()
         decision = client.decide(QWEN3, report=False)
         source = client.snapshot_source
     client.close()
@@ -127,7 +136,8 @@ def test_no_service_no_disk_copy_uses_pack_defaults(tmp_path: Path) -> None:
 
 
 def test_decide_never_raises_for_an_event_it_cannot_build(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """A deployment id longer than an event takes (256 characters): the decision is returned
     and the unreported event logged. decide() raised pydantic's ValidationError before (an
     engine with a long TURNOUT_DEPLOYMENT_ID did not start)."""
@@ -143,8 +153,8 @@ def test_decide_never_raises_for_an_event_it_cannot_build(
 ENGINE = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from oracle import from_spec
-    from oracle.client import OracleClient
+    from turnout.oracle import from_spec
+    from turnout.oracle.client import OracleClient
     client = OracleClient(sys.argv[1], "tok_x", cache_dir=Path(sys.argv[2]))
     config = from_spec({"architecture": "Qwen3ForCausalLM"})
     for i in range(25):
@@ -154,13 +164,15 @@ ENGINE = textwrap.dedent("""
 """)
 
 
-def test_events_of_a_killed_engine_are_sent_by_the_next_client(service: tuple,
-                                                               tmp_path: Path) -> None:
+def test_events_of_a_killed_engine_are_sent_by_the_next_client(
+    service: tuple, tmp_path: Path
+) -> None:
     svc, tokens = service
     cache = tmp_path / "c"
     dead = f"http://127.0.0.1:{free_port()}"
-    proc = subprocess.Popen([sys.executable, "-c", ENGINE, dead, str(cache)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ENGINE, dead, str(cache)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "reported"
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
@@ -171,8 +183,9 @@ def test_events_of_a_killed_engine_are_sent_by_the_next_client(service: tuple,
     assert fb["num_deployments"] == 25
 
 
-def test_a_rejected_batch_is_set_aside_and_does_not_block_the_rest(service: tuple,
-                                                                    tmp_path: Path) -> None:
+def test_a_rejected_batch_is_set_aside_and_does_not_block_the_rest(
+    service: tuple, tmp_path: Path
+) -> None:
     svc, tokens = service
     cache = tmp_path / "c"
     client = OracleClient(svc.url, tokens["operator"], cache_dir=cache)
@@ -187,8 +200,9 @@ def test_a_rejected_batch_is_set_aside_and_does_not_block_the_rest(service: tupl
 def test_background_thread_reports_without_flush(service: tuple, tmp_path: Path) -> None:
     svc, tokens = service
     done = threading.Event()
-    with OracleClient(svc.url, tokens["operator"], cache_dir=tmp_path / "c",
-                      flush_interval_s=0.05) as client:
+    with OracleClient(
+        svc.url, tokens["operator"], cache_dir=tmp_path / "c", flush_interval_s=0.05
+    ) as client:
         client.decide(QWEN3, deployment_id="bg/1")
         for _ in range(200):
             if client.spool.pending() == 0:
@@ -199,7 +213,8 @@ def test_background_thread_reports_without_flush(service: tuple, tmp_path: Path)
 
 
 def test_without_a_service_url_it_decides_with_pack_defaults_and_spools_nothing(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     with OracleClient(None, cache_dir=tmp_path / "c") as client:
         decision = client.decide(QWEN3, deployment_id="standalone")
         assert client.snapshot_source == "defaults" and client.spool.pending() == 0
@@ -207,23 +222,32 @@ def test_without_a_service_url_it_decides_with_pack_defaults_and_spools_nothing(
 
 
 def test_a_refused_token_is_said_once_with_the_services_reason(
-        service: tuple, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    service: tuple, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     import datetime as dt
 
     svc, tokens = service
     client = OracleClient(svc.url, tokens["viewer"], cache_dir=tmp_path / "c")  # reads only
     client.decide(QWEN3, deployment_id="prod/viewer")
     end = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
-    client.report_health({"deployment_id": "prod/viewer", "runner": "v1", "family": "qwen3",
-                          "window_start": end - dt.timedelta(minutes=1), "window_end": end,
-                          "num_requests": 1, "num_errors": 0})
+    client.report_health(
+        {
+            "deployment_id": "prod/viewer",
+            "runner": "v1",
+            "family": "qwen3",
+            "window_start": end - dt.timedelta(minutes=1),
+            "window_end": end,
+            "num_requests": 1,
+            "num_errors": 0,
+        }
+    )
     with caplog.at_level("WARNING", logger="turnout.client"):
         assert client.flush() == 0 and client.flush() == 0
     client.close()
     said = [r.getMessage() for r in caplog.records if "deferred" in r.getMessage()]
     reason = "(HTTP 403: this needs the operator role; the token has viewer)"
-    assert said == [f"decision report deferred {reason}: 1 spooled, kept until the service "
-                    "takes the token",
-                    f"health report deferred {reason}: 1 spooled, kept until the service "
-                    "takes the token"], said
+    assert said == [
+        f"decision report deferred {reason}: 1 spooled, kept until the service takes the token",
+        f"health report deferred {reason}: 1 spooled, kept until the service takes the token",
+    ], said
     assert client.spool.pending() == 1 and client.health.spool.pending() == 1

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from fake_service import LLAMA, PACK, STAGE, FakeService, canaries, serving, wait_for
 
-from oracle import CanarySnapshot, CohortState, decide
-from oracle.client import OracleClient
+from turnout.oracle import CanarySnapshot, CohortState, decide
+from turnout.oracle.client import OracleClient
 
 _canaries = canaries
 _wait = wait_for
@@ -27,12 +27,20 @@ def fake() -> Iterator[FakeService]:
         yield server
 
 
-@pytest.mark.parametrize("body", [b"<html>502 Bad Gateway</html>", b"[1, 2]",
-                                  b'{"pack": "turnout"}', json.dumps(_canaries("false")).encode(),
-                                  json.dumps(_canaries(True, engaged="no")).encode(),
-                                  b"\xff\xfe"])
-def test_garbage_snapshot_keeps_the_last_good_one(fake: FakeService, tmp_path: Path,
-                                                   body: bytes) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html>502 Bad Gateway</html>",
+        b"[1, 2]",
+        b'{"pack": "turnout"}',
+        json.dumps(_canaries("false")).encode(),
+        json.dumps(_canaries(True, engaged="no")).encode(),
+        b"\xff\xfe",
+    ],
+)
+def test_garbage_snapshot_keeps_the_last_good_one(
+    fake: FakeService, tmp_path: Path, body: bytes
+) -> None:
     client = OracleClient(fake.url, "tok", cache_dir=tmp_path / "c")
     assert client.refresh() == "service"
     on = client.decide(LLAMA, report=False)
@@ -51,8 +59,14 @@ def test_garbage_snapshot_keeps_the_last_good_one(fake: FakeService, tmp_path: P
 def test_background_thread_survives_garbage_and_500s(fake: FakeService, tmp_path: Path) -> None:
     fake.canaries = (200, b"not json")
     fake.ingest_status = 500
-    with OracleClient(fake.url, "tok", cache_dir=tmp_path / "c", flush_interval_s=0.02,
-                      refresh_interval_s=0.05, startup_wait_s=5.0) as client:
+    with OracleClient(
+        fake.url,
+        "tok",
+        cache_dir=tmp_path / "c",
+        flush_interval_s=0.02,
+        refresh_interval_s=0.05,
+        startup_wait_s=5.0,
+    ) as client:
         first = client.decide(LLAMA, deployment_id="during-outage")
         assert first == decide(LLAMA, pack=PACK)
         time.sleep(0.3)  # several failed refreshes and sends
@@ -64,12 +78,17 @@ def test_background_thread_survives_garbage_and_500s(fake: FakeService, tmp_path
     assert [e["deployment_id"] for e in fake.stored.values()] == ["during-outage"]
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe\x00", b'{"etag": "x", "body": ',
-                                     json.dumps({"etag": "x", "body": _canaries("false")}).encode(),
-                                     json.dumps({"etag": "x", "body": [1]}).encode(),
-                                     json.dumps([1, 2]).encode()])
-def test_corrupt_last_known_good_falls_back_to_the_defaults(tmp_path: Path,
-                                                             content: bytes) -> None:
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\xff\xfe\x00",
+        b'{"etag": "x", "body": ',
+        json.dumps({"etag": "x", "body": _canaries("false")}).encode(),
+        json.dumps({"etag": "x", "body": [1]}).encode(),
+        json.dumps([1, 2]).encode(),
+    ],
+)
+def test_corrupt_last_known_good_falls_back_to_the_defaults(tmp_path: Path, content: bytes) -> None:
     cache = tmp_path / "c"
     cache.mkdir()
     (cache / "snapshot-turnout.json").write_bytes(content)
@@ -93,19 +112,21 @@ def test_last_known_good_with_string_booleans_is_not_read_as_true(tmp_path: Path
         assert client.decide(LLAMA) == decide(LLAMA, pack=PACK, canaries=want)
 
 
-def test_corrupt_spool_lines_are_set_aside_and_the_rest_delivered(fake: FakeService,
-                                                                  tmp_path: Path) -> None:
+def test_corrupt_spool_lines_are_set_aside_and_the_rest_delivered(
+    fake: FakeService, tmp_path: Path
+) -> None:
     cache = tmp_path / "c"
     client = OracleClient(fake.url, "tok", cache_dir=cache)
-    ids = [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}")
-           for i in range(3)]
+    ids = [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}") for i in range(3)]
     client.spool._seal_own()
     (segment,) = (cache / "spool").glob("sealed-*.jsonl")
     lines = segment.read_bytes().split(b"\n")
     # Corruption in the middle: bytes that are not UTF-8, a line that is not JSON, a JSON
     # value that is not an event; and a torn last line (a crash inside append).
-    segment.write_bytes(b"\n".join([lines[0], b"\xff\xfe{", lines[1], b"{nope", b"[1]",
-                                    lines[2], b""]) + b'{"event_id": "torn')
+    segment.write_bytes(
+        b"\n".join([lines[0], b"\xff\xfe{", lines[1], b"{nope", b"[1]", lines[2], b""])
+        + b'{"event_id": "torn'
+    )
     assert client.spool.pending() == 3
     assert client.flush() == 3
     assert sorted(fake.stored) == sorted(ids)
@@ -115,15 +136,16 @@ def test_corrupt_spool_lines_are_set_aside_and_the_rest_delivered(fake: FakeServ
     client.close()
 
 
-def test_one_bad_event_in_a_batch_does_not_set_the_others_aside(fake: FakeService,
-                                                                 tmp_path: Path) -> None:
+def test_one_bad_event_in_a_batch_does_not_set_the_others_aside(
+    fake: FakeService, tmp_path: Path
+) -> None:
     cache = tmp_path / "c"
     client = OracleClient(fake.url, "tok", cache_dir=cache, batch_size=3)
-    good = [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}")
-            for i in range(2)]
+    good = [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}") for i in range(2)]
     client.spool.append({"event_id": "bad-one", "at": "x", "deployment_id": 7})
-    good += [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}")
-             for i in range(2, 6)]
+    good += [
+        client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}") for i in range(2, 6)
+    ]
     assert client.flush() == 6
     assert sorted(fake.stored) == sorted(good)
     (aside,) = (cache / "spool").glob("rejected-*.jsonl")
@@ -131,10 +153,9 @@ def test_one_bad_event_in_a_batch_does_not_set_the_others_aside(fake: FakeServic
     client.close()
 
 
-def test_a_spool_that_cannot_be_written_does_not_stop_deciding(fake: FakeService,
-                                                               tmp_path: Path,
-                                                               caplog: pytest.LogCaptureFixture
-                                                               ) -> None:
+def test_a_spool_that_cannot_be_written_does_not_stop_deciding(
+    fake: FakeService, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     cache = tmp_path / "c"
     client = OracleClient(fake.url, "tok", cache_dir=cache)
     spool = cache / "spool"
@@ -150,13 +171,13 @@ def test_a_spool_that_cannot_be_written_does_not_stop_deciding(fake: FakeService
 
 
 def test_a_batch_the_service_finds_too_large_is_split_not_retried_forever(
-        fake: FakeService, tmp_path: Path) -> None:
+    fake: FakeService, tmp_path: Path
+) -> None:
     # A 413 was retried as an outage: a batch over the service's body bound blocked the spool
     # for good. It is split like a 422, down to the single events the service refuses.
     cache = tmp_path / "c"
     client = OracleClient(fake.url, "tok", cache_dir=cache, batch_size=4)
-    ids = [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}")
-           for i in range(4)]
+    ids = [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}") for i in range(4)]
     fake.ingest_status = 413
     assert client.flush() == 0
     assert client.spool.pending() == 0  # nothing left to retry

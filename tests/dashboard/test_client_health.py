@@ -17,18 +17,30 @@ import pytest
 from fake_service import FakeService, serving, wait_for
 from service_helpers import LiveService, make_tokens, start_service
 
-from oracle.client import OracleClient
+from turnout.oracle.client import OracleClient
 
 STAGE = "llama-mistral-dense"
 
 
 def fields(**over: Any) -> dict[str, Any]:
     end = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
-    return {"deployment_id": "prod/llama-8b", "runner": "v2", "family": "llama",
-            "stage": STAGE, "window_start": end - dt.timedelta(minutes=1), "window_end": end,
-            "num_requests": 20, "num_errors": 1, "num_crashes": 0, "ttft_p50_ms": 30.0,
-            "ttft_p99_ms": 90.0, "tpot_p50_ms": 6.0, "tpot_p99_ms": 11.0,
-            "num_output_tokens": 2000, "output_tokens_per_s": 250.0} | over
+    return {
+        "deployment_id": "prod/llama-8b",
+        "runner": "v2",
+        "family": "llama",
+        "stage": STAGE,
+        "window_start": end - dt.timedelta(minutes=1),
+        "window_end": end,
+        "num_requests": 20,
+        "num_errors": 1,
+        "num_crashes": 0,
+        "ttft_p50_ms": 30.0,
+        "ttft_p99_ms": 90.0,
+        "tpot_p50_ms": 6.0,
+        "tpot_p99_ms": 11.0,
+        "num_output_tokens": 2000,
+        "output_tokens_per_s": 250.0,
+    } | over
 
 
 @pytest.fixture
@@ -47,7 +59,8 @@ def service(tmp_path: Path, live: list[LiveService]) -> tuple[LiveService, dict[
 
 
 def test_reports_reach_the_service_and_a_refused_one_is_set_aside_alone(
-        service: tuple[LiveService, dict[str, str]], tmp_path: Path) -> None:
+    service: tuple[LiveService, dict[str, str]], tmp_path: Path
+) -> None:
     svc, tokens = service
     cache = tmp_path / "c"
     client = OracleClient(svc.url, tokens["operator"], cache_dir=cache, host="gpu-3")
@@ -58,15 +71,18 @@ def test_reports_reach_the_service_and_a_refused_one_is_set_aside_alone(
     (aside,) = (cache / "spool-health").glob("rejected-*.jsonl")
     assert [json.loads(x)["report_id"] for x in aside.read_text().splitlines()] == [bad]
     client.close()
-    body = httpx.get(f"{svc.url}/api/v1/health?stage={STAGE}",
-                     headers={"Authorization": f"Bearer {tokens['viewer']}"}).json()
+    body = httpx.get(
+        f"{svc.url}/api/v1/health?stage={STAGE}",
+        headers={"Authorization": f"Bearer {tokens['viewer']}"},
+    ).json()
     assert {r: h["num_reports"] for r, h in body["by_runner"].items()} == {"v1": 1, "v2": 2}
     assert body["by_runner"]["v2"]["tpot_p99_ms"] == 11.0
     assert len(good) == 3
 
 
-def test_a_200_that_is_not_the_acknowledgement_keeps_the_reports(fake: FakeService,
-                                                                  tmp_path: Path) -> None:
+def test_a_200_that_is_not_the_acknowledgement_keeps_the_reports(
+    fake: FakeService, tmp_path: Path
+) -> None:
     client = OracleClient(fake.url, "tok", cache_dir=tmp_path / "c")
     ids = [client.report_health(fields()) for _ in range(2)]
     fake.ingest_answer = (200, b"<html>Service Unavailable</html>", "text/html")
@@ -76,8 +92,9 @@ def test_a_200_that_is_not_the_acknowledgement_keeps_the_reports(fake: FakeServi
     client.close()
 
 
-def test_a_report_that_is_not_one_is_refused_before_the_spool(fake: FakeService,
-                                                              tmp_path: Path) -> None:
+def test_a_report_that_is_not_one_is_refused_before_the_spool(
+    fake: FakeService, tmp_path: Path
+) -> None:
     client = OracleClient(fake.url, "tok", cache_dir=tmp_path / "c")
     with pytest.raises(ValueError, match="num_errors cannot exceed num_requests"):
         client.report_health(fields(num_errors=21))
@@ -86,7 +103,8 @@ def test_a_report_that_is_not_one_is_refused_before_the_spool(fake: FakeService,
 
 
 def test_a_watched_source_reports_every_interval_and_once_more_at_close(
-        fake: FakeService, tmp_path: Path) -> None:
+    fake: FakeService, tmp_path: Path
+) -> None:
     calls: list[int] = []
     lock = threading.Lock()
 
@@ -95,8 +113,9 @@ def test_a_watched_source_reports_every_interval_and_once_more_at_close(
             calls.append(len(calls))
             return fields(num_requests=len(calls))
 
-    client = OracleClient(fake.url, "tok", cache_dir=tmp_path / "c", health_interval_s=0.05,
-                          flush_interval_s=0.02).start()
+    client = OracleClient(
+        fake.url, "tok", cache_dir=tmp_path / "c", health_interval_s=0.05, flush_interval_s=0.02
+    ).start()
     client.watch_health(source)
     assert wait_for(lambda: len(fake.health) >= 2)
     client.close()

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from fake_service import LLAMA, PACK, FakeService, canaries, serving
 
-from oracle import decide
-from oracle.client import OracleClient
-from oracle.wire import batch_digest
+from turnout.oracle import decide
+from turnout.oracle.client import OracleClient
+from turnout.oracle.wire import batch_digest
 
 
 @pytest.fixture
@@ -29,22 +29,31 @@ def fake() -> Iterator[FakeService]:
 
 
 def _report(client: OracleClient, n: int) -> list[str]:
-    return [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}")
-            for i in range(n)]
+    return [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}") for i in range(n)]
 
 
 # -- 1. an acknowledgement is the service's answer for this batch -----------------------------
-@pytest.mark.parametrize("answer", [
-    (200, b"<html><body>Welcome to nginx!</body></html>", "text/html"),
-    (200, b"", "application/json"),
-    (200, b"{}", "application/json"),
-    (200, b'{"accepted": 3}', "application/json"),  # no digest: whose batch?
-    (200, json.dumps({"accepted": 3, "inserted": 3, "batch_digest": batch_digest(["x"])})
-     .encode(), "application/json"),  # another batch's answer
-    (200, b'{"accepted": "3", "batch_digest": "x"}', "application/json"),
-], ids=["html", "empty", "empty-object", "no-digest", "other-batch", "wrong-types"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (200, b"<html><body>Welcome to nginx!</body></html>", "text/html"),
+        (200, b"", "application/json"),
+        (200, b"{}", "application/json"),
+        (200, b'{"accepted": 3}', "application/json"),  # no digest: whose batch?
+        (
+            200,
+            json.dumps(
+                {"accepted": 3, "inserted": 3, "batch_digest": batch_digest(["x"])}
+            ).encode(),
+            "application/json",
+        ),  # another batch's answer
+        (200, b'{"accepted": "3", "batch_digest": "x"}', "application/json"),
+    ],
+    ids=["html", "empty", "empty-object", "no-digest", "other-batch", "wrong-types"],
+)
 def test_a_200_that_is_not_the_services_acknowledgement_keeps_the_batch(
-        fake: FakeService, tmp_path: Path, answer: tuple[int, bytes, str]) -> None:
+    fake: FakeService, tmp_path: Path, answer: tuple[int, bytes, str]
+) -> None:
     # A 200 from whatever answered (a proxy's page) counted as delivered: the events were
     # deleted from the spool and never reached the store.
     client = OracleClient(fake.url, "tok", cache_dir=tmp_path / "c")
@@ -59,12 +68,15 @@ def test_a_200_that_is_not_the_services_acknowledgement_keeps_the_batch(
 
 
 def test_an_acknowledgement_of_a_batch_with_a_count_off_by_one_keeps_it(
-        fake: FakeService, tmp_path: Path) -> None:
+    fake: FakeService, tmp_path: Path
+) -> None:
     client = OracleClient(fake.url, "tok", cache_dir=tmp_path / "c")
     ids = _report(client, 2)
-    fake.ingest_answer = (200, json.dumps({"accepted": 1, "inserted": 1,
-                                           "batch_digest": batch_digest(ids)}).encode(),
-                          "application/json")
+    fake.ingest_answer = (
+        200,
+        json.dumps({"accepted": 1, "inserted": 1, "batch_digest": batch_digest(ids)}).encode(),
+        "application/json",
+    )
     assert client.flush() == 0 and client.spool.pending() == 2
     client.close()
 
@@ -73,7 +85,7 @@ def test_an_acknowledgement_of_a_batch_with_a_count_off_by_one_keeps_it(
 WRITER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from oracle.client_spool import Spool
+    from turnout.oracle.client_spool import Spool
     spool = Spool(Path(sys.argv[1]))
     for i in range(int(sys.argv[2])):
         spool.append({"event_id": f"e{i}", "deployment_id": f"d{i}", "at": "2026-11-30T00:00:00Z"})
@@ -83,14 +95,16 @@ WRITER = textwrap.dedent("""
 
 
 def _writer(directory: Path, n: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(directory), str(n)],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(directory), str(n)], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "written"
     return proc
 
 
 def test_a_crashed_engines_segment_is_sent_by_a_restart_with_the_same_pid(
-        fake: FakeService, tmp_path: Path) -> None:
+    fake: FakeService, tmp_path: Path
+) -> None:
     # PID 1 in a container: the engine that crashed and the one that restarts have the same
     # process id, so a segment claimed by pid looked live to its own successor and was never
     # sent. Here the crashed run's segment carries this process's id, as it would there.
@@ -107,8 +121,9 @@ def test_a_crashed_engines_segment_is_sent_by_a_restart_with_the_same_pid(
     client.close()
 
 
-def test_a_live_writers_segment_is_left_to_it_until_it_dies(fake: FakeService,
-                                                             tmp_path: Path) -> None:
+def test_a_live_writers_segment_is_left_to_it_until_it_dies(
+    fake: FakeService, tmp_path: Path
+) -> None:
     spool_dir = tmp_path / "c" / "spool"
     proc = _writer(spool_dir, 3)
     try:
@@ -123,7 +138,8 @@ def test_a_live_writers_segment_is_left_to_it_until_it_dies(fake: FakeService,
 
 
 def test_two_clients_on_one_directory_never_seal_each_others_open_segment(
-        fake: FakeService, tmp_path: Path) -> None:
+    fake: FakeService, tmp_path: Path
+) -> None:
     first = OracleClient(fake.url, "tok", cache_dir=tmp_path / "c")
     second = OracleClient(fake.url, "tok", cache_dir=tmp_path / "c")
     ids = _report(first, 2)
@@ -140,18 +156,30 @@ def _other_pack_cohorts() -> list[dict[str, object]]:
     return [dict(c, cohort=f"other-{i}") for i, c in enumerate(body["cohorts"])]
 
 
-@pytest.mark.parametrize("body", [
-    canaries(True, cohorts=[]),
-    canaries(True, cohorts=_other_pack_cohorts()),
-    canaries(True, cohorts=canaries(False)["cohorts"][1:]),  # a stage missing
-    canaries(True, cohorts=[*canaries(True)["cohorts"], canaries(False)["cohorts"][1]]),
-    canaries(True, pack_digest="0123456789abcdef"),  # another revision of the pack
-    canaries(True, pack="vllm-0.31"),
-    canaries(True, pack=None),
-], ids=["no-cohorts", "other-cohorts", "stage-missing", "cohort-twice", "other-revision",
-        "other-pack", "no-pack"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        canaries(True, cohorts=[]),
+        canaries(True, cohorts=_other_pack_cohorts()),
+        canaries(True, cohorts=canaries(False)["cohorts"][1:]),  # a stage missing
+        canaries(True, cohorts=[*canaries(True)["cohorts"], canaries(False)["cohorts"][1]]),
+        canaries(True, pack_digest="0123456789abcdef"),  # another revision of the pack
+        canaries(True, pack="vllm-0.31"),
+        canaries(True, pack=None),
+    ],
+    ids=[
+        "no-cohorts",
+        "other-cohorts",
+        "stage-missing",
+        "cohort-twice",
+        "other-revision",
+        "other-pack",
+        "no-pack",
+    ],
+)
 def test_a_snapshot_of_another_pack_does_not_replace_the_last_good_one(
-        fake: FakeService, tmp_path: Path, body: dict[str, object]) -> None:
+    fake: FakeService, tmp_path: Path, body: dict[str, object]
+) -> None:
     # Any well-formed snapshot was used and written to disk: one with no cohorts turned every
     # stage to its default, at once and for every later start.
     cache = tmp_path / "c"
@@ -173,7 +201,8 @@ def test_a_snapshot_of_another_pack_does_not_replace_the_last_good_one(
 
 
 def test_the_kill_switch_of_another_revision_of_the_pack_is_honoured_alone(
-        fake: FakeService, tmp_path: Path) -> None:
+    fake: FakeService, tmp_path: Path
+) -> None:
     # While the service runs another revision of the pack than the engine (a pack upgrade in
     # progress), its snapshot is not used, but its engaged kill switch must still reach the
     # engine: ignoring it would keep V2 running where an operator stopped it.
@@ -190,7 +219,10 @@ def test_the_kill_switch_of_another_revision_of_the_pack_is_honoured_alone(
     assert killed.runner == "v1" and killed.reason_code == "DISABLED"
     assert (cache / "snapshot-turnout.json").read_bytes() == kept  # never saved
     # Released on the service: the engine's own copy decides again.
-    fake.canaries = (200, json.dumps(dict(foreign, kill_switch=dict(foreign["kill_switch"], engaged=False))).encode())
+    fake.canaries = (
+        200,
+        json.dumps(dict(foreign, kill_switch=dict(foreign["kill_switch"], engaged=False))).encode(),
+    )
     client.refresh()
     assert client.decide(LLAMA, report=False).runner == "v2"
     # Another pack's engaged switch is not this pack's.
@@ -201,7 +233,8 @@ def test_the_kill_switch_of_another_revision_of_the_pack_is_honoured_alone(
 
 
 def test_a_snapshot_of_this_pack_with_stages_the_pack_no_longer_has_is_used(
-        fake: FakeService, tmp_path: Path) -> None:
+    fake: FakeService, tmp_path: Path
+) -> None:
     body = canaries(True)
     body["cohorts"].append(dict(body["cohorts"][0], cohort="retired-stage"))
     fake.canaries = (200, json.dumps(body).encode())
@@ -213,7 +246,8 @@ def test_a_snapshot_of_this_pack_with_stages_the_pack_no_longer_has_is_used(
 
 # -- 4. the timeout bounds the request, not each read --------------------------------------
 def test_a_snapshot_dripped_a_byte_at_a_time_is_cut_at_the_deadline(
-        fake: FakeService, tmp_path: Path) -> None:
+    fake: FakeService, tmp_path: Path
+) -> None:
     # 80 bytes, one every 0.3 s: no read waits 0.5 s, so the read timeout never fired and a
     # refresh took 24 s (the start-up decision waits for the first one).
     fake.drip_s = 0.3
@@ -225,7 +259,8 @@ def test_a_snapshot_dripped_a_byte_at_a_time_is_cut_at_the_deadline(
 
 
 def test_an_acknowledgement_dripped_a_byte_at_a_time_is_cut_and_the_batch_kept(
-        fake: FakeService, tmp_path: Path) -> None:
+    fake: FakeService, tmp_path: Path
+) -> None:
     client = OracleClient(fake.url, "tok", cache_dir=tmp_path / "c", timeout_s=0.5)
     ids = _report(client, 2)
     fake.drip_s = 0.3

@@ -27,9 +27,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SECRET = "whsec_closed_loop_0123456789"
 COHORT = "llama-mistral-dense"
-ENV = {"TURNOUT_TICK_S": "0.2", "TURNOUT_WEBHOOK_POLL_S": "0.1",
-       "TURNOUT_WEBHOOK_BACKOFF_S": "0.2", "TURNOUT_WEBHOOK_MAX_BACKOFF_S": "1",
-       "TURNOUT_WEBHOOK_MAX_ATTEMPTS": "100", "TURNOUT_WEBHOOK_LEASE_S": "2"}
+ENV = {
+    "TURNOUT_TICK_S": "0.2",
+    "TURNOUT_WEBHOOK_POLL_S": "0.1",
+    "TURNOUT_WEBHOOK_BACKOFF_S": "0.2",
+    "TURNOUT_WEBHOOK_MAX_BACKOFF_S": "1",
+    "TURNOUT_WEBHOOK_MAX_ATTEMPTS": "100",
+    "TURNOUT_WEBHOOK_LEASE_S": "2",
+}
 PASSING = b"""<testsuite name="tests/parity"><testcase classname="parity" name="greedy"/>
 <testcase classname="parity" name="seeded"/></testsuite>"""
 
@@ -47,15 +52,21 @@ def _until(what: str, check: Callable[[], Any], timeout_s: float = 120) -> Any:
 def _deployments() -> list[str]:
     """Six engine ids of the stage: at 10 % at least one is on V2, at 50 % at least one on
     V1 (the share is a hash of the deployment id)."""
-    from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
+    from turnout.oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
 
     pack = load_pack("turnout")
 
     def runner(d: str, share: int) -> str | None:
-        snap = CanarySnapshot(cohorts={c.id: CohortState(
-            enabled=c.enabled or c.id == COHORT,
-            percentage=share if c.id == COHORT else c.percentage) for c in pack.cohorts},
-            kill_switch=False)
+        snap = CanarySnapshot(
+            cohorts={
+                c.id: CohortState(
+                    enabled=c.enabled or c.id == COHORT,
+                    percentage=share if c.id == COHORT else c.percentage,
+                )
+                for c in pack.cohorts
+            },
+            kill_switch=False,
+        )
         config = DeploymentConfig(architecture="LlamaForCausalLM", deployment_id=d)
         return decide(config, pack=pack, canaries=snap).runner
 
@@ -67,8 +78,10 @@ def _deployments() -> list[str]:
 
 
 def _receiver(port: int, out: Path) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, str(HERE / "webhook_receiver.py"), str(port),
-                             SECRET, str(out)], env={"PYTHONPATH": f"{ROOT}:{HERE}"})
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "webhook_receiver.py"), str(port), SECRET, str(out)],
+        env={"PYTHONPATH": f"{ROOT / 'src'}:{HERE}"},
+    )
 
     def listening() -> bool:
         with socket.socket() as s:
@@ -107,8 +120,7 @@ class Fleet:
         import json
 
         path = self.tmp / "deliveries.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] \
-            if path.exists() else []
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _push_evidence(fleet: Fleet, family: str) -> None:
@@ -116,25 +128,55 @@ def _push_evidence(fleet: Fleet, family: str) -> None:
     report = fleet.tmp / f"{family}.xml"
     report.write_bytes(PASSING)
     done = subprocess.run(
-        [sys.executable, "-c", "from oracle.cli import main; main()", "evidence", "push",
-         "--family", family, "--junit", str(report), "--url", fleet.svc.url],
-        env={"TURNOUT_TOKEN": fleet.tokens["operator"], "PATH": "/usr/bin:/bin",
-             "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-c",
+            "from turnout.oracle.cli import main; main()",
+            "evidence",
+            "push",
+            "--family",
+            family,
+            "--junit",
+            str(report),
+            "--url",
+            fleet.svc.url,
+        ],
+        env={
+            "TURNOUT_TOKEN": fleet.tokens["operator"],
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(ROOT),
+        },
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
 
 
-def test_a_ramp_closes_the_loop(tmp_path: Path, db_url: str, live: list[LiveService],
-                                processes: list[subprocess.Popen[bytes]]) -> None:
+def test_a_ramp_closes_the_loop(
+    tmp_path: Path, db_url: str, live: list[LiveService], processes: list[subprocess.Popen[bytes]]
+) -> None:
     url = db_url
     fleet = Fleet(tmp_path, make_tokens(url))
     port, receiver_port = free_port(), free_port()
     fleet.svc = start_service(url, tmp_path / "svc.log", env=ENV, port=port)
     live.append(fleet.svc)
     processes.append(_receiver(receiver_port, tmp_path / "deliveries.jsonl"))
-    r = httpx.post(fleet.svc.url + "/api/v1/webhooks", headers=fleet.h("admin"), json={
-        "url": f"http://127.0.0.1:{receiver_port}/hook", "secret": SECRET,
-        "kinds": ["flip", "ramp_step", "gate_failure", "kill_switch", "scheduled_flip",
-                  "approval"]})
+    r = httpx.post(
+        fleet.svc.url + "/api/v1/webhooks",
+        headers=fleet.h("admin"),
+        json={
+            "url": f"http://127.0.0.1:{receiver_port}/hook",
+            "secret": SECRET,
+            "kinds": [
+                "flip",
+                "ramp_step",
+                "gate_failure",
+                "kill_switch",
+                "scheduled_flip",
+                "approval",
+            ],
+        },
+    )
     assert r.status_code == 201, r.text
     for family in ("llama", "mistral"):
         _push_evidence(fleet, family)
@@ -144,20 +186,40 @@ def test_a_ramp_closes_the_loop(tmp_path: Path, db_url: str, live: list[LiveServ
     ids_files = []
     for d in _deployments():
         ids_files.append(tmp_path / f"{d}.ids")
-        processes.append(subprocess.Popen(
-            [sys.executable, str(HERE / "fleet_engine.py"), fleet.svc.url,
-             fleet.tokens["operator"], d, str(tmp_path / f"cache-{d}"), str(mode),
-             str(ids_files[-1])], env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}))
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(HERE / "fleet_engine.py"),
+                    fleet.svc.url,
+                    fleet.tokens["operator"],
+                    d,
+                    str(tmp_path / f"cache-{d}"),
+                    str(mode),
+                    str(ids_files[-1]),
+                ],
+                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+            )
+        )
     engines = processes[1:]
 
-    etag = httpx.get(f"{fleet.svc.url}/api/v1/canaries/{COHORT}", headers=fleet.h("viewer")
-                     ).headers["ETag"]
-    r = httpx.post(f"{fleet.svc.url}/api/v1/canaries/{COHORT}/ramp",
-                   headers={**fleet.h("operator"), "If-Match": etag},
-                   json={"steps": [{"percentage": 10, "bake_s": 2}, {"percentage": 50, "bake_s": 2},
-                                   {"percentage": 100, "bake_s": 3600}],
-                         "gates": {"min_engines": 1}, "on_failure": "rollback",
-                         "reason": "parity green; closed-loop test"})
+    etag = httpx.get(
+        f"{fleet.svc.url}/api/v1/canaries/{COHORT}", headers=fleet.h("viewer")
+    ).headers["ETag"]
+    r = httpx.post(
+        f"{fleet.svc.url}/api/v1/canaries/{COHORT}/ramp",
+        headers={**fleet.h("operator"), "If-Match": etag},
+        json={
+            "steps": [
+                {"percentage": 10, "bake_s": 2},
+                {"percentage": 50, "bake_s": 2},
+                {"percentage": 100, "bake_s": 3600},
+            ],
+            "gates": {"min_engines": 1},
+            "on_failure": "rollback",
+            "reason": "parity green; closed-loop test",
+        },
+    )
     assert r.status_code == 201, r.text
     ramp_id = r.json()["id"]
 
@@ -166,8 +228,11 @@ def test_a_ramp_closes_the_loop(tmp_path: Path, db_url: str, live: list[LiveServ
     processes[0].kill()
     processes[0].wait(10)
     lines = sum(len(f.read_text().splitlines()) for f in ids_files)
-    _until("engines spooling while the service is down",
-           lambda: sum(len(f.read_text().splitlines()) for f in ids_files) >= lines + 12, 60)
+    _until(
+        "engines spooling while the service is down",
+        lambda: sum(len(f.read_text().splitlines()) for f in ids_files) >= lines + 12,
+        60,
+    )
     processes[0] = _receiver(receiver_port, tmp_path / "deliveries.jsonl")
     fleet.svc = start_service(url, tmp_path / "svc.log", env=ENV, port=port)
     live.append(fleet.svc)
@@ -175,13 +240,16 @@ def test_a_ramp_closes_the_loop(tmp_path: Path, db_url: str, live: list[LiveServ
     _until("the ramp at 100 % with V2 healthy", lambda: fleet.ramp(ramp_id)["step_index"] == 2)
     assert fleet.ramp(ramp_id)["state"] == "active"
     mode.write_text("crash")
-    ramp = _until("the ramp rolled back",
-                  lambda: (r := fleet.ramp(ramp_id))["state"] == "rolled_back" and r)
+    ramp = _until(
+        "the ramp rolled back", lambda: (r := fleet.ramp(ramp_id))["state"] == "rolled_back" and r
+    )
     cohort = fleet.get(f"/api/v1/canaries/{COHORT}")
     assert (cohort["enabled"], cohort["percentage"]) == (False, 100)
 
-    audit = [(e["action"], e["reason"]) for e in
-             reversed(fleet.get(f"/api/v1/audit?target=cohort:{COHORT}"))]
+    audit = [
+        (e["action"], e["reason"])
+        for e in reversed(fleet.get(f"/api/v1/audit?target=cohort:{COHORT}"))
+    ]
     assert [a for a, _r in audit] == ["ramp.start", "ramp.step", "ramp.step", "ramp.rollback"]
     why = audit[-1][1]
     assert why.startswith("gate v2_crash_rate: v2 ") and "crashes per engine (max 0.05)" in why
@@ -195,9 +263,14 @@ def test_a_ramp_closes_the_loop(tmp_path: Path, db_url: str, live: list[LiveServ
     [failure] = _until("the receiver hears why", got_the_failure)
     assert failure["signed"] and failure["body"]["reason"] == why
     assert failure["body"]["canary"]["enabled"] is False
-    steps = _until("every ramp step delivered", lambda: [
-        d["body"]["action"] for d in fleet.deliveries() if d["kind"] == "ramp_step"]
-        if len({d["delivery_id"] for d in fleet.deliveries()}) >= 4 else None)
+    steps = _until(
+        "every ramp step delivered",
+        lambda: (
+            [d["body"]["action"] for d in fleet.deliveries() if d["kind"] == "ramp_step"]
+            if len({d["delivery_id"] for d in fleet.deliveries()}) >= 4
+            else None
+        ),
+    )
     assert sorted(set(steps)) == ["ramp.start", "ramp.step"]
     assert all(d["signed"] for d in fleet.deliveries())
 
@@ -213,8 +286,8 @@ def _assert_nothing_lost(url: str, ids_files: list[Path]) -> None:
     """Every decision event and health report an engine spooled is in the store."""
     from sqlalchemy import select
 
-    from dashboard.store.db import Database
-    from dashboard.store.models import DecisionEvent, EngineHealth
+    from turnout.dashboard.store.db import Database
+    from turnout.dashboard.store.models import DecisionEvent, EngineHealth
 
     sent: dict[str, set[str]] = {"event": set(), "health": set()}
     for f in ids_files:

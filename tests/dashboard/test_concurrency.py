@@ -16,9 +16,9 @@ from service_helpers import LiveService, make_tokens, start_service
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from dashboard.store.db import Database
-from dashboard.store.models import AuditEntry, Canary, DecisionEvent
-from oracle import load_pack
+from turnout.dashboard.store.db import Database
+from turnout.dashboard.store.models import AuditEntry, Canary, DecisionEvent
+from turnout.oracle import load_pack
 
 COHORT = load_pack("turnout").cohorts[0].id  # the first rollout stage
 NUM_CLIENTS = 20
@@ -26,14 +26,16 @@ NUM_ROUNDS = 4
 
 
 def _version(svc: LiveService, token: str) -> int:
-    r = httpx.get(f"{svc.url}/api/v1/canaries/{COHORT}",
-                  headers={"Authorization": f"Bearer {token}"})
+    r = httpx.get(
+        f"{svc.url}/api/v1/canaries/{COHORT}", headers={"Authorization": f"Bearer {token}"}
+    )
     r.raise_for_status()
     return int(r.json()["version"])
 
 
-def test_20_clients_race_one_winner_per_version(db_url: str, tmp_path: Path,
-                                                 live: list[LiveService]) -> None:
+def test_20_clients_race_one_winner_per_version(
+    db_url: str, tmp_path: Path, live: list[LiveService]
+) -> None:
     tokens = make_tokens(db_url)
     svc = start_service(db_url, tmp_path / "svc.log")
     live.append(svc)
@@ -45,15 +47,22 @@ def test_20_clients_race_one_winner_per_version(db_url: str, tmp_path: Path,
         statuses: list[int] = []
         lock = threading.Lock()
 
-        def flip(i: int, version: int = version, barrier: threading.Barrier = barrier,
-                 rnd: int = rnd, statuses: list[int] = statuses,
-                 lock: threading.Lock = lock) -> None:
+        def flip(
+            i: int,
+            version: int = version,
+            barrier: threading.Barrier = barrier,
+            rnd: int = rnd,
+            statuses: list[int] = statuses,
+            lock: threading.Lock = lock,
+        ) -> None:
             with httpx.Client(base_url=svc.url, timeout=30) as c:
                 barrier.wait()
                 # Round 0 turns the first stage (on by default) off: each round is a change.
-                r = c.patch(f"/api/v1/canaries/{COHORT}",
-                            headers={**auth, "If-Match": f'"{version}"'},
-                            json={"enabled": rnd % 2 == 1, "reason": f"round {rnd} client {i}"})
+                r = c.patch(
+                    f"/api/v1/canaries/{COHORT}",
+                    headers={**auth, "If-Match": f'"{version}"'},
+                    json={"enabled": rnd % 2 == 1, "reason": f"round {rnd} client {i}"},
+                )
             with lock:
                 statuses.append(r.status_code)
 
@@ -67,8 +76,11 @@ def test_20_clients_race_one_winner_per_version(db_url: str, tmp_path: Path,
         assert _version(svc, tokens["viewer"]) == version + 1
     db = Database(db_url)
     with db.read_session() as s:
-        entries = list(s.scalars(select(AuditEntry).where(AuditEntry.action == "canary.flip")
-                                 .order_by(AuditEntry.id)))
+        entries = list(
+            s.scalars(
+                select(AuditEntry).where(AuditEntry.action == "canary.flip").order_by(AuditEntry.id)
+            )
+        )
     db.dispose()
     assert len(entries) == wins == NUM_ROUNDS
     # No lost update: each entry starts from the state the previous one left.
@@ -78,7 +90,8 @@ def test_20_clients_race_one_winner_per_version(db_url: str, tmp_path: Path,
 
 
 def test_two_replicas_on_one_postgresql_see_each_others_flips(
-        pg_schema_url: str, tmp_path: Path, live: list[LiveService]) -> None:
+    pg_schema_url: str, tmp_path: Path, live: list[LiveService]
+) -> None:
     tokens = make_tokens(pg_schema_url)
     env = {"TURNOUT_SNAPSHOT_TTL_S": "0"}
     a = start_service(pg_schema_url, tmp_path / "a.log", env=env)
@@ -89,40 +102,59 @@ def test_two_replicas_on_one_postgresql_see_each_others_flips(
     spec = {"config": {"architecture": "Qwen3ForCausalLM"}}
     before_b = httpx.post(f"{b.url}/api/v1/decide", headers=op, json=spec).json()
     version = _version(a, tokens["viewer"])
-    r = httpx.patch(f"{a.url}/api/v1/canaries/{COHORT}",
-                    headers={**op, "If-Match": str(version)},
-                    json={"enabled": not _enabled(b, tokens["viewer"]), "reason": "replica test"})
+    r = httpx.patch(
+        f"{a.url}/api/v1/canaries/{COHORT}",
+        headers={**op, "If-Match": str(version)},
+        json={"enabled": not _enabled(b, tokens["viewer"]), "reason": "replica test"},
+    )
     assert r.status_code == 200, r.text
     assert _version(b, tokens["viewer"]) == version + 1
     after_b = httpx.post(f"{b.url}/api/v1/decide", headers=op, json=spec).json()
     assert before_b["runner"] != after_b["runner"]
     # And back, flipped on B and seen on A; A's stale If-Match is refused.
-    r = httpx.patch(f"{b.url}/api/v1/canaries/{COHORT}",
-                    headers={**op, "If-Match": str(version + 1)},
-                    json={"enabled": not _enabled(a, tokens["viewer"]), "reason": "and back"})
+    r = httpx.patch(
+        f"{b.url}/api/v1/canaries/{COHORT}",
+        headers={**op, "If-Match": str(version + 1)},
+        json={"enabled": not _enabled(a, tokens["viewer"]), "reason": "and back"},
+    )
     assert r.status_code == 200, r.text
-    r = httpx.patch(f"{a.url}/api/v1/canaries/{COHORT}",
-                    headers={**op, "If-Match": str(version + 1)},
-                    json={"enabled": True, "reason": "stale"})
+    r = httpx.patch(
+        f"{a.url}/api/v1/canaries/{COHORT}",
+        headers={**op, "If-Match": str(version + 1)},
+        json={"enabled": True, "reason": "stale"},
+    )
     assert r.status_code == 409
     assert r.headers["ETag"] == f'"{version + 2}"'
 
 
 def _enabled(svc: LiveService, token: str) -> bool:
-    r = httpx.get(f"{svc.url}/api/v1/canaries/{COHORT}",
-                  headers={"Authorization": f"Bearer {token}"})
+    r = httpx.get(
+        f"{svc.url}/api/v1/canaries/{COHORT}", headers={"Authorization": f"Bearer {token}"}
+    )
     return bool(r.json()["enabled"])
 
 
 def _events(n: int, run: str) -> list[dict[str, object]]:
     now = dt.datetime.now(dt.UTC).isoformat()
-    return [{"event_id": f"{run}-{uuid.uuid4().hex}", "at": now, "deployment_id": f"dep-{i % 97}",
-             "pack": "turnout", "family": "qwen3", "runner": "v1", "mode": "auto",
-             "reason_code": "STATIC", "rule_ids": ["spec_ngram"]} for i in range(n)]
+    return [
+        {
+            "event_id": f"{run}-{uuid.uuid4().hex}",
+            "at": now,
+            "deployment_id": f"dep-{i % 97}",
+            "pack": "turnout",
+            "family": "qwen3",
+            "runner": "v1",
+            "mode": "auto",
+            "reason_code": "STATIC",
+            "rule_ids": ["spec_ngram"],
+        }
+        for i in range(n)
+    ]
 
 
 def test_kill_9_during_ingest_loses_no_acknowledged_event(
-        db_url: str, tmp_path: Path, live: list[LiveService]) -> None:
+    db_url: str, tmp_path: Path, live: list[LiveService]
+) -> None:
     tokens = make_tokens(db_url)
     svc = start_service(db_url, tmp_path / "svc.log")
     live.append(svc)
@@ -131,8 +163,9 @@ def test_kill_9_during_ingest_loses_no_acknowledged_event(
     lock = threading.Lock()
 
     def post(worker: int) -> None:
-        with httpx.Client(base_url=svc.url, timeout=10,
-                          headers={"Authorization": f"Bearer {tokens['operator']}"}) as c:
+        with httpx.Client(
+            base_url=svc.url, timeout=10, headers={"Authorization": f"Bearer {tokens['operator']}"}
+        ) as c:
             while not stop.is_set():
                 batch = _events(200, f"w{worker}")
                 try:
@@ -165,13 +198,15 @@ def test_kill_9_during_ingest_loses_no_acknowledged_event(
     # The database opens cleanly after the crash and the service serves it again.
     again = start_service(db_url, tmp_path / "again.log")
     live.append(again)
-    r = httpx.get(f"{again.url}/api/v1/fallbacks",
-                  headers={"Authorization": f"Bearer {tokens['viewer']}"})
+    r = httpx.get(
+        f"{again.url}/api/v1/fallbacks", headers={"Authorization": f"Bearer {tokens['viewer']}"}
+    )
     assert r.status_code == 200 and r.json()["num_deployments"] == 97
 
 
 def test_kill_9_during_flips_keeps_audit_and_versions_in_step(
-        db_url: str, tmp_path: Path, live: list[LiveService]) -> None:
+    db_url: str, tmp_path: Path, live: list[LiveService]
+) -> None:
     tokens = make_tokens(db_url)
     svc = start_service(db_url, tmp_path / "svc.log")
     live.append(svc)
@@ -180,14 +215,17 @@ def test_kill_9_during_flips_keeps_audit_and_versions_in_step(
     stop = threading.Event()
 
     def flip(worker: int) -> None:
-        with httpx.Client(base_url=svc.url, timeout=10,
-                          headers={"Authorization": f"Bearer {tokens['operator']}"}) as c:
+        with httpx.Client(
+            base_url=svc.url, timeout=10, headers={"Authorization": f"Bearer {tokens['operator']}"}
+        ) as c:
             while not stop.is_set():
                 try:
                     cur = c.get(f"/api/v1/canaries/{COHORT}").json()
-                    r = c.patch(f"/api/v1/canaries/{COHORT}",
-                                headers={"If-Match": str(cur["version"])},
-                                json={"enabled": not cur["enabled"], "reason": f"w{worker}"})
+                    r = c.patch(
+                        f"/api/v1/canaries/{COHORT}",
+                        headers={"If-Match": str(cur["version"])},
+                        json={"enabled": not cur["enabled"], "reason": f"w{worker}"},
+                    )
                 except httpx.HTTPError:
                     return  # the service is gone: this flip was never acknowledged
                 assert r.status_code in (200, 409), r.text
@@ -210,8 +248,11 @@ def test_kill_9_during_flips_keeps_audit_and_versions_in_step(
     db = Database(db_url)
     with db.read_session() as s:
         version = _stored_version(s)
-        audited = sorted(int(a.after["version"]) for a in s.scalars(
-            select(AuditEntry).where(AuditEntry.target == f"cohort:{COHORT}")) if a.after)
+        audited = sorted(
+            int(a.after["version"])
+            for a in s.scalars(select(AuditEntry).where(AuditEntry.target == f"cohort:{COHORT}"))
+            if a.after
+        )
     db.dispose()
     # One audit entry per committed flip, versions without gaps, every acknowledged one there.
     assert audited == list(range(2, version + 1))
@@ -231,20 +272,25 @@ def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
-def test_workers_share_the_store_and_all_see_a_flip(tmp_path: Path,
-                                                    live: list[LiveService]) -> None:
+def test_workers_share_the_store_and_all_see_a_flip(
+    tmp_path: Path, live: list[LiveService]
+) -> None:
     url = f"sqlite:///{tmp_path / 'w.db'}"
     tokens = make_tokens(url)
-    svc = start_service(url, tmp_path / "w.log", env={"TURNOUT_SNAPSHOT_TTL_S": "0"},
-                        args=("--workers", "2"))
+    svc = start_service(
+        url, tmp_path / "w.log", env={"TURNOUT_SNAPSHOT_TTL_S": "0"}, args=("--workers", "2")
+    )
     live.append(svc)
     op = {"Authorization": f"Bearer {tokens['operator']}"}
     spec = {"config": {"architecture": "Qwen3ForCausalLM"}}
     with httpx.Client(base_url=svc.url, headers=op, timeout=10) as c:
         version = _version(svc, tokens["viewer"])
         before = c.post("/api/v1/decide", json=spec).json()["runner"]
-        r = c.patch(f"/api/v1/canaries/{COHORT}", headers={"If-Match": str(version)},
-                    json={"enabled": not _enabled(svc, tokens["viewer"]), "reason": "workers"})
+        r = c.patch(
+            f"/api/v1/canaries/{COHORT}",
+            headers={"If-Match": str(version)},
+            json={"enabled": not _enabled(svc, tokens["viewer"]), "reason": "workers"},
+        )
         assert r.status_code == 200, r.text
         # New connections land on either worker; every answer must reflect the flip.
         runners = set()
@@ -255,10 +301,10 @@ def test_workers_share_the_store_and_all_see_a_flip(tmp_path: Path,
 
 
 def test_replicas_starting_at_once_insert_the_defaults_once(db_url: str) -> None:
-    from dashboard.app import prepare
-    from dashboard.services import Services
-    from dashboard.settings import Settings
-    from dashboard.store import canaries
+    from turnout.dashboard.app import prepare
+    from turnout.dashboard.services import Services
+    from turnout.dashboard.settings import Settings
+    from turnout.dashboard.store import canaries
 
     first = Services.build(Settings(database_url=db_url, demo=False))
     first.db.upgrade()

@@ -11,11 +11,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from dashboard import cli
-from dashboard.services import Services
-from dashboard.settings import Settings
-from dashboard.store import audit, canaries, events, tokens
-from oracle import load_pack
+from turnout.dashboard import cli
+from turnout.dashboard.services import Services
+from turnout.dashboard.settings import Settings
+from turnout.dashboard.store import audit, canaries, events, tokens
+from turnout.oracle import load_pack
 
 
 @pytest.fixture
@@ -37,8 +37,12 @@ def _services(url: str) -> Services:
 
 
 def test_entry_point_registers_the_service_commands() -> None:
-    out = subprocess.run([sys.executable, "-m", "oracle.cli", "--help"], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "turnout.oracle.cli", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     for name in ("serve", "db", "token", "canary", "kill-switch", "demo"):
         assert f" {name} " in out
 
@@ -46,7 +50,7 @@ def test_entry_point_registers_the_service_commands() -> None:
 def test_db_upgrade_and_token_create(run) -> None:  # type: ignore[no-untyped-def]
     from alembic.script import ScriptDirectory
 
-    from dashboard.store.db import alembic_config
+    from turnout.dashboard.store.db import alembic_config
 
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     code, out = run("db", "upgrade")
@@ -84,7 +88,9 @@ def test_canary_flips_by_family_name_and_are_audited(run) -> None:  # type: igno
         entries = audit.list_entries(session=s)
     assert state.cohorts[first.id][:2] == (True, 10)
     assert [(e.reason, e.actor) for e in entries[:2]] == [
-        ("10% first", f"cli:{getpass.getuser()}"), ("p99 regression", f"cli:{getpass.getuser()}")]
+        ("10% first", f"cli:{getpass.getuser()}"),
+        ("p99 regression", f"cli:{getpass.getuser()}"),
+    ]
     code, out = run("canary", "enable", "no-such-stage", "--reason", "x")
     ids = ", ".join(c.id for c in load_pack("turnout").cohorts)
     assert code == 2 and out.strip() == f"error: unknown cohort 'no-such-stage'; cohorts: {ids}"
@@ -115,15 +121,26 @@ def test_canary_list_is_a_table_that_fits_80_columns(tmp_path: Path) -> None:
     runner = CliRunner(env={"COLUMNS": "80"})
     pack = load_pack("turnout")
     stage = pack.cohorts[1]
-    flipped = runner.invoke(app, ["canary", "enable", stage.id, "--percentage", "10",
-                                  "--reason", "10% first", "--database-url", url])
+    flipped = runner.invoke(
+        app,
+        [
+            "canary",
+            "enable",
+            stage.id,
+            "--percentage",
+            "10",
+            "--reason",
+            "10% first",
+            "--database-url",
+            url,
+        ],
+    )
     assert flipped.exit_code == 0, flipped.output
     result = runner.invoke(app, ["canary", "list", "--database-url", url])
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert max(len(line) for line in lines) <= 80
-    assert lines[0].split() == ["cohort", "families", "enabled", "%", "version", "last",
-                                "change"]
+    assert lines[0].split() == ["cohort", "families", "enabled", "%", "version", "last", "change"]
     starts = [line.split()[0] for line in lines[1:-1] if line[:1] != " "]
     assert starts == [c.id for c in pack.cohorts]  # rollout order, ids whole
     row = next(line for line in lines if line.startswith(stage.id + " ")).split()
@@ -133,14 +150,20 @@ def test_canary_list_is_a_table_that_fits_80_columns(tmp_path: Path) -> None:
     first = next(line for line in lines if line.startswith(pack.cohorts[0].id + " ")).split()
     assert first[1:5] == [pack.cohorts[0].families[0], "yes", "100", "1"]  # on by default
     attribute_only = next(c for c in pack.cohorts if not c.families)
-    assert next(line for line in lines
-                if line.startswith(attribute_only.id + " ")).split()[1:5] == ["-", "no", "100",
-                                                                             "1"]
+    assert next(line for line in lines if line.startswith(attribute_only.id + " ")).split()[
+        1:5
+    ] == ["-", "no", "100", "1"]
     assert lines[-1] == "kill switch: released"
     # An actor's name is printed as given, not read as a Rich style.
     with _services(url).db.write_session() as s:
-        canaries.flip_canary(session=s, cohort=stage.id, enabled=False, reason="x",
-                             actor="[bold]ops (token 7)", if_version=2)
+        canaries.flip_canary(
+            session=s,
+            cohort=stage.id,
+            enabled=False,
+            reason="x",
+            actor="[bold]ops (token 7)",
+            if_version=2,
+        )
         s.commit()
     out = runner.invoke(app, ["canary", "list", "--database-url", url]).output
     assert "[bold]ops (token 7)" in " ".join(out.split())
@@ -152,7 +175,7 @@ def test_kill_switch_and_demo_remove(run) -> None:  # type: ignore[no-untyped-de
     code, out = run("kill-switch", "engage", "--reason", "V2 crash loop, again")
     assert code == 0 and out.strip() == "kill switch already ENGAGED; nothing changed (version 2)"
     services = Services.build(Settings(database_url=run.url, demo=True))
-    from dashboard.app import prepare
+    from turnout.dashboard.app import prepare
 
     prepare(services)  # an empty database: the demo fleet is recorded
     with services.db.read_session() as s:
@@ -168,7 +191,7 @@ def test_kill_switch_and_demo_remove(run) -> None:  # type: ignore[no-untyped-de
 
 
 def test_demo_seed_records_the_fleet_again_after_a_remove(run) -> None:  # type: ignore[no-untyped-def]
-    from dashboard.app import prepare
+    from turnout.dashboard.app import prepare
 
     services = Services.build(Settings(database_url=run.url, demo=True))
     prepare(services)
@@ -188,9 +211,10 @@ def test_demo_seed_records_the_fleet_again_after_a_remove(run) -> None:  # type:
     assert entries[1].after == {"events": num_demo, "already_there": 0}
 
 
-def test_a_later_start_says_how_to_sign_in(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from dashboard.invocation import turnout_here
+def test_a_later_start_says_how_to_sign_in(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from turnout.dashboard.invocation import turnout_here
 
     script = tmp_path / ".venv" / "bin" / "turnout"  # make run's .venv/bin/turnout serve
     script.parent.mkdir(parents=True)
@@ -207,15 +231,18 @@ def test_a_later_start_says_how_to_sign_in(tmp_path: Path, capsys: pytest.Captur
     cli._first_admin_token(services, "http://127.0.0.1:8000")  # make run, again
     again = capsys.readouterr().out
     assert "tok_" not in again
-    assert again.strip() == ("turnout: sign in at http://127.0.0.1:8000/login (lost the token? "
-                             ".venv/bin/turnout token create --role admin)")
+    assert again.strip() == (
+        "turnout: sign in at http://127.0.0.1:8000/login (lost the token? "
+        ".venv/bin/turnout token create --role admin)"
+    )
     services.db.dispose()
     turnout_here.cache_clear()
 
 
-def test_hints_name_the_turnout_the_user_runs(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from dashboard.invocation import turnout_command
+def test_hints_name_the_turnout_the_user_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from turnout.dashboard.invocation import turnout_command
 
     script = tmp_path / "co" / ".venv" / "bin" / "turnout"
     script.parent.mkdir(parents=True)
@@ -236,9 +263,21 @@ def test_serve_on_a_port_in_use_says_so_before_serving(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         done = subprocess.run(
-            [sys.executable, "-c", "from oracle.cli import main; main()", "serve",
-             "--port", str(port), "--database-url", f"sqlite:///{tmp_path / 's.db'}",
-             "--no-demo"], capture_output=True, text=True, timeout=120)
+            [
+                sys.executable,
+                "-c",
+                "from turnout.oracle.cli import main; main()",
+                "serve",
+                "--port",
+                str(port),
+                "--database-url",
+                f"sqlite:///{tmp_path / 's.db'}",
+                "--no-demo",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "serving" not in done.stdout and "Traceback" not in done.stderr
     assert done.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}: "), done.stderr
@@ -248,20 +287,32 @@ def test_serve_on_a_port_in_use_says_so_before_serving(tmp_path: Path) -> None:
 def _unusable_settings(tmp_path: Path) -> list[tuple[list[str], str]]:
     (tmp_path / "a-file").write_text("not a directory")
     return [
-        (["--database-url", f"sqlite:///{tmp_path / 'a-file' / 'turnout.db'}"],
-         f"cannot create the directory of the SQLite database {tmp_path / 'a-file'}"),
+        (
+            ["--database-url", f"sqlite:///{tmp_path / 'a-file' / 'turnout.db'}"],
+            f"cannot create the directory of the SQLite database {tmp_path / 'a-file'}",
+        ),
         (["--database-url", "not-a-url"], "'not-a-url' is not a database URL"),
-        (["--database-url", "postgresql+psycopg://postgres@127.0.0.1:5432/turnout_no_such_db"],
-         "cannot connect to the database postgresql+psycopg://postgres@127.0.0.1:5432/"
-         "turnout_no_such_db"),
+        (
+            ["--database-url", "postgresql+psycopg://postgres@127.0.0.1:5432/turnout_no_such_db"],
+            "cannot connect to the database postgresql+psycopg://postgres@127.0.0.1:5432/"
+            "turnout_no_such_db",
+        ),
     ]
 
 
-@pytest.mark.parametrize("command", [["db", "upgrade"], ["db", "current"], ["canary", "list"],
-                                     ["token", "create", "--role", "viewer"],
-                                     ["kill-switch", "engage", "--reason", "r"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["db", "upgrade"],
+        ["db", "current"],
+        ["canary", "list"],
+        ["token", "create", "--role", "viewer"],
+        ["kill-switch", "engage", "--reason", "r"],
+    ],
+)
 def test_a_database_that_cannot_be_opened_is_an_error_not_a_traceback(
-        tmp_path: Path, command: list[str]) -> None:
+    tmp_path: Path, command: list[str]
+) -> None:
     app = typer.Typer()
     cli.register(app)
     for options, message in _unusable_settings(tmp_path):
@@ -269,16 +320,20 @@ def test_a_database_that_cannot_be_opened_is_an_error_not_a_traceback(
         assert result.exit_code == 1, (options, result.output, result.exception)
         assert result.output.startswith(f"error: {message}"), (options, result.output)
         assert not (tmp_path / "a-file").is_dir()
-    result = CliRunner().invoke(app, ["canary", "list", "--pack", "nope",
-                                      "--database-url", f"sqlite:///{tmp_path / 'x.db'}"])
+    result = CliRunner().invoke(
+        app,
+        ["canary", "list", "--pack", "nope", "--database-url", f"sqlite:///{tmp_path / 'x.db'}"],
+    )
     assert result.exit_code == 1 and result.output.startswith("error: no policy pack 'nope'")
 
 
 def test_bad_input_exits_2_and_repeats_are_said(run) -> None:  # type: ignore[no-untyped-def]
     code, out = run("canary", "enable", "Llama", "--reason", "r")
     assert code == 2, out
-    assert "unknown cohort 'Llama' (did you mean the family 'llama'? its stage is cohort " \
+    assert (
+        "unknown cohort 'Llama' (did you mean the family 'llama'? its stage is cohort "
         "'llama-mistral-dense')" in out
+    )
     code, out = run("canary", "enable", "QWEN3-canary", "--reason", "r")
     assert code == 2 and "(did you mean 'qwen3-canary'?)" in out, out
     code, out = run("kill-switch", "engage", "--reason", " ")
@@ -313,8 +368,7 @@ def test_cli_reason_has_the_api_bounds(run) -> None:  # type: ignore[no-untyped-
 def test_token_create_expires_in(run) -> None:  # type: ignore[no-untyped-def]
     import datetime as dt
 
-    code, out = run("token", "create", "--role", "viewer", "--name", "temp",
-                    "--expires-in", "30d")
+    code, out = run("token", "create", "--role", "viewer", "--name", "temp", "--expires-in", "30d")
     assert code == 0, out
     token = out.splitlines()[0].strip()
     assert ", expires 20" in out and " UTC; shown once)" in out
@@ -334,16 +388,23 @@ def test_token_create_expires_in(run) -> None:  # type: ignore[no-untyped-def]
 def test_demo_decisions_split_a_partial_share_per_deployment(run) -> None:  # type: ignore[no-untyped-def]
     # A re-seed with a stage at 10 % recorded every deployment of it as outside the share: the
     # demo decided without the deployment id that a real engine's canary split hashes.
-    from dashboard.demo import demo_events
+    from turnout.dashboard.demo import demo_events
 
     services = Services.build(Settings(database_url=run.url, demo=False))
-    from dashboard.app import prepare
+    from turnout.dashboard.app import prepare
 
     prepare(services)
     with services.db.write_session() as s:
         version = canaries.get_canary(session=s, cohort="llama-mistral-dense").version
-        canaries.flip_canary(session=s, cohort="llama-mistral-dense", enabled=True, percentage=50,
-                             reason="half", actor="ops", if_version=version)
+        canaries.flip_canary(
+            session=s,
+            cohort="llama-mistral-dense",
+            enabled=True,
+            percentage=50,
+            reason="half",
+            actor="ops",
+            if_version=version,
+        )
         s.commit()
     services.policy.invalidate()
     recorded, _ = demo_events(services)

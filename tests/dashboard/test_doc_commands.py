@@ -12,8 +12,8 @@ import typer
 from service_helpers import Api
 from typer.testing import CliRunner
 
-from dashboard import cli
-from oracle.cli import app as oracle_app
+from turnout.dashboard import cli
+from turnout.oracle.cli import app as oracle_app
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE = ("token", "canary", "kill-switch", "demo", "db")
@@ -32,8 +32,9 @@ def _commands(doc: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/service.md"])
-def test_the_service_commands_run_as_shown(doc: str, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_service_commands_run_as_shown(
+    doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     app = typer.Typer()
     cli.register(app)
     commands = [c for c in _commands(doc) if c[0] in SERVICE]
@@ -46,12 +47,16 @@ def test_the_service_commands_run_as_shown(doc: str, tmp_path: Path,
         assert "already" not in result.output, (args, result.output)  # each flip changes
 
 
-def test_the_oracle_commands_of_the_readme_run_as_shown(monkeypatch: pytest.MonkeyPatch,
-                                                       api: Api, tmp_path: Path) -> None:
+def test_the_oracle_commands_of_the_readme_run_as_shown(
+    monkeypatch: pytest.MonkeyPatch, api: Api, tmp_path: Path
+) -> None:
     monkeypatch.chdir(ROOT)
     # `launch` becomes vLLM: tests/oracle/test_launch.py runs it against a stand-in vllm
-    commands = [c for c in _commands("README.md") if c[0] not in SERVICE
-                and c[0] not in ("generate", "embed", "launch")]
+    commands = [
+        c
+        for c in _commands("README.md")
+        if c[0] not in SERVICE and c[0] not in ("generate", "embed", "launch")
+    ]
     assert [c[0] for c in commands] == ["decide"] * 3 + ["matrix", "decide", "decide"]
     # var/canaries.json: what the README's curl line saves
     snapshot = tmp_path / "canaries.json"

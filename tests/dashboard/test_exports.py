@@ -10,9 +10,9 @@ import io
 
 from service_helpers import Api, api_events
 
-from dashboard.api.exports import COLUMNS
+from turnout.dashboard.api.exports import COLUMNS
 
-AWKWARD = ['prod,"eu"', "line\nbreak", "=HYPERLINK(\"http://x\")", "+1", "plain/id"]
+AWKWARD = ['prod,"eu"', "line\nbreak", '=HYPERLINK("http://x")', "+1", "plain/id"]
 
 
 def _ingest(api: Api, events: list[dict[str, object]]) -> None:
@@ -37,7 +37,7 @@ def test_every_cell_reads_back_as_reported(api: Api) -> None:
     rows = _csv(api)
     assert rows[0] == list(COLUMNS)
     got = {r[2]: r for r in rows[1:]}
-    assert sorted(got) == sorted(["'=HYPERLINK(\"http://x\")", "'+1", *AWKWARD[:2], "plain/id"])
+    assert sorted(got) == sorted(['\'=HYPERLINK("http://x")', "'+1", *AWKWARD[:2], "plain/id"])
     row = dict(zip(COLUMNS, got['prod,"eu"'], strict=True))
     assert row["host"] == 'h "1"' and row["rule_ids"] == "ngram_speculation spec_x"
     assert row["runner"] == "v1" and row["demo"] == "false" and row["stage"] == ""
@@ -63,12 +63,13 @@ def test_filters_and_window_select_what_the_page_lists(api: Api) -> None:
 
 def test_bad_requests_are_refused(api: Api) -> None:
     assert api.client.get("/api/v1/decisions.csv").status_code == 401
-    for params, words in [({"window": "2d"}, "window: '2d' is not a window"),
-                          ({"window": "24h", "from": "2026-01-01"}, "from/to go with "
-                           "window=custom"),
-                          ({"from": "soon"}, "from: 'soon' is not a time"),
-                          ({"windows": "24h"}, "not a parameter of this route"),
-                          ({"runner": "v3"}, "runner")]:
+    for params, words in [
+        ({"window": "2d"}, "window: '2d' is not a window"),
+        ({"window": "24h", "from": "2026-01-01"}, "from/to go with window=custom"),
+        ({"from": "soon"}, "from: 'soon' is not a time"),
+        ({"windows": "24h"}, "not a parameter of this route"),
+        ({"runner": "v3"}, "runner"),
+    ]:
         r = api.client.get("/api/v1/decisions.csv", params=params, headers=api.h("viewer"))
         assert r.status_code == 422, (params, r.text)
         assert words in r.json()["detail"]["message"], (params, r.text)

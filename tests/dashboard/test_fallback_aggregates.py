@@ -27,15 +27,20 @@ from fleet_events import (
 )
 from sqlalchemy import select, text
 
-from dashboard.store import aggregates, bulk, events, latest_counts
-from dashboard.store.aggregates import FallbackReport, FleetFilter
-from dashboard.store.db import Database, alembic_config
-from dashboard.store.models import DailyDecisions, DecisionEvent, Deployment
+from turnout.dashboard.store import aggregates, bulk, events, latest_counts
+from turnout.dashboard.store.aggregates import FallbackReport, FleetFilter
+from turnout.dashboard.store.db import Database, alembic_config
+from turnout.dashboard.store.models import DailyDecisions, DecisionEvent, Deployment
 
 NOW = dt.datetime(2026, 12, 1, 13, 37, 12, tzinfo=dt.UTC)
-FILTERS = [FleetFilter(), FleetFilter(family="llama"), FleetFilter(stage="llama-mistral"),
-           FleetFilter(pack=PACKS[1]), FleetFilter(include_demo=False),
-           FleetFilter(family="granitemoe", include_demo=False)]
+FILTERS = [
+    FleetFilter(),
+    FleetFilter(family="llama"),
+    FleetFilter(stage="llama-mistral"),
+    FleetFilter(pack=PACKS[1]),
+    FleetFilter(include_demo=False),
+    FleetFilter(family="granitemoe", include_demo=False),
+]
 
 
 @pytest.fixture
@@ -46,8 +51,9 @@ def db(db_url: str) -> Iterator[Database]:
     database.dispose()
 
 
-def _ingest_batches(db: Database, batches_: list[list[events.EventRecord]],
-                    now: dt.datetime | None = NOW) -> int:
+def _ingest_batches(
+    db: Database, batches_: list[list[events.EventRecord]], now: dt.datetime | None = NOW
+) -> int:
     n = 0
     for batch in batches_:
         with db.write_session() as s:
@@ -57,15 +63,21 @@ def _ingest_batches(db: Database, batches_: list[list[events.EventRecord]],
 
 
 def _observed(report: FallbackReport) -> Expected:
-    over = {k: {int(b.timestamp()): n for b, n in zip(report.bins, counts, strict=True) if n}
-            for k, counts in report.over_time.items()}
+    over = {
+        k: {int(b.timestamp()): n for b, n in zip(report.bins, counts, strict=True) if n}
+        for k, counts in report.over_time.items()
+    }
     return Expected(
-        num_deployments=report.num_deployments, num_fallbacks=report.num_fallbacks,
-        by_kind=+report.by_kind, ranked=report.ranked,
+        num_deployments=report.num_deployments,
+        num_fallbacks=report.num_fallbacks,
+        by_kind=+report.by_kind,
+        ranked=report.ranked,
         by_family={f: +c for f, c in report.by_family.items()},
-        families={f: (c.deployments, c.fallbacks, dict(+c.by_kind))
-                  for f, c in report.families.items()},
-        over_time={k: v for k, v in over.items() if v})
+        families={
+            f: (c.deployments, c.fallbacks, dict(+c.by_kind)) for f, c in report.families.items()
+        },
+        over_time={k: v for k, v in over.items() if v},
+    )
 
 
 def _check_reports(db: Database, raw: list[events.EventRecord], now: dt.datetime) -> None:
@@ -90,13 +102,16 @@ def _check_reports(db: Database, raw: list[events.EventRecord], now: dt.datetime
 
 def _tables(db: Database) -> dict[str, object]:
     with db.engine.connect() as conn:
-        deployments = {r.deployment_id: tuple(r) for r in conn.execute(
-            select(Deployment.__table__).order_by(Deployment.deployment_id))}
+        deployments = {
+            r.deployment_id: tuple(r)
+            for r in conn.execute(select(Deployment.__table__).order_by(Deployment.deployment_id))
+        }
         return {
             "latest_counts": latest_counts.nonzero_rows(conn),
             "deployments": deployments,
-            "daily_decisions": sorted(tuple(r) for r in conn.execute(
-                select(DailyDecisions.__table__))),
+            "daily_decisions": sorted(
+                tuple(r) for r in conn.execute(select(DailyDecisions.__table__))
+            ),
         }
 
 
@@ -111,8 +126,10 @@ def test_aggregates_equal_a_recount_of_the_raw_events(db: Database) -> None:
 
 def _daily_recount(raw: list[events.EventRecord]) -> list[tuple[object, ...]]:
     """``daily_decisions`` recomputed from the decisions: events per day and key."""
-    counts = Counter((e.at.astimezone(dt.UTC).date(), e.family, e.runner or "", e.reason_code,
-                      e.demo) for e in raw)
+    counts = Counter(
+        (e.at.astimezone(dt.UTC).date(), e.family, e.runner or "", e.reason_code, e.demo)
+        for e in raw
+    )
     return sorted((*k, n) for k, n in counts.items())
 
 
@@ -123,10 +140,15 @@ def test_follow_ups_carry_vllms_line_and_count_no_second_decision(db: Database) 
     assert _ingest_batches(db, with_follow_ups(batches(raw, 15), extra, 16)) == len(raw)
     with db.read_session() as s:
         assert events.count_events(session=s) == len(raw)
-        lines = {e.event_id: e.startup["runner"] for e in s.scalars(select(DecisionEvent))
-                 if e.startup is not None}
-    assert lines == {f.event_id.removesuffix(".startup"): f.launch.startup.runner  # type: ignore[union-attr]
-                     for f in extra}
+        lines = {
+            e.event_id: e.startup["runner"]
+            for e in s.scalars(select(DecisionEvent))
+            if e.startup is not None
+        }
+    assert lines == {
+        f.event_id.removesuffix(".startup"): f.launch.startup.runner  # type: ignore[union-attr]
+        for f in extra
+    }
     # Counted against a recount of the decisions alone: days, deployments, every window.
     assert _tables(db)["daily_decisions"] == _daily_recount(raw)
     _check_reports(db, raw, NOW)
@@ -138,8 +160,10 @@ def test_migration_0007_folds_the_follow_ups_an_earlier_service_stored(db: Datab
     now = dt.datetime.now(dt.UTC)
     # One config per deployment: the events table keeps none, so a deployment whose latest
     # decision was a folded row keeps the config that row reported.
-    raw = [events.EventRecord(**{**e.__dict__, "config": {"id": e.deployment_id}})
-           for e in generate(17, num_events=1200, num_deployments=150, now=now, days=1.5)]
+    raw = [
+        events.EventRecord(**{**e.__dict__, "config": {"id": e.deployment_id}})
+        for e in generate(17, num_events=1200, num_deployments=150, now=now, days=1.5)
+    ]
     _ingest_batches(db, batches(raw, 18), now=None)
     kept = _tables(db)
     # A service before 0007 dropped the launch part: each follow-up was a decision of its own.
@@ -160,8 +184,22 @@ def test_migration_0007_folds_the_follow_ups_an_earlier_service_stored(db: Datab
 def test_a_window_counts_whole_5_minute_buckets_and_names_its_start(db: Database) -> None:
     e = generate(1, num_events=1, num_deployments=1, now=NOW)[0]
     at = dt.datetime(2026, 12, 1, 12, 33, 40, tzinfo=dt.UTC)  # in the bucket 12:30-12:35
-    _ingest_batches(db, [[events.EventRecord(**{**e.__dict__, "at": at, "runner": "v1",
-                                               "rule_ids": ("dbo",), "reason_code": "X"})]])
+    _ingest_batches(
+        db,
+        [
+            [
+                events.EventRecord(
+                    **{
+                        **e.__dict__,
+                        "at": at,
+                        "runner": "v1",
+                        "rule_ids": ("dbo",),
+                        "reason_code": "X",
+                    }
+                )
+            ]
+        ],
+    )
     with db.read_session() as s:
         hour = aggregates.fallbacks(session=s, window="1h", now=NOW)  # 12:37:12 - 1 h
         later = aggregates.fallbacks(session=s, window="1h", now=NOW + dt.timedelta(minutes=3))
@@ -175,8 +213,7 @@ def test_a_window_counts_whole_5_minute_buckets_and_names_its_start(db: Database
     assert day.over_time["dbo"][day.bins.index(at.replace(minute=0, second=0))] == 1
 
 
-def test_the_bulk_loader_leaves_the_tables_batched_ingest_leaves(db_url: str,
-                                                                 tmp_path) -> None:
+def test_the_bulk_loader_leaves_the_tables_batched_ingest_leaves(db_url: str, tmp_path) -> None:
     raw = generate(11, num_events=3000, num_deployments=300, now=NOW, days=20)
     one = Database(db_url)
     one.upgrade()
@@ -254,10 +291,25 @@ def test_two_ingests_at_once_lose_no_counts(db: Database) -> None:
 
 def test_a_later_decision_moves_the_counts_and_an_older_one_does_not(db: Database) -> None:
     e = generate(2, num_events=1, num_deployments=1, now=NOW)[0]
-    old = events.EventRecord(**{**e.__dict__, "event_id": "b", "at": NOW - dt.timedelta(days=2),
-                                "runner": "v1", "rule_ids": ("dbo",), "reason_code": "X"})
-    new = events.EventRecord(**{**old.__dict__, "event_id": "c", "at": NOW,
-                                "rule_ids": ("rollout.stage_off",), "reason_code": "DISABLED"})
+    old = events.EventRecord(
+        **{
+            **e.__dict__,
+            "event_id": "b",
+            "at": NOW - dt.timedelta(days=2),
+            "runner": "v1",
+            "rule_ids": ("dbo",),
+            "reason_code": "X",
+        }
+    )
+    new = events.EventRecord(
+        **{
+            **old.__dict__,
+            "event_id": "c",
+            "at": NOW,
+            "rule_ids": ("rollout.stage_off",),
+            "reason_code": "DISABLED",
+        }
+    )
     tie = events.EventRecord(**{**new.__dict__, "event_id": "a", "runner": "v2", "rule_ids": ()})
     stage = e.stage
     _ingest_batches(db, [[old], [new], [tie], [old]])
@@ -270,24 +322,35 @@ def test_a_later_decision_moves_the_counts_and_an_older_one_does_not(db: Databas
     assert week.ranked == [(key, 1)]
 
 
-@pytest.mark.parametrize("key, kind", [
-    ("spec_ngram", "blocked"), ("ERROR", "blocked"), ("rollout.stage_off:qwen3", "waiting"),
-    ("rollout.split_out:moe", "waiting"), ("rollout.no_stage", "waiting"),
-    ("rollout.kill_switch", "held"), ("pin.v1", "held"), ("DISABLED", "waiting")])
+@pytest.mark.parametrize(
+    "key, kind",
+    [
+        ("spec_ngram", "blocked"),
+        ("ERROR", "blocked"),
+        ("rollout.stage_off:qwen3", "waiting"),
+        ("rollout.split_out:moe", "waiting"),
+        ("rollout.no_stage", "waiting"),
+        ("rollout.kill_switch", "held"),
+        ("pin.v1", "held"),
+        ("DISABLED", "waiting"),
+    ],
+)
 def test_reason_kinds(key: str, kind: str) -> None:
     assert latest_counts.reason_kind(key) == kind
 
 
 def test_fine_buckets_past_their_retention_are_pruned(db: Database) -> None:
-    e = events.EventRecord(**{**generate(9, num_events=1, num_deployments=1, now=NOW)[0]
-                              .__dict__, "at": NOW})
+    e = events.EventRecord(
+        **{**generate(9, num_events=1, num_deployments=1, now=NOW)[0].__dict__, "at": NOW}
+    )
     _ingest_batches(db, [[e]])
     with db.engine.connect() as conn:
         sizes = sorted({k[0] for k in latest_counts.nonzero_rows(conn)})
     assert sizes == [300, 3600, 21600, 86400]
     later = NOW + dt.timedelta(days=11)  # past the fine sizes' retention (2 and 9 days)
-    f = events.EventRecord(**{**e.__dict__, "event_id": "later", "at": later,
-                              "deployment_id": "other"})
+    f = events.EventRecord(
+        **{**e.__dict__, "event_id": "later", "at": later, "deployment_id": "other"}
+    )
     _ingest_batches(db, [[f]], now=later)
     with db.engine.connect() as conn:
         rows = latest_counts.nonzero_rows(conn)
@@ -297,13 +360,16 @@ def test_fine_buckets_past_their_retention_are_pruned(db: Database) -> None:
     g = events.EventRecord(**{**e.__dict__, "event_id": "moved", "at": later})
     _ingest_batches(db, [[g]], now=later)
     with db.engine.connect() as conn:
-        zeros = conn.execute(text("SELECT count(*) FROM latest_counts "
-                                  "WHERE num_deployments = 0")).scalar_one()
+        zeros = conn.execute(
+            text("SELECT count(*) FROM latest_counts WHERE num_deployments = 0")
+        ).scalar_one()
     assert zeros > 0
-    h = events.EventRecord(**{**e.__dict__, "event_id": "third", "deployment_id": "third",
-                              "at": later})
+    h = events.EventRecord(
+        **{**e.__dict__, "event_id": "third", "deployment_id": "third", "at": later}
+    )
     _ingest_batches(db, [[h]], now=later + dt.timedelta(hours=1))
     with db.engine.connect() as conn:
-        zeros = conn.execute(text("SELECT count(*) FROM latest_counts "
-                                  "WHERE num_deployments = 0")).scalar_one()
+        zeros = conn.execute(
+            text("SELECT count(*) FROM latest_counts WHERE num_deployments = 0")
+        ).scalar_one()
     assert zeros == 0

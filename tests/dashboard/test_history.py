@@ -8,21 +8,28 @@ import datetime as dt
 
 import pytest
 
-from dashboard.store import events, history
-from dashboard.store.db import Database
-from dashboard.store.events import EventRecord
-from dashboard.store.history import Cursor, EventFilter
-from dashboard.window import TimeWindow, page_window, read_window
+from turnout.dashboard.store import events, history
+from turnout.dashboard.store.db import Database
+from turnout.dashboard.store.events import EventRecord
+from turnout.dashboard.store.history import Cursor, EventFilter
+from turnout.dashboard.window import TimeWindow, page_window, read_window
 
 T0 = dt.datetime(2026, 11, 20, 12, tzinfo=dt.UTC)
 
 
 def _event(n: int, *, minutes: int, **over: object) -> EventRecord:
     fields: dict[str, object] = {
-        "event_id": f"e{n:04d}", "at": T0 + dt.timedelta(minutes=minutes),
-        "deployment_id": f"d{n % 7}", "pack": "turnout", "family": "qwen3" if n % 2 else "llama",
-        "runner": "v1", "mode": "auto", "reason_code": "TARGETING_MATCH",
-        "rule_ids": ("ngram_speculation",) if n % 3 == 0 else (), "stage": "qwen3-canary"}
+        "event_id": f"e{n:04d}",
+        "at": T0 + dt.timedelta(minutes=minutes),
+        "deployment_id": f"d{n % 7}",
+        "pack": "turnout",
+        "family": "qwen3" if n % 2 else "llama",
+        "runner": "v1",
+        "mode": "auto",
+        "reason_code": "TARGETING_MATCH",
+        "rule_ids": ("ngram_speculation",) if n % 3 == 0 else (),
+        "stage": "qwen3-canary",
+    }
     fields.update(over)
     return EventRecord(**fields)  # type: ignore[arg-type]
 
@@ -131,17 +138,22 @@ def test_time_windows() -> None:
     assert read_window("24h", now=now) == TimeWindow("24h", now - dt.timedelta(hours=24))
     assert read_window(now=now) == TimeWindow("all")
     w = read_window("", "2026-11-01", "2026-11-02T06:30")
-    assert (w.key, w.start, w.end) == ("custom", dt.datetime(2026, 11, 1, tzinfo=dt.UTC),
-                                       dt.datetime(2026, 11, 2, 6, 30, tzinfo=dt.UTC))
+    assert (w.key, w.start, w.end) == (
+        "custom",
+        dt.datetime(2026, 11, 1, tzinfo=dt.UTC),
+        dt.datetime(2026, 11, 2, 6, 30, tzinfo=dt.UTC),
+    )
     assert w.query() == {"window": "custom", "from": "2026-11-01", "to": "2026-11-02T06:30"}
     assert read_window("custom", "2026-11-01T12:00+02:00").start == dt.datetime(
-        2026, 11, 1, 10, tzinfo=dt.UTC)
+        2026, 11, 1, 10, tzinfo=dt.UTC
+    )
     assert read_window("7d").query() == {"window": "7d"} and read_window().query() == {}
-    for args, message in [(("2d",), "window: '2d' is not a window; use 1h, 24h, 7d, all or "
-                           "custom"),
-                          (("24h", "2026-11-01"), "from/to go with window=custom"),
-                          (("custom", "yesterday"), "from: 'yesterday' is not a time"),
-                          (("custom", "2026-11-02", "2026-11-01"), "must be before to")]:
+    for args, message in [
+        (("2d",), "window: '2d' is not a window; use 1h, 24h, 7d, all or custom"),
+        (("24h", "2026-11-01"), "from/to go with window=custom"),
+        (("custom", "yesterday"), "from: 'yesterday' is not a time"),
+        (("custom", "2026-11-02", "2026-11-01"), "must be before to"),
+    ]:
         with pytest.raises(ValueError, match=message):
             read_window(*args)
     bad = page_window("custom", "soon", "")

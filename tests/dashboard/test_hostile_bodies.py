@@ -15,11 +15,11 @@ import pytest
 from fastapi.testclient import TestClient
 from service_helpers import Api, api_events, role_tokens
 
-from dashboard.app import create_app
-from dashboard.deps import MAX_BODY, MAX_INGEST_BODY
-from dashboard.services import Services
-from dashboard.settings import Settings
-from oracle.errors import ErrorCode
+from turnout.dashboard.app import create_app
+from turnout.dashboard.deps import MAX_BODY, MAX_INGEST_BODY
+from turnout.dashboard.services import Services
+from turnout.dashboard.settings import Settings
+from turnout.oracle.errors import ErrorCode
 
 SLOT = "@@"  # where a route's body template takes the hostile value
 
@@ -27,8 +27,9 @@ SLOT = "@@"  # where a route's body template takes the hostile value
 @pytest.fixture(scope="module")
 def sq(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
     path: Path = tmp_path_factory.mktemp("hostile") / "h.db"
-    services = Services.build(Settings(database_url=f"sqlite:///{path}", demo=False,
-                                       snapshot_ttl_s=0))
+    services = Services.build(
+        Settings(database_url=f"sqlite:///{path}", demo=False, snapshot_ttl_s=0)
+    )
     with TestClient(create_app(services=services), raise_server_exceptions=False) as client:
         yield Api(client, services, role_tokens(services.db))
 
@@ -41,27 +42,52 @@ def _event_template() -> str:
 
 def _health_template() -> str:
     end = dt.datetime.now(dt.UTC)
-    report = {"report_id": "r1", "deployment_id": "d", "pack": "turnout", "runner": "v2",
-              "family": "qwen3", "stage": "qwen3-canary", "window_start": SLOT,
-              "window_end": end.isoformat(), "num_requests": 0, "num_errors": 0}
+    report = {
+        "report_id": "r1",
+        "deployment_id": "d",
+        "pack": "turnout",
+        "runner": "v2",
+        "family": "qwen3",
+        "stage": "qwen3-canary",
+        "window_start": SLOT,
+        "window_end": end.isoformat(),
+        "num_requests": 0,
+        "num_errors": 0,
+    }
     return json.dumps({"reports": [report]}).replace(f'"{SLOT}"', SLOT)
 
 
 # (method, path, role, body with SLOT where the value goes): every route that takes JSON.
 ROUTES: dict[str, tuple[str, str, str, str]] = {
-    "canary percentage": ("PATCH", "/api/v1/canaries/qwen3-canary", "operator",
-                          '{"enabled": true, "percentage": @@, "reason": "r"}'),
-    "canary reason": ("PATCH", "/api/v1/canaries/qwen3-canary", "operator",
-                      '{"enabled": true, "reason": @@}'),
+    "canary percentage": (
+        "PATCH",
+        "/api/v1/canaries/qwen3-canary",
+        "operator",
+        '{"enabled": true, "percentage": @@, "reason": "r"}',
+    ),
+    "canary reason": (
+        "PATCH",
+        "/api/v1/canaries/qwen3-canary",
+        "operator",
+        '{"enabled": true, "reason": @@}',
+    ),
     "decisions at": ("POST", "/api/v1/decisions", "operator", _event_template()),
     "health window_start": ("POST", "/api/v1/health", "operator", _health_template()),
     "decide argv": ("POST", "/api/v1/decide", "viewer", '{"argv": @@}'),
     "decide command": ("POST", "/api/v1/decide", "viewer", '{"command": @@}'),
     "explain config": ("POST", "/api/v1/explain", "viewer", '{"config": {"architecture": @@}}'),
-    "kill-switch reason": ("POST", "/api/v1/kill-switch", "admin",
-                           '{"engaged": false, "reason": @@}'),
-    "evidence family": ("POST", "/api/v1/evidence", "operator",
-                        '{"family": @@, "suite": "s", "result": "pass"}'),
+    "kill-switch reason": (
+        "POST",
+        "/api/v1/kill-switch",
+        "admin",
+        '{"engaged": false, "reason": @@}',
+    ),
+    "evidence family": (
+        "POST",
+        "/api/v1/evidence",
+        "operator",
+        '{"family": @@, "suite": "s", "result": "pass"}',
+    ),
     "token name": ("POST", "/api/v1/tokens", "admin", '{"name": @@, "role": "viewer"}'),
     "revoke reason": ("POST", "/api/v1/tokens/1/revoke", "admin", '{"reason": @@}'),
 }
@@ -70,8 +96,10 @@ VALUES: dict[str, tuple[bytes, str]] = {
     "NaN": (b"NaN", "NaN is not a JSON number at line 1 column "),
     "Infinity": (b"Infinity", "Infinity is not a JSON number at line 1 column "),
     "-Infinity": (b"-Infinity", "-Infinity is not a JSON number at line 1 column "),
-    "lone surrogate escape": (b'"\\ud800"', "a lone surrogate escape (such as \\ud800) is not "
-                                            "a character at line 1 column "),
+    "lone surrogate escape": (
+        b'"\\ud800"',
+        "a lone surrogate escape (such as \\ud800) is not a character at line 1 column ",
+    ),
     "lone low surrogate": (b'"x\\udc00"', "a lone surrogate escape"),
     "surrogate bytes": ('"\ud800"'.encode("utf-8", "surrogatepass"), "not UTF-8: byte 0xed"),
     "latin-1 byte": (b'"caf\xe9"', "not UTF-8: byte 0xe9 at offset "),
@@ -83,8 +111,9 @@ VALUES: dict[str, tuple[bytes, str]] = {
 def _call(api: Api, route: str, body: bytes, **headers: str) -> Any:
     method, path, role, _template = ROUTES[route]
     extra = {"If-Match": "1"} if method == "PATCH" else {}
-    return api.client.request(method, path, content=body,
-                              headers={**api.h(role), **extra, **headers})
+    return api.client.request(
+        method, path, content=body, headers={**api.h(role), **extra, **headers}
+    )
 
 
 def _body(route: str, value: bytes) -> bytes:
@@ -102,8 +131,9 @@ def _detail(r: Any, status: int, code: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("value", sorted(VALUES))
 @pytest.mark.parametrize("route", sorted(ROUTES))
-def test_what_is_not_json_is_a_422_that_says_what_and_where(sq: Api, route: str,
-                                                             value: str) -> None:
+def test_what_is_not_json_is_a_422_that_says_what_and_where(
+    sq: Api, route: str, value: str
+) -> None:
     # Before: a lone surrogate in a reason or a family was a 500 (it reached the database or
     # the 422's echo, neither of which can encode it), bytes that are not UTF-8, deep nesting
     # and huge numbers a 400 {"detail": "There was an error parsing the body"}, NaN a 422
@@ -132,21 +162,39 @@ def test_a_huge_exponent_is_refused_by_the_field_it_is_in(sq: Api) -> None:
     assert detail["errors"][0]["input"] == "inf"
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x", "application/xml"])
-@pytest.mark.parametrize("route", ["canary reason", "kill-switch reason", "decide command",
-                                   "decisions at", "health window_start", "token name"])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/xml",
+    ],
+)
+@pytest.mark.parametrize(
+    "route",
+    [
+        "canary reason",
+        "kill-switch reason",
+        "decide command",
+        "decisions at",
+        "health window_start",
+        "token name",
+    ],
+)
 def test_a_body_of_another_media_type_is_a_415(sq: Api, route: str, content_type: str) -> None:
     # Before: a 422 "the body: Input should be a valid dictionary or object to extract
     # fields from" (FastAPI left the body unread), or it was read as JSON whatever it was.
     r = _call(sq, route, _body(route, b'"ok"'), **{"Content-Type": content_type})
     detail = _detail(r, 415, ErrorCode.UNSUPPORTED_MEDIA_TYPE)
-    assert detail["message"] == ("send the body as JSON (Content-Type: application/json), "
-                                 f"not {content_type!r}")
+    assert detail["message"] == (
+        f"send the body as JSON (Content-Type: application/json), not {content_type!r}"
+    )
 
 
-@pytest.mark.parametrize("content_type", ["application/json; charset=utf-8",
-                                          "application/merge-patch+json", None])
+@pytest.mark.parametrize(
+    "content_type", ["application/json; charset=utf-8", "application/merge-patch+json", None]
+)
 def test_json_media_types_and_none_are_read_as_json(sq: Api, content_type: str | None) -> None:
     url = "/api/v1/canaries/qwen3-canary"
     version = sq.client.get(url, headers=sq.h("viewer")).json()["version"]
@@ -164,15 +212,22 @@ def test_an_empty_body_names_the_body(sq: Api, route: str) -> None:
     assert detail["message"].startswith("the body: "), detail["message"]
 
 
-@pytest.mark.parametrize("path, role, limit", [
-    ("/api/v1/kill-switch", "admin", MAX_BODY), ("/api/v1/evidence", "operator", MAX_BODY),
-    ("/api/v1/decide", "viewer", MAX_BODY), ("/api/v1/explain", "viewer", MAX_BODY),
-    ("/api/v1/decisions", "operator", MAX_INGEST_BODY), ("/login", "viewer", MAX_BODY),
-    ("/api/v1/health", "operator", MAX_INGEST_BODY),
-])
+@pytest.mark.parametrize(
+    "path, role, limit",
+    [
+        ("/api/v1/kill-switch", "admin", MAX_BODY),
+        ("/api/v1/evidence", "operator", MAX_BODY),
+        ("/api/v1/decide", "viewer", MAX_BODY),
+        ("/api/v1/explain", "viewer", MAX_BODY),
+        ("/api/v1/decisions", "operator", MAX_INGEST_BODY),
+        ("/login", "viewer", MAX_BODY),
+        ("/api/v1/health", "operator", MAX_INGEST_BODY),
+    ],
+)
 @pytest.mark.parametrize("streamed", [False, True])
-def test_a_body_too_large_is_a_413_in_the_error_shape(sq: Api, path: str, role: str,
-                                                       limit: int, streamed: bool) -> None:
+def test_a_body_too_large_is_a_413_in_the_error_shape(
+    sq: Api, path: str, role: str, limit: int, streamed: bool
+) -> None:
     # Before: the routers' bound answered a plain text "Content Too Large".
     size = limit + 1
 
@@ -181,8 +236,11 @@ def test_a_body_too_large_is_a_413_in_the_error_shape(sq: Api, path: str, role: 
             yield b"x" * min(1 << 20, size - start)
 
     media = "application/x-www-form-urlencoded" if path == "/login" else "application/json"
-    r = sq.client.post(path, content=chunks() if streamed else b"x" * size,
-                       headers={**sq.h(role), "Content-Type": media})
+    r = sq.client.post(
+        path,
+        content=chunks() if streamed else b"x" * size,
+        headers={**sq.h(role), "Content-Type": media},
+    )
     detail = _detail(r, 413, ErrorCode.BODY_TOO_LARGE)
     assert detail["message"] == f"the body exceeds {limit} bytes"
     assert r.headers["x-content-type-options"] == "nosniff"
@@ -191,15 +249,21 @@ def test_a_body_too_large_is_a_413_in_the_error_shape(sq: Api, path: str, role: 
 def test_errors_echo_a_long_name_bounded(sq: Api) -> None:
     # Before: an unknown 60,000-character cohort came back whole in the 404's message.
     name = "x" * 60_000
-    for r in (sq.client.get(f"/api/v1/canaries/{name}", headers=sq.h("viewer")),
-              sq.client.patch(f"/api/v1/canaries/{name}", json={"enabled": True, "reason": "r"},
-                              headers={**sq.h("operator"), "If-Match": "1"})):
+    for r in (
+        sq.client.get(f"/api/v1/canaries/{name}", headers=sq.h("viewer")),
+        sq.client.patch(
+            f"/api/v1/canaries/{name}",
+            json={"enabled": True, "reason": "r"},
+            headers={**sq.h("operator"), "If-Match": "1"},
+        ),
+    ):
         detail = _detail(r, 404, ErrorCode.UNKNOWN_COHORT)
         assert detail["message"].startswith("unknown cohort 'xxxx")
         assert "… (59800 more characters)" in detail["message"]
         assert len(r.content) < 1_500
-    r = sq.client.get("/api/v1/impact", params={"cohort": name, "enabled": "true"},
-                      headers=sq.h("viewer"))
+    r = sq.client.get(
+        "/api/v1/impact", params={"cohort": name, "enabled": "true"}, headers=sq.h("viewer")
+    )
     detail = _detail(r, 422, ErrorCode.INVALID_REQUEST)
     assert detail["errors"][0]["input"].endswith("… (59800 more characters)")
     assert len(r.content) < 1_500
@@ -208,8 +272,9 @@ def test_errors_echo_a_long_name_bounded(sq: Api) -> None:
 def test_errors_echo_long_inputs_and_long_lists_bounded(sq: Api) -> None:
     # Before: the 422 echoed the field's whole input: 30,000 characters of a command, all
     # 5,001 events of a batch over the bound (megabytes).
-    r = sq.client.post("/api/v1/decide", json={"command": "vllm serve " + "A" * 30_000},
-                       headers=sq.h("viewer"))
+    r = sq.client.post(
+        "/api/v1/decide", json={"command": "vllm serve " + "A" * 30_000}, headers=sq.h("viewer")
+    )
     detail = _detail(r, 422, ErrorCode.INVALID_REQUEST)
     assert detail["message"].startswith("body field command: String should have at most")
     assert len(r.content) < 2_000
@@ -230,24 +295,26 @@ def test_a_batch_with_many_bad_events_lists_a_few(sq: Api) -> None:
     assert len(detail["errors"]) == 20 and len(r.content) < 10_000
 
 
-@pytest.mark.parametrize("method, path, status, code", [
-    ("GET", "/api/v1/nope", 404, ErrorCode.NOT_FOUND),
-    ("GET", "/static/nope.js", 404, ErrorCode.NOT_FOUND),
-    ("DELETE", "/api/v1/canaries", 405, ErrorCode.METHOD_NOT_ALLOWED),
-    ("PUT", "/api/v1/decide", 405, ErrorCode.METHOD_NOT_ALLOWED),
-])
-def test_starlettes_own_errors_get_the_shape(sq: Api, method: str, path: str, status: int,
-                                             code: str) -> None:
+@pytest.mark.parametrize(
+    "method, path, status, code",
+    [
+        ("GET", "/api/v1/nope", 404, ErrorCode.NOT_FOUND),
+        ("GET", "/static/nope.js", 404, ErrorCode.NOT_FOUND),
+        ("DELETE", "/api/v1/canaries", 405, ErrorCode.METHOD_NOT_ALLOWED),
+        ("PUT", "/api/v1/decide", 405, ErrorCode.METHOD_NOT_ALLOWED),
+    ],
+)
+def test_starlettes_own_errors_get_the_shape(
+    sq: Api, method: str, path: str, status: int, code: str
+) -> None:
     # Before: {"detail": "Not Found"}, {"detail": "Method Not Allowed"}.
     r = sq.client.request(method, path, headers=sq.h("viewer"))
     detail = _detail(r, status, code)
     assert detail["message"] in ("Not Found", "Method Not Allowed")
 
 
-def test_an_unexpected_exception_is_a_500_in_the_shape_with_the_headers(
-        tmp_path: Path) -> None:
-    services = Services.build(Settings(database_url=f"sqlite:///{tmp_path / 'e.db'}",
-                                       demo=False))
+def test_an_unexpected_exception_is_a_500_in_the_shape_with_the_headers(tmp_path: Path) -> None:
+    services = Services.build(Settings(database_url=f"sqlite:///{tmp_path / 'e.db'}", demo=False))
     app = create_app(services=services)
 
     @app.get("/boom")

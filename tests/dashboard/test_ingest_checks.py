@@ -15,15 +15,14 @@ import pytest
 from fastapi.testclient import TestClient
 from service_helpers import Api, ack, api_events, role_tokens
 
-from dashboard.app import create_app
-from dashboard.services import Services
-from dashboard.settings import Settings
-from oracle.errors import ErrorCode
+from turnout.dashboard.app import create_app
+from turnout.dashboard.services import Services
+from turnout.dashboard.settings import Settings
+from turnout.oracle.errors import ErrorCode
 
 
 def _post(api: Api, events: list[dict[str, Any]]) -> Any:
-    return api.client.post("/api/v1/decisions", json={"events": events},
-                           headers=api.h("operator"))
+    return api.client.post("/api/v1/decisions", json={"events": events}, headers=api.h("operator"))
 
 
 def _stored(api: Api) -> int:
@@ -41,18 +40,27 @@ def _refused(api: Api, r: Any, kind: str, loc: list[Any], message: str) -> dict[
     return err
 
 
-@pytest.mark.parametrize("family, message", [
-    ("Qwen3", "body field events[1].family: unknown family 'Qwen3' (did you mean 'qwen3'?)"),
-    ("qwen3-canary", "body field events[1].family: 'qwen3-canary' is a cohort id, not a family"),
-    ("nonesuch", "body field events[1].family: unknown family 'nonesuch'; the pack's "
-                 "families: afmoe, "),
-])
+@pytest.mark.parametrize(
+    "family, message",
+    [
+        ("Qwen3", "body field events[1].family: unknown family 'Qwen3' (did you mean 'qwen3'?)"),
+        (
+            "qwen3-canary",
+            "body field events[1].family: 'qwen3-canary' is a cohort id, not a family",
+        ),
+        (
+            "nonesuch",
+            "body field events[1].family: unknown family 'nonesuch'; the pack's families: afmoe, ",
+        ),
+    ],
+)
 def test_a_family_the_pack_does_not_have_is_refused(api: Api, family: str, message: str) -> None:
     # Before: stored, and counted in the fallback ranking under a family no page lists.
     batch = api_events(3)
     batch[1]["family"] = family
-    err = _refused(api, _post(api, batch), ErrorCode.UNKNOWN_FAMILY,
-                   ["events", 1, "family"], message)
+    err = _refused(
+        api, _post(api, batch), ErrorCode.UNKNOWN_FAMILY, ["events", 1, "family"], message
+    )
     assert err["input"] == family
 
 
@@ -66,19 +74,23 @@ def test_a_stage_the_pack_does_not_have_is_refused(api: Api) -> None:
     r = _post(api, api_events(2, stage="qwen3-canery"))
     assert r.status_code == 422, r.text
     detail = r.json()["detail"]
-    assert [e["loc"] for e in detail["errors"]] == [["body", "events", i, "stage"]
-                                                    for i in (0, 1)]
+    assert [e["loc"] for e in detail["errors"]] == [["body", "events", i, "stage"] for i in (0, 1)]
     assert detail["message"].startswith(
         "body field events[0].stage: unknown stage 'qwen3-canery' (did you mean "
-        "'qwen3-canary'?); the stages of pack turnout: qwen3-canary, ")
+        "'qwen3-canary'?); the stages of pack turnout: qwen3-canary, "
+    )
     assert _stored(api) == 0
     assert _post(api, api_events(2, stage="qwen3-canary")).json()["inserted"] == 2
 
 
 def test_an_event_of_another_pack_is_refused(api: Api) -> None:
-    _refused(api, _post(api, api_events(1, pack="vllm-0.31")), "wrong_pack",
-             ["events", 0, "pack"], "body field events[0].pack: 'vllm-0.31' is not the pack "
-             "this service runs ('turnout')")
+    _refused(
+        api,
+        _post(api, api_events(1, pack="vllm-0.31")),
+        "wrong_pack",
+        ["events", 0, "pack"],
+        "body field events[0].pack: 'vllm-0.31' is not the pack this service runs ('turnout')",
+    )
 
 
 def test_a_config_over_the_bound_is_refused_and_one_at_it_stored(api: Api) -> None:
@@ -86,10 +98,15 @@ def test_a_config_over_the_bound_is_refused_and_one_at_it_stored(api: Api) -> No
     limit = api.services.settings.max_config_bytes
     padding = limit - len(json.dumps({"model": ""}, separators=(",", ":")))
     big = {"model": "m" * (padding + 1)}
-    err = _refused(api, _post(api, api_events(1, config=big)), "config_too_large",
-                   ["events", 0, "config"], f"body field events[0].config: the config is "
-                   f"{limit + 1} bytes as JSON; at most {limit} are stored "
-                   "(TURNOUT_MAX_CONFIG_BYTES)")
+    err = _refused(
+        api,
+        _post(api, api_events(1, config=big)),
+        "config_too_large",
+        ["events", 0, "config"],
+        f"body field events[0].config: the config is "
+        f"{limit + 1} bytes as JSON; at most {limit} are stored "
+        "(TURNOUT_MAX_CONFIG_BYTES)",
+    )
     assert err["input"] == f"{limit + 1} bytes"  # not the config itself
     at_limit = {"model": "m" * padding}
     assert _post(api, api_events(1, config=at_limit)).json()["inserted"] == 1
@@ -97,10 +114,16 @@ def test_a_config_over_the_bound_is_refused_and_one_at_it_stored(api: Api) -> No
 
 def test_a_config_with_a_number_beyond_a_float_is_refused(api: Api) -> None:
     body = json.dumps({"events": api_events(1, config={"cpu_offload_gb": "@"})}).replace(
-        '"@"', "1e400")
+        '"@"', "1e400"
+    )
     r = api.client.post("/api/v1/decisions", content=body, headers=api.h("operator"))
-    _refused(api, r, "non_finite_number", ["events", 0, "config"],
-             "body field events[0].config: the config holds a number too large")
+    _refused(
+        api,
+        r,
+        "non_finite_number",
+        ["events", 0, "config"],
+        "body field events[0].config: the config holds a number too large",
+    )
 
 
 def test_a_time_beyond_the_clock_skew_is_refused_and_one_within_it_stored(api: Api) -> None:
@@ -109,26 +132,31 @@ def test_a_time_beyond_the_clock_skew_is_refused_and_one_within_it_stored(api: A
     now = dt.datetime.now(dt.UTC)
     ahead = (now + dt.timedelta(minutes=10)).isoformat()
     r = _post(api, api_events(1, at=ahead))
-    _refused(api, r, "event_in_future", ["events", 0, "at"],
-             f"body field events[0].at: {ahead} is ")
+    _refused(
+        api, r, "event_in_future", ["events", 0, "at"], f"body field events[0].at: {ahead} is "
+    )
     message = r.json()["detail"]["message"]
     assert re.search(r" is (599|600) s ahead of the service's clock \(", message), message
-    assert message.endswith("at most 300 s are taken (TURNOUT_MAX_CLOCK_SKEW_S): check the "
-                            "engine host's clock")
+    assert message.endswith(
+        "at most 300 s are taken (TURNOUT_MAX_CLOCK_SKEW_S): check the engine host's clock"
+    )
     soon = (now + dt.timedelta(minutes=4)).isoformat()
     assert _post(api, api_events(1, at=soon)).json()["inserted"] == 1
 
 
 def test_a_time_before_2020_is_refused(api: Api) -> None:
-    _refused(api, _post(api, api_events(1, at="2019-12-31T23:59:59+00:00")), "event_too_old",
-             ["events", 0, "at"], "body field events[0].at: 2019-12-31T23:59:59+00:00 is "
-             "before 2020-01-01")
+    _refused(
+        api,
+        _post(api, api_events(1, at="2019-12-31T23:59:59+00:00")),
+        "event_too_old",
+        ["events", 0, "at"],
+        "body field events[0].at: 2019-12-31T23:59:59+00:00 is before 2020-01-01",
+    )
 
 
 @pytest.fixture
 def strict_api(db_url: str) -> Iterator[Api]:
-    settings = Settings(database_url=db_url, demo=False, max_clock_skew_s=0,
-                        max_config_bytes=2048)
+    settings = Settings(database_url=db_url, demo=False, max_clock_skew_s=0, max_config_bytes=2048)
     services = Services.build(settings)
     with TestClient(create_app(services=services)) as client:
         yield Api(client, services, role_tokens(services.db))

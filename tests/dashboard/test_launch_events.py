@@ -11,9 +11,10 @@ import datetime as dt
 from typing import Any
 
 import pytest
+import time_machine
 from service_helpers import Api
 
-from dashboard.store import aggregates
+from turnout.dashboard.store import aggregates
 
 AT = dt.datetime(2026, 11, 30, 12, 4, 50, tzinfo=dt.UTC)
 LATER = AT + dt.timedelta(seconds=40)  # vLLM's line: in the next 5-minute bucket
@@ -22,33 +23,70 @@ V1_LINE = "INFO 11-30 12:05:30 [gpu_model_runner.py:2034] Starting to load model
 V2_LINE = "INFO 11-30 12:05:30 [gpu_worker.py:101] Using V2 Model Runner"
 
 
+@pytest.fixture(autouse=True)
+def _clock_at_the_events() -> Any:
+    """The service reads the real clock at its edges (what "the last 2 days" of 5-minute
+    buckets keeps, what lies in the future): the process clock travels to just after the
+    events, so the file means the same on any day (it once failed two days after it was
+    written)."""
+    with time_machine.travel(AT + dt.timedelta(minutes=1), tick=True):
+        yield
+
+
 def _launch(**over: Any) -> dict[str, Any]:
-    return {"vllm_version": "0.31.0", "vllm_pack": "vllm-0.31", "has_pack": True,
-            "env": {RUNNER: "0"}, "operator_pin": None, "snapshot_source": "service", **over}
+    return {
+        "vllm_version": "0.31.0",
+        "vllm_pack": "vllm-0.31",
+        "has_pack": True,
+        "env": {RUNNER: "0"},
+        "operator_pin": None,
+        "snapshot_source": "service",
+        **over,
+    }
 
 
-def _event(event_id: str = "ev-1", *, at: dt.datetime = AT, runner: str = "v1",
-           launch: dict[str, Any] | None = None, **over: Any) -> dict[str, Any]:
-    e = {"event_id": event_id, "at": at.isoformat(), "deployment_id": "prod/qwen3-a",
-         "host": "h1", "pack": "turnout", "family": "qwen3", "runner": runner, "mode": "auto",
-         "stage": "qwen3-canary", "reason_code": "DISABLED", "rule_ids": ["rollout.stage_off"],
-         "config": {"architecture": "Qwen3ForCausalLM", "model": "Qwen/Qwen3-8B"}, **over}
+def _event(
+    event_id: str = "ev-1",
+    *,
+    at: dt.datetime = AT,
+    runner: str = "v1",
+    launch: dict[str, Any] | None = None,
+    **over: Any,
+) -> dict[str, Any]:
+    e = {
+        "event_id": event_id,
+        "at": at.isoformat(),
+        "deployment_id": "prod/qwen3-a",
+        "host": "h1",
+        "pack": "turnout",
+        "family": "qwen3",
+        "runner": runner,
+        "mode": "auto",
+        "stage": "qwen3-canary",
+        "reason_code": "DISABLED",
+        "rule_ids": ["rollout.stage_off"],
+        "config": {"architecture": "Qwen3ForCausalLM", "model": "Qwen/Qwen3-8B"},
+        **over,
+    }
     if launch is not None:
         e["launch"] = launch
     return e
 
 
-def _follow_up(base: str = "ev-1", *, said: str = "v1", line: str = V1_LINE,
-               **over: Any) -> dict[str, Any]:
+def _follow_up(
+    base: str = "ev-1", *, said: str = "v1", line: str = V1_LINE, **over: Any
+) -> dict[str, Any]:
     """What ``turnout launch --report-startup`` sends once vLLM names its runner: the same
     decision, ``<id>.startup``, at the time of the line, with ``launch.startup``."""
-    return _event(f"{base}.startup", at=LATER,
-                  launch=_launch(startup={"runner": said, "line": line}), **over)
+    return _event(
+        f"{base}.startup", at=LATER, launch=_launch(startup={"runner": said, "line": line}), **over
+    )
 
 
 def _post(api: Api, *events: dict[str, Any]) -> dict[str, Any]:
-    r = api.client.post("/api/v1/decisions", json={"events": list(events)},
-                        headers=api.h("operator"))
+    r = api.client.post(
+        "/api/v1/decisions", json={"events": list(events)}, headers=api.h("operator")
+    )
     assert r.status_code == 200, r.text
     return dict(r.json())
 
@@ -91,12 +129,17 @@ def test_a_follow_up_attaches_vllms_line_to_its_decision(api: Api) -> None:
     [got] = _decisions(api)
     assert (got["event_id"], got["at"]) == ("ev-1", AT.isoformat().replace("+00:00", "Z"))
     assert got["launch"]["startup"] == {
-        "runner": "v1", "line": V1_LINE, "at": LATER.isoformat().replace("+00:00", "Z"),
-        "event_id": "ev-1.startup", "agrees": True}
+        "runner": "v1",
+        "line": V1_LINE,
+        "at": LATER.isoformat().replace("+00:00", "Z"),
+        "event_id": "ev-1.startup",
+        "agrees": True,
+    }
     _counted_once_at(api, AT)
     metrics = api.client.get("/metrics").text
-    assert ('turnout_decisions_total{reason_code="DISABLED",runner="v1",source="ingest"} 1.0'
-            in metrics)
+    assert (
+        'turnout_decisions_total{reason_code="DISABLED",runner="v1",source="ingest"} 1.0' in metrics
+    )
     assert 'turnout_startup_lines_total{outcome="agrees"} 1.0' in metrics
 
 
@@ -126,8 +169,7 @@ def test_a_line_naming_another_runner_is_flagged(api: Api) -> None:
     assert got["runner"] == "v1"
     assert got["launch"]["startup"]["runner"] == "v2"
     assert got["launch"]["startup"]["agrees"] is False
-    assert 'turnout_startup_lines_total{outcome="differs"} 1.0' in api.client.get(
-        "/metrics").text
+    assert 'turnout_startup_lines_total{outcome="differs"} 1.0' in api.client.get("/metrics").text
 
 
 def test_an_event_id_ending_in_startup_without_a_line_is_a_decision(api: Api) -> None:

@@ -29,8 +29,9 @@ RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory
-            ) -> Iterator[tuple[LiveService, dict[str, str]]]:
+def service(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[LiveService, dict[str, str]]]:
     where = tmp_path_factory.mktemp("svc")
     url = f"sqlite:///{where / 'svc.db'}"
     tokens = make_tokens(url)
@@ -48,29 +49,38 @@ def _h(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def _set_stage(svc: LiveService, tokens: dict[str, str], enabled: bool,
-               stage: str = "qwen3-canary") -> None:
+def _set_stage(
+    svc: LiveService, tokens: dict[str, str], enabled: bool, stage: str = "qwen3-canary"
+) -> None:
     url = f"{svc.url}/api/v1/canaries/{stage}"
     version = httpx.get(url, headers=_h(tokens["viewer"])).headers["ETag"].strip('"')
-    r = httpx.patch(url, headers={**_h(tokens["operator"]), "If-Match": version},
-                    json={"enabled": enabled, "reason": "launch test"})
+    r = httpx.patch(
+        url,
+        headers={**_h(tokens["operator"]), "If-Match": version},
+        json={"enabled": enabled, "reason": "launch test"},
+    )
     r.raise_for_status()
 
 
 def _events(svc: LiveService, tokens: dict[str, str], deployment: str) -> list[dict[str, Any]]:
-    r = httpx.get(f"{svc.url}/api/v1/decisions", params={"deployment_id": deployment},
-                  headers=_h(tokens["viewer"]))
+    r = httpx.get(
+        f"{svc.url}/api/v1/decisions",
+        params={"deployment_id": deployment},
+        headers=_h(tokens["viewer"]),
+    )
     r.raise_for_status()
     return list(r.json())
 
 
 def _env(fake: Path, cache: Path, url: str, token: str, deployment: str) -> dict[str, str]:
-    return launch_env(fake, cache, TURNOUT_URL=url, TURNOUT_TOKEN=token,
-                      TURNOUT_DEPLOYMENT_ID=deployment)
+    return launch_env(
+        fake, cache, TURNOUT_URL=url, TURNOUT_TOKEN=token, TURNOUT_DEPLOYMENT_ID=deployment
+    )
 
 
 def test_the_services_stage_decides_and_the_event_arrives_before_vllm(
-        service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path) -> None:
+    service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path
+) -> None:
     svc, tokens = service
     env = _env(fake, tmp_path / "c", svc.url, tokens["operator"], "prod/qwen3-a")
     _set_stage(svc, tokens, False)
@@ -81,14 +91,24 @@ def test_the_services_stage_decides_and_the_event_arrives_before_vllm(
         assert "canaries: the service's canary snapshot" in off.stderr
         assert "reported" in off.stderr and "spooled" not in off.stderr
         [event] = _events(svc, tokens, "prod/qwen3-a")  # stored before vLLM started
-        assert (event["runner"], event["reason_code"], event["stage"], event["pack"],
-                event["mode"]) == ("v1", "DISABLED", "qwen3-canary", "turnout", "auto")
+        assert (
+            event["runner"],
+            event["reason_code"],
+            event["stage"],
+            event["pack"],
+            event["mode"],
+        ) == ("v1", "DISABLED", "qwen3-canary", "turnout", "auto")
         assert event["rule_ids"] == ["rollout.stage_off"]
         # The launch part is kept with the decision (exec mode reports no start-up line).
         assert event["launch"] == {
-            "vllm_version": "0.31.0", "vllm_pack": "vllm-0.31", "has_pack": True,
-            "env": {RUNNER: "0"}, "operator_pin": None, "snapshot_source": "service",
-            "startup": None}
+            "vllm_version": "0.31.0",
+            "vllm_pack": "vllm-0.31",
+            "has_pack": True,
+            "env": {RUNNER: "0"},
+            "operator_pin": None,
+            "snapshot_source": "service",
+            "startup": None,
+        }
     finally:
         _set_stage(svc, tokens, True)
     on = run_launch(QWEN3, env)
@@ -99,7 +119,8 @@ def test_the_services_stage_decides_and_the_event_arrives_before_vllm(
 
 
 def test_an_operator_pin_is_reported_as_pinned(
-        service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path) -> None:
+    service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path
+) -> None:
     svc, tokens = service
     env = {**_env(fake, tmp_path / "c", svc.url, tokens["operator"], "prod/pinned"), RUNNER: "0"}
     done = run_launch(QWEN3, env)
@@ -107,11 +128,16 @@ def test_an_operator_pin_is_reported_as_pinned(
     assert child_output(done.stdout)["env"] == env
     [event] = _events(svc, tokens, "prod/pinned")
     assert (event["runner"], event["mode"], event["reason_code"], event["rule_ids"]) == (
-        "v1", "pinned", "STATIC", ["pin.v1"])
+        "v1",
+        "pinned",
+        "STATIC",
+        ["pin.v1"],
+    )
 
 
 def test_service_down_decides_from_the_last_known_good_copy_and_keeps_the_event(
-        service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path) -> None:
+    service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path
+) -> None:
     svc, tokens = service
     cache = tmp_path / "c"
     _set_stage(svc, tokens, False)
@@ -135,25 +161,30 @@ def test_service_down_decides_from_the_last_known_good_copy_and_keeps_the_event(
 
 
 def test_a_service_that_never_answers_leaves_the_disk_copy_to_decide(
-        service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path) -> None:
+    service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path
+) -> None:
     svc, tokens = service
     cache = tmp_path / "c"
     dry_run(QWEN3, _env(fake, cache, svc.url, tokens["viewer"], "prod/hang"))  # a copy on disk
     with socket.socket() as sock:  # accepts connections, never answers
         sock.bind(("127.0.0.1", 0))
         sock.listen(8)
-        hung = _env(fake, cache, f"http://127.0.0.1:{sock.getsockname()[1]}",
-                    tokens["viewer"], "prod/hang")
+        hung = _env(
+            fake, cache, f"http://127.0.0.1:{sock.getsockname()[1]}", tokens["viewer"], "prod/hang"
+        )
         plan = dry_run(QWEN3_DEFAULT, hung)
     # Decided once the fetch was cut at its deadline, from the copy the first launch kept.
     assert (plan["snapshot_source"], plan["runner"]) == ("disk", "v2")
 
 
 def test_report_startup_reports_vllms_line_and_the_service_keeps_it_with_the_decision(
-        service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path) -> None:
+    service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path
+) -> None:
     svc, tokens = service
-    env = {**_env(fake, tmp_path / "c", svc.url, tokens["operator"], "prod/startup"),
-           "FAKE_VLLM_MODE": "startup"}
+    env = {
+        **_env(fake, tmp_path / "c", svc.url, tokens["operator"], "prod/startup"),
+        "FAKE_VLLM_MODE": "startup",
+    }
     done = run_launch(["--report-startup", *QWEN3], env)
     assert done.returncode == 0, done.stderr
     assert "Using V2 Model Runner" in done.stdout
@@ -167,10 +198,10 @@ def test_report_startup_reports_vllms_line_and_the_service_keeps_it_with_the_dec
 
 
 def test_a_refused_pin_is_reported_and_vllm_not_started(
-        service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path) -> None:
+    service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path
+) -> None:
     svc, tokens = service
-    env = {**_env(fake, tmp_path / "c", svc.url, tokens["operator"], "prod/refused"),
-           RUNNER: "1"}
+    env = {**_env(fake, tmp_path / "c", svc.url, tokens["operator"], "prod/refused"), RUNNER: "1"}
     spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
     done = run_launch([*QWEN3, "--speculative-config", spec], env)
     assert done.returncode == 3 and done.stdout == ""
@@ -179,7 +210,8 @@ def test_a_refused_pin_is_reported_and_vllm_not_started(
 
 
 def test_a_service_slower_than_50_ms_but_within_the_deadline_decides(
-        fake: Path, tmp_path: Path) -> None:
+    fake: Path, tmp_path: Path
+) -> None:
     """A snapshot that takes about 0.3 s to come (dripped a byte at a time) is waited for: the
     launch waits for its first fetch to end, not for a fixed 50 ms (which left the pack's
     defaults to decide here, with the Llama stage off)."""

@@ -15,14 +15,20 @@ from service_helpers import LiveService, make_tokens, start_service
 
 # Each run saves the page here (git-ignored, so a test run leaves no tracked file changed);
 # the images docs/service.md shows come from scripts/screenshots.py.
-SCREENSHOT = (Path(__file__).resolve().parents[2] / "docs" / "images"
-              / "fallback-reasons.latest.png")
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "fallback-reasons.latest.png"
 UPGRADE_SCREENSHOT = SCREENSHOT.with_name("upgrade-preview.latest.png")
-PAGES = {"/": "Overview", "/fallbacks": "Fallback reasons", "/canaries": "Canaries",
-         "/health": "Engine health", "/decisions": "Decisions", "/matrix": "Matrix",
-         "/explain": "Explain",
-         "/upgrade": "Upgrade vLLM", "/audit": "Audit log",
-         "/deployments/demo%2Frecipe-0008": "Deployment"}
+PAGES = {
+    "/": "Overview",
+    "/fallbacks": "Fallback reasons",
+    "/canaries": "Canaries",
+    "/health": "Engine health",
+    "/decisions": "Decisions",
+    "/matrix": "Matrix",
+    "/explain": "Explain",
+    "/upgrade": "Upgrade vLLM",
+    "/audit": "Audit log",
+    "/deployments/demo%2Frecipe-0008": "Deployment",
+}
 
 pytestmark = needs_chromium
 
@@ -57,8 +63,10 @@ def test_charts_are_drawn_from_the_demo_fleet(browser: object, site: tuple) -> N
     page.goto(svc.url + "/fallbacks")
     page.wait_for_load_state("networkidle")
     # Chart.js registers a chart instance per canvas it drew.
-    drawn = page.evaluate("['blocked-family', 'blocked-time'].map(id => "
-                          "!!window.Chart.getChart(document.getElementById(id)))")
+    drawn = page.evaluate(
+        "['blocked-family', 'blocked-time'].map(id => "
+        "!!window.Chart.getChart(document.getElementById(id)))"
+    )
     assert drawn == [True, True]
     assert page.locator("#ranked tbody tr").count() > 1
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
@@ -67,14 +75,21 @@ def test_charts_are_drawn_from_the_demo_fleet(browser: object, site: tuple) -> N
 
 
 def test_operator_flips_a_canary_with_a_reason_and_sees_the_audit_entry(
-        browser: object, site: tuple) -> None:
+    browser: object, site: tuple
+) -> None:
     svc, tokens = site
     page, problems = _signed_in(browser, svc, tokens["operator"])
     page.goto(svc.url + "/canaries")
     rows = page.locator("tbody tr[id^=cohort-]")
     # A stage that is off, so that enabling it at a share is what the page does.
-    row = next((rows.nth(i) for i in range(rows.count())
-                if rows.nth(i).locator("td.state").inner_text() == "off"), rows.first)
+    row = next(
+        (
+            rows.nth(i)
+            for i in range(rows.count())
+            if rows.nth(i).locator("td.state").inner_text() == "off"
+        ),
+        rows.first,
+    )
     cohort = row.get_attribute("id").removeprefix("cohort-")
     was_on = row.locator("td.state").inner_text() != "off"
     row.locator("button.toggle").click()
@@ -106,14 +121,15 @@ def test_viewer_sees_no_action_buttons(browser: object, site: tuple) -> None:
     assert problems == []
 
 
-def test_explain_form_shows_the_decision_for_a_pasted_command(
-        browser: object, site: tuple) -> None:
+def test_explain_form_shows_the_decision_for_a_pasted_command(browser: object, site: tuple) -> None:
     svc, tokens = site
     page, problems = _signed_in(browser, svc, tokens["viewer"])
     page.goto(svc.url + "/explain")
-    page.fill("textarea[name=command]",
-              "vllm serve Qwen/Qwen3-8B --speculative-config.method ngram "
-              "--speculative-config.num_speculative_tokens 3")
+    page.fill(
+        "textarea[name=command]",
+        "vllm serve Qwen/Qwen3-8B --speculative-config.method ngram "
+        "--speculative-config.num_speculative_tokens 3",
+    )
     page.click("form#explain button[type=submit]")
     page.wait_for_selector("#decision")
     text = page.inner_text("#decision")
@@ -125,8 +141,10 @@ def test_api_browser_loads_from_vendored_assets(browser: object, site: tuple) ->
     svc, tokens = site
     page, problems = _signed_in(browser, svc, tokens["viewer"])
     outside: list[str] = []
-    page.on("request", lambda r: outside.append(r.url)
-            if not r.url.startswith((svc.url, "data:")) else None)
+    page.on(
+        "request",
+        lambda r: outside.append(r.url) if not r.url.startswith((svc.url, "data:")) else None,
+    )
     page.goto(svc.url + "/api/v1/docs")
     page.wait_for_selector(".swagger-ui .opblock")
     assert page.locator(".opblock-summary-path[data-path='/api/v1/decide']").count() == 1
@@ -134,23 +152,29 @@ def test_api_browser_loads_from_vendored_assets(browser: object, site: tuple) ->
 
 
 def test_reasons_of_a_stage_enabled_since_are_marked_on_both_pages(
-        browser: object, site: tuple) -> None:
+    browser: object, site: tuple
+) -> None:
     import httpx
 
     svc, tokens = site
     auth = {"Authorization": f"Bearer {tokens['operator']}"}
     ranked = httpx.get(svc.url + "/api/v1/fallbacks", headers=auth).json()["ranked"]
     # A stage still off (another test may have turned one on): not marked yet.
-    key, num = next((r["key"], r["deployments"]) for r in ranked
-                    if r["key"].startswith("rollout.stage_off:")
-                    and r["stage_enabled_since"] is None)
+    key, num = next(
+        (r["key"], r["deployments"])
+        for r in ranked
+        if r["key"].startswith("rollout.stage_off:") and r["stage_enabled_since"] is None
+    )
     cohort = key.split(":", 1)[1]
     url = f"{svc.url}/api/v1/canaries/{cohort}"
 
     def flip(enabled: bool) -> None:
         etag = httpx.get(url, headers=auth).headers["ETag"]
-        r = httpx.patch(url, headers={**auth, "If-Match": etag},
-                        json={"enabled": enabled, "percentage": 100, "reason": "page test"})
+        r = httpx.patch(
+            url,
+            headers={**auth, "If-Match": etag},
+            json={"enabled": enabled, "percentage": 100, "reason": "page test"},
+        )
         assert r.status_code == 200, r.text
 
     flip(True)
@@ -168,16 +192,22 @@ def test_reasons_of_a_stage_enabled_since_are_marked_on_both_pages(
         assert note.endswith("decide V2 at their next start and report")
         page.goto(svc.url + "/")
         stage = page.locator("tr", has=page.locator(f"code:text-is('{cohort}')"))
-        assert stage.locator(".stage-on").inner_text().endswith(
-            f"{num} deployment{'s' if num != 1 else ''} decided before: V2 at their next "
-            "start and report")
+        assert (
+            stage.locator(".stage-on")
+            .inner_text()
+            .endswith(
+                f"{num} deployment{'s' if num != 1 else ''} decided before: V2 at their next "
+                "start and report"
+            )
+        )
         assert problems == []
     finally:
         flip(False)
 
 
 def test_upgrade_preview_shows_per_family_what_would_switch_and_why(
-        browser: object, site: tuple) -> None:
+    browser: object, site: tuple
+) -> None:
     svc, tokens = site
     page, problems = _signed_in(browser, svc, tokens["viewer"])
     page.goto(svc.url + "/upgrade")
@@ -201,7 +231,8 @@ def test_upgrade_preview_shows_per_family_what_would_switch_and_why(
 
 
 def test_upgrade_preview_of_an_unknown_pack_is_a_422_page_that_names_the_packs(
-        browser: object, site: tuple) -> None:
+    browser: object, site: tuple
+) -> None:
     svc, tokens = site
     page, _problems = _signed_in(browser, svc, tokens["viewer"])
     response = page.goto(svc.url + "/upgrade?from=vllm-0.3&to=vllm-0.33")

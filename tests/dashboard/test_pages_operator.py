@@ -61,8 +61,14 @@ def test_confirm_preview_follows_the_share_typed_in(browser: Any, site: tuple) -
     for share in (100, 10, 0, 60):
         form.locator("input[name=percentage]").fill(str(share))
         page.wait_for_selector(f"#impact-{OFF_STAGE} [data-share='{share}']")
-        api = _api(svc, tokens["viewer"], "/api/v1/impact", cohort=OFF_STAGE, enabled="true",
-                   percentage=share)
+        api = _api(
+            svc,
+            tokens["viewer"],
+            "/api/v1/impact",
+            cohort=OFF_STAGE,
+            enabled="true",
+            percentage=share,
+        )
         assert f"Impact at {share}%" in line.inner_text()
         seen[share] = _impact_words(line.inner_text())
         assert seen[share] == (api["num_changed"], api["num_considered"]), share
@@ -71,16 +77,21 @@ def test_confirm_preview_follows_the_share_typed_in(browser: Any, site: tuple) -
     page.wait_for_selector(f"#impact-{OFF_STAGE} [data-impact=bad]")
     assert "give a whole number from 0 to 100" in line.inner_text()
     # the browser logs the fragment's 422 (the answer for a share out of range), nothing else
-    assert problems == ["console error: Failed to load resource: the server responded with a "
-                        "status of 422 (Unprocessable Entity)"]
+    assert problems == [
+        "console error: Failed to load resource: the server responded with a "
+        "status of 422 (Unprocessable Entity)"
+    ]
 
 
 def test_enabling_a_stage_whose_parity_evidence_fails_warns(browser: Any, site: tuple) -> None:
     svc, tokens = site
     auth = {"Authorization": f"Bearer {tokens['operator']}"}
     for family, result in (("llama", "fail"), ("mistral", "pass"), ("qwen3", "pass")):
-        r = httpx.post(svc.url + "/api/v1/evidence", headers=auth, json={
-            "family": family, "suite": "tests/parity", "result": result})
+        r = httpx.post(
+            svc.url + "/api/v1/evidence",
+            headers=auth,
+            json={"family": family, "suite": "tests/parity", "result": result},
+        )
         assert r.status_code == 201, r.text
     page, problems = _signed_in(browser, svc, tokens["operator"])
     page.goto(svc.url + "/canaries")
@@ -120,15 +131,18 @@ def test_the_kill_switch_overrides_every_canary_row(browser: Any, site: tuple) -
         stage = page.locator("tr", has=page.locator("code:text-is('qwen3-canary')"))
         assert stage.locator("td").nth(2).inner_text().startswith("kill switch: V1")
     finally:
-        r = httpx.post(svc.url + "/api/v1/kill-switch",
-                       headers={"Authorization": f"Bearer {tokens['admin']}"},
-                       json={"engaged": False, "reason": "page test done"})
+        r = httpx.post(
+            svc.url + "/api/v1/kill-switch",
+            headers={"Authorization": f"Bearer {tokens['admin']}"},
+            json={"engaged": False, "reason": "page test done"},
+        )
         assert r.status_code == 200, r.text
     assert problems == []
 
 
 def test_decisions_are_counted_paged_in_a_stable_order_and_exported(
-        browser: Any, site: tuple) -> None:
+    browser: Any, site: tuple
+) -> None:
     svc, tokens = site
     page, problems = _signed_in(browser, svc, tokens["viewer"])
     page.goto(svc.url + "/decisions?size=25")
@@ -179,7 +193,8 @@ def test_the_time_window_control_narrows_the_count(browser: Any, site: tuple) ->
 
 
 def test_a_deployment_page_shows_model_command_history_and_explains_it(
-        browser: Any, site: tuple) -> None:
+    browser: Any, site: tuple
+) -> None:
     svc, tokens = site
     page, problems = _signed_in(browser, svc, tokens["viewer"])
     page.goto(svc.url + "/decisions?family=deepseek_vl")
@@ -189,8 +204,12 @@ def test_a_deployment_page_shows_model_command_history_and_explains_it(
     page.wait_for_url("**/deployments/demo%2Frecipe-0008")
     assert page.inner_text("#model") == "deepseek-ai/DeepSeek-OCR"
     command = page.inner_text("#command-line")
-    assert " decide --pack turnout --deployment-id demo/recipe-0008 --architecture " \
-           "DeepseekOCRForCausalLM " in command and "--set model=deepseek-ai/DeepSeek-OCR" in command
+    assert (
+        " decide --pack turnout --deployment-id demo/recipe-0008 --architecture "
+        "DeepseekOCRForCausalLM "
+        in command
+        and "--set model=deepseek-ai/DeepSeek-OCR" in command
+    )
     history = _api(svc, tokens["viewer"], "/api/v1/decisions", deployment_id="demo/recipe-0008")
     assert page.locator("#history tbody tr").count() == len(history) >= 1
     now = page.inner_text("#decision-now")
@@ -202,8 +221,12 @@ def test_a_deployment_page_shows_model_command_history_and_explains_it(
     # and from the upgrade preview, where the same id is listed
     page.goto(svc.url + "/upgrade?from=vllm-0.30&to=vllm-0.31")
     page.locator("#switch-deepseek_vl summary").click()
-    assert page.locator("#switch-deepseek_vl a.deployment", has_text="demo/recipe-0008"
-                        ).get_attribute("href") == "/deployments/demo%2Frecipe-0008"
+    assert (
+        page.locator("#switch-deepseek_vl a.deployment", has_text="demo/recipe-0008").get_attribute(
+            "href"
+        )
+        == "/deployments/demo%2Frecipe-0008"
+    )
     assert problems == []
     response = page.goto(svc.url + "/deployments/no%2Fsuch")
     assert response is not None and response.status == 404
@@ -211,7 +234,8 @@ def test_a_deployment_page_shows_model_command_history_and_explains_it(
 
 
 def test_matrix_has_a_legend_and_cell_detail_by_click_and_keyboard(
-        browser: Any, site: tuple) -> None:
+    browser: Any, site: tuple
+) -> None:
     svc, tokens = site
     page, problems = _signed_in(browser, svc, tokens["viewer"])
     page.goto(svc.url + "/matrix")
@@ -262,15 +286,19 @@ def test_explain_takes_inputs_as_json_and_says_what_is_wrong(browser: Any, site:
     page, _problems = _signed_in(browser, svc, tokens["viewer"])
     page.goto(svc.url + "/explain")
     page.click("#inputs-field summary")
-    page.fill("textarea[name=config]", '{"architecture": "Qwen3ForCausalLM", '
-              '"speculative_method": "ngram"}')
+    page.fill(
+        "textarea[name=config]",
+        '{"architecture": "Qwen3ForCausalLM", "speculative_method": "ngram"}',
+    )
     page.click("form#explain button[type=submit]")
     page.wait_for_selector("#decision")
     assert page.inner_text("#decision h2") == "Decision: runner V1"
-    for query, words in [("config=%5B1%5D", "inputs: a JSON object of spec fields, not a list"),
-                         ("config=%7Bx", "inputs: not valid JSON"),
-                         ("config=%7B%7D&command=vllm+serve+x", "not both"),
-                         ("config=%7B%22tensor_parallel_siz%22%3A+2%7D", "tensor_parallel_size")]:
+    for query, words in [
+        ("config=%5B1%5D", "inputs: a JSON object of spec fields, not a list"),
+        ("config=%7Bx", "inputs: not valid JSON"),
+        ("config=%7B%7D&command=vllm+serve+x", "not both"),
+        ("config=%7B%22tensor_parallel_siz%22%3A+2%7D", "tensor_parallel_size"),
+    ]:
         response = page.goto(f"{svc.url}/explain?{query}")
         assert response is not None and response.status == 422, query
         assert words in page.inner_text("#error"), (query, page.inner_text("#error"))

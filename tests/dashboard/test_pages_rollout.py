@@ -19,20 +19,24 @@ from service_helpers import LiveService, free_port, make_tokens, start_service
 
 pytestmark = needs_chromium
 COHORT = "llama-mistral-dense"  # off by default
-FAST = {"TURNOUT_TICK_S": "0.2", "TURNOUT_WEBHOOK_POLL_S": "0.2",
-        "TURNOUT_WEBHOOK_MAX_ATTEMPTS": "1"}
+FAST = {
+    "TURNOUT_TICK_S": "0.2",
+    "TURNOUT_WEBHOOK_POLL_S": "0.2",
+    "TURNOUT_WEBHOOK_MAX_ATTEMPTS": "1",
+}
 
 
 def _site(root: Path, env: dict[str, str]) -> tuple[LiveService, dict[str, str]]:
-    from dashboard.store import tokens as token_store
-    from dashboard.store.db import Database
+    from turnout.dashboard.store import tokens as token_store
+    from turnout.dashboard.store.db import Database
 
     url = f"sqlite:///{root / 'pages.db'}"
     made = make_tokens(url)
     db = Database(url)
     with db.write_session() as s:
-        _row, made["bob"] = token_store.create_token(session=s, name="bob",
-                                                     role=token_store.Role.operator, actor="t")
+        _row, made["bob"] = token_store.create_token(
+            session=s, name="bob", role=token_store.Role.operator, actor="t"
+        )
         s.commit()
     db.dispose()
     return start_service(url, root / "svc.log", env={**FAST, **env}), made
@@ -46,16 +50,21 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveService
 
 
 @pytest.fixture(scope="module")
-def approving(tmp_path_factory: pytest.TempPathFactory
-              ) -> Iterator[tuple[LiveService, dict[str, str]]]:
+def approving(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[LiveService, dict[str, str]]]:
     svc, made = _site(tmp_path_factory.mktemp("approving"), {"TURNOUT_REQUIRE_APPROVAL": "true"})
     yield svc, made
     svc.stop()
 
 
 def _api(svc: LiveService, token: str, method: str, path: str, **kw: Any) -> httpx.Response:
-    return httpx.request(method, svc.url + path, headers={"Authorization": f"Bearer {token}",
-                                                          **kw.pop("headers", {})}, **kw)
+    return httpx.request(
+        method,
+        svc.url + path,
+        headers={"Authorization": f"Bearer {token}", **kw.pop("headers", {})},
+        **kw,
+    )
 
 
 def _gates_read(page: Any, url: str) -> None:
@@ -86,8 +95,10 @@ def test_an_operator_starts_a_ramp_and_sees_its_gates(browser: Any, site: tuple)
     _gates_read(page, svc.url + "/canaries")
     ramp = page.locator(f"#ramp-{COHORT}")
     assert ramp.locator("ol.steps li.current").inner_text() == "10% 5 min"
-    gates = {r.locator("td").nth(0).inner_text(): r.locator("td").nth(1).inner_text()
-             for r in ramp.locator("table.gates tbody tr").all()}
+    gates = {
+        r.locator("td").nth(0).inner_text(): r.locator("td").nth(1).inner_text()
+        for r in ramp.locator("table.gates tbody tr").all()
+    }
     assert gates == {"kill_switch": "pass", "parity_evidence": "wait", "health_engines": "wait"}
     assert "llama: no parity run" in ramp.locator("tr.gate-parity_evidence").inner_text()
     assert "On a failing gate: rollback" in ramp.locator("p.ramp-next").inner_text()
@@ -116,7 +127,8 @@ def test_a_flip_is_scheduled_and_cancelled(browser: Any, site: tuple) -> None:
     form.locator("input[name=reason]").fill("maintenance window")
     form.locator("button[type=submit]").click()
     assert page.inner_text("#message").endswith(
-        f"of pooling at {when:%Y-%m-%d %H:%M} UTC: scheduled")
+        f"of pooling at {when:%Y-%m-%d %H:%M} UTC: scheduled"
+    )
     row = page.locator("#scheduled table tbody tr").first
     assert row.locator("td").nth(0).inner_text() == f"{when:%Y-%m-%d %H:%M}"
     assert row.locator("td").nth(2).inner_text() == "disable"
@@ -130,11 +142,26 @@ def test_a_flip_is_scheduled_and_cancelled(browser: Any, site: tuple) -> None:
 def test_the_kill_switch_says_who_still_runs_v2(browser: Any, site: tuple) -> None:
     svc, tokens = site
     before = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
-    events = [{"event_id": uuid.uuid4().hex, "at": before.isoformat(), "deployment_id": f"d{i}",
-               "pack": "turnout", "family": "qwen3", "runner": "v2", "mode": "auto",
-               "stage": "qwen3-canary", "reason_code": "DEFAULT"} for i in range(3)]
-    assert _api(svc, tokens["operator"], "POST", "/api/v1/decisions",
-                json={"events": events}).status_code == 200
+    events = [
+        {
+            "event_id": uuid.uuid4().hex,
+            "at": before.isoformat(),
+            "deployment_id": f"d{i}",
+            "pack": "turnout",
+            "family": "qwen3",
+            "runner": "v2",
+            "mode": "auto",
+            "stage": "qwen3-canary",
+            "reason_code": "DEFAULT",
+        }
+        for i in range(3)
+    ]
+    assert (
+        _api(
+            svc, tokens["operator"], "POST", "/api/v1/decisions", json={"events": events}
+        ).status_code
+        == 200
+    )
     page, problems = signed_in(browser, svc, tokens["operator"])
     page.goto(svc.url + "/canaries")
     form = page.locator("form[action='/kill-switch']")
@@ -142,11 +169,21 @@ def test_the_kill_switch_says_who_still_runs_v2(browser: Any, site: tuple) -> No
     form.locator("button[type=submit]").click()
     try:
         reach = page.inner_text("#kill-switch-reach")
-        assert reach.startswith("Still on V2 under it: 3 deployments whose latest decision, "
-                                "made before it was engaged, is V2")
+        assert reach.startswith(
+            "Still on V2 under it: 3 deployments whose latest decision, "
+            "made before it was engaged, is V2"
+        )
     finally:
-        assert _api(svc, tokens["operator"], "POST", "/api/v1/kill-switch",
-                    json={"engaged": False, "reason": "done"}).status_code == 200
+        assert (
+            _api(
+                svc,
+                tokens["operator"],
+                "POST",
+                "/api/v1/kill-switch",
+                json={"engaged": False, "reason": "done"},
+            ).status_code
+            == 200
+        )
     assert problems == []
 
 
@@ -179,16 +216,26 @@ def test_an_approval_takes_a_second_operator(browser: Any, approving: tuple) -> 
     assert problems == [] and bob_problems == [] and viewer_problems == []
 
 
-def test_an_admin_sees_the_outbox_and_retries_a_dead_delivery(browser: Any,
-                                                              site: tuple) -> None:
+def test_an_admin_sees_the_outbox_and_retries_a_dead_delivery(browser: Any, site: tuple) -> None:
     svc, tokens = site
     down = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens: one attempt, then dead
-    r = _api(svc, tokens["admin"], "POST", "/api/v1/webhooks",
-             json={"url": down, "kinds": ["flip"], "description": "page test"})
+    r = _api(
+        svc,
+        tokens["admin"],
+        "POST",
+        "/api/v1/webhooks",
+        json={"url": down, "kinds": ["flip"], "description": "page test"},
+    )
     assert r.status_code == 201, r.text
     version = _api(svc, tokens["operator"], "GET", "/api/v1/canaries/quantized").headers["ETag"]
-    _api(svc, tokens["operator"], "PATCH", "/api/v1/canaries/quantized",
-         json={"enabled": True, "reason": "page test"}, headers={"If-Match": version})
+    _api(
+        svc,
+        tokens["operator"],
+        "PATCH",
+        "/api/v1/canaries/quantized",
+        json={"enabled": True, "reason": "page test"},
+        headers={"If-Match": version},
+    )
     operator, operator_problems = signed_in(browser, svc, tokens["operator"])
     assert operator.locator("nav a[href='/webhooks']").count() == 0
     page, problems = signed_in(browser, svc, tokens["admin"])

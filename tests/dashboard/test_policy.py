@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import policy as policy_module
-from dashboard.policy import Policy
-from dashboard.store import canaries
-from dashboard.store.db import Database
-from dashboard.store.errors import NotFound, StoreError
-from oracle import load_pack
-from oracle.errors import ErrorCode
-from oracle.pack_types import RuleInfo
+from turnout.dashboard import policy as policy_module
+from turnout.dashboard.policy import Policy
+from turnout.dashboard.store import canaries
+from turnout.dashboard.store.db import Database
+from turnout.dashboard.store.errors import NotFound, StoreError
+from turnout.oracle import load_pack
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.pack_types import RuleInfo
 
 
 @pytest.fixture
@@ -29,8 +29,9 @@ def policy(tmp_path: Path) -> Policy:
     return p
 
 
-def test_concurrent_refreshes_read_the_store_once(policy: Policy,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_concurrent_refreshes_read_the_store_once(
+    policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A latency spike each TTL came from every waiting request re-reading the store in turn.
     reads = []
     real = canaries.read_state
@@ -80,8 +81,16 @@ def test_rule_labels_fill_their_placeholders_from_the_rule_condition(policy: Pol
 
 
 def test_a_placeholder_no_condition_fixes_is_dropped_with_its_quotes() -> None:
-    rule = RuleInfo("r", "big tensor parallel '{tensor_parallel_size}'", "blocks_v2", "hard",
-                    False, {"tensor_parallel_size": (("gt", 8),)}, "", "")
+    rule = RuleInfo(
+        "r",
+        "big tensor parallel '{tensor_parallel_size}'",
+        "blocks_v2",
+        "hard",
+        False,
+        {"tensor_parallel_size": (("gt", 8),)},
+        "",
+        "",
+    )
     assert rule.matched_label() == "big tensor parallel"
 
 
@@ -94,7 +103,8 @@ def test_rollout_position_is_the_stage_order_with_unlisted_cohorts_last(policy: 
 def test_store_error_text_lists_the_cohorts_for_an_unknown_one(policy: Policy) -> None:
     ids = [c.id for c in load_pack("turnout").cohorts]
     text = policy.store_error_text(
-        "nope", NotFound("unknown cohort 'nope'", code=ErrorCode.UNKNOWN_COHORT))
+        "nope", NotFound("unknown cohort 'nope'", code=ErrorCode.UNKNOWN_COHORT)
+    )
     assert text.startswith("unknown cohort 'nope'") and text.endswith("cohorts: " + ", ".join(ids))
     other = StoreError("version 3 is stale", code="stale_version")
     assert policy.store_error_text("x", other) == str(other)

@@ -35,13 +35,28 @@ from service_helpers import LiveService, make_tokens, start_service
 EXAMPLES_PER_MODE = 5  # schemathesis cases per operation, for valid and for invalid ones
 HOSTILE_EXAMPLES = 10  # per operation with a body
 RAW_EXAMPLES = 5  # per operation and page form
-PAGE_FORMS = ["POST /login", "POST /logout", "POST /canaries/qwen3-canary", "POST /kill-switch",
-              "POST /canaries/qwen3-canary/ramp", "POST /ramps/1/cancel",
-              "POST /approvals/ramp/1/approve", "POST /scheduled-flips",
-              "POST /scheduled-flips/1/cancel", "POST /webhooks", "POST /webhooks/1/remove",
-              "POST /webhooks/outbox/1/retry"]
-CONTENT_TYPES = [None, "application/json", "text/plain", "application/x-www-form-urlencoded",
-                 "multipart/form-data; boundary=x", "application/json; charset=latin-1"]
+PAGE_FORMS = [
+    "POST /login",
+    "POST /logout",
+    "POST /canaries/qwen3-canary",
+    "POST /kill-switch",
+    "POST /canaries/qwen3-canary/ramp",
+    "POST /ramps/1/cancel",
+    "POST /approvals/ramp/1/approve",
+    "POST /scheduled-flips",
+    "POST /scheduled-flips/1/cancel",
+    "POST /webhooks",
+    "POST /webhooks/1/remove",
+    "POST /webhooks/outbox/1/retry",
+]
+CONTENT_TYPES = [
+    None,
+    "application/json",
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "application/json; charset=latin-1",
+]
 
 
 class _Literal(str):
@@ -49,9 +64,21 @@ class _Literal(str):
 
 
 HOSTILE_VALUES: list[Any] = [
-    float("nan"), float("inf"), float("-inf"), _Literal("1e400"), _Literal("-1e400"),
-    _Literal("1" + "0" * 5000), _Literal("[" * 300 + "]" * 300), "\ud800", "a\udfffz",
-    "\ud83d", "x" * 70_000, "\x00", 2**70, -(2**63) - 1]
+    float("nan"),
+    float("inf"),
+    float("-inf"),
+    _Literal("1e400"),
+    _Literal("-1e400"),
+    _Literal("1" + "0" * 5000),
+    _Literal("[" * 300 + "]" * 300),
+    "\ud800",
+    "a\udfffz",
+    "\ud83d",
+    "x" * 70_000,
+    "\x00",
+    2**70,
+    -(2**63) - 1,
+]
 
 
 @dataclass
@@ -66,8 +93,9 @@ class Tally:
         self.by_status[response.status_code] = self.by_status.get(response.status_code, 0) + 1
         if response.status_code >= 500:
             self.server_errors.append(f"{what} -> {response.status_code}: {response.text[:300]}")
-        elif response.status_code >= 400 and response.headers.get(
-                "content-type", "").startswith("application/json"):
+        elif response.status_code >= 400 and response.headers.get("content-type", "").startswith(
+            "application/json"
+        ):
             detail = response.json().get("detail")
             if not (isinstance(detail, dict) and detail.get("code") and detail.get("message")):
                 self.bad_shapes.append(f"{what} -> {response.status_code}: {response.text[:300]}")
@@ -86,8 +114,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServ
 @pytest.fixture(scope="module")
 def http(service: tuple[LiveService, str]) -> Iterator[httpx.Client]:
     svc, admin = service
-    with httpx.Client(base_url=svc.url, timeout=30,
-                      headers={"Authorization": f"Bearer {admin}"}) as client:
+    with httpx.Client(
+        base_url=svc.url, timeout=30, headers={"Authorization": f"Bearer {admin}"}
+    ) as client:
         yield client
 
 
@@ -107,12 +136,19 @@ def _operations(svc: LiveService) -> list[Any]:
     return _OPERATIONS[svc.url]
 
 
-def _send(http: httpx.Client, kwargs: dict[str, Any], content: bytes | None = None,
-          content_type: str | None = "keep") -> httpx.Response:
+def _send(
+    http: httpx.Client,
+    kwargs: dict[str, Any],
+    content: bytes | None = None,
+    content_type: str | None = "keep",
+) -> httpx.Response:
     """The request of a schemathesis case (``as_transport_kwargs``), with our token, and
     ``content`` instead of its body when given."""
-    headers = {k: v for k, v in kwargs["headers"].items()
-               if k.lower() not in ("authorization", "content-type", "content-length")}
+    headers = {
+        k: v
+        for k, v in kwargs["headers"].items()
+        if k.lower() not in ("authorization", "content-type", "content-length")
+    }
     generated_type = kwargs["headers"].get("Content-Type")
     if content is None:
         if "json" in kwargs:
@@ -124,22 +160,39 @@ def _send(http: httpx.Client, kwargs: dict[str, Any], content: bytes | None = No
         headers["Content-Type"] = kind
     for name, value in (kwargs.get("cookies") or {}).items():  # cookie parameters: none yet
         headers["Cookie"] = f"{headers.get('Cookie', '')}; {name}={value}".lstrip("; ")
-    return http.request(kwargs["method"], kwargs["url"], params=kwargs.get("params"),
-                        headers=headers, content=content)
+    return http.request(
+        kwargs["method"],
+        kwargs["url"],
+        params=kwargs.get("params"),
+        headers=headers,
+        content=content,
+    )
 
 
 def test_every_operation_is_fuzzed(service: tuple[LiveService, str]) -> None:
     labels = {op.label for op in _operations(service[0])}
-    assert {"POST /api/v1/decide", "PATCH /api/v1/canaries/{cohort}",
-            "POST /api/v1/decisions", "GET /api/v1/impact"} <= labels
+    assert {
+        "POST /api/v1/decide",
+        "PATCH /api/v1/canaries/{cohort}",
+        "POST /api/v1/decisions",
+        "GET /api/v1/impact",
+    } <= labels
 
 
-FUZZ = settings(deadline=None, database=None, derandomize=True,
-                suppress_health_check=list(HealthCheck))
+FUZZ = settings(
+    deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
 
 
-def _schema_cases(op: Any, mode: GenerationMode, svc: LiveService, http: httpx.Client,
-                  tally: Tally, ok_ops: set[str], reached: set[str]) -> None:
+def _schema_cases(
+    op: Any,
+    mode: GenerationMode,
+    svc: LiveService,
+    http: httpx.Client,
+    tally: Tally,
+    ok_ops: set[str],
+    reached: set[str],
+) -> None:
     @given(case=op.as_strategy(generation_mode=mode))
     @settings(FUZZ, max_examples=EXAMPLES_PER_MODE)
     def call(case: schemathesis.Case) -> None:
@@ -157,8 +210,9 @@ def _schema_cases(op: Any, mode: GenerationMode, svc: LiveService, http: httpx.C
     call()
 
 
-def test_schema_cases_never_give_a_5xx(service: tuple[LiveService, str], http: httpx.Client,
-                                       tally: Tally) -> None:
+def test_schema_cases_never_give_a_5xx(
+    service: tuple[LiveService, str], http: httpx.Client, tally: Tally
+) -> None:
     svc, _admin = service
     ok_ops: set[str] = set()
     reached: set[str] = set()
@@ -237,8 +291,9 @@ def _hostile_bodies(op: Any, svc: LiveService, http: httpx.Client, tally: Tally)
     call()
 
 
-def test_hostile_json_bodies_never_give_a_5xx(service: tuple[LiveService, str],
-                                              http: httpx.Client, tally: Tally) -> None:
+def test_hostile_json_bodies_never_give_a_5xx(
+    service: tuple[LiveService, str], http: httpx.Client, tally: Tally
+) -> None:
     svc, _admin = service
     with_body = [op for op in _operations(svc) if op.body]
     assert len(with_body) >= 8, [op.label for op in with_body]
@@ -249,8 +304,9 @@ def test_hostile_json_bodies_never_give_a_5xx(service: tuple[LiveService, str],
     assert tally.server_errors == [] and tally.bad_shapes == []
 
 
-def _random_bodies(cases: st.SearchStrategy[Any], svc: LiveService, http: httpx.Client,
-                   tally: Tally) -> None:
+def _random_bodies(
+    cases: st.SearchStrategy[Any], svc: LiveService, http: httpx.Client, tally: Tally
+) -> None:
     @given(case=cases, body=st.binary(max_size=4096), content_type=st.sampled_from(CONTENT_TYPES))
     @settings(FUZZ, max_examples=RAW_EXAMPLES)
     def call(case: Any, body: bytes, content_type: str | None) -> None:
@@ -263,18 +319,21 @@ def _random_bodies(cases: st.SearchStrategy[Any], svc: LiveService, http: httpx.
             response = _send(http, kwargs, content=body, content_type=content_type)
         except (httpx.LocalProtocolError, UnicodeEncodeError):
             return  # a header httpx will not send: no request reached the service
-        tally.record(f"{kwargs['method']} {kwargs['url']} {len(body)} bytes {content_type}",
-                     response)
+        tally.record(
+            f"{kwargs['method']} {kwargs['url']} {len(body)} bytes {content_type}", response
+        )
         assert response.status_code < 500, response.text
 
     call()
 
 
-def test_random_byte_bodies_never_give_a_5xx(service: tuple[LiveService, str],
-                                             http: httpx.Client, tally: Tally) -> None:
+def test_random_byte_bodies_never_give_a_5xx(
+    service: tuple[LiveService, str], http: httpx.Client, tally: Tally
+) -> None:
     svc, _admin = service
     targets: list[st.SearchStrategy[Any]] = [
-        op.as_strategy(generation_mode=GenerationMode.POSITIVE) for op in _operations(svc)]
+        op.as_strategy(generation_mode=GenerationMode.POSITIVE) for op in _operations(svc)
+    ]
     targets += [st.just(form) for form in PAGE_FORMS]
     before = tally.sent
     for cases in targets:
@@ -283,10 +342,13 @@ def test_random_byte_bodies_never_give_a_5xx(service: tuple[LiveService, str],
     assert tally.server_errors == [] and tally.bad_shapes == []
 
 
-def test_the_fuzzed_service_logged_no_traceback(service: tuple[LiveService, str],
-                                                tally: Tally) -> None:
+def test_the_fuzzed_service_logged_no_traceback(
+    service: tuple[LiveService, str], tally: Tally
+) -> None:
     svc, _admin = service
-    print(f"\nfuzz: {tally.sent} requests, statuses {dict(sorted(tally.by_status.items()))}, "
-          f"{len(tally.server_errors)} x 5xx")
+    print(
+        f"\nfuzz: {tally.sent} requests, statuses {dict(sorted(tally.by_status.items()))}, "
+        f"{len(tally.server_errors)} x 5xx"
+    )
     assert tally.sent > 0 and not tally.server_errors
     assert "Traceback" not in svc.log.read_text(), svc.log.read_text()[-5000:]

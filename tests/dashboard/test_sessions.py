@@ -14,14 +14,14 @@ from fastapi.testclient import TestClient
 from service_helpers import Api, role_tokens, sign_in
 from sqlalchemy import select, text, update
 
-from dashboard.app import create_app
-from dashboard.auth import COOKIE_NAME, SIGN_IN_COOKIE
-from dashboard.security import CONTENT_SECURITY_POLICY
-from dashboard.services import Services
-from dashboard.settings import Settings
-from dashboard.store import sessions, tokens
-from dashboard.store.models import ApiToken, PageSession
-from oracle.errors import ErrorCode
+from turnout.dashboard.app import create_app
+from turnout.dashboard.auth import COOKIE_NAME, SIGN_IN_COOKIE
+from turnout.dashboard.security import CONTENT_SECURITY_POLICY
+from turnout.dashboard.services import Services
+from turnout.dashboard.settings import Settings
+from turnout.dashboard.store import sessions, tokens
+from turnout.dashboard.store.models import ApiToken, PageSession
+from turnout.oracle.errors import ErrorCode
 
 
 def _set_cookies(r: Any) -> dict[str, str]:
@@ -38,8 +38,9 @@ def _nonce(api: Api) -> str:
 def test_the_cookie_holds_a_session_id_not_the_token(api: Api) -> None:
     # Before: the cookie was the raw API token, for 7 days.
     api.client.cookies.clear()
-    r = api.client.post("/login", data={"token": api.tokens["viewer"], "nonce": _nonce(api)},
-                        follow_redirects=False)
+    r = api.client.post(
+        "/login", data={"token": api.tokens["viewer"], "nonce": _nonce(api)}, follow_redirects=False
+    )
     assert r.status_code == 303 and r.headers["location"] == "/"
     cookie = _set_cookies(r)[COOKIE_NAME]
     session_id = api.client.cookies[COOKIE_NAME]
@@ -75,15 +76,20 @@ def test_a_session_ends_at_its_expiry_and_with_its_token(api: Api) -> None:
     api.sign_in("operator")
     assert api.client.get("/api/v1/canaries").status_code == 200  # reads by cookie
     with api.services.db.write_session() as s:
-        s.execute(update(PageSession).values(
-            expires_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)))
+        s.execute(
+            update(PageSession).values(expires_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1))
+        )
         s.commit()
     assert api.client.get("/", follow_redirects=False).headers["location"] == "/login"
     api.sign_in("operator")
-    operator_id = next(t["id"] for t in api.client.get(
-        "/api/v1/tokens", headers=api.h("admin")).json() if t["name"] == "operator")
-    r = api.client.post(f"/api/v1/tokens/{operator_id}/revoke", json={"reason": "left"},
-                        headers=api.h("admin"))
+    operator_id = next(
+        t["id"]
+        for t in api.client.get("/api/v1/tokens", headers=api.h("admin")).json()
+        if t["name"] == "operator"
+    )
+    r = api.client.post(
+        f"/api/v1/tokens/{operator_id}/revoke", json={"reason": "left"}, headers=api.h("admin")
+    )
     assert r.status_code == 200
     assert api.client.get("/", follow_redirects=False).headers["location"] == "/login"
     api.client.cookies.clear()
@@ -108,9 +114,12 @@ def test_sign_in_refuses_a_form_it_did_not_serve(api: Api, case: str) -> None:
     assert r.status_code == 403, r.text
     assert "The sign-in form expired or came from another site" in r.text
     assert COOKIE_NAME not in api.client.cookies
-    ok = api.client.post("/login", headers={"Origin": "http://testserver"},
-                         data={"token": api.tokens["admin"], "nonce": _nonce(api)},
-                         follow_redirects=False)
+    ok = api.client.post(
+        "/login",
+        headers={"Origin": "http://testserver"},
+        data={"token": api.tokens["admin"], "nonce": _nonce(api)},
+        follow_redirects=False,
+    )
     assert ok.status_code == 303  # the same origin, a fresh form: signed in
     with api.services.db.read_session() as s:
         assert len(s.scalars(select(PageSession)).all()) == 1
@@ -132,8 +141,9 @@ def test_a_viewer_opening_a_confirm_url_gets_no_confirm_button(api: Api) -> None
 
 @pytest.fixture
 def https_api(db_url: str) -> Iterator[Api]:
-    services = Services.build(Settings(database_url=db_url, demo=False, https=True,
-                                       session_ttl_s=600))
+    services = Services.build(
+        Settings(database_url=db_url, demo=False, https=True, session_ttl_s=600)
+    )
     with TestClient(create_app(services=services), base_url="https://testserver") as client:
         yield Api(client, services, role_tokens(services.db))
 
@@ -144,15 +154,28 @@ def test_over_https_the_cookies_are_secure_and_hsts_is_sent(https_api: Api) -> N
     assert form.headers["strict-transport-security"] == "max-age=31536000"
     nonce = re.search(r'name="nonce" value="([^"]+)"', form.text)
     assert nonce is not None
-    r = https_api.client.post("/login", follow_redirects=False,
-                              data={"token": https_api.tokens["viewer"], "nonce": nonce.group(1)})
+    r = https_api.client.post(
+        "/login",
+        follow_redirects=False,
+        data={"token": https_api.tokens["viewer"], "nonce": nonce.group(1)},
+    )
     cookie = _set_cookies(r)[COOKIE_NAME]
     assert "Secure" in cookie and "Max-Age=600" in cookie
 
 
-@pytest.mark.parametrize("path", ["/login", "/api/v1/canaries", "/healthz", "/metrics",
-                                  "/static/style.css", "/api/v1/docs", "/api/v1/nope",
-                                  "/api/v1/openapi.json"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/login",
+        "/api/v1/canaries",
+        "/healthz",
+        "/metrics",
+        "/static/style.css",
+        "/api/v1/docs",
+        "/api/v1/nope",
+        "/api/v1/openapi.json",
+    ],
+)
 def test_every_response_carries_the_security_headers(api: Api, path: str) -> None:
     # Before: no X-Frame-Options, CSP, nosniff or Referrer-Policy anywhere.
     r = api.client.get(path, headers=api.h("viewer"))
@@ -172,20 +195,25 @@ def test_signed_in_pages_are_not_cached(api: Api) -> None:
 
 def _expire(api: Api, name: str) -> None:
     with api.services.db.write_session() as s:
-        s.execute(update(ApiToken).where(ApiToken.name == name).values(
-            expires_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1)))
+        s.execute(
+            update(ApiToken)
+            .where(ApiToken.name == name)
+            .values(expires_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
+        )
         s.commit()
     api.services.verifier.forget_all()
 
 
 def test_an_expired_token_is_a_401_that_says_so(api: Api) -> None:
-    r = api.client.post("/api/v1/tokens", json={"name": "ci", "role": "operator",
-                                                "expires_in": "30d"}, headers=api.h("admin"))
+    r = api.client.post(
+        "/api/v1/tokens",
+        json={"name": "ci", "role": "operator", "expires_in": "30d"},
+        headers=api.h("admin"),
+    )
     assert r.status_code == 201, r.text
     made = r.json()
     expires = dt.datetime.fromisoformat(made["expires_at"])
-    assert abs(expires - dt.datetime.now(dt.UTC) - dt.timedelta(days=30)) < dt.timedelta(
-        minutes=1)
+    assert abs(expires - dt.datetime.now(dt.UTC) - dt.timedelta(days=30)) < dt.timedelta(minutes=1)
     auth = {"Authorization": f"Bearer {made['token']}"}
     assert api.client.get("/api/v1/canaries", headers=auth).status_code == 200
     _expire(api, "ci")
@@ -205,8 +233,13 @@ def test_a_cached_token_expires_on_time(api: Api) -> None:
     # The verifier trusts a token for token_cache_ttl_s (5 s); its expiry is checked on every
     # use, so a token cached a moment before it expires is refused at once.
     with api.services.db.write_session() as s:
-        _row, token = tokens.create_token(session=s, name="soon", role=tokens.Role.viewer,
-                                          actor="t", expires_in=dt.timedelta(seconds=1))
+        _row, token = tokens.create_token(
+            session=s,
+            name="soon",
+            role=tokens.Role.viewer,
+            actor="t",
+            expires_in=dt.timedelta(seconds=1),
+        )
         s.commit()
     verifier = api.services.verifier
     assert verifier.verify(token) is not None
@@ -217,16 +250,22 @@ def test_a_cached_token_expires_on_time(api: Api) -> None:
 
 @pytest.mark.parametrize("value", ["30", "0d", "3661d", "1y", "-1h", "x" * 17])
 def test_a_lifetime_that_is_not_a_duration_is_a_422(api: Api, value: str) -> None:
-    r = api.client.post("/api/v1/tokens", json={"name": "n", "role": "viewer",
-                                                "expires_in": value}, headers=api.h("admin"))
+    r = api.client.post(
+        "/api/v1/tokens",
+        json={"name": "n", "role": "viewer", "expires_in": value},
+        headers=api.h("admin"),
+    )
     assert r.status_code == 422, r.text
     assert r.json()["detail"]["code"] in (ErrorCode.INVALID_CHANGE, ErrorCode.INVALID_REQUEST)
-    assert all(t["name"] != "n" for t in api.client.get(
-        "/api/v1/tokens", headers=api.h("admin")).json())
+    assert all(
+        t["name"] != "n" for t in api.client.get("/api/v1/tokens", headers=api.h("admin")).json()
+    )
 
 
-@pytest.mark.parametrize("text_, seconds", [("30d", 30 * 86400), ("12h", 43200),
-                                            ("90m", 5400), ("2w", 14 * 86400), ("45s", 45)])
+@pytest.mark.parametrize(
+    "text_, seconds",
+    [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("2w", 14 * 86400), ("45s", 45)],
+)
 def test_durations(text_: str, seconds: int) -> None:
     assert tokens.parse_duration(text_) == dt.timedelta(seconds=seconds)
 
@@ -242,17 +281,20 @@ def test_sign_in_helper_and_sessions_of_expired_tokens(api: Api) -> None:
 def test_migration_0003_keeps_the_tokens_made_before_it(db_url: str) -> None:
     from alembic import command
 
-    from dashboard.store.db import Database, alembic_config
+    from turnout.dashboard.store.db import Database, alembic_config
 
     db = Database(db_url)
     with db.engine.begin() as conn:
         cfg = alembic_config(db_url)
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "0002")
-        conn.execute(text(
-            "INSERT INTO api_tokens (name, role, token_hash, prefix, created_at, created_by) "
-            "VALUES ('old', 'viewer', :h, 'tok_old', :at, 't')"),
-            {"h": tokens.hash_token("tok_old-token"), "at": dt.datetime.now(dt.UTC)})
+        conn.execute(
+            text(
+                "INSERT INTO api_tokens (name, role, token_hash, prefix, created_at, created_by) "
+                "VALUES ('old', 'viewer', :h, 'tok_old', :at, 't')"
+            ),
+            {"h": tokens.hash_token("tok_old-token"), "at": dt.datetime.now(dt.UTC)},
+        )
     db.upgrade()
     from alembic.script import ScriptDirectory
 
@@ -276,14 +318,17 @@ def test_the_templates_hold_nothing_the_csp_refuses() -> None:
     # this says which template line to change before a browser is started.
     from pathlib import Path
 
-    import dashboard
+    from turnout import dashboard
 
     templates = Path(dashboard.__file__).parent / "templates"
     found = []
     for path in sorted(templates.glob("*.html")):
         for n, line in enumerate(path.read_text().splitlines(), start=1):
-            scripts = [t for t in re.findall(r"<script[^>]*>", line)
-                       if "src=" not in t and 'type="application/json"' not in t]
+            scripts = [
+                t
+                for t in re.findall(r"<script[^>]*>", line)
+                if "src=" not in t and 'type="application/json"' not in t
+            ]
             if scripts or re.search(r"\sstyle=|<style|\son[a-z]+=|javascript:", line):
                 found.append(f"{path.name}:{n}: {line.strip()}")
     assert len(list(templates.glob("*.html"))) > 5 and found == []

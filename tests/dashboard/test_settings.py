@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import settings
-from dashboard.settings import Settings
+from turnout.dashboard import settings
+from turnout.dashboard.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_default_is_the_checkouts_var_whatever_the_working_directory(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TURNOUT_DATABASE_URL", raising=False)
     urls = []
     for sub in ("a", "b/c"):
@@ -30,7 +31,8 @@ def test_the_default_is_the_checkouts_var_whatever_the_working_directory(
 
 
 def test_an_installed_copy_defaults_to_the_user_data_dir(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TURNOUT_DATABASE_URL", raising=False)
     monkeypatch.setattr(settings, "CHECKOUT_ROOT", None)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
@@ -42,7 +44,8 @@ def test_an_installed_copy_defaults_to_the_user_data_dir(
 
 @pytest.mark.parametrize("xdg", ["data", "./data", "~/data"])
 def test_a_relative_xdg_data_home_is_ignored_as_the_spec_says(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, xdg: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, xdg: str
+) -> None:
     # Resolved against the working directory it named another database in every directory.
     monkeypatch.delenv("TURNOUT_DATABASE_URL", raising=False)
     monkeypatch.setattr(settings, "CHECKOUT_ROOT", None)
@@ -61,17 +64,26 @@ def test_the_environment_overrides_the_default(monkeypatch: pytest.MonkeyPatch) 
     assert Settings().database_url == "postgresql+psycopg://u@db/turnout"
 
 
-def _turnout(checkout: Path, cwd: Path, *args: str,
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _turnout(
+    checkout: Path, cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The real ``turnout`` command line run in ``cwd``, as if the source checkout were at
     ``checkout`` (so that the test writes no database into this one)."""
-    code = ("import sys; from pathlib import Path; import dashboard.settings as s; "
-            f"s.CHECKOUT_ROOT = Path({str(checkout)!r}); "
-            "from oracle.cli import main; main(sys.argv[1:])")
+    code = (
+        "import sys; from pathlib import Path; import turnout.dashboard.settings as s; "
+        f"s.CHECKOUT_ROOT = Path({str(checkout)!r}); "
+        "from turnout.oracle.cli import main; main(sys.argv[1:])"
+    )
     full_env = {k: v for k, v in os.environ.items() if k != "TURNOUT_DATABASE_URL"}
-    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True,
-                          text=True, env={**full_env, **(env or {})}, timeout=120)
+    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), full_env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**full_env, **(env or {})},
+        timeout=120,
+    )
 
 
 def test_the_commands_use_one_database_from_any_directory(tmp_path: Path) -> None:
@@ -83,7 +95,7 @@ def test_the_commands_use_one_database_from_any_directory(tmp_path: Path) -> Non
     assert r.returncode == 0, r.stderr
     from alembic.script import ScriptDirectory
 
-    from dashboard.store.db import alembic_config
+    from turnout.dashboard.store.db import alembic_config
 
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     assert r.stdout.strip() == f"database sqlite:///{db} at revision {head}"
@@ -93,8 +105,12 @@ def test_the_commands_use_one_database_from_any_directory(tmp_path: Path) -> Non
     assert r.returncode == 0, r.stderr
     listed = _turnout(checkout, there, "token", "list").stdout
     assert "alice" in listed
-    assert "qwen3-canary: already disabled" in _turnout(
-        checkout, there, "canary", "disable", "qwen3-canary", "--reason", "again").stdout
+    assert (
+        "qwen3-canary: already disabled"
+        in _turnout(
+            checkout, there, "canary", "disable", "qwen3-canary", "--reason", "again"
+        ).stdout
+    )
     assert db.is_file()
     assert not (here / "var").exists() and not (there / "var").exists()
     # TURNOUT_DATABASE_URL names another database.
@@ -103,15 +119,24 @@ def test_the_commands_use_one_database_from_any_directory(tmp_path: Path) -> Non
     assert r.returncode == 0 and "alice" not in r.stdout
 
 
-@pytest.mark.parametrize("value, says", [
-    ("nope", "TURNOUT_RAMP_GATES is not JSON (Expecting value: line 1 column 1 (char 0))"),
-    ('{"min_engines": 0}', "ramp_gates.min_engines"),
-])
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("nope", "TURNOUT_RAMP_GATES is not JSON (Expecting value: line 1 column 1 (char 0))"),
+        ('{"min_engines": 0}', "ramp_gates.min_engines"),
+    ],
+)
 def test_ramp_gates_that_cannot_be_read_end_the_command_saying_why(
-        tmp_path: Path, value: str, says: str) -> None:
+    tmp_path: Path, value: str, says: str
+) -> None:
     """A JSON setting that is not JSON was a pydantic_settings traceback (SettingsError is no
     ValidationError), for ``turnout serve`` and every command."""
-    r = _turnout(tmp_path, tmp_path, "webhook", "list", env={
-        "TURNOUT_RAMP_GATES": value, "TURNOUT_DATABASE_URL": f"sqlite:///{tmp_path / 't.db'}"})
+    r = _turnout(
+        tmp_path,
+        tmp_path,
+        "webhook",
+        "list",
+        env={"TURNOUT_RAMP_GATES": value, "TURNOUT_DATABASE_URL": f"sqlite:///{tmp_path / 't.db'}"},
+    )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith("error: ") and says in r.stderr, r.stderr

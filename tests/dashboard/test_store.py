@@ -9,13 +9,13 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from dashboard.store import aggregates, audit, canaries, events, tokens
-from dashboard.store.canaries import CohortDefault
-from dashboard.store.db import Database
-from dashboard.store.errors import InvalidChange, NotFound, VersionConflict
-from dashboard.store.events import EventRecord
-from dashboard.store.models import Base
-from oracle.errors import ErrorCode
+from turnout.dashboard.store import aggregates, audit, canaries, events, tokens
+from turnout.dashboard.store.canaries import CohortDefault
+from turnout.dashboard.store.db import Database
+from turnout.dashboard.store.errors import InvalidChange, NotFound, VersionConflict
+from turnout.dashboard.store.events import EventRecord
+from turnout.dashboard.store.models import Base
+from turnout.oracle.errors import ErrorCode
 
 DEFAULTS = [CohortDefault("qwen3", False), CohortDefault("llama-mistral", False, 50)]
 
@@ -42,7 +42,7 @@ def test_migrations_match_the_models_and_rerun_cleanly(db: Database) -> None:
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
-    from dashboard.store.db import alembic_config
+    from turnout.dashboard.store.db import alembic_config
 
     db.upgrade()  # a second upgrade is a no-op
     head = ScriptDirectory.from_config(alembic_config(db.url)).get_current_head()
@@ -59,53 +59,80 @@ def test_sqlite_runs_in_wal_mode(tmp_path) -> None:
 
 def test_defaults_are_inserted_once_and_keep_existing_state(db: Database) -> None:
     with db.write_session() as s:
-        canaries.flip_canary(session=s, cohort="qwen3", enabled=True, reason="go",
-                             actor="t", if_version=1)
+        canaries.flip_canary(
+            session=s, cohort="qwen3", enabled=True, reason="go", actor="t", if_version=1
+        )
         s.commit()
     with db.write_session() as s:
-        added = canaries.ensure_defaults(session=s, defaults=[*DEFAULTS,
-                                                              CohortDefault("pooling", True)])
+        added = canaries.ensure_defaults(
+            session=s, defaults=[*DEFAULTS, CohortDefault("pooling", True)]
+        )
         s.commit()
     assert added == ["pooling"]
     with db.read_session() as s:
         state = canaries.read_state(session=s)
-    assert state.cohorts == {"qwen3": (True, 100, 2), "llama-mistral": (False, 50, 1),
-                             "pooling": (True, 100, 1)}
+    assert state.cohorts == {
+        "qwen3": (True, 100, 2),
+        "llama-mistral": (False, 50, 1),
+        "pooling": (True, 100, 1),
+    }
 
 
 def test_flip_checks_version_and_writes_one_audit_entry(db: Database) -> None:
     with db.write_session() as s:
-        flip = canaries.flip_canary(session=s, cohort="qwen3", enabled=True, percentage=25,
-                                    reason="parity suite green", actor="alice", if_version=1)
+        flip = canaries.flip_canary(
+            session=s,
+            cohort="qwen3",
+            enabled=True,
+            percentage=25,
+            reason="parity suite green",
+            actor="alice",
+            if_version=1,
+        )
         s.commit()
     assert flip.changed
     assert (flip.canary.enabled, flip.canary.percentage, flip.canary.version) == (True, 25, 2)
     with db.write_session() as s, pytest.raises(VersionConflict) as err:
-        canaries.flip_canary(session=s, cohort="qwen3", enabled=False, reason="x",
-                             actor="bob", if_version=1)
+        canaries.flip_canary(
+            session=s, cohort="qwen3", enabled=False, reason="x", actor="bob", if_version=1
+        )
     assert err.value.current_version == 2
     with db.read_session() as s:
         entries = audit.list_entries(session=s)
     assert len(entries) == 1
     e = entries[0]
-    assert (e.actor, e.action, e.target, e.reason) == ("alice", "canary.flip", "cohort:qwen3",
-                                                       "parity suite green")
+    assert (e.actor, e.action, e.target, e.reason) == (
+        "alice",
+        "canary.flip",
+        "cohort:qwen3",
+        "parity suite green",
+    )
     assert e.before == {"enabled": False, "percentage": 100, "version": 1}
     assert e.after == {"enabled": True, "percentage": 25, "version": 2}
     assert e.at.tzinfo is not None
 
 
-@pytest.mark.parametrize(("cohort", "enabled", "percentage"), [
-    ("qwen3", False, None),            # off, asked off
-    ("qwen3", False, 100),             # off at its stored 100%
-    ("llama-mistral", False, 50),      # the stored share, stated
-])
-def test_a_flip_to_the_current_state_changes_nothing(db: Database, cohort: str, enabled: bool,
-                                                     percentage: int | None) -> None:
+@pytest.mark.parametrize(
+    ("cohort", "enabled", "percentage"),
+    [
+        ("qwen3", False, None),  # off, asked off
+        ("qwen3", False, 100),  # off at its stored 100%
+        ("llama-mistral", False, 50),  # the stored share, stated
+    ],
+)
+def test_a_flip_to_the_current_state_changes_nothing(
+    db: Database, cohort: str, enabled: bool, percentage: int | None
+) -> None:
     with db.write_session() as s:
-        flip = canaries.flip_canary(session=s, cohort=cohort, enabled=enabled,
-                                    percentage=percentage, reason="again", actor="alice",
-                                    if_version=1)
+        flip = canaries.flip_canary(
+            session=s,
+            cohort=cohort,
+            enabled=enabled,
+            percentage=percentage,
+            reason="again",
+            actor="alice",
+            if_version=1,
+        )
         s.commit()
     assert not flip.changed and flip.canary.version == 1
     with db.read_session() as s:
@@ -114,22 +141,38 @@ def test_a_flip_to_the_current_state_changes_nothing(db: Database, cohort: str, 
     assert before.cohorts[cohort][2] == 1
     # A stale version is still a conflict, whatever the state asked for.
     with db.write_session() as s, pytest.raises(VersionConflict):
-        canaries.flip_canary(session=s, cohort=cohort, enabled=enabled, reason="again",
-                             actor="alice", if_version=7)
+        canaries.flip_canary(
+            session=s, cohort=cohort, enabled=enabled, reason="again", actor="alice", if_version=7
+        )
 
 
 def test_a_flip_that_changes_only_the_share_is_a_change(db: Database) -> None:
     with db.write_session() as s:
-        on = canaries.flip_canary(session=s, cohort="qwen3", enabled=True, percentage=50,
-                                  reason="half", actor="a", if_version=1)
+        on = canaries.flip_canary(
+            session=s,
+            cohort="qwen3",
+            enabled=True,
+            percentage=50,
+            reason="half",
+            actor="a",
+            if_version=1,
+        )
         s.commit()
     with db.write_session() as s:
-        same = canaries.flip_canary(session=s, cohort="qwen3", enabled=True, reason="again",
-                                    actor="a", if_version=2)  # percentage None: keep 50%
+        same = canaries.flip_canary(
+            session=s, cohort="qwen3", enabled=True, reason="again", actor="a", if_version=2
+        )  # percentage None: keep 50%
         s.commit()
     with db.write_session() as s:
-        more = canaries.flip_canary(session=s, cohort="qwen3", enabled=True, percentage=100,
-                                    reason="all", actor="a", if_version=2)
+        more = canaries.flip_canary(
+            session=s,
+            cohort="qwen3",
+            enabled=True,
+            percentage=100,
+            reason="all",
+            actor="a",
+            if_version=2,
+        )
         s.commit()
     assert (on.changed, same.changed, more.changed) == (True, False, True)
     assert more.canary.version == 3
@@ -151,12 +194,19 @@ def test_a_flip_is_checked_against_the_row_it_locks_not_an_earlier_read(pg_db: D
     with pg_db.write_session() as a:
         read = canaries.get_canary(session=a, cohort="qwen3")
         with pg_db.write_session() as b:
-            canaries.flip_canary(session=b, cohort="qwen3", enabled=True, reason="b",
-                                 actor="b", if_version=1)
+            canaries.flip_canary(
+                session=b, cohort="qwen3", enabled=True, reason="b", actor="b", if_version=1
+            )
             b.commit()
         with pytest.raises(VersionConflict) as err:
-            canaries.flip_canary(session=a, cohort="qwen3", enabled=True, reason="a",
-                                 actor="a", if_version=read.version)
+            canaries.flip_canary(
+                session=a,
+                cohort="qwen3",
+                enabled=True,
+                reason="a",
+                actor="a",
+                if_version=read.version,
+            )
         assert err.value.current_version == 2
     with pg_db.write_session() as a:
         ks = canaries.get_kill_switch(session=a)
@@ -164,8 +214,9 @@ def test_a_flip_is_checked_against_the_row_it_locks_not_an_earlier_read(pg_db: D
             canaries.set_kill_switch(session=b, engaged=True, reason="b", actor="b")
             b.commit()
         with pytest.raises(VersionConflict):
-            canaries.set_kill_switch(session=a, engaged=True, reason="a", actor="a",
-                                     if_version=ks.version)
+            canaries.set_kill_switch(
+                session=a, engaged=True, reason="a", actor="a", if_version=ks.version
+            )
     with pg_db.read_session() as s:
         assert [e.actor for e in audit.list_entries(session=s)] == ["b", "b"]
 
@@ -182,8 +233,9 @@ def test_a_locking_read_holds_the_cohort_until_the_flip_commits(pg_db: Database)
 @pytest.mark.parametrize("reason", ["", "   "])
 def test_flip_without_reason_is_refused_and_changes_nothing(db: Database, reason: str) -> None:
     with db.write_session() as s, pytest.raises(InvalidChange) as err:
-        canaries.flip_canary(session=s, cohort="qwen3", enabled=True, reason=reason,
-                             actor="t", if_version=1)
+        canaries.flip_canary(
+            session=s, cohort="qwen3", enabled=True, reason=reason, actor="t", if_version=1
+        )
     assert err.value.code == ErrorCode.REASON_REQUIRED
     with db.read_session() as s:
         assert canaries.read_state(session=s).cohorts["qwen3"] == (False, 100, 1)
@@ -191,11 +243,19 @@ def test_flip_without_reason_is_refused_and_changes_nothing(db: Database, reason
 
 def test_unknown_cohort_and_bad_percentage(db: Database) -> None:
     with db.write_session() as s, pytest.raises(NotFound):
-        canaries.flip_canary(session=s, cohort="nope", enabled=True, reason="r", actor="t",
-                             if_version=1)
+        canaries.flip_canary(
+            session=s, cohort="nope", enabled=True, reason="r", actor="t", if_version=1
+        )
     with db.write_session() as s, pytest.raises(InvalidChange):
-        canaries.flip_canary(session=s, cohort="qwen3", enabled=True, reason="r", actor="t",
-                             if_version=1, percentage=101)
+        canaries.flip_canary(
+            session=s,
+            cohort="qwen3",
+            enabled=True,
+            reason="r",
+            actor="t",
+            if_version=1,
+            percentage=101,
+        )
 
 
 def test_audit_log_refuses_update_and_delete_in_the_database(db: Database) -> None:
@@ -209,24 +269,29 @@ def test_audit_log_refuses_update_and_delete_in_the_database(db: Database) -> No
         assert [e.reason for e in audit.list_entries(session=s)] == ["incident 42"]
 
 
-@pytest.mark.parametrize("reason, code", [
-    ("\u200b\u200b", ErrorCode.REASON_REQUIRED),  # zero-width spaces only
-    (" \u2060\t\ufeff ", ErrorCode.REASON_REQUIRED),  # word joiner, BOM, blanks
-    ("x" * (audit.MAX_REASON_CHARS + 1), ErrorCode.REASON_TOO_LONG),
-])
+@pytest.mark.parametrize(
+    "reason, code",
+    [
+        ("\u200b\u200b", ErrorCode.REASON_REQUIRED),  # zero-width spaces only
+        (" \u2060\t\ufeff ", ErrorCode.REASON_REQUIRED),  # word joiner, BOM, blanks
+        ("x" * (audit.MAX_REASON_CHARS + 1), ErrorCode.REASON_TOO_LONG),
+    ],
+)
 def test_a_reason_must_be_visible_and_bounded(db: Database, reason: str, code: str) -> None:
     # The CLI passes reasons straight to the store: the same bounds as the API's schema.
     for change in (
-        lambda s: canaries.flip_canary(session=s, cohort="qwen3", enabled=False, reason=reason,
-                                       actor="t", if_version=1),
+        lambda s: canaries.flip_canary(
+            session=s, cohort="qwen3", enabled=False, reason=reason, actor="t", if_version=1
+        ),
         lambda s: canaries.set_kill_switch(session=s, engaged=True, reason=reason, actor="t"),
     ):
         with db.write_session() as s, pytest.raises(InvalidChange) as err:
             change(s)
         assert err.value.code == code
     with db.write_session() as s:
-        ok = canaries.set_kill_switch(session=s, engaged=True, actor="t",
-                                      reason="é" * audit.MAX_REASON_CHARS)
+        ok = canaries.set_kill_switch(
+            session=s, engaged=True, actor="t", reason="é" * audit.MAX_REASON_CHARS
+        )
         s.commit()
     assert ok.changed
     with db.read_session() as s:
@@ -246,7 +311,10 @@ def test_kill_switch_to_its_current_state_is_no_change(db: Database) -> None:
         again = canaries.set_kill_switch(session=s, engaged=True, reason="b", actor="u")
         s.commit()
         assert (again.changed, again.kill_switch.version, again.kill_switch.updated_by) == (
-            False, 2, "t")
+            False,
+            2,
+            "t",
+        )
     with db.write_session() as s, pytest.raises(VersionConflict):
         canaries.set_kill_switch(session=s, engaged=True, reason="c", actor="t", if_version=1)
     with db.read_session() as s:
@@ -282,19 +350,38 @@ def test_etag_differs_for_different_states_at_the_same_versions(tmp_path) -> Non
     assert mine.etag != theirs.etag
 
 
-def _event(i: int, deployment: str, at: dt.datetime, runner: str | None = "v1",
-           rules: tuple[str, ...] = ("spec_ngram",), demo: bool = False) -> EventRecord:
-    return EventRecord(event_id=f"ev-{i}", at=at, deployment_id=deployment, pack="turnout",
-                       family="qwen3", runner=runner, mode="auto",
-                       reason_code="STATIC" if runner == "v1" else "DEFAULT",
-                       rule_ids=rules if runner == "v1" else (), stage="qwen3",
-                       config={"architecture": "Qwen3ForCausalLM"}, demo=demo)
+def _event(
+    i: int,
+    deployment: str,
+    at: dt.datetime,
+    runner: str | None = "v1",
+    rules: tuple[str, ...] = ("spec_ngram",),
+    demo: bool = False,
+) -> EventRecord:
+    return EventRecord(
+        event_id=f"ev-{i}",
+        at=at,
+        deployment_id=deployment,
+        pack="turnout",
+        family="qwen3",
+        runner=runner,
+        mode="auto",
+        reason_code="STATIC" if runner == "v1" else "DEFAULT",
+        rule_ids=rules if runner == "v1" else (),
+        stage="qwen3",
+        config={"architecture": "Qwen3ForCausalLM"},
+        demo=demo,
+    )
 
 
 def test_ingest_is_idempotent_and_keeps_the_latest_decision(db: Database) -> None:
     t0 = dt.datetime(2026, 11, 28, 12, tzinfo=dt.UTC)
-    batch = [_event(1, "a", t0), _event(2, "a", t0 + dt.timedelta(hours=1), runner="v2"),
-             _event(3, "b", t0), _event(4, "b", t0 + dt.timedelta(days=1), rules=("dbo",))]
+    batch = [
+        _event(1, "a", t0),
+        _event(2, "a", t0 + dt.timedelta(hours=1), runner="v2"),
+        _event(3, "b", t0),
+        _event(4, "b", t0 + dt.timedelta(days=1), rules=("dbo",)),
+    ]
     with db.write_session() as s:
         assert events.ingest(session=s, events=batch) == 4
         s.commit()
@@ -316,9 +403,13 @@ def test_ingest_is_idempotent_and_keeps_the_latest_decision(db: Database) -> Non
     assert ov.by_day["2026-11-28"] == {"v1": 2, "v2": 1}
 
 
-@pytest.mark.parametrize("at", [dt.datetime(999, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC),
-                                dt.datetime(2026, 11, 30, 23, 59, 59, 999999,
-                                            tzinfo=dt.timezone(dt.timedelta(hours=-5)))])
+@pytest.mark.parametrize(
+    "at",
+    [
+        dt.datetime(999, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC),
+        dt.datetime(2026, 11, 30, 23, 59, 59, 999999, tzinfo=dt.timezone(dt.timedelta(hours=-5))),
+    ],
+)
 def test_event_times_read_back_exactly(db: Database, at: dt.datetime) -> None:
     # Found by schemathesis: the SQLite path wrote year 999 as "999-..." (unpadded).
     with db.write_session() as s:
@@ -345,8 +436,7 @@ def test_an_event_repeated_inside_one_batch_counts_once(db: Database) -> None:
 def test_demo_rows_are_removed_with_their_rollups(db: Database) -> None:
     t0 = dt.datetime(2026, 11, 28, tzinfo=dt.UTC)
     with db.write_session() as s:
-        events.ingest(session=s, events=[_event(1, "real", t0),
-                                         _event(2, "demo/x", t0, demo=True)])
+        events.ingest(session=s, events=[_event(1, "real", t0), _event(2, "demo/x", t0, demo=True)])
         s.commit()
     with db.write_session() as s:
         assert events.remove_demo(session=s) == 1
@@ -362,8 +452,7 @@ def test_demo_rows_are_removed_with_their_rollups(db: Database) -> None:
 
 def test_tokens_are_stored_hashed_and_revocable(db: Database) -> None:
     with db.write_session() as s:
-        row, token = tokens.create_token(session=s, name="ci", role=tokens.Role.operator,
-                                         actor="t")
+        row, token = tokens.create_token(session=s, name="ci", role=tokens.Role.operator, actor="t")
         s.commit()
     assert token.startswith("tok_") and len(token) > 40
     with db.engine.connect() as conn:

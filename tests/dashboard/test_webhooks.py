@@ -12,18 +12,19 @@ from collections.abc import Iterator
 import pytest
 from webhook_receiver import Receiver, StallingReceiver
 
-from dashboard.store import canaries, delivery
-from dashboard.store import webhooks as hooks
-from dashboard.store.canaries import CohortDefault
-from dashboard.store.db import Database
-from dashboard.store.errors import Conflict, InvalidChange
-from dashboard.webhook_signing import signature, verify
+from turnout.dashboard.store import canaries, delivery
+from turnout.dashboard.store import webhooks as hooks
+from turnout.dashboard.store.canaries import CohortDefault
+from turnout.dashboard.store.db import Database
+from turnout.dashboard.store.errors import Conflict, InvalidChange
+from turnout.dashboard.webhook_signing import signature, verify
 
 SECRET = "whsec_test_secret_0123456789"
 # Passes run an hour after the events (flipped at the real time): every new delivery is due.
 T0 = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(hours=1)
-POLICY = delivery.RetryPolicy(max_attempts=4, backoff_s=10, max_backoff_s=25, lease_s=60,
-                              timeout_s=5)
+POLICY = delivery.RetryPolicy(
+    max_attempts=4, backoff_s=10, max_backoff_s=25, lease_s=60, timeout_s=5
+)
 
 
 @pytest.fixture
@@ -39,8 +40,9 @@ def db(db_url: str, receiver: Receiver) -> Iterator[Database]:
     database.upgrade()
     with database.write_session() as s:
         canaries.ensure_defaults(session=s, defaults=[CohortDefault("qwen3", False)])
-        hooks.add_webhook(session=s, url=receiver.url, kinds=["flip", "kill_switch"],
-                          actor="t", secret=SECRET)
+        hooks.add_webhook(
+            session=s, url=receiver.url, kinds=["flip", "kill_switch"], actor="t", secret=SECRET
+        )
         s.commit()
     yield database
     database.dispose()
@@ -49,15 +51,26 @@ def db(db_url: str, receiver: Receiver) -> Iterator[Database]:
 def _flip(db: Database, enabled: bool = True) -> None:
     with db.write_session() as s:
         version = canaries.get_canary(session=s, cohort="qwen3").version
-        canaries.flip_canary(session=s, cohort="qwen3", enabled=enabled, reason="parity green",
-                             actor="alice (token 2)", if_version=version)
+        canaries.flip_canary(
+            session=s,
+            cohort="qwen3",
+            enabled=enabled,
+            reason="parity green",
+            actor="alice (token 2)",
+            if_version=version,
+        )
         s.commit()
 
 
 def _deliver(db: Database, now: dt.datetime, seed: int = 1) -> delivery.DeliveryReport:
     with db.write_session() as s:
-        return delivery.deliver_due(session=s, now=now, post=delivery.httpx_poster(5),
-                                    policy=POLICY, rng=random.Random(seed))
+        return delivery.deliver_due(
+            session=s,
+            now=now,
+            post=delivery.httpx_poster(5),
+            policy=POLICY,
+            rng=random.Random(seed),
+        )
 
 
 def _entry(db: Database) -> hooks.OutboxEntry:
@@ -72,15 +85,19 @@ def test_a_flip_is_delivered_once_signed(db: Database, receiver: Receiver) -> No
     [got] = receiver.deliveries
     assert got.signed and got.kind == "flip" and got.delivery_id == report.delivered[0]
     assert (got.body["action"], got.body["cohort"], got.body["reason"]) == (
-        "canary.flip", "qwen3", "parity green")
+        "canary.flip",
+        "qwen3",
+        "parity green",
+    )
     assert got.body["after"] == {"enabled": True, "percentage": 100, "version": 2}
     assert _deliver(db, T0 + dt.timedelta(hours=1)).delivered == []
     entry = _entry(db)
     assert (entry.state, entry.num_attempts, entry.last_status) == ("delivered", 1, 204)
 
 
-def test_a_receiver_failing_twice_gets_it_on_the_third_attempt(db: Database,
-                                                               receiver: Receiver) -> None:
+def test_a_receiver_failing_twice_gets_it_on_the_third_attempt(
+    db: Database, receiver: Receiver
+) -> None:
     receiver.fail_first = 2
     _flip(db)
     now = T0
@@ -99,7 +116,8 @@ def test_a_receiver_failing_twice_gets_it_on_the_third_attempt(db: Database,
 
 
 def test_the_last_failed_attempt_is_a_dead_letter_an_admin_can_retry(
-        db: Database, receiver: Receiver) -> None:
+    db: Database, receiver: Receiver
+) -> None:
     receiver.fail_first = 10
     _flip(db)
     now = T0
@@ -117,8 +135,7 @@ def test_the_last_failed_attempt_is_a_dead_letter_an_admin_can_retry(
     assert len(_deliver(db, now).delivered) == 1 and receiver.deliveries[0].signed
 
 
-def test_a_receiver_that_is_down_gets_it_once_it_is_back(db: Database,
-                                                         receiver: Receiver) -> None:
+def test_a_receiver_that_is_down_gets_it_once_it_is_back(db: Database, receiver: Receiver) -> None:
     receiver.stop()
     _flip(db)
     report = _deliver(db, T0)
@@ -129,7 +146,8 @@ def test_a_receiver_that_is_down_gets_it_once_it_is_back(db: Database,
 
 
 def test_a_worker_killed_mid_delivery_leaves_it_to_the_next_once_its_lease_ends(
-        db: Database, receiver: Receiver) -> None:
+    db: Database, receiver: Receiver
+) -> None:
     _flip(db)
     with db.write_session() as s:
         [claimed] = delivery._claim(s, T0, POLICY, 10)  # taken, then the process dies
@@ -144,12 +162,19 @@ def _subscribe(db: Database, url: str) -> None:
         s.commit()
 
 
-def _deliver_in_thread(db: Database, policy: delivery.RetryPolicy, now: dt.datetime,
-                       reports: list[delivery.DeliveryReport]) -> threading.Thread:
+def _deliver_in_thread(
+    db: Database,
+    policy: delivery.RetryPolicy,
+    now: dt.datetime,
+    reports: list[delivery.DeliveryReport],
+) -> threading.Thread:
     def run() -> None:
         with db.write_session() as s:
-            reports.append(delivery.deliver_due(session=s, now=now, policy=policy,
-                                                post=delivery.httpx_poster(policy.timeout_s)))
+            reports.append(
+                delivery.deliver_due(
+                    session=s, now=now, policy=policy, post=delivery.httpx_poster(policy.timeout_s)
+                )
+            )
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -158,7 +183,8 @@ def _deliver_in_thread(db: Database, policy: delivery.RetryPolicy, now: dt.datet
 
 @pytest.mark.parametrize("trickle", ["headers", "body"])
 def test_a_receiver_that_never_finishes_its_answer_holds_no_one_else(
-        db: Database, receiver: Receiver, trickle: str) -> None:
+    db: Database, receiver: Receiver, trickle: str
+) -> None:
     """Headers that never end, or a 200 whose body never ends, a line at a time, trip no read
     timeout: the attempt has a deadline of its own (the timeout, in all), and the answer's
     body is never read (its 200 is a delivery). The pass held on to such an answer for ever
@@ -176,21 +202,24 @@ def test_a_receiver_that_never_finishes_its_answer_holds_no_one_else(
         assert not thread.is_alive(), "the pass is still reading the endless answer"
         [report] = reports
         stalled_ok = trickle == "body"
-        assert (len(report.delivered), len(report.retried)) == (
-            (5, 0) if stalled_ok else (3, 2)), report
+        assert (len(report.delivered), len(report.retried)) == ((5, 0) if stalled_ok else (3, 2)), (
+            report
+        )
         with db.read_session() as s:
             stalled = hooks.list_outbox(session=s, webhook_id=2)
         if not stalled_ok:
             assert {(e.state, e.last_status) for e in stalled} == {("pending", None)}
-            assert all("no complete answer within 1 s" in (e.last_error or "")
-                       for e in stalled), [e.last_error for e in stalled]
+            assert all("no complete answer within 1 s" in (e.last_error or "") for e in stalled), [
+                e.last_error for e in stalled
+            ]
         assert len(receiver.deliveries) == 3 and len(stalling.attempts) == 2
     finally:
         stalling.stop()
 
 
 def test_a_delivery_is_sent_by_one_worker_while_the_other_waits_on_a_slow_receiver(
-        db: Database) -> None:
+    db: Database,
+) -> None:
     """Two workers (replicas) at once, the receiver never answering: each attempt ends at the
     timeout, so a pass of several takes longer than a lease. An entry is leased when its
     attempt starts, not with the whole batch at the start of the pass: before, a second worker
@@ -222,8 +251,9 @@ def test_a_delivery_is_sent_by_one_worker_while_the_other_waits_on_a_slow_receiv
         stalling.stop()
 
 
-def test_removing_a_subscription_ends_its_pending_deliveries(db: Database,
-                                                             receiver: Receiver) -> None:
+def test_removing_a_subscription_ends_its_pending_deliveries(
+    db: Database, receiver: Receiver
+) -> None:
     _flip(db)
     with db.write_session() as s:
         hooks.remove_webhook(session=s, webhook_id=1, actor="admin", reason="moved")
@@ -237,27 +267,32 @@ def test_removing_a_subscription_ends_its_pending_deliveries(db: Database,
 
 def test_kinds_and_urls_are_checked(db: Database) -> None:
     with db.write_session() as s:
-        for url, kinds, what in [("ftp://x/y", ["flip"], "not an http"),
-                                 ("http:///nohost", ["flip"], "not an http"),
-                                 ("http://[", ["flip"], "Invalid IPv6 URL"),
-                                 ("http://h:99999/x", ["flip"], "Port out of range"),
-                                 ("http://h:x/", ["flip"], "Port could not be cast"),
-                                 ("http://a b/", ["flip"], "a space or control character"),
-                                 ("http://h/\x00", ["flip"], "a space or control character"),
-                                 ("http://h/x", [], "at least one kind"),
-                                 ("http://h/x", ["flips"], "unknown event kind")]:
+        for url, kinds, what in [
+            ("ftp://x/y", ["flip"], "not an http"),
+            ("http:///nohost", ["flip"], "not an http"),
+            ("http://[", ["flip"], "Invalid IPv6 URL"),
+            ("http://h:99999/x", ["flip"], "Port out of range"),
+            ("http://h:x/", ["flip"], "Port could not be cast"),
+            ("http://a b/", ["flip"], "a space or control character"),
+            ("http://h/\x00", ["flip"], "a space or control character"),
+            ("http://h/x", [], "at least one kind"),
+            ("http://h/x", ["flips"], "unknown event kind"),
+        ]:
             with pytest.raises(InvalidChange, match=what):
                 hooks.add_webhook(session=s, url=url, kinds=kinds, actor="t")
         # bounds the store keeps, for the command line as for the API (PostgreSQL's
         # varchar refused them with a DataError traceback; SQLite stored them)
         with pytest.raises(InvalidChange, match="at most 256 characters"):
-            hooks.add_webhook(session=s, url="http://h/x", kinds=["flip"], actor="t",
-                              description="d" * 257)
+            hooks.add_webhook(
+                session=s, url="http://h/x", kinds=["flip"], actor="t", description="d" * 257
+            )
         with pytest.raises(InvalidChange, match="16 to 256 characters"):
-            hooks.add_webhook(session=s, url="http://h/x", kinds=["flip"], actor="t",
-                              secret="s" * 257)
-        row, secret = hooks.add_webhook(session=s, url="https://h/x", actor="t",
-                                        kinds=["approval", "flip", "flip"])
+            hooks.add_webhook(
+                session=s, url="http://h/x", kinds=["flip"], actor="t", secret="s" * 257
+            )
+        row, secret = hooks.add_webhook(
+            session=s, url="https://h/x", actor="t", kinds=["approval", "flip", "flip"]
+        )
     assert row.kinds == ["flip", "approval"] and secret.startswith("whsec_")
     with db.write_session() as s:  # the longest URL: its audit entry quotes it (it was a
         long_url = "https://h/" + "p" * (hooks.MAX_URL_CHARS - 10)  # REASON_TOO_LONG)
@@ -280,11 +315,23 @@ def test_a_signature_verifies_only_for_its_body_secret_and_time() -> None:
     sig = signature(SECRET, ts, body)
     assert sig.startswith("sha256=") and len(sig) == 7 + 64
     assert verify(secret=SECRET, body=body, timestamp=str(ts), sig=sig, now=ts + 10)
-    for kwargs in [{"body": body + b" "}, {"secret": SECRET + "x"}, {"now": ts + 301},
-                   {"timestamp": "x"}, {"timestamp": None}, {"sig": None},
-                   {"timestamp": "9" * 40}]:
-        args = {"secret": SECRET, "body": body, "timestamp": str(ts), "sig": sig,
-                "now": ts, **kwargs}
+    for kwargs in [
+        {"body": body + b" "},
+        {"secret": SECRET + "x"},
+        {"now": ts + 301},
+        {"timestamp": "x"},
+        {"timestamp": None},
+        {"sig": None},
+        {"timestamp": "9" * 40},
+    ]:
+        args = {
+            "secret": SECRET,
+            "body": body,
+            "timestamp": str(ts),
+            "sig": sig,
+            "now": ts,
+            **kwargs,
+        }
         assert not verify(**args), kwargs  # type: ignore[arg-type]
 
 
@@ -293,21 +340,27 @@ def test_the_docs_verification_example_accepts_a_real_delivery_only() -> None:
     import time
     from pathlib import Path
 
-    from dashboard.webhook_signing import signed_headers
+    from turnout.dashboard.webhook_signing import signed_headers
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "service.md").read_text()
-    section = doc[doc.index("### Verifying a delivery"):]
+    section = doc[doc.index("### Verifying a delivery") :]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     scope: dict[str, object] = {}
     exec(code.group(1), scope)
     verify_delivery = scope["verify_delivery"]
     body = b'{"kind":"gate_failure"}'
-    headers = signed_headers(secret=SECRET, timestamp=int(time.time()), body=body,
-                             kind="gate_failure", delivery_id="d1")
+    headers = signed_headers(
+        secret=SECRET, timestamp=int(time.time()), body=body, kind="gate_failure", delivery_id="d1"
+    )
     assert verify_delivery(SECRET, headers, body)  # type: ignore[operator]
     assert not verify_delivery(SECRET, headers, body + b" ")  # type: ignore[operator]
     assert not verify_delivery("whsec_another_secret_xx", headers, body)  # type: ignore[operator]
-    old = signed_headers(secret=SECRET, timestamp=int(time.time()) - 3600, body=body,
-                         kind="gate_failure", delivery_id="d1")
+    old = signed_headers(
+        secret=SECRET,
+        timestamp=int(time.time()) - 3600,
+        body=body,
+        kind="gate_failure",
+        delivery_id="d1",
+    )
     assert not verify_delivery(SECRET, old, body)  # type: ignore[operator]

@@ -13,9 +13,13 @@ from service_helpers import LiveService, free_port, make_tokens, start_service
 from webhook_receiver import Receiver, StallingReceiver
 
 SECRET = "whsec_live_secret_0123456789"
-FAST = {"TURNOUT_WEBHOOK_POLL_S": "0.1", "TURNOUT_WEBHOOK_BACKOFF_S": "0.2",
-        "TURNOUT_WEBHOOK_MAX_BACKOFF_S": "0.5", "TURNOUT_WEBHOOK_MAX_ATTEMPTS": "100",
-        "TURNOUT_WEBHOOK_LEASE_S": "1"}
+FAST = {
+    "TURNOUT_WEBHOOK_POLL_S": "0.1",
+    "TURNOUT_WEBHOOK_BACKOFF_S": "0.2",
+    "TURNOUT_WEBHOOK_MAX_BACKOFF_S": "0.5",
+    "TURNOUT_WEBHOOK_MAX_ATTEMPTS": "100",
+    "TURNOUT_WEBHOOK_LEASE_S": "1",
+}
 
 
 def _setup(tmp_path: Path) -> tuple[str, dict[str, str]]:
@@ -24,8 +28,11 @@ def _setup(tmp_path: Path) -> tuple[str, dict[str, str]]:
 
 
 def _subscribe(svc: LiveService, tokens: dict[str, str], url: str) -> None:
-    r = httpx.post(svc.url + "/api/v1/webhooks", headers=_h(tokens, "admin"),
-                   json={"url": url, "kinds": ["flip", "kill_switch"], "secret": SECRET})
+    r = httpx.post(
+        svc.url + "/api/v1/webhooks",
+        headers=_h(tokens, "admin"),
+        json={"url": url, "kinds": ["flip", "kill_switch"], "secret": SECRET},
+    )
     assert r.status_code == 201, r.text
 
 
@@ -34,8 +41,7 @@ def _h(tokens: dict[str, str], role: str) -> dict[str, str]:
 
 
 def _outbox(svc: LiveService, tokens: dict[str, str]) -> dict[str, object]:
-    return dict(httpx.get(svc.url + "/api/v1/webhooks/outbox", headers=_h(tokens, "admin"))
-                .json())
+    return dict(httpx.get(svc.url + "/api/v1/webhooks/outbox", headers=_h(tokens, "admin")).json())
 
 
 def _until(what: str, check: object, timeout_s: float = 60) -> None:
@@ -48,21 +54,27 @@ def _until(what: str, check: object, timeout_s: float = 60) -> None:
 
 
 def test_a_receiver_failing_at_first_gets_the_delivery_signed(
-        tmp_path: Path, live: list[LiveService]) -> None:
+    tmp_path: Path, live: list[LiveService]
+) -> None:
     receiver = Receiver(SECRET, fail_first=2).start()
     try:
         url, tokens = _setup(tmp_path)
         svc = start_service(url, tmp_path / "svc.log", env=FAST)
         live.append(svc)
         _subscribe(svc, tokens, receiver.url)
-        r = httpx.post(svc.url + "/api/v1/kill-switch", headers=_h(tokens, "operator"),
-                       json={"engaged": True, "reason": "V2 crash loop"})
+        r = httpx.post(
+            svc.url + "/api/v1/kill-switch",
+            headers=_h(tokens, "operator"),
+            json={"engaged": True, "reason": "V2 crash loop"},
+        )
         assert r.status_code == 200
         [got] = receiver.wait_for(1)
         assert got.signed and got.kind == "kill_switch" and got.body["reason"] == "V2 crash loop"
         assert receiver.attempts == 3
-        _until("the outbox says delivered", lambda: _outbox(svc, tokens)["counts"] == {
-            "pending": 0, "delivered": 1, "dead": 0})
+        _until(
+            "the outbox says delivered",
+            lambda: _outbox(svc, tokens)["counts"] == {"pending": 0, "delivered": 1, "dead": 0},
+        )
         entry = _outbox(svc, tokens)["entries"][0]  # type: ignore[index]
         assert entry["num_attempts"] == 3 and entry["last_status"] == 204
     finally:
@@ -70,7 +82,8 @@ def test_a_receiver_failing_at_first_gets_the_delivery_signed(
 
 
 def test_a_delivery_survives_a_killed_service_and_a_receiver_that_was_down(
-        tmp_path: Path, live: list[LiveService]) -> None:
+    tmp_path: Path, live: list[LiveService]
+) -> None:
     receiver = Receiver(SECRET, port=free_port())  # not started: down
     url, tokens = _setup(tmp_path)
     svc = start_service(url, tmp_path / "svc.log", env=FAST)
@@ -78,8 +91,11 @@ def test_a_delivery_survives_a_killed_service_and_a_receiver_that_was_down(
     _subscribe(svc, tokens, receiver.url)
     cohort = svc.url + "/api/v1/canaries/llama-mistral-dense"
     etag = httpx.get(cohort, headers=_h(tokens, "viewer")).headers["ETag"]
-    r = httpx.patch(cohort, headers={**_h(tokens, "operator"), "If-Match": etag},
-                    json={"enabled": True, "percentage": 10, "reason": "10% first"})
+    r = httpx.patch(
+        cohort,
+        headers={**_h(tokens, "operator"), "If-Match": etag},
+        json={"enabled": True, "percentage": 10, "reason": "10% first"},
+    )
     assert r.status_code == 200, r.text
 
     def tried() -> bool:
@@ -97,8 +113,10 @@ def test_a_delivery_survives_a_killed_service_and_a_receiver_that_was_down(
         assert got.signed and got.kind == "flip"
         assert (got.body["cohort"], got.body["reason"]) == ("llama-mistral-dense", "10% first")
         assert got.body["after"] == {"enabled": True, "percentage": 10, "version": 2}
-        _until("the outbox says delivered", lambda: _outbox(again, tokens)["counts"] == {
-            "pending": 0, "delivered": 1, "dead": 0})
+        _until(
+            "the outbox says delivered",
+            lambda: _outbox(again, tokens)["counts"] == {"pending": 0, "delivered": 1, "dead": 0},
+        )
     finally:
         receiver.stop()
 
@@ -108,23 +126,26 @@ def test_a_stopping_service_starts_no_further_delivery(tmp_path: Path) -> None:
     the attempt under way ends (at its timeout) and no other starts; the rest wait, pending
     and not leased, for the next service. The pass went on to its end before, an attempt
     after another, holding the stop for up to its limit times the timeout."""
-    from dashboard.store import canaries
-    from dashboard.store import webhooks as hooks
-    from dashboard.store.db import Database
+    from turnout.dashboard.store import canaries
+    from turnout.dashboard.store import webhooks as hooks
+    from turnout.dashboard.store.db import Database
 
     url, _tokens = _setup(tmp_path)
     stalling = StallingReceiver().start()
     db = Database(url)
     with db.write_session() as s:  # ten deliveries due before the service starts
         canaries.ensure_defaults(session=s, defaults=[])
-        hooks.add_webhook(session=s, url=stalling.url, kinds=["kill_switch"], actor="t",
-                          secret=SECRET)
+        hooks.add_webhook(
+            session=s, url=stalling.url, kinds=["kill_switch"], actor="t", secret=SECRET
+        )
         for i in range(10):
-            canaries.set_kill_switch(session=s, engaged=i % 2 == 0, reason=f"drill {i}",
-                                     actor="t")
+            canaries.set_kill_switch(session=s, engaged=i % 2 == 0, reason=f"drill {i}", actor="t")
         s.commit()
-    svc = start_service(url, tmp_path / "svc.log", env={
-        **FAST, "TURNOUT_WEBHOOK_TIMEOUT_S": "1", "TURNOUT_WEBHOOK_LEASE_S": "2"})
+    svc = start_service(
+        url,
+        tmp_path / "svc.log",
+        env={**FAST, "TURNOUT_WEBHOOK_TIMEOUT_S": "1", "TURNOUT_WEBHOOK_LEASE_S": "2"},
+    )
     try:
         _until("two attempts", lambda: len(stalling.attempts) >= 2)
         svc.proc.terminate()
@@ -133,8 +154,9 @@ def test_a_stopping_service_starts_no_further_delivery(tmp_path: Path) -> None:
         with db.read_session() as s:
             rows = hooks.list_outbox(session=s)
         waiting = [r for r in rows if r.num_attempts == 0]
-        assert len(waiting) >= 7 and all(r.state == "pending" and r.leased_until is None
-                                         for r in waiting)
+        assert len(waiting) >= 7 and all(
+            r.state == "pending" and r.leased_until is None for r in waiting
+        )
     finally:
         svc.stop()
         stalling.stop()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from dashboard.webhook_signing import (
+from turnout.dashboard.webhook_signing import (
     DELIVERY_HEADER,
     EVENT_HEADER,
     SIGNATURE_HEADER,
@@ -60,11 +60,17 @@ class Receiver:
                     if not failing:
                         got = Delivery(
                             self.headers.get(DELIVERY_HEADER, ""),
-                            self.headers.get(EVENT_HEADER, ""), json.loads(body),
-                            verify(secret=receiver.secret, body=body,
-                                   timestamp=self.headers.get(TIMESTAMP_HEADER),
-                                   sig=self.headers.get(SIGNATURE_HEADER), now=time.time(),
-                                   tolerance_s=receiver.tolerance_s))
+                            self.headers.get(EVENT_HEADER, ""),
+                            json.loads(body),
+                            verify(
+                                secret=receiver.secret,
+                                body=body,
+                                timestamp=self.headers.get(TIMESTAMP_HEADER),
+                                sig=self.headers.get(SIGNATURE_HEADER),
+                                now=time.time(),
+                                tolerance_s=receiver.tolerance_s,
+                            ),
+                        )
                         receiver.deliveries.append(got)
                         if receiver.on_delivery is not None:
                             receiver.on_delivery(got)
@@ -95,8 +101,9 @@ class Receiver:
                 if len(self.deliveries) >= n:
                     return list(self.deliveries)
             time.sleep(0.05)
-        raise AssertionError(f"{len(self.deliveries)} deliveries, not {n}, within "
-                             f"{timeout_s} s: {self.deliveries}")
+        raise AssertionError(
+            f"{len(self.deliveries)} deliveries, not {n}, within {timeout_s} s: {self.deliveries}"
+        )
 
 
 @dataclass
@@ -142,8 +149,11 @@ class StallingReceiver:
                 if not chunk:
                     return
                 head += chunk
-            found = [line.split(b":", 1)[1].strip().decode() for line in head.split(b"\r\n")
-                     if line.lower().startswith(DELIVERY_HEADER.lower().encode() + b":")]
+            found = [
+                line.split(b":", 1)[1].strip().decode()
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(DELIVERY_HEADER.lower().encode() + b":")
+            ]
             with self._lock:
                 self.attempts.append(found[0] if found else "")
                 n = len(self.attempts)
@@ -174,9 +184,19 @@ def main() -> None:
 
     port, secret = int(sys.argv[1]), sys.argv[2]
     with Path(sys.argv[3]).open("a") as out:
+
         def write(d: Delivery) -> None:
-            out.write(json.dumps({"delivery_id": d.delivery_id, "kind": d.kind,
-                                  "body": d.body, "signed": d.signed}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "delivery_id": d.delivery_id,
+                        "kind": d.kind,
+                        "body": d.body,
+                        "signed": d.signed,
+                    }
+                )
+                + "\n"
+            )
             out.flush()
 
         Receiver(secret, port=port, on_delivery=write).start()

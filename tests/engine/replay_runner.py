@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.config import EngineConfig
-from engine.core import EngineCore
-from engine.outputs import Logprobs, ModelRunnerOutput, PromptLogprobs
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.scheduler_output import SchedulerOutput
+from turnout.engine.config import EngineConfig
+from turnout.engine.core import EngineCore
+from turnout.engine.outputs import Logprobs, ModelRunnerOutput, PromptLogprobs
+from turnout.engine.request import Request
+from turnout.engine.sampling_params import SamplingParams
+from turnout.engine.scheduler_output import SchedulerOutput
 
 
 def next_token(context: list[int], vocab_size: int) -> int:
@@ -35,7 +35,9 @@ def fake_logprob(context: list[int], token: int) -> float:
     return -((len(context) * 31 + token) % 997) / 100.0
 
 
-def reference_generate(prompt: list[int], params: SamplingParams, eos: set[int], vocab_size: int, max_model_len: int) -> tuple[list[int], str]:
+def reference_generate(
+    prompt: list[int], params: SamplingParams, eos: set[int], vocab_size: int, max_model_len: int
+) -> tuple[list[int], str]:
     """What the engine must produce for one request, with no scheduler involved."""
     tokens = list(prompt)
     out: list[int] = []
@@ -116,7 +118,12 @@ class ReplayRunner:
         to_check = {}
         for new in so.scheduled_new_reqs:
             assert new.req_id not in self.states, f"{new.req_id} bound twice"
-            self.states[new.req_id] = _State(list(new.prompt_token_ids), len(new.prompt_token_ids), list(new.block_ids), new.sampling_params)
+            self.states[new.req_id] = _State(
+                list(new.prompt_token_ids),
+                len(new.prompt_token_ids),
+                list(new.block_ids),
+                new.sampling_params,
+            )
             to_check[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -138,7 +145,9 @@ class ReplayRunner:
         # Prefix-cache hits must hold exactly this request's tokens.
         state = self.states[req_id]
         for pos in range(num_computed):
-            assert self.kv[self._slot(state, pos)] == (state.tokens[pos], pos), f"{req_id}: stale KV at {pos}"
+            assert self.kv[self._slot(state, pos)] == (state.tokens[pos], pos), (
+                f"{req_id}: stale KV at {pos}"
+            )
 
     def _context(self, state: _State, end: int) -> list[int]:
         ctx = []
@@ -199,12 +208,14 @@ class ReplayRunner:
         chain = list(state.tokens)
         for _ in range(k):
             chain.append(next_token(chain, self.config.vocab_size))
-        drafts = chain[len(state.tokens):]
+        drafts = chain[len(state.tokens) :]
         if self.propose == "mixed" and k >= 2:
             drafts[1] = (drafts[1] + 1) % self.config.vocab_size
         return drafts
 
-    def _prompt_logprobs(self, req_id: str, state: _State, start: int, num: int, out: ModelRunnerOutput) -> None:
+    def _prompt_logprobs(
+        self, req_id: str, state: _State, start: int, num: int, out: ModelRunnerOutput
+    ) -> None:
         k = state.params.prompt_logprobs if state.params else None
         if k is None:
             return
@@ -212,20 +223,28 @@ class ReplayRunner:
         first, last = max(start, 0), min(start + num, state.num_prompt - 1)
         if first >= last:
             return
-        rows = [self._row(state.tokens[:p + 1], state.tokens[p + 1], k) for p in range(first, last)]
+        rows = [
+            self._row(state.tokens[: p + 1], state.tokens[p + 1], k) for p in range(first, last)
+        ]
         out.prompt_logprobs[req_id] = PromptLogprobs(first + 1, _stack(rows))
 
-    def _logprobs(self, req_id: str, state: _State, produced: list[int], out: ModelRunnerOutput) -> None:
+    def _logprobs(
+        self, req_id: str, state: _State, produced: list[int], out: ModelRunnerOutput
+    ) -> None:
         k = state.params.logprobs if state.params else None
         if k is None:
             return
         base = len(state.tokens) - len(produced)
-        rows = [self._row(state.tokens[:base + j], tok, k) for j, tok in enumerate(produced)]
+        rows = [self._row(state.tokens[: base + j], tok, k) for j, tok in enumerate(produced)]
         out.logprobs[req_id] = _stack(rows)
 
     def _row(self, context: list[int], token: int, k: int) -> tuple[list[int], list[float], int]:
         top = [(t, fake_logprob(context, t)) for t in range(k)]
-        return [token, *[t for t, _ in top]], [fake_logprob(context, token), *[lp for _, lp in top]], 1
+        return (
+            [token, *[t for t, _ in top]],
+            [fake_logprob(context, token), *[lp for _, lp in top]],
+            1,
+        )
 
 
 def _stack(rows: list[tuple[list[int], list[float], int]]) -> Logprobs:
@@ -237,7 +256,11 @@ def _stack(rows: list[tuple[list[int], list[float], int]]) -> Logprobs:
 
 
 def drive_random_requests(
-    core: EngineCore, rng: random.Random, common_prefix: list[int], vocab_size: int, num_requests: int = 1000
+    core: EngineCore,
+    rng: random.Random,
+    common_prefix: list[int],
+    vocab_size: int,
+    num_requests: int = 1000,
 ) -> tuple[list[Request], dict[str, list[int]]]:
     """Add ``num_requests`` random requests (shared prefixes, stop ids, min_tokens, prompt
     logprobs, ~10% aborts) between random numbers of steps; run to the end. Returns the
@@ -248,8 +271,10 @@ def drive_random_requests(
         tail = [rng.randrange(1, vocab_size) for _ in range(rng.randrange(1, 60))]
         prompt = (common_prefix[: rng.randrange(0, len(common_prefix))] + tail)[:90]
         params = SamplingParams(
-            max_tokens=rng.randrange(1, 30), min_tokens=rng.choice([0, 0, 1]),
-            ignore_eos=rng.random() < 0.5, stop_token_ids=rng.choice([[], [rng.randrange(vocab_size)]]),
+            max_tokens=rng.randrange(1, 30),
+            min_tokens=rng.choice([0, 0, 1]),
+            ignore_eos=rng.random() < 0.5,
+            stop_token_ids=rng.choice([[], [rng.randrange(vocab_size)]]),
             prompt_logprobs=rng.choice([None, None, 1]),
         )
         prompts[f"r{i}"] = prompt

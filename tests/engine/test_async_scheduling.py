@@ -10,12 +10,12 @@ import random
 import pytest
 from replay_runner import ReplayRunner, drive_random_requests, reference_generate
 
-from engine.config import EngineConfig
-from engine.core import EngineCore
-from engine.outputs import ModelRunnerOutput
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.scheduler_output import SchedulerOutput
+from turnout.engine.config import EngineConfig
+from turnout.engine.core import EngineCore
+from turnout.engine.outputs import ModelRunnerOutput
+from turnout.engine.request import Request
+from turnout.engine.sampling_params import SamplingParams
+from turnout.engine.scheduler_output import SchedulerOutput
 
 VOCAB = 97
 EOS = 0
@@ -70,7 +70,9 @@ def check(core: EngineCore, done: list[Request], prompts: dict[str, list[int]]) 
     assert sorted(r.req_id for r in done) == sorted(prompts)
     for req in done:
         assert req.sampling_params is not None
-        want, reason = reference_generate(prompts[req.req_id], req.sampling_params, {EOS}, VOCAB, core.config.max_model_len)
+        want, reason = reference_generate(
+            prompts[req.req_id], req.sampling_params, {EOS}, VOCAB, core.config.max_model_len
+        )
         assert req.output_token_ids == want, req.req_id
         assert req.status.finish_reason == reason
         assert req.num_output_placeholders == 0
@@ -103,9 +105,13 @@ def test_max_tokens_are_exact_without_overshoot(max_tokens: int) -> None:
 
 def test_stop_token_in_flight_finishes_and_the_extra_step_is_discarded() -> None:
     prompt = prompt_of(9)
-    third = reference_generate(prompt, SamplingParams(max_tokens=3, ignore_eos=True), set(), VOCAB, 256)[0][2]
+    third = reference_generate(
+        prompt, SamplingParams(max_tokens=3, ignore_eos=True), set(), VOCAB, 256
+    )[0][2]
     core, runner = make_engine()
-    core.add_request("a", prompt, SamplingParams(max_tokens=50, stop_token_ids=[third], ignore_eos=True))
+    core.add_request(
+        "a", prompt, SamplingParams(max_tokens=50, stop_token_ids=[third], ignore_eos=True)
+    )
     (req,) = core.run_until_done()
     assert req.output_token_ids[-1] == third and len(req.output_token_ids) == 3
     computed = [so for so in runner.scheduled if "a" in so.num_scheduled_tokens]
@@ -127,12 +133,20 @@ PREEMPTION = [
 ]
 
 
-@pytest.mark.parametrize(("num_blocks", "block_size", "max_num_seqs", "lengths", "max_tokens"), PREEMPTION)
-def test_preemption_with_a_token_in_flight(num_blocks: int, block_size: int, max_num_seqs: int, lengths: list[int], max_tokens: int) -> None:
+@pytest.mark.parametrize(
+    ("num_blocks", "block_size", "max_num_seqs", "lengths", "max_tokens"), PREEMPTION
+)
+def test_preemption_with_a_token_in_flight(
+    num_blocks: int, block_size: int, max_num_seqs: int, lengths: list[int], max_tokens: int
+) -> None:
     prompts = {f"r{i}": prompt_of(n, i) for i, n in enumerate(lengths)}
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, prompt_logprobs=2, logprobs=1)
-    core, _ = make_engine(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=32)
+    core, _ = make_engine(
+        num_blocks=num_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=32,
+    )
     for req_id, prompt in prompts.items():
         core.add_request(req_id, prompt, params)
     done = core.run_until_done()
@@ -149,8 +163,9 @@ def test_a_step_that_only_preempts_still_reaches_the_runner() -> None:
     # row there and re-adds the request when it resumes; a lost one left a stale row and the
     # resume failed with KeyError).
     prompts = {f"r{i}": prompt_of(n, i) for i, n in enumerate([22, 13, 17, 9])}
-    core, runner = make_engine(num_blocks=8, block_size=4, max_num_batched_tokens=8,
-                               enable_prefix_caching=False)
+    core, runner = make_engine(
+        num_blocks=8, block_size=4, max_num_batched_tokens=8, enable_prefix_caching=False
+    )
     for req_id, prompt in prompts.items():
         core.add_request(req_id, prompt, SamplingParams(max_tokens=10, ignore_eos=True))
     done = core.run_until_done()
@@ -170,9 +185,13 @@ def test_a_reused_id_never_receives_the_old_requests_token() -> None:
     # "a" stops at step N (known only when N is applied) while step N+1 already computes it;
     # a new "a" added in between must not receive that step's token.
     prompt = prompt_of(9)
-    first = reference_generate(prompt, SamplingParams(max_tokens=1, ignore_eos=True), set(), VOCAB, 256)[0][0]
+    first = reference_generate(
+        prompt, SamplingParams(max_tokens=1, ignore_eos=True), set(), VOCAB, 256
+    )[0][0]
     core, _ = make_engine()
-    core.add_request("a", prompt, SamplingParams(max_tokens=20, stop_token_ids=[first], ignore_eos=True))
+    core.add_request(
+        "a", prompt, SamplingParams(max_tokens=20, stop_token_ids=[first], ignore_eos=True)
+    )
     done: list[Request] = []
     while not done:
         done += core.step()
@@ -186,8 +205,9 @@ def test_a_reused_id_never_receives_the_old_requests_token() -> None:
 
 def test_a_thousand_random_requests() -> None:
     rng = random.Random(4321)
-    core, runner = make_engine(num_blocks=40, block_size=4, max_num_seqs=12, max_num_batched_tokens=48,
-                               max_model_len=96)
+    core, runner = make_engine(
+        num_blocks=40, block_size=4, max_num_seqs=12, max_num_batched_tokens=48, max_model_len=96
+    )
     done, prompts = drive_random_requests(core, rng, prompt_of(24, 99), VOCAB)
     check(core, done, prompts)
     assert sum(r.num_preemptions for r in done) > 0

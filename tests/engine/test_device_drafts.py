@@ -25,11 +25,11 @@ from replay_runner import (
 )
 from test_async_scheduling import EOS, VOCAB, _Pending, check, prompt_of
 
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.core import EngineCore
-from engine.outputs import ModelRunnerOutput
-from engine.sampling_params import SamplingParams
-from engine.scheduler_output import SchedulerOutput
+from turnout.engine.config import EngineConfig, SpeculativeConfig
+from turnout.engine.core import EngineCore
+from turnout.engine.outputs import ModelRunnerOutput
+from turnout.engine.sampling_params import SamplingParams
+from turnout.engine.scheduler_output import SchedulerOutput
 
 
 class DeviceDraftRunner(ReplayRunner):
@@ -63,8 +63,12 @@ class DeviceDraftRunner(ReplayRunner):
 
     def _bind_device(self, so: SchedulerOutput) -> None:
         for new in so.scheduled_new_reqs:
-            self.states[new.req_id] = _State(list(new.prompt_token_ids), len(new.prompt_token_ids),
-                                             list(new.block_ids), new.sampling_params)
+            self.states[new.req_id] = _State(
+                list(new.prompt_token_ids),
+                len(new.prompt_token_ids),
+                list(new.block_ids),
+                new.sampling_params,
+            )
             self.computed[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -87,7 +91,9 @@ class DeviceDraftRunner(ReplayRunner):
             self._write_device(state, start, state.tokens[start : start + num])
             self.computed[req_id] = start + num
             return []
-        assert start + num - num_spec == len(state.tokens), f"{req_id}: the scheduled range is not the device's"
+        assert start + num - num_spec == len(state.tokens), (
+            f"{req_id}: the scheduled range is not the device's"
+        )
         drafts = self._drafts(state, num_spec)
         self._write_device(state, start, (state.tokens + drafts)[start : start + num])
         produced = self._verify(state, drafts)
@@ -102,7 +108,10 @@ class DeviceDraftRunner(ReplayRunner):
         assert state.params is not None
         # No draft past max_tokens or max_model_len: the KV holds at most every token but the
         # last one sampled (EngineCore's capacity check relies on it).
-        limit = max(state.num_prompt, min(state.num_prompt + state.params.max_tokens, self.config.max_model_len) - 1)
+        limit = max(
+            state.num_prompt,
+            min(state.num_prompt + state.params.max_tokens, self.config.max_model_len) - 1,
+        )
         for j, tok in enumerate(tokens):
             pos = start + j
             assert pos < limit, f"position {pos} is past what the request can need ({limit})"
@@ -116,15 +125,22 @@ class DeviceDraftRunner(ReplayRunner):
             if (len(chain) * 7 + state.num_prompt) % self.wrong_every == 0:
                 tok = (tok + 1) % VOCAB
             chain.append(tok)
-        return chain[len(state.tokens):]
+        return chain[len(state.tokens) :]
 
 
-def make_engine(*, asynchronous: bool = True, k: int = 3, num_blocks: int = 64, wrong_every: int = 3,
-                **kwargs: object) -> tuple[EngineCore, DeviceDraftRunner]:
+def make_engine(
+    *,
+    asynchronous: bool = True,
+    k: int = 3,
+    num_blocks: int = 64,
+    wrong_every: int = 3,
+    **kwargs: object,
+) -> tuple[EngineCore, DeviceDraftRunner]:
     kwargs.setdefault("max_model_len", 256)
     spec = SpeculativeConfig(method="ngram_gpu", num_speculative_tokens=k)
-    config = EngineConfig(model="replay", vocab_size=VOCAB, eos_token_ids=(EOS,), speculative_config=spec,
-                          **kwargs)  # type: ignore[arg-type]
+    config = EngineConfig(
+        model="replay", vocab_size=VOCAB, eos_token_ids=(EOS,), speculative_config=spec, **kwargs
+    )  # type: ignore[arg-type]
     runner = DeviceDraftRunner(config, asynchronous=asynchronous, wrong_every=wrong_every)
     runner.initialize_kv_cache(num_blocks)
     core = EngineCore(config, runner, num_blocks)
@@ -152,7 +168,9 @@ def test_outputs_are_the_reference_and_drafts_are_counted(asynchronous: bool, k:
 @pytest.mark.parametrize("asynchronous", [False, True])
 @pytest.mark.parametrize("max_tokens", [1, 2, 4, 9])
 def test_max_tokens_and_max_model_len_are_exact(asynchronous: bool, max_tokens: int) -> None:
-    core, _ = make_engine(asynchronous=asynchronous, k=3, wrong_every=1000)  # drafts (almost) always right
+    core, _ = make_engine(
+        asynchronous=asynchronous, k=3, wrong_every=1000
+    )  # drafts (almost) always right
     core.add_request("a", prompt_of(5), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     (req,) = core.run_until_done()
     assert len(req.output_token_ids) == max_tokens
@@ -165,9 +183,13 @@ def test_max_tokens_and_max_model_len_are_exact(asynchronous: bool, max_tokens: 
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_a_stop_token_among_accepted_drafts_ends_the_request_there(asynchronous: bool) -> None:
     prompt = prompt_of(9)
-    fourth = reference_generate(prompt, SamplingParams(max_tokens=4, ignore_eos=True), set(), VOCAB, 256)[0][3]
+    fourth = reference_generate(
+        prompt, SamplingParams(max_tokens=4, ignore_eos=True), set(), VOCAB, 256
+    )[0][3]
     core, _runner = make_engine(asynchronous=asynchronous, k=5, wrong_every=1000)
-    core.add_request("a", prompt, SamplingParams(max_tokens=50, stop_token_ids=[fourth], ignore_eos=True))
+    core.add_request(
+        "a", prompt, SamplingParams(max_tokens=50, stop_token_ids=[fourth], ignore_eos=True)
+    )
     (req,) = core.run_until_done()
     assert req.output_token_ids[-1] == fourth and len(req.output_token_ids) == 4
 
@@ -175,8 +197,15 @@ def test_a_stop_token_among_accepted_drafts_ends_the_request_there(asynchronous:
 @pytest.mark.parametrize("asynchronous", [False, True])
 def test_a_thousand_random_requests_through_preemption_and_prefix_hits(asynchronous: bool) -> None:
     rng = random.Random(99)
-    core, _runner = make_engine(asynchronous=asynchronous, k=3, num_blocks=40, block_size=4, max_num_seqs=12,
-                               max_num_batched_tokens=48, max_model_len=96)
+    core, _runner = make_engine(
+        asynchronous=asynchronous,
+        k=3,
+        num_blocks=40,
+        block_size=4,
+        max_num_seqs=12,
+        max_num_batched_tokens=48,
+        max_model_len=96,
+    )
     done, prompts = drive_random_requests(core, rng, prompt_of(24, 99), VOCAB, num_requests=400)
     check(core, done, prompts)
     assert sum(r.num_preemptions for r in done) > 0

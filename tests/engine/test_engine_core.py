@@ -7,25 +7,49 @@ import pytest
 from replay_runner import ReplayRunner, reference_generate
 from test_scheduler import EOS, VOCAB, assert_no_leaks, make_engine, prompt_of
 
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.core import EngineCore
-from engine.errors import EngineConfigError, InvalidRequestError, UnsupportedOptionError
-from engine.outputs import ModelRunnerOutput
-from engine.sampling_params import SamplingParams
-from engine.scheduler_output import SchedulerOutput
+from turnout.engine.config import EngineConfig, SpeculativeConfig
+from turnout.engine.core import EngineCore
+from turnout.engine.errors import EngineConfigError, InvalidRequestError, UnsupportedOptionError
+from turnout.engine.outputs import ModelRunnerOutput
+from turnout.engine.sampling_params import SamplingParams
+from turnout.engine.scheduler_output import SchedulerOutput
 
 REJECTED = [
     ("empty prompt", [], SamplingParams(), r"the prompt is empty"),
-    ("longer than max_model_len", list(range(1, 66)), SamplingParams(), r"65 tokens, more than max_model_len=64"),
-    ("token outside vocab", [1, VOCAB], SamplingParams(), r"token ids \[97\] are outside the vocabulary"),
-    ("logprobs above max", [1, 2], SamplingParams(logprobs=6), r"logprobs=6 is above the engine's max_logprobs=5"),
-    ("prompt logprobs above max", [1, 2], SamplingParams(prompt_logprobs=9), r"prompt_logprobs=9 is above"),
+    (
+        "longer than max_model_len",
+        list(range(1, 66)),
+        SamplingParams(),
+        r"65 tokens, more than max_model_len=64",
+    ),
+    (
+        "token outside vocab",
+        [1, VOCAB],
+        SamplingParams(),
+        r"token ids \[97\] are outside the vocabulary",
+    ),
+    (
+        "logprobs above max",
+        [1, 2],
+        SamplingParams(logprobs=6),
+        r"logprobs=6 is above the engine's max_logprobs=5",
+    ),
+    (
+        "prompt logprobs above max",
+        [1, 2],
+        SamplingParams(prompt_logprobs=9),
+        r"prompt_logprobs=9 is above",
+    ),
     ("stop id outside vocab", [1], SamplingParams(stop_token_ids=[500]), r"stop_token_ids \[500\]"),
 ]
 
 
-@pytest.mark.parametrize(("note", "prompt", "params", "message"), REJECTED, ids=[r[0] for r in REJECTED])
-def test_bad_request_is_rejected_alone(note: str, prompt: list[int], params: SamplingParams, message: str) -> None:
+@pytest.mark.parametrize(
+    ("note", "prompt", "params", "message"), REJECTED, ids=[r[0] for r in REJECTED]
+)
+def test_bad_request_is_rejected_alone(
+    note: str, prompt: list[int], params: SamplingParams, message: str
+) -> None:
     core, _ = make_engine(max_model_len=64, max_logprobs=5)
     core.add_request("good1", prompt_of(10), SamplingParams(max_tokens=4, ignore_eos=True))
     with pytest.raises(InvalidRequestError, match=message):
@@ -46,7 +70,10 @@ def test_token_ids_of_any_integer_type_are_accepted() -> None:
     core.add_request("list", prompt_of(9), params)
     core.add_request("numpy", np.asarray(prompt_of(9), dtype=np.int32), params)
     done = {r.req_id: r for r in core.run_until_done()}
-    assert done["numpy"].prompt_token_ids == prompt_of(9) and type(done["numpy"].prompt_token_ids[0]) is int
+    assert (
+        done["numpy"].prompt_token_ids == prompt_of(9)
+        and type(done["numpy"].prompt_token_ids[0]) is int
+    )
     assert done["numpy"].output_token_ids == done["list"].output_token_ids
     with pytest.raises(InvalidRequestError, match=r"token ids must be integers, got 2.0 \(float\)"):
         core.add_request("floats", [1, 2.0])
@@ -61,9 +88,13 @@ def test_duplicate_id_and_capacity_and_unchunkable_prompt() -> None:
     with pytest.raises(InvalidRequestError, match="already in use"):
         core.add_request("a", [1, 2])
     # 2 + 8 tokens, the last one sampled but never computed: 9 tokens of KV.
-    with pytest.raises(InvalidRequestError, match=r"may need 3 KV blocks \(9 tokens\), the cache has 2"):
+    with pytest.raises(
+        InvalidRequestError, match=r"may need 3 KV blocks \(9 tokens\), the cache has 2"
+    ):
         core.add_request("big", [1, 2], SamplingParams(max_tokens=8))
-    core2, _ = make_engine(max_num_batched_tokens=8, max_model_len=64, runner_kind="pooling", pooling_tasks=("embed",))
+    core2, _ = make_engine(
+        max_num_batched_tokens=8, max_model_len=64, runner_kind="pooling", pooling_tasks=("embed",)
+    )
     with pytest.raises(InvalidRequestError, match=r"more than max_num_batched_tokens=8.*pooling"):
         core2.add_request("p", list(range(1, 10)), pooling=True)
 
@@ -79,15 +110,33 @@ FITS_EXACTLY = [
 
 
 # Speculation runs on the synchronous loop only (runner_v1; runner_v2 refuses it).
-FITS_CASES = [(*f, False) for f in FITS_EXACTLY] + [(*f, True) for f in FITS_EXACTLY if f[-1] == "none"]
+FITS_CASES = [(*f, False) for f in FITS_EXACTLY] + [
+    (*f, True) for f in FITS_EXACTLY if f[-1] == "none"
+]
 
 
 @pytest.mark.parametrize(
-    ("note", "max_model_len", "block_size", "num_blocks", "length", "max_tokens", "propose", "async_scheduling"),
-    FITS_CASES, ids=[f"{c[0]}{' (async)' if c[-1] else ''}" for c in FITS_CASES],
+    (
+        "note",
+        "max_model_len",
+        "block_size",
+        "num_blocks",
+        "length",
+        "max_tokens",
+        "propose",
+        "async_scheduling",
+    ),
+    FITS_CASES,
+    ids=[f"{c[0]}{' (async)' if c[-1] else ''}" for c in FITS_CASES],
 )
 def test_a_request_that_fits_the_cache_exactly_is_served(
-    note: str, max_model_len: int, block_size: int, num_blocks: int, length: int, max_tokens: int, propose: str,
+    note: str,
+    max_model_len: int,
+    block_size: int,
+    num_blocks: int,
+    length: int,
+    max_tokens: int,
+    propose: str,
     async_scheduling: bool,
 ) -> None:
     # The KV a request can ever hold: its prompt, or every token but the last one sampled
@@ -127,7 +176,9 @@ def test_unseeded_requests_get_reproducible_seeds() -> None:
     seeds = []
     for _ in range(2):
         core, _ = make_engine(seed=7)
-        reqs = [core.add_request(f"r{i}", [1, 2], SamplingParams(temperature=1.0)) for i in range(3)]
+        reqs = [
+            core.add_request(f"r{i}", [1, 2], SamplingParams(temperature=1.0)) for i in range(3)
+        ]
         seeds.append([r.sampling_params.seed for r in reqs])
     assert seeds[0] == seeds[1] and len(set(seeds[0])) == 3
     core, _ = make_engine(seed=7)
@@ -135,7 +186,9 @@ def test_unseeded_requests_get_reproducible_seeds() -> None:
 
 
 def test_pooling_requests_run_in_one_step() -> None:
-    core, _ = make_engine(max_num_batched_tokens=32, runner_kind="pooling", pooling_tasks=("embed",))
+    core, _ = make_engine(
+        max_num_batched_tokens=32, runner_kind="pooling", pooling_tasks=("embed",)
+    )
     core.add_request("e1", [3, 5, 7], pooling=True)
     core.add_request("e2", list(range(1, 21)), pooling=True)
     core.add_request("e3", list(range(1, 21)), pooling=True)  # 20 + 20 > 32: next step
@@ -175,7 +228,10 @@ BAD_CONFIG = [
     # was silently no offload), inf overflowed int() deep in the runner.
     ({"cpu_offload_gb": float("nan")}, r"cpu_offload_gb must be a finite number >= 0, got nan"),
     ({"cpu_offload_gb": float("inf")}, r"cpu_offload_gb must be a finite number >= 0, got inf"),
-    ({"kv_cache_memory_gb": float("nan")}, r"kv_cache_memory_gb must be a finite number > 0, got nan"),
+    (
+        {"kv_cache_memory_gb": float("nan")},
+        r"kv_cache_memory_gb must be a finite number > 0, got nan",
+    ),
     ({"kv_cache_memory_gb": 0.0}, r"kv_cache_memory_gb must be a finite number > 0, got 0.0"),
     ({"max_logprobs": 2.5}, r"max_logprobs must be an int >= 0, got 2.5"),
     ({"seed": "7"}, r"seed must be an int, got '7'"),
@@ -183,12 +239,21 @@ BAD_CONFIG = [
     ({"device": "xyz"}, r"device must be 'cpu', 'cuda' or 'cuda:N', got 'xyz'"),
     ({"device": "cuda:-1"}, r"device must be 'cpu', 'cuda' or 'cuda:N', got 'cuda:-1'"),
     ({"enable_prefix_caching": "no"}, r"enable_prefix_caching must be a bool, got 'no'"),
-    ({"eos_token_ids": (2, 10)}, r"eos_token_ids must be token ids in \[0, vocab_size=10\), got \(2, 10\)"),
+    (
+        {"eos_token_ids": (2, 10)},
+        r"eos_token_ids must be token ids in \[0, vocab_size=10\), got \(2, 10\)",
+    ),
     ({"eos_token_ids": ("2",)}, r"eos_token_ids must be token ids"),
     ({"load_format": "safetensors"}, r"load_format must be 'auto' or 'dummy', got 'safetensors'"),
-    ({"runner_kind": "pooling"}, r"runner_kind 'pooling' with pooling_tasks \(\): a pooling model serves at least one"),
+    (
+        {"runner_kind": "pooling"},
+        r"runner_kind 'pooling' with pooling_tasks \(\): a pooling model serves at least one",
+    ),
     ({"pooling_tasks": ("embed",)}, r"runner_kind 'generate' with pooling_tasks \('embed',\)"),
-    ({"runner_kind": "pooling", "pooling_tasks": ("rank",)}, r"pooling_tasks must be a tuple of embed, classify, score, reward"),
+    (
+        {"runner_kind": "pooling", "pooling_tasks": ("rank",)},
+        r"pooling_tasks must be a tuple of embed, classify, score, reward",
+    ),
     ({"runner_kind": "pooling", "pooling_tasks": ["embed"]}, r"pooling_tasks must be a tuple"),
 ]
 
@@ -205,9 +270,14 @@ def test_speculative_config_is_checked() -> None:
         SpeculativeConfig(method="eagle")
     with pytest.raises(EngineConfigError, match="unknown speculative_config keys"):
         SpeculativeConfig.from_dict({"method": "ngram", "draft_model": "x"})
-    with pytest.raises(EngineConfigError, match=r"method 'ngram' does not use \(use method 'draft_model'\)"):
+    with pytest.raises(
+        EngineConfigError, match=r"method 'ngram' does not use \(use method 'draft_model'\)"
+    ):
         SpeculativeConfig.from_dict({"method": "ngram", "model": "x"})
-    with pytest.raises(EngineConfigError, match=r"'draft_model' needs the draft model: speculative_config\['model'\]"):
+    with pytest.raises(
+        EngineConfigError,
+        match=r"'draft_model' needs the draft model: speculative_config\['model'\]",
+    ):
         SpeculativeConfig.from_dict({"method": "draft_model"})
     with pytest.raises(EngineConfigError, match=r"'draft_model' needs the draft model: .*got 3"):
         SpeculativeConfig.from_dict({"method": "draft_model", "model": 3})
@@ -216,11 +286,15 @@ def test_speculative_config_is_checked() -> None:
     assert (spec.method, spec.model, spec.num_speculative_tokens) == ("draft_model", "small", 2)
     assert SpeculativeConfig.from_dict({"num_speculative_tokens": 5}).num_speculative_tokens == 5
     # Values straight from --speculative-config JSON: a wrong type is named, not a TypeError.
-    with pytest.raises(EngineConfigError, match=r"num_speculative_tokens must be an int >= 1, got '3'"):
+    with pytest.raises(
+        EngineConfigError, match=r"num_speculative_tokens must be an int >= 1, got '3'"
+    ):
         SpeculativeConfig.from_dict({"num_speculative_tokens": "3"})
     with pytest.raises(EngineConfigError, match=r"prompt_lookup_max must be an int >= 1, got 2.5"):
         SpeculativeConfig.from_dict({"prompt_lookup_max": 2.5})
     with pytest.raises(EngineConfigError, match=r"speculative method 7 is not implemented"):
         SpeculativeConfig.from_dict({"method": 7})
-    with pytest.raises(EngineConfigError, match=r"speculative_config must be a JSON object .*, got a list"):
+    with pytest.raises(
+        EngineConfigError, match=r"speculative_config must be a JSON object .*, got a list"
+    ):
         SpeculativeConfig.from_dict([1])  # type: ignore[arg-type]

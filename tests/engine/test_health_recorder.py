@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.health import HealthRecorder, RunMarker, percentile
+from turnout.engine.health import HealthRecorder, RunMarker, percentile
 
 T0 = dt.datetime(2026, 12, 1, 10, tzinfo=dt.UTC)
 
@@ -31,14 +31,24 @@ class Clock:
 
 
 def _recorder(clock: Clock, **kw: object) -> HealthRecorder:
-    return HealthRecorder(deployment_id="d", runner="v2", family="llama", stage="s",
-                          clock=clock, wall=clock.wall, **kw)  # type: ignore[arg-type]
+    return HealthRecorder(
+        deployment_id="d",
+        runner="v2",
+        family="llama",
+        stage="s",
+        clock=clock,
+        wall=clock.wall,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_percentiles_are_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
     assert (percentile(values, 0.5), percentile(values, 0.99), percentile(values, 1.0)) == (
-        50.0, 99.0, 100.0)
+        50.0,
+        99.0,
+        100.0,
+    )
     assert percentile([7.0], 0.99) == 7.0
 
 
@@ -70,7 +80,11 @@ def test_a_window_reports_ttft_tpot_errors_and_tokens_per_busy_second() -> None:
     assert report["num_output_tokens"] == 5 + 2 + 1
     assert report["output_tokens_per_s"] == pytest.approx(8 / 0.4)
     assert {k: report[k] for k in ("deployment_id", "runner", "family", "stage")} == {
-        "deployment_id": "d", "runner": "v2", "family": "llama", "stage": "s"}
+        "deployment_id": "d",
+        "runner": "v2",
+        "family": "llama",
+        "stage": "s",
+    }
 
 
 def test_the_next_window_starts_empty_and_a_crash_is_reported_once() -> None:
@@ -110,7 +124,7 @@ def test_a_window_longer_than_a_day_still_gives_a_report_the_service_takes() -> 
     the day the service takes, and the busy time with it, so that tokens over their rate (the
     time spent generating) fit in the window; the report would be refused, and dropped with
     its requests and crashes, otherwise."""
-    from oracle.wire import HealthReportIn
+    from turnout.oracle.wire import HealthReportIn
 
     clock = Clock()
     rec = _recorder(clock, num_crashes=1)
@@ -141,7 +155,7 @@ def test_a_failed_step_counts_every_queued_request_as_an_error() -> None:
 HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from engine.health import RunMarker
+    from turnout.engine.health import RunMarker
     marker = RunMarker.acquire(Path(sys.argv[1]), "prod/llama")
     print("held", marker.held, marker.crashed, flush=True)
     if sys.argv[2] == "clean":
@@ -152,8 +166,9 @@ HOLDER = textwrap.dedent("""
 
 
 def _hold(directory: Path, how: str) -> tuple[subprocess.Popen[str], list[str]]:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(directory), how],
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(directory), how], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None
     lines = [proc.stdout.readline().strip()]
     if how == "clean":

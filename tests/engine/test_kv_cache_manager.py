@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from turnout.engine.block_pool import ROOT_HASH, BlockPool, hash_block_tokens
+from turnout.engine.kv_cache_manager import KVCacheManager
+from turnout.engine.request import Request
+from turnout.engine.sampling_params import SamplingParams
 
 _arrival = iter(range(10**9))
 
@@ -17,7 +17,16 @@ def _req(req_id: str, tokens: list[int], **params: object) -> Request:
 
 
 # (num_tokens, block_size, blocks needed)
-ALLOC = [(1, 16, 1), (15, 16, 1), (16, 16, 1), (17, 16, 2), (32, 16, 2), (33, 16, 3), (5, 4, 2), (8, 4, 2)]
+ALLOC = [
+    (1, 16, 1),
+    (15, 16, 1),
+    (16, 16, 1),
+    (17, 16, 2),
+    (32, 16, 2),
+    (33, 16, 3),
+    (5, 4, 2),
+    (8, 4, 2),
+]
 
 
 @pytest.mark.parametrize(("num_tokens", "block_size", "want"), ALLOC)
@@ -102,7 +111,9 @@ def test_prompt_logprobs_requests_do_not_read_the_cache() -> None:
     a = _req("a", list(range(9)))
     kv.allocate_slots(a, 9)
     assert kv.get_computed_blocks(_req("b", list(range(9)), prompt_logprobs=1)) == ([], 0)
-    assert KVCacheManager(8, 4, enable_caching=False).get_computed_blocks(_req("c", list(range(9)))) == ([], 0)
+    assert KVCacheManager(8, 4, enable_caching=False).get_computed_blocks(
+        _req("c", list(range(9)))
+    ) == ([], 0)
 
 
 def test_free_cached_hits_are_not_counted_twice() -> None:

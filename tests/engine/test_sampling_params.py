@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from engine.errors import InvalidRequestError
-from engine.sampling_params import SamplingParams
+from turnout.engine.errors import InvalidRequestError
+from turnout.engine.sampling_params import SamplingParams
 
 BAD = [
     ({"temperature": -0.1}, "temperature"),
@@ -84,16 +84,22 @@ def test_greedy_and_penalty_flags() -> None:
 
 def test_verify_against_engine_limits() -> None:
     SamplingParams(logprobs=20, prompt_logprobs=20).verify(max_logprobs=20, vocab_size=100)
-    with pytest.raises(InvalidRequestError, match=r"logprobs=21 is above the engine's max_logprobs=20"):
+    with pytest.raises(
+        InvalidRequestError, match=r"logprobs=21 is above the engine's max_logprobs=20"
+    ):
         SamplingParams(logprobs=21).verify(max_logprobs=20, vocab_size=100)
     with pytest.raises(InvalidRequestError, match=r"prompt_logprobs=5 is above .*max_logprobs=4"):
         SamplingParams(prompt_logprobs=5).verify(max_logprobs=4, vocab_size=100)
-    with pytest.raises(InvalidRequestError, match=r"stop_token_ids \[100\] are outside the vocabulary"):
+    with pytest.raises(
+        InvalidRequestError, match=r"stop_token_ids \[100\] are outside the vocabulary"
+    ):
         SamplingParams(stop_token_ids=[3, 100]).verify(max_logprobs=4, vocab_size=100)
     # max_logprobs may exceed a small vocabulary: k is still bounded by it.
     SamplingParams(logprobs=100, prompt_logprobs=100).verify(max_logprobs=1000, vocab_size=100)
     for name in ("logprobs", "prompt_logprobs"):
-        with pytest.raises(InvalidRequestError, match=rf"{name}=101 is above the vocabulary size 100"):
+        with pytest.raises(
+            InvalidRequestError, match=rf"{name}=101 is above the vocabulary size 100"
+        ):
             SamplingParams(**{name: 101}).verify(max_logprobs=1000, vocab_size=100)
 
 

@@ -9,16 +9,18 @@ import random
 import pytest
 from replay_runner import ReplayRunner, drive_random_requests, reference_generate
 
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.core import EngineCore
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
+from turnout.engine.config import EngineConfig, SpeculativeConfig
+from turnout.engine.core import EngineCore
+from turnout.engine.request import Request, RequestStatus
+from turnout.engine.sampling_params import SamplingParams
 
 VOCAB = 97
 EOS = 0
 
 
-def make_engine(num_blocks: int = 64, propose: str = "none", **kwargs: object) -> tuple[EngineCore, ReplayRunner]:
+def make_engine(
+    num_blocks: int = 64, propose: str = "none", **kwargs: object
+) -> tuple[EngineCore, ReplayRunner]:
     kwargs.setdefault("max_model_len", 256)
     config = EngineConfig(model="replay", vocab_size=VOCAB, eos_token_ids=(EOS,), **kwargs)  # type: ignore[arg-type]
     runner = ReplayRunner(config, propose)
@@ -26,11 +28,15 @@ def make_engine(num_blocks: int = 64, propose: str = "none", **kwargs: object) -
     return EngineCore(config, runner, num_blocks), runner
 
 
-def check_against_reference(core: EngineCore, done: list[Request], prompts: dict[str, list[int]]) -> None:
+def check_against_reference(
+    core: EngineCore, done: list[Request], prompts: dict[str, list[int]]
+) -> None:
     assert {r.req_id for r in done} == set(prompts)
     for req in done:
         assert req.sampling_params is not None
-        want, reason = reference_generate(prompts[req.req_id], req.sampling_params, {EOS}, VOCAB, core.config.max_model_len)
+        want, reason = reference_generate(
+            prompts[req.req_id], req.sampling_params, {EOS}, VOCAB, core.config.max_model_len
+        )
         assert req.output_token_ids == want, req.req_id
         assert req.status.finish_reason == reason
 
@@ -51,7 +57,24 @@ def prompt_of(n: int, salt: int = 1) -> list[int]:
 BOUNDARIES = [
     (length, budget)
     for budget in (16, 24, 32, 40)
-    for length in sorted({1, 15, 16, 17, 31, 32, 33, budget - 1, budget, budget + 1, 2 * budget - 1, 2 * budget, 2 * budget + 1, 3 * budget})
+    for length in sorted(
+        {
+            1,
+            15,
+            16,
+            17,
+            31,
+            32,
+            33,
+            budget - 1,
+            budget,
+            budget + 1,
+            2 * budget - 1,
+            2 * budget,
+            2 * budget + 1,
+            3 * budget,
+        }
+    )
     if length >= 1
 ]
 
@@ -107,8 +130,12 @@ PREEMPTION = [
 ]
 
 
-@pytest.mark.parametrize(("num_blocks", "block_size", "max_num_seqs", "lengths", "max_tokens"), PREEMPTION)
-def test_preemption_and_resume_give_the_same_outputs(num_blocks: int, block_size: int, max_num_seqs: int, lengths: list[int], max_tokens: int) -> None:
+@pytest.mark.parametrize(
+    ("num_blocks", "block_size", "max_num_seqs", "lengths", "max_tokens"), PREEMPTION
+)
+def test_preemption_and_resume_give_the_same_outputs(
+    num_blocks: int, block_size: int, max_num_seqs: int, lengths: list[int], max_tokens: int
+) -> None:
     kwargs = {"block_size": block_size, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": 32}
     prompts = {f"r{i}": prompt_of(n, i) for i, n in enumerate(lengths)}
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, prompt_logprobs=2, logprobs=1)
@@ -171,7 +198,9 @@ def test_prefix_cache_hits_are_counted_and_correct() -> None:
 def test_speculative_tokens_are_scheduled_and_rolled_back(propose: str, k: int) -> None:
     prompts = {f"r{i}": prompt_of(n, i) for i, n in enumerate([5, 17, 30])}
     spec = SpeculativeConfig(num_speculative_tokens=k)
-    core, runner = make_engine(propose=propose, speculative_config=spec, block_size=4, num_blocks=100)
+    core, runner = make_engine(
+        propose=propose, speculative_config=spec, block_size=4, num_blocks=100
+    )
     plain, plain_runner = make_engine(block_size=4, num_blocks=100)
     for engine in (core, plain):
         for req_id, prompt in prompts.items():
@@ -186,7 +215,11 @@ def test_speculative_tokens_are_scheduled_and_rolled_back(propose: str, k: int) 
 
 STOPS = [
     ("max_tokens", SamplingParams(max_tokens=4, ignore_eos=True), "length"),
-    ("min_tokens with ignore_eos", SamplingParams(max_tokens=30, min_tokens=30, ignore_eos=True), "length"),
+    (
+        "min_tokens with ignore_eos",
+        SamplingParams(max_tokens=30, min_tokens=30, ignore_eos=True),
+        "length",
+    ),
     ("stop id", None, "stop"),
     ("eos", SamplingParams(max_tokens=200), "stop"),
 ]
@@ -196,7 +229,9 @@ STOPS = [
 def test_finish_reasons(note: str, params: SamplingParams | None, reason: str) -> None:
     prompt = prompt_of(9)
     if params is None:  # stop on the 3rd token the hash model produces
-        third = reference_generate(prompt, SamplingParams(max_tokens=3, ignore_eos=True), set(), VOCAB, 256)[0][2]
+        third = reference_generate(
+            prompt, SamplingParams(max_tokens=3, ignore_eos=True), set(), VOCAB, 256
+        )[0][2]
         params = SamplingParams(max_tokens=50, stop_token_ids=[third], ignore_eos=True)
     core, _ = make_engine(max_model_len=1000)
     core.add_request("a", prompt, params)
@@ -241,8 +276,13 @@ def test_abort_frees_everything() -> None:
 def test_a_thousand_random_requests_leak_nothing() -> None:
     rng = random.Random(1234)
     core, _ = make_engine(
-        num_blocks=40, block_size=4, max_num_seqs=12, max_num_batched_tokens=48, max_model_len=96,
-        speculative_config=SpeculativeConfig(num_speculative_tokens=2), propose="mixed",
+        num_blocks=40,
+        block_size=4,
+        max_num_seqs=12,
+        max_num_batched_tokens=48,
+        max_model_len=96,
+        speculative_config=SpeculativeConfig(num_speculative_tokens=2),
+        propose="mixed",
     )
     done, prompts = drive_random_requests(core, rng, prompt_of(24, 99), VOCAB)
     check_against_reference(core, done, prompts)

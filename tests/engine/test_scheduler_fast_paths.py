@@ -11,13 +11,13 @@ import pytest
 from replay_runner import ReplayRunner
 from test_device_drafts import DeviceDraftRunner
 
-from engine.block_pool import KVCacheBlock
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.core import EngineCore
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.scheduler_output import CachedRequestData
+from turnout.engine.block_pool import KVCacheBlock
+from turnout.engine.config import EngineConfig, SpeculativeConfig
+from turnout.engine.core import EngineCore
+from turnout.engine.kv_cache_manager import KVCacheManager
+from turnout.engine.request import Request
+from turnout.engine.sampling_params import SamplingParams
+from turnout.engine.scheduler_output import CachedRequestData
 
 VOCAB = 97
 
@@ -25,8 +25,12 @@ VOCAB = 97
 class SlowPathManager(KVCacheManager):
     """Every allocation through the general path (what allocate_slots did before its fast path)."""
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVCacheBlock] | None = None) -> list[KVCacheBlock] | None:
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+    ) -> list[KVCacheBlock] | None:
         blocks = self.req_to_blocks.get(request.req_id) or []
         return self._allocate_new_blocks(request, num_new_tokens, new_computed_blocks or [], blocks)
 
@@ -34,8 +38,11 @@ class SlowPathManager(KVCacheManager):
 def _state(kv: KVCacheManager, req_ids: list[str]) -> tuple[object, ...]:
     pool = kv.block_pool
     return (
-        {r: kv.get_block_ids(r) for r in req_ids}, kv.num_free_blocks, dict(kv._num_cached_blocks),
-        sorted((h, b.block_id) for h, b in pool._cached.items()), [b.ref_cnt for b in pool.blocks],
+        {r: kv.get_block_ids(r) for r in req_ids},
+        kv.num_free_blocks,
+        dict(kv._num_cached_blocks),
+        sorted((h, b.block_id) for h, b in pool._cached.items()),
+        [b.ref_cnt for b in pool.blocks],
         list(pool._free),
     )
 
@@ -70,7 +77,9 @@ class _Pair:
 
 @pytest.mark.parametrize("enable_caching", [False, True])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_allocate_slots_fast_path_gives_the_slow_paths_block_tables(enable_caching: bool, block_size: int) -> None:
+def test_allocate_slots_fast_path_gives_the_slow_paths_block_tables(
+    enable_caching: bool, block_size: int
+) -> None:
     rng = random.Random(7 + block_size + enable_caching)
     fast = KVCacheManager(96, block_size, enable_caching)
     slow = SlowPathManager(96, block_size, enable_caching)
@@ -88,12 +97,20 @@ def test_allocate_slots_fast_path_gives_the_slow_paths_block_tables(enable_cachi
     num_allocations = 0
     for step in range(3000):
         if (not live or rng.random() < 0.04) and len(live) < 10:
-            prompt = prefix[: rng.randrange(len(prefix))] + [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 40))]
+            prompt = prefix[: rng.randrange(len(prefix))] + [
+                rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 40))
+            ]
             pair = _Pair(f"r{step}", prompt, step)
-            (hits_f, n_f), (hits_s, n_s) = fast.get_computed_blocks(pair.fast), slow.get_computed_blocks(pair.slow)
+            (hits_f, n_f), (hits_s, n_s) = (
+                fast.get_computed_blocks(pair.fast),
+                slow.get_computed_blocks(pair.slow),
+            )
             assert (_ids(hits_f), n_f) == (_ids(hits_s), n_s)
             num_new = rng.randrange(1, pair.fast.num_tokens - n_f + 1)
-            got_f, got_s = fast.allocate_slots(pair.fast, num_new, hits_f), slow.allocate_slots(pair.slow, num_new, hits_s)
+            got_f, got_s = (
+                fast.allocate_slots(pair.fast, num_new, hits_f),
+                slow.allocate_slots(pair.slow, num_new, hits_s),
+            )
             assert _ids(got_f) == _ids(got_s)
             if got_f is not None:
                 pair.set_computed(n_f)
@@ -109,13 +126,18 @@ def test_allocate_slots_fast_path_gives_the_slow_paths_block_tables(enable_cachi
             remaining = req.num_tokens - req.num_computed_tokens
             drafts = rng.randrange(3) if remaining == 1 else 0
             num_new = drafts + (1 if remaining == 1 else rng.randrange(1, remaining + 1))
-            got_f, got_s = fast.allocate_slots(pair.fast, num_new), slow.allocate_slots(pair.slow, num_new)
+            got_f, got_s = (
+                fast.allocate_slots(pair.fast, num_new),
+                slow.allocate_slots(pair.slow, num_new),
+            )
             assert _ids(got_f) == _ids(got_s)
             num_allocations += 1
             if got_f is not None:
                 pair.advance(num_new, drafts, rng)
         assert _state(fast, sorted(live)) == _state(slow, sorted(live)), f"step {step}"
-    assert num_allocations > 1000 and num_slow_calls < num_allocations / 2  # the fast path was taken
+    assert (
+        num_allocations > 1000 and num_slow_calls < num_allocations / 2
+    )  # the fast path was taken
 
 
 def _check_counts(request: Request) -> None:
@@ -131,10 +153,21 @@ LOOPS = [(False, "none"), (True, "none"), (False, "host"), (False, "device"), (T
 
 
 @pytest.mark.parametrize(("async_scheduling", "drafts"), LOOPS)
-def test_cached_counts_stay_the_list_lengths_through_preemption_and_resume(async_scheduling: bool, drafts: str) -> None:
-    config = EngineConfig(model="replay", vocab_size=VOCAB, eos_token_ids=(0,), max_model_len=128, block_size=4,
-                          max_num_seqs=6, max_num_batched_tokens=24,
-                          speculative_config=None if drafts == "none" else SpeculativeConfig(num_speculative_tokens=2))
+def test_cached_counts_stay_the_list_lengths_through_preemption_and_resume(
+    async_scheduling: bool, drafts: str
+) -> None:
+    config = EngineConfig(
+        model="replay",
+        vocab_size=VOCAB,
+        eos_token_ids=(0,),
+        max_model_len=128,
+        block_size=4,
+        max_num_seqs=6,
+        max_num_batched_tokens=24,
+        speculative_config=None
+        if drafts == "none"
+        else SpeculativeConfig(num_speculative_tokens=2),
+    )
     if drafts == "device":
         runner: ReplayRunner = DeviceDraftRunner(config, asynchronous=async_scheduling)
     else:
@@ -144,7 +177,9 @@ def test_cached_counts_stay_the_list_lengths_through_preemption_and_resume(async
     rng = random.Random(11)
     for i in range(12):
         prompt = [rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 20))]
-        core.add_request(f"r{i}", prompt, SamplingParams(max_tokens=rng.randrange(1, 25), ignore_eos=True))
+        core.add_request(
+            f"r{i}", prompt, SamplingParams(max_tokens=rng.randrange(1, 25), ignore_eos=True)
+        )
     done: list[Request] = []
     while core.has_unfinished_requests():
         done += core.step()
@@ -158,11 +193,31 @@ def test_cached_counts_stay_the_list_lengths_through_preemption_and_resume(async
 
 def test_extend_running_appends_what_append_would() -> None:
     by_append, by_extend = CachedRequestData(), CachedRequestData()
-    by_append.append("p", resumed=True, token_ids=[1, 2], new_block_ids=[3], num_computed_tokens=0, num_output_tokens=1)
-    by_extend.append("p", resumed=True, token_ids=[1, 2], new_block_ids=[3], num_computed_tokens=0, num_output_tokens=1)
+    by_append.append(
+        "p",
+        resumed=True,
+        token_ids=[1, 2],
+        new_block_ids=[3],
+        num_computed_tokens=0,
+        num_output_tokens=1,
+    )
+    by_extend.append(
+        "p",
+        resumed=True,
+        token_ids=[1, 2],
+        new_block_ids=[3],
+        num_computed_tokens=0,
+        num_output_tokens=1,
+    )
     rows = [("a", [4, 5], 7, 2), ("b", None, 9, 3)]
     for req_id, ids, computed, outputs in rows:
-        by_append.append(req_id, resumed=False, token_ids=None, new_block_ids=ids, num_computed_tokens=computed,
-                         num_output_tokens=outputs)
+        by_append.append(
+            req_id,
+            resumed=False,
+            token_ids=None,
+            new_block_ids=ids,
+            num_computed_tokens=computed,
+            num_output_tokens=outputs,
+        )
     by_extend.extend_running(*(list(col) for col in zip(*rows, strict=True)))  # type: ignore[arg-type]
     assert by_extend == by_append

@@ -27,15 +27,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_model_configs import TINY_DECODER_CONFIGS, TINY_MOE_CONFIGS
 from tp_helpers import FAULT, fail_joining_on_rank_1, fail_third_step_on_rank_1
 
-from engine.config import EngineConfig, SpeculativeConfig
-from engine.errors import EngineConfigError, EngineError, TensorParallelError
-from engine.llm import LLM
-from engine.model import ModelConfig, write_random_weights
-from engine.model.parallel_layers import TensorParallel, _Heads, tensor_parallel_problem
-from engine.model_info import engine_config_for
-from engine.parallel.executor import TensorParallelRunner, timeout_from_env
-from engine.runner_loader import start_engine_core
-from engine.sampling_params import SamplingParams
+from turnout.engine.config import EngineConfig, SpeculativeConfig
+from turnout.engine.errors import EngineConfigError, EngineError, TensorParallelError
+from turnout.engine.llm import LLM
+from turnout.engine.model import ModelConfig, write_random_weights
+from turnout.engine.model.parallel_layers import TensorParallel, _Heads, tensor_parallel_problem
+from turnout.engine.model_info import engine_config_for
+from turnout.engine.parallel.executor import TensorParallelRunner, timeout_from_env
+from turnout.engine.runner_loader import start_engine_core
+from turnout.engine.sampling_params import SamplingParams
 
 LLAMA = TINY_DECODER_CONFIGS["llama"]  # 4 query heads, 2 KV heads, intermediate 96
 #: Seconds within which a failed rank must surface as an error (it takes well under one).
@@ -54,14 +54,27 @@ def _config_dir(tmp_path: Path, hf_config: dict[str, Any]) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize(("changes", "tp", "fragment"), [
-    pytest.param({}, 3, "num_attention_heads (4)", id="query heads not divisible"),
-    pytest.param({"num_attention_heads": 12, "head_dim": 16}, 3, "num_key_value_heads (2)",
-                 id="kv heads neither divisible nor a divisor"),
-    pytest.param({"intermediate_size": 98}, 4, "intermediate_size (98)", id="intermediate size not divisible"),
-])
-def test_sizes_the_model_cannot_be_split_by_are_refused(tmp_path: Path, changes: dict[str, Any], tp: int,
-                                                        fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("changes", "tp", "fragment"),
+    [
+        pytest.param({}, 3, "num_attention_heads (4)", id="query heads not divisible"),
+        pytest.param(
+            {"num_attention_heads": 12, "head_dim": 16},
+            3,
+            "num_key_value_heads (2)",
+            id="kv heads neither divisible nor a divisor",
+        ),
+        pytest.param(
+            {"intermediate_size": 98},
+            4,
+            "intermediate_size (98)",
+            id="intermediate size not divisible",
+        ),
+    ],
+)
+def test_sizes_the_model_cannot_be_split_by_are_refused(
+    tmp_path: Path, changes: dict[str, Any], tp: int, fragment: str
+) -> None:
     path = _config_dir(tmp_path, {**LLAMA, **changes})
     with pytest.raises(ValueError, match=rf"tensor_parallel_size={tp}: .*{re.escape(fragment)}"):
         engine_config_for(path, tensor_parallel_size=tp, device="cpu")
@@ -69,30 +82,58 @@ def test_sizes_the_model_cannot_be_split_by_are_refused(tmp_path: Path, changes:
 
 def test_families_without_plain_attention_are_refused_by_name(tmp_path: Path) -> None:
     path = _config_dir(tmp_path, TINY_MOE_CONFIGS["qwen3-moe"])
-    with pytest.raises(EngineConfigError, match=r"tensor_parallel_size=2: .*Qwen3MoeForCausalLM \(model_type qwen3_moe\)"):
+    with pytest.raises(
+        EngineConfigError,
+        match=r"tensor_parallel_size=2: .*Qwen3MoeForCausalLM \(model_type qwen3_moe\)",
+    ):
         engine_config_for(path, tensor_parallel_size=2, device="cpu")
 
 
-@pytest.mark.parametrize(("fields", "fragment"), [
-    ({"tensor_parallel_size": 0}, "tensor_parallel_size must be an int >= 1"),
-    ({"tensor_parallel_size": "2"}, "tensor_parallel_size must be an int >= 1"),
-    ({"tensor_parallel_size": True}, "tensor_parallel_size must be an int >= 1"),
-    ({"tensor_parallel_size": 2, "cpu_offload_gb": 1.0}, "tensor_parallel_size=2 with cpu_offload_gb"),
-    ({"tensor_parallel_size": 2, "device": "cuda:1"}, "rank r runs on cuda:r"),
-    ({"tensor_parallel_size": 2, "speculative_config": SpeculativeConfig(method="draft_model", model="d")},
-     "draft model is not sharded"),
-    ({"tensor_parallel_size": 2, "runner_kind": "pooling", "pooling_tasks": ("embed",)}, "pooling models"),
-])
-def test_engine_config_refuses_what_tensor_parallelism_does_not_do(fields: dict[str, Any], fragment: str) -> None:
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be an int >= 1"),
+        ({"tensor_parallel_size": "2"}, "tensor_parallel_size must be an int >= 1"),
+        ({"tensor_parallel_size": True}, "tensor_parallel_size must be an int >= 1"),
+        (
+            {"tensor_parallel_size": 2, "cpu_offload_gb": 1.0},
+            "tensor_parallel_size=2 with cpu_offload_gb",
+        ),
+        ({"tensor_parallel_size": 2, "device": "cuda:1"}, "rank r runs on cuda:r"),
+        (
+            {
+                "tensor_parallel_size": 2,
+                "speculative_config": SpeculativeConfig(method="draft_model", model="d"),
+            },
+            "draft model is not sharded",
+        ),
+        (
+            {"tensor_parallel_size": 2, "runner_kind": "pooling", "pooling_tasks": ("embed",)},
+            "pooling models",
+        ),
+    ],
+)
+def test_engine_config_refuses_what_tensor_parallelism_does_not_do(
+    fields: dict[str, Any], fragment: str
+) -> None:
     with pytest.raises(EngineConfigError, match=fragment):
         EngineConfig(model="m", vocab_size=100, max_model_len=64, **fields)
 
 
-@pytest.mark.parametrize(("heads", "kv", "tp"), [(4, 2, 2), (8, 4, 2), (9, 3, 3), (4, 2, 4), (8, 1, 4), (16, 8, 8)])
+@pytest.mark.parametrize(
+    ("heads", "kv", "tp"), [(4, 2, 2), (8, 4, 2), (9, 3, 3), (4, 2, 4), (8, 1, 4), (16, 8, 8)]
+)
 def test_each_rank_keeps_the_kv_heads_its_query_heads_read(heads: int, kv: int, tp: int) -> None:
     # KV heads are split when they are at least as many as the ranks, else replicated (vLLM).
-    config = ModelConfig.from_hf_dict({**LLAMA, "num_attention_heads": heads, "num_key_value_heads": kv,
-                                       "head_dim": 16, "intermediate_size": 96 * tp})
+    config = ModelConfig.from_hf_dict(
+        {
+            **LLAMA,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "head_dim": 16,
+            "intermediate_size": 96 * tp,
+        }
+    )
     assert tensor_parallel_problem(config, tp) is None
     group = heads // kv
     for rank in range(tp):
@@ -103,11 +144,12 @@ def test_each_rank_keeps_the_kv_heads_its_query_heads_read(heads: int, kv: int, 
 
 
 def test_a_bad_size_on_the_command_line_names_the_flag(llama_dir: Path) -> None:
-    from oracle.cli import _register_plugins, app
+    from turnout.oracle.cli import _register_plugins, app
 
     _register_plugins()
-    res = CliRunner().invoke(app, ["generate", "--model", str(llama_dir), "--prompt", "x", "--device", "cpu",
-                                   "-tp", "3"])
+    res = CliRunner().invoke(
+        app, ["generate", "--model", str(llama_dir), "--prompt", "x", "--device", "cpu", "-tp", "3"]
+    )
     assert res.exit_code == 2, res.output
     assert "tensor_parallel_size=3" in res.output and "num_attention_heads (4)" in res.output
 
@@ -126,7 +168,9 @@ def _assert_no_worker_left(pids: list[int]) -> None:
     assert not dist.is_initialized()  # the groups were left: another engine may start here
 
 
-def test_a_killed_worker_makes_generate_raise_naming_it(llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_killed_worker_makes_generate_raise_naming_it(
+    llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     llm = LLM(llama_dir, device="cpu", environ={}, max_model_len=128, tensor_parallel_size=2)
     tp_runner = llm.core.runner
     pids = list(tp_runner.worker_pids.values())
@@ -146,16 +190,19 @@ def test_a_killed_worker_makes_generate_raise_naming_it(llama_dir: Path, monkeyp
         llm.generate([[5, 6, 7], [8, 9]], params)
     assert time.monotonic() - killed[0] < BOUND_S
     assert info.value.rank == 1 and info.value.code == "tensor_parallel_rank_failed"
-    assert str(info.value) == ("tensor-parallel rank 1 failed: its process was killed by signal SIGKILL; "
-                               "every rank was stopped")
+    assert str(info.value) == (
+        "tensor-parallel rank 1 failed: its process was killed by signal SIGKILL; "
+        "every rank was stopped"
+    )
     _assert_no_worker_left(pids)
     with pytest.raises(TensorParallelError, match="rank 1 failed"):  # and every later call
         llm.generate([[5, 6, 7]], params)
 
 
 def test_a_worker_exception_names_the_rank_and_its_error(llama_dir: Path) -> None:
-    config = engine_config_for(llama_dir, device="cpu", max_model_len=128, kv_cache_memory_gb=0.01,
-                               tensor_parallel_size=2)
+    config = engine_config_for(
+        llama_dir, device="cpu", max_model_len=128, kv_cache_memory_gb=0.01, tensor_parallel_size=2
+    )
     runner = TensorParallelRunner("v1", config, worker_init=fail_third_step_on_rank_1)
     pids = list(runner.worker_pids.values())
     core = start_engine_core(config, runner)
@@ -176,7 +223,9 @@ def test_a_worker_failing_before_it_joins_the_groups_is_named_at_once(llama_dir:
     config = engine_config_for(llama_dir, device="cpu", max_model_len=128, tensor_parallel_size=2)
     started = time.monotonic()
     with pytest.raises(TensorParallelError) as info:
-        TensorParallelRunner("v1", config, worker_init=fail_joining_on_rank_1, timeout_s=3 * BOUND_S)
+        TensorParallelRunner(
+            "v1", config, worker_init=fail_joining_on_rank_1, timeout_s=3 * BOUND_S
+        )
     assert time.monotonic() - started < BOUND_S
     assert info.value.rank == 1
     assert info.value.cause.startswith(f"RuntimeError: {FAULT} on rank 1 (at ")
@@ -198,7 +247,11 @@ def test_a_processor_the_workers_cannot_import_is_rejected_alone(llama_dir: Path
     llm = LLM(llama_dir, device="cpu", environ={}, max_model_len=128, tensor_parallel_size=2)
     try:
         good = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-        bad = SamplingParams(max_tokens=4, temperature=0, logits_processors=[_processor_of_a_module_the_workers_cannot_import()])
+        bad = SamplingParams(
+            max_tokens=4,
+            temperature=0,
+            logits_processors=[_processor_of_a_module_the_workers_cannot_import()],
+        )
         outs = llm.generate([[5, 6], [7, 8], [9, 10]], [good, bad, good])
         assert outs[1].error is not None and "turnout_unimportable_processors" in outs[1].error
         assert [len(o.outputs[0].token_ids) for o in (outs[0], outs[2])] == [4, 4]

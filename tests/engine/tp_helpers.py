@@ -12,7 +12,7 @@ def fail_third_step_on_rank_1(rank: int) -> None:
     """``worker_init``: rank 1's runner raises on its third ``execute_model``."""
     if rank != 1:
         return
-    import runner_v1.model_runner as v1
+    import turnout.runner_v1.model_runner as v1
 
     original = v1.V1ModelRunner.execute_model
     calls = [0]
@@ -31,7 +31,7 @@ def fail_joining_on_rank_1(rank: int) -> None:
     (where a GPU that cannot be selected, or a store that cannot be reached, fails)."""
     if rank != 1:
         return
-    import engine.parallel.group as group
+    import turnout.engine.parallel.group as group
 
     def connect_store(*_args: Any, **_kwargs: Any) -> Any:
         raise RuntimeError(f"{FAULT} on rank {rank}")

@@ -24,8 +24,14 @@ from triton.runtime.jit import JITFunction
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-_TYPES = {torch.int32: "*i32", torch.int64: "*i64", torch.float32: "*fp32", torch.bfloat16: "*bf16",
-          torch.float16: "*fp16", torch.bool: "*i1"}
+_TYPES = {
+    torch.int32: "*i32",
+    torch.int64: "*i64",
+    torch.float32: "*fp32",
+    torch.bfloat16: "*bf16",
+    torch.float16: "*fp16",
+    torch.bool: "*i1",
+}
 CAPTURED: list[tuple[JITFunction, tuple, dict]] = []
 
 
@@ -78,18 +84,21 @@ def _launch_all() -> None:
     _try(ts.test_penalty_counts_match_reference, seed=0)
     _try(ts.test_sampler_matches_reference, seed=0, vocab_size=700)
     tables, idx, _, seq_lens, logits = ts._batch(0, 300)
-    from kernels.gumbel_sample import gumbel_sample
+    from turnout.kernels.gumbel_sample import gumbel_sample
+
     gumbel_sample(logits, idx, seq_lens, tables, None, torch.zeros(10, dtype=torch.int32))
     tables, idx, _, seq_lens, logits = ts._batch(0, 4000)  # 4 blocks of 1024: 3 slices
-    gumbel_sample(logits, idx, seq_lens, tables, None, torch.zeros(10, dtype=torch.int32), num_splits=3)
+    gumbel_sample(
+        logits, idx, seq_lens, tables, None, torch.zeros(10, dtype=torch.int32), num_splits=3
+    )
     _try(tl.test_matches_full_log_softmax, seed=1, vocab_size=3000, max_k=20)
     _try(tl.test_wide_k_and_sampled_token_rank)
     _launch_layer_ops()
 
 
 def _launch_layer_ops() -> None:
-    from kernels.rms_norm import rms_norm
-    from kernels.silu_mul import silu_and_mul
+    from turnout.kernels.rms_norm import rms_norm
+    from turnout.kernels.silu_mul import silu_and_mul
 
     for dtype in (torch.bfloat16, torch.float32):
         for hidden in (128, 1024):  # a Qwen3 head, a Qwen3-0.6B hidden state
@@ -97,7 +106,7 @@ def _launch_layer_ops() -> None:
             rms_norm(x, w, 1e-6)
             rms_norm(x, w, 1e-6, residual=x.clone())
         silu_and_mul(torch.ones(4, 2 * 3072, dtype=dtype))
-        from kernels.rotary import qk_norm_rope
+        from turnout.kernels.rotary import qk_norm_rope
 
         cos = torch.ones(64, 64)
         qkv = torch.ones(4, (16 + 2 * 8) * 128, dtype=dtype)  # Qwen3-0.6B's heads
@@ -115,23 +124,32 @@ def _try(fn, **kwargs) -> None:
 def main() -> int:
     JITFunction.run = _capture
     # Launch with the GPU's block sizes although the tensors are on the CPU.
-    import kernels._select as select
+    import turnout.kernels._select as select
 
     select.MAX_INTERPRETER_BLOCK = 1024
     _launch_all()
-    from kernels.gumbel_noise import gumbel_noise
+    from turnout.kernels.gumbel_noise import gumbel_noise
+
     gumbel_noise(torch.zeros(2, dtype=torch.int64), torch.zeros(2, dtype=torch.int64), 100)
     seen = set()
     target = GPUTarget("cuda", 90, 32)
     for fn, args, kwargs in CAPTURED:
         signature, constexprs, options = _signature(fn, args, kwargs)
-        key = (fn.__name__, tuple(sorted(signature.items())), tuple(sorted(constexprs.items())),
-               tuple(sorted(options.items())))
+        key = (
+            fn.__name__,
+            tuple(sorted(signature.items())),
+            tuple(sorted(constexprs.items())),
+            tuple(sorted(options.items())),
+        )
         if key in seen:
             continue
         seen.add(key)
-        compiled = triton.compile(ASTSource(fn, signature, constexprs), target=target, options=options)
-        print(f"compiled {fn.__name__} {constexprs} {options}: {len(compiled.asm['cubin'])} bytes of cubin")
+        compiled = triton.compile(
+            ASTSource(fn, signature, constexprs), target=target, options=options
+        )
+        print(
+            f"compiled {fn.__name__} {constexprs} {options}: {len(compiled.asm['cubin'])} bytes of cubin"
+        )
     names = {k[0] for k in seen}
     print(f"{len(seen)} variants of {len(names)} kernels: {sorted(names)}")
     return 0

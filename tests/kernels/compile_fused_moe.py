@@ -23,12 +23,15 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 #: (dtype, num_tokens, num_experts, top_k, hidden, intermediate)
-VARIANTS = [(torch.bfloat16, 1, 128, 8, 2048, 768), (torch.bfloat16, 4096, 60, 4, 2048, 1408),
-            (torch.float32, 1, 128, 8, 2048, 768)]
+VARIANTS = [
+    (torch.bfloat16, 1, 128, 8, 2048, 768),
+    (torch.bfloat16, 4096, 60, 4, 2048, 1408),
+    (torch.float32, 1, 128, 8, 2048, 768),
+]
 
 
 def _launch_all() -> None:
-    from kernels import fused_moe as fm
+    from turnout.kernels import fused_moe as fm
 
     for dtype, t, e, k, h, i in VARIANTS:
         cfg = fm.default_block_config(t * k, e, dtype, torch.device("cuda"))
@@ -47,15 +50,22 @@ def main() -> int:
     seen = set()
     for fn, args, kwargs in CAPTURED:
         signature, constexprs, options = _signature(fn, args, kwargs)
-        key = (fn.__name__, tuple(sorted(signature.items())), tuple(sorted(constexprs.items())),
-               tuple(sorted(options.items())))
+        key = (
+            fn.__name__,
+            tuple(sorted(signature.items())),
+            tuple(sorted(constexprs.items())),
+            tuple(sorted(options.items())),
+        )
         if key in seen:
             continue
         seen.add(key)
-        compiled = triton.compile(ASTSource(fn, signature, constexprs), target=target,
-                                  options=options)
-        print(f"compiled {fn.__name__} {constexprs} {options}: {len(compiled.asm['cubin'])} bytes, "
-              f"{compiled.metadata.shared} bytes of shared memory")
+        compiled = triton.compile(
+            ASTSource(fn, signature, constexprs), target=target, options=options
+        )
+        print(
+            f"compiled {fn.__name__} {constexprs} {options}: {len(compiled.asm['cubin'])} bytes, "
+            f"{compiled.metadata.shared} bytes of shared memory"
+        )
     return 0
 
 

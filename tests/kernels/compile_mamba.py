@@ -28,8 +28,12 @@ SWEEP = [(16, 8, 2), (32, 8, 4), (32, 16, 4), (64, 8, 4)]
 
 
 def _launch_all() -> None:
-    from kernels.causal_conv1d import causal_conv1d, causal_conv1d_update
-    from kernels.selective_scan import ScanBlockConfig, selective_scan, selective_state_update
+    from turnout.kernels.causal_conv1d import causal_conv1d, causal_conv1d_update
+    from turnout.kernels.selective_scan import (
+        ScanBlockConfig,
+        selective_scan,
+        selective_state_update,
+    )
 
     qsl = torch.tensor([0, 5, 6], dtype=torch.int32)
     slots = torch.tensor([1, 0], dtype=torch.int32)
@@ -47,15 +51,48 @@ def _launch_all() -> None:
         ssm_state = torch.zeros(2, DIM, D_STATE)
         for with_all in (True, False):
             opt = (D, x, dt_bias) if with_all else (None, None, None)
-            selective_scan(x, x, A, bc[:, :D_STATE], bc[:, D_STATE:], *opt, ssm_state, qsl, slots,
-                           init, delta_softplus=with_all)
+            selective_scan(
+                x,
+                x,
+                A,
+                bc[:, :D_STATE],
+                bc[:, D_STATE:],
+                *opt,
+                ssm_state,
+                qsl,
+                slots,
+                init,
+                delta_softplus=with_all,
+            )
             opt = (D, x[:2], dt_bias) if with_all else (None, None, None)
-            selective_state_update(x[:2], x[:2], A, bc[:2, :D_STATE], bc[:2, D_STATE:], *opt,
-                                   ssm_state, slots, delta_softplus=with_all)
+            selective_state_update(
+                x[:2],
+                x[:2],
+                A,
+                bc[:2, :D_STATE],
+                bc[:2, D_STATE:],
+                *opt,
+                ssm_state,
+                slots,
+                delta_softplus=with_all,
+            )
         if dtype == torch.bfloat16:
             for block_d, chunk, warps in SWEEP:
-                selective_scan(x, x, A, bc[:, :D_STATE], bc[:, D_STATE:], D, x, dt_bias, ssm_state,
-                               qsl, slots, init, block_config=ScanBlockConfig(block_d, chunk, warps))
+                selective_scan(
+                    x,
+                    x,
+                    A,
+                    bc[:, :D_STATE],
+                    bc[:, D_STATE:],
+                    D,
+                    x,
+                    dt_bias,
+                    ssm_state,
+                    qsl,
+                    slots,
+                    init,
+                    block_config=ScanBlockConfig(block_d, chunk, warps),
+                )
 
 
 def main() -> int:
@@ -65,15 +102,22 @@ def main() -> int:
     seen = set()
     for fn, args, kwargs in CAPTURED:
         signature, constexprs, options = _signature(fn, args, kwargs)
-        key = (fn.__name__, tuple(sorted(signature.items())), tuple(sorted(constexprs.items())),
-               tuple(sorted(options.items())))
+        key = (
+            fn.__name__,
+            tuple(sorted(signature.items())),
+            tuple(sorted(constexprs.items())),
+            tuple(sorted(options.items())),
+        )
         if key in seen:
             continue
         seen.add(key)
-        compiled = triton.compile(ASTSource(fn, signature, constexprs), target=target,
-                                  options=options)
-        print(f"compiled {fn.__name__} {constexprs} {options}: shared {compiled.metadata.shared}"
-              f"{_resource_usage(compiled.asm['cubin'])}")
+        compiled = triton.compile(
+            ASTSource(fn, signature, constexprs), target=target, options=options
+        )
+        print(
+            f"compiled {fn.__name__} {constexprs} {options}: shared {compiled.metadata.shared}"
+            f"{_resource_usage(compiled.asm['cubin'])}"
+        )
     return 0
 
 

@@ -24,20 +24,36 @@ from triton.runtime.jit import JITFunction
 def _launch_all() -> None:
     from test_mla_attention import make_batch
 
-    from kernels.mla_attention import mla_attention
-    from kernels.mla_cache import concat_and_cache_mla
+    from turnout.kernels.mla_attention import mla_attention
+    from turnout.kernels.mla_cache import concat_and_cache_mla
 
     decode, prefill = [1, 1], [300, 1]
-    variants = [(torch.bfloat16, (16, 512, 64)), (torch.bfloat16, (128, 512, 64)),
-                (torch.float32, (16, 512, 64)), (torch.float32, (4, 32, 8))]
+    variants = [
+        (torch.bfloat16, (16, 512, 64)),
+        (torch.bfloat16, (128, 512, 64)),
+        (torch.float32, (16, 512, 64)),
+        (torch.float32, (4, 32, 8)),
+    ]
     for dtype, (heads, rank, rope) in variants:
         for q_lens, splits in ((decode, 1), (decode, 64), (prefill, 1)):
-            b = make_batch(q_lens, [5, 40], num_heads=heads, rank=rank, rope=rope,
-                           block_size=16, dtype=dtype, device="cpu")
+            b = make_batch(
+                q_lens,
+                [5, 40],
+                num_heads=heads,
+                rank=rank,
+                rope=rope,
+                block_size=16,
+                dtype=dtype,
+                device="cpu",
+            )
             mla_attention(**b, num_kv_splits=splits)  # type: ignore[arg-type]
         cache = torch.zeros(4, 16, rank + rope, dtype=dtype)
-        concat_and_cache_mla(torch.zeros(3, rank, dtype=dtype), torch.zeros(3, rope, dtype=dtype),
-                             cache, torch.tensor([0, -1, 5]))
+        concat_and_cache_mla(
+            torch.zeros(3, rank, dtype=dtype),
+            torch.zeros(3, rope, dtype=dtype),
+            cache,
+            torch.tensor([0, -1, 5]),
+        )
 
 
 def _resource_usage(cubin: bytes) -> str:
@@ -70,10 +86,13 @@ def main() -> int:
         if key in seen:
             continue
         seen.add(key)
-        compiled = triton.compile(ASTSource(fn, signature, constexprs), target=target,
-                                  options=options)
-        print(f"compiled {fn.__name__} {constexprs} {options}: shared {compiled.metadata.shared}"
-              f"{_resource_usage(compiled.asm['cubin'])}")
+        compiled = triton.compile(
+            ASTSource(fn, signature, constexprs), target=target, options=options
+        )
+        print(
+            f"compiled {fn.__name__} {constexprs} {options}: shared {compiled.metadata.shared}"
+            f"{_resource_usage(compiled.asm['cubin'])}"
+        )
     return 0
 
 

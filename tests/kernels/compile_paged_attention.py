@@ -24,20 +24,30 @@ from triton.runtime.jit import JITFunction
 def _launch_all() -> None:
     from test_paged_attention import make_batch
 
-    from kernels.paged_attention import paged_attention, reshape_and_cache
-    from kernels.paged_attention_split import paged_attention_split
+    from turnout.kernels.paged_attention import paged_attention, reshape_and_cache
+    from turnout.kernels.paged_attention_split import paged_attention_split
 
     # (dtype, layout, [(q_lens, sliding_window)]): the real bf16 layouts in decode and prefill
     # tiles (a prefill step launches both), float32 (IEEE dots) and a sliding window on both.
     decode, prefill = ([1, 1], None), ([300, 1], None)
-    variants = [(torch.bfloat16, (16, 8, 128), [decode, prefill, ([7, 1], 6), ([300, 1], 6)]),
-                (torch.bfloat16, (32, 8, 128), [decode, prefill]),
-                (torch.bfloat16, (9, 3, 64), [decode, prefill]),
-                (torch.float32, (4, 2, 16), [decode, prefill])]
+    variants = [
+        (torch.bfloat16, (16, 8, 128), [decode, prefill, ([7, 1], 6), ([300, 1], 6)]),
+        (torch.bfloat16, (32, 8, 128), [decode, prefill]),
+        (torch.bfloat16, (9, 3, 64), [decode, prefill]),
+        (torch.float32, (4, 2, 16), [decode, prefill]),
+    ]
     for dtype, (heads, kv_heads, head_dim), cases in variants:
         for q_lens, window in cases:
-            b = make_batch(q_lens, [5, 40], num_heads=heads, num_kv_heads=kv_heads,
-                           head_dim=head_dim, block_size=16, dtype=dtype, device="cpu")
+            b = make_batch(
+                q_lens,
+                [5, 40],
+                num_heads=heads,
+                num_kv_heads=kv_heads,
+                head_dim=head_dim,
+                block_size=16,
+                dtype=dtype,
+                device="cpu",
+            )
             # zero_padding=True, as engine/model/attention.py launches it (torch.empty output)
             paged_attention(**b, sliding_window=window, zero_padding=True)  # type: ignore[arg-type]
             if max(q_lens) == 1:  # split-KV decoding: 32 segments (a graph-captured count)
@@ -58,8 +68,9 @@ def main() -> int:
         if key in seen:
             continue
         seen.add(key)
-        compiled = triton.compile(ASTSource(fn, signature, constexprs), target=target,
-                                  options=options)
+        compiled = triton.compile(
+            ASTSource(fn, signature, constexprs), target=target, options=options
+        )
         print(f"compiled {fn.__name__} {constexprs}: {len(compiled.asm['cubin'])} bytes")
     return 0
 

@@ -27,11 +27,11 @@ I32 = torch.int32
 
 
 def _launch_all() -> None:
-    import kernels._select as select
-    from kernels.ngram_propose import ngram_propose
-    from kernels.rejection_sample import rejection_sample
-    from kernels.sampling_probs import compute_probs
-    from kernels.spec_post_update import post_update_spec
+    import turnout.kernels._select as select
+    from turnout.kernels.ngram_propose import ngram_propose
+    from turnout.kernels.rejection_sample import rejection_sample
+    from turnout.kernels.sampling_probs import compute_probs
+    from turnout.kernels.spec_post_update import post_update_spec
 
     select.MAX_INTERPRETER_BLOCK = 1024  # the GPU's block width
     tables = sampling_tables(MAX_NUM_SEQS, seed=0)
@@ -52,11 +52,36 @@ def _launch_all() -> None:
         out = torch.zeros(n, k + 1, dtype=I32)
         num = torch.zeros(n, dtype=I32)
         for tp, dp in ((None, None), (probs, None), (probs, torch.zeros(n, k, VOCAB))):
-            rejection_sample(cu, rows, num, drafts, positions, positions, tp, dp, tables.temperature, tables.seed,
-                             out, num)
+            rejection_sample(
+                cu,
+                rows,
+                num,
+                drafts,
+                positions,
+                positions,
+                tp,
+                dp,
+                tables.temperature,
+                tables.seed,
+                out,
+                num,
+            )
         ngram_propose(rows, num, params[:, 1], token_ids, 1, 4, drafts, num)
-        post_update_spec(rows, num, num, num, out, num, num, params[:, 0], params[:, 1], params[:, 4],
-                         params[:, 14], params[:, 15], token_ids)
+        post_update_spec(
+            rows,
+            num,
+            num,
+            num,
+            out,
+            num,
+            num,
+            params[:, 0],
+            params[:, 1],
+            params[:, 4],
+            params[:, 14],
+            params[:, 15],
+            token_ids,
+        )
 
 
 def main() -> int:
@@ -66,13 +91,21 @@ def main() -> int:
     seen = set()
     for fn, args, kwargs in CAPTURED:
         signature, constexprs, options = _signature(fn, args, kwargs)
-        key = (fn.__name__, tuple(sorted(signature.items())), tuple(sorted(constexprs.items())),
-               tuple(sorted(options.items())))
+        key = (
+            fn.__name__,
+            tuple(sorted(signature.items())),
+            tuple(sorted(constexprs.items())),
+            tuple(sorted(options.items())),
+        )
         if key in seen:
             continue
         seen.add(key)
-        compiled = triton.compile(ASTSource(fn, signature, constexprs), target=target, options=options)
-        print(f"compiled {fn.__name__} {constexprs} {options}: {len(compiled.asm['cubin'])} bytes of cubin")
+        compiled = triton.compile(
+            ASTSource(fn, signature, constexprs), target=target, options=options
+        )
+        print(
+            f"compiled {fn.__name__} {constexprs} {options}: {len(compiled.asm['cubin'])} bytes of cubin"
+        )
     return 0
 
 

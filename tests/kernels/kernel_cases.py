@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.gumbel_sample import SamplingTables
+from turnout.kernels.gumbel_sample import SamplingTables
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -40,8 +40,14 @@ class StepCase:
         return qsl
 
 
-def step_case(seed: int, *, max_num_seqs: int = 12, max_model_len: int = 300, block_size: int = 16,
-              pad: bool = False) -> StepCase:
+def step_case(
+    seed: int,
+    *,
+    max_num_seqs: int = 12,
+    max_model_len: int = 300,
+    block_size: int = 16,
+    pad: bool = False,
+) -> StepCase:
     """A table where some rows prefill (chunked or not), some decode; columns are strided
     views of a packed ``[max_num_seqs, 6]`` table as in runner_v2."""
     g = torch.Generator().manual_seed(seed)
@@ -59,8 +65,14 @@ def step_case(seed: int, *, max_num_seqs: int = 12, max_model_len: int = 300, bl
     remaining = num_tokens - num_computed
     chunk = torch.randint(1, 64, (max_num_seqs,), generator=g)
     num_scheduled = torch.minimum(remaining, chunk)[rows.long()].to(torch.int32)
-    packed[:, 0], packed[:, 1], packed[:, 2] = num_computed.int(), prefill_len.int(), num_tokens.int()
-    token_ids = torch.randint(0, 1000, (max_num_seqs, max_model_len), generator=g, dtype=torch.int32)
+    packed[:, 0], packed[:, 1], packed[:, 2] = (
+        num_computed.int(),
+        prefill_len.int(),
+        num_tokens.int(),
+    )
+    token_ids = torch.randint(
+        0, 1000, (max_num_seqs, max_model_len), generator=g, dtype=torch.int32
+    )
     last = token_ids.gather(1, (num_tokens - 1).unsqueeze(1)).squeeze(1)
     packed[:, 3] = torch.where(num_sampled > 0, last, torch.full_like(last, -1))
     max_blocks = -(-max_model_len // block_size)
@@ -68,10 +80,17 @@ def step_case(seed: int, *, max_num_seqs: int = 12, max_model_len: int = 300, bl
     total = int(num_scheduled.sum())
     packed = packed.to(DEVICE)
     return StepCase(
-        idx_mapping=rows.to(DEVICE), num_scheduled=num_scheduled.to(DEVICE), num_computed=packed[:, 0],
-        prefill_len=packed[:, 1], num_tokens=packed[:, 2], last_sampled=packed[:, 3],
-        token_ids=token_ids.to(DEVICE), block_table=block_table.to(DEVICE), block_size=block_size,
-        num_reqs_padded=num_reqs + (3 if pad else 0), num_tokens_padded=total + (5 if pad else 0),
+        idx_mapping=rows.to(DEVICE),
+        num_scheduled=num_scheduled.to(DEVICE),
+        num_computed=packed[:, 0],
+        prefill_len=packed[:, 1],
+        num_tokens=packed[:, 2],
+        last_sampled=packed[:, 3],
+        token_ids=token_ids.to(DEVICE),
+        block_table=block_table.to(DEVICE),
+        block_size=block_size,
+        num_reqs_padded=num_reqs + (3 if pad else 0),
+        num_tokens_padded=total + (5 if pad else 0),
     )
 
 
@@ -82,8 +101,13 @@ def sampling_tables(max_num_seqs: int, *, seed: int = 0, max_stop: int = 4) -> S
     f = packed.view(torch.float32)
     s = max_num_seqs
     tables = SamplingTables(
-        temperature=f[:, 0], top_k=packed[:, 1], top_p=f[:, 2], repetition_penalty=f[:, 3],
-        frequency_penalty=f[:, 4], presence_penalty=f[:, 5], min_tokens=packed[:, 6],
+        temperature=f[:, 0],
+        top_k=packed[:, 1],
+        top_p=f[:, 2],
+        repetition_penalty=f[:, 3],
+        frequency_penalty=f[:, 4],
+        presence_penalty=f[:, 5],
+        min_tokens=packed[:, 6],
         num_prompt_tokens=packed[:, 7],
         seed=torch.randint(-(2**62), 2**62, (s,), generator=g, dtype=torch.int64),
         stop_token_ids=torch.full((s, max_stop), -1, dtype=torch.int32),
@@ -104,7 +128,14 @@ def sampling_tables(max_num_seqs: int, *, seed: int = 0, max_stop: int = 4) -> S
     packed, seed, stop = packed.to(DEVICE), tables.seed.to(DEVICE), tables.stop_token_ids.to(DEVICE)
     f = packed.view(torch.float32)
     return SamplingTables(
-        temperature=f[:, 0], top_k=packed[:, 1], top_p=f[:, 2], repetition_penalty=f[:, 3],
-        frequency_penalty=f[:, 4], presence_penalty=f[:, 5], min_tokens=packed[:, 6],
-        num_prompt_tokens=packed[:, 7], seed=seed, stop_token_ids=stop,
+        temperature=f[:, 0],
+        top_k=packed[:, 1],
+        top_p=f[:, 2],
+        repetition_penalty=f[:, 3],
+        frequency_penalty=f[:, 4],
+        presence_penalty=f[:, 5],
+        min_tokens=packed[:, 6],
+        num_prompt_tokens=packed[:, 7],
+        seed=seed,
+        stop_token_ids=stop,
     )

@@ -32,9 +32,15 @@ class StateBatch:
         return [slice(starts[i], starts[i + 1]) for i in range(len(self.q_lens))]
 
 
-def state_batch(q_lens: list[int], *, seed: int, init: list[bool] | None = None,
-                slots: list[int] | None = None, num_slots: int | None = None,
-                device: str = DEVICE) -> StateBatch:
+def state_batch(
+    q_lens: list[int],
+    *,
+    seed: int,
+    init: list[bool] | None = None,
+    slots: list[int] | None = None,
+    num_slots: int | None = None,
+    device: str = DEVICE,
+) -> StateBatch:
     """Slots drawn without replacement (unless given); ``init`` drawn at random (unless given)."""
     g = torch.Generator().manual_seed(seed)
     n = len(q_lens)
@@ -64,8 +70,13 @@ def random_q_lens(seed: int, width: int, max_len: int = 30) -> list[int]:
     return [lens[i] for i in torch.randperm(n, generator=g).tolist()]
 
 
-def randn(*shape: int, seed: int, dtype: torch.dtype = torch.float32, scale: float = 1.0,
-          device: str = DEVICE) -> torch.Tensor:
+def randn(
+    *shape: int,
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    scale: float = 1.0,
+    device: str = DEVICE,
+) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=g) * scale).to(dtype).to(device)
 
@@ -86,8 +97,10 @@ def chunk_steps(q_lens: list[int], num_chunks: int, seed: int) -> list[Step]:
     """Chunked prefill: each request cut into up to ``num_chunks`` pieces; step ``k`` schedules
     piece ``k`` of every request that has one."""
     pieces = [split_lengths(n, num_chunks, seed + i) for i, n in enumerate(q_lens)]
-    return [[(i, sum(p[:k]), p[k]) for i, p in enumerate(pieces) if k < len(p)]
-            for k in range(max(len(p) for p in pieces))]
+    return [
+        [(i, sum(p[:k]), p[k]) for i, p in enumerate(pieces) if k < len(p)]
+        for k in range(max(len(p) for p in pieces))
+    ]
 
 
 def whole_step(q_lens: list[int]) -> list[Step]:
@@ -95,8 +108,14 @@ def whole_step(q_lens: list[int]) -> list[Step]:
     return [[(i, 0, n) for i, n in enumerate(q_lens)]]
 
 
-def run_in_steps(fn, per_token: dict[str, torch.Tensor], q_lens: list[int], slots: list[int],  # type: ignore[no-untyped-def]
-                 steps: list[Step], **fixed: object) -> torch.Tensor:
+def run_in_steps(
+    fn,
+    per_token: dict[str, torch.Tensor],
+    q_lens: list[int],
+    slots: list[int],  # type: ignore[no-untyped-def]
+    steps: list[Step],
+    **fixed: object,
+) -> torch.Tensor:
     """Run ``fn`` (a varlen launcher or reference) step after step: ``per_token`` tensors hold
     the requests' whole sequences packed (request after request); each step gathers its
     pieces' rows, continues from the stored state for pieces past a request's start, and its
@@ -106,13 +125,24 @@ def run_in_steps(fn, per_token: dict[str, torch.Tensor], q_lens: list[int], slot
         starts.append(starts[-1] + n)
     out: torch.Tensor | None = None
     for step in steps:
-        rows = torch.tensor([starts[i] + off + j for i, off, n in step for j in range(n)], dtype=torch.long)
+        rows = torch.tensor(
+            [starts[i] + off + j for i, off, n in step for j in range(n)], dtype=torch.long
+        )
         first = next(iter(per_token.values()))
-        b = state_batch([n for _, _, n in step], seed=0, init=[off > 0 for _, off, _ in step],
-                        slots=[slots[i] for i, _, _ in step], device=str(first.device))
-        res = fn(**{k: v[rows.to(v.device)] for k, v in per_token.items()}, **fixed,
-                 query_start_loc=b.query_start_loc, state_indices=b.state_indices,
-                 has_initial_state=b.has_initial_state)
+        b = state_batch(
+            [n for _, _, n in step],
+            seed=0,
+            init=[off > 0 for _, off, _ in step],
+            slots=[slots[i] for i, _, _ in step],
+            device=str(first.device),
+        )
+        res = fn(
+            **{k: v[rows.to(v.device)] for k, v in per_token.items()},
+            **fixed,
+            query_start_loc=b.query_start_loc,
+            state_indices=b.state_indices,
+            has_initial_state=b.has_initial_state,
+        )
         if out is None:
             out = torch.empty((starts[-1], *res.shape[1:]), dtype=res.dtype, device=res.device)
         out[rows.to(res.device)] = res

@@ -20,8 +20,8 @@ from mamba_cases import (
     whole_step,
 )
 
-from kernels._triton import HAS_TRITON
-from kernels.causal_conv1d import (
+from turnout.kernels._triton import HAS_TRITON
+from turnout.kernels.causal_conv1d import (
     causal_conv1d,
     causal_conv1d_ref,
     causal_conv1d_update,
@@ -33,15 +33,24 @@ DIM = 72  # two channel blocks of the kernel's 64
 TOL = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
-def conv_args(b: StateBatch, *, width: int, dtype: torch.dtype, seed: int, bias: bool = True,
-              dim: int = DIM, device: str = DEVICE) -> dict[str, object]:
+def conv_args(
+    b: StateBatch,
+    *,
+    width: int,
+    dtype: torch.dtype,
+    seed: int,
+    bias: bool = True,
+    dim: int = DIM,
+    device: str = DEVICE,
+) -> dict[str, object]:
     """Inputs of one varlen call; the slots hold random (non-zero) states."""
     return dict(
         x=randn(b.num_tokens, dim, seed=seed, dtype=dtype, device=device),
         weight=randn(dim, width, seed=seed + 1, dtype=dtype, scale=0.5, device=device),
         bias=randn(dim, seed=seed + 2, dtype=dtype, device=device) if bias else None,
         conv_state=randn(b.num_slots, dim, width - 1, seed=seed + 3, dtype=dtype, device=device),
-        query_start_loc=b.query_start_loc, state_indices=b.state_indices,
+        query_start_loc=b.query_start_loc,
+        state_indices=b.state_indices,
         has_initial_state=b.has_initial_state,
     )
 
@@ -62,7 +71,10 @@ VARIANTS = {0: (4, "silu", True), 1: (2, "silu", False), 2: (3, None, True)}
 def test_kernel_equals_reference(seed: int, dtype: torch.dtype) -> None:
     width, activation, bias = VARIANTS[seed]
     b = state_batch(random_q_lens(seed, width, max_len=24), seed=seed)
-    args = {**conv_args(b, width=width, dtype=dtype, seed=seed, bias=bias), "activation": activation}
+    args = {
+        **conv_args(b, width=width, dtype=dtype, seed=seed, bias=bias),
+        "activation": activation,
+    }
     out, state = run(causal_conv1d, args)
     want_out, want_state = run(causal_conv1d_ref, args)
     torch.testing.assert_close(out, want_out, **TOL[dtype])
@@ -85,12 +97,20 @@ def test_reference_in_chunks_equals_conv1d_over_the_whole_sequence(seed: int) ->
     b = state_batch(q_lens, seed=seed, slots=slots, num_slots=6, device="cpu")
     args = conv_args(b, width=width, dtype=torch.float32, seed=seed, device="cpu")
     x, weight, bias, state = args["x"], args["weight"], args["bias"], args["conv_state"]
-    out = run_in_steps(causal_conv1d_ref, {"x": x}, q_lens, slots, chunk_steps(q_lens, 3, seed),  # type: ignore[arg-type]
-                       weight=weight, bias=bias, conv_state=state)
+    out = run_in_steps(
+        causal_conv1d_ref,
+        {"x": x},
+        q_lens,
+        slots,
+        chunk_steps(q_lens, 3, seed),  # type: ignore[arg-type]
+        weight=weight,
+        bias=bias,
+        conv_state=state,
+    )
     for i, span in enumerate(b.spans()):
         torch.testing.assert_close(out[span], _hf_conv(x[span], weight, bias), atol=1e-5, rtol=1e-5)  # type: ignore[index, arg-type]
         xpad = torch.cat([torch.zeros(width - 1, DIM), x[span]])  # type: ignore[index]
-        assert torch.equal(state[slots[i]], xpad[-(width - 1):].T)  # type: ignore[index]
+        assert torch.equal(state[slots[i]], xpad[-(width - 1) :].T)  # type: ignore[index]
 
 
 @needs_triton
@@ -102,8 +122,20 @@ def test_kernel_in_chunks_equals_one_piece() -> None:
     results = []
     for steps in (whole_step(q_lens), chunk_steps(q_lens, 3, seed=7)):
         state = args["conv_state"].clone()  # type: ignore[union-attr]
-        results.append((run_in_steps(causal_conv1d, {"x": args["x"]}, q_lens, slots, steps,  # type: ignore[dict-item]
-                                     conv_state=state, **fixed), state))
+        results.append(
+            (
+                run_in_steps(
+                    causal_conv1d,
+                    {"x": args["x"]},
+                    q_lens,
+                    slots,
+                    steps,  # type: ignore[dict-item]
+                    conv_state=state,
+                    **fixed,
+                ),
+                state,
+            )
+        )
     (whole, whole_state), (chunked, chunked_state) = results
     torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-5)
     assert torch.equal(chunked_state, whole_state)
@@ -127,18 +159,28 @@ def test_no_initial_state_ignores_what_the_slot_holds() -> None:
 def test_padding_and_empty_requests_touch_no_state(fn) -> None:  # type: ignore[no-untyped-def]
     # A negative slot is CUDA-graph padding; a request with no tokens this step has nothing
     # to add, even without an initial state (its slot may belong to a running request).
-    b = state_batch([3, 0, 2, 4], seed=4, slots=[2, 0, -1, 1], init=[True, False, True, False], num_slots=4)
+    b = state_batch(
+        [3, 0, 2, 4], seed=4, slots=[2, 0, -1, 1], init=[True, False, True, False], num_slots=4
+    )
     args = conv_args(b, width=4, dtype=torch.float32, seed=4)
     out, state = run(fn, args)
     before = args["conv_state"]
     assert torch.equal(state[[0, 3]], before[[0, 3]])  # type: ignore[index]
     spans = b.spans()
-    real = torch.cat([torch.arange(spans[0].start, spans[0].stop), torch.arange(spans[3].start, spans[3].stop)])
+    real = torch.cat(
+        [torch.arange(spans[0].start, spans[0].stop), torch.arange(spans[3].start, spans[3].stop)]
+    )
     keep = state_batch([3, 4], seed=0, slots=[2, 1], init=[True, False], num_slots=4)
-    want, want_state = run(causal_conv1d_ref, {**args, "x": args["x"][real.to(DEVICE)],  # type: ignore[index]
-                                               "query_start_loc": keep.query_start_loc,
-                                               "state_indices": keep.state_indices,
-                                               "has_initial_state": keep.has_initial_state})
+    want, want_state = run(
+        causal_conv1d_ref,
+        {
+            **args,
+            "x": args["x"][real.to(DEVICE)],  # type: ignore[index]
+            "query_start_loc": keep.query_start_loc,
+            "state_indices": keep.state_indices,
+            "has_initial_state": keep.has_initial_state,
+        },
+    )
     torch.testing.assert_close(out[real.to(DEVICE)], want, atol=1e-5, rtol=1e-5)
     assert torch.equal(state, want_state)
 
@@ -184,7 +226,9 @@ def test_update_skips_padding_rows() -> None:
         out = fn(x, weight, None, after, slots, activation=None)
         assert torch.equal(after[[1, 2]], state[[1, 2]])
         assert torch.equal(after[3], torch.cat([state[3, :, 1:], x[0, :, None]], dim=1))
-        torch.testing.assert_close(out[0], (torch.cat([state[3], x[0, :, None]], 1) * weight).sum(1))
+        torch.testing.assert_close(
+            out[0], (torch.cat([state[3], x[0, :, None]], 1) * weight).sum(1)
+        )
 
 
 def test_update_reference_equals_transformers() -> None:
@@ -192,10 +236,16 @@ def test_update_reference_equals_transformers() -> None:
     if not hasattr(hf, "causal_conv1d_update"):
         pytest.skip("this transformers has no causal_conv1d_update function")
     slots = torch.tensor([2, 0, 3], dtype=torch.int32)
-    x, weight, bias = randn(3, DIM, seed=11, device="cpu"), randn(DIM, 4, seed=12, device="cpu"), None
+    x, weight, bias = (
+        randn(3, DIM, seed=11, device="cpu"),
+        randn(DIM, 4, seed=12, device="cpu"),
+        None,
+    )
     state = randn(4, DIM, 3, seed=13, device="cpu")
     hf_state = state[slots.long()].clone()
-    want = hf.causal_conv1d_update(x.unsqueeze(2), hf_state, weight, bias, activation="silu")[:, :, 0]
+    want = hf.causal_conv1d_update(x.unsqueeze(2), hf_state, weight, bias, activation="silu")[
+        :, :, 0
+    ]
     out = causal_conv1d_update_ref(x, weight, bias, state, slots)
     torch.testing.assert_close(out, want, atol=1e-6, rtol=1e-6)
     assert torch.equal(state[slots.long()], hf_state)
@@ -207,11 +257,16 @@ def test_bad_arguments_are_named() -> None:
     bad = {
         "activation must be 'silu' or None, got 'gelu'": {"activation": "gelu"},
         r"conv_state must be \[num_slots, 72, 3\] float32": {"conv_state": torch.zeros(5, DIM, 4)},
-        "weight must have width >= 2": {"weight": torch.zeros(DIM, 1),
-                                        "conv_state": torch.zeros(5, DIM, 0)},
+        "weight must have width >= 2": {
+            "weight": torch.zeros(DIM, 1),
+            "conv_state": torch.zeros(5, DIM, 0),
+        },
         "query_start_loc must have num_reqs . 1 = 3 entries": {
-            "query_start_loc": torch.tensor([0, 2], dtype=torch.int32)},
-        "has_initial_state must be bool, got int32": {"has_initial_state": torch.ones(2, dtype=torch.int32)},
+            "query_start_loc": torch.tensor([0, 2], dtype=torch.int32)
+        },
+        "has_initial_state must be bool, got int32": {
+            "has_initial_state": torch.ones(2, dtype=torch.int32)
+        },
         "bias must be .72. float32": {"bias": torch.zeros(DIM, dtype=torch.float16)},
         "x must be float32, float16 or bfloat16": {"x": torch.zeros(3, DIM, dtype=torch.int32)},
     }

@@ -17,10 +17,20 @@ triton = pytest.importorskip("triton")
 
 SCRIPT = Path(__file__).with_name("compile_for_gpu.py")
 EXPECTED = {
-    "_apply_staged_writes_kernel", "_build_penalty_counts_kernel", "_compute_logits_indices_kernel",
-    "_compute_slot_mapping_kernel", "_gumbel_reduce_kernel", "_gumbel_sample_kernel", "_post_update_kernel",
-    "_prepare_input_ids_kernel", "_prepare_positions_kernel", "_prepare_query_start_loc_kernel",
-    "_qk_norm_rope_kernel", "_rms_norm_kernel", "_silu_and_mul_kernel", "_topk_logprobs_kernel",
+    "_apply_staged_writes_kernel",
+    "_build_penalty_counts_kernel",
+    "_compute_logits_indices_kernel",
+    "_compute_slot_mapping_kernel",
+    "_gumbel_reduce_kernel",
+    "_gumbel_sample_kernel",
+    "_post_update_kernel",
+    "_prepare_input_ids_kernel",
+    "_prepare_positions_kernel",
+    "_prepare_query_start_loc_kernel",
+    "_qk_norm_rope_kernel",
+    "_rms_norm_kernel",
+    "_silu_and_mul_kernel",
+    "_topk_logprobs_kernel",
 }
 
 
@@ -32,8 +42,15 @@ def _has_ptxas() -> bool:
 def test_all_kernels_compile_for_sm90() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    out = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     compiled = {line.split()[1] for line in out.stdout.splitlines() if line.startswith("compiled ")}
     assert compiled >= EXPECTED, f"not compiled: {sorted(EXPECTED - compiled)}"

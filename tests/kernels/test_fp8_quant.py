@@ -16,12 +16,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.fp8_quant import quantize_fp8, quantize_fp8_ref
+from turnout.kernels.fp8_quant import quantize_fp8, quantize_fp8_ref
 
 # Triton's interpreter runs the kernel on CPU tensors; compiled, it needs CUDA ones.
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-CASES = {"per-token": {}, "tiles": {"group_size": 128, "pad_rows_to": 4},
-         "static": {"static_scale": torch.tensor(0.05)}, "per-token-padded": {"pad_rows_to": 4}}
+CASES = {
+    "per-token": {},
+    "tiles": {"group_size": 128, "pad_rows_to": 4},
+    "static": {"static_scale": torch.tensor(0.05)},
+    "per-token-padded": {"pad_rows_to": 4},
+}
 
 
 def _x(m: int, k: int, device: str, dtype: torch.dtype) -> torch.Tensor:
@@ -42,7 +46,7 @@ def _compare(x: torch.Tensor, kwargs: dict, *, exact: bool) -> None:
     else:
         a, b = q.float(), qr.float()
         assert (a.abs() <= b.abs()).all() and (a * b >= 0).all()
-    assert (q[x.shape[0]:].float() == 0).all()  # padding rows quantise zeros
+    assert (q[x.shape[0] :].float() == 0).all()  # padding rows quantise zeros
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

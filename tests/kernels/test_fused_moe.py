@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels._triton import HAS_TRITON
-from kernels.fused_moe import (
+from turnout.kernels._triton import HAS_TRITON
+from turnout.kernels.fused_moe import (
     MoEBlockConfig,
     fused_experts,
     fused_experts_ref,
@@ -22,8 +22,15 @@ needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def routing(num_tokens: int, num_experts: int, top_k: int, *, seed: int = 0,
-            unused: tuple[int, ...] = (), device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def routing(
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    *,
+    seed: int = 0,
+    unused: tuple[int, ...] = (),
+    device: str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Random softmax top-k routing; experts in ``unused`` are never chosen."""
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(num_tokens, num_experts, generator=gen)
@@ -32,23 +39,45 @@ def routing(num_tokens: int, num_experts: int, top_k: int, *, seed: int = 0,
     return weights.contiguous().to(device), ids.to(torch.int32).to(device)
 
 
-def experts(num_experts: int, hidden: int, inter: int, *, dtype: torch.dtype = torch.float32,
-            seed: int = 1, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def experts(
+    num_experts: int,
+    hidden: int,
+    inter: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 1,
+    device: str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     w13 = torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden**0.5
     w2 = torch.randn(num_experts, hidden, inter, generator=gen) / inter**0.5
     return w13.to(dtype).to(device), w2.to(dtype).to(device)
 
 
-def tokens(num_tokens: int, hidden: int, *, dtype: torch.dtype = torch.float32, seed: int = 2,
-           device: str = "cpu") -> torch.Tensor:
-    return torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(seed)).to(dtype).to(device)
+def tokens(
+    num_tokens: int,
+    hidden: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 2,
+    device: str = "cpu",
+) -> torch.Tensor:
+    return (
+        torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(seed))
+        .to(dtype)
+        .to(device)
+    )
 
 
 # ---- alignment ----------------------------------------------------------------------------
 
-def _check_alignment(topk_ids: torch.Tensor, block_m: int, num_experts: int,
-                     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+
+def _check_alignment(
+    topk_ids: torch.Tensor,
+    block_m: int,
+    num_experts: int,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
     """The contract, checked from first principles (python lists, no torch ops)."""
     sorted_ids, expert_ids, num_post = (t.cpu().tolist() for t in out)
     flat = topk_ids.flatten().cpu().tolist()
@@ -62,7 +91,7 @@ def _check_alignment(topk_ids: torch.Tensor, block_m: int, num_experts: int,
             assert expert_ids[b] == -1
             continue
         e = expert_ids[b]
-        run = sorted_ids[b * block_m:(b + 1) * block_m]
+        run = sorted_ids[b * block_m : (b + 1) * block_m]
         real = [i for i in run if i != sentinel]
         assert all(flat[i] == e for i in real), f"block {b} of expert {e} holds {real}"
         seen += real
@@ -106,7 +135,7 @@ def _runs(aligned: tuple[torch.Tensor, ...], block_m: int, total: int) -> dict[i
     sorted_ids, expert_ids = aligned[0].tolist(), aligned[1].tolist()
     runs: dict[int, list[int]] = {}
     for b in range(total // block_m):
-        runs.setdefault(expert_ids[b], []).extend(sorted_ids[b * block_m:(b + 1) * block_m])
+        runs.setdefault(expert_ids[b], []).extend(sorted_ids[b * block_m : (b + 1) * block_m])
     return {e: sorted(slots) for e, slots in runs.items()}
 
 
@@ -122,8 +151,14 @@ def test_alignment_refuses_bad_arguments() -> None:
 
 # ---- fused experts -------------------------------------------------------------------------
 
-def dense_moe(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
-              ids: torch.Tensor) -> torch.Tensor:
+
+def dense_moe(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+) -> torch.Tensor:
     """Every expert on every token (float64), then the chosen ones weighted: independent of
     the reference's gather-by-expert."""
     x, inter = hidden.double(), w13.shape[1] // 2
@@ -138,8 +173,12 @@ def test_reference_equals_a_dense_computation() -> None:
     w13, w2 = experts(6, 40, 24)
     x = tokens(9, 40)
     weights, ids = routing(9, 6, 3, unused=(2,))
-    torch.testing.assert_close(fused_experts_ref(x, w13, w2, weights, ids),
-                               dense_moe(x, w13, w2, weights, ids).float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        fused_experts_ref(x, w13, w2, weights, ids),
+        dense_moe(x, w13, w2, weights, ids).float(),
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 SMALL = MoEBlockConfig(block_m=16, block_n=16, block_k=16, group_m=2)
@@ -187,7 +226,13 @@ def test_bad_arguments_are_refused_before_any_launch(fn) -> None:  # type: ignor
         "w13 must be float32": (x, w13.double(), w2, weights, ids),
         "topk_ids must be a contiguous": (x, w13, w2, weights, ids.long()),
         "topk_weights must be a contiguous": (x, w13, w2, weights.to(torch.bfloat16), ids),
-        r"top_k must be in \[1, E=4\]": (x, w13, w2, torch.ones(3, 5), torch.zeros(3, 5, dtype=torch.int32)),
+        r"top_k must be in \[1, E=4\]": (
+            x,
+            w13,
+            w2,
+            torch.ones(3, 5),
+            torch.zeros(3, 5, dtype=torch.int32),
+        ),
     }
     for message, args in bad.items():
         with pytest.raises(ValueError, match=message):

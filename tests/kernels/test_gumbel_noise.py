@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from kernels._triton import HAS_TRITON
-from kernels.gumbel_noise import gumbel_noise, gumbel_noise_ref
+from turnout.kernels._triton import HAS_TRITON
+from turnout.kernels.gumbel_noise import gumbel_noise, gumbel_noise_ref
 
 # Triton runs on CPU tensors only through the interpreter (set by tests/conftest.py without CUDA).
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]

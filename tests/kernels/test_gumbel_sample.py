@@ -6,10 +6,15 @@ import pytest
 import torch
 from kernel_cases import DEVICE, sampling_tables
 
-import kernels._select as select
-from kernels.gumbel_noise import gumbel_noise_ref
-from kernels.gumbel_sample import gumbel_sample, gumbel_sample_ref
-from kernels.penalties import COUNT_MASK, PROMPT_BIT, build_penalty_counts, build_penalty_counts_ref
+import turnout.kernels._select as select
+from turnout.kernels.gumbel_noise import gumbel_noise_ref
+from turnout.kernels.gumbel_sample import gumbel_sample, gumbel_sample_ref
+from turnout.kernels.penalties import (
+    COUNT_MASK,
+    PROMPT_BIT,
+    build_penalty_counts,
+    build_penalty_counts_ref,
+)
 
 MAX_NUM_SEQS = 16
 
@@ -31,13 +36,27 @@ def _batch(seed: int, vocab_size: int, num_reqs: int = 10):
     logits = torch.randn(num_reqs, vocab_size, generator=g) * 2
     logits[:, 3] += 6  # a stop id that min_tokens must mask
     logits[0, 100:110] = 9.0  # ties at the top
-    return tables, idx_mapping.to(DEVICE), token_ids.to(DEVICE), seq_lens.to(DEVICE), logits.to(DEVICE)
+    return (
+        tables,
+        idx_mapping.to(DEVICE),
+        token_ids.to(DEVICE),
+        seq_lens.to(DEVICE),
+        logits.to(DEVICE),
+    )
 
 
 def _counts(tables, idx_mapping, token_ids, seq_lens, vocab_size, fn=build_penalty_counts):
     counts = torch.zeros(idx_mapping.shape[0], vocab_size, dtype=torch.int32, device=DEVICE)
-    fn(idx_mapping, seq_lens, token_ids, tables.num_prompt_tokens, tables.repetition_penalty,
-       tables.frequency_penalty, tables.presence_penalty, counts)
+    fn(
+        idx_mapping,
+        seq_lens,
+        token_ids,
+        tables.num_prompt_tokens,
+        tables.repetition_penalty,
+        tables.frequency_penalty,
+        tables.presence_penalty,
+        counts,
+    )
     return counts
 
 
@@ -45,13 +64,22 @@ def _counts(tables, idx_mapping, token_ids, seq_lens, vocab_size, fn=build_penal
 def test_penalty_counts_match_reference(seed: int) -> None:
     tables, idx, tokens, seq_lens, _ = _batch(seed, 500)
     counts = _counts(tables, idx, tokens, seq_lens, 500)
-    assert torch.equal(counts, _counts(tables, idx, tokens, seq_lens, 500, build_penalty_counts_ref))
+    assert torch.equal(
+        counts, _counts(tables, idx, tokens, seq_lens, 500, build_penalty_counts_ref)
+    )
     for i, row in enumerate(idx.tolist()):
-        has = bool(tables.repetition_penalty[row] != 1 or tables.frequency_penalty[row] != 0
-                   or tables.presence_penalty[row] != 0)
+        has = bool(
+            tables.repetition_penalty[row] != 1
+            or tables.frequency_penalty[row] != 0
+            or tables.presence_penalty[row] != 0
+        )
         n_prompt = int(tables.num_prompt_tokens[row])
         out = tokens[row, n_prompt : int(seq_lens[i])].long()
-        want = torch.bincount(out, minlength=500).int() if has else torch.zeros(500, dtype=torch.int32, device=DEVICE)
+        want = (
+            torch.bincount(out, minlength=500).int()
+            if has
+            else torch.zeros(500, dtype=torch.int32, device=DEVICE)
+        )
         assert torch.equal(counts[i] & COUNT_MASK, want)
         assert bool(((counts[i] & PROMPT_BIT) != 0)[tokens[row, :n_prompt].long()].all()) == has
 
@@ -159,7 +187,9 @@ def test_split_sampling_equals_the_unsplit_and_the_reference(num_splits: int) ->
     tables.top_k[rows[3:6]] = -1
     tables.top_p[rows[3:6]] = 1.0
     counts = _counts(tables, idx, tokens, seq_lens, vocab_size)
-    ref, unsplit, split = (torch.full((idx.shape[0],), -1, dtype=torch.int32, device=DEVICE) for _ in range(3))
+    ref, unsplit, split = (
+        torch.full((idx.shape[0],), -1, dtype=torch.int32, device=DEVICE) for _ in range(3)
+    )
     gumbel_sample_ref(logits, idx, seq_lens, tables, counts, ref)
     gumbel_sample(logits, idx, seq_lens, tables, counts, unsplit, num_splits=1)
     gumbel_sample(logits, idx, seq_lens, tables, counts, split, num_splits=num_splits)
@@ -168,7 +198,7 @@ def test_split_sampling_equals_the_unsplit_and_the_reference(num_splits: int) ->
 
 
 def test_split_count_follows_the_batch() -> None:
-    from kernels.gumbel_sample import sample_splits
+    from turnout.kernels.gumbel_sample import sample_splits
 
     assert sample_splits(256, 151_936, 1024) == 8  # 2,048 programs
     assert sample_splits(1, 151_936, 1024) == 18  # slices of at least 8 blocks
@@ -176,4 +206,12 @@ def test_split_count_follows_the_batch() -> None:
     assert sample_splits(8, 500, 1024) == 1  # one block: nothing to split
     with pytest.raises(ValueError, match="num_splits must be >= 1, got 0"):
         tables, idx, _, seq_lens, logits = _batch(0, 300, num_reqs=2)
-        gumbel_sample(logits, idx, seq_lens, tables, None, torch.zeros(2, dtype=torch.int32, device=DEVICE), num_splits=0)
+        gumbel_sample(
+            logits,
+            idx,
+            seq_lens,
+            tables,
+            None,
+            torch.zeros(2, dtype=torch.int32, device=DEVICE),
+            num_splits=0,
+        )

@@ -8,23 +8,32 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels._triton import HAS_TRITON
-from kernels.mla_attention import (
+from turnout.kernels._triton import HAS_TRITON
+from turnout.kernels.mla_attention import (
     MAX_KV_SPLITS,
     mla_attention,
     mla_attention_ref,
     mla_tiles,
     num_kv_splits_for,
 )
-from kernels.mla_cache import concat_and_cache_mla, concat_and_cache_mla_ref
+from turnout.kernels.mla_cache import concat_and_cache_mla, concat_and_cache_mla_ref
 
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def make_batch(q_lens: list[int], ctx_lens: list[int], *, num_heads: int, rank: int, rope: int,
-               block_size: int, dtype: torch.dtype, device: str, seed: int = 0
-               ) -> dict[str, object]:
+def make_batch(
+    q_lens: list[int],
+    ctx_lens: list[int],
+    *,
+    num_heads: int,
+    rank: int,
+    rope: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device: str,
+    seed: int = 0,
+) -> dict[str, object]:
     """A packed step over a latent cache: request i has ctx_lens[i] cached tokens and q_lens[i]
     new ones, its blocks scattered over the cache (a random permutation of block ids)."""
     gen = torch.Generator().manual_seed(seed)
@@ -38,9 +47,12 @@ def make_batch(q_lens: list[int], ctx_lens: list[int], *, num_heads: int, rank: 
     num_tokens = sum(q_lens)
     return dict(
         query=torch.randn(num_tokens, num_heads, rank + rope, generator=gen).to(dtype).to(device),
-        kv_cache=torch.randn(num_blocks, block_size, rank + rope, generator=gen).to(dtype).to(device),
-        query_start_loc=torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()],
-                                     dtype=torch.int32, device=device),
+        kv_cache=torch.randn(num_blocks, block_size, rank + rope, generator=gen)
+        .to(dtype)
+        .to(device),
+        query_start_loc=torch.tensor(
+            [0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device
+        ),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         block_table=table.to(device),
         max_query_len=max(q_lens),
@@ -49,7 +61,9 @@ def make_batch(q_lens: list[int], ctx_lens: list[int], *, num_heads: int, rank: 
     )
 
 
-def expanded_attention(b: dict[str, object], nope: int, v_dim: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def expanded_attention(
+    b: dict[str, object], nope: int, v_dim: int, seed: int = 1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Independent check of the latent form: random per-head up-projections W_UK [H, nope, rank]
     and W_UV [H, v, rank]; queries q_nope are drawn, the latent query is q_nope @ W_UK; keys and
     values are expanded per head from each cached latent row and attended with SDPA. Returns
@@ -70,17 +84,25 @@ def expanded_attention(b: dict[str, object], nope: int, v_dim: int, seed: int = 
     out = torch.empty(q_all.shape[0], heads, v_dim)
     for i, seq_len in enumerate(seq_lens.tolist()):  # type: ignore[union-attr]
         s, e = qsl[i].item(), qsl[i + 1].item()  # type: ignore[index]
-        slots = [table[i, p // block_size].item() * block_size + p % block_size  # type: ignore[index]
-                 for p in range(seq_len)]
+        slots = [
+            table[i, p // block_size].item() * block_size + p % block_size  # type: ignore[index]
+            for p in range(seq_len)
+        ]
         rows = cache.flatten(0, 1)[slots].float()
-        k = torch.cat([torch.einsum("kc,hnc->hkn", rows[:, :rank], w_uk),
-                       rows[None, :, rank:].expand(heads, -1, -1)], dim=-1)
+        k = torch.cat(
+            [
+                torch.einsum("kc,hnc->hkn", rows[:, :rank], w_uk),
+                rows[None, :, rank:].expand(heads, -1, -1),
+            ],
+            dim=-1,
+        )
         v = torch.einsum("kc,hvc->hkv", rows[:, :rank], w_uv)
         q = torch.cat([q_nope[s:e], q_all[s:e, :, rank:].float()], dim=-1).transpose(0, 1)
         pos_q = torch.arange(seq_len - (e - s), seq_len)[:, None]
         mask = torch.arange(seq_len)[None] <= pos_q
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                             scale=b["scale"])  # type: ignore[arg-type]
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=b["scale"]
+        )  # type: ignore[arg-type]
         out[s:e] = o.transpose(0, 1)
     return via_latent, out
 
@@ -92,16 +114,23 @@ SMALL_CASES = {
     "one-long-prefill": ([37], [0]),
 }
 LAYOUTS = {  # (num_heads, kv_lora_rank, rope_dim, block_size)
-    "h4-r32-p8-b4": (4, 32, 8, 4),       # fewer heads than a tile's 16 rows
+    "h4-r32-p8-b4": (4, 32, 8, 4),  # fewer heads than a tile's 16 rows
     "h16-r64-p16-b16": (16, 64, 16, 16),  # a full 16-head decode tile
-    "h20-r48-p8-b5": (20, 48, 8, 5),      # two head groups, rank and block_size not powers of 2
+    "h20-r48-p8-b5": (20, 48, 8, 5),  # two head groups, rank and block_size not powers of 2
 }
 
 
 @pytest.mark.parametrize("case", sorted(SMALL_CASES))
 def test_reference_equals_expanded_attention(case: str) -> None:
-    b = make_batch(*SMALL_CASES[case], num_heads=4, rank=32, rope=8, block_size=4,
-                   dtype=torch.float32, device="cpu")
+    b = make_batch(
+        *SMALL_CASES[case],
+        num_heads=4,
+        rank=32,
+        rope=8,
+        block_size=4,
+        dtype=torch.float32,
+        device="cpu",
+    )
     via_latent, expanded = expanded_attention(b, nope=16, v_dim=12)
     torch.testing.assert_close(via_latent, expanded, atol=1e-5, rtol=1e-5)
 
@@ -111,8 +140,15 @@ def test_reference_equals_expanded_attention(case: str) -> None:
 @pytest.mark.parametrize("case", sorted(SMALL_CASES))
 def test_kernel_equals_reference_small(case: str, layout: str) -> None:
     heads, rank, rope, block_size = LAYOUTS[layout]
-    b = make_batch(*SMALL_CASES[case], num_heads=heads, rank=rank, rope=rope,
-                   block_size=block_size, dtype=torch.float32, device=KERNEL_DEVICE)
+    b = make_batch(
+        *SMALL_CASES[case],
+        num_heads=heads,
+        rank=rank,
+        rope=rope,
+        block_size=block_size,
+        dtype=torch.float32,
+        device=KERNEL_DEVICE,
+    )
     query = b["query"]
     assert isinstance(query, torch.Tensor)
     out = torch.full((query.shape[0], heads, rank), float("nan"), device=KERNEL_DEVICE)
@@ -125,10 +161,22 @@ def test_kernel_equals_reference_small(case: str, layout: str) -> None:
 def test_split_decode_equals_reference(num_kv_splits: int) -> None:
     # Flash-decoding: each request's keys in slices, merged by log-sum-exp; contexts from 1
     # key (most slices empty) to 70, block_size 5 so slices start inside blocks.
-    b = make_batch([1, 1, 1, 1], [0, 3, 30, 69], num_heads=20, rank=48, rope=8, block_size=5,
-                   dtype=torch.float32, device=KERNEL_DEVICE)
-    torch.testing.assert_close(mla_attention(**b, num_kv_splits=num_kv_splits),  # type: ignore[arg-type]
-                               mla_attention_ref(**b), atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
+    b = make_batch(
+        [1, 1, 1, 1],
+        [0, 3, 30, 69],
+        num_heads=20,
+        rank=48,
+        rope=8,
+        block_size=5,
+        dtype=torch.float32,
+        device=KERNEL_DEVICE,
+    )
+    torch.testing.assert_close(
+        mla_attention(**b, num_kv_splits=num_kv_splits),  # type: ignore[arg-type]
+        mla_attention_ref(**b),
+        atol=1e-5,
+        rtol=1e-5,
+    )  # type: ignore[arg-type]
 
 
 @needs_triton
@@ -136,8 +184,16 @@ def test_split_decode_equals_reference(num_kv_splits: int) -> None:
 def test_kernel_leaves_padding_rows_alone(num_kv_splits: int) -> None:
     # A CUDA-graph batch is padded past query_start_loc[-1]: those rows must stay untouched.
     q_lens = [3, 1] if num_kv_splits == 1 else [1, 1]  # split decode: decode batches only
-    b = make_batch(q_lens, [0, 5], num_heads=4, rank=32, rope=8, block_size=4,
-                   dtype=torch.float32, device=KERNEL_DEVICE)
+    b = make_batch(
+        q_lens,
+        [0, 5],
+        num_heads=4,
+        rank=32,
+        rope=8,
+        block_size=4,
+        dtype=torch.float32,
+        device=KERNEL_DEVICE,
+    )
     q = b["query"]
     assert isinstance(q, torch.Tensor)
     n = q.shape[0]
@@ -157,11 +213,11 @@ def test_split_counts_follow_the_batch_not_the_contexts() -> None:
 
 
 def test_tiles_pack_heads_of_one_query_for_decode() -> None:
-    assert mla_tiles(16, 1) == (16, 1, 16, 32)      # V2-Lite decode: 16 heads of one token
-    assert mla_tiles(128, 1) == (16, 1, 16, 32)     # DeepSeek-V2: 8 head groups
-    assert mla_tiles(16, 300) == (16, 4, 64, 64)    # prefill: four queries x 16 heads
+    assert mla_tiles(16, 1) == (16, 1, 16, 32)  # V2-Lite decode: 16 heads of one token
+    assert mla_tiles(128, 1) == (16, 1, 16, 32)  # DeepSeek-V2: 8 head groups
+    assert mla_tiles(16, 300) == (16, 4, 64, 64)  # prefill: four queries x 16 heads
     assert mla_tiles(16, 300, torch.float32) == (16, 2, 32, 16)
-    assert mla_tiles(4, 1) == (4, 4, 16, 32)        # at least 16 rows
+    assert mla_tiles(4, 1) == (4, 4, 16, 32)  # at least 16 rows
 
 
 def _latent_write_inputs(device: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
@@ -190,8 +246,9 @@ def test_concat_and_cache_kernel_equals_reference() -> None:
 
 
 def test_bad_arguments_are_named() -> None:
-    b = make_batch([2], [0], num_heads=4, rank=32, rope=8, block_size=4,
-                   dtype=torch.float32, device="cpu")
+    b = make_batch(
+        [2], [0], num_heads=4, rank=32, rope=8, block_size=4, dtype=torch.float32, device="cpu"
+    )
     with pytest.raises(ValueError, match="seq_lens must be int32"):
         mla_attention_ref(**{**b, "seq_lens": b["seq_lens"].long()})  # type: ignore[arg-type, union-attr]
     with pytest.raises(ValueError, match="dtype"):
@@ -228,15 +285,38 @@ def test_kernel_equals_reference_bf16_gpu(layout: str, block_size: int) -> None:
     gen = torch.Generator().manual_seed(0)
     ctx = [0, 0, 700, 0, *torch.randint(1, 4096, (60,), generator=gen).tolist()]
     q_lens = [512, 77, 300, 1] + [1] * 60
-    b = make_batch(q_lens, ctx, num_heads=heads, rank=rank, rope=rope, block_size=block_size,
-                   dtype=torch.bfloat16, device="cuda")
-    torch.testing.assert_close(mla_attention(**b).float(), mla_attention_ref(**b).float(),  # type: ignore[arg-type]
-                               atol=2e-2, rtol=2e-2)
-    decode_only = make_batch([1] * 256, torch.randint(1, 2048, (256,), generator=gen).tolist(),
-                             num_heads=heads, rank=rank, rope=rope, block_size=block_size,
-                             dtype=torch.bfloat16, device="cuda")
-    torch.testing.assert_close(mla_attention(**decode_only).float(),  # type: ignore[arg-type]
-                               mla_attention_ref(**decode_only).float(), atol=2e-2, rtol=2e-2)  # type: ignore[arg-type]
+    b = make_batch(
+        q_lens,
+        ctx,
+        num_heads=heads,
+        rank=rank,
+        rope=rope,
+        block_size=block_size,
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
+    torch.testing.assert_close(
+        mla_attention(**b).float(),
+        mla_attention_ref(**b).float(),  # type: ignore[arg-type]
+        atol=2e-2,
+        rtol=2e-2,
+    )
+    decode_only = make_batch(
+        [1] * 256,
+        torch.randint(1, 2048, (256,), generator=gen).tolist(),
+        num_heads=heads,
+        rank=rank,
+        rope=rope,
+        block_size=block_size,
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
+    torch.testing.assert_close(
+        mla_attention(**decode_only).float(),  # type: ignore[arg-type]
+        mla_attention_ref(**decode_only).float(),
+        atol=2e-2,
+        rtol=2e-2,
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.gpu
@@ -246,18 +326,38 @@ def test_split_decode_bf16_gpu(layout: str) -> None:
     gen = torch.Generator().manual_seed(1)
     for num_reqs in (1, 4, 32):  # the split counts the launcher picks for them, and 64
         ctx = torch.randint(1, 8192, (num_reqs,), generator=gen).tolist()
-        b = make_batch([1] * num_reqs, ctx, num_heads=heads, rank=rank, rope=rope, block_size=16,
-                       dtype=torch.bfloat16, device="cuda")
+        b = make_batch(
+            [1] * num_reqs,
+            ctx,
+            num_heads=heads,
+            rank=rank,
+            rope=rope,
+            block_size=16,
+            dtype=torch.bfloat16,
+            device="cuda",
+        )
         want = mla_attention_ref(**b).float()  # type: ignore[arg-type]
         for splits in (None, 64):
-            torch.testing.assert_close(mla_attention(**b, num_kv_splits=splits).float(), want,  # type: ignore[arg-type]
-                                       atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(
+                mla_attention(**b, num_kv_splits=splits).float(),
+                want,  # type: ignore[arg-type]
+                atol=2e-2,
+                rtol=2e-2,
+            )
 
 
 @pytest.mark.gpu
 def test_kernel_float32_gpu_is_exact_to_rounding() -> None:
-    b = make_batch([64, 1, 9], [0, 300, 40], num_heads=16, rank=512, rope=64, block_size=16,
-                   dtype=torch.float32, device="cuda")
+    b = make_batch(
+        [64, 1, 9],
+        [0, 300, 40],
+        num_heads=16,
+        rank=512,
+        rope=64,
+        block_size=16,
+        dtype=torch.float32,
+        device="cuda",
+    )
     torch.testing.assert_close(mla_attention(**b), mla_attention_ref(**b), atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
 
 

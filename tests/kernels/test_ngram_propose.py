@@ -8,8 +8,8 @@ import pytest
 import torch
 from kernel_cases import DEVICE
 
-from kernels.ngram_propose import ngram_propose, ngram_propose_ref
-from runner_v1.spec_decode import propose_ngram
+from turnout.kernels.ngram_propose import ngram_propose, ngram_propose_ref
+from turnout.runner_v1.spec_decode import propose_ngram
 
 I32 = torch.int32
 
@@ -20,7 +20,9 @@ def _table(seed: int, *, max_num_seqs: int = 8, max_model_len: int = 96):
     packed = torch.zeros(max_num_seqs, 3, dtype=I32)  # num_tokens: a strided column
     for r in range(max_num_seqs):
         n = int(torch.randint(1, max_model_len - 4, (1,), generator=g)) if r else max_model_len
-        base = torch.randint(0, 9, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g, dtype=I32)
+        base = torch.randint(
+            0, 9, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g, dtype=I32
+        )
         seq = base.repeat(max_model_len // base.shape[0] + 1)[:n].clone()
         noise = torch.rand(n, generator=g) < 0.1  # break some repeats
         seq[noise] = torch.randint(0, 30, (int(noise.sum()),), generator=g, dtype=I32)
@@ -37,7 +39,9 @@ def _run(fn, token_ids, num_tokens, rows, num_spec, lo, hi, k):
     return table.cpu(), drafts.cpu(), num.cpu()
 
 
-@pytest.mark.parametrize(("seed", "lo", "hi", "k"), [(0, 1, 3, 3), (1, 2, 4, 5), (2, 1, 1, 1), (6, 3, 3, 4)])
+@pytest.mark.parametrize(
+    ("seed", "lo", "hi", "k"), [(0, 1, 3, 3), (1, 2, 4, 5), (2, 1, 1, 1), (6, 3, 3, 4)]
+)
 def test_kernel_equals_reference_and_the_cpu_proposer(seed: int, lo: int, hi: int, k: int) -> None:
     token_ids, packed = _table(seed)
     g = torch.Generator().manual_seed(seed + 100)
@@ -57,7 +61,9 @@ def test_kernel_equals_reference_and_the_cpu_proposer(seed: int, lo: int, hi: in
         cpu = cpu[: max(0, token_ids.shape[1] - n)]  # no cell at or past max_model_len
         assert drafts[i, : int(num[i])].tolist() == cpu
         assert (drafts[i, int(num[i]) :] == -1).all()
-        assert table[row, n : n + len(cpu)].tolist() == cpu  # the drafts follow the tokens in the table
+        assert (
+            table[row, n : n + len(cpu)].tolist() == cpu
+        )  # the drafts follow the tokens in the table
         assert torch.equal(table[row, :n], token_ids[row, :n])
         # The other scheduled cells hold the last token (never an earlier owner's value).
         filled = min(int(num_spec[i]), k, token_ids.shape[1] - n)
@@ -73,9 +79,13 @@ def test_no_drafts_when_none_are_scheduled_or_nothing_matches() -> None:
     token_ids[1, :6] = torch.tensor([1, 2, 1, 2, 1, 2])
     num_tokens = torch.tensor([6, 6], dtype=I32)
     rows = torch.tensor([0, 1], dtype=I32)
-    _, drafts, num = _run(ngram_propose, token_ids, num_tokens, rows, torch.tensor([3, 0], dtype=I32), 1, 3, 3)
+    _, drafts, num = _run(
+        ngram_propose, token_ids, num_tokens, rows, torch.tensor([3, 0], dtype=I32), 1, 3, 3
+    )
     assert num.tolist() == [0, 0] and (drafts == -1).all()
-    _, drafts, num = _run(ngram_propose, token_ids, num_tokens, rows, torch.tensor([3, 3], dtype=I32), 1, 3, 3)
+    _, drafts, num = _run(
+        ngram_propose, token_ids, num_tokens, rows, torch.tensor([3, 3], dtype=I32), 1, 3, 3
+    )
     # The latest match of [2, 1, 2] starts at 1: the two tokens after it, as on the CPU.
     assert num.tolist() == [0, 2] and drafts[1].tolist() == [1, 2, -1]
     assert propose_ngram(np.array([1, 2, 1, 2, 1, 2]), 1, 3, 3) == [1, 2]

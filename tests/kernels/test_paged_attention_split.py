@@ -8,9 +8,9 @@ import pytest
 import torch
 from test_paged_attention import KERNEL_DEVICE, make_batch, needs_triton
 
-from engine.model.attention import SPLIT_KV_MAX_PROGRAMS, use_split_kv
-from kernels.paged_attention import AttentionTiles, paged_attention, paged_attention_ref
-from kernels.paged_attention_split import (
+from turnout.engine.model.attention import SPLIT_KV_MAX_PROGRAMS, use_split_kv
+from turnout.kernels.paged_attention import AttentionTiles, paged_attention, paged_attention_ref
+from turnout.kernels.paged_attention_split import (
     paged_attention_split,
     paged_attention_split_ref,
     split_workspace_numel,
@@ -26,12 +26,27 @@ DECODE_STEPS = {
 }
 
 
-def _decode_batch(ctx: list[int], *, group: int, block_size: int, seed: int = 0,
-                  dtype: torch.dtype = torch.float32, device: str = KERNEL_DEVICE
-                  ) -> tuple[dict[str, object], int]:
+def _decode_batch(
+    ctx: list[int],
+    *,
+    group: int,
+    block_size: int,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: str = KERNEL_DEVICE,
+) -> tuple[dict[str, object], int]:
     q_lens = [0 if c < 0 else 1 for c in ctx]
-    b = make_batch(q_lens, [max(c, 0) for c in ctx], num_heads=2 * group, num_kv_heads=2,
-                   head_dim=32, block_size=block_size, dtype=dtype, device=device, seed=seed)
+    b = make_batch(
+        q_lens,
+        [max(c, 0) for c in ctx],
+        num_heads=2 * group,
+        num_kv_heads=2,
+        head_dim=32,
+        block_size=block_size,
+        dtype=dtype,
+        device=device,
+        seed=seed,
+    )
     b["max_query_len"] = 1
     return b, sum(q_lens)
 
@@ -43,7 +58,10 @@ def test_split_reference_equals_reference(step: str, window: int | None, segment
     b, _ = _decode_batch(DECODE_STEPS[step], group=2, block_size=4, device="cpu")
     torch.testing.assert_close(
         paged_attention_split_ref(**b, sliding_window=window, num_segments=segments),  # type: ignore[arg-type]
-        paged_attention_ref(**b, sliding_window=window), atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
+        paged_attention_ref(**b, sliding_window=window),
+        atol=1e-5,
+        rtol=1e-5,
+    )  # type: ignore[arg-type]
 
 
 @needs_triton
@@ -65,15 +83,27 @@ def test_split_kernel_layouts_and_windows(group: int, block_size: int, window: i
     b, _ = _decode_batch(DECODE_STEPS["long"], group=group, block_size=block_size, seed=group)
     torch.testing.assert_close(
         paged_attention_split(**b, sliding_window=window, num_segments=4, tiles=TILES),  # type: ignore[arg-type]
-        paged_attention_ref(**b, sliding_window=window), atol=1e-5, rtol=1e-5)  # type: ignore[arg-type]
+        paged_attention_ref(**b, sliding_window=window),
+        atol=1e-5,
+        rtol=1e-5,
+    )  # type: ignore[arg-type]
 
 
 @needs_triton
 def test_split_kernel_short_queries_padding_rows_and_workspace() -> None:
     # Up to BLOCK_Q queries per request (speculative decoding), CUDA-graph padding rows after
     # query_start_loc[-1] untouched, a caller's workspace reused.
-    b = make_batch([2, 1, 3], [30, 0, 17], num_heads=4, num_kv_heads=2, head_dim=16,
-                   block_size=4, dtype=torch.float32, device=KERNEL_DEVICE, seed=3)
+    b = make_batch(
+        [2, 1, 3],
+        [30, 0, 17],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=4,
+        dtype=torch.float32,
+        device=KERNEL_DEVICE,
+        seed=3,
+    )
     q = b["query"]
     assert isinstance(q, torch.Tensor)
     b["query"] = torch.cat([q, torch.randn(2, *q.shape[1:], device=q.device)])
@@ -90,8 +120,12 @@ def test_split_launcher_refuses_what_it_cannot_serve() -> None:
     with pytest.raises(ValueError, match="max_query_len=9 exceeds the 8 queries"):
         paged_attention_split(**{**b, "max_query_len": 9}, tiles=TILES)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="workspace must be"):
-        paged_attention_split(**b, tiles=TILES, num_segments=2,  # type: ignore[arg-type]
-                              workspace=torch.empty(10))
+        paged_attention_split(
+            **b,
+            tiles=TILES,
+            num_segments=2,  # type: ignore[arg-type]
+            workspace=torch.empty(10),
+        )
     # 0 (falsy) once fell back to the default count instead of being refused as documented
     for bad in (0, 2.0):
         with pytest.raises(ValueError, match="num_segments must be an int >= 1"):
@@ -108,26 +142,53 @@ def test_dispatch_splits_only_small_decode_steps() -> None:
 
 @needs_triton
 def test_model_layer_dispatch_matches_reference() -> None:
-    from engine.model.attention import paged_attention_forward
-    from engine.model.attention_metadata import AttentionMetadata
+    from turnout.engine.model.attention import paged_attention_forward
+    from turnout.engine.model.attention_metadata import AttentionMetadata
 
     for q_lens, ctx in (([1, 1], [40, 7]), ([3, 1], [10, 7])):
-        b = make_batch(q_lens, ctx, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
-                       dtype=torch.float32, device=KERNEL_DEVICE)
+        b = make_batch(
+            q_lens,
+            ctx,
+            num_heads=4,
+            num_kv_heads=2,
+            head_dim=16,
+            block_size=4,
+            dtype=torch.float32,
+            device=KERNEL_DEVICE,
+        )
         kv = b["kv_cache"]
         assert isinstance(kv, torch.Tensor)
         n = sum(q_lens)
         md = AttentionMetadata(
-            query_start_loc=b["query_start_loc"], seq_lens=b["seq_lens"],  # type: ignore[arg-type]
-            block_table=b["block_table"], max_query_len=max(q_lens),  # type: ignore[arg-type]
+            query_start_loc=b["query_start_loc"],
+            seq_lens=b["seq_lens"],  # type: ignore[arg-type]
+            block_table=b["block_table"],
+            max_query_len=max(q_lens),  # type: ignore[arg-type]
             slot_mapping=torch.full((n,), -1, dtype=torch.int64, device=kv.device),
             max_seq_len=max(c + q for c, q in zip(ctx, q_lens, strict=True)),
-            num_actual_tokens=n, block_size=4, causal=True)
+            num_actual_tokens=n,
+            block_size=4,
+            causal=True,
+        )
         kv_new = torch.zeros(n, 2, 16, device=kv.device)
-        got = paged_attention_forward(b["query"], kv_new, kv_new, kv, md, scale=0.25,  # type: ignore[arg-type]
-                                      backend="triton")
-        want = paged_attention_forward(b["query"], kv_new, kv_new, kv, md, scale=0.25,  # type: ignore[arg-type]
-                                       backend="torch")
+        got = paged_attention_forward(
+            b["query"],
+            kv_new,
+            kv_new,
+            kv,
+            md,
+            scale=0.25,  # type: ignore[arg-type]
+            backend="triton",
+        )
+        want = paged_attention_forward(
+            b["query"],
+            kv_new,
+            kv_new,
+            kv,
+            md,
+            scale=0.25,  # type: ignore[arg-type]
+            backend="torch",
+        )
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -139,9 +200,21 @@ def test_split_kernel_bf16_gpu(heads: tuple[int, int, int], segments: int | None
     num_heads, num_kv_heads, head_dim = heads
     gen = torch.Generator().manual_seed(0)
     ctx = [8191, 20, 0, *torch.randint(1, 32768, (5,), generator=gen).tolist()]
-    b = make_batch([1] * len(ctx), ctx, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                   head_dim=head_dim, block_size=16, dtype=torch.bfloat16, device="cuda")
+    b = make_batch(
+        [1] * len(ctx),
+        ctx,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        block_size=16,
+        dtype=torch.bfloat16,
+        device="cuda",
+    )
     want = paged_attention_ref(**b).float()  # type: ignore[arg-type]
-    torch.testing.assert_close(paged_attention_split(**b, num_segments=segments).float(),  # type: ignore[arg-type]
-                               want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(
+        paged_attention_split(**b, num_segments=segments).float(),  # type: ignore[arg-type]
+        want,
+        atol=2e-2,
+        rtol=2e-2,
+    )
     torch.testing.assert_close(paged_attention(**b).float(), want, atol=2e-2, rtol=2e-2)  # type: ignore[arg-type]

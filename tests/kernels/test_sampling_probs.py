@@ -8,15 +8,16 @@ import torch
 from kernel_cases import DEVICE
 from test_gumbel_sample import _batch, _counts
 
-import kernels._select as select
-from kernels.gumbel_sample import gumbel_sample
-from kernels.sampling_probs import compute_probs, compute_probs_ref
+import turnout.kernels._select as select
+from turnout.kernels.gumbel_sample import gumbel_sample
+from turnout.kernels.sampling_probs import compute_probs, compute_probs_ref
 
 
 @pytest.mark.parametrize("narrow", [False, True])
 @pytest.mark.parametrize(("seed", "vocab_size"), [(0, 700), (3, 130)])
-def test_probs_equal_reference_and_cover_the_sampler(seed: int, vocab_size: int, narrow: bool,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probs_equal_reference_and_cover_the_sampler(
+    seed: int, vocab_size: int, narrow: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if narrow:
         monkeypatch.setattr(select, "MAX_INTERPRETER_BLOCK", 256)
     tables, idx, tokens, seq_lens, logits = _batch(seed, vocab_size)

@@ -23,8 +23,8 @@ from mamba_cases import (
     whole_step,
 )
 
-from kernels._triton import HAS_TRITON
-from kernels.selective_scan import (
+from turnout.kernels._triton import HAS_TRITON
+from turnout.kernels.selective_scan import (
     ScanBlockConfig,
     selective_scan,
     selective_scan_ref,
@@ -39,13 +39,23 @@ STATE_TOL = {"atol": 1e-4, "rtol": 1e-4}  # float32 in both dtypes
 PER_TOKEN = ("x", "dt", "B", "C", "z")
 
 
-def scan_args(b: StateBatch, *, dtype: torch.dtype, seed: int, optional: bool = True,
-              dim: int = DIM, d_state: int = D_STATE, dt_scale: float = 1.0,
-              device: str = DEVICE) -> dict[str, object]:
+def scan_args(
+    b: StateBatch,
+    *,
+    dtype: torch.dtype,
+    seed: int,
+    optional: bool = True,
+    dim: int = DIM,
+    d_state: int = D_STATE,
+    dt_scale: float = 1.0,
+    device: str = DEVICE,
+) -> dict[str, object]:
     """Inputs of one varlen call, with HF Mamba's S4D-real A (-1 .. -d_state per channel,
     jittered); the slots hold random states. ``optional=False`` leaves out D, z and dt_bias."""
     g = torch.Generator().manual_seed(seed)
-    A = -torch.arange(1, d_state + 1).float().repeat(dim, 1) * (0.5 + torch.rand(dim, d_state, generator=g))
+    A = -torch.arange(1, d_state + 1).float().repeat(dim, 1) * (
+        0.5 + torch.rand(dim, d_state, generator=g)
+    )
     t = b.num_tokens
     return dict(
         x=randn(t, dim, seed=seed, dtype=dtype, device=device),
@@ -57,7 +67,8 @@ def scan_args(b: StateBatch, *, dtype: torch.dtype, seed: int, optional: bool = 
         z=randn(t, dim, seed=seed + 5, dtype=dtype, device=device) if optional else None,
         dt_bias=randn(dim, seed=seed + 6, scale=0.5, device=device) - 2.0 if optional else None,
         ssm_state=randn(b.num_slots, dim, d_state, seed=seed + 7, device=device),
-        query_start_loc=b.query_start_loc, state_indices=b.state_indices,
+        query_start_loc=b.query_start_loc,
+        state_indices=b.state_indices,
         has_initial_state=b.has_initial_state,
     )
 
@@ -68,8 +79,16 @@ def run(fn, args: dict[str, object]) -> tuple[torch.Tensor, torch.Tensor]:  # ty
     return fn(**{**args, "ssm_state": state}), state
 
 
-def hf_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
-            D: torch.Tensor, z: torch.Tensor, dt_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def hf_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    z: torch.Tensor,
+    dt_bias: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """HF ``MambaMixer.slow_forward``'s recurrent loop for one whole sequence from a zero state,
     in its order of operations, transposed to [L, dim]: returns (y, the last state)."""
     delta = F.softplus(dt + dt_bias)  # [L, dim]
@@ -99,8 +118,10 @@ VARIANTS = {
 def test_kernel_equals_reference(seed: int, dtype: torch.dtype) -> None:
     config, dt_scale, optional, softplus = VARIANTS[seed]
     b = state_batch(random_q_lens(seed, 4, max_len=14), seed=seed)
-    args = {**scan_args(b, dtype=dtype, seed=seed, optional=optional, dt_scale=dt_scale),
-            "delta_softplus": softplus}
+    args = {
+        **scan_args(b, dtype=dtype, seed=seed, optional=optional, dt_scale=dt_scale),
+        "delta_softplus": softplus,
+    }
     if not softplus:  # delta used as is: keep it positive, as a softplus would
         args["dt"] = args["dt"].abs()  # type: ignore[union-attr]
     out, state = run(selective_scan, {**args, "block_config": config})
@@ -114,8 +135,10 @@ def test_kernel_softplus_keeps_tiny_deltas() -> None:
     # softplus(dt) = log(1 + exp(dt)) for dt < -17: 1 + exp(dt) rounds to 1 in float32, and a
     # plain log gave delta = 0 (no input at all) where torch's softplus gives exp(dt).
     b = state_batch([4], seed=12, init=[False])
-    args = {**scan_args(b, dtype=torch.float32, seed=12, optional=False),
-            "dt": torch.linspace(-25.0, -17.0, 4 * DIM, device=DEVICE).view(4, DIM)}
+    args = {
+        **scan_args(b, dtype=torch.float32, seed=12, optional=False),
+        "dt": torch.linspace(-25.0, -17.0, 4 * DIM, device=DEVICE).view(4, DIM),
+    }
     out, _ = run(selective_scan, args)
     want, _ = run(selective_scan_ref, args)
     assert want.abs().min() > 0
@@ -129,11 +152,18 @@ def test_reference_in_chunks_equals_the_hf_loop_over_the_whole_sequence(seed: in
     args = scan_args(b, dtype=torch.float32, seed=seed, device="cpu")
     per_token = {k: args[k] for k in PER_TOKEN}
     fixed = {k: args[k] for k in ("A", "D", "dt_bias", "ssm_state")}
-    out = run_in_steps(selective_scan_ref, per_token, q_lens, slots, chunk_steps(q_lens, 3, seed), **fixed)  # type: ignore[arg-type]
+    out = run_in_steps(
+        selective_scan_ref, per_token, q_lens, slots, chunk_steps(q_lens, 3, seed), **fixed
+    )  # type: ignore[arg-type]
     for i, span in enumerate(b.spans()):
-        want, want_h = hf_scan(*(args[k][span] for k in ("x", "dt")), args["A"],  # type: ignore[index, arg-type]
-                               *(args[k][span] for k in ("B", "C")), args["D"], args["z"][span],  # type: ignore[index, arg-type]
-                               args["dt_bias"])  # type: ignore[arg-type]
+        want, want_h = hf_scan(
+            *(args[k][span] for k in ("x", "dt")),
+            args["A"],  # type: ignore[index, arg-type]
+            *(args[k][span] for k in ("B", "C")),
+            args["D"],
+            args["z"][span],  # type: ignore[index, arg-type]
+            args["dt_bias"],
+        )  # type: ignore[arg-type]
         torch.testing.assert_close(out[span], want, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(args["ssm_state"][slots[i]], want_h, atol=1e-5, rtol=1e-5)  # type: ignore[index]
 
@@ -148,8 +178,21 @@ def test_kernel_in_chunks_equals_one_piece() -> None:
     results = []
     for steps in (whole_step(q_lens), chunk_steps(q_lens, 3, seed=9)):
         state = args["ssm_state"].clone()  # type: ignore[union-attr]
-        results.append((run_in_steps(selective_scan, per_token, q_lens, slots, steps, ssm_state=state,  # type: ignore[arg-type]
-                                     block_config=ScanBlockConfig(block_d=32, chunk=4), **fixed), state))
+        results.append(
+            (
+                run_in_steps(
+                    selective_scan,
+                    per_token,
+                    q_lens,
+                    slots,
+                    steps,
+                    ssm_state=state,  # type: ignore[arg-type]
+                    block_config=ScanBlockConfig(block_d=32, chunk=4),
+                    **fixed,
+                ),
+                state,
+            )
+        )
     (whole, whole_state), (chunked, chunked_state) = results
     torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(chunked_state, whole_state, atol=1e-6, rtol=1e-6)
@@ -170,19 +213,28 @@ def test_no_initial_state_ignores_what_the_slot_holds() -> None:
 @needs_triton
 @pytest.mark.parametrize("fn", [selective_scan, selective_scan_ref], ids=["kernel", "ref"])
 def test_padding_and_empty_requests_touch_no_state(fn) -> None:  # type: ignore[no-untyped-def]
-    b = state_batch([3, 0, 2, 4], seed=4, slots=[2, 0, -1, 1], init=[True, False, True, False], num_slots=4)
+    b = state_batch(
+        [3, 0, 2, 4], seed=4, slots=[2, 0, -1, 1], init=[True, False, True, False], num_slots=4
+    )
     args = scan_args(b, dtype=torch.float32, seed=4)
     out, state = run(fn, args)
     before = args["ssm_state"]
     assert torch.equal(state[[0, 3]], before[[0, 3]])  # type: ignore[index]
     spans = b.spans()
-    real = torch.cat([torch.arange(spans[0].start, spans[0].stop),
-                      torch.arange(spans[3].start, spans[3].stop)]).to(DEVICE)
+    real = torch.cat(
+        [torch.arange(spans[0].start, spans[0].stop), torch.arange(spans[3].start, spans[3].stop)]
+    ).to(DEVICE)
     keep = state_batch([3, 4], seed=0, slots=[2, 1], init=[True, False], num_slots=4)
-    want, want_state = run(selective_scan_ref, {
-        **args, **{k: args[k][real] for k in PER_TOKEN},  # type: ignore[index]
-        "query_start_loc": keep.query_start_loc, "state_indices": keep.state_indices,
-        "has_initial_state": keep.has_initial_state})
+    want, want_state = run(
+        selective_scan_ref,
+        {
+            **args,
+            **{k: args[k][real] for k in PER_TOKEN},  # type: ignore[index]
+            "query_start_loc": keep.query_start_loc,
+            "state_indices": keep.state_indices,
+            "has_initial_state": keep.has_initial_state,
+        },
+    )
     torch.testing.assert_close(out[real], want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(state, want_state, atol=1e-6, rtol=1e-6)
 
@@ -197,8 +249,14 @@ def test_strided_views_of_the_projections_and_the_state_buffer() -> None:
     proj = torch.cat([args["dt"], args["B"], args["C"]], dim=1)  # type: ignore[list-item]
     buffer = torch.zeros(b.num_slots, 2, DIM, D_STATE, device=DEVICE)
     buffer[:, 1] = args["ssm_state"]  # type: ignore[assignment]
-    views = {"x": xz[:, :DIM], "z": xz[:, DIM:], "dt": proj[:, :DIM], "B": proj[:, DIM:DIM + D_STATE],
-             "C": proj[:, DIM + D_STATE:], "ssm_state": buffer[:, 1]}
+    views = {
+        "x": xz[:, :DIM],
+        "z": xz[:, DIM:],
+        "dt": proj[:, :DIM],
+        "B": proj[:, DIM : DIM + D_STATE],
+        "C": proj[:, DIM + D_STATE :],
+        "ssm_state": buffer[:, 1],
+    }
     assert not any(v.is_contiguous() for v in views.values())
     out = selective_scan(**{**args, **views})
     want, want_state = run(selective_scan_ref, args)
@@ -207,9 +265,19 @@ def test_strided_views_of_the_projections_and_the_state_buffer() -> None:
     assert not buffer[:, 0].any()
 
 
-def _decode_args(n: int, *, dtype: torch.dtype, seed: int, slots: list[int] | None = None,
-                 dim: int = DIM, d_state: int = D_STATE, device: str = DEVICE) -> dict[str, object]:
-    b = state_batch([1] * n, seed=seed, init=[True] * n, slots=slots, num_slots=n + 3, device=device)
+def _decode_args(
+    n: int,
+    *,
+    dtype: torch.dtype,
+    seed: int,
+    slots: list[int] | None = None,
+    dim: int = DIM,
+    d_state: int = D_STATE,
+    device: str = DEVICE,
+) -> dict[str, object]:
+    b = state_batch(
+        [1] * n, seed=seed, init=[True] * n, slots=slots, num_slots=n + 3, device=device
+    )
     args = scan_args(b, dtype=dtype, seed=seed, dim=dim, d_state=d_state, device=device)
     for key in ("query_start_loc", "has_initial_state"):
         del args[key]
@@ -226,8 +294,14 @@ def test_update_equals_reference_and_the_varlen_kernel_with_one_token(dtype: tor
     torch.testing.assert_close(out, want, **TOL[dtype])
     torch.testing.assert_close(state, want_state, **STATE_TOL)
     qsl = torch.arange(n + 1, dtype=torch.int32, device=DEVICE)
-    varlen, varlen_state = run(selective_scan, {**args, "query_start_loc": qsl,
-                                                "has_initial_state": torch.ones(n, dtype=torch.bool, device=DEVICE)})
+    varlen, varlen_state = run(
+        selective_scan,
+        {
+            **args,
+            "query_start_loc": qsl,
+            "has_initial_state": torch.ones(n, dtype=torch.bool, device=DEVICE),
+        },
+    )
     torch.testing.assert_close(out, varlen, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(state, varlen_state, atol=1e-6, rtol=1e-6)
 
@@ -239,8 +313,14 @@ def test_update_skips_padding_rows() -> None:
         out, state = run(fn, args)
         assert torch.equal(state[[1, 2, 4, 5]], args["ssm_state"][[1, 2, 4, 5]])  # type: ignore[index]
         assert not torch.equal(state[3], args["ssm_state"][3])  # type: ignore[index]
-        want, _ = run(selective_state_update_ref, {**args, "state_indices": args["state_indices"][[0]],  # type: ignore[index]
-                                                   **{k: args[k][[0]] for k in PER_TOKEN}})  # type: ignore[index]
+        want, _ = run(
+            selective_state_update_ref,
+            {
+                **args,
+                "state_indices": args["state_indices"][[0]],  # type: ignore[index]
+                **{k: args[k][[0]] for k in PER_TOKEN},
+            },
+        )  # type: ignore[index]
         torch.testing.assert_close(out[[0]], want, atol=1e-5, rtol=1e-5)
 
 
@@ -252,16 +332,36 @@ def test_references_equal_transformers_own_functions() -> None:
     a = scan_args(b, dtype=torch.float32, seed=10, device="cpu")
     out, state = run(selective_scan_ref, a)
     bcl = {k: a[k].T.unsqueeze(0) for k in PER_TOKEN}  # type: ignore[union-attr]  # [1, channels, L]
-    want, want_h = hf.mamba_selective_scan(bcl["x"], bcl["dt"], a["A"], bcl["B"], bcl["C"], D=a["D"], z=bcl["z"],
-                                           delta_bias=a["dt_bias"], delta_softplus=True, return_last_state=True)
+    want, want_h = hf.mamba_selective_scan(
+        bcl["x"],
+        bcl["dt"],
+        a["A"],
+        bcl["B"],
+        bcl["C"],
+        D=a["D"],
+        z=bcl["z"],
+        delta_bias=a["dt_bias"],
+        delta_softplus=True,
+        return_last_state=True,
+    )
     torch.testing.assert_close(out, want[0].T, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(state[b.state_indices.long()], want_h, atol=1e-5, rtol=1e-5)
     d = _decode_args(3, dtype=torch.float32, seed=11, device="cpu")
     out, state = run(selective_state_update_ref, d)
     slots = d["state_indices"].long()  # type: ignore[union-attr]
     hf_state = d["ssm_state"][slots].clone()  # type: ignore[index]
-    want = hf.mamba_selective_state_update(hf_state, d["x"], d["dt"], d["A"], d["B"], d["C"], d["D"],
-                                           dt_bias=d["dt_bias"], dt_softplus=True, z=d["z"])
+    want = hf.mamba_selective_state_update(
+        hf_state,
+        d["x"],
+        d["dt"],
+        d["A"],
+        d["B"],
+        d["C"],
+        d["D"],
+        dt_bias=d["dt_bias"],
+        dt_softplus=True,
+        z=d["z"],
+    )
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(state[slots], hf_state, atol=1e-6, rtol=1e-6)
 
@@ -271,11 +371,15 @@ def test_bad_arguments_are_named() -> None:
     args = scan_args(b, dtype=torch.float32, seed=0, device="cpu")
     bad = {
         r"A must be \[dim, d_state\] float32": {"A": args["A"].half()},  # type: ignore[union-attr]
-        r"ssm_state must be \[num_slots, 40, 5\] float32": {"ssm_state": torch.zeros(5, DIM, D_STATE).bfloat16()},
+        r"ssm_state must be \[num_slots, 40, 5\] float32": {
+            "ssm_state": torch.zeros(5, DIM, D_STATE).bfloat16()
+        },
         r"D must be \[40\] float32": {"D": torch.zeros(DIM - 1)},
         r"B must be \[num_tokens, d_state\] float32": {"B": torch.zeros(3, D_STATE + 1)},
         r"dt must be \[num_tokens, dim\] float32": {"dt": torch.zeros(3, DIM).bfloat16()},
-        "has_initial_state must have num_reqs = 2 entries": {"has_initial_state": torch.ones(3, dtype=torch.bool)},
+        "has_initial_state must have num_reqs = 2 entries": {
+            "has_initial_state": torch.ones(3, dtype=torch.bool)
+        },
         "state_indices must be int32, got int64": {"state_indices": torch.tensor([0, 1])},
     }
     for message, change in bad.items():

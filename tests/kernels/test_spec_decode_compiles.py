@@ -19,10 +19,16 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 def test_spec_decode_kernels_compile_for_sm90() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
     script = Path(__file__).with_name("compile_spec_decode.py")
-    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
-                         cwd=root, timeout=900)
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     names = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("compiled")]
     # probabilities: with and without penalty counts; rejection: 3 k x (greedy only, one-hot

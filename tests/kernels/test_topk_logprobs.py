@@ -6,8 +6,8 @@ import pytest
 import torch
 from kernel_cases import DEVICE
 
-import kernels._select as select
-from kernels.topk_logprobs import topk_logprobs, topk_logprobs_ref
+import turnout.kernels._select as select
+from turnout.kernels.topk_logprobs import topk_logprobs, topk_logprobs_ref
 
 
 @pytest.fixture(autouse=True, params=["wide", "narrow"])
@@ -21,14 +21,19 @@ def block_width(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 def _run(fn, logits, tokens, k, max_k):
     # Inputs drawn on the CPU run on DEVICE (compiled kernels on CUDA); results come back.
     n = logits.shape[0]
-    outs = (torch.full((n, max_k), -7, dtype=torch.int32, device=DEVICE),
-            torch.full((n, max_k), 7.0, device=DEVICE), torch.zeros(n, device=DEVICE),
-            torch.zeros(n, dtype=torch.int32, device=DEVICE))
+    outs = (
+        torch.full((n, max_k), -7, dtype=torch.int32, device=DEVICE),
+        torch.full((n, max_k), 7.0, device=DEVICE),
+        torch.zeros(n, device=DEVICE),
+        torch.zeros(n, dtype=torch.int32, device=DEVICE),
+    )
     fn(logits.to(DEVICE), tokens.to(DEVICE), k.to(DEVICE), *outs)
     return tuple(t.cpu() for t in outs)
 
 
-@pytest.mark.parametrize(("seed", "vocab_size", "max_k"), [(0, 1000, 5), (1, 3000, 20), (2, 77, 1), (3, 2048, 0)])
+@pytest.mark.parametrize(
+    ("seed", "vocab_size", "max_k"), [(0, 1000, 5), (1, 3000, 20), (2, 77, 1), (3, 2048, 0)]
+)
 def test_matches_full_log_softmax(seed: int, vocab_size: int, max_k: int) -> None:
     g = torch.Generator().manual_seed(seed)
     n = 7

@@ -12,17 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from oracle import ConfigError, PackError, from_command, from_hf_config, load_pack
-from oracle.errors import ErrorCode
-from oracle.pack import POLICIES_DIR
-from oracle.sources.spec import load_specs
+from turnout.oracle import ConfigError, PackError, from_command, from_hf_config, load_pack
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.pack import POLICIES_DIR
+from turnout.oracle.sources.spec import load_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def turnout(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "oracle.cli", *args], capture_output=True,
-                          text=True, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "turnout.oracle.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def test_spec_with_a_byte_that_is_not_utf8_names_line_and_column(tmp_path: Path) -> None:
@@ -71,10 +75,11 @@ def test_json_spec_is_strict_json(tmp_path: Path) -> None:
 
 def test_jsonl_bad_bytes_reject_one_line_and_u2028_ends_no_line(tmp_path: Path) -> None:
     f = tmp_path / "specs.jsonl"
-    f.write_bytes(b'{"id": "a", "architecture": "LlamaForCausalLM"}\n'
-                  b'{"id": "b", "architecture": "Llama\xc0ForCausalLM"}\n'
-                  + '{"id": "c", "architecture": "Qwen3ForCausalLM", "model": "x\u2028y"}\n'
-                  .encode())
+    f.write_bytes(
+        b'{"id": "a", "architecture": "LlamaForCausalLM"}\n'
+        b'{"id": "b", "architecture": "Llama\xc0ForCausalLM"}\n'
+        + '{"id": "c", "architecture": "Qwen3ForCausalLM", "model": "x\u2028y"}\n'.encode()
+    )
     a, b, c = load_specs(f)
     assert a.config is not None and c.config is not None and c.config.model == "x\u2028y"
     assert b.config is None and b.error is not None
@@ -84,8 +89,12 @@ def test_jsonl_bad_bytes_reject_one_line_and_u2028_ends_no_line(tmp_path: Path) 
 def test_commands_file_bad_bytes_reject_one_line(tmp_path: Path) -> None:
     f = tmp_path / "cmds.jsonl"
     good = json.dumps({"id": "ok", "env": {}, "argv": ["vllm", "serve", "Qwen/Qwen3-8B"]})
-    f.write_bytes(good.encode() + b'\n{"id": "bad", "argv": ["vllm", "serve", "\xff"]}\n'
-                  + good.replace('"ok"', '"ok2"').encode() + b"\n")
+    f.write_bytes(
+        good.encode()
+        + b'\n{"id": "bad", "argv": ["vllm", "serve", "\xff"]}\n'
+        + good.replace('"ok"', '"ok2"').encode()
+        + b"\n"
+    )
     r = turnout("decide", "--commands", str(f), "--json")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     ok, bad, ok2 = (json.loads(x) for x in r.stdout.splitlines())
@@ -134,14 +143,18 @@ def test_pack_file_not_utf8_is_a_pack_error(tmp_path: Path) -> None:
     assert r.returncode == 1 and "Traceback" not in r.stderr and f"{ro}:" in r.stdout
 
 
-@pytest.mark.parametrize("snapshot", [{"kill_switch": "false"},
-                                      {"cohorts": {"qwen3-canary": {"enabled": "false"}}},
-                                      {"cohorts": {"qwen3-canary": {"enabled": True,
-                                                                    "percentage": "50"}}},
-                                      {"cohorts": {"qwen3-canary": {"enabled": True,
-                                                                    "percentage": 50.5}}}])
-def test_canary_file_with_wrong_types_is_bad_input(tmp_path: Path,
-                                                   snapshot: dict[str, object]) -> None:
+@pytest.mark.parametrize(
+    "snapshot",
+    [
+        {"kill_switch": "false"},
+        {"cohorts": {"qwen3-canary": {"enabled": "false"}}},
+        {"cohorts": {"qwen3-canary": {"enabled": True, "percentage": "50"}}},
+        {"cohorts": {"qwen3-canary": {"enabled": True, "percentage": 50.5}}},
+    ],
+)
+def test_canary_file_with_wrong_types_is_bad_input(
+    tmp_path: Path, snapshot: dict[str, object]
+) -> None:
     f = tmp_path / "canaries.json"
     f.write_text(json.dumps(snapshot))
     r = turnout("decide", "--json", "--canaries", str(f), "--architecture", "Qwen3ForCausalLM")
@@ -149,16 +162,22 @@ def test_canary_file_with_wrong_types_is_bad_input(tmp_path: Path,
     assert json.loads(r.stdout)["error_code"] == ErrorCode.BAD_SPEC
 
 
-@pytest.mark.parametrize("snapshot", [
-    {"pack": "turnout", "kill_switch": {"engaged": "no"}, "cohorts": []},
-    {"pack": "turnout", "kill_switch": {"engaged": False},
-     "cohorts": [{"cohort": "qwen3-canary", "enabled": True}]},
-    {"cohorts": ["qwen3-canary"]},
-    {"cohorts": "qwen3-canary"},
-    {"cohorts": {"qwen3-canary": True}},
-    ["qwen3-canary"]])
-def test_canary_file_in_neither_shape_names_both(tmp_path: Path,
-                                                 snapshot: object) -> None:
+@pytest.mark.parametrize(
+    "snapshot",
+    [
+        {"pack": "turnout", "kill_switch": {"engaged": "no"}, "cohorts": []},
+        {
+            "pack": "turnout",
+            "kill_switch": {"engaged": False},
+            "cohorts": [{"cohort": "qwen3-canary", "enabled": True}],
+        },
+        {"cohorts": ["qwen3-canary"]},
+        {"cohorts": "qwen3-canary"},
+        {"cohorts": {"qwen3-canary": True}},
+        ["qwen3-canary"],
+    ],
+)
+def test_canary_file_in_neither_shape_names_both(tmp_path: Path, snapshot: object) -> None:
     # A GET /api/v1/canaries body or a wrong shape gave "not a canary snapshot (dictionary
     # update sequence element #0 has length 8; 2 is required)".
     f = tmp_path / "canaries.json"
@@ -172,13 +191,23 @@ def test_canary_file_in_neither_shape_names_both(tmp_path: Path,
 
 def test_canary_file_cohorts_the_pack_lacks_are_named_not_dropped(tmp_path: Path) -> None:
     f = tmp_path / "canaries.json"
-    f.write_text(json.dumps({"kill_switch": False, "cohorts": {
-        "qwen3-canary": {"enabled": False, "percentage": 0},
-        "retired-stage": {"enabled": True, "percentage": 100}}}))
+    f.write_text(
+        json.dumps(
+            {
+                "kill_switch": False,
+                "cohorts": {
+                    "qwen3-canary": {"enabled": False, "percentage": 0},
+                    "retired-stage": {"enabled": True, "percentage": 100},
+                },
+            }
+        )
+    )
     r = turnout("decide", "--canaries", str(f), "--architecture", "Qwen3ForCausalLM")
     assert r.returncode == 0 and "runner V1" in r.stdout
-    want = (f"canaries: {f} (kill switch off; stages on: none; not in pack turnout, not used: "
-            "retired-stage)")
+    want = (
+        f"canaries: {f} (kill switch off; stages on: none; not in pack turnout, not used: "
+        "retired-stage)"
+    )
     assert "".join(want.split()) in "".join(r.stdout.split())  # wrapped at COLUMNS or not
 
 
@@ -189,15 +218,18 @@ def test_unicode_digit_and_infinity_on_a_command_line_are_bad_values() -> None:
     got = json.loads(r.stdout)
     assert got["error_code"] == ErrorCode.BAD_FLAG_VALUE
     assert got["error"].startswith("argument --tensor-parallel-size/-tp: invalid int value: '²'")
-    r = turnout("decide", "--json", "--", "vllm", "serve", "Qwen/Qwen3-8B",
-                "--cpu-offload-gb", "inf")
+    r = turnout(
+        "decide", "--json", "--", "vllm", "serve", "Qwen/Qwen3-8B", "--cpu-offload-gb", "inf"
+    )
     assert r.returncode == 2 and "Infinity" not in r.stdout
     # float("inf") passes vLLM's parser; the config refuses it
     assert json.loads(r.stdout)["error"] == "cpu_offload_gb: expected a finite number, got inf"
 
 
-BOMB = "".join(f"{n}: &{n} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['x'] * 9)}]\n"
-               for p, n in zip(["", *"abcdefg"], "abcdefgh", strict=False))
+BOMB = "".join(
+    f"{n}: &{n} [{', '.join([f'*{p}'] * 9) if p else ', '.join(['x'] * 9)}]\n"
+    for p, n in zip(["", *"abcdefg"], "abcdefgh", strict=False)
+)
 
 
 def test_alias_bomb_is_refused_quickly_and_aliases_still_work(tmp_path: Path) -> None:
@@ -206,8 +238,10 @@ def test_alias_bomb_is_refused_quickly_and_aliases_still_work(tmp_path: Path) ->
     with pytest.raises(ConfigError) as info:
         load_specs(f)
     assert "repeated through aliases" in info.value.message
-    f.write_text("deployments:\n  - &base {architecture: LlamaForCausalLM, "
-                 "tensor_parallel_size: 2}\n  - *base\n")
+    f.write_text(
+        "deployments:\n  - &base {architecture: LlamaForCausalLM, "
+        "tensor_parallel_size: 2}\n  - *base\n"
+    )
     assert [e.config.tensor_parallel_size for e in load_specs(f) if e.config] == [2, 2]
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
-from oracle.policy import bucket
+from turnout.oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
+from turnout.oracle.policy import bucket
 
 
 def _v2_ids(percentage: int, ids: list[str]) -> set[str]:
@@ -11,8 +11,11 @@ def _v2_ids(percentage: int, ids: list[str]) -> set[str]:
     snap = CanarySnapshot({"llama-mistral-dense": CohortState(True, percentage)})
     out = set()
     for dep in ids:
-        d = decide(DeploymentConfig(architecture="LlamaForCausalLM", deployment_id=dep),
-                   pack=pack, canaries=snap)
+        d = decide(
+            DeploymentConfig(architecture="LlamaForCausalLM", deployment_id=dep),
+            pack=pack,
+            canaries=snap,
+        )
         if d.runner == "v2":
             assert d.reason_code in ("SPLIT", "TARGETING_MATCH")
             out.add(dep)
@@ -51,7 +54,10 @@ def test_snapshot_is_hashable_and_round_trips() -> None:
 
 def test_cohorts_describe_the_stages() -> None:
     cohorts = load_pack("turnout").cohorts
-    assert [c.id for c in cohorts][:3] == ["qwen3-canary", "llama-mistral-dense",
-                                           "qwen-deepseek-moe"]
+    assert [c.id for c in cohorts][:3] == [
+        "qwen3-canary",
+        "llama-mistral-dense",
+        "qwen-deepseek-moe",
+    ]
     assert cohorts[0].enabled and cohorts[0].families == ("qwen3",)
     assert cohorts[-1].id == "all-families" and not cohorts[-1].enabled

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from oracle import ConfigError, from_command, load_pack
-from oracle.errors import ErrorCode
-from oracle.sources import release_for_pack
-from oracle.sources.command import check_line, command_to_fields
-from oracle.sources.command_argv import REWRITE_DIGESTS
-from oracle.sources.command_parser import serve_parser
-from oracle.sources.command_table import available_releases, load_table, newest_release
+from turnout.oracle import ConfigError, from_command, load_pack
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.sources import release_for_pack
+from turnout.oracle.sources.command import check_line, command_to_fields
+from turnout.oracle.sources.command_argv import REWRITE_DIGESTS
+from turnout.oracle.sources.command_parser import serve_parser
+from turnout.oracle.sources.command_table import available_releases, load_table, newest_release
 
 RELEASES = available_releases()
 
@@ -53,8 +53,9 @@ def test_every_probe_is_read_as_the_release_reads_it(release: str, tmp_path: Pat
     (tmp_path / behaviours["config_file"]["name"]).write_text(behaviours["config_file"]["text"])
     wrong = []
     for probe in behaviours["probes"]:
-        given, error = check_line(["vllm", "serve", *probe["argv"]], release=release,
-                                  base_dir=tmp_path)
+        given, error = check_line(
+            ["vllm", "serve", *probe["argv"]], release=release, base_dir=tmp_path
+        )
         if (error is None) != probe["accepted"]:
             wrong.append((probe["note"], probe["error"], error and error.message))
         elif given is not None:
@@ -66,8 +67,14 @@ def test_every_probe_is_read_as_the_release_reads_it(release: str, tmp_path: Pat
 
 def test_the_refusal_is_worded_as_vllm_words_it() -> None:
     probes = {p["note"]: p for p in load_table("0.31").behaviours["probes"]}
-    for note in ("ambiguous prefix", "switch given a value", "unknown flag", "choices",
-                 "human-readable int with a binary suffix", "unknown nested key"):
+    for note in (
+        "ambiguous prefix",
+        "switch given a value",
+        "unknown flag",
+        "choices",
+        "human-readable int with a binary suffix",
+        "unknown nested key",
+    ):
         _, error = check_line(["vllm", "serve", *probes[note]["argv"]], release="0.31")
         assert error is not None
         first = probes[note]["error"].splitlines()[0].split(" [type=")[0]
@@ -84,26 +91,38 @@ def test_a_pack_reads_command_lines_with_its_release() -> None:
 
 
 def test_flags_that_do_not_change_the_decision_are_reported_as_ignored() -> None:
-    from oracle.sources import command_to_fields
+    from turnout.oracle.sources import command_to_fields
 
-    parsed = command_to_fields("vllm serve Qwen/Qwen3-8B --port 8001 --no-enable-log-requests "
-                               "-tp 2 --served-model-name a b -O3", {}, release="0.31")
+    parsed = command_to_fields(
+        "vllm serve Qwen/Qwen3-8B --port 8001 --no-enable-log-requests "
+        "-tp 2 --served-model-name a b -O3",
+        {},
+        release="0.31",
+    )
     assert parsed.fields["tensor_parallel_size"] == 2 and parsed.release == "0.31"
-    assert parsed.ignored == ["--port 8001", "--no-enable-log-requests",
-                              "--served-model-name a b", "--optimization-level 3"]
+    assert parsed.ignored == [
+        "--port 8001",
+        "--no-enable-log-requests",
+        "--served-model-name a b",
+        "--optimization-level 3",
+    ]
 
 
 def test_config_file_values_and_json_numbers(tmp_path: Path) -> None:
-    (tmp_path / "serve.yaml").write_text("tensor-parallel-size: 4\nkv-transfer-config:\n"
-                                         "  kv_connector: NixlConnector\n  kv_role: kv_both\n"
-                                         "enable-prefix-caching: false\n")
+    (tmp_path / "serve.yaml").write_text(
+        "tensor-parallel-size: 4\nkv-transfer-config:\n"
+        "  kv_connector: NixlConnector\n  kv_role: kv_both\n"
+        "enable-prefix-caching: false\n"
+    )
     cfg = from_command("vllm serve Qwen/Qwen3-8B --config serve.yaml -tp 2", base_dir=tmp_path)
     assert cfg.tensor_parallel_size == 2
     assert dict(cfg.kv_transfer_config or {})["kv_role"] == "kv_both"
     assert cfg.enable_prefix_caching is None  # vLLM drops a false switch of a config file
-    cfg = from_command("vllm serve Qwen/Qwen3-8B --kv-transfer-config "
-                       "'{\"kv_connector\": \"X\", \"kv_role\": \"kv_both\", \"kv_buffer_size\": 2k}'",
-                       release="0.31")  # 0.32 dropped kv_buffer_size
+    cfg = from_command(
+        "vllm serve Qwen/Qwen3-8B --kv-transfer-config "
+        '\'{"kv_connector": "X", "kv_role": "kv_both", "kv_buffer_size": 2k}\'',
+        release="0.31",
+    )  # 0.32 dropped kv_buffer_size
     assert dict(cfg.kv_transfer_config or {})["kv_buffer_size"] == 2000
 
 
@@ -134,8 +153,9 @@ def test_seeded_lines_are_answered_never_crash(release: str, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("kind", ["device", "fifo", "huge"])
-def test_a_config_file_that_is_no_small_regular_file_is_refused_unread(tmp_path: Path,
-                                                                      kind: str) -> None:
+def test_a_config_file_that_is_no_small_regular_file_is_refused_unread(
+    tmp_path: Path, kind: str
+) -> None:
     # /dev/zero behind a .yaml name was read until memory ran out; a FIFO blocked forever.
     path = tmp_path / "serve.yaml"
     if kind == "device":
@@ -145,16 +165,26 @@ def test_a_config_file_that_is_no_small_regular_file_is_refused_unread(tmp_path:
     else:
         path.write_text("# padding\n" * 200_000)
     with pytest.raises(ConfigError, match=r"not a regular file|bytes; at most") as err:
-        command_to_fields(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(path)], {},
-                          offline=True)
+        command_to_fields(
+            ["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(path)], {}, offline=True
+        )
     assert err.value.code == ErrorCode.BAD_FLAG_VALUE
 
 
-@pytest.mark.parametrize("value", ['{"architectures": "LlamaForCausalLM"}', '{"architectures": []}',
-                                   '{"architectures": [1]}', '[1]', '"x"'])
+@pytest.mark.parametrize(
+    "value",
+    [
+        '{"architectures": "LlamaForCausalLM"}',
+        '{"architectures": []}',
+        '{"architectures": [1]}',
+        "[1]",
+        '"x"',
+    ],
+)
 def test_hf_overrides_of_the_wrong_shape_are_refused(value: str) -> None:
     # They were dropped silently and the model's own architecture decided.
     with pytest.raises(ConfigError, match="--hf-overrides") as err:
-        command_to_fields(["vllm", "serve", "Qwen/Qwen3-8B", "--hf-overrides", value], {},
-                          offline=True)
+        command_to_fields(
+            ["vllm", "serve", "Qwen/Qwen3-8B", "--hf-overrides", value], {}, offline=True
+        )
     assert err.value.code == ErrorCode.BAD_FLAG_VALUE

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from oracle import (
+from turnout.oracle import (
     CanarySnapshot,
     ConfigError,
     Decision,
@@ -23,8 +23,8 @@ from oracle import (
     from_spec,
     load_pack,
 )
-from oracle.pack import POLICIES_DIR, Pack
-from oracle.sources import release_for_pack
+from turnout.oracle.pack import POLICIES_DIR, Pack
+from turnout.oracle.sources import release_for_pack
 
 CASES_DIR = Path(__file__).parent / "cases"
 
@@ -43,9 +43,12 @@ CASES = _load()
 def _config(inp: dict[str, Any], pack: Pack) -> DeploymentConfig:
     """A case's config; a command line is read by the pack's release's vllm serve parser."""
     if "command" in inp:
-        return from_command(inp["command"], inp.get("env") or {},
-                            architecture=inp.get("architecture"),
-                            release=release_for_pack(pack))
+        return from_command(
+            inp["command"],
+            inp.get("env") or {},
+            architecture=inp.get("architecture"),
+            release=release_for_pack(pack),
+        )
     return from_spec(inp)
 
 
@@ -106,9 +109,14 @@ def test_case(case: dict[str, Any], request: pytest.FixtureRequest) -> None:
 def test_every_rule_has_a_case(pack_name: str) -> None:
     """Each rule of each shipped pack decides at least one data-driven or reference case."""
     if pack_name.startswith("vllm-"):
-        pytest.skip("a release pack's rules are each held to its golden file "
-                    "(test_release_golden.py)")
-    seen = {rule for _, case in CASES if case.get("pack", "turnout") == pack_name
-            for rule in case.get("want", {}).get("rules", [])}
+        pytest.skip(
+            "a release pack's rules are each held to its golden file (test_release_golden.py)"
+        )
+    seen = {
+        rule
+        for _, case in CASES
+        if case.get("pack", "turnout") == pack_name
+        for rule in case.get("want", {}).get("rules", [])
+    }
     missing = {r.id for r in load_pack(pack_name).rules} - seen
     assert not missing, missing

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from oracle import ConfigError, DeploymentConfig, from_command, from_hf_config, from_spec
-from oracle.coerce import KIND_CHECKS
-from oracle.config import CONFIG_FIELD_NAMES, DEFAULTS, FIELD_INFO
-from oracle.errors import ErrorCode
-from oracle.fields import PLATFORMS, declare, field_infos
-from oracle.sources.spec import load_specs
+from turnout.oracle import ConfigError, DeploymentConfig, from_command, from_hf_config, from_spec
+from turnout.oracle.coerce import KIND_CHECKS
+from turnout.oracle.config import CONFIG_FIELD_NAMES, DEFAULTS, FIELD_INFO
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.fields import PLATFORMS, declare, field_infos
+from turnout.oracle.sources.spec import load_specs
 
 REF = Path(__file__).resolve().parents[2] / "policies" / "reference"
 
@@ -28,8 +28,12 @@ def test_every_field_is_declared_once_on_the_dataclass() -> None:
     assert DEFAULTS["compilation_mode"] == "vllm_compile" and DEFAULTS["env"] == {}
     # The checks name no field: which check a field gets is said by its declaration alone.
     source = (Path(__file__).resolve().parents[2] / "oracle" / "coerce.py").read_text()
-    named = [n for n in CONFIG_FIELD_NAMES if n not in KIND_CHECKS  # "env": a kind too
-             and (f'"{n}"' in source or f"'{n}'" in source)]
+    named = [
+        n
+        for n in CONFIG_FIELD_NAMES
+        if n not in KIND_CHECKS  # "env": a kind too
+        and (f'"{n}"' in source or f"'{n}'" in source)
+    ]
     assert not named, named
 
 
@@ -64,32 +68,44 @@ def test_frozen_and_hashable_by_value() -> None:
 
 
 def test_coercion_and_defaults() -> None:
-    c = DeploymentConfig(architecture="A", tensor_parallel_size="4", enable_dbo="true",
-                         speculative_method="Deepseek_MTP", logits_processors="a.b:C",
-                         quantization=None, platform=None)
+    c = DeploymentConfig(
+        architecture="A",
+        tensor_parallel_size="4",
+        enable_dbo="true",
+        speculative_method="Deepseek_MTP",
+        logits_processors="a.b:C",
+        quantization=None,
+        platform=None,
+    )
     assert c.tensor_parallel_size == 4 and c.enable_dbo is True
     assert c.speculative_method == "mtp" and c.logits_processors == ("a.b:C",)
     assert c.quantization == "none" and c.platform == "cuda"
 
 
-@pytest.mark.parametrize("kwargs, fragment", [
-    ({"tensor_parallel_size": 0}, "tensor_parallel_size: expected an integer >= 1"),
-    ({"tensor_parallel_size": True}, "expected an integer"),
-    ({"platform": "gpu"}, "platform: unknown value 'gpu'"),
-    ({"enable_dbo": "maybe"}, "enable_dbo: expected true or false"),
-    ({"cpu_offload_gb": -1}, "cpu_offload_gb: expected a number >= 0"),
-    ({"env": {"A": [1]}}, "env: expected string names and scalar values"),
-    ({"mamba_cache_mode": "everything"}, "expected one of none, align, all"),
-    # Huge and non-finite values: refused by name, never carried into JSON (inf is not JSON).
-    ({"tensor_parallel_size": 10**30}, "tensor_parallel_size: expected an integer <= 2147483647"),
-    ({"tensor_parallel_size": "²"}, "tensor_parallel_size: expected an integer, got '²'"),
-    ({"cpu_offload_gb": float("inf")}, "cpu_offload_gb: expected a finite number"),
-    ({"cpu_offload_gb": "inf"}, "cpu_offload_gb: expected a finite number"),
-    ({"cpu_offload_gb": float("nan")}, "cpu_offload_gb: expected a number >= 0"),
-    ({"model": "m" * 5000}, "model: expected at most 1024 characters"),
-    ({"logits_processors": ["a:B"] * 65}, "logits_processors: expected at most 64 entries"),
-    ({"env": {f"V{i}": "1" for i in range(65)}}, "env: expected at most 64"),
-])
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size: expected an integer >= 1"),
+        ({"tensor_parallel_size": True}, "expected an integer"),
+        ({"platform": "gpu"}, "platform: unknown value 'gpu'"),
+        ({"enable_dbo": "maybe"}, "enable_dbo: expected true or false"),
+        ({"cpu_offload_gb": -1}, "cpu_offload_gb: expected a number >= 0"),
+        ({"env": {"A": [1]}}, "env: expected string names and scalar values"),
+        ({"mamba_cache_mode": "everything"}, "expected one of none, align, all"),
+        # Huge and non-finite values: refused by name, never carried into JSON (inf is not JSON).
+        (
+            {"tensor_parallel_size": 10**30},
+            "tensor_parallel_size: expected an integer <= 2147483647",
+        ),
+        ({"tensor_parallel_size": "²"}, "tensor_parallel_size: expected an integer, got '²'"),
+        ({"cpu_offload_gb": float("inf")}, "cpu_offload_gb: expected a finite number"),
+        ({"cpu_offload_gb": "inf"}, "cpu_offload_gb: expected a finite number"),
+        ({"cpu_offload_gb": float("nan")}, "cpu_offload_gb: expected a number >= 0"),
+        ({"model": "m" * 5000}, "model: expected at most 1024 characters"),
+        ({"logits_processors": ["a:B"] * 65}, "logits_processors: expected at most 64 entries"),
+        ({"env": {f"V{i}": "1" for i in range(65)}}, "env: expected at most 64"),
+    ],
+)
 def test_bad_values_name_the_field(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ConfigError) as info:
         DeploymentConfig(**kwargs)
@@ -106,8 +122,12 @@ def test_replace_names_an_unknown_field() -> None:
 
 
 def test_spec_round_trip() -> None:
-    c = DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="eagle3",
-                         logits_processors=("a:B",), env={"TURNOUT_USE_V2_MODEL_RUNNER": "1"})
+    c = DeploymentConfig(
+        architecture="LlamaForCausalLM",
+        speculative_method="eagle3",
+        logits_processors=("a:B",),
+        env={"TURNOUT_USE_V2_MODEL_RUNNER": "1"},
+    )
     spec = c.to_spec()
     assert json.loads(json.dumps(spec)) == spec
     assert from_spec(spec) == c
@@ -115,34 +135,42 @@ def test_spec_round_trip() -> None:
 
 def test_spec_file_errors_name_file_line_column(tmp_path: Path) -> None:
     f = tmp_path / "fleet.yaml"
-    f.write_text("- id: a\n  architecture: Qwen3ForCausalLM\n"
-                 "- id: b\n  architecture: Qwen3ForCausalLM\n  tensor_parallel_size: lots\n"
-                 "- id: c\n  archtecture: Qwen3ForCausalLM\n")
+    f.write_text(
+        "- id: a\n  architecture: Qwen3ForCausalLM\n"
+        "- id: b\n  architecture: Qwen3ForCausalLM\n  tensor_parallel_size: lots\n"
+        "- id: c\n  archtecture: Qwen3ForCausalLM\n"
+    )
     a, b, c = load_specs(f)
     assert a.config is not None and a.id == "a"
-    assert b.config is None and b.error == (f"{f}:5:25: tensor_parallel_size: expected an "
-                                            "integer, got 'lots'")
+    assert b.config is None and b.error == (
+        f"{f}:5:25: tensor_parallel_size: expected an integer, got 'lots'"
+    )
     assert c.error is not None and c.error.startswith(f"{f}:7:3: unknown field 'archtecture'")
     assert "did you mean 'architecture'" in c.error
 
 
 def test_jsonl_bad_line_is_rejected_alone(tmp_path: Path) -> None:
     f = tmp_path / "fleet.jsonl"
-    f.write_text('{"id": "x", "architecture": "Qwen3ForCausalLM"}\n{"id": "y", oops}\n'
-                 '{"id": "z", "config": {"architecture": "LlamaForCausalLM"}, "want": {}}\n')
+    f.write_text(
+        '{"id": "x", "architecture": "Qwen3ForCausalLM"}\n{"id": "y", oops}\n'
+        '{"id": "z", "config": {"architecture": "LlamaForCausalLM"}, "want": {}}\n'
+    )
     x, y, z = load_specs(f)
     assert x.config is not None and z.config is not None and z.id == "z"
     assert y.config is None and y.error is not None and y.error.startswith(f"{f}:2:")
 
 
-@pytest.mark.parametrize("name, arch, facts", [
-    ("qwen3-30b-a3b.json", "Qwen3MoeForCausalLM", {"is_moe": True}),
-    ("deepseek-v2-lite.json", "DeepseekV2ForCausalLM", {"is_moe": True, "use_mla": True}),
-    ("jamba-v0.1.json", "JambaForCausalLM", {"is_moe": True}),
-    ("granite-3.0-1b-a400m.json", "GraniteMoeForCausalLM", {"is_moe": True}),
-    ("qwen3-8b.json", "Qwen3ForCausalLM", {"is_moe": None, "use_mla": None}),
-    ("all-minilm-l6-v2.json", "BertModel", {}),
-])
+@pytest.mark.parametrize(
+    "name, arch, facts",
+    [
+        ("qwen3-30b-a3b.json", "Qwen3MoeForCausalLM", {"is_moe": True}),
+        ("deepseek-v2-lite.json", "DeepseekV2ForCausalLM", {"is_moe": True, "use_mla": True}),
+        ("jamba-v0.1.json", "JambaForCausalLM", {"is_moe": True}),
+        ("granite-3.0-1b-a400m.json", "GraniteMoeForCausalLM", {"is_moe": True}),
+        ("qwen3-8b.json", "Qwen3ForCausalLM", {"is_moe": None, "use_mla": None}),
+        ("all-minilm-l6-v2.json", "BertModel", {}),
+    ],
+)
 def test_from_hf_config_reads_real_configs(name: str, arch: str, facts: dict) -> None:
     c = from_hf_config(REF / "model_configs" / name)
     assert c.architecture == arch
@@ -173,14 +201,15 @@ def test_from_command_local_directory(tmp_path: Path) -> None:
 
 
 def test_from_command_config_file_and_cli_precedence(tmp_path: Path) -> None:
-    (tmp_path / "serve.yaml").write_text("tensor-parallel-size: 4\nenable_dbo: true\n"
-                                         "speculative-config: {method: suffix}\n")
-    c = from_command(
-        "vllm serve Qwen/Qwen3-8B --config serve.yaml -tp 2", {}, base_dir=tmp_path)
+    (tmp_path / "serve.yaml").write_text(
+        "tensor-parallel-size: 4\nenable_dbo: true\nspeculative-config: {method: suffix}\n"
+    )
+    c = from_command("vllm serve Qwen/Qwen3-8B --config serve.yaml -tp 2", {}, base_dir=tmp_path)
     assert c.tensor_parallel_size == 2 and c.enable_dbo and c.speculative_method == "suffix"
 
 
 def test_from_command_shell_string_with_env_prefix() -> None:
     c = from_command(
-        "TURNOUT_USE_V2_MODEL_RUNNER=1 CUDA_VISIBLE_DEVICES=0 vllm serve Qwen/Qwen3-8B", {})
+        "TURNOUT_USE_V2_MODEL_RUNNER=1 CUDA_VISIBLE_DEVICES=0 vllm serve Qwen/Qwen3-8B", {}
+    )
     assert dict(c.env) == {"TURNOUT_USE_V2_MODEL_RUNNER": "1"}

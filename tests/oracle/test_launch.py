@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from fake_vllm import ROOT, child_output, dry_run, launch_env, make_fake_vllm, run_launch
 
-from oracle import load_pack
-from oracle.decision import CanarySnapshot, CohortState
-from oracle.errors import ErrorCode
-from oracle.launch import SERVICE_TIMEOUT_S, STARTUP_SLACK_S, make_client
-from oracle.launch_inputs import LaunchSettings, engine_args_words, split_assignments
-from oracle.launch_startup import runner_of_line
-from oracle.vllm_install import FALLBACK_PACK, interpreter_of, pack_for_version
+from turnout.oracle import load_pack
+from turnout.oracle.decision import CanarySnapshot, CohortState
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.launch import SERVICE_TIMEOUT_S, STARTUP_SLACK_S, make_client
+from turnout.oracle.launch_inputs import LaunchSettings, engine_args_words, split_assignments
+from turnout.oracle.launch_startup import runner_of_line
+from turnout.oracle.vllm_install import FALLBACK_PACK, interpreter_of, pack_for_version
 
 QWEN3 = ["--", "vllm", "serve", "Qwen/Qwen3-8B", "-tp", "2"]
 LLAMA = ["--", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]  # its stage is off
@@ -46,9 +46,14 @@ def _lkg(cache: Path, snapshot: CanarySnapshot) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     states = {c.id: CohortState(c.enabled, c.percentage) for c in load_pack("turnout").cohorts}
     states |= snapshot.cohorts
-    body = {"pack": "turnout", "kill_switch": {"engaged": snapshot.kill_switch},
-            "cohorts": [{"cohort": k, "enabled": s.enabled, "percentage": s.percentage}
-                        for k, s in states.items()]}
+    body = {
+        "pack": "turnout",
+        "kill_switch": {"engaged": snapshot.kill_switch},
+        "cohorts": [
+            {"cohort": k, "enabled": s.enabled, "percentage": s.percentage}
+            for k, s in states.items()
+        ],
+    }
     (cache / "snapshot-turnout.json").write_text(json.dumps({"etag": None, "body": body}))
 
 
@@ -87,16 +92,18 @@ def test_the_stage_state_comes_from_the_snapshot(env: dict[str, str], tmp_path: 
 
 
 def test_a_rule_decides_before_the_rollout_and_nothing_is_set(env: dict[str, str]) -> None:
-    ngram = [*LLAMA, "--speculative-config",
-             '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}']
+    ngram = [
+        *LLAMA,
+        "--speculative-config",
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}',
+    ]
     plan = dry_run(ngram, env)  # V1 by vLLM's own rule, whatever the stage
     assert (plan["runner"], plan["env"]) == ("v1", {})
     assert plan["decision"]["reason_code"] == "TARGETING_MATCH"  # type: ignore[index]
 
 
 def test_an_architecture_the_packs_do_not_know_gets_v1_pinned(env: dict[str, str]) -> None:
-    plan = dry_run(["--architecture", "NoSuchForCausalLM", "--", "vllm", "serve", "org/new"],
-                   env)
+    plan = dry_run(["--architecture", "NoSuchForCausalLM", "--", "vllm", "serve", "org/new"], env)
     assert (plan["runner"], plan["env"]) == ("v1", {RUNNER: "0"})  # vLLM alone might take V2
     assert plan["decision"]["error_code"] == "unknown_architecture"  # type: ignore[index]
 
@@ -125,17 +132,25 @@ def test_a_pin_vllm_would_refuse_exits_3_without_starting_it(env: dict[str, str]
     assert bad.returncode == 3 and "invalid literal for int()" in bad.stderr
 
 
-@pytest.mark.parametrize(("args", "said"), [
-    (["--", "vllm", "serve", "Qwen/Qwen3-8B", "--not-a-flag"],
-     "unrecognized arguments: --not-a-flag (the vllm serve parser of vLLM 0.31.0)"),
-    (["--", "vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "two"],
-     "argument --tensor-parallel-size/-tp: invalid int value: 'two'"),
-    (["--", "vllm", "serve", "Qwen/Qwen3-8B", "--omni"], "unknown_flag"),
-    (["--", "vllm", "bench", "serve"], "not a `vllm serve` command line"),
-    ([], "nothing to launch"),
-])
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ["--", "vllm", "serve", "Qwen/Qwen3-8B", "--not-a-flag"],
+            "unrecognized arguments: --not-a-flag (the vllm serve parser of vLLM 0.31.0)",
+        ),
+        (
+            ["--", "vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "two"],
+            "argument --tensor-parallel-size/-tp: invalid int value: 'two'",
+        ),
+        (["--", "vllm", "serve", "Qwen/Qwen3-8B", "--omni"], "unknown_flag"),
+        (["--", "vllm", "bench", "serve"], "not a `vllm serve` command line"),
+        ([], "nothing to launch"),
+    ],
+)
 def test_bad_input_is_named_as_vllm_names_it_and_starts_nothing(
-        env: dict[str, str], args: list[str], said: str) -> None:
+    env: dict[str, str], args: list[str], said: str
+) -> None:
     done = run_launch(args, env)
     assert done.returncode == 2, done.stderr
     assert said in done.stderr and done.stdout == ""
@@ -145,8 +160,11 @@ def test_a_version_without_a_pack_decides_with_the_fallback(tmp_path: Path) -> N
     env = launch_env(make_fake_vllm(tmp_path / "venv", "0.40.1"), tmp_path / "cache")
     done = run_launch(["--dry-run", *QWEN3], env)
     assert done.returncode == 0, done.stderr
-    assert ("vLLM 0.40.1 at" in done.stderr and "has no policy pack" in done.stderr
-            and f"deciding with {FALLBACK_PACK} instead" in done.stderr)
+    assert (
+        "vLLM 0.40.1 at" in done.stderr
+        and "has no policy pack" in done.stderr
+        and f"deciding with {FALLBACK_PACK} instead" in done.stderr
+    )
     vllm = json.loads(done.stdout)["vllm"]
     assert (vllm["version"], vllm["pack"], vllm["has_pack"]) == ("0.40.1", FALLBACK_PACK, False)
 
@@ -190,8 +208,9 @@ def test_the_path_given_for_vllm_is_the_one_inspected(fake: Path, tmp_path: Path
 
 
 def test_report_startup_tees_output_and_finds_the_runner_line(env: dict[str, str]) -> None:
-    done = run_launch(["--report-startup", *QWEN3], {**env, "FAKE_VLLM_MODE": "startup",
-                                                     "FAKE_VLLM_EXIT": "7"})
+    done = run_launch(
+        ["--report-startup", *QWEN3], {**env, "FAKE_VLLM_MODE": "startup", "FAKE_VLLM_EXIT": "7"}
+    )
     assert done.returncode == 7  # vLLM's status, passed on
     assert "[gpu_worker.py:479] Using V2 Model Runner" in done.stdout
     assert "Starting vLLM API server" in done.stdout
@@ -207,9 +226,14 @@ def test_report_startup_outlives_its_stdout_closing(env: dict[str, str]) -> None
     died): vLLM goes on and its status is the launcher's. The pump thread died of the broken
     pipe before (a traceback), nothing read vLLM's output any more, and vLLM blocked for
     ever on a full pipe."""
-    cmd = [sys.executable, "-m", "oracle.cli", "launch", "--report-startup", *QWEN3]
-    proc = subprocess.Popen(cmd, env={**env, "FAKE_VLLM_MODE": "flood", "FAKE_VLLM_EXIT": "5"},
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cmd = [sys.executable, "-m", "turnout.oracle.cli", "launch", "--report-startup", *QWEN3]
+    proc = subprocess.Popen(
+        cmd,
+        env={**env, "FAKE_VLLM_MODE": "flood", "FAKE_VLLM_EXIT": "5"},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None and proc.stderr is not None
     assert proc.stdout.readline().startswith(b"INFO [loader.py:1] weights shard 0 ")
     proc.stdout.close()
@@ -228,7 +252,8 @@ TRAMPOLINE = "#!/bin/sh\n'''exec' \"/nonexistent/long path/bin/python\" \"$0\" \
 
 @pytest.mark.parametrize("first_lines", ["#!/nonexistent/bin/python3", TRAMPOLINE])
 def test_a_vllm_whose_interpreter_is_missing_cannot_be_launched(
-        fake: Path, tmp_path: Path, first_lines: str) -> None:
+    fake: Path, tmp_path: Path, first_lines: str
+) -> None:
     """Its dist-info says a version, but the script cannot run: refused before anything is
     decided or reported (an exec of it was a FileNotFoundError traceback naming the script)."""
     script = tmp_path / "bin" / "vllm"
@@ -238,8 +263,10 @@ def test_a_vllm_whose_interpreter_is_missing_cannot_be_launched(
     script.chmod(0o755)
     shutil.copytree(fake.parent / "lib", tmp_path / "lib")  # the dist-info beside it
     for mode in ([], ["--report-startup"]):
-        done = run_launch([*mode, "--", str(script), "serve", "Qwen/Qwen3-8B"],
-                          launch_env(None, tmp_path / "cache"))
+        done = run_launch(
+            [*mode, "--", str(script), "serve", "Qwen/Qwen3-8B"],
+            launch_env(None, tmp_path / "cache"),
+        )
         assert done.returncode == 2 and done.stdout == "", done.stderr
         assert "vllm_not_installed" in done.stderr and "/nonexistent/" in done.stderr
         assert "cannot run" in done.stderr and "Traceback" not in done.stderr, done.stderr
@@ -247,7 +274,8 @@ def test_a_vllm_whose_interpreter_is_missing_cannot_be_launched(
 
 @pytest.mark.parametrize("mode", [[], ["--report-startup"]])
 def test_a_vllm_the_system_cannot_execute_is_a_clear_error(
-        fake: Path, tmp_path: Path, mode: list[str]) -> None:
+    fake: Path, tmp_path: Path, mode: list[str]
+) -> None:
     """A file with no interpreter line (an exec format error) and a dist-info beside it: the
     decision is made, but starting it fails: the launcher says why and exits 126, as a shell
     would, with no traceback."""
@@ -256,24 +284,34 @@ def test_a_vllm_the_system_cannot_execute_is_a_clear_error(
     script.write_text("print('not a script the kernel can run')\n")
     script.chmod(0o755)
     shutil.copytree(fake.parent / "lib", tmp_path / "lib")
-    done = run_launch([*mode, "--", str(script), "serve", "Qwen/Qwen3-8B"],
-                      launch_env(None, tmp_path / "cache"))
+    done = run_launch(
+        [*mode, "--", str(script), "serve", "Qwen/Qwen3-8B"], launch_env(None, tmp_path / "cache")
+    )
     assert done.returncode == 126, done.stderr
     assert "cannot start" in done.stderr and "Exec format error" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
 
 
 def test_without_the_double_dash_everything_from_vllm_on_is_vllms(
-        env: dict[str, str], tmp_path: Path) -> None:
+    env: dict[str, str], tmp_path: Path
+) -> None:
     """``turnout launch vllm serve M --config vllm.yaml -tp 2``: launch's own options go before
     the command. Before, options after it were launch's: ``-tp`` was "No such option: -t",
     and ``--config`` (vLLM's YAML file, and launch's HF config.json) was taken by launch: the
     deployment decided as another model's and vLLM started without it."""
     (tmp_path / "vllm.yaml").write_text("max-model-len: 4096\n")
-    plan = dry_run(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(tmp_path / "vllm.yaml"),
-                    "-tp", "2"], env)
-    assert plan["argv"] == ["vllm", "serve", "Qwen/Qwen3-8B", "--config",
-                            str(tmp_path / "vllm.yaml"), "-tp", "2"]
+    plan = dry_run(
+        ["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(tmp_path / "vllm.yaml"), "-tp", "2"], env
+    )
+    assert plan["argv"] == [
+        "vllm",
+        "serve",
+        "Qwen/Qwen3-8B",
+        "--config",
+        str(tmp_path / "vllm.yaml"),
+        "-tp",
+        "2",
+    ]
     assert plan["config"]["architecture"] == "Qwen3ForCausalLM"  # type: ignore[index]
     assert plan["config"]["tensor_parallel_size"] == 2  # type: ignore[index]
     done = run_launch(["vllm", "serve", "Qwen/Qwen3-8B", "--dry-run"], env)  # vLLM's flag now
@@ -284,8 +322,10 @@ def test_a_deployment_id_too_long_to_report_is_bad_input(fake: Path, tmp_path: P
     """Over 256 characters no event takes it: refused before anything is decided (the report
     was a ValidationError traceback, after the decision)."""
     long_id = "d" * 300
-    for args, extra in [(QWEN3, {"TURNOUT_DEPLOYMENT_ID": long_id}),
-                        (["--deployment-id", long_id, *QWEN3], {})]:
+    for args, extra in [
+        (QWEN3, {"TURNOUT_DEPLOYMENT_ID": long_id}),
+        (["--deployment-id", long_id, *QWEN3], {}),
+    ]:
         env = launch_env(fake, tmp_path / "cache", TURNOUT_URL="http://127.0.0.1:9", **extra)
         done = run_launch(args, env)
         assert done.returncode == 2 and done.stdout == "", done.stderr
@@ -296,17 +336,24 @@ def test_a_deployment_id_too_long_to_report_is_bad_input(fake: Path, tmp_path: P
 def test_a_pin_too_long_to_report_is_reported_cut(env: dict[str, str]) -> None:
     """An operator pin of 300 characters (vLLM refuses it: exit 3, reported first): the event
     carries its first 256. Building the event raised a ValidationError before."""
-    done = run_launch(["--", f"{RUNNER}={'y' * 300}", *QWEN3[1:]],
-                      {**env, "TURNOUT_URL": "http://127.0.0.1:9"})
+    done = run_launch(
+        ["--", f"{RUNNER}={'y' * 300}", *QWEN3[1:]], {**env, "TURNOUT_URL": "http://127.0.0.1:9"}
+    )
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
     assert "spooled in" in done.stderr  # reported (the service is down: it waits in the spool)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_report_startup_forwards_signals(env: dict[str, str], signum: int) -> None:
-    cmd = [sys.executable, "-m", "oracle.cli", "launch", "--report-startup", *QWEN3]
-    proc = subprocess.Popen(cmd, env={**env, "FAKE_VLLM_MODE": "wait"}, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [sys.executable, "-m", "turnout.oracle.cli", "launch", "--report-startup", *QWEN3]
+    proc = subprocess.Popen(
+        cmd,
+        env={**env, "FAKE_VLLM_MODE": "wait"},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signum)
@@ -315,30 +362,49 @@ def test_report_startup_forwards_signals(env: dict[str, str], signum: int) -> No
     assert proc.returncode == 0
 
 
-@pytest.mark.parametrize(("line", "runner"), [
-    # vLLM 0.31.0's own lines (vllm/v1/worker/gpu_worker.py:479, gpu/model_runner.py:375,
-    # gpu_model_runner.py:5255), as its logger formats them
-    ("(EngineCore_DP0 pid=7) INFO 12-01 10:00:01 [gpu_worker.py:479] Using V2 Model Runner", "v2"),
-    ("INFO 12-01 10:00:01 [model_runner.py:375] Loading model from scratch...", "v2"),
-    ("(EngineCore_DP0 pid=7) INFO 12-01 [gpu_model_runner.py:5255] Starting to load model "
-     "Qwen/Qwen3-8B...", "v1"),
-    ("\x1b[32mINFO\x1b[0m 12-01 [cpu_worker.py:162] Using V2 Model Runner", "v2"),
-    # the selection's warning is not the answer (an early evaluation may be overridden)
-    ("WARNING [vllm.py:755] Model Runner V2 does not yet support dual batch overlap; using the "
-     "V1 model runner instead.", None),
-    ("INFO Starting vLLM API server on http://0.0.0.0:8000", None),
-])
+@pytest.mark.parametrize(
+    ("line", "runner"),
+    [
+        # vLLM 0.31.0's own lines (vllm/v1/worker/gpu_worker.py:479, gpu/model_runner.py:375,
+        # gpu_model_runner.py:5255), as its logger formats them
+        (
+            "(EngineCore_DP0 pid=7) INFO 12-01 10:00:01 [gpu_worker.py:479] Using V2 Model Runner",
+            "v2",
+        ),
+        ("INFO 12-01 10:00:01 [model_runner.py:375] Loading model from scratch...", "v2"),
+        (
+            "(EngineCore_DP0 pid=7) INFO 12-01 [gpu_model_runner.py:5255] Starting to load model "
+            "Qwen/Qwen3-8B...",
+            "v1",
+        ),
+        ("\x1b[32mINFO\x1b[0m 12-01 [cpu_worker.py:162] Using V2 Model Runner", "v2"),
+        # the selection's warning is not the answer (an early evaluation may be overridden)
+        (
+            "WARNING [vllm.py:755] Model Runner V2 does not yet support dual batch overlap; using the "
+            "V1 model runner instead.",
+            None,
+        ),
+        ("INFO Starting vLLM API server on http://0.0.0.0:8000", None),
+    ],
+)
 def test_runner_of_line(line: str, runner: str | None) -> None:
     assert runner_of_line(line) == runner
 
 
-@pytest.mark.parametrize(("version", "want"), [
-    ("0.31.0", ("vllm-0.31", True)), ("0.31.2", ("vllm-0.31", True)),
-    ("0.29.0", ("vllm-0.29", True)), ("0.33.1+cu129", ("vllm-0.33", True)),
-    ("0.32.0rc1", ("vllm-0.32", True)), ("0.28.2", (FALLBACK_PACK, False)),
-    ("0.40.0", (FALLBACK_PACK, False)), ("1.0.0", (FALLBACK_PACK, False)),
-    ("dev", (FALLBACK_PACK, False)),
-])
+@pytest.mark.parametrize(
+    ("version", "want"),
+    [
+        ("0.31.0", ("vllm-0.31", True)),
+        ("0.31.2", ("vllm-0.31", True)),
+        ("0.29.0", ("vllm-0.29", True)),
+        ("0.33.1+cu129", ("vllm-0.33", True)),
+        ("0.32.0rc1", ("vllm-0.32", True)),
+        ("0.28.2", (FALLBACK_PACK, False)),
+        ("0.40.0", (FALLBACK_PACK, False)),
+        ("1.0.0", (FALLBACK_PACK, False)),
+        ("dev", (FALLBACK_PACK, False)),
+    ],
+)
 def test_pack_for_version(version: str, want: tuple[str, bool]) -> None:
     assert pack_for_version(version) == want
 
@@ -349,11 +415,13 @@ def test_interpreter_of_each_shebang_form(tmp_path: Path) -> None:
         path.write_text(text)
         return path
 
-    assert interpreter_of(script("#!/opt/venv/bin/python3\nimport x\n")) == \
-        Path("/opt/venv/bin/python3")
+    assert interpreter_of(script("#!/opt/venv/bin/python3\nimport x\n")) == Path(
+        "/opt/venv/bin/python3"
+    )
     long = "/a path with spaces/venv/bin/python"
-    assert interpreter_of(script(f"#!/bin/sh\n'''exec' \"{long}\" \"$0\" \"$@\"\n' '''\n")) == \
-        Path(long)
+    assert interpreter_of(script(f"#!/bin/sh\n'''exec' \"{long}\" \"$0\" \"$@\"\n' '''\n")) == Path(
+        long
+    )
     found = interpreter_of(script("#!/usr/bin/env python3\n"))
     assert found is not None and found.name.startswith("python3")
     assert interpreter_of(script("#!/bin/bash\nexec foo\n")) is None
@@ -361,12 +429,28 @@ def test_interpreter_of_each_shebang_form(tmp_path: Path) -> None:
 
 
 def test_engine_args_become_the_releases_flags() -> None:
-    words = engine_args_words("Qwen/Qwen3-8B", {
-        "tensor_parallel_size": 2, "enforce_eager": True, "enable_prefix_caching": False,
-        "speculative_config": {"method": "ngram"}, "max_model_len": None}, release="0.31")
-    assert words == ["vllm", "serve", "Qwen/Qwen3-8B", "--tensor-parallel-size", "2",
-                     "--enforce-eager", "--no-enable-prefix-caching", "--speculative-config",
-                     '{"method": "ngram"}']
+    words = engine_args_words(
+        "Qwen/Qwen3-8B",
+        {
+            "tensor_parallel_size": 2,
+            "enforce_eager": True,
+            "enable_prefix_caching": False,
+            "speculative_config": {"method": "ngram"},
+            "max_model_len": None,
+        },
+        release="0.31",
+    )
+    assert words == [
+        "vllm",
+        "serve",
+        "Qwen/Qwen3-8B",
+        "--tensor-parallel-size",
+        "2",
+        "--enforce-eager",
+        "--no-enable-prefix-caching",
+        "--speculative-config",
+        '{"method": "ngram"}',
+    ]
     with pytest.raises(Exception, match="'tensor_parallel' is not an engine argument") as err:
         engine_args_words("Qwen/Qwen3-8B", {"tensor_parallel": 2}, release="0.31")
     assert getattr(err.value, "code", None) is ErrorCode.UNKNOWN_FLAG
@@ -374,27 +458,39 @@ def test_engine_args_become_the_releases_flags() -> None:
 
 def test_split_assignments() -> None:
     assert split_assignments(["A=1", "B=x=y", "vllm", "serve", "C=3"]) == (
-        ["vllm", "serve", "C=3"], {"A": "1", "B": "x=y"})
+        ["vllm", "serve", "C=3"],
+        {"A": "1", "B": "x=y"},
+    )
 
 
 def test_settings_and_the_clients_start_up_wait(tmp_path: Path) -> None:
-    settings = LaunchSettings.from_env({"TURNOUT_URL": "http://svc:8000", "TURNOUT_TOKEN": "t",
-                                        "TURNOUT_CACHE_DIR": str(tmp_path), "HOME": "/h"})
+    settings = LaunchSettings.from_env(
+        {
+            "TURNOUT_URL": "http://svc:8000",
+            "TURNOUT_TOKEN": "t",
+            "TURNOUT_CACHE_DIR": str(tmp_path),
+            "HOME": "/h",
+        }
+    )
     assert (settings.url, settings.token, settings.pack) == ("http://svc:8000", "t", "turnout")
     client = make_client(settings)
     # The first decision waits for the first snapshot fetch to end, which its request deadline
     # bounds (the slack only covers the thread's start): with the service down or hung, the
     # decision comes from the disk copy or the defaults (tests/dashboard/test_launch_service.py
     # says which one is used, and that a service slower than 50 ms is waited for).
-    assert (client.timeout_s, client.startup_wait_s) == (
-        SERVICE_TIMEOUT_S, SERVICE_TIMEOUT_S + STARTUP_SLACK_S) == (0.5, 0.75)
+    assert (
+        (client.timeout_s, client.startup_wait_s)
+        == (SERVICE_TIMEOUT_S, SERVICE_TIMEOUT_S + STARTUP_SLACK_S)
+        == (0.5, 0.75)
+    )
     client.close()
     patient = make_client(settings, timeout_s=5.0)  # --service-timeout 5
     assert (patient.timeout_s, patient.startup_wait_s) == (5.0, 5.25)
     patient.close()
     assert LaunchSettings.from_env({"HOME": "/h"}).cache_dir == Path("/h/.cache/turnout")
-    assert LaunchSettings.from_env({"HOME": "/h", "XDG_CACHE_HOME": "/x"}).cache_dir == \
-        Path("/x/turnout")
+    assert LaunchSettings.from_env({"HOME": "/h", "XDG_CACHE_HOME": "/x"}).cache_dir == Path(
+        "/x/turnout"
+    )
 
 
 def test_apply_rollout_sets_the_environment_in_process(tmp_path: Path) -> None:
@@ -405,23 +501,33 @@ def test_apply_rollout_sets_the_environment_in_process(tmp_path: Path) -> None:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0\n")
     code = (
         "import json, os\n"
-        "from oracle.launch import apply_rollout\n"
+        "from turnout.oracle.launch import apply_rollout\n"
         "a = apply_rollout(model='Qwen/Qwen3-8B', engine_args=dict(tensor_parallel_size=2))\n"
         "b = apply_rollout(model='meta-llama/Llama-3.1-8B-Instruct')\n"
         "print(json.dumps([a.runner, dict(a.env), b.runner, dict(b.env),\n"
-        "                  os.environ.get('VLLM_USE_V2_MODEL_RUNNER')]))\n")
+        "                  os.environ.get('VLLM_USE_V2_MODEL_RUNNER')]))\n"
+    )
     env = launch_env(None, tmp_path / "cache")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(site)])
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(site)])
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ["v2", {}, "v1", {RUNNER: "0"}, "0"]
 
 
 def test_apply_rollout_without_vllm_says_so(tmp_path: Path) -> None:
-    code = ("from oracle.launch import apply_rollout\n"
-            "try:\n    apply_rollout(model='Qwen/Qwen3-8B')\n"
-            "except Exception as e:\n    print(type(e).__name__, e.code, e)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=launch_env(None, tmp_path / "cache"), cwd=ROOT, timeout=120)
+    code = (
+        "from turnout.oracle.launch import apply_rollout\n"
+        "try:\n    apply_rollout(model='Qwen/Qwen3-8B')\n"
+        "except Exception as e:\n    print(type(e).__name__, e.code, e)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=launch_env(None, tmp_path / "cache"),
+        cwd=ROOT,
+        timeout=120,
+    )
     assert done.stdout.startswith("VllmNotInstalled vllm_not_installed vLLM is not installed")

@@ -11,15 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from oracle.errors import ErrorCode
+from turnout.oracle.errors import ErrorCode
 
 ROOT = Path(__file__).resolve().parents[2]
 REF = ROOT / "policies" / "reference"
 
 
 def turnout(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "oracle.cli", *args], capture_output=True,
-                          text=True, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "turnout.oracle.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def test_decide_command_line_json() -> None:
@@ -29,13 +33,22 @@ def test_decide_command_line_json() -> None:
     assert out["runner"] == "v2" and out["mode"] == "auto" and out["family"] == "qwen3"
     assert out["messages"] == [{"level": "INFO", "message": "Using V2 Model Runner"}]
     assert out["error"] is None and len(out["policy_digest"]) == 16
-    assert set(out) >= {"runner", "mode", "family", "reasons", "messages", "error",
-                        "policy_digest"}
+    assert set(out) >= {"runner", "mode", "family", "reasons", "messages", "error", "policy_digest"}
 
 
 def test_pin_that_cannot_be_honoured_exits_3() -> None:
-    r = turnout("decide", "--json", "--env", "TURNOUT_USE_V2_MODEL_RUNNER=1", "--",
-                "vllm", "serve", "Qwen/Qwen3-8B", "--speculative-config", '{"method": "ngram"}')
+    r = turnout(
+        "decide",
+        "--json",
+        "--env",
+        "TURNOUT_USE_V2_MODEL_RUNNER=1",
+        "--",
+        "vllm",
+        "serve",
+        "Qwen/Qwen3-8B",
+        "--speculative-config",
+        '{"method": "ngram"}',
+    )
     assert r.returncode == 3
     out = json.loads(r.stdout)
     assert out["runner"] is None
@@ -50,11 +63,17 @@ def test_decide_help_says_what_exit_3_and_a_commands_file_are() -> None:
     r = turnout("decide", "--json", "--architecture", "Mamba2ForCausalLM")
     assert r.returncode == 3, r.stderr
     assert json.loads(r.stdout)["error_code"] == "architecture_not_served"
-    help_text = subprocess.run([sys.executable, "-m", "oracle.cli", "decide", "--help"],
-                               capture_output=True, text=True, cwd=ROOT,
-                               env={**os.environ, "COLUMNS": "400"}).stdout
-    assert ("3 no runner can serve it (a pin that cannot be honoured, an architecture no runner "
-            "of this build serves)") in help_text
+    help_text = subprocess.run(
+        [sys.executable, "-m", "turnout.oracle.cli", "decide", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "400"},
+    ).stdout
+    assert (
+        "3 no runner can serve it (a pin that cannot be honoured, an architecture no runner "
+        "of this build serves)"
+    ) in help_text
     assert "or a shell line (NAME=value ... vllm serve MODEL ...)" in help_text
 
 
@@ -64,8 +83,15 @@ def test_a_pin_reports_the_value_it_was_set_to() -> None:
     with "1" first, so a cached plan for "1" cannot answer for "2")."""
     line = ["--", "vllm", "serve", "Qwen/Qwen3-8B"]
     for value in ("1", "2"):
-        r = turnout("decide", "--pack", "vllm-0.31", "--env",
-                    f"VLLM_USE_V2_MODEL_RUNNER={value}", "--json", *line)
+        r = turnout(
+            "decide",
+            "--pack",
+            "vllm-0.31",
+            "--env",
+            f"VLLM_USE_V2_MODEL_RUNNER={value}",
+            "--json",
+            *line,
+        )
         assert r.returncode == 0, r.stderr
         (reason,) = json.loads(r.stdout)["reasons"]
         assert reason["matched"] == {"VLLM_USE_V2_MODEL_RUNNER": value}
@@ -75,14 +101,18 @@ def test_a_pin_reports_the_value_it_was_set_to() -> None:
 
 
 def test_pinned_plans_are_kept_per_value_of_the_variable() -> None:
-    from oracle import decide, load_pack
-    from oracle.config import DeploymentConfig
+    from turnout.oracle import decide, load_pack
+    from turnout.oracle.config import DeploymentConfig
 
     pack = load_pack("vllm-0.31")
     seen = []
     for value in ("1", "2", "1", "3"):
-        d = decide(DeploymentConfig(architecture="Qwen3ForCausalLM",
-                                    env={"VLLM_USE_V2_MODEL_RUNNER": value}), pack=pack)
+        d = decide(
+            DeploymentConfig(
+                architecture="Qwen3ForCausalLM", env={"VLLM_USE_V2_MODEL_RUNNER": value}
+            ),
+            pack=pack,
+        )
         seen.append((d.runner, d.reasons[0].matched["VLLM_USE_V2_MODEL_RUNNER"]))
     assert seen == [("v2", "1"), ("v2", "2"), ("v2", "1"), ("v2", "3")]
 
@@ -94,8 +124,9 @@ def test_bad_input_exits_2_with_the_reason() -> None:
 
 
 def test_spec_jsonl_one_result_per_line_echoing_id() -> None:
-    r = turnout("decide", "--pack", "vllm-0.31", "--spec", str(REF / "vllm031_cases.jsonl"),
-                "--json")
+    r = turnout(
+        "decide", "--pack", "vllm-0.31", "--spec", str(REF / "vllm031_cases.jsonl"), "--json"
+    )
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     cases = [json.loads(x) for x in (REF / "vllm031_cases.jsonl").read_text().splitlines()]
     assert [x["id"] for x in lines] == [c["id"] for c in cases]
@@ -106,9 +137,12 @@ def test_spec_jsonl_one_result_per_line_echoing_id() -> None:
 
 def test_commands_file_sets_error_per_line(tmp_path: Path) -> None:
     f = tmp_path / "cmds.jsonl"
-    f.write_text(json.dumps({"id": "ok", "env": {}, "argv": ["vllm", "serve", "Qwen/Qwen3-8B"]})
-                 + "\n" + json.dumps({"id": "bad", "env": {}, "argv": ["vllm", "serve", "$M"]})
-                 + "\n")
+    f.write_text(
+        json.dumps({"id": "ok", "env": {}, "argv": ["vllm", "serve", "Qwen/Qwen3-8B"]})
+        + "\n"
+        + json.dumps({"id": "bad", "env": {}, "argv": ["vllm", "serve", "$M"]})
+        + "\n"
+    )
     r = turnout("decide", "--commands", str(f), "--json")
     ok, bad = (json.loads(x) for x in r.stdout.splitlines())
     assert ok["id"] == "ok" and ok["runner"] == "v2" and ok["error"] is None
@@ -119,45 +153,60 @@ def test_commands_file_sets_error_per_line(tmp_path: Path) -> None:
 def test_commands_file_with_odd_shapes_sets_error_per_line(tmp_path: Path) -> None:
     f = tmp_path / "cmds.jsonl"
     good = {"id": "ok", "env": {}, "argv": ["vllm", "serve", "Qwen/Qwen3-8B"]}
-    rows = [{**good, "id": "env-str", "env": "abc"}, {**good, "id": "env-list", "env": [1, 2]},
-            {**good, "id": "env-null", "env": {"A": None}},
-            {**good, "id": "argv-null", "argv": ["vllm", "serve", "Qwen/Qwen3-8B", None]},
-            {**good, "id": ["x"]}, good]
+    rows = [
+        {**good, "id": "env-str", "env": "abc"},
+        {**good, "id": "env-list", "env": [1, 2]},
+        {**good, "id": "env-null", "env": {"A": None}},
+        {**good, "id": "argv-null", "argv": ["vllm", "serve", "Qwen/Qwen3-8B", None]},
+        {**good, "id": ["x"]},
+        good,
+    ]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     r = turnout("decide", "--commands", str(f), "--json")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     out = [json.loads(x) for x in r.stdout.splitlines()]
-    assert [o.get("id") for o in out] == ["env-str", "env-list", "env-null", "argv-null", None,
-                                          "ok"]
+    assert [o.get("id") for o in out] == [
+        "env-str",
+        "env-list",
+        "env-null",
+        "argv-null",
+        None,
+        "ok",
+    ]
     assert [o["error"].split(": ", 1)[1].split(":")[0] for o in out[:5]] == [
-        "env", "env", "env", "argv", "id"]
+        "env",
+        "env",
+        "env",
+        "argv",
+        "id",
+    ]
     assert out[-1]["runner"] == "v2" and out[-1]["error"] is None
 
 
-@pytest.mark.parametrize("args", [["decide"], ["decide", "--pack", "nope", "--architecture",
-                                                "X"]])
+@pytest.mark.parametrize("args", [["decide"], ["decide", "--pack", "nope", "--architecture", "X"]])
 def test_usage_errors_exit_2(args: list[str]) -> None:
     assert turnout(*args).returncode == 2
 
 
 def test_summary_markdown_table() -> None:
-    r = turnout("decide", "--commands", str(REF / "vllm_recipes.jsonl"), "--summary",
-                "--markdown")
+    r = turnout("decide", "--commands", str(REF / "vllm_recipes.jsonl"), "--summary", "--markdown")
     lines = r.stdout.splitlines()
     assert lines[0].startswith("| family | deployments | V2 | V1 |")
     total = sum(int(line.split("|")[2]) for line in lines[2:] if line.startswith("|"))
     assert total == len((REF / "vllm_recipes.jsonl").read_text().splitlines())
-    assert lines[-2:] == ["", "canaries: rollout.yaml defaults of pack turnout (pass --canaries "
-                              "FILE, e.g. the service's GET /api/v1/canaries, to decide with the "
-                              "live ones)"]
+    assert lines[-2:] == [
+        "",
+        "canaries: rollout.yaml defaults of pack turnout (pass --canaries "
+        "FILE, e.g. the service's GET /api/v1/canaries, to decide with the "
+        "live ones)",
+    ]
 
 
 def test_the_summary_bad_input_row_counts_every_error_code() -> None:
     """The row showed the three most common codes only, so the six kinds of bad input that
     README.md lists "as --summary shows" could not be read off it: now every code, whose
     counts add up to the row's lines."""
-    r = turnout("decide", "--commands", str(REF / "vllm_recipes.jsonl"), "--summary",
-                "--markdown")
+    r = turnout("decide", "--commands", str(REF / "vllm_recipes.jsonl"), "--summary", "--markdown")
     row = next(x for x in r.stdout.splitlines() if x.startswith("| (bad input) |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     counts = {code: int(n) for code, n in re.findall(r"(\w+) \((\d+)\)", cells[5])}
@@ -166,8 +215,14 @@ def test_the_summary_bad_input_row_counts_every_error_code() -> None:
 
 
 def test_explain_prints_the_suggestions() -> None:
-    r = turnout("explain", "--architecture", "Qwen3ForCausalLM", "--set",
-                "speculative_method=ngram", "--json")
+    r = turnout(
+        "explain",
+        "--architecture",
+        "Qwen3ForCausalLM",
+        "--set",
+        "speculative_method=ngram",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["decision"]["runner"] == "v1"
@@ -188,16 +243,19 @@ def test_explain_combines_a_config_change_with_the_canary() -> None:
         "→ V2 (config+canary, TARGETING_MATCH): cpu_offload_gb 4.0 → 0; "
         "canary:llama-mistral-dense off → on 100% "
         "canaries: rollout.yaml defaults of pack turnout (pass --canaries FILE, e.g. the "
-        "service's GET /api/v1/canaries, to decide with the live ones)")
+        "service's GET /api/v1/canaries, to decide with the live ones)"
+    )
     out = json.loads(turnout("explain", "--json", *argv).stdout)
     assert [s["kind"] for s in out["suggestions"]] == ["config+pin", "config+canary"]
     assert out["suggestions"][1]["changes"] == [
         {"dimension": "cpu_offload_gb", "from": 4.0, "to": 0},
-        {"dimension": "canary:llama-mistral-dense", "from": "off", "to": "on 100%"}]
+        {"dimension": "canary:llama-mistral-dense", "from": "off", "to": "on 100%"},
+    ]
 
 
-@pytest.mark.parametrize("args", [["--", "vllm", "serve", "<checkpoint>"],
-                                  ["--pack", "nope", "--architecture", "X"]])
+@pytest.mark.parametrize(
+    "args", [["--", "vllm", "serve", "<checkpoint>"], ["--pack", "nope", "--architecture", "X"]]
+)
 def test_explain_json_on_bad_input_is_still_json(args: list[str]) -> None:
     r = turnout("explain", "--json", *args)
     assert r.returncode == 2
@@ -229,5 +287,10 @@ def test_matrix_and_diff_json() -> None:
     out = json.loads(r.stdout)
     assert out["from"] == "turnout" and out["to"] == "vllm-0.31" and out["changed_cells"] > 0
     # turnout's runners implement no draft-model speculation (no runner); vLLM 0.31's V2 does.
-    assert any(g["scenario"] == "speculative_method=draft_model" and g["from"] == "refuse"
-               and g["to"] == "v2" and g["change"] == "refuse→v2" for g in out["groups"])
+    assert any(
+        g["scenario"] == "speculative_method=draft_model"
+        and g["from"] == "refuse"
+        and g["to"] == "v2"
+        and g["change"] == "refuse→v2"
+        for g in out["groups"]
+    )

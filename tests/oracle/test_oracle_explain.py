@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oracle import CanarySnapshot, CohortState, DeploymentConfig, explain, load_pack
+from turnout.oracle import CanarySnapshot, CohortState, DeploymentConfig, explain, load_pack
 
 
 def _texts(cfg: DeploymentConfig, **kw: object) -> list[str]:
@@ -26,8 +26,9 @@ def test_a_value_that_keeps_the_feature_on_comes_first() -> None:
 
 
 def test_two_blockers_need_both_changes() -> None:
-    cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="suffix",
-                           enable_elastic_ep=True)
+    cfg = DeploymentConfig(
+        architecture="Qwen3ForCausalLM", speculative_method="suffix", enable_elastic_ep=True
+    )
     # The nearest served method keeps speculation on (ngram_gpu: runner_v2's own).
     assert _texts(cfg) == ["speculative_method suffix → ngram_gpu; enable_elastic_ep true → false"]
 
@@ -49,11 +50,12 @@ def test_kill_switch_is_named_in_the_canary_change() -> None:
     cfg = DeploymentConfig(architecture="Qwen3ForCausalLM")
     texts = _texts(cfg, canaries=CanarySnapshot({}, kill_switch=True))
     # qwen3-canary is on by default (rollout.yaml): releasing the kill switch is all it takes.
-    assert texts == ["env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
-                     "kill_switch engaged → released"]
+    assert texts == ["env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1", "kill_switch engaged → released"]
     llama = DeploymentConfig(architecture="LlamaForCausalLM")
-    assert _texts(llama, canaries=CanarySnapshot({}, kill_switch=True))[1] == \
-        "kill_switch engaged → released; canary:llama-mistral-dense off → on 100%"
+    assert (
+        _texts(llama, canaries=CanarySnapshot({}, kill_switch=True))[1]
+        == "kill_switch engaged → released; canary:llama-mistral-dense off → on 100%"
+    )
 
 
 def test_canary_change_starts_from_the_effective_state() -> None:
@@ -69,14 +71,16 @@ def test_v1_pin_is_lifted_first() -> None:
     ngram = DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram", env=pin)
     ex = explain(ngram, pack=load_pack("turnout"))
     assert ex.decision.mode == "pinned" and ex.decision.runner == "v1"
-    assert str(ex.suggestions[0]) == ("env:TURNOUT_USE_V2_MODEL_RUNNER 0 → unset; "
-                                      "speculative_method ngram → ngram_gpu")
+    assert str(ex.suggestions[0]) == (
+        "env:TURNOUT_USE_V2_MODEL_RUNNER 0 → unset; speculative_method ngram → ngram_gpu"
+    )
     assert ex.suggestions[0].decision.runner == "v2" and ex.suggestions[0].decision.mode == "auto"
 
 
 def test_pinned_error_is_fixed_under_the_pin() -> None:
-    cfg = DeploymentConfig(architecture="Qwen3ForCausalLM", cpu_offload_gb=8,
-                           env={"TURNOUT_USE_V2_MODEL_RUNNER": "1"})
+    cfg = DeploymentConfig(
+        architecture="Qwen3ForCausalLM", cpu_offload_gb=8, env={"TURNOUT_USE_V2_MODEL_RUNNER": "1"}
+    )
     ex = explain(cfg, pack=load_pack("turnout"))
     assert ex.decision.runner is None
     assert [str(s) for s in ex.suggestions] == ["cpu_offload_gb 8.0 → 0"]
@@ -92,17 +96,22 @@ def test_model_facts_are_not_suggested() -> None:
 
 
 def test_an_architecture_no_runner_serves_has_no_suggestion() -> None:
-    ex = explain(DeploymentConfig(architecture="Mamba2ForCausalLM", speculative_method="ngram"),
-                 pack=load_pack("turnout"))
+    ex = explain(
+        DeploymentConfig(architecture="Mamba2ForCausalLM", speculative_method="ngram"),
+        pack=load_pack("turnout"),
+    )
     assert ex.decision.error_code == "architecture_not_served" and ex.suggestions == ()
-    assert ex.note.startswith("no change of the deployment's options reaches a runner: no runner "
-                              "of this build serves architecture 'Mamba2ForCausalLM'")
+    assert ex.note.startswith(
+        "no change of the deployment's options reaches a runner: no runner "
+        "of this build serves architecture 'Mamba2ForCausalLM'"
+    )
 
 
 def test_already_v2_and_unknown_architecture() -> None:
     pack = load_pack("turnout")
-    assert explain(DeploymentConfig(architecture="Qwen3ForCausalLM"), pack=pack).note == \
-        "already V2"
+    assert (
+        explain(DeploymentConfig(architecture="Qwen3ForCausalLM"), pack=pack).note == "already V2"
+    )
     ex = explain(DeploymentConfig(architecture="Nope"), pack=pack)
     assert ex.suggestions == () and ex.note.startswith("fix the input first")
 
@@ -126,8 +135,12 @@ def test_a_blocker_in_a_stage_that_is_off_needs_the_change_and_a_step_together()
 
 
 def test_two_blockers_and_the_canary_in_one_suggestion() -> None:
-    cfg = DeploymentConfig(architecture="LlamaForCausalLM", cpu_offload_gb=4, enable_elastic_ep=True)
-    assert _texts(cfg)[1] == f"enable_elastic_ep true → false; cpu_offload_gb 4.0 → 0; {LLAMA_STAGE}"
+    cfg = DeploymentConfig(
+        architecture="LlamaForCausalLM", cpu_offload_gb=4, enable_elastic_ep=True
+    )
+    assert (
+        _texts(cfg)[1] == f"enable_elastic_ep true → false; cpu_offload_gb 4.0 → 0; {LLAMA_STAGE}"
+    )
 
 
 def test_a_step_that_works_alone_is_not_combined() -> None:
@@ -153,32 +166,47 @@ def test_combined_steps_start_from_a_v1_pin_and_the_kill_switch() -> None:
         "cpu_offload_gb 4.0 → 0; kill_switch engaged → released",
     ]
     # Under the kill switch a method only V2 serves still reaches V2 by itself.
-    assert _texts(DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram"),
-                  canaries=CanarySnapshot({}, kill_switch=True))[0] == "speculative_method ngram → ngram_gpu"
+    assert (
+        _texts(
+            DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram"),
+            canaries=CanarySnapshot({}, kill_switch=True),
+        )[0]
+        == "speculative_method ngram → ngram_gpu"
+    )
 
 
 def test_a_blocker_behind_a_prerequisite_is_found() -> None:
     # Without Triton the decision names only the prerequisite (it decides first); explain
     # said "no change of the deployment's options reaches V2" although one did.
-    qwen = DeploymentConfig(architecture="Qwen3ForCausalLM", triton_available=False,
-                            mamba_cache_mode="all")
+    qwen = DeploymentConfig(
+        architecture="Qwen3ForCausalLM", triton_available=False, mamba_cache_mode="all"
+    )
     assert _texts(qwen) == ["triton_available false → true; mamba_cache_mode all → none"]
-    llama = DeploymentConfig(architecture="LlamaForCausalLM", triton_available=False, cpu_offload_gb=4)
+    llama = DeploymentConfig(
+        architecture="LlamaForCausalLM", triton_available=False, cpu_offload_gb=4
+    )
     ex = explain(llama, pack=load_pack("turnout"))
     assert [r.rule_id for r in ex.decision.reasons] == ["triton_required"]
     assert [(s.kind, str(s)) for s in ex.suggestions] == [
-        ("config+pin", "triton_available false → true; cpu_offload_gb 4.0 → 0; "
-                       "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1"),
-        ("config+canary", "triton_available false → true; cpu_offload_gb 4.0 → 0; "
-                          "canary:llama-mistral-dense off → on 100%")]
+        (
+            "config+pin",
+            "triton_available false → true; cpu_offload_gb 4.0 → 0; "
+            "env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
+        ),
+        (
+            "config+canary",
+            "triton_available false → true; cpu_offload_gb 4.0 → 0; "
+            "canary:llama-mistral-dense off → on 100%",
+        ),
+    ]
     assert all(s.decision.runner == "v2" for s in ex.suggestions)
 
 
 def test_a_soft_blocker_behind_a_prerequisite_is_found_for_the_canary_too() -> None:
     # DBO is allowed under a V2 pin; the rollout path has to turn it off as well.
-    cfg = DeploymentConfig(architecture="LlamaForCausalLM", triton_available=False,
-                           enable_dbo=True)
+    cfg = DeploymentConfig(architecture="LlamaForCausalLM", triton_available=False, enable_dbo=True)
     assert _texts(cfg) == [
         "triton_available false → true; env:TURNOUT_USE_V2_MODEL_RUNNER unset → 1",
         "triton_available false → true; enable_dbo true → false; "
-        "canary:llama-mistral-dense off → on 100%"]
+        "canary:llama-mistral-dense off → on 100%",
+    ]

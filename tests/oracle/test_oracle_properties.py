@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from oracle import (
+from turnout.oracle import (
     CanarySnapshot,
     CohortState,
     DeploymentConfig,
@@ -18,8 +18,8 @@ from oracle import (
     from_spec,
     load_pack,
 )
-from oracle.config import FIELD_INFO, FIELDS
-from oracle.errors import ErrorCode
+from turnout.oracle.config import FIELD_INFO, FIELDS
+from turnout.oracle.errors import ErrorCode
 
 PACKS = {name: load_pack(name) for name in ("turnout", "vllm-0.31")}
 ARCHS = sorted(PACKS["turnout"].architectures)
@@ -45,14 +45,20 @@ def _field_strategy(name: str, kind: str, vocab: tuple[str, ...] | None) -> Any:
 
 
 _SKIP = {"model", "model_type", "family", "env", "architecture", "deployment_id"}
-_FIELD_STRATEGIES = {f.name: s for f in FIELDS if f.name not in _SKIP
-                     and (s := _field_strategy(f.name, f.kind, f.vocab)) is not None}
+_FIELD_STRATEGIES = {
+    f.name: s
+    for f in FIELDS
+    if f.name not in _SKIP and (s := _field_strategy(f.name, f.kind, f.vocab)) is not None
+}
 
 
 @st.composite
 def configs(draw: st.DrawFn) -> DeploymentConfig:
-    fields = {name: draw(strat) for name, strat in _FIELD_STRATEGIES.items()
-              if draw(st.integers(0, 3)) == 0}  # most fields stay at their defaults
+    fields = {
+        name: draw(strat)
+        for name, strat in _FIELD_STRATEGIES.items()
+        if draw(st.integers(0, 3)) == 0
+    }  # most fields stay at their defaults
     fields["architecture"] = draw(_field_strategy("architecture", "str", None))
     fields["deployment_id"] = draw(_field_strategy("deployment_id", "str", None))
     pin = draw(st.sampled_from(PIN_VALUES))
@@ -83,23 +89,22 @@ def _interpreted_mask(pack_name: str, cfg: DeploymentConfig) -> list[str]:
         if dim in ("kv_connector", "kv_role"):
             return cfg.kv_transfer_config.get(dim) if cfg.kv_transfer_config else None
         if dim in data.derived_conditions:
-            return any(all(c.test(value(c.dim)) for c in alt)
-                       for alt in data.derived_conditions[dim])
+            return any(
+                all(c.test(value(c.dim)) for c in alt) for alt in data.derived_conditions[dim]
+            )
         v = getattr(cfg, dim)
         return getattr(arch, dim) if v is None and hasattr(arch, dim) else v
 
     return [r.id for r in data.rules if all(c.test(value(c.dim)) for c in r.conditions)]
 
 
-SETTINGS = settings(max_examples=300, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @pytest.mark.parametrize("pack_name", sorted(PACKS))
 @SETTINGS
 @given(cfg=configs())
-def test_decide_never_raises_and_is_deterministic(pack_name: str, cfg: DeploymentConfig
-                                                  ) -> None:
+def test_decide_never_raises_and_is_deterministic(pack_name: str, cfg: DeploymentConfig) -> None:
     pack = PACKS[pack_name]
     d = decide(cfg, pack=pack)
     again = decide(from_spec(cfg.to_spec()), pack=pack)
@@ -112,8 +117,7 @@ def test_decide_never_raises_and_is_deterministic(pack_name: str, cfg: Deploymen
 @pytest.mark.parametrize("pack_name", sorted(PACKS))
 @SETTINGS
 @given(cfg=configs())
-def test_pin_to_v2_with_hard_blockers_always_errors(pack_name: str, cfg: DeploymentConfig
-                                                    ) -> None:
+def test_pin_to_v2_with_hard_blockers_always_errors(pack_name: str, cfg: DeploymentConfig) -> None:
     pack = PACKS[pack_name]
     if cfg.architecture not in pack.architectures or pack.data.steps:
         return  # a pack with steps decides on the normalised config: its golden file holds it
@@ -140,8 +144,7 @@ def test_pin_to_v2_with_hard_blockers_always_errors(pack_name: str, cfg: Deploym
 @pytest.mark.parametrize("pack_name", sorted(PACKS))
 @SETTINGS
 @given(cfg=configs())
-def test_generated_code_agrees_with_the_conditions(pack_name: str, cfg: DeploymentConfig
-                                                   ) -> None:
+def test_generated_code_agrees_with_the_conditions(pack_name: str, cfg: DeploymentConfig) -> None:
     pack = PACKS[pack_name]
     if cfg.architecture not in pack.architectures:
         return
@@ -155,8 +158,9 @@ def test_generated_code_agrees_with_the_conditions(pack_name: str, cfg: Deployme
     assert compiled == _interpreted_mask(pack_name, cfg)
 
 
-def _apply(cfg: DeploymentConfig, changes: Any, pack_name: str,
-           canaries: CanarySnapshot | None) -> tuple[DeploymentConfig, CanarySnapshot | None]:
+def _apply(
+    cfg: DeploymentConfig, changes: Any, pack_name: str, canaries: CanarySnapshot | None
+) -> tuple[DeploymentConfig, CanarySnapshot | None]:
     """The config and snapshot a suggestion's changes describe, built independently of
     explain() (env:NAME, kill_switch and canary:STAGE changes included)."""
     fields: dict[str, Any] = {}
@@ -182,27 +186,49 @@ def _apply(cfg: DeploymentConfig, changes: Any, pack_name: str,
     return cfg.replace(env=env, **fields), snap
 
 
-SNAPSHOTS = st.one_of(st.none(), st.builds(
-    lambda states, kill: CanarySnapshot(states, kill_switch=kill),
-    st.dictionaries(st.sampled_from([c.id for c in PACKS["turnout"].cohorts]),
-                    st.builds(CohortState, st.booleans(), st.sampled_from([0, 1, 50, 100])),
-                    max_size=4),
-    st.booleans()))
+SNAPSHOTS = st.one_of(
+    st.none(),
+    st.builds(
+        lambda states, kill: CanarySnapshot(states, kill_switch=kill),
+        st.dictionaries(
+            st.sampled_from([c.id for c in PACKS["turnout"].cohorts]),
+            st.builds(CohortState, st.booleans(), st.sampled_from([0, 1, 50, 100])),
+            max_size=4,
+        ),
+        st.booleans(),
+    ),
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs(), canaries=SNAPSHOTS)
-@example(cfg=DeploymentConfig(architecture="LlamaForCausalLM"),
-         canaries=CanarySnapshot({}, kill_switch=True))
-@example(cfg=DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram",
-                              env={"TURNOUT_USE_V2_MODEL_RUNNER": "0"}), canaries=None)
-@example(cfg=DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="ngram"),
-         canaries=None)  # a blocker in a stage that is off: config change + canary or pin
-@example(cfg=DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="suffix",
-                              enable_dbo=True, env={"TURNOUT_USE_V2_MODEL_RUNNER": "0"}),
-         canaries=CanarySnapshot({}, kill_switch=True))
-def test_explain_suggestions_really_reach_v2(cfg: DeploymentConfig,
-                                             canaries: CanarySnapshot | None) -> None:
+@example(
+    cfg=DeploymentConfig(architecture="LlamaForCausalLM"),
+    canaries=CanarySnapshot({}, kill_switch=True),
+)
+@example(
+    cfg=DeploymentConfig(
+        architecture="Qwen3ForCausalLM",
+        speculative_method="ngram",
+        env={"TURNOUT_USE_V2_MODEL_RUNNER": "0"},
+    ),
+    canaries=None,
+)
+@example(
+    cfg=DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="ngram"), canaries=None
+)  # a blocker in a stage that is off: config change + canary or pin
+@example(
+    cfg=DeploymentConfig(
+        architecture="LlamaForCausalLM",
+        speculative_method="suffix",
+        enable_dbo=True,
+        env={"TURNOUT_USE_V2_MODEL_RUNNER": "0"},
+    ),
+    canaries=CanarySnapshot({}, kill_switch=True),
+)
+def test_explain_suggestions_really_reach_v2(
+    cfg: DeploymentConfig, canaries: CanarySnapshot | None
+) -> None:
     pack = PACKS["turnout"]
     ex = explain(cfg, pack=pack, canaries=canaries)
     for s in ex.suggestions:
@@ -211,8 +237,9 @@ def test_explain_suggestions_really_reach_v2(cfg: DeploymentConfig,
         assert decide(changed, pack=pack, canaries=snap).runner == "v2", str(s)
 
 
-def _opened(pack_name: str, cfg: DeploymentConfig, canaries: CanarySnapshot | None
-            ) -> CanarySnapshot:
+def _opened(
+    pack_name: str, cfg: DeploymentConfig, canaries: CanarySnapshot | None
+) -> CanarySnapshot:
     """``canaries`` with the kill switch released and ``cfg``'s stage on at 100%."""
     pack = PACKS[pack_name]
     cohorts = dict(canaries.cohorts) if canaries else {}
@@ -224,12 +251,16 @@ def _opened(pack_name: str, cfg: DeploymentConfig, canaries: CanarySnapshot | No
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configs(), canaries=SNAPSHOTS)
-@example(cfg=DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="ngram"),
-         canaries=None)
-@example(cfg=DeploymentConfig(architecture="LlamaForCausalLM", enable_dbo=True),
-         canaries=CanarySnapshot({}, kill_switch=True))
+@example(
+    cfg=DeploymentConfig(architecture="LlamaForCausalLM", speculative_method="ngram"), canaries=None
+)
+@example(
+    cfg=DeploymentConfig(architecture="LlamaForCausalLM", enable_dbo=True),
+    canaries=CanarySnapshot({}, kill_switch=True),
+)
 def test_explain_finds_one_change_that_needs_the_rollout_too(
-        cfg: DeploymentConfig, canaries: CanarySnapshot | None) -> None:
+    cfg: DeploymentConfig, canaries: CanarySnapshot | None
+) -> None:
     """Whenever changing one option a deciding rule tested, together with opening the rollout
     for the changed deployment (its stage on at 100%, the kill switch released), reaches V2,
     explain offers a suggestion that changes at most that option, and it reaches V2."""
@@ -239,8 +270,9 @@ def test_explain_finds_one_change_that_needs_the_rollout_too(
     ex = explain(cfg, pack=pack, canaries=canaries)
     if ex.decision.runner != "v1":
         return
-    offered = [{c.dimension for c in s.changes if c.dimension in pack.domains}
-               for s in ex.suggestions]
+    offered = [
+        {c.dimension for c in s.changes if c.dimension in pack.domains} for s in ex.suggestions
+    ]
     for dim in {d for r in ex.decision.reasons for d in r.matched}:
         if dim not in pack.domains or not FIELD_INFO[dim].changeable:
             continue

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from oracle import PackError, load_pack
-from oracle.errors import ErrorCode
-from oracle.pack import POLICIES_DIR
+from turnout.oracle import PackError, load_pack
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.pack import POLICIES_DIR
 
 
 @pytest.fixture
@@ -37,8 +37,11 @@ def _issues(folder: Path) -> list[str]:
 
 def test_unknown_key_names_file_line_column_and_expected_keys(pack_dir: Path) -> None:
     cm = pack_dir / "capability_matrix.yaml"
-    _edit(cm, "    severity: soft\n    when: {enable_dbo: true}",
-          "    severity: soft\n    colour: red\n    when: {enable_dbo: true}")
+    _edit(
+        cm,
+        "    severity: soft\n    when: {enable_dbo: true}",
+        "    severity: soft\n    colour: red\n    when: {enable_dbo: true}",
+    )
     (issue,) = _issues(pack_dir)
     line = _line_of(cm, "colour: red")
     assert issue.startswith(f"{cm}:{line}:5: error: unknown key 'colour'")
@@ -61,11 +64,14 @@ def test_bad_type(pack_dir: Path) -> None:
     assert f"{cm}:{_line_of(cm, 'gt: lots')}:" in issue and "gt expects a number" in issue
 
 
-@pytest.mark.parametrize("old, new, expected", [
-    ("enabled: true", 'enabled: "yes"', "enabled: Input should be a valid boolean"),
-    ("percentage: 100", 'percentage: "100"', "percentage: Input should be a valid integer"),
-    ("enabled: true", "enabled: 1", "enabled: Input should be a valid boolean"),
-])
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        ("enabled: true", 'enabled: "yes"', "enabled: Input should be a valid boolean"),
+        ("percentage: 100", 'percentage: "100"', "percentage: Input should be a valid integer"),
+        ("enabled: true", "enabled: 1", "enabled: Input should be a valid boolean"),
+    ],
+)
 def test_types_are_not_coerced(pack_dir: Path, old: str, new: str, expected: str) -> None:
     # A quoted "yes" or a 1 where the schema wants a boolean is a mistake to report, not to
     # read as true.
@@ -77,8 +83,11 @@ def test_types_are_not_coerced(pack_dir: Path, old: str, new: str, expected: str
 
 def test_bad_severity_literal(pack_dir: Path) -> None:
     cm = pack_dir / "capability_matrix.yaml"
-    _edit(cm, "    severity: soft\n    when: {enable_dbo: true}",
-          "    severity: medium\n    when: {enable_dbo: true}")
+    _edit(
+        cm,
+        "    severity: soft\n    when: {enable_dbo: true}",
+        "    severity: medium\n    when: {enable_dbo: true}",
+    )
     (issue,) = _issues(pack_dir)
     assert f"{cm}:{_line_of(cm, 'severity: medium')}:15:" in issue
     assert "'hard' or 'soft'" in issue
@@ -89,8 +98,11 @@ def test_duplicate_rule_id(pack_dir: Path) -> None:
     _edit(cm, "  - id: suffix_speculation", "  - id: ngram_speculation")
     (issue,) = _issues(pack_dir)
     assert "duplicate rule id 'ngram_speculation'" in issue
-    lines = [i for i, text in enumerate(cm.read_text().splitlines(), 1)
-             if text == "  - id: ngram_speculation"]
+    lines = [
+        i
+        for i, text in enumerate(cm.read_text().splitlines(), 1)
+        if text == "  - id: ngram_speculation"
+    ]
     assert issue.startswith(f"{cm}:{lines[1]}:9:")
 
 
@@ -128,12 +140,14 @@ def test_all_problems_are_reported_at_once(pack_dir: Path) -> None:
     _edit(cm, "when: {enable_elastic_ep: true}", "when: {enable_elastic_epp: true}")
     issues = _issues(pack_dir)
     assert len(issues) == 2
-    assert "unknown dimension 'enable_elastic_epp'" in issues[1] or \
-        "unknown dimension 'enable_elastic_epp'" in issues[0]
+    assert (
+        "unknown dimension 'enable_elastic_epp'" in issues[1]
+        or "unknown dimension 'enable_elastic_epp'" in issues[0]
+    )
 
 
 def test_missing_pack() -> None:
-    from oracle import OracleError
+    from turnout.oracle import OracleError
 
     with pytest.raises(OracleError) as info:
         load_pack("no-such-pack")

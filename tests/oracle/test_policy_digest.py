@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
+from turnout.oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
 
 
 def _defaults(pack_name: str) -> CanarySnapshot:
     pack = load_pack(pack_name)
-    return CanarySnapshot({c.id: CohortState(c.enabled, c.percentage) for c in pack.cohorts},
-                          kill_switch=pack.kill_switch)
+    return CanarySnapshot(
+        {c.id: CohortState(c.enabled, c.percentage) for c in pack.cohorts},
+        kill_switch=pack.kill_switch,
+    )
 
 
 def test_snapshot_equal_to_the_defaults_has_the_defaults_digest() -> None:

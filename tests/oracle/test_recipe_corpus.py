@@ -9,15 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from oracle import ConfigError, decide, from_command, load_pack
-from oracle.errors import ErrorCode
+from turnout.oracle import ConfigError, decide, from_command, load_pack
+from turnout.oracle.errors import ErrorCode
 
 RECIPES_FILE = Path(__file__).resolve().parents[2] / "policies" / "reference" / "vllm_recipes.jsonl"
 RECIPES = [json.loads(line) for line in RECIPES_FILE.read_text().splitlines() if line.strip()]
 # Error codes that are specific and say what to pass (docs/oracle-api.md, "Errors").
-SPECIFIC = {ErrorCode.PLACEHOLDER_MODEL, ErrorCode.PLACEHOLDER_VALUE, ErrorCode.UNKNOWN_MODEL,
-            ErrorCode.BAD_COMMAND, ErrorCode.UNKNOWN_FLAG, ErrorCode.BAD_FLAG_VALUE,
-            ErrorCode.BAD_VALUE}
+SPECIFIC = {
+    ErrorCode.PLACEHOLDER_MODEL,
+    ErrorCode.PLACEHOLDER_VALUE,
+    ErrorCode.UNKNOWN_MODEL,
+    ErrorCode.BAD_COMMAND,
+    ErrorCode.UNKNOWN_FLAG,
+    ErrorCode.BAD_FLAG_VALUE,
+    ErrorCode.BAD_VALUE,
+}
 
 
 @pytest.mark.parametrize("pack_name", ["turnout", "vllm-0.31"])
@@ -53,7 +59,7 @@ def test_placeholders_are_named() -> None:
 
 
 def test_known_models_are_sourced_and_known_to_both_packs() -> None:
-    from oracle.sources.known_models import load_known_models
+    from turnout.oracle.sources.known_models import load_known_models
 
     models = load_known_models()
     assert len(models) >= 100
@@ -72,7 +78,20 @@ def test_docs_table_is_current() -> None:
     doc = (RECIPES_FILE.parents[2] / "docs" / "oracle-recipes.md").read_text()
     for pack_name in ("turnout", "vllm-0.31"):
         out = subprocess.run(
-            [sys.executable, "-m", "oracle.cli", "decide", "--pack", pack_name, "--commands",
-             "policies/reference/vllm_recipes.jsonl", "--summary", "--markdown"],
-            capture_output=True, text=True, cwd=RECIPES_FILE.parents[2])
+            [
+                sys.executable,
+                "-m",
+                "turnout.oracle.cli",
+                "decide",
+                "--pack",
+                pack_name,
+                "--commands",
+                "policies/reference/vllm_recipes.jsonl",
+                "--summary",
+                "--markdown",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=RECIPES_FILE.parents[2],
+        )
         assert out.stdout.strip() in doc, f"regenerate the {pack_name} table in the doc"

@@ -14,13 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from oracle import ConfigError, from_command
-from oracle.errors import ErrorCode
-from oracle.sources.command import check_line
-from oracle.sources.command_table import REFERENCE_DIR, available_releases
+from turnout.oracle import ConfigError, from_command
+from turnout.oracle.errors import ErrorCode
+from turnout.oracle.sources.command import check_line
+from turnout.oracle.sources.command_table import REFERENCE_DIR, available_releases
 
-RECIPES = {r["id"]: r for r in map(json.loads, (REFERENCE_DIR / "vllm_recipes.jsonl")
-                                   .read_text().splitlines())}
+RECIPES = {
+    r["id"]: r
+    for r in map(json.loads, (REFERENCE_DIR / "vllm_recipes.jsonl").read_text().splitlines())
+}
 FOR_A_FLAG = {ErrorCode.UNKNOWN_FLAG, ErrorCode.BAD_FLAG_VALUE}
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from oracle import from_spec, load_pack
 from referee.compare import agree, pack_answer
+from turnout.oracle import from_spec, load_pack
 
 REFERENCE = Path(__file__).resolve().parents[2] / "policies" / "reference"
-RELEASES = sorted(p.parent.name.removeprefix("vllm-")
-                  for p in REFERENCE.glob("vllm-*/golden.jsonl"))
+RELEASES = sorted(
+    p.parent.name.removeprefix("vllm-") for p in REFERENCE.glob("vllm-*/golden.jsonl")
+)
 
 
 def _golden(release: str) -> list[dict]:
@@ -68,5 +69,4 @@ def test_the_generated_step_program_decides_as_the_steps_read(release: str) -> N
     pack.policy_digest()  # builds the default canary view
     for case in _golden(release)[:1500]:
         config = from_spec(case["config"])
-        assert pack._decide_uncached(config, None, applied=set()) == pack.decide(config), \
-            case["id"]
+        assert pack._decide_uncached(config, None, applied=set()) == pack.decide(config), case["id"]

@@ -3,14 +3,16 @@ preview asks for one per cohort x percentage) must not keep a cache each forever
 
 from __future__ import annotations
 
-from oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
-from oracle.pack import MAX_SNAPSHOT_CACHES
+from turnout.oracle import CanarySnapshot, CohortState, DeploymentConfig, decide, load_pack
+from turnout.oracle.pack import MAX_SNAPSHOT_CACHES
 
 
 def test_caches_of_many_snapshots_stay_bounded_and_answers_stay_right() -> None:
     pack = load_pack("turnout")
-    configs = [DeploymentConfig(architecture="LlamaForCausalLM", deployment_id=f"dep-{i}")
-               for i in range(50)]
+    configs = [
+        DeploymentConfig(architecture="LlamaForCausalLM", deployment_id=f"dep-{i}")
+        for i in range(50)
+    ]
     live = CanarySnapshot({"llama-mistral-dense": CohortState(True, 30)})
     first = [decide(c, pack=pack, canaries=live) for c in configs]
     for pct in range(101):

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from oracle import DeploymentConfig, load_pack
-from oracle.cli import app
-from oracle.compare import by_family, sides
-from oracle.matrix import scenarios
-from oracle.matrix_diff import MatrixDiff, _classes, _pairs, diff_packs, unknown_fields
+from turnout.oracle import DeploymentConfig, load_pack
+from turnout.oracle.cli import app
+from turnout.oracle.compare import by_family, sides
+from turnout.oracle.matrix import scenarios
+from turnout.oracle.matrix_diff import MatrixDiff, _classes, _pairs, diff_packs, unknown_fields
 
 
 @pytest.fixture(scope="module")
@@ -28,26 +28,35 @@ def _invoke(*args: str) -> tuple[int, str]:
 
 
 def test_deciding_one_architecture_per_class_finds_every_changed_cell(
-        diff_031_032: MatrixDiff) -> None:
+    diff_031_032: MatrixDiff,
+) -> None:
     before, after = diff_031_032.before, diff_031_032.after
     classes = _classes((before, after), sorted(before.architectures))
     shared = [members for members in classes.values() if len(members) > 1][:3]
     # DeepSeek-V4 is named by 0.31's ROCm V1 default and has AFMoE's attributes: a class of
     # its own, or its platform=rocm cell would be missed.
-    archs = sorted({a for members in shared for a in members[:4]}
-                   | {"AfmoeForCausalLM", "DeepseekV4ForCausalLM", "LLaDAModelLM"})
-    every = [(c.architecture, c.pin, c.scenario, c.change) for c in
-             _pairs(before, after, None, list(diff_031_032.scenarios), archs)]
-    found = [(c.architecture, c.pin, c.scenario, c.change) for c in diff_031_032.changes
-             if c.architecture in archs]
+    archs = sorted(
+        {a for members in shared for a in members[:4]}
+        | {"AfmoeForCausalLM", "DeepseekV4ForCausalLM", "LLaDAModelLM"}
+    )
+    every = [
+        (c.architecture, c.pin, c.scenario, c.change)
+        for c in _pairs(before, after, None, list(diff_031_032.scenarios), archs)
+    ]
+    found = [
+        (c.architecture, c.pin, c.scenario, c.change)
+        for c in diff_031_032.changes
+        if c.architecture in archs
+    ]
     assert every and sorted(every) == sorted(found)
     assert ("DeepseekV4ForCausalLM", "auto", "platform=rocm", "v1→v2") in found
     assert not any(c[0] == "AfmoeForCausalLM" and c[2] == "platform=rocm" for c in found)
     assert diff_031_032.num_cells == len(before.architectures) * 3 * len(diff_031_032.scenarios)
 
 
-@pytest.mark.parametrize(("a", "b"), [("vllm-0.31", "vllm-0.32"), ("turnout", "vllm-0.31"),
-                                      ("vllm-0.29", "vllm-0.33")])
+@pytest.mark.parametrize(
+    ("a", "b"), [("vllm-0.31", "vllm-0.32"), ("turnout", "vllm-0.31"), ("vllm-0.29", "vllm-0.33")]
+)
 def test_architectures_of_one_class_change_alike(a: str, b: str) -> None:
     before, after = load_pack(a), load_pack(b)
     cols = scenarios(before)
@@ -63,17 +72,27 @@ def test_architectures_of_one_class_change_alike(a: str, b: str) -> None:
 
 
 def test_fields_a_release_lacks_are_named_and_their_scenarios_left_out(
-        diff_031_032: MatrixDiff) -> None:
+    diff_031_032: MatrixDiff,
+) -> None:
     assert (diff_031_032.unknown_before, diff_031_032.unknown_after) == (
-        (), ("enable_sequence_parallelism",))
+        (),
+        ("enable_sequence_parallelism",),
+    )
     assert {s.id for s in diff_031_032.left_out} == {
-        "enable_sequence_parallelism=true", "rule:sequence_parallelism_with_tp"}
-    assert not any(r.rule_id == "error.unknown_setting" for c in diff_031_032.changes
-                   for r in c.after.reasons)
+        "enable_sequence_parallelism=true",
+        "rule:sequence_parallelism_with_tp",
+    }
+    assert not any(
+        r.rule_id == "error.unknown_setting" for c in diff_031_032.changes for r in c.after.reasons
+    )
     assert unknown_fields(load_pack("vllm-0.32"), load_pack("vllm-0.33")) == (
-        ("draft_lm_head_quantization",), ())
+        ("draft_lm_head_quantization",),
+        (),
+    )
     assert unknown_fields(load_pack("vllm-0.29"), load_pack("vllm-0.30")) == (
-        ("hisparse", "watermark"), ())
+        ("hisparse", "watermark"),
+        (),
+    )
 
 
 def test_a_changed_cell_carries_the_reasons_of_both_sides(diff_031_032: MatrixDiff) -> None:
@@ -108,10 +127,14 @@ def test_matrix_diff_of_two_named_packs_as_json(diff_031_032: MatrixDiff) -> Non
     assert body["changed_cells"] == len(diff_031_032.changes) == sum(body["changes"].values())
     assert body["unknown_fields"] == {"vllm-0.31": [], "vllm-0.32": ["enable_sequence_parallelism"]}
     assert body["left_out"][0]["fields"] == {"enable_sequence_parallelism": ["vllm-0.32"]}
-    group = next(g for g in body["groups"] if g["scenario"] == "speculative_method=ngram"
-                 and g["pin"] == "auto")
+    group = next(
+        g
+        for g in body["groups"]
+        if g["scenario"] == "speculative_method=ngram" and g["pin"] == "auto"
+    )
     assert group["change"] == "v1→v2" and group["why_from"] == {
-        "unsupported_speculative_method": group["cells"]}
+        "unsupported_speculative_method": group["cells"]
+    }
     assert sum(sum(c.values()) for c in body["by_family"].values()) == body["changed_cells"]
 
 
@@ -133,11 +156,14 @@ def test_matrix_diff_exits_1_when_cells_change_and_0_when_none_do() -> None:
     assert _invoke("matrix", "--pack", "vllm-0.32", "--diff", "vllm-0.32", "--json")[0] == 0
 
 
-@pytest.mark.parametrize("args", [
-    ["matrix", "--pack", "turnout", "--diff", "vllm-0.31", "vllm-0.32"],
-    ["matrix", "--diff", "vllm-0.31", "vllm-0.32", "vllm-0.33"],
-    ["matrix", "vllm-0.31"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["matrix", "--pack", "turnout", "--diff", "vllm-0.31", "vllm-0.32"],
+        ["matrix", "--diff", "vllm-0.31", "vllm-0.32", "vllm-0.33"],
+        ["matrix", "vllm-0.31"],
+    ],
+)
 def test_matrix_pack_pairs_that_name_no_clear_pair_exit_2(args: list[str]) -> None:
     code, out = _invoke(*args)
     assert code == 2 and "bad_usage" in out
@@ -169,12 +195,24 @@ def fleet(tmp_path: Path) -> Path:
 
 
 def test_compare_reports_each_line_that_changes_and_why(fleet: Path) -> None:
-    code, out = _invoke("decide", "--commands", str(fleet), "--pack", "vllm-0.31",
-                        "--compare", "vllm-0.32", "--json")
+    code, out = _invoke(
+        "decide",
+        "--commands",
+        str(fleet),
+        "--pack",
+        "vllm-0.31",
+        "--compare",
+        "vllm-0.32",
+        "--json",
+    )
     assert code == 1, out
     body = json.loads(out)
-    assert (body["num_deployments"], body["num_changed"], body["num_unchanged"],
-            body["num_bad_input"]) == (8, 4, 2, 2)
+    assert (
+        body["num_deployments"],
+        body["num_changed"],
+        body["num_unchanged"],
+        body["num_bad_input"],
+    ) == (8, 4, 2, 2)
     assert body["changes"] == {"v1→v2": 1, "refuse→v2": 1, "v1→refuse": 2}
     by_id = {d["id"]: d for d in body["deployments"]}
     assert by_id["fleet.txt:2"]["change"] == "v1→v2"
@@ -195,20 +233,41 @@ def test_compare_reports_each_line_that_changes_and_why(fleet: Path) -> None:
 
 
 def test_compare_markdown_and_no_change_exit_0(fleet: Path) -> None:
-    code, out = _invoke("decide", "--commands", str(fleet), "--pack", "vllm-0.31",
-                        "--compare", "vllm-0.32", "--markdown")
+    code, out = _invoke(
+        "decide",
+        "--commands",
+        str(fleet),
+        "--pack",
+        "vllm-0.31",
+        "--compare",
+        "vllm-0.32",
+        "--markdown",
+    )
     assert code == 1
-    assert "| fleet.txt:6 | Qwen/Qwen3-8B | qwen3 | v1→refuse | mamba_cache_mode_all | " \
-           "error.bad_flag_value |" in out
-    assert "**lines that could not be read**" in out and "| fleet.txt:8 | placeholder_model |" in out
-    code, out = _invoke("decide", "--commands", str(fleet), "--pack", "vllm-0.32",
-                        "--compare", "vllm-0.32", "--summary")
+    assert (
+        "| fleet.txt:6 | Qwen/Qwen3-8B | qwen3 | v1→refuse | mamba_cache_mode_all | "
+        "error.bad_flag_value |" in out
+    )
+    assert (
+        "**lines that could not be read**" in out and "| fleet.txt:8 | placeholder_model |" in out
+    )
+    code, out = _invoke(
+        "decide",
+        "--commands",
+        str(fleet),
+        "--pack",
+        "vllm-0.32",
+        "--compare",
+        "vllm-0.32",
+        "--summary",
+    )
     assert code == 0 and "0 change runner" in out and "fleet.txt:8" not in out
 
 
 def test_compare_with_an_unknown_pack_exits_2_with_the_reason(fleet: Path) -> None:
-    code, out = _invoke("decide", "--commands", str(fleet), "--pack", "vllm-0.31",
-                        "--compare", "vllm-0.3", "--json")
+    code, out = _invoke(
+        "decide", "--commands", str(fleet), "--pack", "vllm-0.31", "--compare", "vllm-0.3", "--json"
+    )
     assert code == 2
     body = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     assert body["error_code"] == "unknown_pack" and "vllm-0.3" in body["error"]
@@ -219,17 +278,25 @@ def test_text_lines_of_a_commands_file_decide_with_their_environment(fleet: Path
     assert code == 2  # two lines cannot be read
     rows = [json.loads(line) for line in out.splitlines()]
     assert [r["id"] for r in rows] == [f"fleet.txt:{n}" for n in (2, 3, 5, 6, 7, 8, 9)] + [
-        "json-line"]
+        "json-line"
+    ]
     assert rows[1]["mode"] == "pinned" and rows[1]["error_code"] == "pin_conflict"
     assert rows[4]["runner"] == "v2"
 
 
 def test_by_family_puts_unreadable_lines_last_with_their_codes() -> None:
-    from oracle.compare import DeploymentChange
+    from turnout.oracle.compare import DeploymentChange
 
     before, after = load_pack("vllm-0.31"), load_pack("vllm-0.32")
-    ok = DeploymentChange("a", "m", *sides(before, after, DeploymentConfig(
-        architecture="Qwen3ForCausalLM", speculative_method="ngram")))
+    ok = DeploymentChange(
+        "a",
+        "m",
+        *sides(
+            before,
+            after,
+            DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method="ngram"),
+        ),
+    )
     bad = DeploymentChange("b", None, None, None, "no model", "placeholder_model")
     summaries = by_family([bad, ok])
     assert [s.family for s in summaries] == ["qwen3", "(bad input)"]
@@ -243,8 +310,16 @@ def test_a_line_only_the_newer_release_reads_is_a_refusal_before(tmp_path: Path)
     # before side says why in that parser's words.
     fleet = tmp_path / "fleet.txt"
     fleet.write_text("vllm serve Qwen/Qwen3-8B --disable-chunked-prefill\n")
-    code, out = _invoke("decide", "--commands", str(fleet), "--pack", "vllm-0.32",
-                        "--compare", "vllm-0.33", "--json")
+    code, out = _invoke(
+        "decide",
+        "--commands",
+        str(fleet),
+        "--pack",
+        "vllm-0.32",
+        "--compare",
+        "vllm-0.33",
+        "--json",
+    )
     (row,) = json.loads(out)["deployments"]
     assert code == 1 and row["change"] == "refuse→v2", out
     assert row["before"]["error_code"] == "unknown_flag"
@@ -255,9 +330,11 @@ def test_a_line_nested_too_deeply_is_reported_alone(tmp_path: Path) -> None:
     # Each was a RecursionError traceback that ended the whole run.
     deep = "[" * 3000 + "]" * 3000
     fleet = tmp_path / "fleet.txt"
-    fleet.write_text(f"vllm serve Qwen/Qwen3-8B --speculative-config '{deep}'\n"
-                     f'{{"id": "deep-json", "argv": {deep}}}\n'
-                     "vllm serve Qwen/Qwen3-8B\n")
+    fleet.write_text(
+        f"vllm serve Qwen/Qwen3-8B --speculative-config '{deep}'\n"
+        f'{{"id": "deep-json", "argv": {deep}}}\n'
+        "vllm serve Qwen/Qwen3-8B\n"
+    )
     code, out = _invoke("decide", "--commands", str(fleet), "--pack", "vllm-0.31", "--json")
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [r["error_code"] for r in rows] == ["bad_flag_value", "bad_spec", None], out

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from oracle import decide, load_pack
-from oracle.sources.spec import load_specs
+from turnout.oracle import decide, load_pack
+from turnout.oracle.sources.spec import load_specs
 
 CASES_FILE = Path(__file__).resolve().parents[2] / "policies" / "reference" / "vllm031_cases.jsonl"
 CASES = [json.loads(line) for line in CASES_FILE.read_text().splitlines() if line.strip()]

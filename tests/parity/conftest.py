@@ -18,19 +18,21 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from hf_moe import hf_moe_dir
 from tiny_model_configs import TINY_DECODER_CONFIGS, TINY_MOE_CONFIGS
 
-from engine.core import EngineCore
-from engine.model import write_random_weights
-from engine.model_info import engine_config_for
-from engine.request import Request
-from engine.runner_loader import build_engine_core
-from engine.sampling_params import SamplingParams
+from turnout.engine.core import EngineCore
+from turnout.engine.model import write_random_weights
+from turnout.engine.model_info import engine_config_for
+from turnout.engine.request import Request
+from turnout.engine.runner_loader import build_engine_core
+from turnout.engine.sampling_params import SamplingParams
 
 #: The runners under test: every parity case runs on each.
 RUNNERS = ["v1", "v2"]
 
 #: A tiny Llama with a larger vocabulary and context, for logprob-memory and long-prompt tests.
 WIDE_LLAMA: dict[str, Any] = {
-    **TINY_DECODER_CONFIGS["llama"], "vocab_size": 8192, "max_position_embeddings": 2048,
+    **TINY_DECODER_CONFIGS["llama"],
+    "vocab_size": 8192,
+    "max_position_embeddings": 2048,
 }
 
 
@@ -63,7 +65,9 @@ def make_engine(runner_name: str, model_dir: Path, **kwargs: Any) -> EngineCore:
     return build_engine_core(engine_config_for(model_dir, **kwargs), runner_name)
 
 
-def run(core: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]]) -> dict[str, Request]:
+def run(
+    core: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]]
+) -> dict[str, Request]:
     """Add every request, step to the end, return the finished requests by id."""
     for req_id, (prompt, params) in requests.items():
         core.add_request(req_id, prompt, params)

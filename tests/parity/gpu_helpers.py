@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from engine.core import EngineCore
-from engine.model_info import engine_config_for
-from engine.request import Request
-from engine.runner_loader import build_engine_core
-from engine.sampling_params import SamplingParams
+from turnout.engine.core import EngineCore
+from turnout.engine.model_info import engine_config_for
+from turnout.engine.request import Request
+from turnout.engine.runner_loader import build_engine_core
+from turnout.engine.sampling_params import SamplingParams
 
 
 def make_core(runner: str, path: Path, dtype: str, **kwargs: Any) -> EngineCore:
@@ -24,8 +24,9 @@ def make_core(runner: str, path: Path, dtype: str, **kwargs: Any) -> EngineCore:
     return build_engine_core(engine_config_for(path, device="cuda", dtype=dtype, **kwargs), runner)
 
 
-def run(core: EngineCore, prompts: list[list[int]],
-        params: SamplingParams | list[SamplingParams]) -> list[Request]:
+def run(
+    core: EngineCore, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+) -> list[Request]:
     """Every prompt (request ``r{i}``) run to completion; the finished requests in order."""
     params = params if isinstance(params, list) else [params] * len(prompts)
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):

@@ -11,14 +11,16 @@ from typing import Any
 
 import torch
 
-from engine.sampling_params import SamplingParams
-from kernels.gumbel_noise import gumbel_noise_ref
+from turnout.engine.sampling_params import SamplingParams
+from turnout.kernels.gumbel_noise import gumbel_noise_ref
 
 
 def load_hf(path: Path) -> Any:
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
@@ -42,14 +44,18 @@ def prompt_logprobs(hf: Any, prompt: list[int]) -> torch.Tensor:  # [len - 1] fl
     return lps[:-1].gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
 
 
-def reference_generate(hf: Any, prompt: list[int], p: SamplingParams, eos: set[int], max_model_len: int) -> RefOutput:
+def reference_generate(
+    hf: Any, prompt: list[int], p: SamplingParams, eos: set[int], max_model_len: int
+) -> RefOutput:
     out: list[int] = []
     lps: list[float] = []
     while True:
         raw = next_logits(hf, prompt + out)
         x = raw.clone()
         for fn in p.logits_processors:
-            n_pos = len([q for q in inspect.signature(fn).parameters.values() if q.default is q.empty])
+            n_pos = len(
+                [q for q in inspect.signature(fn).parameters.values() if q.default is q.empty]
+            )
             x = fn(list(prompt), list(out), x) if n_pos >= 3 else fn(list(out), x)
         x = _penalise(x, prompt, out, p)
         if len(out) < p.min_tokens:
@@ -65,7 +71,9 @@ def reference_generate(hf: Any, prompt: list[int], p: SamplingParams, eos: set[i
             return RefOutput(out, lps, "length")
 
 
-def _penalise(x: torch.Tensor, prompt: list[int], out: list[int], p: SamplingParams) -> torch.Tensor:
+def _penalise(
+    x: torch.Tensor, prompt: list[int], out: list[int], p: SamplingParams
+) -> torch.Tensor:
     for t in set(prompt) | set(out):
         if p.repetition_penalty != 1:
             x[t] = x[t] / p.repetition_penalty if x[t] > 0 else x[t] * p.repetition_penalty

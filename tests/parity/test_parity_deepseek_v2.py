@@ -15,7 +15,7 @@ import torch
 from conftest import make_engine, prompts_for, run
 from reference import load_hf, reference_generate
 
-from engine.sampling_params import SamplingParams
+from turnout.engine.sampling_params import SamplingParams
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from deepseek_tiny import TINY_DEEPSEEK_V2, write_hf_random_weights
@@ -26,8 +26,10 @@ VOCAB = TINY_DEEPSEEK_V2["lite"]["vocab_size"]
 
 @pytest.fixture(scope="module")
 def deepseek_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return {name: write_hf_random_weights(cfg, tmp_path_factory.mktemp(f"deepseek-{name}"), seed=9)
-            for name, cfg in TINY_DEEPSEEK_V2.items()}
+    return {
+        name: write_hf_random_weights(cfg, tmp_path_factory.mktemp(f"deepseek-{name}"), seed=9)
+        for name, cfg in TINY_DEEPSEEK_V2.items()
+    }
 
 
 PROMPT_LENS = [5, 13, 30]
@@ -44,7 +46,9 @@ def hf_greedy(deepseek_dirs: dict) -> dict[str, list[tuple[list[int], torch.Tens
         refs = []
         for prompt in prompts_for(VOCAB, PROMPT_LENS):
             with torch.no_grad():
-                seq = hf.generate(torch.tensor([prompt]), max_new_tokens=NUM_NEW, do_sample=False)[0]
+                seq = hf.generate(torch.tensor([prompt]), max_new_tokens=NUM_NEW, do_sample=False)[
+                    0
+                ]
                 lps = hf(seq[None]).logits[0, :-1].float().log_softmax(-1)
             refs.append((seq.tolist(), lps.gather(1, seq[1:, None])[:, 0]))
         out[variant] = refs
@@ -52,18 +56,25 @@ def hf_greedy(deepseek_dirs: dict) -> dict[str, list[tuple[list[int], torch.Tens
 
 
 @pytest.mark.parametrize("variant", sorted(TINY_DEEPSEEK_V2))
-def test_greedy_tokens_and_logprobs_equal_hf(runner_name: str, variant: str, deepseek_dirs: dict,
-                                             hf_greedy: dict) -> None:
+def test_greedy_tokens_and_logprobs_equal_hf(
+    runner_name: str, variant: str, deepseek_dirs: dict, hf_greedy: dict
+) -> None:
     prompts = prompts_for(VOCAB, PROMPT_LENS)
-    params = SamplingParams(max_tokens=NUM_NEW, temperature=0, ignore_eos=True, logprobs=1, prompt_logprobs=1)
+    params = SamplingParams(
+        max_tokens=NUM_NEW, temperature=0, ignore_eos=True, logprobs=1, prompt_logprobs=1
+    )
     # A small token budget and block size: chunked prefill mixed with decodes, scattered blocks.
     core = make_engine(runner_name, deepseek_dirs[variant], max_num_batched_tokens=12, block_size=4)
     done = run(core, {f"r{i}": (p, params) for i, p in enumerate(prompts)})
     for i, prompt in enumerate(prompts):
         req, (want, want_lps) = done[f"r{i}"], hf_greedy[variant][i]
-        assert prompt + req.output_token_ids == want, f"{variant}/r{i}: greedy tokens differ from HF generate"
+        assert prompt + req.output_token_ids == want, (
+            f"{variant}/r{i}: greedy tokens differ from HF generate"
+        )
         got_lps = [lp for chunk in req.logprobs for lp in chunk.sampled_logprobs()]
-        torch.testing.assert_close(torch.tensor(got_lps), want_lps[len(prompt) - 1:], atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            torch.tensor(got_lps), want_lps[len(prompt) - 1 :], atol=1e-4, rtol=0
+        )
         got_prompt = torch.tensor([lp for c in req.prompt_logprobs for lp in c.sampled_logprobs()])
         torch.testing.assert_close(got_prompt, want_lps[: len(prompt) - 1], atol=1e-4, rtol=0)
 
@@ -73,7 +84,10 @@ def test_latent_cache_sizes_the_block_pool(runner_name: str, deepseek_dirs: dict
     # 3 layers x 4 slots x (kv_lora_rank 32 + qk_rope_head_dim 8) x 4 bytes = 1920 bytes a block
     assert core.runner.kv_cache_block_bytes() == 1920
     assert core.scheduler.kv_cache_manager.num_blocks == int(1e-3 * 2**30) // 1920
-    assert all(t.shape == (core.scheduler.kv_cache_manager.num_blocks, 4, 40) for t in core.runner.kv_caches)
+    assert all(
+        t.shape == (core.scheduler.kv_cache_manager.num_blocks, 4, 40)
+        for t in core.runner.kv_caches
+    )
 
 
 def test_prefix_cache_hits_do_not_change_outputs(runner_name: str, deepseek_dirs: dict) -> None:
@@ -85,35 +99,48 @@ def test_prefix_cache_hits_do_not_change_outputs(runner_name: str, deepseek_dirs
     cached = make_engine(runner_name, path, block_size=4)
     first = run(cached, {"r0": requests["r0"]})  # fills the cache with the shared prefix
     done = {**first, **run(cached, {k: v for k, v in requests.items() if k != "r0"})}
-    uncached = run(make_engine(runner_name, path, block_size=4, enable_prefix_caching=False), requests)
+    uncached = run(
+        make_engine(runner_name, path, block_size=4, enable_prefix_caching=False), requests
+    )
     assert [done[k].num_cached_tokens for k in sorted(done)] == [0, 20, 20]
     for k, req in done.items():
         assert req.output_token_ids == uncached[k].output_token_ids
         np.testing.assert_allclose(
             np.concatenate([c.logprobs for c in req.logprobs]),
-            np.concatenate([c.logprobs for c in uncached[k].logprobs]), rtol=1e-5, atol=1e-5,
+            np.concatenate([c.logprobs for c in uncached[k].logprobs]),
+            rtol=1e-5,
+            atol=1e-5,
         )
 
 
-def test_chunking_and_preemption_do_not_change_outputs(runner_name: str, deepseek_dirs: dict) -> None:
+def test_chunking_and_preemption_do_not_change_outputs(
+    runner_name: str, deepseek_dirs: dict
+) -> None:
     path = deepseek_dirs["lite"]
     prompts = prompts_for(VOCAB, [22, 13, 17], seed=3)
-    params = [SamplingParams(max_tokens=10, temperature=t, seed=100 + i, ignore_eos=True, logprobs=0)
-              for i, t in enumerate([0.0, 1.0, 0.7])]
+    params = [
+        SamplingParams(max_tokens=10, temperature=t, seed=100 + i, ignore_eos=True, logprobs=0)
+        for i, t in enumerate([0.0, 1.0, 0.7])
+    ]
     requests = {f"r{i}": (p, params[i]) for i, p in enumerate(prompts)}
     plain = run(make_engine(runner_name, path), requests)
-    squeezed = make_engine(runner_name, path, max_num_batched_tokens=8, block_size=4, num_kv_blocks=12)
+    squeezed = make_engine(
+        runner_name, path, max_num_batched_tokens=8, block_size=4, num_kv_blocks=12
+    )
     done = run(squeezed, requests)
     assert sum(r.num_preemptions for r in done.values()) > 0
     for k, req in done.items():
         assert req.output_token_ids == plain[k].output_token_ids
         np.testing.assert_allclose(
             np.concatenate([c.logprobs for c in req.logprobs]),
-            np.concatenate([c.logprobs for c in plain[k].logprobs]), rtol=1e-5, atol=1e-5)
+            np.concatenate([c.logprobs for c in plain[k].logprobs]),
+            rtol=1e-5,
+            atol=1e-5,
+        )
 
 
 def test_llm_decides_a_runner_and_generates(deepseek_dirs: dict) -> None:
-    from engine.llm import LLM
+    from turnout.engine.llm import LLM
 
     path = deepseek_dirs["lite"]
     prompt = prompts_for(VOCAB, [9], seed=4)[0]

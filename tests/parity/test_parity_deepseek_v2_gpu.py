@@ -25,9 +25,9 @@ from deepseek_tiny import TINY_DEEPSEEK_V2, deepseek_v2_lite, write_hf_random_we
 from gpu_helpers import free, prompts_for, run
 from gpu_helpers import make_core as gpu_make_core
 
-from engine.core import EngineCore
-from engine.model import write_random_weights
-from engine.sampling_params import SamplingParams
+from turnout.engine.core import EngineCore
+from turnout.engine.model import write_random_weights
+from turnout.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
@@ -44,20 +44,33 @@ def test_tiny_fp32_greedy_equal_hf_on_both_runners(variant: str, tmp_path: Path)
     prompts = prompts_for(TINY_DEEPSEEK_V2[variant]["vocab_size"], [5, 13, 22, 40], seed=7)
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=1)
     got = {}
-    for name, runner, extra in (("v1", "v1", {}), ("v2", "v2", {}), ("v2-eager", "v2", {"enforce_eager": True})):
+    for name, runner, extra in (
+        ("v1", "v1", {}),
+        ("v2", "v2", {}),
+        ("v2-eager", "v2", {"enforce_eager": True}),
+    ):
         core = make_core(runner, path, "float32", max_num_batched_tokens=16, block_size=4, **extra)
         got[name] = run(core, prompts, params)
         if name == "v2":
             assert core.runner.num_graph_steps > 0  # decodes replayed graphs
         del core
         free()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager").cuda().eval()
+    hf = (
+        transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, attn_implementation="eager"
+        )
+        .cuda()
+        .eval()
+    )
     hf.generation_config.eos_token_id = None
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
-            want = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=10, do_sample=False,
-                               pad_token_id=0)[0, len(prompt):].tolist()
+            want = hf.generate(
+                torch.tensor([prompt], device="cuda"),
+                max_new_tokens=10,
+                do_sample=False,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
         for name, reqs in got.items():
             assert reqs[i].output_token_ids == want, f"{variant}/{name}/r{i}"
         lp = {n: np.concatenate([c.logprobs for c in reqs[i].logprobs]) for n, reqs in got.items()}
@@ -68,7 +81,9 @@ def test_tiny_fp32_greedy_equal_hf_on_both_runners(variant: str, tmp_path: Path)
 @pytest.fixture(scope="module")
 def lite_two_layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg = {**deepseek_v2_lite(), "num_hidden_layers": 2}  # layer 0 dense, layer 1 MoE
-    return write_random_weights(cfg, tmp_path_factory.mktemp("deepseek-v2-lite-2"), dtype=torch.bfloat16, seed=11)
+    return write_random_weights(
+        cfg, tmp_path_factory.mktemp("deepseek-v2-lite-2"), dtype=torch.bfloat16, seed=11
+    )
 
 
 def test_bf16_runners_agree_at_real_width(lite_two_layers: Path) -> None:
@@ -86,8 +101,11 @@ def test_bf16_runners_agree_at_real_width(lite_two_layers: Path) -> None:
     free()
     for a, b in zip(v1, v2, strict=True):
         assert a.output_token_ids == b.output_token_ids
-        np.testing.assert_allclose(np.concatenate([c.logprobs for c in b.prompt_logprobs]),
-                                   np.concatenate([c.logprobs for c in a.prompt_logprobs]), atol=1e-3)
+        np.testing.assert_allclose(
+            np.concatenate([c.logprobs for c in b.prompt_logprobs]),
+            np.concatenate([c.logprobs for c in a.prompt_logprobs]),
+            atol=1e-3,
+        )
     core = make_core("v2", path, "bfloat16")
     graphs = run(core, prompts, params)
     assert core.runner.num_graph_steps >= 10

@@ -16,7 +16,7 @@ from reference import load_hf, reference_generate
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from fp8_formats import write_fp8_pair
 
-from engine.sampling_params import SamplingParams
+from turnout.engine.sampling_params import SamplingParams
 
 pytest.importorskip("transformers")
 
@@ -25,12 +25,18 @@ CASES = [("llama", "fp8-tensor-static"), ("qwen3", "ct-channel-dynamic")]
 
 @pytest.fixture(scope="module")
 def fp8_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[Path, Path]]:
-    return {case: write_fp8_pair(TINY_DECODER_CONFIGS[case[0]], case[1], tmp_path_factory.mktemp("-".join(case)))
-            for case in CASES}
+    return {
+        case: write_fp8_pair(
+            TINY_DECODER_CONFIGS[case[0]], case[1], tmp_path_factory.mktemp("-".join(case))
+        )
+        for case in CASES
+    }
 
 
 @pytest.mark.parametrize("case", CASES, ids="-".join)
-def test_greedy_tokens_and_logprobs_equal_hf(runner_name: str, case: tuple[str, str], fp8_dirs: dict) -> None:
+def test_greedy_tokens_and_logprobs_equal_hf(
+    runner_name: str, case: tuple[str, str], fp8_dirs: dict
+) -> None:
     fp8_dir, dense_dir = fp8_dirs[case]
     hf = load_hf(dense_dir)
     prompts = prompts_for(TINY_DECODER_CONFIGS[case[0]]["vocab_size"], [5, 13, 30])
@@ -47,7 +53,7 @@ def test_greedy_tokens_and_logprobs_equal_hf(runner_name: str, case: tuple[str, 
 
 def test_llm_reports_fp8_to_the_oracle(fp8_dirs: dict, caplog: pytest.LogCaptureFixture) -> None:
     pytest.importorskip("pydantic")  # the oracle
-    from engine.llm import LLM
+    from turnout.engine.llm import LLM
 
     for (_, fmt), (fp8_dir, _) in fp8_dirs.items():
         caplog.clear()
@@ -55,7 +61,9 @@ def test_llm_reports_fp8_to_the_oracle(fp8_dirs: dict, caplog: pytest.LogCapture
             llm = LLM(fp8_dir, device="cpu", max_model_len=64, kv_cache_memory_gb=0.01, environ={})
         method = "fp8" if fmt.startswith("fp8") else "compressed-tensors"
         assert llm.deployment.quantization == method
-        assert llm.decision.stage == "quantized"  # the rollout's quantized cohort, whatever the family
+        assert (
+            llm.decision.stage == "quantized"
+        )  # the rollout's quantized cohort, whatever the family
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("weights: ")]
         assert len(lines) == 1 and lines[0].startswith(f"weights: {method} (")
         assert lines[0].endswith("dequantised to float32 per matmul (cpu: no FP8 matmul)")

@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from gpu_helpers import free, make_core, prompts_for, run
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-from engine.model import write_random_weights
-from engine.sampling_params import SamplingParams
+from turnout.engine.model import write_random_weights
+from turnout.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
@@ -57,15 +57,17 @@ def shape_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-
-
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_fp32_greedy_equal_hf_on_both_runners(shape: str, shape_dirs: dict[str, Path]) -> None:
     path, cfg = shape_dirs[shape], real_config(shape)
     prompts = prompts_for(cfg["vocab_size"], [7, 33, 120, 250])
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
     got = {}
-    for name, runner, extra in (("v1", "v1", {}), ("v2", "v2", {}), ("v2-eager", "v2", {"enforce_eager": True})):
+    for name, runner, extra in (
+        ("v1", "v1", {}),
+        ("v2", "v2", {}),
+        ("v2-eager", "v2", {"enforce_eager": True}),
+    ):
         core = make_core(runner, path, "float32", **extra)
         got[name] = run(core, prompts, params)
         if name == "v2":
@@ -76,8 +78,12 @@ def test_fp32_greedy_equal_hf_on_both_runners(shape: str, shape_dirs: dict[str, 
     hf.generation_config.eos_token_id = None
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
-            want = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=12, do_sample=False,
-                               pad_token_id=0)[0, len(prompt):].tolist()
+            want = hf.generate(
+                torch.tensor([prompt], device="cuda"),
+                max_new_tokens=12,
+                do_sample=False,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
         for name, reqs in got.items():
             assert reqs[i].output_token_ids == want, f"{shape}/{name}/r{i}"
     # float32 rounding of GEMMs run at other row counts (V2 replays prefill chunks from graphs
@@ -102,8 +108,11 @@ def test_bf16_runners_agree(shape: str, shape_dirs: dict[str, Path]) -> None:
     free()
     for a, b in zip(v1, v2, strict=True):
         assert a.output_token_ids == b.output_token_ids
-        np.testing.assert_allclose(np.concatenate([c.logprobs for c in b.prompt_logprobs]),
-                                   np.concatenate([c.logprobs for c in a.prompt_logprobs]), atol=1e-3)
+        np.testing.assert_allclose(
+            np.concatenate([c.logprobs for c in b.prompt_logprobs]),
+            np.concatenate([c.logprobs for c in a.prompt_logprobs]),
+            atol=1e-3,
+        )
     core = make_core("v2", path, "bfloat16")
     graphs = run(core, prompts, params)
     assert core.runner.num_graph_steps >= 10
@@ -119,10 +128,21 @@ def test_seeded_sampling_equal_across_runners(shape_dirs: dict[str, Path]) -> No
     params = [
         SamplingParams(max_tokens=20, temperature=0.9, seed=7, ignore_eos=True),
         SamplingParams(max_tokens=20, temperature=1.2, top_k=40, seed=8, ignore_eos=True),
-        SamplingParams(max_tokens=20, temperature=0.7, top_p=0.9, seed=9, ignore_eos=True, logprobs=3),
-        SamplingParams(max_tokens=20, temperature=1.0, top_k=100, top_p=0.8, seed=10, ignore_eos=True),
-        SamplingParams(max_tokens=20, temperature=0.8, repetition_penalty=1.3, frequency_penalty=0.5,
-                       presence_penalty=0.4, seed=11, ignore_eos=True),
+        SamplingParams(
+            max_tokens=20, temperature=0.7, top_p=0.9, seed=9, ignore_eos=True, logprobs=3
+        ),
+        SamplingParams(
+            max_tokens=20, temperature=1.0, top_k=100, top_p=0.8, seed=10, ignore_eos=True
+        ),
+        SamplingParams(
+            max_tokens=20,
+            temperature=0.8,
+            repetition_penalty=1.3,
+            frequency_penalty=0.5,
+            presence_penalty=0.4,
+            seed=11,
+            ignore_eos=True,
+        ),
         SamplingParams(max_tokens=20, temperature=1.0, min_tokens=10, seed=12),
     ]
     v1 = run(make_core("v1", path, "float32"), prompts, params)
@@ -136,10 +156,19 @@ def test_v2_step_path_never_synchronises(shape_dirs: dict[str, Path]) -> None:
     path, cfg = shape_dirs["qwen3-0.6b"], real_config("qwen3-0.6b")
     core = make_core("v2", path, "bfloat16", max_num_batched_tokens=64, block_size=16)
     prompts = prompts_for(cfg["vocab_size"], [40, 100, 9], seed=3)
-    params = [SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2, prompt_logprobs=1),
-              SamplingParams(max_tokens=8, temperature=0.8, top_k=20, top_p=0.9, seed=1, ignore_eos=True,
-                             repetition_penalty=1.2),
-              SamplingParams(max_tokens=8, temperature=1.0, seed=2, min_tokens=4)]
+    params = [
+        SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2, prompt_logprobs=1),
+        SamplingParams(
+            max_tokens=8,
+            temperature=0.8,
+            top_k=20,
+            top_p=0.9,
+            seed=1,
+            ignore_eos=True,
+            repetition_penalty=1.2,
+        ),
+        SamplingParams(max_tokens=8, temperature=1.0, seed=2, min_tokens=4),
+    ]
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         core.add_request(f"r{i}", prompt, p)
     scheduler, runner = core.scheduler, core.runner
@@ -162,7 +191,9 @@ def test_v2_decode_padding_slots_are_minus_one(shape_dirs: dict[str, Path]) -> N
     core = make_core("v2", path, "bfloat16")
     prompts = prompts_for(cfg["vocab_size"], [10, 20, 30], seed=4)
     for i, prompt in enumerate(prompts):
-        core.add_request(f"r{i}", prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        core.add_request(
+            f"r{i}", prompt, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+        )
     core.step()  # prefill of 60 tokens: replayed from the mixed graph of 64 tokens
     core.step()  # first decode of 3 requests: replayed at the captured size 4
     torch.cuda.synchronize()
@@ -177,26 +208,43 @@ def test_v2_decode_padding_slots_are_minus_one(shape_dirs: dict[str, Path]) -> N
 @pytest.mark.parametrize("arch", sorted(TINY_DECODER_CONFIGS))
 def test_tiny_configs_v2_equal_hf(arch: str, tmp_path: Path) -> None:
     write_random_weights(TINY_DECODER_CONFIGS[arch], tmp_path, dtype=torch.float32, seed=3)
-    core = make_core("v2", tmp_path, "float32", max_model_len=256, max_num_batched_tokens=16, block_size=4)
+    core = make_core(
+        "v2", tmp_path, "float32", max_model_len=256, max_num_batched_tokens=16, block_size=4
+    )
     prompts = prompts_for(TINY_DECODER_CONFIGS[arch]["vocab_size"], [5, 13, 22, 40], seed=7)
     reqs = run(core, prompts, SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32,
-                                                           attn_implementation="eager").cuda().eval()
+    hf = (
+        transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path, dtype=torch.float32, attn_implementation="eager"
+        )
+        .cuda()
+        .eval()
+    )
     hf.generation_config.eos_token_id = None
     for prompt, req in zip(prompts, reqs, strict=True):
         with torch.no_grad():
-            want = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=10, do_sample=False,
-                               pad_token_id=0)[0, len(prompt):].tolist()
+            want = hf.generate(
+                torch.tensor([prompt], device="cuda"),
+                max_new_tokens=10,
+                do_sample=False,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
         assert req.output_token_ids == want, arch
 
 
 def test_llm_auto_choice_builds_v2_on_cuda(shape_dirs: dict[str, Path]) -> None:
     pytest.importorskip("pydantic")  # the oracle (carried as wheels to the GPU machine)
-    from engine.llm import LLM
+    from turnout.engine.llm import LLM
 
-    llm = LLM(shape_dirs["qwen3-0.6b"], device="cuda", dtype="bfloat16", max_model_len=256,
-              kv_cache_memory_gb=2.0, environ={})
+    llm = LLM(
+        shape_dirs["qwen3-0.6b"],
+        device="cuda",
+        dtype="bfloat16",
+        max_model_len=256,
+        kv_cache_memory_gb=2.0,
+        environ={},
+    )
     assert llm.runner_name == "v2" and llm.decision.mode == "auto"  # the Qwen3 canary stage
-    assert type(llm.core.runner).__module__ == "runner_v2.runner"
+    assert type(llm.core.runner).__module__ == "turnout.runner_v2.runner"
     out = llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4

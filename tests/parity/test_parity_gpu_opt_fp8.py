@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from fp8_formats import FP8_FORMATS
 from tiny_opt_configs import OPT_125M
 
-from engine.model import write_random_weights
-from engine.model.fp8 import Fp8Linear
-from engine.sampling_params import SamplingParams
+from turnout.engine.model import write_random_weights
+from turnout.engine.model.fp8 import Fp8Linear
+from turnout.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
@@ -36,14 +36,18 @@ CONFIGS = Path(__file__).parents[2] / "policies" / "reference" / "model_configs"
 
 @pytest.fixture(scope="module")
 def opt_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_weights(OPT_125M, tmp_path_factory.mktemp("opt-125m"), dtype=torch.bfloat16, seed=11)
+    return write_random_weights(
+        OPT_125M, tmp_path_factory.mktemp("opt-125m"), dtype=torch.bfloat16, seed=11
+    )
 
 
 @pytest.fixture(scope="module")
 def fp8_qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cfg: dict[str, Any] = json.loads((CONFIGS / "qwen3-0.6b.json").read_text())["config"]
     cfg = {**cfg, "quantization_config": FP8_FORMATS["ct-channel-dynamic"]}
-    return write_random_weights(cfg, tmp_path_factory.mktemp("qwen3-fp8"), dtype=torch.bfloat16, seed=11)
+    return write_random_weights(
+        cfg, tmp_path_factory.mktemp("qwen3-fp8"), dtype=torch.bfloat16, seed=11
+    )
 
 
 def test_opt_125m_fp32_greedy_equal_hf_on_both_runners(opt_dir: Path) -> None:
@@ -55,12 +59,20 @@ def test_opt_125m_fp32_greedy_equal_hf_on_both_runners(opt_dir: Path) -> None:
         got[runner] = run(core, prompts, params)
         del core
         free()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(opt_dir, dtype=torch.float32).cuda().eval()
+    hf = (
+        transformers.AutoModelForCausalLM.from_pretrained(opt_dir, dtype=torch.float32)
+        .cuda()
+        .eval()
+    )
     hf.generation_config.eos_token_id = None
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
-            want = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=12, do_sample=False,
-                               pad_token_id=0)[0, len(prompt):].tolist()
+            want = hf.generate(
+                torch.tensor([prompt], device="cuda"),
+                max_new_tokens=12,
+                do_sample=False,
+                pad_token_id=0,
+            )[0, len(prompt) :].tolist()
         for runner, reqs in got.items():
             assert reqs[i].output_token_ids == want, f"{runner}/r{i}"
     del hf
@@ -77,8 +89,11 @@ def _bf16_agreement(path: Path, vocab_size: int) -> tuple[list, Any]:
     free()
     for a, b in zip(v1, v2, strict=True):
         assert a.output_token_ids == b.output_token_ids
-        np.testing.assert_allclose(np.concatenate([c.logprobs for c in b.prompt_logprobs]),
-                                   np.concatenate([c.logprobs for c in a.prompt_logprobs]), atol=1e-3)
+        np.testing.assert_allclose(
+            np.concatenate([c.logprobs for c in b.prompt_logprobs]),
+            np.concatenate([c.logprobs for c in a.prompt_logprobs]),
+            atol=1e-3,
+        )
     core = make_core("v2", path, "bfloat16")
     graphs = run(core, prompts, params)
     assert core.runner.num_graph_steps >= 10

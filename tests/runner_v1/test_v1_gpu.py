@@ -14,10 +14,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-from engine.model import write_random_weights
-from engine.model_info import engine_config_for
-from engine.runner_loader import build_engine_core
-from engine.sampling_params import SamplingParams
+from turnout.engine.model import write_random_weights
+from turnout.engine.model_info import engine_config_for
+from turnout.engine.runner_loader import build_engine_core
+from turnout.engine.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
@@ -28,15 +28,30 @@ NUM_NEW = 10
 @pytest.mark.parametrize("arch", sorted(TINY_DECODER_CONFIGS))
 def test_greedy_parity_with_hf_on_cuda(arch: str, tmp_path: Path) -> None:
     write_random_weights(TINY_DECODER_CONFIGS[arch], tmp_path, dtype=torch.float32, seed=3)
-    config = engine_config_for(tmp_path, device="cuda", max_model_len=256, max_num_batched_tokens=16, block_size=4, num_kv_blocks=512)
+    config = engine_config_for(
+        tmp_path,
+        device="cuda",
+        max_model_len=256,
+        max_num_batched_tokens=16,
+        block_size=4,
+        num_kv_blocks=512,
+    )
     core = build_engine_core(config, "v1")
     gen = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(3, config.vocab_size, (n,), generator=gen).tolist() for n in (5, 13, 22, 40)]
+    prompts = [
+        torch.randint(3, config.vocab_size, (n,), generator=gen).tolist() for n in (5, 13, 22, 40)
+    ]
     params = SamplingParams(max_tokens=NUM_NEW, temperature=0, ignore_eos=True, logprobs=1)
     for i, prompt in enumerate(prompts):
         core.add_request(f"r{i}", prompt, params)
     done = {r.req_id: r for r in core.run_until_done()}
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation="eager").cuda().eval()
+    hf = (
+        transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path, dtype=torch.float32, attn_implementation="eager"
+        )
+        .cuda()
+        .eval()
+    )
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     for i, prompt in enumerate(prompts):
@@ -48,7 +63,9 @@ def test_greedy_parity_with_hf_on_cuda(arch: str, tmp_path: Path) -> None:
             ref = hf(full).logits[0, len(prompt) - 1 :].float().log_softmax(-1)
         assert prompt + req.output_token_ids == want, f"{arch}/r{i}"
         got = torch.tensor([lp for c in req.logprobs for lp in c.sampled_logprobs()])
-        want_lp = ref.gather(1, torch.tensor(want[len(prompt):], device="cuda")[:, None])[:, 0].cpu()
+        want_lp = ref.gather(1, torch.tensor(want[len(prompt) :], device="cuda")[:, None])[
+            :, 0
+        ].cpu()
         torch.testing.assert_close(got, want_lp, atol=1e-4, rtol=0)
 
 
@@ -57,13 +74,25 @@ def test_decode_graphs_replay_the_eager_steps(dtype: str, tmp_path: Path) -> Non
     write_random_weights(TINY_DECODER_CONFIGS["qwen3"], tmp_path, dtype=torch.float32, seed=5)
     gen = torch.Generator().manual_seed(9)
     vocab_size = TINY_DECODER_CONFIGS["qwen3"]["vocab_size"]
-    prompts = [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in (3, 9, 17, 30, 41)]
-    params = [SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2),
-              SamplingParams(max_tokens=12, temperature=0.8, seed=11, ignore_eos=True, logprobs=2)]
+    prompts = [
+        torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in (3, 9, 17, 30, 41)
+    ]
+    params = [
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=12, temperature=0.8, seed=11, ignore_eos=True, logprobs=2),
+    ]
     runs = {}
     for eager in (False, True):
-        config = engine_config_for(tmp_path, device="cuda", dtype=dtype, max_model_len=128,
-                                   max_num_seqs=8, block_size=4, num_kv_blocks=256, enforce_eager=eager)
+        config = engine_config_for(
+            tmp_path,
+            device="cuda",
+            dtype=dtype,
+            max_model_len=128,
+            max_num_seqs=8,
+            block_size=4,
+            num_kv_blocks=256,
+            enforce_eager=eager,
+        )
         core = build_engine_core(config, "v1")
         for i, prompt in enumerate(prompts):
             core.add_request(f"r{i}", prompt, params[i % 2])

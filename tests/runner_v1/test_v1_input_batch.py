@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runner_v1.block_table import BlockTable
-from runner_v1.input_batch import InputBatch, RequestView
+from turnout.runner_v1.block_table import BlockTable
+from turnout.runner_v1.input_batch import InputBatch, RequestView
 
 
 def view(req_id: str, tokens: list[int], **kw: object) -> RequestView:
-    return RequestView(req_id=req_id, token_ids=tokens, num_prompt_tokens=len(tokens), num_computed_tokens=0, **kw)  # type: ignore[arg-type]
+    return RequestView(
+        req_id=req_id, token_ids=tokens, num_prompt_tokens=len(tokens), num_computed_tokens=0, **kw
+    )  # type: ignore[arg-type]
 
 
 def test_rows_fill_holes_and_condense_moves_the_last_rows() -> None:
@@ -25,7 +27,10 @@ def test_rows_fill_holes_and_condense_moves_the_last_rows() -> None:
     moves = batch.condense()
     assert moves == [(4, 3)]
     assert batch.req_ids[:4] == ["r0", "n", "r2", "r4"] and batch.req_ids[4] is None
-    assert batch.token_ids_np[3, :5].tolist() == [5] * 5 and batch.token_ids_np[3, 5:].tolist() == [0] * 3
+    assert (
+        batch.token_ids_np[3, :5].tolist() == [5] * 5
+        and batch.token_ids_np[3, 5:].tolist() == [0] * 3
+    )
     assert batch.num_tokens_np[3] == 5 and batch.req_id_to_row["r4"] == 3
 
 
@@ -34,7 +39,9 @@ def test_condense_keeps_every_request_and_its_data(removed: list[int]) -> None:
     batch = InputBatch(max_num_seqs=5, max_model_len=8)
     table = BlockTable(5, 4, block_size=2)
     for i in range(5):
-        row = batch.add_request(view(f"r{i}", [i + 10] * (i + 2), seed=100 + i, temperature=0.1 * i))
+        row = batch.add_request(
+            view(f"r{i}", [i + 10] * (i + 2), seed=100 + i, temperature=0.1 * i)
+        )
         table.set_row(row, [i, i + 5])
     for i in removed:
         batch.remove_request(f"r{i}")
@@ -47,15 +54,29 @@ def test_condense_keeps_every_request_and_its_data(removed: list[int]) -> None:
         assert row < batch.num_reqs
         assert batch.token_ids_np[row, : i + 2].tolist() == [i + 10] * (i + 2)
         assert batch.seeds_np[row] == 100 + i and np.isclose(batch.temperature_np[row], 0.1 * i)
-        assert table.block_table_np[row, :2].tolist() == [i, i + 5] and table.num_blocks_np[row] == 2
+        assert (
+            table.block_table_np[row, :2].tolist() == [i, i + 5] and table.num_blocks_np[row] == 2
+        )
 
 
 def test_a_reused_row_carries_nothing_over() -> None:
     batch = InputBatch(max_num_seqs=2, max_model_len=8)
     loaded = view(
-        "old", [7, 7, 7, 7, 7, 7], temperature=0.9, top_p=0.5, top_k=3, seed=5, presence_penalty=1.0,
-        frequency_penalty=1.0, repetition_penalty=1.5, min_tokens=4, ignore_eos=True, logprobs=3,
-        prompt_logprobs=2, stop_token_ids=(4,), logits_processors=(len,),
+        "old",
+        [7, 7, 7, 7, 7, 7],
+        temperature=0.9,
+        top_p=0.5,
+        top_k=3,
+        seed=5,
+        presence_penalty=1.0,
+        frequency_penalty=1.0,
+        repetition_penalty=1.5,
+        min_tokens=4,
+        ignore_eos=True,
+        logprobs=3,
+        prompt_logprobs=2,
+        stop_token_ids=(4,),
+        logits_processors=(len,),
     )
     fresh = InputBatch(max_num_seqs=2, max_model_len=8)
     row = batch.add_request(loaded)

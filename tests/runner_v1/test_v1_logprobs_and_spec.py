@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from runner_v1.logprobs import compute_logprobs, rows_per_slice, top_k_ties_low_id
-from runner_v1.spec_decode import accept_drafts, propose_ngram
+from turnout.runner_v1.logprobs import compute_logprobs, rows_per_slice, top_k_ties_low_id
+from turnout.runner_v1.spec_decode import accept_drafts, propose_ngram
 
 
 def test_logprobs_values_ranks_and_top_k() -> None:
@@ -17,7 +17,9 @@ def test_logprobs_values_ranks_and_top_k() -> None:
     got = compute_logprobs(lambda a, b: logits[a:b], tokens, 4, 50, working_set_elems=100)
     ref = logits.log_softmax(-1)
     assert got.token_ids[:, 0].tolist() == tokens.tolist()
-    np.testing.assert_allclose(got.logprobs[:, 0], ref.gather(1, tokens[:, None])[:, 0].numpy(), atol=1e-6)
+    np.testing.assert_allclose(
+        got.logprobs[:, 0], ref.gather(1, tokens[:, None])[:, 0].numpy(), atol=1e-6
+    )
     ref_top = ref.topk(4)
     assert got.token_ids[:, 1:].tolist() == ref_top.indices.tolist()
     np.testing.assert_allclose(got.logprobs[:, 1:], ref_top.values.numpy(), atol=1e-6)
@@ -39,7 +41,13 @@ def test_slices_bound_the_rows_per_temporary() -> None:
     assert rows_per_slice(1000, 4096) == 4 and rows_per_slice(10**6, 4096) == 1
     seen = []
     logits = torch.randn(10, 1000)
-    compute_logprobs(lambda a, b: seen.append(b - a) or logits[a:b], torch.zeros(10, dtype=torch.int64), 1000, 1000, working_set_elems=4096)
+    compute_logprobs(
+        lambda a, b: seen.append(b - a) or logits[a:b],
+        torch.zeros(10, dtype=torch.int64),
+        1000,
+        1000,
+        working_set_elems=4096,
+    )
     assert seen == [4, 4, 2]
 
 
@@ -54,12 +62,21 @@ NGRAM = [
 ]
 
 
-@pytest.mark.parametrize(("note", "tokens", "lo", "hi", "k", "want"), NGRAM, ids=[n[0] for n in NGRAM])
-def test_propose_ngram(note: str, tokens: list[int], lo: int, hi: int, k: int, want: list[int]) -> None:
+@pytest.mark.parametrize(
+    ("note", "tokens", "lo", "hi", "k", "want"), NGRAM, ids=[n[0] for n in NGRAM]
+)
+def test_propose_ngram(
+    note: str, tokens: list[int], lo: int, hi: int, k: int, want: list[int]
+) -> None:
     assert propose_ngram(np.array(tokens), lo, hi, k) == want
 
 
-ACCEPT = [([], [5], [5]), ([1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4]), ([1, 2, 3], [1, 7, 3, 4], [1, 7]), ([1, 2], [9, 2, 3], [9])]
+ACCEPT = [
+    ([], [5], [5]),
+    ([1, 2, 3], [1, 2, 3, 4], [1, 2, 3, 4]),
+    ([1, 2, 3], [1, 7, 3, 4], [1, 7]),
+    ([1, 2], [9, 2, 3], [9]),
+]
 
 
 @pytest.mark.parametrize(("drafts", "targets", "want"), ACCEPT)

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from kernels.gumbel_noise import gumbel_noise_ref
-from runner_v1.sampler import (
+from turnout.kernels.gumbel_noise import gumbel_noise_ref
+from turnout.runner_v1.sampler import (
     SamplingMetadata,
     apply_logits_processors,
     apply_masks,
@@ -22,10 +22,13 @@ NEG_INF = float("-inf")
 
 def md_for(n: int, **kw: object) -> SamplingMetadata:
     base: dict[str, object] = {
-        "temperature": torch.ones(n), "top_k": torch.full((n,), -1, dtype=torch.int64),
-        "top_p": torch.ones(n), "seeds": torch.arange(n, dtype=torch.int64),
+        "temperature": torch.ones(n),
+        "top_k": torch.full((n,), -1, dtype=torch.int64),
+        "top_p": torch.ones(n),
+        "seeds": torch.arange(n, dtype=torch.int64),
         "positions": torch.zeros(n, dtype=torch.int64),
-        "output_token_ids": [[] for _ in range(n)], "prompt_token_ids": [[] for _ in range(n)],
+        "output_token_ids": [[] for _ in range(n)],
+        "prompt_token_ids": [[] for _ in range(n)],
     }
     base.update(kw)
     return SamplingMetadata(**base)  # type: ignore[arg-type]
@@ -82,8 +85,11 @@ def test_top_k_then_top_p_rows_independent() -> None:
 def test_penalties_follow_vllm_definitions() -> None:
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5, 3.0]])
     md = md_for(
-        1, output_token_ids=[[2, 2, 3]], prompt_token_ids=[[0, 1]],
-        presence_penalty=torch.tensor([0.5]), frequency_penalty=torch.tensor([0.25]),
+        1,
+        output_token_ids=[[2, 2, 3]],
+        prompt_token_ids=[[0, 1]],
+        presence_penalty=torch.tensor([0.5]),
+        frequency_penalty=torch.tensor([0.25]),
         repetition_penalty=torch.tensor([2.0]),
     )
     apply_penalties(logits, md)
@@ -102,8 +108,12 @@ def test_min_tokens_masks() -> None:
 def test_seeded_draw_is_gumbel_max_keyed_on_seed_and_position() -> None:
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 50, generator=gen)
-    md = md_for(3, temperature=torch.tensor([0.7, 1.0, 1.3]), seeds=torch.tensor([11, 11, 12]),
-                positions=torch.tensor([4, 5, 4]))
+    md = md_for(
+        3,
+        temperature=torch.tensor([0.7, 1.0, 1.3]),
+        seeds=torch.tensor([11, 11, 12]),
+        positions=torch.tensor([4, 5, 4]),
+    )
     got = sample(logits, md)
     noise = gumbel_noise_ref(md.seeds, md.positions, 50)
     want = (logits / md.temperature[:, None] + noise).argmax(-1)
@@ -114,8 +124,13 @@ def test_seeded_draw_is_gumbel_max_keyed_on_seed_and_position() -> None:
 def test_draws_follow_the_restricted_softmax() -> None:
     logits = torch.tensor([2.0, 1.5, 1.0, 0.0, -1.0])
     n = 20000
-    md = md_for(n, top_k=torch.full((n,), 3, dtype=torch.int64), temperature=torch.full((n,), 0.8),
-                seeds=torch.arange(n, dtype=torch.int64), positions=torch.full((n,), 9, dtype=torch.int64))
+    md = md_for(
+        n,
+        top_k=torch.full((n,), 3, dtype=torch.int64),
+        temperature=torch.full((n,), 0.8),
+        seeds=torch.arange(n, dtype=torch.int64),
+        positions=torch.full((n,), 9, dtype=torch.int64),
+    )
     counts = torch.bincount(sample(logits.expand(n, 5).clone(), md), minlength=5).float() / n
     want = torch.softmax(torch.tensor([2.0, 1.5, 1.0]) / 0.8, 0)
     torch.testing.assert_close(counts[:3], want, atol=0.015, rtol=0)
@@ -130,13 +145,21 @@ def test_logits_processors_two_and_three_arguments_in_order() -> None:
         logits[1] = NEG_INF
         return logits
 
-    def boost_last_prompt(prompt_ids: list[int], out_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+    def boost_last_prompt(
+        prompt_ids: list[int], out_ids: list[int], logits: torch.Tensor
+    ) -> torch.Tensor:
         calls.append(("three", list(prompt_ids)))
-        return logits + torch.nn.functional.one_hot(torch.tensor(prompt_ids[-1]), logits.shape[0]) * 10
+        return (
+            logits + torch.nn.functional.one_hot(torch.tensor(prompt_ids[-1]), logits.shape[0]) * 10
+        )
 
     logits = torch.zeros(2, 4)
-    md = md_for(2, output_token_ids=[[3], []], prompt_token_ids=[[0, 2], [1]],
-                logits_processors=[(ban_token_1, boost_last_prompt), ()])
+    md = md_for(
+        2,
+        output_token_ids=[[3], []],
+        prompt_token_ids=[[0, 2], [1]],
+        logits_processors=[(ban_token_1, boost_last_prompt), ()],
+    )
     assert apply_logits_processors(logits, md) == {}
     assert logits[0].tolist() == [0, NEG_INF, 10, 0] and logits[1].tolist() == [0, 0, 0, 0]
     assert calls == [("two", [3]), ("three", [0, 2])]

@@ -15,21 +15,35 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-from engine.cuda_graphs import (
+from turnout.engine.cuda_graphs import (
     MixedGraphs,
     buffers_forward,
     mixed_capture_sizes,
     set_dummy_mixed_inputs,
 )
-from engine.model import write_random_weights
-from engine.model_info import engine_config_for
-from engine.runner_loader import build_engine_core
-from runner_v2.graphs import RunnerGraphs
-from runner_v2.input_batch import BatchPlan, InputBuffers
+from turnout.engine.model import write_random_weights
+from turnout.engine.model_info import engine_config_for
+from turnout.engine.runner_loader import build_engine_core
+from turnout.runner_v2.graphs import RunnerGraphs
+from turnout.runner_v2.input_batch import BatchPlan, InputBuffers
 
 
 def test_mixed_capture_sizes_end_at_the_token_budget() -> None:
-    assert mixed_capture_sizes(8192) == [64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
+    assert mixed_capture_sizes(8192) == [
+        64,
+        128,
+        256,
+        384,
+        512,
+        768,
+        1024,
+        1536,
+        2048,
+        3072,
+        4096,
+        6144,
+        8192,
+    ]
     assert mixed_capture_sizes(1000) == [64, 128, 256, 384, 512, 768, 1000]
     assert mixed_capture_sizes(32) == [32]
     assert mixed_capture_sizes(100_000)[-1] == 16384  # larger steps run eagerly
@@ -38,8 +52,13 @@ def test_mixed_capture_sizes_end_at_the_token_budget() -> None:
 
 def _plan(num_scheduled: list[int], num_computed: list[int], num_tokens: list[int]) -> BatchPlan:
     rows = np.arange(len(num_scheduled), dtype=np.int32)
-    return BatchPlan.build([f"r{i}" for i in rows], rows, np.asarray(num_scheduled, np.int32),
-                           np.asarray(num_computed, np.int32), np.asarray(num_tokens, np.int32))
+    return BatchPlan.build(
+        [f"r{i}" for i in rows],
+        rows,
+        np.asarray(num_scheduled, np.int32),
+        np.asarray(num_computed, np.int32),
+        np.asarray(num_tokens, np.int32),
+    )
 
 
 class _Captured:  # stands for a torch.cuda.CUDAGraph: choose() only asks which sizes exist
@@ -47,7 +66,9 @@ class _Captured:  # stands for a torch.cuda.CUDAGraph: choose() only asks which 
 
 
 def _graphs(speculative: bool = False) -> RunnerGraphs:
-    config = engine_config_for(_model_dir(), max_model_len=128, max_num_seqs=16, max_num_batched_tokens=512)
+    config = engine_config_for(
+        _model_dir(), max_model_len=128, max_num_seqs=16, max_num_batched_tokens=512
+    )
     graphs = RunnerGraphs(config, enabled=True, speculative=speculative)
     for g in (graphs.decode, graphs.spec, graphs.mixed):
         g._graphs = {s: _Captured() for s in g.sizes}  # type: ignore[misc]
@@ -60,8 +81,15 @@ _DIR: list[Path] = []
 def _model_dir() -> Path:
     if not _DIR:
         import tempfile
-        _DIR.append(write_random_weights(TINY_DECODER_CONFIGS["qwen3"], Path(tempfile.mkdtemp()) / "m",
-                                         dtype=torch.float32, seed=1))
+
+        _DIR.append(
+            write_random_weights(
+                TINY_DECODER_CONFIGS["qwen3"],
+                Path(tempfile.mkdtemp()) / "m",
+                dtype=torch.float32,
+                seed=1,
+            )
+        )
     return _DIR[0]
 
 
@@ -105,32 +133,61 @@ def test_mixed_graphs_are_dropped_for_models_that_cannot_replay_them() -> None:
 def test_dummy_mixed_inputs_run_a_real_forward(num_reqs: int, num_tokens: int) -> None:
     # The capture's inputs must be a valid step for every launch of the forward: queries that
     # sum to the token count, none longer than a block-table row holds, no slot written.
-    core = build_engine_core(engine_config_for(_model_dir(), max_model_len=128, max_num_seqs=16,
-                                               max_num_batched_tokens=512, num_kv_blocks=64), "v2")
+    core = build_engine_core(
+        engine_config_for(
+            _model_dir(),
+            max_model_len=128,
+            max_num_seqs=16,
+            max_num_batched_tokens=512,
+            num_kv_blocks=64,
+        ),
+        "v2",
+    )
     runner = core.runner
     buffers: InputBuffers = runner.buffers
     set_dummy_mixed_inputs(buffers, num_reqs, num_tokens)
     qsl = buffers.query_start_loc[: num_reqs + 1]
     assert qsl[0] == 0 and qsl[-1] == num_tokens
     q_lens = qsl.diff()
-    assert torch.equal(q_lens, buffers.seq_lens[:num_reqs]) and int(q_lens.max()) <= -(-num_tokens // num_reqs)
+    assert torch.equal(q_lens, buffers.seq_lens[:num_reqs]) and int(q_lens.max()) <= -(
+        -num_tokens // num_reqs
+    )
     before = [c.clone() for c in runner.kv_caches]
     with torch.inference_mode():
-        hidden = buffers_forward(runner.model, buffers, runner.kv_caches, num_reqs, num_tokens, num_tokens,
-                                 max_model_len=128, block_size=runner.config.block_size)
+        hidden = buffers_forward(
+            runner.model,
+            buffers,
+            runner.kv_caches,
+            num_reqs,
+            num_tokens,
+            num_tokens,
+            max_model_len=128,
+            block_size=runner.config.block_size,
+        )
     assert hidden.shape[0] == num_tokens and torch.isfinite(hidden).all()
     assert all(torch.equal(a, b) for a, b in zip(before, runner.kv_caches, strict=True))
 
 
 def test_memory_profile_runs_the_largest_step_and_sets_its_peak_aside() -> None:
-    from runner_v2.memory_profile import kv_budget_after_profile, profile_peak_bytes
+    from turnout.runner_v2.memory_profile import kv_budget_after_profile, profile_peak_bytes
 
-    core = build_engine_core(engine_config_for(_model_dir(), max_model_len=128, max_num_seqs=16,
-                                               max_num_batched_tokens=512, num_kv_blocks=64), "v2")
+    core = build_engine_core(
+        engine_config_for(
+            _model_dir(),
+            max_model_len=128,
+            max_num_seqs=16,
+            max_num_batched_tokens=512,
+            num_kv_blocks=64,
+        ),
+        "v2",
+    )
     runner = core.runner
     before = [c.clone() for c in runner.kv_caches]
     # On the CPU the profile runs (a check that the largest step's forward works) but measures nothing.
-    assert profile_peak_bytes(runner.model, runner.buffers, runner.config, runner.dtype, runner.device) == 0
+    assert (
+        profile_peak_bytes(runner.model, runner.buffers, runner.config, runner.dtype, runner.device)
+        == 0
+    )
     assert all(torch.equal(a, b) for a, b in zip(before, runner.kv_caches, strict=True))
     assert kv_budget_after_profile(10_000, 1_000, graph_pool=False) == 8_100
     assert kv_budget_after_profile(10_000, 1_000, graph_pool=True) == 7_200
@@ -142,12 +199,15 @@ def test_no_mixed_graph_or_profile_holds_more_tokens_than_the_requests_can() -> 
     # token budget of 512. Larger captures and profiles gave a dummy request more keys than
     # its block-table row holds: the attention kernel read past the row (and the table), and
     # the profile reserved activations of a step that can never run.
-    config = engine_config_for(_model_dir(), max_model_len=32, max_num_seqs=2, max_num_batched_tokens=512,
-                               num_kv_blocks=8)
+    config = engine_config_for(
+        _model_dir(), max_model_len=32, max_num_seqs=2, max_num_batched_tokens=512, num_kv_blocks=8
+    )
     assert RunnerGraphs(config, enabled=True, speculative=False).mixed.sizes == [64]
-    from runner_v2.memory_profile import profile_peak_bytes
+    from turnout.runner_v2.memory_profile import profile_peak_bytes
 
     runner = build_engine_core(config, "v2").runner
-    assert profile_peak_bytes(runner.model, runner.buffers, config, runner.dtype, runner.device) == 0
+    assert (
+        profile_peak_bytes(runner.model, runner.buffers, config, runner.dtype, runner.device) == 0
+    )
     row_capacity = config.max_num_blocks_per_req * config.block_size
     assert int(runner.buffers.seq_lens.max()) <= row_capacity

@@ -14,18 +14,51 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BANNED_METHODS = {"item", "tolist", "cpu", "synchronize"}
 #: Functions allowed to wait: the collection of a step's results.
-COLLECTION = {("runner_v2/async_output.py", "get_output"), ("runner_v2/async_output.py", "_concat"),
-              ("runner_v2/async_output.py", "_logprobs"), ("runner_v2/async_output.py", "_speculative_tokens"),
-              # start-up, before the KV cache is sized: never on the step path
-              ("runner_v2/memory_profile.py", "profile_peak_bytes")}
-KERNELS = ["staged_writes", "query_start_loc", "positions", "input_ids", "slot_mapping", "logits_indices",
-           "penalties", "gumbel_sample", "topk_logprobs", "post_update", "_select", "_checks", "_padding",
-           "gumbel_noise", "fused_moe", "moe_align", "mla_attention", "mla_cache", "causal_conv1d",
-           "selective_scan", "rejection_sample", "sampling_probs", "ngram_propose", "spec_post_update",
-           "paged_attention", "paged_attention_split", "_paged_tiles", "rotary", "rms_norm", "silu_mul"]
-FILES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "runner_v2").glob("*.py")) + [
-    f"kernels/{name}.py" for name in KERNELS
-] + ["engine/runner_setup.py"]  # the set-up and the pooling step runner_v2 shares with runner_v1
+COLLECTION = {
+    ("runner_v2/async_output.py", "get_output"),
+    ("runner_v2/async_output.py", "_concat"),
+    ("runner_v2/async_output.py", "_logprobs"),
+    ("runner_v2/async_output.py", "_speculative_tokens"),
+    # start-up, before the KV cache is sized: never on the step path
+    ("runner_v2/memory_profile.py", "profile_peak_bytes"),
+}
+KERNELS = [
+    "staged_writes",
+    "query_start_loc",
+    "positions",
+    "input_ids",
+    "slot_mapping",
+    "logits_indices",
+    "penalties",
+    "gumbel_sample",
+    "topk_logprobs",
+    "post_update",
+    "_select",
+    "_checks",
+    "_padding",
+    "gumbel_noise",
+    "fused_moe",
+    "moe_align",
+    "mla_attention",
+    "mla_cache",
+    "causal_conv1d",
+    "selective_scan",
+    "rejection_sample",
+    "sampling_probs",
+    "ngram_propose",
+    "spec_post_update",
+    "paged_attention",
+    "paged_attention_split",
+    "_paged_tiles",
+    "rotary",
+    "rms_norm",
+    "silu_mul",
+]
+FILES = (
+    sorted(str(p.relative_to(ROOT)) for p in (ROOT / "runner_v2").glob("*.py"))
+    + [f"kernels/{name}.py" for name in KERNELS]
+    + ["engine/runner_setup.py"]
+)  # the set-up and the pooling step runner_v2 shares with runner_v1
 
 
 def _violations(path: str) -> list[str]:

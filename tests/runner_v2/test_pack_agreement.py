@@ -55,17 +55,16 @@ from tiny_model_configs import TINY_DECODER_CONFIGS
 
 pytest.importorskip("pydantic")  # the oracle
 
-import runner_v1
-import runner_v2
-import runner_v2.refusals as refusals
-from engine.config import MAMBA_CACHE_MODES, EngineConfig, SpeculativeConfig
-from engine.errors import EngineConfigError, NoRunnerError, UnsupportedOptionError
-from engine.llm import LLM
-from engine.model import write_random_weights
-from engine.sampling_params import SamplingParams
-from oracle import DeploymentConfig, decide, load_pack
-from oracle.matrix import enumerate_matrix, scenarios
-from runner_v2 import create_model_runner
+import turnout.runner_v2.refusals as refusals
+from turnout import runner_v1, runner_v2
+from turnout.engine.config import MAMBA_CACHE_MODES, EngineConfig, SpeculativeConfig
+from turnout.engine.errors import EngineConfigError, NoRunnerError, UnsupportedOptionError
+from turnout.engine.llm import LLM
+from turnout.engine.model import write_random_weights
+from turnout.engine.sampling_params import SamplingParams
+from turnout.oracle import DeploymentConfig, decide, load_pack
+from turnout.oracle.matrix import enumerate_matrix, scenarios
+from turnout.runner_v2 import create_model_runner
 
 ROOT = Path(__file__).resolve().parents[2]
 PACK = load_pack("turnout")
@@ -83,28 +82,51 @@ EXPRESSIBLE = {
 #: Blockers the engine refuses by name before runner_v2 could be built: the value of their
 #: dimension (speculative_method, platform) cannot be expressed in an EngineConfig.
 ENGINE_REFUSES = {
-    "suffix_speculation", "medusa_speculation", "mlp_speculator_speculation",
-    "v2_speculation_unimplemented", "v2_platform_unserved",
-    "mamba_cache_mode_all", "v2_mamba_cache_mode_unimplemented",
+    "suffix_speculation",
+    "medusa_speculation",
+    "mlp_speculator_speculation",
+    "v2_speculation_unimplemented",
+    "v2_platform_unserved",
+    "mamba_cache_mode_all",
+    "v2_mamba_cache_mode_unimplemented",
 }
 #: Blockers refused when the model is loaded (the architecture decides them), by the test that
 #: witnesses the refusal on runner_v2.
 LOAD_REFUSES = {
-    "v2_speculation_with_recurrent_state":
-        "tests/parity/test_parity_jamba.py::test_speculative_decoding_is_refused",
+    "v2_speculation_with_recurrent_state": "tests/parity/test_parity_jamba.py::test_speculative_decoding_is_refused",
 }
 #: Pack dimensions checked against the manifests, and the others.
-CHECKED = {"speculative_method", "logits_processors", "cpu_offload_gb", "platform",
-           "triton_available", "pooling", "mamba_cache_mode", "tensor_parallel_size"}
-MODEL_ATTRIBUTES = {"family", "is_moe", "attention_free", "has_inner_state"}  # facts of the architecture
+CHECKED = {
+    "speculative_method",
+    "logits_processors",
+    "cpu_offload_gb",
+    "platform",
+    "triton_available",
+    "pooling",
+    "mamba_cache_mode",
+    "tensor_parallel_size",
+}
+MODEL_ATTRIBUTES = {
+    "family",
+    "is_moe",
+    "attention_free",
+    "has_inner_state",
+}  # facts of the architecture
 # turnout's engine has no such option: EngineConfig refuses it by name. `quantization` is a
 # fact of the checkpoint the engine reports (none, gguf, fp8, compressed-tensors): the manifests
 # do not list weight formats yet, so it is not checked here.
 NO_ENGINE_FIELD = {
-    "compilation_mode", "enable_sequence_parallelism",
-    "pipeline_parallel_size", "prefill_context_parallel_size", "distributed_executor_backend",
-    "async_scheduling", "enable_dbo", "enable_elastic_ep", "logits_processor_plugins",
-    "kv_sharing_fast_prefill", "quantization",
+    "compilation_mode",
+    "enable_sequence_parallelism",
+    "pipeline_parallel_size",
+    "prefill_context_parallel_size",
+    "distributed_executor_backend",
+    "async_scheduling",
+    "enable_dbo",
+    "enable_elastic_ep",
+    "logits_processor_plugins",
+    "kv_sharing_fast_prefill",
+    "quantization",
 }
 DERIVED = {"quantized": "quantization"}
 
@@ -140,8 +162,12 @@ def test_every_blocker_is_known_to_this_test() -> None:
     # A new V2 rule in the pack must be classified here (and refused by runner_v2 if the engine
     # can express it).
     assert {r.id for r in V2_BLOCKERS} - set(EXPRESSIBLE) - ENGINE_REFUSES - set(LOAD_REFUSES) == {
-        "stock_torch_compile", "sequence_parallelism_with_tp", "external_launcher_pipeline",
-        "dual_batch_overlap", "elastic_expert_parallel", "custom_logits_processor_plugins",
+        "stock_torch_compile",
+        "sequence_parallelism_with_tp",
+        "external_launcher_pipeline",
+        "dual_batch_overlap",
+        "elastic_expert_parallel",
+        "custom_logits_processor_plugins",
         "kv_sharing_fast_prefill",
     }
 
@@ -149,12 +175,21 @@ def test_every_blocker_is_known_to_this_test() -> None:
 @pytest.mark.parametrize("rule", V2_BLOCKERS, ids=[r.id for r in V2_BLOCKERS])
 def test_each_v2_blocker_is_refused(rule, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     if rule.id in LOAD_REFUSES:  # a fact of the architecture: Jamba's Mamba layers
-        d = decide(DeploymentConfig(architecture="JambaForCausalLM", speculative_method="ngram_gpu",
-                                    env=PACK.pin_env("v2")), pack=PACK)
+        d = decide(
+            DeploymentConfig(
+                architecture="JambaForCausalLM",
+                speculative_method="ngram_gpu",
+                env=PACK.pin_env("v2"),
+            ),
+            pack=PACK,
+        )
         assert d.runner is None and rule.label.split("'")[0] in (d.error or "")
         path, _, name = LOAD_REFUSES[rule.id].partition("::")
         source = (ROOT / path).read_text()
-        assert re.search(rf"^def {name}\(", source, re.M) and '"v2"' in source.split(f"def {name}(")[0][-300:]
+        assert (
+            re.search(rf"^def {name}\(", source, re.M)
+            and '"v2"' in source.split(f"def {name}(")[0][-300:]
+        )
         return
     witness = _witness(rule.id)
     decision = decide(_pinned_v2(**witness), pack=PACK)
@@ -202,7 +237,7 @@ def test_each_v2_blocker_is_refused(rule, monkeypatch: pytest.MonkeyPatch, tmp_p
 
 
 def test_every_method_the_engine_expresses_and_v2_lacks_is_refused(tmp_path: Path) -> None:
-    from engine.config import SUPPORTED_SPECULATIVE_METHODS
+    from turnout.engine.config import SUPPORTED_SPECULATIVE_METHODS
 
     base = EngineConfig(model=str(tmp_path), vocab_size=100, max_model_len=64)
     lacking = set(SUPPORTED_SPECULATIVE_METHODS) - set(runner_v2.MANIFEST.speculative_methods)
@@ -218,19 +253,32 @@ def test_the_methods_v2_serves_are_decided_for_v2(method: str) -> None:
     assert set(runner_v2.MANIFEST.speculative_methods) == {"ngram_gpu", "draft_model"}
     for arch in ("Qwen3ForCausalLM", "LlamaForCausalLM"):  # a stage on, a stage off
         for env in ({}, PACK.pin_env("v2")):
-            cfg = DeploymentConfig(architecture=arch, speculative_method=method, num_speculative_tokens=3, env=env)
+            cfg = DeploymentConfig(
+                architecture=arch, speculative_method=method, num_speculative_tokens=3, env=env
+            )
             assert decide(cfg, pack=PACK).runner == "v2", (arch, env)
-        pinned = decide(DeploymentConfig(architecture=arch, speculative_method=method, env=PACK.pin_env("v1")),
-                        pack=PACK)
-        assert pinned.runner is None and pinned.error == f"Model Runner V1 does not support: speculative method '{method}'"
+        pinned = decide(
+            DeploymentConfig(architecture=arch, speculative_method=method, env=PACK.pin_env("v1")),
+            pack=PACK,
+        )
+        assert (
+            pinned.runner is None
+            and pinned.error == f"Model Runner V1 does not support: speculative method '{method}'"
+        )
 
 
 def test_v1_refuses_the_device_methods_in_the_packs_words(tmp_path: Path) -> None:
     base = EngineConfig(model=str(tmp_path), vocab_size=100, max_model_len=64)
     for method in ("ngram_gpu", "draft_model"):
-        spec = SpeculativeConfig(method=method, model=str(tmp_path) if method == "draft_model" else None)
-        want = decide(DeploymentConfig(architecture="Qwen3ForCausalLM", speculative_method=method,
-                                       env=PACK.pin_env("v1")), pack=PACK).error
+        spec = SpeculativeConfig(
+            method=method, model=str(tmp_path) if method == "draft_model" else None
+        )
+        want = decide(
+            DeploymentConfig(
+                architecture="Qwen3ForCausalLM", speculative_method=method, env=PACK.pin_env("v1")
+            ),
+            pack=PACK,
+        ).error
         with pytest.raises(EngineConfigError) as err:
             runner_v1.create_model_runner(dataclasses.replace(base, speculative_config=spec))
         assert str(err.value) == want
@@ -262,27 +310,44 @@ def _unserved(runner: str, cfg: DeploymentConfig) -> list[str]:
         problems.append(f"mamba_cache_mode {cfg.mamba_cache_mode}")
     if not cfg.triton_available and m.requires_triton:
         problems.append("Triton")
-    if cfg.tensor_parallel_size > 1 and cfg.architecture not in m.tensor_parallel_architectures \
-            and _tensor_parallel_refusal(cfg.architecture, cfg.tensor_parallel_size) is None:
-        problems.append(f"tensor_parallel_size {cfg.tensor_parallel_size}")  # neither served nor refused
+    if (
+        cfg.tensor_parallel_size > 1
+        and cfg.architecture not in m.tensor_parallel_architectures
+        and _tensor_parallel_refusal(cfg.architecture, cfg.tensor_parallel_size) is None
+    ):
+        problems.append(
+            f"tensor_parallel_size {cfg.tensor_parallel_size}"
+        )  # neither served nor refused
     return problems
 
 
 def _tensor_parallel_refusal(architecture: str, size: int) -> str | None:
     """The engine's refusal of ``architecture`` at ``size`` ranks (for any head counts), or None."""
-    from engine.model import ModelConfig
-    from engine.model.parallel_layers import tensor_parallel_problem
+    from turnout.engine.model import ModelConfig
+    from turnout.engine.model.parallel_layers import tensor_parallel_problem
 
-    config = ModelConfig(architecture=architecture, vocab_size=64 * size, hidden_size=64 * size,
-                         intermediate_size=64 * size, num_hidden_layers=1, num_attention_heads=size,
-                         num_key_value_heads=size, head_dim=64, max_position_embeddings=64)
+    config = ModelConfig(
+        architecture=architecture,
+        vocab_size=64 * size,
+        hidden_size=64 * size,
+        intermediate_size=64 * size,
+        num_hidden_layers=1,
+        num_attention_heads=size,
+        num_key_value_heads=size,
+        head_dim=64,
+        max_position_embeddings=64,
+    )
     return tensor_parallel_problem(config, size)
 
 
 def test_tensor_parallel_cells_are_served_or_refused_by_name() -> None:
     for m in MANIFESTS.values():
-        assert set(m.tensor_parallel_architectures) == {"LlamaForCausalLM", "MistralForCausalLM",
-                                                         "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+        assert set(m.tensor_parallel_architectures) == {
+            "LlamaForCausalLM",
+            "MistralForCausalLM",
+            "Qwen2ForCausalLM",
+            "Qwen3ForCausalLM",
+        }
     seen = {"served": 0, "refused": 0}
     for cell in enumerate_matrix(PACK):
         cfg, runner = cell.config, cell.decision.runner
@@ -292,7 +357,10 @@ def test_tensor_parallel_cells_are_served_or_refused_by_name() -> None:
         served = cfg.architecture in MANIFESTS[runner].tensor_parallel_architectures
         assert served == (refusal is None), cfg.architecture
         if refusal is not None:
-            assert refusal.startswith(f"tensor_parallel_size={cfg.tensor_parallel_size}: ") and cfg.architecture in refusal
+            assert (
+                refusal.startswith(f"tensor_parallel_size={cfg.tensor_parallel_size}: ")
+                and cfg.architecture in refusal
+            )
         seen["served" if served else "refused"] += 1
     assert seen["served"] and seen["refused"]  # both kinds of cell exist
 
@@ -307,18 +375,23 @@ def test_every_cell_the_pack_sends_to_a_runner_is_served_by_its_manifest() -> No
         sent[runner] += 1
         problems = _unserved(runner, cell.config)
         if problems:
-            wrong.append(f"{cell.architecture} pin={cell.pin} {cell.scenario.id} -> {runner}: {problems}")
+            wrong.append(
+                f"{cell.architecture} pin={cell.pin} {cell.scenario.id} -> {runner}: {problems}"
+            )
     assert not wrong, f"{len(wrong)} cells, e.g.\n" + "\n".join(wrong[:20])
     assert sent["v1"] > 100 and sent["v2"] > 100  # the check is not vacuous
     # ... and it would catch a pack that sends an unserved feature: V2 honours no offload.
-    assert _unserved("v2", DeploymentConfig(architecture="LlamaForCausalLM", cpu_offload_gb=4)) == ["cpu_offload"]
+    assert _unserved("v2", DeploymentConfig(architecture="LlamaForCausalLM", cpu_offload_gb=4)) == [
+        "cpu_offload"
+    ]
 
 
 def test_every_pack_dimension_is_checked_or_classified() -> None:
     dims = set(PACK.domains)
     assert dims == CHECKED | MODEL_ATTRIBUTES | NO_ENGINE_FIELD | set(DERIVED), (
         f"classify {sorted(dims - CHECKED - MODEL_ATTRIBUTES - NO_ENGINE_FIELD - set(DERIVED))}; "
-        f"gone: {sorted(CHECKED | MODEL_ATTRIBUTES | NO_ENGINE_FIELD | set(DERIVED) - dims)}")
+        f"gone: {sorted(CHECKED | MODEL_ATTRIBUTES | NO_ENGINE_FIELD | set(DERIVED) - dims)}"
+    )
     for dim in sorted(NO_ENGINE_FIELD):
         with pytest.raises(EngineConfigError, match=f"unknown engine arguments \\['{dim}'\\]"):
             EngineConfig.check_field_names({dim})
@@ -326,8 +399,13 @@ def test_every_pack_dimension_is_checked_or_classified() -> None:
 
 def test_the_docstring_lists_a_v2_test_for_everything_v2_serves() -> None:
     m = runner_v2.MANIFEST
-    want = {"architectures", *m.honoured, *(f"pooling_task:{t}" for t in m.pooling_tasks),
-            *(f"platform:{p}" for p in m.platforms), *(f"speculative_method:{s}" for s in m.speculative_methods)}
+    want = {
+        "architectures",
+        *m.honoured,
+        *(f"pooling_task:{t}" for t in m.pooling_tasks),
+        *(f"platform:{p}" for p in m.platforms),
+        *(f"speculative_method:{s}" for s in m.speculative_methods),
+    }
     want |= {name for name in ("async_scheduling", "cuda_graphs") if getattr(m, name)}
     want |= {"tensor_parallel"} if m.tensor_parallel_architectures else set()
     listed = dict(re.findall(r"^  - `([\w:.-]+)`: (\S+)$", __doc__ or "", re.M))
@@ -338,17 +416,26 @@ def test_the_docstring_lists_a_v2_test_for_everything_v2_serves() -> None:
         assert re.search(rf"^def {name}\(", text, re.M), f"{feature}: no {ref}"
         if path.startswith("tests/parity/") and "gpu" not in path:
             assert "runner_name" in text.split(f"def {name}(")[1].split(")")[0], ref
-    runners = re.search(r"^RUNNERS = \[(.*)\]$", (ROOT / "tests/parity/conftest.py").read_text(), re.M)
+    runners = re.search(
+        r"^RUNNERS = \[(.*)\]$", (ROOT / "tests/parity/conftest.py").read_text(), re.M
+    )
     assert runners is not None and '"v2"' in runners.group(1)
 
 
 def test_blockers_are_all_listed_at_once(tmp_path: Path) -> None:
-    config = EngineConfig(model=str(tmp_path), vocab_size=100, max_model_len=64, cpu_offload_gb=1.0,
-                          speculative_config=SpeculativeConfig(method="ngram"))
+    config = EngineConfig(
+        model=str(tmp_path),
+        vocab_size=100,
+        max_model_len=64,
+        cpu_offload_gb=1.0,
+        speculative_config=SpeculativeConfig(method="ngram"),
+    )
     want = decide(_pinned_v2(cpu_offload_gb=1.0, speculative_method="ngram"), pack=PACK).error
     with pytest.raises(EngineConfigError) as err:
         create_model_runner(config)
-    assert sorted(str(err.value).split(": ", 1)[1].split(", ")) == sorted((want or "").split(": ", 1)[1].split(", "))
+    assert sorted(str(err.value).split(": ", 1)[1].split(", ")) == sorted(
+        (want or "").split(": ", 1)[1].split(", ")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -362,14 +449,32 @@ def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_generation_features_run_on_v2(qwen3_dir: Path, prefix_caching: bool) -> None:
     # The generate deployment on this machine with every expressible V2-supported value:
     # no speculation, no offload, no processors, prefix caching on or off.
-    llm = LLM(qwen3_dir, "v2", device="cpu", max_model_len=128, enable_prefix_caching=prefix_caching, environ={})
+    llm = LLM(
+        qwen3_dir,
+        "v2",
+        device="cpu",
+        max_model_len=128,
+        enable_prefix_caching=prefix_caching,
+        environ={},
+    )
     assert llm.runner_name == "v2" and llm.core.async_scheduling
     assert {r.rule_id for r in llm.decision.reasons} >= {"pin.v2"}
     prompt = list(range(3, 40))
-    outs = llm.generate([prompt, [*prompt[:20], 7]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+    outs = llm.generate(
+        [prompt, [*prompt[:20], 7]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    )
     assert [len(o.outputs[0].token_ids) for o in outs] == [5, 5]
-    ref = LLM(qwen3_dir, "v1", device="cpu", max_model_len=128, enable_prefix_caching=prefix_caching, environ={})
-    want = ref.generate([prompt, [*prompt[:20], 7]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+    ref = LLM(
+        qwen3_dir,
+        "v1",
+        device="cpu",
+        max_model_len=128,
+        enable_prefix_caching=prefix_caching,
+        environ={},
+    )
+    want = ref.generate(
+        [prompt, [*prompt[:20], 7]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    )
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in want]
 
 
@@ -378,7 +483,7 @@ def test_pooling_runs_on_v2() -> None:
     texts = ["a red car", "the GPU-resident request table"]
     v2 = LLM(minilm_dir(), "v2", device="cpu", environ={})
     v1 = LLM(minilm_dir(), "v1", device="cpu", environ={})
-    assert v2.runner_name == "v2" and type(v2.core.runner).__module__ == "runner_v2.runner"
+    assert v2.runner_name == "v2" and type(v2.core.runner).__module__ == "turnout.runner_v2.runner"
     got = np.stack([o.embedding for o in v2.embed(texts)])
     want = np.stack([o.embedding for o in v1.embed(texts)])
     np.testing.assert_allclose(got, want, atol=1e-6)
@@ -386,5 +491,7 @@ def test_pooling_runs_on_v2() -> None:
 
 
 def test_a_v2_pin_with_a_blocker_fails_at_construction(qwen3_dir: Path) -> None:
-    with pytest.raises(NoRunnerError, match=r"Model Runner V2 does not yet support: CPU weight offload"):
+    with pytest.raises(
+        NoRunnerError, match=r"Model Runner V2 does not yet support: CPU weight offload"
+    ):
         LLM(qwen3_dir, "v2", device="cpu", max_model_len=128, cpu_offload_gb=0.5, environ={})

@@ -12,15 +12,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-import kernels._triton
-from engine.config import EngineConfig
-from engine.errors import EngineConfigError
-from engine.model import write_random_weights
-from engine.model_info import engine_config_for
-from engine.runner_loader import build_engine_core
-from engine.sampling_params import SamplingParams
-from runner_v2 import create_model_runner
-from runner_v2.async_output import AsyncOutput
+from turnout.engine.config import EngineConfig
+from turnout.engine.errors import EngineConfigError
+from turnout.engine.model import write_random_weights
+from turnout.engine.model_info import engine_config_for
+from turnout.engine.runner_loader import build_engine_core
+from turnout.engine.sampling_params import SamplingParams
+from turnout.kernels import _triton
+from turnout.runner_v2 import create_model_runner
+from turnout.runner_v2.async_output import AsyncOutput
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +31,13 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_steps_return_async_outputs_collected_one_step_later(llama_dir: Path) -> None:
-    core = build_engine_core(engine_config_for(llama_dir, max_model_len=128, kv_cache_memory_gb=0.01), "v2")
+    core = build_engine_core(
+        engine_config_for(llama_dir, max_model_len=128, kv_cache_memory_gb=0.01), "v2"
+    )
     assert core.async_scheduling and core.scheduler.async_scheduling
-    core.add_request("a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+    core.add_request(
+        "a", [5, 6, 7, 8, 9], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    )
     handles = []
     real = core.runner.execute_model
 
@@ -47,11 +51,15 @@ def test_steps_return_async_outputs_collected_one_step_later(llama_dir: Path) ->
     assert len(req.output_token_ids) == 3
     launched = [h for h in handles if isinstance(h, AsyncOutput)]
     assert len(launched) == 3  # prefill + 2 decodes, each an AsyncOutput
-    assert [h.get_output().sampled_token_ids for h in launched] == [[[t]] for t in req.output_token_ids]
+    assert [h.get_output().sampled_token_ids for h in launched] == [
+        [[t]] for t in req.output_token_ids
+    ]
 
 
 def test_a_runner_out_of_step_with_the_engine_is_an_error(llama_dir: Path) -> None:
-    core = build_engine_core(engine_config_for(llama_dir, max_model_len=128, kv_cache_memory_gb=0.01), "v2")
+    core = build_engine_core(
+        engine_config_for(llama_dir, max_model_len=128, kv_cache_memory_gb=0.01), "v2"
+    )
     core.add_request("a", [5, 6, 7], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     core.step()
     row = core.runner.states.req_id_to_row["a"]
@@ -60,7 +68,9 @@ def test_a_runner_out_of_step_with_the_engine_is_an_error(llama_dir: Path) -> No
         core.step()
 
 
-def test_cpu_without_the_interpreter_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(kernels._triton, "INTERPRETED", False)
+def test_cpu_without_the_interpreter_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(_triton, "INTERPRETED", False)
     with pytest.raises(EngineConfigError, match="TRITON_INTERPRET=1"):
         create_model_runner(EngineConfig(model=str(tmp_path), vocab_size=100, max_model_len=64))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from runner_v2.uploads import ALIGN_WORDS, to_device
+from turnout.runner_v2.uploads import ALIGN_WORDS, to_device
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -16,12 +16,18 @@ def test_arrays_come_back_equal_and_16_byte_aligned(seed: int) -> None:
     arrays = []
     for _ in range(int(rng.integers(1, 9))):
         dtype = [np.int32, np.int64][int(rng.integers(2))]
-        shape = (int(rng.integers(0, 7)),) if rng.random() < 0.7 else (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+        shape = (
+            (int(rng.integers(0, 7)),)
+            if rng.random() < 0.7
+            else (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+        )
         arrays.append(rng.integers(-(2**31), 2**31 - 1, size=shape).astype(dtype))
     out = to_device(arrays, torch.device("cpu"))
     base = out[0].untyped_storage().data_ptr()
     for arr, t in zip(arrays, out, strict=True):
-        assert t.dtype == {np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64}[arr.dtype]
+        assert (
+            t.dtype == {np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64}[arr.dtype]
+        )
         assert tuple(t.shape) == arr.shape
         np.testing.assert_array_equal(t.numpy(), arr)
         assert (t.data_ptr() - base) % (4 * ALIGN_WORDS) == 0  # its offset in the one buffer
@@ -35,12 +41,20 @@ def test_empty_arrays_alone_come_back_empty() -> None:
     # torch.from_numpy gives an empty buffer stride 0, which an int64 view refused.
     arrays = [np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros((0, 3), np.int64)]
     out = to_device(arrays, torch.device("cpu"))
-    assert [(t.dtype, tuple(t.shape)) for t in out] == [(torch.int32, (0,)), (torch.int64, (0,)), (torch.int64, (0, 3))]
+    assert [(t.dtype, tuple(t.shape)) for t in out] == [
+        (torch.int32, (0,)),
+        (torch.int64, (0,)),
+        (torch.int64, (0, 3)),
+    ]
 
 
 def test_float_and_0_d_arrays_keep_their_dtype_and_shape() -> None:
-    arrays = [np.arange(3, dtype=np.float32), np.array(7, np.int64), np.arange(3, dtype=np.int32),
-              np.linspace(0, 1, 4).reshape(2, 2)]
+    arrays = [
+        np.arange(3, dtype=np.float32),
+        np.array(7, np.int64),
+        np.arange(3, dtype=np.int32),
+        np.linspace(0, 1, 4).reshape(2, 2),
+    ]
     out = to_device(arrays, torch.device("cpu"))
     for arr, t in zip(arrays, out, strict=True):
         assert t.dtype == torch.from_numpy(arr).dtype and tuple(t.shape) == arr.shape

@@ -18,22 +18,24 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "engine" / "model"))
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-from engine.cuda_graphs import capture_sizes
-from engine.model import write_random_weights
-from engine.model_info import engine_config_for
-from engine.runner_loader import build_engine_core
-from engine.sampling_params import SamplingParams
-from kernels._triton import INTERPRETED
-from kernels.gumbel_sample import sample_splits
-from runner_v2 import sampler
-from runner_v2.warmup import warm_up_sizes, warm_up_steps
+from turnout.engine.cuda_graphs import capture_sizes
+from turnout.engine.model import write_random_weights
+from turnout.engine.model_info import engine_config_for
+from turnout.engine.runner_loader import build_engine_core
+from turnout.engine.sampling_params import SamplingParams
+from turnout.kernels._triton import INTERPRETED
+from turnout.kernels.gumbel_sample import sample_splits
+from turnout.runner_v2 import sampler
+from turnout.runner_v2.warmup import warm_up_sizes, warm_up_steps
 
 
 def _split_class(n: int, vocab_size: int, block: int) -> int:
     return 1 << max(0, (sample_splits(n, vocab_size, block) - 1).bit_length())
 
 
-@pytest.mark.parametrize(("max_num_seqs", "vocab_size"), [(256, 151_936), (1024, 151_936), (3000, 32_000), (5, 512)])
+@pytest.mark.parametrize(
+    ("max_num_seqs", "vocab_size"), [(256, 151_936), (1024, 151_936), (3000, 32_000), (5, 512)]
+)
 def test_sizes_reach_every_graph_size_and_split_class(max_num_seqs: int, vocab_size: int) -> None:
     graphs = capture_sizes(max_num_seqs)
     sizes = warm_up_sizes(graphs, max_num_seqs, vocab_size, 1024)
@@ -43,8 +45,15 @@ def test_sizes_reach_every_graph_size_and_split_class(max_num_seqs: int, vocab_s
 
 
 def test_steps_fit_the_budget_and_finish_every_dummy_request() -> None:
-    steps = list(warm_up_steps([1, 2, 8, 16, 128], block_size=16, max_num_batched_tokens=64, max_model_len=32,
-                               mixed=True))
+    steps = list(
+        warm_up_steps(
+            [1, 2, 8, 16, 128],
+            block_size=16,
+            max_num_batched_tokens=64,
+            max_model_len=32,
+            mixed=True,
+        )
+    )
     live: set[str] = set()
     seen: set[str] = set()
     for so in steps:
@@ -65,22 +74,36 @@ def test_steps_fit_the_budget_and_finish_every_dummy_request() -> None:
     assert logprobs.scheduled_new_reqs[0].sampling_params.logprobs == 1
     assert max(mixed.num_scheduled_tokens.values()) == 2
     # A token table one token wide holds no two-token prompt: no mixed step then
-    narrow = list(warm_up_steps([1], block_size=16, max_num_batched_tokens=64, max_model_len=1, mixed=True))
-    assert all(max(so.num_scheduled_tokens.values(), default=1) == 1 for so in narrow) and len(narrow) == 4
+    narrow = list(
+        warm_up_steps([1], block_size=16, max_num_batched_tokens=64, max_model_len=1, mixed=True)
+    )
+    assert (
+        all(max(so.num_scheduled_tokens.values(), default=1) == 1 for so in narrow)
+        and len(narrow) == 4
+    )
 
 
 def _padded(n: int, graph_sizes: list[int]) -> int | None:
     return next((g for g in graph_sizes if g >= n), None)
 
 
-@pytest.mark.parametrize(("max_num_seqs", "max_num_batched_tokens"), [(16, 9), (256, 200), (64, 64), (24, 96), (5, 3)])
-def test_every_decode_graph_a_step_can_replay_is_warmed(max_num_seqs: int, max_num_batched_tokens: int) -> None:
+@pytest.mark.parametrize(
+    ("max_num_seqs", "max_num_batched_tokens"), [(16, 9), (256, 200), (64, 64), (24, 96), (5, 3)]
+)
+def test_every_decode_graph_a_step_can_replay_is_warmed(
+    max_num_seqs: int, max_num_batched_tokens: int
+) -> None:
     # A graph size above the token budget still replays (a batch of the budget's size pads up to
     # it): the warm-up dropped it, so the input kernels' padded variant compiled mid-serving.
     graphs = capture_sizes(max_num_seqs)
     sizes = warm_up_sizes(graphs, max_num_seqs, 151_936, 1024)
-    steps = warm_up_steps(sizes, block_size=16, max_num_batched_tokens=max_num_batched_tokens, max_model_len=64,
-                          mixed=False)
+    steps = warm_up_steps(
+        sizes,
+        block_size=16,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=64,
+        mixed=False,
+    )
     warmed = {_padded(len(so.scheduled_new_reqs), graphs) for so in steps if so.scheduled_new_reqs}
     reached = {_padded(n, graphs) for n in range(1, min(max_num_seqs, max_num_batched_tokens) + 1)}
     assert reached <= warmed
@@ -94,8 +117,14 @@ def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _serve(llama_dir: Path, warm: bool) -> dict[str, tuple[list[int], list[float]]]:
-    config = engine_config_for(llama_dir, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32,
-                               block_size=4, kv_cache_memory_gb=0.01)
+    config = engine_config_for(
+        llama_dir,
+        max_model_len=64,
+        max_num_seqs=4,
+        max_num_batched_tokens=32,
+        block_size=4,
+        kv_cache_memory_gb=0.01,
+    )
     core = build_engine_core(config, "v2")
     if warm:
         runner = core.runner
@@ -103,13 +132,20 @@ def _serve(llama_dir: Path, warm: bool) -> dict[str, tuple[list[int], list[float
         assert runner.warm_up(sizes=[2]) == 4  # 2 requests, penalties, logprobs, the finish
         assert runner.num_warm_up_steps == 4 and runner.warm_up_seconds > 0
         assert runner.states.num_reqs == 0 and runner.num_eager_steps == 0  # counters start afresh
-    params = [SamplingParams(max_tokens=6, temperature=0.9, seed=1, ignore_eos=True),
-              SamplingParams(max_tokens=6, temperature=0.7, seed=2, repetition_penalty=1.3, ignore_eos=True),
-              SamplingParams(max_tokens=6, temperature=0, logprobs=2, ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=6, temperature=0.9, seed=1, ignore_eos=True),
+        SamplingParams(
+            max_tokens=6, temperature=0.7, seed=2, repetition_penalty=1.3, ignore_eos=True
+        ),
+        SamplingParams(max_tokens=6, temperature=0, logprobs=2, ignore_eos=True),
+    ]
     for i, p in enumerate(params):
         core.add_request(f"r{i}", [3 + i, 9, 14, 2 + i, 7][: 3 + i], p)
     done = core.run_until_done()
-    return {r.req_id: (r.output_token_ids, [lp for c in r.logprobs for lp in c.sampled_logprobs()]) for r in done}
+    return {
+        r.req_id: (r.output_token_ids, [lp for c in r.logprobs for lp in c.sampled_logprobs()])
+        for r in done
+    }
 
 
 def test_a_warmed_up_runner_serves_what_a_fresh_one_serves(llama_dir: Path) -> None:
@@ -119,8 +155,17 @@ def test_a_warmed_up_runner_serves_what_a_fresh_one_serves(llama_dir: Path) -> N
 
 
 def _tiny_core(llama_dir: Path, **kwargs: object) -> object:
-    config = engine_config_for(llama_dir, **{"max_model_len": 32, "max_num_seqs": 4, "max_num_batched_tokens": 32,
-                                             "block_size": 4, "num_kv_blocks": 8, **kwargs})
+    config = engine_config_for(
+        llama_dir,
+        **{
+            "max_model_len": 32,
+            "max_num_seqs": 4,
+            "max_num_batched_tokens": 32,
+            "block_size": 4,
+            "num_kv_blocks": 8,
+            **kwargs,
+        },
+    )
     return build_engine_core(config, "v2")
 
 
@@ -152,7 +197,9 @@ def _launch_variants() -> Iterator[set[tuple[str, tuple[Any, ...]]]]:
     that runs them on CPU compiles nothing, but its arguments say what a GPU would have keyed
     (CPU tensors are 64-byte aligned, as the caching allocator's blocks are 512)."""
     if not INTERPRETED:
-        pytest.skip("on a GPU tests/runner_v2/test_warmup_gpu.py counts the compiled variants themselves")
+        pytest.skip(
+            "on a GPU tests/runner_v2/test_warmup_gpu.py counts the compiled variants themselves"
+        )
     interpreter = pytest.importorskip("triton.runtime.interpreter")
     jit = pytest.importorskip("triton.runtime.jit")
     specialize = getattr(jit, "native_specialize_impl", None)
@@ -163,16 +210,28 @@ def _launch_variants() -> Iterator[set[tuple[str, tuple[Any, ...]]]]:
     keys: set[tuple[str, tuple[Any, ...]]] = set()
 
     def recording(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        if self.fn.__module__.startswith("kernels."):
+        if self.fn.__module__.startswith("turnout.kernels."):
             params = inspect.signature(self.fn).parameters
-            bound = dict(zip(params, args, strict=False)) | {k: v for k, v in kwargs.items() if k in params}
+            bound = dict(zip(params, args, strict=False)) | {
+                k: v for k, v in kwargs.items() if k in params
+            }
             dns = set(self.kwargs.get("do_not_specialize") or ())
             dnsa = set(self.kwargs.get("do_not_specialize_on_alignment") or ())
             key = tuple(
-                (name, "constexpr", bound.get(name, p.default)) if "constexpr" in str(p.annotation) else
-                (name, *specialize(jit.BaseBackend, bound.get(name, p.default), False, name not in dns,
-                                   name not in dnsa))
-                for name, p in params.items())
+                (name, "constexpr", bound.get(name, p.default))
+                if "constexpr" in str(p.annotation)
+                else (
+                    name,
+                    *specialize(
+                        jit.BaseBackend,
+                        bound.get(name, p.default),
+                        False,
+                        name not in dns,
+                        name not in dnsa,
+                    ),
+                )
+                for name, p in params.items()
+            )
             keys.add((f"{self.fn.__module__}.{self.fn.__name__}", key))
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
@@ -183,7 +242,9 @@ def _launch_variants() -> Iterator[set[tuple[str, tuple[Any, ...]]]]:
         cls.run = run
 
 
-def test_logprob_steps_launch_no_variant_the_warm_up_lacks(llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_logprob_steps_launch_no_variant_the_warm_up_lacks(
+    llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Logprob rows go to topk_logprobs in chunks; at Qwen3's 151,936 ids a chunk is 6 rows, so
     # the second one started 24 bytes into the int32 inputs (not 16-byte aligned: another
     # variant), and a step whose every k is 0 passed empty (null, "aligned") outputs: another.
@@ -194,11 +255,17 @@ def test_logprob_steps_launch_no_variant_the_warm_up_lacks(llama_dir: Path, monk
         core.runner.warm_up(sizes=[1, 8])
     with _launch_variants() as served:
         for i in range(8):
-            core.add_request(f"r{i}", [3 + i, 9], SamplingParams(max_tokens=2, temperature=0.8, seed=i, logprobs=1,
-                                                                 ignore_eos=True))
+            core.add_request(
+                f"r{i}",
+                [3 + i, 9],
+                SamplingParams(max_tokens=2, temperature=0.8, seed=i, logprobs=1, ignore_eos=True),
+            )
         core.run_until_done()
-        core.add_request("k0", [5, 9], SamplingParams(max_tokens=2, temperature=0.8, seed=9, logprobs=0,
-                                                      ignore_eos=True))
+        core.add_request(
+            "k0",
+            [5, 9],
+            SamplingParams(max_tokens=2, temperature=0.8, seed=9, logprobs=0, ignore_eos=True),
+        )
         core.run_until_done()
-    assert {name for name, _ in served} >= {"kernels.topk_logprobs._topk_logprobs_kernel"}
+    assert {name for name, _ in served} >= {"turnout.kernels.topk_logprobs._topk_logprobs_kernel"}
     assert not {name for name, key in served - warm}

@@ -15,10 +15,19 @@ assert spec is not None and spec.loader is not None
 plot_throughput = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(plot_throughput)
 
-SUMMARY = {"benchmark": "throughput", "model": "m", "num_prompts": 4, "output_len": 8, "device": "cpu",
-           "results": {"runner_v1": {"output_tokens_per_s": 10.0}, "runner_v2": {"output_tokens_per_s": 20.0},
-                       "hf_generate": {"error": "RuntimeError: x"}},
-           "bandwidth_floor": {"output_tokens_per_s": 50.0}}
+SUMMARY = {
+    "benchmark": "throughput",
+    "model": "m",
+    "num_prompts": 4,
+    "output_len": 8,
+    "device": "cpu",
+    "results": {
+        "runner_v1": {"output_tokens_per_s": 10.0},
+        "runner_v2": {"output_tokens_per_s": 20.0},
+        "hf_generate": {"error": "RuntimeError: x"},
+    },
+    "bandwidth_floor": {"output_tokens_per_s": 50.0},
+}
 
 
 def test_the_summary_is_the_last_json_line_of_a_log(tmp_path: Path) -> None:
@@ -37,11 +46,15 @@ def test_draws_a_png_of_the_contenders_that_ran(tmp_path: Path) -> None:
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_a_summary_with_nothing_to_draw_is_refused_before_any_file_is_written(tmp_path: Path) -> None:
+def test_a_summary_with_nothing_to_draw_is_refused_before_any_file_is_written(
+    tmp_path: Path,
+) -> None:
     # An all-errored run once drew an empty chart over the docs' image (the default output).
     out = tmp_path / "t.png"
     errored = {**SUMMARY, "results": {"runner_v2": {"error": "RuntimeError: CUDA out of memory"}}}
-    with pytest.raises(SystemExit, match=r"no contender ran.*runner_v2: RuntimeError: CUDA out of memory"):
+    with pytest.raises(
+        SystemExit, match=r"no contender ran.*runner_v2: RuntimeError: CUDA out of memory"
+    ):
         plot_throughput.plot(errored, out)
     with pytest.raises(SystemExit, match="no 'results' object"):
         plot_throughput.plot({"benchmark": "throughput"}, out)

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from dashboard.store.models import UTCDateTime
+from turnout.dashboard.store.models import UTCDateTime
 
 revision = "0001"
 down_revision = None
@@ -158,7 +158,15 @@ def downgrade() -> None:
         op.execute("DROP TRIGGER IF EXISTS audit_log_append_only ON audit_log")
         op.execute("DROP FUNCTION IF EXISTS audit_log_append_only()")
     for table in (
-        "service_meta", "parity_evidence", "api_tokens", "daily_reasons", "daily_decisions",
-        "deployments", "decision_events", "audit_log", "kill_switch", "canaries",
+        "service_meta",
+        "parity_evidence",
+        "api_tokens",
+        "daily_reasons",
+        "daily_decisions",
+        "deployments",
+        "decision_events",
+        "audit_log",
+        "kill_switch",
+        "canaries",
     ):
         op.drop_table(table)

@@ -41,7 +41,7 @@ def upgrade() -> None:
     )
     # The backfill is the store's own rebuild (the code that ingest keeps the table with), so
     # that a backfilled table and one kept from the first event are the same.
-    from dashboard.store.latest_counts import rebuild
+    from turnout.dashboard.store.latest_counts import rebuild
 
     rebuild(op.get_bind())
     op.drop_table("daily_reasons")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from dashboard.store.models import UTCDateTime
+from turnout.dashboard.store.models import UTCDateTime
 
 revision = "0005"
 down_revision = "0004"

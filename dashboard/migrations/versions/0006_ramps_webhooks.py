@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from dashboard.store.models import UTCDateTime
+from turnout.dashboard.store.models import UTCDateTime
 
 revision = "0006"
 down_revision = "0005"

@@ -30,7 +30,7 @@ COLUMNS = ("launch", "startup")
 def upgrade() -> None:
     for name in COLUMNS:
         op.add_column("decision_events", sa.Column(name, JSON, nullable=True))
-    from dashboard.store.launch_fold import fold_follow_ups
+    from turnout.dashboard.store.launch_fold import fold_follow_ups
 
     fold_follow_ups(op.get_bind())
 

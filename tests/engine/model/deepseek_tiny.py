@@ -25,11 +25,24 @@ def tiny_deepseek_v2(**changes: Any) -> dict[str, Any]:
     shared ones; ``changes`` override any field."""
     cfg = deepseek_v2_lite()
     cfg.update(
-        vocab_size=160, hidden_size=128, intermediate_size=192, moe_intermediate_size=32,
-        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
-        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8,
-        num_experts_per_tok=3, n_shared_experts=2, max_position_embeddings=2048,
-        bos_token_id=1, eos_token_id=2, torch_dtype="float32",
+        vocab_size=160,
+        hidden_size=128,
+        intermediate_size=192,
+        moe_intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=32,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=8,
+        num_experts_per_tok=3,
+        n_shared_experts=2,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        torch_dtype="float32",
     )
     cfg.update(changes)
     return cfg
@@ -40,12 +53,14 @@ def tiny_deepseek_v2(**changes: Any) -> dict[str, Any]:
 TINY_DEEPSEEK_V2: dict[str, dict[str, Any]] = {
     "lite": tiny_deepseek_v2(),
     "q-lora": tiny_deepseek_v2(
-        q_lora_rank=48, rope_scaling={**deepseek_v2_lite()["rope_scaling"], "mscale": 1.0}),
+        q_lora_rank=48, rope_scaling={**deepseek_v2_lite()["rope_scaling"], "mscale": 1.0}
+    ),
 }
 
 
-def write_hf_random_weights(hf_config: dict[str, Any], out_dir: Path, *, seed: int,
-                            dtype: torch.dtype = torch.float32) -> Path:
+def write_hf_random_weights(
+    hf_config: dict[str, Any], out_dir: Path, *, seed: int, dtype: torch.dtype = torch.float32
+) -> Path:
     """An HF directory written by transformers: the model built with ``from_config``, every
     parameter redrawn (norm weights ``1 + 0.1 N(0,1)``, others ``N(0, 1 / fan_in)``; HF's own
     0.02-std init and zero router would leave near-ties for greedy and routing), then

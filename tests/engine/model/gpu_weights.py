@@ -10,13 +10,15 @@ import zlib
 
 import torch
 
-from engine.model import DecoderModel, ModelConfig
-from engine.model.loader import build_model
-from engine.model.weights import WeightSource, hf_weight_shapes
+from turnout.engine.model import DecoderModel, ModelConfig
+from turnout.engine.model.loader import build_model
+from turnout.engine.model.weights import WeightSource, hf_weight_shapes
 
 
 def device_random_tensor(name: str, shape: tuple[int, ...], seed: int, device: str) -> torch.Tensor:
-    gen = torch.Generator(device=device).manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
+    gen = torch.Generator(device=device).manual_seed(
+        (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+    )
     x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
     if name.endswith(".bias"):
         return x * 0.02
@@ -26,13 +28,26 @@ def device_random_tensor(name: str, shape: tuple[int, ...], seed: int, device: s
 
 
 def device_random_source(config: ModelConfig, seed: int, device: str = "cuda") -> WeightSource:
-    return {name: (lambda n=name, s=shape: device_random_tensor(n, s, seed, device))
-            for name, shape in hf_weight_shapes(config).items()}
+    return {
+        name: (lambda n=name, s=shape: device_random_tensor(n, s, seed, device))
+        for name, shape in hf_weight_shapes(config).items()
+    }
 
 
-def load_device_random(config: ModelConfig, *, seed: int, dtype: torch.dtype, device: str = "cuda",
-                       attn_backend: str = "auto") -> DecoderModel:
-    model = build_model(config, device_random_source(config, seed, device), dtype=dtype, device=device,
-                        attn_backend=attn_backend)
+def load_device_random(
+    config: ModelConfig,
+    *,
+    seed: int,
+    dtype: torch.dtype,
+    device: str = "cuda",
+    attn_backend: str = "auto",
+) -> DecoderModel:
+    model = build_model(
+        config,
+        device_random_source(config, seed, device),
+        dtype=dtype,
+        device=device,
+        attn_backend=attn_backend,
+    )
     assert isinstance(model, DecoderModel)
     return model

@@ -9,15 +9,18 @@ from typing import Any
 import torch
 from hf_moe import _gated_mlp
 
-from engine.model import DeepseekV2ForCausalLM, SparseMoeBlock
+from turnout.engine.model import DeepseekV2ForCausalLM, SparseMoeBlock
 
 
 def hf_state_of_deepseek(ours: DeepseekV2ForCausalLM) -> dict[str, torch.Tensor]:
     """Our tensors under transformers 5's in-memory names (views): MLA projections as they
     are, dense MLPs and shared experts split from ``gate_up_proj``, stacked experts in
     transformers' own layout (``experts.gate_up_proj [E, 2I, H]``, ``experts.down_proj``)."""
-    state = {"model.embed_tokens.weight": ours.model.embed_tokens.weight,
-             "model.norm.weight": ours.model.norm.weight, "lm_head.weight": ours.lm_head.weight}
+    state = {
+        "model.embed_tokens.weight": ours.model.embed_tokens.weight,
+        "model.norm.weight": ours.model.norm.weight,
+        "lm_head.weight": ours.lm_head.weight,
+    }
     for n, layer in enumerate(ours.model.layers):
         p = f"model.layers.{n}."
         state |= {f"{p}self_attn.{k}": v for k, v in layer.self_attn.named_parameters()}
@@ -27,9 +30,11 @@ def hf_state_of_deepseek(ours: DeepseekV2ForCausalLM) -> dict[str, torch.Tensor]
         if not isinstance(mlp, SparseMoeBlock):
             state |= _gated_mlp(f"{p}mlp.", mlp)
             continue
-        state |= {f"{p}mlp.gate.weight": mlp.gate.weight,
-                  f"{p}mlp.experts.gate_up_proj": mlp.experts.w13,
-                  f"{p}mlp.experts.down_proj": mlp.experts.w2}
+        state |= {
+            f"{p}mlp.gate.weight": mlp.gate.weight,
+            f"{p}mlp.experts.gate_up_proj": mlp.experts.w13,
+            f"{p}mlp.experts.down_proj": mlp.experts.w2,
+        }
         if mlp.shared_expert is not None:
             state |= _gated_mlp(f"{p}mlp.shared_experts.", mlp.shared_expert)
     return state

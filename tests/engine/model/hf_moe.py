@@ -28,7 +28,8 @@ def load_hf_reference(path: Path) -> Any:
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager").eval()
+        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+    ).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
@@ -49,15 +50,22 @@ def hf_state_of(ours: Any) -> dict[str, torch.Tensor]:
     """Our decoder's tensors under transformers 5's in-memory names (views: no copy), for a
     transformers model that shares our weights. Fused projections are split into views;
     stacked experts are transformers 5's own layout (``experts.gate_up_proj [E, 2I, H]``)."""
-    from engine.model.moe import SparseMoeBlock
+    from turnout.engine.model.moe import SparseMoeBlock
 
     c = ours.config
-    state = {"model.embed_tokens.weight": ours.model.embed_tokens.weight,
-             "model.norm.weight": ours.model.norm.weight, "lm_head.weight": ours.lm_head.weight}
+    state = {
+        "model.embed_tokens.weight": ours.model.embed_tokens.weight,
+        "model.norm.weight": ours.model.norm.weight,
+        "lm_head.weight": ours.lm_head.weight,
+    }
     q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
     for n, layer in enumerate(ours.model.layers):
         p, attn = f"model.layers.{n}.", layer.self_attn
-        for part, sl in (("q_proj", slice(0, q)), ("k_proj", slice(q, q + kv)), ("v_proj", slice(q + kv, None))):
+        for part, sl in (
+            ("q_proj", slice(0, q)),
+            ("k_proj", slice(q, q + kv)),
+            ("v_proj", slice(q + kv, None)),
+        ):
             state[f"{p}self_attn.{part}.weight"] = attn.qkv_proj.weight[sl]
             if attn.qkv_proj.bias is not None:
                 state[f"{p}self_attn.{part}.bias"] = attn.qkv_proj.bias[sl]
@@ -73,13 +81,17 @@ def hf_state_of(ours: Any) -> dict[str, torch.Tensor]:
         if not isinstance(mlp, SparseMoeBlock):
             state |= _gated_mlp(f"{p}mlp.", mlp)
         elif c.moe.family == "granitemoe":
-            state |= {f"{p}block_sparse_moe.router.weight": mlp.gate.weight,
-                      f"{p}block_sparse_moe.experts.gate_up_proj": mlp.experts.w13,
-                      f"{p}block_sparse_moe.experts.down_proj": mlp.experts.w2}
+            state |= {
+                f"{p}block_sparse_moe.router.weight": mlp.gate.weight,
+                f"{p}block_sparse_moe.experts.gate_up_proj": mlp.experts.w13,
+                f"{p}block_sparse_moe.experts.down_proj": mlp.experts.w2,
+            }
         else:
-            state |= {f"{p}mlp.gate.weight": mlp.gate.weight,
-                      f"{p}mlp.experts.gate_up_proj": mlp.experts.w13,
-                      f"{p}mlp.experts.down_proj": mlp.experts.w2}
+            state |= {
+                f"{p}mlp.gate.weight": mlp.gate.weight,
+                f"{p}mlp.experts.gate_up_proj": mlp.experts.w13,
+                f"{p}mlp.experts.down_proj": mlp.experts.w2,
+            }
             if mlp.shared_expert is not None:
                 state |= _gated_mlp(f"{p}mlp.shared_expert.", mlp.shared_expert)
             if mlp.shared_expert_gate is not None:
@@ -89,8 +101,11 @@ def hf_state_of(ours: Any) -> dict[str, torch.Tensor]:
 
 def _gated_mlp(prefix: str, mlp: Any) -> dict[str, torch.Tensor]:
     gate, up = mlp.gate_up_proj.weight.chunk(2)
-    return {prefix + "gate_proj.weight": gate, prefix + "up_proj.weight": up,
-            prefix + "down_proj.weight": mlp.down_proj.weight}
+    return {
+        prefix + "gate_proj.weight": gate,
+        prefix + "up_proj.weight": up,
+        prefix + "down_proj.weight": mlp.down_proj.weight,
+    }
 
 
 def hf_model_sharing(ours: Any, hf_config: dict[str, Any]) -> Any:

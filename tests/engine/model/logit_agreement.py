@@ -36,8 +36,14 @@ def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.exp2(exponent - mantissa_bits)
 
 
-def assert_logits_agree(got: torch.Tensor, want: torch.Tensor, what: str, *, min_cos: float,
-                        dtype: torch.dtype = torch.bfloat16) -> None:
+def assert_logits_agree(
+    got: torch.Tensor,
+    want: torch.Tensor,
+    what: str,
+    *,
+    min_cos: float,
+    dtype: torch.dtype = torch.bfloat16,
+) -> None:
     """Assert the module docstring's agreement of ``[rows, vocab]`` logits.
 
     Raises:
@@ -62,4 +68,5 @@ def assert_logits_agree(got: torch.Tensor, want: torch.Tensor, what: str, *, min
     allowed = torch.maximum(4 * noise, 2 * ulp(best, dtype))
     assert bool((gap[differ] <= allowed[differ]).all()), (
         f"{what}: top-1 differs beyond a near tie: gaps {gap[differ].tolist()}, "
-        f"allowed {allowed[differ].tolist()} ({int(differ.sum())} of {differ.numel()} rows differ)")
+        f"allowed {allowed[differ].tolist()} ({int(differ.sum())} of {differ.numel()} rows differ)"
+    )

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.model import AttentionMetadata, DecoderModel, allocate_kv_caches
-from engine.model.state_cache import HybridCacheSpec
+from turnout.engine.model import AttentionMetadata, DecoderModel, allocate_kv_caches
+from turnout.engine.model.state_cache import HybridCacheSpec
 
 MAX_STATE_SLOTS = 8
 
@@ -26,8 +26,9 @@ class _Seq:
 class PagedSession:
     """Sequences sharing paged KV caches; :meth:`step` runs one packed forward."""
 
-    def __init__(self, model: DecoderModel, *, num_blocks: int, block_size: int,
-                 max_blocks_per_seq: int = 64) -> None:
+    def __init__(
+        self, model: DecoderModel, *, num_blocks: int, block_size: int, max_blocks_per_seq: int = 64
+    ) -> None:
         p = next(model.parameters())
         self.model = model
         self.block_size = block_size
@@ -35,7 +36,9 @@ class PagedSession:
         spec = model.kv_cache_spec
         self.has_state = isinstance(spec, HybridCacheSpec)
         if isinstance(spec, HybridCacheSpec):
-            self.kv_caches = spec.allocate(num_blocks, block_size, MAX_STATE_SLOTS, p.dtype, p.device)
+            self.kv_caches = spec.allocate(
+                num_blocks, block_size, MAX_STATE_SLOTS, p.dtype, p.device
+            )
         else:
             self.kv_caches = allocate_kv_caches(spec, num_blocks, block_size, p.dtype, p.device)
         gen = torch.Generator().manual_seed(1)
@@ -45,7 +48,9 @@ class PagedSession:
         self.device = p.device
 
     def add(self, seq_id: str, token_ids: list[int]) -> None:
-        self.seqs[seq_id] = _Seq(list(token_ids), state_slot=self.free_slots.pop() if self.has_state else -1)
+        self.seqs[seq_id] = _Seq(
+            list(token_ids), state_slot=self.free_slots.pop() if self.has_state else -1
+        )
 
     def append(self, seq_id: str, token_id: int) -> None:
         self.seqs[seq_id].token_ids.append(token_id)
@@ -64,8 +69,10 @@ class PagedSession:
                 seq.blocks.append(self.free_blocks.pop())
             ids += seq.token_ids[start:end]
             positions += range(start, end)
-            slots += [seq.blocks[p // self.block_size] * self.block_size + p % self.block_size
-                      for p in range(start, end)]
+            slots += [
+                seq.blocks[p // self.block_size] * self.block_size + p % self.block_size
+                for p in range(start, end)
+            ]
             qsl.append(qsl[-1] + n)
             seq_lens.append(end)
             table.append(seq.blocks + [0] * (self.max_blocks_per_seq - len(seq.blocks)))
@@ -79,23 +86,37 @@ class PagedSession:
             max_seq_len=max(seq_lens),
             num_actual_tokens=len(ids),
             block_size=self.block_size,
-            state_indices=torch.tensor([self.seqs[k].state_slot for k in num_tokens], dtype=torch.int32,
-                                       device=self.device) if self.has_state else None,
+            state_indices=torch.tensor(
+                [self.seqs[k].state_slot for k in num_tokens], dtype=torch.int32, device=self.device
+            )
+            if self.has_state
+            else None,
         )
         with torch.inference_mode():
-            hidden = self.model(torch.tensor(ids, device=self.device),
-                                torch.tensor(positions, device=self.device), self.kv_caches, md)
+            hidden = self.model(
+                torch.tensor(ids, device=self.device),
+                torch.tensor(positions, device=self.device),
+                self.kv_caches,
+                md,
+            )
             logits = self.model.compute_logits(hidden)
-        return {s: logits[qsl[i]:qsl[i + 1]] for i, s in enumerate(num_tokens)}
+        return {s: logits[qsl[i] : qsl[i + 1]] for i, s in enumerate(num_tokens)}
 
 
-def greedy_generate(model: DecoderModel, prompt: list[int], *, max_new_tokens: int,
-                    eos_token_id: int | None, block_size: int = 16) -> list[int]:
+def greedy_generate(
+    model: DecoderModel,
+    prompt: list[int],
+    *,
+    max_new_tokens: int,
+    eos_token_id: int | None,
+    block_size: int = 16,
+) -> list[int]:
     """A plain greedy loop (prefill, then one token per step) until EOS or the token limit;
     returns the generated ids, EOS included."""
     need = -(-(len(prompt) + max_new_tokens) // block_size)
-    session = PagedSession(model, num_blocks=need + 4, block_size=block_size,
-                           max_blocks_per_seq=need)
+    session = PagedSession(
+        model, num_blocks=need + 4, block_size=block_size, max_blocks_per_seq=need
+    )
     session.add("r", prompt)
     out: list[int] = []
     num_tokens = len(prompt)
@@ -109,9 +130,14 @@ def greedy_generate(model: DecoderModel, prompt: list[int], *, max_new_tokens: i
     return out
 
 
-def run_paged_greedy(model: DecoderModel, prompts: dict[str, list[int]], *, block_size: int,
-                     first_chunk: dict[str, int], num_new_tokens: int
-                     ) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
+def run_paged_greedy(
+    model: DecoderModel,
+    prompts: dict[str, list[int]],
+    *,
+    block_size: int,
+    first_chunk: dict[str, int],
+    num_new_tokens: int,
+) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
     """Greedy decode of several sequences through shared paged caches: a first step runs
     ``first_chunk[k]`` prompt tokens of each (a chunked prefill), the second the rest of the
     prompts mixed with decodes, then one token per sequence per step. Returns the full
@@ -134,12 +160,20 @@ def run_paged_greedy(model: DecoderModel, prompts: dict[str, list[int]], *, bloc
     run({k: len(s.token_ids) - s.num_computed for k, s in session.seqs.items()})
     while any(n < num_new_tokens for n in generated.values()):
         run({k: 1 for k, n in generated.items() if n < num_new_tokens})
-    return ({k: s.token_ids for k, s in session.seqs.items()},
-            {k: torch.cat(v) for k, v in logits.items()})
+    return (
+        {k: s.token_ids for k, s in session.seqs.items()},
+        {k: torch.cat(v) for k, v in logits.items()},
+    )
 
 
-def run_paged_forced(model: DecoderModel, sequences: dict[str, list[int]], *, block_size: int,
-                     first_chunk: dict[str, int], num_decode: int) -> dict[str, torch.Tensor]:
+def run_paged_forced(
+    model: DecoderModel,
+    sequences: dict[str, list[int]],
+    *,
+    block_size: int,
+    first_chunk: dict[str, int],
+    num_decode: int,
+) -> dict[str, torch.Tensor]:
     """Teacher-forced run of fixed sequences: ``first_chunk[k]`` tokens, then all but the last
     ``num_decode``, then those one per step (decode steps). Returns every position's logits
     (``[len, vocab]`` float32, on CPU)."""
@@ -147,8 +181,7 @@ def run_paged_forced(model: DecoderModel, sequences: dict[str, list[int]], *, bl
     for k, seq in sequences.items():
         session.add(k, seq)
     logits: dict[str, list[torch.Tensor]] = {k: [] for k in sequences}
-    steps = [first_chunk, {k: len(s) - num_decode - first_chunk[k]
-                           for k, s in sequences.items()}]
+    steps = [first_chunk, {k: len(s) - num_decode - first_chunk[k] for k, s in sequences.items()}]
     steps += [{k: 1 for k in sequences}] * num_decode
     for step in steps:
         for k, out in session.step(step).items():
@@ -166,12 +199,14 @@ def check_decode_graph_replay(model: torch.nn.Module) -> None:
     for k, out in session.step({k: len(s.token_ids) for k, s in session.seqs.items()}).items():
         session.append(k, int(out[-1].argmax()))
     dev, seqs = "cuda", list(session.seqs.values())
-    buf = {"ids": torch.zeros(4, dtype=torch.int64, device=dev),
-           "pos": torch.zeros(4, dtype=torch.int64, device=dev),
-           "slots": torch.zeros(4, dtype=torch.int64, device=dev),
-           "qsl": torch.arange(5, dtype=torch.int32, device=dev),
-           "seq_lens": torch.zeros(4, dtype=torch.int32, device=dev),
-           "table": torch.zeros(4, 16, dtype=torch.int32, device=dev)}
+    buf = {
+        "ids": torch.zeros(4, dtype=torch.int64, device=dev),
+        "pos": torch.zeros(4, dtype=torch.int64, device=dev),
+        "slots": torch.zeros(4, dtype=torch.int64, device=dev),
+        "qsl": torch.arange(5, dtype=torch.int32, device=dev),
+        "seq_lens": torch.zeros(4, dtype=torch.int32, device=dev),
+        "table": torch.zeros(4, 16, dtype=torch.int32, device=dev),
+    }
 
     def fill() -> None:  # the next decode step of every sequence, written in place
         for i, s in enumerate(seqs):
@@ -183,9 +218,16 @@ def check_decode_graph_replay(model: torch.nn.Module) -> None:
             buf["seq_lens"][i] = p + 1
             buf["table"][i, : len(s.blocks)] = torch.tensor(s.blocks)
 
-    md = AttentionMetadata(query_start_loc=buf["qsl"], seq_lens=buf["seq_lens"],
-                           block_table=buf["table"], slot_mapping=buf["slots"], max_query_len=1,
-                           max_seq_len=64, num_actual_tokens=4, block_size=4)
+    md = AttentionMetadata(
+        query_start_loc=buf["qsl"],
+        seq_lens=buf["seq_lens"],
+        block_table=buf["table"],
+        slot_mapping=buf["slots"],
+        max_query_len=1,
+        max_seq_len=64,
+        num_actual_tokens=4,
+        block_size=4,
+    )
 
     def step() -> torch.Tensor:
         return model.compute_logits(model(buf["ids"], buf["pos"], session.kv_caches, md))

@@ -23,17 +23,27 @@ from tiny_model_configs import MS_MARCO_CROSS_ENCODER, TINY_ENCODER_CONFIGS, TIN
 
 #: The published cross-encoder with 2 of its 6 layers, and transformers' initializer_range
 #: widened from 0.02 to 0.1 so that random logits spread (about -5..0 instead of -0.15..0).
-CROSS_ENCODER: dict[str, Any] = {**MS_MARCO_CROSS_ENCODER, "num_hidden_layers": 2, "initializer_range": 0.1}
+CROSS_ENCODER: dict[str, Any] = {
+    **MS_MARCO_CROSS_ENCODER,
+    "num_hidden_layers": 2,
+    "initializer_range": 0.1,
+}
 
 POOLING_CONFIGS: dict[str, dict[str, Any]] = {
     "cross-encoder": CROSS_ENCODER,
     # Without sentence-transformers' activation key: CrossEncoder's default for one label, sigmoid.
-    "cross-encoder-sigmoid": {k: v for k, v in CROSS_ENCODER.items()
-                              if k != "sbert_ce_default_activation_function"},
+    "cross-encoder-sigmoid": {
+        k: v for k, v in CROSS_ENCODER.items() if k != "sbert_ce_default_activation_function"
+    },
     "bert-classifier": {**TINY_ENCODER_CONFIGS["bert-classifier"], "initializer_range": 0.1},
     "llama-reward": TINY_REWARD_CONFIGS["llama-reward"],
 }
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+)
 
 
 def write_hf_classifier(hf_config: dict[str, Any], out_dir: Path, *, seed: int = 0) -> Path:
@@ -41,8 +51,12 @@ def write_hf_classifier(hf_config: dict[str, Any], out_dir: Path, *, seed: int =
     the MiniLM tokenizer beside a 30522-token BERT)."""
     import transformers
 
-    fields = {k: v for k, v in hf_config.items()
-              if k not in ("architectures", "model_type", "transformers_version") and not k.startswith("_")}
+    fields = {
+        k: v
+        for k, v in hf_config.items()
+        if k not in ("architectures", "model_type", "transformers_version")
+        and not k.startswith("_")
+    }
     config = transformers.AutoConfig.for_model(hf_config["model_type"], **fields)
     config.architectures = list(hf_config["architectures"])
     torch.manual_seed(seed)
@@ -68,10 +82,13 @@ def load_hf_classifier(path: Path) -> Any:
     import transformers
 
     return transformers.AutoModelForSequenceClassification.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager").eval()
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
 
 
-def hf_logits(model: Any, input_ids: list[int], token_type_ids: list[int] | None = None) -> torch.Tensor:
+def hf_logits(
+    model: Any, input_ids: list[int], token_type_ids: list[int] | None = None
+) -> torch.Tensor:
     """transformers' ``logits [num_labels]`` of one unpadded sequence (batch of one)."""
     kwargs: dict[str, torch.Tensor] = {"input_ids": torch.tensor([input_ids])}
     if token_type_ids is not None:

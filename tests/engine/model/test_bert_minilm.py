@@ -7,12 +7,17 @@ import pytest
 import torch
 from minilm_path import minilm_dir
 
-from engine.model import EncoderModel, ModelConfig, load_model
-from engine.model.tokenizer import load_tokenizer
+from turnout.engine.model import EncoderModel, ModelConfig, load_model
+from turnout.engine.model.tokenizer import load_tokenizer
 
 transformers = pytest.importorskip("transformers")
-TEXTS = ["What is the capital of France?", "Paris is the capital and largest city of France.",
-         "A man is eating food.", "Rotary position embeddings rotate query/key pairs.", "short"]
+TEXTS = [
+    "What is the capital of France?",
+    "Paris is the capital and largest city of France.",
+    "A man is eating food.",
+    "Rotary position embeddings rotate query/key pairs.",
+    "short",
+]
 
 
 def _batch(ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,10 +66,18 @@ def test_padding_does_not_change_an_embedding() -> None:
 
 
 def test_random_bert_and_bad_input() -> None:
-    config = ModelConfig.from_hf_dict({
-        "architectures": ["BertModel"], "vocab_size": 50, "hidden_size": 32,
-        "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
-        "max_position_embeddings": 16, "hidden_act": "gelu"})
+    config = ModelConfig.from_hf_dict(
+        {
+            "architectures": ["BertModel"],
+            "vocab_size": 50,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 4,
+            "max_position_embeddings": 16,
+            "hidden_act": "gelu",
+        }
+    )
     model = load_model(config, seed=1)
     assert isinstance(model, EncoderModel)
     with pytest.raises(ValueError, match="max_position_embeddings 16"):

@@ -25,7 +25,7 @@ from paged_session import (
 )
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-from engine.model import (
+from turnout.engine.model import (
     DecoderModel,
     ModelConfig,
     load_model,
@@ -45,16 +45,23 @@ def test_greedy_and_logprobs_match_hf_on_cuda(tmp_path: Path, name: str) -> None
     ours = load_model(tmp_path, device="cuda")
     assert isinstance(ours, DecoderModel)
     assert ours.model.layers[0].self_attn.backend == "auto"  # -> Triton on CUDA
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, dtype=torch.float32, attn_implementation="eager").cuda().eval()
+    hf = (
+        transformers.AutoModelForCausalLM.from_pretrained(
+            tmp_path, dtype=torch.float32, attn_implementation="eager"
+        )
+        .cuda()
+        .eval()
+    )
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
-    sequences, logits = run_paged_greedy(ours, PROMPTS, block_size=4, first_chunk=FIRST_CHUNK,
-                                         num_new_tokens=8)
+    sequences, logits = run_paged_greedy(
+        ours, PROMPTS, block_size=4, first_chunk=FIRST_CHUNK, num_new_tokens=8
+    )
     for k, prompt in PROMPTS.items():
         with torch.no_grad():
-            want = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=8,
-                               do_sample=False)[0].tolist()
+            want = hf.generate(
+                torch.tensor([prompt], device="cuda"), max_new_tokens=8, do_sample=False
+            )[0].tolist()
             ref = hf(torch.tensor([sequences[k][:-1]], device="cuda")).logits[0].float().cpu()
         assert sequences[k] == want, f"{name}/{k}"
         err = (logits[k].log_softmax(-1) - ref.log_softmax(-1)).abs().max().item()
@@ -71,13 +78,16 @@ def _set_backend(model: DecoderModel, backend: str) -> None:
         layer.self_attn.backend = backend
 
 
-@pytest.mark.parametrize(("file", "num_layers"), [("qwen3-0.6b.json", 28),
-                                                  ("llama-3.1-8b.json", 2)])
+@pytest.mark.parametrize(
+    ("file", "num_layers"), [("qwen3-0.6b.json", 28), ("llama-3.1-8b.json", 2)]
+)
 def test_triton_path_equals_reference_path_at_real_shapes(file: str, num_layers: int) -> None:
     config = _real_config(file, num_layers)
     gen = torch.Generator().manual_seed(0)
-    sequences = {f"r{i}": torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
-                 for i, n in enumerate([306, 135, 23, 70])}  # prompts + 6 decode steps
+    sequences = {
+        f"r{i}": torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
+        for i, n in enumerate([306, 135, 23, 70])
+    }  # prompts + 6 decode steps
     chunk = {"r0": 200, "r1": 129, "r2": 5, "r3": 64}
     for dtype in (torch.float32, torch.bfloat16):
         model = load_model(config, dtype=dtype, device="cuda", seed=1)
@@ -85,8 +95,9 @@ def test_triton_path_equals_reference_path_at_real_shapes(file: str, num_layers:
         logits = {}
         for backend in ("triton", "torch"):
             _set_backend(model, backend)
-            logits[backend] = run_paged_forced(model, sequences, block_size=16,
-                                               first_chunk=chunk, num_decode=6)
+            logits[backend] = run_paged_forced(
+                model, sequences, block_size=16, first_chunk=chunk, num_decode=6
+            )
         for k in sequences:
             got, want = logits["triton"][k], logits["torch"][k]
             if dtype == torch.float32:
@@ -124,12 +135,14 @@ def test_decode_step_replays_from_a_cuda_graph() -> None:
 def test_fused_layer_ops_equal_the_torch_ops_at_the_qwen3_shape(dtype: torch.dtype) -> None:
     # RMSNorm (+ residual add, + Qwen3's per-head q/k norm) and SiLU·mul as one Triton kernel
     # each, against the chain of torch kernels they replace, on the same weights and tokens.
-    from engine.model.layers import set_fused_layer_ops
+    from turnout.engine.model.layers import set_fused_layer_ops
 
     config = _real_config("qwen3-0.6b.json", 28)
     gen = torch.Generator().manual_seed(2)
-    sequences = {f"r{i}": torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
-                 for i, n in enumerate([260, 40, 9])}
+    sequences = {
+        f"r{i}": torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
+        for i, n in enumerate([260, 40, 9])
+    }
     chunk = {"r0": 128, "r1": 33, "r2": 3}
     model = load_model(config, dtype=dtype, device="cuda", seed=4)
     assert isinstance(model, DecoderModel)
@@ -137,8 +150,9 @@ def test_fused_layer_ops_equal_the_torch_ops_at_the_qwen3_shape(dtype: torch.dty
     try:
         for fused in (True, False):
             set_fused_layer_ops(fused)
-            logits[fused] = run_paged_forced(model, sequences, block_size=16, first_chunk=chunk,
-                                             num_decode=4)
+            logits[fused] = run_paged_forced(
+                model, sequences, block_size=16, first_chunk=chunk, num_decode=4
+            )
     finally:
         set_fused_layer_ops(True)
     for k in sequences:

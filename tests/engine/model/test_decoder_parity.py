@@ -12,7 +12,7 @@ import torch
 from paged_session import run_paged_greedy
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-from engine.model import load_model, write_random_weights
+from turnout.engine.model import load_model, write_random_weights
 
 transformers = pytest.importorskip("transformers")
 
@@ -23,13 +23,16 @@ FIRST_CHUNK = {"a": 5, "b": 7, "c": 9}  # b and c finish their prefill in the se
 
 def _prompts(vocab_size: int) -> dict[str, list[int]]:
     gen = torch.Generator().manual_seed(7)
-    return {k: torch.randint(3, vocab_size, (n,), generator=gen).tolist()
-            for k, n in PROMPT_LENS.items()}
+    return {
+        k: torch.randint(3, vocab_size, (n,), generator=gen).tolist()
+        for k, n in PROMPT_LENS.items()
+    }
 
 
 @pytest.fixture(scope="module", params=sorted(TINY_DECODER_CONFIGS))
-def weights_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-                ) -> tuple[str, Path]:
+def weights_dir(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path]:
     out = tmp_path_factory.mktemp(request.param)
     write_random_weights(TINY_DECODER_CONFIGS[request.param], out, dtype=torch.float32, seed=3)
     return request.param, out
@@ -37,7 +40,8 @@ def weights_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
 def _hf_model(path: Path) -> Any:
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager").eval()
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     model.generation_config.eos_token_id = None  # compare fixed-length greedy continuations
     model.generation_config.pad_token_id = 0
     return model
@@ -48,12 +52,14 @@ def test_logprobs_and_greedy_tokens_match_hf(weights_dir: tuple[str, Path]) -> N
     ours = load_model(path)
     hf = _hf_model(path)
     prompts = _prompts(ours.config.vocab_size)
-    sequences, logits = run_paged_greedy(ours, prompts, block_size=4, first_chunk=FIRST_CHUNK,
-                                          num_new_tokens=NUM_NEW_TOKENS)
+    sequences, logits = run_paged_greedy(
+        ours, prompts, block_size=4, first_chunk=FIRST_CHUNK, num_new_tokens=NUM_NEW_TOKENS
+    )
     for k, prompt in prompts.items():
         with torch.no_grad():
-            want = hf.generate(torch.tensor([prompt]), max_new_tokens=NUM_NEW_TOKENS,
-                               do_sample=False)[0].tolist()
+            want = hf.generate(
+                torch.tensor([prompt]), max_new_tokens=NUM_NEW_TOKENS, do_sample=False
+            )[0].tolist()
             ref_logits = hf(torch.tensor([sequences[k][:-1]])).logits[0]
         assert sequences[k] == want, f"{name}/{k}: greedy tokens differ from HF generate"
         got_lp = logits[k].log_softmax(-1)
@@ -71,6 +77,8 @@ def test_hf_loaded_exactly_the_written_weights(weights_dir: tuple[str, Path]) ->
     our_embed = ours.model.embed_tokens.weight
     assert torch.equal(hf_state["model.embed_tokens.weight"], our_embed)
     q_size = ours.config.num_attention_heads * ours.config.head_dim
-    assert torch.equal(hf_state["model.layers.1.self_attn.q_proj.weight"],
-                       ours.model.layers[1].self_attn.qkv_proj.weight[:q_size])
+    assert torch.equal(
+        hf_state["model.layers.1.self_attn.q_proj.weight"],
+        ours.model.layers[1].self_attn.qkv_proj.weight[:q_size],
+    )
     assert torch.equal(hf_state["lm_head.weight"], ours.lm_head.weight)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from deepseek_tiny import TINY_DEEPSEEK_V2, deepseek_v2_lite
 
-from engine.model import (
+from turnout.engine.model import (
     MLAAttentionSpec,
     ModelConfig,
     ModelConfigError,
@@ -20,7 +20,7 @@ from engine.model import (
     kv_cache_bytes_per_block,
     kv_cache_spec,
 )
-from engine.model.deepseek_rope import DeepseekRotaryEmbedding, yarn_inv_freq
+from turnout.engine.model.deepseek_rope import DeepseekRotaryEmbedding, yarn_inv_freq
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,10 +28,20 @@ transformers = pytest.importorskip("transformers")
 def test_deepseek_v2_lite_config_is_read() -> None:
     c = ModelConfig.from_hf_dict(deepseek_v2_lite())
     assert (c.architecture, c.model_type, c.num_hidden_layers, c.num_attention_heads) == (
-        "DeepseekV2ForCausalLM", "deepseek_v2", 27, 16)
+        "DeepseekV2ForCausalLM",
+        "deepseek_v2",
+        27,
+        16,
+    )
     assert c.mla is not None and c.rope_scaling is None and c.rope_theta == 10000.0
-    assert (c.mla.q_lora_rank, c.mla.kv_lora_rank, c.mla.qk_nope_head_dim, c.mla.qk_rope_head_dim,
-            c.mla.v_head_dim, c.mla.latent_dim) == (None, 512, 128, 64, 128, 576)
+    assert (
+        c.mla.q_lora_rank,
+        c.mla.kv_lora_rank,
+        c.mla.qk_nope_head_dim,
+        c.mla.qk_rope_head_dim,
+        c.mla.v_head_dim,
+        c.mla.latent_dim,
+    ) == (None, 512, 128, 64, 128, 576)
     assert c.head_dim == 64  # qk_rope_head_dim, as transformers' DeepseekV2Config sets it
     yarn = c.mla.rope_scaling
     assert yarn is not None and (yarn.factor, yarn.original_max_position_embeddings) == (40.0, 4096)
@@ -56,20 +66,32 @@ def test_transformers_reads_our_round_trip_alike() -> None:
     fields = {k: v for k, v in c.to_hf_dict().items() if k != "architectures"}
     hf = transformers.AutoConfig.for_model(**fields)
     assert (hf.kv_lora_rank, hf.q_lora_rank, hf.qk_head_dim, hf.rope_parameters["factor"]) == (
-        512, None, 192, 40.0)
+        512,
+        None,
+        192,
+        40.0,
+    )
 
 
-@pytest.mark.parametrize(("change", "match"), [
-    ({"kv_lora_rank": None}, "`kv_lora_rank` must be a positive integer"),
-    ({"q_lora_rank": 0}, "`q_lora_rank` must be a positive integer"),
-    ({"qk_rope_head_dim": 7}, "qk_rope_head_dim must be even"),
-    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "'dynamic' is not implemented for DeepseekV2"),
-    ({"rope_scaling": {"type": "yarn", "factor": 2.0}}, "original_max_position_embeddings"),
-    ({"sliding_window": 4096}, "sliding_window is not supported"),
-    ({"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}},
-     "quantization_config is not supported for DeepseekV2ForCausalLM"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-])
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"kv_lora_rank": None}, "`kv_lora_rank` must be a positive integer"),
+        ({"q_lora_rank": 0}, "`q_lora_rank` must be a positive integer"),
+        ({"qk_rope_head_dim": 7}, "qk_rope_head_dim must be even"),
+        (
+            {"rope_scaling": {"type": "dynamic", "factor": 2.0}},
+            "'dynamic' is not implemented for DeepseekV2",
+        ),
+        ({"rope_scaling": {"type": "yarn", "factor": 2.0}}, "original_max_position_embeddings"),
+        ({"sliding_window": 4096}, "sliding_window is not supported"),
+        (
+            {"quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic"}},
+            "quantization_config is not supported for DeepseekV2ForCausalLM",
+        ),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+    ],
+)
 def test_bad_configs_are_named(change: dict[str, Any], match: str) -> None:
     with pytest.raises(ModelConfigError, match=match):
         ModelConfig.from_hf_dict({**deepseek_v2_lite(), **change})
@@ -79,14 +101,30 @@ def _hf_config(d: dict[str, Any]) -> Any:
     return transformers.AutoConfig.for_model(**{k: v for k, v in d.items() if k != "architectures"})
 
 
-@pytest.mark.parametrize("scaling", [
-    None,
-    {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
-     "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
-    {"type": "yarn", "factor": 8, "original_max_position_embeddings": 64, "mscale": 1.0,
-     "mscale_all_dim": 0.707, "beta_fast": 16},
-    {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64},  # no mscales
-])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        {
+            "type": "yarn",
+            "factor": 40,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+        },
+        {
+            "type": "yarn",
+            "factor": 8,
+            "original_max_position_embeddings": 64,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.707,
+            "beta_fast": 16,
+        },
+        {"type": "yarn", "factor": 4, "original_max_position_embeddings": 64},  # no mscales
+    ],
+)
 def test_yarn_tables_equal_transformers(scaling: dict[str, Any] | None) -> None:
     from transformers.models.deepseek_v2 import modeling_deepseek_v2 as hf_ds
 
@@ -98,7 +136,9 @@ def test_yarn_tables_equal_transformers(scaling: dict[str, Any] | None) -> None:
     got = yarn_inv_freq(64, ours.rope_theta, ours.mla.rope_scaling)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     yarn = ours.mla.rope_scaling
-    assert (yarn.cos_sin_scale if yarn else 1.0) == pytest.approx(hf_rotary.attention_scaling, rel=1e-12)
+    assert (yarn.cos_sin_scale if yarn else 1.0) == pytest.approx(
+        hf_rotary.attention_scaling, rel=1e-12
+    )
     hf_scale = hf_ds.yarn_apply_mscale(_hf_config(d).rope_parameters, 192**-0.5)
     assert ours.mla.softmax_scale == pytest.approx(hf_scale, rel=1e-12)
 

@@ -31,7 +31,7 @@ from gpu_weights import load_device_random
 from hf_deepseek import hf_deepseek_sharing
 from paged_session import check_decode_graph_replay, run_paged_forced, run_paged_greedy
 
-from engine.model import (
+from turnout.engine.model import (
     AttentionMetadata,
     DeepseekV2ForCausalLM,
     ModelConfig,
@@ -48,23 +48,35 @@ transformers = pytest.importorskip("transformers")
 def test_tiny_greedy_and_logprobs_match_hf_on_cuda(variant: str, tmp_path: Path) -> None:
     path = write_hf_random_weights(TINY_DEEPSEEK_V2[variant], tmp_path, seed=5)
     ours = load_model(path, device="cuda")
-    assert isinstance(ours, DeepseekV2ForCausalLM) and ours.model.layers[0].self_attn.backend == "auto"
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager").cuda().eval()
+    assert (
+        isinstance(ours, DeepseekV2ForCausalLM) and ours.model.layers[0].self_attn.backend == "auto"
+    )
+    hf = (
+        transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, attn_implementation="eager"
+        )
+        .cuda()
+        .eval()
+    )
     prompts = {"a": list(range(3, 8)), "b": list(range(40, 53)), "c": list(range(90, 112))}
-    sequences, logits = run_paged_greedy(ours, prompts, block_size=4,
-                                         first_chunk={"a": 5, "b": 7, "c": 9}, num_new_tokens=8)
+    sequences, logits = run_paged_greedy(
+        ours, prompts, block_size=4, first_chunk={"a": 5, "b": 7, "c": 9}, num_new_tokens=8
+    )
     for k, prompt in prompts.items():
         with torch.no_grad():
             ref = hf(torch.tensor([sequences[k][:-1]], device="cuda")).logits[0].float().cpu()
-        assert sequences[k][len(prompt):] == ref[len(prompt) - 1:].argmax(-1).tolist(), f"{variant}/{k}"
+        assert sequences[k][len(prompt) :] == ref[len(prompt) - 1 :].argmax(-1).tolist(), (
+            f"{variant}/{k}"
+        )
         err = (logits[k].log_softmax(-1) - ref.log_softmax(-1)).abs().max().item()
         assert err <= 1e-4, f"{variant}/{k}: {err}"
 
 
 @pytest.fixture(scope="module")
 def lite_bf16() -> tuple[DeepseekV2ForCausalLM, object]:
-    model = load_device_random(ModelConfig.from_hf_dict(deepseek_v2_lite()), seed=1, dtype=torch.bfloat16)
+    model = load_device_random(
+        ModelConfig.from_hf_dict(deepseek_v2_lite()), seed=1, dtype=torch.bfloat16
+    )
     assert isinstance(model, DeepseekV2ForCausalLM) and len(model.model.layers) == 27
     return model, hf_deepseek_sharing(model, deepseek_v2_lite())
 
@@ -76,8 +88,13 @@ def _set_backend(model: DeepseekV2ForCausalLM, backend: str) -> None:
             layer.mlp.backend = backend
 
 
-def _attend_in_steps(model: DeepseekV2ForCausalLM, layer: int, x: torch.Tensor, chunks: list[int],
-                     block_size: int = 16) -> torch.Tensor:
+def _attend_in_steps(
+    model: DeepseekV2ForCausalLM,
+    layer: int,
+    x: torch.Tensor,
+    chunks: list[int],
+    block_size: int = 16,
+) -> torch.Tensor:
     """Our MLA layer over one sequence ``x`` [T, hidden], fed in steps of ``chunks`` tokens (a
     chunked prefill, then decodes) through a fresh latent cache; the outputs of every step."""
     attn, rotary = model.model.layers[layer].self_attn, model.model.rotary_emb
@@ -89,11 +106,16 @@ def _attend_in_steps(model: DeepseekV2ForCausalLM, layer: int, x: torch.Tensor, 
         pos = torch.arange(done, done + n, device="cuda")
         md = AttentionMetadata(
             query_start_loc=torch.tensor([0, n], dtype=torch.int32, device="cuda"),
-            seq_lens=torch.tensor([done + n], dtype=torch.int32, device="cuda"), block_table=table,
-            slot_mapping=pos.clone(), max_query_len=n, max_seq_len=done + n, num_actual_tokens=n,
-            block_size=block_size)
+            seq_lens=torch.tensor([done + n], dtype=torch.int32, device="cuda"),
+            block_table=table,
+            slot_mapping=pos.clone(),
+            max_query_len=n,
+            max_seq_len=done + n,
+            num_actual_tokens=n,
+            block_size=block_size,
+        )
         with torch.inference_mode():
-            outs.append(attn(pos, x[done:done + n], rotary, cache, md))
+            outs.append(attn(pos, x[done : done + n], rotary, cache, md))
         done += n
     return torch.cat(outs).float()
 
@@ -104,7 +126,8 @@ def _hf_attention(hf: object, layer: int, x: torch.Tensor) -> torch.Tensor:
     with torch.inference_mode():
         freqs = hf.model.rotary_emb(x[None], positions)  # type: ignore[attr-defined]
         out, _ = hf.model.layers[layer].self_attn(  # type: ignore[attr-defined]
-            x[None], attention_mask=mask.to(x.dtype)[None, None], position_embeddings=freqs)
+            x[None], attention_mask=mask.to(x.dtype)[None, None], position_embeddings=freqs
+        )
     return out[0].float()
 
 
@@ -125,7 +148,9 @@ def test_mla_layers_at_the_real_shape_in_bf16(lite_bf16: tuple) -> None:
         want = _hf_attention(hf, layer, x)
         kernel = _row_cosines(got["triton"], got["torch"]).min().item()
         vs_hf = _row_cosines(got["triton"], want).min().item()
-        print(f"MLA layer {layer}: min row cosine triton vs torch {kernel:.6f}, vs transformers {vs_hf:.6f}")
+        print(
+            f"MLA layer {layer}: min row cosine triton vs torch {kernel:.6f}, vs transformers {vs_hf:.6f}"
+        )
         assert kernel >= 0.999 and vs_hf >= 0.99, (layer, kernel, vs_hf)
     _set_backend(model, "auto")
 
@@ -133,18 +158,25 @@ def test_mla_layers_at_the_real_shape_in_bf16(lite_bf16: tuple) -> None:
 def test_every_layer_of_deepseek_v2_lite_in_bf16(lite_bf16: tuple) -> None:
     model, hf = lite_bf16
     gen = torch.Generator().manual_seed(0)
-    sequences = {f"r{i}": torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
-                 for i, n in enumerate([206, 41, 12])}  # prompts + 6 decode steps
+    sequences = {
+        f"r{i}": torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
+        for i, n in enumerate([206, 41, 12])
+    }  # prompts + 6 decode steps
     chunk = {"r0": 128, "r1": 35, "r2": 6}
     logits = {}
     for backend in ("triton", "torch"):
         _set_backend(model, backend)
-        logits[backend] = run_paged_forced(model, sequences, block_size=16, first_chunk=chunk, num_decode=6)
+        logits[backend] = run_paged_forced(
+            model, sequences, block_size=16, first_chunk=chunk, num_decode=6
+        )
     _set_backend(model, "auto")
     for k, seq in sequences.items():
         with torch.inference_mode():
-            got = {"triton": logits["triton"][k], "torch": logits["torch"][k],
-                   "hf": hf(torch.tensor([seq], device="cuda")).logits[0].float().cpu()}
+            got = {
+                "triton": logits["triton"][k],
+                "torch": logits["torch"][k],
+                "hf": hf(torch.tensor([seq], device="cuda")).logits[0].float().cpu(),
+            }
         for a, b in (("triton", "torch"), ("triton", "hf"), ("torch", "hf")):
             cos = statistics.median(_row_cosines(got[a], got[b]).tolist())
             top1 = (got[a].argmax(-1) == got[b].argmax(-1)).float().mean().item()

@@ -14,7 +14,12 @@ import torch
 from deepseek_tiny import TINY_DEEPSEEK_V2, write_hf_random_weights
 from paged_session import run_paged_forced, run_paged_greedy
 
-from engine.model import DeepseekV2ForCausalLM, ModelConfig, load_model, write_random_weights
+from turnout.engine.model import (
+    DeepseekV2ForCausalLM,
+    ModelConfig,
+    load_model,
+    write_random_weights,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -24,20 +29,25 @@ FIRST_CHUNK = {"a": 5, "b": 7, "c": 9}  # b and c finish their prefill in the se
 
 def _prompts(vocab_size: int) -> dict[str, list[int]]:
     gen = torch.Generator().manual_seed(7)
-    return {k: torch.randint(3, vocab_size, (n,), generator=gen).tolist()
-            for k, n in PROMPT_LENS.items()}
+    return {
+        k: torch.randint(3, vocab_size, (n,), generator=gen).tolist()
+        for k, n in PROMPT_LENS.items()
+    }
 
 
 def _hf_model(path: Path) -> Any:
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager").eval()
+        path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     model.generation_config.eos_token_id = None  # compare fixed-length greedy continuations
     model.generation_config.pad_token_id = 0
     return model
 
 
 @pytest.fixture(scope="module", params=sorted(TINY_DEEPSEEK_V2))
-def hf_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+def hf_dir(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path]:
     out = tmp_path_factory.mktemp(f"deepseek-{request.param}")
     return request.param, write_hf_random_weights(TINY_DEEPSEEK_V2[request.param], out, seed=5)
 
@@ -48,11 +58,14 @@ def test_logprobs_and_greedy_tokens_match_hf(hf_dir: tuple[str, Path]) -> None:
     assert isinstance(ours, DeepseekV2ForCausalLM)
     hf = _hf_model(path)
     prompts = _prompts(ours.config.vocab_size)
-    sequences, logits = run_paged_greedy(ours, prompts, block_size=4, first_chunk=FIRST_CHUNK,
-                                         num_new_tokens=8)
+    sequences, logits = run_paged_greedy(
+        ours, prompts, block_size=4, first_chunk=FIRST_CHUNK, num_new_tokens=8
+    )
     for k, prompt in prompts.items():
         with torch.no_grad():
-            want = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0].tolist()
+            want = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[
+                0
+            ].tolist()
             ref_logits = hf(torch.tensor([sequences[k][:-1]])).logits[0]
         assert sequences[k] == want, f"{name}/{k}: greedy tokens differ from HF generate"
         err = (logits[k].log_softmax(-1) - ref_logits.log_softmax(-1)).abs().max().item()
@@ -63,11 +76,14 @@ def test_our_random_weights_load_in_transformers(tmp_path: Path) -> None:
     cfg = TINY_DEEPSEEK_V2["q-lora"]
     write_random_weights(cfg, tmp_path, dtype=torch.float32, seed=2)
     hf, info = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+        tmp_path, dtype=torch.float32, attn_implementation="eager", output_loading_info=True
+    )
     assert not any(info.values()), info  # no missing, unexpected or mismatched tensors
     from_dir = load_model(tmp_path)
     from_config = load_model(ModelConfig.from_hf_dict(cfg), seed=2)
-    for (name, a), (_, b) in zip(from_dir.state_dict().items(), from_config.state_dict().items(), strict=True):
+    for (name, a), (_, b) in zip(
+        from_dir.state_dict().items(), from_config.state_dict().items(), strict=True
+    ):
         assert torch.equal(a, b), name
     seq = {"x": list(range(3, 40))}
     got = run_paged_forced(from_dir, seq, block_size=8, first_chunk={"x": 20}, num_decode=3)["x"]
@@ -93,7 +109,8 @@ def test_triton_kernels_equal_the_torch_path(block_size: int) -> None:
     out = {}
     for backend in ("triton", "torch"):
         _set_backend(model, backend)
-        out[backend] = run_paged_forced(model, seqs, block_size=block_size,
-                                        first_chunk={"a": 6, "b": 3}, num_decode=2)
+        out[backend] = run_paged_forced(
+            model, seqs, block_size=block_size, first_chunk={"a": 6, "b": 3}, num_decode=2
+        )
     for k in seqs:
         torch.testing.assert_close(out["triton"][k], out["torch"][k], atol=1e-4, rtol=1e-4)

@@ -26,8 +26,8 @@ from fp8_formats import FP8_FORMATS
 from logit_agreement import assert_logits_agree
 from paged_session import run_paged_forced
 
-from engine.model import ModelConfig, load_model
-from engine.model.fp8 import (
+from turnout.engine.model import ModelConfig, load_model
+from turnout.engine.model.fp8 import (
     FP8_DTYPE,
     Fp8Linear,
     dequantize_fp8,
@@ -35,9 +35,9 @@ from engine.model.fp8 import (
     fp8_linear,
     set_fp8_execution,
 )
-from engine.model.fp8_checkpoint import quantize_fp8_weight
-from engine.model.fp8_config import Fp8Scheme
-from kernels.fp8_quant import quantize_fp8_ref
+from turnout.engine.model.fp8_checkpoint import quantize_fp8_weight
+from turnout.engine.model.fp8_config import Fp8Scheme
+from turnout.kernels.fp8_quant import quantize_fp8_ref
 
 pytestmark = pytest.mark.gpu
 CONFIGS = Path(__file__).resolve().parents[3] / "policies" / "reference" / "model_configs"
@@ -83,9 +83,11 @@ def test_block_scaled_mm_layer_equals_its_emulation(m: int) -> None:
 #: DeepSeek-V3 / Qwen3-FP8 style 128x128 blocks (the tiny CPU configs use 32x32).
 BLOCK_128 = {**FP8_FORMATS["fp8-block"], "weight_block_size": [128, 128]}
 FORMATS = {**FP8_FORMATS, "fp8-block-128": BLOCK_128}
-EXECUTIONS = {"ct-channel-dynamic": "W8A8 through torch._scaled_mm (dynamic per-token activation scales)",
-              "fp8-tensor-dynamic": "W8A8 through torch._scaled_mm (dynamic per-token activation scales)",
-              "fp8-block-128": "W8A8 through F.scaled_mm (dynamic 1x128 activation scales, 128x128 weight blocks)"}
+EXECUTIONS = {
+    "ct-channel-dynamic": "W8A8 through torch._scaled_mm (dynamic per-token activation scales)",
+    "fp8-tensor-dynamic": "W8A8 through torch._scaled_mm (dynamic per-token activation scales)",
+    "fp8-block-128": "W8A8 through F.scaled_mm (dynamic 1x128 activation scales, 128x128 weight blocks)",
+}
 
 
 def _fp8_config(file: str, fmt: str, num_layers: int | None) -> ModelConfig:
@@ -98,19 +100,29 @@ def _fp8_config(file: str, fmt: str, num_layers: int | None) -> ModelConfig:
 # Untied random Llama logits are nearly flat over 128k tokens (N(0, 1/4096) head), so top-1 ties
 # flip more often there than in tied Qwen3 (N(0,1) embeddings as the head): a flip passes where
 # it is a near tie (logit_agreement), whatever the fraction of rows it touches.
-@pytest.mark.parametrize(("file", "fmt", "num_layers"), [
-    ("qwen3-0.6b.json", "ct-channel-dynamic", None), ("qwen3-0.6b.json", "fp8-block-128", None),
-    ("llama-3.1-8b.json", "fp8-tensor-dynamic", 2)])
-def test_scaled_mm_model_agrees_with_the_dequantising_reference(file: str, fmt: str, num_layers: int | None
-                                                                 ) -> None:
+@pytest.mark.parametrize(
+    ("file", "fmt", "num_layers"),
+    [
+        ("qwen3-0.6b.json", "ct-channel-dynamic", None),
+        ("qwen3-0.6b.json", "fp8-block-128", None),
+        ("llama-3.1-8b.json", "fp8-tensor-dynamic", 2),
+    ],
+)
+def test_scaled_mm_model_agrees_with_the_dequantising_reference(
+    file: str, fmt: str, num_layers: int | None
+) -> None:
     config = _fp8_config(file, fmt, num_layers)
     model = load_model(config, dtype=torch.bfloat16, device="cuda", seed=1)
     layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
-    assert len(layers) == 4 * config.num_hidden_layers and all(m.execution == "scaled_mm" for m in layers)
+    assert len(layers) == 4 * config.num_hidden_layers and all(
+        m.execution == "scaled_mm" for m in layers
+    )
     assert EXECUTIONS[fmt] in str(model.quantization_report)
     gen = torch.Generator().manual_seed(0)
-    sequences = {f"r{i}": torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
-                 for i, n in enumerate([306, 135, 23, 70])}
+    sequences = {
+        f"r{i}": torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
+        for i, n in enumerate([306, 135, 23, 70])
+    }
     chunk = {"r0": 200, "r1": 129, "r2": 5, "r3": 64}
     got = run_paged_forced(model, sequences, block_size=16, first_chunk=chunk, num_decode=6)
     assert set_fp8_execution(model, "reference") == len(layers)

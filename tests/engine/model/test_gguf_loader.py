@@ -13,21 +13,32 @@ from paged_session import PagedSession
 from safetensors.torch import load_file
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-from engine.model import ModelConfigError, WeightLoadError, load_model, write_random_weights
-from engine.model.gguf_loader import hf_tensor_name, open_gguf, unpermute_qk
+from turnout.engine.model import ModelConfigError, WeightLoadError, load_model, write_random_weights
+from turnout.engine.model.gguf_loader import hf_tensor_name, open_gguf, unpermute_qk
 
 gguf = pytest.importorskip("gguf")
-_GGUF_PARTS = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-               "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-               "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-               "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+_GGUF_PARTS = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
 
 
 def llama_cpp_permute(w: np.ndarray, num_heads: int) -> np.ndarray:
     """convert_hf_to_gguf.py's `permute`: each head's halves become interleaved pairs."""
-    return (w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
+    return (
+        w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _gguf_name(hf_name: str) -> str:
@@ -35,8 +46,11 @@ def _gguf_name(hf_name: str) -> str:
         _, _, layer, rest = hf_name.split(".", 3)
         module, leaf = rest.rsplit(".", 1)
         return f"blk.{layer}.{_GGUF_PARTS[module]}.{leaf}"
-    return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
-            "output_norm.weight", "lm_head.weight": "output.weight"}[hf_name]
+    return {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }[hf_name]
 
 
 def write_gguf(hf_dir: Path, out: Path, arch: str, *, extra_tensor: str | None = None) -> None:
@@ -61,8 +75,9 @@ def write_gguf(hf_dir: Path, out: Path, arch: str, *, extra_tensor: str | None =
             w = llama_cpp_permute(w, cfg.num_key_value_heads)
         if name == "model.layers.0.mlp.up_proj.weight":  # exercise a quantised type
             q = gguf.quantize(w, gguf.GGMLQuantizationType.Q8_0)
-            writer.add_tensor(_gguf_name(name), q, raw_shape=q.shape,
-                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(
+                _gguf_name(name), q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0
+            )
         else:
             writer.add_tensor(_gguf_name(name), w)
     if extra_tensor:
@@ -73,11 +88,13 @@ def write_gguf(hf_dir: Path, out: Path, arch: str, *, extra_tensor: str | None =
     writer.close()
 
 
-@pytest.mark.parametrize(("config", "arch"), [("llama", "llama"), ("qwen2", "qwen2"),
-                                              ("qwen3", "qwen3")])
+@pytest.mark.parametrize(
+    ("config", "arch"), [("llama", "llama"), ("qwen2", "qwen2"), ("qwen3", "qwen3")]
+)
 def test_gguf_model_equals_its_hf_source(tmp_path: Path, config: str, arch: str) -> None:
-    hf_dir = write_random_weights(TINY_DECODER_CONFIGS[config], tmp_path / "hf",
-                                  dtype=torch.float32, seed=11)
+    hf_dir = write_random_weights(
+        TINY_DECODER_CONFIGS[config], tmp_path / "hf", dtype=torch.float32, seed=11
+    )
     write_gguf(hf_dir, tmp_path / "m.gguf", arch)
     want, got = load_model(hf_dir), load_model(tmp_path / "m.gguf")
     assert got.config.architecture == want.config.architecture
@@ -105,8 +122,9 @@ def test_unpermute_inverts_llama_cpp_permute() -> None:
 
 
 def test_unknown_tensor_and_architecture_are_named(tmp_path: Path) -> None:
-    hf_dir = write_random_weights(TINY_DECODER_CONFIGS["llama"], tmp_path / "hf",
-                                  dtype=torch.float32)
+    hf_dir = write_random_weights(
+        TINY_DECODER_CONFIGS["llama"], tmp_path / "hf", dtype=torch.float32
+    )
     write_gguf(hf_dir, tmp_path / "extra.gguf", "llama", extra_tensor="rope_freqs.weight")
     with pytest.raises(WeightLoadError, match="rope_freqs"):
         load_model(tmp_path / "extra.gguf")
@@ -117,8 +135,9 @@ def test_unknown_tensor_and_architecture_are_named(tmp_path: Path) -> None:
 
 
 def test_the_parse_is_kept_until_the_file_changes(tmp_path: Path) -> None:
-    hf_dir = write_random_weights(TINY_DECODER_CONFIGS["llama"], tmp_path / "hf",
-                                  dtype=torch.float32)
+    hf_dir = write_random_weights(
+        TINY_DECODER_CONFIGS["llama"], tmp_path / "hf", dtype=torch.float32
+    )
     path = tmp_path / "m.gguf"
     write_gguf(hf_dir, path, "llama")
     first, meta = open_gguf(path)

@@ -9,7 +9,7 @@ from logit_agreement import assert_logits_agree, ulp
 
 def test_ulp_is_the_spacing_of_the_dtype() -> None:
     values = torch.tensor([1.0, 10.0, 100.0, -3.0])
-    assert ulp(values, torch.bfloat16).tolist() == [2 ** -7, 2 ** -4, 2 ** -1, 2 ** -6]
+    assert ulp(values, torch.bfloat16).tolist() == [2**-7, 2**-4, 2**-1, 2**-6]
     for v in (1.0, 10.0, 100.0):  # the next bf16 number above v is v + ulp
         x = torch.tensor([v], dtype=torch.bfloat16)
         assert (x.float() + ulp(x, torch.bfloat16)).bfloat16().item() > x.item()
@@ -40,7 +40,9 @@ def test_a_flip_three_ulps_away_fails() -> None:
     second[top] = float("-inf")
     other = second.argmax()
     want[1, other] = want[1, top] - 3 * ulp(want[1, top], torch.bfloat16)
-    got[1, other] = want[1, top] + 3 * ulp(want[1, top], torch.bfloat16)  # a tiny RMS: one element moved
+    got[1, other] = want[1, top] + 3 * ulp(
+        want[1, top], torch.bfloat16
+    )  # a tiny RMS: one element moved
     with pytest.raises(AssertionError, match="beyond a near tie"):
         assert_logits_agree(got, want, "three ulps", min_cos=0.9)
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from tiny_mamba_configs import TINY_MAMBA, write_hf_mamba
 
-from engine.model import AttentionMetadata, ModelConfig, ModelConfigError, load_model
-from engine.model.mamba import MambaForCausalLM
-from engine.model.state_cache import HybridCacheSpec, MambaState
+from turnout.engine.model import AttentionMetadata, ModelConfig, ModelConfigError, load_model
+from turnout.engine.model.mamba import MambaForCausalLM
+from turnout.engine.model.state_cache import HybridCacheSpec, MambaState
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,10 +26,17 @@ def mamba_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _md(lengths: list[int], slots: list[int], continuing: bool = False) -> AttentionMetadata:
     qsl = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     return AttentionMetadata(
-        query_start_loc=qsl, seq_lens=torch.zeros(len(lengths), dtype=torch.int32),
-        block_table=torch.zeros(len(lengths), 1, dtype=torch.int32), slot_mapping=torch.zeros(0, dtype=torch.int64),
-        max_query_len=max(lengths), max_seq_len=0, num_actual_tokens=int(qsl[-1]), block_size=16,
-        state_indices=torch.tensor(slots, dtype=torch.int32), all_states_continue=continuing)
+        query_start_loc=qsl,
+        seq_lens=torch.zeros(len(lengths), dtype=torch.int32),
+        block_table=torch.zeros(len(lengths), 1, dtype=torch.int32),
+        slot_mapping=torch.zeros(0, dtype=torch.int64),
+        max_query_len=max(lengths),
+        max_seq_len=0,
+        num_actual_tokens=int(qsl[-1]),
+        block_size=16,
+        state_indices=torch.tensor(slots, dtype=torch.int32),
+        all_states_continue=continuing,
+    )
 
 
 def _hf_logits(path: Path, prompt: list[int]) -> torch.Tensor:
@@ -38,12 +45,16 @@ def _hf_logits(path: Path, prompt: list[int]) -> torch.Tensor:
         return hf(torch.tensor([prompt])).logits[0].float()
 
 
-def _run_chunks(model: MambaForCausalLM, caches: list, prompt: list[int], chunks: list[int], slot: int) -> torch.Tensor:
+def _run_chunks(
+    model: MambaForCausalLM, caches: list, prompt: list[int], chunks: list[int], slot: int
+) -> torch.Tensor:
     out, pos = [], 0
     for n in chunks:
-        ids = torch.tensor(prompt[pos:pos + n])
+        ids = torch.tensor(prompt[pos : pos + n])
         with torch.no_grad():
-            hidden = model(ids, torch.arange(pos, pos + n), caches, _md([n], [slot], continuing=pos > 0))
+            hidden = model(
+                ids, torch.arange(pos, pos + n), caches, _md([n], [slot], continuing=pos > 0)
+            )
         out.append(model.compute_logits(hidden))
         pos += n
     return torch.cat(out)
@@ -51,7 +62,9 @@ def _run_chunks(model: MambaForCausalLM, caches: list, prompt: list[int], chunks
 
 @pytest.mark.parametrize("chunks", [[23], [7, 3, 13], [1] * 23, [2, 1, 20]], ids=str)
 def test_logits_equal_hf_whole_chunked_and_stepwise(mamba_dir: Path, chunks: list[int]) -> None:
-    prompt = torch.randint(3, TINY_MAMBA["vocab_size"], (23,), generator=torch.Generator().manual_seed(1)).tolist()
+    prompt = torch.randint(
+        3, TINY_MAMBA["vocab_size"], (23,), generator=torch.Generator().manual_seed(1)
+    ).tolist()
     model = load_model(mamba_dir)
     assert isinstance(model, MambaForCausalLM)
     caches = model.kv_cache_spec.allocate(1, 16, 4, torch.float32, "cpu")
@@ -69,10 +82,19 @@ def test_requests_in_one_step_keep_their_states_apart(mamba_dir: Path) -> None:
     model = load_model(mamba_dir)
     caches = model.kv_cache_spec.allocate(1, 16, 4, torch.float32, "cpu")
     with torch.no_grad():  # step 1: a's first 5 tokens and all of b, in one packed batch
-        h1 = model(torch.tensor(a[:5] + b), torch.tensor([*range(5), *range(14)]), caches, _md([5, 14], [3, 0]))
-        h2 = model(torch.tensor(a[5:]), torch.arange(5, 9), caches, _md([4], [3]))  # a resumes alone
+        h1 = model(
+            torch.tensor(a[:5] + b),
+            torch.tensor([*range(5), *range(14)]),
+            caches,
+            _md([5, 14], [3, 0]),
+        )
+        h2 = model(
+            torch.tensor(a[5:]), torch.arange(5, 9), caches, _md([4], [3])
+        )  # a resumes alone
     want_a, want_b = _hf_logits(mamba_dir, a), _hf_logits(mamba_dir, b)
-    torch.testing.assert_close(model.compute_logits(torch.cat([h1[:5], h2])), want_a, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        model.compute_logits(torch.cat([h1[:5], h2])), want_a, atol=1e-4, rtol=1e-4
+    )
     torch.testing.assert_close(model.compute_logits(h1[5:]), want_b, atol=1e-4, rtol=1e-4)
 
 
@@ -82,7 +104,9 @@ def test_config_fields_read_as_hf_names_them() -> None:
     assert c.mamba is not None
     assert (c.mamba.d_inner, c.mamba.d_state, c.mamba.d_conv, c.mamba.dt_rank) == (128, 8, 4, 8)
     assert c.rms_norm_eps == TINY_MAMBA["layer_norm_epsilon"] and c.max_position_embeddings == 2048
-    assert ModelConfig.from_hf_dict({**TINY_MAMBA, "time_step_rank": "auto"}).mamba.dt_rank == 4  # ceil(64/16)
+    assert (
+        ModelConfig.from_hf_dict({**TINY_MAMBA, "time_step_rank": "auto"}).mamba.dt_rank == 4
+    )  # ceil(64/16)
     spec = MambaForCausalLM.kv_cache_spec_for(c)
     assert isinstance(spec, HybridCacheSpec) and spec.bytes_per_block(16, torch.float32) == 0
     # per layer: conv 128 x 3 fp32 + ssm 128 x 8 fp32

@@ -14,14 +14,16 @@ import torch
 from test_gguf_loader import write_gguf
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-from engine.model import ModelConfigError, WeightLoadError, load_model, write_random_weights
-from engine.model.tokenizer import load_tokenizer
-from engine.model_info import read_model_config
+from turnout.engine.model import ModelConfigError, WeightLoadError, load_model, write_random_weights
+from turnout.engine.model.tokenizer import load_tokenizer
+from turnout.engine.model_info import read_model_config
 
 
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_weights(TINY_DECODER_CONFIGS["llama"], tmp_path_factory.mktemp("hf"), dtype=torch.float32, seed=5)
+    return write_random_weights(
+        TINY_DECODER_CONFIGS["llama"], tmp_path_factory.mktemp("hf"), dtype=torch.float32, seed=5
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,9 @@ def test_a_truncated_gguf_is_named(tmp_path: Path, gguf_bytes: bytes, cut: int) 
     path = tmp_path / "cut.gguf"
     path.write_bytes(gguf_bytes[:cut])
     for read in (read_model_config, load_model, load_tokenizer):
-        with pytest.raises(ModelConfigError, match=rf"{path}: not a readable GGUF file \(truncated or corrupt\)"):
+        with pytest.raises(
+            ModelConfigError, match=rf"{path}: not a readable GGUF file \(truncated or corrupt\)"
+        ):
             read(path)
 
 
@@ -61,10 +65,17 @@ def test_a_damaged_safetensors_file_is_named(tmp_path: Path, hf_dir: Path, damag
     model_dir.mkdir()
     (model_dir / "config.json").write_bytes((hf_dir / "config.json").read_bytes())
     data = (hf_dir / "model.safetensors").read_bytes()
-    damaged = {"empty": b"", "cut": data[: len(data) // 2], "garbage": bytes(range(256)) * 8,
-               "short header": (16).to_bytes(8, "little") + b'{"a": 1}'}[damage]
+    damaged = {
+        "empty": b"",
+        "cut": data[: len(data) // 2],
+        "garbage": bytes(range(256)) * 8,
+        "short header": (16).to_bytes(8, "little") + b'{"a": 1}',
+    }[damage]
     (model_dir / "model.safetensors").write_bytes(damaged)
-    with pytest.raises(WeightLoadError, match=rf"{model_dir / 'model.safetensors'}: not a readable safetensors file"):
+    with pytest.raises(
+        WeightLoadError,
+        match=rf"{model_dir / 'model.safetensors'}: not a readable safetensors file",
+    ):
         load_model(model_dir)
 
 
@@ -78,8 +89,12 @@ BAD_CONFIG_JSON = [
 ]
 
 
-@pytest.mark.parametrize(("note", "content", "message"), BAD_CONFIG_JSON, ids=[b[0] for b in BAD_CONFIG_JSON])
-def test_a_bad_config_json_is_named(tmp_path: Path, note: str, content: str | bytes | dict, message: str) -> None:
+@pytest.mark.parametrize(
+    ("note", "content", "message"), BAD_CONFIG_JSON, ids=[b[0] for b in BAD_CONFIG_JSON]
+)
+def test_a_bad_config_json_is_named(
+    tmp_path: Path, note: str, content: str | bytes | dict, message: str
+) -> None:
     path = tmp_path / "config.json"
     if isinstance(content, dict):
         content = json.dumps({**TINY_DECODER_CONFIGS["llama"], **content})

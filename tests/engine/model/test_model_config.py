@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.model.config import ModelConfig, ModelConfigError, RopeScaling
-from engine.model.layers import rope_inv_freq
+from turnout.engine.model.config import ModelConfig, ModelConfigError, RopeScaling
+from turnout.engine.model.layers import rope_inv_freq
 
 CONFIGS = Path(__file__).resolve().parents[3] / "policies" / "reference" / "model_configs"
 
@@ -22,7 +22,11 @@ def _real(name: str, key: str = "config") -> dict[str, Any]:
 def test_qwen3_keeps_explicit_head_dim_and_ties() -> None:
     c = ModelConfig.from_hf_dict(_real("qwen3-0.6b.json"))
     assert (c.architecture, c.head_dim, c.num_attention_heads, c.num_key_value_heads) == (
-        "Qwen3ForCausalLM", 128, 16, 8)
+        "Qwen3ForCausalLM",
+        128,
+        16,
+        8,
+    )
     assert c.hidden_size // c.num_attention_heads == 64  # not the head_dim
     assert c.tie_word_embeddings and c.has_qk_norm and not c.qkv_bias
     assert (c.rope_theta, c.rope_scaling, c.eos_token_id) == (1_000_000.0, None, 151645)
@@ -62,16 +66,22 @@ def test_config_is_hashable() -> None:
     assert hash(a) == hash(ModelConfig.from_hf_dict(_real("qwen3-0.6b.json")))
 
 
-@pytest.mark.parametrize(("change", "match"), [
-    ({"architectures": ["DeepseekV3ForCausalLM"]}, "DeepseekV3ForCausalLM.*not supported"),
-    ({"architectures": ["DeepseekV2ForCausalLM"]}, "`kv_lora_rank` must be a positive integer, got None"),
-    ({"architectures": None}, "architectures"),
-    ({"num_key_value_heads": 5}, "multiple of num_key_value_heads"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "'yarn' is not implemented"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"vocab_size": 0}, "vocab_size"),
-    ({"hidden_size": None}, "hidden_size"),
-])
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"architectures": ["DeepseekV3ForCausalLM"]}, "DeepseekV3ForCausalLM.*not supported"),
+        (
+            {"architectures": ["DeepseekV2ForCausalLM"]},
+            "`kv_lora_rank` must be a positive integer, got None",
+        ),
+        ({"architectures": None}, "architectures"),
+        ({"num_key_value_heads": 5}, "multiple of num_key_value_heads"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "'yarn' is not implemented"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"vocab_size": 0}, "vocab_size"),
+        ({"hidden_size": None}, "hidden_size"),
+    ],
+)
 def test_bad_configs_are_named(change: dict[str, Any], match: str) -> None:
     with pytest.raises(ModelConfigError, match=match):
         ModelConfig.from_hf_dict({**_real("llama-3.1-8b.json"), **change})

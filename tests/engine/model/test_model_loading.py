@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
-from engine.model import (
+from turnout.engine.model import (
     DecoderModel,
     ModelConfig,
     WeightLoadError,
@@ -19,8 +19,8 @@ from engine.model import (
     load_model,
     write_random_weights,
 )
-from engine.model.loader import build_model
-from engine.model.weights import random_source
+from turnout.engine.model.loader import build_model
+from turnout.engine.model.weights import random_source
 
 QWEN3 = TINY_DECODER_CONFIGS["qwen3"]
 
@@ -36,7 +36,9 @@ def test_random_config_equals_written_directory(tmp_path: Path) -> None:
     assert from_dir.keys() == from_config.keys()
     assert all(torch.equal(from_dir[k], from_config[k]) for k in from_dir)
     other = _params(load_model(config, seed=6))
-    assert not torch.equal(other["model.embed_tokens.weight"], from_dir["model.embed_tokens.weight"])
+    assert not torch.equal(
+        other["model.embed_tokens.weight"], from_dir["model.embed_tokens.weight"]
+    )
 
 
 def test_dummy_load_format_reads_only_config_json(tmp_path: Path) -> None:
@@ -80,8 +82,10 @@ def test_load_in_bfloat16_ties_head_and_builds_rope(tmp_path: Path) -> None:
 def test_each_tensor_is_read_once_into_a_meta_built_model() -> None:
     config = ModelConfig.from_hf_dict(TINY_DECODER_CONFIGS["llama"])
     reads: list[str] = []
-    source = {name: (lambda n=name, g=get: reads.append(n) or g())
-              for name, get in random_source(config, 0).items()}
+    source = {
+        name: (lambda n=name, g=get: reads.append(n) or g())
+        for name, get in random_source(config, 0).items()
+    }
     model = build_model(config, source, dtype=torch.float32, device="cpu")
     assert sorted(reads) == sorted(source) and len(reads) == len(set(reads))
     assert not any(t.is_meta for t in model.state_dict().values())
@@ -133,8 +137,9 @@ def test_bad_paths(tmp_path: Path) -> None:
 
 def test_kv_cache_layout() -> None:
     config = ModelConfig.from_hf_dict(QWEN3)
-    caches = allocate_kv_caches(config, num_blocks=10, block_size=16, dtype=torch.bfloat16,
-                                device="cpu")
+    caches = allocate_kv_caches(
+        config, num_blocks=10, block_size=16, dtype=torch.bfloat16, device="cpu"
+    )
     assert len(caches) == 2 and caches[0].shape == (2, 10, 16, 2, 32)
     assert caches[0].dtype == torch.bfloat16 and not caches[0].any()
     per_block = sum(c[:, 0].numel() * c.element_size() for c in caches)

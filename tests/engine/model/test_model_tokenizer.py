@@ -10,7 +10,7 @@ import pytest
 from jinja2 import TemplateError
 from minilm_path import minilm_dir
 
-from engine.model.tokenizer import TokenizerError, load_tokenizer
+from turnout.engine.model.tokenizer import TokenizerError, load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 
@@ -29,12 +29,17 @@ def test_hf_dir_tokenizer_matches_transformers() -> None:
 
 def test_chat_template_from_tokenizer_config(tmp_path: Path) -> None:
     shutil.copy(minilm_dir() / "tokenizer.json", tmp_path / "tokenizer.json")
-    template = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' %}"
-                "{{ raise_exception('no tools') }}{% endif %}"
-                "[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
-                "{% if add_generation_prompt %}[assistant]{% endif %}")
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
-        {"chat_template": template, "bos_token": "[CLS]", "eos_token": {"content": "[SEP]"}}))
+    template = (
+        "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'tool' %}"
+        "{{ raise_exception('no tools') }}{% endif %}"
+        "[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"chat_template": template, "bos_token": "[CLS]", "eos_token": {"content": "[SEP]"}}
+        )
+    )
     tok = load_tokenizer(tmp_path)
     assert (tok.bos_token_id, tok.eos_token_id) == (101, 102)
     msgs = [{"role": "user", "content": "hi"}]

@@ -31,7 +31,13 @@ from hf_moe import hf_model_sharing, hf_moe_dir, load_hf_reference
 from paged_session import run_paged_forced, run_paged_greedy
 from tiny_model_configs import TINY_MOE_CONFIGS
 
-from engine.model import DecoderModel, ModelConfig, SparseMoeBlock, load_model, write_random_weights
+from turnout.engine.model import (
+    DecoderModel,
+    ModelConfig,
+    SparseMoeBlock,
+    load_model,
+    write_random_weights,
+)
 
 pytestmark = pytest.mark.gpu
 transformers = pytest.importorskip("transformers")
@@ -44,7 +50,9 @@ def real_config(name: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", sorted(TINY_MOE_CONFIGS))
-def test_tiny_moe_greedy_and_logprobs_match_hf_on_cuda(name: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_tiny_moe_greedy_and_logprobs_match_hf_on_cuda(
+    name: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     path = hf_moe_dir(tmp_path_factory, name)
     ours = load_model(path, device="cuda")
     assert isinstance(ours, DecoderModel)
@@ -52,12 +60,15 @@ def test_tiny_moe_greedy_and_logprobs_match_hf_on_cuda(name: str, tmp_path_facto
     assert block.backend == "auto" and block._use_triton(torch.device("cuda"))
     hf = load_hf_reference(path).cuda()
     prompts = {"a": list(range(3, 8)), "b": list(range(40, 53)), "c": list(range(90, 112))}
-    sequences, logits = run_paged_greedy(ours, prompts, block_size=4,
-                                         first_chunk={"a": 5, "b": 7, "c": 9}, num_new_tokens=8)
+    sequences, logits = run_paged_greedy(
+        ours, prompts, block_size=4, first_chunk={"a": 5, "b": 7, "c": 9}, num_new_tokens=8
+    )
     for k, prompt in prompts.items():
         with torch.no_grad():
             ref = hf(torch.tensor([sequences[k][:-1]], device="cuda")).logits[0].float().cpu()
-        assert sequences[k][len(prompt):] == ref[len(prompt) - 1:].argmax(-1).tolist(), f"{name}/{k}"
+        assert sequences[k][len(prompt) :] == ref[len(prompt) - 1 :].argmax(-1).tolist(), (
+            f"{name}/{k}"
+        )
         err = (logits[k].log_softmax(-1) - ref.log_softmax(-1)).abs().max().item()
         assert err <= 1e-4, f"{name}/{k}: {err}"
 
@@ -84,30 +95,41 @@ def test_every_layer_of_the_real_configs_in_bf16(name: str) -> None:
     model = load_device_random(ModelConfig.from_hf_dict(hf_config), seed=1, dtype=torch.bfloat16)
     hf = hf_model_sharing(model, hf_config)
     gen = torch.Generator().manual_seed(0)
-    sequences = {f"r{i}": torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
-                 for i, n in enumerate([206, 41, 12])}  # prompts + 6 decode steps
+    sequences = {
+        f"r{i}": torch.randint(0, model.config.vocab_size, (n,), generator=gen).tolist()
+        for i, n in enumerate([206, 41, 12])
+    }  # prompts + 6 decode steps
     chunk = {"r0": 128, "r1": 35, "r2": 6}
     inputs: dict[int, list[torch.Tensor]] = {}
-    hooks = [layer.mlp.register_forward_pre_hook(lambda m, a, i=i: inputs.setdefault(i, []).append(a[0]))
-             for i, layer in enumerate(model.model.layers) if isinstance(layer.mlp, SparseMoeBlock)]
+    hooks = [
+        layer.mlp.register_forward_pre_hook(lambda m, a, i=i: inputs.setdefault(i, []).append(a[0]))
+        for i, layer in enumerate(model.model.layers)
+        if isinstance(layer.mlp, SparseMoeBlock)
+    ]
     logits = {}
     for backend in ("triton", "torch"):
         _set_backend(model, backend)
-        logits[backend] = run_paged_forced(model, sequences, block_size=16, first_chunk=chunk, num_decode=6)
+        logits[backend] = run_paged_forced(
+            model, sequences, block_size=16, first_chunk=chunk, num_decode=6
+        )
         while hooks:  # the inputs of the Triton run only
             hooks.pop().remove()
     for i, xs in inputs.items():  # each MoE layer on the inputs the Triton run gave it
         x = torch.cat(xs)
         block, hf_block = model.model.layers[i].mlp, hf.model.layers[i]
-        hf_block = hf_block.block_sparse_moe if hasattr(hf_block, "block_sparse_moe") else hf_block.mlp
+        hf_block = (
+            hf_block.block_sparse_moe if hasattr(hf_block, "block_sparse_moe") else hf_block.mlp
+        )
         with torch.inference_mode():
             outs = {}
             for backend in ("triton", "torch"):
                 block.backend = backend
                 outs[backend] = block(x).float()
             outs["hf"] = hf_block(x[None])[0].float()
-        cos = {k: torch.nn.functional.cosine_similarity(outs[k], outs["torch"], dim=-1).min().item()
-               for k in ("triton", "hf")}
+        cos = {
+            k: torch.nn.functional.cosine_similarity(outs[k], outs["torch"], dim=-1).min().item()
+            for k in ("triton", "hf")
+        }
         assert cos["triton"] >= 0.9999 and cos["hf"] >= 0.999, f"{name} layer {i}: {cos}"
     for k, seq in sequences.items():
         with torch.inference_mode():
@@ -115,13 +137,17 @@ def test_every_layer_of_the_real_configs_in_bf16(name: str) -> None:
         for a, b in (("triton", "torch"), ("triton", "hf"), ("torch", "hf")):
             got = {"triton": logits["triton"][k], "torch": logits["torch"][k], "hf": want}
             cos, top1, top5 = _agreement(got[a], got[b])
-            print(f"{name}/{k} {a} vs {b}: median row cosine {cos:.5f}, top-1 {top1:.3f}, "
-                  f"in top-5 {top5:.3f}")
+            print(
+                f"{name}/{k} {a} vs {b}: median row cosine {cos:.5f}, top-1 {top1:.3f}, "
+                f"in top-5 {top5:.3f}"
+            )
             # Every layer was checked above on the same inputs (cosine >= 0.9999). Through 24-48
             # random bf16 layers the logits of two correct paths drift into near-ties: on an
             # H200 the same argmax held for 0.75-0.95 of the rows (r2 has 12), so the argmax
             # is asked to be among the other's five best, which a broken layer would not meet.
-            assert cos >= 0.99 and top5 >= 0.9, f"{name}/{k} {a} vs {b}: cosine {cos}, in top-5 {top5}"
+            assert cos >= 0.99 and top5 >= 0.9, (
+                f"{name}/{k} {a} vs {b}: cosine {cos}, in top-5 {top5}"
+            )
 
 
 def test_loading_stacks_experts_without_a_second_copy(tmp_path: Path) -> None:
@@ -136,7 +162,9 @@ def test_loading_stacks_experts_without_a_second_copy(tmp_path: Path) -> None:
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     peak = torch.cuda.max_memory_allocated() - before
-    assert peak - weights - buffers < 64 << 20, f"peak {peak >> 20} MiB for {weights >> 20} MiB of weights"
+    assert peak - weights - buffers < 64 << 20, (
+        f"peak {peak >> 20} MiB for {weights >> 20} MiB of weights"
+    )
     block = model.model.layers[0].mlp
     assert isinstance(block, SparseMoeBlock) and tuple(block.experts.w13.shape) == (128, 1536, 2048)
     del model
@@ -153,6 +181,11 @@ def test_a_dense_first_layer_and_shared_expert_at_real_width(tmp_path: Path) -> 
     hf = hf_model_sharing(model, hf_config)
     x = torch.randn(33, model.config.hidden_size, device="cuda", dtype=torch.bfloat16)
     with torch.inference_mode():
-        cos = torch.nn.functional.cosine_similarity(block(x).float(), hf.model.layers[1].mlp(x[None])[0].float(),
-                                                    dim=-1).min().item()
+        cos = (
+            torch.nn.functional.cosine_similarity(
+                block(x).float(), hf.model.layers[1].mlp(x[None])[0].float(), dim=-1
+            )
+            .min()
+            .item()
+        )
     assert cos >= 0.999, cos

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tiny_model_configs import MS_MARCO_CROSS_ENCODER, TINY_ENCODER_CONFIGS, TINY_REWARD_CONFIGS
 
-from engine.model import (
+from turnout.engine.model import (
     BertForSequenceClassification,
     LlamaForSequenceClassification,
     ModelConfig,
@@ -20,7 +20,7 @@ from engine.model import (
     load_model,
     write_random_weights,
 )
-from engine.runner_pooling import PoolingKVScratch, pool_decoder, pool_encoder
+from turnout.engine.runner_pooling import PoolingKVScratch, pool_decoder, pool_encoder
 
 CPU = torch.device("cpu")
 CLASSIFIER = TINY_ENCODER_CONFIGS["bert-classifier"]
@@ -30,7 +30,11 @@ REWARD = TINY_REWARD_CONFIGS["llama-reward"]
 def test_the_published_cross_encoder_config() -> None:
     c = ModelConfig.from_hf_dict(MS_MARCO_CROSS_ENCODER)
     assert c.is_encoder and c.is_pooling and c.classifier is not None
-    assert (c.classifier.num_labels, c.classifier.labels, c.classifier.score_activation) == (1, ("LABEL_0",), "identity")
+    assert (c.classifier.num_labels, c.classifier.labels, c.classifier.score_activation) == (
+        1,
+        ("LABEL_0",),
+        "identity",
+    )
     assert c.pooling_tasks == ("classify", "score")
     assert ModelConfig.from_hf_dict(c.to_hf_dict()) == c  # the head's fields round-trip
 
@@ -45,7 +49,9 @@ TASKS = [
 
 
 @pytest.mark.parametrize(("note", "cfg", "tasks"), TASKS, ids=[t[0] for t in TASKS])
-def test_the_tasks_each_architecture_serves(note: str, cfg: dict[str, Any], tasks: tuple[str, ...]) -> None:
+def test_the_tasks_each_architecture_serves(
+    note: str, cfg: dict[str, Any], tasks: tuple[str, ...]
+) -> None:
     c = ModelConfig.from_hf_dict(cfg)
     assert c.pooling_tasks == tasks and c.is_pooling == bool(tasks)
 
@@ -53,12 +59,24 @@ def test_the_tasks_each_architecture_serves(note: str, cfg: dict[str, Any], task
 HEADS = [
     ("num_labels alone", {"num_labels": 4}, 4, "sigmoid"),
     ("transformers' default: two labels", {}, 2, "sigmoid"),
-    ("sigmoid named", {"id2label": {"0": "x"}, "sbert_ce_default_activation_function": "torch.nn.modules.activation.Sigmoid"}, 1, "sigmoid"),
+    (
+        "sigmoid named",
+        {
+            "id2label": {"0": "x"},
+            "sbert_ce_default_activation_function": "torch.nn.modules.activation.Sigmoid",
+        },
+        1,
+        "sigmoid",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("note", "fields", "num_labels", "activation"), HEADS, ids=[h[0] for h in HEADS])
-def test_the_head_is_read(note: str, fields: dict[str, Any], num_labels: int, activation: str) -> None:
+@pytest.mark.parametrize(
+    ("note", "fields", "num_labels", "activation"), HEADS, ids=[h[0] for h in HEADS]
+)
+def test_the_head_is_read(
+    note: str, fields: dict[str, Any], num_labels: int, activation: str
+) -> None:
     base = {k: v for k, v in CLASSIFIER.items() if k not in ("id2label", "label2id")}
     c = ModelConfig.from_hf_dict({**base, **fields}).classifier
     assert c is not None and (c.num_labels, c.score_activation) == (num_labels, activation)
@@ -68,9 +86,14 @@ BAD_HEADS = [
     ({"num_labels": 2}, r"`num_labels` \(2\) and `id2label` \(3 labels\) disagree"),
     ({"id2label": {"0": "a", "2": "b"}}, r"`id2label` must number labels 0..n-1, got \[0, 2\]"),
     ({"id2label": {"x": "a"}}, r"`id2label` keys must be label ids"),
-    ({"sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"},
-     r"`sbert_ce_default_activation_function` 'torch.nn.modules.activation.Tanh' is not supported"),
-    ({"quantization_config": {"quant_method": "fp8"}}, r"FP8 weights are supported for generating decoders only"),
+    (
+        {"sbert_ce_default_activation_function": "torch.nn.modules.activation.Tanh"},
+        r"`sbert_ce_default_activation_function` 'torch.nn.modules.activation.Tanh' is not supported",
+    ),
+    (
+        {"quantization_config": {"quant_method": "fp8"}},
+        r"FP8 weights are supported for generating decoders only",
+    ),
 ]
 
 
@@ -83,7 +106,8 @@ def test_a_head_that_cannot_be_served_is_named(fields: dict[str, Any], message: 
 def _hf_from_dir(path: Path) -> Any:
     transformers = pytest.importorskip("transformers")
     model, info = transformers.AutoModelForSequenceClassification.from_pretrained(
-        path, dtype=torch.float32, output_loading_info=True)
+        path, dtype=torch.float32, output_loading_info=True
+    )
     assert not any(info.values()), info  # nothing missing, unexpected or mismatched
     return model.eval()
 
@@ -107,13 +131,17 @@ def test_our_bert_classifier_checkpoint_loads_in_transformers(tmp_path: Path) ->
     assert (untyped - got[:1]).abs().max() > 1e-3
 
 
-@pytest.mark.parametrize("attn_backend", ["torch", "triton"])  # triton: the CUDA kernels, interpreted
+@pytest.mark.parametrize(
+    "attn_backend", ["torch", "triton"]
+)  # triton: the CUDA kernels, interpreted
 def test_our_reward_checkpoint_loads_in_transformers(tmp_path: Path, attn_backend: str) -> None:
     write_random_weights(REWARD, tmp_path, dtype=torch.float32, seed=4)
     ours = load_model(tmp_path, attn_backend=attn_backend)
     assert isinstance(ours, LlamaForSequenceClassification) and not hasattr(ours, "lm_head")
     prompts = [[5, 6, 7], list(range(3, 40)), [9]]
-    scratch = PoolingKVScratch(ours, max_num_tokens=64, max_num_seqs=4, block_size=8, dtype=torch.float32, device=CPU)
+    scratch = PoolingKVScratch(
+        ours, max_num_tokens=64, max_num_seqs=4, block_size=8, dtype=torch.float32, device=CPU
+    )
     with torch.inference_mode():
         got = pool_decoder(ours, scratch, prompts, CPU)
     hf = _hf_from_dir(tmp_path)
@@ -127,10 +155,17 @@ def test_our_reward_checkpoint_loads_in_transformers(tmp_path: Path, attn_backen
 def test_the_scratch_lays_prompts_out_from_fresh_blocks() -> None:
     model = load_model(ModelConfig.from_hf_dict(REWARD), seed=1)
     assert isinstance(model, LlamaForSequenceClassification)
-    scratch = PoolingKVScratch(model, max_num_tokens=40, max_num_seqs=4, block_size=16, dtype=torch.float32, device=CPU)
+    scratch = PoolingKVScratch(
+        model, max_num_tokens=40, max_num_seqs=4, block_size=16, dtype=torch.float32, device=CPU
+    )
     assert scratch.num_blocks == 3 + 4  # cdiv(40, 16) + one partial block per request
     positions, last, md = scratch.metadata([1, 17, 16, 5], CPU)
-    assert md.query_start_loc.tolist() == [0, 1, 18, 34, 39] and md.seq_lens.tolist() == [1, 17, 16, 5]
+    assert md.query_start_loc.tolist() == [0, 1, 18, 34, 39] and md.seq_lens.tolist() == [
+        1,
+        17,
+        16,
+        5,
+    ]
     assert md.block_table.tolist() == [[0, 0], [1, 2], [3, 0], [4, 0]]
     assert last.tolist() == [0, 17, 33, 38]
     assert positions.tolist() == [0, *range(17), *range(16), *range(5)]

@@ -10,10 +10,10 @@ import pytest
 import torch
 from tiny_model_configs import TINY_DECODER_CONFIGS, TINY_REWARD_CONFIGS
 
-from engine.errors import EngineConfigError
-from engine.model import DecoderModel, ModelConfig, load_model, write_random_weights
-from engine.model_info import engine_config_for
-from engine.runner_setup import kv_block_bytes, kv_cache_budget, load_engine_model
+from turnout.engine.errors import EngineConfigError
+from turnout.engine.model import DecoderModel, ModelConfig, load_model, write_random_weights
+from turnout.engine.model_info import engine_config_for
+from turnout.engine.runner_setup import kv_block_bytes, kv_cache_budget, load_engine_model
 
 LLAMA = TINY_DECODER_CONFIGS["llama"]  # 2 layers, 2 kv heads, head_dim 16, vocab 160
 CPU = torch.device("cpu")
@@ -34,7 +34,9 @@ def test_the_model_loads_in_the_engine_dtype(model_dir: Path) -> None:
 
 def test_a_vocabulary_other_than_the_engines_is_refused(model_dir: Path) -> None:
     config = dataclasses.replace(engine_config_for(model_dir, device="cpu"), vocab_size=161)
-    with pytest.raises(EngineConfigError, match="the engine expects vocab_size 161, the model has 160"):
+    with pytest.raises(
+        EngineConfigError, match="the engine expects vocab_size 161, the model has 160"
+    ):
         load_engine_model(config, torch.float32, CPU)
 
 
@@ -42,10 +44,21 @@ def test_kv_block_bytes(model_dir: Path) -> None:
     model = load_model(model_dir)
     # K and V x 2 layers x 4 slots x 2 kv heads x head_dim 16 x 2 bytes
     assert kv_block_bytes(model, 4, torch.bfloat16) == 2 * 2 * 4 * 2 * 16 * 2
-    encoder = load_model(ModelConfig.from_hf_dict({
-        "architectures": ["BertModel"], "vocab_size": 50, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 1, "num_attention_heads": 4, "max_position_embeddings": 16,
-        "hidden_act": "gelu"}), seed=1)
+    encoder = load_model(
+        ModelConfig.from_hf_dict(
+            {
+                "architectures": ["BertModel"],
+                "vocab_size": 50,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "max_position_embeddings": 16,
+                "hidden_act": "gelu",
+            }
+        ),
+        seed=1,
+    )
     assert kv_block_bytes(encoder, 4, torch.float32) == 0  # an encoder keeps no KV cache
     reward = load_model(ModelConfig.from_hf_dict(TINY_REWARD_CONFIGS["llama-reward"]), seed=1)
     assert kv_block_bytes(reward, 4, torch.float32) == 0  # only a step-local cache, not the pool's

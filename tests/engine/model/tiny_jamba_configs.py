@@ -18,11 +18,23 @@ JAMBA_V01: dict[str, Any] = json.loads((CONFIGS / "jamba-v0.1.json").read_text()
 #: 0.02) so that random logits have spread and greedy choices are clear.
 _SHRUNK: dict[str, Any] = {
     **{k: v for k, v in JAMBA_V01.items() if k != "auto_map"},
-    "vocab_size": 160, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 8,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "attn_layer_period": 4,
-    "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1, "num_experts": 4,
-    "num_experts_per_tok": 2, "mamba_d_state": 8, "mamba_dt_rank": "auto",
-    "max_position_embeddings": 256, "initializer_range": 0.15, "torch_dtype": "float32",
+    "vocab_size": 160,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "attn_layer_period": 4,
+    "attn_layer_offset": 1,
+    "expert_layer_period": 2,
+    "expert_layer_offset": 1,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "mamba_d_state": 8,
+    "mamba_dt_rank": "auto",
+    "max_position_embeddings": 256,
+    "initializer_range": 0.15,
+    "torch_dtype": "float32",
 }
 
 TINY_JAMBA_CONFIGS: dict[str, dict[str, Any]] = {
@@ -30,16 +42,24 @@ TINY_JAMBA_CONFIGS: dict[str, dict[str, Any]] = {
     # Other options: one expert (every feed-forward dense), MHA, attention at layer 2 of 3,
     # biases on in_proj/out_proj, no conv bias, tied embeddings, an explicit dt rank.
     "jamba-dense-variant": {
-        **_SHRUNK, "num_hidden_layers": 3, "attn_layer_period": 3, "attn_layer_offset": 2,
-        "num_experts": 1, "num_key_value_heads": 4, "mamba_proj_bias": True,
-        "mamba_conv_bias": False, "tie_word_embeddings": True, "mamba_dt_rank": 6,
+        **_SHRUNK,
+        "num_hidden_layers": 3,
+        "attn_layer_period": 3,
+        "attn_layer_offset": 2,
+        "num_experts": 1,
+        "num_key_value_heads": 4,
+        "mamba_proj_bias": True,
+        "mamba_conv_bias": False,
+        "tie_word_embeddings": True,
+        "mamba_dt_rank": 6,
         "mamba_d_conv": 3,
     },
 }
 
 
-def write_hf_jamba(hf_config: dict[str, Any], out_dir: Path, *, seed: int = 0,
-                   dtype: torch.dtype = torch.float32) -> Path:
+def write_hf_jamba(
+    hf_config: dict[str, Any], out_dir: Path, *, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> Path:
     """HF transformers' own random Jamba weights for ``hf_config``, saved to ``out_dir``.
 
     transformers initialises RMSNorms to 1, biases to 0, ``D`` to 1 and ``A_log`` to
@@ -50,7 +70,11 @@ def write_hf_jamba(hf_config: dict[str, Any], out_dir: Path, *, seed: int = 0,
     import transformers
 
     torch.manual_seed(seed)
-    fields = {k: v for k, v in hf_config.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    fields = {
+        k: v
+        for k, v in hf_config.items()
+        if k not in ("architectures", "model_type", "torch_dtype")
+    }
     config = transformers.JambaConfig(**fields)
     config.architectures = ["JambaForCausalLM"]
     model = transformers.JambaForCausalLM(config)
@@ -71,7 +95,8 @@ def load_hf_jamba(path: Path) -> Any:
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager").eval()
+        path, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager"
+    ).eval()
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model

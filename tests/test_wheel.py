@@ -1,0 +1,170 @@
+"""The wheel is complete and imports beside Hugging Face's ``kernels`` (README, "Layout").
+
+``python -m build`` makes an sdist and, from it, a wheel. The wheel must hold every module of
+the seven packages and their data (packs, golden files, templates, static files, migrations),
+all under the one import root ``turnout``, and nothing at the top level that another
+distribution could shadow or be shadowed by. Installed (not editable) into a fresh virtual
+environment beside transformers and the hub ``kernels`` it pulls in, both ``kernels`` import
+as themselves and the ``turnout`` command runs from a folder that is not the repository.
+
+Versions come from the committed lock (requirements/test.txt) as constraints, so the fresh
+environment gets what ``make test`` tested; pip takes them from its cache.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("oracle", "engine", "kernels", "runner_v1", "runner_v2", "dashboard", "policies")
+LOCK = ROOT / "requirements" / "test.txt"
+
+pytestmark = pytest.mark.slow
+
+
+def _source_files() -> set[str]:
+    """Every file of the seven packages, as the wheel names it (``turnout/<package>/...``)."""
+    out = set()
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
+                out.add(f"turnout/{path.relative_to(ROOT).as_posix()}")
+    return out
+
+
+def _pins(lock: Path) -> str:
+    """The lock's ``name==version`` lines without hashes: pip refuses hashes in constraints."""
+    pins = re.findall(r"^([A-Za-z0-9_.\-]+==[^\s;\\]+)", lock.read_text(), flags=re.M)
+    assert len(pins) > 50, f"{lock} holds {len(pins)} pins"
+    return "\n".join(pins) + "\n"
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    # --no-isolation: setuptools and build come from the lock, not from a fresh download.
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def test_build_makes_a_complete_wheel_and_sdist(dist: Path) -> None:
+    [wheel] = dist.glob("turnout-*.whl")
+    [sdist] = dist.glob("turnout-*.tar.gz")
+    assert sdist.stat().st_size > 0
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = _source_files() - names
+    assert not missing, f"{len(missing)} files missing from the wheel, e.g. {sorted(missing)[:10]}"
+    top = {n.split("/")[0] for n in names}
+    assert top == {"turnout", wheel.name.split("-py3")[0] + ".dist-info"}, top
+    assert not any(n.startswith("turnout/__init__") for n in names)  # a namespace package
+
+
+@pytest.fixture(scope="module")
+def fresh_venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("venv")
+    venv.create(home / "venv", with_pip=True)
+    python = home / "venv" / "bin" / "python"
+    constraints = home / "constraints.txt"
+    constraints.write_text(_pins(LOCK))
+    [wheel] = dist.glob("turnout-*.whl")
+    proc = subprocess.run(
+        [
+            str(python), "-m", "pip", "install", "-q", "--no-compile", "-c", str(constraints),
+            f"{wheel}[service,runners]", "transformers", "kernels",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return home / "venv"
+
+
+_BOTH_KERNELS = r"""
+import json, sys, sysconfig
+import kernels
+from kernels import get_kernel  # the hub package's own API
+import transformers
+import transformers.integrations.hub_kernels  # imports the hub symbols it finds
+from transformers.utils import import_utils
+import turnout.kernels
+from turnout.kernels.paged_attention import paged_attention_ref
+import turnout.runner_v1, turnout.runner_v2, turnout.engine, turnout.dashboard.app
+print(json.dumps({
+    "hub": kernels.__file__,
+    "ours": turnout.kernels.__file__,
+    "site": sysconfig.get_paths()["purelib"],
+    "transformers": transformers.__version__,
+    "hub_kernels_available": import_utils.is_kernels_available(),
+    "ref": paged_attention_ref.__module__,
+}))
+"""
+
+
+@pytest.mark.parametrize("where", ["elsewhere", "repo-root"])
+def test_both_kernels_packages_import_as_themselves(
+    fresh_venv: Path, tmp_path: Path, where: str
+) -> None:
+    # From the repository root with -P (as make test runs everything): the folders there are
+    # not on sys.path, so neither kernels/ shadows the other.
+    cwd = ROOT if where == "repo-root" else tmp_path
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [str(fresh_venv / "bin" / "python"), "-P", "-c", _BOTH_KERNELS],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+    site = Path(got["site"])
+    assert Path(got["hub"]).is_relative_to(site / "kernels"), got
+    assert Path(got["ours"]).is_relative_to(site / "turnout" / "kernels"), got
+    assert got["hub_kernels_available"] is True
+    assert got["ref"] == "turnout.kernels.paged_attention"
+    major, minor = (int(x) for x in got["transformers"].split(".")[:2])
+    assert (major, minor) >= (5, 25), got["transformers"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["decide", "--architecture", "Qwen3ForCausalLM"],
+        ["decide", "--", "vllm", "serve", "Qwen/Qwen3-8B", "-tp", "2"],
+        ["lint"],
+        ["serve", "--help"],
+        ["generate", "--help"],
+    ],
+    ids=" ".join,
+)
+def test_the_installed_command_runs(fresh_venv: Path, tmp_path: Path, args: list[str]) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [str(fresh_venv / "bin" / "turnout"), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    if args[0] == "decide":  # the packs shipped in the wheel decide: qwen3 is the first canary
+        assert "Using V2 Model Runner" in proc.stdout, proc.stdout
+    if args[0] == "lint":
+        assert "0 error(s)" in proc.stdout, proc.stdout
