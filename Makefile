@@ -73,7 +73,8 @@ check: $(VENV)/.test-installed
 ## fixtures (a loaded model, a started service, a browser) are built once. PYTEST_WORKERS=0
 ## runs it in this one process. The last line is pytest's summary.
 PYTEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+PYTEST_ARGS ?= --durations=15
+PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 test: check
 	$(PYTEST)
 
