@@ -140,14 +140,16 @@ REFEREE_COUNT ?= 4000
 
 referee-venvs: $(foreach r,$(REFEREE_RELEASES),.referee/venv-$(r)/.installed)
 
+# `python -m referee` runs from the repository root with the root on sys.path (PYTHONSAFEPATH
+# emptied for it): referee/ is a tool of this tree, not installed; turnout comes from src/.
 referee: referee-venvs
 	for r in $(REFEREE_RELEASES); do \
-	  PYTHONPATH=src .referee/venv-$$r/bin/python -m referee golden --release $$r \
+	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee golden --release $$r \
 	    --seed $(REFEREE_SEED) --count $(REFEREE_COUNT) \
 	    --out policies/reference/vllm-$$r/golden.jsonl || exit 1; \
-	  PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags --release $$r \
+	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags --release $$r \
 	    --out policies/reference/vllm-$$r/flags.json || exit 1; \
-	  PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags-recipes --release $$r \
+	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags-recipes --release $$r \
 	    --out policies/reference/vllm-$$r/recipes_parse.jsonl || exit 1; \
 	done
 
@@ -156,9 +158,9 @@ referee: referee-venvs
 SEED ?= 7
 referee-check: referee-venvs
 	for r in $(REFEREE_RELEASES); do \
-	  PYTHONPATH=src .referee/venv-$$r/bin/python -m referee check --release $$r \
+	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee check --release $$r \
 	    --seed $(SEED) --count 2000 || exit 1; \
-	  PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags-check --release $$r \
+	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags-check --release $$r \
 	    --seed $(SEED) --count 2000 || exit 1; \
 	done
 

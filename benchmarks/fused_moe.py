@@ -18,7 +18,7 @@ trained router is over a batch).
 - ``tflops`` of the fused call, and ``weights_GBps``: bytes of the experts the batch touches,
   read once, over the fused time (decode is bound by it; the H200's HBM gives ~4.8 TB/s).
 
-Run on a GPU: ``PYTHONPATH=. python benchmarks/fused_moe.py``; ``--quick`` runs tiny float32
+Run on a GPU: ``python -P benchmarks/fused_moe.py``; ``--quick`` runs tiny float32
 shapes on the CPU through the Triton interpreter (a smoke test of the script, not a timing).
 The last line printed is one JSON object.
 """

@@ -15,7 +15,7 @@ weights, 512-token prompts), in one process:
   replay (back to back, no sync), the unit costs behind the ``execute_model`` figure;
 - ``cprofile``: the functions with the most own time per step.
 
-Run: PYTHONPATH=. python3 benchmarks/host_gap.py [--num-reqs 256] [--trace trace.json]
+Run: python3 -P benchmarks/host_gap.py [--num-reqs 256] [--trace trace.json]
 -> last line: one JSON object.
 """
 

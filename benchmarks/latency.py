@@ -14,7 +14,7 @@ when step N+1 is launched, so its token times include that one-step lag, as a cl
 them). HF ``generate`` runs batches of ``c`` prompts; its TTFT is a batch's ``max_new_tokens=1``
 time and its TPOT ``(full - first) / 127``, every request of a batch sharing them.
 
-Run: PYTHONPATH=. python benchmarks/latency.py [--levels 1,8,32,256] -> last line: one JSON object.
+Run: python -P benchmarks/latency.py [--levels 1,8,32,256] -> last line: one JSON object.
 """
 
 from __future__ import annotations

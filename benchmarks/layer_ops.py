@@ -20,7 +20,7 @@ CUDA kernel launches per step and the kernels taking most device time. Mixed-ste
 running decodes beside 8,064 prompt tokens per step (8,192 in all), 6 steps, with the two
 attention launches of the step overlapped (default) and serial (``serial_attention()``).
 
-Run: PYTHONPATH=. python benchmarks/layer_ops.py [--no-profile]  -> last line: one JSON object.
+Run: python -P benchmarks/layer_ops.py [--no-profile]  -> last line: one JSON object.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ B, C in and y out in bf16; the state read when continuing and written, float32; 
 bytes over the measured time and ``fraction_of_peak`` their ratio. Decode is bound by the state
 (``state_bytes``: 256 x 1536 x 16 x 4 B, read and written).
 
-Run: PYTHONPATH=. python benchmarks/selective_scan.py  -> last line: one JSON object.
+Run: python -P benchmarks/selective_scan.py  -> last line: one JSON object.
 """
 
 from __future__ import annotations

