@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+# Its siblings import by name: under -P (PYTHONSAFEPATH) the script's folder is not on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import load_client as lc
 
 ROOT = lc.ROOT

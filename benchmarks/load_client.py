@@ -100,11 +100,15 @@ class Service:
 
 
 def _tree_env(tree: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tree), "TURNOUT_LOG_LEVEL": "warning"}
+    """The environment that runs ``tree``'s own code: its ``src/`` (turnout.*) first, or for a
+    tree from before the one import root, the tree itself (bare ``oracle``)."""
+    path = tree / "src" if (tree / "src" / "turnout").is_dir() else tree
+    return {**os.environ, "PYTHONPATH": str(path), "TURNOUT_LOG_LEVEL": "warning"}
 
 
 def _turnout(tree: Path) -> list[str]:
-    return [sys.executable, "-c", "from turnout.oracle.cli import main; main()"]
+    package = "turnout.oracle" if (tree / "src" / "turnout").is_dir() else "oracle"
+    return [sys.executable, "-c", f"from {package}.cli import main; main()"]
 
 
 def create_tokens(tree: Path, url: str) -> dict[str, str]:

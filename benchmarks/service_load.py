@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Its siblings import by name: under -P (PYTHONSAFEPATH) the script's folder is not on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fleet_load
 import load_client as lc
 

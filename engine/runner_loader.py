@@ -1,7 +1,7 @@
 """The runner wiring: build a runner by name and an :class:`EngineCore` around it.
 
 The engine never imports a runner package statically (DESIGN §2): the package is imported by
-name, ``runner_<name>``, and must expose ``create_model_runner(config) -> ModelRunner``.
+name, ``turnout.runner_<name>``, and must expose ``create_model_runner(config) -> ModelRunner``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ GIB = 1 << 30
 
 
 def create_runner(name: str, config: EngineConfig) -> ModelRunner:
-    """``runner_<name>.create_model_runner(config)``.
+    """``turnout.runner_<name>.create_model_runner(config)``.
 
     Raises:
         EngineConfigError: an unknown runner name, or a package without the factory.

@@ -1,6 +1,6 @@
 """The old runner (MRV1 style): a CPU-side persistent batch prepared with numpy each step.
 
-The engine builds it by name: ``importlib.import_module("runner_v1").create_model_runner(config)``
+The engine builds it by name: ``importlib.import_module("turnout.runner_v1").create_model_runner(config)``
 (see docs/engine.md). Runs on CPU without Triton; supports n-gram speculation, custom
 per-request logits processors and ``cpu_offload_gb``. ``runner_v1.MANIFEST`` declares what it
 serves (``engine.capabilities``).
@@ -22,7 +22,7 @@ def __getattr__(name: str) -> Any:
         from turnout.runner_v1.model_runner import MANIFEST
 
         return MANIFEST
-    raise AttributeError(f"module 'runner_v1' has no attribute {name!r}")
+    raise AttributeError(f"module 'turnout.runner_v1' has no attribute {name!r}")
 
 
 def create_model_runner(config: EngineConfig) -> V1ModelRunner:

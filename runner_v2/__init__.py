@@ -1,7 +1,7 @@
 """The new runner (MRV2 style): a GPU-resident request table, Triton input preparation and
 asynchronous output. See docs/runner-v2.md.
 
-The engine builds it by name: ``importlib.import_module("runner_v2").create_model_runner(config)``.
+The engine builds it by name: ``importlib.import_module("turnout.runner_v2").create_model_runner(config)``.
 On CUDA its kernels are compiled; on CPU they run through the Triton interpreter (slow: tests
 and smoke runs), which ``kernels/_triton.py`` selects on a machine without a GPU.
 ``runner_v2.MANIFEST`` declares what it serves (``engine.capabilities``).
@@ -23,7 +23,7 @@ def __getattr__(name: str) -> Any:
         from turnout.runner_v2.runner import MANIFEST
 
         return MANIFEST
-    raise AttributeError(f"module 'runner_v2' has no attribute {name!r}")
+    raise AttributeError(f"module 'turnout.runner_v2' has no attribute {name!r}")
 
 
 def create_model_runner(config: EngineConfig) -> V2ModelRunner:

@@ -183,6 +183,7 @@ def test_import_linter_catches_a_runner_importing_the_other(tmp_path: Path) -> N
             tmp_path / "turnout" / name,
             ignore=shutil.ignore_patterns("*.pyc", "__pycache__"),
         )
+    shutil.copy(ROOT / "src" / "turnout" / "__init__.py", tmp_path / "turnout" / "__init__.py")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     with (tmp_path / "turnout" / "runner_v1" / "block_table.py").open("a") as f:
         f.write("\nimport turnout.runner_v2.states  # noqa: E402,F401\n")

@@ -144,7 +144,7 @@ def _push_evidence(fleet: Fleet, family: str) -> None:
         env={
             "TURNOUT_TOKEN": fleet.tokens["operator"],
             "PATH": "/usr/bin:/bin",
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(ROOT / "src"),
         },
         capture_output=True,
         text=True,
@@ -198,7 +198,7 @@ def test_a_ramp_closes_the_loop(
                     str(mode),
                     str(ids_files[-1]),
                 ],
-                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+                env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
             )
         )
     engines = processes[1:]

@@ -1,7 +1,7 @@
 """The parity suite (DESIGN §5.5): one set of contracts, run over every runner that exists.
 
 ``RUNNERS`` lists them; a new runner joins by adding its name here (it must be importable as
-``runner_<name>`` with ``create_model_runner(config)``). Engines are built exactly as the
+``turnout.runner_<name>`` with ``create_model_runner(config)``). Engines are built exactly as the
 ``LLM`` facade builds them, minus the oracle (the suite pins the runner).
 """
 
