@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -172,18 +173,26 @@ def test_kill_9_during_ingest_loses_no_acknowledged_event(
                     r = c.post("/api/v1/decisions", json={"events": batch})
                 except httpx.HTTPError:
                     return  # the service is gone: this batch was never acknowledged
-                if r.status_code == 200:
-                    with lock:
+                with lock:
+                    if r.status_code == 200:
                         acked.extend(str(e["event_id"]) for e in batch)
+                    else:
+                        refused.append(f"{r.status_code} {r.text[:200]}")
 
+    refused: list[str] = []
     workers = [threading.Thread(target=post, args=(w,)) for w in range(4)]
     for w in workers:
         w.start()
-    while True:
+    # Bounded: a service that refuses every batch must fail the test with its answers, not
+    # spin until the suite's timeout (it did under a shifted clock).
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
         with lock:
             if len(acked) >= 4_000:
                 break
         threading.Event().wait(0.01)
+    with lock:
+        assert len(acked) >= 4_000, (len(acked), refused[:3])
     svc.kill()  # SIGKILL while batches are in flight
     stop.set()
     for w in workers:
