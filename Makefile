@@ -113,14 +113,16 @@ test-latest:
 
 ## make test-clock: the tests that read or store time (the service, its store and the engine
 ## client) with the system clock moved CLOCK_SHIFT forward by Debian's faketime (installed when
-## missing): a test that only passes near the day it was written fails here.
+## missing): a test that only passes near the day it was written fails here. Only the wall
+## clock moves (FAKETIME_DONT_FAKE_MONOTONIC): a shifted monotonic clock turns every timed wait
+## into one of CLOCK_SHIFT. The PostgreSQL server keeps the real clock.
 CLOCK_SHIFT ?= +400d
 CLOCK_TESTS ?= tests/dashboard tests/oracle
 test-clock: $(VENV)/.test-installed
 	command -v faketime >/dev/null || apt-get install -y -q faketime >/dev/null || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q faketime >/dev/null; }
-	faketime -f '$(CLOCK_SHIFT)' $(PY) -c 'import datetime; print("clock:", datetime.datetime.now())'
-	faketime -f '$(CLOCK_SHIFT)' $(PYTEST) $(CLOCK_TESTS)
+	FAKETIME_DONT_FAKE_MONOTONIC=1 faketime -f '$(CLOCK_SHIFT)' $(PY) -c 'import datetime; print("clock:", datetime.datetime.now())'
+	FAKETIME_DONT_FAKE_MONOTONIC=1 faketime -f '$(CLOCK_SHIFT)' $(PYTEST) $(CLOCK_TESTS)
 
 ## make referee: vLLM's own selection code as the referee of the vllm-* packs. Builds one
 ## virtual environment per release under .referee/ (the wheel with --no-deps, plus what
