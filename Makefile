@@ -21,7 +21,7 @@ PIP_PROJECT := $(PIP_INSTALL) --no-deps --no-build-isolation -e .
 COMPILE_VENV := $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 
 .PHONY: run test check install install-runners install-test lint format typecheck lock \
-        test-latest test-clock clean referee referee-venvs referee-check launch-check
+        test-latest test-clock lock-add clean referee referee-venvs referee-check launch-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,7 +61,7 @@ run: $(VENV)/.service-installed
 ## make check: the static checks, one line each; the first that fails stops the run with its
 ## output. ruff check, ruff format --check, mypy --strict over every package, import-linter.
 CHECK = out=$$($(2) 2>&1) && echo "check $(1): ok" || { echo "$$out"; echo "check $(1): FAILED"; exit 1; }
-PACKAGES := oracle engine kernels runner_v1 runner_v2 dashboard policies
+PACKAGES := oracle engine kernels runner_v1 runner_v2 dashboard policies serving
 check: $(VENV)/.test-installed
 	@$(call CHECK,ruff check,$(VENV)/bin/ruff check .)
 	@$(call CHECK,ruff format,$(VENV)/bin/ruff format --check .)
@@ -95,6 +95,9 @@ PIP_TOOLS_PIN ?= pip-tools==7.7.0
 	.venv-lock/bin/pip install -q $(PIP_PIN) $(PIP_TOOLS_PIN)
 lock: .venv-lock/bin/python
 	./scripts/lock.sh .venv-lock/bin/python
+## make lock-add: lock what pyproject.toml added, keeping every version already locked.
+lock-add: .venv-lock/bin/python
+	LOCK_UPGRADE=0 ./scripts/lock.sh .venv-lock/bin/python
 
 ## make test-latest: the suite on the newest resolution of pyproject's ranges, in its own venv
 ## (.venv-latest), without touching the locks: how an upgrade is checked before `make lock`.
@@ -112,23 +115,33 @@ test-latest:
 	# make test-latest leaves .venv-latest/resolved.txt: what it ran on
 
 ## make test-clock: the tests that read or store time (the service, its store and the engine
-## client) with the system clock moved CLOCK_SHIFT forward by Debian's faketime (installed when
-## missing): a test that only passes near the day it was written fails here. Only the wall
-## clock moves (FAKETIME_DONT_FAKE_MONOTONIC): a shifted monotonic clock turns every timed wait
-## into one of CLOCK_SHIFT. The PostgreSQL server keeps the real clock.
+## client) with the system clock moved CLOCK_SHIFT forward by Debian's libfaketime (package
+## faketime, installed when missing): a test that only passes near the day it was written fails
+## here. Only the wall clock moves (FAKETIME_DONT_FAKE_MONOTONIC): a shifted monotonic clock
+## turns every timed wait into one of CLOCK_SHIFT. scripts/clock/monotonic_sleep.c, preloaded
+## first, hands monotonic sleeps to the kernel unshifted: libfaketime 0.9.10 shifts them
+## anyway, and every time.sleep() fails with EINVAL (its file says more). The PostgreSQL
+## server keeps the real clock. CLOCK_TESTS=tests runs the whole suite that way.
 CLOCK_SHIFT ?= +400d
 CLOCK_TESTS ?= tests/dashboard tests/oracle
-test-clock: $(VENV)/.test-installed
-	command -v faketime >/dev/null || apt-get install -y -q faketime >/dev/null || \
+LIBFAKETIME := /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+CLOCK_SHIM  := $(VENV)/clock/monotonic_sleep.so
+$(CLOCK_SHIM): scripts/clock/monotonic_sleep.c
+	mkdir -p $(dir $@)
+	cc -shared -fPIC -O2 -o $@ $< -ldl
+CLOCK_ENV = LD_PRELOAD=$(abspath $(CLOCK_SHIM)):$(LIBFAKETIME) FAKETIME='$(CLOCK_SHIFT)' \
+            FAKETIME_DONT_FAKE_MONOTONIC=1
+test-clock: $(VENV)/.test-installed $(CLOCK_SHIM)
+	test -e $(LIBFAKETIME) || apt-get install -y -q faketime >/dev/null || \
 	  { apt-get update -q >/dev/null && apt-get install -y -q faketime >/dev/null; }
-	FAKETIME_DONT_FAKE_MONOTONIC=1 faketime -f '$(CLOCK_SHIFT)' $(PY) -c 'import datetime; print("clock:", datetime.datetime.now())'
-	FAKETIME_DONT_FAKE_MONOTONIC=1 faketime -f '$(CLOCK_SHIFT)' $(PYTEST) $(CLOCK_TESTS)
+	$(CLOCK_ENV) $(PY) -c 'import datetime, time; time.sleep(0.01); print("clock:", datetime.datetime.now())'
+	$(CLOCK_ENV) $(PYTEST) $(CLOCK_TESTS)
 
 ## make referee: vLLM's own selection code as the referee of the vllm-* packs. Builds one
 ## virtual environment per release under .referee/ (the wheel with --no-deps, plus what
 ## vllm.config imports: referee/requirements.txt), then regenerates every release's golden
 ## file, its `vllm serve` flag table (flags.json) and its parser's verdict on every recipe
-## line (recipes_parse.jsonl) under policies/reference/. Not part of `make test` (network, ~3 GB each).
+## line (recipes_parse.jsonl) and its Prometheus metric table (metrics.json) under policies/reference/. Not part of `make test` (network, ~3 GB each).
 REFEREE_RELEASES ?= 0.29 0.30 0.31 0.32 0.33
 REFEREE_SEED ?= 1
 REFEREE_COUNT ?= 4000
@@ -153,6 +166,8 @@ referee: referee-venvs
 	    --out policies/reference/vllm-$$r/flags.json || exit 1; \
 	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags-recipes --release $$r \
 	    --out policies/reference/vllm-$$r/recipes_parse.jsonl || exit 1; \
+	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee metrics --release $$r \
+	    --out policies/reference/vllm-$$r/metrics.json || exit 1; \
 	done
 
 ## make referee-check SEED=7: each pack against its release on a fresh seed (2,000 cases), and

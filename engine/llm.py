@@ -335,6 +335,12 @@ class LLM:
             raise
 
     @property
+    def health_recorder(self) -> Any:
+        """The :class:`~engine.health.HealthRecorder` reported to the service (``None`` when
+        nothing is reported): a server driving :attr:`core` itself records into it."""
+        return self._recorder
+
+    @property
     def _recorder(self) -> Any:
         return self._reporting.recorder if self._reporting is not None else None
 

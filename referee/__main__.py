@@ -6,6 +6,7 @@
     python -m referee flags  --release 0.31 --out policies/reference/vllm-0.31/flags.json
     python -m referee flags-recipes --release 0.31 --out FILE   # vLLM's verdict per recipe
     python -m referee flags-check --release 0.31 --seed 7 --count 2000
+    python -m referee metrics --release 0.33 --out policies/reference/vllm-0.33/metrics.json
 
 Run inside the release's referee environment (``make referee`` builds
 ``.referee/venv-<release>``); the installed vLLM must be the release named.
@@ -149,6 +150,21 @@ def _flags_check(args: argparse.Namespace) -> int:
     return 0 if report["agreement"] >= args.min_agreement else 1
 
 
+def _metrics(args: argparse.Namespace) -> int:
+    from referee.metrics import dumps, metric_table, source_version, vllm_source
+
+    source = Path(args.source) if args.source else vllm_source()
+    version = source_version(source)
+    if ".".join(version.split(".")[:2]) != args.release:
+        raise SystemExit(f"referee metrics: {source} is vLLM {version}, not {args.release}")
+    table = metric_table(source)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(dumps(table), encoding="utf-8")
+    print(json.dumps({"release": args.release, "metrics": len(table["metrics"]), "out": str(out)}))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m referee",
@@ -181,8 +197,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     fcheck.add_argument("--count", type=int, required=True)
     fcheck.add_argument("--show", type=int, default=10, help="mismatches to print (stderr)")
     fcheck.add_argument("--min-agreement", type=float, default=0.995)
+    metrics = sub.add_parser("metrics", help="write the release's Prometheus metric table")
+    metrics.add_argument("--release", required=True, choices=RELEASES)
+    metrics.add_argument("--out", required=True)
+    metrics.add_argument(
+        "--source", help="a vllm package folder (default: the installed one, not imported)"
+    )
     args = parser.parse_args(argv)
-    _check_installed(args.release)
+    if args.command != "metrics":  # reads source only: a wheel unpacked anywhere will do
+        _check_installed(args.release)
     return {
         "golden": _golden,
         "check": _check,
@@ -191,6 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "flags": _flags,
         "flags-recipes": _flags_recipes,
         "flags-check": _flags_check,
+        "metrics": _metrics,
     }[args.command](args)
 
 

@@ -11,7 +11,11 @@
 # throughput.json (the benchmark's last line); families.log/.json, fused_moe.log/.json,
 # spec_decode.log/.json.
 # Exit status: non-zero if any part failed.
-# Usage (repository root): bash scripts/gpu_check.sh [all|tests|tests-parity|tests-rest|bench|families|spec]
+#   6. (part `serving`) the serving benchmark (benchmarks/serving.py: `turnout engine serve` on
+#      random Qwen3-0.6B weights, V2 and V1, concurrency 1, 64 and 256, and offline LLM.generate
+#      on the same prompts) and the gpu tests of tests/serving. Needs the service's libraries
+#      (fastapi, uvicorn, pydantic...): carried as wheels where the machine lacks them.
+# Usage (repository root): bash scripts/gpu_check.sh [all|tests|tests-parity|tests-rest|bench|families|spec|serving]
 # `tests` is `tests-parity` (the gpu tests of tests/runner_v2 and tests/parity: about 9 minutes on
 # a fresh H200, Triton compiling as it goes) and `tests-rest` (tests/kernels compiled, the gpu
 # tests of tests/runner_v1 and tests/engine); the benchmark takes 3-4 minutes. Where one command
@@ -53,6 +57,22 @@ if [ "$PART" = all ] || [ "$PART" = bench ]; then
   "$PY" benchmarks/throughput.py 2>&1 | tee "$OUT/throughput.log" || status=1
   tail -n 1 "$OUT/throughput.log" > "$OUT/throughput.json"
   echo "benchmark done after $((SECONDS - start)) s"
+fi
+
+if [ "$PART" = serving ]; then
+  "$PY" -c "import json, torch; from turnout.engine.model import write_random_weights; \
+write_random_weights(json.load(open('policies/reference/model_configs/qwen3-0.6b.json'))['config'], \
+'/tmp/qwen3-0.6b', dtype=torch.bfloat16)" || status=1
+  for runner in v2 v1; do
+    "$PY" benchmarks/serving.py --model /tmp/qwen3-0.6b --runner "$runner" --num-prompts 1024 \
+      --input-len 512 --output-len 128 --max-concurrency 1,64,256 --max-num-seqs 256 \
+      --max-model-len 1024 --offline --log "$OUT/serving-server-$runner.log" 2>&1 \
+      | tee "$OUT/serving-$runner.log" || status=1
+    tail -n 1 "$OUT/serving-$runner.log" > "$OUT/serving-$runner.json"
+  done
+  "$PY" -m pytest -p no:cacheprovider -q -rfEs tests/serving/test_serving_gpu.py 2>&1 \
+    | tee "$OUT/serving_tests.log" || status=1
+  echo "serving benchmark done after $((SECONDS - start)) s"
 fi
 
 if [ "$PART" = all ] || [ "$PART" = families ]; then

@@ -9,6 +9,8 @@
 # --no-deps. No hashes: the package index publishes none, and pip-compile would download every
 # file of every locked release (all platforms, gigabytes) to hash it.
 # Usage: scripts/lock.sh LOCK_PYTHON   (a Python that has pip-tools; the Makefile builds it)
+# LOCK_UPGRADE=0 (make lock-add) keeps every version already locked and only resolves what is
+# new in pyproject.toml: how a dependency is added without upgrading the others.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${1:?usage: scripts/lock.sh LOCK_PYTHON}
@@ -26,7 +28,9 @@ trap 'rm -rf "$tmp" "$pins"' EXIT
 # (`turnout @ file:///...`, this checkout's path) into the lock; it is installed with -e, not
 # from there, so that entry and its comment go.
 drop_self() { sed -i -e '/^turnout @ file:/{N;d}' "$1"; }
-"${COMPILE[@]}" --upgrade --extra test -o requirements/test.txt pyproject.toml requirements/build.in
+upgrade=(--upgrade)
+[ "${LOCK_UPGRADE:-1}" = 0 ] && upgrade=()
+"${COMPILE[@]}" "${upgrade[@]}" --extra test -o requirements/test.txt pyproject.toml requirements/build.in
 drop_self requirements/test.txt
 # The narrower locks take test.txt's versions, as constraints.
 grep -oE '^[A-Za-z0-9_.-]+==[^ ;\\]+' requirements/test.txt > "$pins"

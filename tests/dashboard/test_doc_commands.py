@@ -51,11 +51,12 @@ def test_the_oracle_commands_of_the_readme_run_as_shown(
     monkeypatch: pytest.MonkeyPatch, api: Api, tmp_path: Path
 ) -> None:
     monkeypatch.chdir(ROOT)
-    # `launch` becomes vLLM: tests/oracle/test_launch.py runs it against a stand-in vllm
+    # `launch` becomes vLLM: tests/oracle/test_launch.py runs it against a stand-in vllm;
+    # `engine serve` is a server: tests/serving starts it as the README does
     commands = [
         c
         for c in _commands("README.md")
-        if c[0] not in SERVICE and c[0] not in ("generate", "embed", "launch")
+        if c[0] not in SERVICE and c[0] not in ("generate", "embed", "launch", "engine")
     ]
     assert [c[0] for c in commands] == ["decide"] * 3 + ["matrix", "decide", "decide"]
     # var/canaries.json: what the README's curl line saves
