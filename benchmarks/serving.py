@@ -182,8 +182,7 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
 def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = [
-        sys.executable, "-c", "from turnout.oracle.cli import main; main()", "engine", "serve",
-        str(args.model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name",
+        sys.executable, "-m", "turnout.serving", str(args.model), "--host", "127.0.0.1", "--port", str(port), "--served-model-name",
         "bench", "--runner", args.runner, "--uvicorn-log-level", "warning", *engine_flags(args),
     ]  # fmt: skip
     paths = [str(ROOT / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -330,7 +329,9 @@ def main() -> None:
                 out["server_exit"] = "killed"
     if args.offline and args.model is not None:
         # Offline against the pass that sent every prompt (the largest concurrency).
-        full = max(out["served"], key=lambda r: (r["num_requests"], r["max_concurrency"] or 1 << 30))
+        full = max(
+            out["served"], key=lambda r: (r["num_requests"], r["max_concurrency"] or 1 << 30)
+        )
         out["offline"] = offline(args, prompts[: full["num_requests"]])
         out["served_over_offline"] = {
             "max_concurrency": full["max_concurrency"],
