@@ -9,8 +9,9 @@ invalid int value: 'x'``; exit status 2). Flags whose vLLM meaning differs are n
   turnout reads from the model's architecture.
 * ``--drain-timeout`` (turnout) and ``--shutdown-timeout`` (vLLM 0.33's name for the same
   wait) set the seconds requests in flight get to finish after SIGTERM.
-* ``--dtype auto`` keeps the engine's default (float32 on CPU); ``half`` and ``float`` are
-  vLLM's aliases of ``float16`` and ``float32``.
+* ``--dtype auto`` is vLLM's rule on a GPU (the checkpoint's bfloat16 or float16, float32
+  checkpoints downcast to bfloat16: ``server.auto_dtype``) and float32 on the CPU; ``half``
+  and ``float`` are vLLM's aliases of ``float16`` and ``float32``.
 """
 
 from __future__ import annotations

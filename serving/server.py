@@ -23,6 +23,7 @@ import signal
 import threading
 import time
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -45,6 +46,25 @@ def turnout_version() -> str:
         return "unknown"
 
 
+def auto_dtype(model: Path, device: str | None) -> str | None:
+    """``--dtype auto`` as vLLM resolves it on a GPU (``_get_and_verify_dtype``,
+    vllm/config/model.py): the model's ``torch_dtype`` when it is bfloat16 or float16, and
+    float32 checkpoints downcast to bfloat16. On the CPU ``None``: the engine's float32.
+
+    Raises:
+        FileNotFoundError, ModelConfigError: the model's config cannot be read.
+    """
+    import torch
+
+    from turnout.engine.model_info import read_model_config
+
+    on_gpu = device == "cuda" or (device is None and torch.cuda.is_available())
+    if not on_gpu:
+        return None
+    declared = str(getattr(read_model_config(model), "torch_dtype", None) or "")
+    return declared if declared in ("bfloat16", "float16") else "bfloat16"
+
+
 def load_engine(args: ServeArgs, state: ServerState) -> None:
     """Build the LLM (the runner decision included), its async engine and metrics, and mark
     the state ready.
@@ -54,6 +74,11 @@ def load_engine(args: ServeArgs, state: ServerState) -> None:
     """
     from turnout.engine.llm import LLM  # torch and the runners: loaded in the loading thread
 
+    engine_args = args.engine_args()
+    if "dtype" not in engine_args:  # --dtype auto
+        dtype = auto_dtype(args.model, args.device)
+        if dtype is not None:
+            engine_args["dtype"] = dtype
     llm = LLM(
         args.model,
         args.runner,
@@ -61,7 +86,7 @@ def load_engine(args: ServeArgs, state: ServerState) -> None:
         device=args.device,
         pack=args.pack,
         deployment_id=args.deployment_id,
-        **args.engine_args(),
+        **engine_args,
     )
     decision = llm.decision
     info = {

@@ -100,3 +100,17 @@ def test_a_model_that_cannot_load_exits_3_with_the_reason(tmp_path: Path) -> Non
     done = run(str(bad), "--port", "0", "--uvicorn-log-level", "warning")
     assert done.returncode == 3, done.stderr
     assert "the model failed to load" in done.stderr and str(bad) in done.stderr
+
+
+def test_dtype_auto_is_vllms_rule_on_a_gpu_and_float32_on_the_cpu(tmp_path: Path) -> None:
+    import json
+
+    from serving_helpers import MINILM
+
+    from turnout.serving.server import auto_dtype
+
+    assert auto_dtype(MINILM, "cuda") == "bfloat16"  # no torch_dtype: float32, downcast
+    assert auto_dtype(MINILM, "cpu") is None  # the engine's float32
+    config = json.loads((MINILM / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "torch_dtype": "float16"}))
+    assert auto_dtype(tmp_path, "cuda") == "float16"  # the checkpoint's own half type
