@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from turnout.engine.errors import InvalidRequestError
 from turnout.engine.outputs import Logprobs
@@ -58,6 +59,8 @@ from turnout.serving.protocol import (
 logger = logging.getLogger("turnout.serving")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# Sequences one HTTP request may add (prompts x n): one body cannot queue unbounded work.
+MAX_SEQUENCES_PER_REQUEST = 256
 RETRY_AFTER_S = 1
 # vLLM writes -inf logprobs as -9999.0 (JSON has no infinities).
 _NEG_INF_LOGPROB = -9999.0
@@ -189,9 +192,18 @@ async def _read_json(request: Request) -> Any:
             raise HTTPError(413, f"the body is over {MAX_BODY_BYTES} bytes")
         chunks.append(chunk)
     try:
-        return json.loads(b"".join(chunks))
+        body = json.loads(b"".join(chunks))
     except (ValueError, RecursionError) as exc:
         raise HTTPError(400, f"the body is not valid JSON: {exc}") from None
+    try:  # a lone surrogate escape ("\\ud800") is valid JSON but no Unicode text
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise HTTPError(
+            400, "the body holds a lone surrogate escape: it is not Unicode text"
+        ) from None
+    except RecursionError:
+        raise HTTPError(400, "the body is nested too deeply") from None
+    return body
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -219,6 +231,10 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(HTTPError)
     async def _http_error(_request: Request, exc: HTTPError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _starlette_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return HTTPError(exc.status_code, str(exc.detail)).response()
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
@@ -270,13 +286,14 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = _parse(CompletionRequest, await _read_json(request))
-        handler = _Generation(state, body, chat=False)
+        # Tokenizing (a prompt may be megabytes) runs beside the event loop, not on it.
+        handler = await asyncio.to_thread(_Generation, state, body, chat=False)
         return await handler.respond(request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         body = _parse(ChatCompletionRequest, await _read_json(request))
-        handler = _Generation(state, body, chat=True)
+        handler = await asyncio.to_thread(_Generation, state, body, chat=True)
         return await handler.respond(request)
 
     @app.post("/v1/embeddings")
@@ -296,15 +313,16 @@ def _check_model(state: ServerState, model: str | None) -> str:
     return model
 
 
-def _engine(state: ServerState) -> AsyncEngine:
+def _engine(state: ServerState, num_sequences: int) -> AsyncEngine:
+    """The engine, if it can queue ``num_sequences`` more requests (else 503)."""
     engine = state.engine
     assert engine is not None
-    if engine.over_queue_bound():
+    if engine.would_exceed_queue_bound(num_sequences):
         state.metrics.admission_rejections["max_num_queued_reqs"].inc()
         raise HTTPError(
             503,
-            f"the waiting queue is full ({engine.max_num_queued_reqs} requests, "
-            "--max-num-queued-reqs); retry later",
+            f"the waiting queue cannot take {num_sequences} more request(s) (at most "
+            f"{engine.max_num_queued_reqs}, --max-num-queued-reqs); retry later",
             retry_after=True,
         )
     return engine
@@ -429,34 +447,35 @@ class _Generation:
             raise HTTPError(400, str(exc)) from None
 
     async def respond(self, request: Request) -> Response:
-        engine = _engine(self.state)
         body = self.body
-        arrival = time.monotonic()
         # Choices in OpenAI's order: prompt by prompt, n per prompt (seed + i for the i-th).
         plan = [(p, i) for p in range(len(self.prompts)) for i in range(body.n)]
+        if len(plan) > MAX_SEQUENCES_PER_REQUEST:
+            raise HTTPError(
+                400,
+                f"{len(self.prompts)} prompt(s) x n={body.n} is {len(plan)} sequences; at most "
+                f"{MAX_SEQUENCES_PER_REQUEST} per request",
+                param="n",
+            )
+        engine = _engine(self.state, len(plan))
+        arrival = time.monotonic()
         params = [self._params(self.prompts[p], i) for p, i in plan]
-        streams = []
+        streams = [
+            engine.prepare(
+                engine.new_request_id(self.id),
+                self.prompts[p],
+                sp,
+                stop=body.stop_strings(),
+                include_stop_str_in_output=body.include_stop_str_in_output,
+                arrival=arrival,
+                n=body.n,
+            )
+            for (p, _), sp in zip(plan, params, strict=True)
+        ]
         try:
-            for (p, _), sp in zip(plan, params, strict=True):
-                streams.append(
-                    await engine.submit(
-                        engine.new_request_id(self.id),
-                        self.prompts[p],
-                        sp,
-                        stop=body.stop_strings(),
-                        include_stop_str_in_output=body.include_stop_str_in_output,
-                        arrival=arrival,
-                        n=body.n,
-                    )
-                )
+            await engine.submit_all(streams)
         except InvalidRequestError as exc:
-            for s in streams:
-                engine.abort(s.req_id)
             raise HTTPError(400, str(exc)) from None
-        except BaseException:
-            for s in streams:
-                engine.abort(s.req_id)
-            raise
         if body.stream:
             return StreamingResponse(
                 self._sse(engine, streams),
@@ -686,7 +705,6 @@ async def _embed(state: ServerState, body: EmbeddingRequest, request: Request) -
             "dimensions is not supported (the model's own size is returned)",
             param="dimensions",
         )
-    engine = _engine(state)
     items: list[str | list[int]]
     raw = body.input
     if isinstance(raw, str):
@@ -697,26 +715,34 @@ async def _embed(state: ServerState, body: EmbeddingRequest, request: Request) -
         items = list(raw)  # type: ignore[arg-type]
     if not items:
         raise HTTPError(400, "input: no input given", param="input")
-    prompts: list[list[int]] = []
-    for item in items:
-        if isinstance(item, str):
-            if llm.tokenizer is None:
-                raise HTTPError(400, f"{model} has no tokenizer: send token ids", param="input")
-            prompts.append(llm.tokenizer.encode(item, add_special_tokens=True))
-        else:
-            prompts.append(list(item))
+
+    def encode() -> list[list[int]]:
+        out: list[list[int]] = []
+        for item in items:
+            if isinstance(item, str):
+                if llm.tokenizer is None:
+                    raise HTTPError(400, f"{model} has no tokenizer: send token ids", param="input")
+                out.append(llm.tokenizer.encode(item, add_special_tokens=True))
+            else:
+                out.append(list(item))
+        return out
+
+    prompts = await asyncio.to_thread(encode)  # beside the event loop: inputs may be large
+    if len(prompts) > MAX_SEQUENCES_PER_REQUEST:
+        raise HTTPError(
+            400,
+            f"{len(prompts)} inputs; at most {MAX_SEQUENCES_PER_REQUEST} per request",
+            param="input",
+        )
+    engine = _engine(state, len(prompts))
     req_id = "embd-" + uuid.uuid4().hex
-    streams = []
+    streams = [
+        engine.prepare(engine.new_request_id(req_id), prompt, pooling=PoolingParams(task="embed"))
+        for prompt in prompts
+    ]
     try:
-        for prompt in prompts:
-            streams.append(
-                await engine.submit(
-                    engine.new_request_id(req_id), prompt, pooling=PoolingParams(task="embed")
-                )
-            )
+        await engine.submit_all(streams)
     except InvalidRequestError as exc:
-        for s in streams:
-            engine.abort(s.req_id)
         raise HTTPError(400, str(exc)) from None
 
     async def answer() -> JSONResponse:

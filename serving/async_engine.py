@@ -139,14 +139,10 @@ class AsyncEngine:
         with self._lock:
             return self._num_waiting + self._num_pending
 
-    def over_queue_bound(self) -> bool:
-        bound = self.max_num_queued_reqs
-        return bound is not None and self.num_waiting >= bound
-
     def new_request_id(self, prefix: str) -> str:
         return f"{prefix}-{next(self._ids)}"
 
-    async def submit(
+    def prepare(
         self,
         req_id: str,
         prompt_token_ids: Sequence[int],
@@ -158,14 +154,7 @@ class AsyncEngine:
         arrival: float | None = None,
         n: int = 1,
     ) -> _Stream:
-        """Queue one request and wait until the scheduler took it.
-
-        Raises:
-            InvalidRequestError: the engine refused it (nothing was queued).
-            RuntimeError: the engine thread is not running.
-        """
-        if not self._thread.is_alive():
-            raise RuntimeError("the engine is not running")
+        """One request's stream, not queued yet (:meth:`submit_all` queues it)."""
         loop = asyncio.get_running_loop()
         detokenizer = None
         if params is not None and self.tokenizer is not None:
@@ -180,15 +169,53 @@ class AsyncEngine:
         )
         stream = _Stream(req_id, list(prompt_token_ids), params, pooling, detokenizer, times, loop)
         stream.admitted = loop.create_future()
-        with self._lock:
-            self._num_pending += 1
-        self._inbox.put(("add", stream))
-        try:
-            await stream.admitted
-        except asyncio.CancelledError:  # the client left while it was being queued
-            self.abort(req_id)
-            raise
         return stream
+
+    async def submit_all(self, streams: Sequence[_Stream]) -> None:
+        """Queue the requests of one HTTP request together (the engine takes them in the same
+        loop iteration, so ``n`` samples and a list of prompts are prefilled together) and
+        wait until the scheduler took them all.
+
+        Raises:
+            InvalidRequestError: the engine refused one (the first refusal); the others are
+                aborted: a request is taken whole or not at all.
+            RuntimeError: the engine thread is not running.
+        """
+        if not self._thread.is_alive():
+            raise RuntimeError("the engine is not running")
+        with self._lock:
+            self._num_pending += len(streams)
+        for stream in streams:
+            self._inbox.put(("add", stream))
+        futures = [s.admitted for s in streams if s.admitted is not None]
+        try:
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        except asyncio.CancelledError:  # the client left while it was being queued
+            for stream in streams:
+                self.abort(stream.req_id)
+            raise
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for stream in streams:
+                self.abort(stream.req_id)
+            raise errors[0]
+
+    async def submit(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        **kw: Any,
+    ) -> _Stream:
+        """:meth:`prepare` and :meth:`submit_all` for one request."""
+        stream = self.prepare(req_id, prompt_token_ids, params, **kw)
+        await self.submit_all([stream])
+        return stream
+
+    def would_exceed_queue_bound(self, num_new: int) -> bool:
+        """``num_new`` more waiting requests would pass ``max_num_queued_reqs``."""
+        bound = self.max_num_queued_reqs
+        return bound is not None and self.num_waiting + num_new > bound
 
     def abort_all(self) -> None:
         """Abort every request (the drain ran out of time); each stream ends with ``abort``."""

@@ -164,6 +164,7 @@ ERROR_TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
+    405: "MethodNotAllowedError",
     413: "BadRequestError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",

@@ -102,7 +102,10 @@ def test_a_full_waiting_queue_answers_503_with_retry_after(tmp_path: Path, bound
             if a.status_code == 503:
                 assert a.headers["retry-after"] == "1"
                 assert "--max-num-queued-reqs" in a.json()["error"]["message"]
-        rejected = sum(a.status_code == 503 for a in answers)
+        # One request of n sequences counts n against the bound (it cannot slip past it).
+        fan = httpx.post(server.base_url + "/completions", json={**body, "n": 8}, timeout=120)
+        assert fan.status_code == 503 and "8 more request(s)" in fan.json()["error"]["message"]
+        rejected = sum(a.status_code == 503 for a in answers) + 1
         metrics = httpx.get(server.url + "/metrics").text
         line = f'vllm:admission_rejections_total{{model_name="{SMOLLM2}",reason="max_num_queued_reqs"}}'
         assert f"{line} {float(rejected)}" in metrics

@@ -318,3 +318,32 @@ def test_health_version_and_metrics_need_no_key(servers: dict[str, Server]) -> N
 def test_logs_hold_no_traceback(servers: dict[str, Server]) -> None:
     for server in servers.values():
         assert "Traceback" not in server.log.read_text(), server.log.read_text()
+
+
+def test_hostile_bodies_found_by_review_get_4xx_and_the_connection_survives(
+    servers: dict[str, Server],
+) -> None:
+    url = servers["v1"].base_url
+    with httpx.Client() as http:  # one keep-alive connection for every request below
+        for raw in (
+            b'{"model": "\\ud800", "prompt": "hi"}',  # a lone surrogate: valid JSON, no text
+            b'{"prompt": "\\ud800 hi", "max_tokens": 2}',
+        ):
+            r = http.post(
+                url + "/completions", content=raw, headers={"content-type": "application/json"}
+            )
+            assert r.status_code == 400 and "surrogate" in r.json()["error"]["message"]
+        chat = b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}'
+        r = http.post(
+            url + "/chat/completions", content=chat, headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 400
+        fan = {"prompt": [[1, 2, 3]] * 64, "n": 128, "max_tokens": 1}  # 8,192 sequences
+        r = http.post(url + "/completions", json=fan)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+        r = http.get(url + "/completions")
+        assert r.status_code == 405 and r.json()["error"]["code"] == 405
+        r = http.get(url + "/no-such-route")
+        assert r.status_code == 404 and r.json()["error"]["type"] == "NotFoundError"
+        ok = http.post(url + "/completions", json={"prompt": PROMPT, "max_tokens": 2})
+        assert ok.status_code == 200  # the same connection still serves
