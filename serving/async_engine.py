@@ -467,12 +467,7 @@ class AsyncEngine:
         delta.finish_reason = reason
         delta.stop_reason = stop_reason
         delta.error = error
-        stream.done = True
-        self._streams.pop(stream.req_id, None)
-        self.metrics.request_finished(stream.times, reason, now)
-        if self.recorder is not None:
-            self.recorder.finished(stream.req_id, failed=reason == "error")
-        out.append((stream, delta))
+        self._retire(stream, delta, now, out)
 
     def _finish_pooling(
         self,
@@ -490,12 +485,24 @@ class AsyncEngine:
             pooled=req.pooled_output,
             error=req.error,
         )
+        self._retire(stream, delta, now, out)
+
+    def _retire(
+        self,
+        stream: _Stream,
+        last: Delta,
+        now: float,
+        out: list[tuple[_Stream, Delta | BaseException]],
+    ) -> None:
+        """A request's last delta: it leaves the table, the metrics and the health recorder
+        count its finish, and the delta goes out."""
+        assert last.finish_reason is not None
         stream.done = True
         self._streams.pop(stream.req_id, None)
-        self.metrics.request_finished(stream.times, reason, now)
+        self.metrics.request_finished(stream.times, last.finish_reason, now)
         if self.recorder is not None:
-            self.recorder.finished(stream.req_id, failed=reason == "error")
-        out.append((stream, delta))
+            self.recorder.finished(stream.req_id, failed=last.finish_reason == "error")
+        out.append((stream, last))
 
     @staticmethod
     def _publish(out: list[tuple[_Stream, Delta | BaseException]]) -> None:
