@@ -97,7 +97,13 @@ def browser() -> Iterator[Any]:
     """One headless chromium for the module's tests (browser_helpers.signed_in signs a page in)."""
     from playwright.sync_api import sync_playwright
 
+    # The browser keeps the real clock: `make test-clock` preloads libfaketime into the test
+    # process and the services it starts (what is tested), and chromium's timers stall under
+    # it (every page load ran into Playwright's 30 s timeout).
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "FAKETIME")}
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=browser_helpers.CHROMIUM, args=["--no-sandbox"])
+        b = p.chromium.launch(
+            executable_path=browser_helpers.CHROMIUM, args=["--no-sandbox"], env=env
+        )
         yield b
         b.close()

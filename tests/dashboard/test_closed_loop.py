@@ -11,6 +11,7 @@ and on PostgreSQL."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -34,6 +35,14 @@ ENV = {
     "TURNOUT_WEBHOOK_MAX_BACKOFF_S": "1",
     "TURNOUT_WEBHOOK_MAX_ATTEMPTS": "100",
     "TURNOUT_WEBHOOK_LEASE_S": "2",
+}
+# The engines and the receiver keep the test's clock: under `make test-clock` (libfaketime preloaded, the wall
+# clock moved) an engine on the real clock reports health windows that end a year before the
+# service's "now", and no gate ever sees them.
+CLOCK = {
+    k: v
+    for k, v in os.environ.items()
+    if k in ("LD_PRELOAD", "FAKETIME", "FAKETIME_DONT_FAKE_MONOTONIC")
 }
 PASSING = b"""<testsuite name="tests/parity"><testcase classname="parity" name="greedy"/>
 <testcase classname="parity" name="seeded"/></testsuite>"""
@@ -80,7 +89,7 @@ def _deployments() -> list[str]:
 def _receiver(port: int, out: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "webhook_receiver.py"), str(port), SECRET, str(out)],
-        env={"PYTHONPATH": f"{ROOT / 'src'}:{HERE}"},
+        env={"PYTHONPATH": f"{ROOT / 'src'}:{HERE}", **CLOCK},  # signatures are dated
     )
 
     def listening() -> bool:
@@ -198,7 +207,7 @@ def test_a_ramp_closes_the_loop(
                     str(mode),
                     str(ids_files[-1]),
                 ],
-                env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+                env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", **CLOCK},
             )
         )
     engines = processes[1:]
