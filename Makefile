@@ -75,7 +75,17 @@ check: $(VENV)/.test-installed
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?= --durations=15
 PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+# The fleet tests drive a real Prometheus and Alertmanager (Debian's packages, installed when
+# missing where apt-get may run, as CI does as root; elsewhere those tests are skipped):
+# tests/dashboard/test_promql_gates.py, test_alertmanager.py, tests/fleet/.
+FLEET_PACKAGES := /usr/bin/prometheus /usr/bin/prometheus-alertmanager
 test: check
+	@for b in $(FLEET_PACKAGES); do test -x $$b || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  apt-get install -y -q prometheus prometheus-alertmanager >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q prometheus prometheus-alertmanager >/dev/null 2>&1; } || \
+	  echo "make test: prometheus or prometheus-alertmanager missing (apt-get install them): their tests are skipped"; \
+	fi
 	$(PYTEST)
 
 lint: $(VENV)/.test-installed

@@ -113,7 +113,11 @@ def _turnout(tree: Path) -> list[str]:
 
 def create_tokens(tree: Path, url: str) -> dict[str, str]:
     """A viewer and an operator token made by ``tree``'s own CLI (which also migrates the
-    database with ``tree``'s migrations)."""
+    database with ``tree``'s migrations), or by its store where its CLI makes only an admin
+    token on the database (a tree with ``dashboard/contexts.py``: the other commands call the
+    service)."""
+    if (tree / "dashboard" / "contexts.py").is_file():
+        return _store_tokens(tree, url)
     out = {}
     for role in ("viewer", "operator"):
         done = subprocess.run(
@@ -136,6 +140,31 @@ def create_tokens(tree: Path, url: str) -> dict[str, str]:
         )
         out[role] = done.stdout.strip().splitlines()[0]
     return out
+
+
+def _store_tokens(tree: Path, url: str) -> dict[str, str]:
+    code = (
+        "import sys\n"
+        "from turnout.dashboard.store import tokens\n"
+        "from turnout.dashboard.store.db import Database\n"
+        "db = Database(sys.argv[1])\n"
+        "db.upgrade()\n"
+        "with db.write_session() as s:\n"
+        "    for role in ('viewer', 'operator'):\n"
+        "        _row, token = tokens.create_token(session=s, name=f'bench-{role}', "
+        "role=tokens.Role(role), actor='benchmark')\n"
+        "        print(role, token)\n"
+        "    s.commit()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, url],
+        cwd=tree,
+        env=_tree_env(tree),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return dict(line.split(" ", 1) for line in done.stdout.splitlines())
 
 
 def start_service(tree: Path, url: str, log: Path, workers: int = 1) -> Service:

@@ -25,7 +25,9 @@ from starlette.types import Receive, Scope, Send
 from turnout.dashboard import errors
 from turnout.dashboard.api import (
     admin,
+    alertmanager,
     decisions,
+    engines,
     exports,
     health,
     ramps,
@@ -80,8 +82,9 @@ def _finish_openapi(app: FastAPI) -> None:
     """Declare the bearer scheme once in the OpenAPI document (the role checks read the header
     directly, so no per-route security dependency documents it), and the bodies of the routes
     that validate their raw bytes themselves (``/decide``, ``/explain``, ``/decisions``,
-    ``POST /health``)."""
+    ``POST /health``, ``POST /alertmanager``)."""
     from turnout.dashboard.api.schemas import DeploymentIn, IngestIn, InvalidRequestResponse
+    from turnout.dashboard.api.schemas_alerts import AlertmanagerPayload
     from turnout.oracle.wire import HealthIngestIn
 
     build = app.openapi
@@ -90,7 +93,7 @@ def _finish_openapi(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = build()
             models = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in (DeploymentIn, IngestIn, HealthIngestIn):
+            for model in (DeploymentIn, IngestIn, HealthIngestIn, AlertmanagerPayload):
                 body = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 models.update(body.pop("$defs", {}))
                 models[model.__name__] = body
@@ -166,6 +169,8 @@ def _add_api(app: FastAPI, services: Services) -> None:
     app.include_router(upgrade.router, prefix=API_PREFIX)
     app.include_router(exports.router, prefix=API_PREFIX)
     app.include_router(health.router, prefix=API_PREFIX)
+    app.include_router(alertmanager.router, prefix=API_PREFIX)
+    app.include_router(engines.router, prefix=API_PREFIX)
     app.include_router(admin.health_router)
 
     @app.get(f"{API_PREFIX}/docs", include_in_schema=False)

@@ -15,11 +15,16 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
+from turnout.dashboard import engine_fleet, promql
+from turnout.dashboard.gates import PromqlReading
 from turnout.dashboard.services import Services
 from turnout.dashboard.store import advance, delivery, schedule
-from turnout.dashboard.store.models import utcnow
+from turnout.dashboard.store.models import ServiceMeta, utcnow
+from turnout.dashboard.store.models_rollout import Ramp
+from turnout.dashboard.store.ramps import RampState
 
 log = logging.getLogger("turnout.service")
 
@@ -63,12 +68,56 @@ def _idle(services: Services, now: dt.datetime, *, deliveries: bool) -> bool:
         return not session.scalar(select(work))
 
 
+def querier(services: Services) -> promql.Querier:
+    """The PromQL gates' Prometheus (``TURNOUT_PROMETHEUS_URL``), or the querier that says
+    none is configured."""
+    s = services.settings
+    if not s.prometheus_url:
+        return promql.unconfigured
+    auth = s.prometheus_authorization.get_secret_value() if s.prometheus_authorization else None
+    return promql.Prometheus(s.prometheus_url, s.prometheus_timeout_s, auth).query
+
+
+def promql_readings(services: Services, now: dt.datetime) -> dict[int, dict[str, PromqlReading]]:
+    """Every active ramp's PromQL gates asked of Prometheus at ``now``, in no transaction
+    (a slow Prometheus holds no lock)."""
+    with services.db.read_session() as session:
+        active = [
+            (r.id, r.cohort, dict(r.gates))
+            for r in session.scalars(select(Ramp).where(Ramp.state == RampState.active))
+        ]
+    return promql.read_gates(active, querier(services), now)
+
+
+def restart_notices(services: Services, now: dt.datetime) -> int | None:
+    """A ``restart_required`` notice when the canary state changed since the last one
+    (:func:`engine_fleet.restart_notice`); asked in a read transaction first, so that an
+    unchanged state takes no write lock. Returns how many engines it named (None: nothing
+    changed)."""
+    snap = services.policy.snapshot()
+    with services.db.read_session() as session:
+        meta = session.get(ServiceMeta, engine_fleet.RESTART_NOTICE_KEY)
+        if meta is not None and meta.value == snap.etag:
+            return None
+    ttl = dt.timedelta(seconds=services.settings.engine_ttl_s)
+    with services.db.write_session() as session:
+        stale = engine_fleet.restart_notice(
+            session, services.policy, snap.canaries, snap.etag, now, ttl
+        )
+        session.commit()
+    if stale:
+        log.info("canary state %s: %d engines need a restart", snap.etag, len(stale))
+    return None if stale is None else len(stale)
+
+
 def tick(services: Services, now: dt.datetime) -> TickReport:
-    """Apply the scheduled flips due at ``now``, then advance every active ramp."""
+    """Apply the scheduled flips due at ``now``, then advance every active ramp (its PromQL
+    gates asked first)."""
     from turnout.dashboard.health_source import health_reader
 
     if _idle(services, now, deliveries=False):
         return TickReport([], [])
+    readings = promql_readings(services, now)
     with services.db.write_session() as session:
         flips = schedule.run_scheduled(session=session, now=now)
         ticks = advance.advance_ramps(
@@ -76,6 +125,7 @@ def tick(services: Services, now: dt.datetime) -> TickReport:
             now=now,
             named=services.policy.cohort_families(),
             health=health_reader(),
+            promql=readings,
         )
     report = TickReport(flips, ticks)
     services.metrics.count_ramp_ticks(ticks)
@@ -85,6 +135,13 @@ def tick(services: Services, now: dt.datetime) -> TickReport:
             if r.outcome != "held" and r.outcome != "skipped":
                 log.info("ramp %d (%s): %s", r.ramp_id, r.cohort, r.outcome)
     return report
+
+
+def ticker_pass(services: Services) -> None:
+    """One pass of the ramp ticker: :func:`tick`, then :func:`restart_notices` (a flip from
+    the API, a page or a ramp alike)."""
+    tick(services, utcnow())
+    restart_notices(services, utcnow())
 
 
 def retry_policy(services: Services) -> delivery.RetryPolicy:
@@ -153,7 +210,7 @@ def start(services: Services) -> Workers:
     s = services.settings
     workers.tasks = [
         asyncio.create_task(
-            _loop("ramp ticker", s.tick_s, lambda: tick(services, utcnow()), workers.stop_event)
+            _loop("ramp ticker", s.tick_s, lambda: ticker_pass(services), workers.stop_event)
         ),
         asyncio.create_task(
             _loop(

@@ -1,98 +1,56 @@
 """``turnout`` commands of the service, registered through the ``turnout.cli`` entry-point group.
 
-Heavy imports (SQLAlchemy, FastAPI, the store) happen inside the command bodies, so that
-``turnout decide`` stays light.
+The operator commands (``canary``, ``canary ramp``, ``canary schedule``, ``kill-switch``,
+``approvals``, ``webhook``, ``evidence``, ``token``) call the service's API with a token
+(``TURNOUT_URL`` and ``TURNOUT_TOKEN``, or a context: ``turnout context``), so that they go
+through the same RBAC, If-Match versions and audit log as the pages, as the token's holder.
+The database is opened directly only for bootstrap and upkeep: ``turnout serve``, ``turnout
+db``, ``turnout demo`` and an admin token made on the database (``turnout token create --role
+admin`` without a service); all but ``serve`` refuse a database that does not exist unless
+``--create``.
+
+Heavy imports (SQLAlchemy, FastAPI, the store, httpx) happen inside the command bodies, so
+that ``turnout decide`` stays light.
 """
 
 from __future__ import annotations
 
-import getpass
-import re
+import datetime as dt
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from turnout.dashboard import cli_context, cli_notify, cli_rollout, contexts
+from turnout.dashboard.cli_base import (
+    BAD_INPUT,
+    ContextOpt,
+    CreateOpt,
+    DatabaseOpt,
+    PackOpt,
+    ReasonOpt,
+    ServiceOnlyOpt,
+    check_reason,
+    database_actor,
+    fail,
+    open_services,
+    parse_time,
+    prepared,
+    resolve_cohort,
+    resolve_target,
+    safe_url,
+    service,
+    stages,
+    store_fail,
+)
+
 if TYPE_CHECKING:
     from turnout.dashboard.services import Services
-
-DatabaseOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--database-url",
-        envvar="TURNOUT_DATABASE_URL",
-        help="SQLAlchemy URL (default: var/turnout.db in the source checkout, whatever the "
-        "working directory)",
-    ),
-]
-PackOpt = Annotated[
-    str | None, typer.Option("--pack", envvar="TURNOUT_PACK", help="policy pack name or directory")
-]
-ReasonOpt = Annotated[str, typer.Option("--reason", "-r", help="why (goes to the audit log)")]
 
 db_app = typer.Typer(help="The service's database (migrations).", no_args_is_help=True)
 token_app = typer.Typer(help="API tokens (stored hashed, shown once).", no_args_is_help=True)
 canary_app = typer.Typer(help="Canary state per rollout cohort.", no_args_is_help=True)
 kill_app = typer.Typer(help="The global kill switch.", no_args_is_help=True)
 demo_app = typer.Typer(help="The first-run demo fleet.", no_args_is_help=True)
-
-
-def _actor() -> str:
-    return f"cli:{getpass.getuser()}"
-
-
-def _services(database_url: str | None = None, pack: str | None = None, **extra: Any) -> Services:
-    """The services of the settings, their database reachable; a setting that cannot be used
-    (database, pack, a TURNOUT_* value) ends the command with what is wrong."""
-    from pydantic import ValidationError
-    from pydantic_settings import SettingsError
-
-    from turnout.dashboard.services import Services
-    from turnout.dashboard.settings import Settings
-    from turnout.dashboard.store.errors import StoreError
-    from turnout.oracle.errors import OracleError
-
-    overrides = {
-        k: v
-        for k, v in {"database_url": database_url, "pack": pack, **extra}.items()
-        if v is not None
-    }
-    try:
-        services = Services.build(Settings(**overrides))
-        services.db.check()
-    except (StoreError, OracleError, ValidationError) as err:
-        raise _fail(str(err)) from err
-    except SettingsError as err:  # a JSON-valued TURNOUT_* variable that is not JSON
-        field = re.search(r'field "(\w+)"', str(err))
-        name = f"TURNOUT_{field.group(1).upper()}" if field else "a TURNOUT_* variable"
-        raise _fail(f"{name} is not JSON ({err.__cause__ or err})") from err
-    return services
-
-
-def _prepared(database_url: str | None, pack: str | None = None) -> Services:
-    from turnout.dashboard.app import prepare
-
-    services = _services(database_url, pack, demo=False)
-    prepare(services, as_service=False)
-    return services
-
-
-def _fail(message: str, code: int = 1) -> typer.Exit:
-    """``error: message`` on stderr; exit 1 for what went wrong around the command (the
-    database, the settings), ``BAD_INPUT`` for what was asked (as ``turnout decide``)."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
-
-
-BAD_INPUT = 2
-
-
-def _store_fail(message: str, err: Exception) -> typer.Exit:
-    """An unknown id or a refused change (no reason, no name, approving one's own request) is
-    bad input, exit 2; the rest (a version conflict, the database) exit 1."""
-    from turnout.dashboard.store.errors import InvalidChange, NotAllowed, NotFound
-
-    refused = isinstance(err, NotFound | InvalidChange | NotAllowed)
-    return _fail(message, BAD_INPUT if refused else 1)
 
 
 def serve(
@@ -115,7 +73,7 @@ def serve(
     from turnout.dashboard.app import create_app, prepare
     from turnout.dashboard.invocation import turnout_here
 
-    services = _services(database_url, pack, host=host, port=port, demo=demo)
+    services = open_services(database_url, pack, host=host, port=port, demo=demo)
     _check_port(services.settings.host, services.settings.port)
     num_demo = prepare(services)
     if num_demo:
@@ -128,7 +86,7 @@ def serve(
     url = f"http://{settings.host}:{settings.port}"
     _first_admin_token(services, url)
     typer.echo(
-        f"turnout: serving pack {settings.pack!r} from {_safe_url(settings.database_url)}"
+        f"turnout: serving pack {settings.pack!r} from {safe_url(settings.database_url)}"
         f" on {url}" + (f" with {workers} workers" if workers > 1 else "")
     )
     run = {
@@ -167,7 +125,7 @@ def _check_port(host: str, port: int) -> None:
             pass  # the server binds it again at once (SO_REUSEADDR, as uvicorn)
     except OSError as err:
         why = err.strerror or str(err)
-        raise _fail(
+        raise fail(
             f"cannot listen on {host}:{port}: {why} (another `turnout serve`?); "
             f"use another port: TURNOUT_PORT={port + 1} make run, or "
             f"{turnout_here()} serve --port {port + 1}"
@@ -197,19 +155,13 @@ def _first_admin_token(services: Services, url: str) -> None:
             )
 
 
-def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
-
-
 @db_app.command("upgrade")
-def db_upgrade(database_url: DatabaseOpt = None) -> None:
-    """Apply every pending migration."""
-    services = _services(database_url, demo=False)
+def db_upgrade(database_url: DatabaseOpt = None, create: CreateOpt = False) -> None:
+    """Apply every pending migration (a database that does not exist: only with --create)."""
+    services = open_services(database_url, create=create, demo=False)
     services.db.upgrade()
     typer.echo(
-        f"database {_safe_url(services.settings.database_url)} at revision "
+        f"database {safe_url(services.settings.database_url)} at revision "
         f"{services.db.current_revision()}"
     )
 
@@ -217,11 +169,17 @@ def db_upgrade(database_url: DatabaseOpt = None) -> None:
 @db_app.command("current")
 def db_current(database_url: DatabaseOpt = None) -> None:
     """Print the database's migration revision."""
-    typer.echo(_services(database_url, demo=False).db.current_revision() or "(empty)")
+    typer.echo(
+        open_services(database_url, create=False, demo=False).db.current_revision() or "(empty)"
+    )
+
+
+ROLES = ("viewer", "operator", "admin")
 
 
 @token_app.command("create")
 def token_create(
+    ctx: typer.Context,
     role: Annotated[str, typer.Option(help="viewer | operator | admin")],
     name: Annotated[str, typer.Option(help="who or what uses it")] = "cli",
     expires_in: Annotated[
@@ -230,21 +188,71 @@ def token_create(
             "--expires-in", help="lifetime, e.g. 30d, 12h, 90m, 2w (default: never expires)"
         ),
     ] = None,
-    database_url: DatabaseOpt = None,
+    context: ContextOpt = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            envvar="TURNOUT_DATABASE_URL",
+            help="make an admin token on this database directly (bootstrap; default without a "
+            "service: var/turnout.db in the source checkout)",
+        ),
+    ] = None,
+    create: CreateOpt = False,
 ) -> None:
-    """Create a token and print it once (only its hash is stored)."""
+    """Create a token and print it once (only its hash is stored): through the service, as an
+    admin; or an admin token on the database directly (bootstrap: the first admin, or one that
+    replaces a lost token) when no service is set, or given --database-url or --create."""
     from turnout.dashboard.store import tokens
     from turnout.dashboard.store.errors import StoreError
 
+    if role not in ROLES:
+        raise fail(f"--role {role!r}: use viewer, operator or admin", BAD_INPUT)
+    if not name.strip():
+        raise fail("--name: a token needs a name (who or what uses it)", BAD_INPUT)
     try:
-        parsed = tokens.Role(role)
-    except ValueError:
-        raise _fail(f"--role {role!r}: use viewer, operator or admin", BAD_INPUT) from None
-    try:
-        lifetime = tokens.parse_duration(expires_in) if expires_in is not None else None
+        if expires_in is not None:
+            tokens.parse_duration(expires_in)
     except StoreError as err:
-        raise _fail(f"--expires-in {err}", BAD_INPUT) from None
-    services = _prepared(database_url)
+        raise fail(f"--expires-in {err}", BAD_INPUT) from None
+    on_database = create or _given(ctx, "database_url")
+    target = None if on_database else resolve_target(context)
+    if target is None:
+        _bootstrap_token(role, name, expires_in, database_url, create)
+        return
+    with service(context) as api:
+        same = [
+            t["id"]
+            for t in api.get("/tokens").body
+            if t["name"] == name.strip() and not t["revoked"]
+        ]
+        made = api.post("/tokens", {"name": name, "role": role, "expires_in": expires_in}).body
+    _print_token(made["token"], made, same)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """Whether the option ``name`` was on the command line (not from its variable)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
+def _bootstrap_token(
+    role: str, name: str, expires_in: str | None, database_url: str | None, create: bool
+) -> None:
+    """An admin token made on the database directly. Raises typer.Exit for another role."""
+    from turnout.dashboard.store import tokens
+    from turnout.dashboard.store.errors import StoreError
+
+    if role != "admin":
+        raise fail(
+            f"{'an' if role[0] in 'aeiou' else 'a'} {role} token is made through the service, "
+            "with an admin token: set "
+            f"{contexts.ENV_URL} and {contexts.ENV_TOKEN} (or --context); on the database "
+            "directly only an admin token is made (bootstrap: --role admin)",
+            BAD_INPUT,
+        )
+    lifetime = tokens.parse_duration(expires_in) if expires_in is not None else None
+    services = prepared(database_url, create=create)
     try:
         with services.db.write_session() as session:
             same = [
@@ -253,88 +261,96 @@ def token_create(
                 if t.name == name.strip() and t.revoked_at is None
             ]
             row, token = tokens.create_token(
-                session=session, name=name, role=parsed, actor=_actor(), expires_in=lifetime
+                session=session,
+                name=name,
+                role=tokens.Role.admin,
+                actor=database_actor(),
+                expires_in=lifetime,
             )
             session.commit()
     except StoreError as err:  # an empty name
-        raise _store_fail(str(err), err) from err
+        raise store_fail(str(err), err) from err
+    expires = row.expires_at.isoformat() if row.expires_at else None
+    _print_token(
+        token, {"id": row.id, "name": row.name, "role": row.role, "expires_at": expires}, same
+    )
+
+
+def _print_token(token: str, row: dict[str, Any], same: list[int]) -> None:
     typer.echo(token)
     if same:  # allowed (a rotation keeps the old one until it is revoked), but said
         typer.echo(
-            f"(a token named {row.name!r} already exists (id "
+            f"(a token named {row['name']!r} already exists (id "
             f"{', '.join(map(str, same))}); created another)",
             err=True,
         )
-    expiry = f"expires {row.expires_at:%Y-%m-%d %H:%M} UTC" if row.expires_at else "never expires"
-    typer.echo(f"(token {row.id}, role {row.role}, {expiry}; shown once)", err=True)
+    expiry = (
+        f"expires {parse_time(row['expires_at']):%Y-%m-%d %H:%M} UTC"
+        if row["expires_at"]
+        else "never expires"
+    )
+    typer.echo(f"(token {row['id']}, role {row['role']}, {expiry}; shown once)", err=True)
 
 
 @token_app.command("list")
-def token_list(database_url: DatabaseOpt = None) -> None:
-    """List tokens (prefixes only)."""
-    from turnout.dashboard.store import tokens
-
-    services = _prepared(database_url)
-    with services.db.read_session() as session:
-        typer.echo(f"{'id':>4}  {'prefix':<11}  {'role':<8}  {'state':<7}  {'expires':<17}  name")
-        for t in tokens.list_tokens(session=session):
-            state = "revoked" if t.revoked_at else "expired" if tokens.is_expired(t) else "live"
-            expires = f"{t.expires_at:%Y-%m-%dT%H:%MZ}" if t.expires_at else "never"
-            typer.echo(f"{t.id:>4}  {t.prefix}…  {t.role:<8}  {state:<7}  {expires:<17}  {t.name}")
+def token_list(context: ContextOpt = None, database_url: ServiceOnlyOpt = None) -> None:
+    """List tokens (prefixes only; admin)."""
+    with service(context, database_url) as api:
+        rows = api.get("/tokens").body
+    now = dt.datetime.now(dt.UTC)
+    typer.echo(f"{'id':>4}  {'prefix':<11}  {'role':<8}  {'state':<7}  {'expires':<17}  name")
+    for t in rows:
+        expires_at = parse_time(t["expires_at"]) if t["expires_at"] else None
+        state = (
+            "revoked"
+            if t["revoked"]
+            else "expired"
+            if expires_at is not None and expires_at <= now
+            else "live"
+        )
+        expires = f"{expires_at:%Y-%m-%dT%H:%MZ}" if expires_at else "never"
+        typer.echo(
+            f"{t['id']:>4}  {t['prefix']}…  {t['role']:<8}  {state:<7}  {expires:<17}  {t['name']}"
+        )
 
 
 @token_app.command("revoke")
 def token_revoke(
     token_id: Annotated[int, typer.Argument(min=1, max=2**63 - 1)],
     reason: ReasonOpt,
-    database_url: DatabaseOpt = None,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
-    """Revoke a token by id."""
-    from turnout.dashboard.store import tokens
-    from turnout.dashboard.store.errors import StoreError
-
-    services = _prepared(database_url)
-    try:
-        with services.db.write_session() as session:
-            before = next(
-                (t.revoked_at for t in tokens.list_tokens(session=session) if t.id == token_id),
-                None,
-            )
-            row = tokens.revoke_token(
-                session=session, token_id=token_id, actor=_actor(), reason=reason
-            )
-            session.commit()
-    except StoreError as err:
-        raise _store_fail(str(err), err) from err
-    if before is not None:
-        typer.echo(
-            f"token {token_id} ({row.name}) was already revoked "
-            f"({before:%Y-%m-%d %H:%M}); nothing changed"
+    """Revoke a token by id (admin; not the token making the call)."""
+    check_reason(reason)
+    with service(context, database_url) as api:
+        before = next((t for t in api.get("/tokens").body if t["id"] == token_id), None)
+        row = api.post(f"/tokens/{token_id}/revoke", {"reason": reason}).body
+    if before is not None and before["revoked"]:
+        when = (
+            f" ({parse_time(before['revoked_at']):%Y-%m-%d %H:%M})"
+            if before.get("revoked_at")
+            else ""
         )
+        typer.echo(f"token {token_id} ({row['name']}) was already revoked{when}; nothing changed")
     else:
-        typer.echo(f"token {token_id} ({row.name}) revoked")
+        typer.echo(f"token {token_id} ({row['name']}) revoked")
 
 
 @canary_app.command("list")
-def canary_list(database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
+def canary_list(context: ContextOpt = None, database_url: ServiceOnlyOpt = None) -> None:
     """Every cohort's canary, in rollout order, and the kill switch."""
-    from turnout.dashboard.store import canaries
     from turnout.oracle.cli.console import make_console
 
-    services = _prepared(database_url, pack)
-    families = services.policy.cohort_families()
-    with services.db.read_session() as session:
-        rows = sorted(
-            canaries.list_canaries(session=session),
-            key=lambda c: (services.policy.rollout_position(c.cohort), c.cohort),
-        )
-        ks = canaries.get_kill_switch(session=session)
+    with service(context, database_url) as api:
+        body = api.get("/canaries").body
+        families = {s["cohort"]: s["families"] for s in stages(api)}
     console = make_console()
-    console.print(_canary_table(rows, families), highlight=False)
-    console.print(f"kill switch: {'ENGAGED' if ks.engaged else 'released'}")
+    console.print(_canary_table(body["cohorts"], families), highlight=False)
+    console.print(f"kill switch: {'ENGAGED' if body['kill_switch']['engaged'] else 'released'}")
 
 
-def _canary_table(rows: list[Any], families: dict[str, tuple[str, ...]]) -> Any:
+def _canary_table(rows: list[dict[str, Any]], families: dict[str, list[str]]) -> Any:
     """The cohorts as a table that fits 80 columns: families and the last change wrap inside
     their cells; ids are never cut (``fold``). A stage that names no family ("-") takes the
     deployments its conditions match, whatever their family."""
@@ -350,12 +366,12 @@ def _canary_table(rows: list[Any], families: dict[str, tuple[str, ...]]) -> Any:
     table.add_column("last change", overflow="fold", ratio=1)
     for c in rows:
         table.add_row(
-            escape(c.cohort),
-            escape(", ".join(families.get(c.cohort, ())) or "-"),
-            "yes" if c.enabled else "no",
-            str(c.percentage),
-            str(c.version),
-            escape(f"{c.updated_at:%Y-%m-%d %H:%M} {c.updated_by}"),
+            escape(c["cohort"]),
+            escape(", ".join(families.get(c["cohort"], ())) or "-"),
+            "yes" if c["enabled"] else "no",
+            str(c["percentage"]),
+            str(c["version"]),
+            escape(f"{parse_time(c['updated_at']):%Y-%m-%d %H:%M} {c['updated_by']}"),
         )
     return table
 
@@ -365,12 +381,32 @@ def _flip(
     enabled: bool,
     reason: str,
     percentage: int | None,
+    context: str | None,
     database_url: str | None,
-    pack: str | None,
 ) -> None:
-    from turnout.dashboard.cli_rollout import flip
-
-    flip(cohort, enabled, reason, percentage, database_url, pack)
+    """A flip now, or with approvals required and more of the cohort sent to V2, a request
+    another operator approves (``PATCH /canaries/{cohort}`` with the version just read)."""
+    check_reason(reason)
+    with service(context, database_url) as api:
+        cohort = resolve_cohort(api, cohort)
+        version = api.get(f"/canaries/{cohort}").version()
+        body: dict[str, Any] = {"enabled": enabled, "reason": reason}
+        if percentage is not None:
+            body["percentage"] = percentage
+        done = api.patch(f"/canaries/{cohort}", body, if_match=version)
+    if done.status == 202:
+        flip_id = done.body["id"]
+        typer.echo(
+            f"{cohort}: waiting for another operator's approval (flip {flip_id}: "
+            f"turnout approvals approve flip {flip_id} --reason …)"
+        )
+        return
+    row = done.body
+    state = f"enabled at {row['percentage']}%" if row["enabled"] else "disabled"
+    if row["changed"]:
+        typer.echo(f"{cohort}: {state} (version {row['version']})")
+    else:
+        typer.echo(f"{cohort}: already {state}; nothing changed (version {row['version']})")
 
 
 @canary_app.command("enable")
@@ -385,78 +421,71 @@ def canary_enable(
             help="share of the stage's deployments on V2 (default: keep the stored share)",
         ),
     ] = None,
-    database_url: DatabaseOpt = None,
-    pack: PackOpt = None,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
-    """Turn a cohort's canary on (V2 for its auto deployments)."""
-    _flip(cohort, True, reason, percentage, database_url, pack)
+    """Turn a cohort's canary on (V2 for its auto deployments; operator)."""
+    _flip(cohort, True, reason, percentage, context, database_url)
 
 
 @canary_app.command("disable")
 def canary_disable(
     cohort: Annotated[str, typer.Argument(help="cohort id or family name")],
     reason: ReasonOpt,
-    database_url: DatabaseOpt = None,
-    pack: PackOpt = None,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
-    """Turn a cohort's canary off (its auto deployments go back to V1)."""
-    _flip(cohort, False, reason, None, database_url, pack)
+    """Turn a cohort's canary off (its auto deployments go back to V1; operator)."""
+    _flip(cohort, False, reason, None, context, database_url)
 
 
-def _kill(engaged: bool, reason: str, database_url: str | None) -> None:
-    from turnout.dashboard.store import canaries
-    from turnout.dashboard.store.errors import StoreError
-
-    services = _prepared(database_url)
-    try:
-        with services.db.write_session() as session:
-            result = canaries.set_kill_switch(
-                session=session, engaged=engaged, reason=reason, actor=_actor()
-            )
-            session.commit()
-    except StoreError as err:
-        raise _store_fail(str(err), err) from err
+def _kill(engaged: bool, reason: str, context: str | None, database_url: str | None) -> None:
+    check_reason(reason)
+    with service(context, database_url) as api:
+        result = api.post("/kill-switch", {"engaged": engaged, "reason": reason}).body
     state = "ENGAGED" if engaged else "released"
-    if result.changed:
+    if result["changed"]:
         typer.echo(f"kill switch {state}")
     else:
-        typer.echo(
-            f"kill switch already {state}; nothing changed (version {result.kill_switch.version})"
-        )
+        typer.echo(f"kill switch already {state}; nothing changed (version {result['version']})")
 
 
 @kill_app.command("engage")
-def kill_engage(reason: ReasonOpt, database_url: DatabaseOpt = None) -> None:
-    """Send every auto deployment to V1 now."""
-    _kill(True, reason, database_url)
+def kill_engage(
+    reason: ReasonOpt, context: ContextOpt = None, database_url: ServiceOnlyOpt = None
+) -> None:
+    """Send every auto deployment to V1 now (operator)."""
+    _kill(True, reason, context, database_url)
 
 
 @kill_app.command("release")
-def kill_release(reason: ReasonOpt, database_url: DatabaseOpt = None) -> None:
-    """Release the kill switch (cohort canaries apply again)."""
-    _kill(False, reason, database_url)
+def kill_release(
+    reason: ReasonOpt, context: ContextOpt = None, database_url: ServiceOnlyOpt = None
+) -> None:
+    """Release the kill switch (cohort canaries apply again; operator)."""
+    _kill(False, reason, context, database_url)
 
 
 @demo_app.command("remove")
 def demo_remove(database_url: DatabaseOpt = None) -> None:
     """Delete every demo deployment and event (a later start does not seed them again;
-    `turnout demo seed` does)."""
+    `turnout demo seed` does). On the database directly."""
     from turnout.dashboard import demo
     from turnout.dashboard.invocation import turnout_here
 
-    services = _prepared(database_url)
-    num = demo.remove(services, actor=_actor())
+    services = prepared(database_url, create=False)
+    num = demo.remove(services, actor=database_actor())
     typer.echo(f"removed {num} demo events (record them again: {turnout_here()} demo seed)")
 
 
 @demo_app.command("seed")
 def demo_seed(database_url: DatabaseOpt = None, pack: PackOpt = None) -> None:
     """Record the demo fleet now (after `turnout demo remove`, or into a database that has
-    other decisions); events already there are kept once."""
+    other decisions); events already there are kept once. On the database directly."""
     from turnout.dashboard import demo
 
-    services = _prepared(database_url, pack)
-    num, kept = demo.seed(services, actor=_actor())
+    services = prepared(database_url, pack, create=False)
+    num, kept = demo.seed(services, actor=database_actor())
     typer.echo(f"recorded {num} demo events" + (f" ({kept} were already there)" if kept else ""))
 
 
@@ -468,7 +497,6 @@ def register(app: typer.Typer) -> None:
     app.add_typer(canary_app, name="canary")
     app.add_typer(kill_app, name="kill-switch")
     app.add_typer(demo_app, name="demo")
-    from turnout.dashboard import cli_notify, cli_rollout
-
     cli_rollout.register(app, canary_app)
     cli_notify.register(app)
+    cli_context.register(app)

@@ -1,5 +1,6 @@
-"""``turnout webhook …`` (subscriptions and the outbox, on the settings' database) and
-``turnout evidence push`` (a CI job's JUnit report sent to a running service, with a token)."""
+"""``turnout webhook …`` (subscriptions and the outbox; admin) and ``turnout evidence push``
+(a CI job's JUnit report recorded as a family's parity evidence; operator), through the
+service's API (``cli_base.service``)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,18 @@ from typing import Annotated
 
 import typer
 
-from turnout.dashboard.cli import (
+from turnout.dashboard.cli_base import (
     BAD_INPUT,
-    DatabaseOpt,
+    ContextOpt,
     ReasonOpt,
-    _actor,
-    _fail,
-    _prepared,
-    _store_fail,
+    ServiceOnlyOpt,
+    check_reason,
+    fail,
+    service,
 )
 
 webhook_app = typer.Typer(
-    help="Webhook subscriptions and their outbox (signed deliveries).", no_args_is_help=True
+    help="Webhook subscriptions and their outbox (signed deliveries; admin).", no_args_is_help=True
 )
 evidence_app = typer.Typer(help="Parity evidence per family.", no_args_is_help=True)
 IdArg = Annotated[int, typer.Argument(min=1, max=2**63 - 1)]
@@ -39,99 +40,79 @@ def webhook_add(
     ] = [],  # noqa: B006 - typer's list option
     secret: Annotated[str | None, typer.Option(help="HMAC key (default: a new random one)")] = None,
     description: Annotated[str, typer.Option()] = "",
-    database_url: DatabaseOpt = None,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
     """Subscribe a URL; prints the secret once (the receiver verifies signatures with it)."""
     from turnout.dashboard.store import webhooks
-    from turnout.dashboard.store.errors import StoreError
 
-    services = _prepared(database_url)
-    try:
-        with services.db.write_session() as session:
-            row, made = webhooks.add_webhook(
-                session=session,
-                url=url,
-                kinds=kind or [k.value for k in webhooks.Kind],
-                actor=_actor(),
-                secret=secret,
-                description=description,
-            )
-            session.commit()
-    except StoreError as err:
-        raise _store_fail(str(err), err) from err
-    typer.echo(made)
+    body = {
+        "url": url,
+        "kinds": kind or [k.value for k in webhooks.Kind],
+        "secret": secret,
+        "description": description,
+    }
+    with service(context, database_url) as api:
+        row = api.post("/webhooks", body).body
+    typer.echo(row["secret"])
     typer.echo(
-        f"(webhook {row.id}: {', '.join(row.kinds)} to {row.url}; secret shown once)", err=True
+        f"(webhook {row['id']}: {', '.join(row['kinds'])} to {row['url']}; secret shown once)",
+        err=True,
     )
 
 
 @webhook_app.command("list")
-def webhook_list(database_url: DatabaseOpt = None) -> None:
+def webhook_list(context: ContextOpt = None, database_url: ServiceOnlyOpt = None) -> None:
     """Live subscriptions and the outbox's counts."""
-    from turnout.dashboard.store import webhooks
-
-    services = _prepared(database_url)
-    with services.db.read_session() as session:
-        rows = webhooks.list_webhooks(session=session)
-        counts = webhooks.outbox_counts(session=session)
+    with service(context, database_url) as api:
+        rows = api.get("/webhooks").body
+        counts = api.get("/webhooks/outbox", {"limit": 1}).body["counts"]
     for w in rows:
-        typer.echo(f"{w.id:>4}  {w.url}  {', '.join(w.kinds)}  {w.description}")
+        typer.echo(f"{w['id']:>4}  {w['url']}  {', '.join(w['kinds'])}  {w['description']}")
     typer.echo("outbox: " + ", ".join(f"{n} {state}" for state, n in counts.items()))
 
 
 @webhook_app.command("remove")
-def webhook_remove(webhook_id: IdArg, reason: ReasonOpt, database_url: DatabaseOpt = None) -> None:
+def webhook_remove(
+    webhook_id: IdArg,
+    reason: ReasonOpt,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
+) -> None:
     """End a subscription; its pending deliveries become dead."""
-    from turnout.dashboard.store import webhooks
-    from turnout.dashboard.store.errors import StoreError
-
-    services = _prepared(database_url)
-    try:
-        with services.db.write_session() as session:
-            row = webhooks.remove_webhook(
-                session=session, webhook_id=webhook_id, actor=_actor(), reason=reason
-            )
-            session.commit()
-    except StoreError as err:
-        raise _store_fail(str(err), err) from err
-    typer.echo(f"webhook {row.id} ({row.url}) removed")
+    check_reason(reason)
+    with service(context, database_url) as api:
+        row = api.post(f"/webhooks/{webhook_id}/remove", {"reason": reason}).body
+    typer.echo(f"webhook {row['id']} ({row['url']}) removed")
 
 
 @webhook_app.command("outbox")
 def webhook_outbox(
     state: Annotated[str | None, typer.Option(help="pending | delivered | dead")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,
-    database_url: DatabaseOpt = None,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
     """The latest deliveries, newest first, with their attempts and last error."""
-    from turnout.dashboard.store import webhooks
-
     if state not in (None, "pending", "delivered", "dead"):
-        raise _fail(f"--state {state!r}: use pending, delivered or dead", BAD_INPUT)
-    services = _prepared(database_url)
-    with services.db.read_session() as session:
-        rows = webhooks.list_outbox(session=session, state=state, limit=limit)
+        raise fail(f"--state {state!r}: use pending, delivered or dead", BAD_INPUT)
+    with service(context, database_url) as api:
+        rows = api.get("/webhooks/outbox", {"state": state, "limit": limit}).body["entries"]
     for e in rows:
-        last = f"{e.last_error or e.last_status or ''}"
+        last = f"{e['last_error'] or e['last_status'] or ''}"
         typer.echo(
-            f"{e.id:>6}  {e.state:<9}  {e.kind:<14}  webhook {e.webhook_id}  "
-            f"{e.num_attempts} attempt(s)  {last}"
+            f"{e['id']:>6}  {e['state']:<9}  {e['kind']:<14}  webhook {e['webhook_id']}  "
+            f"{e['num_attempts']} attempt(s)  {last}"
         )
 
 
 @webhook_app.command("retry")
-def webhook_retry(entry_id: IdArg, database_url: DatabaseOpt = None) -> None:
+def webhook_retry(
+    entry_id: IdArg, context: ContextOpt = None, database_url: ServiceOnlyOpt = None
+) -> None:
     """Send a dead delivery again (due now)."""
-    from turnout.dashboard.store import webhooks
-    from turnout.dashboard.store.errors import StoreError
-
-    services = _prepared(database_url)
-    try:
-        with services.db.write_session() as session:
-            webhooks.retry_dead(session=session, entry_id=entry_id, actor=_actor())
-            session.commit()
-    except StoreError as err:
-        raise _store_fail(str(err), err) from err
+    with service(context, database_url) as api:
+        api.post(f"/webhooks/outbox/{entry_id}/retry", None)
     typer.echo(f"delivery {entry_id}: pending again")
 
 
@@ -140,27 +121,26 @@ def evidence_push(
     family: Annotated[str, typer.Option(help="the family the run tested (families.yaml)")],
     junit: Annotated[Path, typer.Option(help="the run's JUnit XML report")],
     url: Annotated[
-        str, typer.Option(envvar="TURNOUT_URL", help="the service")
-    ] = "http://127.0.0.1:8000",
+        str | None,
+        typer.Option(help="the service (default: TURNOUT_URL, else the current context)"),
+    ] = None,
     token: Annotated[
-        str | None, typer.Option(envvar="TURNOUT_TOKEN", help="an operator token")
+        str | None,
+        typer.Option(help="an operator token (default: TURNOUT_TOKEN, or the context's)"),
     ] = None,
     suite: Annotated[str | None, typer.Option(help="default: the report's suite names")] = None,
     runner_pair: Annotated[str, typer.Option(help="v1:v2")] = "v1:v2",
+    context: ContextOpt = None,
 ) -> None:
-    """Record a test run as the family's parity evidence: failures or errors (or no test at
-    all) make it red; its counts are kept. Exit 0 once recorded, 2 for a report or a family
-    the service refuses, 1 when the service cannot be reached or refuses the token."""
-    import httpx
-
+    """Record a test run as the family's parity evidence (operator): failures or errors (or
+    no test at all) make it red; its counts are kept. Exit 0 once recorded, 2 for a report or
+    a family the service refuses, 1 when the service cannot be reached or refuses the token."""
     from turnout.dashboard.junit import JUnitError, read_junit
 
-    if not token:
-        raise _fail("--token (or TURNOUT_TOKEN): an operator token of the service", BAD_INPUT)
     try:
         run = read_junit(junit)
     except JUnitError as err:
-        raise _fail(str(err), BAD_INPUT) from None
+        raise fail(str(err), BAD_INPUT) from None
     body = {
         "family": family,
         "runner_pair": runner_pair,
@@ -172,26 +152,9 @@ def evidence_push(
         "num_errors": run.num_errors,
         "num_skipped": run.num_skipped,
     }
-    try:
-        r = httpx.post(
-            url.rstrip("/") + "/api/v1/evidence",
-            json=body,
-            timeout=30,
-            headers={"Authorization": f"Bearer {token}"},
-        )
-    except httpx.HTTPError as err:
-        raise _fail(f"cannot reach the service at {url}: {err}") from None
-    if r.status_code != 201:
-        message = (
-            r.json().get("detail", {}).get("message", r.text)
-            if r.headers.get("content-type", "").startswith("application/json")
-            else r.text[:200]
-        )
-        raise _fail(
-            f"the service refused the evidence ({r.status_code}): {message}",
-            BAD_INPUT if r.status_code == 422 else 1,
-        )
-    typer.echo(f"{family}: {run.result} ({run.summary()}) recorded as evidence {r.json()['id']}")
+    with service(context, url=url, token=token) as api:
+        recorded = api.post("/evidence", body).body
+    typer.echo(f"{family}: {run.result} ({run.summary()}) recorded as evidence {recorded['id']}")
 
 
 def _details(summary: str, failed: tuple[str, ...]) -> str:

@@ -1,28 +1,32 @@
-"""``turnout canary ramp …``, ``turnout canary schedule``, ``turnout approvals …`` and the flip of
-``turnout canary enable/disable``, on the database the settings name (audited as
-``cli:<user>``, as the other service commands). Heavy imports stay inside the commands."""
+"""``turnout canary ramp …``, ``turnout canary schedule`` and ``turnout approvals …``, through
+the service's API as the token's holder (``cli_base.service``): an approval's approver is the
+token's name, so one token cannot request and approve a change, whatever the shell says.
+Heavy imports stay inside the commands."""
 
 from __future__ import annotations
 
 import datetime as dt
-from typing import TYPE_CHECKING, Annotated, Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
+import yaml
+from pydantic import ValidationError
 
-from turnout.dashboard.cli import (
+from turnout.dashboard.cli_base import (
     BAD_INPUT,
-    DatabaseOpt,
-    PackOpt,
+    ContextOpt,
     ReasonOpt,
-    _actor,
-    _fail,
-    _prepared,
-    _store_fail,
+    ServiceOnlyOpt,
+    check_reason,
+    fail,
+    parse_time,
+    resolve_cohort,
+    service,
 )
-
-if TYPE_CHECKING:
-    from turnout.dashboard.services import Services
-    from turnout.dashboard.store.models_rollout import Ramp
+from turnout.dashboard.gates import PromqlGate
+from turnout.dashboard.vllm_gates import VLLM_DEFAULT_GATES
+from turnout.oracle.wire import error_text
 
 ramp_app = typer.Typer(
     help="Ramps: a cohort's share raised step by step while its gates hold.", no_args_is_help=True
@@ -31,60 +35,6 @@ approvals_app = typer.Typer(
     help="Changes waiting for a second operator (TURNOUT_REQUIRE_APPROVAL).", no_args_is_help=True
 )
 CohortArg = Annotated[str, typer.Argument(help="cohort id or family name")]
-
-
-def _cohort(services: Services, cohort: str) -> str:
-    resolved = services.policy.resolve_cohort(cohort)
-    if resolved != cohort:
-        typer.echo(f"{cohort}: the family's first rollout stage is {resolved}")
-    return resolved
-
-
-def flip(
-    cohort: str,
-    enabled: bool,
-    reason: str,
-    percentage: int | None,
-    database_url: str | None,
-    pack: str | None,
-) -> None:
-    """``turnout canary enable/disable``: a flip now, or with approvals required and more of
-    the cohort sent to V2, a request another operator approves."""
-    from turnout.dashboard.store import canaries, schedule
-    from turnout.dashboard.store.errors import StoreError
-
-    services = _prepared(database_url, pack)
-    cohort = _cohort(services, cohort)
-    try:
-        with services.db.write_session() as session:
-            # Locked: the version named below is the one the flip finds (another writer waits).
-            current = canaries.get_canary(session=session, cohort=cohort, for_update=True)
-            done = schedule.flip_or_request(
-                session=session,
-                cohort=cohort,
-                enabled=enabled,
-                reason=reason,
-                actor=_actor(),
-                requester=_actor(),
-                if_version=current.version,
-                percentage=percentage,
-                require_approval=services.require_approval(),
-            )
-            session.commit()
-    except StoreError as err:
-        raise _store_fail(services.policy.store_error_text(cohort, err), err) from err
-    if not isinstance(done, canaries.Flip):
-        typer.echo(
-            f"{cohort}: waiting for another operator's approval (flip {done.id}: "
-            f"turnout approvals approve flip {done.id} --reason …)"
-        )
-        return
-    row = done.canary
-    state = f"enabled at {row.percentage}%" if row.enabled else "disabled"
-    if done.changed:
-        typer.echo(f"{cohort}: {state} (version {row.version})")
-    else:
-        typer.echo(f"{cohort}: already {state}; nothing changed (version {row.version})")
 
 
 def parse_steps(text: str, bake: dt.timedelta) -> list[dict[str, int]]:
@@ -97,11 +47,11 @@ def parse_steps(text: str, bake: dt.timedelta) -> list[dict[str, int]]:
     for part in text.split(","):
         share, _, own = part.strip().partition(":")
         if not (share.isascii() and share.isdigit()):
-            raise _fail(f"--steps: {part.strip()!r} is not a share (10, or 10:30m)", BAD_INPUT)
+            raise fail(f"--steps: {part.strip()!r} is not a share (10, or 10:30m)", BAD_INPUT)
         try:
             span = tokens.read_duration(own) if own else bake
         except StoreError as err:
-            raise _fail(f"--steps {part.strip()!r}: {err}", BAD_INPUT) from None
+            raise fail(f"--steps {part.strip()!r}: {err}", BAD_INPUT) from None
         steps.append({"percentage": int(share), "bake_s": int(span.total_seconds())})
     return steps
 
@@ -115,7 +65,7 @@ def _duration(option: str, text: str) -> dt.timedelta:
     try:
         return tokens.read_duration(text)
     except StoreError as err:
-        raise _fail(f"{option} {err}", BAD_INPUT) from None
+        raise fail(f"{option} {err}", BAD_INPUT) from None
 
 
 @ramp_app.command("start")
@@ -136,20 +86,31 @@ def ramp_start(
     max_crash_rate: Annotated[float | None, typer.Option(min=0.0)] = None,
     max_tpot_p99_ratio: Annotated[float | None, typer.Option(min=1.0)] = None,
     evidence_max_age: Annotated[str | None, typer.Option(help="7d, 12h")] = None,
-    database_url: DatabaseOpt = None,
-    pack: PackOpt = None,
+    promql: Annotated[
+        str | None,
+        typer.Option(
+            help="PromQL gates: a YAML or JSON file holding a list of {name, query, "
+            "comparison, threshold, window}, or `vllm-defaults` (docs/fleet.md)"
+        ),
+    ] = None,
+    health_reports: Annotated[
+        bool | None,
+        typer.Option(
+            "--health-reports/--no-health-reports",
+            help="gate on the engines' health reports too (default: yes)",
+        ),
+    ] = None,
+    max_inconclusive_rounds: Annotated[int | None, typer.Option(min=1)] = None,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
-    """Start a ramp: its first step applies now (or once approved), the service's ticker takes
-    the next ones while every gate holds."""
-    from pydantic import ValidationError
-
-    from turnout.dashboard.gates import GateConfig
-    from turnout.dashboard.store import canaries, ramps
-    from turnout.dashboard.store.errors import StoreError
-
+    """Start a ramp (operator): its first step applies now (or once approved), the service's
+    ticker takes the next ones while every gate holds. A gate left out takes the service's
+    default (TURNOUT_RAMP_GATES)."""
     parsed = parse_steps(steps, _duration("--bake", bake))
-    services = _prepared(database_url, pack)
-    cohort = _cohort(services, cohort)
+    if on_failure not in ("pause", "rollback"):
+        raise fail(f"--on-failure {on_failure!r}: use pause or rollback", BAD_INPUT)
+    check_reason(reason)
     given: dict[str, Any] = {
         "min_engines": min_engines,
         "max_error_rate_ratio": max_error_rate_ratio,
@@ -160,58 +121,75 @@ def ramp_start(
             if evidence_max_age
             else None
         ),
+        "promql": promql_gates(promql) if promql is not None else None,
+        "health_reports": health_reports,
+        "max_inconclusive_rounds": max_inconclusive_rounds,
     }
-    try:
-        gates = GateConfig.model_validate(
+    gates = {k: v for k, v in given.items() if v is not None}
+    with service(context, database_url) as api:
+        cohort = resolve_cohort(api, cohort)
+        version = api.get(f"/canaries/{cohort}").version()
+        ramp = api.post(
+            f"/canaries/{cohort}/ramp",
             {
-                **services.settings.ramp_gates.model_dump(),
-                **{k: v for k, v in given.items() if v is not None},
-            }
-        )
-    except ValidationError as err:
-        raise _fail(
-            f"gates: {err.errors()[0]['loc'][0]}: {err.errors()[0]['msg']}", BAD_INPUT
-        ) from None
+                "steps": parsed,
+                "on_failure": on_failure,
+                "reason": reason,
+                **({"gates": gates} if gates else {}),
+            },
+            if_match=version,
+        ).body
+    typer.echo(ramp_line(ramp))
+
+
+def promql_gates(given: str) -> list[dict[str, Any]]:
+    """``--promql``: ``vllm-defaults`` (``dashboard.vllm_gates``), or a YAML/JSON file of a list
+    of PromQL gates, each checked here as the service checks it.
+
+    Raises:
+        typer.Exit: the file cannot be read, is not YAML, or a gate is not one (it names the
+            file, and the line where YAML says it).
+    """
+    if given == "vllm-defaults":
+        return [g.model_dump() for g in VLLM_DEFAULT_GATES]
+    path = Path(given)
     try:
-        with services.db.write_session() as session:
-            current = canaries.get_canary(session=session, cohort=cohort, for_update=True)
-            ramp = ramps.request_ramp(
-                session=session,
-                cohort=cohort,
-                steps=parsed,
-                gates=gates,
-                on_failure=on_failure,
-                reason=reason,
-                actor=_actor(),
-                requester=_actor(),
-                if_version=current.version,
-                needs_approval=services.require_approval(),
-            )
-            session.commit()
-    except StoreError as err:
-        raise _store_fail(services.policy.store_error_text(cohort, err), err) from err
-    typer.echo(_ramp_line(ramp))
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise fail(f"--promql {given}: {err.strerror or err}", BAD_INPUT) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{given}:{mark.line + 1}" if mark is not None else given
+        raise fail(f"--promql {where}: not YAML ({err})", BAD_INPUT) from None
+    if not isinstance(loaded, list):
+        raise fail(f"--promql {given}: a list of gates, not {type(loaded).__name__}", BAD_INPUT)
+    try:
+        return [PromqlGate.model_validate(g).model_dump() for g in loaded]
+    except ValidationError as err:
+        raise fail(f"--promql {given}: {error_text(err)}", BAD_INPUT) from None
 
 
-def _ramp_line(ramp: Ramp) -> str:
-    from turnout.dashboard.store import ramps
-
-    shares = " → ".join(f"{s['percentage']}%" for s in ramp.steps)
-    head = f"ramp {ramp.id} of {ramp.cohort} ({shares}): {ramp.state}"
-    if ramp.state == ramps.RampState.pending_approval:
+def ramp_line(ramp: dict[str, Any]) -> str:
+    """A ramp (the API's ``RampOut``) on one line: its shares, its state, what comes next."""
+    shares = " → ".join(f"{s['percentage']}%" for s in ramp["steps"])
+    head = f"ramp {ramp['id']} of {ramp['cohort']} ({shares}): {ramp['state']}"
+    if ramp["state"] == "pending_approval":
         return head + (
-            f"; waiting for another operator (turnout approvals approve ramp {ramp.id} --reason …)"
+            f"; waiting for another operator (turnout approvals approve ramp {ramp['id']} "
+            "--reason …)"
         )
-    if ramp.state in (ramps.RampState.active, ramps.RampState.paused):
-        share = ramp.steps[ramp.step_index]["percentage"]
-        head += f" at {share}% (step {ramp.step_index + 1}/{len(ramp.steps)})"
-        if ramp.state == ramps.RampState.paused:  # no step comes until it is resumed
+    if ramp["state"] in ("active", "paused"):
+        head += f" at {ramp['percentage']}% (step {ramp['step_index'] + 1}/{len(ramp['steps'])})"
+        if ramp["state"] == "paused":  # no step comes until it is resumed
             return head + (
-                f"; stays there until resumed (turnout canary ramp resume {ramp.cohort} --reason …)"
+                f"; stays there until resumed (turnout canary ramp resume {ramp['cohort']} "
+                "--reason …)"
             )
-        due = ramps.next_step_at(ramp)
-        return head + (f", next step {due:%Y-%m-%d %H:%M} UTC if every gate passes" if due else "")
-    return head + (f": {ramp.end_reason}" if ramp.end_reason else "")
+        due = ramp["next_step_at"]
+        return head + (
+            f", next step {parse_time(due):%Y-%m-%d %H:%M} UTC if every gate passes" if due else ""
+        )
+    return head + (f": {ramp['end_reason']}" if ramp["end_reason"] else "")
 
 
 @ramp_app.command("status")
@@ -219,81 +197,69 @@ def ramp_status(
     cohort: Annotated[
         str | None, typer.Argument(help="cohort id or family name (default: every live ramp)")
     ] = None,
-    database_url: DatabaseOpt = None,
-    pack: PackOpt = None,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
     """Live ramps (or a cohort's latest one) and each gate's last result."""
-    from turnout.dashboard.store import ramps
-
-    services = _prepared(database_url, pack)
-    with services.db.read_session() as session:
-        rows = (
-            ramps.list_ramps(session=session, cohort=_cohort(services, cohort), limit=1)
-            if cohort
-            else ramps.list_ramps(session=session, live_only=True)
-        )
+    with service(context, database_url) as api:
+        if cohort:
+            rows = api.get("/ramps", {"cohort": resolve_cohort(api, cohort), "limit": 1}).body
+        else:
+            rows = api.get("/ramps", {"live": "true"}).body
     if not rows:
         typer.echo("no live ramp" if cohort is None else f"{cohort}: no ramp")
     for ramp in rows:
-        typer.echo(_ramp_line(ramp))
-        for gate in ramp.last_gates or []:
+        typer.echo(ramp_line(ramp))
+        for gate in ramp["last_gates"]:
             typer.echo(f"  {gate['status']:<4}  {gate['message']}")
 
 
-def _live(services: Services, cohort: str) -> tuple[int, int]:
-    from turnout.dashboard.store import ramps
-
-    with services.db.read_session() as session:
-        ramp = ramps.live_ramp(session=session, cohort=cohort)
-    if ramp is None:
-        raise _fail(f"{cohort}: no live ramp", BAD_INPUT)
-    return ramp.id, ramp.version
-
-
 def _change(
-    what: str, cohort: str, reason: str, database_url: str | None, pack: str | None
+    what: str, cohort: str, reason: str, context: str | None, database_url: str | None
 ) -> None:
-    from turnout.dashboard.store import ramps
-    from turnout.dashboard.store.errors import StoreError
-
-    services = _prepared(database_url, pack)
-    ramp_id, version = _live(services, _cohort(services, cohort))
-    change = ramps.cancel_ramp if what == "cancel" else ramps.resume_ramp
-    try:
-        with services.db.write_session() as session:
-            ramp = change(
-                session=session, ramp_id=ramp_id, actor=_actor(), reason=reason, if_version=version
-            )
-            session.commit()
-    except StoreError as err:
-        raise _store_fail(str(err), err) from err
-    typer.echo(_ramp_line(ramp))
+    """Cancel or resume the cohort's live ramp, with the version just read as If-Match."""
+    check_reason(reason)
+    with service(context, database_url) as api:
+        cohort = resolve_cohort(api, cohort)
+        live = api.get("/ramps", {"cohort": cohort, "live": "true", "limit": 1}).body
+        if not live:
+            raise fail(f"{cohort}: no live ramp", BAD_INPUT)
+        ramp = api.post(
+            f"/ramps/{live[0]['id']}/{what}", {"reason": reason}, if_match=live[0]["version"]
+        ).body
+    typer.echo(ramp_line(ramp))
 
 
 @ramp_app.command("cancel")
 def ramp_cancel(
-    cohort: CohortArg, reason: ReasonOpt, database_url: DatabaseOpt = None, pack: PackOpt = None
+    cohort: CohortArg,
+    reason: ReasonOpt,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
-    """End the cohort's live ramp; the cohort keeps the share it has now."""
-    _change("cancel", cohort, reason, database_url, pack)
+    """End the cohort's live ramp (operator); the cohort keeps the share it has now."""
+    _change("cancel", cohort, reason, context, database_url)
 
 
 @ramp_app.command("resume")
 def ramp_resume(
-    cohort: CohortArg, reason: ReasonOpt, database_url: DatabaseOpt = None, pack: PackOpt = None
+    cohort: CohortArg,
+    reason: ReasonOpt,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
-    """Resume the cohort's paused ramp: its step bakes again from now."""
-    _change("resume", cohort, reason, database_url, pack)
+    """Resume the cohort's paused ramp (operator): its step bakes again from now."""
+    _change("resume", cohort, reason, context, database_url)
 
 
 def _when(at: str | None, in_: str | None) -> dt.datetime:
     """The time of ``--at`` or ``--in`` (one of them). Raises typer.Exit (bad input)."""
     if (at is None) == (in_ is None):
-        raise _fail("give --at TIME or --in DURATION", BAD_INPUT)
+        raise fail("give --at TIME or --in DURATION", BAD_INPUT)
     if in_ is not None:
         span = _duration("--in", in_)
         if not span:
-            raise _fail(
+            raise fail(
                 f"--in {in_!r}: a flip is scheduled more than 0 s ahead (a flip for "
                 "now: turnout canary enable/disable)",
                 BAD_INPUT,
@@ -303,7 +269,7 @@ def _when(at: str | None, in_: str | None) -> dt.datetime:
     try:
         when = dt.datetime.fromisoformat(at.replace("Z", "+00:00"))
     except ValueError:
-        raise _fail(f"--at {at!r} is not a time (2026-12-07T09:00Z)", BAD_INPUT) from None
+        raise fail(f"--at {at!r} is not a time (2026-12-07T09:00Z)", BAD_INPUT) from None
     return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
 
 
@@ -319,94 +285,64 @@ def schedule_flip(
     in_: Annotated[str | None, typer.Option("--in", help="or how long from now: 2h, 3d")] = None,
     enable: Annotated[bool, typer.Option("--enable/--disable")] = True,
     percentage: Annotated[int | None, typer.Option(min=0, max=100)] = None,
-    database_url: DatabaseOpt = None,
-    pack: PackOpt = None,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
-    """Flip a cohort's canary at a given time (an enable waits for approval first when the
-    service requires approvals)."""
-    from turnout.dashboard.store import schedule
-    from turnout.dashboard.store.errors import StoreError
-
+    """Flip a cohort's canary at a given time (operator; an enable waits for approval first
+    when the service requires approvals)."""
     when = _when(at, in_)
-    services = _prepared(database_url, pack)
-    cohort = _cohort(services, cohort)
-    try:
-        with services.db.write_session() as session:
-            flip = schedule.request_flip(
-                session=session,
-                cohort=cohort,
-                enabled=enable,
-                percentage=percentage,
-                reason=reason,
-                actor=_actor(),
-                requester=_actor(),
-                run_at=when,
-                if_version=None,
-                needs_approval=services.require_approval() and enable,
-            )
-            session.commit()
-    except StoreError as err:
-        raise _store_fail(services.policy.store_error_text(cohort, err), err) from err
+    check_reason(reason)
+    with service(context, database_url) as api:
+        cohort = resolve_cohort(api, cohort)
+        flip = api.post(
+            "/scheduled-flips",
+            {
+                "cohort": cohort,
+                "enabled": enable,
+                "percentage": percentage,
+                "run_at": when.isoformat(),
+                "reason": reason,
+            },
+        ).body
     share = f" {percentage}%" if percentage is not None else ""
     waits = (
-        f"; waiting for another operator (turnout approvals approve flip {flip.id} --reason …)"
-        if flip.state == schedule.FlipState.pending_approval
+        f"; waiting for another operator (turnout approvals approve flip {flip['id']} --reason …)"
+        if flip["state"] == "pending_approval"
         else ""
     )
     typer.echo(
-        f"flip {flip.id}: {cohort} {'enable' if enable else 'disable'}{share} at "
-        f"{when.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC ({flip.state}{waits})"
+        f"flip {flip['id']}: {cohort} {'enable' if enable else 'disable'}{share} at "
+        f"{when.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC ({flip['state']}{waits})"
     )
 
 
 @approvals_app.command("list")
-def approvals_list(database_url: DatabaseOpt = None) -> None:
+def approvals_list(context: ContextOpt = None, database_url: ServiceOnlyOpt = None) -> None:
     """Changes waiting for approval, oldest first."""
-    from turnout.dashboard.store import approvals
-
-    services = _prepared(database_url)
-    with services.db.read_session() as session:
-        pending = approvals.list_pending(session=session)
+    with service(context, database_url) as api:
+        pending = api.get("/approvals").body
     if not pending:
         typer.echo("nothing waits for approval")
     for p in pending:
         typer.echo(
-            f"{p.subject} {p.id}  {p.cohort}: {p.summary}  (by {p.requested_by} at "
-            f"{p.requested_at:%Y-%m-%d %H:%M}: {p.reason})"
+            f"{p['subject']} {p['id']}  {p['cohort']}: {p['summary']}  (by {p['requested_by']} "
+            f"at {parse_time(p['requested_at']):%Y-%m-%d %H:%M}: {p['reason']})"
         )
 
 
 def _decide(
-    decision: str, subject: str, item_id: int, reason: str, database_url: str | None
+    decision: str,
+    subject: str,
+    item_id: int,
+    reason: str,
+    context: str | None,
+    database_url: str | None,
 ) -> None:
-    from turnout.dashboard.store import approvals
-    from turnout.dashboard.store.errors import StoreError
-
     if subject not in ("ramp", "flip"):
-        raise _fail(f"{subject!r}: approve a ramp or a flip", BAD_INPUT)
-    services = _prepared(database_url)
-    try:
-        with services.db.write_session() as session:
-            if decision == "approve":
-                approvals.approve(
-                    session=session,
-                    subject=subject,  # type: ignore[arg-type]
-                    item_id=item_id,
-                    actor=_actor(),
-                    approver=_actor(),
-                    reason=reason,
-                )
-            else:
-                approvals.reject(
-                    session=session,
-                    subject=subject,  # type: ignore[arg-type]
-                    item_id=item_id,
-                    actor=_actor(),
-                    reason=reason,
-                )
-            session.commit()
-    except StoreError as err:
-        raise _store_fail(str(err), err) from err
+        raise fail(f"{subject!r}: approve a ramp or a flip", BAD_INPUT)
+    check_reason(reason)
+    with service(context, database_url) as api:
+        api.post(f"/approvals/{subject}/{item_id}/{decision}", {"reason": reason})
     typer.echo(f"{subject} {item_id}: {decision.rstrip('e')}ed")
 
 
@@ -416,18 +352,27 @@ SubjectArg = Annotated[str, typer.Argument(help="ramp | flip")]
 
 @approvals_app.command("approve")
 def approvals_approve(
-    subject: SubjectArg, item_id: IdArg, reason: ReasonOpt, database_url: DatabaseOpt = None
+    subject: SubjectArg,
+    item_id: IdArg,
+    reason: ReasonOpt,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
-    """Approve and apply a pending ramp or flip (not your own)."""
-    _decide("approve", subject, item_id, reason, database_url)
+    """Approve and apply a pending ramp or flip (operator; not one your token's name
+    requested)."""
+    _decide("approve", subject, item_id, reason, context, database_url)
 
 
 @approvals_app.command("reject")
 def approvals_reject(
-    subject: SubjectArg, item_id: IdArg, reason: ReasonOpt, database_url: DatabaseOpt = None
+    subject: SubjectArg,
+    item_id: IdArg,
+    reason: ReasonOpt,
+    context: ContextOpt = None,
+    database_url: ServiceOnlyOpt = None,
 ) -> None:
-    """Refuse a pending ramp or flip (or withdraw your own)."""
-    _decide("reject", subject, item_id, reason, database_url)
+    """Refuse a pending ramp or flip (operator; or withdraw your own)."""
+    _decide("reject", subject, item_id, reason, context, database_url)
 
 
 def register(app: typer.Typer, canary_app: typer.Typer) -> None:

@@ -18,6 +18,10 @@ engaged) holds it where it is.
 - ``v2_crash_rate``: V2's crash rate (crashes / engines) at most V1's or
   ``max_crash_rate``, whichever is higher.
 - ``v2_tpot_p99``: V2's TPOT p99 at most ``max_tpot_p99_ratio`` times V1's.
+- ``promql:<name>``: a PromQL query against the fleet's Prometheus (``dashboard/promql.py``),
+  its one value compared with a threshold. No data, NaN, several series or an unreachable
+  Prometheus make it wait (never pass); after ``max_inconclusive_rounds`` such rounds in a
+  row the ramp pauses.
 
 Health figures come from the engines' health reports (``dashboard.store.health``), per
 runner, in the ramp's cohort.
@@ -28,12 +32,71 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from string import Template
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Status = Literal["pass", "fail", "wait"]
 DAY_S = 86_400
+
+
+Comparison = Literal["<", "<=", ">", ">="]
+#: The placeholders a PromQL gate's query may use: ``$stage`` (the ramp's stage, the
+#: ``turnout_stage`` label of its engines) and ``$window`` (the gate's range, "5m").
+QUERY_PLACEHOLDERS = ("stage", "window")
+
+
+class PromqlGate(BaseModel):
+    """A gate on the fleet's Prometheus: ``query`` (a PromQL template over ``$stage`` and
+    ``$window``) must give one value, and ``value <comparison> threshold`` must hold.
+
+    Example: the canary's p95 time to first token at most 1.2 times the baseline's::
+
+        {"name": "ttft_p95_ratio", "comparison": "<=", "threshold": 1.2, "window": "5m",
+         "query": "histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{turnout_stage=\"$stage\",turnout_cohort=\"canary\"}[$window]))) / histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{turnout_stage=\"$stage\",turnout_cohort=\"baseline\"}[$window])))"}
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,47}$", description="the gate's name")
+    query: str = Field(min_length=1, max_length=4000, description="PromQL over $stage, $window")
+    comparison: Comparison
+    threshold: float = Field(allow_inf_nan=False)
+    window: str = Field(
+        default="5m", pattern=r"^[1-9][0-9]{0,4}[smh]$", description="a PromQL range, 30s..9999h"
+    )
+
+    @field_validator("query")
+    @classmethod
+    def _placeholders(cls, query: str) -> str:
+        template = Template(query)
+        if not template.is_valid():
+            raise ValueError("a $ that is no placeholder: write $$ for a literal $")
+        unknown = sorted(set(template.get_identifiers()) - set(QUERY_PLACEHOLDERS))
+        if unknown:
+            raise ValueError(
+                f"unknown placeholder ${unknown[0]}: a query may use "
+                + ", ".join(f"${p}" for p in QUERY_PLACEHOLDERS)
+            )
+        return query
+
+    def render(self, stage: str) -> str:
+        """The query for one ramp's stage (label values are quoted by the template)."""
+        return Template(self.query).substitute(stage=_label_value(stage), window=self.window)
+
+    def holds(self, value: float) -> bool:
+        return {
+            "<": value < self.threshold,
+            "<=": value <= self.threshold,
+            ">": value > self.threshold,
+            ">=": value >= self.threshold,
+        }[self.comparison]
+
+
+def _label_value(text: str) -> str:
+    """``text`` escaped for a PromQL double-quoted label value."""
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 class GateConfig(BaseModel):
@@ -72,6 +135,33 @@ class GateConfig(BaseModel):
     max_tpot_p99_ratio: float = Field(
         default=1.5, ge=1.0, le=1000.0, description="V2's TPOT p99 / V1's, at most"
     )
+    health_reports: bool = Field(
+        default=True,
+        description="gate on the engines' health reports (health_engines and the three "
+        "V2-against-V1 gates); off for a fleet gated by Prometheus alone",
+    )
+    promql: tuple[PromqlGate, ...] = Field(
+        default=(),
+        max_length=20,
+        strict=False,  # a JSON list (the stored ramp's gates) is the tuple
+        description="gates on the fleet's Prometheus",
+    )
+    max_inconclusive_rounds: int = Field(
+        default=10,
+        ge=1,
+        le=100_000,
+        description="PromQL rounds in a row without a verdict (no data, NaN, Prometheus "
+        "unreachable) after which the ramp pauses",
+    )
+
+    @field_validator("promql")
+    @classmethod
+    def _unique_names(cls, gates: tuple[PromqlGate, ...]) -> tuple[PromqlGate, ...]:
+        names = [g.name for g in gates]
+        for name in names:
+            if names.count(name) > 1:
+                raise ValueError(f"two PromQL gates are named {name!r}")
+        return gates
 
 
 class RunnerHealthLike(Protocol):
@@ -249,6 +339,71 @@ def health_gates(
         _crash_gate(v1, v2, config),
         _tpot_gate(v1, v2, config),
     ]
+
+
+@dataclass(frozen=True)
+class PromqlReading:
+    """What Prometheus answered for one PromQL gate: ``value``, or why there is none
+    (``problem``: no data, NaN, several series, unreachable, a bad query)."""
+
+    query: str
+    value: float | None
+    problem: str | None = None
+    at: dt.datetime | None = None
+
+
+def promql_gate(
+    gate: PromqlGate, reading: PromqlReading, inconclusive_before: int, config: GateConfig
+) -> GateResult:
+    """One PromQL gate's verdict: pass or fail on a value; wait without one, and fail with
+    ``inconclusive: true`` (the ramp pauses, whatever its ``on_failure``) once
+    ``max_inconclusive_rounds`` rounds in a row had none."""
+    name = f"promql:{gate.name}"
+    figures: dict[str, Any] = {
+        "query": reading.query,
+        "value": reading.value,
+        "comparison": gate.comparison,
+        "threshold": gate.threshold,
+        "at": reading.at.isoformat() if reading.at else None,
+    }
+    if reading.value is None:
+        rounds = inconclusive_before + 1
+        figures["inconclusive_rounds"] = rounds
+        why = reading.problem or "no data"
+        if rounds >= config.max_inconclusive_rounds:
+            figures["inconclusive"] = True
+            return GateResult(
+                name,
+                "fail",
+                f"gate {name}: inconclusive for {rounds} rounds in a row ({why}); the ramp pauses",
+                figures,
+            )
+        return GateResult(
+            name,
+            "wait",
+            f"gate {name}: inconclusive ({why}; round {rounds} of "
+            f"{config.max_inconclusive_rounds})",
+            figures,
+        )
+    figures["inconclusive_rounds"] = 0
+    ok = gate.holds(reading.value)
+    return GateResult(
+        name,
+        "pass" if ok else "fail",
+        f"gate {name}: {reading.value:.4g} {'' if ok else 'not '}{gate.comparison} "
+        f"{gate.threshold:g}",
+        figures,
+    )
+
+
+def inconclusive_rounds(last_gates: list[dict[str, Any]] | None, name: str) -> int:
+    """How many rounds in a row gate ``name`` was inconclusive, as the last evaluation kept
+    it (``Ramp.last_gates``)."""
+    for g in last_gates or ():
+        if isinstance(g, dict) and g.get("gate") == name:
+            rounds = (g.get("figures") or {}).get("inconclusive_rounds", 0)
+            return rounds if isinstance(rounds, int) and rounds >= 0 else 0
+    return 0
 
 
 def outcome(results: list[GateResult]) -> Status:

@@ -1,7 +1,8 @@
 """Prometheus metrics (``GET /metrics``): decisions by runner and reason code, API latency,
 engine health per stage and runner (``dashboard/metrics_health.py``), and the closed loop's
 work in this process: ramp steps, gate failures by gate, pauses and rollbacks (the ramp
-ticker's passes), webhook deliveries and failed attempts (the delivery worker's).
+ticker's passes), webhook deliveries and failed attempts (the delivery worker's), and
+Alertmanager's alerts received and the changes they made (``POST /api/v1/alertmanager``).
 
 Each app has its own registry (several apps in one test process must not collide). Latency is
 measured by a plain ASGI middleware (no per-request task or body copy), labelled by the route
@@ -64,6 +65,7 @@ class Metrics:
             registry=self.registry,
         )
         self._loop_counters()
+        self._alert_counters()
 
     def _loop_counters(self) -> None:
         """The closed loop's counters: what this process's ramp ticker and delivery worker did
@@ -114,6 +116,25 @@ class Metrics:
             "included",
             registry=r,
         )
+
+    def _alert_counters(self) -> None:
+        """What ``POST /api/v1/alertmanager`` received and did in this process."""
+        self.alerts_received = Counter(
+            "turnout_alerts_received",
+            "Alerts of Alertmanager's notifications, by the service's receiver and the "
+            "alert's status (firing or resolved), repeats included",
+            ["receiver", "status"],
+            registry=self.registry,
+        )
+        self.alert_actions = Counter(
+            "turnout_alert_actions",
+            "Changes alerts made (pause, rollback, kill_switch): one per stage and firing, "
+            "not the alerts that found the change made",
+            ["action"],
+            registry=self.registry,
+        )
+        for action in ("pause", "rollback", "kill_switch"):
+            self.alert_actions.labels(action)
 
     def count_ramp_ticks(self, ticks: list[RampTick]) -> None:
         """Count what one pass of the ramp ticker did (after its commits)."""

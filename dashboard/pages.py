@@ -30,11 +30,13 @@ from turnout.dashboard.auth import (
 from turnout.dashboard.canary_view import cohort_rows, describe_when, flip_preview
 from turnout.dashboard.deployments import deployment_url
 from turnout.dashboard.deps import MAX_BODY, MAX_ID, ServicesDep
+from turnout.dashboard.engine_fleet import current_views
 from turnout.dashboard.invocation import turnout_here
 from turnout.dashboard.services import Services
 from turnout.dashboard.store import aggregates, audit
 from turnout.dashboard.store import canaries as canary_store
 from turnout.dashboard.store.errors import StoreError
+from turnout.dashboard.store.models import utcnow
 from turnout.dashboard.store.tokens import Role
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))
@@ -158,12 +160,16 @@ def canaries_page(
 
     with services.db.read_session() as session:
         ks = canary_store.get_kill_switch(session=session)
+    engines = current_views(services)
     return render(
         request,
         "canaries.html",
         user,
         cohorts=cohort_rows(services),
         kill_switch=ks,
+        stale_engines=[v for v in engines if v.stale],
+        num_engines=len(engines),
+        now=utcnow(),
         message=message,
         error=error,
         rollout=rollout_view(services, user),

@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse
 
 from turnout.dashboard.deployments import decide_line, explain_url, spec_rows
 from turnout.dashboard.deps import MAX_BODY, ServicesDep
+from turnout.dashboard.engine_fleet import current_views
 from turnout.dashboard.filters import REASON_CODES, FiltersDep
 from turnout.dashboard.impact import spec_config, spec_with_id
 from turnout.dashboard.invocation import turnout_here
@@ -20,6 +21,7 @@ from turnout.dashboard.pages import UserDep, render
 from turnout.dashboard.store import history
 from turnout.dashboard.store.history import MAX_PAGE_SIZE, Cursor, EventFilter, EventPage
 from turnout.dashboard.store.launches import LaunchRecord
+from turnout.dashboard.store.models import utcnow
 from turnout.dashboard.window import TimeWindow, WindowDep
 
 router = APIRouter(include_in_schema=False, max_body_size=MAX_BODY)
@@ -121,6 +123,8 @@ def deployment_page(
         query={"size": str(size)} if size != 25 else {},
         window=TimeWindow(),
         launch=LaunchRecord.of(latest),
+        engines=current_views(services, deployment_id=deployment_id),
+        now=utcnow(),
         **_inputs(services, row),
     )
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from turnout.dashboard.alertmanager import Receivers, load_receivers
 from turnout.dashboard.auth import TokenVerifier
 from turnout.dashboard.metrics import Metrics
 from turnout.dashboard.policy import Policy
@@ -18,6 +19,7 @@ class Services:
     policy: Policy
     verifier: TokenVerifier
     metrics: Metrics
+    alerts: Receivers = field(default_factory=Receivers)  # TURNOUT_ALERTMANAGER_CONFIG
 
     def require_approval(self) -> bool:
         """Enabling changes wait for a second operator: this process's
@@ -33,6 +35,14 @@ class Services:
 
     @classmethod
     def build(cls, settings: Settings) -> Services:
+        """The services of ``settings``.
+
+        Raises:
+            DatabaseUnavailable: the database URL cannot be used.
+            AlertConfigError: ``alertmanager_config`` names a file that cannot be used.
+            OracleError: the pack cannot be loaded.
+        """
+        alerts = load_receivers(settings.alertmanager_config)
         db = Database(settings.database_url, sqlite_synchronous=settings.sqlite_synchronous)
         metrics = Metrics()
         metrics.watch_health(db.read_session, settings.health_metrics_window_s)
@@ -42,4 +52,5 @@ class Services:
             policy=Policy(settings.pack, db, settings.snapshot_ttl_s),
             verifier=TokenVerifier(db.read_session, settings.token_cache_ttl_s),
             metrics=metrics,
+            alerts=alerts,
         )

@@ -1,8 +1,9 @@
 """The service's settings: the only reader of the environment (``TURNOUT_*`` variables).
 
 Defaults give the embedded set-up of ``make run``: a SQLite file ``var/turnout.db`` in the source
-checkout (whatever the working directory, so that ``turnout canary …`` run from anywhere uses
-the database ``make run`` serves), the shipped ``turnout`` policy pack, http://127.0.0.1:8000.
+checkout (whatever the working directory, so that ``turnout db`` and ``turnout demo`` run from
+anywhere use the database ``make run`` serves), the shipped ``turnout`` policy pack,
+http://127.0.0.1:8000.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from turnout.dashboard.gates import GateConfig
@@ -121,6 +122,26 @@ class Settings(BaseSettings):
         description="run the ramp ticker (ramps, scheduled flips) and the webhook delivery "
         "worker in the service (every replica may: they take turns through row locks)",
     )
+    prometheus_url: str | None = Field(
+        default=None,
+        description="the fleet's Prometheus (http://prometheus:9090), which ramps' PromQL "
+        "gates query; unset: a PromQL gate is inconclusive",
+    )
+    prometheus_timeout_s: float = Field(
+        default=5.0, gt=0.0, le=120.0, description="seconds one PromQL gate query may take"
+    )
+    prometheus_authorization: SecretStr | None = Field(
+        default=None,
+        description="the Authorization header value Prometheus needs (e.g. 'Bearer <token>')",
+    )
+    engine_ttl_s: float = Field(
+        default=90.0,
+        ge=1.0,
+        le=86_400.0,
+        description="a registered engine whose last heartbeat is older than this many seconds "
+        "drops out of Prometheus' targets and of the list of engines on an old decision "
+        "(engines send one every 15 s by default)",
+    )
     tick_s: float = Field(
         default=5.0, ge=0.05, le=3600.0, description="seconds between two passes of the ramp ticker"
     )
@@ -157,6 +178,12 @@ class Settings(BaseSettings):
         gt=0.0,
         le=300.0,
         description="how long one attempt waits for the receiver's answer, in all",
+    )
+    alertmanager_config: Path | None = Field(
+        default=None,
+        description="a YAML file of Alertmanager receivers (their tokens and rules) that "
+        "POST /api/v1/alertmanager accepts alerts from (dashboard/alertmanager.py); none: "
+        "no receiver, every alert is refused",
     )
     webhook_lease_s: float = Field(
         default=60.0,

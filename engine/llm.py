@@ -341,6 +341,12 @@ class LLM:
         return self._recorder
 
     @property
+    def oracle_client(self) -> Any:
+        """The ``oracle.client.OracleClient`` this engine reports through (``None`` when it
+        reports nothing): a server registers its address with it."""
+        return self._reporting.client if self._reporting is not None else None
+
+    @property
     def _recorder(self) -> Any:
         return self._reporting.recorder if self._reporting is not None else None
 

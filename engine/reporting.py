@@ -61,15 +61,22 @@ def client_from_env(environ: Mapping[str, str], pack: str) -> Any:  # -> OracleC
             f"{MIN_HEALTH_INTERVAL_S:g}, got {text!r}"
         )
     from turnout.oracle.client import OracleClient
+    from turnout.oracle.launch import SERVICE_TIMEOUT_S, STARTUP_SLACK_S
     from turnout.oracle.launch_inputs import LaunchSettings
 
     settings = LaunchSettings.from_env(environ)
+    # Start-up waits for the first snapshot as `turnout launch` does (the fetch's own deadline
+    # and a little slack), not the client's 50 ms default: loading a model takes far longer,
+    # and an engine that decided on the pack's defaults before the service answered would
+    # run the wrong runner until its next restart.
     return OracleClient(
         settings.url,
         settings.token,
         cache_dir=settings.cache_dir,
         pack=pack,
         health_interval_s=interval,
+        timeout_s=SERVICE_TIMEOUT_S,
+        startup_wait_s=SERVICE_TIMEOUT_S + STARTUP_SLACK_S,
     ).start()
 
 

@@ -39,6 +39,7 @@ from typing import Any, Literal
 import httpx
 
 from turnout.oracle import CanarySnapshot, Decision, DeploymentConfig, decide, load_pack
+from turnout.oracle.client_engines import DEFAULT_HEARTBEAT_INTERVAL_S, EngineRegistrations
 from turnout.oracle.client_health import HealthReports, HealthSource
 from turnout.oracle.client_http import RefusalLog, acknowledged, request_within
 from turnout.oracle.client_snapshot import (
@@ -48,7 +49,7 @@ from turnout.oracle.client_snapshot import (
     save_last_known_good,
 )
 from turnout.oracle.client_spool import SendResult, Spool
-from turnout.oracle.wire import LaunchIn, SnapshotIn, decision_event
+from turnout.oracle.wire import EngineIn, LaunchIn, SnapshotIn, decision_event
 
 log = logging.getLogger("turnout.client")
 
@@ -108,11 +109,15 @@ class OracleClient:
         refresh_interval_s: float = 30.0,
         flush_interval_s: float = 1.0,
         health_interval_s: float = 60.0,
+        heartbeat_interval_s: float = DEFAULT_HEARTBEAT_INTERVAL_S,
         batch_size: int = 500,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.pack_name = pack
         self.pack = load_pack(pack)  # compiled once, before any deadline starts
+        # What events, health reports, registrations and the last-known-good file name say:
+        # the pack's own name, also when it was given as a folder (a path is no name).
+        self.wire_pack = self.pack.name
         self.host = host if host is not None else socket.gethostname()
         self.cache_dir = Path(cache_dir)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
@@ -122,8 +127,12 @@ class OracleClient:
         self.flush_interval_s = flush_interval_s
         self.batch_size = batch_size
         self.health_interval_s = health_interval_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.engines = EngineRegistrations()
         self.spool = Spool(self.cache_dir / "spool")
-        self.health = HealthReports(self.cache_dir / "spool-health", host=self.host, pack=pack)
+        self.health = HealthReports(
+            self.cache_dir / "spool-health", host=self.host, pack=self.wire_pack
+        )
         # No keep-alive: each request opens the connection its deadline can cut
         # (oracle/client_http.py); at about one request a second that costs nothing.
         self._http = (
@@ -147,6 +156,7 @@ class OracleClient:
         self.snapshot_source: SnapshotSource = "defaults"
         self._first_fetch = threading.Event()
         self._wake = threading.Event()
+        self._beat_now = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._load_last_known_good()
@@ -161,7 +171,8 @@ class OracleClient:
 
     def close(self, flush_timeout_s: float = 2.0) -> None:
         """Stop the thread after a last health report of every watched source and one last
-        send; what is unsent stays in the spools for next time."""
+        send (what is unsent stays in the spools for next time), and end the registration of
+        every engine still registered."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -171,6 +182,8 @@ class OracleClient:
             self._safely(self.health.collect)  # spooled: the next client sends it
         for spool in (self.spool, self.health.spool):
             self._safely(spool.close)
+        for engine_id in self.engines.ids():  # an engine still registered ends with its client
+            self.end_engine(engine_id)
         if self._http is not None:
             self._http.close()
 
@@ -243,7 +256,7 @@ class OracleClient:
         event = event_from_decision(
             decision,
             config,
-            pack=self.pack_name,
+            pack=self.wire_pack,
             deployment_id=deployment_id,
             host=self.host,
             event_id=event_id,
@@ -276,6 +289,23 @@ class OracleClient:
         if self.health.unwatch(source):
             self._wake.set()
 
+    def register_engine(self, engine: EngineIn) -> None:
+        """Register a serving engine with the service now (in the background thread) and
+        again every ``heartbeat_interval_s`` until :meth:`end_engine` or :meth:`close`
+        (``oracle/client_engines.py``). Nothing happens without a service URL."""
+        if self._http is None:
+            return
+        self.engines.add(engine)
+        self._beat_now = True
+        self._wake.set()
+
+    def end_engine(self, engine_id: str) -> bool:
+        """Stop the heartbeat and say goodbye (``DELETE``, within ``timeout_s``): the engine
+        leaves the service's targets at once. True when the service took it."""
+        if self.engines.remove(engine_id) is None or self._http is None:
+            return False
+        return EngineRegistrations.end(self._request, engine_id)
+
     # -- background work -------------------------------------------------------------------
     def _run(self) -> None:
         try:
@@ -284,9 +314,15 @@ class OracleClient:
             self._first_fetch.set()
         now = time.monotonic()
         next_refresh, next_health = now + self.refresh_interval_s, now + self.health_interval_s
+        next_beat = now
         while not self._stop.is_set():
+            if self._beat_now or time.monotonic() >= next_beat:
+                self._beat_now = False
+                if self.engines:
+                    self._safely(lambda: self.engines.beat(self._request))
+                next_beat = time.monotonic() + self.heartbeat_interval_s
             self._safely(self.flush)
-            soonest = min(next_refresh, next_health) - time.monotonic()
+            soonest = min(next_refresh, next_health, next_beat) - time.monotonic()
             self._wake.wait(max(0.0, min(self.flush_interval_s, soonest)))
             self._wake.clear()
             now = time.monotonic()
@@ -399,7 +435,7 @@ class OracleClient:
     # -- last-known-good -------------------------------------------------------------------
     @property
     def _lkg_path(self) -> Path:
-        return self.cache_dir / f"snapshot-{self.pack_name}.json"
+        return self.cache_dir / f"snapshot-{self.wire_pack}.json"
 
     def _load_last_known_good(self) -> None:
         kept = load_last_known_good(self._lkg_path, self.pack, self.pack_name)

@@ -30,19 +30,26 @@ import dataclasses
 import hashlib
 import logging
 import os
+import uuid
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from turnout.oracle.client import OracleClient, SnapshotSource
 from turnout.oracle.config import DeploymentConfig
-from turnout.oracle.decision import CanarySnapshot, Decision
+from turnout.oracle.decision import CanarySnapshot, Decision, RunnerName
 from turnout.oracle.errors import ErrorCode, OracleError
 from turnout.oracle.launch_inputs import LaunchSettings, config_from_command, engine_args_words
 from turnout.oracle.pack import Pack, load_pack
 from turnout.oracle.vllm_install import VllmInstall, installed_vllm
-from turnout.oracle.wire import MAX_ENV_VALUE_CHARS, LaunchIn, StartupIn
+from turnout.oracle.wire import (
+    MAX_ENV_VALUE_CHARS,
+    EngineIn,
+    LaunchIn,
+    StartupIn,
+    engine_registration,
+)
 
 #: The deadline of each request launch makes to the service, in seconds (``--service-timeout``):
 #: the canary snapshot it decides with, and the decision event before vLLM is exec'ed (an event
@@ -306,3 +313,48 @@ def apply_rollout(
             client.close(flush_timeout_s=client.timeout_s)
     environ.update(launch.env)
     return launch
+
+
+def served_address(words: list[str], default_host: str) -> tuple[str, Literal["http", "https"]]:
+    """Where ``vllm serve`` (``words``) answers, as ``(host:port, scheme)``: its ``--host``
+    (``default_host`` when absent or every interface) and ``--port`` (vLLM's default 8000),
+    ``https`` when ``--ssl-certfile`` is given (vllm/entrypoints/openai/cli_args.py)."""
+    flags: dict[str, str] = {}
+    for i, word in enumerate(words):
+        name, eq, value = word.partition("=")
+        if name in ("--host", "--port", "--ssl-certfile"):
+            flags[name] = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+    host = flags.get("--host") or default_host
+    if host in ("0.0.0.0", "::"):
+        host = default_host
+    port = flags.get("--port") or "8000"
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return address, "https" if flags.get("--ssl-certfile") else "http"
+
+
+def engine_of(
+    launch: Launch, words: list[str], *, host: str, pack: str, runner: str | None = None
+) -> EngineIn:
+    """The registration of the vLLM ``launch`` started (``pack``: the rollout pack's name;
+    ``runner``: the one vLLM said it uses, when it differs from the decision's).
+
+    Raises:
+        ValueError: no runner, or an address the service would refuse.
+    """
+    decision = launch.decision
+    said: RunnerName | None = "v1" if runner == "v1" else "v2" if runner == "v2" else None
+    if said is not None:
+        decision = decision._replace(runner=said)
+    address, scheme = served_address(words, host)
+    return engine_registration(
+        decision,
+        launch.config,
+        engine_id=f"{host[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
+        address=address,
+        scheme=scheme,
+        engine="vllm",
+        vllm_version=launch.install.version[:64],
+        pack=pack,
+        deployment_id=launch.config.deployment_id or host,
+        host=host,
+    )

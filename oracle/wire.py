@@ -359,6 +359,111 @@ class HealthReportIn(BaseModel):
         return self
 
 
+# -- engine registration (PUT /api/v1/engines/{engine_id}) ----------------------------------
+# An address a Prometheus can scrape: a host name or an IPv4 address, or an IPv6 one in
+# brackets, and a port.
+ADDRESS_PATTERN = (
+    r"^([A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]{2,45}\]):[0-9]{1,5}$"
+)
+ENGINE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
+
+
+class EngineIn(BaseModel):
+    """A serving engine, as it registers with the service and repeats as its heartbeat: where
+    it answers (its OpenAI-compatible API and its Prometheus metrics), the decision it runs,
+    and its cohort in the stage's canary. The service lists it for Prometheus' HTTP service
+    discovery (``GET /api/v1/prometheus/targets``) and in the list of engines still on an old
+    decision. ``PUT /api/v1/engines/{engine_id}`` takes it (the id also in the body);
+    ``DELETE`` ends the registration at a clean exit.
+
+    ``cohort`` is ``canary`` for an engine the stage's canary put on V2 (the decision's
+    ``canary.included``), else ``baseline``. ``vllm_version`` is the vLLM release whose
+    metric names the engine exports: vLLM's own for ``turnout launch``, the release
+    ``turnout engine serve`` follows (``serving/metrics.py``) for turnout's runners."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    engine_id: str = Field(pattern=ENGINE_ID_PATTERN, description="unique per engine process")
+    deployment_id: Name
+    host: str = Field(default="", max_length=256)
+    address: str = Field(
+        max_length=300, pattern=ADDRESS_PATTERN, description="host:port Prometheus scrapes"
+    )
+    scheme: Literal["http", "https"] = "http"
+    metrics_path: str = Field(default="/metrics", max_length=256, pattern=r"^/[A-Za-z0-9._~/%-]*$")
+    engine: Literal["turnout", "vllm"] = Field(
+        description="turnout's runners (turnout engine serve) or vLLM (turnout launch)"
+    )
+    vllm_version: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9.+_-]+$")
+    pack: str = Field(min_length=1, max_length=64)
+    family: str = Field(min_length=1, max_length=64)
+    stage: str | None = Field(default=None, max_length=64)
+    runner: Literal["v1", "v2"]
+    mode: Literal["auto", "pinned"]
+    cohort: Literal["canary", "baseline"]
+    policy_digest: str = Field(default="", max_length=128)
+    config: dict[str, Any] | None = Field(
+        default=None, description="the deployment's spec, as a decision event carries it"
+    )
+    started_at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _port(self) -> EngineIn:
+        port = int(self.address.rsplit(":", 1)[1])
+        if not 1 <= port <= 65535:
+            raise ValueError(f"address {self.address!r}: the port must be in 1..65535")
+        return self
+
+
+def cohort_of(decision: Decision) -> Literal["canary", "baseline"]:
+    """``canary`` when the stage's canary took this deployment (to V2), else ``baseline``."""
+    return "canary" if decision.canary is not None and decision.canary.included else "baseline"
+
+
+def engine_registration(
+    decision: Decision,
+    config: DeploymentConfig,
+    *,
+    engine_id: str,
+    address: str,
+    engine: Literal["turnout", "vllm"],
+    vllm_version: str,
+    pack: str,
+    deployment_id: str,
+    host: str = "",
+    metrics_path: str = "/metrics",
+    scheme: Literal["http", "https"] = "http",
+    started_at: dt.datetime | None = None,
+) -> EngineIn:
+    """The registration of an engine that runs ``decision``.
+
+    Raises:
+        ValueError: the decision has no runner (nothing serves), or a field is out of bounds
+            (pydantic's ValidationError, a ValueError).
+    """
+    if decision.runner is None:
+        raise ValueError(f"no runner serves this deployment: {decision.error}")
+    return EngineIn(
+        engine_id=engine_id,
+        deployment_id=deployment_id,
+        host=host,
+        address=address,
+        scheme=scheme,
+        metrics_path=metrics_path,
+        engine=engine,
+        vllm_version=vllm_version,
+        pack=pack,
+        family=decision.family or UNKNOWN_FAMILY,
+        stage=decision.stage,
+        runner=decision.runner,
+        mode=decision.mode,
+        cohort=cohort_of(decision),
+        policy_digest=decision.policy_digest,
+        config=config.to_spec(),
+        started_at=started_at or dt.datetime.now(dt.UTC),
+    )
+
+
 class HealthIngestIn(BaseModel):
     """A batch of health reports. Unlike decision events, a bad report is refused alone: the
     others are stored, and the answer names each refused one."""

@@ -82,7 +82,15 @@ class Service:
         self.db = f"sqlite:///{where / 'check.db'}"
         self.token = (
             self._turnout(
-                "token", "create", "--role", "admin", "--name", "check", "--database-url", self.db
+                "token",
+                "create",
+                "--role",
+                "admin",
+                "--name",
+                "check",
+                "--create",
+                "--database-url",
+                self.db,
             )
             .strip()
             .splitlines()[-1]

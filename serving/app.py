@@ -113,6 +113,7 @@ class ServerState:
     llm: Any = None
     metrics: Any = None
     decision: dict[str, Any] | None = None
+    engine_id: str | None = None  # as registered with the service (None: not reported)
     model_path: str = ""
     max_model_len: int = 0
     version: str = ""

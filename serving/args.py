@@ -17,10 +17,14 @@ invalid int value: 'x'``; exit status 2). Flags whose vLLM meaning differs are n
 from __future__ import annotations
 
 import argparse
+import re
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from turnout.oracle.wire import ADDRESS_PATTERN
 
 DEFAULT_PORT = 8000  # vllm serve's
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
@@ -69,6 +73,15 @@ class ServeArgs:
     max_logprobs: int | None = None
     num_kv_blocks: int | None = None
     uvicorn_log_level: str = "info"
+    advertise_address: str | None = None
+
+    def address(self) -> str:
+        """host:port where this server answers, as the service lists it."""
+        if self.advertise_address:
+            return self.advertise_address
+        host = self.host if self.host not in (None, "", "0.0.0.0", "::") else socket.gethostname()
+        assert host is not None
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     def served_model_names(self) -> list[str]:
         """``--served-model-name`` values, else the model path as given (vLLM's default)."""
@@ -147,6 +160,13 @@ def build_parser(prog: str = "turnout engine serve") -> argparse.ArgumentParser:
         default=None,
         help="the deployment's id (canary split; default TURNOUT_DEPLOYMENT_ID, else the host)",
     )
+    p.add_argument(
+        "--advertise-address",
+        type=_address,
+        default=None,
+        help="host:port the service lists for Prometheus to scrape (default: --host and "
+        "--port; the host name when binding every interface)",
+    )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--block-size", type=_positive_int, default=None)
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
@@ -158,6 +178,12 @@ def build_parser(prog: str = "turnout engine serve") -> argparse.ArgumentParser:
         default="info",
     )
     return p
+
+
+def _address(text: str) -> str:
+    if not re.fullmatch(ADDRESS_PATTERN, text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not host:port")
+    return text
 
 
 def parse_args(argv: Sequence[str], prog: str = "turnout engine serve") -> ServeArgs:

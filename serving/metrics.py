@@ -27,6 +27,10 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+# The vLLM release whose metric table this module follows (the engine registers with it: the
+# ``vllm_version`` label of its scrape target).
+METRICS_RELEASE = "0.33.0"
+
 # vllm/v1/metrics/buckets.py (0.33.0), the defaults of each family.
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip

@@ -19,19 +19,24 @@ A second signal exits at once.
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
 import time
+import uuid
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
+from turnout.oracle.wire import engine_registration
 from turnout.serving.app import ServerState, create_app
 from turnout.serving.args import ServeArgs
 from turnout.serving.async_engine import AsyncEngine
-from turnout.serving.metrics import ServingMetrics
+from turnout.serving.metrics import METRICS_RELEASE, ServingMetrics
 
 logger = logging.getLogger("turnout.serving")
 
@@ -107,6 +112,7 @@ def load_engine(args: ServeArgs, state: ServerState) -> None:
     )
     engine.start()
     state.llm, state.engine, state.metrics = llm, engine, metrics
+    state.engine_id = register(args, llm)
     state.decision = decision.to_json()
     state.max_model_len = llm.config.max_model_len
     state.runner_header = str(decision.runner)
@@ -120,6 +126,41 @@ def load_engine(args: ServeArgs, state: ServerState) -> None:
         f", stage {decision.stage}" if decision.stage else "",
         f": {reasons}" if reasons else "",
     )
+
+
+def register(args: ServeArgs, llm: Any) -> str | None:
+    """Register this server with the rollout-control service (when ``TURNOUT_URL`` names
+    one): its address and ``/metrics`` for Prometheus' service discovery, the decision it
+    runs, its cohort; the client repeats it as a heartbeat. Returns the engine id, or None
+    when nothing is reported."""
+    client = llm.oracle_client
+    if client is None:
+        return None
+    engine_id = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        registration = engine_registration(
+            llm.decision,
+            llm.deployment,
+            engine_id=engine_id,
+            address=args.address(),
+            engine="turnout",
+            vllm_version=METRICS_RELEASE,
+            pack=client.wire_pack,
+            deployment_id=llm.deployment.deployment_id or client.host,
+            host=client.host,
+        )
+    except ValueError as exc:  # the server serves; only Prometheus' discovery misses it
+        logger.error("not registered with the rollout-control service: %s", exc)
+        return None
+    client.register_engine(registration)
+    logger.info(
+        "registered with the rollout-control service as %s at %s (%s, %s)",
+        engine_id,
+        registration.address,
+        registration.cohort,
+        registration.runner,
+    )
+    return engine_id
 
 
 class DrainingServer(uvicorn.Server):
@@ -208,6 +249,8 @@ def serve(args: ServeArgs) -> int:
     loader.join(timeout=1.0)
     if state.engine is not None:
         state.engine.stop()
+    if state.llm is not None and state.engine_id is not None:
+        state.llm.oracle_client.end_engine(state.engine_id)  # leaves the targets at once
     if state.llm is not None:
         state.llm.shutdown()
     return EXIT_LOAD_FAILED if failure else EXIT_OK

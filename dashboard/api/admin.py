@@ -56,6 +56,7 @@ def _token_out(row: ApiToken) -> TokenOut:
         created_at=row.created_at,
         created_by=row.created_by,
         revoked=row.revoked_at is not None,
+        revoked_at=row.revoked_at,
         expires_at=row.expires_at,
     )
 
@@ -105,8 +106,8 @@ def revoke_token(
         raise http_error(
             409,
             ErrorCode.SELF_REVOKE,
-            "this is the token making the call; revoke it "
-            f"with another admin token or `{turnout_here()} token revoke`",
+            "this is the token making the call; revoke it with another admin token (one "
+            f"made on the service's database: `{turnout_here()} token create --role admin`)",
         )
     try:
         row = tokens.revoke_token(

@@ -21,7 +21,7 @@ from turnout.dashboard.api.schemas import (
     KillSwitchOut,
     KillSwitchSetOut,
 )
-from turnout.dashboard.api.schemas_rollout import KillSwitchReachOut, ScheduledFlipOut
+from turnout.dashboard.api.schemas_rollout import KillSwitchReachOut, ScheduledFlipOut, StageOut
 from turnout.dashboard.bodies import JsonRoute
 from turnout.dashboard.deps import (
     ERROR_RESPONSES,
@@ -123,6 +123,17 @@ def get_canary(
         raise_cohort_error(services, cohort, err)
     response.headers["ETag"] = f'"{canary.version}"'
     return _cohort_out(services, canary)
+
+
+@router.get("/stages", response_model=list[StageOut])
+def get_stages(services: ServicesDep, _who: ViewerDep) -> list[StageOut]:
+    """The pack's rollout stages in order, each with the families it names (the command
+    line reads a family name as its first stage: ``llama`` → ``llama-mistral-dense``)."""
+    labels = services.policy.cohort_labels()
+    return [
+        StageOut(cohort=cohort, label=labels.get(cohort, cohort), position=i, families=list(names))
+        for i, (cohort, names) in enumerate(services.policy.cohort_families().items())
+    ]
 
 
 def raise_cohort_error(services: Services, cohort: str, err: StoreError) -> NoReturn:

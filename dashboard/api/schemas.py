@@ -324,6 +324,7 @@ class TokenOut(BaseModel):
     created_at: dt.datetime
     created_by: str
     revoked: bool
+    revoked_at: dt.datetime | None = Field(default=None, description="null: not revoked")
     expires_at: dt.datetime | None = Field(description="when it stops being accepted (null: never)")
 
 

@@ -19,7 +19,15 @@ Reason = Field(
     pattern=r"\S",
     description="why (goes to the audit log)",
 )
-KindName = Literal["flip", "ramp_step", "gate_failure", "kill_switch", "scheduled_flip", "approval"]
+KindName = Literal[
+    "flip",
+    "ramp_step",
+    "gate_failure",
+    "kill_switch",
+    "scheduled_flip",
+    "approval",
+    "restart_required",
+]
 assert set(KindName.__args__) == {k.value for k in Kind}  # type: ignore[attr-defined]
 
 
@@ -138,6 +146,16 @@ class PendingOut(BaseModel):
     requested_by: str
     requested_at: dt.datetime
     version: int
+
+
+class StageOut(BaseModel):
+    cohort: str
+    label: str
+    position: int = Field(description="the stage's place in the rollout order, from 0")
+    families: list[str] = Field(
+        description="the families the stage names (none: it takes deployments by their "
+        "attributes); a family name stands for the first stage that names it"
+    )
 
 
 class KillSwitchReachOut(BaseModel):

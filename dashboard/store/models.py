@@ -229,6 +229,39 @@ class EngineHealth(Base):
     received_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class Engine(Base):
+    """A serving engine that registered (``PUT /api/v1/engines/{engine_id}``,
+    ``oracle.wire.EngineIn``): where Prometheus scrapes it, the decision it runs and when it
+    last said it lives (each registration repeats as a heartbeat). ``ended_at`` is set by its
+    clean exit (``DELETE``); an engine that stops without one drops out of the live list when
+    its heartbeat is older than the service's ``engine_ttl_s``. Read by
+    ``dashboard/store/engines.py``."""
+
+    __tablename__ = "engines"
+    __table_args__ = (Index("ix_engines_last_seen_at", "last_seen_at"),)
+
+    engine_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    deployment_id: Mapped[str] = mapped_column(String(256))
+    host: Mapped[str] = mapped_column(String(256), default="")
+    address: Mapped[str] = mapped_column(String(300))
+    scheme: Mapped[str] = mapped_column(String(8))
+    metrics_path: Mapped[str] = mapped_column(String(256))
+    engine: Mapped[str] = mapped_column(String(16))  # turnout | vllm
+    vllm_version: Mapped[str] = mapped_column(String(64))
+    pack: Mapped[str] = mapped_column(String(64))
+    family: Mapped[str] = mapped_column(String(64))
+    stage: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    runner: Mapped[str] = mapped_column(String(8))
+    mode: Mapped[str] = mapped_column(String(8))
+    cohort: Mapped[str] = mapped_column(String(16))  # canary | baseline
+    policy_digest: Mapped[str] = mapped_column(String(128), default="")
+    config: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    registered_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    last_seen_at: Mapped[dt.datetime] = mapped_column(UTCDateTime())
+    ended_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
 class ApiToken(Base):
     """A bearer token, stored as its SHA-256 (the token itself is shown once, at creation)."""
 

@@ -1,5 +1,6 @@
 """Tables of the closed rollout loop: ramps, scheduled flips (with their approvals), webhook
-subscriptions and the webhook outbox (migration 0006).
+subscriptions and the webhook outbox (migration 0006), Alertmanager's alerts as received
+(migration 0008).
 
 A ramp and a scheduled flip that need a second operator's approval carry it themselves
 (``state = "pending_approval"``, then ``requested_by`` / ``approved_by``): an approval is a
@@ -11,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from turnout.dashboard.store.models import Base, JSONType
@@ -128,3 +129,38 @@ class OutboxEntry(Base):
     last_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     delivered_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)
+
+
+class AlertReceipt(Base):
+    """One alert of Alertmanager's webhook as a receiver of ``TURNOUT_ALERTMANAGER_CONFIG``
+    received it, once per firing: the key is (``receiver``, ``fingerprint``, ``starts_at``),
+    so the repeats of a firing alert (every ``repeat_interval``, from each Alertmanager of an
+    HA pair) find its receipt and act no more (``dashboard.store.alerts``).
+
+    ``status`` is the alert's status when first received (``firing`` or ``resolved``);
+    ``resolved_at`` its ``endsAt`` once a resolved notification came. ``action`` is the one
+    its receiver's first matching rule names (None: no rule matched), ``cohort`` the stage it
+    acted on, ``outcome`` what came of it (``acted``, ``no_change``, ``no_ramp``, ``no_stage``,
+    ``unknown_stage``, ``no_rule``, ``resolved``) and ``audit_id`` the audit entry of an
+    ``acted`` one.
+    """
+
+    __tablename__ = "alert_receipts"
+    __table_args__ = (
+        UniqueConstraint("receiver", "fingerprint", "starts_at", name="uq_alert_receipts_firing"),
+        Index("ix_alert_receipts_received_at", "received_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    receiver: Mapped[str] = mapped_column(String(64))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    starts_at: Mapped[dt.datetime] = mapped_column()
+    status: Mapped[str] = mapped_column(String(16))
+    labels: Mapped[dict[str, Any]] = mapped_column(JSONType)
+    generator_url: Mapped[str] = mapped_column(Text)
+    action: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    cohort: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    outcome: Mapped[str] = mapped_column(String(16))
+    audit_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    received_at: Mapped[dt.datetime] = mapped_column()
+    resolved_at: Mapped[dt.datetime | None] = mapped_column(nullable=True)

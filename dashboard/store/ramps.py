@@ -311,14 +311,16 @@ def fail(
     now: dt.datetime,
     gates: list[dict[str, Any]],
     why: str,
+    pause_only: bool = False,
 ) -> None:
-    """A gate failed: pause the ramp, or end it and disable the cohort (``on_failure``).
+    """A gate failed: pause the ramp, or end it and disable the cohort (``on_failure``;
+    ``pause_only``: pause whatever it says, as an inconclusive PromQL gate does).
     ``why`` (the failing gates' messages) is cut to what an audit reason holds; ``gates`` and
     the ramp's ``last_gates`` keep every gate in full."""
     why = audit.clip_reason(why, "every gate in full in the ramp's last_gates")
     before = ramp_json(ramp)
     ramp.version += 1
-    if ramp.on_failure == "rollback":
+    if ramp.on_failure == "rollback" and not pause_only:
         ramp.state, ramp.ended_at, ramp.end_reason = RampState.rolled_back.value, now, why
         canaries.set_state(canary, enabled=False, percentage=None, actor="ramp", at=now)
         action = "ramp.rollback"

@@ -40,6 +40,8 @@ class Kind(StrEnum):
     kill_switch = "kill_switch"  # engaged or released
     scheduled_flip = "scheduled_flip"  # a flip was scheduled, ran, failed or was cancelled
     approval = "approval"  # a change awaits a second operator, was approved or rejected
+    # the canary state changed and live engines run another runner than it gives them
+    restart_required = "restart_required"
 
 
 class OutboxState(StrEnum):

@@ -20,6 +20,7 @@ from turnout.oracle.launch import (
     Launch,
     LaunchRefused,
     decide_launch,
+    engine_of,
     make_client,
     report,
 )
@@ -199,6 +200,18 @@ def _cannot_start(executable: str, exc: OSError) -> int:
     return 127 if isinstance(exc, FileNotFoundError) else 126
 
 
+def _register(client: OracleClient, planned: Launch, words: list[str], runner: str) -> None:
+    """Register the vLLM server with the service (Prometheus' targets, the engines on an old
+    decision); the client repeats it while vLLM runs and ends it when vLLM exits."""
+    try:
+        engine = engine_of(planned, words, host=client.host, runner=runner, pack=client.wire_pack)
+    except ValueError as exc:
+        log.warning("vLLM is not registered with the service: %s", exc)
+        return
+    client.register_engine(engine)
+    log.info("registered vLLM with the service as %s at %s", engine.engine_id, engine.address)
+
+
 def _run_child(
     client: OracleClient,
     planned: Launch,
@@ -223,6 +236,8 @@ def _run_child(
             startup=StartupIn.model_validate({"runner": runner, "line": line[:2000]}),
             event_id=f"{event_id}.startup" if event_id else None,
         )
+        if client.service_configured:
+            _register(client, planned, words, runner)
 
     log.info("starting %s %s (--report-startup)", _executable(planned), " ".join(words[1:]))
     try:

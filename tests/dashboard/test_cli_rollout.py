@@ -1,44 +1,36 @@
-"""``turnout canary ramp …``, ``canary schedule``, ``approvals …``, ``webhook …`` on a database,
-and ``turnout evidence push`` of real JUnit reports to a running service."""
+"""``turnout canary ramp …``, ``canary schedule``, ``approvals …``, ``webhook …`` through a
+served database (``cli_helpers.served``), and ``turnout evidence push`` of real JUnit reports to
+a running service."""
 
 from __future__ import annotations
 
 import datetime as dt
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import typer
+from cli_helpers import ServiceCli, served
 from service_helpers import LiveService, make_tokens, start_service
-from typer.testing import CliRunner
 
-from turnout.dashboard import cli
 from turnout.dashboard.junit import JUnitError, parse_junit
 from turnout.dashboard.services import Services
-from turnout.dashboard.settings import Settings
 from turnout.dashboard.store import audit, canaries, webhooks
 
-Run = Callable[..., tuple[int, str]]
+Run = ServiceCli
 
 
 @pytest.fixture
-def run(tmp_path: Path) -> Run:
-    app = typer.Typer()
-    cli.register(app)
-    url = f"sqlite:///{tmp_path / 'cli.db'}"
-
-    def invoke(*args: str) -> tuple[int, str]:
-        result = CliRunner().invoke(app, [*args, "--database-url", url])
-        return result.exit_code, result.output
-
-    invoke.url = url  # type: ignore[attr-defined]
-    return invoke
+def run(tmp_path: Path) -> Iterator[ServiceCli]:
+    """A command as the served database's operator token (``token=`` for another)."""
+    with served(tmp_path) as service_cli:
+        service_cli.role = "operator"
+        yield service_cli
 
 
 def _services(run: Run) -> Services:
-    return Services.build(Settings(database_url=run.url, demo=False))  # type: ignore[attr-defined]
+    return run.services
 
 
 def test_a_ramp_from_the_command_line(run: Run) -> None:
@@ -106,7 +98,7 @@ def test_a_paused_ramp_says_it_waits_for_a_resume(run: Run) -> None:
         (("--steps", "10:forever"), "--steps '10:forever'"),
         (("--steps", "10", "--bake", "soon"), "--bake"),
         (("--steps", "10", "--on-failure", "panic"), "use pause or rollback"),
-        (("--steps", "10", "--evidence-max-age", "1s"), "gates: evidence_max_age_s"),
+        (("--steps", "10", "--evidence-max-age", "1s"), "gates.evidence_max_age_s"),
     ],
 )
 def test_a_bad_ramp_is_bad_input(run: Run, args: tuple[str, ...], says: str) -> None:
@@ -114,21 +106,38 @@ def test_a_bad_ramp_is_bad_input(run: Run, args: tuple[str, ...], says: str) -> 
     assert code == 2 and says in out, out
 
 
-def test_approvals_need_another_user(run: Run, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TURNOUT_REQUIRE_APPROVAL", "true")
-    monkeypatch.setenv("LOGNAME", "alice")
-    code, out = run("canary", "enable", "quantized", "--percentage", "10", "--reason", "go")
+def test_approvals_need_another_user(tmp_path: Path) -> None:
+    with served(tmp_path, require_approval=True) as service_cli:
+        _approvals_need_another_user(service_cli)
+
+
+def _approvals_need_another_user(run: Run) -> None:
+    # The approver is the token's holder: the shell's user name changes nothing.
+    alice = run.add_token("alice")
+    bob = run.add_token("bob")
+    as_alice = {"token": alice, "env": {"USER": "bob", "LOGNAME": "bob"}}
+    code, out = run(
+        "canary",
+        "enable",
+        "quantized",
+        "--percentage",
+        "10",
+        "--reason",
+        "go",
+        **as_alice,  # type: ignore[arg-type]
+    )
     assert code == 0 and "waiting for another operator's approval (flip 1" in out, out
     code, out = run("approvals", "list")
-    assert "flip 1  quantized: enable at 10 % now  (by cli:alice" in out
-    code, out = run("approvals", "approve", "flip", "1", "--reason", "me")
+    assert "flip 1  quantized: enable at 10 % now  (by alice (token 4)" in out, out
+    code, out = run("approvals", "approve", "flip", "1", "--reason", "me", **as_alice)  # type: ignore[arg-type]
     assert code == 2 and "another operator must approve it" in out
-    monkeypatch.setenv("LOGNAME", "bob")
-    code, out = run("approvals", "approve", "flip", "1", "--reason", "checked")
+    code, out = run("approvals", "approve", "flip", "1", "--reason", "checked", token=bob)
     assert code == 0 and "flip 1: approved" in out
     with _services(run).db.read_session() as s:
         assert canaries.read_state(session=s).cohorts["quantized"][:2] == (True, 10)
-    code, out = run("canary", "ramp", "start", "pooling", "--steps", "50,100", "--reason", "r")
+    code, out = run(
+        "canary", "ramp", "start", "pooling", "--steps", "50,100", "--reason", "r", token=alice
+    )
     assert code == 0 and "waiting for another operator (turnout approvals approve ramp 1" in out
     code, out = run(
         "canary", "schedule", "pooling", "--in", "2h", "--percentage", "25", "--reason", "later"
@@ -140,7 +149,7 @@ def test_approvals_need_another_user(run: Run, monkeypatch: pytest.MonkeyPatch) 
         "another operator (turnout approvals approve flip 2 --reason …))"
         in out
     ), out
-    code, out = run("approvals", "reject", "ramp", "1", "--reason", "withdrawn")
+    code, out = run("approvals", "reject", "ramp", "1", "--reason", "withdrawn", token=alice)
     assert code == 0 and "ramp 1: rejected" in out
     assert run("approvals", "approve", "rampx", "1", "--reason", "r")[0] == 2
 
@@ -162,7 +171,7 @@ def test_bake_times_of_zero_and_their_errors_speak_of_bake_times(run: Run) -> No
     )
     assert code == 0 and "(10% → 50%): active at 10% (step 1/2)" in out, out
     for args, says in [
-        (("--bake", "31d"), "bake_s 2678400 is not in 0..2592000"),
+        (("--bake", "31d"), "steps[0].bake_s: Input should be less than or equal to 2592000"),
         (
             ("--bake", "soon"),
             "--bake 'soon' is not a duration: a number and a unit: s, m, h, d or w (30d, 12h, 90m)",
@@ -191,6 +200,7 @@ def test_a_scheduled_flip_from_the_command_line(run: Run) -> None:
 
 
 def test_webhooks_from_the_command_line(run: Run) -> None:
+    run.role = "admin"  # webhooks are an admin's
     code, out = run(
         "webhook",
         "add",
@@ -307,7 +317,7 @@ def test_evidence_push_sends_a_junit_report(tmp_path: Path, live: list[LiveServi
         done = _push(svc, token, tmp_path / report, family)
         assert done.returncode == code and says in done.stderr, done.stderr
     done = _push(svc, "tok_" + "x" * 43, tmp_path / "ok.xml")
-    assert done.returncode == 1 and "(401)" in done.stderr
+    assert done.returncode == 1 and "refused the token (TURNOUT_TOKEN)" in done.stderr
     # A red run whose failed cases have long ids (parametrized tests): the details listed
     # twenty names whole, over the 10,000 characters evidence keeps, and the service refused
     # the push: the red run was never recorded and the evidence gate kept the green one.
@@ -327,29 +337,22 @@ def test_evidence_push_sends_a_junit_report(tmp_path: Path, live: list[LiveServi
 
 
 def test_a_shell_without_the_setting_follows_the_service_that_requires_approval(
-    run: Run, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     # TURNOUT_REQUIRE_APPROVAL was read by each process alone: an operator's shell without it
-    # enabled a stage at once that the service held for a second operator.
-    from turnout.dashboard.app import prepare
-
-    monkeypatch.delenv("TURNOUT_REQUIRE_APPROVAL", raising=False)
-    monkeypatch.setenv("LOGNAME", "alice")
-    service = Services.build(
-        Settings(
-            database_url=run.url,
-            demo=False,  # type: ignore[attr-defined]
-            require_approval=True,
+    # enabled a stage at once that the service held for a second operator. The service
+    # decides now; the shell's setting changes nothing.
+    with served(tmp_path, require_approval=True) as run:
+        code, out = run(
+            "canary",
+            "enable",
+            "quantized",
+            "--percentage",
+            "10",
+            "--reason",
+            "go",
+            env={"TURNOUT_REQUIRE_APPROVAL": "false"},
         )
-    )
-    prepare(service)  # the service starts and records its setting
-    code, out = run("canary", "enable", "quantized", "--percentage", "10", "--reason", "go")
-    assert code == 0 and "waiting for another operator's approval" in out, out
-    with _services(run).db.read_session() as s:
-        assert canaries.read_state(session=s).cohorts["quantized"][0] is False
-    # The command line's own start-up work never records its setting over the service's.
-    assert _services(run).require_approval()
-    # A service restarted without approvals lifts the rule for everyone.
-    prepare(Services.build(Settings(database_url=run.url, demo=False)))  # type: ignore[attr-defined]
-    code, out = run("canary", "enable", "pooling", "--percentage", "10", "--reason", "go")
-    assert code == 0 and "waiting" not in out, out
+        assert code == 0 and "waiting for another operator's approval" in out, out
+        with run.services.db.read_session() as s:
+            assert canaries.read_state(session=s).cohorts["quantized"][0] is False

@@ -1,5 +1,6 @@
-"""The ``turnout`` commands README.md and docs/service.md show run as shown, in order, on a
-fresh database (the service's commands) and from the repository root (the oracle's)."""
+"""The ``turnout`` commands README.md and docs/service.md show run as shown, in order, against a
+service on a fresh database (the service's commands, with ``TURNOUT_URL`` and an admin's
+``TURNOUT_TOKEN`` as the docs export them) and from the repository root (the oracle's)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,15 @@ from pathlib import Path
 
 import pytest
 import typer
-from service_helpers import Api
+from service_helpers import Api, LiveService, start_service
 from typer.testing import CliRunner
 
 from turnout.dashboard import cli
 from turnout.oracle.cli import app as oracle_app
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICE = ("token", "canary", "kill-switch", "demo", "db")
+SERVICE = ("token", "canary", "kill-switch", "demo", "db", "context")
+DOC_URL = "http://127.0.0.1:8000"
 
 
 def _commands(doc: str) -> list[list[str]]:
@@ -33,15 +35,26 @@ def _commands(doc: str) -> list[list[str]]:
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/service.md"])
 def test_the_service_commands_run_as_shown(
-    doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    doc: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, live: list[LiveService]
 ) -> None:
     app = typer.Typer()
     cli.register(app)
     commands = [c for c in _commands(doc) if c[0] in SERVICE]
     assert commands
-    runner = CliRunner(env={"TURNOUT_DATABASE_URL": f"sqlite:///{tmp_path / 'doc.db'}"})
+    db_url = f"sqlite:///{tmp_path / 'doc.db'}"
+    env = {"TURNOUT_DATABASE_URL": db_url, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    # The bootstrap admin token, made on the database before the service's first start.
+    made = CliRunner(env=env).invoke(
+        app, ["token", "create", "--role", "admin", "--name", "docs", "--create"]
+    )
+    assert made.exit_code == 0, made.output
+    svc = start_service(db_url, tmp_path / "svc.log", env={"TURNOUT_BACKGROUND": "false"})
+    live.append(svc)
+    token = made.output.splitlines()[0]
+    runner = CliRunner(env={**env, "TURNOUT_URL": svc.url, "TURNOUT_TOKEN": token})
     monkeypatch.chdir(ROOT)
-    for args in commands:
+    for doc_args in commands:
+        args = [a.replace(DOC_URL, svc.url) for a in doc_args]
         result = runner.invoke(app, args)
         assert result.exit_code == 0, (args, result.output)
         assert "already" not in result.output, (args, result.output)  # each flip changes

@@ -76,6 +76,7 @@ def test_the_readme_curl_example_creates_the_token_it_sends(
     # The checkout's var/ (git ignores it), where make run's database lies: the snapshot goes
     # there, not into the repository root where git status shows it.
     url = f"sqlite:///{tmp_path / 'var' / 'readme.db'}"
+    admin = make_tokens(url)["admin"]  # the one the first start prints, which README exports
     svc = start_service(url, tmp_path / "svc.log")
     live.append(svc)
     turnout = f"{sys.executable} -c 'from turnout.oracle.cli import main; main()'"
@@ -89,7 +90,12 @@ def test_the_readme_curl_example_creates_the_token_it_sends(
         cwd=tmp_path,
         check=True,
         capture_output=True,
-        env={"TURNOUT_DATABASE_URL": url, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
+        env={
+            "TURNOUT_URL": svc.url,
+            "TURNOUT_TOKEN": admin,
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(ROOT / "src"),
+        },
     )
     snapshot = json.loads((tmp_path / "var" / "canaries.json").read_text())
     assert snapshot["pack"] == "turnout" and snapshot["cohorts"]

@@ -54,13 +54,21 @@ class Server:
             self.proc.wait(10)
 
 
-def start_server(model: Path, log: Path, *args: str, ready_timeout_s: float = 180) -> Server:
-    """The server on a free port; returns once ``/ready`` says 200.
+def start_server(
+    model: Path,
+    log: Path,
+    *args: str,
+    ready_timeout_s: float = 180,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+) -> Server:
+    """The server on a free port (or ``port``); returns once ``/ready`` says 200. ``env``
+    adds variables (``TURNOUT_URL``…) to an environment without the caller's ``TURNOUT_*``.
 
     Raises:
         RuntimeError: it exited or did not become ready (its log attached).
     """
-    port = free_port()
+    port = port or free_port()
     cmd = [
         sys.executable,
         "-c",
@@ -76,7 +84,8 @@ def start_server(model: Path, log: Path, *args: str, ready_timeout_s: float = 18
         "warning",
         *args,
     ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_")}
+    env = {**base, **(env or {})}
     out = open(log, "ab")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"

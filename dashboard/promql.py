@@ -1,0 +1,109 @@
+"""The fleet's Prometheus, as the ramp gates read it: one instant query per PromQL gate
+(``GET /api/v1/query``, Prometheus' HTTP API, docs "Querying API"), asked outside any
+database transaction, each bounded by a timeout.
+
+A gate needs one number. The answer's ``data.resultType`` is ``scalar`` (its value), or
+``vector`` with exactly one sample; anything else is inconclusive, with the reason: no data
+(an empty vector: no engine scraped yet, or no traffic in the window), NaN or ±Inf (0/0 of a
+ratio without traffic), several series (the query must aggregate them, e.g. ``sum``), a
+refused query (Prometheus' ``errorType`` and ``error``), or Prometheus not answering.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from turnout.dashboard.gates import GateConfig, PromqlReading
+
+#: An instant query at a time: returns the reading (never raises).
+Querier = Callable[[str, dt.datetime], PromqlReading]
+
+
+@dataclass(frozen=True)
+class Prometheus:
+    """A Prometheus server: its base URL (``http://prometheus:9090``), the per-query timeout
+    in seconds, and an ``Authorization`` header value when it needs one."""
+
+    url: str
+    timeout_s: float = 5.0
+    authorization: str | None = None
+
+    def query(self, query: str, at: dt.datetime) -> PromqlReading:
+        """The value of ``query`` at ``at``, or why there is none."""
+        headers = {"Authorization": self.authorization} if self.authorization else {}
+        try:
+            resp = httpx.get(
+                self.url.rstrip("/") + "/api/v1/query",
+                params={"query": query, "time": f"{at.timestamp():.3f}"},
+                headers=headers,
+                timeout=self.timeout_s,
+            )
+        except httpx.HTTPError as err:
+            return PromqlReading(query, None, f"Prometheus unreachable: {err}", at)
+        try:
+            body = resp.json()
+        except ValueError:
+            return PromqlReading(query, None, f"Prometheus answered HTTP {resp.status_code}", at)
+        return reading_of(query, body, resp.status_code, at)
+
+
+def reading_of(query: str, body: Any, status: int, at: dt.datetime) -> PromqlReading:
+    """The reading of one ``/api/v1/query`` answer (``body``: its JSON)."""
+    if not isinstance(body, dict) or body.get("status") != "success":
+        kind = body.get("errorType", "") if isinstance(body, dict) else ""
+        error = body.get("error", "") if isinstance(body, dict) else ""
+        why = f"{kind}: {error}" if kind or error else f"HTTP {status}"
+        return PromqlReading(query, None, f"Prometheus refused the query ({why})"[:500], at)
+    data = body.get("data") or {}
+    kind, result = data.get("resultType"), data.get("result")
+    if kind == "scalar" and isinstance(result, list) and len(result) == 2:
+        return _value(query, result[1], at)
+    if kind != "vector" or not isinstance(result, list):
+        return PromqlReading(query, None, f"a {kind} result, not one value", at)
+    if not result:
+        return PromqlReading(query, None, "no data", at)
+    if len(result) > 1:
+        return PromqlReading(
+            query, None, f"{len(result)} series, not one: aggregate them (sum, max, ...)", at
+        )
+    sample = result[0].get("value") if isinstance(result[0], dict) else None
+    if not isinstance(sample, list) or len(sample) != 2:
+        return PromqlReading(query, None, "a sample without a value", at)
+    return _value(query, sample[1], at)
+
+
+def _value(query: str, text: Any, at: dt.datetime) -> PromqlReading:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return PromqlReading(query, None, f"not a number: {str(text)[:40]}", at)
+    if not math.isfinite(value):
+        return PromqlReading(query, None, f"{text} (no traffic in the window?)", at)
+    return PromqlReading(query, value, None, at)
+
+
+def read_gates(
+    ramps: Iterable[tuple[int, str, Mapping[str, Any]]], querier: Querier, now: dt.datetime
+) -> dict[int, dict[str, PromqlReading]]:
+    """Every PromQL gate of every ramp given (``(ramp id, stage, stored gates)``), queried at
+    ``now``: ramp id → gate name → reading."""
+    out: dict[int, dict[str, PromqlReading]] = {}
+    for ramp_id, stage, stored in ramps:
+        config = GateConfig.model_validate(stored)
+        if config.promql:
+            out[ramp_id] = {g.name: querier(g.render(stage), now) for g in config.promql}
+    return out
+
+
+def unconfigured(query: str, at: dt.datetime) -> PromqlReading:
+    """The querier of a service without ``TURNOUT_PROMETHEUS_URL``."""
+    return PromqlReading(query, None, "no Prometheus configured (TURNOUT_PROMETHEUS_URL)", at)
+
+
+__all__ = ["Prometheus", "Querier", "read_gates", "reading_of", "unconfigured"]
