@@ -147,11 +147,14 @@ class GateConfig(BaseModel):
         description="gates on the fleet's Prometheus",
     )
     max_inconclusive_rounds: int = Field(
-        default=10,
+        # 10 minutes at the ticker's default 5 s: long enough for a step's engines to
+        # restart and fill a 5m rate() window, short enough that a dead Prometheus is seen.
+        default=120,
         ge=1,
         le=100_000,
         description="PromQL rounds in a row without a verdict (no data, NaN, Prometheus "
-        "unreachable) after which the ramp pauses",
+        "unreachable) after which the ramp pauses; a round is one pass of the ticker "
+        "(TURNOUT_TICK_S, 5 s by default)",
     )
 
     @field_validator("promql")
