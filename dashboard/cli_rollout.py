@@ -142,6 +142,9 @@ def ramp_start(
     typer.echo(ramp_line(ramp))
 
 
+MAX_GATES_FILE = 1 << 20  # 20 gates of 4,000-character queries fit many times over
+
+
 def promql_gates(given: str) -> list[dict[str, Any]]:
     """``--promql``: ``vllm-defaults`` (``dashboard.vllm_gates``), or a YAML/JSON file of a list
     of PromQL gates, each checked here as the service checks it.
@@ -152,11 +155,16 @@ def promql_gates(given: str) -> list[dict[str, Any]]:
     """
     if given == "vllm-defaults":
         return [g.model_dump() for g in VLLM_DEFAULT_GATES]
-    path = Path(given)
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with Path(given).open("rb") as f:
+            raw = f.read(MAX_GATES_FILE + 1)
+        if len(raw) > MAX_GATES_FILE:
+            raise fail(f"--promql {given}: over {MAX_GATES_FILE} bytes", BAD_INPUT)
+        loaded = yaml.safe_load(raw.decode("utf-8"))
     except OSError as err:
         raise fail(f"--promql {given}: {err.strerror or err}", BAD_INPUT) from None
+    except UnicodeDecodeError as err:
+        raise fail(f"--promql {given}: not UTF-8 text ({err.reason})", BAD_INPUT) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"{given}:{mark.line + 1}" if mark is not None else given

@@ -175,7 +175,9 @@ def restart_notice(
             session=session,
             kind=webhooks.Kind.restart_required,
             entry=entry,
-            extra={"engines": listed, "etag": etag},
+            # bounded as the audit entry is: a fleet of thousands would make every
+            # delivery megabytes; num_engines says how many there are
+            extra={"engines": listed[:200], "num_engines": len(stale), "etag": etag},
         )
     return stale
 

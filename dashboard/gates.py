@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from string import Template
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Status = Literal["pass", "fail", "wait"]
 DAY_S = 86_400
@@ -66,6 +66,14 @@ class PromqlGate(BaseModel):
     window: str = Field(
         default="5m", pattern=r"^[1-9][0-9]{0,4}[smh]$", description="a PromQL range, 30s..9999h"
     )
+
+    @field_validator("window")
+    @classmethod
+    def _window_range(cls, window: str) -> str:
+        seconds = int(window[:-1]) * {"s": 1, "m": 60, "h": 3600}[window[-1]]
+        if not 30 <= seconds <= 9999 * 3600:
+            raise ValueError(f"window {window!r} is not in 30s..9999h")
+        return window
 
     @field_validator("query")
     @classmethod
@@ -156,6 +164,18 @@ class GateConfig(BaseModel):
         "unreachable) after which the ramp pauses; a round is one pass of the ticker "
         "(TURNOUT_TICK_S, 5 s by default)",
     )
+
+    @model_validator(mode="after")
+    def _some_health_gate(self) -> GateConfig:
+        # Without either, only the kill switch and the parity evidence would gate the ramp
+        # (and a stage that names no family has no evidence to wait for): nothing would
+        # watch V2's health.
+        if not self.health_reports and not self.promql:
+            raise ValueError(
+                "health_reports false needs PromQL gates: without either, nothing watches "
+                "the canary's health"
+            )
+        return self
 
     @field_validator("promql")
     @classmethod

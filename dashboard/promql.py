@@ -20,6 +20,11 @@ from typing import Any
 import httpx
 
 from turnout.dashboard.gates import GateConfig, PromqlReading
+from turnout.oracle.client_http import request_within
+
+#: The largest answer a gate reads (one value is a few hundred bytes; a query that returns
+#: whole series is refused as "several series" long before this).
+MAX_ANSWER_BYTES = 4 << 20
 
 #: An instant query at a time: returns the reading (never raises).
 Querier = Callable[[str, dt.datetime], PromqlReading]
@@ -35,17 +40,26 @@ class Prometheus:
     authorization: str | None = None
 
     def query(self, query: str, at: dt.datetime) -> PromqlReading:
-        """The value of ``query`` at ``at``, or why there is none."""
+        """The value of ``query`` at ``at``, or why there is none; the whole answer within
+        ``timeout_s`` (a server that trickles its bytes is cut there, not per read), at most
+        ``MAX_ANSWER_BYTES``. Never raises."""
         headers = {"Authorization": self.authorization} if self.authorization else {}
         try:
-            resp = httpx.get(
-                self.url.rstrip("/") + "/api/v1/query",
-                params={"query": query, "time": f"{at.timestamp():.3f}"},
-                headers=headers,
-                timeout=self.timeout_s,
-            )
-        except httpx.HTTPError as err:
-            return PromqlReading(query, None, f"Prometheus unreachable: {err}", at)
+            with httpx.Client(timeout=self.timeout_s) as http:
+                resp = request_within(
+                    http,
+                    "GET",
+                    self.url.rstrip("/") + "/api/v1/query",
+                    deadline_s=self.timeout_s,
+                    params={"query": query, "time": f"{at.timestamp():.3f}"},
+                    headers=headers,
+                )
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError, UnicodeError) as err:
+            # (DeadlineExceeded is an httpx.HTTPError; a URL or a header value that cannot
+            # be sent is a setting's fault, said in the gate's message rather than a crash)
+            return PromqlReading(query, None, f"Prometheus unreachable: {err}"[:500], at)
+        if len(resp.content) > MAX_ANSWER_BYTES:
+            return PromqlReading(query, None, f"an answer over {MAX_ANSWER_BYTES} bytes", at)
         try:
             body = resp.json()
         except ValueError:

@@ -9,10 +9,12 @@ http://127.0.0.1:8000.
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+import httpx
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from turnout.dashboard.gates import GateConfig
@@ -127,6 +129,29 @@ class Settings(BaseSettings):
         description="the fleet's Prometheus (http://prometheus:9090), which ramps' PromQL "
         "gates query; unset: a PromQL gate is inconclusive",
     )
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _prometheus_url(cls, url: str | None) -> str | None:
+        """A URL the gates can ask (refused at start-up rather than at every ticker pass)."""
+        if not url:
+            return None
+        if not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", url):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL of a Prometheus")
+        try:
+            httpx.URL(url)
+        except (httpx.InvalidURL, ValueError) as err:
+            raise ValueError(f"{url!r} is not a URL: {err}") from None
+        return url
+
+    @field_validator("prometheus_authorization")
+    @classmethod
+    def _header_value(cls, value: SecretStr | None) -> SecretStr | None:
+        text = value.get_secret_value() if value is not None else ""
+        if value is not None and not re.fullmatch(r"[\x21-\x7e]+( [\x21-\x7e]+)*", text):
+            raise ValueError("must be a printable ASCII header value ('Bearer <token>')")
+        return value
+
     prometheus_timeout_s: float = Field(
         default=5.0, gt=0.0, le=120.0, description="seconds one PromQL gate query may take"
     )

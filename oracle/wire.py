@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import ipaddress
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -412,6 +413,18 @@ class EngineIn(BaseModel):
         port = int(self.address.rsplit(":", 1)[1])
         if not 1 <= port <= 65535:
             raise ValueError(f"address {self.address!r}: the port must be in 1..65535")
+        if self.address.startswith("["):
+            try:
+                ipaddress.IPv6Address(self.address[1:].rsplit("]:", 1)[0])
+            except ValueError:
+                raise ValueError(f"address {self.address!r}: not an IPv6 address") from None
+        # A time the store can keep on both backends (year 1 with an offset overflows).
+        try:
+            year = self.started_at.astimezone(dt.UTC).year
+        except OverflowError:  # year 1 east of UTC is before year 1 in UTC
+            year = 0
+        if not 2000 <= year <= 9000:
+            raise ValueError("started_at must lie between the years 2000 and 9000")
         return self
 
 

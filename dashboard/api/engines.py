@@ -4,6 +4,7 @@ targets of Prometheus' HTTP service discovery (``GET /prometheus/targets``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Response
@@ -57,6 +58,12 @@ def _check(services: Services, engine: EngineIn, engine_id: str) -> None:
         problem = (
             f"unknown stage {engine.stage!r}; the stages of pack {policy.pack.name}: "
             + ", ".join(policy.cohort_families())
+        )
+    size = len(json.dumps(engine.config)) if engine.config is not None else 0
+    if problem is None and size > services.settings.max_config_bytes:
+        problem = (
+            f"config is {size} bytes of JSON, over the {services.settings.max_config_bytes} "
+            "a decision event may carry (TURNOUT_MAX_CONFIG_BYTES)"
         )
     if problem is not None:
         raise http_error(422, ErrorCode.INVALID_REQUEST, problem)

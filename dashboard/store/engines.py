@@ -12,7 +12,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -43,9 +43,29 @@ _UPDATED = (
 )
 
 
+#: How long the row of an engine that ended or stopped beating is kept (the list reads only
+#: live ones; every process start registers a new id, so old rows would pile up).
+KEEP_GONE = dt.timedelta(days=7)
+
+
 def register(*, session: Session, engine: EngineIn, now: dt.datetime) -> bool:
     """Store the registration (or its heartbeat: the same body again) at ``now``; the caller
-    commits. True when the engine is new (or came back after its clean exit)."""
+    commits. True when the engine is new (or came back after its clean exit).
+
+    Another live engine at the same address is ended: one host:port is one process, and a
+    process restarted after a kill -9 would otherwise be scraped twice, under both its old
+    and its new cohort, until the old one's heartbeat expired. Rows gone for
+    :data:`KEEP_GONE` are deleted."""
+    session.execute(
+        update(Engine)
+        .where(
+            Engine.address == engine.address,
+            Engine.engine_id != engine.engine_id,
+            Engine.ended_at.is_(None),
+        )
+        .values(ended_at=now)
+    )
+    session.execute(delete(Engine).where(Engine.last_seen_at < now - KEEP_GONE))
     before = session.get(Engine, engine.engine_id)
     fresh = before is None or before.ended_at is not None
     row: dict[str, Any] = engine.model_dump()

@@ -230,3 +230,48 @@ def test_the_pages_list_the_engines_a_kill_switch_left_on_v2(api: Api) -> None:
     page = api.client.get("/deployments/d0").text
     assert "127.0.0.1:9300" in page and "127.0.0.1:9301" not in page
     assert "restart required" in page
+
+
+def test_a_breakers_registrations_are_refused_or_bounded(api: Api) -> None:
+    """Cases a breaker found: a year-1 start time was a 500, a bracketed address that is no
+    IPv6 address was served as a target, a config of a megabyte was stored, and a process
+    restarted at the same address was listed twice (two cohorts scraped from one port)."""
+    good = registration("e1", "d1", 9001)
+    for over in (
+        {"started_at": "0001-01-01T00:00:00+14:00"},
+        {"started_at": "9999-12-31T00:00:00+00:00"},
+        {"address": "[:::]:80"},
+        {"address": "[....]:80"},
+        {"config": {"architecture": "Qwen3ForCausalLM", "pad": "x" * 100_000}},
+    ):
+        got = put(api, {**good, **over})
+        assert got.status_code == 422, (over, got.text)
+    assert put(api, good).status_code == 201
+    again = registration("e2", "d1", 9001, runner="v1", cohort="baseline")  # restarted there
+    assert put(api, again).status_code == 201
+    targets = api.client.get("/api/v1/prometheus/targets", headers=api.h("viewer")).json()
+    assert [(g["targets"], g["labels"]["turnout_engine_id"]) for g in targets] == [
+        (["127.0.0.1:9001"], "e2")
+    ]
+
+
+def test_many_stale_engines_make_one_bounded_notice(api: Api) -> None:
+    from turnout.dashboard.background import restart_notices
+    from turnout.dashboard.store import webhooks
+
+    with api.services.db.write_session() as s:
+        webhooks.add_webhook(
+            session=s, url="http://127.0.0.1:9/hook", kinds=["restart_required"], actor="t"
+        )
+        s.commit()
+    for i in range(230):
+        assert put(api, registration(f"e{i}", f"d{i}", 10_000 + i)).status_code == 201
+    restart_notices(api.services, dt.datetime.now(dt.UTC))
+    api.client.post(
+        "/api/v1/kill-switch", json={"engaged": True, "reason": "x"}, headers=api.h("operator")
+    )
+    api.services.policy.invalidate()
+    restart_notices(api.services, dt.datetime.now(dt.UTC))
+    with api.services.db.read_session() as s:
+        (sent,) = webhooks.list_outbox(session=s)
+        assert sent.payload["num_engines"] == 230 and len(sent.payload["engines"]) == 200

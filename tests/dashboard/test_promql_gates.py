@@ -13,6 +13,7 @@ service's HTTP SD labels them), on SQLite and PostgreSQL:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
 import time
@@ -239,3 +240,50 @@ def test_without_prometheus_the_gate_waits_and_never_passes(db: Database) -> Non
     assert result.status == "wait" and "TURNOUT_PROMETHEUS_URL" in result.message
     with db.read_session() as s:
         assert ramps.get_ramp(session=s, ramp_id=ramp_id).step_index == 0
+
+
+def test_a_prometheus_that_trickles_is_cut_at_the_timeout(tmp_path: Path) -> None:
+    """A breaker's Prometheus sent its status line, then a byte a second: the per-read timeout
+    never fired and the ticker stalled. The whole answer now has the timeout."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    stop = threading.Event()
+
+    def trickle() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        while not stop.wait(0.2):
+            with contextlib.suppress(OSError):
+                conn.sendall(b" ")
+        conn.close()
+
+    threading.Thread(target=trickle, daemon=True).start()
+    port = listener.getsockname()[1]
+    started = time.monotonic()
+    got = promql.Prometheus(f"http://127.0.0.1:{port}", timeout_s=1.0).query("up", _now())
+    stop.set()
+    assert got.value is None and "unreachable" in (got.problem or "")
+    assert time.monotonic() - started < 10
+
+
+def test_settings_a_gate_cannot_use_are_refused() -> None:
+    from pydantic import ValidationError
+
+    from turnout.dashboard.settings import Settings
+
+    for bad in ({"prometheus_url": "http://[::1"}, {"prometheus_url": "ftp://prom"},
+                {"prometheus_authorization": "Bearer é"}):  # fmt: skip
+        with pytest.raises(ValidationError):
+            Settings(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="nothing watches"):
+        GateConfig(health_reports=False)
+    with pytest.raises(ValidationError, match=r"30s\.\.9999h"):
+        PromqlGate(name="a", query="up", comparison="<", threshold=1.0, window="1s")
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
