@@ -53,7 +53,7 @@ groups:
     interval: 1s
     rules:
       - alert: CanaryTTFTHigh
-        expr: histogram_quantile(0.95, sum by (le, turnout_stage) (rate(vllm:time_to_first_token_seconds_bucket{{turnout_cohort="canary"}}[20s]))) > {threshold}
+        expr: histogram_quantile(0.95, sum by (le, turnout_stage) (rate(vllm:time_to_first_token_seconds_bucket{{turnout_cohort="canary"}}[30s]))) > {threshold}
         labels: {{severity: page}}
         annotations: {{summary: "canary p95 TTFT over {threshold} s"}}
 """
@@ -407,7 +407,7 @@ def test_a_staged_rollout_gated_by_prometheus_and_paged_by_alertmanager(fleet: F
 
     feeder = threading.Thread(target=traffic, daemon=True)
     feeder.start()
-    rendered = _gate_query().replace("$stage", STAGE).replace("$window", "20s")
+    rendered = _gate_query().replace("$stage", STAGE).replace("$window", "30s")
     healthy = wait_until(
         "the canary's TTFT is in Prometheus",
         lambda: fleet.prometheus.query(rendered + " > 0"),
@@ -428,7 +428,7 @@ def test_a_staged_rollout_gated_by_prometheus_and_paged_by_alertmanager(fleet: F
                     "query": _gate_query(),
                     "comparison": "<=",
                     "threshold": threshold,
-                    "window": "20s",
+                    "window": "30s",
                 }
             ]
         )
