@@ -3,8 +3,10 @@ config file (``dashboard.contexts``) as kubectl and gh keep theirs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -28,9 +30,13 @@ def _load() -> contexts.Config:
         raise fail(str(err)) from None
 
 
-def _save(config: contexts.Config) -> None:
+@contextlib.contextmanager
+def _editing() -> Iterator[contexts.Config]:
+    """The contexts under the file's lock, written back when the block ends without error."""
     try:
-        contexts.save(config)
+        with contexts.editing(contexts.config_path(os.environ)) as config:
+            yield config
+            contexts.save(config)
     except contexts.ConfigError as err:
         raise fail(str(err)) from None
 
@@ -55,12 +61,11 @@ def context_list() -> None:
 @context_app.command("use")
 def context_use(name: NameArg) -> None:
     """Make a context the current one."""
-    config = _load()
-    if name not in config.contexts:
-        known = ", ".join(config.contexts) or "none yet: turnout context set NAME --url URL"
-        raise fail(f"no context {name!r} in {config.path} ({known})", BAD_INPUT)
-    config.current = name
-    _save(config)
+    with _editing() as config:
+        if name not in config.contexts:
+            known = ", ".join(config.contexts) or "none yet: turnout context set NAME --url URL"
+            raise fail(f"no context {name!r} in {config.path} ({known})", BAD_INPUT)
+        config.current = name
     typer.echo(f"current context: {name} ({config.contexts[name].url})")
 
 
@@ -92,17 +97,16 @@ def context_set(
         token = given.strip()
     if token_stdin and not token:
         raise fail("--token-stdin: stdin held no token", BAD_INPUT)
-    config = _load()
     try:
         entry = contexts.Context(name, contexts.check_url(url), token, token_env)
         contexts.check_context(entry)
     except contexts.ConfigError as err:
         raise fail(str(err), BAD_INPUT) from None
-    config.contexts[name] = entry
-    became = config.current is None
-    if became:
-        config.current = name
-    _save(config)
+    with _editing() as config:
+        config.contexts[name] = entry
+        became = config.current is None
+        if became:
+            config.current = name
     typer.echo(
         f"context {name}: {entry.url}, token: {entry.describe_token()}"
         + (" (the current context)" if became else f" (use it: turnout context use {name})")

@@ -21,10 +21,12 @@ that keeps a token and that others may read is refused, as ssh refuses such a ke
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,8 +98,17 @@ def config_path(environ: Mapping[str, str]) -> Path:
 def check_url(url: str) -> str:
     """The service's base URL: ``url`` without a trailing slash or ``/api/v1`` (the API's
     prefix, which the client adds). Raises ConfigError when it is not an http:// or https://
-    URL with a host."""
-    parts = urlsplit(url.strip())
+    URL with a host, or holds a user or password (never echoed)."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:  # "http://[::1": an unclosed IPv6 bracket
+        raise ConfigError(f"{url!r} is not a service URL: its host cannot be read") from None
+    if parts.username is not None or parts.password is not None:
+        # Never echoed: the user part may hold a password. The token goes in token/token_env.
+        raise ConfigError(
+            "a service URL with a user or password before '@' is refused (it would be shown "
+            "in messages): give the token with --token, TURNOUT_TOKEN, token or token_env"
+        )
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(
             f"{url!r} is not a service URL: use http://HOST:PORT or https://HOST "
@@ -194,6 +205,8 @@ def _parse(path: Path, data: Any, pos: Positions) -> Config:
             raise bad(where, str(err)) from None
         contexts[name] = context
     current = data.get("current-context")
+    if current is not None and not isinstance(current, str):
+        raise bad(("current-context",), "current-context is not a context name")
     if current is not None and current not in contexts:
         raise bad(
             ("current-context",),
@@ -226,6 +239,28 @@ def save(config: Config) -> None:
         os.replace(tmp, config.path)
     except OSError as err:
         raise ConfigError(f"cannot write {config.path}: {err.strerror or err}") from None
+
+
+@contextlib.contextmanager
+def editing(path: Path) -> Iterator[Config]:
+    """The file's contexts, to change and write back (``save``) while no other
+    ``turnout context`` command does: an exclusive lock on ``config.yaml.lock`` beside it is
+    held from the read to the write, so that two shells setting contexts at once keep both.
+
+    Raises:
+        ConfigError: as ``load``, or the lock file cannot be made.
+    """
+    lock = path.with_name(path.name + ".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o600)
+    except OSError as err:
+        raise ConfigError(f"cannot lock {lock}: {err.strerror or err}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield load(path)
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def resolve(

@@ -11,6 +11,7 @@ version conflict).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -21,6 +22,8 @@ from turnout.dashboard.contexts import ENV_URL, Target
 from turnout.oracle.errors import ErrorCode
 
 API = "/api/v1"
+#: What a bearer token may hold (RFC 6750's b64token is narrower; this is what a header takes).
+_TOKEN = re.compile(r"[\x21-\x7e]+")
 TIMEOUT_S = 30.0
 BAD_INPUT = 2
 _BAD_INPUT_STATUSES = (400, 404, 422)
@@ -66,6 +69,13 @@ class Remote:
                 f"no token for the service at {target.url} ({target.url_source}): "
                 f"{target.token_source} is not set; set it to a token of the service (an "
                 "operator's; an admin's for tokens and webhooks)"
+            )
+        if not _TOKEN.fullmatch(target.token):
+            # httpx would refuse the header later with the value in its message: say where
+            # the token came from and never echo it.
+            raise RemoteError(
+                f"the token from {target.token_source} holds a space, a line break or another "
+                "character a token never has (it is not shown): set it again"
             )
         self.target = target
         self._client = httpx.Client(
