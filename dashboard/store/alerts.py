@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -142,6 +142,11 @@ def reason_of(receiver: str, alert: ReceivedAlert) -> str:
     return audit.clip_reason(text, "every label in the alert's receipt")
 
 
+#: How long the receipt of a resolved alert is kept. A firing one is kept until it resolves:
+#: its key is what tells Alertmanager's resends (every repeat_interval) from a new firing.
+KEEP_RESOLVED = dt.timedelta(days=30)
+
+
 def receive(
     *,
     session: Session,
@@ -150,16 +155,18 @@ def receive(
     now: dt.datetime | None = None,
 ) -> Report:
     """Record the alerts of one notification for ``receiver`` and act on the new firing ones
-    (see the module doc); the caller commits. Raises nothing of its own: a stage that is
+    (see the module doc); the caller commits. Receipts resolved more than
+    :data:`KEEP_RESOLVED` before ``now`` are deleted. Raises nothing of its own: a stage that is
     missing or unknown, a ramp that is not there, are outcomes of the alert."""
     now = now or utcnow()
+    session.execute(delete(AlertReceipt).where(AlertReceipt.resolved_at < now - KEEP_RESOLVED))
     report = Report()
     fresh: list[tuple[int, ReceivedAlert]] = []
     for alert in sorted(alerts, key=lambda a: (a.fingerprint, a.starts_at, a.status)):
         receipt_id = _claim(session, receiver, alert, now)
         if alert.status == "resolved":
             if receipt_id is None:
-                _mark_resolved(session, receiver, alert)
+                _mark_resolved(session, receiver, alert, now)
             report.outcomes[Outcome.resolved] += 1
         elif receipt_id is None:
             report.outcomes[Outcome.duplicate] += 1
@@ -227,7 +234,9 @@ def _claim(session: Session, receiver: str, alert: ReceivedAlert, now: dt.dateti
     return session.execute(stmt).scalar_one_or_none()
 
 
-def _mark_resolved(session: Session, receiver: str, alert: ReceivedAlert) -> None:
+def _mark_resolved(
+    session: Session, receiver: str, alert: ReceivedAlert, now: dt.datetime
+) -> None:
     session.execute(
         update(AlertReceipt)
         .where(
@@ -236,7 +245,7 @@ def _mark_resolved(session: Session, receiver: str, alert: ReceivedAlert) -> Non
             AlertReceipt.starts_at == alert.starts_at,
             AlertReceipt.resolved_at.is_(None),
         )
-        .values(resolved_at=alert.ends_at or utcnow())
+        .values(resolved_at=alert.ends_at or now)
     )
 
 

@@ -56,7 +56,9 @@ RAMP = {
     "steps": [{"percentage": 10, "bake_s": 600}, {"percentage": 50, "bake_s": 600}],
     "reason": "parity green on H200",
 }
-STARTS = dt.datetime(2026, 12, 4, 9, 30, tzinfo=dt.UTC)
+# Two hours before the run, whatever its date: receipts resolved 30 days before "now" are
+# deleted, so a fixed date would start failing a month later.
+STARTS = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)).replace(microsecond=0)
 
 
 def _sha(token: str) -> str:
@@ -784,6 +786,24 @@ def test_receipts_keep_one_row_per_firing(am: Api) -> None:
     post(am, notification(alert("aa"), alert("aa", starts=STARTS + dt.timedelta(seconds=1))))
     with am.services.db.read_session() as s:
         assert s.query(AlertReceipt).count() == 2
+
+
+def test_resolved_receipts_are_kept_30_days_and_firing_ones_until_they_resolve(am: Api) -> None:
+    post(am, notification(alert("old"), alert("firing")))
+    post(am, notification(alert("old", status="resolved")))
+    resolved = STARTS + dt.timedelta(minutes=5)  # the resolved alert's endsAt
+
+    def fingerprints_after_a_delivery_at(now: dt.datetime) -> set[str]:
+        with am.services.db.write_session() as session:
+            alert_store.receive(session=session, receiver="sre-pager", alerts=[], now=now)
+            session.commit()
+        with am.services.db.read_session() as session:
+            return {r.fingerprint for r in session.query(AlertReceipt)}
+
+    assert fingerprints_after_a_delivery_at(resolved + dt.timedelta(days=29)) == {"old", "firing"}
+    assert fingerprints_after_a_delivery_at(resolved + dt.timedelta(days=31)) == {"firing"}
+    # The firing one's key still tells a resend from a new firing.
+    assert post(am, notification(alert("firing"))).json()["outcomes"] == {"duplicate": 1}
 
 
 def test_the_docs_receivers_example_is_a_configuration_that_loads(tmp_path: Path) -> None:
