@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_helpers import PrometheusServer, free_port, serve_text_format, start_prometheus
 
 from turnout.dashboard import promql
-from turnout.dashboard.gates import GateConfig, PromqlGate
+from turnout.dashboard.gates import GateConfig, PromqlGate, PromqlReading
 from turnout.dashboard.health_source import health_reader
 from turnout.dashboard.store import advance, audit, canaries, ramps
 from turnout.dashboard.store.canaries import CohortDefault
@@ -240,6 +240,32 @@ def test_without_prometheus_the_gate_waits_and_never_passes(db: Database) -> Non
     assert result.status == "wait" and "TURNOUT_PROMETHEUS_URL" in result.message
     with db.read_session() as s:
         assert ramps.get_ramp(session=s, ramp_id=ramp_id).step_index == 0
+
+
+def test_every_gate_of_a_pass_is_asked_at_once() -> None:
+    """Twelve gates over three ramps: each query waits at a barrier for all twelve, which
+    only queries in flight together can pass (asked one after another, the first would wait
+    its whole timeout and every reading would say so)."""
+    gates = tuple(
+        PromqlGate(name=f"g{i}", query=f"vector({i})", comparison=">=", threshold=0.0)
+        for i in range(4)
+    )
+    stored = GateConfig(health_reports=False, promql=gates).model_dump(mode="json")
+    barrier = threading.Barrier(12)
+    now = dt.datetime.now(dt.UTC)
+
+    def querier(query: str, at: dt.datetime) -> PromqlReading:
+        try:
+            barrier.wait(timeout=60)
+        except threading.BrokenBarrierError:
+            return PromqlReading(query, None, "asked alone", at)
+        return PromqlReading(query, float(query[7:-1]), None, at)
+
+    readings = promql.read_gates([(r, STAGE, stored) for r in (1, 2, 3)], querier, now)
+    assert {
+        ramp: {name: (reading.value, reading.problem) for name, reading in by_name.items()}
+        for ramp, by_name in readings.items()
+    } == {r: {f"g{i}": (float(i), None) for i in range(4)} for r in (1, 2, 3)}
 
 
 def test_a_prometheus_that_trickles_is_cut_at_the_timeout(tmp_path: Path) -> None:
