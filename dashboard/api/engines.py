@@ -42,7 +42,8 @@ EngineIdPath = Annotated[str, Path(pattern=ENGINE_ID_PATTERN)]
 
 def _check(services: Services, engine: EngineIn, engine_id: str) -> None:
     """422 for a registration this service cannot place: another id than the path's, another
-    pack, or a family or stage the pack does not have."""
+    pack, a family or stage the pack does not have, or a family outside the stage it names
+    (a stage matched by attributes alone takes any family)."""
     policy = services.policy
     problem = None
     if engine.engine_id != engine_id:
@@ -58,6 +59,17 @@ def _check(services: Services, engine: EngineIn, engine_id: str) -> None:
         problem = (
             f"unknown stage {engine.stage!r}; the stages of pack {policy.pack.name}: "
             + ", ".join(policy.cohort_families())
+        )
+    elif (
+        engine.stage is not None
+        and engine.family != UNKNOWN_FAMILY
+        and (named := policy.cohort_families()[engine.stage])
+        and engine.family not in named
+    ):
+        # Its series would be read by the gates of a stage it is not in.
+        problem = (
+            f"family {engine.family!r} is not in stage {engine.stage!r} "
+            f"({', '.join(named)}): register the stage its decision named"
         )
     size = len(json.dumps(engine.config)) if engine.config is not None else 0
     if problem is None and size > services.settings.max_config_bytes:

@@ -112,6 +112,7 @@ def test_bad_registrations_are_refused_alone(api: Api) -> None:
         ("/api/v1/engines/e1", {**good, "pack": "vllm-0.33"}),
         ("/api/v1/engines/e1", {**good, "stage": "no-such-stage"}),
         ("/api/v1/engines/e1", {**good, "family": "no-such-family"}),
+        ("/api/v1/engines/e1", {**good, "family": "llama"}),  # not in stage qwen3-canary
         ("/api/v1/engines/e1", {**good, "address": "127.0.0.1"}),
         ("/api/v1/engines/e1", {**good, "address": "127.0.0.1:70000"}),
         ("/api/v1/engines/e1", {**good, "metrics_path": "metrics"}),
