@@ -134,13 +134,10 @@ async def post_alertmanager(
     is no receiver's is a 401; a body that is not such a notification (more than 5,000
     alerts, a label over 1,024 characters) a 422, and nothing is recorded."""
     found = _receiver(services, request, receiver)
-    value = parse_body(request, await request.body())
-    try:
-        payload = AlertmanagerPayload.model_validate(value)
-    except ValidationError as err:
-        raise body_validation_error(err) from err
-    stages = set(services.policy.cohort_families())
-    items = [received(services, found, a, stages) for a in payload.alerts]
+    body = await request.body()
+    # Parsing and validating 5,000 alerts takes about half a second: off the event loop, so
+    # that a storm does not stall the other requests (health checks, engine heartbeats).
+    payload, items = await run_in_threadpool(_read, services, found, request, body)
     report = await run_in_threadpool(_receive, services, found.name, items)
     if report.rollout_changed:
         services.policy.invalidate()
@@ -162,6 +159,19 @@ async def post_alertmanager(
             for t in report.actions
         ],
     )
+
+
+def _read(
+    services: Services, found: ReceiverConfig, request: Request, body: bytes
+) -> tuple[AlertmanagerPayload, list[alerts.ReceivedAlert]]:
+    """The notification and its alerts as the store takes them; 400/422 for a bad body."""
+    value = parse_body(request, body)
+    try:
+        payload = AlertmanagerPayload.model_validate(value)
+    except ValidationError as err:
+        raise body_validation_error(err) from err
+    stages = set(services.policy.cohort_families())
+    return payload, [received(services, found, a, stages) for a in payload.alerts]
 
 
 def _receive(services: Services, receiver: str, items: list[alerts.ReceivedAlert]) -> alerts.Report:

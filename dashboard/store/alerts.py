@@ -234,9 +234,7 @@ def _claim(session: Session, receiver: str, alert: ReceivedAlert, now: dt.dateti
     return session.execute(stmt).scalar_one_or_none()
 
 
-def _mark_resolved(
-    session: Session, receiver: str, alert: ReceivedAlert, now: dt.datetime
-) -> None:
+def _mark_resolved(session: Session, receiver: str, alert: ReceivedAlert, now: dt.datetime) -> None:
     session.execute(
         update(AlertReceipt)
         .where(
