@@ -131,7 +131,9 @@ test-latest:
 ## turns every timed wait into one of CLOCK_SHIFT. scripts/clock/monotonic_sleep.c, preloaded
 ## first, hands monotonic sleeps to the kernel unshifted: libfaketime 0.9.10 shifts them
 ## anyway, and every time.sleep() fails with EINVAL (its file says more). The PostgreSQL
-## server keeps the real clock. CLOCK_TESTS=tests runs the whole suite that way.
+## server keeps the real clock, and so do Prometheus and Alertmanager (Go reads the clock
+## through the vDSO, not libc): their tests skip, saying so. CLOCK_TESTS=tests runs the whole
+## suite that way.
 CLOCK_SHIFT ?= +400d
 CLOCK_TESTS ?= tests/dashboard tests/oracle
 LIBFAKETIME := /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1

@@ -4,6 +4,7 @@ HTTP server)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
@@ -18,6 +19,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from service_helpers import free_port
 
 PROMETHEUS = shutil.which("prometheus")
+
+
+def skip_under_a_shifted_clock() -> None:
+    """Skip the test under ``make test-clock``. Prometheus and Alertmanager are Go programs:
+    Go reads the kernel's clock through the vDSO, never through libc, so libfaketime cannot
+    move them. The service would query a Prometheus 400 days behind it (no data at that
+    time) and receive alerts dated a year before its "now"."""
+    if os.environ.get("FAKETIME"):
+        pytest.skip("Prometheus and Alertmanager (Go) keep the real clock under libfaketime")
 
 
 @dataclass
@@ -79,9 +89,11 @@ def start_prometheus(
     tmp: Path, config_yaml: str, *, extra: tuple[str, ...] = ()
 ) -> PrometheusServer:
     """Prometheus on a free loopback port with ``config_yaml``; returns once it is ready.
-    Skips the test where the Debian package is not installed (``make test`` installs it)."""
+    Skips the test where the Debian package is not installed (``make test`` installs it) and
+    under a shifted clock (:func:`skip_under_a_shifted_clock`)."""
     if PROMETHEUS is None:
         pytest.skip("prometheus is not installed (apt-get install prometheus)")
+    skip_under_a_shifted_clock()
     port = free_port()
     config = tmp / "prometheus.yml"
     config.write_text(config_yaml)

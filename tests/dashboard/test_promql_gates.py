@@ -22,7 +22,13 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_helpers import PrometheusServer, free_port, serve_text_format, start_prometheus
+from prometheus_helpers import (
+    PrometheusServer,
+    free_port,
+    serve_text_format,
+    skip_under_a_shifted_clock,
+    start_prometheus,
+)
 
 from turnout.dashboard import promql
 from turnout.dashboard.gates import GateConfig, PromqlGate, PromqlReading
@@ -76,6 +82,7 @@ class Exporter:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[PrometheusServer, Exporter, Exporter]]:
+    skip_under_a_shifted_clock()
     canary, baseline = Exporter(), Exporter()
     config = f"""
 global:

@@ -37,7 +37,12 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from prometheus_helpers import PrometheusServer, free_port, start_prometheus
+from prometheus_helpers import (
+    PrometheusServer,
+    free_port,
+    skip_under_a_shifted_clock,
+    start_prometheus,
+)
 from service_helpers import LiveService, make_tokens, start_service
 from serving_helpers import MINILM, Server, start_server
 
@@ -249,6 +254,7 @@ def complete_quietly(server: Server, max_tokens: int) -> None:
 
 @pytest.fixture
 def fleet(db_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    skip_under_a_shifted_clock()  # before any process starts
     timeline = Timeline()
     tokens = make_tokens(db_url)
     pack = cpu_pack(tmp_path / "pack")
