@@ -30,6 +30,8 @@ _KINDS = {"_gauge_cls": "gauge", "_counter_cls": "counter", "_histogram_cls": "h
 # The label names every per-engine metric is registered with (``labelnames = [...]`` in the
 # logger's __init__); read from the source, this only names the variable.
 _BASE_LABELS_VAR = "labelnames"
+#: The buckets of the ``request_tokens`` histograms: vLLM computes them from max_model_len.
+REQUEST_TOKENS_RULE = {"rule": "1-2-5 series up to max_model_len"}
 
 
 def vllm_source() -> Path:
@@ -66,6 +68,12 @@ def _literal(node: ast.AST, names: dict[str, Any]) -> Any:
         return names.get(ast.unparse(node), {"unresolved": ast.unparse(node)})
     if isinstance(node, ast.List | ast.Tuple):
         return [_literal(e, names) for e in node.elts]
+    if (  # before buckets.py (0.29): a request_tokens histogram's buckets, computed at start
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "build_1_2_5_buckets"
+    ):
+        return dict(REQUEST_TOKENS_RULE)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = _literal(node.left, names), _literal(node.right, names)
         if isinstance(left, str) and isinstance(right, str):
@@ -78,11 +86,14 @@ def _literal(node: ast.AST, names: dict[str, Any]) -> Any:
 def metric_table(source: Path) -> dict[str, Any]:
     """The logger's metrics, in registration order, each with its source line.
 
+    Releases before 0.30 have no ``buckets.py``: their buckets are literal lists in the
+    logger (bound to a variable, or given inline), read as written.
+
     Raises:
         FileNotFoundError: ``source`` is not a vllm package folder of a release with
-            ``vllm/v1/metrics/loggers.py`` and ``buckets.py``.
+            ``vllm/v1/metrics/loggers.py``.
     """
-    buckets = _bucket_defaults(source)
+    buckets = _bucket_defaults(source) if (source / BUCKETS).exists() else None
     tree = ast.parse((source / LOGGERS).read_text(encoding="utf-8"), filename=LOGGERS)
     logger = next(
         n
@@ -103,8 +114,19 @@ def metric_table(source: Path) -> dict[str, Any]:
                 and isinstance(value.value, str)
             ):
                 names[ast.unparse(target)] = value.value
-            elif (
+            elif (  # request_latency_buckets = [0.3, 0.5, ...] (0.29)
                 isinstance(target, ast.Name)
+                and isinstance(value, ast.List)
+                and value.elts
+                and all(
+                    isinstance(e, ast.Constant) and type(e.value) in (int, float)
+                    for e in value.elts
+                )
+            ):
+                names[target.id] = [float(e.value) for e in value.elts]  # type: ignore[attr-defined]
+            elif (
+                buckets is not None
+                and isinstance(target, ast.Name)
                 and isinstance(value, ast.Call)
                 and isinstance(value.func, ast.Name)
                 and value.func.id == "histogram_buckets"
@@ -113,7 +135,7 @@ def metric_table(source: Path) -> dict[str, Any]:
             ):
                 family = str(value.args[0].value)
                 if family == "request_tokens":
-                    families[family] = {"rule": "1-2-5 series up to max_model_len"}
+                    families[family] = dict(REQUEST_TOKENS_RULE)
                 else:
                     families[family] = [float(b) for b in buckets.histogram_buckets(family)]
                 names[target.id] = {"family": family}
@@ -140,7 +162,8 @@ def metric_table(source: Path) -> dict[str, Any]:
             entry["buckets"] = _literal(kwargs["buckets"], names)
         metrics.append(entry)
     return {
-        "source": f"vllm/{LOGGERS} (PrometheusStatLogger), vllm/{BUCKETS}",
+        "source": f"vllm/{LOGGERS} (PrometheusStatLogger)"
+        + (f", vllm/{BUCKETS}" if buckets is not None else ""),
         "vllm_version": source_version(source),
         "bucket_families": families,
         "metrics": metrics,

@@ -17,6 +17,14 @@ REFERENCE = Path(__file__).resolve().parents[2] / "policies" / "reference"
 TABLES = sorted(REFERENCE.glob("vllm-*/metrics.json"))
 
 
+def test_every_release_a_pack_covers_has_a_table() -> None:
+    packs = sorted(p.name for p in REFERENCE.parent.glob("vllm-*") if p.is_dir())
+    assert packs and [t.parent.name for t in TABLES] == packs
+    for table in TABLES:
+        release = json.loads(table.read_text())["vllm_version"]
+        assert table.parent.name == "vllm-" + ".".join(release.split(".")[:2])
+
+
 @pytest.mark.parametrize("table", TABLES, ids=lambda p: p.parent.name)
 def test_every_metric_is_vllms(table: Path) -> None:
     metrics = {m["name"]: m for m in json.loads(table.read_text())["metrics"]}
