@@ -174,13 +174,15 @@ def db_current(database_url: DatabaseOpt = None) -> None:
     )
 
 
-ROLES = ("viewer", "operator", "admin")
+ROLES = ("viewer", "engine", "operator", "admin")
 
 
 @token_app.command("create")
 def token_create(
     ctx: typer.Context,
-    role: Annotated[str, typer.Option(help="viewer | operator | admin")],
+    role: Annotated[
+        str, typer.Option(help="viewer | engine (an engine fleet's reports) | operator | admin")
+    ],
     name: Annotated[str, typer.Option(help="who or what uses it")] = "cli",
     expires_in: Annotated[
         str | None,
@@ -207,7 +209,7 @@ def token_create(
     from turnout.dashboard.store.errors import StoreError
 
     if role not in ROLES:
-        raise fail(f"--role {role!r}: use viewer, operator or admin", BAD_INPUT)
+        raise fail(f"--role {role!r}: use viewer, engine, operator or admin", BAD_INPUT)
     if not name.strip():
         raise fail("--name: a token needs a name (who or what uses it)", BAD_INPUT)
     try:

@@ -200,6 +200,7 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
 
 
 ViewerDep = Annotated[Principal, Depends(require(Role.viewer))]
+EngineDep = Annotated[Principal, Depends(require(Role.engine))]
 OperatorDep = Annotated[Principal, Depends(require(Role.operator))]
 AdminDep = Annotated[Principal, Depends(require(Role.admin))]
 

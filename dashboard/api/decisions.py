@@ -40,7 +40,7 @@ from turnout.dashboard.deps import (
     ERROR_RESPONSES,
     MAX_BODY,
     MAX_INGEST_BODY,
-    OperatorDep,
+    EngineDep,
     ReadSessionDep,
     ServicesDep,
     ViewerDep,
@@ -201,7 +201,7 @@ _INGEST_BODY = TypeAdapter(IngestIn)
     openapi_extra=_body_ref("IngestIn"),
     max_body_size=MAX_INGEST_BODY,
 )
-async def post_decisions(request: Request, services: ServicesDep, _who: OperatorDep) -> IngestOut:
+async def post_decisions(request: Request, services: ServicesDep, _who: EngineDep) -> IngestOut:
     """Batched ingest from engines, idempotent by ``event_id``; a bad event rejects the batch
     whole (422 naming the event, the field and the value; nothing stored): one of another
     pack, a family or stage its pack does not have, a config over the size bound, a time more

@@ -15,7 +15,7 @@ from turnout.dashboard.bodies import JsonRoute
 from turnout.dashboard.deps import (
     ERROR_RESPONSES,
     MAX_BODY,
-    OperatorDep,
+    EngineDep,
     ServicesDep,
     ViewerDep,
     http_error,
@@ -98,7 +98,7 @@ async def put_engine(
     body: EngineIn,
     response: Response,
     services: ServicesDep,
-    _who: OperatorDep,
+    _who: EngineDep,
 ) -> dict[str, Any]:
     """An engine's registration, and its heartbeat (the same body again, every 15 s by
     default): 201 the first time (or after a clean exit), then 200."""
@@ -117,7 +117,7 @@ def _end(services: Services, engine_id: str) -> bool:
 
 @router.delete("/engines/{engine_id}", status_code=204, responses={404: {"model": ErrorResponse}})
 async def delete_engine(
-    engine_id: EngineIdPath, services: ServicesDep, _who: OperatorDep
+    engine_id: EngineIdPath, services: ServicesDep, _who: EngineDep
 ) -> Response:
     """An engine's clean exit: it leaves the targets and the lists at once."""
     if not await run_in_threadpool(_end, services, engine_id):

@@ -16,7 +16,7 @@ from turnout.dashboard.deps import (
     ERROR_RESPONSES,
     MAX_BODY,
     MAX_INGEST_BODY,
-    OperatorDep,
+    EngineDep,
     ReadSessionDep,
     ServicesDep,
     ViewerDep,
@@ -58,7 +58,7 @@ _BODY = {
     responses={422: {"model": ErrorResponse}},
     max_body_size=MAX_INGEST_BODY,
 )
-async def post_health(request: Request, services: ServicesDep, _who: OperatorDep) -> HealthAck:
+async def post_health(request: Request, services: ServicesDep, _who: EngineDep) -> HealthAck:
     """Batched health reports from engines (``oracle.wire.HealthIngestIn``), idempotent by
     ``report_id``. Each report is checked alone: a bad one is listed in ``rejected`` (its
     position, id and ``{"code", "message"}``) and the others are stored. The answer comes

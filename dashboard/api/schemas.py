@@ -306,7 +306,7 @@ class TokenIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=128, pattern=r"\S")
-    role: Literal["viewer", "operator", "admin"]
+    role: Literal["viewer", "engine", "operator", "admin"]
     expires_in: str | None = Field(
         default=None,
         max_length=16,

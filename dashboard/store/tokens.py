@@ -21,7 +21,13 @@ TOKEN_PREFIX = "tok_"
 
 
 class Role(StrEnum):
+    """What a token may do, each role everything the ones before it may: ``viewer`` reads;
+    ``engine`` also reports (decision events, health reports, its registration and
+    heartbeat) and is what an engine fleet holds, so a leaked engine token flips nothing;
+    ``operator`` also changes the rollout; ``admin`` also manages tokens and webhooks."""
+
     viewer = "viewer"
+    engine = "engine"
     operator = "operator"
     admin = "admin"
 
@@ -34,7 +40,7 @@ class Role(StrEnum):
         return self.rank >= needed.rank
 
 
-_RANK = {Role.viewer: 0, Role.operator: 1, Role.admin: 2}
+_RANK = {Role.viewer: 0, Role.engine: 1, Role.operator: 2, Role.admin: 3}
 
 
 def hash_token(token: str) -> str:

@@ -1,4 +1,5 @@
-"""Every mutating endpoint x {no token, bad token, viewer, operator, admin}: the exact status.
+"""Every mutating endpoint x {no token, bad token, viewer, engine, operator, admin}: the exact
+status.
 
 The API takes bearer tokens only for changes; the pages' form handlers take the session cookie
 and a CSRF field. A forbidden call must change nothing (checked through the audit log).
@@ -20,10 +21,12 @@ from turnout.dashboard.app import create_app
 from turnout.dashboard.auth import COOKIE_NAME
 from turnout.dashboard.services import Services
 from turnout.dashboard.settings import Settings
+from turnout.oracle import decide, from_spec, load_pack
 from turnout.oracle.errors import ErrorCode
+from turnout.oracle.wire import engine_registration
 
-IDENTITIES = ["none", "bad", "viewer", "operator", "admin"]
-RANK = {"viewer": 0, "operator": 1, "admin": 2}
+IDENTITIES = ["none", "bad", "viewer", "engine", "operator", "admin"]
+RANK = {"viewer": 0, "engine": 1, "operator": 2, "admin": 3}
 
 
 @dataclass
@@ -90,6 +93,29 @@ def _event() -> dict[str, Any]:
         "mode": "auto",
         "reason_code": "DEFAULT",
     }
+
+
+def _registration(engine_id: str) -> dict[str, Any]:
+    config = from_spec({"architecture": "Qwen3ForCausalLM", "deployment_id": "d"})
+    body = engine_registration(
+        decide(config, pack=load_pack("turnout")),
+        config,
+        engine_id=engine_id,
+        address=f"10.0.0.{len(engine_id)}:8001",
+        engine="turnout",
+        vllm_version="0.33.0",
+        pack="turnout",
+        deployment_id="d",
+    )
+    return body.model_dump(mode="json")
+
+
+def _engine_end(c: Ctx, h: dict[str, str]) -> Any:
+    engine_id = uuid.uuid4().hex
+    admin = {"Authorization": f"Bearer {c.tokens['admin']}"}
+    put = c.client.put(f"/api/v1/engines/{engine_id}", headers=admin, json=_registration(engine_id))
+    assert put.status_code == 201, put.text
+    return c.client.delete(f"/api/v1/engines/{engine_id}", headers=h)
 
 
 def _health_report() -> dict[str, Any]:
@@ -314,13 +340,21 @@ API: dict[str, tuple[str, int, Call]] = {
             json={"engaged": _kill_toggled(c), "reason": "auth table"},
         ),
     ),
+    "PUT /engines/{id}": (
+        "engine",
+        201,
+        lambda c, h: c.client.put(
+            f"/api/v1/engines/{(e := uuid.uuid4().hex)}", headers=h, json=_registration(e)
+        ),
+    ),
+    "DELETE /engines/{id}": ("engine", 204, _engine_end),
     "POST /decisions": (
-        "operator",
+        "engine",
         200,
         lambda c, h: c.client.post("/api/v1/decisions", headers=h, json={"events": [_event()]}),
     ),
     "POST /health": (
-        "operator",
+        "engine",
         200,
         lambda c, h: c.client.post(
             "/api/v1/health", headers=h, json={"reports": [_health_report()]}

@@ -146,9 +146,9 @@ def test_every_operator_command_through_the_service(
     assert out.startswith("qwen3: pass (") and "recorded as evidence 1" in out
     made = ok(admin, "token", "create", "--role", "viewer", "--name", "dash")
     token = made.splitlines()[0]
-    assert token.startswith("tok_") and "(token 4, role viewer, never expires; shown once)" in made
+    assert token.startswith("tok_") and "(token 5, role viewer, never expires; shown once)" in made
     assert "dash" in ok(admin, "token", "list")
-    assert ok(admin, "token", "revoke", "4", "--reason", "rotated") == "token 4 (dash) revoked\n"
+    assert ok(admin, "token", "revoke", "5", "--reason", "rotated") == "token 5 (dash) revoked\n"
     # Every change is audited as the token that made it.
     entries = served.get("/audit?limit=1000")
     assert isinstance(entries, list)
@@ -231,7 +231,7 @@ def test_one_token_in_two_shells_cannot_approve_its_own_request(
             "approvals", "approve", "flip", "1", "--reason", "lgtm", USER=user, LOGNAME=user
         )
         assert second.returncode == 2, second.stderr
-        assert "flip 1 was requested by alice (token 4): another operator must approve it" in (
+        assert "flip 1 was requested by alice (token 5): another operator must approve it" in (
             second.stderr
         )
     # A second token of the same holder (a rotation keeps the name) is the same person.
@@ -244,7 +244,7 @@ def test_one_token_in_two_shells_cannot_approve_its_own_request(
     )
     assert bob.returncode == 0 and bob.stdout == "flip 1: approved\n", bob.stderr
     [flip] = served.get("/scheduled-flips")  # type: ignore[misc]
-    assert (flip["requested_by"], flip["approved_by"]) == ("alice (token 4)", "bob (token 6)")
+    assert (flip["requested_by"], flip["approved_by"]) == ("alice (token 5)", "bob (token 7)")
 
 
 def test_a_typo_in_the_database_url_creates_nothing(tmp_path: Path) -> None:

@@ -128,7 +128,7 @@ def _approvals_need_another_user(run: Run) -> None:
     )
     assert code == 0 and "waiting for another operator's approval (flip 1" in out, out
     code, out = run("approvals", "list")
-    assert "flip 1  quantized: enable at 10 % now  (by alice (token 4)" in out, out
+    assert "flip 1  quantized: enable at 10 % now  (by alice (token 5)" in out, out
     code, out = run("approvals", "approve", "flip", "1", "--reason", "me", **as_alice)  # type: ignore[arg-type]
     assert code == 2 and "another operator must approve it" in out
     code, out = run("approvals", "approve", "flip", "1", "--reason", "checked", token=bob)

@@ -80,7 +80,7 @@ def test_db_upgrade_and_token_create(run) -> None:  # type: ignore[no-untyped-de
     code, out = run("token", "create", "--role", "operator", "--name", "bob")
     assert code == 2 and "an operator token is made through the service, with an admin token" in out
     code, out = run("token", "create", "--role", "root")
-    assert code == 2 and "viewer, operator or admin" in out
+    assert code == 2 and "viewer, engine, operator or admin" in out
 
 
 def test_token_commands_refuse_bad_input_without_a_traceback(

@@ -25,7 +25,7 @@ def test_engine_serve_registers_and_leaves(tmp_path: Path) -> None:
             "512",
             env={
                 "TURNOUT_URL": service.url,
-                "TURNOUT_TOKEN": tokens["operator"],
+                "TURNOUT_TOKEN": tokens["engine"],
                 "TURNOUT_CACHE_DIR": str(tmp_path / "cache"),
                 "TURNOUT_DEPLOYMENT_ID": "smol-1",
             },

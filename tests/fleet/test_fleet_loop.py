@@ -224,7 +224,7 @@ class Fleet:
             *args,
             env={
                 "TURNOUT_URL": self.service.url,
-                "TURNOUT_TOKEN": self.tokens["operator"],
+                "TURNOUT_TOKEN": self.tokens["engine"],
                 "TURNOUT_CACHE_DIR": str(self.tmp / f"cache-{name}"),
                 "TURNOUT_DEPLOYMENT_ID": deployment_id,
             },
