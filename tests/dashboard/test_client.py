@@ -245,7 +245,7 @@ def test_a_refused_token_is_said_once_with_the_services_reason(
         assert client.flush() == 0 and client.flush() == 0
     client.close()
     said = [r.getMessage() for r in caplog.records if "deferred" in r.getMessage()]
-    reason = "(HTTP 403: this needs the operator role; the token has viewer)"
+    reason = "(HTTP 403: this needs the engine role; the token has viewer)"
     assert said == [
         f"decision report deferred {reason}: 1 spooled, kept until the service takes the token",
         f"health report deferred {reason}: 1 spooled, kept until the service takes the token",
