@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from turnout.dashboard import cli_context, cli_notify, cli_rollout, contexts
+from turnout.dashboard import cli_context, cli_fleet, cli_notify, cli_rollout, contexts
 from turnout.dashboard.cli_base import (
     BAD_INPUT,
     ContextOpt,
@@ -502,3 +502,4 @@ def register(app: typer.Typer) -> None:
     cli_rollout.register(app, canary_app)
     cli_notify.register(app)
     cli_context.register(app)
+    cli_fleet.register(app)

@@ -6,6 +6,7 @@ and the direct database mode that no longer makes a database by accident."""
 from __future__ import annotations
 
 import http.server
+import json
 import os
 import subprocess
 import sys
@@ -376,3 +377,52 @@ def test_contexts_of_the_config_file(shared: Served, tmp_path: Path) -> None:
     path.write_text("contexts: {}\ncurrent_context: x\n")
     code, out = run("context", "list")
     assert code == 1 and "config.yaml:2: unknown key 'current_context'" in out
+
+
+def test_engines_and_audit_read_through_the_service(shared: Served) -> None:
+    from turnout.oracle import decide, from_spec, load_pack
+    from turnout.oracle.wire import engine_registration
+
+    config = from_spec({"architecture": "Qwen3ForCausalLM", "deployment_id": "prod/cli-1"})
+    body = engine_registration(
+        decide(config, pack=load_pack("turnout")),
+        config,
+        engine_id="cli-engine-1",
+        address="10.1.2.3:8001",
+        engine="turnout",
+        vllm_version="0.33.0",
+        pack="turnout",
+        deployment_id="prod/cli-1",
+    ).model_dump(mode="json")
+    engine = {"Authorization": f"Bearer {shared.tokens['engine']}"}
+    r = httpx.put(f"{shared.svc.url}/api/v1/engines/cli-engine-1", json=body, headers=engine)
+    assert r.status_code == 201, r.text
+    viewer = shared.shell("viewer")
+    code, out = viewer.run("engines")
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("10.1.2.3:8001"))
+    assert "prod/cli-1  qwen3  stage qwen3-canary (canary)  runs v2" in line and "STALE" not in line
+    assert out.splitlines()[-1].startswith("1 engine(s), 0 on an old decision")
+    code, out = viewer.run("engines", "--stale", "--json")
+    assert code == 0 and json.loads(out)["engines"] == []
+    # A flip leaves it on an old decision: --stale lists it, and says what a restart gives.
+    code, out = shared.shell("operator").run(
+        "canary", "disable", "qwen3-canary", "--reason", "cli engines test"
+    )
+    assert code == 0, out
+    try:
+        code, out = viewer.run("engines", "--stale")
+        assert code == 0 and "runs v2 (a restart gives v1: STALE)" in out, out
+        code, out = viewer.run("audit", "--target", "qwen3-canary", "--limit", "1")
+        assert code == 0, out
+        assert out.split("  ")[2:] == [
+            "operator (token 2)",
+            "canary.flip cohort:qwen3-canary: cli engines test\n",
+        ], out
+    finally:
+        shared.shell("operator").run(
+            "canary", "enable", "qwen3-canary", "--reason", "cli engines test done"
+        )
+        httpx.delete(f"{shared.svc.url}/api/v1/engines/cli-engine-1", headers=engine)
+    code, out = shared.shell("engine").run("canary", "enable", "qwen3-canary", "--reason", "x")
+    assert code == 1 and "this needs the operator role; the token has engine" in out, out
