@@ -333,10 +333,17 @@ def served_address(words: list[str], default_host: str) -> tuple[str, Literal["h
 
 
 def engine_of(
-    launch: Launch, words: list[str], *, host: str, pack: str, runner: str | None = None
+    launch: Launch,
+    words: list[str],
+    *,
+    host: str,
+    pack: str,
+    runner: str | None = None,
+    address: str | None = None,
 ) -> EngineIn:
     """The registration of the vLLM ``launch`` started (``pack``: the rollout pack's name;
-    ``runner``: the one vLLM said it uses, when it differs from the decision's).
+    ``runner``: the one vLLM said it uses, when it differs from the decision's; ``address``:
+    the ``host:port`` to list instead of ``--host``/``--port``, ``--advertise-address``).
 
     Raises:
         ValueError: no runner, or an address the service would refuse.
@@ -345,7 +352,8 @@ def engine_of(
     said: RunnerName | None = "v1" if runner == "v1" else "v2" if runner == "v2" else None
     if said is not None:
         decision = decision._replace(runner=said)
-    address, scheme = served_address(words, host)
+    served, scheme = served_address(words, host)
+    address = address or served
     return engine_registration(
         decision,
         launch.config,

@@ -18,6 +18,7 @@ import datetime as dt
 import hashlib
 import ipaddress
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
@@ -369,6 +370,21 @@ ADDRESS_PATTERN = (
 ENGINE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 
 
+def address_problem(address: str) -> str | None:
+    """What is wrong with ``address`` as an engine's ``host:port`` (None: nothing): the shape
+    of :data:`ADDRESS_PATTERN`, a port in 1..65535, a bracketed host that is an IPv6 address."""
+    if not re.fullmatch(ADDRESS_PATTERN, address):
+        return f"{address!r} is not HOST:PORT (a host name, an IPv4 address or [IPv6], and a port)"
+    if not 1 <= int(address.rsplit(":", 1)[1]) <= 65535:
+        return f"address {address!r}: the port must be in 1..65535"
+    if address.startswith("["):
+        try:
+            ipaddress.IPv6Address(address[1:].rsplit("]:", 1)[0])
+        except ValueError:
+            return f"address {address!r}: not an IPv6 address"
+    return None
+
+
 class EngineIn(BaseModel):
     """A serving engine, as it registers with the service and repeats as its heartbeat: where
     it answers (its OpenAI-compatible API and its Prometheus metrics), the decision it runs,
@@ -410,14 +426,9 @@ class EngineIn(BaseModel):
 
     @model_validator(mode="after")
     def _port(self) -> EngineIn:
-        port = int(self.address.rsplit(":", 1)[1])
-        if not 1 <= port <= 65535:
-            raise ValueError(f"address {self.address!r}: the port must be in 1..65535")
-        if self.address.startswith("["):
-            try:
-                ipaddress.IPv6Address(self.address[1:].rsplit("]:", 1)[0])
-            except ValueError:
-                raise ValueError(f"address {self.address!r}: not an IPv6 address") from None
+        problem = address_problem(self.address)
+        if problem is not None:
+            raise ValueError(problem)
         # A time the store can keep on both backends (year 1 with an offset overflows).
         try:
             year = self.started_at.astimezone(dt.UTC).year

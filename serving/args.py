@@ -17,14 +17,13 @@ invalid int value: 'x'``; exit status 2). Flags whose vLLM meaning differs are n
 from __future__ import annotations
 
 import argparse
-import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from turnout.oracle.wire import ADDRESS_PATTERN
+from turnout.oracle.wire import address_problem
 
 DEFAULT_PORT = 8000  # vllm serve's
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
@@ -181,8 +180,9 @@ def build_parser(prog: str = "turnout engine serve") -> argparse.ArgumentParser:
 
 
 def _address(text: str) -> str:
-    if not re.fullmatch(ADDRESS_PATTERN, text):
-        raise argparse.ArgumentTypeError(f"{text!r} is not host:port")
+    problem = address_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return text
 
 

@@ -8,7 +8,8 @@ What the script does is chosen by ``FAKE_VLLM_MODE`` in the environment it gets:
 - ``print`` (default): one JSON line on stdout, ``{"argv": sys.argv, "env": os.environ}``;
 - ``startup``: vLLM-like log lines: stderr first, then on stdout the line vLLM prints for the
   runner it would use (``Using V2 Model Runner`` unless ``VLLM_USE_V2_MODEL_RUNNER=0``,
-  ``Starting to load model ...`` then), then exits with ``FAKE_VLLM_EXIT``;
+  ``Starting to load model ...`` then), stays up ``FAKE_VLLM_HOLD_S`` seconds (default 0), then
+  exits with ``FAKE_VLLM_EXIT``;
 - ``flood``: about 2 MB of log lines on stdout, then the V2 runner's line, then exits with
   ``FAKE_VLLM_EXIT``;
 - ``wait``: prints ``ready``, waits for a signal, prints ``got signal N`` and exits 0.
@@ -37,6 +38,7 @@ elif mode == "startup":
     print(f"(EngineCore_DP0 pid=2) INFO 12-01 10:00:01 [{{where}}] {{line}}", flush=True)
     print("(APIServer pid=1) INFO 12-01 10:00:02 [launcher.py:1] Starting vLLM API server",
           flush=True)
+    time.sleep(float(os.environ.get("FAKE_VLLM_HOLD_S", "0")))
     sys.exit(int(os.environ.get("FAKE_VLLM_EXIT", "0")))
 elif mode == "flood":  # far more output than a pipe holds, then the runner's line
     for i in range(20000):

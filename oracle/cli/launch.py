@@ -36,6 +36,15 @@ TimeoutOpt = Annotated[
         "waits for it) and the decision event before vLLM starts [default: 0.5]",
     ),
 ]
+AdvertiseOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--advertise-address",
+        metavar="HOST:PORT",
+        help="with --report-startup: the address the service lists for Prometheus to scrape "
+        "(default: vllm serve's --host and --port; the host name when it binds every interface)",
+    ),
+]
 DryOpt = Annotated[
     bool,
     typer.Option(
@@ -55,6 +64,7 @@ def launch(
     sets: SetOpt = None,
     report_startup: ReportOpt = False,
     service_timeout: TimeoutOpt = None,
+    advertise_address: AdvertiseOpt = None,
     dry_run: DryOpt = False,
 ) -> None:
     """Start vLLM with the runner the rollout gives it: sets VLLM_USE_V2_MODEL_RUNNER where
@@ -75,4 +85,5 @@ def launch(
         report_startup,
         dry_run,
         service_timeout,
+        advertise_address,
     )

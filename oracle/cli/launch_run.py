@@ -27,7 +27,7 @@ from turnout.oracle.launch import (
 from turnout.oracle.launch_inputs import LaunchSettings, config_from_command, split_assignments
 from turnout.oracle.launch_startup import run_child
 from turnout.oracle.vllm_install import find_vllm
-from turnout.oracle.wire import StartupIn
+from turnout.oracle.wire import StartupIn, address_problem
 
 log = logging.getLogger("turnout.launch")
 SOURCES = {
@@ -47,9 +47,12 @@ def run(
     report_startup: bool,
     dry_run: bool,
     service_timeout: float | None = None,
+    advertise_address: str | None = None,
 ) -> None:
     """See :func:`oracle.cli.launch.launch`."""
     _logging()
+    if advertise_address is not None:
+        _check_advertised(advertise_address, report_startup)
     words, assigned = split_assignments(argv)
     if not words:
         _fail(
@@ -97,7 +100,7 @@ def run(
         raise typer.Exit(0)
     event_id = report(client, planned)
     if report_startup:
-        raise typer.Exit(_run_child(client, planned, words, env, event_id))
+        raise typer.Exit(_run_child(client, planned, words, env, event_id, advertise_address))
     _exec(client, planned, words, env, event_id)
 
 
@@ -109,6 +112,22 @@ def _logging() -> None:
     root.propagate = False
     root.setLevel(logging.WARNING)
     log.setLevel(logging.INFO)
+
+
+def _check_advertised(address: str, report_startup: bool) -> None:
+    """Refuse an ``--advertise-address`` that would not be used or that the service would
+    refuse, before anything starts."""
+    if not report_startup:
+        _fail(
+            OracleError(
+                "--advertise-address is used only with --report-startup: without it launch "
+                "becomes vLLM and registers nothing",
+                code=ErrorCode.BAD_USAGE,
+            )
+        )
+    problem = address_problem(address)
+    if problem is not None:
+        _fail(OracleError(f"--advertise-address: {problem}", code=ErrorCode.BAD_USAGE))
 
 
 def _fail(exc: OracleError) -> NoReturn:
@@ -200,11 +219,20 @@ def _cannot_start(executable: str, exc: OSError) -> int:
     return 127 if isinstance(exc, FileNotFoundError) else 126
 
 
-def _register(client: OracleClient, planned: Launch, words: list[str], runner: str) -> None:
+def _register(
+    client: OracleClient, planned: Launch, words: list[str], runner: str, address: str | None
+) -> None:
     """Register the vLLM server with the service (Prometheus' targets, the engines on an old
     decision); the client repeats it while vLLM runs and ends it when vLLM exits."""
     try:
-        engine = engine_of(planned, words, host=client.host, runner=runner, pack=client.wire_pack)
+        engine = engine_of(
+            planned,
+            words,
+            host=client.host,
+            runner=runner,
+            pack=client.wire_pack,
+            address=address,
+        )
     except ValueError as exc:
         log.warning("vLLM is not registered with the service: %s", exc)
         return
@@ -218,6 +246,7 @@ def _run_child(
     words: list[str],
     env: dict[str, str],
     event_id: str | None,
+    advertise_address: str | None = None,
 ) -> int:
     """vLLM as a child; its start-up line is reported as a follow-up event
     (``<event id>.startup``) once it says which runner it uses."""
@@ -237,7 +266,7 @@ def _run_child(
             event_id=f"{event_id}.startup" if event_id else None,
         )
         if client.service_configured:
-            _register(client, planned, words, runner)
+            _register(client, planned, words, runner, advertise_address)
 
     log.info("starting %s %s (--report-startup)", _executable(planned), " ".join(words[1:]))
     try:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -195,6 +198,42 @@ def test_report_startup_reports_vllms_line_and_the_service_keeps_it_with_the_dec
     assert (event["runner"], startup["runner"], startup["agrees"]) == ("v2", "v2", True)
     assert "Using V2 Model Runner" in startup["line"]
     assert startup["event_id"] == event["event_id"] + ".startup"
+
+
+def test_report_startup_registers_vllm_at_its_advertised_address_until_it_exits(
+    service: tuple[LiveService, dict[str, str]], fake: Path, tmp_path: Path
+) -> None:
+    svc, tokens = service
+    env = {
+        **_env(fake, tmp_path / "c", svc.url, tokens["engine"], "prod/advertised"),
+        "FAKE_VLLM_MODE": "startup",
+        "FAKE_VLLM_HOLD_S": "60",
+    }
+    cmd = [sys.executable, "-m", "turnout.oracle.cli", "launch", "--report-startup",
+           "--advertise-address", "vllm-7.pods.internal:8123", *QWEN3]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    viewer = {"Authorization": f"Bearer {tokens['viewer']}"}
+
+    def listed() -> list[dict[str, object]]:
+        got = httpx.get(f"{svc.url}/api/v1/engines", headers=viewer).json()["engines"]
+        return [e for e in got if e["deployment_id"] == "prod/advertised"]
+
+    try:
+        deadline = time.monotonic() + 60
+        while not listed() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        [engine] = listed()
+        assert (engine["address"], engine["engine"], engine["runner"], engine["vllm_version"]) == (
+            "vllm-7.pods.internal:8123",
+            "vllm",
+            "v2",
+            "0.31.0",
+        )
+    finally:
+        proc.terminate()  # launch passes SIGTERM to vLLM, which exits; then it says goodbye
+        _out, err = proc.communicate(timeout=60)
+    assert "registered vLLM with the service" in err, err
+    assert listed() == [], err
 
 
 def test_a_refused_pin_is_reported_and_vllm_not_started(

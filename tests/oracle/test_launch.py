@@ -531,3 +531,20 @@ def test_apply_rollout_without_vllm_says_so(tmp_path: Path) -> None:
         timeout=120,
     )
     assert done.stdout.startswith("VllmNotInstalled vllm_not_installed vLLM is not installed")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--advertise-address", "h:8000"], "used only with --report-startup"),
+        (["--report-startup", "--advertise-address", "h"], "is not HOST:PORT"),
+        (["--report-startup", "--advertise-address", "h:70000"], "the port must be in 1..65535"),
+        (["--report-startup", "--advertise-address", "a b:80"], "is not HOST:PORT"),
+    ],
+)
+def test_an_advertise_address_that_would_not_be_used_or_listed_starts_nothing(
+    env: dict[str, str], args: list[str], says: str
+) -> None:
+    done = run_launch([*args, *QWEN3], {**env, "FAKE_VLLM_MODE": "startup"})
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert "--advertise-address" in done.stderr and says in done.stderr, done.stderr

@@ -71,6 +71,8 @@ def test_vllm_flag_names_map_to_engine_fields(tmp_path: Path) -> None:
         (["--runner", "v3"], "argument --runner: invalid choice: 'v3'"),
         (["--drain-timeout", "-1"], "argument --drain-timeout/--shutdown-timeout"),
         (["--dtype", "fp4"], "argument --dtype: invalid choice: 'fp4'"),
+        (["--advertise-address", "h:0"], "--advertise-address: address 'h:0': the port must be"),
+        (["--advertise-address", "[zz]:80"], "'[zz]:80' is not HOST:PORT"),
     ],
 )
 def test_a_bad_flag_is_named_and_exits_2(
