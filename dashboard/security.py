@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from turnout.oracle.errors import ErrorCode
@@ -51,7 +52,8 @@ HSTS = ("Strict-Transport-Security", "max-age=31536000")
 class SecurityHeadersMiddleware:
     """Adds :data:`HEADERS` to every response (HSTS too when ``https``); gives the plain text
     413 of Starlette's body limit the API's error shape; answers an unexpected exception with
-    a 500 in that shape (logged with its traceback), headers included."""
+    a 500 in that shape (logged with its traceback), headers included. A client that leaves
+    before its body arrived gets nothing and is logged at INFO, not as a failure."""
 
     def __init__(self, app: ASGIApp, *, https: bool = False) -> None:
         self.app = app
@@ -65,6 +67,11 @@ class SecurityHeadersMiddleware:
         response = _Response(scope, send, self._headers)
         try:
             await self.app(scope, receive, response.send)
+        except ClientDisconnect:
+            # The client left before its body arrived (an engine stopped mid-report): nothing
+            # failed here and nobody is left to answer. Its report is still in its spool.
+            log.info("%s %s: the client left before its body arrived", scope.get("method"),
+                     scope.get("path"))  # fmt: skip
         except Exception as exc:
             if response.started:
                 raise

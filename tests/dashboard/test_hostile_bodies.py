@@ -5,8 +5,10 @@ request is bounded. (Parsing does not depend on the database: SQLite only here.)
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -326,3 +328,42 @@ def test_an_unexpected_exception_is_a_500_in_the_shape_with_the_headers(tmp_path
     detail = _detail(r, 500, ErrorCode.INTERNAL_ERROR)
     assert "secret" not in r.text and detail["message"].endswith("its log says why")
     assert r.headers["x-frame-options"] == "DENY"
+
+
+@pytest.mark.parametrize("route", ["/api/v1/decisions", "/api/v1/health"])
+def test_a_client_that_leaves_mid_body_is_no_failure(
+    sq: Api, route: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ASGI app as uvicorn drives it: part of a body, then the client is gone (an engine
+    stopped mid-report). Nothing is answered, nothing is stored, no error is logged (it was
+    a 500 and a traceback: ClientDisconnect)."""
+    app = sq.client.app
+    token = sq.tokens["operator"].encode()
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": route, "raw_path": route.encode(), "query_string": b"",
+        "root_path": "", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000),
+        "headers": [(b"host", b"127.0.0.1:8000"), (b"authorization", b"Bearer " + token),
+                    (b"content-type", b"application/json"), (b"content-length", b"1000")],
+        "state": {},
+    }  # fmt: skip
+    messages = iter(
+        [{"type": "http.request", "body": b'{"events": [', "more_body": True},
+         {"type": "http.disconnect"}]
+    )  # fmt: skip
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(messages, {"type": "http.disconnect"})
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    before = sq.client.get("/api/v1/decisions?limit=1000", headers=sq.h("viewer")).json()
+    with caplog.at_level("INFO", logger="turnout"):
+        asyncio.run(app(scope, receive, send))
+    assert sent == []
+    assert [r.levelname for r in caplog.records if "left before its body" in r.message] == ["INFO"]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    after = sq.client.get("/api/v1/decisions?limit=1000", headers=sq.h("viewer")).json()
+    assert after == before
