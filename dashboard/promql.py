@@ -12,6 +12,7 @@ refused query (Prometheus' ``errorType`` and ``error``), or Prometheus not answe
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,8 @@ from turnout.oracle.client_http import request_within
 #: The largest answer a gate reads (one value is a few hundred bytes; a query that returns
 #: whole series is refused as "several series" long before this).
 MAX_ANSWER_BYTES = 4 << 20
+
+log = logging.getLogger("turnout.service")
 
 #: How many gate queries a pass has in flight at once.
 MAX_PARALLEL_QUERIES = 16
@@ -78,7 +81,9 @@ def reading_of(query: str, body: Any, status: int, at: dt.datetime) -> PromqlRea
         error = body.get("error", "") if isinstance(body, dict) else ""
         why = f"{kind}: {error}" if kind or error else f"HTTP {status}"
         return PromqlReading(query, None, f"Prometheus refused the query ({why})"[:500], at)
-    data = body.get("data") or {}
+    data = body.get("data")
+    if not isinstance(data, dict):
+        return PromqlReading(query, None, "an answer without a result (data is not an object)", at)
     kind, result = data.get("resultType"), data.get("result")
     if kind == "scalar" and isinstance(result, list) and len(result) == 2:
         return _value(query, result[1], at)
@@ -97,6 +102,9 @@ def reading_of(query: str, body: Any, status: int, at: dt.datetime) -> PromqlRea
 
 
 def _value(query: str, text: Any, at: dt.datetime) -> PromqlReading:
+    # Prometheus writes a sample's value as a string ("0.25", "NaN"); a bool is no value.
+    if isinstance(text, bool):
+        return PromqlReading(query, None, f"not a number: {text}", at)
     try:
         value = float(text)
     except (TypeError, ValueError):
@@ -123,11 +131,21 @@ def read_gates(
     if not asked:
         return {}
     with ThreadPoolExecutor(min(MAX_PARALLEL_QUERIES, len(asked))) as pool:
-        readings = list(pool.map(lambda a: querier(a[2], now), asked))
+        readings = list(pool.map(lambda a: _read_one(querier, a[2], now), asked))
     out: dict[int, dict[str, PromqlReading]] = {}
     for (ramp_id, name, _query), reading in zip(asked, readings, strict=True):
         out.setdefault(ramp_id, {})[name] = reading
     return out
+
+
+def _read_one(querier: Querier, query: str, now: dt.datetime) -> PromqlReading:
+    """One gate's reading; a querier that raises makes that gate inconclusive, never the pass
+    (a raise here stopped every ramp and scheduled flip of the pass)."""
+    try:
+        return querier(query, now)
+    except Exception as err:
+        log.warning("PromQL gate query %r failed: %r", query[:200], err)
+        return PromqlReading(query, None, f"the query failed: {err!r}"[:500], now)
 
 
 def unconfigured(query: str, at: dt.datetime) -> PromqlReading:

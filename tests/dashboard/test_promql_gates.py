@@ -275,6 +275,39 @@ def test_every_gate_of_a_pass_is_asked_at_once() -> None:
     } == {r: {f"g{i}": (float(i), None) for i in range(4)} for r in (1, 2, 3)}
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"status": "success", "data": ["x"]},
+        {"status": "success", "data": "x"},
+        {"status": "success", "data": {"resultType": "vector", "result": [{"value": [1, True]}]}},
+        {"status": "success", "data": {"resultType": "scalar", "result": [1, {"a": 1}]}},
+    ],
+)
+def test_an_answer_of_another_shape_is_inconclusive(body: object) -> None:
+    reading = promql.reading_of("q", body, 200, dt.datetime.now(dt.UTC))
+    assert reading.value is None and reading.problem
+
+
+def test_a_querier_that_raises_makes_its_gate_inconclusive_not_the_pass() -> None:
+    gates = tuple(
+        PromqlGate(name=n, query=f"vector({i})", comparison=">=", threshold=0.0)
+        for i, n in enumerate(("ok", "boom"))
+    )
+    stored = GateConfig(health_reports=False, promql=gates).model_dump(mode="json")
+
+    def querier(query: str, at: dt.datetime) -> PromqlReading:
+        if query == "vector(1)":
+            raise AttributeError("'list' object has no attribute 'get'")
+        return PromqlReading(query, 0.0, None, at)
+
+    readings = promql.read_gates([(7, STAGE, stored)], querier, dt.datetime.now(dt.UTC))
+    assert readings[7]["ok"].value == 0.0
+    assert readings[7]["boom"].value is None and "AttributeError" in str(
+        readings[7]["boom"].problem
+    )
+
+
 def test_a_prometheus_that_trickles_is_cut_at_the_timeout(tmp_path: Path) -> None:
     """A breaker's Prometheus sent its status line, then a byte a second: the per-read timeout
     never fired and the ticker stalled. The whole answer now has the timeout."""
