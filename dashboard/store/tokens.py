@@ -23,7 +23,9 @@ TOKEN_PREFIX = "tok_"
 class Role(StrEnum):
     """What a token may do, each role everything the ones before it may: ``viewer`` reads;
     ``engine`` also reports (decision events, health reports, its registration and
-    heartbeat) and is what an engine fleet holds, so a leaked engine token flips nothing;
+    heartbeat) and is what an engine fleet holds: it changes no canary, ramp or kill switch
+    itself, though its health reports and registrations feed the ramps' gates (a forged
+    report can fail a gate), so it is guarded as the fleet's telemetry is;
     ``operator`` also changes the rollout; ``admin`` also manages tokens and webhooks."""
 
     viewer = "viewer"
