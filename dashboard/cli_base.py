@@ -230,13 +230,14 @@ def stages(api: Remote) -> list[dict[str, Any]]:
 
 def resolve_cohort(api: Remote, name: str) -> str:
     """A cohort id from a cohort id or a family name, with the service's pack (the first stage
-    that names the family: ``qwen3`` → ``qwen3-canary``, said on stdout); other names come
+    that names the family: ``qwen3`` → ``qwen3-canary``, said on stderr, so that ``--json``
+    output stays JSON); other names come
     back unchanged, for the service to refuse with the cohorts it has. Raises RemoteError."""
     listed = stages(api)
     if any(s["cohort"] == name for s in listed):
         return name
     for s in listed:
         if name in s["families"]:
-            typer.echo(f"{name}: the family's first rollout stage is {s['cohort']}")
+            typer.echo(f"{name}: the family's first rollout stage is {s['cohort']}", err=True)
             return str(s["cohort"])
     return name

@@ -97,6 +97,12 @@ def context_set(
         token = given.strip()
     if token_stdin and not token:
         raise fail("--token-stdin: stdin held no token", BAD_INPUT)
+    if token is not None and not contexts.TOKEN_PATTERN.fullmatch(token):
+        raise fail(
+            "--token-stdin: the token holds a space or a character a token never has (it is "
+            "not shown, nor kept)",
+            BAD_INPUT,
+        )
     try:
         entry = contexts.Context(name, contexts.check_url(url), token, token_env)
         contexts.check_context(entry)

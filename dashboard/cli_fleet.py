@@ -5,11 +5,22 @@ audit`` (who changed what, newest first), read through the service's API
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from turnout.dashboard.cli_base import ContextOpt, parse_time, resolve_cohort, service
+from turnout.dashboard.cli_base import (
+    BAD_INPUT,
+    ContextOpt,
+    fail,
+    parse_time,
+    resolve_cohort,
+    service,
+    stages,
+)
+
+if TYPE_CHECKING:
+    from turnout.dashboard.remote import Remote
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="the API's answer as JSON")]
 
@@ -37,19 +48,27 @@ def engines(
 ) -> None:
     """The live engines (registered, heartbeat within TURNOUT_ENGINE_TTL_S), each with the
     runner it runs and the one a restart would give it under the current canaries."""
-    params: dict[str, Any] = {"stage": stage, "stale": "true" if stale else None}
     with service(context) as api:
+        if stage is not None:
+            stage = _known_stage(api, stage)
+        params: dict[str, Any] = {"stage": stage, "stale": "true" if stale else None}
         body = api.get("/engines", params).body
+        where = api.target.url
     if as_json:
         typer.echo(json.dumps(body, indent=1))
         return
-    for e in body["engines"]:
-        typer.echo(engine_line(e))
-    typer.echo(
-        f"{body['num_engines']} engine(s), {body['num_stale']} on an old decision "
-        f"(restart them to apply it); an engine leaves the list {body['ttl_s']:.0f} s after "
-        "its last heartbeat"
-    )
+    try:
+        lines = [engine_line(e) for e in body["engines"]]
+        total = (
+            f"{body['num_engines']} engine(s), {body['num_stale']} on an old decision "
+            f"(restart them to apply it); an engine leaves the list {body['ttl_s']:.0f} s "
+            "after its last heartbeat"
+        )
+    except (KeyError, TypeError, ValueError):
+        raise _not_the_service(where, "/engines") from None
+    for line in lines:
+        typer.echo(line)
+    typer.echo(total)
 
 
 def audit(
@@ -66,19 +85,63 @@ def audit(
 ) -> None:
     """The audit log, newest first: when, who (the token's holder), what and why."""
     with service(context) as api:
-        if target is not None and ":" not in target and target != "kill-switch":
-            target = f"cohort:{resolve_cohort(api, target)}"
+        if target is not None:
+            target = _audit_target(api, target)
         rows = api.get("/audit", {"limit": limit, "target": target}).body
+        where = api.target.url
     if as_json:
         typer.echo(json.dumps(rows, indent=1))
         return
-    if not rows:
-        typer.echo("no audit entry" + (f" for {target}" if target else ""))
-    for r in rows:
-        typer.echo(
+    try:
+        lines = [
             f"{r['id']}  {parse_time(r['at']):%Y-%m-%d %H:%M:%S}  {r['actor']}  {r['action']} "
             f"{r['target']}: {r['reason']}"
+            for r in rows
+        ]
+    except (KeyError, TypeError, ValueError):
+        raise _not_the_service(where, "/audit") from None
+    if not lines:
+        typer.echo("no audit entry" + (f" for {target}" if target else ""))
+    for line in lines:
+        typer.echo(line)
+
+
+_KINDS = ("token", "webhook", "cohort")
+
+
+def _audit_target(api: Remote, target: str) -> str:
+    """``kill-switch``, ``token:ID``, ``webhook:ID``, ``cohort:ID``, or a stage or family name
+    (its ``cohort:`` target). Ends the command (bad input) for anything else."""
+    if target == "kill-switch":
+        return target
+    kind, colon, rest = target.partition(":")
+    if not colon:
+        return f"cohort:{_known_stage(api, target)}"
+    if kind not in _KINDS or not rest:
+        raise fail(
+            f"--target {target!r}: a stage or family name, kill-switch, token:ID, webhook:ID "
+            "or cohort:ID",
+            BAD_INPUT,
         )
+    if kind == "cohort":
+        return f"cohort:{_known_stage(api, rest)}"
+    if not rest.isdigit():
+        raise fail(f"--target {target!r}: {kind}:ID takes a number", BAD_INPUT)
+    return target
+
+
+def _known_stage(api: Remote, name: str) -> str:
+    """A stage of the service's pack from a cohort id or a family name; ends the command
+    (bad input, the stages listed) for any other name."""
+    cohort = resolve_cohort(api, name)
+    known = [str(s.get("cohort")) for s in stages(api) if isinstance(s, dict)]
+    if cohort not in known:
+        raise fail(f"{name!r} is no stage or family; the stages: {', '.join(known)}", BAD_INPUT)
+    return cohort
+
+
+def _not_the_service(url: str, path: str) -> typer.Exit:
+    return fail(f"GET {path} of {url} answered JSON of another shape: is it the turnout service?")
 
 
 def register(app: typer.Typer) -> None:

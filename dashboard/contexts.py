@@ -42,6 +42,8 @@ ENV_TOKEN = "TURNOUT_TOKEN"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CONTEXT_KEYS = ("url", "token", "token_env")
+#: What a bearer token may hold (RFC 6750's b64token is narrower; this is what a header takes).
+TOKEN_PATTERN = re.compile(r"[\x21-\x7e]+")
 
 
 class ConfigError(Exception):
@@ -99,16 +101,20 @@ def check_url(url: str) -> str:
     """The service's base URL: ``url`` without a trailing slash or ``/api/v1`` (the API's
     prefix, which the client adds). Raises ConfigError when it is not an http:// or https://
     URL with a host, or holds a user or password (never echoed)."""
-    try:
-        parts = urlsplit(url.strip())
-    except ValueError:  # "http://[::1": an unclosed IPv6 bracket
-        raise ConfigError(f"{url!r} is not a service URL: its host cannot be read") from None
-    if parts.username is not None or parts.password is not None:
+    authority = url.strip().partition("://")[2].split("/", 1)[0]
+    if "@" in authority:
         # Never echoed: the user part may hold a password. The token goes in token/token_env.
         raise ConfigError(
             "a service URL with a user or password before '@' is refused (it would be shown "
             "in messages): give the token with --token, TURNOUT_TOKEN, token or token_env"
         )
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 (a port that is not 0..65535 raises here)
+    except ValueError:  # "http://[::1": an unclosed IPv6 bracket; "h:abc"; "h:99999"
+        raise ConfigError(
+            f"{url!r} is not a service URL: its host or port cannot be read"
+        ) from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(
             f"{url!r} is not a service URL: use http://HOST:PORT or https://HOST "

@@ -11,19 +11,16 @@ version conflict).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 import httpx
 
-from turnout.dashboard.contexts import ENV_URL, Target
+from turnout.dashboard.contexts import ENV_URL, TOKEN_PATTERN, Target
 from turnout.oracle.errors import ErrorCode
 
 API = "/api/v1"
-#: What a bearer token may hold (RFC 6750's b64token is narrower; this is what a header takes).
-_TOKEN = re.compile(r"[\x21-\x7e]+")
 TIMEOUT_S = 30.0
 BAD_INPUT = 2
 _BAD_INPUT_STATUSES = (400, 404, 422)
@@ -70,7 +67,7 @@ class Remote:
                 f"{target.token_source} is not set; set it to a token of the service (an "
                 "operator's; an admin's for tokens and webhooks)"
             )
-        if not _TOKEN.fullmatch(target.token):
+        if not TOKEN_PATTERN.fullmatch(target.token):
             # httpx would refuse the header later with the value in its message: say where
             # the token came from and never echo it.
             raise RemoteError(

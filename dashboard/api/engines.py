@@ -133,7 +133,16 @@ async def get_engines(
     stale: Annotated[bool | None, Query(description="only engines on an old decision")] = None,
 ) -> dict[str, Any]:
     """The live engines, each with ``expected_runner`` (what a restart would run under the
-    current canary snapshot) and ``stale`` (it runs another one)."""
+    current canary snapshot) and ``stale`` (it runs another one). An unknown ``stage`` is a
+    422 that lists the stages."""
+    stages = services.policy.cohort_families()
+    if stage is not None and stage not in stages:
+        raise http_error(
+            422,
+            ErrorCode.INVALID_REQUEST,
+            f"unknown stage {stage!r}; the stages of pack {services.policy.pack.name}: "
+            + ", ".join(stages),
+        )
     views = await run_in_threadpool(lambda: current_views(services, stage=stage))
     if stale is not None:
         views = [v for v in views if v.stale == stale]

@@ -261,7 +261,7 @@ def get_audit(
     _who: ViewerDep,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     before_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
-    target: Annotated[str | None, Query(max_length=128)] = None,
+    target: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
 ) -> list[AuditOut]:
     """The audit log, newest first (page with ``before_id``)."""
     rows = audit.list_entries(session=session, limit=limit, before_id=before_id, target=target)

@@ -426,3 +426,50 @@ def test_engines_and_audit_read_through_the_service(shared: Served) -> None:
         httpx.delete(f"{shared.svc.url}/api/v1/engines/cli-engine-1", headers=engine)
     code, out = shared.shell("engine").run("canary", "enable", "qwen3-canary", "--reason", "x")
     assert code == 1 and "this needs the operator role; the token has engine" in out, out
+
+
+def test_engines_and_audit_refuse_what_names_nothing(shared: Served) -> None:
+    viewer = shared.shell("viewer")
+    code, out = viewer.run("engines", "--stage", "nope")
+    assert code == 2 and "'nope' is no stage or family; the stages: " in out, out
+    code, out = viewer.run("engines", "--stage", "qwen3", "--json")  # a family: its stage
+    assert code == 0 and json.loads(out.split("\n", 1)[1])["num_engines"] >= 0, out
+    r = httpx.get(
+        f"{shared.svc.url}/api/v1/engines?stage=nope",
+        headers={"Authorization": f"Bearer {shared.tokens['viewer']}"},
+    )
+    assert r.status_code == 422 and "unknown stage 'nope'" in r.text
+    for target in ("nope", "token:abc", ":", "cohort:", "flip:1"):
+        code, out = viewer.run("audit", "--target", target)
+        assert code == 2 and "error: " in out, (target, out)
+    code, out = viewer.run("audit", "--target", "")
+    assert code != 0, out
+
+
+def test_engines_and_audit_say_so_when_the_answer_is_not_the_services(tmp_path: Path) -> None:
+    """A server that answers JSON of another shape: a clear error, never a traceback."""
+    bodies = iter([b"[]", b"{}", b'{"engines": [{"address": 1}], "num_engines": 1}'])
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = next(bodies, b"null")
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        shell = Shell(f"http://127.0.0.1:{server.server_address[1]}", "tok_x", tmp_path)
+        for command in (["engines"], ["engines"], ["engines"], ["audit"]):
+            result = CliRunner(env=shell.env()).invoke(cli_app(), command)
+            assert result.exit_code == 1, (command, result.output)
+            assert "answered JSON of another shape: is it the turnout service?" in result.output
+            assert not isinstance(result.exception, (KeyError, TypeError, ValueError))
+    finally:
+        server.shutdown()

@@ -40,7 +40,8 @@ def test_a_url_with_a_user_or_password_is_refused_and_never_echoed(
 def test_an_unreadable_host_is_named(tmp_path: Path) -> None:
     code, out = _run(tmp_path, "context", "set", "prod", "--url", "http://[::1")
     assert (
-        code == 2 and out == "error: 'http://[::1' is not a service URL: its host cannot be read\n"
+        code == 2
+        and out == "error: 'http://[::1' is not a service URL: its host or port cannot be read\n"
     )
 
 
@@ -82,3 +83,36 @@ def test_two_shells_setting_contexts_at_once_keep_both(tmp_path: Path) -> None:
     config = contexts.load(contexts.config_path({"XDG_CONFIG_HOME": str(tmp_path)}))
     assert sorted(config.contexts) == [f"c{i}" for i in range(8)]
     assert config.current in config.contexts
+
+
+@pytest.mark.parametrize(
+    "url", ["http://u:s3cret@[::1", "http://u:s3cret@h\u2100x", "http://s3cret@h:abc"]
+)
+def test_a_url_with_user_info_is_refused_unseen_even_when_it_does_not_parse(
+    tmp_path: Path, url: str
+) -> None:
+    code, out = _run(tmp_path, "context", "set", "prod", "--url", url)
+    assert code == 2 and "user or password before '@' is refused" in out and "s3cret" not in out
+
+
+@pytest.mark.parametrize("url", ["http://h:abc", "http://h:99999"])
+def test_a_port_that_is_no_port_is_refused(tmp_path: Path, url: str) -> None:
+    code, out = _run(tmp_path, "context", "set", "prod", "--url", url)
+    assert code == 2 and "its host or port cannot be read" in out
+    code, out = _run(tmp_path, "engines", "--url", url)  # engines takes no --url: a usage error
+    assert code == 2
+    env = {"XDG_CONFIG_HOME": str(tmp_path), "TURNOUT_URL": url, "TURNOUT_TOKEN": "tok_x"}
+    result = CliRunner(env=env).invoke(cli_app(), ["engines"])
+    assert result.exit_code == 1 and "its host or port cannot be read" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_token_stdin_refuses_a_token_it_would_later_refuse(tmp_path: Path) -> None:
+    env = {"XDG_CONFIG_HOME": str(tmp_path), "TURNOUT_URL": None, "TURNOUT_TOKEN": None}
+    result = CliRunner(env=env).invoke(
+        cli_app(),
+        ["context", "set", "a", "--url", "http://h:80", "--token-stdin"],
+        input="tok_ab cd s3cret\n",
+    )
+    assert result.exit_code == 2 and "s3cret" not in result.output
+    assert not (tmp_path / "turnout" / "config.yaml").exists()
