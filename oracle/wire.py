@@ -372,16 +372,23 @@ ENGINE_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,64}$"
 
 def address_problem(address: str) -> str | None:
     """What is wrong with ``address`` as an engine's ``host:port`` (None: nothing): the shape
-    of :data:`ADDRESS_PATTERN`, a port in 1..65535, a bracketed host that is an IPv6 address."""
+    of :data:`ADDRESS_PATTERN`, a port in 1..65535, a bracketed host that is an IPv6 address,
+    a host that is not "every interface" (``0.0.0.0``, ``[::]``)."""
     if not re.fullmatch(ADDRESS_PATTERN, address):
         return f"{address!r} is not HOST:PORT (a host name, an IPv4 address or [IPv6], and a port)"
     if not 1 <= int(address.rsplit(":", 1)[1]) <= 65535:
         return f"address {address!r}: the port must be in 1..65535"
+    host = address.rsplit(":", 1)[0].strip("[]")
     if address.startswith("["):
         try:
-            ipaddress.IPv6Address(address[1:].rsplit("]:", 1)[0])
+            ipaddress.IPv6Address(host)
         except ValueError:
             return f"address {address!r}: not an IPv6 address"
+    if host in ("0.0.0.0", "::") or host.strip("0:.") == "":
+        return (
+            f"address {address!r}: every interface is no address to scrape; name the host "
+            "(its name or IP)"
+        )
     return None
 
 

@@ -221,7 +221,9 @@ def _claim(session: Session, receiver: str, alert: ReceivedAlert, now: dt.dateti
         "outcome": Outcome.resolved.value if alert.status == "resolved" else "pending",
         "audit_id": None,
         "received_at": now,
-        "resolved_at": (alert.ends_at or now) if alert.status == "resolved" else None,
+        # The service's own time: Alertmanager's endsAt may be anything (days back, before
+        # startsAt), and the receipt's pruning counts from this.
+        "resolved_at": now if alert.status == "resolved" else None,
     }
     dialect = session.get_bind().dialect.name
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
@@ -243,7 +245,7 @@ def _mark_resolved(session: Session, receiver: str, alert: ReceivedAlert, now: d
             AlertReceipt.starts_at == alert.starts_at,
             AlertReceipt.resolved_at.is_(None),
         )
-        .values(resolved_at=alert.ends_at or now)
+        .values(resolved_at=now)
     )
 
 

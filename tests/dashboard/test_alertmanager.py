@@ -793,7 +793,15 @@ def test_receipts_keep_one_row_per_firing(am: Api) -> None:
 def test_resolved_receipts_are_kept_30_days_and_firing_ones_until_they_resolve(am: Api) -> None:
     post(am, notification(alert("old"), alert("firing")))
     post(am, notification(alert("old", status="resolved")))
-    resolved = STARTS + dt.timedelta(minutes=5)  # the resolved alert's endsAt
+    # Counted from when the service received the resolution, not from Alertmanager's endsAt
+    # (an endsAt 35 days back pruned the receipt at once, and a resend of the same firing
+    # then acted a second time).
+    resolved = dt.datetime.now(dt.UTC)
+    late = alert("late", starts=STARTS - dt.timedelta(days=40))
+    post(am, notification(late))
+    post(am, notification({**late, "status": "resolved",
+                           "endsAt": (STARTS - dt.timedelta(days=35)).isoformat()}))  # fmt: skip
+    assert post(am, notification(late)).json()["outcomes"] == {"duplicate": 1}
 
     def fingerprints_after_a_delivery_at(now: dt.datetime) -> set[str]:
         with am.services.db.write_session() as session:
@@ -802,7 +810,11 @@ def test_resolved_receipts_are_kept_30_days_and_firing_ones_until_they_resolve(a
         with am.services.db.read_session() as session:
             return {r.fingerprint for r in session.query(AlertReceipt)}
 
-    assert fingerprints_after_a_delivery_at(resolved + dt.timedelta(days=29)) == {"old", "firing"}
+    assert fingerprints_after_a_delivery_at(resolved + dt.timedelta(days=29)) == {
+        "old",
+        "firing",
+        "late",
+    }
     assert fingerprints_after_a_delivery_at(resolved + dt.timedelta(days=31)) == {"firing"}
     # The firing one's key still tells a resend from a new firing.
     assert post(am, notification(alert("firing"))).json()["outcomes"] == {"duplicate": 1}

@@ -115,6 +115,8 @@ def test_bad_registrations_are_refused_alone(api: Api) -> None:
         ("/api/v1/engines/e1", {**good, "family": "llama"}),  # not in stage qwen3-canary
         ("/api/v1/engines/e1", {**good, "address": "127.0.0.1"}),
         ("/api/v1/engines/e1", {**good, "address": "127.0.0.1:70000"}),
+        ("/api/v1/engines/e1", {**good, "address": "0.0.0.0:8000"}),  # every interface
+        ("/api/v1/engines/e1", {**good, "address": "[::]:8000"}),
         ("/api/v1/engines/e1", {**good, "metrics_path": "metrics"}),
         ("/api/v1/engines/e1", {**good, "runner": "v3"}),
         ("/api/v1/engines/e1", {**good, "extra": 1}),

@@ -73,6 +73,7 @@ def test_vllm_flag_names_map_to_engine_fields(tmp_path: Path) -> None:
         (["--dtype", "fp4"], "argument --dtype: invalid choice: 'fp4'"),
         (["--advertise-address", "h:0"], "--advertise-address: address 'h:0': the port must be"),
         (["--advertise-address", "[zz]:80"], "'[zz]:80' is not HOST:PORT"),
+        (["--advertise-address", "0.0.0.0:8001"], "every interface is no address to scrape"),
     ],
 )
 def test_a_bad_flag_is_named_and_exits_2(
