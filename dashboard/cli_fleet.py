@@ -32,9 +32,15 @@ def engine_line(e: dict[str, Any]) -> str:
         runs += f" (a restart gives {e['expected_runner']}: STALE)"
     return (
         f"{e['address']}  {e['deployment_id']}  {e['family']}  stage {e['stage'] or '-'} "
-        f"({e['cohort']})  runs {runs}  {e['engine']} vllm {e['vllm_version']}  "
+        f"({e['cohort']})  runs {runs}  {_engine_kind(e)}  "
         f"seen {e['last_seen_s_ago']:.0f} s ago"
     )
+
+
+def _engine_kind(e: dict[str, Any]) -> str:
+    if e["engine"] == "vllm":
+        return f"vllm {e['vllm_version']}"
+    return f"{e['engine']} (vLLM {e['vllm_version']} metrics)"
 
 
 def engines(
