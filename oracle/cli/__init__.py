@@ -21,7 +21,17 @@ app = typer.Typer(
 )
 
 
+_plugins_registered = False
+
+
 def _register_plugins() -> None:
+    """Add the plugins' commands, once per process: ``main()`` called again (in-process
+    callers, the test suite) added every plugin command again, and Typer rebuilds its whole
+    command tree on each call (a suite's worker had ~270 commands, 0.8 s per call)."""
+    global _plugins_registered
+    if _plugins_registered:
+        return
+    _plugins_registered = True
     for ep in entry_points(group="turnout.cli"):
         try:
             register = ep.load()
