@@ -223,16 +223,27 @@ def safe_url(url: str) -> str:
 
 
 def stages(api: Remote) -> list[dict[str, Any]]:
-    """The service's rollout stages in order (``GET /stages``). Raises RemoteError."""
-    rows: list[dict[str, Any]] = api.get("/stages").body
+    """The service's rollout stages in order (``GET /stages``). Raises RemoteError, and
+    typer.Exit when the answer is not a list of stages (not the turnout service)."""
+    rows = api.get("/stages").body
+    if not isinstance(rows, list) or not all(
+        isinstance(s, dict)
+        and isinstance(s.get("cohort"), str)
+        and isinstance(s.get("families"), list)
+        for s in rows
+    ):
+        raise fail(
+            f"GET /stages of {api.target.url} answered JSON of another shape: is it the "
+            "turnout service?"
+        )
     return rows
 
 
 def resolve_cohort(api: Remote, name: str) -> str:
     """A cohort id from a cohort id or a family name, with the service's pack (the first stage
     that names the family: ``qwen3`` → ``qwen3-canary``, said on stderr, so that ``--json``
-    output stays JSON); other names come
-    back unchanged, for the service to refuse with the cohorts it has. Raises RemoteError."""
+    output stays JSON); other names come back unchanged, for the service to refuse with the
+    cohorts it has. Raises RemoteError (typer.Exit: an answer of another shape)."""
     listed = stages(api)
     if any(s["cohort"] == name for s in listed):
         return name

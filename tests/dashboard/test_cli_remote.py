@@ -466,7 +466,8 @@ def test_engines_and_audit_say_so_when_the_answer_is_not_the_services(tmp_path: 
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         shell = Shell(f"http://127.0.0.1:{server.server_address[1]}", "tok_x", tmp_path)
-        for command in (["engines"], ["engines"], ["engines"], ["audit"]):
+        commands = (["engines"], ["engines"], ["engines"], ["audit"], ["engines", "--stage", "x"])
+        for command in commands:
             result = CliRunner(env=shell.env()).invoke(cli_app(), command)
             assert result.exit_code == 1, (command, result.output)
             assert "answered JSON of another shape: is it the turnout service?" in result.output
