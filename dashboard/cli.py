@@ -50,6 +50,7 @@ db_app = typer.Typer(help="The service's database (migrations).", no_args_is_hel
 token_app = typer.Typer(help="API tokens (stored hashed, shown once).", no_args_is_help=True)
 canary_app = typer.Typer(help="Canary state per rollout cohort.", no_args_is_help=True)
 kill_app = typer.Typer(help="The global kill switch.", no_args_is_help=True)
+cli_rollout.extend_canary(canary_app)
 demo_app = typer.Typer(help="The first-run demo fleet.", no_args_is_help=True)
 
 
@@ -499,7 +500,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(canary_app, name="canary")
     app.add_typer(kill_app, name="kill-switch")
     app.add_typer(demo_app, name="demo")
-    cli_rollout.register(app, canary_app)
+    cli_rollout.register(app)
     cli_notify.register(app)
     cli_context.register(app)
     cli_fleet.register(app)

@@ -383,7 +383,13 @@ def approvals_reject(
     _decide("reject", subject, item_id, reason, context, database_url)
 
 
-def register(app: typer.Typer, canary_app: typer.Typer) -> None:
+def extend_canary(canary_app: typer.Typer) -> None:
+    """Add ``canary ramp`` and ``canary schedule`` to the ``canary`` group: once, at import
+    (``dashboard.cli``). Added in ``register``, every application built (each test's) added
+    them again to the one module-level group, and Typer rebuilt hundreds of copies per call."""
     canary_app.add_typer(ramp_app, name="ramp")
     canary_app.command("schedule")(schedule_flip)
+
+
+def register(app: typer.Typer) -> None:
     app.add_typer(approvals_app, name="approvals")
