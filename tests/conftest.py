@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -155,7 +156,33 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         os.unsetenv(name)  # what readline set is not in os.environ
 
 
+_DURATIONS = ROOT / "tests" / "durations.json"
+# A file the table does not know yet (new since the last `make test-durations`) counts as this
+# many seconds: it runs among the middling files.
+_UNKNOWN_FILE_S = 5.0
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """Order the tests by their file's measured seconds, longest first, keeping each file's own
+    order (a stable sort). Under ``--dist loadfile --no-loadscope-reorder`` the workers take
+    whole files in this order, so the last files to start are the shortest and the workers
+    finish together (pytest-xdist's own reordering sorts by the number of tests, which put the
+    wheel test, 8 tests and over a minute, last)."""
+    try:
+        table = json.loads(_DURATIONS.read_text())
+    except (OSError, ValueError):
+        return  # no table: collection order
+    root = str(ROOT) + os.sep
+
+    def seconds(item: pytest.Item) -> float:
+        name = str(item.path)
+        return -float(table.get(name.removeprefix(root), _UNKNOWN_FILE_S))
+
+    items.sort(key=seconds)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _longest_files_first(items)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device (gpu marker)")
