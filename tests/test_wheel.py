@@ -100,14 +100,17 @@ def test_build_makes_a_complete_wheel_and_sdist(dist: Path) -> None:
 @pytest.fixture(scope="module")
 def fresh_venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("venv")
-    venv.create(home / "venv", with_pip=True)
+    # No pip of its own (ensurepip is seconds): this environment's pip installs into it
+    # (pip --python), resolving the wheel's own dependencies as any installer would.
+    venv.create(home / "venv", with_pip=False)
     python = home / "venv" / "bin" / "python"
     constraints = home / "constraints.txt"
     constraints.write_text(_pins(LOCK))
     [wheel] = dist.glob("turnout-*.whl")
     proc = subprocess.run(
         [
-            str(python), "-m", "pip", "install", "-q", "--no-compile", "-c", str(constraints),
+            sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+            "--no-compile", "-c", str(constraints),
             f"{wheel}[service,runners]", "transformers", "kernels",
         ],
         capture_output=True,

@@ -128,11 +128,14 @@ def test_qwen3_shape_at_tp2_equals_tp1(runner_name: str, qwen3_dir: Path) -> Non
     assert (split["kv_heads"], split["block_bytes"] * 2) == (2, one["block_bytes"])
 
 
-@pytest.mark.parametrize("runner_name", RUNNERS)
-def test_smollm2_at_tp3_equals_tp1(runner_name: str, smollm2_gguf: Path) -> None:
-    # One rank's answer is the same on both runners (test_parity_smollm2.py): one reference.
+def test_smollm2_at_tp3_equals_tp1(smollm2_gguf: Path) -> None:
+    # runner_v2 at TP=3 against runner_v1 at TP=1: one rank's answer is the same on both
+    # runners (test_parity_smollm2.py). How the real checkpoint's 9 query and 3 KV heads split
+    # over 3 ranks is the model layer's (engine/parallel), shared by both runners; each
+    # runner's own TP path is checked above on the Qwen3 shape (and runner_v1's at TP=4 below).
+    # Three ranks of the 30-layer model on CI's 2 cores are the suite's dearest test: once.
     one = _generate(smollm2_gguf, "v1", 1, True)
-    split = _generate(smollm2_gguf, runner_name, 3, True)
+    split = _generate(smollm2_gguf, "v2", 3, True)
     _assert_same(one["requests"]["greedy"], split["requests"]["greedy"])
     assert split["kv_heads"] == 1
 
