@@ -163,6 +163,7 @@ def _build_the_dtype_table_once() -> None:
                 return pointer
         return table[tt_dtype]
 
+    np_dtype.__wrapped__ = interpreter._get_np_dtype  # type: ignore[attr-defined]
     interpreter._get_np_dtype = np_dtype
 
 
