@@ -291,23 +291,28 @@ receivers:
     )
     assert ALERTMANAGER is not None
     am_log = tmp_path / "alertmanager.log"
-    alertmanager = subprocess.Popen(
-        [
-            ALERTMANAGER,
-            f"--config.file={am_config}",
-            f"--storage.path={tmp_path / 'am'}",
-            f"--web.listen-address=127.0.0.1:{am_port}",
-            "--cluster.listen-address=",
-        ],
-        stdout=open(am_log, "ab"),  # noqa: SIM115
-        stderr=subprocess.STDOUT,
-    )
-    rules = tmp_path / "rules.yml"
-    rules.write_text("groups: []\n")  # the alert comes once the healthy TTFT is measured
-    (tmp_path / "prom").mkdir()
-    prometheus = start_prometheus(
-        tmp_path / "prom",
-        f"""
+    # Every process is stopped whatever fails later in this setup (a model that cannot be
+    # written left the service, Prometheus and Alertmanager running after the run).
+    with contextlib.ExitStack() as stop:
+        alertmanager = subprocess.Popen(
+            [
+                ALERTMANAGER,
+                f"--config.file={am_config}",
+                f"--storage.path={tmp_path / 'am'}",
+                f"--web.listen-address=127.0.0.1:{am_port}",
+                "--cluster.listen-address=",
+            ],
+            stdout=open(am_log, "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+        stop.callback(alertmanager.wait, 10)
+        stop.callback(alertmanager.terminate)
+        rules = tmp_path / "rules.yml"
+        rules.write_text("groups: []\n")  # the alert comes once the healthy TTFT is measured
+        (tmp_path / "prom").mkdir()
+        prometheus = start_prometheus(
+            tmp_path / "prom",
+            f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
 rule_files: ["{rules}"]
 alerting:
@@ -320,30 +325,25 @@ scrape_configs:
         refresh_interval: 1s
         authorization: {{type: Bearer, credentials: {tokens["viewer"]}}}
 """,
-    )
-    service = start_service(
-        db_url,
-        tmp_path / "service.log",
-        port=service_port,
-        env={
-            "TURNOUT_PROMETHEUS_URL": prometheus.url,
-            "TURNOUT_TICK_S": "1",
-            "TURNOUT_ALERTMANAGER_CONFIG": str(receivers),
-            "TURNOUT_PACK": str(pack),
-        },
-    )
-    model = tiny_llama(tmp_path / "tiny-llama")
-    made = Fleet(service, prometheus, alertmanager, tokens, pack, model, tmp_path, timeline)
-    try:
+        )
+        stop.callback(prometheus.stop)
+        service = start_service(
+            db_url,
+            tmp_path / "service.log",
+            port=service_port,
+            env={
+                "TURNOUT_PROMETHEUS_URL": prometheus.url,
+                "TURNOUT_TICK_S": "1",
+                "TURNOUT_ALERTMANAGER_CONFIG": str(receivers),
+                "TURNOUT_PACK": str(pack),
+            },
+        )
+        stop.callback(service.stop)
+        stop.callback(lambda: print("\n" + str(timeline)))
+        model = tiny_llama(tmp_path / "tiny-llama")
+        made = Fleet(service, prometheus, alertmanager, tokens, pack, model, tmp_path, timeline)
+        stop.callback(lambda: [engine.stop() for engine in made.engines.values()])
         yield made
-    finally:
-        for engine in made.engines.values():
-            engine.stop()
-        service.stop()
-        prometheus.stop()
-        alertmanager.terminate()
-        alertmanager.wait(10)
-        print("\n" + str(timeline))
 
 
 def _gate_query() -> str:
