@@ -1,4 +1,4 @@
-"""The whole loop, every part real, on SQLite and on PostgreSQL: turnout's service, two
+"""The whole loop, every part real, on PostgreSQL (a fleet's store): turnout's service, two
 ``turnout engine serve`` processes (a tiny Llama with random weights that transformers wrote
 from a real config, on CPU) in one rollout stage (a canary the stage's canary put on V2, a
 baseline on V1), Debian's Prometheus finding them through the service's HTTP SD, and Debian's
@@ -15,6 +15,10 @@ Alertmanager paging the service's receiver.
 5. The audit log holds every step with its actor.
 
 The timeline (seconds since the start, what happened) is printed at the end (``-s``).
+
+Each part runs on SQLite as well in its own file (``tests/dashboard/test_closed_loop.py``,
+``test_promql_gates.py``, ``test_alertmanager.py``, ``test_engine_registration.py``); the
+whole loop, two engine processes, Prometheus and Alertmanager on CI's two cores, runs once.
 """
 
 from __future__ import annotations
@@ -250,6 +254,12 @@ def complete_quietly(server: Server, max_tokens: int) -> None:
     """:func:`complete`, a request the drain aborts included."""
     with contextlib.suppress(httpx.HTTPError):
         complete(server, max_tokens)
+
+
+@pytest.fixture
+def db_url(pg_schema_url: str) -> str:
+    """PostgreSQL only here (the module docstring says why)."""
+    return pg_schema_url
 
 
 @pytest.fixture
