@@ -164,6 +164,17 @@ def _mac(key: str, purpose: bytes, text: bytes = b"") -> str:
     return hmac.new(key.encode(), purpose + b"\0" + text, hashlib.sha256).hexdigest()[:32]
 
 
+def same_secret(expected: str, submitted: str) -> bool:
+    """True when ``submitted`` equals ``expected``, compared in constant time as UTF-8 bytes.
+
+    Any text compares, whatever it holds: ``hmac.compare_digest`` raises TypeError on a str
+    with a non-ASCII character, which a form field, a cookie or a query parameter may carry.
+    Lone surrogates (``surrogatepass``) encode too, so nothing a request can send raises."""
+    return hmac.compare_digest(
+        expected.encode("utf-8", "surrogatepass"), submitted.encode("utf-8", "surrogatepass")
+    )
+
+
 def csrf_token(session_id: str) -> str:
     """The CSRF field value of a signed-in page session (bound to its id)."""
     return _mac(session_id, b"turnout-csrf")
@@ -173,7 +184,7 @@ def csrf_ok(session_id: str, submitted: str | None) -> bool:
     return (
         bool(session_id)
         and submitted is not None
-        and hmac.compare_digest(csrf_token(session_id), submitted)
+        and same_secret(csrf_token(session_id), submitted)
     )
 
 
@@ -183,7 +194,7 @@ def new_sign_in_nonce() -> str:
 
 
 def sign_in_nonce_ok(cookie: str | None, submitted: str) -> bool:
-    return bool(cookie) and bool(submitted) and hmac.compare_digest(cookie or "", submitted)
+    return bool(cookie) and bool(submitted) and same_secret(cookie or "", submitted)
 
 
 def same_origin(origin: str | None, host: str | None) -> bool:
@@ -201,6 +212,4 @@ def flash_signature(session_id: str, message: str, error: str) -> str:
 
 
 def flash_ok(session_id: str, message: str, error: str, submitted: str) -> bool:
-    return bool(session_id) and hmac.compare_digest(
-        flash_signature(session_id, message, error), submitted
-    )
+    return bool(session_id) and same_secret(flash_signature(session_id, message, error), submitted)

@@ -63,4 +63,9 @@ def verify(
         return False
     if len(timestamp) > 12 or abs(now - int(timestamp)) > tolerance_s:
         return False
-    return hmac.compare_digest(signature(secret, int(timestamp), body), sig)
+    # As bytes: compare_digest raises TypeError on a str with a non-ASCII character, and a
+    # header may carry any (this module imports nothing of turnout's, so a receiver may copy
+    # it: it does not use turnout.dashboard.auth.same_secret).
+    return hmac.compare_digest(
+        signature(secret, int(timestamp), body).encode(), sig.encode("utf-8", "surrogatepass")
+    )

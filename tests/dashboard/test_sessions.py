@@ -332,3 +332,23 @@ def test_the_templates_hold_nothing_the_csp_refuses() -> None:
             if scripts or re.search(r"\sstyle=|<style|\son[a-z]+=|javascript:", line):
                 found.append(f"{path.name}:{n}: {line.strip()}")
     assert len(list(templates.glob("*.html"))) > 5 and found == []
+
+
+@pytest.mark.parametrize("value", ["é", "ключ", "😀" * 40], ids=["latin-1", "cyrillic", "emoji"])
+def test_secrets_with_non_ascii_text_are_refused_not_a_500(api: Api, value: str) -> None:
+    # Before: hmac.compare_digest(str, str) raised TypeError on non-ASCII text, so a nonce,
+    # a CSRF field or a status-line signature of that kind gave a 500, even with no
+    # credentials at all.
+    api.client.cookies.clear()
+    _nonce(api)  # the sign-in cookie is set
+    r = api.client.post("/login", data={"nonce": value}, follow_redirects=False)
+    assert r.status_code == 403, r.text
+    r = api.client.post("/login", data={"token": "x", "nonce": value}, follow_redirects=False)
+    assert r.status_code == 403, r.text
+    api.sign_in("admin")
+    r = api.client.post("/logout", data={"csrf": value}, follow_redirects=False)
+    assert r.status_code == 403, r.text
+    r = api.client.get("/webhooks", params={"message": "forged", "sig": value})
+    assert r.status_code == 200 and "forged" not in r.text
+    assert api.client.get("/", follow_redirects=False).status_code == 200  # still signed in
+    api.client.cookies.clear()
