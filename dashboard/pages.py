@@ -38,6 +38,7 @@ from turnout.dashboard.store import canaries as canary_store
 from turnout.dashboard.store.errors import StoreError
 from turnout.dashboard.store.models import utcnow
 from turnout.dashboard.store.tokens import Role
+from turnout.oracle import bounded_json
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))
 TEMPLATES.env.filters["tojson_compact"] = lambda v: json.dumps(v, separators=(",", ":"))
@@ -398,11 +399,13 @@ def explain_page(
 def _spec_object(text: str) -> dict[str, Any]:
     """The inputs field: a JSON object of spec fields. Raises ValueError saying what it is."""
     try:
-        value = json.loads(text)
+        value = bounded_json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(
             f"inputs: not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
         ) from None
+    except bounded_json.TooDeepError as err:
+        raise ValueError(f"inputs: {err}") from None
     if not isinstance(value, dict):
         raise ValueError(f"inputs: a JSON object of spec fields, not a {type(value).__name__}")
     return value

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from turnout.oracle import bounded_json
 from turnout.oracle.config import DeploymentConfig
 from turnout.oracle.errors import ConfigError, ErrorCode, Issue
 from turnout.oracle.sources import command_to_fields, from_hf_config, load_specs
@@ -29,12 +30,16 @@ def parse_json_value(text: str, *, flag: str) -> Any:
     stripped = text.strip()
     if stripped[:1] in "{[":
         try:
-            return json.loads(stripped)
+            return bounded_json.loads(stripped)
         except json.JSONDecodeError as exc:
             raise ConfigError(
                 f"{flag}: invalid JSON value ({exc.msg} at column {exc.colno}): {text!r}",
                 code=ErrorCode.BAD_VALUE,
                 field=flag,
+            ) from None
+        except bounded_json.TooDeepError as exc:
+            raise ConfigError(
+                f"{flag}: invalid JSON value ({exc})", code=ErrorCode.BAD_VALUE, field=flag
             ) from None
     if stripped.lower() in _SCALARS:
         return _SCALARS[stripped.lower()]

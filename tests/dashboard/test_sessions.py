@@ -352,3 +352,12 @@ def test_secrets_with_non_ascii_text_are_refused_not_a_500(api: Api, value: str)
     assert r.status_code == 200 and "forged" not in r.text
     assert api.client.get("/", follow_redirects=False).status_code == 200  # still signed in
     api.client.cookies.clear()
+
+
+def test_the_explain_page_refuses_inputs_nested_too_deep(api: Api) -> None:
+    # Before: 19,999 "[" in ?config= raised RecursionError from json.loads: a 500.
+    api.sign_in("viewer")
+    r = api.client.get("/explain", params={"config": "[" * 19_999})
+    assert r.status_code == 422, r.text[:300]
+    assert "nested 19999 levels deep; at most 64 are accepted" in r.text
+    api.client.cookies.clear()
