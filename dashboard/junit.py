@@ -22,6 +22,14 @@ class JUnitError(ValueError):
     """A file that is not a JUnit report; the message says why."""
 
 
+def result_of(num_tests: int, num_failures: int, num_errors: int, num_skipped: int) -> str:
+    """``pass`` when no test failed or errored and at least one passed, else ``fail``: a run of
+    no test, or of skipped tests only, proves nothing. The service refuses evidence whose
+    ``result`` disagrees with its counts by this rule (``EvidenceIn``)."""
+    passed = num_tests - num_failures - num_errors - num_skipped
+    return "pass" if num_failures == 0 and num_errors == 0 and passed >= 1 else "fail"
+
+
 @dataclass(frozen=True)
 class JUnitRun:
     num_tests: int
@@ -33,9 +41,8 @@ class JUnitRun:
 
     @property
     def result(self) -> str:
-        """``pass`` or ``fail``."""
-        ok = self.num_tests > 0 and self.num_failures == 0 and self.num_errors == 0
-        return "pass" if ok else "fail"
+        """``pass`` or ``fail`` (``result_of``)."""
+        return result_of(self.num_tests, self.num_failures, self.num_errors, self.num_skipped)
 
     def summary(self) -> str:
         """``3 failed, 1 errored, 2 skipped of 120 tests``."""

@@ -8,8 +8,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from turnout.dashboard.junit import result_of
 from turnout.dashboard.store.audit import MAX_REASON_CHARS
 from turnout.dashboard.store.latest_counts import Kind
 from turnout.dashboard.store.launches import LaunchRecord
@@ -295,11 +296,52 @@ class EvidenceIn(BaseModel):
     num_errors: int | None = Field(default=None, ge=0, le=10**9)
     num_skipped: int | None = Field(default=None, ge=0, le=10**9)
 
+    @model_validator(mode="after")
+    def _result_agrees_with_the_counts(self) -> EvidenceIn:
+        """The counts, where given, agree with each other and with ``result`` (a parity gate
+        passes on this record): failures, errors and skips add up to at most ``num_tests``; a
+        ``pass`` has no failure or error; with ``num_tests`` given (a count left out is 0),
+        ``result`` is the one the counts make (``dashboard.junit.result_of``: a pass needs a
+        test that passed).
+
+        Raises:
+            ValueError: naming the counts that disagree (the API answers 422).
+        """
+        counts = {
+            "num_failures": self.num_failures,
+            "num_errors": self.num_errors,
+            "num_skipped": self.num_skipped,
+        }
+        given = {name: value for name, value in counts.items() if value}
+        if self.num_tests is not None and sum(given.values()) > self.num_tests:
+            named = " + ".join(f"{name} {value}" for name, value in given.items())
+            raise ValueError(f"{named} is more than num_tests {self.num_tests}")
+        if self.result == "pass" and (self.num_failures or self.num_errors):
+            raise ValueError(
+                f"result pass with {self.num_failures or 0} failure(s) and "
+                f"{self.num_errors or 0} error(s): a pass has none"
+            )
+        if self.num_tests is not None:  # a count left out is none of that kind
+            made = result_of(self.num_tests, **{k: v or 0 for k, v in counts.items()})
+            if made != self.result:
+                raise ValueError(
+                    f"result {self.result}, but {self.num_tests} test(s) with "
+                    + ", ".join(f"{name} {value or 0}" for name, value in counts.items())
+                    + f" make a {made} (a pass needs a test that passed and none that failed)"
+                )
+        return self
+
 
 class EvidenceOut(EvidenceIn):
     id: int
     recorded_at: dt.datetime
     recorded_by: str
+
+    @model_validator(mode="after")
+    def _result_agrees_with_the_counts(self) -> EvidenceOut:
+        """A stored record is shown as it was recorded (one recorded before the counts were
+        checked may disagree with them): the check is EvidenceIn's, on the way in."""
+        return self
 
 
 class TokenIn(BaseModel):

@@ -254,6 +254,8 @@ def test_junit_counts_come_from_the_test_cases() -> None:
     )
     assert bad.summary() == "1 failed, 1 errored of 3 tests"
     assert parse_junit(b"<testsuites/>").result == "fail"  # nothing ran
+    skipped_only = b'<testsuite><testcase classname="t" name="a"><skipped/></testcase></testsuite>'
+    assert parse_junit(skipped_only).result == "fail"  # before: a pass, with no test passed
     for text, says in [(b"<html>", "not XML"), (b"<report/>", "not a JUnit report")]:
         with pytest.raises(JUnitError, match=says):
             parse_junit(text)

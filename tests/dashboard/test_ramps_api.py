@@ -430,6 +430,34 @@ def test_parity_evidence_keeps_its_test_counts(rapi: Api) -> None:
     assert (row["num_tests"], row["num_errors"], row["num_skipped"]) == (120, 1, 4)
 
 
+@pytest.mark.parametrize(
+    ("counts", "says"),
+    [
+        # Before: each was stored, and a parity gate passed on the first two.
+        ({"result": "pass", "num_tests": 10, "num_failures": 10}, "a pass has none"),
+        ({"result": "pass", "num_tests": 0}, "make a fail"),
+        ({"result": "pass", "num_tests": 3, "num_skipped": 3}, "make a fail"),
+        ({"result": "pass", "num_tests": 2, "num_errors": 1, "num_skipped": 2}, "more than"),
+        ({"result": "fail", "num_tests": 5, "num_failures": 0, "num_errors": 0}, "make a pass"),
+    ],
+    ids=["pass-all-failed", "pass-no-test", "pass-all-skipped", "over-count", "fail-clean"],
+)
+def test_evidence_whose_result_disagrees_with_its_counts_is_refused(
+    rapi: Api, counts: dict[str, object], says: str
+) -> None:
+    base = {"family": "qwen3", "suite": "tests/parity"}
+    r = rapi.client.post("/api/v1/evidence", json={**base, **counts}, headers=rapi.h("operator"))
+    assert r.status_code == 422 and says in r.text, r.text
+    assert rapi.client.get("/api/v1/evidence", headers=rapi.h("viewer")).json() == []
+    for fine in (
+        {"result": "pass"},  # no counts: nothing to disagree with
+        {"result": "fail", "num_tests": 0},  # nothing ran: not a pass
+        {"result": "pass", "num_tests": 5, "num_skipped": 4},
+    ):
+        r = rapi.client.post("/api/v1/evidence", json={**base, **fine}, headers=rapi.h("operator"))
+        assert r.status_code == 201, (fine, r.text)
+
+
 def test_the_background_passes_run_what_is_due_and_leave_an_idle_store_alone(rapi: Api) -> None:
     from turnout.dashboard import background
 
