@@ -41,7 +41,13 @@ from turnout.oracle.decision import CanarySnapshot, CohortState, Decision, Reaso
 
 Percentage = Annotated[StrictInt, Field(ge=0, le=100)]
 MAX_NAME_CHARS = 256  # a deployment id's length in an event or a health report
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS)]
+# No control character (C0, DEL, C1: NUL among them) in text the service stores and shows: a
+# NUL was stored on SQLite, refused by PostgreSQL, and written raw into the CSV export.
+NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f-\x9f]*$"
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=NO_CONTROL_CHARS)]
+# A rule id as the store keeps it (its reason column holds 128 characters on every backend).
+MAX_RULE_ID_CHARS = 128
+RuleId = Annotated[str, Field(min_length=1, max_length=MAX_RULE_ID_CHARS, pattern=NO_CONTROL_CHARS)]
 # The family an event names when the oracle could not place the deployment in one (an unknown
 # architecture: no runner, reason code ERROR).
 UNKNOWN_FAMILY = "unknown"
@@ -209,22 +215,26 @@ class EventIn(BaseModel):
     event_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._:-]+$")
     at: AwareDatetime
     deployment_id: Name
-    host: str = Field(default="", max_length=256)
-    pack: str = Field(min_length=1, max_length=64)
+    host: str = Field(default="", max_length=256, pattern=NO_CONTROL_CHARS)
+    pack: str = Field(min_length=1, max_length=64, pattern=NO_CONTROL_CHARS)
     family: str = Field(
         min_length=1,
         max_length=64,
+        pattern=NO_CONTROL_CHARS,
         description=f"a family of the pack, or {UNKNOWN_FAMILY!r} when the "
         "oracle placed the deployment in none",
     )
     runner: Literal["v1", "v2"] | None
     mode: Literal["auto", "pinned"]
     stage: str | None = Field(
-        default=None, max_length=64, description="a stage (cohort id) of the pack's rollout"
+        default=None,
+        max_length=64,
+        pattern=NO_CONTROL_CHARS,
+        description="a stage (cohort id) of the pack's rollout",
     )
     reason_code: ReasonCode
-    rule_ids: list[str] = Field(default_factory=list, max_length=200)
-    policy_digest: str = Field(default="", max_length=128)
+    rule_ids: list[RuleId] = Field(default_factory=list, max_length=200)
+    policy_digest: str = Field(default="", max_length=128, pattern=NO_CONTROL_CHARS)
     config: dict[str, Any] | None = None
     demo: bool = False
     launch: LaunchIn | None = None

@@ -7,6 +7,7 @@ import datetime as dt
 import hashlib
 import re
 import secrets
+import unicodedata
 from enum import StrEnum
 
 from sqlalchemy import or_, select
@@ -78,10 +79,22 @@ def create_token(
     *, session: Session, name: str, role: Role, actor: str, expires_in: dt.timedelta | None = None
 ) -> tuple[ApiToken, str]:
     """Make a token (expiring ``expires_in`` from now; None: never); returns the row and the
-    token itself (the only time it exists in clear)."""
-    if not name.strip():
+    token itself (the only time it exists in clear).
+
+    Raises:
+        InvalidChange: ``NAME_REQUIRED`` when the name has no visible character (blank, or
+            only zero-width and format characters such as U+200B), ``INVALID_REQUEST`` when it
+            holds a control character (a terminal escape would reach every audit listing).
+    """
+    if not any(c.isprintable() and not c.isspace() for c in name):
         raise InvalidChange(
-            "a token needs a name (who or what uses it)", code=ErrorCode.NAME_REQUIRED
+            "a token needs a name (who or what uses it) with a visible character",
+            code=ErrorCode.NAME_REQUIRED,
+        )
+    if any(unicodedata.category(c) == "Cc" for c in name.strip()):
+        raise InvalidChange(
+            f"a token's name may not hold a control character: {name!r}",
+            code=ErrorCode.INVALID_REQUEST,
         )
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     now = utcnow()

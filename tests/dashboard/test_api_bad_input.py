@@ -123,13 +123,25 @@ def test_bodies_are_bounded(api: Api) -> None:
         {"host": "h\x00"},
         {"policy_digest": "d\x00"},
         {"rule_ids": ["r\x00"]},
+        {"deployment_id": "esc\x1b[31mdep"},
+        {"family": "llama\x07"},
+        {"rule_ids": ["r" * 129]},
         {"config": {"model": "\x00"}},
     ],
 )
 def test_nul_characters_in_an_event_never_give_a_5xx(api: Api, event: dict[str, object]) -> None:
     batch = api_events(2, **event)
     r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
-    if api.services.db.is_sqlite:
+    if "config" not in event:
+        # Before: SQLite stored these (a NUL then went raw into the CSV export, a rule id over
+        # 128 characters into a 128-character column) and PostgreSQL refused them. Now the
+        # API refuses them on every backend, naming the field, and stores nothing.
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"]["code"] == ErrorCode.INVALID_REQUEST
+        assert next(iter(event)) in r.json()["detail"]["message"]
+        fb = api.client.get("/api/v1/fallbacks", headers=api.h("viewer")).json()
+        assert fb["num_deployments"] == 0
+    elif api.services.db.is_sqlite:
         assert r.json() == ack(batch, 2)
     else:  # PostgreSQL text and JSON cannot hold NUL: refused whole, nothing kept
         assert r.status_code == 422 and r.json()["detail"]["code"] == ErrorCode.UNSTORABLE_VALUE
@@ -344,9 +356,10 @@ def test_the_canaries_page_shows_only_status_lines_it_signed(api: Api) -> None:
         api.client.cookies.clear()
 
 
-@pytest.mark.parametrize("name", ["\x1f", "\x1c\x1d", " \x1e "])
+@pytest.mark.parametrize("name", ["\x1f", "\x1c\x1d", " \x1e ", "\u200b", "\u200b\u2060\ufeff"])
 def test_a_token_name_python_reads_as_blank_is_a_422(api: Api, name: str) -> None:
-    # The schema's pattern (\S) lets these through; str.strip() takes them for whitespace.
+    # The schema's pattern (\S) lets these through; str.strip() takes them for whitespace,
+    # and zero-width characters are no visible name either (before: accepted).
     r = api.client.post(
         "/api/v1/tokens", json={"name": name, "role": "viewer"}, headers=api.h("admin")
     )
@@ -356,6 +369,17 @@ def test_a_token_name_python_reads_as_blank_is_a_422(api: Api, name: str) -> Non
         t["name"] != name.strip()
         for t in api.client.get("/api/v1/tokens", headers=api.h("admin")).json()
     )
+
+
+def test_a_token_name_with_a_control_character_is_a_422(api: Api) -> None:
+    # Before: stored, and printed raw (a terminal escape) by `turnout audit` and `tokens list`.
+    for name in ("ci\x1b[2Jbot", "ci\x00", "tab\tbed"):
+        r = api.client.post(
+            "/api/v1/tokens", json={"name": name, "role": "viewer"}, headers=api.h("admin")
+        )
+        assert r.status_code == 422 and "control character" in r.text, r.text
+    names = [t["name"] for t in api.client.get("/api/v1/tokens", headers=api.h("admin")).json()]
+    assert not any("\x1b" in n or "\x00" in n or "\t" in n for n in names)
 
 
 _DEEP = "[" * 3000 + "]" * 3000
