@@ -41,7 +41,12 @@ import httpx
 from turnout.oracle import CanarySnapshot, Decision, DeploymentConfig, decide, load_pack
 from turnout.oracle.client_engines import DEFAULT_HEARTBEAT_INTERVAL_S, EngineRegistrations
 from turnout.oracle.client_health import HealthReports, HealthSource
-from turnout.oracle.client_http import RefusalLog, acknowledged, request_within
+from turnout.oracle.client_http import (
+    RefusalLog,
+    acknowledged,
+    request_within,
+    whole_batch_refused,
+)
 from turnout.oracle.client_snapshot import (
     checked_snapshot,
     kill_switch_of_revision,
@@ -417,15 +422,7 @@ class OracleClient:
         if resp.status_code == 200:
             return "ok" if acknowledged(resp, ids) else "retry"
         if resp.status_code in (413, 422):
-            # A batch the service will never take (an invalid event, or a batch over its
-            # body bound): split it down to single events, set aside the ones it refuses.
-            log.error(
-                "the service rejected %d events (HTTP %d): %s",
-                len(batch),
-                resp.status_code,
-                resp.text[:500],
-            )
-            return "reject"
+            return whole_batch_refused("events", resp, len(batch))
         if resp.status_code in (401, 403):
             self._refused("decision report", resp, len(batch))
         else:

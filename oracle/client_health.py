@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from turnout.oracle.client_http import RefusalLog, health_rejects
+from turnout.oracle.client_http import RefusalLog, health_rejects, whole_batch_refused
 from turnout.oracle.client_spool import SendResult, Spool
 from turnout.oracle.wire import HealthReportIn
 
@@ -99,13 +99,7 @@ class HealthReports:
             refused = health_rejects(resp, ids)
             return "retry" if refused is None else (refused or "ok")
         if resp.status_code in (413, 422):  # the batch as a whole: split it
-            log.error(
-                "the service rejected %d health reports (HTTP %d): %s",
-                len(batch),
-                resp.status_code,
-                resp.text[:500],
-            )
-            return "reject"
+            return whole_batch_refused("health reports", resp, len(batch))
         if resp.status_code in (401, 403):
             self._refused("health report", resp, len(batch))
         else:

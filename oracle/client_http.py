@@ -24,11 +24,12 @@ import logging
 import socket
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from pydantic import ValidationError
 
+from turnout.oracle.errors import ErrorCode
 from turnout.oracle.wire import HealthAck, IngestAck, batch_digest
 
 log = logging.getLogger("turnout.client")
@@ -184,6 +185,54 @@ def health_rejects(resp: httpx.Response, ids: Sequence[str]) -> frozenset[int] |
             r.detail.code,
         )
     return refused
+
+
+_SERVICE_CODES = frozenset(code.value for code in ErrorCode if code.area == "service")
+
+
+def is_service_refusal(resp: httpx.Response) -> bool:
+    """True when ``resp`` is the turnout service's own error answer: a JSON body
+    ``{"detail": {"code": ..., "message": ...}}`` whose code is one of the service's
+    (``ErrorCode`` of area ``service``). A proxy's 413 or 422 page, an empty body or another
+    program's JSON is not: what the client would set aside on the service's word, it keeps and
+    resends on anyone else's."""
+    try:
+        detail = resp.json()["detail"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return (
+        isinstance(detail, dict)
+        and detail.get("code") in _SERVICE_CODES
+        and isinstance(detail.get("message"), str)
+    )
+
+
+def whole_batch_refused(
+    what: str, resp: httpx.Response, num_items: int
+) -> Literal["reject", "split", "retry"]:
+    """What the spool does with a batch answered 413 or 422 (``client_spool.SendResult``).
+
+    The service's own refusal (``is_service_refusal``): ``"reject"``, split the batch down to
+    single items and set aside the ones it refuses. Anything else, a proxy's page or a body of
+    another shape: a 413 is ``"split"`` (smaller batches may pass; a single item it still
+    refuses stays spooled), a 422 ``"retry"`` (nothing is set aside on a stranger's word)."""
+    if is_service_refusal(resp):
+        log.error(
+            "the service rejected %d %s (HTTP %d): %s",
+            num_items,
+            what,
+            resp.status_code,
+            resp.text[:500],
+        )
+        return "reject"
+    log.warning(
+        "%d %s stay spooled: HTTP %d without the service's error body (a proxy in the way?): %s",
+        num_items,
+        what,
+        resp.status_code,
+        resp.text[:200],
+    )
+    return "split" if resp.status_code == 413 else "retry"
 
 
 def refusal(resp: httpx.Response) -> str:

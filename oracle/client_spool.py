@@ -34,8 +34,10 @@ from typing import IO, Any, Literal
 log = logging.getLogger("turnout.client")
 
 # "ok": acknowledged; "retry": not (keep it); "reject": the service refuses the batch whole
-# (split it); a set of positions: acknowledged, those items refused alone (set them aside).
-SendResult = Literal["ok", "retry", "reject"] | frozenset[int]
+# (split it); "split": something else in the way (a proxy's 413) refuses the batch whole:
+# split it, and keep a single item it still refuses for a later resend; a set of positions:
+# acknowledged, those items refused alone (set them aside).
+SendResult = Literal["ok", "retry", "reject", "split"] | frozenset[int]
 
 
 class Spool:
@@ -164,9 +166,11 @@ def _send_batch(
     if isinstance(result, frozenset):
         rejected += [json.dumps(batch[i], separators=(",", ":")) for i in sorted(result)]
         return len(batch) - len(result)
-    if result != "reject":
+    if result not in ("reject", "split"):
         return None
     if len(batch) == 1:
+        if result == "split":
+            return None  # not the service's word: the event stays spooled
         rejected.append(json.dumps(batch[0], separators=(",", ":")))
         return 0
     acknowledged = 0

@@ -50,6 +50,15 @@ def canaries(enabled: Any, engaged: Any = False, **over: Any) -> dict[str, Any]:
     }
 
 
+# The service's own error answers (dashboard/errors.py): the client sets events aside on
+# these only, never on a proxy's page (tests/dashboard/test_client_faults.py).
+_SERVICE_CODES = {413: "body_too_large", 422: "invalid_request", 401: "bad_token"}
+
+
+def _service_error(code: str, message: str) -> bytes:
+    return json.dumps({"detail": {"code": code, "message": message}}).encode()
+
+
 class FakeService(ThreadingHTTPServer):
     """Answers GET /api/v1/canaries with ``canaries``, POST /api/v1/health as the service does
     (storing into ``health``), and POST /api/v1/decisions per event:
@@ -115,9 +124,11 @@ class _Handler(BaseHTTPRequestHandler):
             return self._health(body["reports"])
         events = body["events"]
         if self.server.ingest_status is not None:
-            return self._answer(self.server.ingest_status, b'{"detail": "down"}')
+            status = self.server.ingest_status
+            code = _SERVICE_CODES.get(status, "internal_error")
+            return self._answer(status, _service_error(code, "as the test set it"))
         if any(not isinstance(e.get("deployment_id"), str) or "at" not in e for e in events):
-            return self._answer(422, b'{"detail": {"code": "invalid", "message": "bad"}}')
+            return self._answer(422, _service_error("invalid_request", "bad event"))
         for e in events:
             self.server.stored[e["event_id"]] = e
         ack = {

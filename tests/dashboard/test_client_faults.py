@@ -184,3 +184,33 @@ def test_a_batch_the_service_finds_too_large_is_split_not_retried_forever(
     (aside,) = (cache / "spool").glob("rejected-*.jsonl")
     assert [json.loads(x)["event_id"] for x in aside.read_text().splitlines()] == ids
     client.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "content_type"),
+    [
+        (413, b"<html><h1>413 Request Entity Too Large</h1>nginx</html>", "text/html"),
+        (422, b"<html>Unprocessable</html>", "text/html"),
+        (422, b'{"detail": "not the service"}', "application/json"),
+        (422, b'{"detail": {"code": "made_up", "message": "x"}}', "application/json"),
+        (413, b"", "text/plain"),
+    ],
+    ids=["proxy-413-html", "proxy-422-html", "422-detail-text", "422-unknown-code", "413-empty"],
+)
+def test_a_refusal_that_is_not_the_services_sets_nothing_aside(
+    fake: FakeService, tmp_path: Path, status: int, body: bytes, content_type: str
+) -> None:
+    # Before: any 413 or 422 split the batch down to single events and set every one aside
+    # in rejected-*.jsonl for good (200 of 200 reports lost behind a proxy's 422 page).
+    cache = tmp_path / "c"
+    client = OracleClient(fake.url, "tok", cache_dir=cache, batch_size=4)
+    ids = [client.report(decide(LLAMA, pack=PACK), LLAMA, deployment_id=f"d{i}") for i in range(6)]
+    fake.ingest_answer = (status, body, content_type)
+    assert client.flush() == 0
+    assert client.spool.pending() == 6  # all kept for a resend
+    assert not list((cache / "spool").glob("rejected-*.jsonl"))
+    fake.ingest_answer = None  # the proxy is fixed: everything arrives
+    assert client.flush() == 6
+    assert sorted(fake.stored) == sorted(ids)
+    assert not list((cache / "spool").glob("rejected-*.jsonl"))
+    client.close()
