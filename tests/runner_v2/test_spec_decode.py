@@ -171,7 +171,7 @@ def _spec(tiny: dict[str, Path], method: str, k: int = 3, draft: str = "draft") 
 
 PROMPT = [5, 6, 7, 8, 9, 10]
 TEMPERATURE = 0.6
-NUM_SEEDS = 240  # one batch: a prefill step, then one verification step
+NUM_SEEDS = 160  # one batch: a prefill step, then one verification step (acceptance 0.28)
 
 
 def test_sampled_tokens_are_distributed_as_plain_sampling(tiny: dict[str, Path]) -> None:
@@ -215,7 +215,8 @@ def test_sampled_tokens_are_distributed_as_plain_sampling(tiny: dict[str, Path])
     assert (
         0.1 < core.spec_decode_stats.acceptance_rate < 0.9
     )  # both rules at work: accept and resample
-    assert chi_square_p_value(*_pool(counts, expected)) > 1e-3
+    p_value = chi_square_p_value(*_pool(counts, expected))  # 0.17 at 160 seeds
+    assert p_value > 1e-3, p_value
 
 
 def _pool(counts: torch.Tensor, expected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
