@@ -38,7 +38,14 @@ from typing import Any, Literal
 
 import httpx
 
-from turnout.oracle import CanarySnapshot, Decision, DeploymentConfig, decide, load_pack
+from turnout.oracle import (
+    CanarySnapshot,
+    Decision,
+    DeploymentConfig,
+    bounded_json,
+    decide,
+    load_pack,
+)
 from turnout.oracle.client_engines import DEFAULT_HEARTBEAT_INTERVAL_S, EngineRegistrations
 from turnout.oracle.client_health import HealthReports, HealthSource
 from turnout.oracle.client_http import (
@@ -48,6 +55,7 @@ from turnout.oracle.client_http import (
     whole_batch_refused,
 )
 from turnout.oracle.client_snapshot import (
+    canonical_body,
     checked_snapshot,
     kill_switch_of_revision,
     load_last_known_good,
@@ -366,7 +374,7 @@ class OracleClient:
                 "canary snapshot fetch failed (%s); using the %s copy", err, self.snapshot_source
             )
             return self.snapshot_source
-        if resp.status_code == 304:
+        if resp.status_code == 304 and "If-None-Match" in headers:
             self.snapshot_source = "service"
             return "service"
         if resp.status_code != 200:
@@ -378,7 +386,7 @@ class OracleClient:
             return self.snapshot_source
         body: Any = None
         try:
-            body = resp.json()
+            body = bounded_json.loads(resp.text)
             snapshot = checked_snapshot(body, self.pack, self.pack_name)
         except ValueError as err:  # garbage, or another pack's snapshot
             self._foreign_kill_switch = kill_switch_of_revision(body, self.pack, self.pack_name)
@@ -395,7 +403,7 @@ class OracleClient:
         self._snapshot = snapshot
         self._etag = resp.headers.get("ETag")
         self.snapshot_source = "service"
-        save_last_known_good(self._lkg_path, body, self._etag)
+        save_last_known_good(self._lkg_path, canonical_body(body), self._etag)
         return "service"
 
     def flush(self) -> int:

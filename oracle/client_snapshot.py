@@ -15,14 +15,16 @@ stages a later pack dropped; the oracle never reads them).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from turnout.oracle import CanarySnapshot, Pack
+from turnout.oracle import CanarySnapshot, Pack, bounded_json
 from turnout.oracle.wire import SnapshotIn
 
 log = logging.getLogger("turnout.client")
@@ -33,7 +35,9 @@ def snapshot_mismatch(snapshot: SnapshotIn, pack: Pack, pack_name: str) -> str |
     words; None when it is one."""
     if snapshot.pack not in (pack_name, pack.name):
         return f"it is of pack {snapshot.pack!r}, this engine runs {pack.name!r}"
-    if snapshot.pack_digest is not None and snapshot.pack_digest != pack.digest:
+    if snapshot.pack_digest is None:  # the service always sends it
+        return "it carries no pack_digest, so which revision of the pack it is of is unknown"
+    if snapshot.pack_digest != pack.digest:
         return (
             f"it is of revision {snapshot.pack_digest} of pack {pack.name}, this engine "
             f"runs revision {pack.digest}"
@@ -77,19 +81,53 @@ def checked_snapshot(body: Any, pack: Pack, pack_name: str) -> CanarySnapshot:
     return parsed.to_snapshot()
 
 
+def canonical_body(body: Any) -> dict[str, Any]:
+    """A checked snapshot body as the client keeps it: the validated model re-serialised, so
+    only the fields ``SnapshotIn`` reads reach the disk (a hostile service's extra field,
+    nested 985 levels deep, was kept verbatim and broke every later start).
+
+    Raises:
+        ValueError: not a snapshot (``SnapshotIn.parse``).
+    """
+    return SnapshotIn.parse(body).model_dump(mode="json")
+
+
 def load_last_known_good(
     path: Path, pack: Pack, pack_name: str
 ) -> tuple[CanarySnapshot, str | None] | None:
     """The snapshot and ETag kept at ``path``; None when there is none, or when it cannot be
-    read or is not of ``pack`` (logged)."""
+    read or is not of ``pack`` (logged). A copy that cannot be read is moved aside
+    (``<name>.bad-<unix time>``, kept for a person) so that it costs one warning, not one per
+    start; one of another pack is left where it is (that pack's engine may come back)."""
     try:
-        data = json.loads(path.read_text())
-        return checked_snapshot(data["body"], pack, pack_name), data.get("etag")
+        raw = path.read_bytes()
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except OSError as err:
         log.warning("ignoring the last-known-good snapshot %s: %s", path, err)
         return None
+    try:
+        data = bounded_json.loads(raw.decode("utf-8"))
+        body, etag = data["body"], data.get("etag")
+        parsed = SnapshotIn.parse(body)
+    except (ValueError, KeyError, TypeError, RecursionError) as err:
+        aside = path.with_name(f"{path.name}.bad-{int(time.time())}")
+        with contextlib.suppress(OSError):
+            os.replace(path, aside)
+        log.warning(
+            "the last-known-good snapshot %s cannot be read (%s): moved to %s",
+            path,
+            err,
+            aside.name,
+        )
+        return None
+    why = snapshot_mismatch(parsed, pack, pack_name)
+    if why is not None:
+        log.warning(
+            "ignoring the last-known-good snapshot %s: not of this engine's pack: %s", path, why
+        )
+        return None
+    return parsed.to_snapshot(), etag if isinstance(etag, str) else None
 
 
 def save_last_known_good(path: Path, body: Mapping[str, Any], etag: str | None) -> None:

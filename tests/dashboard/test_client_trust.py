@@ -166,6 +166,7 @@ def _other_pack_cohorts() -> list[dict[str, object]]:
         canaries(True, pack_digest="0123456789abcdef"),  # another revision of the pack
         canaries(True, pack="vllm-0.31"),
         canaries(True, pack=None),
+        canaries(True, pack_digest=None),  # before: used, and a hostile one put all at 100 %
     ],
     ids=[
         "no-cohorts",
@@ -175,6 +176,7 @@ def _other_pack_cohorts() -> list[dict[str, object]]:
         "other-revision",
         "other-pack",
         "no-pack",
+        "no-digest",
     ],
 )
 def test_a_snapshot_of_another_pack_does_not_replace_the_last_good_one(
@@ -269,4 +271,71 @@ def test_an_acknowledgement_dripped_a_byte_at_a_time_is_cut_and_the_batch_kept(
     assert client.spool.pending() == 2
     fake.drip_s = None
     assert client.flush() == 2 and sorted(fake.stored) == sorted(ids)
+    client.close()
+
+
+def _nested(depth: int) -> str:
+    """JSON text of objects nested ``depth`` deep (as text: json.dumps would recurse)."""
+    return '{"x": ' * depth + "1" + "}" * depth
+
+
+def test_a_snapshot_is_kept_on_disk_as_the_client_read_it(
+    fake: FakeService, tmp_path: Path
+) -> None:
+    # Before: the body was kept verbatim. An extra field nested 985 levels deep passed the
+    # checks, was saved, and every later start failed with a RecursionError. Now a body
+    # nested deeper than bounded_json.MAX_DEPTH is no snapshot, and what is kept of one that
+    # is holds only the fields the client reads.
+    cache = tmp_path / "c"
+    client = OracleClient(fake.url, "tok", cache_dir=cache)
+    plain = json.dumps(canaries(False))[:-1]
+    fake.canaries = (200, (plain + ', "extra": ' + _nested(985) + "}").encode())
+    assert client.refresh() == "defaults"
+    assert not (cache / "snapshot-turnout.json").exists()
+    fake.canaries = (200, (plain + ', "extra": ' + _nested(30) + "}").encode())
+    assert client.refresh() == "service"
+    held = client.decide(LLAMA, report=False)
+    assert held.reason_code == "DISABLED"
+    client.close()
+    kept = json.loads((cache / "snapshot-turnout.json").read_text())
+    assert set(kept["body"]) == {"pack", "pack_digest", "kill_switch", "cohorts"}
+    with OracleClient(None, cache_dir=cache) as fresh:
+        assert fresh.snapshot_source == "disk"
+        assert fresh.decide(LLAMA, report=False) == held
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        ('{"etag": null, "body": ' + _nested(985) + "}").encode(),
+        b"[" * 50_000,
+        b"\xff\xfe",
+        b'{"etag": 1}',
+    ],
+    ids=["deep", "deeper-than-the-stack", "not-utf8", "no-body"],
+)
+def test_a_copy_on_disk_that_cannot_be_read_is_moved_aside(tmp_path: Path, content: bytes) -> None:
+    cache = tmp_path / "c"
+    cache.mkdir()
+    (cache / "snapshot-turnout.json").write_bytes(content)
+    with OracleClient(None, cache_dir=cache) as fresh:
+        assert fresh.snapshot_source == "defaults"
+        assert fresh.decide(LLAMA, report=False) == decide(LLAMA, pack=PACK)
+    assert not (cache / "snapshot-turnout.json").exists()
+    [aside] = cache.glob("snapshot-turnout.json.bad-*")
+    assert aside.read_bytes() == content  # kept for a person
+
+
+def test_a_304_to_a_fetch_that_was_not_conditional_is_no_snapshot(
+    fake: FakeService, tmp_path: Path
+) -> None:
+    # Before: "not modified" with nothing to compare against was reported as the service's.
+    fake.canaries = (304, b"")
+    client = OracleClient(fake.url, "tok", cache_dir=tmp_path / "c")
+    assert client.refresh() == "defaults"
+    assert client.decide(LLAMA, report=False) == decide(LLAMA, pack=PACK)
+    fake.canaries = (200, json.dumps(canaries(True)).encode())
+    assert client.refresh() == "service"
+    fake.canaries = (304, b"")  # now conditional (the ETag was sent): the copy stands
+    assert client.refresh() == "service"
     client.close()

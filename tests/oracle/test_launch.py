@@ -44,10 +44,12 @@ def _lkg(cache: Path, snapshot: CanarySnapshot) -> None:
     """A last-known-good copy on disk, as the client keeps one (the service's body shape:
     every stage of the pack, those ``snapshot`` does not name at their defaults)."""
     cache.mkdir(parents=True, exist_ok=True)
-    states = {c.id: CohortState(c.enabled, c.percentage) for c in load_pack("turnout").cohorts}
+    pack = load_pack("turnout")
+    states = {c.id: CohortState(c.enabled, c.percentage) for c in pack.cohorts}
     states |= snapshot.cohorts
     body = {
         "pack": "turnout",
+        "pack_digest": pack.digest,
         "kill_switch": {"engaged": snapshot.kill_switch},
         "cohorts": [
             {"cohort": k, "enabled": s.enabled, "percentage": s.percentage}
