@@ -5,7 +5,7 @@ The root is ``<testsuites>`` or a single ``<testsuite>``; each ``<testcase>`` co
 it failed when it holds ``<failure>``, errored when it holds ``<error>``, was skipped with
 ``<skipped>``. The counts are taken from the test cases themselves, not from the suites'
 ``tests=``/``failures=`` attributes, which some writers leave out or get wrong. The run is
-``pass`` when it ran at least one test and none failed or errored.
+``pass`` when at least one test passed and none failed or errored (``result_of``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
+
+from turnout.oracle.yamlpos import read_input
 
 #: The largest report read, bytes (a report of 100,000 cases is a few tens of MB).
 MAX_BYTES = 64 * 1024 * 1024
@@ -94,10 +96,7 @@ def read_junit(path: Path) -> JUnitRun:
     """The run of the report at ``path``. Raises JUnitError: missing, unreadable, larger than
     :data:`MAX_BYTES`, or not a JUnit report."""
     try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            raise JUnitError(f"{path}: {size:,} bytes; at most {MAX_BYTES:,} are read")
-        text = path.read_bytes()
+        text = read_input(path, MAX_BYTES)  # a FIFO, a device or a huge file: refused
     except OSError as err:
         raise JUnitError(f"{path}: {err.strerror or err}") from None
     try:

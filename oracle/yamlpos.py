@@ -8,7 +8,9 @@ Duplicate mapping keys, which PyYAML would silently collapse, are reported as er
 
 from __future__ import annotations
 
+import errno
 import json
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from turnout.oracle import bounded_json
 from turnout.oracle.errors import Issue, PackError
 
 PathKey = tuple[str | int, ...]
@@ -137,13 +140,99 @@ def load_with_positions(path: Path, *, display_name: str | None = None) -> tuple
     return load_text_with_positions(text, name)
 
 
-def read_text(path: Path, name: str | None = None) -> str:
-    """The text of a UTF-8 file (a leading byte-order mark dropped).
+#: The largest input file read (packs, specs, command lists, snapshots, hub configs): the
+#: largest shipped one is a few hundred kilobytes.
+MAX_INPUT_FILE_BYTES = 16 << 20
 
-    Raises OSError when the file cannot be read, and :class:`PackError` naming the line and
-    column of the first byte that is not UTF-8.
+
+def read_input(path: Path, max_bytes: int = MAX_INPUT_FILE_BYTES) -> bytes:
+    """The bytes of an input file, whole, when it is a regular file of at most
+    ``max_bytes`` (``MAX_INPUT_FILE_BYTES``, 16 MiB, by default).
+
+    Raises:
+        OSError: the file cannot be read; ``EINVAL`` for a FIFO, a device, a socket or a
+            directory (``/dev/zero`` would be read until memory ran out, a FIFO would block
+            for ever), ``EFBIG`` for a larger file. ``strerror`` says which.
     """
-    data = path.read_bytes()
+    info = path.stat()
+    if not stat.S_ISREG(info.st_mode):
+        kind = (
+            "a FIFO" if stat.S_ISFIFO(info.st_mode)
+            else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+            else "a socket" if stat.S_ISSOCK(info.st_mode)
+            else "a directory" if stat.S_ISDIR(info.st_mode)
+            else "not a regular file"
+        )  # fmt: skip
+        raise OSError(errno.EINVAL, f"{kind}, not a regular file", str(path))
+    with path.open("rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than {max_bytes:,} bytes, the most read", str(path))
+    return data
+
+
+class YamlTooLargeError(ValueError):
+    """A YAML document that would expand to more than ``MAX_ALIASED_NODES`` values through
+    its aliases, or nest deeper than ``MAX_YAML_DEPTH``."""
+
+
+#: The deepest nesting a YAML input may have (a vLLM ``--config`` is flat; packs nest 4 deep).
+MAX_YAML_DEPTH = 64
+
+
+def safe_load_bounded(text: str) -> Any:
+    """``yaml.safe_load(text)``, after checking on the composed node graph that the document
+    expands to at most ``MAX_ALIASED_NODES`` values (an alias counts as many as it stands for:
+    a 382-byte "billion laughs" document grew without bound) and nests at most
+    ``MAX_YAML_DEPTH`` deep. The same semantics otherwise (a duplicated key keeps its last
+    value, as vLLM reads its ``--config``).
+
+    Raises:
+        YamlTooLargeError: too many values or too deep (checked before anything is built).
+        yaml.YAMLError: not YAML, as ``yaml.safe_load`` raises it.
+    """
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise YamlTooLargeError(f"nested deeper than {MAX_YAML_DEPTH} levels") from None
+    if node is not None:
+        _check_expansion(node)
+    return yaml.safe_load(text)
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    sizes: dict[int, int] = {}
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if depth > MAX_YAML_DEPTH:
+            raise YamlTooLargeError(f"nested deeper than {MAX_YAML_DEPTH} levels")
+        known = sizes.get(id(node))
+        if known is not None:
+            return known
+        if isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(item, depth + 1) for item in node.value)
+        else:
+            total = 1
+        if total > MAX_ALIASED_NODES:
+            raise YamlTooLargeError(
+                f"it expands to more than {MAX_ALIASED_NODES} values through aliases "
+                "(an alias bomb?)"
+            )
+        sizes[id(node)] = total
+        return total
+
+    size(root, 1)
+
+
+def read_text(path: Path, name: str | None = None) -> str:
+    """The text of a UTF-8 file (a leading byte-order mark dropped), read by ``read_input``.
+
+    Raises OSError when the file cannot be read (or is no regular file, or too large), and
+    :class:`PackError` naming the line and column of the first byte that is not UTF-8.
+    """
+    data = read_input(path)
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -153,10 +242,11 @@ def read_text(path: Path, name: str | None = None) -> str:
 def read_lines(path: Path, name: str | None = None) -> list[str | Issue]:
     """The lines of a UTF-8 text file, split at line ends only (a U+2028 inside a JSON string
     does not end a line). A line holding a byte that is not UTF-8 comes back as the Issue that
-    names it; the other lines are unaffected. Raises OSError when the file cannot be read."""
+    names it; the other lines are unaffected. Raises OSError when the file cannot be read
+    (``read_input``: no regular file, or too large)."""
     name = name or str(path)
     out: list[str | Issue] = []
-    for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
+    for n, raw in enumerate(read_input(path).splitlines(), start=1):
         try:
             out.append(raw.decode("utf-8-sig" if n == 1 else "utf-8"))
         except UnicodeDecodeError as exc:
@@ -177,9 +267,11 @@ def load_json_with_positions(text: str, name: str) -> tuple[Any, Positions]:
     positions of its keys and values. Raises :class:`PackError` naming line:column of invalid
     JSON or of a duplicate key."""
     try:
-        data = json.loads(text)
+        data = bounded_json.loads(text)
     except json.JSONDecodeError as exc:
         raise PackError([Issue(name, exc.lineno, exc.colno, f"invalid JSON: {exc.msg}")]) from None
+    except bounded_json.TooDeepError as exc:
+        raise PackError([Issue(name, 1, 1, f"invalid JSON: {exc}")]) from None
     # Valid JSON is YAML, except that YAML does not allow tabs as indentation; outside strings
     # a tab is whitespace (inside JSON strings tabs are escaped), so a space keeps the columns.
     try:

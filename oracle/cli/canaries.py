@@ -14,13 +14,13 @@ Shapes of a ``--canaries`` file:
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from turnout.oracle import bounded_json
 from turnout.oracle.decision import CanarySnapshot
 from turnout.oracle.errors import ConfigError, ErrorCode
 from turnout.oracle.pack import Pack
@@ -58,7 +58,7 @@ def load_canaries(path: Path | None, pack: Pack) -> Canaries:
     if path is None:
         return default_canaries(pack)
     try:
-        data = json.loads(read_text(path))
+        data = bounded_json.loads(read_text(path))
     except OSError as exc:
         raise ConfigError(
             f"cannot read {path}: {exc.strerror or exc}", code=ErrorCode.FILE_NOT_FOUND

@@ -109,7 +109,7 @@ def _loader(base: Path | None, local_files: bool = True) -> Any:
     """Reads a ``--config`` file as vLLM does (``yaml.safe_load``: a duplicated key keeps its
     last value); a file it cannot read is an error that says where. ``local_files=False``
     refuses to read any (the service), saying nothing of the file."""
-    from turnout.oracle.yamlpos import read_text
+    from turnout.oracle.yamlpos import YamlTooLargeError, read_text, safe_load_bounded
 
     def load(path: str) -> Any:
         if not local_files:
@@ -134,7 +134,11 @@ def _loader(base: Path | None, local_files: bool = True) -> Any:
                 f"--config {exc.issues[0]}", code=ErrorCode.BAD_FLAG_VALUE, field="--config"
             ) from None
         try:
-            return yaml.safe_load(text)
+            return safe_load_bounded(text)
+        except YamlTooLargeError as exc:
+            raise ConfigError(
+                f"--config {path}: {exc}", code=ErrorCode.BAD_FLAG_VALUE, field="--config"
+            ) from None
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             where = f"{mark.line + 1}:{mark.column + 1}" if mark else "1:1"

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from turnout.oracle import bounded_json
 from turnout.oracle.config import DeploymentConfig
 from turnout.oracle.errors import ConfigError, ErrorCode, PackError
 from turnout.oracle.yamlpos import read_text
@@ -49,7 +50,7 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         p = p / "config.json"
     try:
-        data = json.loads(read_text(p))
+        data = bounded_json.loads(read_text(p))
     except PackError as exc:
         raise ConfigError(str(exc.issues[0]), code=ErrorCode.BAD_SPEC) from None
     except OSError as exc:
@@ -60,6 +61,8 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
         raise ConfigError(
             f"{p}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}", code=ErrorCode.BAD_SPEC
         ) from None
+    except bounded_json.TooDeepError as exc:
+        raise ConfigError(f"{p}: {exc}", code=ErrorCode.BAD_SPEC) from None
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object", code=ErrorCode.BAD_SPEC)
     return data

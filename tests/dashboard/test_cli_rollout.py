@@ -5,6 +5,7 @@ a running service."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ import pytest
 from cli_helpers import ServiceCli, served
 from service_helpers import LiveService, make_tokens, start_service
 
-from turnout.dashboard.junit import JUnitError, parse_junit
+from turnout.dashboard.junit import JUnitError, parse_junit, read_junit
 from turnout.dashboard.services import Services
 from turnout.dashboard.store import audit, canaries, webhooks
 
@@ -358,3 +359,10 @@ def test_a_shell_without_the_setting_follows_the_service_that_requires_approval(
         assert code == 0 and "waiting for another operator's approval" in out, out
         with run.services.db.read_session() as s:
             assert canaries.read_state(session=s).cohorts["quantized"][0] is False
+
+
+def test_a_junit_report_that_is_a_fifo_is_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "report.xml"
+    os.mkfifo(fifo)
+    with pytest.raises(JUnitError, match="a FIFO, not a regular file"):
+        read_junit(fifo)

@@ -5,6 +5,7 @@ file:line:column, or read as the format says; none crashes the CLI."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -252,3 +253,67 @@ def test_alias_bomb_in_a_pack_file_is_a_pack_error(tmp_path: Path) -> None:
     with pytest.raises(PackError) as info:
         load_pack(dest)
     assert "repeated through aliases" in str(info.value)
+
+
+def _bomb(levels: int = 9) -> str:
+    """A "billion laughs" YAML document: 9 levels of 9 aliases each (382 bytes; 9**9 values)."""
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_as_a_vllm_config_file_is_refused(tmp_path: Path) -> None:
+    # Before: `turnout decide -- vllm serve ... --config bomb.yaml` grew ~90 MB/s without bound.
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_bomb())
+    with pytest.raises(ConfigError) as info:
+        from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(bomb)])
+    assert info.value.code == ErrorCode.BAD_FLAG_VALUE
+    assert "expands to more than 100000 values through aliases" in info.value.message
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("max_num_seqs: 8\nx: " + "[" * 2000 + "]" * 2000 + "\n")
+    with pytest.raises(ConfigError, match="nested deeper than 64 levels"):
+        from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(deep)])
+    fine = tmp_path / "fine.yaml"
+    fine.write_text("max-num-seqs: &n 16\nseed: *n\n")  # an alias is still fine
+    assert from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(fine)]) is not None
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["decide", "--spec"],
+        ["decide", "--commands"],
+        ["decide", "--architecture", "Qwen3ForCausalLM", "--canaries"],
+    ],
+    ids=["spec", "commands", "canaries"],
+)
+@pytest.mark.parametrize("kind", ["device", "fifo", "huge", "deep"])
+def test_file_flags_refuse_devices_fifos_huge_and_deep_files(
+    tmp_path: Path, flag: list[str], kind: str
+) -> None:
+    # Before: /dev/zero was read until MemoryError, a FIFO blocked for ever, and a file nested
+    # 20,000 deep ended in a RecursionError traceback.
+    if kind == "device":
+        path, says = Path("/dev/zero"), "a device, not a regular file"
+    elif kind == "fifo":
+        path, says = tmp_path / "fifo", "a FIFO, not a regular file"
+        os.mkfifo(path)
+    elif kind == "huge":
+        path, says = tmp_path / "huge.json", "larger than 16,777,216 bytes"
+        with path.open("wb") as f:
+            f.truncate(17 << 20)
+    else:
+        path, says = tmp_path / "deep.json", "nested 20000 levels deep"
+        path.write_text("[" * 20_000 + "]" * 20_000)
+    r = turnout(*flag, str(path), "--json")
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    if kind == "deep" and flag[1] == "--commands":
+        # A commands file is lines: the one line is refused alone, as any line that is no
+        # vllm serve command (and nothing recursed).
+        [row] = [json.loads(line) for line in r.stdout.splitlines()]
+        assert row["error_code"] == "bad_command", row
+        return
+    assert says in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
+    assert r.returncode == 2, (r.stdout + r.stderr)[-2000:]
