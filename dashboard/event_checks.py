@@ -140,6 +140,17 @@ class _Checker:
                     f"{self.max_config} are stored (TURNOUT_MAX_CONFIG_BYTES)",
                 )
             ]
+        if b"\\u0000" in text:  # a NUL, as JSON escapes it, in a key or a string
+            return [
+                _error(
+                    "nul_character",
+                    i,
+                    "config",
+                    "U+0000",
+                    "the config holds a NUL character (U+0000): PostgreSQL cannot store one, "
+                    "so no backend does",
+                )
+            ]
         if b"null" in text and text != pydantic_core.to_json(config, inf_nan_mode="constants"):
             return [
                 _error(
