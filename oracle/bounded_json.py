@@ -18,7 +18,9 @@ from typing import Any
 MAX_DEPTH = 64
 """Deepest nesting accepted (arrays and objects, counted from 1 for the outermost)."""
 
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+# A string, or an unterminated one to the end of the text (matched once: retrying from every
+# quote of a long unterminated string took quadratic time). Possessive: no backtracking.
+_STRING = re.compile(r'"(?:[^"\\]++|\\.)*+(?:"|\Z)', re.DOTALL)
 _NOT_A_BRACKET = re.compile(r"[^\[\]{}]+")
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
@@ -38,13 +40,16 @@ def nesting_depth(text: str) -> int:
     return max(0, max(accumulate(map(_STEP.__getitem__, brackets))))
 
 
-def loads(text: str, *, max_depth: int = MAX_DEPTH) -> Any:
-    """``json.loads(text)`` for text from outside.
+def loads(text: str | bytes, *, max_depth: int = MAX_DEPTH) -> Any:
+    """``json.loads(text)`` for text from outside (bytes are read as UTF-8).
 
     Raises:
+        UnicodeDecodeError: bytes that are not UTF-8 (a ValueError).
         TooDeepError: arrays and objects nested deeper than ``max_depth`` (checked first).
         json.JSONDecodeError: not JSON, as ``json.loads`` raises it.
     """
+    if isinstance(text, bytes | bytearray):
+        text = text.decode("utf-8")
     depth = nesting_depth(text)
     if depth > max_depth:
         raise TooDeepError(f"nested {depth} levels deep; at most {max_depth} are accepted")

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import ValidationError
 
+from turnout.oracle import bounded_json
 from turnout.oracle.errors import ErrorCode
 from turnout.oracle.wire import HealthAck, IngestAck, batch_digest
 
@@ -197,7 +198,7 @@ def is_service_refusal(resp: httpx.Response) -> bool:
     program's JSON is not: what the client would set aside on the service's word, it keeps and
     resends on anyone else's."""
     try:
-        detail = resp.json()["detail"]
+        detail = bounded_json.loads(resp.content)["detail"]  # a proxy's body may nest deep
     except (ValueError, KeyError, TypeError):
         return False
     return (
@@ -240,7 +241,7 @@ def refusal(resp: httpx.Response) -> str:
     ``detail.message``, cut at 200 characters); ``HTTP 403`` alone for a body without one (a
     proxy's page)."""
     try:
-        message = resp.json()["detail"]["message"]
+        message = bounded_json.loads(resp.content)["detail"]["message"]
     except (ValueError, KeyError, TypeError):
         return f"HTTP {resp.status_code}"
     return f"HTTP {resp.status_code}: {str(message)[:200]}"

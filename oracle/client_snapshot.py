@@ -26,6 +26,7 @@ from typing import Any
 
 from turnout.oracle import CanarySnapshot, Pack, bounded_json
 from turnout.oracle.wire import SnapshotIn
+from turnout.oracle.yamlpos import read_input
 
 log = logging.getLogger("turnout.client")
 
@@ -100,7 +101,7 @@ def load_last_known_good(
     (``<name>.bad-<unix time>``, kept for a person) so that it costs one warning, not one per
     start; one of another pack is left where it is (that pack's engine may come back)."""
     try:
-        raw = path.read_bytes()
+        raw = read_input(path)  # a FIFO or a device at the cache path: refused, not read
     except FileNotFoundError:
         return None
     except OSError as err:
@@ -111,7 +112,7 @@ def load_last_known_good(
         body, etag = data["body"], data.get("etag")
         parsed = SnapshotIn.parse(body)
     except (ValueError, KeyError, TypeError, RecursionError) as err:
-        aside = path.with_name(f"{path.name}.bad-{int(time.time())}")
+        aside = path.with_name(f"{path.name}.bad-{time.time_ns()}")
         with contextlib.suppress(OSError):
             os.replace(path, aside)
         log.warning(

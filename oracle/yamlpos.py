@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -154,17 +155,20 @@ def read_input(path: Path, max_bytes: int = MAX_INPUT_FILE_BYTES) -> bytes:
             directory (``/dev/zero`` would be read until memory ran out, a FIFO would block
             for ever), ``EFBIG`` for a larger file. ``strerror`` says which.
     """
-    info = path.stat()
-    if not stat.S_ISREG(info.st_mode):
-        kind = (
-            "a FIFO" if stat.S_ISFIFO(info.st_mode)
-            else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
-            else "a socket" if stat.S_ISSOCK(info.st_mode)
-            else "a directory" if stat.S_ISDIR(info.st_mode)
-            else "not a regular file"
-        )  # fmt: skip
-        raise OSError(errno.EINVAL, f"{kind}, not a regular file", str(path))
-    with path.open("rb") as f:
+    # Opened without blocking (a FIFO with no writer would hold open() for ever), then checked
+    # on the open descriptor: nothing can be swapped in between the check and the read.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode)
+                else "a directory" if stat.S_ISDIR(mode)
+                else "not a regular file"
+            )  # fmt: skip
+            raise OSError(errno.EINVAL, f"{kind}, not a regular file", str(path))
         data = f.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise OSError(errno.EFBIG, f"larger than {max_bytes:,} bytes, the most read", str(path))
@@ -200,7 +204,13 @@ def safe_load_bounded(text: str) -> Any:
     return yaml.safe_load(text)
 
 
-def _check_expansion(root: yaml.Node) -> None:
+def _check_expansion(root: yaml.Node, max_values: int | None = MAX_ALIASED_NODES) -> None:
+    """Depth (``MAX_YAML_DEPTH``), no alias inside its own anchor, and, unless ``max_values``
+    is None, at most that many values with each alias counted as what it stands for.
+
+    Raises:
+        YamlTooLargeError: saying which bound the document passes.
+    """
     sizes: dict[int, int] = {}
 
     def size(node: yaml.Node, depth: int) -> int:
@@ -208,17 +218,20 @@ def _check_expansion(root: yaml.Node) -> None:
             raise YamlTooLargeError(f"nested deeper than {MAX_YAML_DEPTH} levels")
         known = sizes.get(id(node))
         if known is not None:
+            if known < 0:  # still being counted: an alias inside its own anchor
+                raise YamlTooLargeError("an alias refers to the node that holds it")
             return known
+        sizes[id(node)] = -1
         if isinstance(node, yaml.MappingNode):
             total = 1 + sum(size(k, depth + 1) + size(v, depth + 1) for k, v in node.value)
         elif isinstance(node, yaml.SequenceNode):
             total = 1 + sum(size(item, depth + 1) for item in node.value)
         else:
             total = 1
-        if total > MAX_ALIASED_NODES:
+        if max_values is not None and total > max_values:
             raise YamlTooLargeError(
-                f"it expands to more than {MAX_ALIASED_NODES} values through aliases "
-                "(an alias bomb?)"
+                f"it holds more than {max_values} values, counting each alias as the "
+                "values it stands for (an alias bomb, or a file far larger than a config)"
             )
         sizes[id(node)] = total
         return total
@@ -286,16 +299,28 @@ def load_json_with_positions(text: str, name: str) -> tuple[Any, Positions]:
 def load_text_with_positions(text: str, name: str) -> tuple[Any, Positions]:
     """Like :func:`load_with_positions` for text already in memory."""
     pos = Positions(name)
+    too_deep = Issue(
+        name, 1, 1, f"nested deeper than {MAX_YAML_DEPTH} levels, or an alias that holds itself"
+    )
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         raise PackError([Issue(name, line, col, f"YAML syntax: {exc.problem or exc}")]) from exc
+    except RecursionError:  # PyYAML's composer recurses once per level
+        raise PackError([too_deep]) from None
     if node is None:
         return None, pos
     walker = _Walker(pos, text)
-    data = walker.build(node, ())
+    try:
+        # Before anything is built: depth, and no alias of itself (the walker counts what
+        # aliases repeat, MAX_ALIASED_NODES).
+        _check_expansion(node, max_values=None)
+        data = walker.build(node, ())
+    except (YamlTooLargeError, RecursionError) as exc:
+        issue = too_deep if isinstance(exc, RecursionError) else Issue(name, 1, 1, str(exc))
+        raise PackError([issue]) from None
     if walker.issues:
         raise PackError(walker.issues)
     return data, pos

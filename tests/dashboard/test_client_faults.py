@@ -194,8 +194,16 @@ def test_a_batch_the_service_finds_too_large_is_split_not_retried_forever(
         (422, b'{"detail": "not the service"}', "application/json"),
         (422, b'{"detail": {"code": "made_up", "message": "x"}}', "application/json"),
         (413, b"", "text/plain"),
+        (422, b"[" * 100_000, "application/json"),  # before: RecursionError out of flush()
     ],
-    ids=["proxy-413-html", "proxy-422-html", "422-detail-text", "422-unknown-code", "413-empty"],
+    ids=[
+        "proxy-413-html",
+        "proxy-422-html",
+        "422-detail-text",
+        "422-unknown-code",
+        "413-empty",
+        "422-deep",
+    ],
 )
 def test_a_refusal_that_is_not_the_services_sets_nothing_aside(
     fake: FakeService, tmp_path: Path, status: int, body: bytes, content_type: str

@@ -270,7 +270,7 @@ def test_an_alias_bomb_as_a_vllm_config_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         from_command(["vllm", "serve", "Qwen/Qwen3-8B", "--config", str(bomb)])
     assert info.value.code == ErrorCode.BAD_FLAG_VALUE
-    assert "expands to more than 100000 values through aliases" in info.value.message
+    assert "holds more than 100000 values, counting each alias" in info.value.message
     deep = tmp_path / "deep.yaml"
     deep.write_text("max_num_seqs: 8\nx: " + "[" * 2000 + "]" * 2000 + "\n")
     with pytest.raises(ConfigError, match="nested deeper than 64 levels"):
@@ -317,3 +317,24 @@ def test_file_flags_refuse_devices_fifos_huge_and_deep_files(
         return
     assert says in r.stdout + r.stderr, (r.stdout + r.stderr)[-2000:]
     assert r.returncode == 2, (r.stdout + r.stderr)[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[" * 3000 + "]" * 3000 + "\n", "nested deeper than 64 levels"),
+        ("a: &a [*a]\n", "an alias refers to the node that holds it"),
+    ],
+    ids=["deep", "alias-of-itself"],
+)
+def test_a_yaml_spec_too_deep_or_holding_itself_is_a_bad_spec(
+    tmp_path: Path, text: str, says: str
+) -> None:
+    # Before: a RecursionError traceback (PyYAML's composer, or the positions walker).
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_specs(spec)
+    assert info.value.code == ErrorCode.BAD_SPEC and says in info.value.message
+    r = turnout("decide", "--spec", str(spec))
+    assert r.returncode == 2 and says in r.stdout + r.stderr and "Traceback" not in r.stderr

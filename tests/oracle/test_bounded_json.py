@@ -51,3 +51,22 @@ def test_a_set_value_nested_too_deep_is_named_not_a_traceback() -> None:
     assert result.exit_code == 2, result.output
     assert "invalid JSON value (nested 19999 levels deep" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_an_unterminated_string_is_matched_once_to_the_end() -> None:
+    # Before: the string pattern was tried again from every quote of an unterminated string,
+    # each try running to the end of the text: quadratic (40,000 escaped quotes took 20 s,
+    # a 200 KB --canaries file never finished). Now one match takes the rest of the text.
+    text = '["' + '\\"' * 300_000
+    assert bounded_json._STRING.search(text).span() == (1, len(text))
+    assert bounded_json.nesting_depth(text) == 1
+    with pytest.raises(json.JSONDecodeError):
+        bounded_json.loads(text)
+
+
+def test_bytes_are_read_as_utf8_as_json_loads_reads_them() -> None:
+    assert bounded_json.loads(b'{"a": [1]}') == {"a": [1]}
+    with pytest.raises(bounded_json.TooDeepError):
+        bounded_json.loads(b"[" * 100)
+    with pytest.raises(ValueError):
+        bounded_json.loads(b"\xff")
