@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     ConfigDict,
@@ -44,7 +45,21 @@ MAX_NAME_CHARS = 256  # a deployment id's length in an event or a health report
 # No control character (C0, DEL, C1: NUL among them) in text the service stores and shows: a
 # NUL was stored on SQLite, refused by PostgreSQL, and written raw into the CSV export.
 NO_CONTROL_CHARS = r"^[^\x00-\x1f\x7f-\x9f]*$"
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=NO_CONTROL_CHARS)]
+
+
+def _visible(value: str) -> str:
+    """A name someone can read: at least one character that is neither white space nor
+    invisible (zero-width and other format characters, which ``str.isprintable`` refuses)."""
+    if not any(c.isprintable() and not c.isspace() for c in value):
+        raise ValueError("needs a visible character (not only spaces or zero-width ones)")
+    return value
+
+
+Name = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=NO_CONTROL_CHARS),
+    AfterValidator(_visible),
+]
 # A rule id as the store keeps it (its reason column holds 128 characters on every backend).
 MAX_RULE_ID_CHARS = 128
 RuleId = Annotated[str, Field(min_length=1, max_length=MAX_RULE_ID_CHARS, pattern=NO_CONTROL_CHARS)]

@@ -124,6 +124,8 @@ def test_bodies_are_bounded(api: Api) -> None:
         {"policy_digest": "d\x00"},
         {"rule_ids": ["r\x00"]},
         {"deployment_id": "esc\x1b[31mdep"},
+        {"deployment_id": "   "},  # before: stored, a row no one can read or filter by
+        {"deployment_id": "\u200b\u2060"},
         {"family": "llama\x07"},
         {"rule_ids": ["r" * 129]},
         {"config": {"model": "\x00"}},
