@@ -71,6 +71,23 @@ if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _triton_39_interpreter() -> tuple[Any, Any] | None:
+    """``(triton.language, triton.runtime.interpreter)`` when kernels run through Triton's
+    interpreter and Triton is the release the suite's shims were read against (3.9); None
+    otherwise, and the shims leave Triton as shipped."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return None
+    try:
+        import triton
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return None
+    if not triton.__version__.startswith("3.9."):
+        return None
+    return tl, interpreter
+
+
 def _patch_the_language_once_per_launch() -> None:
     """Triton's interpreter (3.9) patches ``triton.language`` for the interpreter at each
     kernel launch, for the whole grid, and again at every call of a ``@triton.jit`` helper from
@@ -82,16 +99,10 @@ def _patch_the_language_once_per_launch() -> None:
     own. What a kernel computes does not change: the language is patched the same way while
     it runs. Applied only to the Triton release it was read against; any other runs as
     shipped."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    found = _triton_39_interpreter()
+    if found is None:
         return
-    try:
-        import triton
-        import triton.language as tl
-        from triton.runtime import interpreter
-    except ImportError:
-        return
-    if not triton.__version__.startswith("3.9."):
-        return
+    tl, interpreter = found
     launches = threading.local()
     launch = interpreter.GridExecutor.__call__
     patch_lang = interpreter._patch_lang
@@ -134,17 +145,12 @@ def _build_the_dtype_table_once() -> None:
     time of a sampling step. The same table, built once, gives the same answers (pointers and
     blocks of pointers are uint64, a block maps as its element type). Applied only to the
     Triton release it was read against; any other runs as shipped."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    found = _triton_39_interpreter()
+    if found is None:
         return
-    try:
-        import numpy as np
-        import triton
-        import triton.language as tl
-        from triton.runtime import interpreter
-    except ImportError:
-        return
-    if not triton.__version__.startswith("3.9."):
-        return
+    tl, interpreter = found
+    import numpy as np
+
     table: dict[Any, Any] = {}
     for dtype in (
         tl.int1, tl.float16, tl.float32, tl.float64, tl.int8, tl.uint8, tl.int16, tl.uint16,
