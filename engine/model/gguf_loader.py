@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGUFReader, GGUFValueType, LlamaFileType, dequantize
 
 from turnout.engine.model.config import ModelConfig, ModelConfigError
 from turnout.engine.model.weights import WeightLoadError, WeightSource
@@ -75,13 +76,30 @@ def open_gguf(path: str | Path) -> tuple[Any, dict[str, Any]]:
     return reader, dict(meta)
 
 
+class PlainGGUFReader(GGUFReader):  # type: ignore[misc]
+    """``gguf.GGUFReader`` reading through a plain ``numpy.ndarray`` view of its memory map.
+
+    The reader slices its ``np.memmap`` once per header value and tensor (about 250,000 slices
+    for a 49,152-token vocabulary). Each slice of a memmap is itself a memmap, built through
+    ``memmap.__array_finalize__``; measured on SmolLM2-135M that bookkeeping is 3.5 of the
+    parse's 4.8 s. A plain view of the same pages gives the same bytes, values and tensor
+    arrays (the view keeps the map alive through ``.base``) without it.
+    """
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._plain_data
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:
+        self._plain_data = value.view(np.ndarray)
+
+
 @functools.lru_cache(maxsize=2)
 def _parse_gguf(resolved: str, inode: int, size: int, mtime_ns: int) -> tuple[Any, dict[str, Any]]:
     """The parse behind :func:`open_gguf`; the stat fields are only the cache key (a failed
     parse is not cached)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(resolved)
+    reader = PlainGGUFReader(resolved)
     return reader, gguf_metadata(reader)
 
 
@@ -91,8 +109,6 @@ def gguf_metadata(reader: Any) -> dict[str, Any]:
 
 
 def _field_value(field: Any) -> Any:
-    from gguf import GGUFValueType
-
     if not field.types:
         return None
 
@@ -149,7 +165,6 @@ class GGUFQuantization:
 
 def gguf_quantization(reader: Any, meta: dict[str, Any]) -> GGUFQuantization:
     """The :class:`GGUFQuantization` of an open file (header and tensor infos only)."""
-    from gguf import LlamaFileType
 
     code = meta.get("general.file_type")
     try:
@@ -230,7 +245,6 @@ def hf_tensor_name(gguf_name: str) -> str:
 
 
 def _dequantize(tensor: Any, permuted_heads: int | None) -> torch.Tensor:
-    from gguf import dequantize
 
     array = dequantize(tensor.data, tensor.tensor_type)
     shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # ggml lists dims inner-first

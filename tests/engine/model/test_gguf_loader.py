@@ -14,7 +14,12 @@ from safetensors.torch import load_file
 from tiny_model_configs import TINY_DECODER_CONFIGS
 
 from turnout.engine.model import ModelConfigError, WeightLoadError, load_model, write_random_weights
-from turnout.engine.model.gguf_loader import hf_tensor_name, open_gguf, unpermute_qk
+from turnout.engine.model.gguf_loader import (
+    PlainGGUFReader,
+    hf_tensor_name,
+    open_gguf,
+    unpermute_qk,
+)
 
 gguf = pytest.importorskip("gguf")
 _GGUF_PARTS = {
@@ -53,7 +58,14 @@ def _gguf_name(hf_name: str) -> str:
     }[hf_name]
 
 
-def write_gguf(hf_dir: Path, out: Path, arch: str, *, extra_tensor: str | None = None) -> None:
+def write_gguf(
+    hf_dir: Path,
+    out: Path,
+    arch: str,
+    *,
+    extra_tensor: str | None = None,
+    tokens: list[str] | None = None,
+) -> None:
     cfg = load_model(hf_dir).config
     writer = gguf.GGUFWriter(str(out), arch)
     writer.add_block_count(cfg.num_hidden_layers)
@@ -67,6 +79,9 @@ def write_gguf(hf_dir: Path, out: Path, arch: str, *, extra_tensor: str | None =
     writer.add_rope_freq_base(cfg.rope_theta)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
+    if tokens is not None:
+        writer.add_token_list(tokens)
+        writer.add_token_scores([float(i) for i in range(len(tokens))])
     for name, t in load_file(hf_dir / "model.safetensors").items():
         w = t.numpy()
         if arch == "llama" and ".q_proj." in name:
@@ -149,3 +164,31 @@ def test_the_parse_is_kept_until_the_file_changes(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(ModelConfigError, match="not a readable GGUF file"):
         open_gguf(path)
+
+
+def test_the_plain_reader_reads_what_gguf_reads(tmp_path: Path) -> None:
+    """``PlainGGUFReader`` only swaps the memory map for a plain view of it: every header field
+    (scalars, strings, string and float arrays) and every tensor (type, shape, bytes) must equal
+    the library reader's. HF's own GGUF loader is run through it in test_smollm2_gguf."""
+    hf_dir = write_random_weights(
+        TINY_DECODER_CONFIGS["qwen3"], tmp_path / "hf", dtype=torch.float32, seed=3
+    )
+    path = tmp_path / "m.gguf"
+    write_gguf(hf_dir, path, "qwen3", tokens=[f"tok{i}é" for i in range(300)])
+    want, got = gguf.GGUFReader(path), PlainGGUFReader(path)
+    assert type(got.data) is np.ndarray and isinstance(want.data, np.memmap)
+    assert list(got.fields) == list(want.fields) and len(want.fields) > 10
+    for name, field in want.fields.items():
+        other = got.fields[name]
+        assert (other.offset, other.types, other.data) == (field.offset, field.types, field.data)
+        assert [bytes(p) for p in other.parts] == [bytes(p) for p in field.parts], name
+    assert want.fields["tokenizer.ggml.tokens"].types[0] == gguf.GGUFValueType.ARRAY
+    assert len(got.tensors) == len(want.tensors) > 5
+    for a, b in zip(want.tensors, got.tensors, strict=True):
+        assert (b.name, b.tensor_type, list(b.shape), b.n_bytes) == (
+            a.name,
+            a.tensor_type,
+            list(a.shape),
+            a.n_bytes,
+        )
+        assert type(b.data) is np.ndarray and np.array_equal(b.data, a.data), a.name

@@ -16,9 +16,11 @@ import torch
 from paged_session import PagedSession, greedy_generate
 
 from turnout.engine.model import DecoderModel, load_model
+from turnout.engine.model.gguf_loader import PlainGGUFReader
 from turnout.engine.model.tokenizer import Tokenizer, load_tokenizer
 
 transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -39,11 +41,16 @@ def answer(ours: tuple[DecoderModel, Tokenizer]) -> tuple[list[int], list[int]]:
 
 @pytest.fixture(scope="module")
 def hf(smollm2_gguf: Path) -> tuple[Any, Any]:
+    """transformers' own GGUF loading, its reader given a plain view of the file's memory map
+    (``PlainGGUFReader``, held equal to ``gguf.GGUFReader`` in test_gguf_loader): it parses
+    the header three times, 13 of its 27 s in numpy's memmap bookkeeping."""
     path = smollm2_gguf
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "GGUFReader", PlainGGUFReader)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        ).eval()
+        tok = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return model, tok
 
 
