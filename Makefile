@@ -76,7 +76,10 @@ check: $(VENV)/.test-installed
 ## pytest's summary.
 PYTEST_WORKERS ?= 2
 PYTEST_ARGS ?= --durations=15
-PYTEST := $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+# The sm_90 compile tests' scripts (about 115 s of CPU from a cold Triton cache) run in the
+# background at nice 19 from the start of the run, on the cores the suite leaves idle; the
+# tests wait for their output (tests/kernels/sm90_compile.py).
+PYTEST := TURNOUT_SM90_COMPILE=background $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 # The fleet tests drive a real Prometheus and Alertmanager (Debian's packages, installed when
 # missing where apt-get may run, as CI does as root; elsewhere those tests are skipped):
 # tests/dashboard/test_promql_gates.py, test_alertmanager.py, tests/fleet/.

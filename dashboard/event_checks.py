@@ -1,6 +1,7 @@
 """What ingest checks of a reported decision beyond its schema (``oracle.wire.EventIn``):
-that it is of the service's pack, names the pack's families and stages, carries a config of
-bounded size and a plausible time.
+that it is of the service's pack, names the pack's families, stages and rule ids
+(``Pack.rule_ids``: the fallback counts are keyed by rule id, so an id the pack cannot produce
+would add keys without bound), carries a config of bounded size and a plausible time.
 
 Each finding is one validator error (``type``, ``loc`` into the batch, ``msg``, ``input``),
 so that a batch with a bad event is refused whole with the API's 422 ``invalid_request``,
@@ -22,9 +23,13 @@ from turnout.dashboard.echo import clip
 from turnout.dashboard.policy import Policy, closest
 from turnout.dashboard.settings import Settings
 from turnout.oracle.errors import ErrorCode
+from turnout.oracle.pack import load_pack
+from turnout.oracle.paths import SHIPPED_PACKS
 from turnout.oracle.wire import UNKNOWN_FAMILY, EventIn
 
 EARLIEST_EVENT = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+# Events of a batch (by index) whose unknown rule id gets a "did you mean" hint.
+_MAX_HINTS = 20
 
 
 def event_errors(
@@ -35,6 +40,7 @@ def event_errors(
     now = now or dt.datetime.now(dt.UTC)
     latest = now + checker.skew
     packs, families, stages = checker.packs, checker.families, checker.stage_set
+    rule_ids = checker.rule_ids
     found: list[dict[str, Any]] = []
     for i, e in enumerate(events):
         # the common case in one expression: a few set look-ups, no call
@@ -44,6 +50,8 @@ def event_errors(
             and (e.stage is None or e.stage in stages)
             and EARLIEST_EVENT <= e.at <= latest
             and e.config is None
+            and e.launch is None
+            and rule_ids.issuperset(e.rule_ids)
         ):
             continue
         found += checker.check(i, e, now)
@@ -64,6 +72,8 @@ class _Checker:
         self.families = frozenset(policy.pack.families) | {UNKNOWN_FAMILY}
         self.stages = [c.id for c in policy.pack.cohorts]
         self.stage_set = frozenset(self.stages)
+        self.rule_ids = policy.pack.rule_ids
+        self.sorted_rule_ids = sorted(self.rule_ids)
         self.skew = dt.timedelta(seconds=skew_s)
         self.max_config = max_config
 
@@ -96,7 +106,37 @@ class _Checker:
             out.append(self._time_error(i, e.at, now))
         if e.config is not None:
             out += self._config_errors(i, e.config)
+        allowed = self.rule_ids
+        if e.launch is not None:  # decided by the vLLM release's pack, reported under ours
+            allowed = allowed | release_rule_ids(e.launch.vllm_pack)
+        unknown = [(j, r) for j, r in enumerate(e.rule_ids) if r not in allowed]
+        if unknown:
+            out.append(self._rule_error(i, unknown, e.launch.vllm_pack if e.launch else None))
         return out
+
+    def _rule_error(
+        self, i: int, unknown: list[tuple[int, str]], release_pack: str | None
+    ) -> dict[str, Any]:
+        """One finding per event, at its first unknown rule id, however many it names. A
+        spelling hint for the first events of a batch only: difflib over the pack's ids costs
+        about a millisecond an id, and a hostile batch holds a million."""
+        j, rule = unknown[0]
+        close = closest(rule, self.sorted_rule_ids, fuzzy=i < _MAX_HINTS and len(rule) <= 64)
+        hint = f" (did you mean {close!r}?)" if close else ""
+        more = f" and {len(unknown) - 1} more unknown" if len(unknown) > 1 else ""
+        packs = self.policy.pack.name
+        if release_pack is not None and release_pack != packs:
+            packs += f" or of {clip(release_pack)!r} (the launch's vllm_pack)"
+            if release_pack not in SHIPPED_PACKS:
+                packs += ", a pack this service does not ship: upgrade the service"
+        return {
+            "type": "unknown_rule",
+            "loc": ("body", "events", i, "rule_ids", j),
+            "msg": f"rule id {clip(rule)!r}{hint}{more}: not a rule id of pack {packs} (its "
+            "matrix rules, steps, errors, pins and rollout reasons): report with the pack the "
+            "service runs",
+            "input": rule,
+        }
 
     def _stage_message(self, stage: str) -> str:
         close = closest(stage, self.stages)
@@ -162,6 +202,13 @@ class _Checker:
                 )
             ]
         return []
+
+
+@functools.lru_cache(maxsize=len(SHIPPED_PACKS))
+def release_rule_ids(name: str) -> frozenset[str]:
+    """The rule ids of shipped pack ``name`` (``turnout launch`` decides with the pack of the
+    vLLM release it starts and reports under the service's pack); none for another name."""
+    return load_pack(name).rule_ids if name in SHIPPED_PACKS else frozenset()
 
 
 def _error(kind: str, i: int, field: str, value: object, message: str) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from turnout.oracle.decision import CanarySnapshot, Decision, Message, Reason
 from turnout.oracle.errors import ErrorCode, OracleError
 from turnout.oracle.pack_types import Cohort, RuleInfo
 from turnout.oracle.paths import POLICIES_DIR, SHIPPED_PACKS
-from turnout.oracle.policy import Evaluator, default_view
-from turnout.oracle.steps import decide_with_steps
+from turnout.oracle.policy import PIN_RULE_IDS, ROLLOUT_RULE_IDS, Evaluator, default_view
+from turnout.oracle.steps import SELECT_ERROR_ID, decide_with_steps
 
 MAX_SNAPSHOT_CACHES = 16
 
@@ -35,6 +35,16 @@ class Pack:
         self._unserved_texts: dict[tuple[str, str], str | None] = {}
         self._last: tuple[Any, Any, Any] = (None, None, None)
         self._lock = threading.Lock()
+        self._rule_ids = frozenset(
+            (
+                *(r.id for r in data.rules),
+                *(f"step.{s.id}" for s in data.steps),
+                *(f"error.{code}" for code in ErrorCode),
+                SELECT_ERROR_ID,
+                *PIN_RULE_IDS,
+                *ROLLOUT_RULE_IDS,
+            )
+        )
 
     # -- description -------------------------------------------------------------------------
 
@@ -92,6 +102,15 @@ class Pack:
             )
             for r in self._data.rules
         )
+
+    @property
+    def rule_ids(self) -> frozenset[str]:
+        """Every ``Reason.rule_id`` a decision of this pack can carry: its matrix rules, its
+        steps (``step.<id>``), the errors (``error.<code>``, every :class:`ErrorCode`),
+        ``select.error``, the pins (``pin.v1``, ``pin.v2``) and the rollout's reasons
+        (``rollout.*``). A few hundred ids; the service refuses an event naming another
+        (its fallback counts are keyed by rule id, so a made-up id would be a new key)."""
+        return self._rule_ids
 
     @property
     def families(self) -> dict[str, str]:

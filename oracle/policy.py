@@ -27,6 +27,15 @@ from turnout.oracle.plan import Facts, Labels, Plan, Text, bits, instantiate
 
 _ROLLOUT_REF = "rollout.yaml"
 
+#: The rule ids of the rollout's own reasons and of the pins (``Reason.rule_id``); the pack's
+#: matrix rules, steps and errors add theirs (``Pack.rule_ids``).
+KILL_SWITCH_ID = "rollout.kill_switch"
+NO_STAGE_ID = "rollout.no_stage"
+STAGE_OFF_ID = "rollout.stage_off"
+SPLIT_OUT_ID = "rollout.split_out"
+ROLLOUT_RULE_IDS = (KILL_SWITCH_ID, NO_STAGE_ID, STAGE_OFF_ID, SPLIT_OUT_ID)
+PIN_RULE_IDS = ("pin.v1", "pin.v2")
+
 
 def bucket(stage_id: str, deployment_id: str) -> int:
     """A deployment's sticky position 0..9999 in a stage's percentage split.
@@ -350,7 +359,7 @@ class Evaluator:
         if view[0]:
             x.reasons.append(
                 Reason(
-                    "rollout.kill_switch",
+                    KILL_SWITCH_ID,
                     "the rollout kill switch is on",
                     "soft",
                     "rollout",
@@ -365,7 +374,7 @@ class Evaluator:
             if runner == "v1":
                 x.reasons.append(
                     Reason(
-                        "rollout.no_stage",
+                        NO_STAGE_ID,
                         "in no rollout stage",
                         "soft",
                         "rollout",
@@ -386,7 +395,7 @@ class Evaluator:
         if not enabled:
             x.reasons.append(
                 Reason(
-                    "rollout.stage_off",
+                    STAGE_OFF_ID,
                     f"not yet enabled for V2 (stage {stage.label})",
                     "soft",
                     "rollout",
@@ -402,7 +411,7 @@ class Evaluator:
             return self._done(x, "v2", "SPLIT", canary=canary)
         x.reasons.append(
             Reason(
-                "rollout.split_out",
+                SPLIT_OUT_ID,
                 f"not in the {pct}% share of stage {stage.label} yet",
                 "soft",
                 "rollout",

@@ -80,7 +80,7 @@ def decide_with_steps(
                     error,
                     said,
                     ErrorCode.PIN_CONFLICT,
-                    Reason("select.error", error, "hard", "error", {}, ""),
+                    Reason(SELECT_ERROR_ID, error, "hard", "error", {}, ""),
                     digest,
                 )
             early = runner
@@ -129,7 +129,7 @@ def _compiled(
                 failed[0],
                 said,
                 ErrorCode.PIN_CONFLICT,
-                Reason("select.error", failed[0], "hard", "error", {}, ""),
+                Reason(SELECT_ERROR_ID, failed[0], "hard", "error", {}, ""),
                 digest,
             )
         assert pin_error is not None
@@ -149,6 +149,8 @@ class _State:
 
 
 _ALL_FIELDS = operator.attrgetter(*CONFIG_FIELD_NAMES)
+#: The rule id of a refusal by vLLM's runner selection (``Reason.rule_id``).
+SELECT_ERROR_ID = "select.error"
 
 
 def _state_of(c: Any) -> _State:

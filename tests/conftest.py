@@ -3,10 +3,13 @@ what the suite needs to run in parallel (``make test`` runs two pytest-xdist wor
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
 import json
 import os
+import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -203,6 +206,55 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
         os.unsetenv(name)  # what readline set is not in os.environ
+
+
+def _load_sm90_compile() -> Any:
+    """tests/kernels/sm90_compile.py, registered under its name (the compile tests import it as
+    ``sm90_compile`` and get this module)."""
+    spec = importlib.util.spec_from_file_location(
+        "sm90_compile", ROOT / "tests" / "kernels" / "sm90_compile.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sm90_compile"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+sm90_compile = _load_sm90_compile()
+_SM90_KEY = pytest.StashKey[tuple[Any, Path]]()  # (the driver Popen, its results folder)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With ``TURNOUT_SM90_COMPILE=background`` (``make test``), the process that starts the run
+    (not an xdist worker) starts the sm_90 compile scripts at nice 19 before the workers start:
+    about 115 s of CPU that then fills the cores the suite leaves idle, the compile tests
+    waiting for their results (tests/kernels/sm90_compile.py). The workers inherit the results
+    folder through the environment."""
+    if (
+        os.environ.get(sm90_compile.MODE_ENV) != "background"
+        or hasattr(config, "workerinput")
+        or sm90_compile.RESULTS_ENV in os.environ
+        or not sm90_compile.has_ptxas()
+    ):
+        return
+    results = Path(tempfile.mkdtemp(prefix="turnout-sm90-"))
+    driver = sm90_compile.start_background(results)
+    os.environ[sm90_compile.RESULTS_ENV] = str(results)
+    config.stash[_SM90_KEY] = (driver, results)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    started = config.stash.get(_SM90_KEY, None)
+    if started is None:
+        return
+    driver, results = started
+    if driver.poll() is None:  # a run cut short, or one that ran no compile test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    os.environ.pop(sm90_compile.RESULTS_ENV, None)
+    shutil.rmtree(results, ignore_errors=True)
 
 
 _DURATIONS = ROOT / "tests" / "durations.json"

@@ -167,7 +167,7 @@ def api_events(n: int, **over: object) -> list[dict[str, object]]:
             "runner": "v1",
             "mode": "auto",
             "reason_code": "STATIC",
-            "rule_ids": ["spec_ngram"],
+            "rule_ids": ["ngram_speculation"],
             **over,
         }
         for i in range(n)

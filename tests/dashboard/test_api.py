@@ -380,8 +380,8 @@ def test_ingest_is_idempotent_and_feeds_fallbacks_and_metrics(api: Api) -> None:
     assert r.json() == ack(batch, 0)
     fb = api.client.get("/api/v1/fallbacks?window=all", headers=api.h("viewer")).json()
     assert fb["num_deployments"] == 30 and fb["num_fallbacks"] == 30
-    assert fb["ranked"][0]["key"] == "spec_ngram" and fb["ranked"][0]["deployments"] == 30
-    assert fb["by_family"] == {"qwen3": {"spec_ngram": 30}}
+    assert fb["ranked"][0]["key"] == "ngram_speculation" and fb["ranked"][0]["deployments"] == 30
+    assert fb["by_family"] == {"qwen3": {"ngram_speculation": 30}}
     rows = api.client.get(
         "/api/v1/decisions?family=qwen3&runner=v1&limit=5", headers=api.h("viewer")
     ).json()

@@ -147,7 +147,7 @@ def _events(n: int, run: str) -> list[dict[str, object]]:
             "runner": "v1",
             "mode": "auto",
             "reason_code": "STATIC",
-            "rule_ids": ["spec_ngram"],
+            "rule_ids": ["ngram_speculation"],
         }
         for i in range(n)
     ]

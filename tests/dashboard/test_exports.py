@@ -31,7 +31,7 @@ def _csv(api: Api, role: str | None = "viewer", **params: str) -> list[list[str]
 
 
 def test_every_cell_reads_back_as_reported(api: Api) -> None:
-    events = api_events(len(AWKWARD), rule_ids=["ngram_speculation", "spec_x"])
+    events = api_events(len(AWKWARD), rule_ids=["ngram_speculation", "suffix_speculation"])
     for e, name in zip(events, AWKWARD, strict=True):
         e["deployment_id"] = name
         e["host"] = 'h "1"'
@@ -41,7 +41,7 @@ def test_every_cell_reads_back_as_reported(api: Api) -> None:
     got = {r[2]: r for r in rows[1:]}
     assert sorted(got) == sorted(['\'=HYPERLINK("http://x")', "'+1", *AWKWARD[:2], "plain/id"])
     row = dict(zip(COLUMNS, got['prod,"eu"'], strict=True))
-    assert row["host"] == 'h "1"' and row["rule_ids"] == "ngram_speculation spec_x"
+    assert row["host"] == 'h "1"' and row["rule_ids"] == "ngram_speculation suffix_speculation"
     assert row["runner"] == "v1" and row["demo"] == "false" and row["stage"] == ""
     assert dt.datetime.fromisoformat(row["at"]) == dt.datetime(2026, 11, 29, 10, tzinfo=dt.UTC)
 
@@ -57,7 +57,7 @@ def test_filters_and_window_select_what_the_page_lists(api: Api) -> None:
     assert len(_csv(api, window="1h")) == 1 + 3
     assert len(_csv(api, window="7d", family="qwen3")) == 1 + 4
     assert len(_csv(api, window="custom", to=(now - dt.timedelta(days=1)).isoformat())) == 1 + 4
-    assert len(_csv(api, rule_id="spec_ngram", runner="v1")) == 1 + 7
+    assert len(_csv(api, rule_id="ngram_speculation", runner="v1")) == 1 + 7
     assert [r[2] for r in _csv(api, deployment_id="dep-5")[1:]] == ["dep-5"]
     rows = _csv(api)[1:]
     assert [r[0] for r in rows] == sorted((r[0] for r in rows), reverse=True)  # newest first

@@ -169,3 +169,53 @@ def test_the_skew_and_the_config_bound_are_settings(strict_api: Api) -> None:
     r = _post(strict_api, api_events(1, config={"model": "m" * 3000}))
     assert "at most 2048 are stored" in r.json()["detail"]["message"]
     assert _stored(strict_api) == 0
+
+
+def test_a_rule_id_the_pack_cannot_produce_is_refused(api: Api) -> None:
+    # Before: any text was taken; 5,000 events of 200 made-up ids made 1,000,000 fallback
+    # keys (4 M latest_counts rows) that nothing removed.
+    batch = api_events(3)
+    batch[2]["rule_ids"] = ["ngram_speculation", "ngram_speculaton", "made.up.1", "made.up.2"]
+    err = _refused(
+        api,
+        _post(api, batch),
+        "unknown_rule",
+        ["events", 2, "rule_ids", 1],
+        "body field events[2].rule_ids[1]: rule id 'ngram_speculaton' "
+        "(did you mean 'ngram_speculation'?) and 2 more unknown: not a rule id of pack turnout",
+    )
+    assert err["input"] == "ngram_speculaton"
+
+
+def test_a_million_made_up_rule_ids_add_no_fallback_key(api: Api) -> None:
+    made_up = [f"made.up.{i:03d}" for i in range(200)]
+    r = _post(api, api_events(5000, rule_ids=made_up))
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert {e["type"] for e in detail["errors"]} == {"unknown_rule"}
+    listed = detail["message"].count("rule id 'made.up.000' and 199 more unknown")
+    more = re.search(r"; and (\d+) more$", detail["message"])
+    assert more and listed + int(more.group(1)) == 5000  # one finding per event, not per id
+    fb = api.client.get("/api/v1/fallbacks?window=all", headers=api.h("viewer")).json()
+    assert fb["num_deployments"] == 0 and fb["ranked"] == []
+    # every id a real decision carries is taken: rules, steps, pins, errors, the rollout's
+    real = ["ngram_speculation", "pin.v1", "error.unknown_architecture", "rollout.stage_off"]
+    assert _post(api, api_events(2, rule_ids=real)).status_code == 200
+
+
+def _launch(vllm_pack: str) -> dict[str, Any]:
+    return {"vllm_version": "0.31.0", "vllm_pack": vllm_pack, "snapshot_source": "service"}
+
+
+def test_a_launch_event_may_name_its_release_packs_rule_ids(api: Api) -> None:
+    # turnout launch decides with the vLLM release's pack and reports under the service's:
+    # a rule of vllm-0.31 only (not of the turnout pack) is taken from such an event.
+    taken = api_events(1, rule_ids=["dbo_with_hybrid"], launch=_launch("vllm-0.31"))
+    assert _post(api, taken).status_code == 200
+    plain = api_events(1, rule_ids=["dbo_with_hybrid"])  # from a plain engine: not ours
+    r = _post(api, plain)
+    assert r.status_code == 422 and "not a rule id of pack turnout (" in r.text
+    unknown = api_events(1, rule_ids=["dbo_with_hybrid"], launch=_launch("vllm-9.9"))
+    r = _post(api, unknown)
+    assert r.status_code == 422
+    assert "'vllm-9.9' (the launch's vllm_pack), a pack this service does not ship" in r.text

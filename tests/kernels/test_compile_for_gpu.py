@@ -6,16 +6,11 @@ rejects; this compiles each launched kernel variant with Triton's bundled ptxas 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from sm90_compile import has_ptxas, run_script
 
 triton = pytest.importorskip("triton")
 
-SCRIPT = Path(__file__).with_name("compile_for_gpu.py")
 EXPECTED = {
     "_apply_staged_writes_kernel",
     "_build_penalty_counts_kernel",
@@ -34,23 +29,9 @@ EXPECTED = {
 }
 
 
-def _has_ptxas() -> bool:
-    return (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists()
-
-
-@pytest.mark.skipif(not _has_ptxas(), reason="this Triton build ships no ptxas")
+@pytest.mark.skipif(not has_ptxas(), reason="this Triton build ships no ptxas")
 def test_all_kernels_compile_for_sm90() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-        timeout=600,
-    )
+    out = run_script("compile_for_gpu.py")
     assert out.returncode == 0, out.stderr[-4000:]
     compiled = {line.split()[1] for line in out.stdout.splitlines() if line.startswith("compiled ")}
     assert compiled >= EXPECTED, f"not compiled: {sorted(EXPECTED - compiled)}"

@@ -5,34 +5,18 @@ bf16 prefill tile (64 x 64) spills, and still ran fastest on an H200 (docs/model
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from sm90_compile import has_ptxas, run_script
 
 triton = pytest.importorskip("triton")
 
 
-@pytest.mark.skipif(
-    not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists(),
-    reason="this Triton build ships no ptxas",
-)
+@pytest.mark.skipif(not has_ptxas(), reason="this Triton build ships no ptxas")
 def test_mla_kernels_compile_for_sm90() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
-    script = Path(__file__).with_name("compile_mla_attention.py")
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-        timeout=900,
-    )
+    out = run_script("compile_mla_attention.py")
     assert out.returncode == 0, out.stderr[-4000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("compiled")]
     names = [line.split()[1] for line in lines]

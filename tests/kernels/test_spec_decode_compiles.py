@@ -4,12 +4,10 @@ needed): the interpreter the CPU suite uses accepts code the compiler rejects.""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from sm90_compile import run_script
 
 triton = pytest.importorskip("triton")
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
@@ -17,18 +15,7 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 @pytest.mark.skipif(not (BIN / "ptxas").exists(), reason="this Triton build ships no ptxas")
 def test_spec_decode_kernels_compile_for_sm90() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join([str(root / "src"), env.get("PYTHONPATH", "")])
-    script = Path(__file__).with_name("compile_spec_decode.py")
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=root,
-        timeout=900,
-    )
+    out = run_script("compile_spec_decode.py")
     assert out.returncode == 0, out.stderr[-4000:]
     names = [line.split()[1] for line in out.stdout.splitlines() if line.startswith("compiled")]
     # probabilities: with and without penalty counts; rejection: 3 k x (greedy only, one-hot
