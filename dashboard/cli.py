@@ -175,6 +175,55 @@ def db_current(database_url: DatabaseOpt = None) -> None:
     )
 
 
+@db_app.command("cardinality")
+def db_cardinality(
+    database_url: DatabaseOpt = None,
+    compact: Annotated[
+        bool,
+        typer.Option(
+            "--compact",
+            help="prune expired buckets and rows at zero, and fold the reasons no shipped pack "
+            "names into unknown_rule (the fallback totals stay)",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
+    """How many fallback-count rows (table latest_counts) and reasons the database holds, and
+    the reasons no shipped pack names (stored before ingest checked rule ids against the
+    pack). On the database directly."""
+    import json
+
+    from turnout.dashboard.event_checks import known_reasons
+    from turnout.dashboard.store import latest_counts
+
+    services = prepared(database_url, create=False)
+    known = known_reasons(services.policy)
+    out: dict[str, Any] = {}
+    with services.db.write_session() as session:
+        conn = session.connection()
+        out["before"] = latest_counts.cardinality(conn, known).to_json()
+        if compact:
+            out["folded"] = latest_counts.compact(conn, dt.datetime.now(dt.UTC), known)
+            out["after"] = latest_counts.cardinality(conn, known).to_json()
+            session.commit()
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    for when in ("before", "after"):
+        if when in out:
+            c = out[when]
+            rows = ", ".join(f"{k} s: {v}" for k, v in c["num_rows"].items())
+            typer.echo(
+                f"{when}: rows by bucket size ({rows}); {c['num_zero_rows']} at zero; "
+                f"{c['num_reasons']} reasons, {c['num_foreign_reasons']} named by no pack"
+                + (f" (e.g. {', '.join(c['foreign_sample'][:3])})" if c["foreign_sample"] else "")
+            )
+    if compact:
+        typer.echo(f"folded {out['folded']} reasons into {latest_counts.UNKNOWN_RULE}")
+    elif out["before"]["num_foreign_reasons"]:
+        typer.echo("fold them: turnout db cardinality --compact")
+
+
 ROLES = ("viewer", "engine", "operator", "admin")
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 import pydantic_core
 
 from turnout.dashboard.echo import clip
 from turnout.dashboard.policy import Policy, closest
 from turnout.dashboard.settings import Settings
+from turnout.oracle.decision import ReasonCode
 from turnout.oracle.errors import ErrorCode
 from turnout.oracle.pack import load_pack
 from turnout.oracle.paths import SHIPPED_PACKS
@@ -209,6 +210,14 @@ def release_rule_ids(name: str) -> frozenset[str]:
     """The rule ids of shipped pack ``name`` (``turnout launch`` decides with the pack of the
     vLLM release it starts and reports under the service's pack); none for another name."""
     return load_pack(name).rule_ids if name in SHIPPED_PACKS else frozenset()
+
+
+def known_reasons(policy: Policy) -> frozenset[str]:
+    """Every reason a fallback count may be kept under: the rule ids of the service's pack and
+    of every shipped pack (launch events name their release pack's), and the reason codes (an
+    event without rule ids is counted under its code)."""
+    ids = set(policy.pack.rule_ids).union(*(release_rule_ids(name) for name in SHIPPED_PACKS))
+    return frozenset(ids | set(get_args(ReasonCode)))
 
 
 def _error(kind: str, i: int, field: str, value: object, message: str) -> dict[str, Any]:

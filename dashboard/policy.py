@@ -186,6 +186,7 @@ class Policy:
                 "pin.v1": f"pinned to V1 by {self.pack.env_var}=0",
                 "pin.v2": f"pinned to V2 by {self.pack.env_var}=1",
                 "ERROR": "no runner: the configuration cannot be served as asked",
+                "unknown_rule": "rule ids no pack names (folded: turnout db cardinality)",
             }
         )
         for c in self.pack.cohorts:

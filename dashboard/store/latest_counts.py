@@ -6,7 +6,9 @@ of the new one: ``-1`` under each key of the old state, ``+1`` under each key of
 (:func:`apply_moves`). A key is (bucket size, bucket, reason, kind, family, stage, pack,
 runner, demo): the bucket is the one the decision's time falls in, for each of four sizes
 (5 minutes, 1 hour, 6 hours, 1 day). A deployment is counted once with ``reason = ""`` (itself) and,
-when its latest decision is not V2, once under each of its fallback-reason keys.
+when its latest decision is not V2, once under each of its fallback-reason keys. The reasons are
+bounded by the pack: ingest refuses rule ids the pack cannot give; :func:`cardinality` and
+:func:`compact` (``turnout db cardinality``) find and fold what was stored before.
 
 A read of a time window then sums a few hundred rows (``aggregates.fallbacks``), whatever the
 number of stored events or deployments. Fine buckets are read only for recent times, so they
@@ -19,11 +21,12 @@ backfill) and serve the bulk loader (``dashboard/store/bulk.py``).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
-from sqlalchemy import Connection, delete, select
+from sqlalchemy import Connection, delete, func, select
 
 from turnout.dashboard.store.models import Deployment, LatestCounts
 
@@ -302,3 +305,90 @@ def nonzero_rows(conn: Connection) -> dict[Key, int]:
         (r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], bool(r[8])): int(r[9])
         for r in conn.execute(stmt)
     }
+
+
+#: The reason under which :func:`compact` folds counts kept under a reason no pack knows.
+UNKNOWN_RULE = "unknown_rule"
+
+
+@dataclass
+class Cardinality:
+    """What ``latest_counts`` holds: rows by bucket size, rows at zero, distinct reasons, and
+    the reasons no known rule id or reason code names (``foreign``: stored before ingest
+    checked rule ids against the pack, or from a pack this service no longer ships)."""
+
+    num_rows: dict[int, int]
+    num_zero_rows: int
+    num_reasons: int
+    num_foreign_reasons: int
+    foreign_sample: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "num_rows": {str(k): v for k, v in self.num_rows.items()},
+            "num_zero_rows": self.num_zero_rows,
+            "num_reasons": self.num_reasons,
+            "num_foreign_reasons": self.num_foreign_reasons,
+            "foreign_sample": self.foreign_sample,
+        }
+
+
+def _foreign(reason: str, known: frozenset[str]) -> bool:
+    """A stored reason no known id names: ``""`` (the deployment itself), a rule id, a
+    per-stage key (``rollout.stage_off:<stage>``) or a reason code are known."""
+    return bool(reason) and reason.split(":", 1)[0] not in known and reason != UNKNOWN_RULE
+
+
+def _foreign_reasons(conn: Connection, known: frozenset[str], chunk: int) -> Iterator[str]:
+    t = LatestCounts.__table__.c
+    rows = conn.execute(select(t.reason).distinct().execution_options(yield_per=chunk))
+    for (reason,) in rows:
+        if _foreign(reason, known):
+            yield reason
+
+
+def cardinality(conn: Connection, known: frozenset[str], *, chunk: int = 10_000) -> Cardinality:
+    """Count what the table holds (reads only; streamed, so bounded memory whatever it holds).
+    ``known``: the rule ids and reason codes a stored reason may name."""
+    t = LatestCounts.__table__.c
+    by_size = {
+        int(size): int(n)
+        for size, n in conn.execute(select(t.bucket_s, func.count()).group_by(t.bucket_s))
+    }
+    zeros = conn.execute(select(func.count()).where(t.num_deployments == 0)).scalar_one()
+    reasons = conn.execute(select(func.count(t.reason.distinct()))).scalar_one()
+    sample: list[str] = []
+    num_foreign = 0
+    for reason in _foreign_reasons(conn, known, chunk):
+        num_foreign += 1
+        if len(sample) < 10:
+            sample.append(reason)
+    return Cardinality(
+        {s: by_size.get(s, 0) for s in BUCKETS}, int(zeros), int(reasons), num_foreign, sample
+    )
+
+
+def compact(conn: Connection, now: dt.datetime, known: frozenset[str], *, chunk: int = 1000) -> int:
+    """Prune (buckets past retention, rows at zero), then fold every foreign reason's counts
+    into :data:`UNKNOWN_RULE`, keeping the other key columns: the fallback totals stay, the keys
+    shrink to the known ones. In the caller's transaction, ``chunk`` reasons a statement.
+    Returns the number of foreign reasons folded."""
+    prune(conn, now)
+    t = LatestCounts.__table__.c
+    rest = [t.bucket_s, t.bucket, t.kind, t.family, t.stage, t.pack, t.runner, t.demo]
+    foreign = list(_foreign_reasons(conn, known, 10_000))
+    for start in range(0, len(foreign), chunk):
+        part = foreign[start : start + chunk]
+        grouped = conn.execute(
+            select(*rest, func.sum(t.num_deployments)).where(t.reason.in_(part)).group_by(*rest)
+        ).all()
+        conn.execute(delete(LatestCounts).where(LatestCounts.reason.in_(part)))
+        write_counts(
+            conn,
+            {
+                (int(r[0]), int(r[1]), UNKNOWN_RULE, *r[2:7], bool(r[7])): int(r[8])
+                for r in grouped
+                if int(r[8])
+            },
+        )
+    return len(foreign)
