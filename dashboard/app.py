@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from turnout.dashboard import errors
+from turnout.dashboard import errors, http_timeouts
 from turnout.dashboard.api import (
     admin,
     alertmanager,
@@ -121,6 +121,7 @@ def _finish_openapi(app: FastAPI) -> None:
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
     """The application for ``services`` (built from ``settings``, or the environment)."""
     services = services or Services.build(settings or get_settings())
+    http_timeouts.configure(services.settings.header_timeout_s, services.settings.body_timeout_s)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

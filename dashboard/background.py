@@ -169,7 +169,7 @@ def deliver(
         report = delivery.deliver_due(
             session=session,
             now=now,
-            post=delivery.httpx_poster(policy.timeout_s),
+            post=delivery.httpx_poster(policy.timeout_s, services.settings.egress),
             policy=policy,
             rng=rng,
             stopping=stopping,

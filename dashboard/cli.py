@@ -72,6 +72,7 @@ def serve(
     import uvicorn
 
     from turnout.dashboard.app import create_app, prepare
+    from turnout.dashboard.http_timeouts import TimedH11Protocol
     from turnout.dashboard.invocation import turnout_here
 
     services = open_services(database_url, pack, host=host, port=port, demo=demo)
@@ -95,6 +96,7 @@ def serve(
         "port": settings.port,
         "log_level": settings.log_level,
         "access_log": access_log,
+        "http": TimedH11Protocol,  # header and body read timeouts (create_app sets them)
     }
     if workers == 1:
         uvicorn.run(create_app(services=services), **run)  # type: ignore[arg-type]

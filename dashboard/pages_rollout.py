@@ -301,7 +301,12 @@ def add_webhook(
     try:
         with services.db.write_session() as session:
             row, secret = webhooks.add_webhook(
-                session=session, url=url, kinds=kinds, actor=user.actor, description=description
+                session=session,
+                url=url,
+                kinds=kinds,
+                actor=user.actor,
+                egress=services.settings.egress,
+                description=description,
             )
             session.commit()
     except StoreError as err:

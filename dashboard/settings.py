@@ -17,6 +17,7 @@ import httpx
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from turnout.dashboard.egress import EgressPolicy
 from turnout.dashboard.gates import GateConfig
 
 
@@ -204,6 +205,27 @@ class Settings(BaseSettings):
         le=300.0,
         description="how long one attempt waits for the receiver's answer, in all",
     )
+    header_timeout_s: float = Field(
+        default=10.0,
+        gt=0.0,
+        le=3600.0,
+        description="seconds a request's line and headers may take to arrive (from its first "
+        "byte, or the connection's opening); the connection is closed after, with a 408 "
+        "(dashboard/http_timeouts.py)",
+    )
+    body_timeout_s: float = Field(
+        default=60.0,
+        gt=0.0,
+        le=3600.0,
+        description="seconds a request's body may take to arrive once its headers are in",
+    )
+    webhook_allow_networks: str = Field(
+        default="",
+        max_length=4096,
+        description="networks or addresses webhooks may go to beyond the public ones, "
+        "comma-separated (127.0.0.0/8, 10.1.2.3, fd00::/8): loopback, link-local, private "
+        "and metadata addresses are refused otherwise (dashboard/egress.py)",
+    )
     alertmanager_config: Path | None = Field(
         default=None,
         description="a YAML file of Alertmanager receivers (their tokens and rules) that "
@@ -218,6 +240,17 @@ class Settings(BaseSettings):
         "before another may take it (a killed process); at "
         "least twice webhook_timeout_s is used",
     )
+
+    @field_validator("webhook_allow_networks")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        EgressPolicy.parse(value)  # a ValueError names the entry
+        return value
+
+    @property
+    def egress(self) -> EgressPolicy:
+        """Where webhooks may go (``webhook_allow_networks`` beyond the public addresses)."""
+        return EgressPolicy.parse(self.webhook_allow_networks)
 
     @property
     def is_sqlite(self) -> bool:

@@ -115,17 +115,18 @@ def status_within(
 ) -> int:
     """The HTTP status of ``http.request(method, url, **kwargs)``, its status line and
     headers received within ``deadline_s`` seconds in all; the body is not read (an answer
-    whose body never ends holds nothing).
+    whose body never ends holds nothing). ``extensions`` (httpx's, e.g. ``sni_hostname``) are
+    passed on beside the deadline's trace.
 
     Raises:
         DeadlineExceeded: the deadline passed first (the connection is cut).
         httpx.HTTPError: any other failure of the request.
     """
-    with (
-        _deadline(deadline_s) as watch,
-        http.stream(method, url, extensions={"trace": watch.trace}, **kwargs) as resp,
-    ):
-        return resp.status_code
+    extensions = {**kwargs.pop("extensions", {})}
+    with _deadline(deadline_s) as watch:
+        extensions["trace"] = watch.trace
+        with http.stream(method, url, extensions=extensions, **kwargs) as resp:
+            return resp.status_code
 
 
 def acknowledged(resp: httpx.Response, ids: Sequence[str]) -> bool:

@@ -22,6 +22,7 @@ from turnout.dashboard.deps import (
     MAX_ID,
     AdminDep,
     ReadSessionDep,
+    ServicesDep,
     WriteSessionDep,
     known_query,
     raise_store_error,
@@ -75,7 +76,9 @@ def get_webhooks(
     status_code=201,
     responses={422: {"model": ErrorResponse}},
 )
-def post_webhook(body: WebhookIn, session: WriteSessionDep, who: AdminDep) -> WebhookCreated:
+def post_webhook(
+    body: WebhookIn, session: WriteSessionDep, who: AdminDep, services: ServicesDep
+) -> WebhookCreated:
     """Subscribe a URL to event kinds (admin). The answer is the only place the secret
     appears (made by the service when the body has none); each delivery is signed with it
     (docs/service.md, "Verifying a delivery")."""
@@ -85,6 +88,7 @@ def post_webhook(body: WebhookIn, session: WriteSessionDep, who: AdminDep) -> We
             url=body.url,
             kinds=list(body.kinds),
             actor=who.actor,
+            egress=services.settings.egress,
             secret=body.secret,
             description=body.description,
         )

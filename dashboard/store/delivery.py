@@ -18,10 +18,12 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from turnout.dashboard.egress import EgressPolicy
 from turnout.dashboard.store.models_rollout import OutboxEntry, Webhook
 from turnout.dashboard.store.webhooks import OutboxState
 from turnout.dashboard.webhook_signing import signed_headers
@@ -58,24 +60,46 @@ class DeliveryReport:
     dead: list[str] = field(default_factory=list)
 
 
-def httpx_poster(timeout_s: float) -> Poster:
+def httpx_poster(timeout_s: float, egress: EgressPolicy) -> Poster:
     """A :data:`Poster` over httpx: each attempt has ``timeout_s`` seconds in all to get the
     answer's status (httpx's own timeouts bound each read, and a receiver sending a byte at a
     time would hold the worker for ever: ``oracle.client_http.status_within`` cuts the
     connection at the deadline); the answer's body is not read. Redirects are not followed: a
-    3xx is a failure."""
+    3xx is a failure.
+
+    The host is resolved first and every address checked against ``egress``
+    (``dashboard.egress``); the connection then goes to the address checked, with the URL's
+    ``Host`` header and, over TLS, its name for SNI and the certificate check (a DNS answer
+    that changes in between reaches nothing). A refused address raises ``EgressRefused``: the
+    attempt fails, naming it. Resolving is the system resolver's, outside ``timeout_s``."""
     import httpx
 
     from turnout.oracle.client_http import status_within
 
     def post(url: str, body: bytes, headers: dict[str, str]) -> int:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        address = egress.resolve(host, port)
+        literal = f"[{address}]" if ":" in address else address
+        userinfo = parts.netloc.rpartition("@")[0]
+        netloc = f"{userinfo}@{literal}:{port}" if userinfo else f"{literal}:{port}"
+        target = urlunsplit(parts._replace(netloc=netloc))
+        sent = {**headers, "Host": parts.netloc.rpartition("@")[2]}
+        extensions = {"sni_hostname": host} if parts.scheme == "https" else {}
         with httpx.Client(
             timeout=timeout_s,
             follow_redirects=False,
             limits=httpx.Limits(max_keepalive_connections=0),
         ) as http:
             return status_within(
-                http, "POST", url, deadline_s=timeout_s, content=body, headers=headers
+                http,
+                "POST",
+                target,
+                deadline_s=timeout_s,
+                content=body,
+                headers=sent,
+                extensions=extensions,
             )
 
     return post

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from turnout.dashboard.egress import EgressPolicy, EgressRefused
 from turnout.dashboard.store import audit
 from turnout.dashboard.store.errors import Conflict, InvalidChange, NotFound
 from turnout.dashboard.store.models import AuditEntry, utcnow
@@ -67,9 +68,11 @@ def parse_kinds(kinds: list[str]) -> list[str]:
     return [n for n in names if n in kinds]
 
 
-def check_url(url: str) -> str:
+def check_url(url: str, egress: EgressPolicy) -> str:
     """An ``http://`` or ``https://`` URL with a host (and a port in 0..65535, if any), with
-    no space or control character in it. Raises InvalidChange otherwise, saying why."""
+    no space or control character in it, whose host is no address literal ``egress`` refuses
+    (loopback, private, metadata...: ``dashboard.egress``). Raises InvalidChange otherwise,
+    saying why."""
     url = url.strip()
     shown = repr(url[:200])
     if any(c.isspace() or unicodedata.category(c) == "Cc" for c in url):
@@ -86,6 +89,10 @@ def check_url(url: str) -> str:
             f"the webhook URL {shown} is not an http:// or https:// URL "
             f"with a host (at most {MAX_URL_CHARS} characters)"
         )
+    try:
+        egress.check_host(parts.hostname)
+    except EgressRefused as err:
+        raise InvalidChange(str(err)) from None
     return url
 
 
@@ -95,6 +102,7 @@ def add_webhook(
     url: str,
     kinds: list[str],
     actor: str,
+    egress: EgressPolicy,
     secret: str | None = None,
     description: str = "",
 ) -> tuple[Webhook, str]:
@@ -102,10 +110,11 @@ def add_webhook(
     ``whsec_`` and 32 random bytes, URL-safe base64). Audited as ``webhook.add``.
 
     Raises:
-        InvalidChange: a URL that is not http(s), no or unknown kinds, a secret of fewer
+        InvalidChange: a URL that is not http(s) or whose host ``egress`` refuses, no or
+            unknown kinds, a secret of fewer
             than 16 or more than 256 characters, a description over 256.
     """
-    url, kinds = check_url(url), parse_kinds(kinds)
+    url, kinds = check_url(url, egress), parse_kinds(kinds)
     secret = secret if secret is not None else SECRET_PREFIX + secrets.token_urlsafe(32)
     if not MIN_SECRET_CHARS <= len(secret) <= MAX_SECRET_CHARS:
         raise InvalidChange(

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from turnout.dashboard.egress import EgressPolicy
+
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
 
@@ -183,3 +185,8 @@ def ack(events: list[dict[str, object]], inserted: int) -> dict[str, object]:
         "inserted": inserted,
         "batch_digest": batch_digest([str(e["event_id"]) for e in events]),
     }
+
+
+#: Where the suite's webhooks may go: its receivers listen on loopback, which the service's
+#: default egress policy refuses (dashboard/egress.py).
+LOOPBACK_EGRESS = EgressPolicy.parse("127.0.0.0/8, ::1")

@@ -31,6 +31,7 @@ COHORT = "llama-mistral-dense"
 ENV = {
     "TURNOUT_TICK_S": "0.2",
     "TURNOUT_WEBHOOK_POLL_S": "0.1",
+    "TURNOUT_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8",  # the receivers here are local
     "TURNOUT_WEBHOOK_BACKOFF_S": "0.2",
     "TURNOUT_WEBHOOK_MAX_BACKOFF_S": "1",
     "TURNOUT_WEBHOOK_MAX_ATTEMPTS": "100",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from service_helpers import Api
+from service_helpers import LOOPBACK_EGRESS, Api
 
 from turnout.dashboard.store import engines as engine_store
 from turnout.oracle import decide, from_spec, load_pack
@@ -159,7 +159,11 @@ def test_a_flip_sends_one_restart_notice_naming_the_engines(api: Api) -> None:
 
     with api.services.db.write_session() as s:
         webhooks.add_webhook(
-            session=s, url="http://127.0.0.1:9/hook", kinds=["restart_required"], actor="t"
+            egress=LOOPBACK_EGRESS,
+            session=s,
+            url="http://127.0.0.1:9/hook",
+            kinds=["restart_required"],
+            actor="t",
         )
         s.commit()
     for i in range(2):
@@ -264,7 +268,11 @@ def test_many_stale_engines_make_one_bounded_notice(api: Api) -> None:
 
     with api.services.db.write_session() as s:
         webhooks.add_webhook(
-            session=s, url="http://127.0.0.1:9/hook", kinds=["restart_required"], actor="t"
+            egress=LOOPBACK_EGRESS,
+            session=s,
+            url="http://127.0.0.1:9/hook",
+            kinds=["restart_required"],
+            actor="t",
         )
         s.commit()
     for i in range(230):

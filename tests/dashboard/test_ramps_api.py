@@ -335,7 +335,7 @@ def test_the_kill_switch_is_an_operators_and_says_who_still_runs_v2(rapi: Api) -
 
 def test_webhooks_are_an_admins_and_show_their_secret_once(rapi: Api) -> None:
     body = {
-        "url": "http://127.0.0.1:9/hook",
+        "url": "https://hooks.example.com/hook",
         "kinds": ["flip", "gate_failure"],
         "description": "on-call",
     }

@@ -8,6 +8,7 @@ import datetime as dt
 from collections.abc import Iterator
 
 import pytest
+from service_helpers import LOOPBACK_EGRESS
 
 from turnout.dashboard.gates import GateConfig
 from turnout.dashboard.health_source import health_reader
@@ -37,7 +38,11 @@ def db(db_url: str) -> Iterator[Database]:
             session=s, defaults=[CohortDefault("qwen3", False), CohortDefault("llama", False)]
         )
         hooks.add_webhook(
-            session=s, url="http://127.0.0.1:9/hook", actor="t", kinds=[k.value for k in hooks.Kind]
+            egress=LOOPBACK_EGRESS,
+            session=s,
+            url="http://127.0.0.1:9/hook",
+            actor="t",
+            kinds=[k.value for k in hooks.Kind],
         )
         s.commit()
     yield database
@@ -572,7 +577,11 @@ def test_deliveries_commit_with_their_event_or_not_at_all(db: Database) -> None:
         assert s.query(OutboxEntry).count() == 0
     with db.write_session() as s:
         hooks.add_webhook(
-            session=s, url="https://example.com/only-flips", actor="t", kinds=["flip"]
+            egress=LOOPBACK_EGRESS,
+            session=s,
+            url="https://example.com/only-flips",
+            actor="t",
+            kinds=["flip"],
         )
         canaries.flip_canary(
             session=s, cohort="qwen3", enabled=True, reason="r", actor="a", if_version=1

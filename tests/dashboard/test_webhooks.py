@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from service_helpers import LOOPBACK_EGRESS
 from webhook_receiver import Receiver, StallingReceiver
 
 from turnout.dashboard.store import canaries, delivery
@@ -41,7 +42,12 @@ def db(db_url: str, receiver: Receiver) -> Iterator[Database]:
     with database.write_session() as s:
         canaries.ensure_defaults(session=s, defaults=[CohortDefault("qwen3", False)])
         hooks.add_webhook(
-            session=s, url=receiver.url, kinds=["flip", "kill_switch"], actor="t", secret=SECRET
+            egress=LOOPBACK_EGRESS,
+            session=s,
+            url=receiver.url,
+            kinds=["flip", "kill_switch"],
+            actor="t",
+            secret=SECRET,
         )
         s.commit()
     yield database
@@ -67,7 +73,7 @@ def _deliver(db: Database, now: dt.datetime, seed: int = 1) -> delivery.Delivery
         return delivery.deliver_due(
             session=s,
             now=now,
-            post=delivery.httpx_poster(5),
+            post=delivery.httpx_poster(5, LOOPBACK_EGRESS),
             policy=POLICY,
             rng=random.Random(seed),
         )
@@ -158,7 +164,9 @@ def test_a_worker_killed_mid_delivery_leaves_it_to_the_next_once_its_lease_ends(
 
 def _subscribe(db: Database, url: str) -> None:
     with db.write_session() as s:
-        hooks.add_webhook(session=s, url=url, kinds=["flip"], actor="t", secret=SECRET)
+        hooks.add_webhook(
+            egress=LOOPBACK_EGRESS, session=s, url=url, kinds=["flip"], actor="t", secret=SECRET
+        )
         s.commit()
 
 
@@ -172,7 +180,10 @@ def _deliver_in_thread(
         with db.write_session() as s:
             reports.append(
                 delivery.deliver_due(
-                    session=s, now=now, policy=policy, post=delivery.httpx_poster(policy.timeout_s)
+                    session=s,
+                    now=now,
+                    policy=policy,
+                    post=delivery.httpx_poster(policy.timeout_s, LOOPBACK_EGRESS),
                 )
             )
 
@@ -279,24 +290,42 @@ def test_kinds_and_urls_are_checked(db: Database) -> None:
             ("http://h/x", ["flips"], "unknown event kind"),
         ]:
             with pytest.raises(InvalidChange, match=what):
-                hooks.add_webhook(session=s, url=url, kinds=kinds, actor="t")
+                hooks.add_webhook(
+                    egress=LOOPBACK_EGRESS, session=s, url=url, kinds=kinds, actor="t"
+                )
         # bounds the store keeps, for the command line as for the API (PostgreSQL's
         # varchar refused them with a DataError traceback; SQLite stored them)
         with pytest.raises(InvalidChange, match="at most 256 characters"):
             hooks.add_webhook(
-                session=s, url="http://h/x", kinds=["flip"], actor="t", description="d" * 257
+                egress=LOOPBACK_EGRESS,
+                session=s,
+                url="http://h/x",
+                kinds=["flip"],
+                actor="t",
+                description="d" * 257,
             )
         with pytest.raises(InvalidChange, match="16 to 256 characters"):
             hooks.add_webhook(
-                session=s, url="http://h/x", kinds=["flip"], actor="t", secret="s" * 257
+                egress=LOOPBACK_EGRESS,
+                session=s,
+                url="http://h/x",
+                kinds=["flip"],
+                actor="t",
+                secret="s" * 257,
             )
         row, secret = hooks.add_webhook(
-            session=s, url="https://h/x", actor="t", kinds=["approval", "flip", "flip"]
+            egress=LOOPBACK_EGRESS,
+            session=s,
+            url="https://h/x",
+            actor="t",
+            kinds=["approval", "flip", "flip"],
         )
     assert row.kinds == ["flip", "approval"] and secret.startswith("whsec_")
     with db.write_session() as s:  # the longest URL: its audit entry quotes it (it was a
         long_url = "https://h/" + "p" * (hooks.MAX_URL_CHARS - 10)  # REASON_TOO_LONG)
-        row, _ = hooks.add_webhook(session=s, url=long_url, actor="t", kinds=["flip"])
+        row, _ = hooks.add_webhook(
+            egress=LOOPBACK_EGRESS, session=s, url=long_url, actor="t", kinds=["flip"]
+        )
         s.commit()
     assert row.url == long_url
 

@@ -9,12 +9,13 @@ import time
 from pathlib import Path
 
 import httpx
-from service_helpers import LiveService, free_port, make_tokens, start_service
+from service_helpers import LOOPBACK_EGRESS, LiveService, free_port, make_tokens, start_service
 from webhook_receiver import Receiver, StallingReceiver
 
 SECRET = "whsec_live_secret_0123456789"
 FAST = {
     "TURNOUT_WEBHOOK_POLL_S": "0.1",
+    "TURNOUT_WEBHOOK_ALLOW_NETWORKS": "127.0.0.0/8",  # the receivers here are local
     "TURNOUT_WEBHOOK_BACKOFF_S": "0.2",
     "TURNOUT_WEBHOOK_MAX_BACKOFF_S": "0.5",
     "TURNOUT_WEBHOOK_MAX_ATTEMPTS": "100",
@@ -136,7 +137,12 @@ def test_a_stopping_service_starts_no_further_delivery(tmp_path: Path) -> None:
     with db.write_session() as s:  # ten deliveries due before the service starts
         canaries.ensure_defaults(session=s, defaults=[])
         hooks.add_webhook(
-            session=s, url=stalling.url, kinds=["kill_switch"], actor="t", secret=SECRET
+            session=s,
+            url=stalling.url,
+            kinds=["kill_switch"],
+            actor="t",
+            secret=SECRET,
+            egress=LOOPBACK_EGRESS,
         )
         for i in range(10):
             canaries.set_kill_switch(session=s, engaged=i % 2 == 0, reason=f"drill {i}", actor="t")

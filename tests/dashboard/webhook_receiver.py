@@ -27,6 +27,7 @@ class Delivery:
     kind: str
     body: dict[str, Any]
     signed: bool  # the signature verified with the receiver's secret
+    host: str = ""  # the request's Host header
 
 
 @dataclass
@@ -70,6 +71,7 @@ class Receiver:
                                 now=time.time(),
                                 tolerance_s=receiver.tolerance_s,
                             ),
+                            self.headers.get("Host", ""),
                         )
                         receiver.deliveries.append(got)
                         if receiver.on_delivery is not None:
