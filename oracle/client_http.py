@@ -209,16 +209,44 @@ def is_service_refusal(resp: httpx.Response) -> bool:
     )
 
 
+#: Refusals that can pass later, unchanged: an event dated ahead of the service's clock is
+#: taken once the clocks agree (the engine host's clock fixed, or time caught up).
+LATER_REFUSALS = frozenset({"event_in_future"})
+
+
+def _refusal_types(resp: httpx.Response) -> set[str]:
+    """The ``type`` of each error the service listed (``detail.errors``); empty when none."""
+    try:
+        errors = bounded_json.loads(resp.content)["detail"]["errors"]
+    except (ValueError, KeyError, TypeError):
+        return set()
+    if not isinstance(errors, list):
+        return set()
+    return {str(e.get("type")) for e in errors if isinstance(e, dict)}
+
+
 def whole_batch_refused(
     what: str, resp: httpx.Response, num_items: int
-) -> Literal["reject", "split", "retry"]:
+) -> Literal["reject", "later", "split", "retry"]:
     """What the spool does with a batch answered 413 or 422 (``client_spool.SendResult``).
 
     The service's own refusal (``is_service_refusal``): ``"reject"``, split the batch down to
-    single items and set aside the ones it refuses. Anything else, a proxy's page or a body of
-    another shape: a 413 is ``"split"`` (smaller batches may pass; a single item it still
-    refuses stays spooled), a 422 ``"retry"`` (nothing is set aside on a stranger's word)."""
+    single items and set aside the ones it refuses; ``"later"`` when every error it lists can
+    pass later (:data:`LATER_REFUSALS`): split it the same, and keep such a single item to send
+    again. Anything else, a proxy's page or a body of another shape: a 413 is ``"split"``
+    (smaller batches may pass; a single item it still refuses stays spooled), a 422
+    ``"retry"`` (nothing is set aside on a stranger's word)."""
     if is_service_refusal(resp):
+        types = _refusal_types(resp)
+        if types and types <= LATER_REFUSALS:
+            log.warning(
+                "the service refused %d %s for now (HTTP %d): %s",
+                num_items,
+                what,
+                resp.status_code,
+                resp.text[:500],
+            )
+            return "later"
         log.error(
             "the service rejected %d %s (HTTP %d): %s",
             num_items,

@@ -14,12 +14,15 @@ a process that died, and any client on the directory seals and sends it, whateve
 drops a dead process's locks, so a crash never leaves a segment looking live. A batch the service
 rejects as invalid is resent event by event: the events it takes are stored, the ones it
 rejects, and lines of a segment that cannot be read (corruption), are set aside in
-``rejected-*.jsonl`` (kept for a person, never dropped).
+``rejected-*.jsonl`` (kept for a person, never dropped). Events it refuses only for now (dated
+ahead of its clock: ``event_in_future``) go into a new sealed segment instead, sent again at
+each drain until the clocks agree.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import fcntl
 import json
 import logging
@@ -34,10 +37,15 @@ from typing import IO, Any, Literal
 log = logging.getLogger("turnout.client")
 
 # "ok": acknowledged; "retry": not (keep it); "reject": the service refuses the batch whole
-# (split it); "split": something else in the way (a proxy's 413) refuses the batch whole:
-# split it, and keep a single item it still refuses for a later resend; a set of positions:
-# acknowledged, those items refused alone (set them aside).
-SendResult = Literal["ok", "retry", "reject", "split"] | frozenset[int]
+# (split it); "later": the service refuses it for now (an event dated ahead of its clock):
+# split it, and keep a single item so refused to send again at the next drain; "split":
+# something else in the way (a proxy's 413) refuses the batch whole: split it, and keep a
+# single item it still refuses for a later resend; a set of positions: acknowledged, those
+# items refused alone (set them aside).
+SendResult = Literal["ok", "retry", "reject", "later", "split"] | frozenset[int]
+#: An event refused "for now" but dated further ahead of this host's clock than this is set
+#: aside, not kept: no clock fix brings a year-2100 event within the service's skew.
+MAX_DEFER = dt.timedelta(days=30)
 
 
 class Spool:
@@ -93,14 +101,17 @@ class Spool:
                     continue  # another live client is sending it
                 events, unreadable = _read_events(path)
                 rejected: list[str] = []
+                deferred: list[str] = []
                 for start in range(0, len(events), batch_size):
                     batch = events[start : start + batch_size]
-                    result = _send_batch(send, batch, rejected)
+                    result = _send_batch(send, batch, rejected, deferred)
                     if result is None:
                         return sent  # retry later; the segment stays (resending is harmless)
                     sent += result
                 if rejected or unreadable:
                     self._set_aside(path, [*unreadable, *rejected])
+                if deferred:
+                    self._defer(path, deferred)
                 path.unlink()
         return sent
 
@@ -117,6 +128,24 @@ class Spool:
             len(lines),
             path.name,
             aside.name,
+        )
+
+    def _defer(self, path: Path, lines: list[str]) -> None:
+        """Keep events the service refused for now in a new sealed segment (written under a
+        name no client reads, then renamed): sent again at the next drain, after the others."""
+        tmp = self.directory / f"defer-{uuid.uuid4().hex}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+        later = self._sealed_name(self.directory / "open-deferred.jsonl")
+        os.replace(tmp, later)
+        log.warning(
+            "kept %d events of %s for a later send in %s: the service refused them for now "
+            "(dated ahead of its clock)",
+            len(lines),
+            path.name,
+            later.name,
         )
 
     def _segments(self, prefixes: tuple[str, ...]) -> list[Path]:
@@ -156,30 +185,45 @@ def _send_batch(
     send: Callable[[list[dict[str, Any]]], SendResult | bool],
     batch: list[dict[str, Any]],
     rejected: list[str],
+    deferred: list[str],
 ) -> int | None:
-    """Send one batch; the number of events acknowledged, or None to retry later. A batch the
-    service rejects (one bad event rejects it whole) is resent event by event, so that only
-    the bad events are set aside (appended to ``rejected`` as JSON lines)."""
+    """Send one batch; the number of events handled (acknowledged, set aside or deferred), or
+    None to retry later. A batch the service rejects (one bad event rejects it whole) is resent
+    event by event, so that only the bad events are set aside (appended to ``rejected`` as
+    JSON lines), and those it refuses for now kept (``deferred``; :data:`MAX_DEFER`)."""
     result = send(batch)
     if result is True or result == "ok":
         return len(batch)
     if isinstance(result, frozenset):
         rejected += [json.dumps(batch[i], separators=(",", ":")) for i in sorted(result)]
         return len(batch) - len(result)
-    if result not in ("reject", "split"):
+    if result not in ("reject", "later", "split"):
         return None
     if len(batch) == 1:
         if result == "split":
             return None  # not the service's word: the event stays spooled
-        rejected.append(json.dumps(batch[0], separators=(",", ":")))
+        line = json.dumps(batch[0], separators=(",", ":"))
+        (deferred if result == "later" and _may_wait(batch[0]) else rejected).append(line)
         return 0
     acknowledged = 0
     for event in batch:
-        one = _send_batch(send, [event], rejected)
+        one = _send_batch(send, [event], rejected, deferred)
         if one is None:
             return None
         acknowledged += one
     return acknowledged
+
+
+def _may_wait(event: dict[str, Any]) -> bool:
+    """Whether an event refused for now is dated less than :data:`MAX_DEFER` ahead of this
+    host's clock (an event without a readable time may not wait)."""
+    try:
+        at = dt.datetime.fromisoformat(str(event["at"]).replace("Z", "+00:00"))
+    except (KeyError, ValueError):
+        return False
+    if at.tzinfo is None:
+        return False
+    return at - dt.datetime.now(dt.UTC) <= MAX_DEFER
 
 
 def _read_events(path: Path) -> tuple[list[dict[str, Any]], list[str]]:

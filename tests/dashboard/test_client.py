@@ -256,3 +256,51 @@ def test_a_refused_token_is_said_once_with_the_services_reason(
         f"health report deferred {reason}: 1 spooled, kept until the service takes the token",
     ], said
     assert client.spool.pending() == 1 and client.health.spool.pending() == 1
+
+
+def test_an_event_dated_ahead_waits_until_the_clocks_agree(
+    tmp_path: Path, live: list[LiveService]
+) -> None:
+    # Before: an event the service refused as event_in_future was set aside for good, and
+    # stayed aside after the engine host's clock was fixed.
+    import datetime as dt
+
+    from turnout.oracle.wire import decision_event
+
+    url = f"sqlite:///{tmp_path / 'svc.db'}"
+    tokens = make_tokens(url)
+    svc = start_service(url, tmp_path / "svc.log", env={"TURNOUT_MAX_CLOCK_SKEW_S": "1"})
+    live.append(svc)
+    cache = tmp_path / "c"
+    client = OracleClient(svc.url, tokens["operator"], cache_dir=cache)
+    now = dt.datetime.now(dt.UTC)
+    decision = decide(QWEN3, pack=load_pack("turnout"))
+
+    def event(deployment: str, at: dt.datetime) -> dict:
+        return decision_event(
+            decision, QWEN3, pack="turnout", deployment_id=deployment, at=at
+        ).to_json()
+
+    client.spool.append(event("on-time", now))
+    client.spool.append(event("ahead", now + dt.timedelta(minutes=10)))
+    client.spool.append(event("year-2100", now.replace(year=2100)))
+    assert client.flush() == 1  # on-time stored; ahead kept; 2100 set aside (no fix helps)
+    assert client.spool.pending() == 1
+    [aside] = (cache / "spool").glob("rejected-*.jsonl")
+    assert "year-2100" in aside.read_text() and "ahead" not in aside.read_text()
+    assert client.flush() == 0 and client.spool.pending() == 1  # still ahead: still kept
+    client.close()
+    # the clocks agree (here: the service allows the skew; the same as fixing the host)
+    svc.stop()
+    port = int(svc.url.rsplit(":", 1)[1])
+    svc = start_service(
+        url, tmp_path / "svc.log", env={"TURNOUT_MAX_CLOCK_SKEW_S": "3600"}, port=port
+    )
+    live.append(svc)
+    client = OracleClient(svc.url, tokens["operator"], cache_dir=cache)
+    assert client.flush() == 1 and client.spool.pending() == 0
+    client.close()
+    stored = httpx.get(
+        f"{svc.url}/api/v1/decisions?deployment_id=ahead", headers=_h(tokens["viewer"])
+    ).json()
+    assert [e["deployment_id"] for e in stored] == ["ahead"]
