@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from turnout.dashboard.auth import COOKIE_NAME, Principal, Refusal, bearer_token
+from turnout.dashboard.heavy_reads import RETRY_AFTER_S, TooManyHeavyReads
 from turnout.dashboard.services import Services
 from turnout.dashboard.store.errors import (
     Conflict,
@@ -57,6 +58,26 @@ def http_error(
     status: int, code: ErrorCode, message: str, headers: dict[str, str] | None = None
 ) -> HTTPException:
     return HTTPException(status, detail={"code": code, "message": message}, headers=headers)
+
+
+def heavy_read_slot(services: Services, principal: Principal) -> str:
+    """Take a heavy-read slot (``dashboard.heavy_reads``) for ``principal``'s token; returns
+    the key to release it with.
+
+    Raises:
+        HTTPException: 429 ``too_many_requests`` with ``Retry-After`` when none is free.
+    """
+    who = f"token:{principal.token_id}"
+    try:
+        services.heavy_reads.acquire(who)
+    except TooManyHeavyReads as err:
+        raise http_error(
+            429,
+            ErrorCode.TOO_MANY_REQUESTS,
+            str(err),
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        ) from None
+    return who
 
 
 _QUERY_NAMES: dict[int, frozenset[str]] = {}

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from turnout.dashboard.alertmanager import Receivers, load_receivers
 from turnout.dashboard.auth import TokenVerifier
+from turnout.dashboard.heavy_reads import HeavyReads
 from turnout.dashboard.metrics import Metrics
 from turnout.dashboard.policy import Policy
 from turnout.dashboard.settings import Settings
@@ -20,6 +21,7 @@ class Services:
     verifier: TokenVerifier
     metrics: Metrics
     alerts: Receivers = field(default_factory=Receivers)  # TURNOUT_ALERTMANAGER_CONFIG
+    heavy_reads: HeavyReads = field(default_factory=lambda: HeavyReads(4, 2))
 
     def require_approval(self) -> bool:
         """Enabling changes wait for a second operator: this process's
@@ -53,4 +55,5 @@ class Services:
             verifier=TokenVerifier(db.read_session, settings.token_cache_ttl_s),
             metrics=metrics,
             alerts=alerts,
+            heavy_reads=HeavyReads(settings.max_heavy_reads, settings.max_heavy_reads_per_token),
         )

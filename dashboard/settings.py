@@ -219,6 +219,19 @@ class Settings(BaseSettings):
         le=3600.0,
         description="seconds a request's body may take to arrive once its headers are in",
     )
+    max_heavy_reads: int = Field(
+        default=4,
+        ge=1,
+        le=1000,
+        description="CSV exports and upgrade previews that may run at once in a process; one "
+        "more is answered 429 with Retry-After (dashboard/heavy_reads.py)",
+    )
+    max_heavy_reads_per_token: int = Field(
+        default=2,
+        ge=1,
+        le=1000,
+        description="of those, how many one token may run at once",
+    )
     webhook_allow_networks: str = Field(
         default="",
         max_length=4096,

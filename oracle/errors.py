@@ -78,6 +78,7 @@ class ErrorCode(StrEnum):
     STORE_ERROR = "store_error", "service"
     NOT_FOUND = "not_found", "service"
     VERSION_CONFLICT = "version_conflict", "service"
+    TOO_MANY_REQUESTS = "too_many_requests", "service"
     INVALID_CHANGE = "invalid_change", "service"
     DATABASE_UNAVAILABLE = "database_unavailable", "service"
     UNKNOWN_COHORT = "unknown_cohort", "service"

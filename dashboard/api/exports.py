@@ -12,7 +12,14 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from turnout.dashboard.deps import ERROR_RESPONSES, ServicesDep, ViewerDep, http_error, known_query
+from turnout.dashboard.deps import (
+    ERROR_RESPONSES,
+    ServicesDep,
+    ViewerDep,
+    heavy_read_slot,
+    http_error,
+    known_query,
+)
 from turnout.dashboard.filters import FiltersDep
 from turnout.dashboard.services import Services
 from turnout.dashboard.store import history
@@ -95,15 +102,17 @@ async def csv_lines(services: Services, where: EventFilter) -> AsyncIterator[str
     },
 )
 def get_decisions_csv(
-    services: ServicesDep, _who: ViewerDep, filters: FiltersDep, window: WindowDep
+    services: ServicesDep, principal: ViewerDep, filters: FiltersDep, window: WindowDep
 ) -> StreamingResponse:
     """The recorded decisions the Decisions page lists for the same filters (``family``,
     ``runner``, ``reason_code``, ``rule_id``, ``deployment_id``) and time window (``window``:
-    1h, 24h, 7d, all, or custom with ``from``/``to``), newest first, as CSV (viewer)."""
+    1h, 24h, 7d, all, or custom with ``from``/``to``), newest first, as CSV (viewer). A heavy
+    read: over ``TURNOUT_MAX_HEAVY_READS`` (or the token's share) it is a 429."""
     if window.error:
         raise http_error(422, ErrorCode.INVALID_REQUEST, window.error)
+    who = heavy_read_slot(services, principal)
     return StreamingResponse(
-        csv_lines(services, filters.where(window)),
+        services.heavy_reads.stream(who, csv_lines(services, filters.where(window))),
         media_type="text/csv; charset=utf-8",
         headers={"Content-Disposition": 'attachment; filename="decisions.csv"'},
     )

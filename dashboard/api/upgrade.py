@@ -9,7 +9,14 @@ from starlette.concurrency import run_in_threadpool
 
 from turnout.dashboard.api.schemas import ErrorResponse, UpgradePreviewOut
 from turnout.dashboard.bodies import JsonRoute
-from turnout.dashboard.deps import ERROR_RESPONSES, ServicesDep, ViewerDep, http_error, known_query
+from turnout.dashboard.deps import (
+    ERROR_RESPONSES,
+    ServicesDep,
+    ViewerDep,
+    heavy_read_slot,
+    http_error,
+    known_query,
+)
 from turnout.dashboard.services import Services
 from turnout.dashboard.upgrade import preview_json, upgrade_preview
 from turnout.oracle import OracleError
@@ -27,7 +34,7 @@ router = APIRouter(
 )
 async def get_upgrade_preview(
     services: ServicesDep,
-    _who: ViewerDep,
+    principal: ViewerDep,
     from_pack: Annotated[
         str | None,
         Query(
@@ -50,8 +57,13 @@ async def get_upgrade_preview(
 ) -> UpgradePreviewOut:
     """Every recorded deployment with its reported config decided by both packs: per family,
     how many would change runner (v1→v2, v2→refuse, …) and why on each side. An unknown pack
-    is a 422 ``unknown_pack`` naming the closest one."""
-    body = await run_in_threadpool(_preview, services, from_pack, to_pack, include_demo)
+    is a 422 ``unknown_pack`` naming the closest one. A heavy read: over
+    ``TURNOUT_MAX_HEAVY_READS`` (or the token's share) it is a 429."""
+    who = heavy_read_slot(services, principal)
+    try:
+        body = await run_in_threadpool(_preview, services, from_pack, to_pack, include_demo)
+    finally:
+        services.heavy_reads.release(who)
     return UpgradePreviewOut.model_validate(body)
 
 

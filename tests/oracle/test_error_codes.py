@@ -78,6 +78,7 @@ WIRE_VALUES = {
         "self_approval",
         "unknown_flip",
         "unknown_webhook",
+        "too_many_requests",
     },
 }
 
