@@ -279,7 +279,7 @@ def _decision(what: str) -> Call:
 
 def _webhook(c: Ctx, h: dict[str, str]) -> Any:
     return c.client.post(
-        "/api/v1/webhooks", headers=h, json={"url": "http://127.0.0.1:9/x", "kinds": ["flip"]}
+        "/api/v1/webhooks", headers=h, json={"url": "https://hooks.example.com/x", "kinds": ["flip"]}
     )
 
 
@@ -551,7 +551,7 @@ PAGES: dict[str, tuple[str, Callable[[Ctx], tuple[str, dict[str, Any]]], str | N
     "page schedule cancel": ("operator", _page_schedule_cancel, CANARIES),
     "page webhook add": (
         "admin",
-        lambda c: ("/webhooks", {"url": "http://127.0.0.1:9/p", "kinds": "flip"}),
+        lambda c: ("/webhooks", {"url": "https://hooks.example.com/p", "kinds": "flip"}),
         None,
     ),
     "page webhook remove": ("admin", _page_webhook_remove, WEBHOOKS),
