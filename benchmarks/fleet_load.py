@@ -54,6 +54,7 @@ class FleetEvent(NamedTuple):
     policy_digest: str
     config: dict[str, Any] | None
     demo: bool
+    launch: Any = None  # how turnout launch started vLLM: none here (events.EventLike)
 
 
 def fleet_events(
