@@ -324,7 +324,7 @@ def kill_switch_from_page(
     if refused is not None:
         return refused
     try:
-        with services.db.write_session() as session:
+        with services.write_gate.control(), services.db.write_session() as session:
             result = canary_store.set_kill_switch(
                 session=session, engaged=engaged, reason=reason, actor=user.actor
             )

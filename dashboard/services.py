@@ -11,6 +11,7 @@ from turnout.dashboard.metrics import Metrics
 from turnout.dashboard.policy import Policy
 from turnout.dashboard.settings import Settings
 from turnout.dashboard.store.db import Database
+from turnout.dashboard.write_gate import WriteGate
 
 
 @dataclass
@@ -22,6 +23,7 @@ class Services:
     metrics: Metrics
     alerts: Receivers = field(default_factory=Receivers)  # TURNOUT_ALERTMANAGER_CONFIG
     heavy_reads: HeavyReads = field(default_factory=lambda: HeavyReads(4, 2))
+    write_gate: WriteGate = field(default_factory=WriteGate)
 
     def require_approval(self) -> bool:
         """Enabling changes wait for a second operator: this process's

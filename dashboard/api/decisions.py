@@ -244,7 +244,7 @@ def _ingest_body(request: Request, raw: bytes) -> IngestIn:
 
 
 def _ingest(services: Services, records: list[EventIn]) -> events.Ingested:
-    with services.db.write_session() as session:
+    with services.write_gate.ingest(), services.db.write_session() as session:
         stored = events.ingest_batch(session=session, events=records)
         session.commit()
     return stored

@@ -183,19 +183,21 @@ def patch_canary(
     approvals, a flip that sends more of the cohort to V2 waits for another operator: a 202
     with the pending flip (``GET /approvals``)."""
     version = parse_if_match(if_match)
+    require_approval = services.require_approval()
     try:
-        flip = schedule.flip_or_request(
-            session=session,
-            cohort=cohort,
-            enabled=body.enabled,
-            percentage=body.percentage,
-            reason=body.reason,
-            actor=who.actor,
-            requester=who.name,
-            if_version=version,
-            require_approval=services.require_approval(),
-        )
-        session.commit()
+        with services.write_gate.control():  # ahead of queued ingest (dashboard/write_gate.py)
+            flip = schedule.flip_or_request(
+                session=session,
+                cohort=cohort,
+                enabled=body.enabled,
+                percentage=body.percentage,
+                reason=body.reason,
+                actor=who.actor,
+                requester=who.name,
+                if_version=version,
+                require_approval=require_approval,
+            )
+            session.commit()
     except StoreError as err:
         raise_cohort_error(services, cohort, err)
     if isinstance(flip, ScheduledFlip):  # waits for another operator
@@ -237,10 +239,11 @@ def post_kill_switch(
     Asking for the state it already has is a 200 with ``changed: false``: same version, no
     audit entry."""
     try:
-        result = canary_store.set_kill_switch(
-            session=session, engaged=body.engaged, reason=body.reason, actor=who.actor
-        )
-        session.commit()
+        with services.write_gate.control():  # ahead of queued ingest (dashboard/write_gate.py)
+            result = canary_store.set_kill_switch(
+                session=session, engaged=body.engaged, reason=body.reason, actor=who.actor
+            )
+            session.commit()
     except StoreError as err:
         raise_store_error(err)
     if result.changed:

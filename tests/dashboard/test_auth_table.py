@@ -279,7 +279,9 @@ def _decision(what: str) -> Call:
 
 def _webhook(c: Ctx, h: dict[str, str]) -> Any:
     return c.client.post(
-        "/api/v1/webhooks", headers=h, json={"url": "https://hooks.example.com/x", "kinds": ["flip"]}
+        "/api/v1/webhooks",
+        headers=h,
+        json={"url": "https://hooks.example.com/x", "kinds": ["flip"]},
     )
 
 
