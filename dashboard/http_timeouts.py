@@ -10,6 +10,9 @@ a file descriptor, for as long as it likes. 3,000 such connections stayed open f
   request) until h11 has the request line and every header: ``TURNOUT_HEADER_TIMEOUT_S``;
 - **body**: from then until h11 has the whole body: ``TURNOUT_BODY_TIMEOUT_S``.
 
+A pipelined request (sent behind another on the same connection before its answer) is parsed
+when the answer before it completes, not when its bytes arrive: its clocks start then.
+
 When one runs out the connection is closed (with a ``408 Request Timeout`` when nothing of an
 answer was sent yet); the application sees ``http.disconnect`` as for any client that went away.
 A reverse proxy (nginx's ``client_header_timeout``/``client_body_timeout``) does the same in
@@ -52,6 +55,16 @@ class TimedH11Protocol(H11Protocol):
             self._arm(self.body_timeout_s)  # headers in: the body's clock starts
         elif after is not h11.IDLE and after is not h11.SEND_BODY:
             self._disarm()  # the request is in (DONE), or the connection is closing
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # parses a pipelined request already received, if any
+        if self.transport.is_closing():
+            return
+        state = self.conn.their_state
+        if state is h11.SEND_BODY:
+            self._arm(self.body_timeout_s)  # a pipelined request's body: its clock starts now
+        elif state is h11.IDLE and self.conn.trailing_data[0]:
+            self._arm(self.header_timeout_s)  # part of a pipelined request's headers
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()

@@ -63,6 +63,17 @@ def test_slow_headers_and_bodies_are_cut_and_others_served(
     answer = _read_until_closed(body)  # the body's clock: cut as well, nothing else answered
     assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n"), answer[:200]
     body.close()
+    # a pipelined request behind a complete one, its body trickled (before: never cut, as it
+    # was parsed after the first answer, outside the clocks)
+    piped = _connect(service)
+    piped.sendall(
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"POST /login HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100000\r\n\r\nt"
+    )
+    answer = _read_until_closed(piped)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"408 Request Timeout" in answer, answer[-300:]
+    piped.close()
     # keep-alive within the timeouts still works: two requests a little apart on one socket
     with httpx.Client(base_url=service.url, timeout=10) as client:
         assert client.get("/healthz").status_code == 200
