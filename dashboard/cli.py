@@ -180,6 +180,7 @@ def db_current(database_url: DatabaseOpt = None) -> None:
 @db_app.command("cardinality")
 def db_cardinality(
     database_url: DatabaseOpt = None,
+    pack: PackOpt = None,
     compact: Annotated[
         bool,
         typer.Option(
@@ -192,13 +193,14 @@ def db_cardinality(
 ) -> None:
     """How many fallback-count rows (table latest_counts) and reasons the database holds, and
     the reasons no shipped pack names (stored before ingest checked rule ids against the
-    pack). On the database directly."""
+    pack). Give the pack the service runs when it is not a shipped one (--pack or
+    TURNOUT_PACK): its own rules are foreign otherwise. On the database directly."""
     import json
 
     from turnout.dashboard.event_checks import known_reasons
     from turnout.dashboard.store import latest_counts
 
-    services = prepared(database_url, create=False)
+    services = prepared(database_url, pack, create=False)
     known = known_reasons(services.policy)
     out: dict[str, Any] = {}
     with services.db.write_session() as session:

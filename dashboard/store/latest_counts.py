@@ -334,9 +334,15 @@ class Cardinality:
 
 
 def _foreign(reason: str, known: frozenset[str]) -> bool:
-    """A stored reason no known id names: ``""`` (the deployment itself), a rule id, a
-    per-stage key (``rollout.stage_off:<stage>``) or a reason code are known."""
-    return bool(reason) and reason.split(":", 1)[0] not in known and reason != UNKNOWN_RULE
+    """A stored reason no known id names: ``""`` (the deployment itself), a rule id or reason
+    code, and a per-stage rollout key (``rollout.stage_off:<stage>``: only those two carry a
+    suffix) are known."""
+    if not reason or reason == UNKNOWN_RULE:
+        return False
+    base, sep, _stage = reason.partition(":")
+    if sep:
+        return not (base in _PER_STAGE and base in known)
+    return reason not in known
 
 
 def _foreign_reasons(conn: Connection, known: frozenset[str], chunk: int) -> Iterator[str]:
@@ -368,27 +374,31 @@ def cardinality(conn: Connection, known: frozenset[str], *, chunk: int = 10_000)
     )
 
 
-def compact(conn: Connection, now: dt.datetime, known: frozenset[str], *, chunk: int = 1000) -> int:
-    """Prune (buckets past retention, rows at zero), then fold every foreign reason's counts
-    into :data:`UNKNOWN_RULE`, keeping the other key columns: the fallback totals stay, the keys
-    shrink to the known ones. In the caller's transaction, ``chunk`` reasons a statement.
-    Returns the number of foreign reasons folded."""
+def compact(conn: Connection, now: dt.datetime, known: frozenset[str]) -> int:
+    """Prune (buckets past retention, rows at zero), then write each deployment's latest
+    decision's foreign rule ids (table ``deployments``) as :data:`UNKNOWN_RULE` and recount the
+    table from ``deployments`` (:func:`rebuild`): the counts then agree with what later moves
+    of those deployments take off (folding only the counts left a made-up id at -1 once its
+    deployment moved on). A deployment is counted once under ``unknown_rule`` however many
+    foreign ids it named. In the caller's transaction; on PostgreSQL both tables are locked
+    against writers for its length (ingest waits). Returns the number of foreign reasons the
+    counts held before."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("LOCK TABLE deployments, latest_counts IN EXCLUSIVE MODE")
     prune(conn, now)
-    t = LatestCounts.__table__.c
-    rest = [t.bucket_s, t.bucket, t.kind, t.family, t.stage, t.pack, t.runner, t.demo]
-    foreign = list(_foreign_reasons(conn, known, 10_000))
-    for start in range(0, len(foreign), chunk):
-        part = foreign[start : start + chunk]
-        grouped = conn.execute(
-            select(*rest, func.sum(t.num_deployments)).where(t.reason.in_(part)).group_by(*rest)
-        ).all()
-        conn.execute(delete(LatestCounts).where(LatestCounts.reason.in_(part)))
-        write_counts(
-            conn,
-            {
-                (int(r[0]), int(r[1]), UNKNOWN_RULE, *r[2:7], bool(r[7])): int(r[8])
-                for r in grouped
-                if int(r[8])
-            },
+    folded = sum(1 for _ in _foreign_reasons(conn, known, 10_000))
+    d = Deployment.__table__.c
+    changed = []
+    for deployment_id, rule_ids in conn.execute(select(d.deployment_id, d.rule_ids)):
+        ids = list(rule_ids or ())
+        if any(r not in known and r != UNKNOWN_RULE for r in ids):
+            kept = [r if r in known else UNKNOWN_RULE for r in ids]
+            changed.append((deployment_id, list(dict.fromkeys(kept))))
+    for deployment_id, ids in changed:
+        conn.execute(
+            Deployment.__table__.update()
+            .where(d.deployment_id == deployment_id)
+            .values(rule_ids=ids)
         )
-    return len(foreign)
+    rebuild(conn, now)
+    return folded

@@ -4,6 +4,7 @@ totals kept, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 
@@ -12,7 +13,7 @@ from typer.testing import CliRunner
 
 from turnout.dashboard.services import Services
 from turnout.dashboard.settings import Settings
-from turnout.dashboard.store import aggregates
+from turnout.dashboard.store import aggregates, latest_counts
 from turnout.dashboard.store.events import EventRecord, ingest
 
 
@@ -74,8 +75,27 @@ def test_compact_folds_made_up_reasons_and_keeps_the_totals(db_url: str) -> None
     after = done["after"]
     assert after["num_foreign_reasons"] == 0 and after["num_zero_rows"] == 0
     assert after["num_reasons"] == 3  # "", ngram_speculation, unknown_rule
-    ranked = _ranked(services)
-    # each deployment counted once under unknown_rule per made-up id it named
-    assert ranked == {"ngram_speculation": 40, "unknown_rule": 80}
+    # each deployment that named made-up ids counted once under unknown_rule
+    assert _ranked(services) == {"ngram_speculation": 40, "unknown_rule": 40}
     assert _run(db_url, "--compact")["folded"] == 0  # nothing left to fold
+    # The deployments move on (V2 now): the counts they leave go to zero, none below (before:
+    # the made-up keys came back at -1, their deployments' old state still naming them).
+    moved = [
+        dataclasses.replace(_event(80 + i, (), now + dt.timedelta(minutes=1)), runner="v2")
+        for i in range(40)
+    ]
+    with services.db.write_session() as session:
+        ingest(session=session, events=moved, now=now)
+        rows = latest_counts.nonzero_rows(session.connection())
+        session.commit()
+    assert all(n > 0 for n in rows.values()), {k: n for k, n in rows.items() if n <= 0}
+    assert _ranked(services) == {}  # every deployment on V2 now: no fallback left
     services.db.dispose()
+
+
+def test_only_the_per_stage_keys_carry_a_suffix() -> None:
+    known = frozenset({"pin.v1", "STATIC", "rollout.stage_off"})
+    assert not latest_counts._foreign("rollout.stage_off:qwen3-canary", known)
+    for reason in ("pin.v1:junk", "STATIC:zzz", "select.error:x:y", "made.up"):
+        assert latest_counts._foreign(reason, known), reason
+    assert not latest_counts._foreign("", known) and not latest_counts._foreign("pin.v1", known)
