@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
-from sqlalchemy import Connection, delete, func, select
+from sqlalchemy import Connection, delete, func, select, update
 
 from turnout.dashboard.store.models import Deployment, LatestCounts
 
@@ -396,9 +396,7 @@ def compact(conn: Connection, now: dt.datetime, known: frozenset[str]) -> int:
             changed.append((deployment_id, list(dict.fromkeys(kept))))
     for deployment_id, ids in changed:
         conn.execute(
-            Deployment.__table__.update()
-            .where(d.deployment_id == deployment_id)
-            .values(rule_ids=ids)
+            update(Deployment).where(Deployment.deployment_id == deployment_id).values(rule_ids=ids)
         )
     rebuild(conn, now)
     return folded
