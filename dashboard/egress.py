@@ -6,7 +6,7 @@ metadata service), ``http://[::ffff:169.254.169.254]/``, ``http://0x7f000001/`` 
 C resolver reads it) or a private address reaches what only the service's host should. So every
 address a webhook would connect to must be global (``ipaddress``'s ``is_global``: not loopback,
 link-local, private, shared, multicast, reserved or unspecified), with IPv4 embedded in IPv6
-(mapped, 6to4, Teredo) judged as the IPv4 address it carries, unless it lies in a network
+(mapped, 6to4, Teredo, NAT64, SIIT, IPv4-compatible) judged as the IPv4 address it carries, unless it lies in a network
 listed in ``TURNOUT_WEBHOOK_ALLOW_NETWORKS`` (a receiver inside the cluster, a test's loopback).
 
 The check runs twice: on the URL's host when a webhook is added (an address literal, in any
@@ -72,6 +72,11 @@ class EgressPolicy:
             return None
         if judged in METADATA or address in METADATA:
             return f"{address} is a cloud metadata address"
+        special = isinstance(judged, ipaddress.IPv4Address) and any(
+            judged in net for net in _SPECIAL_IPV4
+        )
+        if special:
+            return f"{address} is a special-purpose address"
         if judged.is_global and not judged.is_multicast:  # ipaddress counts 224/4 as global
             return None
         kind = next((word for attr, word in _KINDS if getattr(judged, attr)), "not a public one")
@@ -125,6 +130,17 @@ def literal_address(host: str) -> IPAddress | None:
         return None
 
 
+#: IPv6 prefixes whose last 32 bits are an IPv4 address a gateway may reach: NAT64 (RFC 6052,
+#: well-known and local-use), SIIT's ``::ffff:0:0/96`` (RFC 6145) and the deprecated
+#: IPv4-compatible ``::/96`` (RFC 4291).
+_IPV4_IN_LAST_32 = tuple(
+    ipaddress.IPv6Network(n) for n in ("64:ff9b::/96", "64:ff9b:1::/48", "::ffff:0:0:0/96", "::/96")
+)
+#: IPv4 special-purpose blocks Python's ``is_global`` may call global (192.0.0.0/24: IETF
+#: protocol assignments, RFC 6890).
+_SPECIAL_IPV4 = (ipaddress.IPv4Network("192.0.0.0/24"),)
+
+
 def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
     if isinstance(address, ipaddress.IPv4Address):
         return None
@@ -134,6 +150,8 @@ def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
         return address.sixtofour
     if address.teredo is not None:
         return address.teredo[1]
+    if int(address) > 1 and any(address in net for net in _IPV4_IN_LAST_32):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return None
 
 

@@ -42,6 +42,11 @@ REFUSED = [
     ("http://[fe80::1]/hook", "link-local"),
     ("http://224.0.0.1/hook", "multicast"),
     ("http://0.0.0.0/hook", "unspecified"),
+    # IPv4 inside IPv6 by other routes (a breaker round found these taken)
+    ("http://[::7f00:1]/hook", "loopback"),  # IPv4-compatible
+    ("http://[64:ff9b::a9fe:a9fe]/", "cloud metadata"),  # NAT64 of 169.254.169.254
+    ("http://[::ffff:0:a9fe:a9fe]/", "cloud metadata"),  # SIIT
+    ("http://192.0.0.8/hook", "special-purpose"),
 ]
 
 
