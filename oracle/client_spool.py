@@ -16,7 +16,7 @@ rejects as invalid is resent event by event: the events it takes are stored, the
 rejects, and lines of a segment that cannot be read (corruption), are set aside in
 ``rejected-*.jsonl`` (kept for a person, never dropped). Events it refuses only for now (dated
 ahead of its clock: ``event_in_future``) go into a new sealed segment instead, sent again at
-each drain until the clocks agree.
+the first drain :data:`DEFER_RETRY_S` later, and so on until the clocks agree.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -46,6 +47,10 @@ SendResult = Literal["ok", "retry", "reject", "later", "split"] | frozenset[int]
 #: An event refused "for now" but dated further ahead of this host's clock than this is set
 #: aside, not kept: no clock fix brings a year-2100 event within the service's skew.
 MAX_DEFER = dt.timedelta(days=30)
+#: Seconds before events refused for now are sent again: each goes alone (its batch was split
+#: to find it), so a service whose clock lags would otherwise get one request per such event
+#: at every flush (each second).
+DEFER_RETRY_S = 60.0
 
 
 class Spool:
@@ -96,6 +101,8 @@ class Spool:
         self._seal_orphans()
         sent = 0
         for path in self._segments(("sealed-",)):
+            if _not_before(path) > time.time():
+                continue  # events refused for now, not yet due again
             with _exclusive(path) as locked:
                 if not locked or not path.exists():
                     continue  # another live client is sending it
@@ -138,7 +145,8 @@ class Spool:
             f.write("".join(line + "\n" for line in lines))
             f.flush()
             os.fsync(f.fileno())
-        later = self._sealed_name(self.directory / "open-deferred.jsonl")
+        due = int(time.time() + DEFER_RETRY_S)
+        later = self._sealed_name(self.directory / f"open-deferred-{due}.jsonl")
         os.replace(tmp, later)
         log.warning(
             "kept %d events of %s for a later send in %s: the service refused them for now "
@@ -212,6 +220,13 @@ def _send_batch(
             return None
         acknowledged += one
     return acknowledged
+
+
+def _not_before(path: Path) -> float:
+    """When a segment of deferred events is due (epoch seconds, in its name); 0 for others."""
+    name = path.stem
+    _head, sep, due = name.rpartition("-deferred-")
+    return float(due) if sep and due.isdigit() else 0.0
 
 
 def _may_wait(event: dict[str, Any]) -> bool:
