@@ -7,6 +7,7 @@ the pack's cohorts and (on an empty database) records the demo fleet.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -122,6 +123,7 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     """The application for ``services`` (built from ``settings``, or the environment)."""
     services = services or Services.build(settings or get_settings())
     http_timeouts.configure(services.settings.header_timeout_s, services.settings.body_timeout_s)
+    sys.setswitchinterval(services.settings.switch_interval_ms / 1000)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -22,7 +22,7 @@ class Services:
     verifier: TokenVerifier
     metrics: Metrics
     alerts: Receivers = field(default_factory=Receivers)  # TURNOUT_ALERTMANAGER_CONFIG
-    heavy_reads: HeavyReads = field(default_factory=lambda: HeavyReads(4, 2))
+    heavy_reads: HeavyReads = field(default_factory=lambda: HeavyReads(2, 1))
     write_gate: WriteGate = field(default_factory=WriteGate)
 
     def require_approval(self) -> bool:

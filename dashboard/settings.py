@@ -220,17 +220,25 @@ class Settings(BaseSettings):
         description="seconds a request's body may take to arrive once its headers are in",
     )
     max_heavy_reads: int = Field(
-        default=4,
+        default=2,
         ge=1,
         le=1000,
         description="CSV exports and upgrade previews that may run at once in a process; one "
         "more is answered 429 with Retry-After (dashboard/heavy_reads.py)",
     )
     max_heavy_reads_per_token: int = Field(
-        default=2,
+        default=1,
         ge=1,
         le=1000,
         description="of those, how many one token may run at once",
+    )
+    switch_interval_ms: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=100.0,
+        description="how often (ms) a Python thread running hot hands the interpreter lock to "
+        "another (sys.setswitchinterval; Python's default is 5): a request waiting behind "
+        "exports and previews on worker threads waits a few of these at each step",
     )
     webhook_allow_networks: str = Field(
         default="",
