@@ -27,7 +27,6 @@ import datetime as dt
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,29 +42,9 @@ ROOT = lc.ROOT
 
 def viewer_tokens(url: str, n: int) -> list[str]:
     """``n`` viewer tokens and one operator token (the last), made on the database."""
-    code = (
-        "import sys\n"
-        "from turnout.dashboard.store import tokens\n"
-        "from turnout.dashboard.store.db import Database\n"
-        "db = Database(sys.argv[1])\n"
-        "db.upgrade()\n"
-        "with db.write_session() as s:\n"
-        "    for i in range(int(sys.argv[2])):\n"
-        "        print(tokens.create_token(session=s, name=f'viewer-{i}', "
-        "role=tokens.Role.viewer, actor='benchmark')[1])\n"
-        "    print(tokens.create_token(session=s, name='operator', role=tokens.Role.operator, "
-        "actor='benchmark')[1])\n"
-        "    s.commit()\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, url, str(n)],
-        cwd=ROOT,
-        env=lc._tree_env(ROOT),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.split()
+    names = [(f"viewer-{i}", "viewer") for i in range(n)] + [("operator", "operator")]
+    made = lc._store_tokens(ROOT, url, names)
+    return [made[name] for name, _role in names]
 
 
 async def probe(port: int, token: str, n: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,13 @@ def create_tokens(tree: Path, url: str) -> dict[str, str]:
     return out
 
 
-def _store_tokens(tree: Path, url: str) -> dict[str, str]:
+def _store_tokens(
+    tree: Path,
+    url: str,
+    names: Sequence[tuple[str, str]] = (("viewer", "viewer"), ("operator", "operator")),
+) -> dict[str, str]:
+    """Tokens made by ``tree``'s store on the database: ``names`` is (name, role) pairs;
+    returns name → token."""
     code = (
         "import sys\n"
         "from turnout.dashboard.store import tokens\n"
@@ -150,14 +157,15 @@ def _store_tokens(tree: Path, url: str) -> dict[str, str]:
         "db = Database(sys.argv[1])\n"
         "db.upgrade()\n"
         "with db.write_session() as s:\n"
-        "    for role in ('viewer', 'operator'):\n"
-        "        _row, token = tokens.create_token(session=s, name=f'bench-{role}', "
+        "    for pair in sys.argv[2:]:\n"
+        "        name, role = pair.split('=')\n"
+        "        _row, token = tokens.create_token(session=s, name=f'bench-{name}', "
         "role=tokens.Role(role), actor='benchmark')\n"
-        "        print(role, token)\n"
+        "        print(name, token)\n"
         "    s.commit()\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, url],
+        [sys.executable, "-c", code, url, *(f"{n}={r}" for n, r in names)],
         cwd=tree,
         env=_tree_env(tree),
         capture_output=True,

@@ -6,6 +6,7 @@ the service's.)"""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import signal
 import socket
@@ -21,6 +22,7 @@ from service_helpers import LiveService, free_port, make_tokens, start_service
 
 from turnout.oracle import decide, from_spec, load_pack
 from turnout.oracle.client import OracleClient, snapshot_from_json
+from turnout.oracle.wire import decision_event
 
 QWEN3 = from_spec({"architecture": "Qwen3ForCausalLM"})
 
@@ -263,10 +265,6 @@ def test_an_event_dated_ahead_waits_until_the_clocks_agree(
 ) -> None:
     # Before: an event the service refused as event_in_future was set aside for good, and
     # stayed aside after the engine host's clock was fixed.
-    import datetime as dt
-
-    from turnout.oracle.wire import decision_event
-
     url = f"sqlite:///{tmp_path / 'svc.db'}"
     tokens = make_tokens(url)
     svc = start_service(url, tmp_path / "svc.log", env={"TURNOUT_MAX_CLOCK_SKEW_S": "1"})
