@@ -3,11 +3,14 @@ Alembic upgrades (applied on start-up and by ``turnout db upgrade``)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
@@ -75,7 +78,13 @@ class Database:
             ) from err
 
     def upgrade(self) -> None:
-        """Apply every pending Alembic migration (idempotent; safe with several replicas)."""
+        """Apply every pending Alembic migration (idempotent; safe with several replicas).
+
+        A database already at the shipped head is left alone without loading the migration
+        scripts or taking the migration lock (each start-up and each ``turnout`` command that
+        opens the store begins here)."""
+        if self.current_revision() == shipped_head():
+            return
         with self.engine.begin() as conn:
             if not self.is_sqlite:
                 conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
@@ -93,8 +102,6 @@ class Database:
 
     def current_revision(self) -> str | None:
         with self.engine.connect() as conn:
-            from alembic.runtime.migration import MigrationContext
-
             return MigrationContext.configure(conn).get_current_revision()
 
     def dispose(self) -> None:
@@ -117,6 +124,12 @@ def _make_parent(path: Path) -> None:
             f"cannot create the directory of the SQLite database {path.parent}: "
             f"{err.strerror or err}"
         ) from err
+
+
+@functools.cache
+def shipped_head() -> str | None:
+    """The head revision of the shipped migrations (read from their scripts once a process)."""
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
 def alembic_config(url: str) -> Config:
