@@ -24,6 +24,7 @@ from turnout.dashboard.api.schemas import (
     IngestIn,
     IngestOut,
     MatrixOut,
+    OtherReasons,
     RankedReason,
     Window,
 )
@@ -76,6 +77,10 @@ async def current_snapshot(services: Services) -> Snapshot:
 
 
 _DEPLOYMENT_BODY = TypeAdapter(DeploymentIn)
+# GET /fallbacks lists this many reasons unless asked (?limit=), and at most the second; the
+# rest are summed in one "other" entry: the answer stays small whatever reasons are stored.
+DEFAULT_FALLBACK_REASONS = 100
+MAX_FALLBACK_REASONS = 1000
 
 
 def _body_ref(name: str) -> dict[str, object]:
@@ -284,12 +289,14 @@ def get_fallbacks(
     stage: Annotated[str | None, Query(max_length=64)] = None,
     pack: Annotated[str | None, Query(max_length=64)] = None,
     include_demo: bool = True,
+    limit: Annotated[int, Query(ge=1, le=MAX_FALLBACK_REASONS)] = DEFAULT_FALLBACK_REASONS,
 ) -> FallbacksOut:
     """Deployments whose latest decision falls in ``window`` (1h, 24h, 7d or all), of a
     ``family`` and rollout ``stage`` (cohort id) of the pack when given: those not on V2 by
     kind, by reason ranked by affected deployments, by family, and over time (the same
-    deployments by when they decided). Read from aggregates kept at ingest. An unknown family
-    or stage is a 422 naming the closest."""
+    deployments by when they decided). The first ``limit`` reasons are listed, the rest summed
+    in ``other``, so the answer's size is bounded whatever is stored. Read from aggregates kept
+    at ingest. An unknown family or stage is a 422 naming the closest."""
     try:
         fallback_view.check_filter(services, family, stage)
     except fallback_view.BadFilter as err:
@@ -298,6 +305,25 @@ def get_fallbacks(
     fleet = aggregates.FleetFilter(family=family, stage=stage, pack=pack, include_demo=include_demo)
     view = fallback_view.build(services, session, window=window, fleet=fleet)
     r, labels, enabled = view.report, view.labels, view.enabled
+    shown, rest = r.ranked[:limit], r.ranked[limit:]
+    kept = {k for k, _n in shown}
+    other = None
+    if rest:
+        other = OtherReasons(
+            num_reasons=len(rest),
+            deployments=sum(n for _k, n in rest),
+            by_family={
+                f: sum(n for k, n in c.items() if k not in kept) for f, c in r.by_family.items()
+            },
+            over_time=[
+                sum(col)
+                for col in zip(
+                    *(v for k, v in r.over_time.items() if k not in kept),
+                    strict=True,
+                )
+            ]
+            or [0] * len(r.bins),
+        )
     return FallbacksOut(
         window=window,
         since=r.since,
@@ -307,6 +333,7 @@ def get_fallbacks(
         num_deployments=r.num_deployments,
         num_fallbacks=r.num_fallbacks,
         by_kind={k: r.by_kind.get(k, 0) for k in aggregates.KINDS},
+        num_reasons=len(r.ranked),
         ranked=[
             RankedReason(
                 key=k,
@@ -315,9 +342,10 @@ def get_fallbacks(
                 deployments=n,
                 stage_enabled_since=enabled[k].since if k in enabled else None,
             )
-            for k, n in r.ranked
+            for k, n in shown
         ],
-        by_family={f: dict(c) for f, c in r.by_family.items()},
+        other=other,
+        by_family={f: {k: n for k, n in c.items() if k in kept} for f, c in r.by_family.items()},
         families={
             f: FamilyFallbacks(
                 deployments=c.deployments,
@@ -326,5 +354,9 @@ def get_fallbacks(
             )
             for f, c in r.families.items()
         },
-        over_time=FallbacksOverTime(bin_s=r.bin_s, bins=r.bins, by_reason=r.over_time),
+        over_time=FallbacksOverTime(
+            bin_s=r.bin_s,
+            bins=r.bins,
+            by_reason={k: v for k, v in r.over_time.items() if k in kept},
+        ),
     )

@@ -241,6 +241,18 @@ class FallbacksOverTime(BaseModel):
     )
 
 
+class OtherReasons(BaseModel):
+    """The reasons past ``limit`` in the ranking, summed."""
+
+    num_reasons: int = Field(description="how many reasons are summed here")
+    deployments: int = Field(
+        description="their deployments added up (a deployment held back by two of them counts "
+        "twice, as it does in `ranked`)"
+    )
+    by_family: dict[str, int] = Field(description="family → the same sum in that family")
+    over_time: list[int] = Field(description="the same sum per bin of `over_time`")
+
+
 class FallbacksOut(BaseModel):
     window: Window
     since: dt.datetime | None = Field(
@@ -257,8 +269,16 @@ class FallbacksOut(BaseModel):
     by_kind: dict[ReasonKind, int] = Field(
         description="fallbacks by the kind of what holds them back (a deployment counts once)"
     )
-    ranked: list[RankedReason]
-    by_family: dict[str, dict[str, int]] = Field(description="family → reason key → deployments")
+    num_reasons: int = Field(description="reasons in the window, `ranked` and `other` together")
+    ranked: list[RankedReason] = Field(
+        description="the first `limit` reasons, most deployments first"
+    )
+    other: OtherReasons | None = Field(
+        description="the reasons past `limit`, summed; null when `ranked` holds them all"
+    )
+    by_family: dict[str, dict[str, int]] = Field(
+        description="family → reason key → deployments (the reasons of `ranked`)"
+    )
     families: dict[str, FamilyFallbacks]
     over_time: FallbacksOverTime
 

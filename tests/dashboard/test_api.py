@@ -396,6 +396,40 @@ def test_ingest_is_idempotent_and_feeds_fallbacks_and_metrics(api: Api) -> None:
     )
 
 
+def test_fallbacks_list_the_first_reasons_and_sum_the_rest(api: Api) -> None:
+    # 12 reasons of the pack, reason i on 12 - i deployments (so the ranking is known), each
+    # deployment of family qwen3 or llama by parity.
+    rules = sorted(r for r in load_pack("turnout").rule_ids if "." not in r)[:12]
+    assert len(rules) == 12
+    batch = []
+    for i, rule in enumerate(rules):
+        for j in range(12 - i):
+            family = "qwen3" if j % 2 == 0 else "llama"
+            batch += api_events(1, deployment_id=f"{rule}-{j}", rule_ids=[rule], family=family)
+    r = api.client.post("/api/v1/decisions", json={"events": batch}, headers=api.h("operator"))
+    assert r.status_code == 200, r.text
+    whole = api.client.get("/api/v1/fallbacks?limit=1000", headers=api.h("viewer")).json()
+    assert whole["num_reasons"] == 12 and whole["other"] is None
+    assert [x["key"] for x in whole["ranked"]] == rules
+    fb = api.client.get("/api/v1/fallbacks?limit=5", headers=api.h("viewer")).json()
+    assert fb["num_reasons"] == 12 and [x["key"] for x in fb["ranked"]] == rules[:5]
+    other = fb["other"]
+    assert other["num_reasons"] == 7 and other["deployments"] == sum(range(1, 8))
+    for family, counts in whole["by_family"].items():
+        assert set(fb["by_family"][family]) <= set(rules[:5])
+        assert sum(fb["by_family"][family].values()) + other["by_family"][family] == sum(
+            counts.values()
+        )
+    total_bins = [sum(col) for col in zip(*whole["over_time"]["by_reason"].values(), strict=True)]
+    shown_bins = [sum(col) for col in zip(*fb["over_time"]["by_reason"].values(), strict=True)]
+    assert [a + b for a, b in zip(shown_bins, other["over_time"], strict=True)] == total_bins
+    # Counts that do not depend on the limit stay whole.
+    assert (fb["num_deployments"], fb["num_fallbacks"]) == (sum(range(1, 13)),) * 2
+    for bad in ("0", "1001", "x"):
+        r = api.client.get(f"/api/v1/fallbacks?limit={bad}", headers=api.h("viewer"))
+        assert r.status_code == 422, (bad, r.text)
+
+
 @pytest.mark.parametrize(
     "at", ["2026-11-29T10:00:00", "0997-09-07T04:16:00+00:00", "2999-01-01T00:00:00Z"]
 )
