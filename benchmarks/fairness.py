@@ -1,8 +1,9 @@
 """Does the service stay responsive to engines and operators while others read and write hard?
 
 Side by side in one run, on one bulk-loaded SQLite database and the same machine, the service
-with the heavy-read bound (``TURNOUT_MAX_HEAVY_READS`` 2, 1 per token: the defaults) and
-without it (1000, the old behaviour):
+with the heavy-read bound (``TURNOUT_MAX_HEAVY_READS`` 2, 1 per token: the defaults), the same
+with its heap not frozen (``TURNOUT_FREEZE_HEAP=0``: side ``unfrozen``) and without the bound
+(1000, the old behaviour):
 
 1. ``GET /api/v1/canaries`` (what an engine fetches at start-up, with a 0.5 s deadline): p50,
    p99 and the share over 0.5 s of ``--probes`` sequential probes, idle and then while
@@ -124,9 +125,17 @@ async def kill_switch_under_ingest(
 
 
 def one_side(
-    name: str, bound: int, db: Path, tokens: list[str], batches: list[bytes], args: Any
+    name: str,
+    bound: int,
+    db: Path,
+    tokens: list[str],
+    batches: list[bytes],
+    args: Any,
+    *,
+    freeze: bool = True,
 ) -> dict[str, Any]:
     url = f"sqlite:///{db}"
+    os.environ["TURNOUT_FREEZE_HEAP"] = "1" if freeze else "0"
     os.environ["TURNOUT_MAX_HEAVY_READS"] = str(bound)
     os.environ["TURNOUT_MAX_HEAVY_READS_PER_TOKEN"] = str(1 if bound < 1000 else bound)
     service = lc.start_service(ROOT, url, db.with_suffix(f".{name}.log"))
@@ -157,7 +166,8 @@ def main() -> None:
     parser.add_argument(
         "--sides",
         default="bounded,unbounded",
-        help="which services to run: bounded (the defaults), unbounded (1000 heavy reads)",
+        help="which services to run: bounded (the defaults), unfrozen (the defaults but "
+        "TURNOUT_FREEZE_HEAP=0), unbounded (1000 heavy reads)",
     )
     args = parser.parse_args()
 
@@ -165,8 +175,9 @@ def main() -> None:
     now = dt.datetime.now(dt.UTC)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="turnout-fairness-") as tmp:
-        bounds = (("bounded", args.bound), ("unbounded", 1000))
-        sides = [(n, b) for n, b in bounds if n in args.sides]
+        bounds = (("bounded", args.bound), ("unfrozen", args.bound), ("unbounded", 1000))
+        wanted = [n.strip() for n in args.sides.split(",")]
+        sides = [(n, b) for n, b in bounds if n in wanted]
         for name, bound in sides:
             db = Path(tmp) / f"{name}.db"
             fleet_load.bulk_load(f"sqlite:///{db}", decided, args.decisions, args.deployments, now)
@@ -180,13 +191,16 @@ def main() -> None:
                 now,
                 dt.timedelta(minutes=5),
             )
-            results[name] = one_side(name, bound, db, tokens, batches, args)
+            results[name] = one_side(
+                name, bound, db, tokens, batches, args, freeze=name != "unfrozen"
+            )
             print(json.dumps({name: results[name]}), file=sys.stderr)
     empty = {
         "canaries_storm": {"p99_ms": None, "over_500ms": None},
         "kill_switch_under_ingest": {"max_ms": None},
     }
     b, u = results.get("bounded", empty), results.get("unbounded", empty)
+    f = results.get("unfrozen", empty)
     summary = {
         "benchmark": "fairness",
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
@@ -196,6 +210,7 @@ def main() -> None:
         "previews": args.previews,
         "canaries_p99_ms_storm": {
             "bounded": b["canaries_storm"]["p99_ms"],
+            "unfrozen": f["canaries_storm"]["p99_ms"],
             "unbounded": u["canaries_storm"]["p99_ms"],
         },
         "canaries_over_500ms_storm": {
@@ -204,6 +219,7 @@ def main() -> None:
         },
         "kill_switch_max_ms_under_ingest": {
             "bounded": b["kill_switch_under_ingest"]["max_ms"],
+            "unfrozen": f["kill_switch_under_ingest"]["max_ms"],
             "unbounded": u["kill_switch_under_ingest"]["max_ms"],
         },
         "p99_ratio_unbounded_over_bounded": (

@@ -99,7 +99,7 @@ def serve(
         "http": TimedH11Protocol,  # header and body read timeouts (create_app sets them)
     }
     if workers == 1:
-        uvicorn.run(create_app(services=services), **run)  # type: ignore[arg-type]
+        uvicorn.run(create_app(services=services, freeze_heap=True), **run)  # type: ignore[arg-type]
         return
     # Worker processes build their app from the environment (the settings' only source).
     os.environ.update(
@@ -110,7 +110,7 @@ def serve(
         }
     )
     services.db.dispose()
-    uvicorn.run("turnout.dashboard.app:create_app", factory=True, workers=workers, **run)  # type: ignore[arg-type]
+    uvicorn.run("turnout.dashboard.app:create_served_app", factory=True, workers=workers, **run)  # type: ignore[arg-type]
 
 
 def _check_port(host: str, port: int) -> None:
@@ -226,6 +226,54 @@ def db_cardinality(
         typer.echo(f"folded {out['folded']} reasons into {latest_counts.UNKNOWN_RULE}")
     elif out["before"]["num_foreign_reasons"]:
         typer.echo("fold them: turnout db cardinality --compact")
+
+
+@db_app.command("retention")
+def db_retention(
+    database_url: DatabaseOpt = None,
+    days: Annotated[
+        int | None,
+        typer.Option(
+            "--days",
+            min=1,
+            help="keep the fallback counts' day buckets this many days: deployments whose "
+            "latest decision is older leave the counts (and the 'all' window)",
+        ),
+    ] = None,
+    forever: Annotated[
+        bool, typer.Option("--forever", help="keep the day buckets for good (the default)")
+    ] = False,
+) -> None:
+    """Show or set how long the fallback counts keep their day buckets (table latest_counts;
+    the finer buckets are kept 2 to 9 days whatever this says). Setting it is audited;
+    lengthening it recounts the table from each deployment's latest decision. On the
+    database directly."""
+    from turnout.dashboard.store import audit, latest_counts
+
+    if days is not None and forever:
+        raise typer.BadParameter("give --days or --forever, not both")
+    services = open_services(database_url, create=False, demo=False)
+    with services.db.write_session() as session:
+        conn = session.connection()
+        before = latest_counts.day_retention_s(conn)
+        shown = "for good" if before is None else f"{before // 86400} days"
+        if days is None and not forever:
+            typer.echo(f"day buckets are kept {shown}")
+            return
+        latest_counts.set_day_retention(conn, days, dt.datetime.now(dt.UTC))
+        audit.record(
+            session=session,
+            actor=database_actor(),
+            action="retention",
+            target="latest_counts:day_buckets",
+            reason="turnout db retention",
+            before={"days": None if before is None else before // 86400},
+            after={"days": days},
+        )
+        session.commit()
+    typer.echo(
+        f"day buckets were kept {shown}; now {'for good' if days is None else f'{days} days'}"
+    )
 
 
 ROLES = ("viewer", "engine", "operator", "admin")

@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from turnout.dashboard.auth import COOKIE_NAME, Principal, Refusal, bearer_token
 from turnout.dashboard.heavy_reads import RETRY_AFTER_S, TooManyHeavyReads
+from turnout.dashboard.policy import Snapshot
 from turnout.dashboard.services import Services
 from turnout.dashboard.store.errors import (
     Conflict,
@@ -104,6 +105,11 @@ async def known_query(request: Request) -> None:
     known = _QUERY_NAMES.get(id(route))
     if known is None:
         known = _QUERY_NAMES[id(route)] = _query_names(dependant)
+    check_query(request, known)
+
+
+def check_query(request: Request, known: set[str] | frozenset[str]) -> None:
+    """422 (RequestValidationError) naming each query parameter not in ``known``."""
     unknown = sorted(set(request.query_params) - known)
     if not unknown:
         return
@@ -229,3 +235,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: {"description": "no token, or an unknown, revoked or expired one"},
     403: {"description": "the token's role is too low"},
 }
+
+
+async def current_snapshot(services: Services) -> Snapshot:
+    """The cached canary snapshot; a stale one is re-read off the event loop."""
+    snap = services.policy.cached_snapshot()
+    return snap if snap is not None else await run_in_threadpool(services.policy.snapshot)

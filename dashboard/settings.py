@@ -240,6 +240,13 @@ class Settings(BaseSettings):
         "another (sys.setswitchinterval; Python's default is 5): a request waiting behind "
         "exports and previews on worker threads waits a few of these at each step",
     )
+    freeze_heap: bool = Field(
+        default=True,
+        description="once started, `turnout serve` moves every object alive into the garbage "
+        "collector's permanent generation (gc.freeze, as vLLM's freeze_gc_heap does after "
+        "start-up, vllm/utils/gc_utils.py since 0.11.1): a full collection then scans only what "
+        "requests made, not the pack, the oracle's tables and the libraries",
+    )
     webhook_allow_networks: str = Field(
         default="",
         max_length=4096,

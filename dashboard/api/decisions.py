@@ -47,11 +47,12 @@ from turnout.dashboard.deps import (
     ViewerDep,
     authorize,
     bounded_body,
+    current_snapshot,
     http_error,
     known_query,
 )
 from turnout.dashboard.event_checks import event_errors
-from turnout.dashboard.policy import Snapshot, config_from_request
+from turnout.dashboard.policy import config_from_request
 from turnout.dashboard.services import Services
 from turnout.dashboard.store import aggregates, events, launches
 from turnout.dashboard.store.latest_counts import reason_kind
@@ -68,12 +69,6 @@ router = APIRouter(
     strict_content_type=False,
     dependencies=[Depends(known_query)],
 )
-
-
-async def current_snapshot(services: Services) -> Snapshot:
-    """The cached canary snapshot; a stale one is re-read off the event loop."""
-    snap = services.policy.cached_snapshot()
-    return snap if snap is not None else await run_in_threadpool(services.policy.snapshot)
 
 
 _DEPLOYMENT_BODY = TypeAdapter(DeploymentIn)

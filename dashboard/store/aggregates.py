@@ -20,7 +20,14 @@ from typing import Any, Literal, NamedTuple
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
-from turnout.dashboard.store.latest_counts import BUCKETS, KINDS, reason_keys, reason_kind
+from turnout.dashboard.store.latest_counts import (
+    BUCKETS,
+    KINDS,
+    day_retention_s,
+    first_day_kept,
+    reason_keys,
+    reason_kind,
+)
 from turnout.dashboard.store.models import DailyDecisions, Deployment, LatestCounts
 
 __all__ = ["KINDS", "WINDOWS", "reason_keys", "reason_kind"]
@@ -155,6 +162,8 @@ def fallbacks(
     fleet = fleet or FleetFilter(include_demo=include_demo)
     now = now or dt.datetime.now(dt.UTC)
     start = window_start(window, now)
+    if start is None:  # all: the days the database keeps
+        start = first_day_kept(now, day_retention_s(session.connection()))
     bin_s = WINDOWS[window][1]
     segs = segments(start, bin_s)
     report = FallbackReport(
@@ -229,13 +238,17 @@ def overview(
     *, session: Session, include_demo: bool = True, days: int = 30, today: dt.date | None = None
 ) -> Overview:
     """Every deployment by the stage and runner of its latest decision (from the day buckets
-    of ``latest_counts``, which count each deployment once), and events per day and runner."""
+    of ``latest_counts``, which count each deployment once; those the database keeps), and
+    events per day and runner."""
     t = LatestCounts
     stmt = (
         select(t.stage, t.runner, func.sum(t.num_deployments))
         .where(t.bucket_s == BUCKETS[-1], t.reason == "")
         .group_by(t.stage, t.runner)
     )
+    first = first_day_kept(dt.datetime.now(dt.UTC), day_retention_s(session.connection()))
+    if first is not None:
+        stmt = stmt.where(t.bucket >= first)
     if not include_demo:
         stmt = stmt.where(t.demo.is_(False))
     by_runner: Counter[str] = Counter()

@@ -12,7 +12,10 @@ bounded by the pack: ingest refuses rule ids the pack cannot give; :func:`cardin
 
 A read of a time window then sums a few hundred rows (``aggregates.fallbacks``), whatever the
 number of stored events or deployments. Fine buckets are read only for recent times, so they
-are kept for a limited time (:data:`RETENTION_S`); day buckets are kept for good.
+are kept for a limited time (:data:`RETENTION_S`); day buckets are kept for good unless the
+database sets a retention (:func:`set_day_retention`, ``turnout db retention``): then the
+``all`` window is the days kept, and a deployment whose latest decision is older leaves the
+counts.
 
 The same functions rebuild the table from ``deployments`` (:func:`rebuild`: migration 0004's
 backfill) and serve the bulk loader (``dashboard/store/bulk.py``).
@@ -26,9 +29,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Literal, NamedTuple
 
-from sqlalchemy import Connection, delete, func, select, update
+from sqlalchemy import Connection, delete, func, insert, select, update
 
-from turnout.dashboard.store.models import Deployment, LatestCounts
+from turnout.dashboard.store.models import Deployment, LatestCounts, ServiceMeta
 
 # Bucket sizes, seconds, each a multiple of the one before: 5 minutes, an hour, 6 hours, a day.
 BUCKETS = (300, 3600, 21600, 86400)
@@ -43,6 +46,10 @@ RETENTION_S: dict[int, int | None] = {
     21600: 9 * 86400,
     86400: None,
 }
+# service_meta key: how many days day buckets are kept (absent: for good). A property of the
+# database, not of a process: every writer must agree on which buckets moves still touch, or
+# a count taken off a pruned bucket would leave -1 behind.
+DAY_RETENTION_KEY = "day_bucket_retention_days"
 # Rows are deleted a day after ingest stops writing them, so that a pruning transaction and
 # an ingest whose clock is a little behind never touch the same row.
 _PRUNE_MARGIN_S = 86400
@@ -146,9 +153,53 @@ def suffixes_of(
     return (("", kind, *rest), *((k, reason_kind(k), *rest) for k in keys))
 
 
-def _horizons(now_s: int) -> list[tuple[int, int | None]]:
+def day_retention_s(conn: Connection) -> int | None:
+    """How long (seconds) this database keeps day buckets; None: for good."""
+    value = conn.execute(
+        select(ServiceMeta.value).where(ServiceMeta.key == DAY_RETENTION_KEY)
+    ).scalar_one_or_none()
+    return None if value is None else int(value) * 86400
+
+
+def set_day_retention(conn: Connection, days: int | None, now: dt.datetime) -> None:
+    """Keep day buckets for ``days`` days (None: for good), in the caller's transaction.
+    Shorter: the buckets past it are pruned. Longer: the table is recounted from
+    ``deployments`` (:func:`rebuild`), since deployments whose day buckets were pruned count
+    again. On PostgreSQL the tables are locked against ingest for the length of it.
+
+    Raises:
+        ValueError: ``days`` below 1.
+    """
+    if days is not None and days < 1:
+        raise ValueError(f"a retention of {days} days keeps nothing: give 1 or more")
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("LOCK TABLE deployments, latest_counts IN EXCLUSIVE MODE")
+    before = day_retention_s(conn)
+    conn.execute(delete(ServiceMeta).where(ServiceMeta.key == DAY_RETENTION_KEY))
+    if days is not None:
+        conn.execute(insert(ServiceMeta).values(key=DAY_RETENTION_KEY, value=str(days)))
+    after = day_retention_s(conn)
+    if before is not None and (after is None or after > before):
+        rebuild(conn, now)
+    else:
+        prune(conn, now)
+
+
+def _horizons(now_s: int, day_keep_s: int | None) -> list[tuple[int, int | None]]:
     """(bucket size, the first bucket still kept; None: all)."""
-    return [(size, None if keep is None else now_s - keep) for size, keep in RETENTION_S.items()]
+    return [
+        (size, None if keep is None else now_s - keep)
+        for size, keep in {**RETENTION_S, BUCKETS[-1]: day_keep_s}.items()
+    ]
+
+
+def first_day_kept(now: dt.datetime, day_keep_s: int | None) -> int | None:
+    """The first day bucket (epoch seconds) that reads of every day count: the first whose
+    start is within the retention (the buckets every move still keeps); None: all."""
+    if day_keep_s is None:
+        return None
+    first = int(now.timestamp()) - day_keep_s
+    return -(-first // 86400) * 86400
 
 
 def _add(
@@ -172,11 +223,14 @@ def move(old: State | None, new: State) -> Move:
     )
 
 
-def count_moves(moves: Iterable[Move], now: dt.datetime) -> dict[Key, int]:
+def count_moves(
+    moves: Iterable[Move], now: dt.datetime, day_keep_s: int | None = None
+) -> dict[Key, int]:
     """The net count changes of deployments moving from an old latest decision (none: a new
-    deployment) to a new one, in buckets still kept; keys that net to zero are dropped.
-    Ingest's hot loop: a bucket whose keys do not change is skipped before any dict work."""
-    horizons = _horizons(int(now.timestamp()))
+    deployment) to a new one, in buckets still kept (``day_keep_s``: the database's day
+    retention); keys that net to zero are dropped. Ingest's hot loop: a bucket whose keys do
+    not change is skipped before any dict work."""
+    horizons = _horizons(int(now.timestamp()), day_keep_s)
     counts: dict[Key, int] = {}
     for to, so, tn, sn in moves:
         for size, first in horizons:
@@ -191,9 +245,11 @@ def count_moves(moves: Iterable[Move], now: dt.datetime) -> dict[Key, int]:
     return {k: n for k, n in counts.items() if n}
 
 
-def add_state(counts: dict[Key, int], state: State, sign: int, now_s: int) -> None:
+def add_state(
+    counts: dict[Key, int], state: State, sign: int, now_s: int, day_keep_s: int | None = None
+) -> None:
     """Add ``sign`` (+1 or -1) under every key of ``state`` whose bucket is still kept."""
-    for size, first in _horizons(now_s):
+    for size, first in _horizons(now_s, day_keep_s):
         bucket = state.t - state.t % size
         if first is None or bucket >= first:
             _add(counts, size, bucket, _suffixes(state), sign)
@@ -223,7 +279,7 @@ def apply_moves(conn: Connection, moves: Iterable[Move], now: dt.datetime) -> in
     """Apply the count changes of ``moves`` in the caller's transaction (an upsert per key,
     in key order so that concurrent ingests lock rows in one order). Returns the number of
     rows written."""
-    counts = count_moves(moves, now)
+    counts = count_moves(moves, now, day_retention_s(conn))
     write_counts(conn, counts)
     return len(counts)
 
@@ -259,7 +315,7 @@ def prune(conn: Connection, now: dt.datetime) -> None:
     """Delete fine buckets well past their retention (never read again) and rows at zero
     (a deployment moved on: reads would only skip them)."""
     now_s = int(now.timestamp())
-    for size, keep in RETENTION_S.items():
+    for size, keep in {**RETENTION_S, BUCKETS[-1]: day_retention_s(conn)}.items():
         if keep is not None:
             conn.execute(
                 delete(LatestCounts).where(
@@ -280,6 +336,7 @@ def rebuild(conn: Connection, now: dt.datetime | None = None, chunk: int = 20_00
     returns the number of deployments counted. Migration 0004 backfills with it."""
     now = now or dt.datetime.now(dt.UTC)
     now_s = int(now.timestamp())
+    day_keep_s = day_retention_s(conn)
     conn.execute(delete(LatestCounts))
     _pruned.pop(conn.engine.url, None)
     d = Deployment.__table__.c
@@ -289,7 +346,7 @@ def rebuild(conn: Connection, now: dt.datetime | None = None, chunk: int = 20_00
     counts: dict[Key, int] = {}
     num = 0
     for row in conn.execute(stmt):
-        add_state(counts, state_of(row), +1, now_s)
+        add_state(counts, state_of(row), +1, now_s, day_keep_s)
         num += 1
     items = sorted(counts.items())
     for start in range(0, len(items), chunk):

@@ -68,12 +68,18 @@ class _ReusedSchema:
     def __init__(self) -> None:
         self.name = ""
         self.shape: list[tuple[Any, ...]] = []
+        self.num_taken = 0
 
     @property
     def url(self) -> str:
         # application_name marks this schema's connections, so that those a test left behind
         # (a service killed with -9) can be closed before the next test empties the tables.
-        return f"{PG_BASE}?options=-csearch_path%3D{self.name}&application_name={self.name}"
+        # It also makes each test's URL its own, as a fresh schema's was: the store keeps
+        # small per-database memos by URL (latest_counts' hourly prune).
+        return (
+            f"{PG_BASE}?options=-csearch_path%3D{self.name}"
+            f"&application_name={self.name}.{self.num_taken}"
+        )
 
     def _shape(self, conn: Any) -> list[tuple[Any, ...]]:
         return [
@@ -113,8 +119,8 @@ class _ReusedSchema:
     def _close_connections(self, conn: Any) -> None:
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            "WHERE pid <> pg_backend_pid() AND application_name = %s",
-            (self.name,),
+            "WHERE pid <> pg_backend_pid() AND application_name LIKE %s",
+            (f"{self.name}.%",),
         )
 
     def take(self) -> str:
@@ -155,6 +161,7 @@ class _ReusedSchema:
                     conn.execute(f'DELETE FROM "{self.name}"."{table}"')
                 for sequence in sequences:
                     conn.execute(f'ALTER SEQUENCE "{self.name}"."{sequence}" RESTART')
+        self.num_taken += 1
         return self.url
 
     def close(self) -> None:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 from service_helpers import Api, ack, api_events
 
+from turnout.dashboard.api.rollout import read_canaries
+from turnout.dashboard.services import Services
+from turnout.dashboard.settings import Settings
+from turnout.dashboard.store import canaries as canary_store
 from turnout.oracle import (
     CanarySnapshot,
     CohortState,
@@ -50,6 +54,37 @@ def test_canaries_etag_and_304(api: Api) -> None:
     etag = r.headers["ETag"]
     r2 = api.client.get("/api/v1/canaries", headers={**api.h("viewer"), "If-None-Match": etag})
     assert r2.status_code == 304 and r2.content == b""
+
+
+def test_the_served_snapshot_follows_every_flip_and_takes_no_query(api: Api) -> None:
+    # GET /canaries is answered from the cached snapshot, its body serialised once per ETag:
+    # a flip (this process's own, and another process's once its snapshot is stale: the
+    # fixture's snapshot_ttl_s is 0) gives a new ETag and the body that goes with it.
+    first = api.client.get("/api/v1/canaries", headers=api.h("viewer"))
+    cohort = first.json()["cohorts"][0]
+    url = f"/api/v1/canaries/{cohort['cohort']}"
+    r = api.client.patch(
+        url,
+        json={"enabled": not cohort["enabled"], "reason": "served snapshot"},
+        headers={**api.h("operator"), "If-Match": str(cohort["version"])},
+    )
+    assert r.status_code == 200, r.text
+    second = api.client.get("/api/v1/canaries", headers=api.h("viewer"))
+    assert second.headers["ETag"] != first.headers["ETag"]
+    assert second.json()["cohorts"][0]["enabled"] is not cohort["enabled"]
+    other = Services.build(Settings(database_url=api.services.db.url, demo=False))
+    with other.db.write_session() as s:
+        canary_store.set_kill_switch(session=s, engaged=True, reason="elsewhere", actor="t")
+        s.commit()
+    third = api.client.get("/api/v1/canaries", headers=api.h("viewer"))
+    assert third.json()["kill_switch"]["engaged"] is True
+    with api.services.db.read_session() as s:
+        body, etag = read_canaries(api.services, s)
+    assert (third.headers["ETag"], third.json()) == (etag, body.model_dump(mode="json"))
+    other.db.dispose()
+    r = api.client.get("/api/v1/canaries?pack=turnout", headers=api.h("viewer"))
+    assert r.status_code == 422 and "it takes none" in r.text
+    assert api.client.get("/api/v1/canaries").status_code == 401
 
 
 def test_patch_needs_if_match_and_a_current_version(api: Api) -> None:

@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 import typer
 from cli_helpers import ServiceCli, served
+from sqlalchemy import select
 from typer.testing import CliRunner
 
 from turnout.dashboard import cli
 from turnout.dashboard.services import Services
 from turnout.dashboard.settings import Settings
 from turnout.dashboard.store import audit, canaries, events, tokens
+from turnout.dashboard.store.models import AuditEntry
 from turnout.oracle import load_pack
 
 
@@ -471,3 +473,23 @@ def test_building_the_application_again_adds_nothing_to_the_canary_group() -> No
         cli.register(typer.Typer())
     assert (len(canary_app.registered_groups), len(canary_app.registered_commands)) == before
     assert [g.name for g in canary_app.registered_groups] == ["ramp"]
+
+
+def test_db_retention_shows_sets_and_audits_the_day_bucket_retention(run) -> None:  # type: ignore[no-untyped-def]
+    assert run("db", "upgrade", "--create")[0] == 0
+    assert run("db", "retention") == (0, "day buckets are kept for good\n")
+    code, out = run("db", "retention", "--days", "400")
+    assert code == 0 and out == "day buckets were kept for good; now 400 days\n"
+    assert run("db", "retention") == (0, "day buckets are kept 400 days\n")
+    code, out = run("db", "retention", "--forever")
+    assert code == 0 and out == "day buckets were kept 400 days; now for good\n"
+    for bad in (["--days", "0"], ["--days", "x"], ["--days", "3", "--forever"]):
+        code, out = run("db", "retention", *bad)
+        assert code == 2, (bad, out)
+    assert run("db", "retention") == (0, "day buckets are kept for good\n")
+    with _services(run.url).db.read_session() as s:
+        changes = [
+            (a.before, a.after)
+            for a in s.scalars(select(AuditEntry).where(AuditEntry.action == "retention"))
+        ]
+        assert changes == [({"days": None}, {"days": 400}), ({"days": 400}, {"days": None})]

@@ -373,3 +373,53 @@ def test_fine_buckets_past_their_retention_are_pruned(db: Database) -> None:
             text("SELECT count(*) FROM latest_counts WHERE num_deployments = 0")
         ).scalar_one()
     assert zeros == 0
+
+
+def _set_day_retention(db: Database, days: int | None, now: dt.datetime) -> None:
+    with db.write_session() as s:
+        latest_counts.set_day_retention(s.connection(), days, now)
+        s.commit()
+
+
+def test_day_buckets_past_the_databases_retention_leave_the_counts(db: Database) -> None:
+    raw = generate(23, num_events=1500, num_deployments=300, now=NOW, days=30)
+    _ingest_batches(db, batches(raw, 24))
+    _set_day_retention(db, 7, NOW)
+    first = latest_counts.first_day_kept(NOW, 7 * 86400)
+    assert first is not None and first % 86400 == 0
+
+    def kept(events_: list[events.EventRecord]) -> list[events.EventRecord]:
+        last = latest(events_)
+        return [e for e in events_ if last[e.deployment_id].at.timestamp() >= first]
+
+    def check(events_: list[events.EventRecord], now: dt.datetime) -> None:
+        with db.read_session() as s:
+            for f in FILTERS:
+                report = aggregates.fallbacks(session=s, window="all", fleet=f, now=now)
+                assert _observed(report) == expected(kept(events_), "all", f, now), f
+                assert report.since == dt.datetime.fromtimestamp(first, dt.UTC)
+                for window in ("1h", "24h", "7d"):  # within the retention: as before
+                    report = aggregates.fallbacks(session=s, window=window, fleet=f, now=now)
+                    assert _observed(report) == expected(events_, window, f, now), (window, f)
+        with db.engine.connect() as conn:
+            rows = latest_counts.nonzero_rows(conn)
+        assert min(rows.values()) > 0  # no count taken off a pruned bucket
+        assert min(k[1] for k in rows if k[0] == 86400) >= first - 2 * 86400  # pruned (+ margin)
+
+    check(raw, NOW)
+    assert len(kept(raw)) < len(raw)  # some deployments left the counts
+    # Deployments whose old decisions left the counts decide again: counted once, nothing
+    # taken off the pruned buckets.
+    moved = [
+        events.EventRecord(**{**e.__dict__, "event_id": f"again-{e.event_id}", "at": NOW})
+        for e in list(latest(raw).values())[:120]
+    ]
+    _ingest_batches(db, [moved])
+    check(raw + moved, NOW)
+    # Kept for good again: the table is recounted, every deployment counts.
+    _set_day_retention(db, None, NOW)
+    with db.read_session() as s:
+        report = aggregates.fallbacks(session=s, window="all", now=NOW)
+    assert _observed(report) == expected(raw + moved, "all", FleetFilter(), NOW)
+    with pytest.raises(ValueError, match="keeps nothing"):
+        _set_day_retention(db, 0, NOW)

@@ -138,3 +138,31 @@ def test_ramp_gates_that_cannot_be_read_end_the_command_saying_why(
     )
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.startswith("error: ") and says in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_the_served_app_freezes_its_heap_once_started_unless_told_not_to(
+    tmp_path: Path, freeze: bool
+) -> None:
+    import gc
+
+    from fastapi.testclient import TestClient
+
+    from turnout.dashboard.app import create_app
+    from turnout.dashboard.services import Services
+
+    services = Services.build(
+        Settings(database_url=f"sqlite:///{tmp_path / 't.db'}", demo=False, freeze_heap=freeze)
+    )
+    assert gc.get_freeze_count() == 0
+    try:
+        with TestClient(create_app(services=services, freeze_heap=True)) as client:
+            assert client.get("/healthz").status_code == 200
+            frozen = gc.get_freeze_count()
+        # An app that is not the server's own process never freezes (a test run builds many).
+        with TestClient(create_app(services=services)) as client:
+            assert client.get("/healthz").status_code == 200
+            assert gc.get_freeze_count() <= frozen  # frozen objects still die by refcount
+    finally:
+        gc.unfreeze()
+    assert (frozen > 10_000) is freeze, frozen
