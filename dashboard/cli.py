@@ -235,9 +235,10 @@ def db_retention(
         int | None,
         typer.Option(
             "--days",
-            min=1,
-            help="keep the fallback counts' day buckets this many days: deployments whose "
-            "latest decision is older leave the counts (and the 'all' window)",
+            min=8,
+            max=36_500,
+            help="keep the fallback counts' day buckets this many days (8 to 36500): "
+            "deployments whose latest decision is older leave the counts (and the 'all' window)",
         ),
     ] = None,
     forever: Annotated[

@@ -84,6 +84,7 @@ class Policy:
         self._ttl_s = ttl_s
         self._lock = threading.Lock()
         self._cached: tuple[float, Snapshot] | None = None
+        self._generation = 0  # bumped by invalidate(): a read that spans one is not kept
         self._matrix = MatrixCache()
         self._responses: tuple[str, dict[DeploymentConfig, tuple[bytes, str, str]]] = ("", {})
 
@@ -212,14 +213,21 @@ class Policy:
             fresh = self.cached_snapshot()
             if fresh is not None:
                 return fresh
-            with self._db.read_session() as session:
-                state = canary_store.read_state(session=session)
-            snap = Snapshot(state, to_snapshot(state))
-            self._cached = (time.monotonic(), snap)
-            return snap
+            while True:
+                generation = self._generation
+                with self._db.read_session() as session:
+                    state = canary_store.read_state(session=session)
+                snap = Snapshot(state, to_snapshot(state))
+                if generation == self._generation:
+                    self._cached = (time.monotonic(), snap)
+                    return snap
+                # This process flipped while the read ran: the read may predate the flip's
+                # commit, and cached it would hide the flip for a whole TTL. Read again.
 
     def invalidate(self) -> None:
-        """Forget the cached snapshot (after a flip made by this process)."""
+        """Forget the cached snapshot (after a flip made by this process has committed),
+        including one being read while it runs."""
+        self._generation += 1
         self._cached = None
 
     def explain(

@@ -15,8 +15,11 @@ Three kinds of round, each repeated ``--rounds`` times (``--client-rounds`` for 
   (the event is in the spool); the ledger of acknowledged ids is written after that. At the end a
   fresh client on each spool flushes what is left.
 
-The last line is one JSON object: per round kind and backend, acknowledged, stored of them and
-lost. The exit status is 1 when anything acknowledged was lost.
+The last line is one JSON object: per round kind and backend, acknowledged, stored of them,
+lost, and how many requests the kill cut in flight (the window a lost acknowledgement would
+fall in: a run where it is 0 proved little). The exit status is 1 when anything acknowledged
+was lost, a version was acknowledged twice, or an answer was neither 200, 409 (a flip that lost
+its version) nor a dropped connection.
 
     .venv/bin/python scripts/chaos.py [--backends sqlite,postgresql] [--rounds 10]
         [--client-rounds 14] [--pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test]
@@ -172,11 +175,13 @@ def _workers(target: Any, n: int) -> list[threading.Thread]:
 
 def ingest_rounds(
     svc: Service, token: str, rounds: int, rng: random.Random
-) -> tuple[set[str], list[str]]:
-    """Acknowledged event ids over ``rounds`` kill -9 rounds, and the answers that were
-    neither 200 nor a dropped connection (each one a finding)."""
+) -> tuple[set[str], list[str], int]:
+    """Acknowledged event ids over ``rounds`` kill -9 rounds, the answers that were neither
+    200 nor a dropped connection (each one a finding), and how many batches the kill cut in
+    flight (sent, never answered: the window a lost acknowledgement would fall in)."""
     acked: set[str] = set()
     odd: list[str] = []
+    cut = [0]
     lock = threading.Lock()
     for r in range(rounds):
         svc.start()
@@ -190,6 +195,8 @@ def ingest_rounds(
                     try:
                         resp = c.post("/api/v1/decisions", json={"events": batch})
                     except httpx.HTTPError:
+                        with lock:
+                            cut[0] += 1
                         return  # the service is gone: this batch was never acknowledged
                     with lock:
                         if resp.status_code == 200:
@@ -203,7 +210,7 @@ def ingest_rounds(
         stop.set()
         for t in threads:
             t.join(60)
-    return acked, odd
+    return acked, odd, cut[0]
 
 
 def stored_events(db_url: str) -> set[str]:
@@ -216,10 +223,13 @@ def stored_events(db_url: str) -> set[str]:
 
 def flip_rounds(
     svc: Service, token: str, rounds: int, rng: random.Random
-) -> tuple[set[int], list[str]]:
-    """Acknowledged canary versions over ``rounds`` kill -9 rounds of concurrent flips."""
-    acked: set[int] = set()
+) -> tuple[list[int], list[str], int]:
+    """Acknowledged canary versions over ``rounds`` kill -9 rounds of concurrent flips (a
+    list: two 200s for one version would be a lost update), the findings, and how many flips
+    the kill cut in flight."""
+    acked: list[int] = []
     odd: list[str] = []
+    cut = [0]
     lock = threading.Lock()
     for _ in range(rounds):
         svc.start()
@@ -237,10 +247,12 @@ def flip_rounds(
                             json={"enabled": not cur["enabled"], "reason": f"chaos w{worker}"},
                         )
                     except (httpx.HTTPError, ValueError):
+                        with lock:
+                            cut[0] += 1
                         return  # the service is gone mid-flip: not acknowledged
                     with lock:
                         if resp.status_code == 200:
-                            acked.add(int(resp.json()["version"]))
+                            acked.append(int(resp.json()["version"]))
                         elif resp.status_code != 409:  # 409: another flip won that version
                             odd.append(f"flip {resp.status_code}: {resp.text[:200]}")
 
@@ -250,7 +262,7 @@ def flip_rounds(
         stop.set()
         for t in threads:
             t.join(60)
-    return acked, odd
+    return acked, odd, cut[0]
 
 
 def audited_versions(db_url: str) -> tuple[int, list[int]]:
@@ -375,22 +387,32 @@ def main(argv: list[str] | None = None) -> int:
             made = make_tokens(db_url)
             svc = Service(db_url, workdir / f"service-{backend}.log")
             try:
-                acked, odd = ingest_rounds(svc, made["operator"], args.rounds, rng)
+                acked, odd, cut = ingest_rounds(svc, made["operator"], args.rounds, rng)
                 stored = stored_events(db_url)
-                row = _row(len(acked), len(acked & stored), {"events_stored": len(stored)})
+                row = _row(
+                    len(acked),
+                    len(acked & stored),
+                    {"events_stored": len(stored), "batches_cut_by_kill": cut},
+                )
                 result[f"ingest_{backend}"] = row
                 print(f"ingest on {backend}: {json.dumps(row)}", flush=True)
-                versions, flip_odd = flip_rounds(svc, made["operator"], args.rounds, rng)
+                versions, flip_odd, cut = flip_rounds(svc, made["operator"], args.rounds, rng)
                 version, audited = audited_versions(db_url)
                 gapless = audited == list(range(2, version + 1))
+                twice = len(versions) - len(set(versions))  # one version acknowledged twice
                 row = _row(
                     len(versions),
-                    len(versions & set(audited)),
-                    {"version": version, "audit_gapless": gapless},
+                    len(set(versions) & set(audited)),
+                    {
+                        "version": version,
+                        "audit_gapless": gapless,
+                        "versions_acknowledged_twice": twice,
+                        "flips_cut_by_kill": cut,
+                    },
                 )
                 result[f"flips_{backend}"] = row
                 print(f"flips on {backend}: {json.dumps(row)}", flush=True)
-                lost += result[f"ingest_{backend}"]["lost"] + row["lost"] + (not gapless)
+                lost += result[f"ingest_{backend}"]["lost"] + row["lost"] + (not gapless) + twice
                 findings += odd + flip_odd
                 if backend == "sqlite" and args.client_rounds:
                     acked, left = client_rounds(
@@ -410,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     result["num_findings"] = len(findings)
     result["lost"] = lost
     print(json.dumps(result), flush=True)
-    return 1 if lost else 0
+    return 1 if lost or findings else 0
 
 
 if __name__ == "__main__":

@@ -107,14 +107,22 @@ async def get_canaries_fast(request: Request) -> Response:
     services: Services = request.app.state.services
     snap = await current_snapshot(services)
     etag = snap.state.etag
-    if_none_match = request.headers.get("if-none-match")
-    if if_none_match is not None and etag in [t.strip() for t in if_none_match.split(",")]:
+    if _none_match(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers={"ETag": etag})
     cached: tuple[str, bytes] | None = getattr(request.app.state, "canaries_body", None)
     if cached is None or cached[0] != etag:
         cached = await run_in_threadpool(_serialised_canaries, services)
         request.app.state.canaries_body = cached
     return Response(cached[1], media_type="application/json", headers={"ETag": cached[0]})
+
+
+def _none_match(header: str | None, etag: str) -> bool:
+    """``If-None-Match`` names ``etag``: ``*``, or any listed tag by the weak comparison
+    (``W/"7"`` matches ``"7"``) that RFC 9110 §13.1.2 prescribes for this header."""
+    if header is None:
+        return False
+    tags = [t.strip().removeprefix("W/") for t in header.split(",")]
+    return "*" in tags or etag.removeprefix("W/") in tags
 
 
 def _serialised_canaries(services: Services) -> tuple[str, bytes]:
@@ -137,7 +145,7 @@ def get_canaries(
 ) -> CanariesOut | Response:
     """The canary snapshot (every cohort and the kill switch), with a strong ETag."""
     body, etag = read_canaries(services, session)
-    if if_none_match is not None and etag in [t.strip() for t in if_none_match.split(",")]:
+    if _none_match(if_none_match, etag):
         return Response(status_code=304, headers={"ETag": etag})
     response.headers["ETag"] = etag
     return body

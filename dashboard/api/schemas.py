@@ -256,8 +256,9 @@ class OtherReasons(BaseModel):
 class FallbacksOut(BaseModel):
     window: Window
     since: dt.datetime | None = Field(
-        description="the window's start (now minus the window, "
-        "down to a 5-minute boundary); null for all"
+        description="the window's start (now minus the window, down to a 5-minute "
+        "boundary; the 7-day one down to an hour); for all, the first day the database keeps "
+        "(`turnout db retention`), null when it keeps every day"
     )
     family: str | None
     stage: str | None

@@ -50,6 +50,11 @@ RETENTION_S: dict[int, int | None] = {
 # database, not of a process: every writer must agree on which buckets moves still touch, or
 # a count taken off a pruned bucket would leave -1 behind.
 DAY_RETENTION_KEY = "day_bucket_retention_days"
+# The day retention's bounds, days: the `all` window never narrower than the 7-day one (a
+# retention of N days keeps the day buckets that start within N days, so 8 covers 7 days and
+# the partial day before them), and no later than dates can go.
+MIN_DAY_RETENTION_DAYS = 8
+MAX_DAY_RETENTION_DAYS = 36_500
 # Rows are deleted a day after ingest stops writing them, so that a pruning transaction and
 # an ingest whose clock is a little behind never touch the same row.
 _PRUNE_MARGIN_S = 86400
@@ -158,7 +163,12 @@ def day_retention_s(conn: Connection) -> int | None:
     value = conn.execute(
         select(ServiceMeta.value).where(ServiceMeta.key == DAY_RETENTION_KEY)
     ).scalar_one_or_none()
-    return None if value is None else int(value) * 86400
+    if value is None:
+        return None
+    # Only set_day_retention writes it, within bounds; a value edited by hand is clamped so
+    # that dates stay representable rather than failing every ingest.
+    days = min(max(int(value), MIN_DAY_RETENTION_DAYS), MAX_DAY_RETENTION_DAYS)
+    return days * 86400
 
 
 def set_day_retention(conn: Connection, days: int | None, now: dt.datetime) -> None:
@@ -168,10 +178,15 @@ def set_day_retention(conn: Connection, days: int | None, now: dt.datetime) -> N
     again. On PostgreSQL the tables are locked against ingest for the length of it.
 
     Raises:
-        ValueError: ``days`` below 1.
+        ValueError: ``days`` outside :data:`MIN_DAY_RETENTION_DAYS` ..
+            :data:`MAX_DAY_RETENTION_DAYS`.
     """
-    if days is not None and days < 1:
-        raise ValueError(f"a retention of {days} days keeps nothing: give 1 or more")
+    if days is not None and not MIN_DAY_RETENTION_DAYS <= days <= MAX_DAY_RETENTION_DAYS:
+        raise ValueError(
+            f"a retention of {days} days: give {MIN_DAY_RETENTION_DAYS} to "
+            f"{MAX_DAY_RETENTION_DAYS} (the 'all' window must cover the 7-day one), "
+            "or keep them for good"
+        )
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql("LOCK TABLE deployments, latest_counts IN EXCLUSIVE MODE")
     before = day_retention_s(conn)

@@ -54,6 +54,14 @@ def test_canaries_etag_and_304(api: Api) -> None:
     etag = r.headers["ETag"]
     r2 = api.client.get("/api/v1/canaries", headers={**api.h("viewer"), "If-None-Match": etag})
     assert r2.status_code == 304 and r2.content == b""
+    # If-None-Match compares weakly (RFC 9110 13.1.2), lists and * included.
+    for header in (f"W/{etag}", f'"nope", {etag}', "*"):
+        r3 = api.client.get(
+            "/api/v1/canaries", headers={**api.h("viewer"), "If-None-Match": header}
+        )
+        assert r3.status_code == 304, header
+    r4 = api.client.get("/api/v1/canaries", headers={**api.h("viewer"), "If-None-Match": '"x"'})
+    assert r4.status_code == 200 and r4.headers["ETag"] == etag
 
 
 def test_the_served_snapshot_follows_every_flip_and_takes_no_query(api: Api) -> None:

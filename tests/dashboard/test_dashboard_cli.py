@@ -483,7 +483,12 @@ def test_db_retention_shows_sets_and_audits_the_day_bucket_retention(run) -> Non
     assert run("db", "retention") == (0, "day buckets are kept 400 days\n")
     code, out = run("db", "retention", "--forever")
     assert code == 0 and out == "day buckets were kept 400 days; now for good\n"
-    for bad in (["--days", "0"], ["--days", "x"], ["--days", "3", "--forever"]):
+    for bad in (
+        ["--days", "7"],
+        ["--days", "36501"],
+        ["--days", "x"],
+        ["--days", "9", "--forever"],
+    ):
         code, out = run("db", "retention", *bad)
         assert code == 2, (bad, out)
     assert run("db", "retention") == (0, "day buckets are kept for good\n")

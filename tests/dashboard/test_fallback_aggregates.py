@@ -384,8 +384,8 @@ def _set_day_retention(db: Database, days: int | None, now: dt.datetime) -> None
 def test_day_buckets_past_the_databases_retention_leave_the_counts(db: Database) -> None:
     raw = generate(23, num_events=1500, num_deployments=300, now=NOW, days=30)
     _ingest_batches(db, batches(raw, 24))
-    _set_day_retention(db, 7, NOW)
-    first = latest_counts.first_day_kept(NOW, 7 * 86400)
+    _set_day_retention(db, 8, NOW)
+    first = latest_counts.first_day_kept(NOW, 8 * 86400)
     assert first is not None and first % 86400 == 0
 
     def kept(events_: list[events.EventRecord]) -> list[events.EventRecord]:
@@ -399,8 +399,9 @@ def test_day_buckets_past_the_databases_retention_leave_the_counts(db: Database)
                 assert _observed(report) == expected(kept(events_), "all", f, now), f
                 assert report.since == dt.datetime.fromtimestamp(first, dt.UTC)
                 for window in ("1h", "24h", "7d"):  # within the retention: as before
-                    report = aggregates.fallbacks(session=s, window=window, fleet=f, now=now)
-                    assert _observed(report) == expected(events_, window, f, now), (window, f)
+                    part = aggregates.fallbacks(session=s, window=window, fleet=f, now=now)
+                    assert _observed(part) == expected(events_, window, f, now), (window, f)
+                    assert part.since is not None and report.since <= part.since  # all ⊇ 7d
         with db.engine.connect() as conn:
             rows = latest_counts.nonzero_rows(conn)
         assert min(rows.values()) > 0  # no count taken off a pruned bucket
@@ -421,5 +422,6 @@ def test_day_buckets_past_the_databases_retention_leave_the_counts(db: Database)
     with db.read_session() as s:
         report = aggregates.fallbacks(session=s, window="all", now=NOW)
     assert _observed(report) == expected(raw + moved, "all", FleetFilter(), NOW)
-    with pytest.raises(ValueError, match="keeps nothing"):
-        _set_day_retention(db, 0, NOW)
+    for bad in (0, 7, 36_501):  # "all" narrower than "7d"; dates out of range
+        with pytest.raises(ValueError, match="give 8 to 36500"):
+            _set_day_retention(db, bad, NOW)

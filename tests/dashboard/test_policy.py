@@ -60,6 +60,50 @@ def test_concurrent_refreshes_read_the_store_once(
     assert len(reads) == 2
 
 
+def test_a_read_that_spans_this_processs_own_flip_is_not_kept(
+    policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A refresh read the store, a flip of this process committed and invalidated, then the
+    # refresh stored what it had read: the flip stayed hidden for a whole TTL (GET /canaries
+    # answered the old version to the operator who had just flipped).
+    real = canaries.read_state
+    reading, release = threading.Event(), threading.Event()
+    first = [True]
+
+    def slow_first(**kw):  # type: ignore[no-untyped-def]
+        state = real(**kw)
+        if first[0]:
+            first[0] = False
+            reading.set()
+            release.wait(10)  # the read is done, not yet cached
+        return state
+
+    monkeypatch.setattr(policy_module.canary_store, "read_state", slow_first)
+    got: list[str] = []
+    refresh = threading.Thread(target=lambda: got.append(policy.snapshot().etag))
+    refresh.start()
+    assert reading.wait(10)
+    cohort = policy.pack.cohorts[0].id
+    with policy._db.write_session() as s:
+        current = canaries.get_canary(session=s, cohort=cohort)
+        canaries.flip_canary(
+            session=s,
+            cohort=cohort,
+            enabled=not current.enabled,
+            reason="t",
+            actor="t",
+            if_version=current.version,
+        )
+        s.commit()
+    policy.invalidate()
+    release.set()
+    refresh.join(10)
+    with policy._db.read_session() as s:
+        want = canaries.read_state(session=s).etag
+    assert got == [want]  # the refresh read again rather than keep what the flip outdated
+    assert policy.snapshot().etag == want
+
+
 def test_cohorts_resolve_from_family_names(policy: Policy) -> None:
     pack = load_pack("turnout")
     first = next(c for c in pack.cohorts if c.families)
