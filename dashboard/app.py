@@ -143,7 +143,10 @@ def create_app(
         await run_in_threadpool(prepare, services)
         workers = background.start(services) if services.settings.background else None
         if freeze_heap and services.settings.freeze_heap:
-            freeze_startup_heap()
+            log.info(
+                "heap frozen: %d objects in the collector's permanent generation",
+                freeze_startup_heap(),
+            )
         yield
         if workers is not None:
             await workers.stop()

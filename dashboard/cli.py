@@ -16,6 +16,7 @@ that ``turnout decide`` stays light.
 from __future__ import annotations
 
 import datetime as dt
+import shlex
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -77,16 +78,19 @@ def serve(
 
     services = open_services(database_url, pack, host=host, port=port, demo=demo)
     _check_port(services.settings.host, services.settings.port)
+    # The hints below name this database when it was given here: run without the flag, they
+    # would act on the default one.
+    on_db = "" if database_url is None else f" --database-url {shlex.quote(safe_url(database_url))}"
     num_demo = prepare(services)
     if num_demo:
         typer.echo(
             f"turnout: empty database: recorded {num_demo} demo decisions from "
             "policies/reference/vllm_recipes.jsonl (remove: "
-            f"{turnout_here()} demo remove)"
+            f"{turnout_here()} demo remove{on_db})"
         )
     settings = services.settings
     url = f"http://{settings.host}:{settings.port}"
-    _first_admin_token(services, url)
+    _first_admin_token(services, url, on_db)
     typer.echo(
         f"turnout: serving pack {settings.pack!r} from {safe_url(settings.database_url)}"
         f" on {url}" + (f" with {workers} workers" if workers > 1 else "")
@@ -135,7 +139,7 @@ def _check_port(host: str, port: int) -> None:
         ) from None
 
 
-def _first_admin_token(services: Services, url: str) -> None:
+def _first_admin_token(services: Services, url: str, on_db: str = "") -> None:
     """On a database without a live token, make an admin token and print it once."""
     from turnout.dashboard.invocation import turnout_here
     from turnout.dashboard.store import tokens
@@ -154,7 +158,7 @@ def _first_admin_token(services: Services, url: str) -> None:
         else:  # a later start (make run again): the token scrolled away long ago
             typer.echo(
                 f"turnout: sign in at {url}/login (lost the token? "
-                f"{turnout_here()} token create --role admin)"
+                f"{turnout_here()} token create --role admin{on_db})"
             )
 
 
@@ -260,6 +264,9 @@ def db_retention(
         shown = "for good" if before is None else f"{before // 86400} days"
         if days is None and not forever:
             typer.echo(f"day buckets are kept {shown}")
+            return
+        if (None if before is None else before // 86400) == days:
+            typer.echo(f"day buckets are kept {shown} already: nothing changed")
             return
         latest_counts.set_day_retention(conn, days, dt.datetime.now(dt.UTC))
         audit.record(

@@ -23,6 +23,9 @@ its version) nor a dropped connection.
 
     .venv/bin/python scripts/chaos.py [--backends sqlite,postgresql] [--rounds 10]
         [--client-rounds 14] [--pg-url postgresql+psycopg://postgres@127.0.0.1:5432/test]
+
+PostgreSQL rounds need a server (``--pg-url``, or ``TURNOUT_TEST_PG_URL``; each run makes a
+schema of its own there and drops it); ``--backends sqlite`` runs without one.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import datetime as dt
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -374,7 +378,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--client-rounds", type=int, default=14)
     ap.add_argument("--pg-url", default=os.environ.get("TURNOUT_TEST_PG_URL", PG_URL))
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--workdir", type=Path, default=None, help="kept afterwards when given")
+    ap.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="where the databases, spools and logs go, kept afterwards (default: a temporary "
+        "folder, removed unless something was lost or found)",
+    )
     args = ap.parse_args(argv)
     rng = random.Random(args.seed)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="turnout-chaos-"))
@@ -432,6 +442,10 @@ def main(argv: list[str] | None = None) -> int:
     result["num_findings"] = len(findings)
     result["lost"] = lost
     print(json.dumps(result), flush=True)
+    if args.workdir is None and not (lost or findings):
+        shutil.rmtree(workdir, ignore_errors=True)
+    elif lost or findings:
+        print(f"logs, databases and spools kept in {workdir}", file=sys.stderr)
     return 1 if lost or findings else 0
 
 

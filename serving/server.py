@@ -114,10 +114,14 @@ def load_engine(args: ServeArgs, state: ServerState) -> None:
     # The model, the tokenizer and torch are in: move them into the collector's permanent
     # generation, so that a full collection in the step loop walks only what requests made
     # (vLLM's freeze_gc_heap after start-up, vllm/utils/gc_utils.py since 0.11.1).
-    # TURNOUT_FREEZE_HEAP=0 leaves the collector as Python has it (as for `turnout serve`).
-    if os.environ.get("TURNOUT_FREEZE_HEAP", "1") != "0":
+    # TURNOUT_FREEZE_HEAP=0 (or false, no, off) leaves the collector as Python has it, as
+    # for `turnout serve`.
+    if os.environ.get("TURNOUT_FREEZE_HEAP", "1").strip().lower() not in _OFF:
         gc.collect()
         gc.freeze()
+        logger.info(
+            "heap frozen: %d objects in the collector's permanent generation", gc.get_freeze_count()
+        )
     engine.start()
     state.llm, state.engine, state.metrics = llm, engine, metrics
     state.engine_id = register(args, llm)
@@ -134,6 +138,9 @@ def load_engine(args: ServeArgs, state: ServerState) -> None:
         f", stage {decision.stage}" if decision.stage else "",
         f": {reasons}" if reasons else "",
     )
+
+
+_OFF = frozenset({"0", "false", "no", "off"})
 
 
 def register(args: ServeArgs, llm: Any) -> str | None:

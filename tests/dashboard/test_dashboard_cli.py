@@ -258,6 +258,14 @@ def test_a_later_start_says_how_to_sign_in(
         "turnout: sign in at http://127.0.0.1:8000/login (lost the token? "
         ".venv/bin/turnout token create --role admin)"
     )
+    # Served from a database given on the command line, the hint names it: without the flag
+    # it made a token in the default database (found by a newcomer).
+    cli._first_admin_token(services, "http://127.0.0.1:8000", " --database-url sqlite:///x.db")
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith(".venv/bin/turnout token create --role admin --database-url sqlite:///x.db)")
+    )
     services.db.dispose()
     turnout_here.cache_clear()
 
@@ -481,6 +489,8 @@ def test_db_retention_shows_sets_and_audits_the_day_bucket_retention(run) -> Non
     code, out = run("db", "retention", "--days", "400")
     assert code == 0 and out == "day buckets were kept for good; now 400 days\n"
     assert run("db", "retention") == (0, "day buckets are kept 400 days\n")
+    code, out = run("db", "retention", "--days", "400")
+    assert code == 0 and out == "day buckets are kept 400 days already: nothing changed\n"
     code, out = run("db", "retention", "--forever")
     assert code == 0 and out == "day buckets were kept 400 days; now for good\n"
     for bad in (
