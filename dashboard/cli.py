@@ -165,7 +165,7 @@ def _first_admin_token(services: Services, url: str, on_db: str = "") -> None:
 @db_app.command("upgrade")
 def db_upgrade(database_url: DatabaseOpt = None, create: CreateOpt = False) -> None:
     """Apply every pending migration (a database that does not exist: only with --create)."""
-    services = open_services(database_url, create=create, demo=False)
+    services = open_services(database_url, create=create, offers_create=True, demo=False)
     services.db.upgrade()
     typer.echo(
         f"database {safe_url(services.settings.database_url)} at revision "
@@ -364,7 +364,7 @@ def _bootstrap_token(
             BAD_INPUT,
         )
     lifetime = tokens.parse_duration(expires_in) if expires_in is not None else None
-    services = prepared(database_url, create=create)
+    services = prepared(database_url, create=create, offers_create=True)
     try:
         with services.db.write_session() as session:
             same = [

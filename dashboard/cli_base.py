@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from turnout.dashboard import contexts
+from turnout.dashboard.invocation import turnout_here
 
 if TYPE_CHECKING:
     from turnout.dashboard.remote import Remote
@@ -64,13 +65,16 @@ def open_services(
     pack: str | None = None,
     *,
     create: bool | None = None,
+    offers_create: bool = False,
     **extra: Any,
 ) -> Services:
     """The services of the settings, their database reachable; a setting that cannot be used
     (database, pack, a TURNOUT_* value) ends the command with what is wrong. ``create``: None
     (``turnout serve``) opens the database as the service does (a SQLite file is made on first
     use); False ends the command, naming the URL, when the database does not exist; True
-    makes it then (a PostgreSQL database too). Raises typer.Exit."""
+    makes it then (a PostgreSQL database too). ``offers_create``: the command has a
+    ``--create`` flag (the refusal names it, else ``turnout db upgrade --create``). Raises
+    typer.Exit."""
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
@@ -89,10 +93,11 @@ def open_services(
         settings = Settings(**overrides)
         if create is not None and not existence.database_exists(settings.database_url):
             if not create:
+                how = "--create" if offers_create else f"{turnout_here()} db upgrade --create"
                 raise fail(
                     f"the database {safe_url(settings.database_url)} does not exist, and "
                     "nothing was created: check the URL (TURNOUT_DATABASE_URL, --database-url), "
-                    "or make a new database with --create"
+                    f"or make a new database with {how}"
                 )
             existence.create_database(settings.database_url)
         services = Services.build(settings)
@@ -106,12 +111,20 @@ def open_services(
     return services
 
 
-def prepared(database_url: str | None, pack: str | None = None, *, create: bool) -> Services:
+def prepared(
+    database_url: str | None,
+    pack: str | None = None,
+    *,
+    create: bool,
+    offers_create: bool = False,
+) -> Services:
     """The services of a direct-database command, migrated and with the canary defaults
-    (``create``: as :func:`open_services`). Raises typer.Exit."""
+    (``create``, ``offers_create``: as :func:`open_services`). Raises typer.Exit."""
     from turnout.dashboard.app import prepare
 
-    services = open_services(database_url, pack, create=create, demo=False)
+    services = open_services(
+        database_url, pack, create=create, offers_create=offers_create, demo=False
+    )
     prepare(services, as_service=False)
     return services
 
@@ -139,8 +152,6 @@ def store_fail(message: str, err: Exception) -> typer.Exit:
 def no_service() -> str:
     """What to say when no service is set: how to set one, and what still opens the
     database."""
-    from turnout.dashboard.invocation import turnout_here
-
     turnout = turnout_here()
     return (
         "no service to call: the operator commands go through the service's API with a token. "

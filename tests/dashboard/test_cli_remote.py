@@ -253,18 +253,23 @@ def test_a_typo_in_the_database_url_creates_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{missing}"
     env = {"XDG_CONFIG_HOME": str(tmp_path), "TURNOUT_URL": None, "TURNOUT_DATABASE_URL": url}
     runner = CliRunner(env=env)
-    for args in (
-        ["db", "upgrade"],
-        ["db", "current"],
-        ["token", "create", "--role", "admin"],
-        ["demo", "remove"],
+    # Commands with a --create flag name it; the others name the command that has one (they
+    # suggested a --create they did not take).
+    for args, how in (
+        (["db", "upgrade"], "--create"),
+        (["db", "current"], "db upgrade --create"),
+        (["db", "retention"], "db upgrade --create"),
+        (["token", "create", "--role", "admin"], "--create"),
+        (["demo", "remove"], "db upgrade --create"),
     ):
         result = runner.invoke(cli_app(), args)
         assert result.exit_code == 1, (args, result.output)
         assert result.output.startswith(
             f"error: the database {url} does not exist, and nothing was created: check the URL "
-            "(TURNOUT_DATABASE_URL, --database-url), or make a new database with --create"
+            "(TURNOUT_DATABASE_URL, --database-url), or make a new database with "
         ), result.output
+        assert result.output.rstrip().endswith(how), (args, result.output)
+        assert ("turnout db upgrade" in result.output) is (how != "--create"), result.output
     for args in (["canary", "list"], ["approvals", "approve", "flip", "1", "--reason", "r"]):
         result = runner.invoke(cli_app(), [*args, "--database-url", url])
         assert result.exit_code == 2 and "goes through the service now" in result.output
