@@ -102,13 +102,31 @@ def open_services(
             existence.create_database(settings.database_url)
         services = Services.build(settings)
         services.db.check()
-    except (StoreError, OracleError, ValidationError) as err:
+    except ValidationError as err:
+        message = _settings_error(err, set(overrides)) if err.title == "Settings" else str(err)
+        raise fail(message) from err
+    except (StoreError, OracleError) as err:
         raise fail(str(err)) from err
     except SettingsError as err:  # a JSON-valued TURNOUT_* variable that is not JSON
         field = re.search(r'field "(\w+)"', str(err))
         name = f"TURNOUT_{field.group(1).upper()}" if field else "a TURNOUT_* variable"
         raise fail(f"{name} is not JSON ({err.__cause__ or err})") from err
     return services
+
+
+def _settings_error(err: Any, given: set[str]) -> str:
+    """A settings validation error in the names the user wrote: ``--database-url`` for a value
+    given on the command line, ``TURNOUT_FREEZE_HEAP`` for one from the environment (pydantic
+    names the field, ``freeze_heap``, which appears nowhere the user looks)."""
+    lines = []
+    for e in err.errors():
+        loc = [str(part) for part in e["loc"]]
+        field = loc[0] if loc else ""
+        name = f"--{field.replace('_', '-')}" if field in given else f"TURNOUT_{field.upper()}"
+        if len(loc) > 1:  # inside a JSON-valued setting: the path in it too
+            name = f"{name}: {'.'.join(loc)}"
+        lines.append(f"{name}={e.get('input')!r}: {e['msg']}")
+    return "; ".join(lines)
 
 
 def prepared(

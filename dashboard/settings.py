@@ -61,7 +61,7 @@ class Settings(BaseSettings):
     )
     pack: str = Field(default="turnout", description="policy pack name or directory")
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = Field(default=8000, ge=1, le=65535, description="the TCP port to listen on")
     demo: bool = Field(default=True, description="seed the demo fleet on an empty database")
     snapshot_ttl_s: float = Field(
         default=1.0,

@@ -479,3 +479,19 @@ def test_engines_and_audit_say_so_when_the_answer_is_not_the_services(tmp_path: 
             assert not isinstance(result.exception, (KeyError, TypeError, ValueError))
     finally:
         server.shutdown()
+
+
+def test_a_bad_setting_is_named_as_the_user_wrote_it(tmp_path: Path) -> None:
+    # pydantic named the field ("freeze_heap"), which the user never wrote.
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    env = {"XDG_CONFIG_HOME": str(tmp_path), "TURNOUT_URL": None, "TURNOUT_DATABASE_URL": url}
+    result = CliRunner(env={**env, "TURNOUT_FREEZE_HEAP": "maybe"}).invoke(
+        cli_app(), ["db", "current"]
+    )
+    assert result.exit_code == 1
+    assert result.output.startswith(
+        "error: TURNOUT_FREEZE_HEAP='maybe': Input should be a valid boolean"
+    ), result.output
+    result = CliRunner(env=env).invoke(cli_app(), ["serve", "--port", "99999", "--no-demo"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: --port=99999: Input should be less than"), result.output
