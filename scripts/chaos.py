@@ -170,11 +170,21 @@ def _events(n: int, run: str) -> list[dict[str, Any]]:
     ]
 
 
-def _workers(target: Any, n: int) -> list[threading.Thread]:
-    threads = [threading.Thread(target=target, args=(w,), daemon=True) for w in range(n)]
+def _kill_round(svc: Service, work: Any, num_workers: int, after_s: float) -> None:
+    """Start the service, run ``work(worker, stop)`` on ``num_workers`` threads, SIGKILL the
+    service after ``after_s`` seconds, then stop and join the workers."""
+    svc.start()
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=work, args=(w, stop), daemon=True) for w in range(num_workers)
+    ]
     for t in threads:
         t.start()
-    return threads
+    time.sleep(after_s)
+    svc.kill()
+    stop.set()
+    for t in threads:
+        t.join(60)
 
 
 def ingest_rounds(
@@ -188,10 +198,8 @@ def ingest_rounds(
     cut = [0]
     lock = threading.Lock()
     for r in range(rounds):
-        svc.start()
-        stop = threading.Event()
 
-        def post(worker: int, r: int = r, stop: threading.Event = stop) -> None:
+        def post(worker: int, stop: threading.Event, r: int = r) -> None:
             headers = {"Authorization": f"Bearer {token}"}
             with httpx.Client(base_url=svc.url, timeout=30, headers=headers) as c:
                 while not stop.is_set():
@@ -208,12 +216,7 @@ def ingest_rounds(
                         else:
                             odd.append(f"ingest {resp.status_code}: {resp.text[:200]}")
 
-        threads = _workers(post, 4)
-        time.sleep(rng.uniform(1.0, 4.0))
-        svc.kill()
-        stop.set()
-        for t in threads:
-            t.join(60)
+        _kill_round(svc, post, 4, rng.uniform(1.0, 4.0))
     return acked, odd, cut[0]
 
 
@@ -236,10 +239,8 @@ def flip_rounds(
     cut = [0]
     lock = threading.Lock()
     for _ in range(rounds):
-        svc.start()
-        stop = threading.Event()
 
-        def flip(worker: int, stop: threading.Event = stop) -> None:
+        def flip(worker: int, stop: threading.Event) -> None:
             headers = {"Authorization": f"Bearer {token}"}
             with httpx.Client(base_url=svc.url, timeout=30, headers=headers) as c:
                 while not stop.is_set():
@@ -260,12 +261,7 @@ def flip_rounds(
                         elif resp.status_code != 409:  # 409: another flip won that version
                             odd.append(f"flip {resp.status_code}: {resp.text[:200]}")
 
-        threads = _workers(flip, 8)
-        time.sleep(rng.uniform(0.5, 2.0))
-        svc.kill()
-        stop.set()
-        for t in threads:
-            t.join(60)
+        _kill_round(svc, flip, 8, rng.uniform(0.5, 2.0))
     return acked, odd, cut[0]
 
 
