@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from threaded_server import serve_in_thread
 
 
 def commit_of(text: str) -> str:
@@ -93,9 +94,7 @@ def start_hub(repos: dict[str, Repo]) -> HubServer:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     httpd.daemon_threads = True
     server = HubServer(repos, httpd)
-    threading.Thread(
-        target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
-    ).start()
+    serve_in_thread(httpd)
     return server
 
 

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from threaded_server import serve_in_thread
+
 from turnout.oracle import decide, from_spec, load_pack
 from turnout.oracle.wire import batch_digest
 
@@ -164,8 +166,7 @@ class _Handler(BaseHTTPRequestHandler):
 @contextmanager
 def serving() -> Iterator[FakeService]:
     server = FakeService()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    serve_in_thread(server)
     try:
         yield server
     finally:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,6 +16,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from service_helpers import free_port
+from threaded_server import serve_in_thread
 
 PROMETHEUS = shutil.which("prometheus")
 
@@ -58,7 +58,7 @@ class PrometheusServer:
             result = self.query(promql)
             if result:
                 return result
-            time.sleep(0.5)
+            time.sleep(0.1)
         raise AssertionError(f"{promql!r} has no data after {timeout_s} s:\n{self.log.read_text()}")
 
 
@@ -81,7 +81,7 @@ def serve_text_format(registry: CollectorRegistry, port: int) -> ThreadingHTTPSe
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     return server
 
 

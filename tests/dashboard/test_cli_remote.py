@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import httpx
 import pytest
 from cli_helpers import cli_app
 from service_helpers import LiveService, free_port, make_tokens, start_service
+from threaded_server import serve_in_thread
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,7 +180,7 @@ def test_a_wrong_or_missing_token_is_refused_clearly(shared: Served, tmp_path: P
     (tmp_path / "index.html").write_text("<html>not turnout</html>")
     handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as other:
-        threading.Thread(target=other.serve_forever, daemon=True).start()
+        serve_in_thread(other)
         elsewhere = Shell(f"http://127.0.0.1:{other.server_address[1]}", "tok_x", tmp_path)
         code, out = elsewhere.run("canary", "list")
         other.shutdown()
@@ -468,7 +468,7 @@ def test_engines_and_audit_say_so_when_the_answer_is_not_the_services(tmp_path: 
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    serve_in_thread(server)
     try:
         shell = Shell(f"http://127.0.0.1:{server.server_address[1]}", "tok_x", tmp_path)
         commands = (["engines"], ["engines"], ["engines"], ["audit"], ["engines", "--stage", "x"])

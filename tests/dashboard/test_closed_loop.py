@@ -90,7 +90,7 @@ def _deployments() -> list[str]:
 def _receiver(port: int, out: Path) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "webhook_receiver.py"), str(port), SECRET, str(out)],
-        env={"PYTHONPATH": f"{ROOT / 'src'}:{HERE}", **CLOCK},  # signatures are dated
+        env={"PYTHONPATH": f"{ROOT / 'src'}:{HERE}:{HERE.parent}", **CLOCK},  # signatures are dated
     )
 
     def listening() -> bool:

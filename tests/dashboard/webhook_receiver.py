@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from threaded_server import serve_in_thread
+
 from turnout.dashboard.webhook_signing import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -86,7 +88,7 @@ class Receiver:
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        serve_in_thread(self._server)
         return self
 
     def stop(self) -> None:
