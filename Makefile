@@ -23,7 +23,7 @@ PIP_PROJECT := $(PIP_INSTALL) --no-deps --no-build-isolation -e .
 COMPILE_VENV := env -u PYTHONDONTWRITEBYTECODE $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 
 .PHONY: run test check install install-runners install-test lint format typecheck lock \
-        test-latest test-clock test-durations lock-add clean chaos referee referee-venvs referee-check launch-check
+        test-latest test-clock test-durations lock-add clean chaos referee referee-venvs referee-check referee-serve-check launch-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -199,20 +199,24 @@ REFEREE_COUNT ?= 4000
 	.referee/venv-$*/bin/pip install -q --no-deps vllm==$*.0
 	touch $@
 
-referee-venvs: $(foreach r,$(REFEREE_RELEASES),.referee/venv-$(r)/.installed)
+referee-venvs: $(foreach r,$(REFEREE_RELEASES),.referee/venv-$(r)/.installed) .referee/path/referee
 
-# `python -m referee` runs from the repository root with the root on sys.path (PYTHONSAFEPATH
-# emptied for it): referee/ is a tool of this tree, not installed; turnout comes from src/.
+# `python -m referee` runs with the repository root off sys.path (-P): the root's kernels/
+# would shadow Hugging Face's `kernels`, which transformers imports. referee/ is a tool of this
+# tree, not installed: .referee/path holds a link to it alone; turnout comes from src/.
+REFEREE_PY = PYTHONSAFEPATH=1 PYTHONPATH=src:.referee/path .referee/venv-$(1)/bin/python
+.referee/path/referee:
+	mkdir -p .referee/path && ln -sfn ../../referee $@
 referee: referee-venvs
 	for r in $(REFEREE_RELEASES); do \
-	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee golden --release $$r \
+	  $(call REFEREE_PY,$$r) -m referee golden --release $$r \
 	    --seed $(REFEREE_SEED) --count $(REFEREE_COUNT) \
 	    --out policies/reference/vllm-$$r/golden.jsonl || exit 1; \
-	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags --release $$r \
+	  $(call REFEREE_PY,$$r) -m referee flags --release $$r \
 	    --out policies/reference/vllm-$$r/flags.json || exit 1; \
-	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags-recipes --release $$r \
+	  $(call REFEREE_PY,$$r) -m referee flags-recipes --release $$r \
 	    --out policies/reference/vllm-$$r/recipes_parse.jsonl || exit 1; \
-	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee metrics --release $$r \
+	  $(call REFEREE_PY,$$r) -m referee metrics --release $$r \
 	    --out policies/reference/vllm-$$r/metrics.json || exit 1; \
 	done
 
@@ -221,11 +225,24 @@ referee: referee-venvs
 SEED ?= 7
 referee-check: referee-venvs
 	for r in $(REFEREE_RELEASES); do \
-	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee check --release $$r \
+	  $(call REFEREE_PY,$$r) -m referee check --release $$r \
 	    --seed $(SEED) --count 2000 || exit 1; \
-	  PYTHONSAFEPATH= PYTHONPATH=src .referee/venv-$$r/bin/python -m referee flags-check --release $$r \
+	  $(call REFEREE_PY,$$r) -m referee flags-check --release $$r \
 	    --seed $(SEED) --count 2000 || exit 1; \
 	done
+
+## make referee-serve-check: each pack against its release's own create_engine_config on
+## seeded `vllm serve` lines with real model configs (referee/serve_gen.py, serve_real.py;
+## docs/fidelity.md). One JSON report per release and seed under .referee/; the mismatches
+## beside it as JSON lines. Outside `make test` (the wheels).
+SERVE_SEEDS ?= 101 202
+SERVE_COUNT ?= 1000
+referee-serve-check: referee-venvs
+	for r in $(REFEREE_RELEASES); do for s in $(SERVE_SEEDS); do \
+	  $(call REFEREE_PY,$$r) -m referee serve-check --release $$r --seed $$s \
+	    --count $(SERVE_COUNT) --out .referee/serve-mismatches-$$r-$$s.jsonl \
+	    | tee .referee/serve-check-$$r-$$s.json || exit 1; \
+	done; done
 
 ## make launch-check: `turnout launch` against vLLM's own selection code (docs/launch.md): a
 ## local service, a qwen3 deployment with its stage on and off, the environment the launch

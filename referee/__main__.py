@@ -165,6 +165,73 @@ def _metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_check(args: argparse.Namespace) -> int:
+    """The pack against the release's own ``create_engine_config`` on seeded ``vllm serve``
+    lines (:mod:`referee.serve_gen`); one JSON report on stdout, mismatches to ``--out``."""
+    from collections import Counter
+
+    from referee.compare import agree, line_answer
+    from referee.serve_gen import generate, resolve, write_models
+    from referee.serve_real import run_case
+    from turnout.oracle import load_pack
+
+    root = Path(__file__).resolve().parent.parent
+    table = json.loads(
+        (root / "policies" / "reference" / f"vllm-{args.release}" / "flags.json").read_text()
+    )
+    models = write_models(Path(args.models).resolve())
+    folder = Path(args.models).resolve()
+    assert models, "no model configs"
+    pack = load_pack(args.pack or f"vllm-{args.release}")
+    t0 = time.perf_counter()
+    total = same_decision = same_all = 0
+    by_decision: Counter[str] = Counter()
+    classes: Counter[str] = Counter()
+    failures: list[str] = []
+    mismatches: list[dict[str, Any]] = []
+    for case in generate(table, args.seed, args.count):
+        try:
+            want = run_case(case, folder)
+        except Exception as exc:  # vLLM met something the stand-ins do not cover: named
+            failures.append(f"{case['id']}: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        got = line_answer(pack, case, resolve(case["argv"], folder), args.release)
+        d_ok, all_ok = agree(want, got)
+        total += 1
+        same_decision += d_ok
+        same_all += all_ok
+        by_decision[want["decision"]] += 1
+        if not all_ok:
+            key = f"vllm {want['decision']} / turnout {got['decision']}: " + (
+                (want.get("error") or "")[:90]
+                if want["decision"] == "error"
+                else (got.get("error") or "")[:90]
+                if got["decision"] in ("error", "invalid")
+                else "log lines differ"
+            )
+            classes[key] += 1
+            mismatches.append({**case, "want": want, "got": got})
+    report = {
+        "release": args.release,
+        "seed": args.seed,
+        "cases": total,
+        "by_decision": dict(by_decision),
+        "identical": round(same_all / max(total, 1), 4),
+        "same_decision": round(same_decision / max(total, 1), 4),
+        "harness_failures": len(failures),
+        "classes": dict(classes.most_common(args.show)),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+    if args.out:
+        Path(args.out).write_text(
+            "".join(json.dumps(m, sort_keys=True) + "\n" for m in mismatches), encoding="utf-8"
+        )
+    for line in failures[: args.show]:
+        print(line, file=sys.stderr)
+    print(json.dumps(report, sort_keys=True))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m referee",
@@ -203,7 +270,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     metrics.add_argument(
         "--source", help="a vllm package folder (default: the installed one, not imported)"
     )
+    serve = sub.add_parser(
+        "serve-check",
+        help="the pack against the release's create_engine_config on seeded vllm serve lines",
+    )
+    serve.add_argument("--release", required=True, choices=RELEASES)
+    serve.add_argument("--seed", type=int, required=True)
+    serve.add_argument("--count", type=int, required=True)
+    serve.add_argument("--pack", help="pack name or folder (default vllm-<release>)")
+    serve.add_argument("--models", default=".referee/models", help="model folders (written)")
+    serve.add_argument("--out", help="write the mismatches here (JSON lines)")
+    serve.add_argument("--show", type=int, default=15, help="mismatch classes to report")
     args = parser.parse_args(argv)
+    if args.command == "serve-check":  # before anything imports vLLM's CUDA platform
+        from referee.serve_real import prepare
+
+        prepare()
     if args.command != "metrics":  # reads source only: a wheel unpacked anywhere will do
         _check_installed(args.release)
     return {
@@ -215,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "flags-recipes": _flags_recipes,
         "flags-check": _flags_check,
         "metrics": _metrics,
+        "serve-check": _serve_check,
     }[args.command](args)
 
 

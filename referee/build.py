@@ -64,25 +64,29 @@ def make_platform(spec: dict[str, Any]) -> Any:
 
 
 # ParallelConfig values that shape what its __post_init__ derives (world size, the default
-# executor backend); the feature flags are assigned after construction, as the selection code
-# reads them, without ParallelConfig's own checks of feature combinations (which refuse a
-# config before vLLM gets to the runner selection, and are not the oracle's subject).
+# executor backend), the all2all backend (the removed pplx and naive fall back to
+# allgather_reducescatter there) and the EPLB switches, whose refusals the packs model (EPLB off
+# CUDA/ROCm(/XPU), without expert parallelism, without any TP/PCP/DP:
+# config/parallel.py _validate_parallel_config), go through the constructor and its
+# validators. The other feature flags are assigned after construction, as the selection code
+# reads them: ParallelConfig's checks of them (DCP dividing TP, elastic EP) are not modelled
+# yet and run in python -m referee serve-check only.
 _SHAPE = (
     "tensor_parallel_size",
     "pipeline_parallel_size",
     "data_parallel_size",
     "prefill_context_parallel_size",
     "distributed_executor_backend",
+    "enable_expert_parallel",
+    "enable_eplb",
+    "all2all_backend",
 )
 _FLAGS = (
     "decode_context_parallel_size",
-    "enable_expert_parallel",
-    "enable_eplb",
     "enable_elastic_ep",
     "enable_dbo",
     "ubatch_size",
     "enable_batch_sharded_sampling",
-    "all2all_backend",
 )
 
 

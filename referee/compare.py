@@ -73,3 +73,33 @@ def compare_pack(
         "agree_all": round(same_all / max(total, 1), 4),
         "mismatches": mismatches,
     }
+
+
+def line_answer(
+    pack: Any, case: Mapping[str, Any], argv: list[str], release: str
+) -> dict[str, Any]:
+    """The pack's answer for a ``vllm serve`` case of :mod:`referee.serve_gen` (``argv`` with
+    the model folders in place), read the way ``turnout decide -- vllm serve ...`` reads it:
+    the release's flag table, the model's facts from its config.json, the case's environment,
+    platform and device capability."""
+    from turnout.oracle import DeploymentConfig, decide
+    from turnout.oracle.errors import ConfigError
+    from turnout.oracle.sources import command_to_fields
+
+    try:
+        parsed = command_to_fields(argv, dict(case.get("env") or {}), release=release, offline=True)
+        config = DeploymentConfig(
+            **parsed.fields,
+            platform=case["platform"],
+            device_capability=case["device_capability"],
+        )
+    except ConfigError as exc:
+        return {"decision": "invalid", "error": exc.message, "warnings": []}
+    d = decide(config, pack=pack)
+    out: dict[str, Any] = {
+        "decision": d.runner or "error",
+        "warnings": [m.to_json() for m in d.messages],
+    }
+    if d.runner is None:
+        out["error"] = d.error
+    return out

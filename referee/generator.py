@@ -171,7 +171,19 @@ DIMENSIONS: dict[str, tuple[float, Draw]] = {
     "enable_eplb": (0.5, _true),
     "enable_elastic_ep": (1.0, _true),
     "enable_batch_sharded_sampling": (0.8, _true),
-    "all2all_backend": (0.5, _choice("deepep_low_latency", "deepep_high_throughput", "nixl_ep")),
+    "all2all_backend": (
+        0.5,
+        _choice(
+            "deepep_low_latency",
+            "deepep_high_throughput",
+            "nixl_ep",
+            "allgather_reducescatter",
+            "naive",
+            "pplx",
+            "flashinfer_all2allv",
+            "mori_low_latency",
+        ),
+    ),
     "distributed_executor_backend": (2.0, _choice("mp", "ray", "uni", "external_launcher")),
     "enable_sequence_parallelism": (1.5, _true),
     "enable_dbo": (2.0, _true),
@@ -294,6 +306,8 @@ def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
         spec["enable_expert_parallel"] = True
     if spec.get("enable_eplb") and rng.random() < 0.8:
         spec["enable_expert_parallel"] = True
+    if spec.get("prefill_context_parallel_size", 1) > 1 and rng.random() < 0.25:
+        spec["data_parallel_size"] = 2  # refused with PCP: ParallelConfig, later each platform
     dcp = spec.get("decode_context_parallel_size", 1)
     if dcp > 1 and rng.random() < 0.8:
         spec["tensor_parallel_size"] = max(spec.get("tensor_parallel_size", 1), dcp)
@@ -303,5 +317,15 @@ def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
         spec["all2all_backend"] = "deepep_high_throughput"
         if rng.random() < 0.5:
             spec["async_scheduling"] = True
+    elif spec.get("enable_dbo"):
+        # Microbatching runs only on DeepEP / NIXL-EP backends (and, on ROCm from 0.33,
+        # allgather_reducescatter, the default): mostly one of those, sometimes one it refuses.
+        roll = rng.random()
+        if roll < 0.6:
+            spec["all2all_backend"] = rng.choice(
+                ("deepep_low_latency", "deepep_high_throughput", "nixl_ep")
+            )
+        elif roll < 0.75:
+            spec["all2all_backend"] = rng.choice(("flashinfer_all2allv", "mori_low_latency"))
     if spec.get("draft_architecture") and method is None and rng.random() < 0.8:
         spec["speculative_method"] = "dflash"

@@ -136,8 +136,10 @@ def platform_hook(cfg: Any, spec: dict[str, Any], release: str) -> None:
     what the selection reads: CPU (platforms/cpu.py) turns async scheduling and DBO off and
     VLLM_COMPILE into DYNAMO_TRACE_ONCE (NONE with LoRA); ROCm (platforms/rocm.py) drops FULL
     graphs under prefill context parallelism (and in 0.30 refuses it with data parallelism).
-    CUDA and XPU change none of them (XPU graphs assumed supported by its PyTorch); TPU's hook
-    lives in tpu-inference."""
+    CUDA's refuses prefill context parallelism with data parallelism in 0.30
+    (platforms/cuda.py:338, its first statement) and changes nothing else the selection reads;
+    XPU changes none of them (XPU graphs assumed supported by its PyTorch); TPU's hook lives in
+    tpu-inference."""
     from vllm.config.compilation import CompilationMode, CUDAGraphMode
 
     platform = spec.get("platform", "cuda")
@@ -151,6 +153,13 @@ def platform_hook(cfg: Any, spec: dict[str, Any], release: str) -> None:
             cc.mode = CompilationMode.DYNAMO_TRACE_ONCE
         if cfg.lora_config is not None:
             cc.mode = CompilationMode.NONE
+    elif platform == "cuda":
+        if (
+            _v(release) == (0, 30)
+            and pc.prefill_context_parallel_size > 1
+            and pc.data_parallel_size > 1
+        ):
+            raise ValueError("PCP does not support data parallelism on CUDA yet.")
     elif platform == "rocm":
         if (
             _v(release) == (0, 30)
@@ -175,4 +184,36 @@ def final(cfg: Any, spec: dict[str, Any], release: str, evaluate: Any) -> str:
             cfg._validate_v2_model_runner()
         else:
             cfg._validate_v1_model_runner()
+    microbatching_backends(cfg, release)
     return "v2" if v2 else "v1"
+
+
+def microbatching_backends(cfg: Any, release: str) -> None:
+    """The all2all backends dual batch overlap runs with, after the selection (inline in
+    ``__post_init__``: vllm.py:1733 of 0.29, 2180 of 0.33, where ROCm also takes
+    allgather_reducescatter). Restated: the assertion sits in the middle of the method."""
+    from vllm.platforms import current_platform
+
+    pc = cfg.parallel_config
+    if not pc.use_ubatching:
+        return
+    supported = ["deepep_low_latency", "deepep_high_throughput", "nixl_ep"]
+    if _v(release) < (0, 33):
+        assert pc.all2all_backend in supported, (
+            "Microbatching currently only supports the deepep_low_latency, "
+            "deepep_high_throughput, and nixl_ep all2all backends. "
+            f"{pc.all2all_backend} is not supported. To fix use "
+            "--all2all-backend=deepep_low_latency, "
+            "--all2all-backend=deepep_high_throughput, or "
+            "--all2all-backend=nixl_ep and install the matching kernels."
+        )
+        return
+    if current_platform.is_rocm():
+        supported.append("allgather_reducescatter")
+    assert pc.all2all_backend in supported, (
+        "Microbatching currently only supports the "
+        f"{', '.join(supported)} all2all backends on this "
+        f"platform. {pc.all2all_backend} is not supported. To fix use one of "
+        f"{', '.join('--all2all-backend=' + b for b in supported)}"
+        " and install the matching kernels."
+    )

@@ -86,9 +86,9 @@ def model_hooks(cfg: Any, spec: dict[str, Any], release: str) -> None:
 
 
 def _executor_supports_async(cfg: Any) -> bool:
-    backend = cfg.parallel_config.distributed_executor_backend
-    if backend == "ray":  # RayDistributedExecutor keeps Executor's False (ray is not installed)
-        return False
+    """The release's own executor class (Ray is installed in the referee venvs): "ray" is
+    RayExecutorV2, a MultiprocExecutor, unless VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0 (0.29-0.32;
+    vllm/v1/executor/abstract.py Executor.get_class)."""
     from vllm.v1.executor.abstract import Executor
 
     return bool(Executor.get_class(cfg).supports_async_scheduling())
@@ -256,6 +256,20 @@ def piecewise(cfg: Any, spec: dict[str, Any], release: str, breakable: bool) -> 
         cc.cudagraph_mode = CUDAGraphMode.NONE
 
 
+def expert_parallel_needs_experts(cfg: Any, facts: dict[str, Any]) -> None:
+    """``ModelConfig.verify_with_parallel_config`` (vllm.py:1093 of 0.29, after the model hooks
+    and, in 0.30-0.31, the watermark check) calls ``_verify_with_expert_parallelism``
+    (config/model.py:1360 of 0.29, the same text through 0.33), which refuses expert
+    parallelism for a model without experts. Restated: the harness's model is a stand-in whose
+    ``is_moe`` is the case's fact. (Its other checks read head counts and the model class's
+    SupportsPP, which specs do not carry; python -m referee serve-check runs the real one.)"""
+    if cfg.parallel_config.enable_expert_parallel and not facts.get("is_moe"):
+        raise ValueError(
+            "Number of experts in the model must be greater than 0 "
+            "when expert parallelism is enabled."
+        )
+
+
 def replay(
     cfg: Any, spec: dict[str, Any], facts: dict[str, Any], release: str, capture: Any
 ) -> str:
@@ -267,6 +281,7 @@ def replay(
     model_hooks(cfg, spec, release)
     if v in ((0, 30), (0, 31)):
         cfg._check_watermarking_unsupported()
+    expert_parallel_needs_experts(cfg, facts)
     cfg.parallel_config.set_dcp_defaults()
     async_scheduling(cfg, spec, release, capture)
     enforce_eager(cfg, spec, release)

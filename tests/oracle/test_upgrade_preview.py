@@ -142,7 +142,7 @@ def test_matrix_diff_table_says_which_fields_a_release_lacks() -> None:
     code, out = _invoke("matrix", "--pack", "vllm-0.29", "--diff", "vllm-0.30")
     assert code == 1, out
     assert "cells change runner from vllm-0.29 to vllm-0.30" in out
-    assert "why (vllm-0.29)" in out and "dual_batch_overlap" in out
+    assert "why (vllm-0.29)" in out and "kv_sharing_fast_prefill" in out
     assert "fields vllm-0.29 does not know (and vllm-0.30 does): hisparse, watermark" in out
     assert "hisparse=true (hisparse: not in vllm-0.29)" in out
 
