@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from referee import stand_in
+from referee.harness import _OWNED_ENV as HARNESS_ENV
 from referee.harness import error_text
 from referee.serve_gen import resolve
 
-# Variables a case may set; cleared before each case and restored after.
-_OWNED_ENV = ("VLLM_USE_V2_MODEL_RUNNER", "VLLM_BATCH_INVARIANT")
+# Variables a case may set, or vLLM's config code sets for the process (the external launcher
+# turns multiprocessing off, enforce_eager sets TORCH_COMPILE_DISABLE, ...): cleared before
+# each case and restored after, or one case's config would leak into the next.
+_OWNED_ENV = tuple(sorted({*HARNESS_ENV, "VLLM_USE_V2_MODEL_RUNNER", "VLLM_BATCH_INVARIANT"}))
 _SELECTION = "use_v2_model_runner"  # the function whose log lines are the selection's
 
 
@@ -52,8 +55,6 @@ def prepare() -> None:
     own (it would replace the handler), offline model files."""
     os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
     os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("LOCAL_RANK", "0")
     stand_in.install()
     root = logging.getLogger("vllm")
     if _RECORDS not in root.handlers:
@@ -85,6 +86,7 @@ def _device(case: dict[str, Any]) -> Iterator[None]:
     try:
         for key in _OWNED_ENV:
             os.environ.pop(key, None)
+        os.environ.update(RANK="0", LOCAL_RANK="0")  # torchrun's, for the external launcher
         os.environ.update(case.get("env") or {})
         device = stand_in.platform(case["platform"], case["device_capability"])
         vp._current_platform = device
