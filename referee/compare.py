@@ -15,13 +15,20 @@ from typing import Any
 def pack_answer(pack: Any, spec: Mapping[str, Any]) -> dict[str, Any]:
     """The pack's answer for a spec, in the golden files' ``want`` shape; a spec the oracle
     refuses to read gives ``decision: "invalid"`` with the reading error."""
-    from turnout.oracle import decide, from_spec
+    from turnout.oracle import from_spec
     from turnout.oracle.errors import ConfigError
 
     try:
         config = from_spec(spec)
     except ConfigError as exc:
         return {"decision": "invalid", "error": exc.message, "warnings": []}
+    return _decided(pack, config)
+
+
+def _decided(pack: Any, config: Any) -> dict[str, Any]:
+    """The pack's decision on a read config, in the golden files' ``want`` shape."""
+    from turnout.oracle import decide
+
     d = decide(config, pack=pack)
     out: dict[str, Any] = {
         "decision": d.runner or "error",
@@ -82,7 +89,7 @@ def line_answer(
     the model folders in place), read the way ``turnout decide -- vllm serve ...`` reads it:
     the release's flag table, the model's facts from its config.json, the case's environment,
     platform and device capability."""
-    from turnout.oracle import DeploymentConfig, decide
+    from turnout.oracle import DeploymentConfig
     from turnout.oracle.errors import ConfigError
     from turnout.oracle.sources import command_to_fields
 
@@ -95,11 +102,4 @@ def line_answer(
         )
     except ConfigError as exc:
         return {"decision": "invalid", "error": exc.message, "warnings": []}
-    d = decide(config, pack=pack)
-    out: dict[str, Any] = {
-        "decision": d.runner or "error",
-        "warnings": [m.to_json() for m in d.messages],
-    }
-    if d.runner is None:
-        out["error"] = d.error
-    return out
+    return _decided(pack, config)
