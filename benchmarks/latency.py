@@ -1,5 +1,5 @@
 """TTFT and TPOT (p50, p99) of runner_v1, runner_v2 and HF transformers ``generate`` at fixed
-concurrency, side by side in one run (DESIGN §6).
+concurrency, side by side in one run (docs/architecture.md §6).
 
 Workload: the Qwen3-0.6B shape with random bf16 weights (as ``benchmarks/throughput.py``),
 prompts of 512 random tokens, 128 output tokens each (``ignore_eos``), temperature 1. For each

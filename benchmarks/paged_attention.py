@@ -2,7 +2,8 @@
 
 Shapes: Qwen3-0.6B attention (16 query heads, 8 kv heads, head_dim 128), bf16, block_size 16,
 blocks scattered over the cache. Cases:
-- decode 256 x 1 token, 640-token contexts (DESIGN §6 workload: 512-token prompts, 128 outputs);
+- decode 256 x 1 token, 640-token contexts (docs/architecture.md §6 workload: 512-token
+  prompts, 128 outputs);
 - decode 1 / 4 / 16 x 1 token at 8,192 and 32,768-token contexts: split-KV
   (``kernels.paged_attention_split``) beside the unified kernel;
 - prefill 8 x 512, 16 x 512, 2 x 4096 tokens from an empty cache.

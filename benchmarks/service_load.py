@@ -1,4 +1,4 @@
-"""Load benchmark of the rollout-control service (DESIGN §6, issues 3 and 13).
+"""Load benchmark of the rollout-control service (docs/architecture.md §6, issues 3 and 13).
 
 1. Side by side with a base commit (``--base REV``, e.g. ``main`` or ``HEAD~3``): the base's
    source (``git archive``) and the current tree each serve a fresh database, one after the

@@ -1,13 +1,13 @@
 """Output tokens/s of runner_v1, runner_v2 and HF transformers ``generate``, side by side in one run.
 
-DESIGN §6 workload: the Qwen3-0.6B shape (``policies/reference/model_configs/qwen3-0.6b.json``)
-with random bf16 weights, 1024 prompts of 512 random tokens, 128 output tokens each
-(``ignore_eos``), ``max_num_seqs`` 256, default sampling (temperature 1, no top-k/top-p). The
-same weights, prompts and engine settings for both runners; HF ``generate`` runs the prompts
-in batches of ``max_num_seqs`` with the same sampling (``top_k=0``). Each contender gets a short
-warm-up first (Triton compilation: for the engines a pass of 1.5 x ``max_num_seqs`` prompts with
-8 output tokens; runner_v2 captures its CUDA graphs and runs its own start-up warm-up when it is
-built, which is not timed).
+docs/architecture.md §6 workload: the Qwen3-0.6B shape
+(``policies/reference/model_configs/qwen3-0.6b.json``) with random bf16 weights, 1024 prompts of 512
+random tokens, 128 output tokens each (``ignore_eos``), ``max_num_seqs`` 256, default sampling
+(temperature 1, no top-k/top-p). The same weights, prompts and engine settings for both runners; HF
+``generate`` runs the prompts in batches of ``max_num_seqs`` with the same sampling (``top_k=0``).
+Each contender gets a short warm-up first (Triton compilation: for the engines a pass of 1.5 x
+``max_num_seqs`` prompts with 8 output tokens; runner_v2 captures its CUDA graphs and runs its own
+start-up warm-up when it is built, which is not timed).
 
 Contenders (``--runners``): ``v1``, ``v2``, ``v2-unfused`` (runner_v2 with RMSNorm, the residual
 adds and SiLU·mul as torch ops and an unsplit sampler: the before of its fused kernels),

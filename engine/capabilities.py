@@ -1,16 +1,15 @@
 """Capability manifests: what each runner of this build can serve, declared by the runner.
 
-A :class:`RunnerManifest` lists the architectures the model layer loads that the runner drives
-(per runner kind), the speculative methods it implements, the options it honours or refuses by
-name (:data:`FEATURES`; nothing is silently ignored, DESIGN §5.5), the pooling tasks, the
-platforms, and whether it needs Triton. Each runner package exposes its ``MANIFEST``, built in
-its hub module from the code that implements or refuses each thing (the model layer's
-architecture tuples, ``runner_v1/spec_decode.py``, ``runner_v2/refusals.py``), never from a
-second list.
+A :class:`RunnerManifest` lists the architectures the model layer loads that the runner drives (per
+runner kind), the speculative methods it implements, the options it honours or refuses by name
+(:data:`FEATURES`; nothing is silently ignored, docs/architecture.md §5.5), the pooling tasks, the
+platforms, and whether it needs Triton. Each runner package exposes its ``MANIFEST``, built in its
+hub module from the code that implements or refuses each thing (the model layer's architecture
+tuples, ``runner_v1/spec_decode.py``, ``runner_v2/refusals.py``), never from a second list.
 
-The oracle never imports the runners (DESIGN §2), so the manifests are written into the
-``turnout`` policy pack as generated data, ``policies/turnout/manifests.json``; the pack reads
-it through its ``pack.manifests`` key and refuses an architecture no runner serves.
+The oracle never imports the runners (docs/architecture.md §2), so the manifests are written
+into the ``turnout`` policy pack as generated data, ``policies/turnout/manifests.json``; the
+pack reads it through its ``pack.manifests`` key and refuses an architecture no runner serves.
 Regenerate it after a change to the model layer or a runner::
 
     python -m turnout.engine.capabilities --write     # rewrite policies/turnout/manifests.json

@@ -1,8 +1,8 @@
 """One request's life in the engine: its tokens, its progress, its state and why it finished.
 
-Lifecycle (explicit, DESIGN §5.5): ``WAITING`` → ``RUNNING`` ⇄ ``PREEMPTED`` (recompute: its
-KV blocks are freed and ``num_computed_tokens`` goes back to 0) → one of the ``FINISHED_*``
-states. A finished request never comes back; its id may be reused by a new request.
+Lifecycle (explicit, docs/architecture.md §5.5): ``WAITING`` → ``RUNNING`` ⇄ ``PREEMPTED``
+(recompute: its KV blocks are freed and ``num_computed_tokens`` goes back to 0) → one of the
+``FINISHED_*`` states. A finished request never comes back; its id may be reused by a new request.
 """
 
 from __future__ import annotations

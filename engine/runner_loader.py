@@ -1,7 +1,8 @@
 """The runner wiring: build a runner by name and an :class:`EngineCore` around it.
 
-The engine never imports a runner package statically (DESIGN §2): the package is imported by
-name, ``turnout.runner_<name>``, and must expose ``create_model_runner(config) -> ModelRunner``.
+The engine never imports a runner package statically (docs/architecture.md §2): the package is
+imported by name, ``turnout.runner_<name>``, and must expose ``create_model_runner(config) ->
+ModelRunner``.
 """
 
 from __future__ import annotations

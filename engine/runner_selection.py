@@ -1,5 +1,6 @@
 """Asking the oracle which runner a deployment gets (once, at start-up), and logging the answer
-in vLLM's shapes (DESIGN §3.3): ``Using V2 Model Runner``, or a warning naming every blocker."""
+in vLLM's shapes (docs/architecture.md §3.3): ``Using V2 Model Runner``, or a warning naming
+every blocker."""
 
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ New requests come with full data, once. Requests the runner already knows come a
 (new blocks, progress). A request resumed after preemption is a cached request with
 ``resumed_from_preemption`` set: its ``new_block_ids`` then *replace* its block list and
 ``resumed_req_token_ids`` carries its whole token list (prompt and output so far), because a
-runner drops a preempted request's batch state. Ordering contract (DESIGN §5.5): runners apply
-``finished_req_ids`` and ``preempted_req_ids`` before binding any new metadata.
+runner drops a preempted request's batch state. Ordering contract (docs/architecture.md §5.5):
+runners apply ``finished_req_ids`` and ``preempted_req_ids`` before binding any new metadata.
 """
 
 from __future__ import annotations

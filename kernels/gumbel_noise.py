@@ -1,4 +1,4 @@
-"""Stateless sampling noise shared by both runners (DESIGN §5.5).
+"""Stateless sampling noise shared by both runners (docs/architecture.md §5.5).
 
 turnout defines the noise of seeded sampling as a pure function of ``(seed, position, token_id)``
 so that the same seed gives the same tokens on runner_v1 (torch, CPU-prepared) and runner_v2

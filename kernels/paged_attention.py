@@ -1,6 +1,6 @@
 """Paged attention over a block-table KV cache: varlen prefill + decode, GQA, CUDA-graph grids.
 
-Layout (one tensor per layer, DESIGN §5.2 / docs/model-layer.md):
+Layout (one tensor per layer, docs/architecture.md §5.2 / docs/model-layer.md):
 ``kv_cache[0]`` keys and ``kv_cache[1]`` values, each ``[num_blocks, block_size, num_kv_heads,
 head_dim]``; token ``j`` of request ``i`` lives in block ``block_table[i, j // block_size]`` at
 offset ``j % block_size``. The tokens of a step are packed request after request

@@ -9,8 +9,8 @@ For request ``i`` of the batch (table row ``r = idx_mapping[i]``):
   ``last_sampled[r] = sampled[i]``.
 
 This runs on the device right after the sampler, so the next step's ``prepare_input_ids`` finds
-the token without the host ever seeing it (DESIGN §5.4: "post-forward side effects run after
-sampling").
+the token without the host ever seeing it (docs/architecture.md §5.4, §5.5: post-forward
+updates run after sampling).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The result, :class:`PackData`, holds the checked rules and stages, the architect
 ``evaluate(c, a, p)``: the bitmask of rules whose ``when`` holds, the index of the first rollout
 stage the deployment belongs to (-1: none) and the matched rules' values (oracle.codegen).
 Generating straight-line code from closed domains is what makes a cold decision cost
-microseconds (DESIGN §3.5).
+microseconds (docs/architecture.md §3.5).
 """
 
 from __future__ import annotations

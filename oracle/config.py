@@ -1,4 +1,5 @@
-"""DeploymentConfig: the frozen, hashable value a decision is made about (DESIGN §3.1).
+"""DeploymentConfig: the frozen, hashable value a decision is made about
+(docs/architecture.md §3.1).
 
 Build one from keyword arguments here; :mod:`oracle.sources` builds one from a spec mapping
 (``from_spec``), a ``vllm serve`` command line with its environment (``from_command``) or an HF

@@ -68,7 +68,7 @@ class CanaryOutcome(NamedTuple):
 
 
 class Decision(NamedTuple):
-    """The oracle's answer for one deployment (DESIGN §3.4), shipped to every process.
+    """The oracle's answer for one deployment (docs/architecture.md §3.4), shipped to every process.
 
     An immutable named tuple (cheap to build: a cold decision costs microseconds).
 

@@ -6,9 +6,10 @@ Each field is declared once, in :class:`oracle.config.DeploymentConfig`, through
 dataclass field's metadata. ``oracle.config.FIELDS`` / ``FIELD_INFO`` (the coercion table and
 the field table of docs/oracle-api.md) are derived from it.
 
-Field names follow vLLM's engine arguments where one exists (DESIGN §3.1). ``None`` for a model
-attribute means "take it from the pack's families.yaml"; ``None`` for ``async_scheduling`` means
-"not set explicitly" (vLLM only refuses some combinations when the user asked for it).
+Field names follow vLLM's engine arguments where one exists (docs/architecture.md §3.1).
+``None`` for a model attribute means "take it from the pack's families.yaml"; ``None`` for
+``async_scheduling`` means "not set explicitly" (vLLM only refuses some combinations when the
+user asked for it).
 """
 
 from __future__ import annotations

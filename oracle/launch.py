@@ -6,8 +6,8 @@ Two packs decide together. The pack of the *installed* vLLM release (``vllm-0.31
 :mod:`oracle.vllm_install`) says what vLLM's own selection does with the deployment — which
 runner it picks by itself, which rules force or block a runner, what a pin does. The service's
 pack (``TURNOUT_PACK``, ``turnout`` by default) and its canary snapshot say what the rollout
-allows (:meth:`oracle.pack.Pack.decide_rollout`). As in DESIGN §3.3, the rollout is asked only
-where no rule decided: where vLLM would pick V2 by default.
+allows (:meth:`oracle.pack.Pack.decide_rollout`). As in docs/architecture.md §3.3, the rollout
+is asked only where no rule decided: where vLLM would pick V2 by default.
 
 The rule for ``VLLM_USE_V2_MODEL_RUNNER`` (the release pack's runner variable):
 

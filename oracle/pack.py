@@ -227,10 +227,11 @@ class Pack:
     def decide_rollout(
         self, config: DeploymentConfig, canaries: CanarySnapshot | None = None
     ) -> Decision:
-        """The rollout's answer alone (DESIGN §3.3 step 5: kill switch, the config's stage, its
-        canary and sticky share), none of the pack's rules evaluated: for a deployment whose
-        capabilities another pack judges (``turnout launch``). An architecture the pack does
-        not know gives the unknown-architecture error (runner "v1", reason code ERROR)."""
+        """The rollout's answer alone (docs/architecture.md §3.3 step 5: kill switch, the
+        config's stage, its canary and sticky share), none of the pack's rules evaluated: for a
+        deployment whose capabilities another pack judges (``turnout launch``). An architecture
+        the pack does not know gives the unknown-architecture error (runner "v1", reason code
+        ERROR)."""
         view, digest = self._view(canaries)
         found = self._data.archs.get(config.architecture) if config.family is None else None  # type: ignore[arg-type]
         a = found if found is not None else self._arch(config)

@@ -1,4 +1,4 @@
-"""The resolution order of DESIGN §3.3, over a compiled pack.
+"""The resolution order of docs/architecture.md §3.3, over a compiled pack.
 
 1. rules that force V2 (an explicit pin to V1 is an error naming them, unless the rule
    overrides the pin, as vLLM's watermarking does);

@@ -3,9 +3,9 @@
 Every per-request field lives in a ``[max_num_seqs, ...]`` numpy array. A request gets a row
 when it is (re)scheduled; removing it leaves a hole; :meth:`InputBatch.condense` moves the last
 rows into the holes so that rows ``0..num_reqs-1`` are the batch. ``add_request`` writes
-*every* field of its row, so a reused row carries nothing from its previous request (DESIGN
-§5.5). The token table is ``[max_num_seqs, max_model_len]``: the CPU keeps each request's whole
-history, which n-gram speculation and penalties read.
+*every* field of its row, so a reused row carries nothing from its previous request
+(docs/architecture.md §5.5). The token table is ``[max_num_seqs, max_model_len]``: the CPU keeps
+each request's whole history, which n-gram speculation and penalties read.
 """
 
 from __future__ import annotations

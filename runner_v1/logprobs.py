@@ -1,4 +1,5 @@
-"""Logprobs with a bounded working set (DESIGN §5.5: buffers follow the work, not the vocab).
+"""Logprobs with a bounded working set (docs/architecture.md §5.5: buffers follow the work, not
+the vocab).
 
 Rows are processed in slices of at most ``max(1, WORKING_SET_ELEMS // vocab_size)`` so that
 ``k`` up to the whole vocabulary never needs more than about ``WORKING_SET_ELEMS`` elements per

@@ -1,4 +1,4 @@
-"""runner_v1's model runner (MRV1 style, DESIGN §5.3), the hub of the package.
+"""runner_v1's model runner (MRV1 style, docs/architecture.md §5.3), the hub of the package.
 
 Each step: apply finished/preempted ids and drop unscheduled rows, bind new and resumed
 requests to rows of the persistent batch, condense; build every input with numpy from the
@@ -121,7 +121,8 @@ class V1ModelRunner(RunnerBase):
             return self._execute_decoder(scheduler_output)
 
     def _update_states(self, so: SchedulerOutput) -> None:
-        # Ordering (DESIGN §5.5): drop finished and preempted state before binding anything.
+        # Ordering (docs/architecture.md §5.5): drop finished and preempted state before binding
+        # anything.
         batch = self.input_batch
         for req_id in so.finished_req_ids:
             state = self.requests.pop(req_id, None)

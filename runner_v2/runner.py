@@ -1,4 +1,4 @@
-"""runner_v2's model runner (MRV2 style, DESIGN §5.4): the hub of the package.
+"""runner_v2's model runner (MRV2 style, docs/architecture.md §5.4): the hub of the package.
 
 Each step, with no host synchronisation until the engine collects the result:
 
@@ -237,7 +237,8 @@ class V2ModelRunner(RunnerBase):
             return self._execute_decoder(scheduler_output)
 
     def _update_states(self, so: SchedulerOutput) -> None:
-        # Ordering (DESIGN §5.5): free finished and preempted rows before binding anything.
+        # Ordering (docs/architecture.md §5.5): free finished and preempted rows before binding
+        # anything.
         states = self.states
         for req_id in so.finished_req_ids:
             states.remove_request(req_id)

@@ -128,8 +128,9 @@ def compute_prompt_logprobs(
     vocab_size: int,
 ) -> list[LogprobsTensors]:
     """Prompt logprobs in bounded chunks: the LM head runs per chunk of positions, so no
-    ``[prompt positions, vocab_size]`` tensor exists whatever the prompt length (DESIGN §5.5:
-    buffers follow the work). Targets come from the device token table."""
+    ``[prompt positions, vocab_size]`` tensor exists whatever the prompt length
+    (docs/architecture.md §5.5: buffers follow the work). Targets come from the device token
+    table."""
     targets = token_ids.view(-1).index_select(0, target_flat)
     return compute_logprobs(
         lambda a, b: compute_logits(hidden.index_select(0, hidden_rows[a:b])),

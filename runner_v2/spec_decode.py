@@ -1,5 +1,5 @@
-"""Speculative decoding on runner_v2 (DESIGN §5.4): the host plan of a speculative step, the GPU
-n-gram proposer, and verification, all without a host synchronisation.
+"""Speculative decoding on runner_v2 (docs/architecture.md §5.4): the host plan of a speculative
+step, the GPU n-gram proposer, and verification, all without a host synchronisation.
 
 A step verifies, for each decoding request with ``s`` drafts scheduled (``s <= k``; the
 scheduler reserves the positions, it never sees the drafts), ``1 + s`` positions in one target

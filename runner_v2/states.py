@@ -1,4 +1,4 @@
-"""RequestStates: runner_v2's request table, resident on the device (DESIGN §5.4).
+"""RequestStates: runner_v2's request table, resident on the device (docs/architecture.md §5.4).
 
 A fixed table of ``max_num_seqs`` rows. A request owns one row from ``add_request`` to
 ``remove_request``; rows never move (unlike runner_v1's condensed persistent batch), and a

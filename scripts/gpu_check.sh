@@ -2,7 +2,8 @@
 # The GPU check of both runners (an H200 with torch, Triton, transformers; no pydantic needed):
 #   1. every kernel test on CUDA (compiled kernels against their torch references),
 #   2. the gpu-marked tests of runner_v1 and runner_v2 (tests/parity, tests/runner_v1, tests/runner_v2),
-#   3. the throughput benchmark (DESIGN §6 workload: runner_v1, runner_v2 and HF generate),
+#   3. the throughput benchmark (docs/architecture.md §6 workload: runner_v1, runner_v2 and HF
+#      generate),
 #   4. (part `families`) the per-family benchmark (benchmarks/families.py: OPT, the MoE families
 #      and DeepSeek-V2 at full layer count, V1 and V2) and the fused MoE kernel benchmark,
 #   5. (part `spec`) the speculative decoding benchmark (benchmarks/spec_decode.py: runner_v2

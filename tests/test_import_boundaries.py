@@ -1,4 +1,4 @@
-"""DESIGN §2 import rules, checked two ways:
+"""docs/architecture.md §2 import rules, checked two ways:
 
 - ``lint-imports`` (import-linter, contracts in pyproject.toml ``[tool.importlinter]``) over the
   whole static import graph of the real modules, function-level imports included;

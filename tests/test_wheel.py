@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
 from pathlib import Path
@@ -97,6 +98,28 @@ def test_build_makes_a_complete_wheel_and_sdist(dist: Path) -> None:
     assert "turnout/__init__.py" in names  # a regular package: no stray folder can join it
 
 
+#: Distributions the fresh environment takes from this one instead of unpacking them again:
+#: torch and triton are 1.7 GB unpacked, most of the environment's set-up time, and nothing
+#: here is about them. turnout and everything else the wheel needs are installed for real.
+LINKED = ("torch", "torchgen", "triton")
+
+
+def _link_the_largest_distributions(python: Path, folder: Path) -> None:
+    """Put :data:`LINKED` (packages and their ``.dist-info``, as symbolic links into this
+    environment's site-packages) on the fresh environment's path through a ``.pth`` file. pip
+    sees them installed at the locked versions and installs only the rest."""
+    folder.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if entry.is_dir() and entry.name.split("-")[0] in LINKED:  # package or .dist-info
+            (folder / entry.name).symlink_to(entry)
+    assert {p.name.split("-")[0] for p in folder.iterdir()} >= {"torch", "triton"}
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    Path(site, "_turnout_test_linked.pth").write_text(f"{folder}\n")
+
+
 @pytest.fixture(scope="module")
 def fresh_venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("venv")
@@ -104,6 +127,7 @@ def fresh_venv(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # (pip --python), resolving the wheel's own dependencies as any installer would.
     venv.create(home / "venv", with_pip=False)
     python = home / "venv" / "bin" / "python"
+    _link_the_largest_distributions(python, home / "linked")
     constraints = home / "constraints.txt"
     constraints.write_text(_pins(LOCK))
     [wheel] = dist.glob("turnout-*.whl")

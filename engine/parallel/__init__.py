@@ -1,5 +1,5 @@
-"""Tensor parallelism over ``torch.distributed`` (DESIGN §5.6, docs/tensor-parallel.md): one
-process per rank, the engine's process being rank 0.
+"""Tensor parallelism over ``torch.distributed`` (docs/architecture.md §5.6,
+docs/tensor-parallel.md): one process per rank, the engine's process being rank 0.
 
 - ``engine.parallel.group``: the process groups (a TCP store on 127.0.0.1, the data group of
   the model's collectives: gloo on CPU, NCCL on CUDA; a gloo control group for the commands),

@@ -1,4 +1,5 @@
-"""The parity suite (DESIGN §5.5): one set of contracts, run over every runner that exists.
+"""The parity suite (docs/architecture.md §5.5): one set of contracts, run over every runner that
+exists.
 
 ``RUNNERS`` lists them; a new runner joins by adding its name here (it must be importable as
 ``turnout.runner_<name>`` with ``create_model_runner(config)``). Engines are built exactly as the

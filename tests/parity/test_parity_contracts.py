@@ -1,7 +1,7 @@
-"""DESIGN §5.5 contracts, for every runner: seeded sampling independent of batching, chunking and
-preemption; prompt logprobs exactly once per prompt token through chunked prefill and
-preemption; a reused row carries nothing over; full-vocabulary logprobs within a bounded
-working set; a bad request rejected alone; options honoured or refused with a clear error."""
+"""docs/architecture.md §5.5 contracts, for every runner: seeded sampling independent of batching,
+chunking and preemption; prompt logprobs exactly once per prompt token through chunked prefill and
+preemption; a reused row carries nothing over; full-vocabulary logprobs within a bounded working
+set; a bad request rejected alone; options honoured or refused with a clear error."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""Mamba-1 on both runners against HF transformers on HF's own random weights (fp32, CPU), and
-the DESIGN §5.5 contracts on its per-request state: greedy tokens equal HF ``generate`` with
-chunked prefill on and off and under forced preemption; prompt and sampled logprobs within 1e-4;
-seeded samples and prompt logprobs independent of chunking and preemption; a reused state slot
-carries nothing over; the options the state rules out are refused by name (prefix caching turned off, said in the log); and ``LLM(dir)``
-asks the oracle, builds the runner it names and generates what HF generates."""
+"""Mamba-1 on both runners against HF transformers on HF's own random weights (fp32, CPU), and the
+docs/architecture.md §5.5 contracts on its per-request state: greedy tokens equal HF ``generate``
+with chunked prefill on and off and under forced preemption; prompt and sampled logprobs within
+1e-4; seeded samples and prompt logprobs independent of chunking and preemption; a reused state slot
+carries nothing over; the options the state rules out are refused by name (prefix caching turned
+off, said in the log); and ``LLM(dir)`` asks the oracle, builds the runner it names and generates
+what HF generates."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""runner_v2's step path never waits for the device (DESIGN §5.4): no ``.item()``,
+"""runner_v2's step path never waits for the device (docs/architecture.md §5.4): no ``.item()``,
 ``.tolist()``, ``.cpu()``, ``.synchronize()`` or ``torch.cuda.synchronize`` in runner_v2 or in
 the launchers of the kernels it uses, except where a step's results are collected
 (``AsyncOutput.get_output`` and its helpers). Torch references (``*_ref``) are test oracles,
