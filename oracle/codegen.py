@@ -27,7 +27,7 @@ def _local(dim: str) -> str:
 
 
 def _conditions_source(conds: Sequence[Condition], consts: dict[str, Any]) -> str:
-    return " and ".join(f"({c.source(consts, _local(c.dim))})" for c in conds)
+    return " and ".join(f"({c.source(consts, _local(c.dim), local=_local)})" for c in conds)
 
 
 def _inline_source(
@@ -97,8 +97,8 @@ def generate(
     derived = derived or {}
     names = frozenset(derived)
     hoisted = sorted(
-        {c.dim for r in rules for c in r.conditions}
-        | {c.dim for s in stages for c in s.conditions}
+        {d for r in rules for c in r.conditions for d in (c.dim, *c.refs)}
+        | {d for s in stages for c in s.conditions for d in (c.dim, *c.refs)}
         | {"family"}
     )
     lines = _derived_lines(derived, consts) + _step_lines(steps, consts, names)

@@ -341,7 +341,7 @@ class _Compiler:
                 self.check_template(text, dims_allowed | extra, pos, (*path, key))
                 mentioned += [p for p in _placeholders(text) if p in dims_allowed]
             self._check_rule_messages(rule, pos, path)
-            tested = [c.dim for c in conditions]
+            tested = [d for c in conditions for d in (c.dim, *c.refs)]
             mentioned = [m for m in mentioned if m not in ("v1_labels", "early_runner")]
             dims = tuple(dict.fromkeys(tested + mentioned))
             out.append(

@@ -1,14 +1,17 @@
 """Conditions of rules and cohorts: parsed against the pack's dimensions, compiled to Python.
 
 A ``when`` mapping ANDs one condition per dimension. A condition is a value (equal), a list
-(one of), or a mapping of operators ``gt ge lt le`` (numbers) and ``not`` (a value or a list).
+(one of), or a mapping of operators ``gt ge lt le`` and ``multiple_of not_multiple_of``
+(numbers) and ``not`` (a value or a list). A numeric operator's operand is a number or the
+name of another numeric dimension: ``tensor_parallel_size: {not_multiple_of:
+decode_context_parallel_size}`` is vLLM 0.29's ``tp % dcp != 0`` (vllm/config/parallel.py).
 Each condition becomes a Python expression over the config ``c`` and the architecture's
 resolved family attributes ``a``; :mod:`oracle.compile` joins them into one function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +22,8 @@ from turnout.oracle.yamlpos import PathKey, Positions
 
 NOT_DIMENSIONS = {"env", "deployment_id", "model"}
 _NUMERIC_OPS = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+_MULTIPLE_OPS = {"multiple_of": "==", "not_multiple_of": "!="}
+_OPERATORS = "gt, ge, lt, le, multiple_of, not_multiple_of, not"
 
 
 # Built-in dimensions that read a value a condition may also find absent (None).
@@ -86,8 +91,19 @@ class Condition:
     dim: str
     ops: tuple[tuple[str, Any], ...]
 
-    def test(self, value: Any) -> bool:
-        """Evaluate on a plain value (lint, explain and the matrix use this)."""
+    @property
+    def refs(self) -> tuple[str, ...]:
+        """The other dimensions this condition reads (numeric operands naming a dimension)."""
+        return tuple(
+            operand
+            for op, operand in self.ops
+            if (op in _NUMERIC_OPS or op in _MULTIPLE_OPS) and isinstance(operand, str)
+        )
+
+    def test(self, value: Any, other: Callable[[str], Any] | None = None) -> bool:
+        """Evaluate on a plain value (lint, explain and the matrix use this). ``other`` reads
+        another dimension's value; without it an operator comparing with another dimension
+        counts as one that may hold."""
         for op, operand in self.ops:
             if op == "eq" and not _same(value, operand):
                 return False
@@ -97,8 +113,13 @@ class Condition:
                 return False
             if op == "notin" and any(_same(value, o) for o in operand):
                 return False
-            if op in _NUMERIC_OPS and not (value is not None and _cmp(op, value, operand)):
-                return False
+            if op in _NUMERIC_OPS or op in _MULTIPLE_OPS:
+                if isinstance(operand, str):
+                    if other is None:
+                        continue
+                    operand = other(operand)
+                if not _numeric(op, value, operand):
+                    return False
         return True
 
     def source(
@@ -106,10 +127,12 @@ class Condition:
         consts: dict[str, Any],
         expr: str | None = None,
         derived: AbstractSet[str] = frozenset(),
+        local: Callable[[str], str] | None = None,
     ) -> str:
         """The Python expression; set operands are bound as names in ``consts``.
 
-        ``expr`` replaces the dimension's reading expression (a hoisted local name).
+        ``expr`` replaces the dimension's reading expression (a hoisted local name); ``local``
+        gives the hoisted name of a dimension an operand names (else it is read in place).
         """
         e = expr or dimension_expr(self.dim, derived)
         parts: list[str] = []
@@ -118,8 +141,16 @@ class Condition:
                 name = f"_K{len(consts)}"
                 consts[name] = frozenset(operand)
                 parts.append(f"{e} {'in' if op == 'in' else 'not in'} {name}")
-            elif op in _NUMERIC_OPS:
-                parts.append(f"({e} is not None and {e} {_NUMERIC_OPS[op]} {operand!r})")
+            elif op in _NUMERIC_OPS or op in _MULTIPLE_OPS:
+                r = operand
+                guard = f"{e} is not None"
+                if isinstance(operand, str):
+                    r = local(operand) if local else dimension_expr(operand, derived)
+                    guard += f" and {r} is not None"
+                if op in _NUMERIC_OPS:
+                    parts.append(f"({guard} and {e} {_NUMERIC_OPS[op]} {r})")
+                else:
+                    parts.append(f"({guard} and {r} != 0 and {e} % {r} {_MULTIPLE_OPS[op]} 0)")
             elif isinstance(operand, bool) or operand is None:
                 parts.append(f"{e} is {'not ' if op == 'ne' else ''}{operand!r}")
             else:
@@ -131,7 +162,13 @@ def _same(a: Any, b: Any) -> bool:
     return a == b and type(a) is type(b) if isinstance(a, bool) or isinstance(b, bool) else a == b
 
 
-def _cmp(op: str, value: Any, operand: Any) -> bool:
+def _numeric(op: str, value: Any, operand: Any) -> bool:
+    """A numeric operator on two values; an absent value (None) satisfies none of them, and
+    nothing is a multiple of 0."""
+    if value is None or operand is None:
+        return False
+    if op in _MULTIPLE_OPS:
+        return bool(operand != 0 and (value % operand == 0) == (op == "multiple_of"))
     return bool(
         {
             "gt": value > operand,
@@ -214,14 +251,16 @@ class ConditionParser:
         ops: list[tuple[str, Any]] = []
         for op, operand in raw.items():
             p = (*path, op)
-            if op in _NUMERIC_OPS:
-                if kind not in ("int", "float"):
-                    self._fail(p, f"{op} needs a numeric dimension; {dim!r} is {kind}", key=True)
+            if op in _NUMERIC_OPS or op in _MULTIPLE_OPS:
+                whole = op in _MULTIPLE_OPS
+                if kind not in (("int",) if whole else ("int", "float")):
+                    need = "an integer" if whole else "a numeric"
+                    self._fail(p, f"{op} needs {need} dimension; {dim!r} is {kind}", key=True)
                     return None
-                if isinstance(operand, bool) or not isinstance(operand, int | float):
-                    self._fail(p, f"{op} expects a number, got {operand!r}")
+                checked = self._operand(op, operand, whole, p)
+                if checked is None:
                     return None
-                ops.append((op, operand))
+                ops.append((op, checked))
             elif op == "not":
                 if isinstance(operand, list) and kind != "list":
                     ops.append(
@@ -235,11 +274,29 @@ class ConditionParser:
                 else:
                     ops.append(("ne", self._value(dim, kind, operand, p)))
             else:
-                self._fail(
-                    p, f"unknown operator {op!r}; expected one of: gt, ge, lt, le, not", key=True
-                )
+                self._fail(p, f"unknown operator {op!r}; expected one of: {_OPERATORS}", key=True)
                 return None
         return ops
+
+    def _operand(self, op: str, operand: Any, whole: bool, path: PathKey) -> Any:
+        """A numeric operator's operand: a number (a positive integer for the multiple
+        operators), or the name of another numeric dimension of this pack."""
+        if isinstance(operand, str):
+            kind = dimension_kind(operand, self.derived)
+            if kind not in (("int",) if whole else ("int", "float")) or (
+                operand not in self.domains
+            ):
+                need = "an integer" if whole else "a numeric"
+                self._fail(path, f"{op}: {operand!r} is not {need} dimension of this pack")
+                return None
+            return operand
+        if isinstance(operand, bool) or not isinstance(operand, int | float):
+            self._fail(path, f"{op} expects a number or a dimension's name, got {operand!r}")
+            return None
+        if whole and (not isinstance(operand, int) or operand < 1):
+            self._fail(path, f"{op} expects a positive integer, got {operand!r}")
+            return None
+        return operand
 
     def _value(self, dim: str, kind: str, v: Any, path: PathKey) -> Any:
         if v is None:

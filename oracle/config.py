@@ -119,6 +119,23 @@ class DeploymentConfig:
     hidden_size: int | None = declare(
         None, "int", "HF `hidden_size` (None: unknown)", "model", changeable=False, minimum=1
     )
+    num_attention_heads: int | None = declare(
+        None,
+        "int",
+        "HF `num_attention_heads` of the text config (None: unknown; vLLM reads 0 when absent)",
+        "model",
+        changeable=False,
+        minimum=0,
+    )
+    num_key_value_heads: int | None = declare(
+        None,
+        "int",
+        "total KV heads: HF `num_key_value_heads` or its aliases, else num_attention_heads "
+        "(vLLM 0.29 transformers_utils/model_arch_config_convertor.py get_total_num_kv_heads)",
+        "model",
+        changeable=False,
+        minimum=0,
+    )
     # platform
     platform: str = declare("cuda", "enum", "accelerator platform", "platform", PLATFORMS)
     triton_available: bool = declare(True, "bool", "Triton importable on the host", "platform")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ _DERIVED_FROM: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }
 
 
-def _value(dim: str, arch: ArchInfo, cfg: dict[str, Any]) -> Any:
+def _value(dim: str, *, arch: ArchInfo, cfg: dict[str, Any]) -> Any:
     if dim in cfg:
         return cfg[dim]
     if dim == "pooling":
@@ -220,7 +221,8 @@ class _Linter:
         for st in stages:
             if st.families and arch.family not in st.families:
                 continue
-            if all(c.test(_value(c.dim, arch, cfg)) for c in st.conditions):
+            read = partial(_value, arch=arch, cfg=cfg)
+            if all(c.test(read(c.dim), read) for c in st.conditions):
                 return st.index
         return -1
 

@@ -211,7 +211,9 @@ def _refused(
     names = [f for _, f, _, _ in string.Formatter().parse(step.error.text) if f]
     values = {n: dim_value(pd, n, state, a, p, early) for n in names}
     text = step.error.render(values)
-    matched = {c.dim: dim_value(pd, c.dim, state, a, p, early) for c in step.conditions}
+    matched = {
+        d: dim_value(pd, d, state, a, p, early) for c in step.conditions for d in (c.dim, *c.refs)
+    }
     reason = Reason(f"step.{step.id}", text, "hard", "refuses", matched, step.reference)
     lines = said + (list(decision.messages) if decision is not None else [])
     return _error_decision(pd, a, p, text, lines, ErrorCode.REFUSED, reason, digest)

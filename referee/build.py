@@ -65,12 +65,13 @@ def make_platform(spec: dict[str, Any]) -> Any:
 
 # ParallelConfig values that shape what its __post_init__ derives (world size, the default
 # executor backend), the all2all backend (the removed pplx and naive fall back to
-# allgather_reducescatter there) and the EPLB switches, whose refusals the packs model (EPLB off
-# CUDA/ROCm(/XPU), without expert parallelism, without any TP/PCP/DP:
+# allgather_reducescatter there) and the EPLB switches, whose refusals the packs model (EPLB
+# off CUDA/ROCm(/XPU), without expert parallelism, without any TP/PCP/DP:
 # config/parallel.py _validate_parallel_config), go through the constructor and its
 # validators. The other feature flags are assigned after construction, as the selection code
-# reads them: ParallelConfig's checks of them (DCP dividing TP, elastic EP) are not modelled
-# yet and run in python -m referee serve-check only.
+# reads them. Of ParallelConfig's checks of them, DCP dividing TP is restated below (the packs
+# model it); a DCP that fits no PCP layout and elastic EP are not modelled yet and run in
+# python -m referee serve-check only.
 _SHAPE = (
     "tensor_parallel_size",
     "pipeline_parallel_size",
@@ -97,6 +98,11 @@ def _parallel(spec: dict[str, Any]) -> Any:
     for key in _FLAGS:
         if spec.get(key) is not None:
             object.__setattr__(pc, key, spec[key])
+    tp, dcp = pc.tensor_parallel_size, pc.decode_context_parallel_size
+    if pc.prefill_context_parallel_size == 1 and tp % dcp != 0:
+        # Restated from config/parallel.py _validate_parallel_config (0.29: line 553; the same
+        # text through 0.33): "DCP reuses the TP ranks when PCP is disabled".
+        raise ValueError(f"tp_size={tp} must be divisible by dcp_size={dcp}.")
     return pc
 
 
@@ -216,6 +222,23 @@ def _draft(spec: dict[str, Any]) -> Any:
     )
 
 
+def _check_feature_supported(spec: dict[str, Any]) -> None:
+    """``EngineArgs._check_feature_supported`` (engine/arg_utils.py of 0.29-0.33, called by
+    ``create_engine_config`` right after the model config): the release's own method, on the
+    two attributes it reads. Raises its NotImplementedError (pipeline parallelism with the
+    uniprocess executor)."""
+    from types import SimpleNamespace
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    EngineArgs._check_feature_supported(  # type: ignore[arg-type]
+        SimpleNamespace(
+            pipeline_parallel_size=spec.get("pipeline_parallel_size") or 1,
+            distributed_executor_backend=spec.get("distributed_executor_backend"),
+        )
+    )
+
+
 def build_config(spec: dict[str, Any], facts: dict[str, Any], release: str) -> Any:
     """The ``VllmConfig`` the selection runs on (not yet normalised by ``__post_init__``).
 
@@ -230,6 +253,7 @@ def build_config(spec: dict[str, Any], facts: dict[str, Any], release: str) -> A
         VllmConfig,
     )
 
+    _check_feature_supported(spec)
     cfg = object.__new__(VllmConfig)
     _defaults(cfg, VllmConfig)
     model = _model(spec, facts)

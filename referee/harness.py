@@ -213,7 +213,7 @@ def run_case(spec: dict[str, Any], release: str) -> dict[str, Any]:
         try:
             cfg = build_config(spec, facts, release)
             runner = replay(cfg, spec, facts, release, _CAPTURE)
-        except (ValueError, AssertionError, TypeError) as exc:
+        except (ValueError, AssertionError, TypeError, NotImplementedError) as exc:
             return {
                 "decision": "error",
                 "error": error_text(exc),

@@ -184,6 +184,7 @@ def final(cfg: Any, spec: dict[str, Any], release: str, evaluate: Any) -> str:
             cfg._validate_v2_model_runner()
         else:
             cfg._validate_v1_model_runner()
+    cfg._validate_batch_sharded_sampling()  # vllm.py:1658 of 0.29, the release's own method
     microbatching_backends(cfg, release)
     return "v2" if v2 else "v1"
 

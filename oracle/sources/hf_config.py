@@ -108,6 +108,38 @@ def _hidden_size(cfg: Mapping[str, Any]) -> int | None:
     return None
 
 
+def _count(cfg: Mapping[str, Any], keys: tuple[str, ...]) -> int | None:
+    """The first of ``keys`` that ``cfg`` holds as a non-negative integer."""
+    for key in keys:
+        value = cfg.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
+
+
+#: Where vLLM reads the head counts: transformers' ``num_attention_heads`` (the attribute maps
+#: of GPT-2 and others spell it ``n_head``), and for the KV heads the attributes its
+#: ``get_total_num_kv_heads`` tries in order, falling back to the attention heads (vLLM 0.29
+#: vllm/transformers_utils/model_arch_config_convertor.py).
+_ATTENTION_HEADS = ("num_attention_heads", "n_head", "n_heads")
+_KV_HEADS = (
+    "n_head_kv",
+    "num_kv_heads",
+    "num_key_value_heads",
+    "multi_query_group_num",
+    "num_attention_groups",
+)
+
+
+def _heads(data: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, int]:
+    cfg = text or data
+    heads = _count(cfg, _ATTENTION_HEADS)
+    if heads is None:
+        return {}
+    kv = _count(cfg, _KV_HEADS)
+    return {"num_attention_heads": heads, "num_key_value_heads": heads if kv is None else kv}
+
+
 def _state_layers(data: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, bool]:
     """has_inner_state / is_hybrid / attention_free from the layer layout the file states."""
     model_type = text.get("model_type") or data.get("model_type")
@@ -152,6 +184,7 @@ def hf_config_to_fields(source: str | Path | Mapping[str, Any]) -> dict[str, Any
     hidden = _hidden_size(text) or _hidden_size(data)
     if hidden is not None:
         fields["hidden_size"] = hidden
+    fields.update(_heads(data, text))
     fields["has_index_topk"] = "index_topk" in data  # vLLM: hasattr(hf_config, "index_topk")
     quant = _quantization(data) or _quantization(text)
     if quant:
