@@ -281,7 +281,7 @@ class ConditionParser:
     def _operand(self, op: str, operand: Any, whole: bool, path: PathKey) -> Any:
         """A numeric operator's operand: a number (a positive integer for the multiple
         operators), or the name of another numeric dimension of this pack."""
-        if isinstance(operand, str):
+        if isinstance(operand, str) and dimension_kind(operand, self.derived) is not None:
             kind = dimension_kind(operand, self.derived)
             if kind not in (("int",) if whole else ("int", "float")) or (
                 operand not in self.domains

@@ -76,7 +76,9 @@ def test_without_the_other_value_a_reference_may_hold() -> None:
     ("when", "message"),
     [
         ({"tensor_parallel_size": {"le": "no_such_dim"}},
-         "le: 'no_such_dim' is not a numeric dimension of this pack"),
+         "le expects a number or a dimension's name, got 'no_such_dim'"),
+        ({"tensor_parallel_size": {"le": "hidden_size"}},  # a dimension, not declared here
+         "le: 'hidden_size' is not a numeric dimension of this pack"),
         ({"tensor_parallel_size": {"le": "platform"}},
          "le: 'platform' is not a numeric dimension of this pack"),
         ({"tensor_parallel_size": {"multiple_of": 0}}, "multiple_of expects a positive integer"),
