@@ -17,7 +17,11 @@ releases run it.
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from functools import cache
 from typing import Any
 
 _EAGLE_LIKE = ("eagle", "eagle3", "mtp")  # get_args(EagleModelTypes), resolved names
@@ -270,6 +274,55 @@ def expert_parallel_needs_experts(cfg: Any, facts: dict[str, Any]) -> None:
         )
 
 
+_PP_PROBE = """
+import json, logging
+from referee.serve_real import prepare
+prepare()
+logging.getLogger("vllm").setLevel(logging.CRITICAL)
+from referee.architectures import ARCHITECTURE_POOL
+from vllm.model_executor.models.interfaces import supports_pp
+from vllm.model_executor.models.registry import ModelRegistry
+out = []
+for arch in ARCHITECTURE_POOL:
+    registered = ModelRegistry.models.get(arch)
+    if registered is None:
+        continue
+    try:
+        model_cls = registered.load_model_cls()
+    except Exception:  # an optional package of that model is missing here
+        continue
+    if not supports_pp(model_cls):
+        out.append(arch)
+print(json.dumps(out))
+"""
+
+
+@cache
+def classes_without_pp() -> frozenset[str]:
+    """The architectures of the pool whose model class, loaded from the installed release's
+    registry, does not implement ``SupportsPP`` (its own ``supports_pp``). Asked in a child
+    process with the real-code referee's stand-ins: this harness stubs the CUDA-graph module
+    the model classes import. A class this environment cannot import (torchvision and others
+    are not installed) is left out, as the packs leave it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PP_PROBE], capture_output=True, text=True, check=True
+    )
+    return frozenset(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def pipeline_needs_supports_pp(cfg: Any, spec: dict[str, Any]) -> None:
+    """``ModelConfig.verify_with_parallel_config`` (config/model.py:1425 of 0.29, the same text
+    through 0.33), after the expert check: pipeline parallelism needs a model class that
+    implements ``SupportsPP`` (:func:`classes_without_pp`). Restated: the raise."""
+    if cfg.parallel_config.pipeline_parallel_size > 1 and (
+        spec["architecture"] in classes_without_pp()
+    ):
+        raise NotImplementedError(
+            "Pipeline parallelism is not supported for this model. "
+            "Supported models implement the `SupportsPP` interface."
+        )
+
+
 def replay(
     cfg: Any, spec: dict[str, Any], facts: dict[str, Any], release: str, capture: Any
 ) -> str:
@@ -282,6 +335,7 @@ def replay(
     if v in ((0, 30), (0, 31)):
         cfg._check_watermarking_unsupported()
     expert_parallel_needs_experts(cfg, facts)
+    pipeline_needs_supports_pp(cfg, spec)
     cfg.parallel_config.set_dcp_defaults()
     async_scheduling(cfg, spec, release, capture)
     enforce_eager(cfg, spec, release)

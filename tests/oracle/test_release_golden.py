@@ -48,10 +48,14 @@ def test_golden_cases_cover_every_outcome(release: str) -> None:
     assert decisions == {"v1", "v2", "error"}
 
 
-#: Steps that read model facts (head counts) the spec cases do not carry: the serve-line
+#: Steps that read model facts (head counts, model type) the spec cases do not carry: the serve-line
 #: referee (``make referee-serve-check``) confirms them against ``create_engine_config`` on
 #: real config.json files, and tests/oracle/test_serve_lines.py holds them to its cases.
-FACT_STEPS = {"tp_must_divide_attention_heads", "dcp_gqa_needs_more_tp_than_kv_heads"}
+FACT_STEPS = {
+    "tp_must_divide_attention_heads",
+    "dcp_gqa_needs_more_tp_than_kv_heads",
+    "mtp_refuses_model_without_mtp",  # reads the model_type of config.json
+}
 #: Steps seed 1's cases of one release happen not to reach, whose source text is the same in
 #: releases where golden cases do reach them.
 UNREACHED = {"0.31": {"batch_sharded_sampling_refuses_adaptive"}}  # confirmed in 0.29, 0.30, 0.32
