@@ -189,6 +189,7 @@ def _speculative(spec: dict[str, Any], release: str) -> Any:
     method = spec.get("speculative_method", "none")
     if method == "none":
         return None
+    _check_method(method)
     cfg = object.__new__(SpeculativeConfig)
     values = {
         "method": method,
@@ -209,6 +210,19 @@ def _speculative(spec: dict[str, Any], release: str) -> Any:
     for key, value in values.items():
         object.__setattr__(cfg, key, value)
     return cfg
+
+
+def _check_method(method: str) -> None:
+    """The release's ``SpeculativeMethod`` Literal, validated by pydantic as the
+    ``SpeculativeConfig`` field is (0.33 dropped medusa and mlp_speculator). Raises ValueError
+    with the text the real config's ValidationError gives (its location is ``method``)."""
+    import pydantic
+    from vllm.config import speculative
+
+    try:
+        pydantic.TypeAdapter(speculative.SpeculativeMethod).validate_python(method)
+    except pydantic.ValidationError as exc:
+        raise ValueError(f"method: {exc.errors()[0]['msg']}") from None
 
 
 def _draft(spec: dict[str, Any]) -> Any:
@@ -257,10 +271,12 @@ def build_config(spec: dict[str, Any], facts: dict[str, Any], release: str) -> A
     cfg = object.__new__(VllmConfig)
     _defaults(cfg, VllmConfig)
     model = _model(spec, facts)
+    # In create_engine_config's order: CacheConfig, then ParallelConfig, then the speculative
+    # config (engine/arg_utils.py, 0.29: lines 2089, 2332, 2387); each may refuse.
     parts: dict[str, Any] = {
+        "cache_config": _cache(spec),
         "parallel_config": _parallel(spec),
         "compilation_config": _compilation(spec),
-        "cache_config": _cache(spec),
         "scheduler_config": SchedulerConfig(
             max_model_len=4096,
             max_num_batched_tokens=8192,
