@@ -26,8 +26,10 @@ _MULTIPLE_OPS = {"multiple_of": "==", "not_multiple_of": "!="}
 _OPERATORS = "gt, ge, lt, le, multiple_of, not_multiple_of, not"
 
 
+# The kv_transfer_config keys that are dimensions of their own.
+KV_KEYS = ("kv_connector", "kv_role", "kv_connector_module_path")
 # Built-in dimensions that read a value a condition may also find absent (None).
-_NULLABLE_BUILTINS = {"kv_connector", "kv_role", "early_runner"}
+_NULLABLE_BUILTINS = {"kv_connector", "kv_role", "kv_connector_module_path", "early_runner"}
 
 
 def dimension_kind(name: str, derived: AbstractSet[str] = frozenset()) -> str | None:
@@ -35,7 +37,7 @@ def dimension_kind(name: str, derived: AbstractSet[str] = frozenset()) -> str | 
     when it is not a dimension."""
     if name in derived or name in ("quantized", "pooling"):
         return "bool"
-    if name in ("family", "kv_connector", "kv_role"):
+    if name in ("family", *KV_KEYS):
         return "str"
     if name in ("runner_pin", "early_runner"):
         return "enum"
@@ -47,7 +49,7 @@ def dimension_kind(name: str, derived: AbstractSet[str] = frozenset()) -> str | 
 
 def nullable(name: str) -> bool:
     """Whether a condition may test dimension ``name`` for ``null`` (a field whose default is
-    None: "not set"; kv_connector/kv_role without a KV transfer config; early_runner before any
+    None: "not set"; kv_connector/kv_role/kv_connector_module_path without a KV transfer config; early_runner before any
     early evaluation)."""
     if name in _NULLABLE_BUILTINS:
         return True
@@ -59,7 +61,7 @@ def dimension_expr(name: str, derived: AbstractSet[str] = frozenset()) -> str:
     attributes ``a``, the runner pin ``p`` and (in steps) the last early runner ``e``."""
     if name in derived:
         return f"_D_{name}(c, a, p)"
-    if name in ("kv_connector", "kv_role"):
+    if name in KV_KEYS:
         return f"(c.kv_transfer_config.get({name!r}) if c.kv_transfer_config is not None else None)"
     if name == "early_runner":
         return "e"

@@ -162,6 +162,7 @@ DERIVED_DIMENSIONS: dict[str, str] = {
     "runner_pin": "the pack's runner variable: 'auto' (unset), 'v1' or 'v2'",
     "kv_connector": "kv_transfer_config's `kv_connector` (None without one)",
     "kv_role": "kv_transfer_config's `kv_role` (None without one)",
+    "kv_connector_module_path": "kv_transfer_config's `kv_connector_module_path` (None without one)",
     "early_runner": "the runner of the last early evaluation of a pack's steps (None before one)",
 }
 RUNNER_PINS = ("auto", "v1", "v2")

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from turnout.oracle.compile_types import ArchInfo, CompiledStep, PackData
+from turnout.oracle.conditions import KV_KEYS
 from turnout.oracle.config import CONFIG_FIELD_NAMES
 from turnout.oracle.decision import Decision, Message, Reason
 from turnout.oracle.errors import ErrorCode
@@ -191,6 +192,9 @@ def dim_value(pd: PackData, dim: str, state: Any, a: ArchInfo, p: str, early: st
     if dim in FAMILY_ATTRIBUTES:
         value = getattr(state, dim)
         return value if value is not None else getattr(a, dim)
+    if dim in KV_KEYS:  # read from the kv_transfer_config object, as conditions read it
+        kv = state.kv_transfer_config
+        return kv.get(dim) if kv is not None else None
     return getattr(state, dim, None)
 
 

@@ -213,6 +213,8 @@ DIMENSIONS: dict[str, tuple[float, Draw]] = {
                 {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
                 {"kv_connector": "HiSparseConnector", "kv_role": "kv_both"},
                 {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_producer"},
+                # in older releases' recipes, registered in none of 0.29-0.33
+                {"kv_connector": "P2pNcclConnector", "kv_role": "kv_both"},
             ]
         ),
     ),

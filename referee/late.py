@@ -94,15 +94,25 @@ def static_graphs(cfg: Any, spec: dict[str, Any], release: str) -> None:
         CUDAGraphMode.FULL_DECODE_ONLY,
     ):
         cc.cudagraph_mode = CUDAGraphMode.FULL_DECODE_ONLY
-    if (
-        kv is not None
-        and kv.is_kv_transfer_instance
-        and cc.cudagraph_mode.has_full_cudagraphs()
-        and _layerwise_connector(kv.kv_connector, kv.kv_connector_extra_config)
-    ):
-        cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
+    if kv is not None and kv.is_kv_transfer_instance and cc.cudagraph_mode.has_full_cudagraphs():
+        _registered_connector(kv)
+        if _layerwise_connector(kv.kv_connector, kv.kv_connector_extra_config):
+            cc.cudagraph_mode = CUDAGraphMode.PIECEWISE
     if mc.enforce_eager:
         cc.cudagraph_mode = CUDAGraphMode.NONE
+
+
+def _registered_connector(kv: Any) -> None:
+    """``KVConnectorFactory.get_connector_class`` (kv_connector/factory.py), which the
+    layerwise check above asks first: a connector without a module path must be in the
+    release's own registry (read here; its classes are not loaded, their modules import CUDA
+    kernels). Restated: the raise."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    if kv.kv_connector_module_path:
+        return
+    if kv.kv_connector not in KVConnectorFactory._registry:
+        raise ValueError(f"Unsupported connector type: {kv.kv_connector}")
 
 
 def _layerwise_connector(name: str | None, extra: dict[str, Any]) -> bool:
