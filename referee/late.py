@@ -104,7 +104,7 @@ def static_graphs(cfg: Any, spec: dict[str, Any], release: str) -> None:
 
 def _registered_connector(kv: Any) -> None:
     """``KVConnectorFactory.get_connector_class`` (kv_connector/factory.py), which the
-    layerwise check above asks first: a connector without a module path must be in the
+    layerwise check above and :func:`hybrid_kv_cache_connector` ask: a connector without a module path must be in the
     release's own registry (read here; its classes are not loaded, their modules import CUDA
     kernels). Restated: the raise."""
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -196,7 +196,17 @@ def final(cfg: Any, spec: dict[str, Any], release: str, evaluate: Any) -> str:
             cfg._validate_v1_model_runner()
     cfg._validate_batch_sharded_sampling()  # vllm.py:1658 of 0.29, the release's own method
     microbatching_backends(cfg, release)
+    hybrid_kv_cache_connector(cfg)
     return "v2" if v2 else "v1"
+
+
+def hybrid_kv_cache_connector(cfg: Any) -> None:
+    """vllm.py:1819 of 0.29 (2264 of 0.33), after the microbatching check: with the hybrid KV
+    cache manager left unset, ``KVConnectorFactory.supports_hma_config`` looks the connector
+    class up, whatever the CUDA graph mode (:func:`_registered_connector`)."""
+    kv = cfg.kv_transfer_config
+    if kv is not None and cfg.scheduler_config.disable_hybrid_kv_cache_manager is None:
+        _registered_connector(kv)
 
 
 def microbatching_backends(cfg: Any, release: str) -> None:

@@ -123,6 +123,23 @@ def test_only_compiled_extensions_are_stood_in_for(name: str, stubbed: bool) -> 
             "the `SupportsPP` interface.",
         ),
         ("qwen3-8b", ["-pp", "2"], None),
+        # vLLM looks the connector up (and refuses one it does not register) with full CUDA
+        # graphs before the selection, and again after it for the hybrid KV cache manager; the
+        # refusal names it (it once rendered as None)
+        (
+            "qwen3-8b",
+            ["--kv-transfer-config", '{"kv_connector": "P2pNcclConnector", "kv_role": "kv_both"}'],
+            "Unsupported connector type: P2pNcclConnector",
+        ),
+        (
+            "qwen3-8b",
+            [
+                "--enforce-eager",
+                "--kv-transfer-config",
+                '{"kv_connector": "P2pNcclConnector", "kv_role": "kv_both"}',
+            ],
+            "Unsupported connector type: P2pNcclConnector",
+        ),
         # MTP drafts from the target itself: Qwen3's model type has no MTP variant
         (
             "qwen3-8b",
