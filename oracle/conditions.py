@@ -49,8 +49,8 @@ def dimension_kind(name: str, derived: AbstractSet[str] = frozenset()) -> str | 
 
 def nullable(name: str) -> bool:
     """Whether a condition may test dimension ``name`` for ``null`` (a field whose default is
-    None: "not set"; kv_connector/kv_role/kv_connector_module_path without a KV transfer config; early_runner before any
-    early evaluation)."""
+    None: "not set"; the kv_transfer_config keys without one; early_runner before any early
+    evaluation)."""
     if name in _NULLABLE_BUILTINS:
         return True
     return name in DEFAULTS and DEFAULTS[name] is None
@@ -144,15 +144,19 @@ class Condition:
                 consts[name] = frozenset(operand)
                 parts.append(f"{e} {'in' if op == 'in' else 'not in'} {name}")
             elif op in _NUMERIC_OPS or op in _MULTIPLE_OPS:
+                # A field with a default is never None (DeploymentConfig checks its type): only
+                # the nullable ones (model facts) need the guard, which costs a decision time.
                 r = operand
-                guard = f"{e} is not None"
+                guards = [f"{e} is not None"] if nullable(self.dim) else []
                 if isinstance(operand, str):
                     r = local(operand) if local else dimension_expr(operand, derived)
-                    guard += f" and {r} is not None"
+                    guards += [f"{r} is not None"] if nullable(operand) else []
+                    guards += [f"{r} != 0"] if op in _MULTIPLE_OPS else []
                 if op in _NUMERIC_OPS:
-                    parts.append(f"({guard} and {e} {_NUMERIC_OPS[op]} {r})")
+                    test = f"{e} {_NUMERIC_OPS[op]} {r}"
                 else:
-                    parts.append(f"({guard} and {r} != 0 and {e} % {r} {_MULTIPLE_OPS[op]} 0)")
+                    test = f"{e} % {r} {_MULTIPLE_OPS[op]} 0"
+                parts.append(" and ".join([*guards, test]))
             elif isinstance(operand, bool) or operand is None:
                 parts.append(f"{e} is {'not ' if op == 'ne' else ''}{operand!r}")
             else:
