@@ -170,7 +170,7 @@ def _serve_check(args: argparse.Namespace) -> int:
     lines (:mod:`referee.serve_gen`); one JSON report on stdout, mismatches to ``--out``."""
     from collections import Counter
 
-    from referee.compare import agree, line_answer
+    from referee.compare import Tally, line_answer
     from referee.serve_gen import generate, resolve, write_models
     from referee.serve_real import run_case
     from turnout.oracle import load_pack
@@ -184,8 +184,7 @@ def _serve_check(args: argparse.Namespace) -> int:
     assert models, "no model configs"
     pack = load_pack(args.pack or f"vllm-{args.release}")
     t0 = time.perf_counter()
-    total = same_decision = same_all = 0
-    by_decision: Counter[str] = Counter()
+    tally = Tally()
     classes: Counter[str] = Counter()
     failures: list[str] = []
     mismatches: list[dict[str, Any]] = []
@@ -196,12 +195,7 @@ def _serve_check(args: argparse.Namespace) -> int:
             failures.append(f"{case['id']}: {type(exc).__name__}: {str(exc)[:200]}")
             continue
         got = line_answer(pack, case, resolve(case["argv"], folder), args.release)
-        d_ok, all_ok = agree(want, got)
-        total += 1
-        same_decision += d_ok
-        same_all += all_ok
-        by_decision[want["decision"]] += 1
-        if not all_ok:
+        if not tally.add(want, got):
             key = f"vllm {want['decision']} / turnout {got['decision']}: " + (
                 (want.get("error") or "")[:90]
                 if want["decision"] == "error"
@@ -214,10 +208,10 @@ def _serve_check(args: argparse.Namespace) -> int:
     report = {
         "release": args.release,
         "seed": args.seed,
-        "cases": total,
-        "by_decision": dict(by_decision),
-        "identical": round(same_all / max(total, 1), 4),
-        "same_decision": round(same_decision / max(total, 1), 4),
+        "cases": tally.total,
+        "by_decision": dict(tally.by_decision),
+        "identical": tally.share(tally.same_all),
+        "same_decision": tally.share(tally.same_decision),
         "harness_failures": len(failures),
         "classes": dict(classes.most_common(args.show)),
         "seconds": round(time.perf_counter() - t0, 1),

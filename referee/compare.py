@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -50,6 +51,29 @@ def agree(want: Mapping[str, Any], got: Mapping[str, Any]) -> tuple[bool, bool]:
     return same_decision, same_all
 
 
+@dataclass
+class Tally:
+    """Agreement counted over ``(want, got)`` pairs: cases, same decision, same everything
+    (:func:`agree`) and the count of each decision vLLM gave."""
+
+    total: int = 0
+    same_decision: int = 0
+    same_all: int = 0
+    by_decision: Counter[str] = field(default_factory=Counter)
+
+    def add(self, want: Mapping[str, Any], got: Mapping[str, Any]) -> bool:
+        """Count one pair; whether they agree on everything."""
+        d_ok, all_ok = agree(want, got)
+        self.total += 1
+        self.same_decision += d_ok
+        self.same_all += all_ok
+        self.by_decision[want["decision"]] += 1
+        return all_ok
+
+    def share(self, count: int) -> float:
+        return round(count / max(self.total, 1), 4)
+
+
 def compare_pack(
     pack_name: str, cases: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]
 ) -> dict[str, Any]:
@@ -58,26 +82,20 @@ def compare_pack(
     from turnout.oracle import load_pack
 
     pack = load_pack(pack_name)
-    total = same_decision = same_all = 0
-    by_decision: Counter[str] = Counter()
+    tally = Tally()
     mismatches: list[dict[str, Any]] = []
     for case, want in cases:
         got = pack_answer(pack, case["config"])
-        d_ok, all_ok = agree(want, got)
-        total += 1
-        same_decision += d_ok
-        same_all += all_ok
-        by_decision[want["decision"]] += 1
-        if not all_ok:
+        if not tally.add(want, got):
             mismatches.append(
                 {"id": case["id"], "config": case["config"], "want": want, "got": got}
             )
     return {
         "pack": pack_name,
-        "cases": total,
-        "by_decision": dict(by_decision),
-        "agree_decision": round(same_decision / max(total, 1), 4),
-        "agree_all": round(same_all / max(total, 1), 4),
+        "cases": tally.total,
+        "by_decision": dict(tally.by_decision),
+        "agree_decision": tally.share(tally.same_decision),
+        "agree_all": tally.share(tally.same_all),
         "mismatches": mismatches,
     }
 
