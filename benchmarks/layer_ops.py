@@ -124,7 +124,7 @@ def sampler_case(num_reqs: int = 256) -> dict[str, Any]:
     tables = sampling_tables(num_reqs, seed=0)
     for name in ("temperature", "top_p", "repetition_penalty"):
         getattr(tables, name).fill_(1.0)
-    for name in ("top_k", "frequency_penalty", "presence_penalty", "min_tokens"):
+    for name in ("top_k", "min_p", "frequency_penalty", "presence_penalty", "min_tokens"):
         getattr(tables, name).zero_()
     tables = type(tables)(**{k: v.cuda() for k, v in vars(tables).items()})
     logits = torch.randn(num_reqs, VOCAB, device="cuda")

@@ -9,6 +9,8 @@ runner produces the same number of tokens). Requests go to ``/v1/completions`` w
 with at most ``--max-concurrency`` in flight. Measured per request from the client: TTFT (to the
 first token's chunk), TPOT ((end - first token) / (tokens - 1)), ITL (the gaps between chunks),
 E2E; reported as p50 / p99 in ms, with output tok/s over the whole run and the error count.
+``--client-procs N`` deals each pass to N client processes, so that the client's own Python
+does not set the pace.
 
 With ``--model`` the benchmark starts the server itself (``--runner`` v1, v2 or auto), loads
 the same model in-process afterwards for the offline figure (``--offline``), and stops the
@@ -27,6 +29,7 @@ import argparse
 import asyncio
 import json
 import math
+import multiprocessing
 import os
 import random
 import signal
@@ -119,11 +122,12 @@ async def one_request(
     return result
 
 
-async def run_load(
-    args: argparse.Namespace, base_url: str, model: str, prompts: list[list[int]]
-) -> dict[str, Any]:
+async def send_all(
+    args: argparse.Namespace, base_url: str, model: str, prompts: list[list[int]], limit: int
+) -> tuple[list[Result], float, float]:
+    """Send ``prompts`` with at most ``limit`` in flight (or at ``--request-rate``); the
+    results and the pass's start and end on the system-wide monotonic clock."""
     url = base_url.rstrip("/") + "/v1/completions"
-    limit = args.max_concurrency or len(prompts)
     gate = asyncio.Semaphore(limit)
     rng = random.Random(args.seed + 1)
     timeout = httpx.Timeout(None)
@@ -135,13 +139,44 @@ async def run_load(
                 return await one_request(client, url, model, prompt, args.output_len)
 
         tasks = []
-        start = time.perf_counter()
+        start = time.monotonic()
         for prompt in prompts:
             tasks.append(asyncio.create_task(gated(prompt)))
             if args.request_rate != float("inf"):
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
+        return list(results), start, time.monotonic()
+
+
+def _client_process(
+    job: tuple[argparse.Namespace, str, str, list[list[int]], int],
+) -> tuple[list[Result], float, float]:
+    args, base_url, model, prompts, limit = job
+    return asyncio.run(send_all(args, base_url, model, prompts, limit))
+
+
+def run_load(
+    args: argparse.Namespace, base_url: str, model: str, prompts: list[list[int]]
+) -> dict[str, Any]:
+    """One pass. With ``--client-procs N`` above 1 the prompts and the concurrency are dealt
+    to N client processes (round robin), so that parsing the streams in Python does not set
+    the pace; their results are pooled. Returns the pass's figures."""
+    limit = args.max_concurrency or len(prompts)
+    num_procs = max(1, min(args.client_procs, limit, len(prompts)))
+    if num_procs == 1:
+        results, start, end = asyncio.run(send_all(args, base_url, model, prompts, limit))
+    else:
+        rate = args.request_rate / num_procs if args.request_rate != float("inf") else None
+        one = argparse.Namespace(**{**vars(args), "request_rate": rate or float("inf")})
+        jobs = [
+            (one, base_url, model, prompts[i::num_procs], len(range(i, limit, num_procs)))
+            for i in range(num_procs)
+        ]
+        with multiprocessing.get_context("spawn").Pool(num_procs) as pool:
+            parts = pool.map(_client_process, jobs)
+        results = [r for part in parts for r in part[0]]
+        start, end = min(p[1] for p in parts), max(p[2] for p in parts)
+    duration = end - start
     ok = [r for r in results if r.ok]
     tokens = sum(r.num_output_tokens for r in ok)
     tpot = [(r.e2e - r.ttft) / (r.num_output_tokens - 1) for r in ok if r.num_output_tokens > 1]
@@ -155,6 +190,7 @@ async def run_load(
         "num_requests": len(results),
         "num_errors": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "client_procs": num_procs,
         "duration_s": round(duration, 3),
         "output_tok_s": round(tokens / duration, 1),
         "ttft_ms": {"p50": ms([r.ttft for r in ok], 50), "p99": ms([r.ttft for r in ok], 99)},
@@ -211,12 +247,17 @@ def offline(args: argparse.Namespace, prompts: list[list[int]]) -> dict[str, Any
     """``LLM.generate`` on the same prompts and settings, after a warm-up pass."""
     from turnout.engine.llm import LLM
     from turnout.engine.sampling_params import SamplingParams
+    from turnout.serving.startup import auto_dtype
 
     extra: dict[str, Any] = {"max_num_seqs": args.max_num_seqs, "max_model_len": args.max_model_len}
     if args.max_num_batched_tokens:
         extra["max_num_batched_tokens"] = args.max_num_batched_tokens
     if args.dtype != "auto":
         extra["dtype"] = {"half": "float16", "float": "float32"}.get(args.dtype, args.dtype)
+    else:  # the server's own --dtype auto (bfloat16 on a GPU), not the engine's float32
+        dtype = auto_dtype(args.model, None)
+        if dtype is not None:
+            extra["dtype"] = dtype
     llm = LLM(args.model, args.runner, **extra)
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=1.0)
     warm = prompts[: min(len(prompts), args.warmup)]
@@ -258,6 +299,13 @@ def main() -> None:
         default=None,
         help="requests in flight at most; a comma list (1,64,256) runs one pass per value on "
         "the same server",
+    )
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="client processes sharing each pass (the streams are parsed in Python: one "
+        "process can set the pace at a few hundred streams)",
     )
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -306,7 +354,7 @@ def main() -> None:
         runner = httpx.get(url + "/version").json().get("runner")
         if args.warmup:
             warm = argparse.Namespace(**{**vars(args), "output_len": 4, "max_concurrency": None})
-            asyncio.run(run_load(warm, url, model, prompts[: args.warmup]))
+            run_load(warm, url, model, prompts[: args.warmup])
         out["served"] = []
         for concurrency in concurrencies:
             one = argparse.Namespace(**{**vars(args), "max_concurrency": concurrency})
@@ -315,7 +363,7 @@ def main() -> None:
             result = {
                 "runner": runner,
                 "max_concurrency": concurrency,
-                **asyncio.run(run_load(one, url, model, subset)),
+                **run_load(one, url, model, subset),
             }
             print(json.dumps(result), flush=True)
             out["served"].append(result)

@@ -89,7 +89,7 @@ class LLM:
         engine_args["device"] = device or _default_device()
         self.config: EngineConfig = engine_config_for(model, model_config, **engine_args)
         # Before the weights: a tokenizer that cannot be read fails fast.
-        self.tokenizer = _load_tokenizer(
+        self.tokenizer = load_tokenizer_for(
             tokenizer if tokenizer is not None else model, explicit=tokenizer is not None
         )
         self.pack = load_pack(pack)
@@ -408,7 +408,14 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _load_tokenizer(source: str | Path, *, explicit: bool) -> Any:
+def load_tokenizer_for(source: str | Path, *, explicit: bool) -> Any:
+    """The tokenizer at ``source``, or ``None`` where a model directory has none (prompts are
+    then token ids).
+
+    Raises:
+        FileNotFoundError: ``explicit`` (``--tokenizer`` / ``tokenizer=`` given) and it cannot
+            be read.
+    """
     from turnout.engine.model.tokenizer import load_tokenizer
 
     if explicit and not Path(source).exists():
@@ -445,4 +452,4 @@ def _rejected(req_id: str, prompt: Prompt | None, tokens: Any, error: str) -> Re
     )
 
 
-__all__ = ["LLM"]
+__all__ = ["LLM", "load_tokenizer_for"]

@@ -53,6 +53,10 @@ class SamplingParams:
             at most float32's largest value (runners divide in float32).
         top_p: nucleus mass in ``(0, 1]``, at least float32's smallest normal (1.2e-38); 1
             keeps every token.
+        min_p: in ``[0, 1]``; a token whose probability (after temperature) is below
+            ``min_p`` times the most likely token's is dropped, before top-k and top-p (vLLM's
+            ``MinPLogitsProcessor``, ``vllm/v1/sample/logits_processor/builtin.py``). 0
+            disables it; 1 keeps only the most likely token(s). Greedy requests ignore it.
         top_k: ``-1`` or ``0`` keeps every token, else the ``k`` most likely
             (``-1 <= top_k < 2**31``).
         presence_penalty: subtracted once per token present in the output, ``[-2, 2]``.
@@ -80,6 +84,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -151,6 +156,13 @@ class SamplingParams:
             "top_p",
             self.top_p,
             "a number in (0, 1] (at least 1.2e-38, float32's smallest normal)",
+        )
+        _require(
+            _is_f32(self.min_p) and 0 <= self.min_p <= 1,
+            "min_p",
+            self.min_p,
+            "a number in [0, 1] (0 disables it; at least 1.2e-38, float32's smallest normal, "
+            "when above 0)",
         )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)

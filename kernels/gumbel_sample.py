@@ -3,13 +3,16 @@
 Programs per request of the batch (table row ``idx_mapping[i]``; one, or one per vocabulary
 slice, see :func:`gumbel_sample`) walk its logits row in blocks, applying on the fly and in
 this order: penalties (from the counts of ``kernels/penalties.py``), the ``min_tokens`` mask,
-then either greedy argmax (temperature 0) or temperature, top-k, top-p and the draw ``argmax(x + g)`` with the stateless noise of
-``kernels/gumbel_noise.py`` (``g`` from ``(seed, position, token_id)``, so V2's samples equal
-V1's). The raw logits are never written: logprobs are taken from them afterwards.
+then either greedy argmax (temperature 0) or temperature, min-p, top-k, top-p and the draw
+``argmax(x + g)`` with the stateless noise of ``kernels/gumbel_noise.py`` (``g`` from
+``(seed, position, token_id)``, so V2's samples equal V1's). The raw logits are never written:
+logprobs are taken from them afterwards.
 
-top-k and top-p thresholds come from radix selection (``kernels/_select.py``): no sort, no
-``[num_reqs, vocab_size]`` scratch. Divisions use ``div_rn`` and FP contraction is off, so every
-value equals torch's float32 arithmetic in :func:`gumbel_sample_ref`.
+Each filter keeps the tokens at or above an order key, so the three make one threshold. min-p's
+is the lowest key it keeps (one pass after the row's maximum); top-k and top-p thresholds come
+from radix selection (``kernels/_select.py``): no sort, no ``[num_reqs, vocab_size]`` scratch.
+Divisions use ``div_rn`` and FP contraction is off, so every value equals torch's float32
+arithmetic in :func:`gumbel_sample_ref` (min-p's ``exp`` aside: docs/sampling.md, the limits).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class SamplingTables:
     temperature: torch.Tensor  # float32
     top_k: torch.Tensor  # int32, <= 0 keeps all
     top_p: torch.Tensor  # float32
+    min_p: torch.Tensor  # float32, 0 keeps all
     repetition_penalty: torch.Tensor  # float32
     frequency_penalty: torch.Tensor  # float32
     presence_penalty: torch.Tensor  # float32
@@ -71,6 +75,7 @@ class SamplingTables:
             "temperature": torch.float32,
             "top_k": torch.int32,
             "top_p": torch.float32,
+            "min_p": torch.float32,
             "repetition_penalty": torch.float32,
             "frequency_penalty": torch.float32,
             "presence_penalty": torch.float32,
@@ -133,19 +138,71 @@ def _kept_threshold(  # type: ignore[no-untyped-def]
     temperature,
     top_k,
     top_p,
+    min_p,
     vocab_size,
     HAS_COUNTS: tl.constexpr,
     MAX_STOP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    # docs/sampling.md steps 7 (top-k) and 8 (top-p) on the processed logits of one row: the
-    # order key at or above which a token is kept (0 keeps all). Shared with the processed
-    # probabilities of kernels/sampling_probs.py, so that both keep the same tokens.
+    # docs/sampling.md steps 6 (min-p), 7 (top-k) and 8 (top-p) on the processed logits of one
+    # row: the order key at or above which a token is kept (0 keeps all). Shared with the
+    # processed probabilities of kernels/sampling_probs.py, so that both keep the same tokens.
     offs = tl.arange(0, BLOCK_SIZE)
     threshold = tl.full([], 0, tl.int64)  # keys >= threshold are kept; 0 keeps all
+    m = tl.full([], float("-inf"), tl.float32)  # the row's largest logit (min-p and top-p)
+    if (min_p > 0.0) | (top_p < 1.0):
+        for start in range(0, vocab_size, BLOCK_SIZE):
+            tok = start + offs
+            x = _processed_logits(
+                logits_row,
+                counts_row,
+                stop_row,
+                tok,
+                tok < vocab_size,
+                rep,
+                freq,
+                pres,
+                mask_stop,
+                temperature,
+                HAS_COUNTS,
+                MAX_STOP,
+                True,
+            )
+            m = tl.maximum(m, tl.max(x, axis=0))
+    if min_p > 0.0:
+        # vLLM drops p < min_p * p_max (vllm/v1/sample/logits_processor/builtin.py); with
+        # p = exp(x - m) / Z and p_max = 1 / Z that is exp(x - m) < min_p, without Z. The
+        # maximum always stays (x == m, whatever exp rounds to). The kept set is every key
+        # from the lowest kept one up, so top-k and top-p below start from it.
+        lowest = tl.full([], 1 << 33, tl.int64)  # above every key
+        for start in range(0, vocab_size, BLOCK_SIZE):
+            tok = start + offs
+            mask = tok < vocab_size
+            x = _processed_logits(
+                logits_row,
+                counts_row,
+                stop_row,
+                tok,
+                mask,
+                rep,
+                freq,
+                pres,
+                mask_stop,
+                temperature,
+                HAS_COUNTS,
+                MAX_STOP,
+                True,
+            )
+            ok = mask & ((x == m) | (tl.exp(x - m) >= min_p))
+            lowest = tl.minimum(lowest, tl.min(tl.where(ok, _float_key(x), 1 << 33), axis=0))
+        threshold = lowest
     if (top_k > 0) & (top_k < vocab_size):
+        # The k-th largest key of the whole row. min-p only drops a tail below the keys it
+        # keeps, so top-k of what min-p left is the larger of the two thresholds (all of it
+        # when fewer than k are left).
+        kth = tl.full([], 0, tl.int64)
         for r in range(8):
-            cand, shift = _radix_candidates(threshold, r)
+            cand, shift = _radix_candidates(kth, r)
             num_ge = tl.zeros([16], tl.int32)
             for start in range(0, vocab_size, BLOCK_SIZE):
                 tok = start + offs
@@ -167,27 +224,9 @@ def _kept_threshold(  # type: ignore[no-untyped-def]
                 )
                 ge = (_float_key(x)[:, None] >= cand[None, :]) & mask[:, None]
                 num_ge += tl.sum(ge.to(tl.int32), axis=0)
-            threshold = _radix_advance(threshold, shift, num_ge >= top_k)
+            kth = _radix_advance(kth, shift, num_ge >= top_k)
+        threshold = tl.maximum(threshold, kth)
     if top_p < 1.0:
-        m = tl.full([], float("-inf"), tl.float32)
-        for start in range(0, vocab_size, BLOCK_SIZE):
-            tok = start + offs
-            x = _processed_logits(
-                logits_row,
-                counts_row,
-                stop_row,
-                tok,
-                tok < vocab_size,
-                rep,
-                freq,
-                pres,
-                mask_stop,
-                temperature,
-                HAS_COUNTS,
-                MAX_STOP,
-                True,
-            )
-            m = tl.maximum(m, tl.max(x, axis=0))
         kept_from = threshold
         target = tl.full([], 0.0, tl.float32)
         for r in range(8):
@@ -232,6 +271,7 @@ def _gumbel_sample_kernel(  # type: ignore[no-untyped-def]
     temperature_ptr,
     top_k_ptr,
     top_p_ptr,
+    min_p_ptr,
     rep_ptr,
     freq_ptr,
     pres_ptr,
@@ -255,10 +295,11 @@ def _gumbel_sample_kernel(  # type: ignore[no-untyped-def]
     SPLIT: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
 ):
-    # Grid (num_reqs, num_splits). A row without top-k/top-p (greedy or plain temperature) is
-    # split over the vocabulary: program (i, s) takes the argmax of its slice of split_len ids
-    # and _gumbel_reduce_kernel picks among the slices. A row with top-k or top-p needs its
-    # whole row for the thresholds, so split 0 does all of it and the other splits nothing.
+    # Grid (num_reqs, num_splits). A row without min-p/top-k/top-p (greedy or plain
+    # temperature) is split over the vocabulary: program (i, s) takes the argmax of its slice of
+    # split_len ids and _gumbel_reduce_kernel picks among the slices. A row with min-p, top-k or
+    # top-p needs its whole row for the threshold, so split 0 does all of it and the other
+    # splits nothing.
     i = tl.program_id(0)
     split = tl.program_id(1)
     row = tl.load(idx_mapping_ptr + i).to(tl.int64)
@@ -266,6 +307,7 @@ def _gumbel_sample_kernel(  # type: ignore[no-untyped-def]
     temperature = tl.load(temperature_ptr + p)
     top_k = tl.load(top_k_ptr + p)
     top_p = tl.load(top_p_ptr + p)
+    min_p = tl.load(min_p_ptr + p)
     rep = tl.load(rep_ptr + p)
     freq = tl.load(freq_ptr + p)
     pres = tl.load(pres_ptr + p)
@@ -277,7 +319,9 @@ def _gumbel_sample_kernel(  # type: ignore[no-untyped-def]
     offs = tl.arange(0, BLOCK_SIZE)
     best_val = tl.full([], float("-inf"), tl.float32)
     best_idx = tl.full([], 0, tl.int32)
-    filtered = (temperature != 0.0) & (((top_k > 0) & (top_k < vocab_size)) | (top_p < 1.0))
+    filtered = (temperature != 0.0) & (
+        ((top_k > 0) & (top_k < vocab_size)) | (top_p < 1.0) | (min_p > 0.0)
+    )
     lo = tl.where(filtered, tl.where(split == 0, 0, vocab_size), split * split_len)
     hi = tl.where(filtered, vocab_size, tl.minimum(vocab_size, split * split_len + split_len))
     if temperature == 0.0:
@@ -301,7 +345,7 @@ def _gumbel_sample_kernel(  # type: ignore[no-untyped-def]
             best_val, best_idx = _argmax_update(x, tok, best_val, best_idx)
     else:
         threshold = tl.full([], 0, tl.int64)  # keys >= threshold are kept; 0 keeps all
-        if split == 0:  # a row with top-k/top-p is sampled whole by split 0 alone
+        if split == 0:  # a row with min-p/top-k/top-p is sampled whole by split 0 alone
             threshold = _kept_threshold(
                 logits_row,
                 counts_row,
@@ -313,6 +357,7 @@ def _gumbel_sample_kernel(  # type: ignore[no-untyped-def]
                 temperature,
                 top_k,
                 top_p,
+                min_p,
                 vocab_size,
                 HAS_COUNTS,
                 MAX_STOP,
@@ -376,7 +421,7 @@ def gumbel_sample(
     """Sample one token per request (docs/sampling.md steps 3-9) (Triton).
 
     ``counts=None`` when no request of the batch has penalties (skips that code entirely).
-    Rows without top-k/top-p are split over the vocabulary (flash-decoding's split and second
+    Rows without min-p/top-k/top-p are split over the vocabulary (flash-decoding's split and second
     reduction, Dao et al. 2023, applied to the argmax), so one step's sampling at 256 requests
     of a 151,936-id vocabulary runs about 2,000 programs instead of 256; the sample is the same
     whatever the split (the noise depends only on seed, position and token id).
@@ -407,6 +452,7 @@ def gumbel_sample(
         tables.temperature,
         tables.top_k,
         tables.top_p,
+        tables.min_p,
         tables.repetition_penalty,
         tables.frequency_penalty,
         tables.presence_penalty,
@@ -475,6 +521,7 @@ def gumbel_sample_ref(
             sampled_out[i] = int(torch.argmax(x))  # first maximum: the lowest id
             continue
         x = x / temperature
+        x = _min_p_ref(x, float(tables.min_p[row]))
         x = _top_k_ref(x, int(tables.top_k[row]))
         x = _top_p_ref(x, float(tables.top_p[row]))
         seed = tables.seed[row : row + 1]
@@ -492,6 +539,16 @@ def _apply_penalties_ref(
     x = torch.where(c != 0, torch.where(x > 0, x / rep, x * rep), x)
     x = x - tables.frequency_penalty[row] * count
     return x - tables.presence_penalty[row] * (count > 0).to(torch.float32)
+
+
+def _min_p_ref(x: torch.Tensor, min_p: float) -> torch.Tensor:
+    # docs/sampling.md step 6: vLLM's MinPLogitsProcessor.apply
+    # (vllm/v1/sample/logits_processor/builtin.py), after temperature, before top-k and top-p:
+    # a token whose probability is below min_p times the largest gets -inf.
+    if min_p <= 0.0:
+        return x
+    probs = torch.softmax(x, dim=0)
+    return x.masked_fill(probs < min_p * probs.max(), float("-inf"))
 
 
 def _top_k_ref(x: torch.Tensor, k: int) -> torch.Tensor:

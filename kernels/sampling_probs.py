@@ -1,5 +1,5 @@
 """The distribution a request samples from, written out: ``softmax`` of its processed logits
-over the tokens top-k and top-p keep (docs/sampling.md steps 3-8), zero elsewhere.
+over the tokens min-p, top-k and top-p keep (docs/sampling.md steps 3-8), zero elsewhere.
 
 Speculative decoding's rejection rule (``kernels/rejection_sample.py``) needs the target's and
 the draft's probabilities of a draft token, and the residual ``max(p - q, 0)`` over the whole
@@ -23,6 +23,7 @@ from turnout.kernels.gumbel_sample import (
     SamplingTables,
     _apply_penalties_ref,
     _kept_threshold,
+    _min_p_ref,
     _processed_logits,
     _top_k_ref,
     _top_p_ref,
@@ -38,6 +39,7 @@ def _compute_probs_kernel(  # type: ignore[no-untyped-def]
     temperature_ptr,
     top_k_ptr,
     top_p_ptr,
+    min_p_ptr,
     rep_ptr,
     freq_ptr,
     pres_ptr,
@@ -80,6 +82,7 @@ def _compute_probs_kernel(  # type: ignore[no-untyped-def]
             temperature,
             tl.load(top_k_ptr + p),
             tl.load(top_p_ptr + p),
+            tl.load(min_p_ptr + p),
             vocab_size,
             HAS_COUNTS,
             MAX_STOP,
@@ -180,6 +183,7 @@ def compute_probs(
         tables.temperature,
         tables.top_k,
         tables.top_p,
+        tables.min_p,
         tables.repetition_penalty,
         tables.frequency_penalty,
         tables.presence_penalty,
@@ -208,8 +212,8 @@ def compute_probs_ref(
     counts: torch.Tensor | None,
     probs_out: torch.Tensor,
 ) -> None:
-    """Torch reference of :func:`compute_probs` (same arguments; one row at a time, top-k and
-    top-p by sorting as ``gumbel_sample_ref``)."""
+    """Torch reference of :func:`compute_probs` (same arguments; one row at a time, min-p by
+    softmax, top-k and top-p by sorting, as ``gumbel_sample_ref``)."""
     _check(logits, idx_mapping, positions, tables, counts, probs_out)
     for i, row in enumerate(idx_mapping.tolist()):
         temperature = float(tables.temperature[row])
@@ -221,7 +225,7 @@ def compute_probs_ref(
         if int(positions[i]) - int(tables.num_prompt_tokens[row]) < int(tables.min_tokens[row]):
             stop = tables.stop_token_ids[row]
             x[stop[stop >= 0].long()] = float("-inf")
-        x = x / tables.temperature[row]
+        x = _min_p_ref(x / tables.temperature[row], float(tables.min_p[row]))
         x = _top_p_ref(_top_k_ref(x, int(tables.top_k[row])), float(tables.top_p[row]))
         probs_out[i] = torch.softmax(x, dim=0)
 

@@ -31,6 +31,7 @@ class RequestView:
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = -1
+    min_p: float = 0.0
     seed: int = 0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -66,6 +67,7 @@ class InputBatch:
         self.temperature_np = np.zeros(n, np.float32)
         self.top_p_np = np.ones(n, np.float32)
         self.top_k_np = np.full(n, -1, np.int32)
+        self.min_p_np = np.zeros(n, np.float32)
         self.seeds_np = np.zeros(n, np.int64)
         self.presence_penalty_np = np.zeros(n, np.float32)
         self.frequency_penalty_np = np.zeros(n, np.float32)
@@ -116,6 +118,7 @@ class InputBatch:
         self.temperature_np[row] = v.temperature
         self.top_p_np[row] = v.top_p
         self.top_k_np[row] = v.top_k
+        self.min_p_np[row] = v.min_p
         self.seeds_np[row] = v.seed
         self.presence_penalty_np[row] = v.presence_penalty
         self.frequency_penalty_np[row] = v.frequency_penalty
@@ -178,6 +181,7 @@ class InputBatch:
             self.temperature_np,
             self.top_p_np,
             self.top_k_np,
+            self.min_p_np,
             self.seeds_np,
             self.presence_penalty_np,
             self.frequency_penalty_np,

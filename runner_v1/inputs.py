@@ -148,6 +148,8 @@ def build_sampling_metadata(
             "frequency_penalty": t(batch.frequency_penalty_np[rows], torch.float32),
             "repetition_penalty": t(batch.repetition_penalty_np[rows], torch.float32),
         }
+    min_p = batch.min_p_np[rows]
+    min_p_t = t(min_p, torch.float32) if bool((min_p > 0).any()) else None  # None: no softmax
     return SamplingMetadata(
         temperature=t(batch.temperature_np[rows], torch.float32),
         top_k=t(batch.top_k_np[rows], torch.int64),
@@ -158,6 +160,7 @@ def build_sampling_metadata(
         prompt_token_ids=prompts,
         masked_token_ids=masked,
         logits_processors=processors,
+        min_p=min_p_t,
         **penalties,
     )
 

@@ -201,6 +201,7 @@ class V1ModelRunner(RunnerBase):
             temperature=p.temperature,
             top_p=p.top_p,
             top_k=p.top_k,
+            min_p=p.min_p,
             seed=p.seed or 0,
             presence_penalty=p.presence_penalty,
             frequency_penalty=p.frequency_penalty,

@@ -28,6 +28,7 @@ class SamplingMetadata:
         temperature: ``[N] float32``.
         top_k: ``[N] int64``; ``<= 0`` keeps every token.
         top_p: ``[N] float32``; 1 keeps every token.
+        min_p: ``[N] float32`` or ``None`` when no row has ``min_p > 0``; 0 keeps every token.
         seeds: ``[N] int64``.
         positions: ``[N] int64``, index in its sequence of the token each row samples.
         output_token_ids: per row, the output so far (drafts before the row included).
@@ -50,6 +51,7 @@ class SamplingMetadata:
     repetition_penalty: torch.Tensor | None = None
     masked_token_ids: Sequence[Sequence[int]] = ()
     logits_processors: Sequence[Sequence[Callable[..., Any]]] = ()
+    min_p: torch.Tensor | None = None
 
 
 def apply_logits_processors(logits: torch.Tensor, md: SamplingMetadata) -> dict[int, str]:
@@ -121,6 +123,22 @@ def apply_masks(logits: torch.Tensor, md: SamplingMetadata) -> None:
             logits[row, list(ids)] = float("-inf")
 
 
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Step 6's min-p on temperature-scaled logits ``[N, vocab_size]`` with ``min_p`` ``[N]``
+    float32: a token whose probability is below ``min_p`` times its row's largest gets
+    ``-inf``. Returns a new tensor (or ``logits`` when no row has ``min_p > 0``).
+
+    vLLM's ``MinPLogitsProcessor.apply`` (``vllm/v1/sample/logits_processor/builtin.py``), run
+    by ``Sampler.sample`` (``vllm/v1/sample/sampler.py``) after temperature and before top-k and
+    top-p. A row with ``min_p`` 0 keeps every token; the most likely token(s) always stay.
+    """
+    if not bool((min_p > 0).any()):
+        return logits
+    probs = logits.softmax(dim=-1)
+    max_prob = probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < min_p.unsqueeze(1) * max_prob, float("-inf"))
+
+
 def apply_top_k_top_p(
     logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
 ) -> torch.Tensor:
@@ -147,13 +165,16 @@ def apply_top_k_top_p(
 
 
 def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:  # [N] int64
-    """Steps 5-9 on processed logits ``[N, vocab_size] float32`` (not modified)."""
+    """Steps 5-9 on processed logits ``[N, vocab_size] float32`` (not modified): temperature,
+    then min-p, then top-k and top-p, as vLLM's ``Sampler.sample``."""
     greedy_rows = md.temperature < GREEDY_EPS
     greedy = logits.argmax(dim=-1)  # ties: the first (lowest) id
     random_rows = (~greedy_rows).nonzero().squeeze(1)
     if random_rows.numel() == 0:
         return greedy
     x = logits[random_rows] / md.temperature[random_rows].unsqueeze(1)
+    if md.min_p is not None:
+        x = apply_min_p(x, md.min_p[random_rows])
     x = apply_top_k_top_p(x, md.top_k[random_rows], md.top_p[random_rows])
     noise = gumbel_noise_ref(md.seeds[random_rows], md.positions[random_rows], logits.shape[1])
     drawn = (x + noise.to(x.device)).argmax(dim=-1)
@@ -165,6 +186,7 @@ __all__ = [
     "SamplingMetadata",
     "apply_logits_processors",
     "apply_masks",
+    "apply_min_p",
     "apply_penalties",
     "apply_top_k_top_p",
     "sample",

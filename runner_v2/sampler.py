@@ -1,8 +1,8 @@
 """runner_v2's sampler: docs/sampling.md over the request table, entirely on the device.
 
 Per step: penalty counts (only when a scheduled request has a penalty), one Gumbel-max launch
-for every request (greedy, temperature, top-k, top-p, min_tokens and the seeded noise shared
-with runner_v1), then the logprobs of the requests that asked, from the raw logits. Outputs are
+for every request (greedy, temperature, min-p, top-k, top-p, min_tokens and the seeded noise
+shared with runner_v1), then the logprobs of the requests that asked, from the raw logits. Outputs are
 fresh tensors each step: the asynchronous copy of step N still reads them while step N+1 runs.
 """
 

@@ -64,9 +64,11 @@ class Col(enum.IntEnum):
     NUM_PROMPT_LOGPROBS = 15  # -1: none
     NUM_DRAFTS = 16  # drafts its last step verified (speculative decoding)
     NUM_ACCEPTED = 17  # drafts its last step accepted
+    MIN_P = 18  # F32, 0 disables
+    PADDING = 19  # always 0: NUM_COLS stays even, so every row's seed stays 8-byte aligned
 
 
-NUM_COLS = 18
+NUM_COLS = 20
 
 
 @dataclass(frozen=True)
@@ -152,6 +154,7 @@ class RequestStates:
             temperature=self.col_f32(Col.TEMPERATURE),
             top_k=self.col(Col.TOP_K),
             top_p=self.col_f32(Col.TOP_P),
+            min_p=self.col_f32(Col.MIN_P),
             repetition_penalty=self.col_f32(Col.REPETITION_PENALTY),
             frequency_penalty=self.col_f32(Col.FREQUENCY_PENALTY),
             presence_penalty=self.col_f32(Col.PRESENCE_PENALTY),
@@ -292,6 +295,7 @@ class RequestStates:
         f32[Col.TEMPERATURE] = 0.0 if params.temperature < _GREEDY_EPS else params.temperature
         words[Col.TOP_K] = params.top_k
         f32[Col.TOP_P] = params.top_p
+        f32[Col.MIN_P] = params.min_p
         f32[Col.REPETITION_PENALTY] = params.repetition_penalty
         f32[Col.FREQUENCY_PENALTY] = params.frequency_penalty
         f32[Col.PRESENCE_PENALTY] = params.presence_penalty
@@ -303,7 +307,7 @@ class RequestStates:
         words[Col.NUM_PROMPT_LOGPROBS] = (
             -1 if params.prompt_logprobs is None else params.prompt_logprobs
         )
-        words[Col.NUM_DRAFTS] = words[Col.NUM_ACCEPTED] = 0
+        words[Col.NUM_DRAFTS] = words[Col.NUM_ACCEPTED] = words[Col.PADDING] = 0
         return words
 
 

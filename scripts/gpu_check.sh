@@ -13,8 +13,8 @@
 # spec_decode.log/.json.
 # Exit status: non-zero if any part failed.
 #   6. (part `serving`) the serving benchmark (benchmarks/serving.py: `turnout engine serve` on
-#      random Qwen3-0.6B weights, V2 and V1, concurrency 1, 64 and 256, and offline LLM.generate
-#      on the same prompts) and the gpu tests of tests/serving. Needs the service's libraries
+#      random Qwen3-0.6B weights, V2 and V1, concurrency 1, 64 and 256 from 4 client processes,
+#      and offline LLM.generate on the same prompts; then V2 with its engine core in a thread) and the gpu tests of tests/serving. Needs the service's libraries
 #      (fastapi, uvicorn, pydantic...): carried as wheels where the machine lacks them.
 # Usage (repository root): bash scripts/gpu_check.sh [all|tests|tests-parity|tests-rest|bench|families|spec|serving]
 # `tests` is `tests-parity` (the gpu tests of tests/runner_v2 and tests/parity: about 9 minutes on
@@ -67,10 +67,16 @@ write_random_weights(json.load(open('policies/reference/model_configs/qwen3-0.6b
   for runner in v2 v1; do
     "$PY" benchmarks/serving.py --model /tmp/qwen3-0.6b --runner "$runner" --num-prompts 1024 \
       --input-len 512 --output-len 128 --max-concurrency 1,64,256 --max-num-seqs 256 \
-      --max-model-len 1024 --offline --log "$OUT/serving-server-$runner.log" 2>&1 \
+      --max-model-len 1024 --client-procs 4 --offline --log "$OUT/serving-server-$runner.log" 2>&1 \
       | tee "$OUT/serving-$runner.log" || status=1
     tail -n 1 "$OUT/serving-$runner.log" > "$OUT/serving-$runner.json"
   done
+  # The same V2 server with its engine core in a thread of the server's process, side by side.
+  TURNOUT_ENABLE_MULTIPROCESSING=0 "$PY" benchmarks/serving.py --model /tmp/qwen3-0.6b --runner v2 \
+    --num-prompts 1024 --input-len 512 --output-len 128 --max-concurrency 64,256 \
+    --max-num-seqs 256 --max-model-len 1024 --client-procs 4 \
+    --log "$OUT/serving-server-v2-thread.log" 2>&1 | tee "$OUT/serving-v2-thread.log" || status=1
+  tail -n 1 "$OUT/serving-v2-thread.log" > "$OUT/serving-v2-thread.json"
   "$PY" -m pytest -p no:cacheprovider -q -rfEs tests/serving/test_serving_gpu.py 2>&1 \
     | tee "$OUT/serving_tests.log" || status=1
   echo "serving benchmark done after $((SECONDS - start)) s"

@@ -46,7 +46,7 @@ from turnout.engine.errors import InvalidRequestError
 from turnout.engine.outputs import Logprobs
 from turnout.engine.pooling_params import PoolingParams
 from turnout.engine.sampling_params import SamplingParams
-from turnout.serving.async_engine import AsyncEngine, Delta
+from turnout.serving.async_engine import AsyncEngine, Delta, EngineDeadError
 from turnout.serving.detokenize import token_text
 from turnout.serving.protocol import (
     ERROR_TYPES,
@@ -55,6 +55,7 @@ from turnout.serving.protocol import (
     EmbeddingRequest,
     error_body,
 )
+from turnout.serving.startup import EngineInfo
 
 logger = logging.getLogger("turnout.serving")
 
@@ -110,7 +111,8 @@ class ServerState:
     api_keys: frozenset[str] = frozenset()
     runner_header: str = "loading"
     engine: AsyncEngine | None = None
-    llm: Any = None
+    info: EngineInfo | None = None
+    tokenizer: Any = None
     metrics: Any = None
     decision: dict[str, Any] | None = None
     engine_id: str | None = None  # as registered with the service (None: not reported)
@@ -237,6 +239,10 @@ def create_app(state: ServerState) -> FastAPI:
     async def _starlette_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return HTTPError(exc.status_code, str(exc.detail)).response()
 
+    @app.exception_handler(EngineDeadError)
+    async def _engine_dead(_request: Request, exc: EngineDeadError) -> JSONResponse:
+        return HTTPError(500, str(exc)).response()
+
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unexpected error")
@@ -342,12 +348,13 @@ class _Generation:
             raise HTTPError(
                 400, f"{unsupported} is not supported by turnout's runners", param=unsupported
             )
-        llm = state.llm
-        if llm.config.runner_kind != "generate":
+        info = state.info
+        assert info is not None  # the middleware answers 503 until the engine is in
+        if info.runner_kind != "generate":
             raise HTTPError(
                 400, f"{self.model} is a pooling model: use /v1/embeddings", param="model"
             )
-        self.tokenizer = llm.tokenizer
+        self.tokenizer = state.tokenizer
         self.created = int(time.time())
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.prompts = self._prompts()
@@ -436,6 +443,7 @@ class _Generation:
                 temperature=1.0 if body.temperature is None else body.temperature,
                 top_p=1.0 if body.top_p is None else body.top_p,
                 top_k=-1 if body.top_k is None else body.top_k,
+                min_p=body.min_p,
                 presence_penalty=body.presence_penalty,
                 frequency_penalty=body.frequency_penalty,
                 repetition_penalty=body.repetition_penalty,
@@ -695,8 +703,10 @@ async def _until_disconnect(
 
 async def _embed(state: ServerState, body: EmbeddingRequest, request: Request) -> Response:
     model = _check_model(state, body.model)
-    llm = state.llm
-    if "embed" not in llm.config.pooling_tasks:
+    info = state.info
+    assert info is not None  # the middleware answers 503 until the engine is in
+    tokenizer = state.tokenizer
+    if "embed" not in info.pooling_tasks:
         raise HTTPError(
             400, f"{model} does not serve embeddings (it generates text)", param="model"
         )
@@ -721,9 +731,9 @@ async def _embed(state: ServerState, body: EmbeddingRequest, request: Request) -
         out: list[list[int]] = []
         for item in items:
             if isinstance(item, str):
-                if llm.tokenizer is None:
+                if tokenizer is None:
                     raise HTTPError(400, f"{model} has no tokenizer: send token ids", param="input")
-                out.append(llm.tokenizer.encode(item, add_special_tokens=True))
+                out.append(tokenizer.encode(item, add_special_tokens=True))
             else:
                 out.append(list(item))
         return out

@@ -1,7 +1,7 @@
 """The OpenAI request bodies ``turnout engine serve`` accepts, as vLLM serves them.
 
 Field names, defaults and ranges are OpenAI's (``/v1/completions``, ``/v1/chat/completions``,
-``/v1/embeddings``) plus vLLM's sampling extensions (``top_k``, ``min_tokens``,
+``/v1/embeddings``) plus vLLM's sampling extensions (``top_k``, ``min_p``, ``min_tokens``,
 ``repetition_penalty``, ``ignore_eos``, ``stop_token_ids``, ``include_stop_str_in_output``).
 Defaults follow vLLM 0.33 (``vllm/entrypoints/openai/.../protocol.py``): completions default
 to ``max_tokens=16``; chat completions, when neither ``max_tokens`` nor
@@ -9,8 +9,8 @@ to ``max_tokens=16``; chat completions, when neither ``max_tokens`` nor
 
 Unknown fields are refused (400, naming the field) rather than ignored, and OpenAI fields
 turnout does not implement (``logit_bias``, ``response_format``, ``tools``, ``suffix``,
-``echo``, ``best_of`` above 1, ``min_p`` above 0) are refused by name: a request never gets an
-answer that silently differs from what it asked for.
+``echo``, ``best_of`` above 1) are refused by name: a request never gets an answer that
+silently differs from what it asked for.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class _SamplingFields(BaseModel):
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     top_k: Annotated[int, Field(ge=-1)] | None = None
-    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0
+    min_p: Annotated[float, Field(ge=0, le=1)] = 0.0  # vLLM's; 0 disables (docs/sampling.md)
     presence_penalty: Penalty = 0.0
     frequency_penalty: Penalty = 0.0
     repetition_penalty: Annotated[float, Field(gt=0, le=100)] = 1.0
@@ -87,8 +87,6 @@ class _SamplingFields(BaseModel):
         for name in _UNSUPPORTED:
             if getattr(self, name, None) not in (None, [], {}):
                 return name
-        if self.min_p > 0:
-            return "min_p"
         return None
 
 

@@ -2,7 +2,8 @@
 
 The HTTP server listens at once; the model loads in a thread behind it (``/ready`` is 503 and
 ``/v1/*`` answers 503 with ``Retry-After`` until it is in). Loading builds the engine the way
-``LLM`` does: the oracle decides the runner for this deployment (with the rollout-control
+``LLM`` does, in the engine-core process (:mod:`~turnout.serving.core_client`; a thread of
+this process with ``TURNOUT_ENABLE_MULTIPROCESSING=0``): the oracle decides the runner for this deployment (with the rollout-control
 service's canaries when ``TURNOUT_URL`` is set, else the pack's defaults, exactly as ``turnout
 launch`` decides), the decision is logged, reported to the service with the engine's health,
 shown in ``/v1/models`` and sent as ``x-turnout-runner`` on every answer. ``--runner v1|v2``
@@ -18,26 +19,22 @@ A second signal exits at once.
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
 import signal
-import socket
 import threading
 import time
-import uuid
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import uvicorn
 
-from turnout.oracle.wire import engine_registration
+from turnout.engine.llm import load_tokenizer_for
 from turnout.serving.app import ServerState, create_app
 from turnout.serving.args import ServeArgs
 from turnout.serving.async_engine import AsyncEngine
-from turnout.serving.metrics import METRICS_RELEASE, ServingMetrics
+from turnout.serving.core_client import load_core, multiprocessing_enabled
+from turnout.serving.metrics import ServingMetrics
+from turnout.serving.startup import freeze_heap
 
 logger = logging.getLogger("turnout.serving")
 
@@ -52,130 +49,42 @@ def turnout_version() -> str:
         return "unknown"
 
 
-def auto_dtype(model: Path, device: str | None) -> str | None:
-    """``--dtype auto`` as vLLM resolves it on a GPU (``_get_and_verify_dtype``,
-    vllm/config/model.py): the model's ``torch_dtype`` when it is bfloat16 or float16, and
-    float32 checkpoints downcast to bfloat16. On the CPU ``None``: the engine's float32.
-
-    Raises:
-        FileNotFoundError, ModelConfigError: the model's config cannot be read.
-    """
-    import torch
-
-    from turnout.engine.model_info import read_model_config
-
-    on_gpu = device == "cuda" or (device is None and torch.cuda.is_available())
-    if not on_gpu:
-        return None
-    declared = str(getattr(read_model_config(model), "torch_dtype", None) or "")
-    return declared if declared in ("bfloat16", "float16") else "bfloat16"
-
-
 def load_engine(args: ServeArgs, state: ServerState) -> None:
-    """Build the LLM (the runner decision included), its async engine and metrics, and mark
-    the state ready.
+    """Build the engine (the runner decision included) where
+    ``TURNOUT_ENABLE_MULTIPROCESSING`` says, its front end and metrics, and mark the state
+    ready.
 
     Raises:
+        EngineLoadError: the engine-core process could not build it (its message).
         EngineConfigError, FileNotFoundError, ModelConfigError: what ``LLM`` raises.
     """
-    from turnout.engine.llm import LLM  # torch and the runners: loaded in the loading thread
-
-    engine_args = args.engine_args()
-    if "dtype" not in engine_args:  # --dtype auto
-        dtype = auto_dtype(args.model, args.device)
-        if dtype is not None:
-            engine_args["dtype"] = dtype
-    llm = LLM(
-        args.model,
-        args.runner,
-        tokenizer=args.tokenizer,
-        device=args.device,
-        pack=args.pack,
-        deployment_id=args.deployment_id,
-        **engine_args,
+    # Before the weights: a tokenizer that cannot be read fails fast.
+    tokenizer = load_tokenizer_for(
+        args.tokenizer if args.tokenizer is not None else args.model,
+        explicit=args.tokenizer is not None,
     )
-    decision = llm.decision
-    info = {
-        "runner": str(decision.runner),
-        "mode": decision.mode,
-        "deployment": args.deployment_id or "",
-        "family": decision.family or "",
-        "stage": decision.stage or "",
-        "policy_digest": decision.policy_digest,
-    }
-    metrics = ServingMetrics(state.served_model_names[0], llm.config.max_model_len, info)
-    engine = AsyncEngine(
-        llm.core,
-        llm.tokenizer,
-        metrics,
-        recorder=llm.health_recorder,
-        max_num_queued_reqs=args.max_num_queued_reqs,
-    )
-    # The model, the tokenizer and torch are in: move them into the collector's permanent
-    # generation, so that a full collection in the step loop walks only what requests made
-    # (vLLM's freeze_gc_heap after start-up, vllm/utils/gc_utils.py since 0.11.1).
-    # TURNOUT_FREEZE_HEAP=0 (or false, no, off) leaves the collector as Python has it, as
-    # for `turnout serve`.
-    if os.environ.get("TURNOUT_FREEZE_HEAP", "1").strip().lower() not in _OFF:
-        gc.collect()
-        gc.freeze()
-        logger.info(
-            "heap frozen: %d objects in the collector's permanent generation", gc.get_freeze_count()
-        )
+    core = load_core(args)
+    info = core.info
+    metrics = ServingMetrics(state.served_model_names[0], info.max_model_len, info.metrics_labels)
+    engine = AsyncEngine(core, tokenizer, metrics, max_num_queued_reqs=args.max_num_queued_reqs)
+    if multiprocessing_enabled():
+        freeze_heap("server")
     engine.start()
-    state.llm, state.engine, state.metrics = llm, engine, metrics
-    state.engine_id = register(args, llm)
-    state.decision = decision.to_json()
-    state.max_model_len = llm.config.max_model_len
-    state.runner_header = str(decision.runner)
+    state.info, state.tokenizer, state.engine, state.metrics = info, tokenizer, engine, metrics
+    state.engine_id = info.engine_id
+    state.decision = info.decision
+    state.max_model_len = info.max_model_len
+    state.runner_header = info.runner
     state.ready = True
-    reasons = "; ".join(r.label for r in decision.reasons) if decision.reasons else ""
+    reasons = "; ".join(info.reasons)
     logger.info(
         "serving %s on runner %s (%s%s%s)",
         state.served_model_names[0],
-        decision.runner,
-        "pinned by --runner" if decision.mode == "pinned" else "chosen by the oracle",
-        f", stage {decision.stage}" if decision.stage else "",
+        info.runner,
+        "pinned by --runner" if info.mode == "pinned" else "chosen by the oracle",
+        f", stage {info.stage}" if info.stage else "",
         f": {reasons}" if reasons else "",
     )
-
-
-_OFF = frozenset({"0", "false", "no", "off"})
-
-
-def register(args: ServeArgs, llm: Any) -> str | None:
-    """Register this server with the rollout-control service (when ``TURNOUT_URL`` names
-    one): its address and ``/metrics`` for Prometheus' service discovery, the decision it
-    runs, its cohort; the client repeats it as a heartbeat. Returns the engine id, or None
-    when nothing is reported."""
-    client = llm.oracle_client
-    if client is None:
-        return None
-    engine_id = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        registration = engine_registration(
-            llm.decision,
-            llm.deployment,
-            engine_id=engine_id,
-            address=args.address(),
-            engine="turnout",
-            vllm_version=METRICS_RELEASE,
-            pack=client.wire_pack,
-            deployment_id=llm.deployment.deployment_id or client.host,
-            host=client.host,
-        )
-    except ValueError as exc:  # the server serves; only Prometheus' discovery misses it
-        logger.error("not registered with the rollout-control service: %s", exc)
-        return None
-    client.register_engine(registration)
-    logger.info(
-        "registered with the rollout-control service as %s at %s (%s, %s)",
-        engine_id,
-        registration.address,
-        registration.cohort,
-        registration.runner,
-    )
-    return engine_id
 
 
 class DrainingServer(uvicorn.Server):
@@ -263,11 +172,7 @@ def serve(args: ServeArgs) -> int:
     server.run()
     loader.join(timeout=1.0)
     if state.engine is not None:
-        state.engine.stop()
-    if state.llm is not None and state.engine_id is not None:
-        state.llm.oracle_client.end_engine(state.engine_id)  # leaves the targets at once
-    if state.llm is not None:
-        state.llm.shutdown()
+        state.engine.stop()  # the core stops, leaves the service's targets, shuts down
     return EXIT_LOAD_FAILED if failure else EXIT_OK
 
 

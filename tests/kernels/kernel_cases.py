@@ -95,7 +95,8 @@ def step_case(
 
 
 def sampling_tables(max_num_seqs: int, *, seed: int = 0, max_stop: int = 4) -> SamplingTables:
-    """Varied parameters (greedy, top-k, top-p, penalties, min_tokens) in a packed table."""
+    """Varied parameters (greedy, min-p, top-k, top-p, penalties, min_tokens) in a packed
+    table."""
     g = torch.Generator().manual_seed(seed)
     packed = torch.zeros(max_num_seqs, 10, dtype=torch.int32)
     f = packed.view(torch.float32)
@@ -104,6 +105,7 @@ def sampling_tables(max_num_seqs: int, *, seed: int = 0, max_stop: int = 4) -> S
         temperature=f[:, 0],
         top_k=packed[:, 1],
         top_p=f[:, 2],
+        min_p=f[:, 8],
         repetition_penalty=f[:, 3],
         frequency_penalty=f[:, 4],
         presence_penalty=f[:, 5],
@@ -121,6 +123,7 @@ def sampling_tables(max_num_seqs: int, *, seed: int = 0, max_stop: int = 4) -> S
     tables.presence_penalty.copy_(pick([0.0, 0.0, 0.8, -1.0]))
     tables.min_tokens.copy_(pick([0, 0, 50]).int())
     tables.num_prompt_tokens.copy_(pick([5, 10, 20]).int())
+    tables.min_p.copy_(pick([0.0, 0.0, 0.02, 0.3, 1.0]))
     tables.stop_token_ids[:, 0] = 3
     tables.stop_token_ids[::2, 1] = 17
     if DEVICE == "cpu":
@@ -131,6 +134,7 @@ def sampling_tables(max_num_seqs: int, *, seed: int = 0, max_stop: int = 4) -> S
         temperature=f[:, 0],
         top_k=packed[:, 1],
         top_p=f[:, 2],
+        min_p=f[:, 8],
         repetition_penalty=f[:, 3],
         frequency_penalty=f[:, 4],
         presence_penalty=f[:, 5],

@@ -141,6 +141,7 @@ def test_plain_sampling_is_argmax_of_scaled_logits_plus_shared_noise() -> None:
     tables.temperature.fill_(0.8)
     tables.top_k.fill_(-1)
     tables.top_p.fill_(1.0)
+    tables.min_p.zero_()
     tables.min_tokens.zero_()
     out = torch.zeros(6, dtype=torch.int32, device=DEVICE)
     gumbel_sample(logits, idx, seq_lens, tables, None, out)
@@ -157,6 +158,7 @@ def test_top_k_and_top_p_restrict_the_support() -> None:
     tables.frequency_penalty.zero_()
     tables.presence_penalty.zero_()
     tables.min_tokens.zero_()
+    tables.min_p.zero_()
     tables.seed.copy_(torch.arange(n))
     logits = torch.linspace(3, -3, vocab_size, device=DEVICE).repeat(n, 1)  # token 0 most likely
     idx = torch.arange(n, dtype=torch.int32, device=DEVICE)
@@ -176,9 +178,9 @@ def test_top_k_and_top_p_restrict_the_support() -> None:
 
 @pytest.mark.parametrize("num_splits", [2, 3, 7])
 def test_split_sampling_equals_the_unsplit_and_the_reference(num_splits: int) -> None:
-    # Greedy, plain temperature, top-k and top-p rows in one batch, penalties and min_tokens,
-    # and a greedy row whose maximum ties across two slices (ids 300 and 600; narrow blocks
-    # make slices of 256 or 512 ids): the lowest id wins, as unsplit.
+    # Greedy, plain temperature, min-p, top-k and top-p rows in one batch, penalties and
+    # min_tokens, and a greedy row whose maximum ties across two slices (ids 300 and 600;
+    # narrow blocks make slices of 256 or 512 ids): the lowest id wins, as unsplit.
     vocab_size = 1500
     tables, idx, tokens, seq_lens, logits = _batch(11, vocab_size)
     logits[0, 300] = logits[0, 600] = 40.0
@@ -186,6 +188,7 @@ def test_split_sampling_equals_the_unsplit_and_the_reference(num_splits: int) ->
     tables.temperature[rows[:3]] = 0.0
     tables.top_k[rows[3:6]] = -1
     tables.top_p[rows[3:6]] = 1.0
+    tables.min_p[rows[3:6]] = 0.0
     counts = _counts(tables, idx, tokens, seq_lens, vocab_size)
     ref, unsplit, split = (
         torch.full((idx.shape[0],), -1, dtype=torch.int32, device=DEVICE) for _ in range(3)
@@ -215,3 +218,78 @@ def test_split_count_follows_the_batch() -> None:
             torch.zeros(2, dtype=torch.int32, device=DEVICE),
             num_splits=0,
         )
+
+
+# docs/sampling.md step 6's min-p by hand: probabilities 0.4, 0.3, 0.2, 0.06, 0.04 at
+# temperature 1. (temperature, min_p, top_k, top_p, the tokens kept.)
+HAND_PROBS = [0.4, 0.3, 0.2, 0.06, 0.04]
+MIN_P_CASES = [
+    (1.0, 0.0, -1, 1.0, [0, 1, 2, 3, 4]),  # 0 disables it
+    (1.0, 0.35, -1, 1.0, [0, 1, 2]),  # p >= 0.35 * 0.4 = 0.14
+    (2.0, 0.35, -1, 1.0, [0, 1, 2, 3]),  # after temperature: sqrt(p / 0.4) >= 0.35 (0.39 for id 3)
+    (1.0, 0.4, 2, 1.0, [0, 1]),  # then top-k
+    # then top-p, over what min-p left (4/9 + 3/9 reach 0.75; top-p first would keep id 2 too)
+    (1.0, 0.4, -1, 0.75, [0, 1]),
+    (1.0, 1.0, -1, 1.0, [0]),  # only the most likely
+]
+
+
+def min_p_tables(cases: list[tuple], rows_per_case: int):
+    """A table of ``rows_per_case`` rows per case (seeds 0, 1, ...), no penalties or masks."""
+    n = len(cases) * rows_per_case
+    tables = sampling_tables(n)
+    tables.repetition_penalty.fill_(1.0)
+    for name in ("frequency_penalty", "presence_penalty", "min_tokens"):
+        getattr(tables, name).zero_()
+    tables.seed.copy_(torch.arange(n))
+    for i, (temperature, min_p, top_k, top_p, *_) in enumerate(cases):
+        rows = slice(i * rows_per_case, (i + 1) * rows_per_case)
+        tables.temperature[rows] = temperature
+        tables.min_p[rows] = min_p
+        tables.top_k[rows] = top_k
+        tables.top_p[rows] = top_p
+    return tables
+
+
+def test_min_p_draws_only_the_hand_computed_tokens() -> None:
+    per_case = 32
+    tables = min_p_tables(MIN_P_CASES, per_case)
+    n = len(MIN_P_CASES) * per_case
+    logits = torch.tensor(HAND_PROBS, device=DEVICE).log().repeat(n, 1)
+    idx = torch.arange(n, dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.full((n,), 30, dtype=torch.int32, device=DEVICE)
+    out, ref = (torch.full((n,), -1, dtype=torch.int32, device=DEVICE) for _ in range(2))
+    gumbel_sample(logits, idx, seq_lens, tables, None, out)
+    gumbel_sample_ref(logits, idx, seq_lens, tables, None, ref)
+    assert torch.equal(out, ref)
+    for i, (*_, kept) in enumerate(MIN_P_CASES):
+        drawn = set(out[i * per_case : (i + 1) * per_case].tolist())
+        assert drawn <= set(kept), MIN_P_CASES[i]
+        if len(kept) <= 3:  # each kept token has probability >= 2/9 then: 32 draws reach it
+            assert drawn == set(kept), MIN_P_CASES[i]
+
+
+def test_min_p_1_keeps_the_tied_maxima_and_greedy_ignores_min_p() -> None:
+    tables = min_p_tables([(0.7, 1.0, -1, 1.0), (0.0, 1.0, -1, 1.0)], 32)
+    logits = torch.tensor([2.0, 2.0, 1.9, 0.0, -1.0], device=DEVICE).repeat(64, 1)
+    idx = torch.arange(64, dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.full((64,), 9, dtype=torch.int32, device=DEVICE)
+    out = torch.full((64,), -1, dtype=torch.int32, device=DEVICE)
+    gumbel_sample(logits, idx, seq_lens, tables, None, out)
+    assert set(out[:32].tolist()) == {0, 1}  # only the maxima (id 2 is 0.87 of them at 0.7)
+    assert out[32:].tolist() == [0] * 32  # greedy: argmax, lowest id
+
+
+@pytest.mark.parametrize(("seed", "vocab_size"), [(5, 130), (6, 700)])
+def test_min_p_rows_match_reference(seed: int, vocab_size: int) -> None:
+    # Every row samples with min-p (several values), over the tables' top-k, top-p, penalties
+    # and min_tokens; ties at the top in row 0.
+    tables, idx, tokens, seq_lens, logits = _batch(seed, vocab_size)
+    rows = idx.long()
+    tables.temperature[rows] = torch.tensor([0.5, 1.0, 1.5, 0.8, 1.2] * 2, device=DEVICE)
+    tables.min_p[rows] = torch.tensor([0.01, 0.05, 0.1, 0.3, 1.0] * 2, device=DEVICE)
+    counts = _counts(tables, idx, tokens, seq_lens, vocab_size)
+    out, ref = (torch.full((idx.shape[0],), -1, dtype=torch.int32, device=DEVICE) for _ in range(2))
+    gumbel_sample(logits, idx, seq_lens, tables, counts, out)
+    gumbel_sample_ref(logits, idx, seq_lens, tables, counts, ref)
+    assert torch.equal(out, ref)

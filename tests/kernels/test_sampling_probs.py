@@ -41,3 +41,24 @@ def test_shapes_are_checked() -> None:
     tables, idx, _, seq_lens, logits = _batch(0, 130)
     with pytest.raises(ValueError, match="probs_out must be"):
         compute_probs(logits, idx, seq_lens, tables, None, torch.zeros(3, 130, device=DEVICE))
+
+
+def test_min_p_probs_are_the_hand_computed_distribution() -> None:
+    # One row per case of test_gumbel_sample.MIN_P_CASES: zero outside the kept tokens, the
+    # softmax of the (temperature-scaled) kept logits inside.
+    from test_gumbel_sample import HAND_PROBS, MIN_P_CASES, min_p_tables
+
+    n = len(MIN_P_CASES)
+    tables = min_p_tables(MIN_P_CASES, 1)
+    logits = torch.tensor(HAND_PROBS, device=DEVICE).log().repeat(n, 1)
+    idx = torch.arange(n, dtype=torch.int32, device=DEVICE)
+    seq_lens = torch.full((n,), 30, dtype=torch.int32, device=DEVICE)
+    got, ref = torch.full_like(logits, -1.0), torch.full_like(logits, -1.0)
+    compute_probs(logits, idx, seq_lens, tables, None, got)
+    compute_probs_ref(logits, idx, seq_lens, tables, None, ref)
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-5)
+    for i, (temperature, _, _, _, kept) in enumerate(MIN_P_CASES):
+        p = torch.tensor(HAND_PROBS, dtype=torch.float64) ** (1 / temperature)
+        want = torch.zeros(len(HAND_PROBS), dtype=torch.float64)
+        want[kept] = p[kept] / p[kept].sum()
+        torch.testing.assert_close(got[i].double().cpu(), want, atol=1e-6, rtol=1e-5)

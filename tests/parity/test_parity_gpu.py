@@ -124,7 +124,7 @@ def test_bf16_runners_agree(shape: str, shape_dirs: dict[str, Path]) -> None:
 
 def test_seeded_sampling_equal_across_runners(shape_dirs: dict[str, Path]) -> None:
     path, cfg = shape_dirs["qwen3-0.6b"], real_config("qwen3-0.6b")
-    prompts = prompts_for(cfg["vocab_size"], [11, 40, 75, 3, 150, 60], seed=2)
+    prompts = prompts_for(cfg["vocab_size"], [11, 40, 75, 3, 150, 60, 25], seed=2)
     params = [
         SamplingParams(max_tokens=20, temperature=0.9, seed=7, ignore_eos=True),
         SamplingParams(max_tokens=20, temperature=1.2, top_k=40, seed=8, ignore_eos=True),
@@ -144,6 +144,9 @@ def test_seeded_sampling_equal_across_runners(shape_dirs: dict[str, Path]) -> No
             ignore_eos=True,
         ),
         SamplingParams(max_tokens=20, temperature=1.0, min_tokens=10, seed=12),
+        SamplingParams(
+            max_tokens=20, temperature=1.3, min_p=0.05, top_k=200, seed=13, ignore_eos=True
+        ),
     ]
     v1 = run(make_core("v1", path, "float32"), prompts, params)
     free()

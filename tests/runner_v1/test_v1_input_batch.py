@@ -40,7 +40,7 @@ def test_condense_keeps_every_request_and_its_data(removed: list[int]) -> None:
     table = BlockTable(5, 4, block_size=2)
     for i in range(5):
         row = batch.add_request(
-            view(f"r{i}", [i + 10] * (i + 2), seed=100 + i, temperature=0.1 * i)
+            view(f"r{i}", [i + 10] * (i + 2), seed=100 + i, temperature=0.1 * i, min_p=0.05 * i)
         )
         table.set_row(row, [i, i + 5])
     for i in removed:
@@ -54,6 +54,7 @@ def test_condense_keeps_every_request_and_its_data(removed: list[int]) -> None:
         assert row < batch.num_reqs
         assert batch.token_ids_np[row, : i + 2].tolist() == [i + 10] * (i + 2)
         assert batch.seeds_np[row] == 100 + i and np.isclose(batch.temperature_np[row], 0.1 * i)
+        assert np.isclose(batch.min_p_np[row], 0.05 * i)
         assert (
             table.block_table_np[row, :2].tolist() == [i, i + 5] and table.num_blocks_np[row] == 2
         )
@@ -67,6 +68,7 @@ def test_a_reused_row_carries_nothing_over() -> None:
         temperature=0.9,
         top_p=0.5,
         top_k=3,
+        min_p=0.2,
         seed=5,
         presence_penalty=1.0,
         frequency_penalty=1.0,

@@ -12,6 +12,7 @@ from turnout.runner_v1.sampler import (
     SamplingMetadata,
     apply_logits_processors,
     apply_masks,
+    apply_min_p,
     apply_penalties,
     apply_top_k_top_p,
     sample,
@@ -187,3 +188,54 @@ def test_temperature_changes_the_draw_distribution() -> None:
         md = md_for(n, temperature=torch.full((n,), temp), seeds=torch.arange(n, dtype=torch.int64))
         frac = sample(logits.expand(n, 2).clone(), md).float().mean().item()
         assert abs(frac - 1 / (1 + math.exp(1 / temp))) < 0.015
+
+
+# docs/sampling.md step 6's min-p by hand: probabilities 0.4, 0.3, 0.2, 0.06, 0.04.
+MIN_P = [
+    (0.0, [True] * 5),  # 0 disables it
+    (0.35, [True, True, True, False, False]),  # p >= 0.35 * 0.4 = 0.14
+    (0.55, [True, True, False, False, False]),  # p >= 0.22
+    (1.0, [True, False, False, False, False]),  # the most likely only
+]
+
+
+@pytest.mark.parametrize(("min_p", "kept"), MIN_P)
+def test_min_p(min_p: float, kept: list[bool]) -> None:
+    logits = torch.tensor([[0.4, 0.3, 0.2, 0.06, 0.04]]).log()
+    out = apply_min_p(logits, torch.tensor([min_p]))
+    assert (out[0] > NEG_INF).tolist() == kept
+    assert torch.equal(out[0][out[0] > NEG_INF], logits[0][kept])  # kept logits unchanged
+
+
+def test_min_p_rows_are_independent_and_tied_maxima_stay() -> None:
+    logits = torch.tensor([[2.0, 2.0, 1.9, 0.0], [2.0, 2.0, 1.9, 0.0]])
+    out = apply_min_p(logits, torch.tensor([1.0, 0.0]))
+    assert (out > NEG_INF).tolist() == [[True, True, False, False], [True] * 4]
+
+
+def test_min_p_comes_after_temperature_and_before_top_k_top_p() -> None:
+    # vLLM's Sampler.sample (vllm/v1/sample/sampler.py): temperature, min-p, then top-k/top-p.
+    logits = torch.tensor([0.4, 0.3, 0.2, 0.06, 0.04]).log()
+    n = 64
+    base = {"seeds": torch.arange(n, dtype=torch.int64), "positions": torch.full((n,), 3)}
+    rows = logits.expand(n, 5).clone()
+
+    def drawn(**kw: object) -> set[int]:
+        return set(sample(rows, md_for(n, **{**base, **kw})).tolist())  # type: ignore[arg-type]
+
+    # At temperature 2 the probabilities go as sqrt(p): id 3 is sqrt(0.06 / 0.4) = 0.39 of the
+    # top, kept by min_p 0.35; at temperature 1 it is 0.15 of it, dropped.
+    assert drawn(min_p=torch.full((n,), 0.35), temperature=torch.full((n,), 2.0)) <= {0, 1, 2, 3}
+    assert 3 in drawn(min_p=torch.full((n,), 0.35), temperature=torch.full((n,), 2.0))
+    assert drawn(min_p=torch.full((n,), 0.35)) == {0, 1, 2}
+    # min_p 0.4 keeps 0.4, 0.3, 0.2, renormalised 4/9, 3/9, 2/9: top_p 0.75 then keeps two (top-p
+    # first would have kept three, 0.4 + 0.3 < 0.75).
+    assert drawn(min_p=torch.full((n,), 0.4), top_p=torch.full((n,), 0.75)) == {0, 1}
+    assert drawn(min_p=torch.full((n,), 0.4)) == {0, 1, 2}
+    assert drawn(min_p=torch.full((n,), 1.0)) == {0}
+
+
+def test_greedy_rows_ignore_min_p() -> None:
+    logits = torch.tensor([[0.0, 3.0, 2.9, 1.0], [0.0, 3.0, 2.9, 1.0]])
+    md = md_for(2, temperature=torch.tensor([0.0, 1.0]), min_p=torch.tensor([1.0, 1.0]))
+    assert sample(logits, md).tolist() == [1, 1]

@@ -110,7 +110,7 @@ def test_dtype_auto_is_vllms_rule_on_a_gpu_and_float32_on_the_cpu(tmp_path: Path
 
     from serving_helpers import MINILM
 
-    from turnout.serving.server import auto_dtype
+    from turnout.serving.startup import auto_dtype
 
     assert auto_dtype(MINILM, "cuda") == "bfloat16"  # no torch_dtype: float32, downcast
     assert auto_dtype(MINILM, "cpu") is None  # the engine's float32

@@ -1,7 +1,9 @@
 """The official ``openai`` client against real ``turnout engine serve`` processes on loopback,
 with the shipped SmolLM2-135M-Instruct (Q4_1 GGUF) on CPU: one server the rollout sends to
-runner_v1 (auto: V2 does not run on CPU unless pinned), one pinned to runner_v2 (its kernels
-through the Triton interpreter) behind an API key."""
+runner_v1 (auto: V2 does not run on CPU unless pinned) with its engine core in a process of
+its own (the default), one pinned to runner_v2 (its kernels through the Triton interpreter)
+behind an API key, its core stepped by a thread of the server's process
+(``TURNOUT_ENABLE_MULTIPROCESSING=0``). Every test then covers both placements."""
 
 from __future__ import annotations
 
@@ -28,7 +30,14 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
     try:
         started["v1"] = start_server(SMOLLM2, logs / "v1.log", *common)
         started["v2"] = start_server(
-            SMOLLM2, logs / "v2.log", *common, "--runner", "v2", "--api-key", KEY
+            SMOLLM2,
+            logs / "v2.log",
+            *common,
+            "--runner",
+            "v2",
+            "--api-key",
+            KEY,
+            env={"TURNOUT_ENABLE_MULTIPROCESSING": "0"},
         )
         yield started
     finally:
@@ -133,6 +142,38 @@ def test_seeded_n2_samples_are_reproducible_across_runners(servers: dict[str, Se
     assert [x.text for x in c.completions.create(**nucleus).choices] == first  # type: ignore[call-overload]
 
 
+def test_min_p_is_accepted_and_sampled_alike_on_both_runners(servers: dict[str, Server]) -> None:
+    # Per runner, three requests batched together: seeded with min_p 0.1; min_p 1, which keeps
+    # only the most likely token, so a sampled answer is the greedy one; greedy.
+    async def ask(server: Server) -> list[str]:
+        ac = openai.AsyncOpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=120)
+        kinds = [
+            {"temperature": 1.0, "seed": 11, "extra_body": {"min_p": 0.1}},
+            {"temperature": 1.0, "seed": 3, "extra_body": {"min_p": 1.0}},
+            {"temperature": 0},
+        ]
+        try:
+            done = await asyncio.gather(
+                *(
+                    ac.completions.create(model="smollm2", prompt=PROMPT, max_tokens=6, **kw)
+                    for kw in kinds
+                )
+            )
+        finally:
+            await ac.close()
+        return [d.choices[0].text for d in done]
+
+    async def both() -> dict[str, list[str]]:
+        texts = await asyncio.gather(*(ask(server) for server in servers.values()))
+        return dict(zip(servers, texts, strict=True))
+
+    got = asyncio.run(both())
+    for runner, (_, kept_top, greedy) in got.items():
+        assert kept_top == greedy, runner
+    # The same Gumbel noise over the same kept tokens (docs/sampling.md step 6).
+    assert got["v1"][0] == got["v2"][0]
+
+
 def test_a_stop_string_ends_the_text_before_it(servers: dict[str, Server]) -> None:
     c = client(servers["v1"])
     free = c.completions.create(model="smollm2", prompt=PROMPT, max_tokens=8, temperature=0)
@@ -210,7 +251,8 @@ def test_sixteen_concurrent_streams_each_get_their_own_answer(servers: dict[str,
         ({"prompt": PROMPT, "max_tokens": 300}, "max_tokens"),  # over max_model_len 256
         ({"prompt": PROMPT, "n": 0}, "n"),
         ({"prompt": PROMPT, "temperature": "hot"}, "temperature"),
-        ({"prompt": PROMPT, "min_p": 0.1}, "min_p"),
+        ({"prompt": PROMPT, "min_p": 1.5}, "min_p"),  # vLLM's range: [0, 1]
+        ({"prompt": PROMPT, "min_p": -0.1}, "min_p"),
         ({"prompt": PROMPT, "logit_bias": {"1": 5}}, "logit_bias"),
         ({"prompt": PROMPT, "bogus_field": 1}, "bogus_field"),
         ({"prompt": [], "max_tokens": 2}, "prompt"),
