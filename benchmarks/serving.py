@@ -36,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -315,7 +316,12 @@ def main() -> None:
     p.add_argument("--offline", action="store_true", help="also LLM.generate: the HTTP overhead")
     p.add_argument("--ready-timeout", type=float, default=900)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log", type=Path, default=Path("serving-server.log"))
+    p.add_argument(
+        "--log",
+        type=Path,
+        default=Path(tempfile.gettempdir(), "turnout-serving-server.log"),
+        help="the server's log (default: turnout-serving-server.log in the temp folder)",
+    )
     p.add_argument("--quick", action="store_true", help="CPU smoke run on the shipped SmolLM2")
     args = p.parse_args()
     if args.quick:

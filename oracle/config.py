@@ -136,6 +136,14 @@ class DeploymentConfig:
         changeable=False,
         minimum=0,
     )
+    vocab_size: int | None = declare(
+        None,
+        "int",
+        "HF `vocab_size` of the text config (None: unknown; vLLM ModelConfig.get_vocab_size)",
+        "model",
+        changeable=False,
+        minimum=0,
+    )
     # platform
     platform: str = declare("cuda", "enum", "accelerator platform", "platform", PLATFORMS)
     triton_available: bool = declare(True, "bool", "Triton importable on the host", "platform")
@@ -181,6 +189,14 @@ class DeploymentConfig:
     )
     draft_mixed_attention: bool = declare(
         False, "bool", "the draft mixes sliding-window and full attention layers", "speculation"
+    )
+    draft_vocab_size: int | None = declare(
+        None,
+        "int",
+        "the draft model's HF `vocab_size` (read from `--speculative-config`'s `model` "
+        "config.json; None: unknown)",
+        "speculation",
+        minimum=0,
     )
     # parallelism
     tensor_parallel_size: int = declare(1, "int", "tensor parallel size", "parallelism", minimum=1)

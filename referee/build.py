@@ -12,6 +12,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from referee.replay import pooling_only_classes
+
 # spec value -> vLLM enum name
 _MODES = {
     "none": "NONE",
@@ -190,6 +192,7 @@ def _speculative(spec: dict[str, Any], release: str) -> Any:
     if method == "none":
         return None
     _check_method(method)
+    _check_draft_runner(spec, method)
     cfg = object.__new__(SpeculativeConfig)
     values = {
         "method": method,
@@ -223,6 +226,23 @@ def _check_method(method: str) -> None:
         pydantic.TypeAdapter(speculative.SpeculativeMethod).validate_python(method)
     except pydantic.ValidationError as exc:
         raise ValueError(f"method: {exc.errors()[0]['msg']}") from None
+
+
+def _check_draft_runner(spec: dict[str, Any], method: str) -> None:
+    """``ModelConfig.__post_init__`` of the MTP draft (config/model.py:655 of 0.29, the same
+    text through 0.33): without a draft model, ``SpeculativeConfig.__post_init__`` builds the
+    draft's ModelConfig from the target with ``runner="draft"``, which a pooling-only model
+    class refuses. Restated: the raise; the class facts come from the release
+    (:func:`referee.replay.pooling_only_classes`)."""
+    if (
+        method == "mtp"
+        and spec.get("draft_architecture") is None
+        and spec.get("architecture") in pooling_only_classes()
+    ):
+        raise ValueError(
+            "Embedding models do not support `--runner draft`. "
+            "Use `--runner pooling` or `--runner auto` for embedding models."
+        )
 
 
 def _draft(spec: dict[str, Any]) -> Any:

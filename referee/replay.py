@@ -274,15 +274,16 @@ def expert_parallel_needs_experts(cfg: Any, facts: dict[str, Any]) -> None:
         )
 
 
-_PP_PROBE = """
+_CLASS_PROBE = """
 import json, logging
 from referee.serve_real import prepare
 prepare()
 logging.getLogger("vllm").setLevel(logging.CRITICAL)
 from referee.architectures import ARCHITECTURE_POOL
 from vllm.model_executor.models.interfaces import supports_pp
+from vllm.model_executor.models.interfaces_base import is_pooling_model, is_text_generation_model
 from vllm.model_executor.models.registry import ModelRegistry
-out = []
+without_pp, pooling_only = [], []
 for arch in ARCHITECTURE_POOL:
     registered = ModelRegistry.models.get(arch)
     if registered is None:
@@ -292,22 +293,36 @@ for arch in ARCHITECTURE_POOL:
     except Exception:  # an optional package of that model is missing here
         continue
     if not supports_pp(model_cls):
-        out.append(arch)
-print(json.dumps(out))
+        without_pp.append(arch)
+    if is_pooling_model(model_cls) and not is_text_generation_model(model_cls):
+        pooling_only.append(arch)
+print(json.dumps({"without_pp": without_pp, "pooling_only": pooling_only}))
 """
 
 
 @cache
-def classes_without_pp() -> frozenset[str]:
-    """The architectures of the pool whose model class, loaded from the installed release's
-    registry, does not implement ``SupportsPP`` (its own ``supports_pp``). Asked in a child
-    process with the real-code referee's stand-ins: this harness stubs the CUDA-graph module
-    the model classes import. A class this environment cannot import (torchvision and others
-    are not installed) is left out, as the packs leave it."""
+def _class_facts() -> dict[str, frozenset[str]]:
+    """What the installed release's model classes say of the pool's architectures, asked in a
+    child process with the real-code referee's stand-ins (this harness stubs the CUDA-graph
+    module the model classes import). A class this environment cannot import (torchvision and
+    others are not installed) is left out, as the packs leave it."""
     proc = subprocess.run(
-        [sys.executable, "-c", _PP_PROBE], capture_output=True, text=True, check=True
+        [sys.executable, "-c", _CLASS_PROBE], capture_output=True, text=True, check=True
     )
-    return frozenset(json.loads(proc.stdout.strip().splitlines()[-1]))
+    facts = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {key: frozenset(value) for key, value in facts.items()}
+
+
+def classes_without_pp() -> frozenset[str]:
+    """The architectures whose model class does not implement ``SupportsPP`` (its own
+    ``supports_pp``)."""
+    return _class_facts()["without_pp"]
+
+
+def pooling_only_classes() -> frozenset[str]:
+    """The architectures whose model class is a pooling model and not a text-generation one
+    (``is_pooling_model`` and not ``is_text_generation_model``, interfaces_base.py)."""
+    return _class_facts()["pooling_only"]
 
 
 def pipeline_needs_supports_pp(cfg: Any, spec: dict[str, Any]) -> None:

@@ -109,6 +109,7 @@ class InprocCore:
 
     @classmethod
     def load(cls, args: ServeArgs) -> InprocCore:
+        logger.info("engine core: stepped by a thread of this process (%s=0)", MULTIPROCESSING_ENV)
         llm = build_llm(args)
         try:
             engine_id = register(args, llm)

@@ -119,7 +119,10 @@ class DrainingServer(uvicorn.Server):
         if self._drain_started is None:
             return False
         if self.state.num_in_flight == 0:
-            logger.info("drained: every request finished")
+            if self._aborted:
+                logger.info("drained: the requests left at the drain timeout were aborted")
+            else:
+                logger.info("drained: every request finished")
             return True
         if time.monotonic() - self._drain_started < self.drain_timeout_s:
             return False

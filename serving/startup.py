@@ -117,7 +117,8 @@ def engine_info(llm: Any, args: ServeArgs, engine_id: str | None) -> EngineInfo:
         metrics_labels={
             "runner": str(decision.runner),
             "mode": decision.mode,
-            "deployment": args.deployment_id or "",
+            # as the canary split reads it: --deployment-id, TURNOUT_DEPLOYMENT_ID, the host
+            "deployment": llm.deployment.deployment_id or socket.gethostname(),
             "family": decision.family or "",
             "stage": decision.stage or "",
             "policy_digest": decision.policy_digest,

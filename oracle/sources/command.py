@@ -329,10 +329,17 @@ def _command_to_fields(
     backend = str(fields.pop("_attention_backend", "")).upper()
     if backend.startswith("ROCM") or any(k.startswith(ROCM_ENV_PREFIXES) for k in env_all):
         fields.setdefault("platform", "rocm")  # AMD-only variables or attention backends
+    draft = fields.pop("_draft_model", None)
     model_fields, source = _model_fields(
         model, fields, architecture, hf_config, base, hint_for, offline, local_files
     )
     fields.update(model_fields)
+    if draft is not None:
+        draft_vocab = _draft_vocab_size(draft, base, offline, local_files)
+        if draft_vocab is None:
+            ignored.append("--speculative-config.model")
+        else:
+            fields["draft_vocab_size"] = draft_vocab
     if model is not None:
         fields["model"] = model
     return ParsedCommand(
@@ -453,6 +460,27 @@ def _model_fields(
         what="--hf-config-path" if config_path else "model",
     )
     return source.fields() | _explicit(fields), source
+
+
+def _draft_vocab_size(
+    draft: str, base: Path | None, offline: bool, local_files: bool
+) -> int | None:
+    """The draft model's ``vocab_size`` from its config.json, found the way the target's is
+    (vLLM builds the draft's ModelConfig the same way: SpeculativeConfig.__post_init__);
+    ``None`` when it cannot be read or has none (the line is then decided without it, and the
+    draft is listed as ignored)."""
+    try:
+        source = resolve_model_config(
+            draft,
+            base_dir=base,
+            offline=offline,
+            what="--speculative-config.model",
+            local_files=local_files,
+        )
+        value = source.fields().get("vocab_size")
+    except ConfigError:
+        return None
+    return value if isinstance(value, int) else None
 
 
 def _explicit(fields: dict[str, Any]) -> dict[str, Any]:

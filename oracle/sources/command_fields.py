@@ -146,6 +146,8 @@ def _fold_speculative(spec: dict[str, Any], fields: dict[str, Any], ignored: lis
     for key, value in spec.items():
         if key in SPECULATIVE_FIELDS:
             fields[key] = value
+        elif key == "model" and isinstance(value, str) and value != "[ngram]":
+            fields["_draft_model"] = value  # its config.json is read with the target's
         elif key != "method":
             ignored.append(f"--speculative-config.{key}")
 

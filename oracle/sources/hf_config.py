@@ -185,6 +185,9 @@ def hf_config_to_fields(source: str | Path | Mapping[str, Any]) -> dict[str, Any
     if hidden is not None:
         fields["hidden_size"] = hidden
     fields.update(_heads(data, text))
+    vocab = _count(text, ("vocab_size",)) or _count(data, ("vocab_size",))
+    if vocab is not None:
+        fields["vocab_size"] = vocab
     fields["has_index_topk"] = "index_topk" in data  # vLLM: hasattr(hf_config, "index_topk")
     quant = _quantization(data) or _quantization(text)
     if quant:

@@ -32,6 +32,27 @@ def _real_configs() -> list[tuple[str, dict[str, Any]]]:
 REAL = dict(_real_configs())
 #: (attention heads, KV heads) as vLLM's ModelArchConfigConvertor reads them: KV heads from
 #: num_key_value_heads, else the attention heads (BERT, OPT). Mamba states none (vLLM: 0).
+#: ``vocab_size`` as each model's card states it (vLLM ModelConfig.get_vocab_size): the draft
+#: vocabulary check compares the target's with the draft's.
+VOCAB: dict[str, int] = {
+    "all-minilm-l6-v2": 30522,
+    "bge-small-en-v1.5": 30522,
+    "deepseek-v2-lite": 102400,
+    "granite-3.0-1b-a400m": 49152,
+    "jamba-v0.1": 65536,
+    "llama-3.1-8b": 128256,
+    "mamba-130m": 50280,
+    "mistral-7b": 32768,
+    "ms-marco-minilm-l6-v2-cross-encoder": 30522,
+    "opt-125m": 50272,
+    "quantized-examples:LDCC/Qwen2.5-72B-Instruct-ko-AWQ": 152064,
+    "qwen1.5-moe-a2.7b": 151936,
+    "qwen3-0.6b": 151936,
+    "qwen3-30b-a3b": 151936,
+    "qwen3-8b": 151936,
+    "skywork-reward-llama-3.1-8b": 128257,  # one token added to Llama 3.1's for the reward head
+}
+
 HEADS: dict[str, tuple[int, int]] = {
     "all-minilm-l6-v2": (12, 12),
     "bge-small-en-v1.5": (12, 12),
@@ -134,6 +155,8 @@ def test_real_config_fields(name: str) -> None:
     want = {**WANT[name], **_NO}
     if name in HEADS:
         want["num_attention_heads"], want["num_key_value_heads"] = HEADS[name]
+    if name in VOCAB:
+        want["vocab_size"] = VOCAB[name]
     assert hf_config_to_fields(REAL[name]) == want
     DeploymentConfig(**hf_config_to_fields(REAL[name]))  # every one a valid field value
 

@@ -146,6 +146,28 @@ def test_only_compiled_extensions_are_stood_in_for(name: str, stubbed: bool) -> 
             ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
             "Unsupported speculative method: 'mtp'",
         ),
+        # ...but an embedding model's MTP draft (the model itself, runner "draft") is refused
+        # first, before its model type is looked at
+        (
+            "all-minilm-l6-v2",
+            ["--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
+            "Embedding models do not support `--runner draft`. Use `--runner pooling` or "
+            "`--runner auto` for embedding models.",
+        ),
+        # A draft model of another vocabulary (Llama 3.1's 128,256 against Qwen3's 151,936),
+        # read from the draft's own config.json; the same vocabulary starts
+        (
+            "llama-3.1-8b",
+            ["--speculative-config", '{"method": "draft_model", "model": "{models}/qwen3-0.6b"}'],
+            "Target and draft model should have the same vocabulary size. Target model "
+            "vocab_size=128256. Draft model vocab_size=151936. Using models with different "
+            "tokenizers can cause out-of-bounds errors during speculative decoding.",
+        ),
+        (
+            "qwen3-8b",
+            ["--speculative-config", '{"method": "draft_model", "model": "{models}/qwen3-0.6b"}'],
+            None,
+        ),
     ],
 )
 def test_refusals_that_read_the_models_facts(
@@ -155,7 +177,7 @@ def test_refusals_that_read_the_models_facts(
     SupportsPP; the spec golden files reach only the last: test_release_golden.FACT_STEPS);
     vLLM's own create_engine_config gave these texts."""
     folder = write_models(tmp_path)[model]
-    argv = ["vllm", "serve", str(folder), *flags]
+    argv = ["vllm", "serve", str(folder), *(f.replace("{models}", str(tmp_path)) for f in flags)]
     case = {"env": {}, "platform": "cuda", "device_capability": "9.0"}
     got = line_answer(load_pack(f"vllm-{release}"), case, argv, release)
     if want is None:

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -70,11 +71,17 @@ def test_both_placements_answer_alike_and_the_core_process_follows_the_server(
     tmp_path: Path,
 ) -> None:
     in_thread = start_server(
-        SMOLLM2, tmp_path / "thread.log", *COMMON, env={"TURNOUT_ENABLE_MULTIPROCESSING": "0"}
+        SMOLLM2,
+        tmp_path / "thread.log",
+        *COMMON,
+        env={"TURNOUT_ENABLE_MULTIPROCESSING": "0", "TURNOUT_DEPLOYMENT_ID": "demo-dep"},
     )
     in_process = start_server(SMOLLM2, tmp_path / "process.log", *COMMON)
     try:
         assert children(in_thread.proc.pid) == []  # one process
+        # runner_info's deployment is the canary split's: TURNOUT_DEPLOYMENT_ID, else the host
+        assert 'deployment="demo-dep"' in in_thread.metrics_text()
+        assert f'deployment="{socket.gethostname()}"' in in_process.metrics_text()
         (core_pid,) = children(in_process.proc.pid)
         a, b = complete(in_thread), complete(in_process)
         assert a["choices"][0]["text"] == b["choices"][0]["text"] and a["usage"] == b["usage"]
@@ -93,6 +100,7 @@ def test_both_placements_answer_alike_and_the_core_process_follows_the_server(
         in_thread.stop()
         in_process.stop()
     assert "(engine core)" in in_process.log.read_text()  # its log lines reach the server's
+    assert "engine core: stepped by a thread of this process" in in_thread.log.read_text()
 
 
 def test_a_dead_engine_core_fails_what_runs_and_health_says_so(tmp_path: Path) -> None:
