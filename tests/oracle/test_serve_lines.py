@@ -184,3 +184,26 @@ def test_refusals_that_read_the_models_facts(
         assert got["decision"] in ("v1", "v2"), got
     else:
         assert (got["decision"], got.get("error")) == ("error", want), got
+
+
+def test_a_draft_model_is_read_for_its_vocabulary_and_a_missing_one_is_listed_as_ignored(
+    tmp_path: Path,
+) -> None:
+    from turnout.oracle.sources import command_to_fields
+
+    folders = write_models(tmp_path)
+    spec = '{"method": "draft_model", "model": "%s"}'
+    found = command_to_fields(
+        ["vllm", "serve", str(folders["llama-3.1-8b"]), "--speculative-config",
+         spec % folders["qwen3-0.6b"]],
+        {}, release="0.33", offline=True,
+    )  # fmt: skip
+    assert found.fields["vocab_size"] == 128256 and found.fields["draft_vocab_size"] == 151936
+    assert "--speculative-config.model" not in found.ignored
+    missing = command_to_fields(
+        ["vllm", "serve", str(folders["llama-3.1-8b"]), "--speculative-config",
+         spec % (tmp_path / "no-such-draft")],
+        {}, release="0.33", offline=True,
+    )  # fmt: skip
+    assert "draft_vocab_size" not in missing.fields
+    assert "--speculative-config.model" in missing.ignored  # said, never dropped silently
