@@ -257,8 +257,15 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        is_ready = state.ready and not state.draining
-        body = {"ready": is_ready, "draining": state.draining, "loading": not state.ready}
+        engine = state.engine
+        failed = engine is not None and engine.failed is not None
+        is_ready = state.ready and not state.draining and not failed
+        body = {
+            "ready": is_ready,
+            "draining": state.draining,
+            "loading": not state.ready,
+            "failed": failed,
+        }
         return JSONResponse(body, status_code=200 if is_ready else 503)
 
     @app.get("/version")

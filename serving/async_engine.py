@@ -286,6 +286,14 @@ class AsyncEngine:
     def _core_failed(self, why: str) -> None:
         logger.error("%s: every request in flight fails", why)
         self.failed = why
+        # Nothing runs, waits or holds KV blocks any more: the gauges say so.
+        for gauge in (
+            self.metrics.num_requests_running,
+            self.metrics.num_requests_waiting,
+            self.metrics.num_requests_waiting_capacity,
+            self.metrics.kv_cache_usage_perc,
+        ):
+            gauge.set(0)
         out: list[tuple[_Stream, Delta | BaseException]] = []
         now = time.monotonic()
         for stream in list(self._streams.values()):

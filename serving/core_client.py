@@ -84,15 +84,17 @@ def multiprocessing_enabled(environ: dict[str, str] | None = None) -> bool:
     return env.get(MULTIPROCESSING_ENV, "1").strip().lower() not in _OFF
 
 
-def load_core(args: ServeArgs) -> CoreClient:
-    """Build the engine where ``TURNOUT_ENABLE_MULTIPROCESSING`` says.
+def load_core(args: ServeArgs, on_spawn: Callable[[Any], None] | None = None) -> CoreClient:
+    """Build the engine where ``TURNOUT_ENABLE_MULTIPROCESSING`` says; ``on_spawn`` gets the
+    engine-core process as soon as it is started (the server kills it if it is told to stop
+    while the model loads).
 
     Raises:
         EngineLoadError: the engine-core process failed to build it (its message).
         EngineConfigError, FileNotFoundError, ModelConfigError: the same, in this process.
     """
     if multiprocessing_enabled():
-        return ProcessCore.load(args)
+        return ProcessCore.load(args, on_spawn)
     return InprocCore.load(args)
 
 
@@ -163,12 +165,19 @@ class ProcessCore:
         self.info = info
         self._commands = commands
         self._updates = updates
-        self._send_lock = threading.Lock()
+        # Commands go through a queue and a sender thread of their own: a pipe write blocks
+        # when the core is busy with a long step and the pipe is full, and neither the event
+        # loop nor the receiver (the only reader of the updates) may wait on that.
+        self._outbox: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._receiver: threading.Thread | None = None
+        self._sender = threading.Thread(
+            target=self._send_all, name="turnout-engine-in", daemon=True
+        )
+        self._sender.start()
 
     @classmethod
-    def load(cls, args: ServeArgs) -> ProcessCore:
+    def load(cls, args: ServeArgs, on_spawn: Callable[[Any], None] | None = None) -> ProcessCore:
         ctx = mp.get_context("spawn")  # CUDA cannot be forked
         commands_r, commands_w = ctx.Pipe(duplex=False)
         updates_r, updates_w = ctx.Pipe(duplex=False)
@@ -178,6 +187,8 @@ class ProcessCore:
             name="turnout-engine-core",
         )
         process.start()
+        if on_spawn is not None:
+            on_spawn(process)
         commands_r.close()
         updates_w.close()
         logger.info("engine core: process %d is loading the model", process.pid)
@@ -215,16 +226,22 @@ class ProcessCore:
         self._receiver.start()
 
     def send(self, command: Command) -> None:
-        with self._send_lock:
+        self._outbox.put(command)  # never blocks
+
+    def _send_all(self) -> None:
+        while True:
+            command = self._outbox.get()
             try:
                 self._commands.send(command)
             except OSError:  # the process is gone: the receiver says so to every stream
                 logger.debug("command %r not sent: the engine core is gone", command)
+            if command is None:
+                return
 
     def stop(self) -> None:
         self._stopping.set()
-        with self._send_lock, contextlib.suppress(OSError):
-            self._commands.send(None)
+        self._outbox.put(None)  # after every command queued before it
+        self._sender.join(STOP_TIMEOUT_S)
         self.process.join(STOP_TIMEOUT_S)
         if self.process.is_alive():
             logger.warning("the engine-core process did not stop in %g s: killed", STOP_TIMEOUT_S)
@@ -279,6 +296,7 @@ def _take(commands: Connection, block: bool) -> Sequence[Command] | None:
 
 __all__ = [
     "MULTIPROCESSING_ENV",
+    "STOP_TIMEOUT_S",
     "CoreClient",
     "EngineLoadError",
     "InprocCore",

@@ -23,8 +23,10 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -32,7 +34,7 @@ from turnout.engine.llm import load_tokenizer_for
 from turnout.serving.app import ServerState, create_app
 from turnout.serving.args import ServeArgs
 from turnout.serving.async_engine import AsyncEngine
-from turnout.serving.core_client import load_core, multiprocessing_enabled
+from turnout.serving.core_client import STOP_TIMEOUT_S, load_core, multiprocessing_enabled
 from turnout.serving.metrics import ServingMetrics
 from turnout.serving.startup import freeze_heap
 
@@ -49,7 +51,9 @@ def turnout_version() -> str:
         return "unknown"
 
 
-def load_engine(args: ServeArgs, state: ServerState) -> None:
+def load_engine(
+    args: ServeArgs, state: ServerState, on_spawn: Callable[[Any], None] | None = None
+) -> None:
     """Build the engine (the runner decision included) where
     ``TURNOUT_ENABLE_MULTIPROCESSING`` says, its front end and metrics, and mark the state
     ready.
@@ -63,7 +67,7 @@ def load_engine(args: ServeArgs, state: ServerState) -> None:
         args.tokenizer if args.tokenizer is not None else args.model,
         explicit=args.tokenizer is not None,
     )
-    core = load_core(args)
+    core = load_core(args, on_spawn)
     info = core.info
     metrics = ServingMetrics(state.served_model_names[0], info.max_model_len, info.metrics_labels)
     engine = AsyncEngine(core, tokenizer, metrics, max_num_queued_reqs=args.max_num_queued_reqs)
@@ -96,12 +100,14 @@ class DrainingServer(uvicorn.Server):
         self.drain_timeout_s = drain_timeout_s
         self._drain_started: float | None = None
         self._aborted = False
+        self.stopped_while_loading = False
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Not recorded in uvicorn's captured signals: it would raise the signal again after
         # the shutdown and the process would die of it instead of exiting 0.
         if self._drain_started is not None or not self.state.ready:
             self.force_exit = self._drain_started is not None
+            self.stopped_while_loading = not self.state.ready
             self.should_exit = True
             return
         self._drain_started = time.monotonic()
@@ -160,12 +166,15 @@ def serve(args: ServeArgs) -> int:
     )
     server = DrainingServer(config, state, args.drain_timeout)
     failure: list[BaseException] = []
+    spawned: list[Any] = []
 
     def load() -> None:
         try:
-            load_engine(args, state)
+            load_engine(args, state, spawned.append)
         except BaseException as exc:  # said in the log and by the exit status
             failure.append(exc)
+            if server.stopped_while_loading:
+                return  # the engine-core process was stopped on purpose
             state.load_error = f"{type(exc).__name__}: {exc}"
             logger.error("the model failed to load: %s", state.load_error)
             server.should_exit = True
@@ -173,9 +182,21 @@ def serve(args: ServeArgs) -> int:
     loader = threading.Thread(target=load, name="turnout-load", daemon=True)
     loader.start()
     server.run()
-    loader.join(timeout=1.0)
+    if server.stopped_while_loading:
+        # Told to stop before the model was in: the engine-core process ignores the signal
+        # and would keep the interpreter waiting for it at exit.
+        for process in spawned:
+            if process.is_alive():
+                logger.info("stopping the engine-core process while it loads")
+                process.kill()
+                process.join(STOP_TIMEOUT_S)
+        loader.join(timeout=STOP_TIMEOUT_S)
+    else:
+        loader.join(timeout=1.0)
     if state.engine is not None:
         state.engine.stop()  # the core stops, leaves the service's targets, shuts down
+    if server.stopped_while_loading:
+        return EXIT_OK
     return EXIT_LOAD_FAILED if failure else EXIT_OK
 
 

@@ -54,20 +54,16 @@ class Server:
             self.proc.wait(10)
 
 
-def start_server(
+def spawn_server(
     model: Path,
     log: Path,
     *args: str,
-    ready_timeout_s: float = 180,
     env: dict[str, str] | None = None,
     port: int | None = None,
-) -> Server:
-    """The server on a free port (or ``port``); returns once ``/ready`` says 200. ``env``
-    adds variables (``TURNOUT_URL``…) to an environment without the caller's ``TURNOUT_*``.
-
-    Raises:
-        RuntimeError: it exited or did not become ready (its log attached).
-    """
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The server process on a free port (or ``port``), not waited for: ``(process, port)``.
+    ``env`` adds variables (``TURNOUT_URL``…) to an environment without the caller's
+    ``TURNOUT_*``."""
     port = port or free_port()
     cmd = [
         sys.executable,
@@ -85,9 +81,25 @@ def start_server(
         *args,
     ]
     base = {k: v for k, v in os.environ.items() if not k.startswith("TURNOUT_")}
-    env = {**base, **(env or {})}
     out = open(log, "ab")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**base, **(env or {})})
+    return proc, port
+
+
+def start_server(
+    model: Path,
+    log: Path,
+    *args: str,
+    ready_timeout_s: float = 180,
+    env: dict[str, str] | None = None,
+    port: int | None = None,
+) -> Server:
+    """:func:`spawn_server`, returning once ``/ready`` says 200.
+
+    Raises:
+        RuntimeError: it exited or did not become ready (its log attached).
+    """
+    proc, port = spawn_server(model, log, *args, env=env, port=port)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + ready_timeout_s
     while time.monotonic() < deadline:

@@ -9,12 +9,13 @@ import json
 import os
 import signal
 import socket
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from serving_helpers import SMOLLM2, Server, start_server
+from serving_helpers import SMOLLM2, Server, spawn_server, start_server
 
 from turnout.engine.outputs import Logprobs
 from turnout.engine.sampling_params import SamplingParams
@@ -123,11 +124,38 @@ def test_a_dead_engine_core_fails_what_runs_and_health_says_so(tmp_path: Path) -
                 os.kill(core_pid, signal.SIGKILL)  # after the first chunk
         assert finish == "error"  # ended, not hung, and not passed off as a finished answer
         assert httpx.get(server.url + "/health", timeout=10).status_code == 503
+        ready = httpx.get(server.url + "/ready", timeout=10)
+        assert ready.status_code == 503 and ready.json()["failed"] is True  # routed away
+        metrics = server.metrics_text()  # nothing runs or holds KV blocks any more
+        assert "vllm:num_requests_running{" in metrics
+        for line in metrics.splitlines():
+            if line.startswith(("vllm:num_requests_running{", "vllm:kv_cache_usage_perc{")):
+                assert float(line.rsplit(" ", 1)[1]) == 0.0, line
         r = httpx.post(server.base_url + "/completions", json={"prompt": "Hi"}, timeout=10)
         assert r.status_code >= 500 and "engine" in r.json()["error"]["message"]
     finally:
         server.stop()
     assert "the engine-core process exited" in server.log.read_text()
+
+
+def test_sigterm_while_the_core_process_loads_exits_0_and_leaves_no_engine(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "early.log"
+    proc, _port = spawn_server(SMOLLM2, log, *COMMON)
+    try:
+        deadline = time.monotonic() + 120
+        while "is loading the model" not in log.read_text():  # the core process started
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        (core_pid,) = children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()  # it once waited for the core forever
+        assert not alive(core_pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "the model failed to load" not in log.read_text()  # stopped on purpose
 
 
 def test_a_load_failure_in_the_core_process_exits_3_with_its_reason(tmp_path: Path) -> None:
@@ -187,3 +215,30 @@ def test_the_loop_admits_refuses_steps_and_aborts_on_a_real_core(core: object) -
     # abort_all on an idle loop still answers with the gauges
     idle = loop.iterate([AbortAll()])
     assert idle is not None and not idle.stepped and idle.requests == []
+
+
+def test_sending_never_waits_on_a_full_command_pipe() -> None:
+    """Commands go through the client's sender thread: with nobody reading the pipe (an
+    engine core deep in a long step), ``send`` still returns at once. It once wrote the pipe
+    itself, from the event loop and from the thread that reads the updates, and a full pipe
+    deadlocked a busy server."""
+    import multiprocessing as mp
+
+    from turnout.serving.core_client import ProcessCore
+    from turnout.serving.startup import EngineInfo
+
+    commands_r, commands_w = mp.Pipe(duplex=False)
+    updates_r, updates_w = mp.Pipe(duplex=False)
+    info = EngineInfo({}, "v1", "auto", "", "", "", 256, "generate")
+    client = ProcessCore(None, commands_w, updates_r, info)
+    big = AddRequest("r", list(range(4096)))  # ~20 KB pickled: a few fill the pipe
+    caller = threading.Thread(target=lambda: [client.send(big) for _ in range(200)])
+    caller.start()
+    caller.join(60)  # a guard against a hang, not a timing
+    assert not caller.is_alive()  # every send returned with nobody reading the pipe
+    received = 0
+    while received < 200:  # the reader catches up: every command arrives, in order
+        assert commands_r.recv() == big
+        received += 1
+    for conn in (commands_r, commands_w, updates_r, updates_w):
+        conn.close()
