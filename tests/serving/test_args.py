@@ -97,6 +97,8 @@ def test_a_missing_model_is_named(tmp_path: Path) -> None:
 
 
 def test_a_model_that_cannot_load_exits_3_with_the_reason(tmp_path: Path) -> None:
+    """The load fails in the engine-core process (the default placement): the server says
+    why and exits 3."""
     bad = tmp_path / "model"
     bad.mkdir()
     (bad / "config.json").write_text("{not json")
