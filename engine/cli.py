@@ -80,6 +80,9 @@ def generate(
     temperature: Annotated[float, typer.Option("--temperature", help="0 is greedy")] = 1.0,
     top_p: Annotated[float, typer.Option("--top-p")] = 1.0,
     top_k: Annotated[int, typer.Option("--top-k", help="-1: all tokens")] = -1,
+    min_p: Annotated[
+        float, typer.Option("--min-p", help="drop tokens below min_p x the top probability")
+    ] = 0.0,
     seed: Annotated[int | None, typer.Option("--seed")] = None,
     logprobs: Annotated[
         int | None, typer.Option("--logprobs", help="top-k logprobs per token")
@@ -129,6 +132,7 @@ def generate(
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
+            min_p=min_p,
             seed=seed,
             logprobs=logprobs,
         )

@@ -236,6 +236,12 @@ BAD = [
         "SamplingParams.top_p=0.0 is invalid",
     ),
     (
+        "min_p out of range",
+        ["--prompt", "x", "--min-p", "1.5"],
+        2,
+        "SamplingParams.min_p=1.5 is invalid",
+    ),
+    (
         "max_model_len above the model's",
         ["--prompt", "x", "--max-model-len", "999999"],
         2,
