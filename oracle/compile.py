@@ -12,6 +12,7 @@ microseconds (docs/architecture.md §3.5).
 from __future__ import annotations
 
 import hashlib
+import re
 import string
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,6 +31,8 @@ from turnout.oracle.conditions import (
     NOT_DIMENSIONS,
     Condition,
     ConditionParser,
+    OpenDomain,
+    arithmetic_names,
     dimension_kind,
     known_dimension_names,
     nullable,
@@ -68,6 +71,9 @@ def _template(raw: Any, default_level: str = "WARNING") -> Template | None:
     if isinstance(raw, MessageSpec):
         return Template(raw.level, raw.text)
     return Template(default_level, str(raw))
+
+
+_TEXT_REF = re.compile(r"\{texts\.([a-z0-9][a-z0-9_.\-]*)\}")
 
 
 def _placeholders(text: str) -> list[str]:
@@ -116,7 +122,7 @@ class _Compiler:
         self, text: str, allowed: set[str], pos: Positions, path: tuple[Any, ...]
     ) -> None:
         for ph in _placeholders(text):
-            if ph not in allowed:
+            if ph not in allowed and not set(arithmetic_names(ph)) <= allowed:
                 self.issues.append(
                     pos.issue(
                         path,
@@ -188,7 +194,14 @@ class _Compiler:
                 else:
                     out[dim] = None  # open string domain (model_type, quantization)
             else:
-                out[dim] = self._check_domain(dim, kind, domain, pos, (*path, "domain"))
+                values = self._check_domain(dim, kind, domain, pos, (*path, "domain"))
+                out[dim] = OpenDomain(values) if spec.open and kind == "str" else values
+            if spec.open and kind != "str":
+                self.issues.append(
+                    pos.issue(
+                        (*path, "open"), f"open: only a string dimension is open; {dim!r} is {kind}"
+                    )
+                )
         return out
 
     def _check_domain(
@@ -270,9 +283,9 @@ class _Compiler:
             conds = self.parser(domains, pos, steps=True).parse_when(step.when, (*path, "when"))
             sets = self._check_sets(step, pos, path)
             if step.refuse is not None:
-                self.check_template(
-                    step.refuse, set(known_dimension_names()), pos, (*path, "refuse")
-                )
+                text = self.inline_texts(step.refuse, matrix, pos, (*path, "refuse"))
+                self.check_template(text, set(known_dimension_names()), pos, (*path, "refuse"))
+                located = Located(step.model_copy(update={"refuse": text}), pos, path)
             out.append((located, conds, sets))
         if finals > 1:
             self.issues.append(matrix.meta_pos.issue(("steps",), "only one step may be final"))
@@ -288,6 +301,28 @@ class _Compiler:
                     )
                 )
         return out
+
+    def inline_texts(
+        self, text: str, matrix: MergedMatrix, pos: Positions, path: tuple[Any, ...]
+    ) -> str:
+        """``text`` with each ``{texts.NAME}`` replaced by the pack's text of that name (its
+        braces doubled: a text is quoted, never a template); an unknown name is an issue."""
+
+        def quote(match: re.Match[str]) -> str:
+            name = match.group(1)
+            located = matrix.texts.get(name)
+            if located is None:
+                self.issues.append(
+                    pos.issue(
+                        path,
+                        f"unknown text {{texts.{name}}}; the pack's texts: "
+                        + (", ".join(sorted(matrix.texts)) or "none"),
+                    )
+                )
+                return ""
+            return located.item.replace("{", "{{").replace("}", "}}")
+
+        return _TEXT_REF.sub(quote, text)
 
     def _check_sets(self, step: Step, pos: Positions, path: tuple[Any, ...]) -> dict[str, Any]:
         sets: dict[str, Any] = {}

@@ -2,9 +2,11 @@
 
 A ``when`` mapping ANDs one condition per dimension. A condition is a value (equal), a list
 (one of), or a mapping of operators ``gt ge lt le`` and ``multiple_of not_multiple_of``
-(numbers) and ``not`` (a value or a list). A numeric operator's operand is a number or the
-name of another numeric dimension: ``tensor_parallel_size: {not_multiple_of:
-decode_context_parallel_size}`` is vLLM 0.29's ``tp % dcp != 0`` (vllm/config/parallel.py).
+(numbers) and ``not`` (a value or a list). A numeric operator's operand is a number, the
+name of another numeric dimension, or a product of such names: ``tensor_parallel_size:
+{not_multiple_of: decode_context_parallel_size}`` is vLLM 0.29's ``tp % dcp != 0``, and
+``decode_context_parallel_size: {ge: tensor_parallel_size*prefill_context_parallel_size}``
+compares with ``tp * pcp`` (vllm/config/parallel.py).
 Each condition becomes a Python expression over the config ``c`` and the architecture's
 resolved family attributes ``a``; :mod:`oracle.compile` joins them into one function.
 """
@@ -30,6 +32,13 @@ _OPERATORS = "gt, ge, lt, le, multiple_of, not_multiple_of, not"
 KV_KEYS = ("kv_connector", "kv_role", "kv_connector_module_path")
 # Built-in dimensions that read a value a condition may also find absent (None).
 _NULLABLE_BUILTINS = {"kv_connector", "kv_role", "kv_connector_module_path", "early_runner"}
+
+
+class OpenDomain(tuple[Any, ...]):
+    """A string dimension's representative values (``open: true``): lint and the matrix use
+    them, and a condition may name others."""
+
+    __slots__ = ()
 
 
 def dimension_kind(name: str, derived: AbstractSet[str] = frozenset()) -> str | None:
@@ -95,11 +104,12 @@ class Condition:
 
     @property
     def refs(self) -> tuple[str, ...]:
-        """The other dimensions this condition reads (numeric operands naming a dimension)."""
+        """The other dimensions this condition reads (numeric operands naming dimensions)."""
         return tuple(
-            operand
+            factor
             for op, operand in self.ops
             if (op in _NUMERIC_OPS or op in _MULTIPLE_OPS) and isinstance(operand, str)
+            for factor in operand.split("*")
         )
 
     def test(self, value: Any, other: Callable[[str], Any] | None = None) -> bool:
@@ -119,7 +129,7 @@ class Condition:
                 if isinstance(operand, str):
                     if other is None:
                         continue
-                    operand = other(operand)
+                    operand = product(operand, other)
                 if not _numeric(op, value, operand):
                     return False
         return True
@@ -149,8 +159,14 @@ class Condition:
                 r = operand
                 guards = [f"{e} is not None"] if nullable(self.dim) else []
                 if isinstance(operand, str):
-                    r = local(operand) if local else dimension_expr(operand, derived)
-                    guards += [f"{r} is not None"] if nullable(operand) else []
+                    factors = operand.split("*")
+                    reads = [local(f) if local else dimension_expr(f, derived) for f in factors]
+                    guards += [
+                        f"{x} is not None"
+                        for f, x in zip(factors, reads, strict=True)
+                        if nullable(f)
+                    ]
+                    r = reads[0] if len(reads) == 1 else f"({' * '.join(reads)})"
                     guards += [f"{r} != 0"] if op in _MULTIPLE_OPS else []
                 if op in _NUMERIC_OPS:
                     test = f"{e} {_NUMERIC_OPS[op]} {r}"
@@ -162,6 +178,33 @@ class Condition:
             else:
                 parts.append(f"{e} {'==' if op == 'eq' else '!='} {operand!r}")
         return " and ".join(f"({p})" for p in parts)
+
+
+def product(operand: str, read: Callable[[str], Any]) -> Any:
+    """The value of a dimension operand (``a`` or ``a*b``, each read with ``read``); None
+    when a factor is unknown."""
+    value: Any = 1
+    for factor in operand.split("*"):
+        one = read(factor)
+        if one is None:
+            return None
+        value *= one
+    return value
+
+
+def arithmetic(placeholder: str, read: Callable[[str], Any]) -> Any:
+    """A message placeholder's value: a dimension (``a``), a product (``a*b``) or a floor
+    quotient (``a//b``, as vLLM's texts print ``tp // num_kv_heads``); None when a value is
+    unknown or the divisor is 0."""
+    if "//" in placeholder:
+        num, den = (read(x) for x in placeholder.split("//", 1))
+        return None if num is None or not den else num // den
+    return product(placeholder, read) if "*" in placeholder else read(placeholder)
+
+
+def arithmetic_names(placeholder: str) -> list[str]:
+    """The dimensions a placeholder reads (:func:`arithmetic`)."""
+    return placeholder.replace("//", "*").split("*")
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -286,15 +329,18 @@ class ConditionParser:
 
     def _operand(self, op: str, operand: Any, whole: bool, path: PathKey) -> Any:
         """A numeric operator's operand: a number (a positive integer for the multiple
-        operators), or the name of another numeric dimension of this pack."""
-        if isinstance(operand, str) and dimension_kind(operand, self.derived) is not None:
-            kind = dimension_kind(operand, self.derived)
-            if kind not in (("int",) if whole else ("int", "float")) or (
-                operand not in self.domains
-            ):
-                need = "an integer" if whole else "a numeric"
-                self._fail(path, f"{op}: {operand!r} is not {need} dimension of this pack")
-                return None
+        operators), the name of another numeric dimension of this pack, or a product of such
+        names (``a*b``)."""
+        factors = operand.split("*") if isinstance(operand, str) else []
+        if factors and all(dimension_kind(f, self.derived) is not None for f in factors):
+            for factor in factors:
+                kind = dimension_kind(factor, self.derived)
+                if kind not in (("int",) if whole else ("int", "float")) or (
+                    factor not in self.domains
+                ):
+                    need = "an integer" if whole else "a numeric"
+                    self._fail(path, f"{op}: {factor!r} is not {need} dimension of this pack")
+                    return None
             return operand
         if isinstance(operand, bool) or not isinstance(operand, int | float):
             self._fail(path, f"{op} expects a number or a dimension's name, got {operand!r}")
@@ -329,7 +375,7 @@ class ConditionParser:
         if not isinstance(v, str):
             self._fail(path, f"{dim} expects a string, got {v!r}")
             return _BAD
-        if domain is not None and v not in domain:
+        if domain is not None and v not in domain and not isinstance(domain, OpenDomain):
             self._fail(
                 path,
                 f"unknown value {v!r} for {dim}; expected one of: "

@@ -185,7 +185,11 @@ class DeploymentConfig:
         DRAFT_LM_HEAD_QUANTIZATIONS,
     )
     draft_architecture: str | None = declare(
-        None, "str", "the draft model's HF `architectures[0]`", "speculation"
+        None,
+        "str",
+        "the draft model's HF `architectures[0]`, before vLLM renames an EAGLE draft's (read "
+        "from `--speculative-config`'s `model` config.json; None: unknown)",
+        "speculation",
     )
     draft_mixed_attention: bool = declare(
         False, "bool", "the draft mixes sliding-window and full attention layers", "speculation"

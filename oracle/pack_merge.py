@@ -4,7 +4,7 @@ A release's pack states only what changed since the release it extends, so ``dif
 packs reads like the release notes. The merge, base first:
 
 - ``pack`` and ``messages``: each key the extending file sets replaces the base's;
-- ``dimensions`` and ``derived``: merged by name, the extending file's entry wins;
+- ``dimensions``, ``derived`` and ``texts``: merged by name, the extending file's entry wins;
 - ``rules`` and ``steps``: merged by id, in order. An entry whose id the base has replaces it in
   place (or moves it, with ``after``/``before``); a new id goes where ``after``/``before`` say,
   else at the end; ``remove_rules`` / ``remove_steps`` drop inherited ids.
@@ -55,6 +55,7 @@ class MergedMatrix:
     message_pos: dict[str, Located[Any]]
     dimensions: dict[str, Located[Dimension]]
     derived: dict[str, Located[Derived]]
+    texts: dict[str, Located[str]]
     rules: list[Located[Rule]]
     steps: list[Located[Step]]
     meta_pos: Positions
@@ -123,6 +124,7 @@ def _merge(
         message_pos={},
         dimensions={},
         derived={},
+        texts={},
         rules=[],
         steps=[],
         meta_pos=chain[-1][1],
@@ -137,6 +139,8 @@ def _merge(
             out.dimensions[name] = Located(dim, pos, ("dimensions", name))
         for name, der in matrix.derived.items():
             out.derived[name] = Located(der, pos, ("derived", name))
+        for name, text in matrix.texts.items():
+            out.texts[name] = Located(text, pos, ("texts", name))
         out.rules = _merge_list(
             out.rules, matrix.rules, matrix.remove_rules, pos, "rules", "remove_rules", issues
         )

@@ -89,9 +89,12 @@ class Messages(_Strict):
 
 
 class Dimension(_Strict):
-    """A dimension the pack's rules use, with its closed domain (bool dimensions: implicit)."""
+    """A dimension the pack's rules use, with its closed domain (bool dimensions: implicit).
+    ``open: true`` makes a string dimension's domain representative values, as numeric ones
+    are: a condition may name other values (a draft's architecture: any the registry has)."""
 
     domain: list[Scalar | list[str]] | None = None
+    open: bool = False
     description: str = ""
 
 
@@ -203,12 +206,15 @@ class Step(_Strict):
 
 class CapabilityMatrix(_Strict):
     """capability_matrix.yaml: the pack, its message shapes, dimensions, derived predicates,
-    steps and rules. ``remove_rules`` / ``remove_steps`` drop inherited ones by id."""
+    texts, steps and rules. ``remove_rules`` / ``remove_steps`` drop inherited ones by id.
+    ``texts`` are named constants a step's ``refuse`` quotes as ``{texts.NAME}`` (a long fact
+    of the release, such as its model registry, written once)."""
 
     pack: PackMeta
     messages: Messages = Messages()
     dimensions: dict[str, Dimension] = {}
     derived: dict[Identifier, Derived] = {}
+    texts: dict[Identifier, str] = {}
     steps: list[Step] = []
     rules: list[Rule] = []
     remove_rules: list[Identifier] = []

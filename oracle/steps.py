@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from turnout.oracle.compile_types import ArchInfo, CompiledStep, PackData
-from turnout.oracle.conditions import KV_KEYS
+from turnout.oracle.conditions import KV_KEYS, arithmetic
 from turnout.oracle.config import CONFIG_FIELD_NAMES
 from turnout.oracle.decision import Decision, Message, Reason
 from turnout.oracle.errors import ErrorCode
@@ -213,7 +213,8 @@ def _refused(
 
     assert step.error is not None
     names = [f for _, f, _, _ in string.Formatter().parse(step.error.text) if f]
-    values = {n: dim_value(pd, n, state, a, p, early) for n in names}
+    read = lambda d: dim_value(pd, d, state, a, p, early)  # noqa: E731
+    values = {n: arithmetic(n, read) for n in names}  # a refusal may quote tp * pcp, tp // kv
     text = step.error.render(values)
     matched = {
         d: dim_value(pd, d, state, a, p, early) for c in step.conditions for d in (c.dim, *c.refs)

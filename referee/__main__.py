@@ -7,6 +7,7 @@
     python -m referee flags-recipes --release 0.31 --out FILE   # vLLM's verdict per recipe
     python -m referee flags-check --release 0.31 --seed 7 --count 2000
     python -m referee metrics --release 0.33 --out policies/reference/vllm-0.33/metrics.json
+    python -m referee draft-registry --release 0.33 --write  # the pack's registry facts
 
 Run inside the release's referee environment (``make referee`` builds
 ``.referee/venv-<release>``); the installed vLLM must be the release named.
@@ -226,6 +227,25 @@ def _serve_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _draft_registry(args: argparse.Namespace) -> int:
+    """The release's registry facts (referee.registry), printed or written into its pack."""
+    from referee.registry import blocks, write
+
+    pack_file = (
+        Path(__file__).resolve().parent.parent
+        / "policies"
+        / f"vllm-{args.release}"
+        / "capability_matrix.yaml"
+    )
+    if args.write:
+        write(args.release, pack_file)
+        print(json.dumps({"release": args.release, "written": str(pack_file)}))
+    else:
+        derived, texts = blocks(args.release)
+        print("\n".join(["derived:", *derived, *texts]))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m referee",
@@ -275,6 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--models", default=".referee/models", help="model folders (written)")
     serve.add_argument("--out", help="write the mismatches here (JSON lines)")
     serve.add_argument("--show", type=int, default=15, help="mismatch classes to report")
+    registry = sub.add_parser("draft-registry", help="the release's registry facts for its pack")
+    registry.add_argument("--release", required=True, choices=RELEASES)
+    registry.add_argument("--write", action="store_true", help="write them into the pack")
     args = parser.parse_args(argv)
     if args.command == "serve-check":  # before anything imports vLLM's CUDA platform
         from referee.serve_real import prepare
@@ -292,6 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "flags-check": _flags_check,
         "metrics": _metrics,
         "serve-check": _serve_check,
+        "draft-registry": _draft_registry,
     }[args.command](args)
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from referee.replay import pooling_only_classes
+from referee.registry import RENAMED_DRAFT_METHODS, renamed
+from referee.replay import pooling_only_classes, registered_architectures
 
 # spec value -> vLLM enum name
 _MODES = {
@@ -101,10 +102,19 @@ def _parallel(spec: dict[str, Any]) -> Any:
         if spec.get(key) is not None:
             object.__setattr__(pc, key, spec[key])
     tp, dcp = pc.tensor_parallel_size, pc.decode_context_parallel_size
-    if pc.prefill_context_parallel_size == 1 and tp % dcp != 0:
+    pcp = pc.prefill_context_parallel_size
+    if pcp == 1 and tp % dcp != 0:
         # Restated from config/parallel.py _validate_parallel_config (0.29: line 553; the same
         # text through 0.33): "DCP reuses the TP ranks when PCP is disabled".
         raise ValueError(f"tp_size={tp} must be divisible by dcp_size={dcp}.")
+    if pcp > 1 and dcp not in (1, pcp, tp * pcp):
+        # Restated from the same function (0.29: line 554, 0.33: line 601, the same text)
+        raise ValueError(
+            "When PCP is enabled, DCP must be disabled, span the PCP "
+            "axis, or span the full TP x PCP axis. "
+            f"Got TP={tp}, PCP={pcp}, DCP={dcp}; valid DCP sizes are "
+            f"{sorted({1, pcp, tp * pcp})}."
+        )
     return pc
 
 
@@ -193,6 +203,7 @@ def _speculative(spec: dict[str, Any], release: str) -> Any:
         return None
     _check_method(method)
     _check_draft_runner(spec, method)
+    _check_draft_registered(spec, method)
     cfg = object.__new__(SpeculativeConfig)
     values = {
         "method": method,
@@ -242,6 +253,33 @@ def _check_draft_runner(spec: dict[str, Any], method: str) -> None:
         raise ValueError(
             "Embedding models do not support `--runner draft`. "
             "Use `--runner pooling` or `--runner auto` for embedding models."
+        )
+
+
+# The methods whose draft model gets a ModelConfig of its own (config/speculative.py of 0.29,
+# SpeculativeConfig.__post_init__'s last branch; the generator's draft architectures stand for
+# real drafts of these methods).
+DRAFT_MODEL_METHODS = ("draft_model", *RENAMED_DRAFT_METHODS)
+
+
+def _check_draft_registered(spec: dict[str, Any], method: str) -> None:
+    """The draft's architecture must be registered, before and after ``EAGLEConfig`` renames
+    it (``SpeculativeConfig.__post_init__``, config/speculative.py:1238 and 1340-1358 of 0.29,
+    the same through 0.33; the rename is the release's own ``EAGLEConfig``, the registry the
+    release's own ``ModelRegistry``). Restated: the raise of
+    ``_ModelRegistry._raise_for_unsupported`` (model_executor/models/registry.py:1172 of 0.29,
+    the same text through 0.33), which ``inspect_model_cls`` reaches for a name it lacks."""
+    arch = spec.get("draft_architecture")
+    if arch is None or method not in DRAFT_MODEL_METHODS:
+        return
+    registered = registered_architectures()
+    names = [arch]
+    if arch in registered and method in RENAMED_DRAFT_METHODS:
+        names = [renamed(arch, method)]
+    if any(name not in registered for name in names):
+        raise ValueError(
+            f"Model architectures {names} are not supported for now. "
+            f"Supported architectures: dict_keys({list(registered)!r})"
         )
 
 

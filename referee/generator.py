@@ -159,6 +159,8 @@ DIMENSIONS: dict[str, tuple[float, Draw]] = {
             "DFlashQwen3XPressModel",
             "ParseAuxMTPModel",
             "LlamaForCausalLM",
+            "Qwen3ForCausalLM",
+            "LlamaForCausalLMEagle3",
         ),
     ),
     "draft_mixed_attention": (0.6, _true),
@@ -330,4 +332,4 @@ def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
         elif roll < 0.75:
             spec["all2all_backend"] = rng.choice(("flashinfer_all2allv", "mori_low_latency"))
     if spec.get("draft_architecture") and method is None and rng.random() < 0.8:
-        spec["speculative_method"] = "dflash"
+        spec["speculative_method"] = rng.choice(("dflash", "dflash", "draft_model"))

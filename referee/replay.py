@@ -296,12 +296,13 @@ for arch in ARCHITECTURE_POOL:
         without_pp.append(arch)
     if is_pooling_model(model_cls) and not is_text_generation_model(model_cls):
         pooling_only.append(arch)
-print(json.dumps({"without_pp": without_pp, "pooling_only": pooling_only}))
+registered = list(ModelRegistry.get_supported_archs())
+print(json.dumps({"without_pp": without_pp, "pooling_only": pooling_only, "registered": registered}))
 """
 
 
 @cache
-def _class_facts() -> dict[str, frozenset[str]]:
+def _class_facts() -> dict[str, Any]:
     """What the installed release's model classes say of the pool's architectures, asked in a
     child process with the real-code referee's stand-ins (this harness stubs the CUDA-graph
     module the model classes import). A class this environment cannot import (torchvision and
@@ -310,7 +311,10 @@ def _class_facts() -> dict[str, frozenset[str]]:
         [sys.executable, "-c", _CLASS_PROBE], capture_output=True, text=True, check=True
     )
     facts = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {key: frozenset(value) for key, value in facts.items()}
+    return {
+        key: tuple(value) if key == "registered" else frozenset(value)
+        for key, value in facts.items()
+    }
 
 
 def classes_without_pp() -> frozenset[str]:
@@ -323,6 +327,12 @@ def pooling_only_classes() -> frozenset[str]:
     """The architectures whose model class is a pooling model and not a text-generation one
     (``is_pooling_model`` and not ``is_text_generation_model``, interfaces_base.py)."""
     return _class_facts()["pooling_only"]
+
+
+def registered_architectures() -> tuple[str, ...]:
+    """Every architecture the release's ``ModelRegistry`` knows, in its own order
+    (``get_supported_archs()``, the order its refusal text lists them in)."""
+    return _class_facts()["registered"]  # type: ignore[no-any-return]
 
 
 def pipeline_needs_supports_pp(cfg: Any, spec: dict[str, Any]) -> None:

@@ -335,11 +335,10 @@ def _command_to_fields(
     )
     fields.update(model_fields)
     if draft is not None:
-        draft_vocab = _draft_vocab_size(draft, base, offline, local_files)
-        if draft_vocab is None:
+        draft_fields = _draft_fields(draft, base, offline, local_files)
+        if not draft_fields:
             ignored.append("--speculative-config.model")
-        else:
-            fields["draft_vocab_size"] = draft_vocab
+        fields.update(draft_fields)
     if model is not None:
         fields["model"] = model
     return ParsedCommand(
@@ -462,13 +461,14 @@ def _model_fields(
     return source.fields() | _explicit(fields), source
 
 
-def _draft_vocab_size(
+def _draft_fields(
     draft: str, base: Path | None, offline: bool, local_files: bool
-) -> int | None:
-    """The draft model's ``vocab_size`` from its config.json, found the way the target's is
-    (vLLM builds the draft's ModelConfig the same way: SpeculativeConfig.__post_init__);
-    ``None`` when it cannot be read or has none (the line is then decided without it, and the
-    draft is listed as ignored)."""
+) -> dict[str, Any]:
+    """The draft model's facts from its config.json, found the way the target's is (vLLM
+    builds the draft's ModelConfig the same way: SpeculativeConfig.__post_init__):
+    ``draft_architecture`` (its ``architectures[0]``, before EAGLEConfig renames it) and
+    ``draft_vocab_size``. Empty when it cannot be read (the line is then decided without
+    them, and the draft is listed as ignored)."""
     try:
         source = resolve_model_config(
             draft,
@@ -477,10 +477,15 @@ def _draft_vocab_size(
             what="--speculative-config.model",
             local_files=local_files,
         )
-        value = source.fields().get("vocab_size")
+        facts = source.fields()
     except ConfigError:
-        return None
-    return value if isinstance(value, int) else None
+        return {}
+    out: dict[str, Any] = {}
+    if isinstance(facts.get("architecture"), str):
+        out["draft_architecture"] = facts["architecture"]
+    if isinstance(facts.get("vocab_size"), int):
+        out["draft_vocab_size"] = facts["vocab_size"]
+    return out
 
 
 def _explicit(fields: dict[str, Any]) -> dict[str, Any]:

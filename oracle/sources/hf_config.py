@@ -135,7 +135,11 @@ def _heads(data: Mapping[str, Any], text: Mapping[str, Any]) -> dict[str, int]:
     cfg = text or data
     heads = _count(cfg, _ATTENTION_HEADS)
     if heads is None:
-        return {}
+        # An attention-free model (Mamba) has no heads: vLLM reads 0 for both
+        # (get_total_num_attention_heads's default; the KV heads fall back to it).
+        model_type = text.get("model_type") or data.get("model_type")
+        attention_free = model_type in _ATTENTION_FREE_TYPES
+        return {"num_attention_heads": 0, "num_key_value_heads": 0} if attention_free else {}
     kv = _count(cfg, _KV_HEADS)
     return {"num_attention_heads": heads, "num_key_value_heads": heads if kv is None else kv}
 

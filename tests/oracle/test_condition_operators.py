@@ -52,6 +52,19 @@ def _evaluate(cond: Condition, config: dict[str, Any]) -> bool:
          {"tensor_parallel_size": 1, "num_key_value_heads": None}, False),
         ({"num_key_value_heads": {"not_multiple_of": "tensor_parallel_size"}},
          {"tensor_parallel_size": 0, "num_key_value_heads": 8}, False),
+        # a product of dimensions: vLLM's tp < dcp * kv (ModelConfig.verify_with_parallel_config)
+        ({"tensor_parallel_size": {"lt": "decode_context_parallel_size*num_key_value_heads"}},
+         {"tensor_parallel_size": 8, "decode_context_parallel_size": 2, "num_key_value_heads": 8},
+         True),
+        ({"tensor_parallel_size": {"lt": "decode_context_parallel_size*num_key_value_heads"}},
+         {"tensor_parallel_size": 16, "decode_context_parallel_size": 2, "num_key_value_heads": 8},
+         False),
+        ({"tensor_parallel_size": {"lt": "decode_context_parallel_size*num_key_value_heads"}},
+         {"tensor_parallel_size": 1, "decode_context_parallel_size": 2, "num_key_value_heads": None},
+         False),
+        ({"decode_context_parallel_size": {"not_multiple_of": "tensor_parallel_size*num_key_value_heads"}},
+         {"tensor_parallel_size": 2, "decode_context_parallel_size": 6, "num_key_value_heads": 2},
+         True),
     ],
 )  # fmt: skip
 def test_generated_code_and_test_agree(
@@ -61,7 +74,8 @@ def test_generated_code_and_test_agree(
     assert issues == []
     assert _evaluate(cond, config) is want
     assert cond.test(config[cond.dim], config.__getitem__) is want
-    assert cond.refs == tuple(v for v in next(iter(when.values())).values() if isinstance(v, str))
+    operands = [v for v in next(iter(when.values())).values() if isinstance(v, str)]
+    assert cond.refs == tuple(f for v in operands for f in v.split("*"))
 
 
 def test_without_the_other_value_a_reference_may_hold() -> None:
@@ -86,6 +100,10 @@ def test_without_the_other_value_a_reference_may_hold() -> None:
         ({"enforce_eager": {"multiple_of": 2}}, "multiple_of needs an integer dimension"),
         ({"tensor_parallel_size": {"divides": 2}}, "unknown operator 'divides'; expected one of"),
         ({"tensor_parallel_size": {"gt": [1]}}, "gt expects a number or a dimension's name"),
+        ({"tensor_parallel_size": {"lt": "num_key_value_heads*platform"}},
+         "lt: 'platform' is not a numeric dimension of this pack"),
+        ({"tensor_parallel_size": {"lt": "num_key_value_heads*no_such_dim"}},
+         "lt expects a number or a dimension's name, got 'num_key_value_heads*no_such_dim'"),
     ],
 )  # fmt: skip
 def test_bad_operands_are_named(when: dict[str, Any], message: str) -> None:

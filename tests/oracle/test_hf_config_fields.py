@@ -106,6 +106,9 @@ WANT: dict[str, dict[str, Any]] = {
         "hidden_size": 768,
         "has_inner_state": True,
         "attention_free": True,
+        # no attention heads: vLLM reads 0 for both (get_total_num_attention_heads)
+        "num_attention_heads": 0,
+        "num_key_value_heads": 0,
     },
     "mistral-7b": {
         "architecture": "MistralForCausalLM",

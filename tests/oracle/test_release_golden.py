@@ -54,13 +54,23 @@ def test_golden_cases_cover_every_outcome(release: str) -> None:
 FACT_STEPS = {
     "tp_must_divide_attention_heads",
     "dcp_gqa_needs_more_tp_than_kv_heads",
+    "dcp_without_kv_heads",
+    "dcp_exceeds_tp_per_kv_head",
+    "dcp_must_divide_query_heads_per_kv_head",
     "mtp_refuses_model_without_mtp",  # reads the model_type of config.json
     "draft_model_vocab_must_match",  # reads the draft's config.json
 }
 #: Steps seed 1's cases of one release happen not to reach, whose source text is the same in
 #: releases where golden cases do reach them.
 _ADAPTIVE = "batch_sharded_sampling_refuses_adaptive"  # confirmed in 0.29 and 0.32
-UNREACHED: dict[str, set[str]] = {"0.30": {_ADAPTIVE}, "0.31": {_ADAPTIVE}}
+# Every draft architecture the generator draws is registered in 0.33; the refusal's source is
+# the same as in 0.29-0.32, where golden cases reach it.
+_UNREGISTERED = "draft_architecture_unregistered"
+UNREACHED: dict[str, set[str]] = {
+    "0.30": {_ADAPTIVE},
+    "0.31": {_ADAPTIVE},
+    "0.33": {_UNREGISTERED},
+}
 
 
 @pytest.mark.parametrize("release", RELEASES)

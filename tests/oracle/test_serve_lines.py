@@ -9,6 +9,7 @@ line turnout could not read.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -111,6 +112,23 @@ def test_only_compiled_extensions_are_stood_in_for(name: str, stubbed: bool) -> 
             "`--tensor-parallel-size` or set `--decode-context-parallel-size 1`.",
         ),
         ("qwen3-8b", ["-tp", "2", "-dcp", "4"], "tp_size=2 must be divisible by dcp_size=4."),
+        # DCP is at most TP // KV heads (16 // 8 = 2)
+        (
+            "qwen3-8b",
+            ["-tp", "16", "-dcp", "4"],
+            "`--decode-context-parallel-size` (4) exceeds the maximum supported value (2) for "
+            "`--tensor-parallel-size` (16) and 8 model KV heads.",
+        ),
+        ("qwen3-8b", ["-tp", "16", "-dcp", "2"], None),
+        # An attention-free model has 0 KV heads: vLLM divides by them and fails
+        ("mamba-130m", ["-dcp", "2", "-pcp", "2"], "integer division or modulo by zero"),
+        # With PCP, DCP must be 1, PCP or TP x PCP; the text lists sorted({1, pcp, tp * pcp})
+        (
+            "qwen3-8b",
+            ["-tp", "2", "-pcp", "2", "-dcp", "8"],
+            "When PCP is enabled, DCP must be disabled, span the PCP axis, or span the full TP x "
+            "PCP axis. Got TP=2, PCP=2, DCP=8; valid DCP sizes are [1, 2, 4].",
+        ),
         # DeepSeek-V2-Lite uses MLA: the GQA check does not apply; TP 2 divides its 16 heads
         ("deepseek-v2-lite", ["-tp", "2", "--decode-context-parallel-size", "2"], None),
         # Mamba has no attention heads (vLLM reads 0, which every TP divides)
@@ -207,3 +225,40 @@ def test_a_draft_model_is_read_for_its_vocabulary_and_a_missing_one_is_listed_as
     )  # fmt: skip
     assert "draft_vocab_size" not in missing.fields
     assert "--speculative-config.model" in missing.ignored  # said, never dropped silently
+
+
+@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize(
+    ("draft", "method", "refused_as"),
+    [
+        # EAGLEConfig names an EAGLE draft "Eagle" + its architecture; no release registers
+        # EagleQwen3ForCausalLM, every release registers Eagle3Qwen3ForCausalLM and
+        # EagleLlamaForCausalLM (the releases' own registries, referee/registry.py)
+        ("qwen3-0.6b", "eagle", "EagleQwen3ForCausalLM"),
+        ("qwen3-0.6b", "eagle3", None),
+        ("llama-3.1-8b", "eagle", None),
+        ("qwen3-0.6b", "dflash", "DFlashQwen3ForCausalLM"),
+    ],
+)
+def test_an_eagle_draft_is_renamed_and_looked_up_in_the_releases_registry(
+    release: str, draft: str, method: str, refused_as: str | None, tmp_path: Path
+) -> None:
+    """The draft's architecture comes from its config.json; vLLM's refusal quotes the whole
+    registry of the release (its text, from the release's ModelRegistry)."""
+    folders = write_models(tmp_path)
+    target = "llama-3.1-8b" if draft == "llama-3.1-8b" else "qwen3-8b"
+    spec = json.dumps({"method": method, "model": str(folders[draft])})
+    argv = ["vllm", "serve", str(folders[target]), "--speculative-config", spec]
+    case = {"env": {}, "platform": "cuda", "device_capability": "9.0"}
+    got = line_answer(load_pack(f"vllm-{release}"), case, argv, release)
+    if refused_as is None:
+        assert got["decision"] in ("v1", "v2"), got
+        return
+    error = got.get("error") or ""
+    assert got["decision"] == "error", got
+    assert error.startswith(
+        f"Model architectures ['{refused_as}'] are not supported for now. Supported "
+        "architectures: dict_keys(['AfmoeForCausalLM', "
+    ), error[:200]
+    assert error.endswith("'TransformersMultiModalForSequenceClassification'])"), error[-200:]
+    assert "'Eagle3Qwen3ForCausalLM'" in error and "'EagleQwen3ForCausalLM'," not in error
