@@ -195,7 +195,7 @@ chaos: $(VENV)/.test-installed
 ## line (recipes_parse.jsonl) and its Prometheus metric table (metrics.json) under policies/reference/. Not part of `make test` (network, ~3 GB each).
 REFEREE_RELEASES ?= 0.29 0.30 0.31 0.32 0.33
 REFEREE_SEED ?= 1
-REFEREE_COUNT ?= 4000
+REFEREE_COUNT ?= 8000
 .referee/venv-%/.installed: referee/requirements.txt
 	$(PYTHON) -m venv .referee/venv-$*
 	.referee/venv-$*/bin/pip install -q --upgrade pip

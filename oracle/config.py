@@ -194,6 +194,13 @@ class DeploymentConfig:
     draft_mixed_attention: bool = declare(
         False, "bool", "the draft mixes sliding-window and full attention layers", "speculation"
     )
+    draft_is_moe: bool | None = declare(
+        None,
+        "opt_bool",
+        "the draft model is a mixture of experts (read from `--speculative-config`'s `model` "
+        "config.json; None: unknown)",
+        "speculation",
+    )
     draft_vocab_size: int | None = declare(
         None,
         "int",

@@ -12,8 +12,14 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from referee.registry import RENAMED_DRAFT_METHODS, renamed
-from referee.replay import pooling_only_classes, registered_architectures
+from referee.architectures import model_facts
+from referee.registry import RENAMED_DRAFT_METHODS, renamed, without_pp
+from referee.replay import (
+    _v,
+    classes_without_pp,
+    pooling_only_classes,
+    registered_architectures,
+)
 
 # spec value -> vLLM enum name
 _MODES = {
@@ -204,6 +210,7 @@ def _speculative(spec: dict[str, Any], release: str) -> Any:
     _check_method(method)
     _check_draft_runner(spec, method)
     _check_draft_registered(spec, method)
+    _check_draft_parallel(spec, method, release)
     cfg = object.__new__(SpeculativeConfig)
     values = {
         "method": method,
@@ -281,6 +288,52 @@ def _check_draft_registered(spec: dict[str, Any], method: str) -> None:
             f"Model architectures {names} are not supported for now. "
             f"Supported architectures: dict_keys({list(registered)!r})"
         )
+
+
+# The methods whose draft config is the target's own (config/speculative.py of 0.30,
+# SpeculativeConfig.__post_init__: draft_model_config = target_model_config), and those whose
+# draft is a head that has no experts.
+TARGET_DRAFT_METHODS = ("ngram", "ngram_gpu", "custom_class", "extract_hidden_states")
+HEAD_DRAFT_METHODS = ("medusa", "mlp_speculator")
+_NO_EXPERTS = (
+    "Number of experts in the model must be greater than 0 when expert parallelism is enabled."
+)
+
+
+def _check_draft_parallel(spec: dict[str, Any], method: str, release: str) -> None:
+    """``draft_model_config.verify_with_parallel_config(draft_parallel_config)``
+    (``SpeculativeConfig.__post_init__``, config/speculative.py:1749 of 0.29, 1815 of 0.30),
+    whose parallel config ``create_draft_parallel_config`` builds: in 0.29 with the target's
+    pipeline size (a draft class without ``SupportsPP`` is refused, the class facts from the
+    release: referee.registry), from 0.30 with pipeline size 1 and the target's expert
+    parallelism (a draft without experts is refused). Restated: the raises of
+    ``ModelConfig.verify_with_parallel_config`` (config/model.py:1421-1432 of 0.29)."""
+    arch = spec.get("draft_architecture")
+    if _v(release) < (0, 30):
+        if (spec.get("pipeline_parallel_size") or 1) > 1 and arch is not None:
+            if method in RENAMED_DRAFT_METHODS and arch in registered_architectures():
+                name = renamed(arch, method)
+                lacking = name in registered_architectures() and name in without_pp((name,))
+            else:
+                lacking = method == "draft_model" and arch in classes_without_pp()
+            if lacking:
+                raise NotImplementedError(
+                    "Pipeline parallelism is not supported for this model. "
+                    "Supported models implement the `SupportsPP` interface."
+                )
+        return
+    if not spec.get("enable_expert_parallel"):
+        return
+    if (
+        (method in DRAFT_MODEL_METHODS and arch is not None and spec.get("draft_is_moe") is False)
+        or method in HEAD_DRAFT_METHODS
+        or (method in TARGET_DRAFT_METHODS and not _target_is_moe(spec))
+    ):
+        raise ValueError(_NO_EXPERTS)
+
+
+def _target_is_moe(spec: dict[str, Any]) -> bool:
+    return bool(model_facts(spec).get("is_moe"))
 
 
 def _draft(spec: dict[str, Any]) -> Any:

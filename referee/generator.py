@@ -120,6 +120,19 @@ def _true(_: random.Random) -> bool:
     return True
 
 
+# Draft architectures: the ones some release's selection names, and real drafts (a registered
+# decoder, an EAGLE-3 head) whose renamed forms some releases register and some do not.
+DRAFT_ARCHITECTURES = (
+    "DFlash2DraftModel",
+    "DFlash2BeamDraftModel",
+    "LiLiCorrDraftModel",
+    "Qwen3XPressModel",
+    "DFlashQwen3XPressModel",
+    "ParseAuxMTPModel",
+    "LlamaForCausalLM",
+    "Qwen3ForCausalLM",
+    "LlamaForCausalLMEagle3",
+)
 # field -> (weight, draw of a non-default value)
 DIMENSIONS: dict[str, tuple[float, Draw]] = {
     "platform": (3.0, _choice("rocm", "rocm", "cpu", "cpu", "xpu", "tpu")),
@@ -149,21 +162,9 @@ DIMENSIONS: dict[str, tuple[float, Draw]] = {
     "disable_padded_drafter_batch": (0.6, _true),
     "use_heterogeneous_vocab": (0.6, _true),
     "draft_lm_head_quantization": (0.5, _choice("fp8", "nvfp4")),
-    "draft_architecture": (
-        0.8,
-        _choice(
-            "DFlash2DraftModel",
-            "DFlash2BeamDraftModel",
-            "LiLiCorrDraftModel",
-            "Qwen3XPressModel",
-            "DFlashQwen3XPressModel",
-            "ParseAuxMTPModel",
-            "LlamaForCausalLM",
-            "Qwen3ForCausalLM",
-            "LlamaForCausalLMEagle3",
-        ),
-    ),
+    "draft_architecture": (0.8, _choice(*DRAFT_ARCHITECTURES)),
     "draft_mixed_attention": (0.6, _true),
+    "draft_is_moe": (0.5, _choice(False, True)),
     "tensor_parallel_size": (2.0, _choice(2, 4, 8)),
     "pipeline_parallel_size": (2.5, _choice(2, 2, 4)),
     "data_parallel_size": (0.8, _choice(2, 4)),
@@ -300,6 +301,7 @@ def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
         "draft_lm_head_quantization",
         "draft_architecture",
         "draft_mixed_attention",
+        "draft_is_moe",
     )
     if method is None and any(f in spec for f in spec_only) and rng.random() < 0.8:
         spec["speculative_method"] = rng.choice(
@@ -315,7 +317,11 @@ def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
     dcp = spec.get("decode_context_parallel_size", 1)
     if dcp > 1 and rng.random() < 0.8:
         spec["tensor_parallel_size"] = max(spec.get("tensor_parallel_size", 1), dcp)
-    if spec.get("enable_batch_sharded_sampling") and rng.random() < 0.7:
+    if spec.get("enable_batch_sharded_sampling") and method is not None and rng.random() < 0.3:
+        spec["enable_adaptive_verification"] = True  # refused with it, with TP 1 or more
+        if rng.random() < 0.5:
+            spec.pop("tensor_parallel_size", None)
+    elif spec.get("enable_batch_sharded_sampling") and rng.random() < 0.7:
         spec.setdefault("tensor_parallel_size", rng.choice((2, 4)))
     if spec.get("enable_dbo") and spec.get("platform") == "rocm" and rng.random() < 0.5:
         spec["all2all_backend"] = "deepep_high_throughput"
@@ -331,5 +337,20 @@ def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
             )
         elif roll < 0.75:
             spec["all2all_backend"] = rng.choice(("flashinfer_all2allv", "mori_low_latency"))
+    if (
+        method in ("draft_model", "eagle", "eagle3", "dflash")
+        and "draft_architecture" not in spec
+        and rng.random() < 0.3
+    ):  # a draft model's facts, as a real draft's config.json gives them
+        real = method in ("eagle", "eagle3") and rng.random() < 0.7  # what EAGLE heads name
+        spec["draft_architecture"] = rng.choice(
+            DRAFT_ARCHITECTURES[-3:] if real else DRAFT_ARCHITECTURES
+        )
+        spec["draft_is_moe"] = rng.random() < 0.3
+        roll = rng.random()  # the draft is verified with the target's parallel layout
+        if roll < 0.2:
+            spec["enable_expert_parallel"] = True
+        elif roll < 0.35:
+            spec["pipeline_parallel_size"] = 2
     if spec.get("draft_architecture") and method is None and rng.random() < 0.8:
         spec["speculative_method"] = rng.choice(("dflash", "dflash", "draft_model"))

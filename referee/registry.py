@@ -10,6 +10,12 @@ writes what it needs into the pack's capability_matrix.yaml, between marker comm
 - ``derived.draft_registered``: the registered architectures;
 - ``derived.renamed_draft_registered``: per method, the registered architectures whose renamed
   form is registered too (computed with the release's own ``EAGLEConfig``);
+- ``derived.draft_lacks_pipeline_parallel``: per method, the draft architectures whose model
+  class (renamed where the method renames it) does not implement ``SupportsPP``: in 0.29 the
+  draft's ParallelConfig keeps the target's pipeline size and the draft's ModelConfig is
+  verified with it (``SpeculativeConfig.create_draft_parallel_config``). ``draft_model``
+  drafts are asked over the architecture pool only (referee.architectures; loading every
+  registered class takes packages the referee lacks);
 - ``texts.registered_architectures``: the registry as the refusal prints it.
 
     python -m referee draft-registry --release 0.31 [--write]
@@ -19,10 +25,14 @@ Run in the release's referee environment (the registry comes from its vLLM).
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
+from functools import cache
 from pathlib import Path
 
-from referee.replay import registered_architectures
+from referee.replay import classes_without_pp, registered_architectures
 
 RENAMED_DRAFT_METHODS = ("eagle", "eagle3", "dflash")
 _DERIVED = ("  # >>> draft registry", "  # <<< draft registry")
@@ -37,6 +47,37 @@ def renamed(arch: str, method: str) -> str:
 
     draft = PretrainedConfig(architectures=[arch], vocab_size=32000)  # EAGLEConfig reads it
     return str(EAGLEConfig(draft, method=method, model_type="eagle").architectures[0])
+
+
+_PP_PROBE = """
+import json, logging, sys
+from referee.serve_real import prepare
+prepare()
+logging.getLogger("vllm").setLevel(logging.CRITICAL)
+from vllm.model_executor.models.interfaces import supports_pp
+from vllm.model_executor.models.registry import ModelRegistry
+out = []
+for arch in json.loads(sys.argv[1]):
+    try:
+        if not supports_pp(ModelRegistry.models[arch].load_model_cls()):
+            out.append(arch)
+    except Exception:  # an optional package of that model is missing here
+        pass
+print(json.dumps(out))
+"""
+
+
+@cache
+def without_pp(names: tuple[str, ...]) -> frozenset[str]:
+    """Those of ``names`` (registered) whose model class lacks ``SupportsPP``, asked in a child
+    process with the real-code referee's stand-ins (as referee.replay's class probe)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PP_PROBE, json.dumps(list(names))],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return frozenset(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def _flow_list(names: list[str], indent: str, prefix: str = "") -> list[str]:
@@ -72,6 +113,30 @@ def blocks(release: str) -> tuple[list[str], list[str]]:
         fits = [a for a in registry if renamed(a, method) in registry]
         prefix = f"      - {{speculative_method: {method}, draft_architecture: "
         derived.append("\n".join(_flow_list(fits, " " * 10, prefix)) + "}")
+    derived += [
+        "  draft_lacks_pipeline_parallel:",
+        "    description: the draft's model class (renamed by EAGLEConfig for the method) does"
+        f" not implement SupportsPP in vLLM {release} ({head})",
+        "    any:",
+    ]
+    pool_without_pp = sorted(classes_without_pp())
+    derived.append(
+        "\n".join(
+            _flow_list(
+                pool_without_pp,
+                " " * 10,
+                "      - {speculative_method: draft_model, draft_architecture: ",
+            )
+        )
+        + "}"
+    )
+    for method in RENAMED_DRAFT_METHODS:
+        fits = {a: renamed(a, method) for a in registry if renamed(a, method) in registry}
+        lacking = without_pp(tuple(sorted(set(fits.values()))))
+        names = [a for a, r in fits.items() if r in lacking]
+        if names:
+            prefix = f"      - {{speculative_method: {method}, draft_architecture: "
+            derived.append("\n".join(_flow_list(names, " " * 10, prefix)) + "}")
     quoted = [repr(a) for a in registry]
     text = _flow_list(quoted, "    ", "    dict_keys(")
     text[-1] += ")"

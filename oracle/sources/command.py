@@ -466,8 +466,8 @@ def _draft_fields(
 ) -> dict[str, Any]:
     """The draft model's facts from its config.json, found the way the target's is (vLLM
     builds the draft's ModelConfig the same way: SpeculativeConfig.__post_init__):
-    ``draft_architecture`` (its ``architectures[0]``, before EAGLEConfig renames it) and
-    ``draft_vocab_size``. Empty when it cannot be read (the line is then decided without
+    ``draft_architecture`` (its ``architectures[0]``, before EAGLEConfig renames it),
+    ``draft_vocab_size`` and ``draft_is_moe``. Empty when it cannot be read (the line is then decided without
     them, and the draft is listed as ignored)."""
     try:
         source = resolve_model_config(
@@ -485,6 +485,8 @@ def _draft_fields(
         out["draft_architecture"] = facts["architecture"]
     if isinstance(facts.get("vocab_size"), int):
         out["draft_vocab_size"] = facts["vocab_size"]
+    if out:  # a config.json without expert counts is a dense model's
+        out["draft_is_moe"] = bool(facts.get("is_moe"))
     return out
 
 
