@@ -324,11 +324,14 @@ def _check_draft_parallel(spec: dict[str, Any], method: str, release: str) -> No
         return
     if not spec.get("enable_expert_parallel"):
         return
-    if (
+    # From 0.31 the draft's layout keeps expert parallelism only for a draft with experts
+    # (create_draft_parallel_config, config/speculative.py:1767 of 0.31); the n-gram-style
+    # methods verify the target against its own layout (draft_parallel_config is the target's).
+    own_draft = _v(release) < (0, 31) and (
         (method in DRAFT_MODEL_METHODS and arch is not None and spec.get("draft_is_moe") is False)
         or method in HEAD_DRAFT_METHODS
-        or (method in TARGET_DRAFT_METHODS and not _target_is_moe(spec))
-    ):
+    )
+    if own_draft or (method in TARGET_DRAFT_METHODS and not _target_is_moe(spec)):
         raise ValueError(_NO_EXPERTS)
 
 
