@@ -352,5 +352,19 @@ def _keep_plausible(rng: random.Random, spec: dict[str, Any]) -> None:
             spec["enable_expert_parallel"] = True
         elif roll < 0.35:
             spec["pipeline_parallel_size"] = 2
+    kv = spec.get("kv_transfer_config") or {}
+    if kv.get("kv_connector") == "NixlConnector" and rng.random() < 0.5:
+        # NIXL's layout asserts (VllmConfig.__post_init__): DCP against TP or max(TP, PCP),
+        # on MLA models (else refused), hybrid ones in 0.29
+        spec["decode_context_parallel_size"] = rng.choice((2, 4))
+        spec["tensor_parallel_size"] = rng.choice((2, 4, 8))
+        roll = rng.random()
+        if roll < 0.25:
+            spec["prefill_context_parallel_size"] = rng.choice((2, 4, 8))
+        elif roll < 0.4:  # PCP wider than TP, DCP spanning TP x PCP: NIXL's size is PCP
+            spec.update(tensor_parallel_size=2, prefill_context_parallel_size=4)
+            spec["decode_context_parallel_size"] = 8
+        spec["use_mla"] = rng.random() < 0.7
+        spec["is_hybrid"] = rng.random() < 0.2
     if spec.get("draft_architecture") and method is None and rng.random() < 0.8:
         spec["speculative_method"] = rng.choice(("dflash", "dflash", "draft_model"))

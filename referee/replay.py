@@ -348,6 +348,41 @@ def pipeline_needs_supports_pp(cfg: Any, spec: dict[str, Any]) -> None:
         )
 
 
+def nixl_layout(cfg: Any, facts: dict[str, Any], release: str) -> None:
+    """``VllmConfig.__post_init__``'s NIXL asserts (config/vllm.py:1146-1168 of 0.29,
+    1327-1345 of 0.30, the 0.30 text through 0.33): a NIXL side is fully replicated or fully
+    DCP-sharded, MLA only; 0.29 also refuses PCP and hybrid models, 0.30 compares with
+    ``max(tp, pcp)``. Restated: the asserts; ``has_connector`` is the release's own."""
+    kv = cfg.kv_transfer_config
+    if kv is None or not kv.has_connector("NixlConnector"):
+        return
+    pc = cfg.parallel_config
+    dcp, tp, pcp = (
+        pc.decode_context_parallel_size,
+        pc.tensor_parallel_size,
+        pc.prefill_context_parallel_size,
+    )
+    if _v(release) < (0, 30):
+        assert pcp == 1, "NIXL does not support prefill context parallelism."
+        assert dcp in (1, tp), (
+            f"decode_context_parallel_size={dcp} must be 1 or equal "
+            f"to tensor_parallel_size={tp} when using NixlConnector."
+        )
+    else:
+        transfer_tp_size = max(tp, pcp)
+        assert dcp in (1, transfer_tp_size), (
+            f"decode_context_parallel_size={dcp} must be 1 or equal "
+            f"to the NIXL transfer parallel size={transfer_tp_size}."
+        )
+    assert facts.get("use_mla") or dcp == 1, (
+        "PD with decode_context_parallel_size > 1 is only supported for MLA models."
+    )
+    if _v(release) < (0, 30):
+        assert not (facts.get("is_hybrid") and dcp > 1), (
+            "PD with decode_context_parallel_size > 1 is not supported for hybrid Mamba/SSM models."
+        )
+
+
 def replay(
     cfg: Any, spec: dict[str, Any], facts: dict[str, Any], release: str, capture: Any
 ) -> str:
@@ -361,6 +396,7 @@ def replay(
         cfg._check_watermarking_unsupported()
     expert_parallel_needs_experts(cfg, facts)
     pipeline_needs_supports_pp(cfg, spec)
+    nixl_layout(cfg, facts, release)
     cfg.parallel_config.set_dcp_defaults()
     async_scheduling(cfg, spec, release, capture)
     enforce_eager(cfg, spec, release)
