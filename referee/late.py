@@ -195,9 +195,28 @@ def final(cfg: Any, spec: dict[str, Any], release: str, evaluate: Any) -> str:
         else:
             cfg._validate_v1_model_runner()
     cfg._validate_batch_sharded_sampling()  # vllm.py:1658 of 0.29, the release's own method
+    final_graph_check(cfg)
     microbatching_backends(cfg, release)
     hybrid_kv_cache_connector(cfg)
     return "v2" if v2 else "v1"
+
+
+def final_graph_check(cfg: Any) -> None:
+    """The final check of the CUDA graph mode (vllm.py:1714 of 0.29, 2166 of 0.33, the same
+    text): piecewise graphs need VLLM_COMPILE unless breakable graphs are on. Only a pooling
+    model's PIECEWISE, set after 0.29's one normalisation, still meets it. Restated: the
+    assertion sits in the middle of ``__post_init__``."""
+    from vllm import envs
+    from vllm.config.compilation import CompilationMode
+    from vllm.platforms import current_platform
+
+    cc = cfg.compilation_config
+    if current_platform.is_cuda_alike() and cc.cudagraph_mode.requires_piecewise_compilation():
+        assert cc.mode == CompilationMode.VLLM_COMPILE or envs.VLLM_USE_BREAKABLE_CUDAGRAPH, (
+            "Compilation mode should be CompilationMode.VLLM_COMPILE "
+            "when cudagraph_mode piecewise cudagraphs is used, "
+            f"cudagraph_mode={cc.cudagraph_mode}"
+        )
 
 
 def hybrid_kv_cache_connector(cfg: Any) -> None:
