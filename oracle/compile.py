@@ -284,7 +284,10 @@ class _Compiler:
             sets = self._check_sets(step, pos, path)
             if step.refuse is not None:
                 text = self.inline_texts(step.refuse, matrix, pos, (*path, "refuse"))
-                self.check_template(text, set(known_dimension_names()), pos, (*path, "refuse"))
+                # a refusal may also quote the model as the command named it (vLLM's own
+                # texts print model_config.model)
+                allowed = {*known_dimension_names(), "model"}
+                self.check_template(text, allowed, pos, (*path, "refuse"))
                 located = Located(step.model_copy(update={"refuse": text}), pos, path)
             out.append((located, conds, sets))
         if finals > 1:

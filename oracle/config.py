@@ -61,7 +61,11 @@ class DeploymentConfig:
         changeable=False,
     )
     model: str | None = declare(
-        None, "str", "model id or path as given (display only)", "model", changeable=False
+        None,
+        "str",
+        "model id or path as given (shown, and quoted where a refusal of vLLM prints it)",
+        "model",
+        changeable=False,
     )
     architecture: str | None = declare(
         None, "str", "HF `architectures[0]`", "model", changeable=False

@@ -309,6 +309,16 @@ def _check_draft_parallel(spec: dict[str, Any], method: str, release: str) -> No
     parallelism (a draft without experts is refused). Restated: the raises of
     ``ModelConfig.verify_with_parallel_config`` (config/model.py:1421-1432 of 0.29)."""
     arch = spec.get("draft_architecture")
+    if method in TARGET_DRAFT_METHODS:  # the target's config with the target's own layout
+        heads, tp = spec.get("num_attention_heads"), spec.get("tensor_parallel_size") or 1
+        if heads is not None and heads % tp != 0:
+            raise ValueError(
+                f"Total number of attention heads ({heads}) must be divisible by tensor "
+                f"parallel size ({tp})."
+            )
+        if spec.get("enable_expert_parallel") and not _target_is_moe(spec):
+            raise ValueError(_NO_EXPERTS)
+        return
     if _v(release) < (0, 30):
         if (spec.get("pipeline_parallel_size") or 1) > 1 and arch is not None:
             if method in RENAMED_DRAFT_METHODS and arch in registered_architectures():
@@ -322,16 +332,20 @@ def _check_draft_parallel(spec: dict[str, Any], method: str, release: str) -> No
                     "Supported models implement the `SupportsPP` interface."
                 )
         return
-    if not spec.get("enable_expert_parallel"):
-        return
     # From 0.31 the draft's layout keeps expert parallelism only for a draft with experts
-    # (create_draft_parallel_config, config/speculative.py:1767 of 0.31); the n-gram-style
-    # methods verify the target against its own layout (draft_parallel_config is the target's).
-    own_draft = _v(release) < (0, 31) and (
-        (method in DRAFT_MODEL_METHODS and arch is not None and spec.get("draft_is_moe") is False)
-        or method in HEAD_DRAFT_METHODS
-    )
-    if own_draft or (method in TARGET_DRAFT_METHODS and not _target_is_moe(spec)):
+    # (create_draft_parallel_config, config/speculative.py:1767 of 0.31).
+    if (
+        spec.get("enable_expert_parallel")
+        and _v(release) < (0, 31)
+        and (
+            (
+                method in DRAFT_MODEL_METHODS
+                and arch is not None
+                and spec.get("draft_is_moe") is False
+            )
+            or method in HEAD_DRAFT_METHODS
+        )
+    ):
         raise ValueError(_NO_EXPERTS)
 
 

@@ -280,10 +280,10 @@ from referee.serve_real import prepare
 prepare()
 logging.getLogger("vllm").setLevel(logging.CRITICAL)
 from referee.architectures import ARCHITECTURE_POOL
-from vllm.model_executor.models.interfaces import supports_pp
+from vllm.model_executor.models.interfaces import supports_lora, supports_pp
 from vllm.model_executor.models.interfaces_base import is_pooling_model, is_text_generation_model
 from vllm.model_executor.models.registry import ModelRegistry
-without_pp, pooling_only = [], []
+without_pp, pooling_only, without_lora = [], [], []
 for arch in ARCHITECTURE_POOL:
     registered = ModelRegistry.models.get(arch)
     if registered is None:
@@ -294,10 +294,13 @@ for arch in ARCHITECTURE_POOL:
         continue
     if not supports_pp(model_cls):
         without_pp.append(arch)
+    if not supports_lora(model_cls):
+        without_lora.append(arch)
     if is_pooling_model(model_cls) and not is_text_generation_model(model_cls):
         pooling_only.append(arch)
 registered = list(ModelRegistry.get_supported_archs())
-print(json.dumps({"without_pp": without_pp, "pooling_only": pooling_only, "registered": registered}))
+print(json.dumps({"without_pp": without_pp, "pooling_only": pooling_only,
+                  "without_lora": without_lora, "registered": registered}))
 """
 
 
@@ -327,6 +330,25 @@ def pooling_only_classes() -> frozenset[str]:
     """The architectures whose model class is a pooling model and not a text-generation one
     (``is_pooling_model`` and not ``is_text_generation_model``, interfaces_base.py)."""
     return _class_facts()["pooling_only"]
+
+
+def classes_without_lora() -> frozenset[str]:
+    """The architectures whose model class does not implement ``SupportsLoRA`` (its own
+    ``supports_lora``, what ``ModelConfig.is_lora_supported`` reads)."""
+    return _class_facts()["without_lora"]  # type: ignore[no-any-return]
+
+
+def lora_needs_supports_lora(spec: dict[str, Any], release: str) -> None:
+    """``LoRAConfig.verify_with_model_config`` (config/lora.py:147 of 0.33, new in 0.33; called
+    by ``VllmConfig.__post_init__`` after the NIXL asserts): LoRA needs a model class that
+    implements ``SupportsLoRA``. Restated: the raise; the spec's ``model`` stands for the
+    model's path (None when the spec names none)."""
+    if _v(release) >= (0, 33) and spec.get("lora") and spec["architecture"] in classes_without_lora():
+        raise ValueError(
+            f"LoRA is not supported for {spec['architecture']} ({spec.get('model')}). "
+            "Supported models implement the `SupportsLoRA` interface. Run this model without "
+            "`enable_lora`."
+        )
 
 
 def registered_architectures() -> tuple[str, ...]:
@@ -397,6 +419,7 @@ def replay(
     expert_parallel_needs_experts(cfg, facts)
     pipeline_needs_supports_pp(cfg, spec)
     nixl_layout(cfg, facts, release)
+    lora_needs_supports_lora(spec, release)
     cfg.parallel_config.set_dcp_defaults()
     async_scheduling(cfg, spec, release, capture)
     enforce_eager(cfg, spec, release)

@@ -55,6 +55,7 @@ FACT_STEPS = {
     "tp_must_divide_attention_heads",
     "dcp_gqa_needs_more_tp_than_kv_heads",
     "dcp_without_kv_heads",
+    "target_draft_heads_need_tp",
     "dcp_exceeds_tp_per_kv_head",
     "dcp_must_divide_query_heads_per_kv_head",
     "mtp_refuses_model_without_mtp",  # reads the model_type of config.json

@@ -122,6 +122,19 @@ def test_only_compiled_extensions_are_stood_in_for(name: str, stubbed: bool) -> 
         ("qwen3-8b", ["-tp", "16", "-dcp", "2"], None),
         # An attention-free model has 0 KV heads: vLLM divides by them and fails
         ("mamba-130m", ["-dcp", "2", "-pcp", "2"], "integer division or modulo by zero"),
+        # An n-gram draft is the target itself, verified with the target's layout before the
+        # target is: its head count against TP comes before expert parallelism
+        (
+            "all-minilm-l6-v2",
+            [
+                "-tp",
+                "8",
+                "--enable-expert-parallel",
+                "--speculative-config",
+                '{"method": "ngram", "num_speculative_tokens": 1, "prompt_lookup_max": 2}',
+            ],
+            "Total number of attention heads (12) must be divisible by tensor parallel size (8).",
+        ),
         # With PCP, DCP must be 1, PCP or TP x PCP; the text lists sorted({1, pcp, tp * pcp})
         (
             "qwen3-8b",
@@ -262,3 +275,22 @@ def test_an_eagle_draft_is_renamed_and_looked_up_in_the_releases_registry(
     ), error[:200]
     assert error.endswith("'TransformersMultiModalForSequenceClassification'])"), error[-200:]
     assert "'Eagle3Qwen3ForCausalLM'" in error and "'EagleQwen3ForCausalLM'," not in error
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_lora_on_a_model_class_without_supports_lora(release: str, tmp_path: Path) -> None:
+    """0.33's LoRAConfig.verify_with_model_config refuses a model class without SupportsLoRA,
+    naming the model as the command gave it; earlier releases start."""
+    folder = write_models(tmp_path)["mamba-130m"]
+    argv = ["vllm", "serve", str(folder), "--enable-lora"]
+    case = {"env": {}, "platform": "cuda", "device_capability": "9.0"}
+    got = line_answer(load_pack(f"vllm-{release}"), case, argv, release)
+    if release != "0.33":
+        assert got["decision"] in ("v1", "v2"), got
+        return
+    assert got == {
+        "decision": "error",
+        "error": f"LoRA is not supported for MambaForCausalLM ({folder}). Supported models "
+        "implement the `SupportsLoRA` interface. Run this model without `enable_lora`.",
+        "warnings": [],
+    }
