@@ -343,7 +343,11 @@ def lora_needs_supports_lora(spec: dict[str, Any], release: str) -> None:
     by ``VllmConfig.__post_init__`` after the NIXL asserts): LoRA needs a model class that
     implements ``SupportsLoRA``. Restated: the raise; the spec's ``model`` stands for the
     model's path (None when the spec names none)."""
-    if _v(release) >= (0, 33) and spec.get("lora") and spec["architecture"] in classes_without_lora():
+    if (
+        _v(release) >= (0, 33)
+        and spec.get("lora")
+        and spec["architecture"] in classes_without_lora()
+    ):
         raise ValueError(
             f"LoRA is not supported for {spec['architecture']} ({spec.get('model')}). "
             "Supported models implement the `SupportsLoRA` interface. Run this model without "
