@@ -223,6 +223,7 @@ referee: referee-venvs
 	    --out policies/reference/vllm-$$r/recipes_parse.jsonl || exit 1; \
 	  $(call REFEREE_PY,$$r) -m referee metrics --release $$r \
 	    --out policies/reference/vllm-$$r/metrics.json || exit 1; \
+	  $(call REFEREE_PY,$$r) -m referee draft-registry --release $$r --write || exit 1; \
 	done
 
 ## make referee-check SEED=7: each pack against its release on a fresh seed (2,000 cases), and
