@@ -15,6 +15,7 @@ of the config's values (:class:`_State`). Pure: no I/O.
 from __future__ import annotations
 
 import operator
+import string
 from collections.abc import Callable
 from typing import Any
 
@@ -209,8 +210,6 @@ def _refused(
     decision: Decision | None,
     digest: str,
 ) -> Decision:
-    import string
-
     assert step.error is not None
     names = [f for _, f, _, _ in string.Formatter().parse(step.error.text) if f]
     read = lambda d: dim_value(pd, d, state, a, p, early)  # noqa: E731
