@@ -15,6 +15,7 @@ from typing import Any
 from referee.architectures import model_facts
 from referee.registry import RENAMED_DRAFT_METHODS, renamed, without_pp
 from referee.replay import (
+    NO_EXPERTS,
     _v,
     classes_without_pp,
     pooling_only_classes,
@@ -295,9 +296,6 @@ def _check_draft_registered(spec: dict[str, Any], method: str) -> None:
 # draft is a head that has no experts.
 TARGET_DRAFT_METHODS = ("ngram", "ngram_gpu", "custom_class", "extract_hidden_states")
 HEAD_DRAFT_METHODS = ("medusa", "mlp_speculator")
-_NO_EXPERTS = (
-    "Number of experts in the model must be greater than 0 when expert parallelism is enabled."
-)
 
 
 def _check_draft_parallel(spec: dict[str, Any], method: str, release: str) -> None:
@@ -317,7 +315,7 @@ def _check_draft_parallel(spec: dict[str, Any], method: str, release: str) -> No
                 f"parallel size ({tp})."
             )
         if spec.get("enable_expert_parallel") and not _target_is_moe(spec):
-            raise ValueError(_NO_EXPERTS)
+            raise ValueError(NO_EXPERTS)
         return
     if _v(release) < (0, 30):
         if (spec.get("pipeline_parallel_size") or 1) > 1 and arch is not None:
@@ -346,7 +344,7 @@ def _check_draft_parallel(spec: dict[str, Any], method: str, release: str) -> No
             or method in HEAD_DRAFT_METHODS
         )
     ):
-        raise ValueError(_NO_EXPERTS)
+        raise ValueError(NO_EXPERTS)
 
 
 def _target_is_moe(spec: dict[str, Any]) -> bool:

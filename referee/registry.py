@@ -109,10 +109,14 @@ def blocks(release: str) -> tuple[list[str], list[str]]:
         f" (Eagle..., Eagle3..., DFlash...), is in vLLM {release}'s ModelRegistry ({head})",
         "    any:",
     ]
+    registered = set(registry)
+    # method -> {draft architecture: its renamed form}, for the renamed forms registered
+    fits: dict[str, dict[str, str]] = {}
     for method in RENAMED_DRAFT_METHODS:
-        fits = [a for a in registry if renamed(a, method) in registry]
+        names = {a: renamed(a, method) for a in registry}
+        fits[method] = {a: r for a, r in names.items() if r in registered}
         prefix = f"      - {{speculative_method: {method}, draft_architecture: "
-        derived.append("\n".join(_flow_list(fits, " " * 10, prefix)) + "}")
+        derived.append("\n".join(_flow_list(list(fits[method]), " " * 10, prefix)) + "}")
     derived += [
         "  draft_lacks_pipeline_parallel:",
         "    description: the draft's model class (renamed by EAGLEConfig for the method) does"
@@ -131,9 +135,8 @@ def blocks(release: str) -> tuple[list[str], list[str]]:
         + "}"
     )
     for method in RENAMED_DRAFT_METHODS:
-        fits = {a: renamed(a, method) for a in registry if renamed(a, method) in registry}
-        lacking = without_pp(tuple(sorted(set(fits.values()))))
-        names = [a for a, r in fits.items() if r in lacking]
+        lacking = without_pp(tuple(sorted(set(fits[method].values()))))
+        names = [a for a, r in fits[method].items() if r in lacking]
         if names:
             prefix = f"      - {{speculative_method: {method}, draft_architecture: "
             derived.append("\n".join(_flow_list(names, " " * 10, prefix)) + "}")

@@ -260,6 +260,12 @@ def piecewise(cfg: Any, spec: dict[str, Any], release: str, breakable: bool) -> 
         cc.cudagraph_mode = CUDAGraphMode.NONE
 
 
+# ModelConfig._verify_with_expert_parallelism's text (config/model.py:1360 of 0.29, through 0.33)
+NO_EXPERTS = (
+    "Number of experts in the model must be greater than 0 when expert parallelism is enabled."
+)
+
+
 def expert_parallel_needs_experts(cfg: Any, facts: dict[str, Any]) -> None:
     """``ModelConfig.verify_with_parallel_config`` (vllm.py:1093 of 0.29, after the model hooks
     and, in 0.30-0.31, the watermark check) calls ``_verify_with_expert_parallelism``
@@ -268,10 +274,7 @@ def expert_parallel_needs_experts(cfg: Any, facts: dict[str, Any]) -> None:
     ``is_moe`` is the case's fact. (Its other checks read head counts and the model class's
     SupportsPP, which specs do not carry; python -m referee serve-check runs the real one.)"""
     if cfg.parallel_config.enable_expert_parallel and not facts.get("is_moe"):
-        raise ValueError(
-            "Number of experts in the model must be greater than 0 "
-            "when expert parallelism is enabled."
-        )
+        raise ValueError(NO_EXPERTS)
 
 
 _CLASS_PROBE = """
