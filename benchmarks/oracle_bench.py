@@ -121,6 +121,7 @@ def _clear(pack: Pack, *, memo: bool) -> None:
     pack._last = (None, None, None)
     if memo:
         pack._eval.memo.clear()
+        pack._eval._selected.clear()
 
 
 def bench_cold(pack: Pack, n: int, seed: int, repeats: int) -> tuple[float, float]:

@@ -532,6 +532,7 @@ def _compiled_steps(
                 )
             else:
                 unless.add(index[sid])
+        refusal = _template(loc.item.refuse)
         out.append(
             CompiledStep(
                 i,
@@ -539,10 +540,12 @@ def _compiled_steps(
                 loc.item.kind,
                 conds,
                 sets,
-                _template(loc.item.refuse),
+                refusal,
                 loc.item.reference,
                 tests[i],
                 frozenset(unless),
+                tuple(_placeholders(refusal.text)) if refusal is not None else (),
+                tuple(dict.fromkeys(d for c in conds for d in (c.dim, *c.refs))),
             )
         )
     return tuple(out)

@@ -93,6 +93,10 @@ class CompiledStep:
     reference: str
     test: Callable[[Any, ArchInfo, str, str | None], bool]
     unless: frozenset[int] = frozenset()
+    #: the refusal text's placeholders (``tp``, ``tp*pcp``, ``tp//kv``), and the dimensions
+    #: its conditions read (the reason's matched values): both known once the pack compiles
+    placeholders: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
 
 
 @dataclass

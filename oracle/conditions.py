@@ -192,18 +192,9 @@ def product(operand: str, read: Callable[[str], Any]) -> Any:
     return value
 
 
-def arithmetic(placeholder: str, read: Callable[[str], Any]) -> Any:
-    """A message placeholder's value: a dimension (``a``), a product (``a*b``) or a floor
-    quotient (``a//b``, as vLLM's texts print ``tp // num_kv_heads``); None when a value is
-    unknown or the divisor is 0."""
-    if "//" in placeholder:
-        num, den = (read(x) for x in placeholder.split("//", 1))
-        return None if num is None or not den else num // den
-    return product(placeholder, read) if "*" in placeholder else read(placeholder)
-
-
 def arithmetic_names(placeholder: str) -> list[str]:
-    """The dimensions a placeholder reads (:func:`arithmetic`)."""
+    """The dimensions a placeholder reads (``a``, ``a*b``, ``a//b``; oracle.stepgen renders
+    them)."""
     return placeholder.replace("//", "*").split("*")
 
 

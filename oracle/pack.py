@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,6 +35,15 @@ class Pack:
         # (architecture, runner_kind) -> the refusal text, or None: the manifests are fixed.
         self._unserved_texts: dict[tuple[str, str], str | None] = {}
         self._last: tuple[Any, Any, Any] = (None, None, None)
+        # The fields the pack's release lacks, read in one call and compared with their
+        # defaults (a config that sets none of them is the common case).
+        unknown = data.unknown_fields
+        self._unknown_values = operator.attrgetter(*unknown) if unknown else None
+        self._unknown_defaults = (
+            (DEFAULTS[unknown[0]] if len(unknown) == 1 else tuple(DEFAULTS[n] for n in unknown))
+            if unknown
+            else None
+        )
         self._lock = threading.Lock()
         self._rule_ids = frozenset(
             (
@@ -262,11 +272,12 @@ class Pack:
         if isinstance(a, str):
             mode = "auto" if data.env_var not in c.env else "pinned"
             return self._error(c, "v1", mode, a, ErrorCode.UNKNOWN_ARCHITECTURE, digest)
-        unknown = self._unknown_setting(c)
-        if unknown is not None:
-            return self._error(
-                c, None, "auto", unknown, ErrorCode.UNKNOWN_SETTING, digest, a.family
-            )
+        if self._unknown_values is not None and self._unknown_values(c) != self._unknown_defaults:
+            unknown = self._unknown_setting(c)
+            if unknown is not None:
+                return self._error(
+                    c, None, "auto", unknown, ErrorCode.UNKNOWN_SETTING, digest, a.family
+                )
         raw = c.env.get(data.env_var)
         pin: str | None = "auto"
         pin_error: Decision | None = None
@@ -302,7 +313,7 @@ class Pack:
                 a,
                 pin,
                 pin_error,
-                lambda s, arch, p: self._eval.resolve(s, arch, p, view, digest),
+                view,
                 digest,
                 applied,
             )

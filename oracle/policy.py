@@ -67,6 +67,9 @@ class Evaluator:
         self.memo: dict[tuple[Any, ...], Decision] = {}
         self.plans: dict[tuple[Any, ...], Plan] = {}
         self._facts: dict[tuple[int, tuple[Any, ...]], tuple[Reason, str, dict[str, Any]]] = {}
+        self._selected: dict[
+            tuple[Any, ...], tuple[str | None, tuple[Message, ...], str | None]
+        ] = {}
 
     # -- entry -------------------------------------------------------------------------------
 
@@ -154,6 +157,21 @@ class Evaluator:
         ``use_v2_model_runner``, as a pack's early ``evaluate`` steps run it): (runner, the log
         lines, or the error it raises: a pin against a rule that forces V2)."""
         m, _, values = self.pd.evaluate(c, a, pin)
+        key = (m, pin, values)
+        hit = self._selected.get(key)
+        if hit is None:
+            runner, lines, error = self._select(m, values, pin)
+            hit = (runner, tuple(lines), error)
+            if len(self._selected) > 100_000:
+                self._selected.clear()
+            self._selected[key] = hit
+        return hit[0], list(hit[1]), hit[2]
+
+    def _select(
+        self, m: int, values: tuple[Any, ...] | None, pin: str
+    ) -> tuple[str | None, list[Message], str | None]:
+        """:meth:`select` for a rule mask and its matched values (memoised there: the answer
+        depends on nothing else)."""
         facts = self._facts_of(m, values) if m else {}
         rules, out = self.pd.rules, []
 

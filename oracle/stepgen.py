@@ -19,7 +19,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
 
 from turnout.oracle.compile_types import ArchInfo, CompiledStep
-from turnout.oracle.conditions import Condition
+from turnout.oracle.conditions import Condition, dimension_expr
 
 Before = Callable[
     [Any, ArchInfo, str, Callable[[Any, int], str | None]], tuple[int, int, str | None]
@@ -27,10 +27,54 @@ Before = Callable[
 After = Callable[[Any, ArchInfo, str, str | None], int]
 
 
+#: ``refusal(c, a, p, e) -> (placeholder values, matched values)`` of one refuse step
+Refusal = Callable[[Any, ArchInfo, str, str | None], tuple[dict[str, Any], dict[str, Any]]]
+
+
 class StepProgram(NamedTuple):
     before: Before
     after: After
     source: str
+    #: per refuse step's index, its generated reader of the refusal's values
+    refusals: dict[int, Refusal]
+
+
+def _times(*values: Any) -> Any:
+    """A product placeholder (``{tp*pcp}``): None when a factor is unknown."""
+    out = 1
+    for v in values:
+        if v is None:
+            return None
+        out *= v
+    return out
+
+
+def _floordiv(num: Any, den: Any) -> Any:
+    """A quotient placeholder (``{tp//kv}``): None when unknown or the divisor is 0."""
+    return None if num is None or not den else num // den
+
+
+def _value_expr(placeholder: str, derived: AbstractSet[str]) -> str:
+    """The expression of a refusal placeholder: a dimension (``a``), a product (``a*b``) or a
+    floor quotient (``a//b``, as vLLM's texts print ``tp // num_kv_heads``)."""
+    if "//" in placeholder:
+        num, den = placeholder.split("//", 1)
+        return f"_floordiv({_dim(num, derived)}, {_dim(den, derived)})"
+    if "*" in placeholder:
+        return f"_times({', '.join(_dim(f, derived) for f in placeholder.split('*'))})"
+    return _dim(placeholder, derived)
+
+
+def _dim(name: str, derived: AbstractSet[str]) -> str:
+    expr = dimension_expr(name, derived)
+    # a name no reading knows (not a config field) reads as None
+    return f"getattr(c, {name!r}, None)" if expr == f"c.{name}" else expr
+
+
+def _refusal_lines(step: CompiledStep, derived: AbstractSet[str]) -> list[str]:
+    values = ", ".join(f"{n!r}: {_value_expr(n, derived)}" for n in step.placeholders)
+    matched = ", ".join(f"{d!r}: {_dim(d, derived)}" for d in step.reads)
+    return [f"def _R_{step.index}(c, a, p, e):", f"    return {{{values}}}, {{{matched}}}"]
 
 
 def _test(conds: Sequence[Condition], consts: dict[str, Any], derived: AbstractSet[str]) -> str:
@@ -78,7 +122,11 @@ def generate_steps(
         lines.append(f"    if {_test(s.conditions, consts, derived)}:  # {s.id}")
         lines.append(f"        return {s.index}")
     lines.append("    return -1")
+    refusing = [s for s in steps if s.kind == "refuse"]
+    for s in refusing:
+        lines += _refusal_lines(s, derived)
     source = "\n".join(lines) + "\n"
-    ns = {**namespace, **consts}
+    ns = {**namespace, **consts, "_times": _times, "_floordiv": _floordiv}
     exec(compile(source, "<policy pack steps>", "exec"), ns)  # our own generated code
-    return StepProgram(ns["before"], ns["after"], source)
+    refusals = {s.index: ns[f"_R_{s.index}"] for s in refusing}
+    return StepProgram(ns["before"], ns["after"], source, refusals)
