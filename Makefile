@@ -28,7 +28,7 @@ COMPILE_VENV := env -u PYTHONDONTWRITEBYTECODE $(PY) -m compileall -q -j 0 -x '$
                 $(VENV)/lib >/dev/null || true
 
 .PHONY: run test check install install-runners install-test lint format typecheck lock \
-        test-latest test-clock test-durations lock-add clean chaos referee referee-venvs referee-check referee-serve-check launch-check
+        test-latest test-clock test-durations lock-add clean chaos referee referee-venvs referee-check referee-serve-check referee-coverage launch-check
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -194,6 +194,9 @@ chaos: $(VENV)/.test-installed
 ## file, its `vllm serve` flag table (flags.json) and its parser's verdict on every recipe
 ## line (recipes_parse.jsonl) and its Prometheus metric table (metrics.json) under policies/reference/. Not part of `make test` (network, ~3 GB each).
 REFEREE_RELEASES ?= 0.29 0.30 0.31 0.32 0.33
+# `vllm serve` lines per release whose answers come from the release's own
+# create_engine_config (serve_golden.jsonl; tests/oracle/test_serve_golden.py).
+SERVE_GOLDEN_COUNT ?= 1500
 REFEREE_SEED ?= 1
 REFEREE_COUNT ?= 8000
 .referee/venv-%/.installed: referee/requirements.txt
@@ -224,6 +227,9 @@ referee: referee-venvs
 	  $(call REFEREE_PY,$$r) -m referee metrics --release $$r \
 	    --out policies/reference/vllm-$$r/metrics.json || exit 1; \
 	  $(call REFEREE_PY,$$r) -m referee draft-registry --release $$r --write || exit 1; \
+	  $(call REFEREE_PY,$$r) -m referee serve-golden --release $$r --seed $(REFEREE_SEED) \
+	    --count $(SERVE_GOLDEN_COUNT) --out policies/reference/vllm-$$r/serve_golden.jsonl \
+	    || exit 1; \
 	done
 
 ## make referee-check SEED=7: each pack against its release on a fresh seed (2,000 cases), and
@@ -249,6 +255,19 @@ referee-serve-check: referee-venvs
 	    --count $(SERVE_COUNT) --out .referee/serve-mismatches-$$r-$$s.jsonl \
 	    | tee .referee/serve-check-$$r-$$s.json || exit 1; \
 	done; done
+
+## make referee-coverage: which branches of each release's engine-argument and config code the
+## referee's sample takes (coverage.py over vLLM's files while serve-check runs; referee/
+## branches.py), written to docs/referee-coverage.md. Outside `make test` (the wheels).
+COVERAGE_SEED ?= 404
+COVERAGE_COUNT ?= 2000
+referee-coverage: referee-venvs
+	for r in $(REFEREE_RELEASES); do \
+	  $(call REFEREE_PY,$$r) -m referee serve-check --release $$r --seed $(COVERAGE_SEED) \
+	    --count $(COVERAGE_COUNT) --coverage .referee/coverage-$$r.json || exit 1; \
+	done
+	$(call REFEREE_PY,$(lastword $(REFEREE_RELEASES))) -m referee coverage-doc \
+	  $(foreach r,$(REFEREE_RELEASES),.referee/coverage-$(r).json) --out docs/referee-coverage.md
 
 ## make launch-check: `turnout launch` against vLLM's own selection code (docs/launch.md): a
 ## local service, a qwen3 deployment with its stage on and off, the environment the launch

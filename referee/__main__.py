@@ -8,6 +8,9 @@
     python -m referee flags-check --release 0.31 --seed 7 --count 2000
     python -m referee metrics --release 0.33 --out policies/reference/vllm-0.33/metrics.json
     python -m referee draft-registry --release 0.33 --write  # the pack's registry facts
+    python -m referee serve-check --release 0.33 --seed 303 --count 1000 [--coverage F]
+    python -m referee serve-golden --release 0.33 --seed 1 --count 1000 --out FILE
+    python -m referee coverage-doc .referee/coverage-0.29.json ... --out FILE
 
 Run inside the release's referee environment (``make referee`` builds
 ``.referee/venv-<release>``); the installed vLLM must be the release named.
@@ -189,7 +192,20 @@ def _serve_check(args: argparse.Namespace) -> int:
     classes: Counter[str] = Counter()
     failures: list[str] = []
     mismatches: list[dict[str, Any]] = []
-    for case in generate(table, args.seed, args.count):
+    cases = list(generate(table, args.seed, args.count))
+    cov = None
+    if args.coverage:
+        import vllm
+
+        from referee import branches
+
+        # The first case imports the model classes, torch and transformers: traced, those
+        # imports take a minute and a half. Run it once untraced; it is measured with the rest.
+        if cases:
+            run_case(cases[0], folder)
+        vllm_root = Path(vllm.__file__).resolve().parent
+        cov = branches.start(vllm_root)
+    for case in cases:
         try:
             want = run_case(case, folder)
         except Exception as exc:  # vLLM met something the stand-ins do not cover: named
@@ -217,6 +233,13 @@ def _serve_check(args: argparse.Namespace) -> int:
         "classes": dict(classes.most_common(args.show)),
         "seconds": round(time.perf_counter() - t0, 1),
     }
+    if cov is not None:
+        branch_report = branches.report(cov, vllm_root, args.release, tally.total)
+        Path(args.coverage).write_text(json.dumps(branch_report, indent=1) + "\n", "utf-8")
+        report["branches"] = {
+            rel: [f["covered_branches"], f["num_branches"]]
+            for rel, f in branch_report["files"].items()
+        }
     if args.out:
         Path(args.out).write_text(
             "".join(json.dumps(m, sort_keys=True) + "\n" for m in mismatches), encoding="utf-8"
@@ -224,6 +247,39 @@ def _serve_check(args: argparse.Namespace) -> int:
     for line in failures[: args.show]:
         print(line, file=sys.stderr)
     print(json.dumps(report, sort_keys=True))
+    return 0
+
+
+def _serve_golden(args: argparse.Namespace) -> int:
+    """vLLM's own answers (``create_engine_config``, :mod:`referee.serve_real`) on seeded
+    ``vllm serve`` lines, written as the release's serve golden file: one case per line with
+    its ``want``; the model folders stay as ``{models}`` (tests/oracle/test_serve_golden.py
+    writes them from policies/reference/model_configs)."""
+    import vllm
+
+    from referee.serve_gen import generate, write_models
+    from referee.serve_real import run_case
+
+    root = Path(__file__).resolve().parent.parent
+    table = json.loads(
+        (root / "policies" / "reference" / f"vllm-{args.release}" / "flags.json").read_text()
+    )
+    folder = Path(args.models).resolve()
+    assert write_models(folder), "no model configs"
+    lines, failures = [], []
+    for case in generate(table, args.seed, args.count):
+        try:
+            want = run_case(case, folder)
+        except Exception as exc:  # vLLM met something the stand-ins do not cover: named
+            failures.append(f"{case['id']}: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        line = {**case, "want": want, "vllm_version": vllm.__version__}
+        lines.append(json.dumps(line, sort_keys=True) + "\n")
+    out = Path(args.out)
+    out.write_text("".join(lines), encoding="utf-8")
+    for failure in failures:
+        print(failure, file=sys.stderr)
+    print(json.dumps({"release": args.release, "cases": len(lines), "skipped": len(failures)}))
     return 0
 
 
@@ -295,14 +351,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--models", default=".referee/models", help="model folders (written)")
     serve.add_argument("--out", help="write the mismatches here (JSON lines)")
     serve.add_argument("--show", type=int, default=15, help="mismatch classes to report")
+    serve.add_argument(
+        "--coverage", help="also measure vLLM's branches (referee/branches.py); JSON report here"
+    )
+    cmark = sub.add_parser(
+        "coverage-doc", help="docs/referee-coverage.md from serve-check --coverage reports"
+    )
+    cmark.add_argument("reports", nargs="+", help="the JSON reports, one per release")
+    cmark.add_argument("--out", required=True)
+    sgold = sub.add_parser(
+        "serve-golden", help="vLLM's create_engine_config answers on seeded vllm serve lines"
+    )
+    sgold.add_argument("--release", required=True, choices=RELEASES)
+    sgold.add_argument("--seed", type=int, required=True)
+    sgold.add_argument("--count", type=int, required=True)
+    sgold.add_argument("--models", default=".referee/models", help="model folders (written)")
+    sgold.add_argument("--out", required=True)
     registry = sub.add_parser("draft-registry", help="the release's registry facts for its pack")
     registry.add_argument("--release", required=True, choices=RELEASES)
     registry.add_argument("--write", action="store_true", help="write them into the pack")
     args = parser.parse_args(argv)
-    if args.command == "serve-check":  # before anything imports vLLM's CUDA platform
+    if args.command in ("serve-check", "serve-golden"):  # before vLLM's CUDA platform loads
         from referee.serve_real import prepare
 
         prepare()
+    if args.command == "coverage-doc":  # reads the reports only
+        from referee.branches import markdown
+
+        reports = [json.loads(Path(p).read_text(encoding="utf-8")) for p in args.reports]
+        Path(args.out).write_text(markdown(reports), encoding="utf-8")
+        return 0
     if args.command != "metrics":  # reads source only: a wheel unpacked anywhere will do
         _check_installed(args.release)
     return {
@@ -315,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "flags-check": _flags_check,
         "metrics": _metrics,
         "serve-check": _serve_check,
+        "serve-golden": _serve_golden,
         "draft-registry": _draft_registry,
     }[args.command](args)
 

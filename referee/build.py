@@ -139,7 +139,12 @@ def _compilation(spec: dict[str, Any]) -> Any:
     return CompilationConfig(**kwargs)
 
 
-def _cache(spec: dict[str, Any]) -> Any:
+def _cache(spec: dict[str, Any], facts: dict[str, Any]) -> Any:
+    """``CacheConfig`` as ``create_engine_config`` builds it: prefix caching left unset takes
+    the model's support (EngineArgs._set_default_chunked_prefill_and_prefix_caching_args,
+    ``ModelConfig.is_prefix_caching_supported``): off for an attention-free or an
+    encoder-decoder generative model. A pooling model's support depends on its pooler, which
+    a spec does not give; none of them has Mamba layers, the only ones it matters to."""
     from vllm.config import CacheConfig
 
     kwargs = {
@@ -147,6 +152,10 @@ def _cache(spec: dict[str, Any]) -> Any:
         for k in ("mamba_cache_mode", "enable_prefix_caching", "kv_sharing_fast_prefill")
         if spec.get(k) is not None
     }
+    if spec.get("enable_prefix_caching") is None and facts["runner_kind"] != "pooling":
+        kwargs["enable_prefix_caching"] = not (
+            facts["attention_free"] or facts["is_encoder_decoder"]
+        )
     return CacheConfig(**kwargs)
 
 
@@ -400,7 +409,7 @@ def build_config(spec: dict[str, Any], facts: dict[str, Any], release: str) -> A
     # In create_engine_config's order: CacheConfig, then ParallelConfig, then the speculative
     # config (engine/arg_utils.py, 0.29: lines 2089, 2332, 2387); each may refuse.
     parts: dict[str, Any] = {
-        "cache_config": _cache(spec),
+        "cache_config": _cache(spec, facts),
         "parallel_config": _parallel(spec),
         "compilation_config": _compilation(spec),
         "scheduler_config": SchedulerConfig(

@@ -423,6 +423,8 @@ def replay(
     model_hooks(cfg, spec, release)
     if v in ((0, 30), (0, 31)):
         cfg._check_watermarking_unsupported()
+    elif v >= (0, 32):  # renamed, same place (vllm.py:1446 of 0.32, 1543 of 0.33)
+        cfg._check_supports_watermarking()
     expert_parallel_needs_experts(cfg, facts)
     pipeline_needs_supports_pp(cfg, spec)
     nixl_layout(cfg, facts, release)
