@@ -572,7 +572,7 @@ def compile_pack(folder: Path) -> PackData:
     gen = generate(rules, stages, derived, [conds for _, conds, _ in steps])
     compiled_steps = _compiled_steps(steps, gen.step_tests, comp.issues)
     program = (
-        generate_steps(compiled_steps, frozenset(derived), gen.namespace)
+        generate_steps(compiled_steps, frozenset(derived), gen.namespace, gen.source)
         if compiled_steps
         else None
     )

@@ -14,6 +14,7 @@ release pack in the tens of microseconds (benchmarks/oracle_bench.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any, NamedTuple
@@ -77,6 +78,25 @@ def _refusal_lines(step: CompiledStep, derived: AbstractSet[str]) -> list[str]:
     return [f"def _R_{step.index}(c, a, p, e):", f"    return {{{values}}}, {{{matched}}}"]
 
 
+_CONST = re.compile(r"_[A-Z]\d+")  # a generated constant's name (oracle.codegen, conditions)
+_DERIVED_DEF = re.compile(r"^def (_D_\w+)\(c, a, p\):\n    return (.*)$", re.MULTILINE)
+
+
+def _inliner(rules_source: str) -> Callable[[str], str]:
+    """A function that replaces each call of a derived predicate in a step's test with the
+    predicate's own expression (oracle.codegen writes each as one ``return`` line)."""
+    bodies = [
+        (f"{name}(c, a, p)", f"({body})") for name, body in _DERIVED_DEF.findall(rules_source)
+    ]
+
+    def inline(test: str) -> str:
+        for call, body in bodies:
+            test = test.replace(call, body)
+        return test
+
+    return inline
+
+
 def _test(conds: Sequence[Condition], consts: dict[str, Any], derived: AbstractSet[str]) -> str:
     if not conds:
         return "True"
@@ -92,16 +112,23 @@ def _guard(step: CompiledStep, consts: dict[str, Any], derived: AbstractSet[str]
 
 
 def generate_steps(
-    steps: Sequence[CompiledStep], derived: AbstractSet[str], namespace: dict[str, Any]
+    steps: Sequence[CompiledStep],
+    derived: AbstractSet[str],
+    namespace: dict[str, Any],
+    rules_source: str = "",
 ) -> StepProgram:
     """Compile ``steps`` (checked by oracle.compile) with the pack's derived predicates, which
-    ``namespace`` (the rules' generated namespace) already defines."""
-    consts: dict[str, Any] = {}
+    ``namespace`` (the rules' generated namespace, made from ``rules_source``) already
+    defines. A derived predicate a step tests is inlined from its definition in
+    ``rules_source``: a function call per predicate was a tenth of a cold decision."""
+    # The rules' constants keep their names, and new ones are numbered after them.
+    consts: dict[str, Any] = {k: v for k, v in namespace.items() if _CONST.fullmatch(k)}
+    inline = _inliner(rules_source)
     remembered = {i for s in steps for i in s.unless}
     final = next((s.index for s in steps if s.kind == "final"), len(steps))
     lines = ["def before(c, a, p, select):", "    e = None", "    m = 0"]
     for s in steps[:final]:
-        guard = _guard(s, consts, derived)
+        guard = inline(_guard(s, consts, derived))
         lines.append(f"    if {guard}:  # {s.id}")
         if s.kind == "set":
             for name, value in s.sets.items():
@@ -119,7 +146,7 @@ def generate_steps(
     lines.append(f"    return 0, {final}, e")
     lines.append("def after(c, a, p, e):")
     for s in steps[final + 1 :]:
-        lines.append(f"    if {_test(s.conditions, consts, derived)}:  # {s.id}")
+        lines.append(f"    if {inline(_test(s.conditions, consts, derived))}:  # {s.id}")
         lines.append(f"        return {s.index}")
     lines.append("    return -1")
     refusing = [s for s in steps if s.kind == "refuse"]
