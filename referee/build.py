@@ -325,6 +325,13 @@ def _check_draft_parallel(spec: dict[str, Any], method: str, release: str) -> No
             )
         if spec.get("enable_expert_parallel") and not _target_is_moe(spec):
             raise ValueError(NO_EXPERTS)
+        if (spec.get("pipeline_parallel_size") or 1) > 1 and (
+            spec.get("architecture") or "LlamaForCausalLM"
+        ) in classes_without_pp():  # config/model.py:1425 of 0.29 (SupportsPP), same text
+            raise NotImplementedError(
+                "Pipeline parallelism is not supported for this model. "
+                "Supported models implement the `SupportsPP` interface."
+            )
         return
     if _v(release) < (0, 30):
         if (spec.get("pipeline_parallel_size") or 1) > 1 and arch is not None:

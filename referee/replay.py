@@ -427,6 +427,11 @@ def replay(
         cfg._check_supports_watermarking()
     expert_parallel_needs_experts(cfg, facts)
     pipeline_needs_supports_pp(cfg, spec)
+    if v >= (0, 33) and spec.get("speculative_method") not in (None, "none", "suffix"):
+        # _limit_max_model_len_to_draft (vllm.py:1554 of 0.33) asks the selection for any
+        # speculative config with a draft model config: every method but suffix (the
+        # n-gram-style ones use the target's). Its log lines, or the variable's error, stay.
+        _evaluate(cfg, capture, spec)
     nixl_layout(cfg, facts, release)
     lora_needs_supports_lora(spec, release)
     cfg.parallel_config.set_dcp_defaults()

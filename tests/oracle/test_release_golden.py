@@ -58,6 +58,10 @@ FACT_STEPS = {
     "target_draft_heads_need_tp",
     "dcp_exceeds_tp_per_kv_head",
     "dcp_must_divide_query_heads_per_kv_head",
+    "target_draft_dcp_gqa_needs_more_tp_than_kv_heads",
+    "target_draft_dcp_without_kv_heads",
+    "target_draft_dcp_exceeds_tp_per_kv_head",
+    "target_draft_dcp_must_divide_query_heads_per_kv_head",
     "mtp_refuses_model_without_mtp",  # reads the model_type of config.json
     "draft_model_vocab_must_match",  # reads the draft's config.json
 }
