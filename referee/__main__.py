@@ -273,6 +273,8 @@ def _serve_golden(args: argparse.Namespace) -> int:
         except Exception as exc:  # vLLM met something the stand-ins do not cover: named
             failures.append(f"{case['id']}: {type(exc).__name__}: {str(exc)[:200]}")
             continue
+        # vLLM's texts may name the model's folder (the LoRA refusal): kept as {models}
+        want = json.loads(json.dumps(want).replace(str(folder), "{models}"))
         line = {**case, "want": want, "vllm_version": vllm.__version__}
         lines.append(json.dumps(line, sort_keys=True) + "\n")
     out = Path(args.out)
