@@ -380,7 +380,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "coverage-doc":  # reads the reports only
         from referee.branches import markdown
 
-        reports = [json.loads(Path(p).read_text(encoding="utf-8")) for p in args.reports]
+        reports = []
+        for path in args.reports:
+            try:
+                report = json.loads(Path(path).read_text(encoding="utf-8"))
+                missing = {"release", "files", "focus"} - set(report)
+                if missing:
+                    raise ValueError(f"no {', '.join(sorted(missing))}")
+            except (OSError, ValueError, TypeError) as exc:
+                raise SystemExit(
+                    f"referee coverage-doc: {path}: not a serve-check --coverage report ({exc})"
+                ) from None
+            reports.append(report)
         Path(args.out).write_text(markdown(reports), encoding="utf-8")
         return 0
     if args.command != "metrics":  # reads source only: a wheel unpacked anywhere will do

@@ -66,6 +66,22 @@ def test_the_coverage_doc_command_writes_the_page(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("content", [None, "{not json", '{"release": "0.33"}'])
+def test_a_missing_or_foreign_report_is_named_and_nothing_written(
+    tmp_path: Path, content: str | None
+) -> None:
+    report = tmp_path / "coverage-0.33.json"
+    if content is not None:
+        report.write_text(content, encoding="utf-8")
+    out = tmp_path / "page.md"
+    with pytest.raises(SystemExit) as exc:
+        referee_main(["coverage-doc", str(report), "--out", str(out)])
+    assert str(exc.value).startswith(
+        f"referee coverage-doc: {report}: not a serve-check --coverage report ("
+    )
+    assert not out.exists()
+
+
 def test_the_shipped_page_matches_the_reports_when_they_are_here() -> None:
     reports = sorted((ROOT / ".referee").glob("coverage-*.json"))
     if len(reports) < 5:
